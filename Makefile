@@ -1,0 +1,62 @@
+# celery-safe-time: every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+ARGS ?=
+
+.PHONY: help venv test test-unit test-integration lint format type demo bench bench-quick soak soak-quick check clean
+
+help:
+	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
+	@echo "make test   - run the whole test suite against the local Redis and PostgreSQL"
+	@echo "make lint   - ruff check + format check;  make type - mypy"
+	@echo "make bench  - benchmarks (docs/benchmarks.md); make bench-quick - CI-sized smoke run"
+	@echo "make soak   - the long fault-injection soak; make soak-quick - a short one"
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev,django,postgres]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+type: $(STAMP)
+	$(BIN)/mypy
+
+demo: $(STAMP)
+	$(BIN)/python -m demo_project.run $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run $(ARGS)
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.run --quick $(ARGS)
+
+soak: $(STAMP)
+	SAFE_TIME_SOAK=1 $(BIN)/python -m pytest -m soak tests/faults $(PYTEST_ARGS)
+
+soak-quick: $(STAMP)
+	$(BIN)/python -m pytest -m soak tests/faults $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache celery_safe_time.sqlite3

@@ -1,0 +1,141 @@
+"""Health checks behind ``celery safe-time check`` and the schedulers' startup checks.
+
+Each check returns a :class:`Check`; nothing here prints, so the CLI can render a table
+or JSON and the beat can log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Literal
+
+import redis
+from celery import Celery
+
+from .clock import local_time, measure_redis_offset
+from .config import SafeTimeConfig, get_config
+from .exceptions import RedisUnavailable, SafeTimeError
+from .redis_client import get_redis, mask_url
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["ok", "warn", "fail"]
+
+#: Policies under which Redis may delete keys that still have a TTL: our leases and locks.
+EVICTING_POLICIES_SAFE = frozenset({"noeviction"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    value: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> list[Check]:
+    """Reachability, clock offset against this host, persistence and eviction policy."""
+    client = client if client is not None else get_redis(config.redis_url)
+    url = mask_url(config.redis_url)
+    try:
+        offset = measure_redis_offset(client, samples=5)
+    except RedisUnavailable as exc:
+        return [Check("redis", "fail", f"{url} unreachable: {exc}")]
+    checks = [Check("redis", "ok", f"{url} reachable (rtt {offset.rtt * 1000:.1f} ms)", value=offset.rtt)]
+    skew = abs(offset.offset)
+    checks.append(
+        Check(
+            "clock_skew_redis",
+            "ok" if skew <= config.max_clock_skew else "fail",
+            f"this host vs Redis TIME: {offset.offset:+.4f} s (±{offset.uncertainty:.4f}), "
+            f"limit {config.max_clock_skew:g} s",
+            value=offset.offset,
+        )
+    )
+    checks.extend(_redis_config_checks(client))
+    return checks
+
+
+def _redis_config_checks(client: redis.Redis) -> list[Check]:
+    try:
+        raw: dict[Any, Any] = {}
+        for name in ("appendonly", "save", "maxmemory-policy"):
+            raw.update(client.config_get(name))
+    except redis.RedisError as exc:
+        # Managed Redis often disables CONFIG: say we could not tell, do not fail the probe.
+        return [Check("redis_config", "warn", f"cannot read CONFIG ({exc}); check persistence by hand")]
+    cfg = {_s(k): _s(v) for k, v in raw.items()}
+    appendonly = cfg.get("appendonly", "no")
+    save = cfg.get("save", "")
+    policy = cfg.get("maxmemory-policy", "noeviction")
+    persists = appendonly == "yes" or bool(save.strip())
+    checks = [
+        Check(
+            "redis_persistence",
+            "ok" if persists else "warn",
+            f"appendonly={appendonly} save={save!r}"
+            + ("" if persists else ": nothing persists, a Redis restart forgets fired slots and locks"),
+            value={"appendonly": appendonly, "save": save},
+        ),
+        Check(
+            "redis_eviction",
+            "ok" if policy in EVICTING_POLICIES_SAFE else "warn",
+            f"maxmemory-policy={policy}"
+            + ("" if policy in EVICTING_POLICIES_SAFE else ": leases and locks can be evicted under memory pressure"),
+            value=policy,
+        ),
+    ]
+    return checks
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
+    """Store reachability and its clock against this host."""
+    from .stores import get_store
+
+    url = mask_url(config.store_url)
+    try:
+        store = get_store(app)
+        before = local_time()
+        db_now = store.now()
+        after = local_time()
+    except SafeTimeError as exc:
+        return [Check("store", "fail", f"{url} unreachable: {exc}")]
+    except Exception as exc:  # driver errors must not crash the probe
+        return [Check("store", "fail", f"{url} unreachable: {exc.__class__.__name__}: {exc}")]
+    offset = db_now.timestamp() - (before + after) / 2.0
+    skew = abs(offset)
+    return [
+        Check("store", "ok", f"{url} reachable", value=url),
+        Check(
+            "clock_skew_store",
+            "ok" if skew <= config.max_clock_skew else "fail",
+            f"this host vs store now(): {offset:+.4f} s (±{(after - before) / 2:.4f}), "
+            f"limit {config.max_clock_skew:g} s",
+            value=offset,
+        ),
+    ]
+
+
+def run_checks(app: Celery) -> list[Check]:
+    """All checks for ``app``; settings errors surface as one failed check."""
+    try:
+        config = get_config(app)
+    except SafeTimeError as exc:
+        return [Check("settings", "fail", str(exc))]
+    checks = [Check("settings", "ok", "all safe_time_* settings valid")]
+    checks.extend(check_redis(config))
+    checks.extend(check_store(app, config))
+    return checks
+
+
+def worst(checks: list[Check]) -> Status:
+    order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
+    return max((c.status for c in checks), key=order.__getitem__, default="ok")

@@ -1,0 +1,52 @@
+"""Exceptions raised by celery-safe-time; all derive from :class:`SafeTimeError`."""
+
+from __future__ import annotations
+
+
+class SafeTimeError(Exception):
+    """Raised when anything in celery-safe-time fails; the base of every other exception here."""
+
+
+class ImproperlyConfigured(SafeTimeError, ValueError):
+    """Raised when a ``safe_time_*`` setting is missing or invalid; the message names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class RedisUnavailable(SafeTimeError):
+    """Raised when the lease/lock Redis cannot be reached."""
+
+
+class StoreError(SafeTimeError):
+    """Raised when the delayed-task store cannot be reached or refuses a write."""
+
+
+class SerializationError(SafeTimeError, TypeError):
+    """Raised when a delayed task's arguments cannot be encoded with its serializer."""
+
+
+class LockConflict(SafeTimeError):
+    """Raised when an overlap lock is held by another run and ``on_conflict="raise"``."""
+
+    def __init__(self, key: str, holder: str | None = None) -> None:
+        self.key = key
+        self.holder = holder
+        super().__init__(f"overlap lock {key!r} is held" + (f" by {holder}" if holder else ""))
+
+
+class LockLost(SafeTimeError):
+    """Raised when an overlap lock could not be renewed while its task was running."""
+
+
+class LeaseLost(SafeTimeError):
+    """Raised when the beat leader discovers it no longer holds the lease."""
+
+
+class ScheduleError(SafeTimeError, ValueError):
+    """Raised when a schedule entry, crontab field or timezone is invalid."""
+
+
+class NotInstalled(SafeTimeError):
+    """Raised when an optional part (an extra or a later feature) is used but not available."""

@@ -1,0 +1,46 @@
+"""Signals sent by celery-safe-time (``celery.utils.dispatch.Signal``, connect as usual).
+
+Every signal is sent with ``sender`` set to the object that acted (scheduler, task, store)
+and the keyword arguments listed beside it.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "beat_lease_acquired",
+    "beat_lease_lost",
+    "beat_slot_dispatched",
+    "beat_slot_duplicate",
+    "delay_cancelled",
+    "delay_failed",
+    "delay_released",
+    "delay_stored",
+    "idempotent_skipped",
+    "overlap_conflict",
+    "overlap_lock_lost",
+]
+
+#: A beat became leader. kwargs: epoch, lease (seconds).
+beat_lease_acquired = Signal(name="beat_lease_acquired", providing_args={"epoch", "lease"})
+#: A leader lost its lease and is a standby now. kwargs: epoch, reason.
+beat_lease_lost = Signal(name="beat_lease_lost", providing_args={"epoch", "reason"})
+#: A slot was published. kwargs: entry, slot (aware UTC datetime), epoch, task_id.
+beat_slot_dispatched = Signal(name="beat_slot_dispatched", providing_args={"entry", "slot", "epoch", "task_id"})
+#: A slot was not published because it was already fired (or the lease was gone). kwargs: entry, slot, reason.
+beat_slot_duplicate = Signal(name="beat_slot_duplicate", providing_args={"entry", "slot", "reason"})
+#: A long delay was written to the store instead of the broker. kwargs: task_id, task_name, due_at.
+delay_stored = Signal(name="delay_stored", providing_args={"task_id", "task_name", "due_at"})
+#: A stored delay was published by the sweep. kwargs: task_id, task_name, due_at.
+delay_released = Signal(name="delay_released", providing_args={"task_id", "task_name", "due_at"})
+#: A stored delay was cancelled. kwargs: task_id.
+delay_cancelled = Signal(name="delay_cancelled", providing_args={"task_id"})
+#: A stored delay could not be published and was marked failed. kwargs: task_id, task_name, error.
+delay_failed = Signal(name="delay_failed", providing_args={"task_id", "task_name", "error"})
+#: A task did not run because its overlap lock was held. kwargs: key, task_id, holder, action.
+overlap_conflict = Signal(name="overlap_conflict", providing_args={"key", "task_id", "holder", "action"})
+#: A running task's overlap lock could not be renewed. kwargs: key, task_id.
+overlap_lock_lost = Signal(name="overlap_lock_lost", providing_args={"key", "task_id"})
+#: An idempotent task did not run because its key already ran. kwargs: key, task_id.
+idempotent_skipped = Signal(name="idempotent_skipped", providing_args={"key", "task_id"})

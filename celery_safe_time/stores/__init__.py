@@ -1,0 +1,56 @@
+"""Delayed-task stores: a backend seam (SQLAlchemy, Django ORM, memory) behind :func:`get_store`."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from celery import Celery
+
+from .. import constants as C
+from ..config import get_config
+from .base import DelayStore
+
+__all__ = ["DelayStore", "create_store", "get_store"]
+
+_stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def create_store(url: str) -> DelayStore:
+    """Build the store named by ``safe_time_store_url``."""
+    if url == C.DJANGO_STORE:
+        from ..contrib.django.store import DjangoStore
+
+        store: DelayStore = DjangoStore()
+        return store
+    if url.startswith("memory:"):
+        from .memory import MemoryStore
+
+        return MemoryStore(url)
+    from .sql import SQLAlchemyStore
+
+    return SQLAlchemyStore(url)
+
+
+def get_store(app: Celery) -> DelayStore:
+    """The app's store, one per process (rebuilt after ``fork``: connections are not shared)."""
+    pid = os.getpid()
+    cached = _stores.get(app)
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    with _lock:
+        cached = _stores.get(app)
+        if cached is None or cached[0] != pid:
+            store = create_store(get_config(app).store_url)
+            _stores[app] = (pid, store)
+            cached = _stores[app]
+    return cached[1]
+
+
+def reset_store(app: Celery) -> None:
+    """Drop the cached store of ``app`` (tests)."""
+    cached = _stores.pop(app, None)
+    if cached is not None and cached[0] == os.getpid():
+        cached[1].close()

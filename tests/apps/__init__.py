@@ -1,0 +1,1 @@
+"""Importable Celery apps for worker/beat subprocesses; settings come from environment variables."""

@@ -1,0 +1,138 @@
+"""Shared fixtures: real Redis (one claimed db per session, flushed per test), a fresh
+PostgreSQL database per session, SQLite in a temp dir, a Celery app factory and real
+worker/beat subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from tests.helpers import services
+from tests.helpers.processes import ProcessManager
+
+_state: dict[str, Any] = {}
+
+
+def _redis_claim() -> services.RedisDbClaim:
+    if "redis" not in _state:
+        _state["redis"] = services.RedisDbClaim(services.resolve_redis_base())
+    claim: services.RedisDbClaim = _state["redis"]
+    return claim
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    redis_url = os.environ.get("SAFE_TIME_TEST_REDIS_URL", services.DEFAULT_REDIS_URL)
+    pg_url = os.environ.get("SAFE_TIME_TEST_DATABASE_URL", services.DEFAULT_DATABASE_URL)
+    lines = []
+    lines.append(f"safe-time: redis {redis_url} ({'up' if services.redis_ping(redis_url) else 'DOWN'})")
+    lines.append(f"safe-time: postgresql {pg_url} ({'up' if services.pg_ping(pg_url) else 'DOWN'})")
+    lines.append(
+        f"safe-time: CI={'yes' if services.IN_CI else 'no'} (missing services {'fail' if services.IN_CI else 'skip'})"
+    )
+    return lines
+
+
+@pytest.fixture(scope="session")
+def redis_db_url() -> str:
+    """The session's claimed Redis db, e.g. ``redis://127.0.0.1:6379/7``."""
+    return _redis_claim().url
+
+
+@pytest.fixture
+def redis_url(redis_db_url: str) -> Iterator[str]:
+    """The session's Redis db, flushed before the test."""
+    claim = _redis_claim()
+    claim.refresh()
+    client = redis.Redis.from_url(redis_db_url)
+    client.flushdb()
+    yield redis_db_url
+    client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[services.RedisServer]:
+    """A redis-server owned by this test, for restart/stop/flush faults."""
+    if not services.shutil.which("redis-server"):
+        services.unavailable("redis-server", "redis-server", "binary not found")
+    server = services.RedisServer(port=services.free_port(), dir=str(tmp_path)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this session (SQLAlchemy URL, psycopg 3), dropped afterwards."""
+    db = services.PostgresDatabase(services.resolve_postgres_admin_url())
+    yield db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+    db.drop()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+
+@pytest.fixture
+def make_app(redis_url: str, sqlite_url: str) -> Iterator[Callable[..., Celery]]:
+    """Build Celery apps on the test's Redis db with the SQLite store unless overridden."""
+    apps: list[Celery] = []
+
+    def factory(main: str = "test", **conf: Any) -> Celery:
+        app = Celery(main, set_as_current=False)
+        app.conf.update(
+            broker_url=redis_url,
+            result_backend=redis_url,
+            safe_time_store_url=sqlite_url,
+            broker_connection_retry_on_startup=True,
+            timezone="UTC",
+        )
+        app.conf.update(conf)
+        apps.append(app)
+        return app
+
+    yield factory
+    from celery_safe_time.stores import reset_store
+
+    for app in apps:
+        reset_store(app)
+        app.close()
+
+
+@pytest.fixture
+def processes(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str, sqlite_url: str
+) -> Iterator[ProcessManager]:
+    """Real celery worker/beat subprocesses for this test; all are killed at the end and their
+    logs are printed when the test failed."""
+    env = {
+        "SAFE_TIME_TEST_BROKER_URL": redis_url,
+        "SAFE_TIME_TEST_STORE_URL": sqlite_url,
+        "SAFE_TIME_TEST_APP_CONF": json.dumps({}),
+    }
+    manager = ProcessManager(tmp_path, env)
+    yield manager
+    manager.stop_all()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(manager.logs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    setattr(item, "rep_" + rep.when, rep)
+    return rep

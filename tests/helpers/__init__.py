@@ -1,0 +1,1 @@
+"""Test helpers: real services, Celery apps and real worker/beat subprocesses."""

@@ -1,0 +1,172 @@
+"""Launch real ``celery worker`` / ``celery beat`` subprocesses and send them signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1, message: str = "condition"
+) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; generous timeouts keep CI stable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+        time.sleep(interval)
+
+
+class CeleryProcess:
+    """One ``python -m celery -A APP <args>`` process with its log in a file.
+
+    ``env`` is added to the current environment; the test app modules under ``tests/apps`` read
+    their settings from ``SAFE_TIME_TEST_*`` variables.
+    """
+
+    def __init__(self, app: str, args: Sequence[str], env: dict[str, str], log_dir: Path, name: str) -> None:
+        self.app = app
+        self.args = list(args)
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.log_path = log_dir / f"{name}.log"
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CeleryProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", self.app, *self.args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(self.log_path.parent),
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def send(self, sig: int) -> None:
+        """Signal the whole process group (a worker's pool children too)."""
+        if self.alive():
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send(signal.SIGKILL)
+        self.wait(30)
+
+    def pause(self) -> None:
+        self.send(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.send(signal.SIGCONT)
+
+    def terminate(self, timeout: float = 30) -> int | None:
+        self.send(signal.SIGCONT)
+        self.send(signal.SIGTERM)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode if self.proc else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.proc is None:
+            return None
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+        regex = re.compile(pattern)
+
+        def found() -> re.Match[str] | None:
+            if not self.alive() and not regex.search(self.log()):
+                raise AssertionError(
+                    f"{self.name} exited ({self.proc and self.proc.returncode}):\n{self.log()[-4000:]}"
+                )
+            return regex.search(self.log())
+
+        return wait_for(found, timeout, message=f"{pattern!r} in {self.name} log")  # type: ignore[no-any-return]
+
+
+class ProcessManager:
+    """Starts processes for one test and makes sure none outlives it."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self.procs: list[CeleryProcess] = []
+
+    def _spawn(self, app: str, args: Sequence[str], name: str, env: dict[str, str] | None) -> CeleryProcess:
+        proc = CeleryProcess(app, args, {**self.env, **(env or {})}, self.log_dir, name)
+        self.procs.append(proc)
+        return proc.start()
+
+    def worker(
+        self, app: str = "tests.apps.basic", *extra: str, name: str | None = None, env: dict[str, str] | None = None,
+        concurrency: int = 2, pool: str = "prefork",
+    ) -> CeleryProcess:  # fmt: skip
+        name = name or f"worker{len(self.procs)}"
+        args = ["worker", "-l", "INFO", "-n", f"{name}@%h", "-c", str(concurrency), "-P", pool,
+                "--without-gossip", "--without-mingle", "--without-heartbeat", *extra]  # fmt: skip
+        return self._spawn(app, args, name, env)
+
+    def beat(
+        self, app: str = "tests.apps.basic", *extra: str, name: str | None = None, env: dict[str, str] | None = None,
+        scheduler: str = "celery_safe_time.SafeScheduler",
+    ) -> CeleryProcess:  # fmt: skip
+        name = name or f"beat{len(self.procs)}"
+        schedule_file = str(self.log_dir / f"{name}-schedule")
+        args = ["beat", "-l", "DEBUG", "-S", scheduler, "-s", schedule_file, "--max-interval", "1", *extra]
+        return self._spawn(app, args, name, env)
+
+    def command(
+        self, app: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = {**os.environ, **self.env, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", app, *args],
+            env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(self.log_dir),
+        )  # fmt: skip
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.alive():
+                proc.send(signal.SIGCONT)
+                proc.send(signal.SIGKILL)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)

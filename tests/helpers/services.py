@@ -1,0 +1,229 @@
+"""Find (or start) the real Redis and PostgreSQL the tests use.
+
+Order: the URL from ``SAFE_TIME_TEST_REDIS_URL`` / ``SAFE_TIME_TEST_DATABASE_URL`` (defaults:
+the local services), then a throwaway server if its binary is installed, else skip locally and
+fail under ``CI`` naming the Debian package to install.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
+IN_CI = bool(os.environ.get("CI"))
+
+
+def unavailable(what: str, package: str, detail: str) -> None:
+    message = f"{what} is not reachable ({detail}); install it with: apt-get install {package}"
+    if IN_CI:
+        pytest.fail(f"CI requires a real {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_ping(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2).ping())
+    except redis.RedisError:
+        return False
+
+
+@dataclass
+class RedisServer:
+    """A redis-server process owned by the tests (for restart/stop faults)."""
+
+    port: int
+    dir: str
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            unavailable("redis-server", "redis-server", "binary not found")
+        assert binary is not None
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if redis_ping(self.url):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def start_throwaway_redis() -> RedisServer:
+    server = RedisServer(port=free_port(), dir=tempfile.mkdtemp(prefix="safe-time-redis-"))
+    server.start()
+    atexit.register(server.stop)
+    return server
+
+
+def resolve_redis_base() -> str:
+    """The Redis URL (without db) for this test session."""
+    url = os.environ.get("SAFE_TIME_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    if redis_ping(url):
+        return url
+    if shutil.which("redis-server"):
+        return start_throwaway_redis().url
+    unavailable("Redis", "redis-server", f"{url} did not answer PING")
+    raise AssertionError("unreachable")
+
+
+class RedisDbClaim:
+    """Claims one Redis db number (1..15) for this test session so concurrent runs never collide.
+
+    The claim is a key with a TTL in db 0, refreshed by :meth:`refresh` from each test.
+    """
+
+    TTL_MS = 15 * 60 * 1000
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.token = uuid.uuid4().hex
+        self.client = redis.Redis.from_url(with_db(base_url, 0))
+        self.db = self._claim()
+        atexit.register(self.release)
+
+    def _claim(self) -> int:
+        forced = os.environ.get("SAFE_TIME_TEST_REDIS_DB")
+        if forced:
+            return int(forced)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for db in range(1, 16):
+                if self.client.set(f"safe_time_test:db:{db}", self.token, nx=True, px=self.TTL_MS):
+                    return db
+            time.sleep(1)
+        raise RuntimeError("all Redis dbs 1..15 are claimed by other test sessions")
+
+    def refresh(self) -> None:
+        self.client.pexpire(f"safe_time_test:db:{self.db}", self.TTL_MS)
+
+    def release(self) -> None:
+        try:
+            key = f"safe_time_test:db:{self.db}"
+            if self.client.get(key) == self.token.encode():
+                self.client.delete(key)
+        except redis.RedisError:
+            pass
+
+    @property
+    def url(self) -> str:
+        return with_db(self.base_url, self.db)
+
+
+def with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+
+def _pg_connect(url: str):  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True, connect_timeout=3)
+
+
+def pg_ping(url: str) -> bool:
+    try:
+        with _pg_connect(url) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def start_throwaway_postgres() -> str | None:
+    """initdb + postgres on a free port in a temp dir, if the server binaries are installed."""
+    bindirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    if not bindirs:
+        return None
+    bindir = bindirs[0]
+    datadir = tempfile.mkdtemp(prefix="safe-time-pg-")
+    port = free_port()
+    if os.geteuid() == 0:
+        return None  # postgres refuses to run as root; leave it to the machine's service
+    initdb = [str(bindir / "initdb"), "-D", datadir, "-A", "trust", "-U", "postgres"]
+    subprocess.run(initdb, check=True, stdout=subprocess.DEVNULL)
+    server = [str(bindir / "postgres"), "-D", datadir, "-p", str(port), "-k", datadir, "-h", "127.0.0.1"]
+    proc = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    atexit.register(proc.terminate)
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if pg_ping(url):
+            return url
+        time.sleep(0.2)
+    return None
+
+
+def resolve_postgres_admin_url() -> str:
+    url = os.environ.get("SAFE_TIME_TEST_DATABASE_URL", DEFAULT_DATABASE_URL)
+    if pg_ping(url):
+        return url
+    started = start_throwaway_postgres()
+    if started:
+        return started
+    unavailable("PostgreSQL", "postgresql", f"{url.split('@')[-1]} did not answer")
+    raise AssertionError("unreachable")
+
+
+class PostgresDatabase:
+    """A fresh database created for this test session and dropped at its end."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.name = f"safe_time_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        with _pg_connect(admin_url) as conn:
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+        parts = urlsplit(admin_url)
+        self.url = urlunsplit((parts.scheme, parts.netloc, f"/{self.name}", parts.query, ""))
+
+    def drop(self) -> None:
+        try:
+            with _pg_connect(self.admin_url) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        except Exception:
+            pass

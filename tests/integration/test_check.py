@@ -1,0 +1,131 @@
+"""``celery -A app safe-time check`` against the real Redis and store databases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_safe_time.checks import check_redis, run_checks, worst
+from celery_safe_time.clock import RedisClock, local_time, measure_redis_offset
+from celery_safe_time.config import get_config
+from celery_safe_time.stores import get_store
+from tests.helpers.processes import ProcessManager
+from tests.helpers.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.apps.checkapp"
+
+
+def run_check(
+    processes: ProcessManager, *args: str, conf: dict[str, object] | None = None, env: dict[str, str] | None = None
+):  # type: ignore[no-untyped-def]
+    env = dict(env or {})
+    if conf is not None:
+        env["SAFE_TIME_TEST_APP_CONF"] = json.dumps(conf)
+    return processes.command(APP, "safe-time", "check", *args, env=env)
+
+
+def test_check_passes_against_real_services(processes: ProcessManager) -> None:
+    result = run_check(processes, conf={"safe_time_max_clock_skew": 1.0})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "clock_skew_redis" in result.stdout
+    assert "clock_skew_store" in result.stdout
+    assert "maxmemory-policy" in result.stdout
+    assert "overall:" in result.stdout
+
+
+def test_check_json_with_postgres_store(processes: ProcessManager, postgres_url: str) -> None:
+    result = run_check(processes, "--json", conf={"safe_time_max_clock_skew": 1.0, "safe_time_store_url": postgres_url})
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert report["status"] in ("ok", "warn")
+    assert by_name["store"]["status"] == "ok"
+    assert abs(by_name["clock_skew_store"]["value"]) < 1.0
+    assert abs(by_name["clock_skew_redis"]["value"]) < 1.0
+    # The machine's Redis keeps nothing on disk: the check must say so.
+    assert by_name["redis_persistence"]["status"] in ("ok", "warn")
+
+
+def test_check_fails_when_skew_limit_is_zero(processes: ProcessManager) -> None:
+    result = run_check(processes, conf={"safe_time_max_clock_skew": 0})
+    assert result.returncode == 1
+    assert "FAIL" in result.stdout
+    assert "clock_skew_redis" in result.stdout
+
+
+def test_check_fails_with_injected_local_skew(processes: ProcessManager) -> None:
+    result = run_check(processes, conf={"safe_time_max_clock_skew": 1.0}, env={"SAFE_TIME_LOCAL_CLOCK_SKEW": "30"})
+    assert result.returncode == 1
+    report = result.stdout
+    assert "this host vs Redis TIME: -30" in report
+    assert "this host vs store now(): -30" in report
+
+
+def test_check_fails_when_redis_is_stopped(processes: ProcessManager, redis_server: RedisServer) -> None:
+    url = redis_server.url
+    redis_server.stop()
+    result = run_check(processes, "--json", conf={"safe_time_redis_url": url.replace("redis://", "redis://:s3cret@")})
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    redis_check = next(c for c in report["checks"] if c["name"] == "redis")
+    assert redis_check["status"] == "fail"
+    assert "unreachable" in redis_check["detail"]
+    assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_check_fails_when_store_database_is_missing(processes: ProcessManager, postgres_url: str) -> None:
+    missing = postgres_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    result = run_check(processes, conf={"safe_time_store_url": missing, "safe_time_max_clock_skew": 1.0})
+    assert result.returncode == 1
+    assert "store" in result.stdout
+    assert "unreachable" in result.stdout
+
+
+def test_check_reports_invalid_settings(processes: ProcessManager) -> None:
+    result = run_check(processes, conf={"safe_time_misfire": "whenever"})
+    assert result.returncode == 1
+    assert "safe_time_misfire" in result.stdout
+
+
+def test_persistence_and_eviction_warnings(redis_server: RedisServer) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    app = Celery("t", broker=redis_server.url, set_as_current=False)
+    checks = {c.name: c for c in check_redis(get_config(app), client)}
+    assert checks["redis_persistence"].status == "warn"
+    assert checks["redis_eviction"].status == "warn"
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("appendonly", "yes")
+    checks = {c.name: c for c in check_redis(get_config(app), client)}
+    assert checks["redis_persistence"].status == "ok"
+    assert checks["redis_eviction"].status == "ok"
+
+
+def test_redis_clock_tracks_redis_time(redis_client: redis.Redis) -> None:
+    clock = RedisClock(redis_client, refresh=60)
+    seconds, micros = redis_client.time()
+    assert abs(clock.time() - (seconds + micros / 1e6)) < 0.5
+    offset = measure_redis_offset(redis_client)
+    assert offset.rtt < 1.0
+    assert abs(offset.offset) < 1.0
+
+
+def test_redis_clock_corrects_a_skewed_local_clock(redis_client: redis.Redis) -> None:
+    def skewed() -> float:
+        return local_time() + 300.0
+
+    clock = RedisClock(redis_client, local=skewed)
+    seconds, micros = redis_client.time()
+    assert abs(clock.time() - (seconds + micros / 1e6)) < 0.5
+
+
+def test_run_checks_in_process_uses_real_store(make_app, postgres_url: str) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(safe_time_store_url=postgres_url, safe_time_max_clock_skew=5)
+    checks = run_checks(app)
+    assert worst(checks) in ("ok", "warn"), checks
+    assert get_store(app).now().tzinfo is not None

@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_safe_time import constants as C
+from celery_safe_time.config import SafeTimeConfig, get_config, parse_config, reset_config
+from celery_safe_time.exceptions import ImproperlyConfigured, SafeTimeError
+
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+def parse(broker: str = REDIS, transport: dict[str, Any] | None = None, **settings: Any) -> SafeTimeConfig:
+    return parse_config(settings.get, broker_url=broker, transport_options=transport)
+
+
+def test_defaults_follow_the_design() -> None:
+    cfg = parse()
+    assert cfg.redis_url == REDIS  # falls back to a redis:// broker_url
+    assert cfg.key_prefix == "safe_time:"
+    assert cfg.beat_lease == 30
+    assert cfg.misfire == "run_once"
+    assert cfg.misfire_grace is None
+    assert cfg.delay_threshold == 900  # min(900, 3600 / 2)
+    assert cfg.store_url == "sqlite:///celery_safe_time.sqlite3"
+    assert cfg.sweep_interval == 5
+    assert cfg.sweep_batch == 500
+    assert cfg.sweep_queue is None
+    assert cfg.allow_pickle is False
+    assert cfg.claim_timeout == 300
+    assert cfg.lock_ttl == 60
+    assert cfg.max_clock_skew == 0.1
+    assert cfg.visibility_timeout == 3600
+    assert cfg.beat_renew_interval == 10
+
+
+def test_threshold_defaults_to_half_the_visibility_timeout() -> None:
+    assert parse(transport={"visibility_timeout": 600}).delay_threshold == 300
+    assert parse(transport={"visibility_timeout": 7200}).delay_threshold == 900
+
+
+def test_threshold_on_amqp_ignores_visibility_timeout() -> None:
+    cfg = parse(broker="amqp://guest@localhost//", safe_time_redis_url=REDIS)
+    assert cfg.visibility_timeout is None
+    assert cfg.delay_threshold == 900
+    assert parse(broker="amqp://", safe_time_redis_url=REDIS, safe_time_delay_threshold=86400).delay_threshold == 86400
+
+
+def test_durations_accept_timedelta_and_numeric_strings() -> None:
+    cfg = parse(safe_time_beat_lease=timedelta(seconds=12), safe_time_lock_ttl="90")
+    assert cfg.beat_lease == 12
+    assert cfg.lock_ttl == 90
+
+
+def test_config_is_frozen() -> None:
+    cfg = parse()
+    with pytest.raises(AttributeError):
+        cfg.beat_lease = 5  # type: ignore[misc]
+
+
+def test_keys_are_prefixed() -> None:
+    cfg = parse(safe_time_key_prefix="tenant-a:")
+    assert cfg.key(C.KEY_BEAT_LEASE) == "tenant-a:beat:lease"
+    assert cfg.key(C.KEY_LOCK, key="sync:1") == "tenant-a:lock:sync:1"
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"safe_time_beat_lease": 0}, "safe_time_beat_lease"),
+        ({"safe_time_beat_lease": -5}, "safe_time_beat_lease"),
+        ({"safe_time_beat_lease": "soon"}, "safe_time_beat_lease"),
+        ({"safe_time_beat_lease": True}, "safe_time_beat_lease"),
+        ({"safe_time_beat_lease": float("nan")}, "safe_time_beat_lease"),
+        ({"safe_time_lock_ttl": 0}, "safe_time_lock_ttl"),
+        ({"safe_time_lock_ttl": -1}, "safe_time_lock_ttl"),
+        ({"safe_time_claim_timeout": 0}, "safe_time_claim_timeout"),
+        ({"safe_time_sweep_interval": -1}, "safe_time_sweep_interval"),
+        ({"safe_time_sweep_batch": 0}, "safe_time_sweep_batch"),
+        ({"safe_time_sweep_batch": 2.5}, "safe_time_sweep_batch"),
+        ({"safe_time_sweep_queue": ""}, "safe_time_sweep_queue"),
+        ({"safe_time_misfire": "sometimes"}, "safe_time_misfire"),
+        ({"safe_time_misfire_grace": 0}, "safe_time_misfire_grace"),
+        ({"safe_time_delay_threshold": -1}, "safe_time_delay_threshold"),
+        ({"safe_time_delay_threshold": 3600}, "safe_time_delay_threshold"),
+        ({"safe_time_delay_threshold": 5000}, "safe_time_delay_threshold"),
+        ({"safe_time_store_url": "mongodb://x/y"}, "safe_time_store_url"),
+        ({"safe_time_store_url": ""}, "safe_time_store_url"),
+        ({"safe_time_redis_url": "http://127.0.0.1:6379"}, "safe_time_redis_url"),
+        ({"safe_time_redis_url": 6379}, "safe_time_redis_url"),
+        ({"safe_time_key_prefix": ""}, "safe_time_key_prefix"),
+        ({"safe_time_allow_pickle": "yes"}, "safe_time_allow_pickle"),
+        ({"safe_time_max_clock_skew": -0.1}, "safe_time_max_clock_skew"),
+    ],
+)
+def test_invalid_setting_names_the_key(settings: dict[str, Any], key: str) -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        parse(**settings)
+    assert info.value.key == key
+    assert str(info.value).startswith(key + ":")
+    assert isinstance(info.value, SafeTimeError)
+
+
+def test_threshold_at_visibility_timeout_mentions_it() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"visibility_timeout \(600 s\)"):
+        parse(transport={"visibility_timeout": 600}, safe_time_delay_threshold=600)
+
+
+def test_invalid_visibility_timeout_is_named() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"broker_transport_options\.visibility_timeout"):
+        parse(transport={"visibility_timeout": 0})
+
+
+def test_redis_url_required_without_redis_broker() -> None:
+    with pytest.raises(ImproperlyConfigured, match="safe_time_redis_url: is required"):
+        parse(broker="amqp://guest@localhost//")
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h:1/0", "rediss://:pw@h:1/0", "unix:///tmp/redis.sock", "sentinel://h:26379/0?master=m"]
+)
+def test_redis_url_schemes(url: str) -> None:
+    assert parse(safe_time_redis_url=url).redis_url == url
+
+
+@pytest.mark.parametrize(
+    "url", ["django", "sqlite:///x.db", "postgresql://u@h/db", "postgresql+psycopg://u@h/db", "mysql+pymysql://u@h/d"]
+)
+def test_store_url_schemes(url: str) -> None:
+    assert parse(safe_time_store_url=url).store_url == url
+
+
+def test_get_config_is_cached_per_app() -> None:
+    app = Celery("a", broker=REDIS, set_as_current=False)
+    first = get_config(app)
+    assert get_config(app) is first
+    other = Celery("b", broker=REDIS, set_as_current=False)
+    other.conf.safe_time_beat_lease = 9
+    assert get_config(other).beat_lease == 9
+    assert get_config(app).beat_lease == 30
+    reset_config(app)
+    assert get_config(app) is not first
+
+
+def test_app_with_invalid_setting_fails_naming_it() -> None:
+    app = Celery("a", broker=REDIS, set_as_current=False)
+    app.conf.safe_time_lock_ttl = -3
+    with pytest.raises(ImproperlyConfigured, match="safe_time_lock_ttl"):
+        get_config(app)
+
+
+def test_django_style_namespace_settings() -> None:
+    """``config_from_object(settings, namespace='CELERY')`` with CELERY_SAFE_TIME_* names."""
+
+    class DjangoSettings:
+        CELERY_BROKER_URL = "redis://127.0.0.1:6379/3"
+        CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 1000}
+        CELERY_SAFE_TIME_BEAT_LEASE = 12
+        CELERY_SAFE_TIME_KEY_PREFIX = "proj:"
+        CELERY_SAFE_TIME_STORE_URL = "django"
+        CELERY_SAFE_TIME_MISFIRE = "skip"
+        SAFE_TIME_LOCK_TTL = 999  # not in the namespace: must be ignored
+
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    cfg = get_config(app)
+    assert cfg.redis_url == "redis://127.0.0.1:6379/3"
+    assert cfg.beat_lease == 12
+    assert cfg.key_prefix == "proj:"
+    assert cfg.store_url == "django"
+    assert cfg.misfire == "skip"
+    assert cfg.lock_ttl == 60
+    assert cfg.delay_threshold == 500
+
+
+def test_django_style_invalid_setting_is_named() -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = "redis://127.0.0.1:6379/3"
+        CELERY_SAFE_TIME_MISFIRE = "never"
+
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    with pytest.raises(ImproperlyConfigured, match="safe_time_misfire"):
+        get_config(app)

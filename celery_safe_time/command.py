@@ -53,3 +53,58 @@ def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
     for c in checks:
         label, color = _MARK[c.status]
         click.echo(f"{ctx.obj.style(f'{label:<4}', fg=color, bold=True)}  {c.name:<{width}}  {c.detail}")
+
+
+@safe_time.command(cls=CeleryCommand)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Beat leader, stored delays and held overlap locks."""
+    app = _app(ctx)
+    sections = {name: describe(app) for name, describe in _status_sections()}
+    if as_json:
+        _dump(sections)
+        return
+    for name, data in sections.items():
+        click.echo(ctx.obj.style(f"[{name}]", bold=True))
+        _print_tree(data, indent=2)
+
+
+def _status_sections() -> list[tuple[str, Any]]:
+    """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
+    sections: list[tuple[str, Any]] = []
+    # --- status: beat ----------------------------------------------------------
+
+    # --- status: delays --------------------------------------------------------
+
+    # --- status: locks ---------------------------------------------------------
+
+    return sections
+
+
+def _print_tree(data: Any, indent: int) -> None:
+    pad = " " * indent
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(value, (dict, list)) and value:
+                click.echo(f"{pad}{key}:")
+                _print_tree(value, indent + 2)
+            else:
+                click.echo(f"{pad}{key}: {value}")
+    elif isinstance(data, list):
+        for item in data:
+            if isinstance(item, dict):
+                click.echo(pad + "- " + ", ".join(f"{k}={v}" for k, v in item.items()))
+            else:
+                click.echo(f"{pad}- {item}")
+    else:
+        click.echo(f"{pad}{data}")
+
+
+# === beat commands (issue 3) =====================================================
+
+
+# === delays commands (issue 4) ===================================================
+
+
+# === locks commands (issue 5) ====================================================

@@ -69,3 +69,11 @@ SWEEP_ENTRY_NAME: Final = "celery_safe_time.sweep"
 
 #: Extra seconds a sweep looks ahead; rows due within it are published with eta=due_at.
 SWEEP_LOOKAHEAD: Final = 2.0
+
+# === beat (issue 3) ==========================================================
+
+
+# === delays (issue 4) ========================================================
+
+
+# === locks and idempotency (issue 5) =========================================

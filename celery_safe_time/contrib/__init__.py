@@ -1,0 +1,1 @@
+"""Optional integrations kept apart from the core (import them only when used)."""

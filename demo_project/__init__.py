@@ -1,0 +1,1 @@
+"""A small SaaS (tenants, trials, invoices, inventory syncs) that uses every celery-safe-time feature."""

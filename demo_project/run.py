@@ -1,13 +1,669 @@
-"""``make demo`` entry point (the full scenario arrives with the demo issue)."""
+"""``make demo``: the whole story, live, in about two minutes.
+
+Three ``celery beat`` processes and two workers run the demo SaaS with celery-safe-time; the
+same jobs run on plain Celery beside them. Mid-way the leader beat is ``kill -9``-ed and the
+broker is flushed while delays are pending. At the end a report compares expected and observed;
+the exit code is 0 only when every expectation holds.
+
+``--quick`` shortens the timeline (used by the test suite); ``--serve`` leaves the system
+running with the Django admin on http://127.0.0.1:8000/admin/.
+"""
 
 from __future__ import annotations
 
+import argparse
+import itertools
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+UTC = timezone.utc
+CLAIM_KEY = "safe_time_test:db:{db}"  # the same claim keys as the test suite, so runs never collide
 
 
-def main() -> int:
-    print("celery-safe-time demo: coming with the demo issue (#6). Run `make test` meanwhile.")
+@dataclass
+class Timeline:
+    """Seconds from the start of the scenario; compressed durations stand in for days."""
+
+    trial_seconds: float = 30.0
+    extend_by: float = 15.0
+    threshold: float = 3.0
+    visibility_timeout: float = 10.0
+    plain_visibility_timeout: float = 4.0
+    plain_countdown: float = 14.0
+    lease: float = 6.0
+    invoice_every: float = 4.0
+    sync_every: float = 2.0
+    sync_seconds: float = 3.0
+    lock_ttl: float = 6.0
+    nudges: int = 40
+    nudge_spread: tuple[float, float] = (6.0, 40.0)
+    start_trials_at: float = 4.0
+    cancel_extend_at: float = 10.0
+    kill_leader_at: float = 14.0
+    flush_broker_at: float = 20.0
+    run_until: float = 75.0
+
+    @classmethod
+    def quick(cls) -> Timeline:
+        return cls(
+            trial_seconds=18.0,
+            extend_by=8.0,
+            nudges=20,
+            nudge_spread=(5.0, 22.0),
+            plain_countdown=10.0,
+            start_trials_at=3.0,
+            cancel_extend_at=7.0,
+            kill_leader_at=10.0,
+            flush_broker_at=13.0,
+            run_until=45.0,
+        )
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+@dataclass
+class Demo:
+    args: argparse.Namespace
+    timeline: Timeline
+    var: Path
+    redis_base: str
+    owned_redis: subprocess.Popen[bytes] | None = None
+    dbs: list[int] = field(default_factory=list)
+    claim_token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    procs: list[Proc] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)
+    t0: float = 0.0
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    # --- plumbing ---------------------------------------------------------------------
+    def url(self, db: int) -> str:
+        return self.redis_base.rsplit("/", 1)[0] + f"/{db}"
+
+    @property
+    def broker_url(self) -> str:
+        return self.url(self.dbs[0])
+
+    @property
+    def safe_redis_url(self) -> str:
+        return self.url(self.dbs[1])
+
+    @property
+    def plain_url(self) -> str:
+        return self.url(self.dbs[2])
+
+    def say(self, message: str) -> None:
+        elapsed = time.monotonic() - self.t0 if self.t0 else 0.0
+        self.events.append((elapsed, message))
+        print(f"[{elapsed:6.1f}s] {message}", flush=True)
+
+    def env(self) -> dict[str, str]:
+        tl = self.timeline
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+            "PYTHONUNBUFFERED": "1",
+            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            "DEMO_VAR_DIR": str(self.var),
+            "DEMO_REDIS_URL": self.safe_redis_url,
+            "DEMO_BROKER_URL": self.broker_url,
+            "DEMO_PLAIN_BROKER_URL": self.plain_url,
+            "DEMO_KEY_PREFIX": "demo:",
+            "DEMO_BEAT_LEASE": str(tl.lease),
+            "DEMO_DELAY_THRESHOLD": str(tl.threshold),
+            "DEMO_VISIBILITY_TIMEOUT": str(tl.visibility_timeout),
+            "DEMO_PLAIN_VISIBILITY_TIMEOUT": str(tl.plain_visibility_timeout),
+            "DEMO_SWEEP_INTERVAL": "1",
+            "DEMO_TRIAL_SECONDS": str(tl.trial_seconds),
+            "DEMO_SYNC_SECONDS": str(tl.sync_seconds),
+            "DEMO_SYNC_EVERY": str(tl.sync_every),
+            "DEMO_INVOICE_EVERY": str(tl.invoice_every),
+            "DEMO_LOCK_TTL": str(tl.lock_ttl),
+        }
+        return env
+
+    def spawn(self, name: str, *args: str) -> Proc:
+        log = self.var / f"{name}.log"
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                env=self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.var),
+                start_new_session=True,
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "demo_project.manage", *args],
+            env=self.env(),
+            cwd=str(self.var),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise SystemExit(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    # --- services ---------------------------------------------------------------------
+    def claim_redis(self) -> None:
+        client = redis.Redis.from_url(self.url(0))
+        for db in range(15, 0, -1):
+            if len(self.dbs) == 3:
+                break
+            if client.set(CLAIM_KEY.format(db=db), self.claim_token, nx=True, ex=1800):
+                self.dbs.append(db)
+        if len(self.dbs) < 3:
+            raise SystemExit("could not claim three free Redis dbs (1-15); is another demo or test run going?")
+        for db in self.dbs:
+            redis.Redis.from_url(self.url(db)).flushdb()
+
+    def release(self) -> None:
+        for proc in self.procs:
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs:
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.signal(signal.SIGKILL)
+        try:
+            client = redis.Redis.from_url(self.url(0))
+            for db in self.dbs:
+                if client.get(CLAIM_KEY.format(db=db)) == self.claim_token.encode():
+                    redis.Redis.from_url(self.url(db)).flushdb()
+                    client.delete(CLAIM_KEY.format(db=db))
+        except redis.RedisError:
+            pass
+        if self.owned_redis is not None:
+            self.owned_redis.terminate()
+
+
+def find_redis() -> tuple[str, subprocess.Popen[bytes] | None]:
+    url = os.environ.get("DEMO_REDIS", "redis://127.0.0.1:6379/0")
+    try:
+        if redis.Redis.from_url(url, socket_connect_timeout=2).ping():
+            return url, None
+    except redis.RedisError:
+        pass
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit(f"No Redis at {url} and no redis-server binary. Install it: apt-get install redis-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            if redis.Redis.from_url(url).ping():
+                print(f"started a throwaway redis-server on port {port}")
+                return url, proc
+        except redis.RedisError:
+            time.sleep(0.05)
+    raise SystemExit("the throwaway redis-server did not start")
+
+
+# --- the scenario -------------------------------------------------------------------------
+
+
+def setup_django(demo: Demo) -> Any:
+    os.environ.update(demo.env())
+    demo.manage("migrate", "--noinput")
+    from demo_project.celery_app import app
+
+    return app
+
+
+def leader_pid(app: Any) -> int | None:
+    """The pid of the beat holding the lease, read from the status API."""
+    from celery_safe_time.scheduler import describe_beat
+
+    info = describe_beat(app)
+    leader = info.get("leader") or {}
+    pid = leader.get("pid") if isinstance(leader, dict) else None
+    return int(pid) if pid else None
+
+
+def create_tenants() -> list[Any]:
+    from demo_project.tenants.models import Tenant
+
+    zones = ["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Tokyo", "UTC"]
+    return [Tenant.objects.create(name=f"tenant-{i + 1}", timezone=tz) for i, tz in enumerate(zones)]
+
+
+def scenario(demo: Demo) -> int:
+    tl = demo.timeline
+    app = setup_django(demo)
+    from celery_safe_time import get_config
+    from demo_project.billing.tasks import schedule_morning_reminder, send_invoice
+    from demo_project.plain_app import app as plain_app
+    from demo_project.tenants.models import Tenant
+    from demo_project.trials.tasks import extend_trial, nudge, start_trial, upgrade
+
+    cfg = get_config(app)
+    tenants = create_tenants()
+    demo.say(
+        f"safe side: broker {demo.broker_url}, locks/leases {demo.safe_redis_url}, store = Django DB "
+        f"({demo.var / 'demo.sqlite3'}); plain Celery side: {demo.plain_url}"
+    )
+    demo.say(
+        f'compressed time: trial {tl.trial_seconds:g}s ("14 days"), delay threshold {cfg.delay_threshold:g}s, '
+        f"visibility_timeout {tl.visibility_timeout:g}s (plain: {tl.plain_visibility_timeout:g}s), lease {tl.lease:g}s"
+    )
+
+    beats = [
+        demo.spawn(
+            f"beat{i}",
+            "celery",
+            "-A",
+            "demo_project.celery_app",
+            "beat",
+            "-l",
+            "INFO",
+            "-S",
+            demo.args.scheduler,
+            "-s",
+            str(demo.var / f"beat{i}.schedule"),
+        )
+        for i in (1, 2, 3)
+    ]
+    workers = [
+        demo.spawn(
+            f"worker{i}",
+            "celery",
+            "-A",
+            "demo_project.celery_app",
+            "worker",
+            "-l",
+            "INFO",
+            "-c",
+            "4",
+            "-n",
+            f"safe{i}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        )
+        for i in (1, 2)
+    ]
+    plain_beats = [
+        demo.spawn(
+            f"plain-beat{i}",
+            "celery",
+            "-A",
+            "demo_project.plain_app",
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            str(demo.var / f"plain-beat{i}.schedule"),
+        )
+        for i in (1, 2, 3)
+    ]
+    plain_workers = [
+        demo.spawn(
+            f"plain-worker{i}",
+            "celery",
+            "-A",
+            "demo_project.plain_app",
+            "worker",
+            "-l",
+            "INFO",
+            "-c",
+            "2",
+            "-n",
+            f"plain{i}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        )
+        for i in (1, 2)
+    ]
+    demo.say("started 3 safe beats, 2 safe workers, 3 plain beats, 2 plain workers")
+    demo.t0 = time.monotonic()
+    demo.events.clear()
+    demo.say("clock starts")
+
+    phase = {"trials": False, "cancel": False, "kill": False, "flush": False}
+    kill_at: float | None = None
+    killed_pid: int | None = None
+    first_leader: int | None = None
+    nudge_due: list[float] = []
+    trial_ids: dict[int, str] = {}
+    plain_ids: list[str] = []
+    last_status = 0.0
+    while True:
+        now = time.monotonic() - demo.t0
+        if now >= tl.run_until:
+            break
+        pid = _safe(lambda: leader_pid(app))
+        if pid and first_leader is None:
+            first_leader = pid
+            demo.say(f"leader elected: {_name_of(demo, pid)}")
+        if not phase["trials"] and now >= tl.start_trials_at:
+            phase["trials"] = True
+            for tenant in tenants:
+                trial_ids[tenant.id] = start_trial(tenant)
+                schedule_morning_reminder(tenant)
+            for i in range(tl.nudges):
+                delay = tl.nudge_spread[0] + (tl.nudge_spread[1] - tl.nudge_spread[0]) * i / max(1, tl.nudges - 1)
+                due = time.time() + delay
+                nudge.apply_async((tenants[i % len(tenants)].id, due), countdown=delay)
+                nudge_due.append(due)
+            # A client that retries: the same invoice requested twice must be sent once.
+            for _ in range(2):
+                send_invoice.delay(tenants[0].id, "manual-2026-11")
+            for tenant in tenants:
+                plain_ids.append(
+                    plain_app.send_task("plain.trial_ending_email", args=[tenant.id], countdown=tl.plain_countdown).id
+                )
+            demo.say(
+                f"{len(tenants)} trials started (countdown {tl.trial_seconds:g}s), {len(tenants)} reminders at 09:00 "
+                f"local, {tl.nudges} nudges (countdowns {tl.nudge_spread[0]:g}-{tl.nudge_spread[1]:g}s) -> store; "
+                f"plain: {len(tenants)} countdowns of {tl.plain_countdown:g}s -> broker"
+            )
+        if not phase["cancel"] and now >= tl.cancel_extend_at:
+            phase["cancel"] = True
+            upgraded = upgrade(Tenant.objects.get(pk=tenants[1].id))
+            extended = extend_trial(Tenant.objects.get(pk=tenants[2].id), timedelta(seconds=tl.extend_by))
+            demo.say(
+                f"{tenants[1].name} upgraded -> trial email cancelled ({upgraded}); "
+                f"{tenants[2].name} trial extended by {tl.extend_by:g}s ({extended})"
+            )
+        if not phase["kill"] and now >= tl.kill_leader_at and pid:
+            phase["kill"] = True
+            victim = next((b for b in beats if b.popen.pid == pid), None)
+            if victim is not None:
+                victim.signal(signal.SIGKILL)
+                kill_at, killed_pid = time.monotonic(), pid
+                demo.say(f"kill -9 leader {victim.name} (pid {pid})")
+        if kill_at is not None and "failover" not in demo.facts and pid and pid != killed_pid:
+            demo.facts["failover"] = time.monotonic() - kill_at
+            demo.say(f"standby {_name_of(demo, pid)} took over after {demo.facts['failover']:.1f}s")
+        if not phase["flush"] and now >= tl.flush_broker_at:
+            phase["flush"] = True
+            redis.Redis.from_url(demo.broker_url).flushdb()
+            redis.Redis.from_url(demo.plain_url).flushdb()
+            demo.say("FLUSHDB on both brokers while trial emails and nudges are pending")
+        if now - last_status >= 5:
+            last_status = now
+            demo.say(status_line(demo))
+        time.sleep(0.2)
+
+    demo.facts.update(nudge_due=nudge_due, trial_ids=trial_ids, plain_ids=plain_ids)
+    for proc in beats + plain_beats:
+        proc.signal(signal.SIGTERM)
+    time.sleep(tl.sync_seconds + 1)  # let running syncs finish
+    for proc in workers + plain_workers:
+        proc.signal(signal.SIGTERM)
+    for proc in demo.procs:
+        try:
+            proc.popen.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.signal(signal.SIGKILL)
+    demo.say("all processes stopped")
+    return report(demo, app)
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _name_of(demo: Demo, pid: int) -> str:
+    return next((p.name for p in demo.procs if p.popen.pid == pid), f"pid {pid}")
+
+
+def status_line(demo: Demo) -> str:
+    from celery_safe_time.contrib.django.models import StoredDelay
+
+    from demo_project.billing.models import InvoiceRun
+    from demo_project.inventory.models import SyncRun
+    from demo_project.tenants.models import Email
+
+    pending = StoredDelay.objects.filter(status="pending").count()
+    return (
+        f"slots fired {InvoiceRun.objects.values('slot').distinct().count()} | "
+        f"emails {Email.objects.count()} | syncs {SyncRun.objects.count()} | pending delays {pending} | "
+        f"plain beat runs {redis.Redis.from_url(demo.plain_url).llen('plain:invoice_runs')}"
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _clusters(times: list[float], gap: float) -> int:
+    """Runs closer than ``gap`` seconds belong to one slot (plain beats fire each on their own tick)."""
+    count, last = 0, None
+    for t in sorted(times):
+        if last is None or t - last > gap:
+            count += 1
+        last = t
+    return count
+
+
+def report(demo: Demo, app: Any) -> int:
+    from celery_safe_time.contrib.django.models import StoredDelay
+
+    from demo_project.billing.models import InvoiceRun
+    from demo_project.inventory.models import SyncRun
+    from demo_project.tenants.models import Email, Tenant
+
+    tl = demo.timeline
+    rows: list[tuple[str, str, str, bool]] = []
+
+    def row(what: str, expected: str, observed: object, ok: bool) -> None:
+        rows.append((what, expected, str(observed), ok))
+
+    slots = Counter(InvoiceRun.objects.values_list("slot", flat=True))
+    row(f"invoice slots fired (every {tl.invoice_every:g}s)", "> 0", len(slots), len(slots) > 0)
+    row("  slots published twice", "0", sum(n - 1 for n in slots.values()), all(n == 1 for n in slots.values()))
+    failover = demo.facts.get("failover")
+    limit = tl.lease + tl.lease / 3
+    row(
+        "failover after kill -9 of the leader",
+        f"<= {limit:g}s (lease + lease/3)",
+        "not observed" if failover is None else f"{failover:.1f}s",
+        failover is not None and failover <= limit + 1,
+    )
+
+    trials = list(Email.objects.filter(kind="trial_ending").values_list("tenant_id", flat=True))
+    upgraded = Tenant.objects.filter(plan="paid").values_list("id", flat=True)
+    expected_trials = {t.id for t in Tenant.objects.all()} - set(upgraded)
+    row("trial-ending emails sent", str(len(expected_trials)), len(trials), sorted(trials) == sorted(expected_trials))
+    cancelled = StoredDelay.objects.filter(status="cancelled").count()
+    row("  cancelled on upgrade (not sent)", "1", cancelled, cancelled == 1 and not set(upgraded) & set(trials))
+    nudge_keys = Counter(Email.objects.filter(kind="nudge").values_list("key", flat=True))
+    lost = len(demo.facts["nudge_due"]) - len(nudge_keys)
+    row(
+        "  delayed emails lost (broker flushed mid-way)",
+        "0",
+        lost + len(expected_trials - set(trials)),
+        lost == 0 and not expected_trials - set(trials),
+    )
+    row(
+        "  delayed emails run twice",
+        "0",
+        sum(n - 1 for n in nudge_keys.values()) + len(trials) - len(set(trials)),
+        all(n == 1 for n in nudge_keys.values()) and len(trials) == len(set(trials)),
+    )
+
+    overlaps = 0
+    runs_by_account: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for account_id, started, finished in SyncRun.objects.values_list("account_id", "started", "finished"):
+        runs_by_account[account_id].append((started, finished))
+    for runs in runs_by_account.values():
+        runs.sort()
+        overlaps += sum(1 for a, b in itertools.pairwise(runs) if b[0] < a[1])
+    syncs = sum(len(r) for r in runs_by_account.values())
+    row(f"inventory syncs ({tl.sync_seconds:g}s long, every {tl.sync_every:g}s)", "> 0", syncs, syncs > 0)
+    row("  overlapping syncs of one account", "0", overlaps, overlaps == 0)
+
+    invoices = Counter(Email.objects.filter(kind="invoice").values_list("key", flat=True))
+    row("invoices sent", "> 0", sum(invoices.values()), bool(invoices))
+    row(
+        "  duplicate invoices (one requested twice on purpose)",
+        "0",
+        sum(n - 1 for n in invoices.values()),
+        all(n == 1 for n in invoices.values()),
+    )
+
+    lateness = []
+    for key, sent_at in Email.objects.filter(kind="nudge").values_list("key", "sent_at"):
+        lateness.append(sent_at.timestamp() - float(key))
+    p50, p99 = _percentile(lateness, 50), _percentile(lateness, 99)
+    row("stored-delay lateness p50", "<= 1s", f"{p50:.2f}s", p50 <= 1.0)
+    row("stored-delay lateness p99", f"<= {limit + 1:g}s (a failover pauses sweeps)", f"{p99:.2f}s", p99 <= limit + 1)
+
+    # --- plain Celery, same scenario ---
+    plain = redis.Redis.from_url(demo.plain_url)
+    plain_runs = [json.loads(r)["at"] for r in plain.lrange("plain:invoice_runs", 0, -1)]
+    plain_slots = _clusters(plain_runs, tl.invoice_every / 2)
+    plain_trials = Counter(json.loads(r)["tenant"] for r in plain.lrange("plain:trial_emails", 0, -1))
+    baseline = [
+        ("invoice slots fired by 3 plain beats", str(plain_slots)),
+        ("  runs published (duplicates)", f"{len(plain_runs)} ({len(plain_runs) - plain_slots})"),
+        (
+            f"countdown {tl.plain_countdown:g}s > visibility_timeout {tl.plain_visibility_timeout:g}s: runs per email",
+            f"{sum(plain_trials.values())} runs for {len(demo.facts['plain_ids'])} emails",
+        ),
+    ]
+
+    width = max(len(r[0]) for r in rows) + 2
+    print()
+    print("celery-safe-time demo report".center(width + 44))
+    print(f"{'what':<{width}}{'expected':<28}{'observed':<14}ok")
+    print("-" * (width + 46))
+    for what, expected, observed, ok in rows:
+        print(f"{what:<{width}}{expected:<28}{observed:<14}{'yes' if ok else 'NO'}")
+    print()
+    print("plain Celery, same run (the problem this package fixes)")
+    print("-" * (width + 46))
+    for what, observed in baseline:
+        print(f"{what:<{width + 28}}{observed}")
+    all_ok = all(r[3] for r in rows)
+    print()
+    print("ALL EXPECTATIONS MET" if all_ok else f"SOME EXPECTATIONS FAILED (logs in {demo.var})")
+    demo.facts["rows"] = rows
+    (demo.var / "report.json").write_text(json.dumps({"rows": rows, "baseline": baseline}, indent=2))
+    return 0 if all_ok else 1
+
+
+def serve(demo: Demo) -> int:
+    setup_django(demo)
+    password = secrets.token_urlsafe(9)
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if not user_model.objects.filter(username="admin").exists():
+        user_model.objects.create_superuser("admin", "admin@example.com", password)
+    else:
+        user = user_model.objects.get(username="admin")
+        user.set_password(password)
+        user.save()
+    from demo_project.tenants.models import Tenant
+    from demo_project.trials.tasks import start_trial
+
+    if not Tenant.objects.exists():
+        for tenant in create_tenants():
+            start_trial(tenant)
+    demo.spawn(
+        "beat1",
+        "celery",
+        "-A",
+        "demo_project.celery_app",
+        "beat",
+        "-l",
+        "INFO",
+        "-S",
+        demo.args.scheduler,
+        "-s",
+        str(demo.var / "beat1.schedule"),
+    )
+    demo.spawn("worker1", "celery", "-A", "demo_project.celery_app", "worker", "-l", "INFO", "-c", "4")
+    demo.spawn("web", "demo_project.manage", "runserver", "--noreload", f"127.0.0.1:{demo.args.port}")
+    print(f"admin: http://127.0.0.1:{demo.args.port}/admin/  user: admin  password: {password}")
+    print(f"logs in {demo.var}; Ctrl-C to stop")
+    try:
+        while all(p.alive() for p in demo.procs):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a shorter timeline (about a minute)")
+    parser.add_argument("--serve", action="store_true", help="leave it running with the Django admin")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--scheduler",
+        default="celery_safe_time.SafeScheduler",
+        help="beat scheduler class (or celery_safe_time.contrib.django.SafeDatabaseScheduler)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run directory (logs, SQLite database)")
+    args = parser.parse_args(argv)
+    redis_base, owned = find_redis()
+    var = Path(tempfile.mkdtemp(prefix="safe-time-demo-"))
+    demo = Demo(args, Timeline.quick() if args.quick else Timeline(), var, redis_base, owned)
+    started = datetime.now(UTC)
+    try:
+        demo.claim_redis()
+        code = serve(demo) if args.serve else scenario(demo)
+    finally:
+        demo.release()
+        if not args.keep and not args.serve and demo.facts.get("rows") and all(r[3] for r in demo.facts["rows"]):
+            shutil.rmtree(var, ignore_errors=True)
+    print(f"demo finished in {(datetime.now(UTC) - started).total_seconds():.0f}s")
+    return code
 
 
 if __name__ == "__main__":

@@ -131,18 +131,40 @@ class ProcessManager:
         return proc.start()
 
     def worker(
-        self, app: str = "tests.apps.basic", *extra: str, name: str | None = None, env: dict[str, str] | None = None,
-        concurrency: int = 2, pool: str = "prefork",
-    ) -> CeleryProcess:  # fmt: skip
+        self,
+        app: str = "tests.apps.basic",
+        *extra: str,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        concurrency: int = 2,
+        pool: str = "prefork",
+    ) -> CeleryProcess:
         name = name or f"worker{len(self.procs)}"
-        args = ["worker", "-l", "INFO", "-n", f"{name}@%h", "-c", str(concurrency), "-P", pool,
-                "--without-gossip", "--without-mingle", "--without-heartbeat", *extra]  # fmt: skip
+        args = [
+            "worker",
+            "-l",
+            "INFO",
+            "-n",
+            f"{name}@%h",
+            "-c",
+            str(concurrency),
+            "-P",
+            pool,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra,
+        ]
         return self._spawn(app, args, name, env)
 
     def beat(
-        self, app: str = "tests.apps.basic", *extra: str, name: str | None = None, env: dict[str, str] | None = None,
+        self,
+        app: str = "tests.apps.basic",
+        *extra: str,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
         scheduler: str = "celery_safe_time.SafeScheduler",
-    ) -> CeleryProcess:  # fmt: skip
+    ) -> CeleryProcess:
         name = name or f"beat{len(self.procs)}"
         schedule_file = str(self.log_dir / f"{name}-schedule")
         args = ["beat", "-l", "DEBUG", "-S", scheduler, "-s", schedule_file, "--max-interval", "1", *extra]
@@ -155,8 +177,12 @@ class ProcessManager:
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
         return subprocess.run(
             [sys.executable, "-m", "celery", "-A", app, *args],
-            env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(self.log_dir),
-        )  # fmt: skip
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=str(self.log_dir),
+        )
 
     def stop_all(self) -> None:
         for proc in self.procs:

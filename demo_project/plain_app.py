@@ -1,0 +1,41 @@
+"""The baseline: the same jobs on plain Celery (no celery-safe-time), run side by side in the demo.
+
+Runs are recorded in Redis lists so the demo can count what plain Celery did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+
+import redis
+from celery import Celery
+
+BROKER = os.environ.get("DEMO_PLAIN_BROKER_URL", "redis://127.0.0.1:6379/0")
+
+app = Celery("demo_plain", broker=BROKER)
+app.conf.update(
+    timezone="UTC",
+    task_ignore_result=True,
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={"visibility_timeout": float(os.environ.get("DEMO_PLAIN_VISIBILITY_TIMEOUT", 3600))},
+    beat_schedule={
+        "monthly-invoices": {
+            "task": "plain.run_invoices",
+            "schedule": timedelta(seconds=float(os.environ.get("DEMO_INVOICE_EVERY", 30 * 86400))),
+        }
+    },
+)
+_redis = redis.Redis.from_url(BROKER)
+
+
+@app.task(name="plain.run_invoices")
+def run_invoices() -> None:
+    _redis.rpush("plain:invoice_runs", json.dumps({"at": time.time()}))
+
+
+@app.task(name="plain.trial_ending_email", bind=True)
+def trial_ending_email(self, tenant_id: int) -> None:  # type: ignore[no-untyped-def]
+    _redis.rpush("plain:trial_emails", json.dumps({"tenant": tenant_id, "task_id": self.request.id, "at": time.time()}))

@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class TenantsConfig(AppConfig):
+    name = "demo_project.tenants"
+    label = "demo_tenants"

@@ -457,13 +457,13 @@ def _name_of(demo: Demo, pid: int) -> str:
 
 
 def status_line(demo: Demo) -> str:
-    from celery_safe_time.contrib.django.models import StoredDelay
+    from celery_safe_time.contrib.django.models import DelayedTask
 
     from demo_project.billing.models import InvoiceRun
     from demo_project.inventory.models import SyncRun
     from demo_project.tenants.models import Email
 
-    pending = StoredDelay.objects.filter(status="pending").count()
+    pending = DelayedTask.objects.filter(status="pending").count()
     return (
         f"slots fired {InvoiceRun.objects.values('slot').distinct().count()} | "
         f"emails {Email.objects.count()} | syncs {SyncRun.objects.count()} | pending delays {pending} | "
@@ -490,7 +490,7 @@ def _clusters(times: list[float], gap: float) -> int:
 
 
 def report(demo: Demo, app: Any) -> int:
-    from celery_safe_time.contrib.django.models import StoredDelay
+    from celery_safe_time.contrib.django.models import DelayedTask
 
     from demo_project.billing.models import InvoiceRun
     from demo_project.inventory.models import SyncRun
@@ -518,7 +518,7 @@ def report(demo: Demo, app: Any) -> int:
     upgraded = Tenant.objects.filter(plan="paid").values_list("id", flat=True)
     expected_trials = {t.id for t in Tenant.objects.all()} - set(upgraded)
     row("trial-ending emails sent", str(len(expected_trials)), len(trials), sorted(trials) == sorted(expected_trials))
-    cancelled = StoredDelay.objects.filter(status="cancelled").count()
+    cancelled = DelayedTask.objects.filter(status="cancelled").count()
     row("  cancelled on upgrade (not sent)", "1", cancelled, cancelled == 1 and not set(upgraded) & set(trials))
     nudge_keys = Counter(Email.objects.filter(kind="nudge").values_list("key", flat=True))
     lost = len(demo.facts["nudge_due"]) - len(nudge_keys)

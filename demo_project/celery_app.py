@@ -15,7 +15,8 @@ from django.conf import settings  # noqa: E402
 
 import celery_safe_time  # noqa: E402
 
-app = Celery("demo_project")
+# Every task of the project goes through SafeTask: long countdowns land in the store.
+app = Celery("demo_project", task_cls="celery_safe_time:SafeTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["demo_project.billing", "demo_project.trials", "demo_project.inventory"])
 

@@ -20,7 +20,13 @@ app.conf.update(
     timezone="UTC",
     task_ignore_result=True,
     broker_connection_retry_on_startup=True,
-    broker_transport_options={"visibility_timeout": float(os.environ.get("DEMO_PLAIN_VISIBILITY_TIMEOUT", 3600))},
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("DEMO_PLAIN_VISIBILITY_TIMEOUT", 3600)),
+        # kombu sweeps unacked messages every ~100 s by default; the demo compresses time,
+        # so it sweeps every second (what hours of a real deployment would show).
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
     beat_schedule={
         "monthly-invoices": {
             "task": "plain.run_invoices",

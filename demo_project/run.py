@@ -150,6 +150,8 @@ class Demo:
             "DEMO_SYNC_EVERY": str(tl.sync_every),
             "DEMO_INVOICE_EVERY": str(tl.invoice_every),
             "DEMO_LOCK_TTL": str(tl.lock_ttl),
+            "DEMO_RESTORE_INTERVAL": "1",
+            "DEMO_RESTORE_THROTTLE": "1",
         }
         return env
 
@@ -359,7 +361,8 @@ def scenario(demo: Demo) -> int:
         )
         for i in (1, 2)
     ]
-    demo.say("started 3 safe beats, 2 safe workers, 3 plain beats, 2 plain workers")
+    demo.say("started 3 safe beats, 2 safe workers, 3 plain beats, 2 plain workers; waiting until they are ready")
+    wait_ready(demo, app, workers + plain_workers)
     demo.t0 = time.monotonic()
     demo.events.clear()
     demo.say("clock starts")
@@ -423,8 +426,7 @@ def scenario(demo: Demo) -> int:
         if not phase["flush"] and now >= tl.flush_broker_at:
             phase["flush"] = True
             redis.Redis.from_url(demo.broker_url).flushdb()
-            redis.Redis.from_url(demo.plain_url).flushdb()
-            demo.say("FLUSHDB on both brokers while trial emails and nudges are pending")
+            demo.say("FLUSHDB on the broker while trial emails and nudges are pending")
         if now - last_status >= 5:
             last_status = now
             demo.say(status_line(demo))
@@ -443,6 +445,20 @@ def scenario(demo: Demo) -> int:
             proc.signal(signal.SIGKILL)
     demo.say("all processes stopped")
     return report(demo, app)
+
+
+def wait_ready(demo: Demo, app: Any, workers: list[Proc], timeout: float = 120.0) -> None:
+    """Start the clock once every worker is consuming and a leader beat holds the lease."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = all("ready." in w.log.read_text(errors="replace") for w in workers if w.log.exists())
+        if ready and _safe(lambda: leader_pid(app)):
+            return
+        dead = [p.name for p in demo.procs if not p.alive()]
+        if dead:
+            raise SystemExit(f"{', '.join(dead)} exited during startup; logs in {demo.var}")
+        time.sleep(0.3)
+    raise SystemExit(f"processes not ready after {timeout:g}s; logs in {demo.var}")
 
 
 def _safe(fn: Any) -> Any:

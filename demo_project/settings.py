@@ -91,9 +91,12 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Every task of the project goes through SafeTask: long countdowns land in the store.
-CELERY_TASK_CLS = "celery_safe_time:SafeTask"
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": float(os.environ.get("DEMO_VISIBILITY_TIMEOUT", 3600))}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": float(os.environ.get("DEMO_VISIBILITY_TIMEOUT", 3600)),
+    # The same aggressive unacked sweep as the plain side of the demo, so the comparison is fair.
+    "unacked_restore_interval": int(os.environ.get("DEMO_RESTORE_INTERVAL", 10)),
+    "unacked_restore_throttle": int(os.environ.get("DEMO_RESTORE_THROTTLE", 10)),
+}
 
 # --- celery-safe-time ----------------------------------------------------------------
 CELERY_SAFE_TIME_REDIS_URL = REDIS_URL

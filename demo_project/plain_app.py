@@ -15,7 +15,8 @@ from celery import Celery
 
 BROKER = os.environ.get("DEMO_PLAIN_BROKER_URL", "redis://127.0.0.1:6379/0")
 
-app = Celery("demo_plain", broker=BROKER)
+# set_as_current=False: otherwise shared_task proxies in the same process would bind to this app.
+app = Celery("demo_plain", broker=BROKER, set_as_current=False)
 app.conf.update(
     timezone="UTC",
     task_ignore_result=True,

@@ -534,6 +534,13 @@ def report(demo: Demo, app: Any) -> int:
     upgraded = Tenant.objects.filter(plan="paid").values_list("id", flat=True)
     expected_trials = {t.id for t in Tenant.objects.all()} - set(upgraded)
     row("trial-ending emails sent", str(len(expected_trials)), len(trials), sorted(trials) == sorted(expected_trials))
+    extended = Tenant.objects.get(name="tenant-3")
+    extended_sent = Email.objects.filter(kind="trial_ending", tenant=extended).values_list("sent_at", flat=True)
+    on_time = bool(extended_sent) and extended.trial_ends_at is not None
+    on_time = on_time and all(
+        abs((s - extended.trial_ends_at).total_seconds()) < tl.extend_by / 2 for s in extended_sent
+    )
+    row("  extended trial: email at the new end", "yes", "yes" if on_time else "no", on_time)
     cancelled = DelayedTask.objects.filter(status="cancelled").count()
     row("  cancelled on upgrade (not sent)", "1", cancelled, cancelled == 1 and not set(upgraded) & set(trials))
     nudge_keys = Counter(Email.objects.filter(kind="nudge").values_list("key", flat=True))
@@ -550,6 +557,9 @@ def report(demo: Demo, app: Any) -> int:
         sum(n - 1 for n in nudge_keys.values()) + len(trials) - len(set(trials)),
         all(n == 1 for n in nudge_keys.values()) and len(trials) == len(set(trials)),
     )
+
+    reminders = DelayedTask.objects.filter(status="pending", task__endswith="send_reminder").count()
+    row("09:00-local reminders waiting in the store", "5", reminders, reminders == 5)
 
     overlaps = 0
     runs_by_account: dict[int, list[tuple[float, float]]] = defaultdict(list)
@@ -593,17 +603,20 @@ def report(demo: Demo, app: Any) -> int:
     ]
 
     width = max(len(r[0]) for r in rows) + 2
+    exp_width = max(len(r[1]) for r in rows) + 2
+    line = "-" * (width + exp_width + 16)
     print()
-    print("celery-safe-time demo report".center(width + 44))
-    print(f"{'what':<{width}}{'expected':<28}{'observed':<14}ok")
-    print("-" * (width + 46))
+    print("celery-safe-time demo report")
+    print(f"{'what':<{width}}{'expected':<{exp_width}}{'observed':<12}ok")
+    print(line)
     for what, expected, observed, ok in rows:
-        print(f"{what:<{width}}{expected:<28}{observed:<14}{'yes' if ok else 'NO'}")
+        print(f"{what:<{width}}{expected:<{exp_width}}{observed:<12}{'yes' if ok else 'NO'}")
     print()
-    print("plain Celery, same run (the problem this package fixes)")
-    print("-" * (width + 46))
+    print("plain Celery, same run (the problems this package fixes)")
+    print(line)
+    base_width = max(len(b[0]) for b in baseline) + 2
     for what, observed in baseline:
-        print(f"{what:<{width + 28}}{observed}")
+        print(f"{what:<{base_width}}{observed}")
     all_ok = all(r[3] for r in rows)
     print()
     print("ALL EXPECTATIONS MET" if all_ok else f"SOME EXPECTATIONS FAILED (logs in {demo.var})")

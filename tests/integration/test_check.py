@@ -59,11 +59,16 @@ def test_check_fails_when_skew_limit_is_zero(processes: ProcessManager) -> None:
 
 
 def test_check_fails_with_injected_local_skew(processes: ProcessManager) -> None:
-    result = run_check(processes, conf={"safe_time_max_clock_skew": 1.0}, env={"SAFE_TIME_LOCAL_CLOCK_SKEW": "30"})
+    result = run_check(
+        processes, "--json", conf={"safe_time_max_clock_skew": 1.0}, env={"SAFE_TIME_LOCAL_CLOCK_SKEW": "30"}
+    )
     assert result.returncode == 1
-    report = result.stdout
-    assert "this host vs Redis TIME: -30" in report
-    assert "this host vs store now(): -30" in report
+    by_name = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    # A host 30 s fast sees both authorities 30 s behind it (within the round trip).
+    assert by_name["clock_skew_redis"]["status"] == "fail"
+    assert by_name["clock_skew_redis"]["value"] == pytest.approx(-30, abs=1)
+    assert by_name["clock_skew_store"]["status"] == "fail"
+    assert by_name["clock_skew_store"]["value"] == pytest.approx(-30, abs=1)
 
 
 def test_check_fails_when_redis_is_stopped(processes: ProcessManager, redis_server: RedisServer) -> None:

@@ -347,6 +347,8 @@ def _release_when_dead(store: LockStore, key: str, token: str, pid: int, task_id
     try:
         if store.release(key, token):
             logger.info("released overlap lock %r of %s after its hard time limit killed pid %s", key, task_id, pid)
+        else:
+            logger.info("overlap lock %r of %s was already free after its hard time limit", key, task_id)
     except redis.RedisError as exc:
         logger.warning("could not release overlap lock %r after a hard time limit: %s", key, exc)
 

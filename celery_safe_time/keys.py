@@ -21,7 +21,7 @@ class KeyBuilder:
 
     ``spec`` is a ``str.format`` template naming parameters of ``func`` (``"sync:{account_id}"``,
     attribute and index access allowed: ``"{order.id}"``) or a callable that receives the
-    call's arguments, defaults applied, and returns the key.
+    call's arguments by name, defaults applied, and returns the key.
     """
 
     def __init__(self, func: Callable[..., Any], spec: KeySpec) -> None:
@@ -33,6 +33,10 @@ class KeyBuilder:
         # remaining arguments, so the same template works for bound and plain tasks.
         self._unbound_signature = self.signature.replace(parameters=params[1:]) if params else self.signature
         self._accepts_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        # Callables get the arguments by name (``lambda account_id, **_: ...`` works) unless the
+        # function has positional-only or *args parameters, which have no usable names.
+        positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
+        self._by_name = not any(p.kind in positional_kinds for p in params)
         if isinstance(spec, str):
             self.fields = template_fields(spec)
             self._check_fields(params)
@@ -67,20 +71,25 @@ class KeyBuilder:
     def render(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool) -> str:
         """The key for one call; raises ``TypeError`` when the arguments do not fit the function."""
         arguments = self.arguments(args, kwargs, bound=bound)
+        values = by_name(arguments)
         if isinstance(self.spec, str):
-            values = dict(arguments.arguments)
-            # **kwargs are bound under their own name; a template may name their keys directly.
-            for p in arguments.signature.parameters.values():
-                if p.kind is inspect.Parameter.VAR_KEYWORD:
-                    values.update(values.pop(p.name, {}))
             try:
                 return self.spec.format(**values)
             except KeyError as exc:
                 raise TypeError(f"key template {self.spec!r}: no argument {exc.args[0]!r} in this call") from None
-        key = self.spec(*arguments.args, **arguments.kwargs)
+        key = self.spec(**values) if self._by_name else self.spec(*arguments.args, **arguments.kwargs)
         if not isinstance(key, str) or not key:
             raise TypeError(f"key callable {self.spec!r} returned {key!r}; it must return a non-empty string")
         return key
+
+
+def by_name(arguments: inspect.BoundArguments) -> dict[str, Any]:
+    """Every argument by parameter name, ``**kwargs`` flattened into it."""
+    values = dict(arguments.arguments)
+    for p in arguments.signature.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            values.update(values.pop(p.name, {}))
+    return values
 
 
 def template_fields(template: str) -> tuple[str, ...]:

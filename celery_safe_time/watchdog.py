@@ -1,6 +1,6 @@
 """Keeps a held lock alive while its task runs, and tells the task when it cannot.
 
-:class:`Watchdog` renews the lock every ``ttl/3`` from a daemon thread. When a renewal is
+:class:`Watchdog` renews the lock every ``ttl/3`` from a daemon thread shared by the process. When a renewal is
 refused (the lock expired or someone else holds it now) or Redis stays unreachable until the
 lock would have expired, it calls ``on_lost`` once and stops. :class:`Interrupter` then raises
 :class:`~celery_safe_time.exceptions.LockLost` inside the task's thread, so the task does not
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
+import os
 import sys
 import threading
 import time
@@ -38,7 +40,12 @@ def retry_gap(ttl: float, interval: float) -> float:
 
 
 class Watchdog:
-    """Renews one lock until :meth:`stop`; calls ``on_lost(reason)`` at most once."""
+    """Renews one lock until :meth:`stop`; calls ``on_lost(reason)`` at most once.
+
+    All watchdogs of a process share one daemon thread (:class:`_Renewer`), so taking a lock
+    costs no thread start and releasing it no join: the per-task overhead stays at the two
+    Redis round trips of acquire and release.
+    """
 
     def __init__(
         self,
@@ -50,7 +57,6 @@ class Watchdog:
         hard_deadline: float | None = None,
         margin: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
-        name: str = "safe-time-lock-watchdog",
     ) -> None:
         self._renew = renew
         self._on_lost = on_lost
@@ -59,48 +65,107 @@ class Watchdog:
         self.hard_deadline = hard_deadline
         self.margin = margin
         self._clock = clock
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._mutex = threading.Lock()
+        self.stopped = False
         self.renewals = 0
+        self.last_ok = 0.0
+        self.due = 0.0
 
     def start(self) -> Watchdog:
-        self._last_ok = self._clock()
-        self._thread.start()
+        self.last_ok = self._clock()
+        self.due = self.last_ok + self.interval
+        _renewer().add(self)
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.interval + 1.0)
+        # Waits for a renewal in flight, so nothing renews (or reports) after this returns.
+        with self._mutex:
+            self.stopped = True
+        _renewer().discard(self)
 
-    def _run(self) -> None:
-        wait = self.interval
-        while not self._stop.wait(wait):
+    def tick(self) -> None:
+        """Renew now (called by the shared thread when :attr:`due`); sets the next :attr:`due`."""
+        with self._mutex:
+            if self.stopped:
+                return
             now = self._clock()
             try:
                 ok = self._renew(renewal_ttl(self.ttl, now, self.hard_deadline, self.margin))
             except (redis.RedisError, OSError) as exc:
                 gap = retry_gap(self.ttl, self.interval)
-                if now + gap - self._last_ok >= self.ttl:
-                    self._lost(f"Redis unreachable for {now - self._last_ok:.1f}s, the lock has expired: {exc}")
+                if now + gap - self.last_ok >= self.ttl:
+                    self._lost(f"Redis unreachable for {now - self.last_ok:.1f}s, the lock has expired: {exc}")
                     return
                 logger.warning("overlap lock renewal failed, retrying in %.2fs: %s", gap, exc)
-                wait = gap
-                continue
+                self.due = now + gap
+                return
             if not ok:
                 self._lost("the lock expired or is held by someone else")
                 return
             self.renewals += 1
-            self._last_ok = now
-            wait = self.interval
+            self.last_ok = now
+            self.due = now + self.interval
 
     def _lost(self, reason: str) -> None:
-        if self._stop.is_set():
-            return  # the task finished meanwhile; nothing is running without the lock
+        self.stopped = True
         try:
             self._on_lost(reason)
         except Exception:
             logger.exception("overlap lock lost handler failed")
+
+
+class _Renewer:
+    """One daemon thread per process that ticks every registered :class:`Watchdog` when due."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._cond = threading.Condition()
+        self._watchdogs: set[Watchdog] = set()
+        self._wake_at = math.inf
+        self._thread = threading.Thread(target=self._run, name="safe-time-lock-renewer", daemon=True)
+        self._thread.start()
+
+    def add(self, watchdog: Watchdog) -> None:
+        with self._cond:
+            self._watchdogs.add(watchdog)
+            # Only wake the thread when it would sleep past this lock's first renewal; in steady
+            # state it is already due to wake earlier, so taking a lock costs no context switch.
+            if watchdog.due < self._wake_at:
+                self._cond.notify()
+
+    def discard(self, watchdog: Watchdog) -> None:
+        with self._cond:
+            self._watchdogs.discard(watchdog)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [w for w in self._watchdogs if w.due <= now]
+                if not due:
+                    self._wake_at = min((w.due for w in self._watchdogs), default=math.inf)
+                    self._cond.wait(None if self._wake_at == math.inf else self._wake_at - now)
+                    continue
+                self._wake_at = now
+            for watchdog in due:
+                watchdog.tick()
+                if watchdog.stopped:
+                    self.discard(watchdog)
+
+
+_renewer_instance: _Renewer | None = None
+_renewer_lock = threading.Lock()
+
+
+def _renewer() -> _Renewer:
+    global _renewer_instance
+    renewer = _renewer_instance
+    if renewer is None or renewer.pid != os.getpid():  # a forked child has no thread: start its own
+        with _renewer_lock:
+            renewer = _renewer_instance
+            if renewer is None or renewer.pid != os.getpid():
+                renewer = _renewer_instance = _Renewer()
+    return renewer
 
 
 def _green_threads() -> bool:

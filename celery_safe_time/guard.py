@@ -5,6 +5,7 @@ a pool child killed by a hard time limit.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import logging
@@ -282,6 +283,10 @@ def guards_of(task: Task) -> tuple[Any, ...]:
     return tuple(getattr(task.run, "__safe_time_guards__", ()))
 
 
+_handled: collections.deque[str] = collections.deque(maxlen=256)
+_handled_lock = threading.Lock()
+
+
 def _release_after_hard_limit(
     sender: Task | None = None,
     task_id: str | None = None,
@@ -311,6 +316,11 @@ def _release_after_hard_limit(
         token, holder, host, pid = (v.decode() if isinstance(v, bytes) else v for v in info)
         if token is None or holder != task_id or host != _HOST or pid is None or int(pid) == os.getpid():
             continue
+        # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).
+        with _handled_lock:
+            if token in _handled:
+                continue
+            _handled.append(token)
         threading.Thread(
             target=_release_when_dead,
             args=(store, key, token, int(pid), task_id),

@@ -99,7 +99,8 @@ def raiser(self, key: str) -> str:  # type: ignore[no-untyped-def]
 @app.task(bind=True, name="locks.retrier")
 @overlap_lock("shared:{key}", ttl=TTL, on_conflict="retry", retry_after=1.0, jitter=0.5)
 def retrier(self, key: str) -> str:  # type: ignore[no-untyped-def]
-    record("retrier", key, self.request.id, time.time(), retries=self.request.retries)
+    requeues = (self.request.headers or {}).get("safe_time_requeues")
+    record("retrier", key, self.request.id, time.time(), retries=self.request.retries, requeues=requeues)
     return "ran"
 
 

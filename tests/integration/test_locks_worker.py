@@ -224,6 +224,7 @@ def test_conflict_policies(processes: ProcessManager, client_app: Celery, redis_
     assert retries
     assert all(s["task_id"] == retried.id for s in retries)
     assert all(holder.id in str(s["holder"]) for s in by_action["skip"] + by_action["raise"] + retries)
+    assert retrier_run["requeues"] == len(retries), "each re-queue is counted in a header instead"
     # re-queued after retry_after (1 s) plus up to 0.5 s jitter; the last one ran
     times = [float(str(s["at"])) for s in retries] + [retrier_run["started"]]
     gaps = [b - a for a, b in itertools.pairwise(times)]

@@ -1,18 +1,14 @@
 """What ``overlap_lock`` and ``idempotent`` share: finding the running task, holding a lock
-around the body (watchdog, fencing number, ``LockLost``), re-queueing, and freeing the lock of
-a pool child killed by a hard time limit.
+around the body (watchdog, fencing number, ``LockLost``) and re-queueing.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import inspect
 import logging
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,16 +17,13 @@ from typing import Any, NoReturn, TypeVar
 import redis
 from celery import Celery, Task, current_app
 from celery._state import get_current_task
-from celery.exceptions import Retry, TimeLimitExceeded
-from celery.signals import task_failure, worker_process_init
+from celery.exceptions import Retry
 
 from . import constants as C
 from . import signals
-from .config import SafeTimeConfig, get_config
 from .exceptions import LockLost, RedisUnavailable, SafeTimeError
 from .keys import KeyBuilder
 from .lockstore import Acquired, LockStore, Owner
-from .redis_client import get_redis
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -38,18 +31,6 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
 _HOST = socket.gethostname()
-_stores: dict[tuple[int, int, SafeTimeConfig], LockStore] = {}
-
-
-def get_lock_store(app: Celery) -> LockStore:
-    """The lock scripts on this process's Redis client for ``app``'s settings."""
-    config = get_config(app)
-    client = get_redis(config.redis_url)
-    cache_key = (os.getpid(), id(client), config)
-    store = _stores.get(cache_key)
-    if store is None:
-        store = _stores[cache_key] = LockStore(client, config)
-    return store
 
 
 @dataclasses.dataclass
@@ -199,30 +180,6 @@ class HeldLock:
         return released
 
 
-_pool_child = False
-
-
-def _mark_pool_child(**_: Any) -> None:
-    global _pool_child
-    _pool_child = True
-
-
-def hard_deadline(call: Call, now: float) -> float | None:
-    """Monotonic time at which the prefork pool kills this child (the hard time limit).
-
-    Only prefork children are killed at the limit; other pools do not enforce it, and capping
-    the lock there would take it away from a task that is still running.
-    """
-    if not _pool_child:
-        return None
-    request = call.request
-    limits = getattr(request, "timelimit", None) if request is not None else None
-    hard = limits[0] if limits else None
-    if hard is None and call.task is not None:
-        hard = getattr(call.task, "time_limit", None) or call.app.conf.task_time_limit
-    return now + float(hard) if hard else None
-
-
 def acquire(
     store: LockStore, key: str, ttl: float, owner: Owner, deadline: float | None, marker: str | None = None
 ) -> tuple[Acquired, str]:
@@ -244,9 +201,7 @@ def run_holding(
 ) -> R:
     """Run ``body`` while ``held`` is renewed; release it on every exit path Python sees.
 
-    A hard time limit kills the process, so no ``finally`` runs: the worker's main process then
-    releases the lock (see :func:`_release_after_hard_limit`) and, failing that, the lock's ttl is
-    capped at the hard limit plus a second.
+    A hard time limit kills the process, so no ``finally`` runs: see :mod:`.hard_limit`.
     """
     request = call.request
     if request is not None:
@@ -274,94 +229,3 @@ def run_holding(
 
 def send_conflict(call: Call, key: str, holder: str | None, action: str) -> None:
     signals.overlap_conflict.send(sender=call.task, key=key, task_id=call.task_id, holder=holder, action=action)
-
-
-# --- hard time limits: the main process frees the killed child's locks ----------------------
-
-
-def guards_of(task: Task) -> tuple[Any, ...]:
-    return tuple(getattr(task.run, "__safe_time_guards__", ()))
-
-
-_handled: collections.deque[str] = collections.deque(maxlen=256)
-_handled_lock = threading.Lock()
-
-
-def _release_after_hard_limit(
-    sender: Task | None = None,
-    task_id: str | None = None,
-    exception: BaseException | None = None,
-    args: Any = None,
-    kwargs: Any = None,
-    **_: Any,
-) -> None:
-    """``task_failure`` handler: after a hard time limit, free the killed child's lock.
-
-    Celery sends ``task_failure`` for a hard time limit from the worker's main process just
-    before the pool kills the child. The lock is read now (the child still holds it), and a
-    thread deletes it by its token once the child's pid is gone, so no other holder's lock is
-    ever touched.
-    """
-    if sender is None or task_id is None or not isinstance(exception, TimeLimitExceeded):
-        return
-    bound = inspect.ismethod(sender.run)
-    for guard in guards_of(sender):
-        try:
-            key = guard.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
-            store = get_lock_store(sender.app)
-            info = store.client.hmget(store.lock_key(key), ["token", "task_id", "host", "pid"])
-        except Exception as exc:
-            logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)
-            continue
-        token, holder, host, pid = (v.decode() if isinstance(v, bytes) else v for v in info)
-        if token is None or holder != task_id or host != _HOST or pid is None or int(pid) == os.getpid():
-            continue
-        # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).
-        with _handled_lock:
-            if token in _handled:
-                continue
-            _handled.append(token)
-        threading.Thread(
-            target=_release_when_dead,
-            args=(store, key, token, int(pid), task_id),
-            name="safe-time-hard-limit-release",
-            daemon=True,
-        ).start()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            # A zombie has exited; its parent just has not reaped it yet.
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _release_when_dead(store: LockStore, key: str, token: str, pid: int, task_id: str) -> None:
-    deadline = time.monotonic() + C.LOCK_KILLED_CHILD_WAIT
-    while _pid_alive(pid):
-        if time.monotonic() > deadline:
-            logger.warning("pool child %s still alive; overlap lock %r of %s will expire on its own", pid, key, task_id)
-            return
-        time.sleep(0.05)
-    try:
-        if store.release(key, token):
-            logger.info("released overlap lock %r of %s after its hard time limit killed pid %s", key, task_id, pid)
-        else:
-            logger.info("overlap lock %r of %s was already free after its hard time limit", key, task_id)
-    except redis.RedisError as exc:
-        logger.warning("could not release overlap lock %r after a hard time limit: %s", key, exc)
-
-
-task_failure.connect(_release_after_hard_limit, weak=False, dispatch_uid="celery_safe_time.guard.hard_limit")
-worker_process_init.connect(_mark_pool_child, weak=False, dispatch_uid="celery_safe_time.guard.pool_child")

@@ -26,10 +26,11 @@ import redis
 from . import constants as C
 from . import signals
 from .exceptions import RedisUnavailable
-from .guard import Call, HeldLock, acquire, get_lock_store, hard_deadline, resolve_call, run_holding
+from .guard import Call, HeldLock, acquire, resolve_call, run_holding
+from .hard_limit import hard_deadline
 from .keys import KeyBuilder, KeySpec
 from .locks import LockGuard, Policy, wrap
-from .lockstore import LockStore
+from .lockstore import LockStore, get_lock_store
 
 logger = logging.getLogger(__name__)
 

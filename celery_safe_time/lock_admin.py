@@ -7,8 +7,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .guard import get_lock_store
-from .lockstore import LockInfo
+from .lockstore import LockInfo, get_lock_store
 
 #: ``status`` lists at most this many locks (``locks list`` shows them all).
 STATUS_LIMIT = 20

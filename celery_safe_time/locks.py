@@ -27,16 +27,15 @@ from .guard import (
     Call,
     HeldLock,
     acquire,
-    get_lock_store,
-    hard_deadline,
     jittered,
     requeue,
     resolve_call,
     run_holding,
     send_conflict,
 )
+from .hard_limit import hard_deadline
 from .keys import KeyBuilder, KeySpec
-from .lockstore import Holder
+from .lockstore import Holder, get_lock_store
 
 logger = logging.getLogger(__name__)
 

@@ -12,12 +12,15 @@ whose lock expired can never renew or delete the next holder's lock.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 import redis
+from celery import Celery
 
 from . import constants as C
-from .config import SafeTimeConfig
+from .config import SafeTimeConfig, get_config
+from .redis_client import get_redis
 
 _ACQUIRE = """
 if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
@@ -239,3 +242,17 @@ class LockStore:
         if info is not None:
             self.client.delete(self.lock_key(key))
         return info
+
+
+_stores: dict[tuple[int, int, SafeTimeConfig], LockStore] = {}
+
+
+def get_lock_store(app: Celery) -> LockStore:
+    """The lock scripts on this process's Redis client for ``app``'s settings."""
+    config = get_config(app)
+    client = get_redis(config.redis_url)
+    cache_key = (os.getpid(), id(client), config)
+    store = _stores.get(cache_key)
+    if store is None:
+        store = _stores[cache_key] = LockStore(client, config)
+    return store

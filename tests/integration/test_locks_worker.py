@@ -325,3 +325,21 @@ def test_fencing_number_grows_across_holders_in_plain_tasks(
     assert fences == [1, 2, 3]
     assert [r["fence"] for r in h.runs(redis_client, "plain")] == [1, 2, 3]
     assert redis_client.get("safe_time:lock-fence:plain:3") == b"3"
+
+
+def test_threads_pool_excludes_too(processes: ProcessManager, client_app: Celery, redis_client: redis.Redis) -> None:
+    worker = processes.worker(
+        h.APP,
+        name="threads",
+        concurrency=4,
+        pool="threads",
+        env={"SAFE_TIME_TEST_LOCK_TTL": "1.5", "SAFE_TIME_TEST_RETRY_AFTER": "0.2"},
+    )
+    worker.wait_for_log(r"ready\.", timeout=90)
+    # each body (2 s) outlives the ttl (1.5 s): exclusion holds only because the renewer thread works
+    results = [client_app.send_task("locks.sync", args=(5, 2.0)) for _ in range(3)]
+    assert [r.get(timeout=60) for r in results] == [5] * 3
+    intervals = [(r["started"], r["finished"]) for r in h.runs(redis_client, "sync")]
+    assert len(intervals) == 3
+    assert h.overlaps(intervals) == []
+    assert [r["fence"] for r in sorted(h.runs(redis_client, "sync"), key=lambda r: r["started"])] == [1, 2, 3]

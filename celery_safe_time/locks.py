@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from celery.exceptions import Ignore
 
@@ -98,7 +98,7 @@ class Policy:
         requeue(call, countdown, exc)
 
     @staticmethod
-    def duplicate(call: Call, key: str, holder: Holder | None) -> None:
+    def duplicate(call: Call, key: str, holder: Holder | None) -> NoReturn:
         """The very same delivery is running right now (a redelivered message): drop this copy."""
         who = holder.describe() if holder is not None else None
         logger.warning("dropping a second delivery of %s: it is running now and holds %r", call.task_id, key)

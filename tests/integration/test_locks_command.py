@@ -11,7 +11,8 @@ from celery import Celery
 
 from celery_safe_time.config import get_config
 from celery_safe_time.lockstore import LockStore, Owner
-from tests.helpers.processes import ProcessManager
+from tests.helpers import locks as h
+from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -85,4 +86,19 @@ def test_locks_list_uses_scan_not_keys(
     stats = client.info("commandstats")
     assert "cmdstat_keys" not in stats
     assert stats["cmdstat_scan"]["calls"] >= 2
+    client.close()
+
+
+def test_released_holder_is_told_at_its_next_renewal(
+    processes: ProcessManager, redis_url: str, redis_client: redis.Redis
+) -> None:
+    h.start_worker(processes, ttl=1.5, concurrency=4)
+    client = h.client_app(redis_url)
+    run = client.send_task("locks.hold", args=("stuck", 20))
+    wait_for(lambda: redis_client.get(f"test:locks:started:{run.id}"), 30, message="hold started")
+    released = processes.command(APP, "safe-time", "locks", "release", "hold:stuck", "--yes")
+    assert released.returncode == 0, released.stderr
+    [record] = h.wait_runs(redis_client, "hold", 1, timeout=10)
+    assert record["outcome"] == "lost"
+    assert record["finished"] - record["started"] < 5  # told within ttl/3 of the release, not after 20 s
     client.close()

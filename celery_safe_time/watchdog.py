@@ -91,12 +91,13 @@ class Watchdog:
             now = self._clock()
             try:
                 ok = self._renew(renewal_ttl(self.ttl, now, self.hard_deadline, self.margin))
-            except (redis.RedisError, OSError) as exc:
+            except Exception as exc:  # Redis errors mostly; anything else must not kill the shared thread
                 gap = retry_gap(self.ttl, self.interval)
                 if now + gap - self.last_ok >= self.ttl:
                     self._lost(f"Redis unreachable for {now - self.last_ok:.1f}s, the lock has expired: {exc}")
                     return
-                logger.warning("overlap lock renewal failed, retrying in %.2fs: %s", gap, exc)
+                log = logger.warning if isinstance(exc, (redis.RedisError, OSError)) else logger.exception
+                log("overlap lock renewal failed, retrying in %.2fs: %s", gap, exc)
                 self.due = now + gap
                 return
             if not ok:

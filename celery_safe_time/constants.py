@@ -77,3 +77,26 @@ SWEEP_LOOKAHEAD: Final = 2.0
 
 
 # === locks and idempotency (issue 5) =========================================
+#: Seconds a conflicting run waits before it is re-queued (``on_conflict="retry"``).
+DEFAULT_LOCK_RETRY_AFTER: Final = 10.0
+#: Default jitter, as a fraction of ``retry_after``, added on top of it so re-queued runs spread out.
+DEFAULT_LOCK_RETRY_JITTER: Final = 0.5
+#: ``idempotent`` remembers a successful key this long unless ``window=`` says otherwise.
+DEFAULT_IDEMPOTENT_WINDOW: Final = 86400.0
+ON_CONFLICT_POLICIES: Final = frozenset({"retry", "skip", "raise"})
+ON_REDIS_ERROR_POLICIES: Final = frozenset({"retry", "raise"})
+#: The in-progress lock of an idempotent key is the overlap lock ``idem:<key>``.
+IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
+#: A lock never outlives its task's hard time limit by more than this (the pool kills the child).
+LOCK_HARD_LIMIT_MARGIN: Final = 1.0
+#: After a hard time limit the worker's main process waits up to this long for the child to die
+#: before it releases the child's lock (compare-and-delete on the child's token).
+LOCK_KILLED_CHILD_WAIT: Final = 5.0
+#: Message header counting how often a run was re-queued by a lock conflict or Redis outage;
+#: these re-queues do not consume the task's ``max_retries``.
+HEADER_LOCK_REQUEUES: Final = "safe_time_requeues"
+#: ``Task.request`` attributes set while a lock is held.
+REQUEST_FENCE_ATTR: Final = "safe_time_fence"
+REQUEST_LOCK_ATTR: Final = "safe_time_lock"
+#: ``locks list`` and the status section scan this many keys per SCAN call.
+LOCK_SCAN_COUNT: Final = 500

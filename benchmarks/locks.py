@@ -1,0 +1,235 @@
+"""Overlap-lock overhead and throughput, side by side with the same bare task.
+
+``python -m benchmarks.locks [--quick]`` prints a markdown table; ``run(quick) -> dict`` returns
+the numbers. Everything runs against a private ``redis-server`` (broker and locks) and one
+prefork worker (concurrency 4):
+
+- overhead: bare, ``overlap_lock`` and ``idempotent`` tasks with distinct keys, interleaved on
+  the same worker in the same run; each is timed inside the worker from ``task_prerun`` to
+  ``task_postrun``, so broker latency is left out and what differs is the decorator.
+- throughput: N short tasks under ``overlap_lock`` over 100 keys (conflicts re-queue after
+  50 ms) vs N bare tasks, published while the worker is paused, timed from the first start to
+  the last finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+
+ROOT = Path(__file__).resolve().parents[1]
+CONCURRENCY = 4
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Services:
+    """A private redis-server and one worker process group."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("benchmarks.locks needs redis-server (apt-get install redis-server)")
+        self.dir = tempfile.mkdtemp(prefix="safe-time-bench-locks-")
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.redis_proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.log = Path(self.dir) / "worker.log"
+
+    def start_worker(self) -> None:
+        env = {**os.environ, "SAFE_TIME_BENCH_BROKER_URL": self.url, "PYTHONPATH": str(ROOT)}
+        with open(self.log, "ab") as log:
+            self.worker = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "benchmarks.locks_app", "worker", "-l", "WARNING",
+                 "-c", str(CONCURRENCY), "-P", "prefork", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir,
+            )  # fmt: skip
+        app = Celery("bench-client", broker=self.url, set_as_current=False)
+        deadline = time.monotonic() + 60
+        while not app.control.ping(timeout=0.5):
+            if time.monotonic() > deadline:
+                raise RuntimeError("benchmark worker did not start:\n" + self.log.read_text()[-3000:])
+        app.close()
+
+    def signal_worker(self, sig: int) -> None:
+        if self.worker is not None:
+            os.killpg(self.worker.pid, sig)
+
+    def close(self) -> None:
+        if self.worker is not None and self.worker.poll() is None:
+            self.signal_worker(signal.SIGCONT)
+            self.signal_worker(signal.SIGTERM)
+            try:
+                self.worker.wait(20)
+            except subprocess.TimeoutExpired:
+                self.signal_worker(signal.SIGKILL)
+                self.worker.wait(10)
+        self.client.close()
+        self.redis_proc.terminate()
+        self.redis_proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"benchmark timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _overhead(services: _Services, app: Celery, per_kind: int) -> dict[str, Any]:
+    kinds = ("bench.bare", "bench.locked", "bench.idempotent", "bench.ping")
+    for n in range(per_kind):
+        for kind in kinds:
+            app.send_task(kind, args=(n,))
+    _wait(
+        lambda: all(services.client.llen(f"bench:durations:{k}") >= per_kind for k in kinds),
+        600,
+        "overhead tasks",
+    )
+    ms = {k: [float(v) * 1000 for v in services.client.lrange(f"bench:durations:{k}", 0, -1)] for k in kinds}
+    bare = ms["bench.bare"]
+    result: dict[str, Any] = {"tasks_per_kind": per_kind}
+    for kind in kinds:
+        short = kind.split(".", 1)[1]
+        result[short] = {
+            "median_ms": statistics.median(ms[kind]),
+            "p99_ms": _percentile(ms[kind], 0.99),
+            "median_added_ms": statistics.median(ms[kind]) - statistics.median(bare),
+            "p99_added_ms": _percentile(ms[kind], 0.99) - _percentile(bare, 0.99),
+        }
+    return result
+
+
+def _throughput(services: _Services, app: Celery, name: str, count: int) -> dict[str, float]:
+    services.signal_worker(signal.SIGSTOP)
+    try:
+        with app.producer_or_acquire() as producer:
+            for n in range(count):
+                app.send_task(name, args=(n,), producer=producer)
+    finally:
+        services.signal_worker(signal.SIGCONT)
+    _wait(lambda: int(services.client.get(f"bench:done:{name}") or 0) >= count, 900, f"{count} {name}")
+    first = float(services.client.get(f"bench:first:{name}") or 0)
+    last = float(services.client.get(f"bench:last:{name}") or 0)
+    seconds = max(last - first, 1e-9)
+    return {"tasks": count, "seconds": seconds, "tasks_per_second": count / seconds}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure and return the numbers (quick: smaller sizes, well under two minutes)."""
+    per_kind = 300 if quick else 2000
+    tp_count = 1000 if quick else 10000
+    services = _Services()
+    app = Celery("bench-client", broker=services.url, set_as_current=False)
+    try:
+        services.start_worker()
+        # warm up: imports, connections and script loading happen once per pool child
+        for n in range(4 * CONCURRENCY):
+            for kind in ("bench.bare", "bench.locked", "bench.idempotent", "bench.ping"):
+                app.send_task(kind, args=(-1 - n,))
+        _wait(lambda: services.client.llen("bench:durations:bench.idempotent") >= 4 * CONCURRENCY, 120, "warm-up")
+        services.client.delete(*[f"bench:durations:bench.{k}" for k in ("bare", "locked", "idempotent", "ping")])
+
+        overhead = _overhead(services, app, per_kind)
+        bare_tp = _throughput(services, app, "bench.tp_bare", tp_count)
+        locked_tp = _throughput(services, app, "bench.tp_locked", tp_count)
+    finally:
+        app.close()
+        services.close()
+    return {
+        "quick": quick,
+        "concurrency": CONCURRENCY,
+        "overhead": overhead,
+        "throughput": {
+            "keys": 100,
+            "bare": bare_tp,
+            "locked": locked_tp,
+            "locked_vs_bare": locked_tp["tasks_per_second"] / bare_tp["tasks_per_second"],
+        },
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    o, t = result["overhead"], result["throughput"]
+    lines = [
+        f"Per-task time inside the worker (prefork, concurrency {result['concurrency']}, "
+        f"{o['tasks_per_kind']} tasks each, interleaved):",
+        "",
+        "| task | median ms | p99 ms | median added ms | p99 added ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    labels = {"bare": "bare", "locked": "overlap_lock", "idempotent": "idempotent", "ping": "bare + one Redis PING"}
+    for kind, label in labels.items():
+        row = o[kind]
+        lines.append(
+            f"| {label} | {row['median_ms']:.3f} | {row['p99_ms']:.3f} | "
+            f"{row['median_added_ms']:+.3f} | {row['p99_added_ms']:+.3f} |"
+        )
+    lines += [
+        "",
+        "A lock costs two Redis round trips (acquire, release); the PING row is one on the same worker.",
+        "",
+        f"Throughput, {t['bare']['tasks']} short tasks (locked: {t['keys']} keys, conflicts re-queued after 50 ms):",
+        "",
+        "| task | seconds | tasks/s |",
+        "|---|---:|---:|",
+        f"| bare | {t['bare']['seconds']:.2f} | {t['bare']['tasks_per_second']:.0f} |",
+        f"| overlap_lock | {t['locked']['seconds']:.2f} | {t['locked']['tasks_per_second']:.0f} |",
+        "",
+        f"Locked throughput is {t['locked_vs_bare']:.0%} of bare.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (CI smoke run)")
+    args = parser.parse_args(argv)
+    print(markdown(run(quick=args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

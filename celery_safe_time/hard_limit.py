@@ -1,0 +1,144 @@
+"""Hard time limits: the prefork pool kills the child, so no ``finally`` releases its lock.
+
+Two things make up for it. In the child, a lock's lease is never renewed past the hard limit
+plus :data:`~celery_safe_time.constants.LOCK_HARD_LIMIT_MARGIN` (see :func:`hard_deadline`). In
+the worker's main process, a ``task_failure`` handler deletes the killed child's lock by its
+token once the child is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import os
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery import Task
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure, worker_process_init
+
+from . import constants as C
+from .lockstore import LockStore, get_lock_store
+
+if TYPE_CHECKING:
+    from .guard import Call
+
+logger = logging.getLogger(__name__)
+
+_HOST = socket.gethostname()
+
+_pool_child = False
+
+
+def _mark_pool_child(**_: Any) -> None:
+    global _pool_child
+    _pool_child = True
+
+
+def hard_deadline(call: Call, now: float) -> float | None:
+    """Monotonic time at which the prefork pool kills this child (the hard time limit).
+
+    Only prefork children are killed at the limit; other pools do not enforce it, and capping
+    the lock there would take it away from a task that is still running.
+    """
+    if not _pool_child:
+        return None
+    request = call.request
+    limits = getattr(request, "timelimit", None) if request is not None else None
+    hard = limits[0] if limits else None
+    if hard is None and call.task is not None:
+        hard = getattr(call.task, "time_limit", None) or call.app.conf.task_time_limit
+    return now + float(hard) if hard else None
+
+
+def guards_of(task: Task) -> tuple[Any, ...]:
+    return tuple(getattr(task.run, "__safe_time_guards__", ()))
+
+
+_handled: collections.deque[str] = collections.deque(maxlen=256)
+_handled_lock = threading.Lock()
+
+
+def _release_after_hard_limit(
+    sender: Task | None = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    """``task_failure`` handler: after a hard time limit, free the killed child's lock.
+
+    Celery sends ``task_failure`` for a hard time limit from the worker's main process just
+    before the pool kills the child. The lock is read now (the child still holds it), and a
+    thread deletes it by its token once the child's pid is gone, so no other holder's lock is
+    ever touched.
+    """
+    if sender is None or task_id is None or not isinstance(exception, TimeLimitExceeded):
+        return
+    bound = inspect.ismethod(sender.run)
+    for guard in guards_of(sender):
+        try:
+            key = guard.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
+            store = get_lock_store(sender.app)
+            info = store.client.hmget(store.lock_key(key), ["token", "task_id", "host", "pid"])
+        except Exception as exc:
+            logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)
+            continue
+        token, holder, host, pid = (v.decode() if isinstance(v, bytes) else v for v in info)
+        if token is None or holder != task_id or host != _HOST or pid is None or int(pid) == os.getpid():
+            continue
+        # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).
+        with _handled_lock:
+            if token in _handled:
+                continue
+            _handled.append(token)
+        threading.Thread(
+            target=_release_when_dead,
+            args=(store, key, token, int(pid), task_id),
+            name="safe-time-hard-limit-release",
+            daemon=True,
+        ).start()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # A zombie has exited; its parent just has not reaped it yet.
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _release_when_dead(store: LockStore, key: str, token: str, pid: int, task_id: str) -> None:
+    deadline = time.monotonic() + C.LOCK_KILLED_CHILD_WAIT
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            logger.warning("pool child %s still alive; overlap lock %r of %s will expire on its own", pid, key, task_id)
+            return
+        time.sleep(0.05)
+    try:
+        if store.release(key, token):
+            logger.info("released overlap lock %r of %s after its hard time limit killed pid %s", key, task_id, pid)
+        else:
+            logger.info("overlap lock %r of %s was already free after its hard time limit", key, task_id)
+    except redis.RedisError as exc:
+        logger.warning("could not release overlap lock %r after a hard time limit: %s", key, exc)
+
+
+task_failure.connect(_release_after_hard_limit, weak=False, dispatch_uid="celery_safe_time.hard_limit.release")
+worker_process_init.connect(_mark_pool_child, weak=False, dispatch_uid="celery_safe_time.hard_limit.pool_child")

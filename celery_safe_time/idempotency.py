@@ -1,0 +1,123 @@
+"""``@idempotent``: the first successful run of a key wins; later and concurrent runs do not execute.
+
+::
+
+    @app.task
+    @idempotent("invoice:{tenant_id}:{period}", window=40 * 86400)
+    def send_invoice(tenant_id, period): ...
+
+A run first takes the overlap lock ``idem:<key>`` and, in the same script, checks the key's
+success marker ``<prefix>idem:<key>``. Success writes the marker (kept ``window`` seconds) and
+drops the lock in one step; a failure (exception, retry, time limit) records nothing, so a later
+call runs. A call that finds the marker returns None without running and sends
+``signals.idempotent_skipped``; one that finds another run in progress follows ``on_conflict``
+(default: re-queue, and then see the marker or run if that other run failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from . import constants as C
+from . import signals
+from .exceptions import RedisUnavailable
+from .guard import Call, HeldLock, acquire, resolve_call, run_holding
+from .hard_limit import hard_deadline
+from .keys import KeyBuilder, KeySpec
+from .locks import LockGuard, Policy, wrap
+from .lockstore import LockStore, get_lock_store
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_COMMIT_ATTEMPTS = 3
+
+
+class IdempotentGuard(LockGuard):
+    namespace = C.IDEMPOTENT_LOCK_NAMESPACE
+
+    def __init__(self, builder: KeyBuilder, policy: Policy, window: float) -> None:
+        super().__init__(builder, policy)
+        self.window = window
+
+    def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = resolve_call(args, kwargs)
+        marker = self.builder.render(call.args, call.kwargs, bound=call.bound)
+        key = self.namespace + marker
+        ttl = self.policy.lock_ttl(call)
+        owner = call.owner()
+        deadline = hard_deadline(call, time.monotonic())
+        try:
+            store = get_lock_store(call.app)
+            acquired, token = acquire(store, key, ttl, owner, deadline, marker=marker)
+        except RedisUnavailable as exc:
+            self.policy.redis_down(call, exc)
+            return None
+        if acquired.status == "done":
+            logger.info("skipping %s: idempotency key %r already ran", call.task_id, marker)
+            signals.idempotent_skipped.send(sender=call.task, key=marker, task_id=call.task_id)
+            return None
+        if acquired.status == "duplicate":
+            self.policy.duplicate(call, key, acquired.holder)
+        if acquired.status != "acquired" or acquired.fence is None:
+            self.policy.conflict(call, key, acquired.holder)
+            return None
+        held = HeldLock(store, key, token, acquired.fence, ttl, owner.task_id)
+
+        def record(_result: Any) -> None:
+            self._commit(store, held, marker, call)
+
+        return run_holding(held, call, lambda: func(*args, **kwargs), deadline, on_success=record)
+
+    def _commit(self, store: LockStore, held: HeldLock, marker: str, call: Call) -> None:
+        # The body has had its effect; failing the task now would invite a second run. Retry the
+        # write briefly, then log: the in-progress lock still blocks others until its ttl.
+        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+            try:
+                recorded, _released = store.commit(held.key, marker, held.token, self.window, held.task_id)
+            except redis.RedisError as exc:
+                if attempt == _COMMIT_ATTEMPTS:
+                    logger.error(
+                        "task %s succeeded but idempotency key %r could not be recorded: %s", call.task_id, marker, exc
+                    )
+                    return
+                time.sleep(0.2 * attempt)
+                continue
+            if not recorded:
+                logger.warning("idempotency key %r was already recorded when %s finished", marker, call.task_id)
+            return
+
+
+def idempotent(
+    key: KeySpec,
+    *,
+    window: float = C.DEFAULT_IDEMPOTENT_WINDOW,
+    ttl: float | None = None,
+    on_conflict: str = "retry",
+    retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
+    jitter: float | None = None,
+    on_redis_error: str = "retry",
+) -> Callable[[F], F]:
+    """Run the task body at most once successfully per key within ``window`` seconds.
+
+    ``key`` is a template over the task's parameters or a callable, as for
+    :func:`~celery_safe_time.overlap_lock`. ``ttl`` is the in-progress lock's lease (default
+    ``safe_time_lock_ttl``). ``on_conflict`` applies while another run of the same key is in
+    progress (``"retry"``, ``"skip"``, ``"raise"``); ``on_redis_error`` as for ``overlap_lock``.
+    """
+    if not window > 0:
+        raise ValueError(f"window must be a positive number of seconds, got {window!r}")
+    policy = Policy(
+        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_redis_error=on_redis_error
+    )
+
+    def decorate(func: F) -> F:
+        return wrap(func, IdempotentGuard(KeyBuilder(func, key), policy, float(window)))
+
+    return decorate

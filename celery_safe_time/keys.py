@@ -1,0 +1,106 @@
+"""Lock and idempotency keys: a template over a task's parameters, or a callable.
+
+Both decorators bind the call's arguments with :func:`inspect.signature` and apply the
+defaults before rendering, so ``f(1)``, ``f(a=1)`` and ``f(a=1, b=<default>)`` give the
+same key. A template naming a parameter the function does not have fails at decoration
+time, not on the first call in production.
+"""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable, Mapping
+from typing import Any
+
+KeySpec = str | Callable[..., Any]
+
+
+class KeyBuilder:
+    """Renders the key of one call of ``func`` from ``spec``.
+
+    ``spec`` is a ``str.format`` template naming parameters of ``func`` (``"sync:{account_id}"``,
+    attribute and index access allowed: ``"{order.id}"``) or a callable that receives the
+    call's arguments by name, defaults applied, and returns the key.
+    """
+
+    def __init__(self, func: Callable[..., Any], spec: KeySpec) -> None:
+        self.func = func
+        self.spec = spec
+        self.signature = inspect.signature(func)
+        params = list(self.signature.parameters.values())
+        # A bind=True task receives the task instance as its first argument; the key binds the
+        # remaining arguments, so the same template works for bound and plain tasks.
+        self._unbound_signature = self.signature.replace(parameters=params[1:]) if params else self.signature
+        self._accepts_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        # Callables get the arguments by name (``lambda account_id, **_: ...`` works) unless the
+        # function has positional-only or *args parameters, which have no usable names.
+        positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
+        self._by_name = not any(p.kind in positional_kinds for p in params)
+        if isinstance(spec, str):
+            self.fields = template_fields(spec)
+            self._check_fields(params)
+        elif callable(spec):
+            self.fields = ()
+        else:
+            raise TypeError(f"a lock key must be a template string or a callable, got {type(spec).__name__}")
+
+    def _check_fields(self, params: list[inspect.Parameter]) -> None:
+        if not self.fields and isinstance(self.spec, str):
+            return  # a constant key: one lock for every call of the task
+        names = {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        unknown = [f for f in self.fields if f not in names]
+        if unknown and not self._accepts_var_kw:
+            raise ValueError(
+                f"key template {self.spec!r} names {', '.join(repr(u) for u in unknown)}, which "
+                f"{getattr(self.func, '__qualname__', self.func)!r} has no parameter for "
+                f"(parameters: {', '.join(sorted(names)) or 'none'})"
+            )
+
+    def arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool) -> inspect.BoundArguments:
+        """Bind one call's arguments, defaults applied.
+
+        ``args`` never include the task instance; ``bound`` says the function is a ``bind=True``
+        task, whose first parameter takes that instance and is left out of the binding.
+        """
+        signature = self._unbound_signature if bound else self.signature
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        return arguments
+
+    def render(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool) -> str:
+        """The key for one call; raises ``TypeError`` when the arguments do not fit the function."""
+        arguments = self.arguments(args, kwargs, bound=bound)
+        values = by_name(arguments)
+        if isinstance(self.spec, str):
+            try:
+                return self.spec.format(**values)
+            except KeyError as exc:
+                raise TypeError(f"key template {self.spec!r}: no argument {exc.args[0]!r} in this call") from None
+        key = self.spec(**values) if self._by_name else self.spec(*arguments.args, **arguments.kwargs)
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"key callable {self.spec!r} returned {key!r}; it must return a non-empty string")
+        return key
+
+
+def by_name(arguments: inspect.BoundArguments) -> dict[str, Any]:
+    """Every argument by parameter name, ``**kwargs`` flattened into it."""
+    values = dict(arguments.arguments)
+    for p in arguments.signature.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            values.update(values.pop(p.name, {}))
+    return values
+
+
+def template_fields(template: str) -> tuple[str, ...]:
+    """The parameter names a ``str.format`` template refers to (``"{a.b}:{c[0]}"`` -> ``a``, ``c``)."""
+    fields: list[str] = []
+    for _literal, field, _spec, _conv in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if field == "" or field.isdigit():
+            raise ValueError(f"key template {template!r} must name parameters, not positions ({{{field}}})")
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if root not in fields:
+            fields.append(root)
+    return tuple(fields)

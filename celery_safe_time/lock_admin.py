@@ -1,0 +1,39 @@
+"""Operator view of overlap locks: what ``safe-time locks ...`` and ``status`` show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from celery import Celery
+
+from .lockstore import LockInfo, get_lock_store
+
+#: ``status`` lists at most this many locks (``locks list`` shows them all).
+STATUS_LIMIT = 20
+
+
+def list_locks(app: Celery, pattern: str = "*") -> list[LockInfo]:
+    """Held overlap locks (and idempotent in-progress locks, ``idem:...``) matching ``pattern``."""
+    return get_lock_store(app).scan(pattern)
+
+
+def release_lock(app: Celery, key: str) -> LockInfo | None:
+    """Delete a stuck lock whoever holds it; ``key`` as ``locks list`` shows it."""
+    store = get_lock_store(app)
+    return store.force_release(store.user_key(key))
+
+
+def describe(app: Celery) -> dict[str, Any]:
+    """The ``[locks]`` section of ``safe-time status``."""
+    try:
+        locks = get_lock_store(app).scan(limit=STATUS_LIMIT + 1)
+    except redis.RedisError as exc:
+        return {"error": f"Redis unreachable: {exc}"}
+    shown = locks[:STATUS_LIMIT]
+    return {
+        "held": len(shown) if len(locks) <= STATUS_LIMIT else f"more than {STATUS_LIMIT}",
+        "locks": [
+            {"key": i.key, "task_id": i.task_id, "host": i.host, "age": i.age, "ttl_left": i.ttl_left} for i in shown
+        ],
+    }

@@ -1,0 +1,258 @@
+"""Overlap locks in Redis: acquire, renew, release and commit as Lua scripts comparing a token.
+
+A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random, never shown), ``task_id``,
+``identity`` (task id, retry and re-queue count: one delivery of one message), ``host``,
+``pid``, ``fence``, ``acquired_at``, ``renewed_at`` (Redis ``TIME``) and ``ttl_ms``; the hash
+expires after the lock's ttl unless renewed. The fencing number comes from ``INCR`` on
+``<prefix>lock-fence:<key>``, which never expires so the number keeps increasing across
+holders. Every write that assumes ownership checks the token inside the script, so a holder
+whose lock expired can never renew or delete the next holder's lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Literal
+
+import redis
+from celery import Celery
+
+from . import constants as C
+from .config import SafeTimeConfig, get_config
+from .redis_client import get_redis
+
+_ACQUIRE = """
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+  return {'done'}
+end
+local cur = redis.call('HMGET', KEYS[1], 'token', 'identity', 'task_id', 'host', 'pid', 'fence')
+if cur[1] then
+  local status = 'held'
+  if cur[2] == ARGV[6] then status = 'duplicate' end
+  return {status, cur[3], cur[4], cur[5], cur[6]}
+end
+local fence = redis.call('INCR', KEYS[2])
+local t = redis.call('TIME')
+local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
+  'identity', ARGV[6], 'fence', fence, 'acquired_at', now, 'renewed_at', now, 'ttl_ms', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {'acquired', fence}
+"""
+
+_RENEW = """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+  return 0
+end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'renewed_at', t[1] .. '.' .. string.format('%06d', tonumber(t[2])), 'ttl_ms', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Record an idempotent key's success and drop its in-progress lock in one step. The marker is
+# written even when the lock was lost meanwhile: the body did succeed, and NX keeps the first.
+_COMMIT = """
+local t = redis.call('TIME')
+local value = cjson.encode({task_id = ARGV[3], finished_at = tonumber(t[1]) + tonumber(t[2]) / 1000000})
+local recorded = redis.call('SET', KEYS[2], value, 'PX', ARGV[2], 'NX')
+local released = 0
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  released = redis.call('DEL', KEYS[1])
+end
+if recorded then return {1, released} end
+return {0, released}
+"""
+
+AcquireStatus = Literal["acquired", "held", "duplicate", "done"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Who asks for a lock: one delivery of one task message in one process."""
+
+    task_id: str
+    identity: str
+    host: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """The current holder of a lock, as far as the lock's hash says."""
+
+    task_id: str | None
+    host: str | None
+    pid: int | None
+    fence: int | None
+
+    def describe(self) -> str:
+        return f"{self.task_id or '?'} on {self.host or '?'} (pid {self.pid or '?'})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquired:
+    """Result of :meth:`LockStore.acquire`; ``fence`` is set when ``status == "acquired"``."""
+
+    status: AcquireStatus
+    fence: int | None = None
+    holder: Holder | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """One held lock, for ``locks list`` and ``status``."""
+
+    key: str
+    redis_key: str
+    task_id: str | None
+    host: str | None
+    pid: int | None
+    fence: int | None
+    age: float | None
+    ttl_left: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or value is False:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int | None:
+    text = _text(value)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class LockStore:
+    """The lock scripts bound to one Redis client and one app's key prefix."""
+
+    def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
+        self.client = client
+        self.config = config
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._commit = client.register_script(_COMMIT)
+
+    # --- key names -------------------------------------------------------------
+    def lock_key(self, key: str) -> str:
+        return self.config.key(C.KEY_LOCK, key=key)
+
+    def fence_key(self, key: str) -> str:
+        return self.config.key(C.KEY_LOCK_FENCE, key=key)
+
+    def marker_key(self, key: str) -> str:
+        return self.config.key(C.KEY_IDEMPOTENT, key=key)
+
+    def user_key(self, redis_key: str) -> str:
+        """``<prefix>lock:<key>`` -> ``<key>``."""
+        head = self.lock_key("")
+        return redis_key[len(head) :] if redis_key.startswith(head) else redis_key
+
+    # --- ownership scripts -----------------------------------------------------
+    def acquire(self, key: str, token: str, ttl: float, owner: Owner, *, marker: str | None = None) -> Acquired:
+        """Take ``key`` unless it is held (or, with ``marker``, unless that idempotency key is recorded)."""
+        keys = [self.lock_key(key), self.fence_key(key)]
+        if marker is not None:
+            keys.append(self.marker_key(marker))
+        reply = self._acquire(keys=keys, args=[token, _ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity])
+        status = _text(reply[0])
+        if status == "acquired":
+            return Acquired("acquired", fence=int(reply[1]))
+        if status == "done":
+            return Acquired("done")
+        holder = Holder(task_id=_text(reply[1]), host=_text(reply[2]), pid=_int(reply[3]), fence=_int(reply[4]))
+        return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
+
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        """Extend the lock to ``ttl`` from now if ``token`` still owns it."""
+        return bool(self._renew(keys=[self.lock_key(key)], args=[token, _ms(ttl)]))
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete the lock if ``token`` still owns it; False when it expired or has another owner."""
+        return bool(self._release(keys=[self.lock_key(key)], args=[token]))
+
+    def commit(self, lock: str, marker: str, token: str, window: float, task_id: str) -> tuple[bool, bool]:
+        """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released)."""
+        reply = self._commit(keys=[self.lock_key(lock), self.marker_key(marker)], args=[token, _ms(window), task_id])
+        return bool(int(reply[0])), bool(int(reply[1]))
+
+    def token_of(self, key: str) -> str | None:
+        return _text(self.client.hget(self.lock_key(key), "token"))
+
+    # --- operator view ---------------------------------------------------------
+    def info(self, redis_key: str, now: float) -> LockInfo | None:
+        """The lock stored at ``redis_key`` (a full key), or None when it is gone."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(redis_key, ["task_id", "host", "pid", "fence", "acquired_at"])
+        pipe.pttl(redis_key)
+        fields, pttl = pipe.execute()
+        if pttl == -2 or not any(fields):
+            return None
+        task_id, host, pid, fence, acquired_at = fields
+        acquired = _text(acquired_at)
+        return LockInfo(
+            key=self.user_key(redis_key),
+            redis_key=redis_key,
+            task_id=_text(task_id),
+            host=_text(host),
+            pid=_int(pid),
+            fence=_int(fence),
+            age=round(now - float(acquired), 3) if acquired else None,
+            ttl_left=round(pttl / 1000.0, 3) if pttl >= 0 else None,
+        )
+
+    def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        """Held locks whose key matches ``pattern`` (glob), found with SCAN, never KEYS."""
+        seconds, micros = self.client.time()
+        now = float(seconds) + float(micros) / 1e6
+        found: list[LockInfo] = []
+        for raw in self.client.scan_iter(match=self.lock_key(pattern), count=C.LOCK_SCAN_COUNT, _type="hash"):
+            info = self.info(_text(raw) or "", now)
+            if info is not None:
+                found.append(info)
+                if limit is not None and len(found) >= limit:
+                    break
+        found.sort(key=lambda i: i.key)
+        return found
+
+    def force_release(self, key: str) -> LockInfo | None:
+        """Delete ``key``'s lock whoever holds it (operator action); returns what was released."""
+        seconds, micros = self.client.time()
+        info = self.info(self.lock_key(key), float(seconds) + float(micros) / 1e6)
+        if info is not None:
+            self.client.delete(self.lock_key(key))
+        return info
+
+
+_stores: dict[tuple[int, int, SafeTimeConfig], LockStore] = {}
+
+
+def get_lock_store(app: Celery) -> LockStore:
+    """The lock scripts on this process's Redis client for ``app``'s settings."""
+    config = get_config(app)
+    client = get_redis(config.redis_url)
+    cache_key = (os.getpid(), id(client), config)
+    store = _stores.get(cache_key)
+    if store is None:
+        store = _stores[cache_key] = LockStore(client, config)
+    return store

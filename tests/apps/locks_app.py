@@ -1,0 +1,180 @@
+"""Tasks under ``overlap_lock`` / ``idempotent`` that record every run in Redis.
+
+Runs go to the list ``test:locks:runs`` as JSON (name, key, task id, started, finished, fence,
+pid, outcome); every ``overlap_conflict`` / ``idempotent_skipped`` / ``overlap_lock_lost``
+signal goes to ``test:locks:signals``; ``test:locks:started:<label>`` is set when a body starts.
+Lock ttl and retry pauses come from ``SAFE_TIME_TEST_LOCK_TTL`` / ``SAFE_TIME_TEST_RETRY_AFTER``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from celery_safe_time import idempotent, overlap_lock, signals
+from celery_safe_time.exceptions import LockLost
+from celery_safe_time.locks import current_fence
+from tests.apps.settings import configure
+
+app = configure(Celery("locks_app"))
+_redis = redis.Redis.from_url(os.environ["SAFE_TIME_TEST_BROKER_URL"])
+
+TTL = float(os.environ.get("SAFE_TIME_TEST_LOCK_TTL", "3"))
+RETRY_AFTER = float(os.environ.get("SAFE_TIME_TEST_RETRY_AFTER", "0.5"))
+RUNS = "test:locks:runs"
+SIGNALS = "test:locks:signals"
+
+
+def record(name: str, key: Any, task_id: str | None, started: float, **extra: Any) -> None:
+    _redis.rpush(
+        RUNS,
+        json.dumps(
+            {
+                "name": name,
+                "key": key,
+                "task_id": task_id,
+                "started": started,
+                "finished": time.time(),
+                "pid": os.getpid(),
+                **extra,
+            }
+        ),
+    )
+
+
+def _on_signal(name: str) -> Any:
+    def handler(sender: Any = None, signal: Any = None, **kwargs: Any) -> None:
+        _redis.rpush(SIGNALS, json.dumps({**kwargs, "signal": name, "at": time.time()}, default=str))
+
+    return handler
+
+
+signals.overlap_conflict.connect(_on_signal("overlap_conflict"), weak=False)
+signals.overlap_lock_lost.connect(_on_signal("overlap_lock_lost"), weak=False)
+signals.idempotent_skipped.connect(_on_signal("idempotent_skipped"), weak=False)
+
+
+@app.task(bind=True, name="locks.sync")
+@overlap_lock("sync:{account}", ttl=TTL, on_conflict="retry", retry_after=RETRY_AFTER)
+def sync(self, account: int, seconds: float = 2.0) -> int:  # type: ignore[no-untyped-def]
+    started = time.time()
+    _redis.set(f"test:locks:started:{self.request.id}", started)
+    time.sleep(seconds)
+    record("sync", account, self.request.id, started, fence=self.request.safe_time_fence)
+    return account
+
+
+@app.task(name="locks.plain")
+@overlap_lock(lambda account, **_: f"plain:{account}", ttl=TTL, on_conflict="retry", retry_after=RETRY_AFTER)
+def plain(account: int, seconds: float = 0.0) -> int | None:
+    started = time.time()
+    time.sleep(seconds)
+    record("plain", account, None, started, fence=current_fence())
+    return current_fence()
+
+
+@app.task(bind=True, name="locks.skipper")
+@overlap_lock("shared:{key}", ttl=TTL, on_conflict="skip")
+def skipper(self, key: str, seconds: float = 0.0) -> str:  # type: ignore[no-untyped-def]
+    started = time.time()
+    _redis.set(f"test:locks:started:{self.request.id}", started)
+    time.sleep(seconds)
+    record("skipper", key, self.request.id, started, fence=self.request.safe_time_fence)
+    return "ran"
+
+
+@app.task(bind=True, name="locks.raiser")
+@overlap_lock("shared:{key}", ttl=TTL, on_conflict="raise")
+def raiser(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    record("raiser", key, self.request.id, time.time())
+    return "ran"
+
+
+@app.task(bind=True, name="locks.retrier")
+@overlap_lock("shared:{key}", ttl=TTL, on_conflict="retry", retry_after=1.0, jitter=0.5)
+def retrier(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    requeues = (self.request.headers or {}).get("safe_time_requeues")
+    record("retrier", key, self.request.id, time.time(), retries=self.request.retries, requeues=requeues)
+    return "ran"
+
+
+@app.task(bind=True, name="locks.exit_path", max_retries=1)
+@overlap_lock("exit:{mode}", ttl=30, on_conflict="raise")
+def exit_path(self, mode: str) -> str:  # type: ignore[no-untyped-def]
+    """Leaves the body in the way ``mode`` says; the 30 s ttl shows the release was explicit."""
+    started = time.time()
+    _redis.set(f"test:locks:started:{mode}", started)
+    record("exit_path", mode, self.request.id, started, retries=self.request.retries)
+    if mode == "exception":
+        raise RuntimeError("boom")
+    if mode == "retry":
+        raise self.retry(countdown=120)
+    if mode == "ignore":
+        raise Ignore()
+    if mode == "reject":
+        raise Reject("rejected", requeue=False)
+    if mode in ("soft", "hard"):
+        try:
+            time.sleep(60)
+        except SoftTimeLimitExceeded:
+            _redis.set(f"test:locks:soft:{mode}", 1)
+            raise
+    if mode == "hard_stubborn":
+        # billiard sends SIGTERM first (SystemExit here, so ``finally`` blocks would release);
+        # this body ignores it, so only the SIGKILL 0.1 s later ends it, and no finally runs.
+        try:
+            time.sleep(60)
+        except SystemExit:
+            time.sleep(60)
+    return "ok"
+
+
+@app.task(bind=True, name="locks.hold")
+@overlap_lock("hold:{key}", ttl=TTL, on_conflict="skip")
+def hold(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    """Holds ``key`` for ``seconds`` in small sleeps; records a LockLost if the lock goes away."""
+    started = time.time()
+    _redis.set(f"test:locks:started:{self.request.id}", started)
+    outcome = "finished"
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    except LockLost:
+        outcome = "lost"
+        raise
+    finally:
+        record("hold", key, self.request.id, started, fence=self.request.safe_time_fence, outcome=outcome)
+    return outcome
+
+
+@app.task(bind=True, name="locks.invoice")
+@idempotent("invoice:{tenant}:{period}", window=120, ttl=TTL, retry_after=RETRY_AFTER)
+def invoice(self, tenant: int, period: str, fail: bool = False, seconds: float = 0.1) -> str:  # type: ignore[no-untyped-def]
+    started = time.time()
+    time.sleep(seconds)
+    if fail:
+        record("invoice", f"{tenant}:{period}", self.request.id, started, outcome="failed")
+        raise RuntimeError("invoice failed")
+    record("invoice", f"{tenant}:{period}", self.request.id, started, outcome="sent")
+    return f"sent {tenant}:{period}"
+
+
+@app.task(bind=True, name="locks.guarded")
+@overlap_lock("guarded:{key}", ttl=TTL, retry_after=RETRY_AFTER)
+def guarded(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    record("guarded", key, self.request.id, time.time())
+    return "ran"
+
+
+@app.task(bind=True, name="locks.guarded_raise")
+@overlap_lock("guarded:{key}", ttl=TTL, on_redis_error="raise")
+def guarded_raise(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    record("guarded_raise", key, self.request.id, time.time())
+    return "ran"

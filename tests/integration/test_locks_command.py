@@ -1,0 +1,104 @@
+"""``celery safe-time locks list|release`` and the ``[locks]`` status section."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_safe_time.config import get_config
+from celery_safe_time.lockstore import LockStore, Owner
+from tests.helpers import locks as h
+from tests.helpers.processes import ProcessManager, wait_for
+from tests.helpers.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.apps.locks_app"
+
+
+def _hold(store: LockStore, key: str, task_id: str) -> None:
+    owner = Owner(task_id=task_id, identity=f"{task_id}:0:0", host="worker-host", pid=99)
+    assert store.acquire(key, "tok-" + task_id, 60, owner).status == "acquired"
+
+
+def test_locks_list_release_and_status(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    store = LockStore(redis_client, get_config(make_app()))
+    _hold(store, "inventory-sync:1", "task-1")
+    _hold(store, "inventory-sync:2", "task-2")
+    _hold(store, "report:9", "task-9")
+
+    listed = processes.command(APP, "safe-time", "locks", "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["KEY", "TASK", "ID", "HOST", "PID", "FENCE", "AGE", "TTL", "LEFT"]
+    assert [line.split()[0] for line in lines[1:]] == ["inventory-sync:1", "inventory-sync:2", "report:9"]
+    assert "task-1" in lines[1]
+    assert "worker-host" in lines[1]
+    assert "tok-" not in listed.stdout
+
+    filtered = processes.command(APP, "safe-time", "locks", "list", "--pattern", "inventory-sync:*", "--json")
+    assert filtered.returncode == 0, filtered.stderr
+    rows = json.loads(filtered.stdout)
+    assert [r["key"] for r in rows] == ["inventory-sync:1", "inventory-sync:2"]
+    assert rows[0]["task_id"] == "task-1"
+    assert 50 < rows[0]["ttl_left"] <= 60
+    assert rows[0]["age"] < 30
+
+    refused = processes.command(APP, "safe-time", "locks", "release", "report:9")
+    assert refused.returncode == 2
+    assert "--yes" in refused.stderr
+    assert redis_client.exists("safe_time:lock:report:9")
+
+    released = processes.command(APP, "safe-time", "locks", "release", "report:9", "--yes")
+    assert released.returncode == 0, released.stderr
+    assert "released report:9 (held by task-9 on worker-host" in released.stdout
+    assert not redis_client.exists("safe_time:lock:report:9")
+    missing = processes.command(APP, "safe-time", "locks", "release", "report:9", "--yes")
+    assert missing.returncode == 1
+
+    status = processes.command(APP, "safe-time", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    section = json.loads(status.stdout)["locks"]
+    assert section["held"] == 2
+    assert [lock["key"] for lock in section["locks"]] == ["inventory-sync:1", "inventory-sync:2"]
+
+
+def test_locks_list_uses_scan_not_keys(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_server: RedisServer
+) -> None:
+    # a Redis of our own: command statistics on the shared one count other sessions' commands
+    client = redis.Redis.from_url(redis_server.url)
+    store = LockStore(client, get_config(make_app(safe_time_redis_url=redis_server.url)))
+    for n in range(1200):
+        _hold(store, f"bulk:{n}", f"t{n}")
+    client.set("safe_time:lock-fence:unrelated", 1)
+    client.config_resetstat()
+    conf = json.dumps({"safe_time_redis_url": redis_server.url})
+    listed = processes.command(APP, "safe-time", "locks", "list", "--json", env={"SAFE_TIME_TEST_APP_CONF": conf})
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 1200
+    stats = client.info("commandstats")
+    assert "cmdstat_keys" not in stats
+    assert stats["cmdstat_scan"]["calls"] >= 2
+    client.close()
+
+
+def test_released_holder_is_told_at_its_next_renewal(
+    processes: ProcessManager, redis_url: str, redis_client: redis.Redis
+) -> None:
+    h.start_worker(processes, ttl=1.5, concurrency=4)
+    client = h.client_app(redis_url)
+    run = client.send_task("locks.hold", args=("stuck", 20))
+    wait_for(lambda: redis_client.get(f"test:locks:started:{run.id}"), 30, message="hold started")
+    released = processes.command(APP, "safe-time", "locks", "release", "hold:stuck", "--yes")
+    assert released.returncode == 0, released.stderr
+    [record] = h.wait_runs(redis_client, "hold", 1, timeout=10)
+    assert record["outcome"] == "lost"
+    assert record["finished"] - record["started"] < 5  # told within ttl/3 of the release, not after 20 s
+    client.close()

@@ -1,0 +1,152 @@
+"""The lock scripts and in-process decorated calls against real Redis (no workers)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_safe_time import idempotent, overlap_lock
+from celery_safe_time.config import get_config
+from celery_safe_time.exceptions import LockConflict, RedisUnavailable
+from celery_safe_time.lockstore import LockStore, Owner, get_lock_store
+from tests.helpers.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+def owner(task_id: str) -> Owner:
+    return Owner(task_id=task_id, identity=f"{task_id}:0:0", host="test-host", pid=4242)
+
+
+@pytest.fixture
+def store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> LockStore:
+    return LockStore(redis_client, get_config(make_app()))
+
+
+def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: LockStore) -> None:
+    first = store.acquire("k", "token-a", 0.2, owner("a"))
+    assert first.status == "acquired"
+    assert first.fence == 1
+    held = store.acquire("k", "token-b", 5, owner("b"))
+    assert held.status == "held"
+    assert held.holder is not None
+    assert held.holder.task_id == "a"
+    time.sleep(0.3)  # a's lease runs out while "a" is paused
+
+    second = store.acquire("k", "token-b", 5, owner("b"))
+    assert second.status == "acquired"
+    assert second.fence == 2
+    assert not store.renew("k", "token-a", 5)
+    assert not store.release("k", "token-a")
+    assert store.token_of("k") == "token-b"
+    assert store.renew("k", "token-b", 5)
+    assert store.release("k", "token-b")
+    assert store.token_of("k") is None
+    third = store.acquire("k", "token-c", 5, owner("c"))
+    assert third.fence == 3
+
+
+def test_same_delivery_is_a_duplicate_but_a_retry_is_not(store: LockStore) -> None:
+    assert store.acquire("d", "t1", 5, owner("x")).status == "acquired"
+    assert store.acquire("d", "t2", 5, owner("x")).status == "duplicate"
+    retry = Owner(task_id="x", identity="x:1:0", host="test-host", pid=1)
+    assert store.acquire("d", "t3", 5, retry).status == "held"
+
+
+def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Redis) -> None:
+    store.acquire("inventory-sync:7", "secret-token", 30, owner("task-7"))
+    [info] = store.scan()
+    assert info.key == "inventory-sync:7"
+    assert info.task_id == "task-7"
+    assert info.host == "test-host"
+    assert info.pid == 4242
+    assert info.fence == 1
+    assert info.age is not None
+    assert 0 <= info.age < 2
+    assert info.ttl_left is not None
+    assert 28 < info.ttl_left <= 30
+    assert "secret-token" not in repr(info.as_dict())
+    assert store.scan("inventory-sync:*")[0].key == "inventory-sync:7"
+    assert store.scan("other:*") == []
+    released = store.force_release("inventory-sync:7")
+    assert released is not None
+    assert released.task_id == "task-7"
+    assert store.scan() == []
+    assert store.force_release("inventory-sync:7") is None
+
+
+def test_idempotent_commit_records_once_and_releases(store: LockStore, redis_client: redis.Redis) -> None:
+    assert store.acquire("idem:i", "t1", 5, owner("a"), marker="i").status == "acquired"
+    assert store.commit("idem:i", "i", "t1", 60, "a") == (True, True)
+    assert store.acquire("idem:i", "t2", 5, owner("b"), marker="i").status == "done"
+    assert 55 < redis_client.ttl("safe_time:idem:i") <= 60
+
+
+# --- in-process (direct) calls of decorated tasks -------------------------------------------
+
+
+def test_direct_calls_share_one_key_and_read_the_fence(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_app(safe_time_key_prefix="tenant-a:")
+    seen: list[tuple[str, int, bool]] = []
+
+    @app.task(bind=True)
+    @overlap_lock("report:{account}:{fmt}", ttl=5, on_conflict="raise")
+    def report(self: Any, account: int, fmt: str = "pdf") -> None:
+        held = self.request.safe_time_lock
+        seen.append((held.key, self.request.safe_time_fence, bool(redis_client.exists("tenant-a:lock:" + held.key))))
+
+    report(1)
+    report(account=1)
+    report(account=1, fmt="pdf")
+    assert seen == [("report:1:pdf", 1, True), ("report:1:pdf", 2, True), ("report:1:pdf", 3, True)]
+    assert redis_client.get("tenant-a:lock-fence:report:1:pdf") == b"3"
+    assert not redis_client.exists("safe_time:lock-fence:report:1:pdf")
+    assert not redis_client.exists("tenant-a:lock:report:1:pdf")
+
+
+def test_direct_call_conflict_raises(make_app: Callable[..., Celery], redis_client: redis.Redis) -> None:
+    app = make_app()
+
+    @app.task
+    @overlap_lock("busy:{n}", ttl=5)  # on_conflict="retry" cannot re-queue a direct call: it raises
+    def busy(n: int) -> str:
+        return "ran"
+
+    get_lock_store(app).acquire("busy:1", "someone-else", 5, owner("other"))
+    with pytest.raises(LockConflict, match="other on test-host"):
+        busy(1)
+    assert busy(2) == "ran"
+
+
+def test_direct_call_with_redis_down_never_runs(make_app: Callable[..., Celery], redis_server: RedisServer) -> None:
+    app = make_app(safe_time_redis_url=redis_server.url)
+    ran: list[int] = []
+
+    @app.task
+    @overlap_lock("down:{n}", ttl=5)
+    def guarded(n: int) -> None:
+        ran.append(n)
+
+    @app.task
+    @idempotent("down:{n}", ttl=5)
+    def once(n: int) -> None:
+        ran.append(n)
+
+    redis_server.stop()
+    with pytest.raises(RedisUnavailable):
+        guarded(1)
+    with pytest.raises(RedisUnavailable):
+        once(1)
+    assert ran == []
+    redis_server.start()
+    guarded(1)
+    once(1)
+    once(1)
+    assert ran == [1, 1]

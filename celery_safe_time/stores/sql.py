@@ -359,10 +359,7 @@ class SQLAlchemyStore(DelayStore):
                 # per row, and with SKIP LOCKED each run can return other rows (more than LIMIT).
                 cte = picked.cte("picked")
                 result = conn.execute(
-                    sa.update(t)
-                    .where(t.c.id == cte.c.id, _status(C.STATUS_PENDING))
-                    .values(**values)
-                    .returning(*t.c)
+                    sa.update(t).where(t.c.id == cte.c.id, _status(C.STATUS_PENDING)).values(**values).returning(*t.c)
                 )
                 rows = [_row(m) for m in result.mappings()]
             else:

@@ -11,7 +11,7 @@ import pytest
 from celery_safe_time import constants as C
 from celery_safe_time.exceptions import StoreError
 from celery_safe_time.stores.base import DelayStore
-from tests.helpers.delays import any_store, new_delay  # noqa: F401 - fixture
+from tests.helpers.delays import new_delay
 
 pytestmark = pytest.mark.integration
 
@@ -51,19 +51,23 @@ def test_pending_task_id_cannot_be_stored_twice_but_finished_one_is_replaced(any
     later = due + timedelta(hours=1)
     assert any_store.insert(new_delay("dup", later)).created
     row = any_store.get("dup")
-    assert row is not None and row.status == C.STATUS_PENDING and row.due_at == later
+    assert row is not None
+    assert row.status == C.STATUS_PENDING
+    assert row.due_at == later
 
 
 def test_idempotency_key_unique_among_pending(any_store: DelayStore) -> None:
     due = any_store.now() + timedelta(hours=1)
     first = any_store.insert(new_delay("a", due, idempotency_key="k"))
     second = any_store.insert(new_delay("b", due, idempotency_key="k"))
-    assert first.created and not second.created
+    assert first.created
+    assert not second.created
     assert second.task_id == "a"
     assert any_store.get("b") is None
     any_store.cancel("a")
     third = any_store.insert(new_delay("c", due, idempotency_key="k"))
-    assert third.created and third.task_id == "c"
+    assert third.created
+    assert third.task_id == "c"
 
 
 def test_claim_due_orders_limits_and_respects_lookahead(any_store: DelayStore) -> None:
@@ -96,13 +100,19 @@ def test_finish_states_need_the_claim_token(any_store: DelayStore) -> None:
     assert any_store.mark_failed("r2", "mine", "LookupError: unknown task " + "x" * 10_000)
     assert any_store.release(["r3"], "mine") == 1
     by_id = {r: any_store.get(r) for r in ("r0", "r1", "r2", "r3")}
-    assert by_id["r0"] is not None and by_id["r0"].status == C.STATUS_SENT and by_id["r0"].sent_at is not None
-    assert by_id["r1"] is not None and by_id["r1"].status == C.STATUS_EXPIRED
+    assert by_id["r0"] is not None
+    assert by_id["r0"].status == C.STATUS_SENT
+    assert by_id["r0"].sent_at is not None
+    assert by_id["r1"] is not None
+    assert by_id["r1"].status == C.STATUS_EXPIRED
     failed = by_id["r2"]
-    assert failed is not None and failed.status == C.STATUS_FAILED
-    assert failed.last_error is not None and failed.last_error.startswith("LookupError: unknown task")
+    assert failed is not None
+    assert failed.status == C.STATUS_FAILED
+    assert failed.last_error is not None
+    assert failed.last_error.startswith("LookupError: unknown task")
     assert len(failed.last_error) <= C.DELAY_ERROR_LENGTH
-    assert by_id["r3"] is not None and by_id["r3"].status == C.STATUS_PENDING
+    assert by_id["r3"] is not None
+    assert by_id["r3"].status == C.STATUS_PENDING
 
 
 def test_reclaim_stale_claims(any_store: DelayStore) -> None:
@@ -113,7 +123,9 @@ def test_reclaim_stale_claims(any_store: DelayStore) -> None:
     time.sleep(0.3)
     assert any_store.reclaim_stale(0.1) == 1
     row = any_store.get("s")
-    assert row is not None and row.status == C.STATUS_PENDING and row.claim_token is None
+    assert row is not None
+    assert row.status == C.STATUS_PENDING
+    assert row.claim_token is None
     # The dead sweeper's token no longer finishes it; a new claim does.
     assert any_store.mark_sent(["s"], "dead") == 0
     again = any_store.claim_due(limit=10, lookahead=0, token="alive")
@@ -146,9 +158,11 @@ def test_list_counts_and_oldest_due(any_store: DelayStore) -> None:
     assert [r.id for r in any_store.list(status=C.STATUS_PENDING, task="a")] == ["l1", "l3"]
     assert [r.id for r in any_store.list(due_before=now + timedelta(minutes=2), limit=2)] == ["l0", "l1"]
     counts = any_store.counts()
-    assert counts[C.STATUS_PENDING] == 4 and counts[C.STATUS_CANCELLED] == 1
+    assert counts[C.STATUS_PENDING] == 4
+    assert counts[C.STATUS_CANCELLED] == 1
     summary = any_store.list(limit=1)[0].summary()
-    assert "payload" not in summary and summary["payload_bytes"] > 0
+    assert "payload" not in summary
+    assert summary["payload_bytes"] > 0
 
 
 def test_concurrent_claims_never_hand_out_a_row_twice(any_store: DelayStore) -> None:

@@ -88,9 +88,10 @@ DELAY_FINISHED_STATUSES: Final = frozenset({STATUS_SENT, STATUS_CANCELLED, STATU
 
 #: Table shared by the SQLAlchemy store and the Django model (one schema, either client).
 DELAY_TABLE: Final = "celery_safe_time_delay"
-DELAY_DUE_INDEX: Final = "celery_safe_time_delay_due_pending"
-DELAY_KEY_INDEX: Final = "celery_safe_time_delay_key_pending"
-DELAY_CLAIMED_INDEX: Final = "celery_safe_time_delay_claimed"
+#: Index names stay within Django's 30-character limit.
+DELAY_DUE_INDEX: Final = "cst_delay_due_pending"
+DELAY_KEY_INDEX: Final = "cst_delay_key_pending"
+DELAY_CLAIMED_INDEX: Final = "cst_delay_claimed"
 
 #: Column sizes (Django model and SQLAlchemy table agree on them).
 DELAY_ID_LENGTH: Final = 255

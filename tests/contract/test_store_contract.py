@@ -187,6 +187,11 @@ def test_concurrent_claims_never_hand_out_a_row_twice(any_store: DelayStore) -> 
                 any_store.mark_sent([r.id for r in rows], f"w{n}")
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
+        finally:
+            if hasattr(any_store, "using"):  # Django: each thread opened its own connection
+                from django.db import connections
+
+                connections.close_all()
 
     threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
     for t in threads:

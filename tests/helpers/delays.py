@@ -51,14 +51,15 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Del
     if kind == "postgresql":
         return fresh_sql_store(request.getfixturevalue("postgres_url"))
     if kind == "django":
-        request.getfixturevalue("transactional_db")
         from celery_safe_time.contrib.django.store import DjangoStore
 
         return DjangoStore()
     raise ValueError(kind)
 
 
-STORE_KINDS = ["memory", "sqlite", "postgresql", "django"]
+#: The Django param carries the django_db mark: pytest-django only migrates the test database
+#: for sessions whose collected tests ask for it.
+STORE_KINDS = ["memory", "sqlite", "postgresql", pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
 
 
 @pytest.fixture(params=STORE_KINDS)

@@ -6,9 +6,8 @@ Pure functions: "now" is always passed in, so the rules are unit-testable withou
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from celery.utils.time import maybe_iso8601
@@ -43,12 +42,6 @@ class DelayPlan:
     countdown: float | None = None
     eta: datetime | None = None
 
-    def due_at(self, store_now: datetime) -> datetime:
-        if self.eta is not None:
-            return self.eta
-        assert self.countdown is not None
-        return store_now + timedelta(seconds=self.countdown)
-
 
 def plan_delay(countdown: Any, eta: Any, *, now: datetime, threshold: float) -> DelayPlan | None:
     """Return a plan when the delay is beyond ``threshold`` seconds, else None (go to the broker).
@@ -63,15 +56,6 @@ def plan_delay(countdown: Any, eta: Any, *, now: datetime, threshold: float) -> 
         when = as_aware_utc(eta)
         return DelayPlan(eta=when) if (when - now).total_seconds() > threshold else None
     return None
-
-
-def absolute_expires(expires: Any, store_now: datetime) -> datetime | None:
-    """Relative ``expires`` (seconds) becomes absolute at call time, as Celery does when sending."""
-    if expires is None:
-        return None
-    if isinstance(expires, numbers.Real) and not isinstance(expires, bool):
-        return store_now + timedelta(seconds=float(expires))
-    return as_aware_utc(expires)
 
 
 def _name(value: Any) -> Any:

@@ -20,7 +20,7 @@ from . import constants as C
 from . import signals
 from .clock import local_time, to_datetime
 from .config import get_config
-from .delay_payload import absolute_expires, clean_options, encode, plan_delay
+from .delay_payload import as_aware_utc, clean_options, encode, plan_delay
 from .redis_client import get_redis
 from .stores import get_store
 from .stores.base import NewDelay
@@ -115,24 +115,27 @@ class SafeTask(Task):
         }
         encoded = encode(body, serializer, allow_pickle=config.allow_pickle)
 
-        store = get_store(app)
-        store_now = store.now()
-        due_at = plan.due_at(store_now)
+        expires = options.get("expires")
+        expires_in = float(expires) if isinstance(expires, (int, float)) and not isinstance(expires, bool) else None
         task_id = task_id or uuid()
-        result = store.insert(
+        result = get_store(app).insert(
             NewDelay(
                 id=task_id,
                 task=self.name,
                 payload=encoded.payload,
                 content_type=encoded.content_type,
                 content_encoding=encoded.content_encoding,
-                due_at=due_at,
-                expires_at=absolute_expires(options.get("expires"), store_now),
+                due_at=plan.eta,
+                countdown=plan.countdown,
+                # Relative expires counts from the call, on the store's clock like the countdown.
+                expires_at=None if expires is None or expires_in is not None else as_aware_utc(expires),
+                expires_in=expires_in,
                 idempotency_key=idempotency_key,
             )
         )
+        due_at = result.due_at
         if result.created:
-            logger.debug("stored %s[%s] due at %s", self.name, task_id, due_at.isoformat())
+            logger.debug("stored %s[%s] due at %s", self.name, task_id, due_at)
             signals.delay_stored.send(sender=self, task_id=task_id, task_name=self.name, due_at=due_at)
         else:
             logger.debug("idempotency key %r already pending as %s", idempotency_key, result.task_id)

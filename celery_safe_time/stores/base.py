@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .. import constants as C
@@ -18,16 +18,34 @@ from .. import constants as C
 
 @dataclasses.dataclass(frozen=True)
 class NewDelay:
-    """A delayed task about to be stored; times are aware UTC datetimes."""
+    """A delayed task about to be stored; times are aware UTC datetimes.
+
+    Give ``due_at``, or ``countdown`` seconds counted from the store's own clock when the row is
+    written (no extra round trip to read it first); likewise ``expires_at`` or ``expires_in``.
+    """
 
     id: str
     task: str
     payload: bytes
     content_type: str
     content_encoding: str
-    due_at: datetime
+    due_at: datetime | None = None
     expires_at: datetime | None = None
     idempotency_key: str | None = None
+    countdown: float | None = None
+    expires_in: float | None = None
+
+    def resolve(self, now: datetime) -> tuple[datetime, datetime | None]:
+        """``(due_at, expires_at)`` with the relative parts counted from ``now`` (the store's clock)."""
+        due_at = self.due_at
+        if due_at is None:
+            if self.countdown is None:
+                raise ValueError("a NewDelay needs due_at or countdown")
+            due_at = now + timedelta(seconds=self.countdown)
+        expires_at = self.expires_at
+        if expires_at is None and self.expires_in is not None:
+            expires_at = now + timedelta(seconds=self.expires_in)
+        return due_at, expires_at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +83,8 @@ class InsertResult:
 
     task_id: str
     created: bool
+    #: The stored row's due time (the existing row's on an idempotency-key hit, when known).
+    due_at: datetime | None = None
 
 
 class DelayStore(abc.ABC):

@@ -37,25 +37,26 @@ class MemoryStore(DelayStore):
             if delay.idempotency_key is not None:
                 for row in self._rows.values():
                     if row.status == C.STATUS_PENDING and row.idempotency_key == delay.idempotency_key:
-                        return InsertResult(row.id, created=False)
+                        return InsertResult(row.id, created=False, due_at=row.due_at)
             existing = self._rows.get(delay.id)
             if existing is not None and existing.status not in C.DELAY_FINISHED_STATUSES:
                 raise StoreError(f"task id {delay.id!r} is already stored and {existing.status}")
             now = self.now()
+            due_at, expires_at = delay.resolve(now)
             self._rows[delay.id] = DelayRow(
                 id=delay.id,
                 task=delay.task,
                 payload=delay.payload,
                 content_type=delay.content_type,
                 content_encoding=delay.content_encoding,
-                due_at=delay.due_at,
-                expires_at=delay.expires_at,
+                due_at=due_at,
+                expires_at=expires_at,
                 idempotency_key=delay.idempotency_key,
                 status=C.STATUS_PENDING,
                 created_at=now,
                 updated_at=now,
             )
-            return InsertResult(delay.id, created=True)
+            return InsertResult(delay.id, created=True, due_at=due_at)
 
     def cancel(self, task_id: str) -> bool:
         with self._lock:

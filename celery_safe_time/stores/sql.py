@@ -222,11 +222,17 @@ class SQLAlchemyStore(DelayStore):
                     metadata.create_all(conn, checkfirst=True)
             except sa.exc.OperationalError as exc:
                 # SQLite: another process created it between the check and the CREATE.
-                if not sa.inspect(self.engine).has_table(C.DELAY_TABLE):
+                if not self._has_table():
                     raise self._fail(exc) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise self._fail(exc) from exc
             self._schema_ready = True
+
+    def _has_table(self) -> bool:
+        try:
+            return bool(sa.inspect(self.engine).has_table(C.DELAY_TABLE))
+        except sa.exc.SQLAlchemyError:
+            return False
 
     def drop_schema(self) -> None:
         """Drop the table (tests and benchmarks)."""
@@ -236,31 +242,35 @@ class SQLAlchemyStore(DelayStore):
     # --- writes --------------------------------------------------------------------
 
     def insert(self, delay: NewDelay) -> InsertResult:
-        # A concurrent insert with the same idempotency key loses on the unique index; the
-        # second attempt then finds the winner's row.
-        for attempt in range(2):
-            try:
-                return self._insert_once(delay)
-            except StoreError as exc:
-                if attempt or not isinstance(exc.__cause__, sa.exc.IntegrityError) or delay.idempotency_key is None:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        # Fast path, one short transaction: [key lookup,] now, INSERT. A unique violation (the task
+        # id is taken, or a concurrent call won the idempotency key) takes the careful path.
+        try:
+            return self._insert(delay, careful=False)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+        return self._insert(delay, careful=True)
 
-    def _insert_once(self, delay: NewDelay) -> InsertResult:
+    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
         t = delays
         with self._begin() as conn:
             if delay.idempotency_key is not None:
                 found = conn.execute(
-                    sa.select(t.c.id).where(t.c.idempotency_key == delay.idempotency_key, _status(C.STATUS_PENDING))
-                ).scalar()
+                    sa.select(t.c.id, t.c.due_at).where(
+                        t.c.idempotency_key == delay.idempotency_key, _status(C.STATUS_PENDING)
+                    )
+                ).first()
                 if found is not None:
-                    return InsertResult(found, created=False)
-            existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
-            if existing is not None:
-                if existing not in C.DELAY_FINISHED_STATUSES:
-                    raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-                conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_FINISHED_STATUSES)))
+                    return InsertResult(found.id, created=False, due_at=found.due_at)
+            if careful:
+                existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
+                if existing is not None:
+                    if existing not in C.DELAY_FINISHED_STATUSES:
+                        raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                    # retry() reuses its task id: the finished row makes room for the new one.
+                    conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_FINISHED_STATUSES)))
             now = self._db_now(conn)
+            due_at, expires_at = delay.resolve(now)
             conn.execute(
                 sa.insert(t).values(
                     id=delay.id,
@@ -268,8 +278,8 @@ class SQLAlchemyStore(DelayStore):
                     payload=delay.payload,
                     content_type=delay.content_type,
                     content_encoding=delay.content_encoding,
-                    due_at=delay.due_at,
-                    expires_at=delay.expires_at,
+                    due_at=due_at,
+                    expires_at=expires_at,
                     status=C.STATUS_PENDING,
                     idempotency_key=delay.idempotency_key,
                     attempts=0,
@@ -277,13 +287,14 @@ class SQLAlchemyStore(DelayStore):
                     updated_at=now,
                 )
             )
-        return InsertResult(delay.id, created=True)
+        return InsertResult(delay.id, created=True, due_at=due_at)
 
     def bulk_insert(self, rows: Sequence[NewDelay], *, chunk: int = 5000) -> None:
         """Insert many pending rows fast (benchmarks and tests); no idempotency handling."""
         t = delays
         with self._begin() as conn:
             now = self._db_now(conn)
+            resolved = [d.resolve(now) for d in rows]
             for start in range(0, len(rows), chunk):
                 conn.execute(
                     sa.insert(t),
@@ -294,15 +305,15 @@ class SQLAlchemyStore(DelayStore):
                             "payload": d.payload,
                             "content_type": d.content_type,
                             "content_encoding": d.content_encoding,
-                            "due_at": d.due_at,
-                            "expires_at": d.expires_at,
+                            "due_at": resolved[start + i][0],
+                            "expires_at": resolved[start + i][1],
                             "status": C.STATUS_PENDING,
                             "idempotency_key": d.idempotency_key,
                             "attempts": 0,
                             "created_at": now,
                             "updated_at": now,
                         }
-                        for d in rows[start : start + chunk]
+                        for i, d in enumerate(rows[start : start + chunk])
                     ],
                 )
 

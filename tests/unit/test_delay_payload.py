@@ -11,7 +11,6 @@ from kombu import Exchange, Queue
 from celery_safe_time import constants as C
 from celery_safe_time.config import get_config
 from celery_safe_time.delay_payload import (
-    absolute_expires,
     as_aware_utc,
     clean_options,
     decode,
@@ -19,6 +18,7 @@ from celery_safe_time.delay_payload import (
     plan_delay,
 )
 from celery_safe_time.exceptions import SerializationError
+from celery_safe_time.stores.base import NewDelay
 from celery_safe_time.sweep import register
 
 UTC = timezone.utc
@@ -30,13 +30,13 @@ def test_plan_delay_threshold_countdown_and_eta() -> None:
     assert plan_delay(900, None, now=NOW, threshold=900) is None
     plan = plan_delay(901, None, now=NOW, threshold=900)
     assert plan is not None
-    assert plan.due_at(NOW) == NOW + timedelta(seconds=901)
+    assert plan.countdown == 901
     # countdown wins over eta, as in Celery
     assert plan_delay(5, NOW + timedelta(days=1), now=NOW, threshold=900) is None
     eta = NOW + timedelta(hours=2)
     plan = plan_delay(None, eta, now=NOW, threshold=900)
     assert plan is not None
-    assert plan.due_at(NOW + timedelta(hours=1)) == eta
+    assert plan.eta == eta
     assert plan_delay(None, NOW - timedelta(hours=1), now=NOW, threshold=900) is None
     assert plan_delay(0.5, None, now=NOW, threshold=0) is not None
 
@@ -52,13 +52,16 @@ def test_naive_and_string_times_follow_celery() -> None:
         as_aware_utc(12)  # type: ignore[arg-type]
 
 
-def test_absolute_expires() -> None:
-    assert absolute_expires(None, NOW) is None
-    assert absolute_expires(60, NOW) == NOW + timedelta(seconds=60)
-    assert absolute_expires(1.5, NOW) == NOW + timedelta(seconds=1.5)
+def test_new_delay_resolves_relative_times_on_the_store_clock() -> None:
+    base = {"id": "x", "task": "t", "payload": b"", "content_type": "application/json", "content_encoding": "utf-8"}
+    assert NewDelay(**base, countdown=60, expires_in=1.5).resolve(NOW) == (
+        NOW + timedelta(seconds=60),
+        NOW + timedelta(seconds=1.5),
+    )
     when = datetime(2026, 3, 9, tzinfo=UTC)
-    assert absolute_expires(when, NOW) == when
-    assert absolute_expires("2026-03-09T00:00:00", NOW) == when
+    assert NewDelay(**base, due_at=when, expires_at=when).resolve(NOW) == (when, when)
+    with pytest.raises(ValueError, match="due_at or countdown"):
+        NewDelay(**base).resolve(NOW)
 
 
 def test_clean_options_drops_live_objects_and_internal_headers() -> None:

@@ -96,46 +96,49 @@ class DjangoStore(DelayStore):
         connections[self.using].close()
 
     def insert(self, delay: NewDelay) -> InsertResult:
-        for attempt in range(2):
-            try:
-                return self._atomic(lambda: self._insert_once(delay))
-            except StoreError as exc:
-                retry = not attempt and isinstance(exc.__cause__, IntegrityError) and delay.idempotency_key
-                if not retry:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        # Fast path first; a unique violation (task id taken, idempotency key won by a concurrent
+        # call) takes the careful path in a new transaction.
+        try:
+            return self._atomic(lambda: self._insert(delay, careful=False))
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+        return self._atomic(lambda: self._insert(delay, careful=True))
 
-    def _insert_once(self, delay: NewDelay) -> InsertResult:
+    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
         objects = self._objects()
         if delay.idempotency_key is not None:
             found = (
                 objects.filter(idempotency_key=delay.idempotency_key, status=C.STATUS_PENDING)
-                .values_list("id", flat=True)
+                .values_list("id", "due_at")
                 .first()
             )
             if found is not None:
-                return InsertResult(found, created=False)
-        existing = objects.filter(id=delay.id).values_list("status", flat=True).first()
-        if existing is not None:
-            if existing not in C.DELAY_FINISHED_STATUSES:
-                raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-            objects.filter(id=delay.id, status__in=list(C.DELAY_FINISHED_STATUSES)).delete()
+                return InsertResult(found[0], created=False, due_at=_as_utc(found[1]))
+        if careful:
+            existing = objects.filter(id=delay.id).values_list("status", flat=True).first()
+            if existing is not None:
+                if existing not in C.DELAY_FINISHED_STATUSES:
+                    raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                objects.filter(id=delay.id, status__in=list(C.DELAY_FINISHED_STATUSES)).delete()
         now = self.now()
-        objects.create(
+        due_at, expires_at = delay.resolve(now)
+        # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
+        self.model(
             id=delay.id,
             task=delay.task,
             payload=delay.payload,
             content_type=delay.content_type,
             content_encoding=delay.content_encoding,
-            due_at=delay.due_at,
-            expires_at=delay.expires_at,
+            due_at=due_at,
+            expires_at=expires_at,
             status=C.STATUS_PENDING,
             idempotency_key=delay.idempotency_key,
             attempts=0,
             created_at=now,
             updated_at=now,
-        )
-        return InsertResult(delay.id, created=True)
+        ).save(using=self.using, force_insert=True)
+        return InsertResult(delay.id, created=True, due_at=due_at)
 
     def _update_pending(self, task_id: str, **values: Any) -> bool:
         def run() -> bool:

@@ -19,7 +19,6 @@ from . import constants as C
 from . import signals
 from .config import SafeTimeConfig, get_config
 from .delay_payload import decode
-from .exceptions import SerializationError
 from .stores import get_store
 from .stores.base import DelayRow, DelayStore
 
@@ -136,7 +135,9 @@ def _publish_row(
         )
     except OperationalError:
         raise
-    except (LookupError, SerializationError, TypeError, ValueError) as exc:
+    except Exception as exc:  # one bad row must not stall the rows behind it
+        # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):
+        # a row that failed once fails again, so it is parked as failed, never retried in a loop.
         error = f"{exc.__class__.__name__}: {exc}"
         logger.error("stored task %s[%s] cannot be published, marked failed: %s", row.task, row.id, error)
         store.mark_failed(row.id, token, error)

@@ -119,3 +119,15 @@ def test_register_adds_sweep_task_and_beat_entry() -> None:
     assert entry == {"task": C.SWEEP_TASK_NAME, "schedule": 7.0, "options": {"expires": 7.0, "queue": "sweeps"}}
     assert "other" in app.conf.beat_schedule
     assert C.SWEEP_TASK_NAME in app.tasks
+
+
+def test_task_cls_string_resolves_safetask_lazily() -> None:
+    from celery_safe_time.task import SafeTask
+
+    app = Celery("cls", set_as_current=False, task_cls="celery_safe_time:SafeTask")
+
+    @app.task(shared=False)
+    def noop() -> None:
+        return None
+
+    assert isinstance(app.tasks[noop.name], SafeTask)

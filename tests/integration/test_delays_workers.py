@@ -16,6 +16,7 @@ from celery_safe_time import cancel, install, reschedule
 from celery_safe_time import constants as C
 from celery_safe_time.stores import get_store
 from celery_safe_time.stores.sql import SQLAlchemyStore
+from celery_safe_time.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
@@ -205,7 +206,7 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     processes: ProcessManager, postgres_url: str, redis_client: redis.Redis, make_app: Callable[..., Celery]
 ) -> None:
     store = fresh_sql_store(postgres_url)
-    conf = {"safe_time_store_url": postgres_url, "safe_time_claim_timeout": 3, "safe_time_sweep_batch": 50}
+    conf = {"safe_time_store_url": postgres_url, "safe_time_claim_timeout": 5, "safe_time_sweep_batch": 50}
     ids = _seed(store, 50, store.now() - timedelta(seconds=1), prefix="before")
 
     # 1. killed between claim and publish: nothing published, rows claimed.
@@ -214,9 +215,14 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     hung.kill()
     assert redis_client.llen("celery") == 0
     assert store.counts()[C.STATUS_CLAIMED] == 50
-    quick = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
-    assert json.loads(quick.stdout)["sent"] == 0, quick.stderr  # claim timeout not reached yet
-    time.sleep(3.5)
+    # In this process, right away: the claim timeout has not passed, nothing is taken back or sent.
+    app = make_app("killed", **conf)
+    define_tasks(app)
+    stats = sweep(app)
+    assert stats.reclaimed == 0
+    assert stats.sent == 0
+    assert store.counts()[C.STATUS_CLAIMED] == 50
+    time.sleep(5.5)
     again = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
     stats = json.loads(again.stdout)
     assert stats["reclaimed"] == 50
@@ -231,7 +237,7 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     hung.kill()
     first = _queued_ids(redis_client)
     assert len(first) == 1
-    time.sleep(3.5)
+    time.sleep(5.5)
     again = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
     assert json.loads(again.stdout)["sent"] == 20, again.stderr
     queued = _queued_ids(redis_client)
@@ -268,7 +274,7 @@ def test_due_decision_uses_the_database_clock(
     store.close()
 
 
-def test_sweep_command_with_concurrent_callers_and_status(
+def test_operator_commands_and_status_section(
     processes: ProcessManager, postgres_url: str, make_app: Callable[..., Celery]
 ) -> None:
     store = fresh_sql_store(postgres_url)

@@ -145,6 +145,33 @@ def test_stored_call_is_published_by_the_sweep_with_the_same_message(app: Celery
     assert shape == expected
 
 
+def test_released_and_cancelled_signals(app: Celery, published: Published) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def on_released(sender: Any = None, signal: Any = None, **kwargs: Any) -> None:
+        seen.append(("released", kwargs))
+
+    def on_cancelled(sender: Any = None, signal: Any = None, **kwargs: Any) -> None:
+        seen.append(("cancelled", kwargs))
+
+    signals.delay_released.connect(on_released, weak=False)
+    signals.delay_cancelled.connect(on_cancelled, weak=False)
+    try:
+        keep = tasks(app)["record"].apply_async(("k",), countdown=3600)
+        drop = tasks(app)["record"].apply_async(("d",), countdown=3600)
+        assert cancel(drop.id, app=app)
+        due = get_store(app).now() - timedelta(seconds=1)
+        assert reschedule(keep.id, eta=due, app=app)
+        assert sweep(app).sent == 1
+    finally:
+        signals.delay_released.disconnect(on_released)
+        signals.delay_cancelled.disconnect(on_cancelled)
+    assert seen == [
+        ("cancelled", {"task_id": drop.id}),
+        ("released", {"task_id": keep.id, "task_name": "tests.delays.record", "due_at": due}),
+    ]
+
+
 def test_result_tracking_and_revoke_cancels_the_row(app: Celery) -> None:
     result = tasks(app)["record"].apply_async(("r",), countdown=3600)
     assert result.state == "PENDING"

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import io
+import json
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+import redis
 from celery import Celery
 from django.core.management import call_command
 from django.test import Client
 
+from celery_safe_time import cancel
 from celery_safe_time import constants as C
 from celery_safe_time.contrib.django.models import DelayedTask
 from celery_safe_time.contrib.django.store import DjangoStore
 from celery_safe_time.stores import get_store
 from celery_safe_time.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
-from tests.helpers.delays import new_delay
+from tests.helpers.delays import new_delay, runs
+from tests.helpers.processes import ProcessManager, wait_for
+
+DJANGO_APP = "tests.apps.delays_django_app"
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +87,33 @@ def test_safetask_on_the_django_store(make_app: Callable[..., Celery]) -> None:
     stats = sweep(app)
     assert stats.sent == 1
     assert DelayedTask.objects.get(id=result.id).status == C.STATUS_SENT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_and_beat_on_the_django_store(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    from django.db import connection
+
+    db = connection.settings_dict
+    db_url = f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    conf = {"broker_transport_options": {"visibility_timeout": 3}, "safe_time_sweep_interval": 1}
+    env = {
+        "SAFE_TIME_TEST_DJANGO_DB_URL": db_url,
+        "SAFE_TIME_TEST_STORE_URL": "",
+        "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
+    }
+    processes.worker(DJANGO_APP, name="djw", env=env).wait_for_log(r"ready\.", timeout=90)
+    processes.beat(DJANGO_APP, name="djbeat", env=env, scheduler="celery.beat:PersistentScheduler")
+    app = make_app("django-worker", safe_time_store_url="django", **conf)
+    define_tasks(app)
+    result = app.tasks["tests.delays.record"].apply_async(("django",), countdown=5)
+    cancelled = app.tasks["tests.delays.record"].apply_async(("cancelled",), countdown=5)
+    assert DelayedTask.objects.get(id=result.id).status == C.STATUS_PENDING
+    assert cancel(cancelled.id, app=app)
+    wait_for(lambda: runs(redis_client), timeout=60, message="stored task ran from the Django store")
+    time.sleep(2)
+    done = runs(redis_client)
+    assert [r["task_id"] for r in done] == [result.id]
+    assert DelayedTask.objects.get(id=result.id).status == C.STATUS_SENT
+    assert DelayedTask.objects.get(id=cancelled.id).status == C.STATUS_CANCELLED

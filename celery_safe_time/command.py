@@ -76,6 +76,9 @@ def _status_sections() -> list[tuple[str, Any]]:
     # --- status: beat ----------------------------------------------------------
 
     # --- status: delays --------------------------------------------------------
+    from .delays_admin import describe_delays
+
+    sections.append(("delays", describe_delays))
 
     # --- status: locks ---------------------------------------------------------
     from .lock_admin import describe as describe_locks
@@ -108,6 +111,87 @@ def _print_tree(data: Any, indent: int) -> None:
 
 
 # === delays commands (issue 4) ===================================================
+# Imported here, not at the top, so the three feature sections of this file never touch the same lines.
+from .constants import DELAY_STATUSES  # noqa: E402
+
+
+@safe_time.group(cls=click.Group)
+def delays() -> None:
+    """Stored delayed tasks: list, show, cancel, reschedule."""
+
+
+@delays.command(name="list", cls=CeleryCommand)
+@click.option("--status", type=click.Choice(DELAY_STATUSES), default=None, help="Only rows in this state.")
+@click.option("--task", default=None, help="Only rows of this task name.")
+@click.option("--due-before", default=None, help="Only rows due at or before this ISO time (naive = UTC).")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def delays_list(
+    ctx: click.Context, status: str | None, task: str | None, due_before: str | None, limit: int, as_json: bool
+) -> None:
+    """Stored delays ordered by due time."""
+    from .delays_admin import list_delays
+
+    rows = list_delays(_app(ctx), status=status, task=task, due_before=due_before, limit=limit)
+    if as_json:
+        _dump(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['id']}  {row['status']:<9}  {row['due_at']}  {row['task']}  attempts={row['attempts']}")
+    click.echo(f"{len(rows)} row(s)")
+
+
+@delays.command(name="show", cls=CeleryCommand)
+@click.argument("task_id")
+@click.pass_context
+def delays_show(ctx: click.Context, task_id: str) -> None:
+    """One stored delay with its decoded call; exit 1 if unknown."""
+    from .delays_admin import show_delay
+
+    data = show_delay(_app(ctx), task_id)
+    if data is None:
+        click.echo(f"no stored delay {task_id}", err=True)
+        sys.exit(1)
+    _dump(data)
+
+
+@delays.command(name="cancel", cls=CeleryCommand)
+@click.argument("task_id")
+@click.pass_context
+def delays_cancel(ctx: click.Context, task_id: str) -> None:
+    """Cancel a pending stored delay; exit 1 when no pending row changed."""
+    from .delays import cancel
+
+    changed = cancel(task_id, app=_app(ctx))
+    click.echo(f"{task_id}: {'cancelled' if changed else 'not pending, unchanged'}")
+    sys.exit(0 if changed else 1)
+
+
+@delays.command(name="reschedule", cls=CeleryCommand)
+@click.argument("task_id")
+@click.option("--eta", default=None, help="New due time, ISO 8601 (naive = UTC).")
+@click.option("--countdown", type=float, default=None, help="New due time, seconds from the store's now.")
+@click.pass_context
+def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: float | None) -> None:
+    """Move a pending stored delay; exit 1 when no pending row changed."""
+    from .delays import reschedule
+
+    if (eta is None) == (countdown is None):
+        raise click.UsageError("give exactly one of --eta or --countdown")
+    changed = reschedule(task_id, eta=eta, countdown=countdown, app=_app(ctx))
+    click.echo(f"{task_id}: {'rescheduled' if changed else 'not pending, unchanged'}")
+    sys.exit(0 if changed else 1)
+
+
+@safe_time.command(cls=CeleryCommand)
+@click.option("--batch", type=int, default=None, help="Rows per claim (default safe_time_sweep_batch).")
+@click.pass_context
+def sweep(ctx: click.Context, batch: int | None) -> None:
+    """Publish due stored delays now (what beat's sweep entry does), print what was done."""
+    from .sweep import sweep as run_sweep
+
+    _dump(run_sweep(_app(ctx), batch=batch).as_dict())
 
 
 # === locks commands (issue 5) ====================================================

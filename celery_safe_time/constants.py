@@ -75,6 +75,38 @@ SWEEP_LOOKAHEAD: Final = 2.0
 
 # === delays (issue 4) ========================================================
 
+#: Row states of a stored delayed task.
+STATUS_PENDING: Final = "pending"
+STATUS_CLAIMED: Final = "claimed"
+STATUS_SENT: Final = "sent"
+STATUS_CANCELLED: Final = "cancelled"
+STATUS_EXPIRED: Final = "expired"
+STATUS_FAILED: Final = "failed"
+DELAY_STATUSES: Final = (STATUS_PENDING, STATUS_CLAIMED, STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED)
+#: States a new delay with an already used task id may replace (a retry reuses its task id).
+DELAY_FINISHED_STATUSES: Final = frozenset({STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED})
+
+#: Table shared by the SQLAlchemy store and the Django model (one schema, either client).
+DELAY_TABLE: Final = "celery_safe_time_delay"
+#: Index names stay within Django's 30-character limit.
+DELAY_DUE_INDEX: Final = "cst_delay_due_pending"
+DELAY_KEY_INDEX: Final = "cst_delay_key_pending"
+DELAY_CLAIMED_INDEX: Final = "cst_delay_claimed"
+
+#: Column sizes (Django model and SQLAlchemy table agree on them).
+DELAY_ID_LENGTH: Final = 255
+DELAY_TASK_LENGTH: Final = 255
+DELAY_KEY_LENGTH: Final = 255
+DELAY_CONTENT_TYPE_LENGTH: Final = 128
+DELAY_ENCODING_LENGTH: Final = 64
+DELAY_ERROR_LENGTH: Final = 4000
+
+#: apply_async option that deduplicates pending delays.
+OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
+
+#: How long the worker remembers that a stored task id (per retry) already started.
+DELIVERY_GUARD_TTL: Final = 7 * 86400
+
 
 # === locks and idempotency (issue 5) =========================================
 #: Seconds a conflicting run waits before it is re-queued (``on_conflict="retry"``).

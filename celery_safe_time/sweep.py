@@ -1,11 +1,165 @@
-"""The sweep task that publishes due stored delays (built with the delays feature)."""
+"""The sweep: publish due stored delays, once each, with ``eta=due_at``.
+
+Run by beat every ``safe_time_sweep_interval`` (task ``celery_safe_time.sweep``) and by
+``celery safe-time sweep``. Any number of sweeps may run at once: claims use the store's
+row locks (``FOR UPDATE SKIP LOCKED``), so each row goes to one sweeper.
+"""
 
 from __future__ import annotations
 
-from celery import Celery
+import dataclasses
+import logging
+from typing import Any
 
-from .config import SafeTimeConfig
+from celery import Celery, Task
+from celery.utils import uuid
+from kombu.exceptions import OperationalError
+
+from . import constants as C
+from . import signals
+from .config import SafeTimeConfig, get_config
+from .delay_payload import decode
+from .stores import get_store
+from .stores.base import DelayRow, DelayStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SweepStats:
+    """What one sweep did."""
+
+    reclaimed: int = 0
+    claimed: int = 0
+    sent: int = 0
+    expired: int = 0
+    failed: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def sweep(
+    app: Celery,
+    *,
+    store: DelayStore | None = None,
+    batch: int | None = None,
+    lookahead: float = C.SWEEP_LOOKAHEAD,
+    max_batches: int | None = None,
+) -> SweepStats:
+    """Reclaim stale claims, then claim and publish due rows batch by batch while batches are full."""
+    config = get_config(app)
+    store = store if store is not None else get_store(app)
+    batch = batch or config.sweep_batch
+    stats = SweepStats(reclaimed=store.reclaim_stale(config.claim_timeout))
+    if stats.reclaimed:
+        logger.warning("reclaimed %d stored delays claimed over %gs ago", stats.reclaimed, config.claim_timeout)
+    while max_batches is None or stats.batches < max_batches:
+        token = uuid()
+        rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
+        if not rows:
+            break
+        stats.batches += 1
+        stats.claimed += len(rows)
+        _publish_batch(app, config, store, rows, token, stats)
+        if len(rows) < batch:
+            break
+    if stats.claimed:
+        logger.info(
+            "sweep: %d claimed, %d sent, %d expired, %d failed", stats.claimed, stats.sent, stats.expired, stats.failed
+        )
+    return stats
+
+
+def _publish_batch(
+    app: Celery, config: SafeTimeConfig, store: DelayStore, rows: list[DelayRow], token: str, stats: SweepStats
+) -> None:
+    sent: list[DelayRow] = []
+    expired: list[str] = []
+    index = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for row in rows:
+                outcome = _publish_row(app, config, store, row, token, producer)
+                if outcome == C.STATUS_SENT:
+                    sent.append(row)
+                elif outcome == C.STATUS_EXPIRED:
+                    expired.append(row.id)
+                else:
+                    stats.failed += 1
+                index += 1
+    except OperationalError:
+        # The broker is down: what was published stays published, the rest goes back to pending now
+        # instead of waiting out the claim timeout.
+        done = {r.id for r in sent} | set(expired)
+        rest = [r.id for r in rows[index:] if r.id not in done]
+        store.release(rest, token)
+        _finish(store, sent, expired, token, stats)
+        raise
+    _finish(store, sent, expired, token, stats)
+
+
+def _finish(store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, stats: SweepStats) -> None:
+    stats.sent += store.mark_sent([r.id for r in sent], token)
+    stats.expired += store.mark_expired(expired, token)
+    for row in sent:
+        signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)
+
+
+def _publish_row(
+    app: Celery, config: SafeTimeConfig, store: DelayStore, row: DelayRow, token: str, producer: Any
+) -> str:
+    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here."""
+    if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
+        logger.info("stored task %s[%s] expired at %s; not sent", row.task, row.id, row.expires_at.isoformat())
+        return C.STATUS_EXPIRED
+    try:
+        if row.task not in app.tasks:
+            raise LookupError(f"unknown task {row.task!r} (not registered in this app)")
+        body = decode(row.payload, row.content_type, row.content_encoding, allow_pickle=config.allow_pickle)
+        options = dict(body.get("options") or {})
+        headers = dict(options.pop("headers", None) or {})
+        headers[C.HEADER_STORED] = row.due_at.isoformat()
+        app.send_task(
+            row.task,
+            args=body.get("args") or (),
+            kwargs=body.get("kwargs") or {},
+            task_id=row.id,
+            eta=row.due_at,
+            expires=row.expires_at,
+            producer=producer,
+            headers=headers,
+            add_to_parent=False,
+            **options,
+        )
+    except OperationalError:
+        raise
+    except Exception as exc:  # one bad row must not stall the rows behind it
+        # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):
+        # a row that failed once fails again, so it is parked as failed, never retried in a loop.
+        error = f"{exc.__class__.__name__}: {exc}"
+        logger.error("stored task %s[%s] cannot be published, marked failed: %s", row.task, row.id, error)
+        store.mark_failed(row.id, token, error)
+        signals.delay_failed.send(sender=store, task_id=row.id, task_name=row.task, error=error)
+        return C.STATUS_FAILED
+    return C.STATUS_SENT
 
 
 def register(app: Celery, config: SafeTimeConfig) -> None:
-    """Register the sweep task and its beat entry on ``app`` (no-op until delays land)."""
+    """Register the sweep task and its beat entry on ``app``."""
+
+    @app.task(name=C.SWEEP_TASK_NAME, base=Task, ignore_result=True, shared=False)
+    def safe_time_sweep() -> dict[str, int]:
+        return sweep(app).as_dict()
+
+    options: dict[str, Any] = {"expires": config.sweep_interval}
+    if config.sweep_queue:
+        options["queue"] = config.sweep_queue
+    schedule = dict(app.conf.beat_schedule or {})
+    schedule[C.SWEEP_ENTRY_NAME] = {
+        "task": C.SWEEP_TASK_NAME,
+        "schedule": config.sweep_interval,
+        "options": options,
+    }
+    app.conf.beat_schedule = schedule

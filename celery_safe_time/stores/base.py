@@ -1,9 +1,90 @@
-"""The delayed-task store seam: what every backend (SQLAlchemy, Django ORM, memory) provides."""
+"""The delayed-task store seam: what every backend (SQLAlchemy, Django ORM, memory) provides.
+
+A store is a table of delayed tasks keyed by task id. Every "when" it decides (is a row due,
+has a claim gone stale) is measured with the store's own clock, :meth:`DelayStore.now`, so
+processes with wrong local clocks still agree.
+"""
 
 from __future__ import annotations
 
 import abc
-from datetime import datetime
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import constants as C
+
+
+@dataclasses.dataclass(frozen=True)
+class NewDelay:
+    """A delayed task about to be stored; times are aware UTC datetimes.
+
+    Give ``due_at``, or ``countdown`` seconds counted from the store's own clock when the row is
+    written (no extra round trip to read it first); likewise ``expires_at`` or ``expires_in``.
+    """
+
+    id: str
+    task: str
+    payload: bytes
+    content_type: str
+    content_encoding: str
+    due_at: datetime | None = None
+    expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    countdown: float | None = None
+    expires_in: float | None = None
+
+    def resolve(self, now: datetime) -> tuple[datetime, datetime | None]:
+        """``(due_at, expires_at)`` with the relative parts counted from ``now`` (the store's clock)."""
+        due_at = self.due_at
+        if due_at is None:
+            if self.countdown is None:
+                raise ValueError("a NewDelay needs due_at or countdown")
+            due_at = now + timedelta(seconds=self.countdown)
+        expires_at = self.expires_at
+        if expires_at is None and self.expires_in is not None:
+            expires_at = now + timedelta(seconds=self.expires_in)
+        return due_at, expires_at
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayRow:
+    """One stored delayed task as read back from a store."""
+
+    id: str
+    task: str
+    payload: bytes
+    content_type: str
+    content_encoding: str
+    due_at: datetime
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    attempts: int = 0
+    claimed_at: datetime | None = None
+    claim_token: str | None = None
+    sent_at: datetime | None = None
+    last_error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the payload, for listings and the CLI."""
+        data = dataclasses.asdict(self)
+        data.pop("payload")
+        data["payload_bytes"] = len(self.payload)
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertResult:
+    """What :meth:`DelayStore.insert` did: ``created`` is False for an idempotency-key hit."""
+
+    task_id: str
+    created: bool
+    #: The stored row's due time (the existing row's on an idempotency-key hit, when known).
+    due_at: datetime | None = None
 
 
 class DelayStore(abc.ABC):
@@ -22,3 +103,90 @@ class DelayStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (called at process shutdown and by tests)."""
+
+    # --- writes from the caller ----------------------------------------------
+
+    @abc.abstractmethod
+    def insert(self, delay: NewDelay) -> InsertResult:
+        """Store a pending row.
+
+        With an ``idempotency_key`` already held by a pending row, store nothing and return that
+        row's id (``created=False``). A task id whose earlier row is finished (sent, cancelled,
+        expired, failed) is replaced: ``retry()`` reuses the task id. A task id that is still
+        pending or claimed raises :class:`~celery_safe_time.exceptions.StoreError`.
+        """
+
+    @abc.abstractmethod
+    def cancel(self, task_id: str) -> bool:
+        """Mark a pending row cancelled; True when a pending row changed."""
+
+    @abc.abstractmethod
+    def reschedule(self, task_id: str, due_at: datetime) -> bool:
+        """Move a pending row's ``due_at``; True when a pending row changed."""
+
+    # --- the sweep -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
+        """Claim up to ``limit`` pending rows due by the store's now plus ``lookahead`` seconds.
+
+        Claimed rows get ``status='claimed'``, ``claim_token=token``, ``claimed_at`` = store now
+        and one more attempt. Rows come back ordered by ``(due_at, id)``. Concurrent callers
+        never get the same row.
+        """
+
+    @abc.abstractmethod
+    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
+        """Claimed rows of this claim -> sent. Returns how many changed."""
+
+    @abc.abstractmethod
+    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
+        """Claimed rows of this claim -> expired. Returns how many changed."""
+
+    @abc.abstractmethod
+    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
+        """A claimed row of this claim -> failed, with the error kept."""
+
+    @abc.abstractmethod
+    def release(self, task_ids: Sequence[str], token: str) -> int:
+        """Claimed rows of this claim go back to pending now (the broker refused them)."""
+
+    @abc.abstractmethod
+    def reclaim_stale(self, timeout: float) -> int:
+        """Claimed rows older than ``timeout`` seconds (store clock) go back to pending."""
+
+    # --- reads -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def get(self, task_id: str) -> DelayRow | None:
+        """One row by task id, or None."""
+
+    @abc.abstractmethod
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        task: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DelayRow]:
+        """Rows ordered by ``(due_at, id)``, filtered."""
+
+    @abc.abstractmethod
+    def counts(self) -> dict[str, int]:
+        """Number of rows per status (every status present, zero included)."""
+
+    @abc.abstractmethod
+    def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
+        """The smallest ``due_at`` among rows with ``status``."""
+
+
+def truncate_error(error: str) -> str:
+    """Keep stored error messages within the column size."""
+    if len(error) <= C.DELAY_ERROR_LENGTH:
+        return error
+    return error[: C.DELAY_ERROR_LENGTH - 3] + "..."
+
+
+def empty_counts() -> dict[str, int]:
+    return dict.fromkeys(C.DELAY_STATUSES, 0)

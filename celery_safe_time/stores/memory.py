@@ -2,22 +2,155 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
+from .. import constants as C
 from ..clock import local_time, to_datetime
-from .base import DelayStore
+from ..exceptions import StoreError
+from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts, truncate_error
 
 
 class MemoryStore(DelayStore):
-    """Keeps rows in a dict guarded by a lock; its clock is the local clock (or one you pass)."""
+    """Keeps rows in a dict guarded by a lock; its clock is the local clock."""
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
         self._lock = threading.RLock()
+        self._rows: dict[str, DelayRow] = {}
 
     def now(self) -> datetime:
         return to_datetime(local_time())
 
     def ping(self) -> None:
         return None
+
+    def _replace(self, row: DelayRow, **changes: object) -> DelayRow:
+        new = dataclasses.replace(row, updated_at=self.now(), **changes)  # type: ignore[arg-type]
+        self._rows[row.id] = new
+        return new
+
+    def insert(self, delay: NewDelay) -> InsertResult:
+        with self._lock:
+            if delay.idempotency_key is not None:
+                for row in self._rows.values():
+                    if row.status == C.STATUS_PENDING and row.idempotency_key == delay.idempotency_key:
+                        return InsertResult(row.id, created=False, due_at=row.due_at)
+            existing = self._rows.get(delay.id)
+            if existing is not None and existing.status not in C.DELAY_FINISHED_STATUSES:
+                raise StoreError(f"task id {delay.id!r} is already stored and {existing.status}")
+            now = self.now()
+            due_at, expires_at = delay.resolve(now)
+            self._rows[delay.id] = DelayRow(
+                id=delay.id,
+                task=delay.task,
+                payload=delay.payload,
+                content_type=delay.content_type,
+                content_encoding=delay.content_encoding,
+                due_at=due_at,
+                expires_at=expires_at,
+                idempotency_key=delay.idempotency_key,
+                status=C.STATUS_PENDING,
+                created_at=now,
+                updated_at=now,
+            )
+            return InsertResult(delay.id, created=True, due_at=due_at)
+
+    def cancel(self, task_id: str) -> bool:
+        with self._lock:
+            row = self._rows.get(task_id)
+            if row is None or row.status != C.STATUS_PENDING:
+                return False
+            self._replace(row, status=C.STATUS_CANCELLED)
+            return True
+
+    def reschedule(self, task_id: str, due_at: datetime) -> bool:
+        with self._lock:
+            row = self._rows.get(task_id)
+            if row is None or row.status != C.STATUS_PENDING:
+                return False
+            self._replace(row, due_at=due_at)
+            return True
+
+    def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
+        with self._lock:
+            now = self.now()
+            horizon = now + timedelta(seconds=lookahead)
+            due = sorted(
+                (r for r in self._rows.values() if r.status == C.STATUS_PENDING and r.due_at <= horizon),
+                key=lambda r: (r.due_at, r.id),
+            )[:limit]
+            return [
+                self._replace(r, status=C.STATUS_CLAIMED, claim_token=token, claimed_at=now, attempts=r.attempts + 1)
+                for r in due
+            ]
+
+    def _finish(self, task_ids: Sequence[str], token: str, status: str, **changes: object) -> int:
+        changed = 0
+        with self._lock:
+            for task_id in task_ids:
+                row = self._rows.get(task_id)
+                if row is not None and row.status == C.STATUS_CLAIMED and row.claim_token == token:
+                    self._replace(row, status=status, claim_token=None, **changes)
+                    changed += 1
+        return changed
+
+    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, C.STATUS_SENT, sent_at=self.now())
+
+    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, C.STATUS_EXPIRED)
+
+    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
+        return self._finish([task_id], token, C.STATUS_FAILED, last_error=truncate_error(error)) == 1
+
+    def release(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, C.STATUS_PENDING)
+
+    def reclaim_stale(self, timeout: float) -> int:
+        with self._lock:
+            cutoff = self.now() - timedelta(seconds=timeout)
+            stale = [
+                r
+                for r in self._rows.values()
+                if r.status == C.STATUS_CLAIMED and r.claimed_at is not None and r.claimed_at < cutoff
+            ]
+            for row in stale:
+                self._replace(row, status=C.STATUS_PENDING, claim_token=None)
+            return len(stale)
+
+    def get(self, task_id: str) -> DelayRow | None:
+        with self._lock:
+            return self._rows.get(task_id)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        task: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DelayRow]:
+        with self._lock:
+            rows = [
+                r
+                for r in self._rows.values()
+                if (status is None or r.status == status)
+                and (task is None or r.task == task)
+                and (due_before is None or r.due_at <= due_before)
+            ]
+        return sorted(rows, key=lambda r: (r.due_at, r.id))[:limit]
+
+    def counts(self) -> dict[str, int]:
+        counts = empty_counts()
+        with self._lock:
+            for row in self._rows.values():
+                counts[row.status] += 1
+        return counts
+
+    def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
+        with self._lock:
+            dues = [r.due_at for r in self._rows.values() if r.status == status]
+        return min(dues) if dues else None

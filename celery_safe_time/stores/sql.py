@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
+from .. import constants as C
 from ..exceptions import StoreError
 from ..redis_client import mask_url
-from .base import DelayStore
+from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts, truncate_error
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +75,106 @@ def _as_utc(value: Any) -> datetime:
     return value.astimezone(UTC)
 
 
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every dialect.
+
+    SQLite keeps naive text, so values are converted to UTC before they are bound; the
+    text then sorts in time order, which the due-at comparisons rely on.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise StoreError(f"naive datetime {value!r} given to the store; pass aware UTC datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+
+metadata = sa.MetaData()
+
+delays = sa.Table(
+    C.DELAY_TABLE,
+    metadata,
+    sa.Column("id", sa.String(C.DELAY_ID_LENGTH), primary_key=True),
+    sa.Column("task", sa.String(C.DELAY_TASK_LENGTH), nullable=False),
+    sa.Column("payload", sa.LargeBinary, nullable=False),
+    sa.Column("content_type", sa.String(C.DELAY_CONTENT_TYPE_LENGTH), nullable=False),
+    sa.Column("content_encoding", sa.String(C.DELAY_ENCODING_LENGTH), nullable=False),
+    sa.Column("due_at", UTCDateTime, nullable=False),
+    sa.Column("expires_at", UTCDateTime, nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("idempotency_key", sa.String(C.DELAY_KEY_LENGTH), nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Column("claimed_at", UTCDateTime, nullable=True),
+    sa.Column("claim_token", sa.String(64), nullable=True),
+    sa.Column("sent_at", UTCDateTime, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+)
+_PENDING_SQL = sa.text("status = 'pending'")
+_CLAIMED_SQL = sa.text("status = 'claimed'")
+# Partial indexes: the sweep's claim only ever reads pending rows in due order, so the index
+# stays as small as the backlog no matter how many sent rows the table keeps.
+sa.Index(C.DELAY_DUE_INDEX, delays.c.due_at, delays.c.id, postgresql_where=_PENDING_SQL, sqlite_where=_PENDING_SQL)
+sa.Index(
+    C.DELAY_KEY_INDEX,
+    delays.c.idempotency_key,
+    unique=True,
+    postgresql_where=_PENDING_SQL,
+    sqlite_where=_PENDING_SQL,
+)
+sa.Index(C.DELAY_CLAIMED_INDEX, delays.c.claimed_at, postgresql_where=_CLAIMED_SQL, sqlite_where=_CLAIMED_SQL)
+
+
+def _status(value: str) -> sa.ColumnElement[bool]:
+    # Inline the constant so PostgreSQL can match the partial index even with generic plans.
+    return delays.c.status == sa.literal(value, literal_execute=True)
+
+
+def _row(mapping: Any) -> DelayRow:
+    return DelayRow(
+        id=mapping["id"],
+        task=mapping["task"],
+        payload=bytes(mapping["payload"]),
+        content_type=mapping["content_type"],
+        content_encoding=mapping["content_encoding"],
+        due_at=mapping["due_at"],
+        status=mapping["status"],
+        created_at=mapping["created_at"],
+        updated_at=mapping["updated_at"],
+        expires_at=mapping["expires_at"],
+        idempotency_key=mapping["idempotency_key"],
+        attempts=mapping["attempts"],
+        claimed_at=mapping["claimed_at"],
+        claim_token=mapping["claim_token"],
+        sent_at=mapping["sent_at"],
+        last_error=mapping["last_error"],
+    )
+
+
 class SQLAlchemyStore(DelayStore):
-    """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it."""
+    """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it.
+
+    The table is created on first use (``CREATE TABLE``/``CREATE INDEX`` if missing); Django
+    projects get the same table from the contrib app's migrations instead.
+    """
 
     def __init__(self, url: str, *, engine: Engine | None = None) -> None:
         self.url = url
         self.engine = engine if engine is not None else create_engine(url)
+        self.dialect = self.engine.dialect.name
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+
+    # --- plumbing ----------------------------------------------------------------
 
     def now(self) -> datetime:
         return database_now(self.engine)
@@ -86,3 +184,281 @@ class SQLAlchemyStore(DelayStore):
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def _fail(self, exc: Exception) -> StoreError:
+        return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        """One short transaction; database errors become :class:`StoreError`."""
+        self.ensure_schema()
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
+
+    def _db_now(self, conn: Connection) -> datetime:
+        if self.dialect == "postgresql":
+            query = "SELECT clock_timestamp()"
+        elif self.dialect == "sqlite":
+            query = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
+        else:
+            query = "SELECT UTC_TIMESTAMP(6)"
+        return _as_utc(conn.execute(sa.text(query)).scalar_one())
+
+    def ensure_schema(self) -> None:
+        """Create the table and its indexes if they are missing (once per process)."""
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if self._schema_ready:
+                return
+            try:
+                with self.engine.begin() as conn:
+                    if self.dialect == "postgresql":
+                        # Several processes start at once; serialize the DDL instead of racing.
+                        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x5AFE7133})
+                    metadata.create_all(conn, checkfirst=True)
+            except sa.exc.OperationalError as exc:
+                # SQLite: another process created it between the check and the CREATE.
+                if not self._has_table():
+                    raise self._fail(exc) from exc
+            except sa.exc.SQLAlchemyError as exc:
+                raise self._fail(exc) from exc
+            self._schema_ready = True
+
+    def _has_table(self) -> bool:
+        try:
+            return bool(sa.inspect(self.engine).has_table(C.DELAY_TABLE))
+        except sa.exc.SQLAlchemyError:
+            return False
+
+    def drop_schema(self) -> None:
+        """Drop the table (tests and benchmarks)."""
+        metadata.drop_all(self.engine, checkfirst=True)
+        self._schema_ready = False
+
+    # --- writes --------------------------------------------------------------------
+
+    def insert(self, delay: NewDelay) -> InsertResult:
+        # Fast path, one short transaction: [key lookup,] now, INSERT. A unique violation (the task
+        # id is taken, or a concurrent call won the idempotency key) takes the careful path.
+        try:
+            return self._insert(delay, careful=False)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+        return self._insert(delay, careful=True)
+
+    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
+        t = delays
+        with self._begin() as conn:
+            if delay.idempotency_key is not None:
+                found = conn.execute(
+                    sa.select(t.c.id, t.c.due_at).where(
+                        t.c.idempotency_key == delay.idempotency_key, _status(C.STATUS_PENDING)
+                    )
+                ).first()
+                if found is not None:
+                    return InsertResult(found.id, created=False, due_at=found.due_at)
+            if careful:
+                existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
+                if existing is not None:
+                    if existing not in C.DELAY_FINISHED_STATUSES:
+                        raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                    # retry() reuses its task id: the finished row makes room for the new one.
+                    conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_FINISHED_STATUSES)))
+            now = self._db_now(conn)
+            due_at, expires_at = delay.resolve(now)
+            conn.execute(
+                sa.insert(t).values(
+                    id=delay.id,
+                    task=delay.task,
+                    payload=delay.payload,
+                    content_type=delay.content_type,
+                    content_encoding=delay.content_encoding,
+                    due_at=due_at,
+                    expires_at=expires_at,
+                    status=C.STATUS_PENDING,
+                    idempotency_key=delay.idempotency_key,
+                    attempts=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        return InsertResult(delay.id, created=True, due_at=due_at)
+
+    def bulk_insert(self, rows: Sequence[NewDelay], *, chunk: int = 5000) -> None:
+        """Insert many pending rows fast (benchmarks and tests); no idempotency handling."""
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            resolved = [d.resolve(now) for d in rows]
+            for start in range(0, len(rows), chunk):
+                conn.execute(
+                    sa.insert(t),
+                    [
+                        {
+                            "id": d.id,
+                            "task": d.task,
+                            "payload": d.payload,
+                            "content_type": d.content_type,
+                            "content_encoding": d.content_encoding,
+                            "due_at": resolved[start + i][0],
+                            "expires_at": resolved[start + i][1],
+                            "status": C.STATUS_PENDING,
+                            "idempotency_key": d.idempotency_key,
+                            "attempts": 0,
+                            "created_at": now,
+                            "updated_at": now,
+                        }
+                        for i, d in enumerate(rows[start : start + chunk])
+                    ],
+                )
+
+    def cancel(self, task_id: str) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t)
+                .where(t.c.id == task_id, _status(C.STATUS_PENDING))
+                .values(status=C.STATUS_CANCELLED, updated_at=now)
+            )
+            return bool(result.rowcount)
+
+    def reschedule(self, task_id: str, due_at: datetime) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t).where(t.c.id == task_id, _status(C.STATUS_PENDING)).values(due_at=due_at, updated_at=now)
+            )
+            return bool(result.rowcount)
+
+    # --- the sweep -------------------------------------------------------------------
+
+    def claim_query(self, *, limit: int, horizon: datetime) -> sa.Select[Any]:
+        """The ``SELECT ... FOR UPDATE SKIP LOCKED`` that picks due rows (also used by EXPLAIN)."""
+        t = delays
+        query = (
+            sa.select(t.c.id)
+            .where(_status(C.STATUS_PENDING), t.c.due_at <= horizon)
+            .order_by(t.c.due_at, t.c.id)
+            .limit(limit)
+        )
+        if self.dialect != "sqlite":
+            query = query.with_for_update(skip_locked=True)
+        return query
+
+    def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            picked = self.claim_query(limit=limit, horizon=now + timedelta(seconds=lookahead))
+            values = {
+                "status": C.STATUS_CLAIMED,
+                "claim_token": token,
+                "claimed_at": now,
+                "updated_at": now,
+                "attempts": t.c.attempts + 1,
+            }
+            if self.engine.dialect.update_returning:
+                # PostgreSQL, SQLite: one statement (SQLite holds its single write lock for it).
+                # The pick is a CTE, evaluated once: as an IN (subquery) PostgreSQL may re-run it
+                # per row, and with SKIP LOCKED each run can return other rows (more than LIMIT).
+                cte = picked.cte("picked")
+                result = conn.execute(
+                    sa.update(t).where(t.c.id == cte.c.id, _status(C.STATUS_PENDING)).values(**values).returning(*t.c)
+                )
+                rows = [_row(m) for m in result.mappings()]
+            else:
+                # MySQL cannot UPDATE ... IN (SELECT ... LIMIT): lock the ids first, same transaction.
+                ids = list(conn.execute(picked).scalars())
+                if not ids:
+                    return []
+                conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(**values))
+                rows = [_row(m) for m in conn.execute(sa.select(t).where(t.c.id.in_(ids))).mappings()]
+        rows.sort(key=lambda r: (r.due_at, r.id))
+        return rows
+
+    def _finish(self, task_ids: Sequence[str], token: str, **values: Any) -> int:
+        if not task_ids:
+            return 0
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            values.setdefault("updated_at", now)
+            if values.get("sent_at") is True:
+                values["sent_at"] = now
+            result = conn.execute(
+                sa.update(t)
+                .where(t.c.id.in_(list(task_ids)), _status(C.STATUS_CLAIMED), t.c.claim_token == token)
+                .values(claim_token=None, **values)
+            )
+            return int(result.rowcount)
+
+    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, status=C.STATUS_SENT, sent_at=True)
+
+    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, status=C.STATUS_EXPIRED)
+
+    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
+        return self._finish([task_id], token, status=C.STATUS_FAILED, last_error=truncate_error(error)) == 1
+
+    def release(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, status=C.STATUS_PENDING)
+
+    def reclaim_stale(self, timeout: float) -> int:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t)
+                .where(_status(C.STATUS_CLAIMED), t.c.claimed_at < now - timedelta(seconds=timeout))
+                .values(status=C.STATUS_PENDING, claim_token=None, updated_at=now)
+            )
+            return int(result.rowcount)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> DelayRow | None:
+        with self._begin() as conn:
+            mapping = conn.execute(sa.select(delays).where(delays.c.id == task_id)).mappings().first()
+        return None if mapping is None else _row(mapping)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        task: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DelayRow]:
+        t = delays
+        query = sa.select(t).order_by(t.c.due_at, t.c.id).limit(limit)
+        if status is not None:
+            query = query.where(t.c.status == status)
+        if task is not None:
+            query = query.where(t.c.task == task)
+        if due_before is not None:
+            query = query.where(t.c.due_at <= due_before)
+        with self._begin() as conn:
+            return [_row(m) for m in conn.execute(query).mappings()]
+
+    def counts(self) -> dict[str, int]:
+        counts = empty_counts()
+        with self._begin() as conn:
+            for status, count in conn.execute(
+                sa.select(delays.c.status, sa.func.count()).group_by(delays.c.status)
+            ).all():
+                counts[status] = int(count)
+        return counts
+
+    def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
+        with self._begin() as conn:
+            value = conn.execute(sa.select(sa.func.min(delays.c.due_at)).where(_status(status))).scalar()
+        # min() loses the column type on some dialects: normalise here.
+        return None if value is None else _as_utc(value)

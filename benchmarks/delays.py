@@ -1,0 +1,504 @@
+"""Durable delays, measured side by side with plain Celery / raw kombu in the same run.
+
+``python -m benchmarks.delays [--quick]`` prints a markdown table; ``run(quick)`` returns the numbers.
+
+1. Worker RSS growth with N pending 2-hour countdowns: plain Celery vs SafeTask; bytes per stored row.
+2. Sweeper throughput on PostgreSQL (rows published per second), 1 and 4 sweepers, next to a raw
+   kombu publish of the same messages.
+3. Claim-query time with 0 and with many not-yet-due rows, and the plan (partial index).
+4. Firing lateness p50/p99: stored delays vs native countdowns.
+
+Needs the local Redis and PostgreSQL the test suite uses (``SAFE_TIME_TEST_REDIS_URL``,
+``SAFE_TIME_TEST_DATABASE_URL``); claims its own Redis db and creates and drops its own database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+from celery import Celery
+from kombu import Connection, Producer
+
+from celery_safe_time import constants as C
+from celery_safe_time.config import reset_config
+from celery_safe_time.delay_payload import encode
+from celery_safe_time.stores import get_store, reset_store
+from celery_safe_time.stores.base import NewDelay
+from celery_safe_time.stores.sql import SQLAlchemyStore
+from celery_safe_time.sweep import sweep
+from tests.apps.delays_tasks import define_tasks
+from tests.helpers import services
+from tests.helpers.processes import CeleryProcess, wait_for
+
+APP = "tests.apps.delays_app"
+
+SIZES = {
+    False: {"memory": 20_000, "sweep": 100_000, "claim_bg": 1_000_000, "lateness": 10_000, "window": 60.0},
+    True: {"memory": 2_000, "sweep": 10_000, "claim_bg": 100_000, "lateness": 1_000, "window": 15.0},
+}
+
+
+# --- environment -------------------------------------------------------------
+
+
+class Env:
+    """A claimed Redis db and a fresh PostgreSQL database for this run."""
+
+    def __init__(self) -> None:
+        self.redis_claim = services.RedisDbClaim(services.resolve_redis_base())
+        self.redis_url = self.redis_claim.url
+        self.pg = services.PostgresDatabase(services.resolve_postgres_admin_url())
+        self.store_url = self.pg.url.replace("postgresql://", "postgresql+psycopg://", 1)
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis.flushdb()
+        self.tmp = Path(tempfile.mkdtemp(prefix="safe-time-bench-"))
+        self.procs: list[CeleryProcess] = []
+
+    def conf(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "broker_url": self.redis_url,
+            "result_backend": None,
+            "safe_time_store_url": self.store_url,
+            "broker_connection_retry_on_startup": True,
+            "task_ignore_result": True,
+            "timezone": "UTC",
+            **extra,
+        }
+
+    def app(self, **extra: Any) -> Celery:
+        app = Celery("bench", set_as_current=False)
+        app.conf.update(self.conf(**extra))
+        define_tasks(app)
+        return app
+
+    def spawn(self, name: str, args: list[str], conf: dict[str, Any]) -> CeleryProcess:
+        env = {
+            "SAFE_TIME_TEST_BROKER_URL": self.redis_url,
+            "SAFE_TIME_TEST_STORE_URL": self.store_url,
+            "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
+        }
+        proc = CeleryProcess(APP, args, env, self.tmp, name).start()
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str, conf: dict[str, Any], concurrency: int = 1) -> CeleryProcess:
+        args = ["worker", "-l", "WARNING", "-n", f"{name}@%h", "-c", str(concurrency), "-P", "prefork"]
+        args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        proc = self.spawn(name, args, conf)
+        wait_for(lambda: self._ready(proc), timeout=90, message=f"{name} ready")
+        return proc
+
+    def _ready(self, proc: CeleryProcess) -> bool:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
+        # -l WARNING hides "ready": a pool child existing means the worker is up.
+        return len(_children(proc.pid)) >= 1 and self.redis.exists("_kombu.binding.celery") == 1
+
+    def store(self) -> SQLAlchemyStore:
+        store = SQLAlchemyStore(self.store_url)
+        store.ensure_schema()
+        with store.engine.begin() as conn:
+            conn.execute(sa.text(f"TRUNCATE {C.DELAY_TABLE}"))
+        return store
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+        self.redis.flushdb()
+        self.redis.close()
+        self.redis_claim.release()
+        self.pg.drop()
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found + [g for c in list(found) for g in _children(c)]
+
+
+def tree_rss(pid: int) -> int:
+    """RSS in bytes of ``pid`` and all its descendants."""
+    total = 0
+    for p in [pid, *_children(pid)]:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+# --- 1. worker memory ------------------------------------------------------------
+
+
+def bench_memory(env: Env, n: int) -> dict[str, Any]:
+    conf = env.conf()
+    worker = env.worker("mem", conf)
+    app = env.app()
+    time.sleep(2)
+    base = tree_rss(worker.pid)
+
+    # Single-threaded call rate on a sample, then the rest from 8 threads (the store is round-trip bound).
+    sample = min(1000, n)
+    started = time.perf_counter()
+    for i in range(sample):
+        app.tasks["tests.delays.record"].apply_async((f"s{i}",), countdown=7200)
+    safe_send = (time.perf_counter() - started) / sample * n
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda i: app.tasks["tests.delays.record"].apply_async((f"s{i}",), countdown=7200), range(sample, n)
+            )
+        )
+    time.sleep(3)
+    after_safe = tree_rss(worker.pid)
+
+    started = time.perf_counter()
+    for i in range(sample):
+        app.tasks["tests.delays.plain_record"].apply_async((f"p{i}",), countdown=7200)
+    plain_send = (time.perf_counter() - started) / sample * n
+    with app.producer_or_acquire() as producer:
+        for i in range(sample, n):
+            app.tasks["tests.delays.plain_record"].apply_async((f"p{i}",), countdown=7200, producer=producer)
+    wait_for(lambda: env.redis.hlen("unacked") >= n, timeout=300, interval=0.5, message="worker holds all etas")
+    time.sleep(3)
+    after_plain = tree_rss(worker.pid)
+    worker.kill()
+
+    store = get_store(app)
+    assert isinstance(store, SQLAlchemyStore)
+    with store.engine.connect() as conn:
+        size = conn.execute(sa.text("SELECT pg_total_relation_size(:t)"), {"t": C.DELAY_TABLE}).scalar_one()
+        rows = conn.execute(sa.text(f"SELECT count(*) FROM {C.DELAY_TABLE} WHERE status = 'pending'")).scalar_one()
+    reset_store(app)
+    env.redis.flushdb()
+    return {
+        "n": n,
+        "plain_growth_mb": (after_plain - after_safe) / 2**20,
+        "safe_growth_mb": (after_safe - base) / 2**20,
+        "store_bytes_per_row": size / max(rows, 1),
+        "safe_send_per_s": n / safe_send,
+        "plain_send_per_s": n / plain_send,
+    }
+
+
+# --- 2. sweeper throughput ----------------------------------------------------------
+
+
+def _seed_due(env: Env, n: int) -> SQLAlchemyStore:
+    store = env.store()
+    encoded = encode({"args": ["x"], "kwargs": {}, "options": {}}, "json", allow_pickle=False)
+    due = store.now() - timedelta(seconds=1)
+    store.bulk_insert(
+        [
+            NewDelay(f"row-{i:07d}", "tests.delays.record", encoded.payload, encoded.content_type, "utf-8", due)
+            for i in range(n)
+        ]
+    )
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"ANALYZE {C.DELAY_TABLE}"))
+    return store
+
+
+def _sweeper_child(conf: dict[str, Any], go: Any, results: Any) -> None:
+    app = Celery("bench-sweeper", set_as_current=False)
+    app.conf.update(conf)
+    define_tasks(app)
+    get_store(app).ping()
+    with app.connection_for_write() as conn:
+        conn.ensure_connection()
+    go.wait()
+    started = time.time()
+    stats = sweep(app)
+    results.put((stats.sent, started, time.time()))
+
+
+def _raw_publish(env: Env, app: Celery, n: int) -> float:
+    """Raw kombu publish rate of the same task messages (built beforehand, only publish timed)."""
+    messages = [app.amqp.create_task_message(f"raw-{i}", "tests.delays.record", ("x",), {}, eta=None) for i in range(n)]
+    with Connection(env.redis_url) as conn:
+        producer = Producer(conn)
+        started = time.perf_counter()
+        for headers, properties, body, _ in messages:
+            producer.publish(
+                body, routing_key="celery", headers=headers, serializer="json", delivery_mode=2, **properties
+            )
+        rate = n / (time.perf_counter() - started)
+    env.redis.delete("celery")
+    return rate
+
+
+def _send_task_rate(env: Env, app: Celery, n: int) -> float:
+    """Celery's own ``send_task`` of the same messages with eta: the sweep's per-row floor."""
+    due = _utc(time.time())
+    with app.producer_or_acquire() as producer:
+        started = time.perf_counter()
+        for i in range(n):
+            app.send_task("tests.delays.record", ("x",), {}, task_id=f"st-{i}", eta=due, producer=producer)
+        rate = n / (time.perf_counter() - started)
+    env.redis.delete("celery")
+    return rate
+
+
+def bench_sweep(env: Env, n: int) -> dict[str, Any]:
+    conf = env.conf(safe_time_sweep_batch=500)
+    out: dict[str, Any] = {"rows": n}
+
+    app = env.app(safe_time_sweep_batch=500)
+    raw = [_raw_publish(env, app, n)]
+    out["celery_send_task_per_s"] = _send_task_rate(env, app, n)
+    store = _seed_due(env, n)
+    started = time.perf_counter()
+    stats = sweep(app)
+    out["sweep_1_per_s"] = stats.sent / (time.perf_counter() - started)
+    assert stats.sent == n, stats
+    env.redis.delete("celery")
+    reset_store(app)
+    raw.append(_raw_publish(env, app, n))
+
+    store = _seed_due(env, n)
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_sweeper_child, args=(conf, go, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    time.sleep(4)  # let them import and connect before the clock starts
+    go.set()
+    parts = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    sent = sum(p[0] for p in parts)
+    out["sweep_4_per_s"] = sent / (max(p[2] for p in parts) - min(p[1] for p in parts))
+    published = env.redis.llen("celery")
+    assert sent == n == published, (sent, n, published)
+    out["sweep_4_split"] = sorted(p[0] for p in parts)
+    env.redis.delete("celery")
+    # The machine is shared: the baseline is the mean of runs taken right before each sweep run.
+    out["raw_kombu_runs"] = raw
+    out["raw_kombu_per_s"] = statistics.mean(raw)
+    store.close()
+    return out
+
+
+# --- 3. claim query -------------------------------------------------------------------
+
+
+def _claim_ms(store: SQLAlchemyStore, repeats: int = 30) -> tuple[float, str]:
+    """Median time of the claim SELECT (rolled back, so the due rows stay) and its plan."""
+    timings = []
+    query = store.claim_query(limit=500, horizon=store.now() + timedelta(seconds=C.SWEEP_LOOKAHEAD))
+    compiled = query.compile(dialect=store.engine.dialect, compile_kwargs={"render_postcompile": True})
+    with store.engine.connect() as conn:
+        for _ in range(repeats):
+            trans = conn.begin()
+            started = time.perf_counter()
+            got = conn.exec_driver_sql(str(compiled), compiled.params).all()
+            timings.append((time.perf_counter() - started) * 1000)
+            trans.rollback()
+            assert len(got) == 500, len(got)
+        plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).all())
+    return statistics.median(timings), plan
+
+
+def bench_claim(env: Env, background: int) -> dict[str, Any]:
+    store = env.store()
+    encoded = encode({"args": ["x"], "kwargs": {}, "options": {}}, "json", allow_pickle=False)
+    due = store.now() - timedelta(seconds=1)
+    store.bulk_insert(
+        [
+            NewDelay(f"due-{i}", "tests.delays.record", encoded.payload, "application/json", "utf-8", due)
+            for i in range(500)
+        ]
+    )
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"ANALYZE {C.DELAY_TABLE}"))
+    empty_ms, _ = _claim_ms(store)
+    with store.engine.begin() as conn:
+        # Not yet due (tomorrow and later), plus as many already-sent rows: neither may slow the claim.
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {C.DELAY_TABLE} (id, task, payload, content_type, content_encoding, due_at, status,"
+                " attempts, created_at, updated_at)"
+                " SELECT 'bg-' || g, 'tests.delays.record', :payload, 'application/json', 'utf-8',"
+                " now() + interval '1 day' + g * interval '1 second',"
+                " CASE WHEN g % 2 = 0 THEN 'pending' ELSE 'sent' END, 0, now(), now()"
+                " FROM generate_series(1, :n) AS g"
+            ),
+            {"payload": encoded.payload, "n": background * 2},
+        )
+        conn.execute(sa.text(f"ANALYZE {C.DELAY_TABLE}"))
+    full_ms, plan = _claim_ms(store)
+    store.close()
+    return {
+        "background_not_due": background,
+        "background_sent": background,
+        "claim_ms_empty": empty_ms,
+        "claim_ms_full": full_ms,
+        "uses_partial_index": C.DELAY_DUE_INDEX in plan,
+        "plan": plan,
+    }
+
+
+# --- 4. lateness -------------------------------------------------------------------------
+
+
+def _lateness(env: Env, n: int, window: float, lead: float, stored: bool, app: Celery) -> dict[str, float]:
+    env.redis.delete("test:runs")
+    task = app.tasks["tests.delays.record" if stored else "tests.delays.plain_record"]
+    start = time.time() + lead
+
+    def send(i: int) -> None:
+        due = start + window * i / n
+        task.apply_async((repr(due),), eta=_utc(due))
+
+    with ThreadPoolExecutor(8 if stored else 1) as pool:
+        list(pool.map(send, range(n)))
+    if time.time() > start:
+        raise RuntimeError("sending took longer than the lead time: lateness would be meaningless")
+    wait_for(lambda: env.redis.llen("test:runs") >= n, timeout=lead + window + 300, interval=0.5, message="runs")
+    late = sorted(
+        json.loads(raw)["started"] - float(json.loads(raw)["label"]) for raw in env.redis.lrange("test:runs", 0, -1)
+    )
+    return {
+        "p50": late[len(late) // 2],
+        "p99": late[min(len(late) - 1, int(len(late) * 0.99))],
+        "max": late[-1],
+    }
+
+
+def _utc(ts: float) -> Any:
+    from celery_safe_time.clock import to_datetime
+
+    return to_datetime(ts)
+
+
+def bench_lateness(env: Env, n: int, window: float) -> dict[str, Any]:
+    env.store().close()
+    # The sweep runs on its own queue and worker (safe_time_sweep_queue), as docs/delays.md advises,
+    # so it never waits behind, or delays, the tasks it releases.
+    conf = env.conf(safe_time_delay_threshold=5, safe_time_sweep_interval=1, safe_time_sweep_queue="safe_time_sweep")
+    worker = env.worker("late", conf, concurrency=2)
+    sweeper = env.spawn(
+        "late-sweeper",
+        ["worker", "-l", "WARNING", "-n", "sweeper@%h", "-c", "1", "-Q", "safe_time_sweep", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        conf,
+    )  # fmt: skip
+    beat_args = ["beat", "-l", "WARNING", "-S", "celery.beat:PersistentScheduler", "-s", str(env.tmp / "beat-schedule")]
+    beat = env.spawn("late-beat", beat_args, conf)
+    app = env.app(safe_time_delay_threshold=5, safe_time_sweep_interval=1, safe_time_sweep_queue="safe_time_sweep")
+    lead = 10.0 + n / 250.0  # time to send them all before the first is due
+    stored = _lateness(env, n, window, lead, True, app)
+    native = _lateness(env, n, window, lead, False, app)
+    worker.kill()
+    sweeper.kill()
+    beat.kill()
+    reset_store(app)
+    reset_config(app)
+    return {"n": n, "window_s": window, "stored": stored, "native": native}
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+def run(quick: bool) -> dict[str, Any]:
+    sizes = SIZES[quick]
+    env = Env()
+    try:
+        results: dict[str, Any] = {"quick": quick}
+        results["memory"] = bench_memory(env, int(sizes["memory"]))
+        results["sweep"] = bench_sweep(env, int(sizes["sweep"]))
+        results["claim"] = bench_claim(env, int(sizes["claim_bg"]))
+        results["lateness"] = bench_lateness(env, int(sizes["lateness"]), float(sizes["window"]))
+        return results
+    finally:
+        env.close()
+
+
+def table(results: dict[str, Any]) -> str:
+    m, s, c, lt = results["memory"], results["sweep"], results["claim"], results["lateness"]
+    rows = [
+        ("| measurement | celery-safe-time | baseline | ratio |", None),
+        ("|---|---|---|---|", None),
+        (
+            f"| worker RSS growth, {m['n']:,} pending 2 h countdowns | {m['safe_growth_mb']:.1f} MB (SafeTask) "
+            f"| {m['plain_growth_mb']:.1f} MB (plain Celery) | {_ratio(m['safe_growth_mb'], m['plain_growth_mb'])} |",
+            None,
+        ),
+        (f"| store bytes per pending row (table + indexes) | {m['store_bytes_per_row']:.0f} B | - | - |", None),
+        (
+            f"| send rate, {m['n']:,} delayed calls | {m['safe_send_per_s']:.0f}/s (row insert) "
+            f"| {m['plain_send_per_s']:.0f}/s (broker) | {_ratio(m['safe_send_per_s'], m['plain_send_per_s'])} |",
+            None,
+        ),
+        (
+            f"| sweep, 1 sweeper, {s['rows']:,} due rows (PostgreSQL) | {s['sweep_1_per_s']:.0f} rows/s "
+            f"| {s['raw_kombu_per_s']:.0f} msg/s (raw kombu publish) "
+            f"| {_ratio(s['sweep_1_per_s'], s['raw_kombu_per_s'])} |",
+            None,
+        ),
+        (
+            f"| (context) Celery send_task of the same messages, 1 process | {s['celery_send_task_per_s']:.0f} msg/s "
+            f"| {s['raw_kombu_per_s']:.0f} msg/s | {_ratio(s['celery_send_task_per_s'], s['raw_kombu_per_s'])} |",
+            None,
+        ),
+        (
+            f"| sweep, 4 sweepers (split {s['sweep_4_split']}) | {s['sweep_4_per_s']:.0f} rows/s "
+            f"| {s['raw_kombu_per_s']:.0f} msg/s | {_ratio(s['sweep_4_per_s'], s['raw_kombu_per_s'])} |",
+            None,
+        ),
+        (
+            f"| claim query (500 due rows), {c['background_not_due']:,} not-yet-due + {c['background_sent']:,} sent "
+            f"rows | {c['claim_ms_full']:.2f} ms | {c['claim_ms_empty']:.2f} ms (no other rows) "
+            f"| {_ratio(c['claim_ms_full'], c['claim_ms_empty'])} |",
+            None,
+        ),
+        (f"| claim plan uses partial index `{C.DELAY_DUE_INDEX}` | {c['uses_partial_index']} | - | - |", None),
+        (
+            f"| firing lateness p50 / p99, {lt['n']:,} delays over {lt['window_s']:.0f} s "
+            f"| {lt['stored']['p50'] * 1000:.0f} / {lt['stored']['p99'] * 1000:.0f} ms (stored) "
+            f"| {lt['native']['p50'] * 1000:.0f} / {lt['native']['p99'] * 1000:.0f} ms (native countdown) | - |",
+            None,
+        ),
+    ]
+    return "\n".join(r for r, _ in rows) + "\n\nClaim plan:\n```\n" + c["plan"] + "\n```\n"
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.3f}x" if base else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
+    parser.add_argument("--json", action="store_true", help="print the raw results as JSON too")
+    args = parser.parse_args(argv)
+    started = time.time()
+    results = run(args.quick)
+    print(table(results))
+    print(f"(took {time.time() - started:.0f} s)")
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The Django ORM store (``safe_time_store_url = "django"``): the contrib app's model, same contract."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import F
+
+from ... import constants as C
+from ...exceptions import StoreError
+from ...stores.base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts, truncate_error
+
+UTC = timezone.utc
+T = TypeVar("T")
+
+_NOW_SQL = {
+    "postgresql": "SELECT clock_timestamp()",
+    "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    "mysql": "SELECT UTC_TIMESTAMP(6)",
+}
+
+
+def _as_utc(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+    return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def _row(obj: Any) -> DelayRow:
+    def dt(value: Any) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+    return DelayRow(
+        id=obj.id,
+        task=obj.task,
+        payload=bytes(obj.payload),
+        content_type=obj.content_type,
+        content_encoding=obj.content_encoding,
+        due_at=_as_utc(obj.due_at),
+        status=obj.status,
+        created_at=_as_utc(obj.created_at),
+        updated_at=_as_utc(obj.updated_at),
+        expires_at=dt(obj.expires_at),
+        idempotency_key=obj.idempotency_key,
+        attempts=obj.attempts,
+        claimed_at=dt(obj.claimed_at),
+        claim_token=obj.claim_token,
+        sent_at=dt(obj.sent_at),
+        last_error=obj.last_error,
+    )
+
+
+class DjangoStore(DelayStore):
+    """Rows in the ``celery_safe_time`` app's table through the ORM, on database alias ``using``."""
+
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+        self.url = C.DJANGO_STORE
+
+    @property
+    def model(self) -> Any:
+        from .models import DelayedTask
+
+        return DelayedTask
+
+    def _objects(self) -> Any:
+        return self.model.objects.using(self.using)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except DatabaseError as exc:
+            raise StoreError(f"django store ({self.using}): {exc.__class__.__name__}: {exc}") from exc
+
+    def _atomic(self, fn: Callable[[], T]) -> T:
+        with self._errors(), transaction.atomic(using=self.using):
+            return fn()
+
+    def now(self) -> datetime:
+        connection = connections[self.using]
+        with self._errors(), connection.cursor() as cursor:
+            cursor.execute(_NOW_SQL.get(connection.vendor, _NOW_SQL["mysql"]))
+            return _as_utc(cursor.fetchone()[0])
+
+    def ping(self) -> None:
+        self.now()
+
+    def close(self) -> None:
+        connections[self.using].close()
+
+    def insert(self, delay: NewDelay) -> InsertResult:
+        # Fast path first; a unique violation (task id taken, idempotency key won by a concurrent
+        # call) takes the careful path in a new transaction.
+        try:
+            return self._atomic(lambda: self._insert(delay, careful=False))
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+        return self._atomic(lambda: self._insert(delay, careful=True))
+
+    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
+        objects = self._objects()
+        if delay.idempotency_key is not None:
+            found = (
+                objects.filter(idempotency_key=delay.idempotency_key, status=C.STATUS_PENDING)
+                .values_list("id", "due_at")
+                .first()
+            )
+            if found is not None:
+                return InsertResult(found[0], created=False, due_at=_as_utc(found[1]))
+        if careful:
+            existing = objects.filter(id=delay.id).values_list("status", flat=True).first()
+            if existing is not None:
+                if existing not in C.DELAY_FINISHED_STATUSES:
+                    raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                objects.filter(id=delay.id, status__in=list(C.DELAY_FINISHED_STATUSES)).delete()
+        now = self.now()
+        due_at, expires_at = delay.resolve(now)
+        # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
+        self.model(
+            id=delay.id,
+            task=delay.task,
+            payload=delay.payload,
+            content_type=delay.content_type,
+            content_encoding=delay.content_encoding,
+            due_at=due_at,
+            expires_at=expires_at,
+            status=C.STATUS_PENDING,
+            idempotency_key=delay.idempotency_key,
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+        ).save(using=self.using, force_insert=True)
+        return InsertResult(delay.id, created=True, due_at=due_at)
+
+    def _update_pending(self, task_id: str, **values: Any) -> bool:
+        def run() -> bool:
+            changed = (
+                self._objects().filter(id=task_id, status=C.STATUS_PENDING).update(updated_at=self.now(), **values)
+            )
+            return bool(changed)
+
+        return self._atomic(run)
+
+    def cancel(self, task_id: str) -> bool:
+        return self._update_pending(task_id, status=C.STATUS_CANCELLED)
+
+    def reschedule(self, task_id: str, due_at: datetime) -> bool:
+        return self._update_pending(task_id, due_at=due_at)
+
+    def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
+        def run() -> list[DelayRow]:
+            now = self.now()
+            objects = self._objects()
+            picked = objects.filter(status=C.STATUS_PENDING, due_at__lte=now + timedelta(seconds=lookahead))
+            if connections[self.using].features.has_select_for_update_skip_locked:
+                picked = picked.select_for_update(skip_locked=True)
+            ids = list(picked.order_by("due_at", "id").values_list("id", flat=True)[:limit])
+            if not ids:
+                return []
+            objects.filter(id__in=ids).update(
+                status=C.STATUS_CLAIMED, claim_token=token, claimed_at=now, updated_at=now, attempts=F("attempts") + 1
+            )
+            return [_row(o) for o in objects.filter(id__in=ids).order_by("due_at", "id")]
+
+        return self._atomic(run)
+
+    def _finish(self, task_ids: Sequence[str], token: str, **values: Any) -> int:
+        if not task_ids:
+            return 0
+
+        def run() -> int:
+            now = self.now()
+            if values.get("sent_at") is True:
+                values["sent_at"] = now
+            return int(
+                self._objects()
+                .filter(id__in=list(task_ids), status=C.STATUS_CLAIMED, claim_token=token)
+                .update(claim_token=None, updated_at=now, **values)
+            )
+
+        return self._atomic(run)
+
+    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, status=C.STATUS_SENT, sent_at=True)
+
+    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, status=C.STATUS_EXPIRED)
+
+    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
+        return self._finish([task_id], token, status=C.STATUS_FAILED, last_error=truncate_error(error)) == 1
+
+    def release(self, task_ids: Sequence[str], token: str) -> int:
+        return self._finish(task_ids, token, status=C.STATUS_PENDING)
+
+    def reclaim_stale(self, timeout: float) -> int:
+        def run() -> int:
+            now = self.now()
+            return int(
+                self._objects()
+                .filter(status=C.STATUS_CLAIMED, claimed_at__lt=now - timedelta(seconds=timeout))
+                .update(status=C.STATUS_PENDING, claim_token=None, updated_at=now)
+            )
+
+        return self._atomic(run)
+
+    def get(self, task_id: str) -> DelayRow | None:
+        with self._errors():
+            obj = self._objects().filter(id=task_id).first()
+        return None if obj is None else _row(obj)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        task: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DelayRow]:
+        query = self._objects().all()
+        if status is not None:
+            query = query.filter(status=status)
+        if task is not None:
+            query = query.filter(task=task)
+        if due_before is not None:
+            query = query.filter(due_at__lte=due_before)
+        with self._errors():
+            return [_row(o) for o in query.order_by("due_at", "id")[:limit]]
+
+    def counts(self) -> dict[str, int]:
+        from django.db.models import Count
+
+        counts = empty_counts()
+        with self._errors():
+            for item in self._objects().order_by().values("status").annotate(n=Count("id")):
+                counts[item["status"]] = int(item["n"])
+        return counts
+
+    def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
+        from django.db.models import Min
+
+        with self._errors():
+            value = self._objects().filter(status=status).aggregate(oldest=Min("due_at"))["oldest"]
+        return None if value is None else _as_utc(value)

@@ -1,0 +1,118 @@
+"""Encode a delayed ``apply_async`` call into a stored payload and back, and the time rules.
+
+Pure functions: "now" is always passed in, so the rules are unit-testable without a clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from celery.utils.time import maybe_iso8601
+from kombu import serialization
+from kombu.exceptions import ContentDisallowed, DecodeError, EncodeError
+
+from .exceptions import SerializationError
+
+UTC = timezone.utc
+
+#: apply_async options that make no sense later in another process, or are stored in columns.
+_DROPPED_OPTIONS = frozenset(
+    {"countdown", "eta", "expires", "producer", "connection", "publisher", "add_to_parent", "result_cls", "task_type"}
+)
+_PICKLE_TYPES = frozenset({"pickle", "application/x-python-serialize"})
+
+
+def as_aware_utc(value: datetime | str) -> datetime:
+    """Celery's rule for eta/expires values: ISO strings are parsed, naive times are UTC."""
+    parsed = maybe_iso8601(value) if isinstance(value, str) else value
+    if not isinstance(parsed, datetime):
+        raise TypeError(f"expected a datetime or ISO 8601 string, got {value!r}")
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayPlan:
+    """How a call is delayed: by ``countdown`` seconds from the store's now, or until ``eta``."""
+
+    countdown: float | None = None
+    eta: datetime | None = None
+
+
+def plan_delay(countdown: Any, eta: Any, *, now: datetime, threshold: float) -> DelayPlan | None:
+    """Return a plan when the delay is beyond ``threshold`` seconds, else None (go to the broker).
+
+    As in Celery, ``countdown`` wins over ``eta``; a past eta or a short delay returns None so
+    the broker gets the call exactly as plain Celery would send it.
+    """
+    if countdown is not None:
+        seconds = float(countdown)
+        return DelayPlan(countdown=seconds) if seconds > threshold else None
+    if eta is not None:
+        when = as_aware_utc(eta)
+        return DelayPlan(eta=when) if (when - now).total_seconds() > threshold else None
+    return None
+
+
+def _name(value: Any) -> Any:
+    # kombu Queue / Exchange objects are not serializable; their names route the same way.
+    return getattr(value, "name", value)
+
+
+def clean_options(options: Mapping[str, Any], drop_headers: frozenset[str]) -> dict[str, Any]:
+    """The options worth storing: no live objects, no timing (kept in columns), no internal headers."""
+    cleaned: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in _DROPPED_OPTIONS or value is None:
+            continue
+        if key in ("queue", "exchange"):
+            value = _name(value)
+        if key == "headers":
+            value = {k: v for k, v in dict(value).items() if k not in drop_headers}
+        cleaned[key] = value
+    return cleaned
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    payload: bytes
+    content_type: str
+    content_encoding: str
+
+
+def is_pickle(serializer: str) -> bool:
+    return serializer in _PICKLE_TYPES
+
+
+def encode(body: dict[str, Any], serializer: str, *, allow_pickle: bool) -> Encoded:
+    """Serialize with the task's serializer; raise :class:`SerializationError` at the call site."""
+    if is_pickle(serializer) and not allow_pickle:
+        raise SerializationError(
+            "refusing to store a pickle payload (set safe_time_allow_pickle=True to allow it: "
+            "anyone who can write the store could then run code on your workers)"
+        )
+    try:
+        content_type, content_encoding, data = serialization.dumps(body, serializer)  # type: ignore[no-untyped-call]
+    except (EncodeError, TypeError, ValueError) as exc:
+        raise SerializationError(f"cannot encode the task's arguments with {serializer!r}: {exc}") from exc
+    if isinstance(data, str):
+        data = data.encode(content_encoding or "utf-8")
+    return Encoded(bytes(data), content_type, content_encoding)
+
+
+def decode(payload: bytes, content_type: str, content_encoding: str, *, allow_pickle: bool) -> dict[str, Any]:
+    """Decode a stored payload; raise :class:`SerializationError` if it is corrupt or refused."""
+    accept = {content_type}
+    if is_pickle(content_type) and not allow_pickle:
+        raise SerializationError("stored payload is pickle and safe_time_allow_pickle is False")
+    try:
+        body = serialization.loads(payload, content_type, content_encoding, accept=accept)  # type: ignore[no-untyped-call]
+    except (ContentDisallowed, DecodeError, ValueError, TypeError, KeyError) as exc:
+        raise SerializationError(f"corrupt payload ({content_type}): {exc.__class__.__name__}: {exc}") from exc
+    if not isinstance(body, dict) or not isinstance(body.get("options", {}), dict):
+        raise SerializationError(f"corrupt payload ({content_type}): not a stored call")
+    return body

@@ -1,0 +1,65 @@
+"""Operator views of the store: listings, one row decoded, the status summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from . import constants as C
+from .config import get_config
+from .delay_payload import as_aware_utc, decode
+from .exceptions import SafeTimeError
+from .redis_client import mask_url
+from .stores import get_store
+
+
+def list_delays(
+    app: Celery,
+    *,
+    status: str | None = None,
+    task: str | None = None,
+    due_before: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    rows = get_store(app).list(
+        status=status,
+        task=task,
+        due_before=as_aware_utc(due_before) if due_before else None,
+        limit=limit,
+    )
+    return [row.summary() for row in rows]
+
+
+def show_delay(app: Celery, task_id: str) -> dict[str, Any] | None:
+    row = get_store(app).get(task_id)
+    if row is None:
+        return None
+    data = row.summary()
+    try:
+        data["call"] = decode(
+            row.payload, row.content_type, row.content_encoding, allow_pickle=get_config(app).allow_pickle
+        )
+    except SafeTimeError as exc:
+        data["call_error"] = str(exc)
+    return data
+
+
+def describe_delays(app: Celery) -> dict[str, Any]:
+    """The ``safe-time status`` section: pending/claimed counts, oldest due, current lateness."""
+    store = get_store(app)
+    info: dict[str, Any] = {"store": mask_url(get_config(app).store_url)}
+    try:
+        counts = store.counts()
+        now = store.now()
+        oldest = store.oldest_due(C.STATUS_PENDING)
+    except SafeTimeError as exc:
+        info["error"] = str(exc)
+        return info
+    info["pending"] = counts[C.STATUS_PENDING]
+    info["claimed"] = counts[C.STATUS_CLAIMED]
+    info["failed"] = counts[C.STATUS_FAILED]
+    info["oldest_due"] = oldest.isoformat() if oldest else None
+    # Lateness: how far past due the oldest pending row is (0 when nothing is overdue).
+    info["lateness_seconds"] = round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else 0.0
+    return info

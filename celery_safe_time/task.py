@@ -1,0 +1,174 @@
+"""``SafeTask``: a Task base class whose long countdowns/etas go to a durable store, not the broker.
+
+A countdown or eta beyond ``safe_time_delay_threshold`` becomes one row in the store; the sweep
+publishes it, with its own task id and ``eta=due_at``, shortly before it is due. Everything else
+(short delays, immediate calls, eager mode) is plain ``Task.apply_async``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery import Task
+from celery.exceptions import Ignore
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from . import constants as C
+from . import signals
+from .clock import local_time, to_datetime
+from .config import get_config
+from .delay_payload import as_aware_utc, clean_options, encode, plan_delay
+from .redis_client import get_redis
+from .stores import get_store
+from .stores.base import NewDelay
+
+logger = logging.getLogger(__name__)
+
+_INTERNAL_HEADERS = frozenset({C.HEADER_STORED})
+
+
+class StoredAsyncResult(AsyncResult):
+    """An ``AsyncResult`` whose ``revoke()`` also cancels the stored row (durably)."""
+
+    def revoke(
+        self,
+        connection: Any = None,
+        terminate: bool = False,
+        signal: Any = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        from .delays import cancel
+
+        cancel(self.id, app=self.app)
+        # Still broadcast: the row may have been published already (inside the sweep's look-ahead).
+        super().revoke(connection=connection, terminate=terminate, signal=signal, wait=wait, timeout=timeout)
+
+
+class SafeTask(Task):
+    """Use as ``@app.task(base=SafeTask)`` or ``Celery(..., task_cls='celery_safe_time:SafeTask')``.
+
+    Extra ``apply_async`` option: ``idempotency_key=`` (stored delays only): while a pending row
+    holds the key, another call returns that row's task id and stores nothing.
+    """
+
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> StoredAsyncResult:
+        return StoredAsyncResult(task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs)
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        idempotency_key = options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+        headers = options.get("headers")
+        if headers and any(h in headers for h in _INTERNAL_HEADERS):
+            # retry() copies the running request's headers: a retried stored task must not
+            # look like the sweep's delivery of the original, or the guard would skip it.
+            options["headers"] = {k: v for k, v in headers.items() if k not in _INTERNAL_HEADERS}
+        app = self._get_app()
+        if app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        config = get_config(app)
+        plan = plan_delay(
+            options.get("countdown"),
+            options.get("eta"),
+            now=to_datetime(local_time()),
+            threshold=config.delay_threshold,
+        )
+        if plan is None:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+
+        # The same argument checks and option merging plain apply_async does, then store.
+        if self.typing:
+            header = getattr(self, "__header__", None)
+            if header is not None:
+                header(*(args or ()), **(kwargs or {}))
+        shadow = shadow or self.shadow_name(args, kwargs, options)
+        options = dict(self._get_exec_options(), **options)
+        options.setdefault("ignore_result", self.ignore_result)
+        add_to_parent = options.get("add_to_parent", True)
+        parent = app.current_worker_task
+        if parent is not None:
+            options.setdefault("root_id", parent.request.root_id or parent.request.id)
+            options.setdefault("parent_id", parent.request.id)
+        if shadow:
+            options["shadow"] = shadow
+        if link:
+            options["link"] = [dict(s) for s in _as_list(link)]
+        if link_error:
+            options["link_error"] = [dict(s) for s in _as_list(link_error)]
+        serializer = options.get("serializer") or self.serializer or app.conf.task_serializer
+        body = {
+            "args": list(args or ()),
+            "kwargs": dict(kwargs or {}),
+            "options": clean_options(options, _INTERNAL_HEADERS),
+        }
+        encoded = encode(body, serializer, allow_pickle=config.allow_pickle)
+
+        expires = options.get("expires")
+        expires_in = float(expires) if isinstance(expires, (int, float)) and not isinstance(expires, bool) else None
+        task_id = task_id or uuid()
+        result = get_store(app).insert(
+            NewDelay(
+                id=task_id,
+                task=self.name,
+                payload=encoded.payload,
+                content_type=encoded.content_type,
+                content_encoding=encoded.content_encoding,
+                due_at=plan.eta,
+                countdown=plan.countdown,
+                # Relative expires counts from the call, on the store's clock like the countdown.
+                expires_at=None if expires is None or expires_in is not None else as_aware_utc(expires),
+                expires_in=expires_in,
+                idempotency_key=idempotency_key,
+            )
+        )
+        due_at = result.due_at
+        if result.created:
+            logger.debug("stored %s[%s] due at %s", self.name, task_id, due_at)
+            signals.delay_stored.send(sender=self, task_id=task_id, task_name=self.name, due_at=due_at)
+        else:
+            logger.debug("idempotency key %r already pending as %s", idempotency_key, result.task_id)
+        async_result = self.AsyncResult(result.task_id)
+        if add_to_parent and parent is not None and result.created:
+            parent.add_trail(async_result)
+        return async_result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        headers = request.headers or {}
+        if not request.called_directly and headers.get(C.HEADER_STORED) and not _first_delivery(self):
+            logger.warning("skipping a second delivery of stored task %s[%s]", self.name, request.id)
+            raise Ignore()
+        return super().__call__(*args, **kwargs)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _first_delivery(task: Task) -> bool:
+    """Record that this stored task id (at this retry count) started; False if it already had.
+
+    The store publishes each row once outside a crash window; this closes the window (a sweeper
+    killed after publishing, before marking the row sent, lets another sweeper publish it again).
+    """
+    config = get_config(task._get_app())
+    request = task.request
+    key = config.key(C.KEY_TASK_DONE, task_id=f"{request.id}:{request.retries or 0}")
+    try:
+        return bool(get_redis(config.redis_url).set(key, request.hostname or "1", nx=True, ex=C.DELIVERY_GUARD_TTL))
+    except redis.RedisError as exc:
+        # The store already published this row once; running without the guard is the lesser harm.
+        logger.warning("delivery guard unavailable for %s[%s], running it: %s", task.name, request.id, exc)
+        return True

@@ -1,0 +1,68 @@
+"""Tasks of the durable-delay tests, defined on any app (the worker's and the test's own)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+from celery_safe_time import SafeTask
+from celery_safe_time import constants as C
+
+
+def define_tasks(app: Celery) -> dict[str, Task]:
+    """Register the test tasks on ``app``; each run is recorded in Redis list ``test:runs``."""
+    client: list[redis.Redis] = []
+
+    def _redis() -> redis.Redis:
+        if not client:
+            client.append(redis.Redis.from_url(app.conf.broker_url))
+        return client[0]
+
+    def _record(task: Any, label: str) -> str:
+        headers = task.request.headers or {}
+        delivery = task.request.delivery_info or {}
+        _redis().rpush(
+            "test:runs",
+            json.dumps(
+                {
+                    "label": label,
+                    "task": task.name,
+                    "task_id": task.request.id,
+                    "started": time.time(),
+                    "retries": task.request.retries,
+                    "stored_due": headers.get(C.HEADER_STORED),
+                    "hostname": task.request.hostname,
+                    "routing_key": delivery.get("routing_key"),
+                    "priority": delivery.get("priority"),
+                    "custom": headers.get("x_custom"),
+                    "parent_id": task.request.parent_id,
+                }
+            ),
+        )
+        return label
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.record", shared=False)
+    def record(self: Any, label: str = "") -> str:
+        return _record(self, label)
+
+    @app.task(bind=True, name="tests.delays.plain_record", shared=False)
+    def plain_record(self: Any, label: str = "") -> str:
+        return _record(self, label)
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.retry_once", max_retries=3, shared=False)
+    def retry_once(self: Any, label: str = "", countdown: float = 0) -> str:
+        _record(self, label)
+        if self.request.retries == 0:
+            raise self.retry(countdown=countdown)
+        return label
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.add", shared=False)
+    def add(self: Any, x: int, y: int) -> int:
+        _record(self, f"add:{x}+{y}")
+        return x + y
+
+    return {"record": record, "plain_record": plain_record, "retry_once": retry_once, "add": add}

@@ -1,0 +1,301 @@
+"""Durable delays end to end: real workers, beat, sweepers (subprocesses), Redis and stores."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chain
+
+from celery_safe_time import cancel, install, reschedule
+from celery_safe_time import constants as C
+from celery_safe_time.stores import get_store
+from celery_safe_time.stores.sql import SQLAlchemyStore
+from celery_safe_time.sweep import sweep
+from tests.apps.delays_tasks import define_tasks
+from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
+from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
+from tests.helpers.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+#: Short visibility timeout so the plain-Celery bug shows within seconds; threshold = 1.5 s.
+#: kombu 5.7 scans for expired unacked messages every interval x throttle (100 s by default):
+#: scan every second so the redelivery shows up in seconds instead of minutes.
+CONF: dict[str, Any] = {
+    "broker_transport_options": {"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
+    "safe_time_sweep_interval": 1,
+}
+
+
+def env_for(conf: dict[str, Any], **extra: str) -> dict[str, str]:
+    return {"SAFE_TIME_TEST_APP_CONF": json.dumps(conf), **extra}
+
+
+def test_app(make_app: Callable[..., Celery], **conf: Any) -> Celery:
+    app = make_app("delays-test", **{**CONF, **conf})
+    install(app)
+    define_tasks(app)
+    return app
+
+
+test_app.__test__ = False  # type: ignore[attr-defined]
+
+
+def start_cluster(processes: ProcessManager, conf: dict[str, Any], workers: int = 2, **env: str) -> list[CeleryProcess]:
+    procs = [processes.worker(DELAYS_APP, name=f"w{i}", env=env_for(conf, **env)) for i in range(workers)]
+    procs.append(
+        processes.beat(DELAYS_APP, name="beat", env=env_for(conf, **env), scheduler="celery.beat:PersistentScheduler")
+    )
+    for proc in procs[:-1]:
+        proc.wait_for_log(r"ready\.", timeout=90)
+    return procs
+
+
+def by_label(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
+    result: dict[str, list[dict[str, Any]]] = {}
+    for run in runs(client):
+        result.setdefault(run["label"], []).append(run)
+    return result
+
+
+def in_broker(client: redis.Redis, task_id: str) -> bool:
+    """Is a message for ``task_id`` in the default queue or kombu's unacked hash?"""
+    raw = client.lrange("celery", 0, -1) + list(client.hvals("unacked"))
+    return any(task_id.encode() in item for item in raw)
+
+
+def test_long_countdown_runs_more_than_once_on_plain_celery_and_exactly_once_with_safetask(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    start_cluster(processes, CONF)
+    app = test_app(make_app)
+    plain = app.tasks["tests.delays.plain_record"].apply_async(("plain",), countdown=12)
+    safe = app.tasks["tests.delays.record"].apply_async(("safe",), countdown=12)
+    time.sleep(1.0)
+    # While pending: a row in the store, nothing in the broker or in any worker's memory.
+    row = get_store(app).get(safe.id)
+    assert row is not None
+    assert row.status == C.STATUS_PENDING
+    assert not in_broker(redis_client, safe.id)
+    scheduled = app.control.inspect(timeout=3).scheduled() or {}
+    held = [r["request"]["id"] for reqs in scheduled.values() for r in reqs]
+    assert plain.id in held
+    assert safe.id not in held
+
+    wait_for(lambda: len(by_label(redis_client).get("plain", [])) >= 2, timeout=60, message="plain task rerun")
+    wait_for(lambda: by_label(redis_client).get("safe"), timeout=30, message="safe task run")
+    time.sleep(4)  # a visibility timeout and then some: no second run may appear
+    labels = by_label(redis_client)
+    assert len(labels["safe"]) == 1, labels["safe"]
+    assert len(labels["plain"]) >= 2
+    run = labels["safe"][0]
+    due = datetime.fromisoformat(run["stored_due"])
+    # Fired at due_at (eta), not on the sweep grid.
+    assert -0.5 < run["started"] - due.timestamp() < 1.5
+    assert get_store(app).get(safe.id).status == C.STATUS_SENT  # type: ignore[union-attr]
+
+
+def test_flushall_while_pending_loses_nothing(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_server: RedisServer
+) -> None:
+    url = redis_server.url
+    start_cluster(processes, CONF, SAFE_TIME_TEST_BROKER_URL=url)
+    app = test_app(make_app, broker_url=url, result_backend=url)
+    ids = [app.tasks["tests.delays.record"].apply_async((f"f{i}",), countdown=6).id for i in range(5)]
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    wait_for(lambda: len(runs(client)) >= 5, timeout=60, message="5 runs after FLUSHALL")
+    time.sleep(2)
+    done = runs(client)
+    assert sorted(r["task_id"] for r in done) == sorted(ids)
+    client.close()
+
+
+def test_cancel_revoke_reschedule_retry_signatures_chains_and_expires(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    start_cluster(processes, CONF)
+    app = test_app(make_app)
+    record = app.tasks["tests.delays.record"]
+    add = app.tasks["tests.delays.add"]
+    store = get_store(app)
+    cancelled = record.apply_async(("cancelled",), countdown=5)
+    revoked = record.apply_async(("revoked",), countdown=5)
+    earlier = record.apply_async(("earlier",), countdown=3600)
+    later = record.apply_async(("later",), countdown=5)
+    expired = record.apply_async(("expired",), countdown=5, expires=3)
+    app.tasks["tests.delays.retry_once"].apply_async(("retried",), kwargs={"countdown": 4})
+    signature = add.s(2, 3).set(countdown=5).apply_async()
+    chain(add.s(1, 2).set(countdown=5), record.si("after-chain")).apply_async()
+
+    assert cancel(cancelled.id, app=app)
+    revoked.revoke()
+    assert reschedule(earlier.id, countdown=3, app=app)
+    assert reschedule(later.id, countdown=3600, app=app)
+    assert store.get(signature.id) is not None
+
+    wait_for(lambda: len(by_label(redis_client).get("retried", [])) >= 2, timeout=60, message="retried twice")
+    wait_for(lambda: by_label(redis_client).get("after-chain"), timeout=60, message="chain continued")
+    wait_for(lambda: by_label(redis_client).get("earlier"), timeout=30, message="earlier ran")
+    wait_for(lambda: store.get(expired.id).status == C.STATUS_EXPIRED, timeout=30, message="expired")  # type: ignore[union-attr]
+    time.sleep(2)
+    labels = by_label(redis_client)
+    assert "cancelled" not in labels
+    assert "revoked" not in labels
+    assert "later" not in labels
+    assert "expired" not in labels
+    assert len(labels["earlier"]) == 1
+    assert len(labels["add:2+3"]) == 1
+    assert signature.get(timeout=10) == 5
+    retries = labels["retried"]
+    assert [r["retries"] for r in retries] == [0, 1]
+    assert retries[1]["stored_due"] is not None  # the retry went through the store
+    assert retries[1]["started"] - retries[0]["started"] > 3.5
+    assert len(labels["add:1+2"]) == 1
+    assert store.get(cancelled.id).status == C.STATUS_CANCELLED  # type: ignore[union-attr]
+    assert store.get(revoked.id).status == C.STATUS_CANCELLED  # type: ignore[union-attr]
+    assert store.get(later.id).status == C.STATUS_PENDING  # type: ignore[union-attr]
+    assert not cancel(cancelled.id, app=app)
+
+
+# --- sweepers on PostgreSQL ---------------------------------------------------------
+
+
+def _queued_ids(client: redis.Redis) -> list[str]:
+    return [json.loads(raw)["headers"]["id"] for raw in client.lrange("celery", 0, -1)]
+
+
+def _sweeper(processes: ProcessManager, name: str, env: dict[str, str]) -> CeleryProcess:
+    proc = CeleryProcess(DELAYS_APP, ["safe-time", "sweep"], {**processes.env, **env}, processes.log_dir, name)
+    processes.procs.append(proc)
+    return proc.start()
+
+
+def _seed(store: SQLAlchemyStore, count: int, due: datetime, prefix: str = "row") -> list[str]:
+    ids = [f"{prefix}-{i:06d}" for i in range(count)]
+    store.bulk_insert([new_delay(i, due) for i in ids])
+    return ids
+
+
+def test_four_sweepers_publish_20000_rows_exactly_once(
+    processes: ProcessManager, postgres_url: str, redis_client: redis.Redis
+) -> None:
+    store = fresh_sql_store(postgres_url)
+    ids = _seed(store, 20_000, store.now() - timedelta(seconds=1))
+    env = env_for({"safe_time_store_url": postgres_url, "safe_time_sweep_batch": 250})
+    sweepers = [_sweeper(processes, f"sweeper{i}", env) for i in range(4)]
+    for proc in sweepers:
+        assert proc.wait(180) == 0, proc.log()[-3000:]
+    sent = [json.loads(p.log()[p.log().index("{") :])["sent"] for p in sweepers]
+    queued = _queued_ids(redis_client)
+    assert sum(sent) == 20_000
+    assert len(queued) == 20_000
+    assert set(queued) == set(ids)
+    assert sum(1 for n in sent if n) >= 2, sent  # they really ran side by side
+    assert store.counts()[C.STATUS_SENT] == 20_000
+    store.close()
+
+
+def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
+    processes: ProcessManager, postgres_url: str, redis_client: redis.Redis, make_app: Callable[..., Celery]
+) -> None:
+    store = fresh_sql_store(postgres_url)
+    conf = {"safe_time_store_url": postgres_url, "safe_time_claim_timeout": 5, "safe_time_sweep_batch": 50}
+    ids = _seed(store, 50, store.now() - timedelta(seconds=1), prefix="before")
+
+    # 1. killed between claim and publish: nothing published, rows claimed.
+    hung = _sweeper(processes, "hung-before", env_for(conf, DELAYS_TEST_HANG_BEFORE_PUBLISH="1"))
+    wait_for(lambda: redis_client.get("test:hung") == b"before", timeout=60, message="sweeper hung")
+    hung.kill()
+    assert redis_client.llen("celery") == 0
+    assert store.counts()[C.STATUS_CLAIMED] == 50
+    # In this process, right away: the claim timeout has not passed, nothing is taken back or sent.
+    app = make_app("killed", **conf)
+    define_tasks(app)
+    stats = sweep(app)
+    assert stats.reclaimed == 0
+    assert stats.sent == 0
+    assert store.counts()[C.STATUS_CLAIMED] == 50
+    time.sleep(5.5)
+    again = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
+    stats = json.loads(again.stdout)
+    assert stats["reclaimed"] == 50
+    assert stats["sent"] == 50
+    assert sorted(_queued_ids(redis_client)) == ids
+
+    # 2. killed after publishing, before marking sent: republished, the worker skips the repeat.
+    redis_client.delete("celery", "test:hung")
+    ids2 = _seed(store, 20, store.now() - timedelta(seconds=1), prefix="after")
+    hung = _sweeper(processes, "hung-after", env_for(conf, DELAYS_TEST_HANG_AFTER_PUBLISH="1"))
+    wait_for(lambda: redis_client.get("test:hung") == b"after", timeout=60, message="sweeper hung")
+    hung.kill()
+    first = _queued_ids(redis_client)
+    assert len(first) == 1
+    time.sleep(5.5)
+    again = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
+    assert json.loads(again.stdout)["sent"] == 20, again.stderr
+    queued = _queued_ids(redis_client)
+    assert len(queued) == 21
+    assert sorted(set(queued)) == ids2
+    worker = processes.worker(DELAYS_APP, name="guarded", env=env_for(conf))
+    wait_for(lambda: len(runs(redis_client)) >= 20, timeout=60, message="20 runs")
+    worker.wait_for_log("skipping a second delivery of stored task", timeout=30)
+    time.sleep(1)
+    done = [r["task_id"] for r in runs(redis_client)]
+    assert sorted(done) == ids2
+    store.close()
+
+
+def test_due_decision_uses_the_database_clock(
+    processes: ProcessManager, postgres_url: str, redis_client: redis.Redis
+) -> None:
+    store = fresh_sql_store(postgres_url)
+    now = store.now()
+    due_now = _seed(store, 3, now - timedelta(seconds=1), prefix="due")
+    not_yet = _seed(store, 3, now + timedelta(seconds=120), prefix="later")
+    env = env_for({"safe_time_store_url": postgres_url}, SAFE_TIME_LOCAL_CLOCK_SKEW="300")
+    result = processes.command(DELAYS_APP, "safe-time", "sweep", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["sent"] == 3
+    messages = [json.loads(raw) for raw in redis_client.lrange("celery", 0, -1)]
+    assert sorted(m["headers"]["id"] for m in messages) == due_now
+    for message in messages:
+        row = store.get(message["headers"]["id"])
+        assert row is not None
+        # Published for the same instant the row was due: eta is due_at, not the skewed local now.
+        assert datetime.fromisoformat(message["headers"]["eta"]) == row.due_at
+    assert all(store.get(i).status == C.STATUS_PENDING for i in not_yet)  # type: ignore[union-attr]
+    store.close()
+
+
+def test_operator_commands_and_status_section(
+    processes: ProcessManager, postgres_url: str, make_app: Callable[..., Celery]
+) -> None:
+    store = fresh_sql_store(postgres_url)
+    store.insert(new_delay("s1", store.now() + timedelta(hours=1)))
+    store.insert(new_delay("s2", store.now() - timedelta(seconds=30)))
+    env = env_for({"safe_time_store_url": postgres_url})
+    out = processes.command(DELAYS_APP, "safe-time", "status", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    section = json.loads(out.stdout)["delays"]
+    assert section["pending"] == 2
+    assert section["lateness_seconds"] >= 29
+    listing = processes.command(DELAYS_APP, "safe-time", "delays", "list", "--json", "--status", "pending", env=env)
+    assert [r["id"] for r in json.loads(listing.stdout)] == ["s2", "s1"]
+    shown = processes.command(DELAYS_APP, "safe-time", "delays", "show", "s1", env=env)
+    assert json.loads(shown.stdout)["call"]["args"] == ["s1"]
+    assert processes.command(DELAYS_APP, "safe-time", "delays", "show", "nope", env=env).returncode == 1
+    moved = processes.command(DELAYS_APP, "safe-time", "delays", "reschedule", "s1", "--countdown", "7200", env=env)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert store.get("s1").due_at - store.now() > timedelta(seconds=7100)  # type: ignore[union-attr]
+    gone = processes.command(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env)
+    assert gone.returncode == 0
+    assert processes.command(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env).returncode == 1
+    assert store.get("s1").status == C.STATUS_CANCELLED  # type: ignore[union-attr]
+    store.close()

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.beat import Scheduler, ScheduleEntry
+from celery.beat import ScheduleEntry, Scheduler
 
 from . import constants as C
 from . import signals
@@ -173,11 +173,12 @@ class SafeScheduler(Scheduler):
             if self._reconciled_epoch != epoch:
                 self.reconcile(epoch, now)
                 self._reconciled_epoch = epoch
-            due = self.client.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
-            for raw_name, score in due:
-                name = raw_name.decode()
+            due = _pairs(
+                self.client.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
+            )
+            for name, score in due:
                 try:
-                    if not self.fire_entry(name, float(score), now, epoch):
+                    if not self.fire_entry(name, score, now, epoch):
                         return self.granularity
                 except (redis.RedisError, RedisUnavailable):
                     raise
@@ -185,19 +186,19 @@ class SafeScheduler(Scheduler):
                     logger.exception("beat: entry %r failed; the other entries keep firing", name)
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
-            head = self.client.zrange(self.keys.due, 0, 0, withscores=True)
+            head = _pairs(self.client.zrange(self.keys.due, 0, 0, withscores=True))
         except (redis.RedisError, RedisUnavailable) as exc:
             logger.error("beat: Redis error during tick, standing by: %s", exc)
             self.keeper.step_down(f"Redis error during tick: {exc}")
             return self.granularity
         if not head:
             return self.granularity
-        return max(0.0, min(float(head[0][1]) - self.clock.time(), self.granularity))
+        return max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
 
     def reconcile(self, epoch: int, now: float) -> None:
         """On taking the lease: add new entries, reschedule edited ones, drop removed ones."""
-        stored = {k.decode(): v for k, v in self.client.hgetall(self.keys.state).items()}
-        scheduled = {k.decode() for k in self.client.zrange(self.keys.due, 0, -1)}
+        stored: dict[str, Any] = {_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
+        scheduled = {_text(k) for k in self.client.zrange(self.keys.due, 0, -1)}
         pipe = self.client.pipeline(transaction=False)
         changed = 0
         for name, plan in self.plans.items():
@@ -315,7 +316,16 @@ class SafeScheduler(Scheduler):
         return beat_info(self.config, self.keeper, self.client, started=self._started)
 
 
-def _load(raw: bytes | None) -> dict[str, Any]:
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(result: Any) -> list[tuple[str, float]]:
+    """A ``withscores`` reply as (member, score) pairs."""
+    return [(_text(member), float(score)) for member, score in result]
+
+
+def _load(raw: Any) -> dict[str, Any]:
     if not raw:
         return {}
     try:
@@ -338,19 +348,19 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         info = _load(client.get(keys.info))
         ttl_ms = client.pttl(keys.lease)
         epoch = client.get(keys.epoch)
-        head = client.zrange(keys.due, 0, C.BEAT_STATUS_ENTRIES - 1, withscores=True)
+        head = _pairs(client.zrange(keys.due, 0, C.BEAT_STATUS_ENTRIES - 1, withscores=True))
         total = client.zcard(keys.due)
         names = [name for name, _ in head]
-        states = client.hmget(keys.state, names) if names else []
+        states: list[Any] = list(client.hmget(keys.state, names)) if names else []
     except redis.RedisError as exc:
         return {"error": f"Redis {mask_url(config.redis_url)} unreachable: {exc}"}
     entries = []
-    for (name, score), raw in zip(head, states):
+    for (name, score), raw in zip(head, states, strict=False):
         state = _load(raw)
         last = state.get("last")
         entries.append(
             {
-                "entry": name.decode(),
+                "entry": name,
                 "last_slot": _iso(last),
                 "next_slot": _iso(float(score)),
             }

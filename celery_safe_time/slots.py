@@ -145,4 +145,3 @@ def decide(
         fire = missed[-1:]
     fire = sorted(fire + on_time_slots)
     return Decision(fire=fire, last_due=last_due, next=due, missed=max(0, total_due - len(fire)))
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime
 
@@ -54,7 +55,7 @@ def _settle(client: redis.Redis) -> list[dict[str, object]]:
 
 def _assert_contiguous(client: redis.Redis, label: str, step: float) -> list[float]:
     slots = sorted(_slot(r) for r in runs(client, label))
-    gaps = [b - a for a, b in zip(slots, slots[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(slots)]
     assert all(g == pytest.approx(step) for g in gaps), f"{label} slots not contiguous: {gaps}"
     return slots
 
@@ -100,10 +101,10 @@ def test_failover_after_kill_9_keeps_the_grid(processes: ProcessManager, redis_c
     assert duplicates(redis_client) == {}
     # shared state: the new leader continues the same 5 s grid, never early, never repeating a slot
     five = sorted(_slot(r) for r in runs(redis_client, "five"))
-    assert all((b - a) % 5 == 0 and b > a for a, b in zip(five, five[1:]))
+    assert all((b - a) % 5 == 0 and b > a for a, b in itertools.pairwise(five))
     # the fast entry lost at most the slots of the failover window (run_once: one catch-up)
     fast = sorted(_slot(r) for r in runs(redis_client, "fast"))
-    assert max(b - a for a, b in zip(fast, fast[1:])) <= LEASE + LEASE / 3 + 2
+    assert max(b - a for a, b in itertools.pairwise(fast)) <= LEASE + LEASE / 3 + 2
 
 
 def test_sigterm_hands_over_within_one_poll(processes: ProcessManager, redis_client: redis.Redis) -> None:

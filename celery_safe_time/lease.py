@@ -71,6 +71,15 @@ if fresh then return 1 end
 return 0
 """
 
+# KEYS: lease, epoch, fired marker. ARGV: token, epoch, marker ttl ms, marker value.
+# The guard without Redis-side state, for schedulers that keep state elsewhere (the database).
+GUARD_SLOT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
+if redis.call('SET', KEYS[3], ARGV[4], 'NX', 'PX', ARGV[3]) then return 1 end
+return 0
+"""
+
 # KEYS: lease, epoch, state hash, due zset. ARGV: token, epoch, entry name, state json, next score.
 # Moves an entry on without publishing (a skipped misfire, a new or edited entry); leader only.
 ADVANCE = """
@@ -122,6 +131,7 @@ class Lease:
         self._release = client.register_script(RELEASE)
         self._guard = client.register_script(GUARD)
         self._advance = client.register_script(ADVANCE)
+        self._guard_slot = client.register_script(GUARD_SLOT)
 
     def acquire(self, now: float) -> int | None:
         """Take (or keep) the lease; return the epoch, or None while another beat holds it."""
@@ -158,6 +168,16 @@ class Lease:
             self._guard(
                 keys=[self.keys.lease, self.keys.epoch, marker, self.keys.state, self.keys.due],
                 args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, entry, state, repr(next_fire), str(epoch)],
+            )
+        )
+
+    def guard_slot(self, epoch: int, entry: str, slot: float) -> int:
+        """Like :meth:`guard` for a scheduler whose state lives elsewhere: 1, 0 or -1."""
+        marker = self.config.key(C.KEY_BEAT_FIRED, entry=entry, slot=slot_id(slot))
+        return int(
+            self._guard_slot(
+                keys=[self.keys.lease, self.keys.epoch, marker],
+                args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, str(epoch)],
             )
         )
 

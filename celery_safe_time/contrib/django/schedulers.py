@@ -1,0 +1,182 @@
+"""``SafeDatabaseScheduler``: django-celery-beat's ``DatabaseScheduler`` with the Safe Beat lease.
+
+The schedule stays in django-celery-beat's tables (admin, ``last_run_at``, ``total_run_count``
+keep working); on top of it: one leader through the Redis lease, every slot published at most
+once through the guard, Redis ``TIME`` as "now", intervals on a fixed grid, and
+``CrontabSchedule`` rows evaluated with the DST rules in their ``timezone``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.schedules import crontab as celery_crontab
+from django.db import DatabaseError, InterfaceError
+from django.db.models import F
+from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
+
+from ... import constants as C
+from ... import signals
+from ...clock import RedisClock, to_datetime
+from ...config import get_config
+from ...exceptions import RedisUnavailable
+from ...leader import LeaderKeeper
+from ...lease import Lease
+from ...redis_client import get_redis
+from ...scheduler import beat_info, check_lease, startup_checks, tick_granularity
+from ...schedules import crontab
+from ...slots import Grid, grid_for, latest_slot
+
+logger = logging.getLogger(__name__)
+
+
+class SafeModelEntry(ModelEntry):
+    """A ``ModelEntry`` on the scheduler's clock, with DST-correct crontabs and slot-based runs."""
+
+    #: Set per scheduler (see ``SafeDatabaseScheduler.__init__``): Redis TIME as an aware datetime.
+    clock: Any = None
+
+    def __init__(self, model: Any, app: Celery | None = None) -> None:
+        super().__init__(model, app=app)
+        schedule = getattr(self, "schedule", None)
+        if isinstance(schedule, celery_crontab) and getattr(model, "crontab", None) is not None:
+            # the row's own timezone, with R1-R4 (django-celery-beat's TzAwareCrontab has no DST rules)
+            self.schedule = crontab.from_celery(schedule, tz=model.crontab.timezone or "UTC")
+        if schedule is not None and self.clock is not None:
+            self.schedule.nowfun = self.clock
+        self.slot: float | None = None
+
+    def _default_now(self) -> datetime:
+        if self.clock is not None:
+            now: datetime = self.clock().astimezone(self.app.timezone)
+            return now
+        return super()._default_now()  # type: ignore[no-any-return]
+
+    def grid(self) -> Grid:
+        return grid_for(self.schedule, self.app.timezone)
+
+    def due_slot(self, now: float) -> tuple[float, int] | None:
+        last = self.last_run_at
+        last_ts = (last if last.tzinfo else last.replace(tzinfo=to_datetime(0).tzinfo)).timestamp()
+        return latest_slot(self.grid(), last_ts, now)
+
+    def __next__(self) -> SafeModelEntry:
+        # last_run_at becomes the slot, not "now": intervals stay on their grid across leaders
+        now = self._default_now()
+        due = self.due_slot(now.timestamp())
+        self.slot = due[0] if due else float(round(now.timestamp()))
+        self.model.last_run_at = to_datetime(self.slot)
+        self.model.total_run_count += 1
+        self.model.no_changes = True
+        return self.__class__(self.model)
+
+
+class SafeDatabaseScheduler(DatabaseScheduler):
+    """``DatabaseScheduler`` that fires only while holding the Redis lease, each slot at most once."""
+
+    def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
+        self.config = get_config(app)
+        self.client = get_redis(self.config.redis_url)
+        self.clock = RedisClock(self.client)
+        self.lease = Lease(self.client, self.config)
+        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
+        clock = self.clock
+        self.Entry = type(
+            "SafeModelEntry", (SafeModelEntry,), {"clock": staticmethod(lambda: to_datetime(clock.time()))}
+        )
+        self._loaded_epoch: int | None = None
+        self._started = False
+        self._closed = False
+        super().__init__(app, *args, **kwargs)
+
+    @property
+    def granularity(self) -> float:
+        return tick_granularity(self.max_interval)
+
+    def setup_schedule(self) -> None:
+        check_lease(self.config, tick_granularity(self.max_interval or self.app.conf.beat_max_loop_interval or 300))
+        startup_checks(self.config, self.client, self.clock, "beat")
+        super().setup_schedule()
+        self.keeper.start()
+        self._started = True
+        logger.info("beat: %s", self.info.strip(" ."))
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        epoch = self.keeper.epoch
+        if epoch is None:
+            return self.granularity
+        if self._loaded_epoch != epoch:
+            # a new leader reads the tables afresh: last_run_at as the previous leader left it
+            self._initial_read = True
+            self._heap = None
+            self._loaded_epoch = epoch
+        try:
+            interval = float(super().tick(*args, **kwargs))
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("beat: database error during tick: %s", exc)
+            return self.granularity
+        except (redis.RedisError, RedisUnavailable) as exc:
+            logger.error("beat: Redis error during tick, standing by: %s", exc)
+            self.keeper.step_down(f"Redis error during tick: {exc}")
+            return self.granularity
+        return min(interval, self.granularity)
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+        """Publish ``entry``'s slot only if the guard says this leader may and nobody did."""
+        if advance:
+            entry = self.reserve(entry)
+        slot = getattr(entry, "slot", None)
+        if slot is None:  # reserve() ran on this entry in tick(): the slot is on the new one
+            slot = self._schedule[entry.name].slot if entry.name in (self._schedule or {}) else None
+        if slot is None:
+            slot = float(round(self.clock.time()))
+        epoch = self.keeper.epoch
+        if epoch is None:
+            return None
+        verdict = self.lease.guard_slot(epoch, entry.name, slot)
+        when = to_datetime(slot)
+        if verdict < 0:
+            signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="not the leader")
+            self.keeper.step_down("the guard refused: another beat holds the lease")
+            self._initial_read = True
+            return None
+        if verdict == 0:
+            logger.warning("beat: entry %r slot %s was already fired; not publishing it again", entry.name, when)
+            signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="already fired")
+            return None
+        self._record_run(entry, when)
+        original = entry.options
+        headers = {**(original.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
+        entry.options = {**original, "headers": headers}  # ModelEntry cannot be copied
+        try:
+            result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        finally:
+            entry.options = original
+        signals.beat_slot_dispatched.send(
+            sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=getattr(result, "id", None)
+        )
+        return result
+
+    def _record_run(self, entry: Any, when: datetime) -> None:
+        # Written at once (not at the next sync) so a new leader reads where this one stopped;
+        # a queryset update fires no signal, so it does not make every beat reload the table.
+        self.Model.objects.filter(pk=entry.model.pk).update(last_run_at=when, total_run_count=F("total_run_count") + 1)
+        self._dirty.discard(entry.name)
+
+    def sync(self) -> None:
+        # last_run_at/total_run_count are written per run; a standby must never write stale ones
+        self._dirty.clear()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.keeper.stop(release=True)
+        super().close()
+
+    @property
+    def info(self) -> str:
+        return beat_info(self.config, self.keeper, self.client, started=self._started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import time
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -89,7 +90,7 @@ def test_safe_database_scheduler_end_to_end(
     assert duplicates(redis_client) == {}
     assert [_slot(r) for r in runs(redis_client, "dj-cron")] == [target.timestamp()]
     fast = sorted(_slot(r) for r in runs(redis_client, "dj-fast"))
-    late = [b - a for a, b in zip(fast, fast[1:]) if a > edited_at + 4]
+    late = [b - a for a, b in itertools.pairwise(fast) if a > edited_at + 4]
     assert late
     assert all(g == pytest.approx(3.0) for g in late), late
     row = PeriodicTask.objects.get(name="dj-fast")

@@ -89,6 +89,7 @@ class SafeDatabaseScheduler(DatabaseScheduler):
             "SafeModelEntry", (SafeModelEntry,), {"clock": staticmethod(lambda: to_datetime(clock.time()))}
         )
         self._loaded_epoch: int | None = None
+        self._heap_source: Any = None
         self._started = False
         self._closed = False
         super().__init__(app, *args, **kwargs)
@@ -124,6 +125,17 @@ class SafeDatabaseScheduler(DatabaseScheduler):
             self.keeper.step_down(f"Redis error during tick: {exc}")
             return self.granularity
         return min(interval, self.granularity)
+
+    def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:
+        # The stock comparison walks every entry on every tick (45 ms at 10,000 tasks). The
+        # schedule dict is replaced whenever the tables are re-read, so identity says enough.
+        if self._heap_invalidated:
+            self._heap_invalidated = False
+            return False
+        current = self._schedule
+        same = current is not None and current is self._heap_source
+        self._heap_source = current
+        return same
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
         """Publish ``entry``'s slot only if the guard says this leader may and nobody did."""

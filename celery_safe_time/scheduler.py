@@ -16,7 +16,8 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, platforms
+from celery import signals as celery_signals
 from celery.beat import ScheduleEntry, Scheduler
 
 from . import constants as C
@@ -314,6 +315,23 @@ class SafeScheduler(Scheduler):
     @property
     def info(self) -> str:
         return beat_info(self.config, self.keeper, self.client, started=self._started)
+
+
+def _release_on_sigterm(sender: Any = None, **kwargs: Any) -> None:
+    """In ``worker -B`` the worker stops its beat process with SIGTERM, which by default kills it
+    on the spot, lease held, and the standbys wait a whole lease. Exit cleanly instead: beat's
+    loop then closes the scheduler, which deletes the lease."""
+    scheduler = getattr(sender, "scheduler", None)
+    if getattr(scheduler, "keeper", None) is None:
+        return
+
+    def _exit(*args: Any) -> None:
+        raise SystemExit()
+
+    platforms.signals["TERM"] = _exit
+
+
+celery_signals.beat_embedded_init.connect(_release_on_sigterm, weak=False)
 
 
 def _text(value: Any) -> str:

@@ -74,3 +74,18 @@ def test_status_shows_leader_and_entries(processes: ProcessManager, redis_client
     # the banner says who holds the lease; the first log line says what this beat became
     assert ". safe-time -> lease free: this beat will take it; lease 6s" in beat.log()
     assert "safe-time -> leader (epoch 1)" in beat.log()
+
+
+def test_embedded_beat_releases_the_lease_on_worker_shutdown(
+    processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    env = beat_env(SCHEDULE, safe_time_beat_lease=LEASE)
+    worker = processes.worker(
+        BEAT_APP, "-B", "--scheduler", "celery_safe_time.SafeScheduler", "-s", str(processes.log_dir / "w-schedule"),
+        name="w", env=env,
+    )  # fmt: skip
+    wait_for(lambda: leader_pid(redis_client), 60, message="an embedded leader")
+    wait_for(lambda: runs(redis_client), 30, message="a run")
+    worker.terminate()
+    assert "released the leader lease" in worker.log()
+    assert redis_client.get("safe_time:beat:lease") is None

@@ -58,7 +58,7 @@ def test_safe_database_scheduler_end_to_end(
     PeriodicTask.objects.create(name="dj-fast", task="tests.record", interval=every, args='["dj-fast"]')
     # A fixed time in Kolkata (+05:30): it fires at this instant only if the row's timezone is used.
     target = dt.datetime.fromtimestamp((time.time() // 60 + 1) * 60, UTC)
-    if (target.timestamp() - time.time()) < 30:
+    if (target.timestamp() - time.time()) < 20:
         target += dt.timedelta(minutes=1)
     local = target.astimezone(ZoneInfo("Asia/Kolkata"))
     cron = CrontabSchedule.objects.create(

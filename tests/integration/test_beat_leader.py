@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from datetime import datetime
 
@@ -61,9 +62,21 @@ def _assert_contiguous(client: redis.Redis, label: str, step: float) -> list[flo
 
 
 def test_one_leader_three_beats(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    _one_leader(processes, redis_client, minutes=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SAFE_TIME_SOAK"), reason="long version: set SAFE_TIME_SOAK=1")
+def test_one_leader_three_beats_for_minutes(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    _one_leader(processes, redis_client, minutes=4)
+
+
+def _one_leader(processes: ProcessManager, redis_client: redis.Redis, minutes: int) -> None:
     schedule = {**SCHEDULE, "minutely": {"task": "tests.record", "cron": {"minute": "*"}, "args": ["minutely"]}}
     beats = _start(processes, 3, schedule)
-    wait_for(lambda: runs(redis_client, "minutely"), 75, interval=1, message="a minutely run")
+    wait_for(
+        lambda: len(runs(redis_client, "minutely")) >= minutes, 60 * minutes + 15, interval=1, message="minutely runs"
+    )
     time.sleep(3)
     for beat in beats:
         assert beat.alive()

@@ -14,7 +14,7 @@ from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
 
-EVERY = 10
+EVERY = 8
 
 
 def _slots(client: redis.Redis, label: str) -> list[float]:
@@ -46,7 +46,8 @@ def test_misfire_policies_per_entry_and_default(processes: ProcessManager, redis
     second.terminate()
     time.sleep(2)
     missed = {n: [s - s0 for s in _slots(redis_client, n) if s0 < s < s0 + 4 * EVERY] for n in schedule}
-    assert missed == {"once": [30.0], "skip": [], "all": [10.0, 20.0, 30.0], "default": [10.0, 20.0, 30.0]}
+    s1, s2, s3 = (float(k * EVERY) for k in (1, 2, 3))
+    assert missed == {"once": [s3], "skip": [], "all": [s1, s2, s3], "default": [s1, s2, s3]}
     assert duplicates(redis_client) == {}
     assert "missed 3 slot(s)" in second.log()
 

@@ -145,25 +145,3 @@ def decide(
         fire = missed[-1:]
     fire = sorted(fire + on_time_slots)
     return Decision(fire=fire, last_due=last_due, next=due, missed=max(0, total_due - len(fire)))
-
-
-def latest_slot(grid: Grid, last: float, now: float) -> tuple[float, int] | None:
-    """The latest slot in ``(last, now]`` and how many slots were due, or None when none is.
-
-    For schedulers that remember only the last run (django-celery-beat's ``last_run_at``).
-    """
-    if isinstance(grid, IntervalGrid):
-        count = int((now - last) // grid.seconds)
-        return (last + count * grid.seconds, count) if count >= 1 else None
-    if isinstance(grid, GenericGrid):
-        return float(round(now)), 1
-    slot = grid.next(last)
-    if slot > now:
-        return None
-    count = 1
-    for _ in range(C.BEAT_CATCHUP_SCAN_LIMIT):
-        following = grid.next(slot)
-        if following > now:
-            break
-        slot, count = following, count + 1
-    return slot, count

@@ -51,6 +51,23 @@ def test_crontab_rows_use_their_timezone_with_dst_rules(make_app: Any) -> None:
     assert entry.schedule.next_after(after) == dt.datetime(2026, 3, 8, 7, 0, tzinfo=UTC)  # R1
 
 
+@pytest.mark.parametrize(("policy", "fired"), [("run_once", [30]), ("skip", []), ("run_all", [10, 20, 30])])
+def test_database_entries_follow_the_misfire_policy(make_app: Any, policy: str, fired: list[int]) -> None:
+    from celery_safe_time.contrib.django.schedulers import SafeModelEntry
+
+    app = make_app()
+    start = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    now = start + dt.timedelta(seconds=37)  # S1..S3 (10, 20, 30 s) missed by more than the 6 s window
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
+    row = PeriodicTask.objects.create(name=f"m-{policy}", task="tests.record", interval=every, last_run_at=start)
+    entry_cls = type("E", (SafeModelEntry,), {"clock": staticmethod(lambda: now), "misfire": policy, "on_time": 6.0})
+    entry = entry_cls(row, app=app)
+    after = next(entry)
+    assert [s - start.timestamp() for s in entry.fire_slots or []] == fired
+    assert after.last_run_at == start + dt.timedelta(seconds=30)
+    assert row.total_run_count == len(fired)
+
+
 def test_safe_database_scheduler_end_to_end(
     processes: ProcessManager, redis_client: redis.Redis, django_user_model: Any, client: Any
 ) -> None:

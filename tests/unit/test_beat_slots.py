@@ -10,7 +10,7 @@ from celery.schedules import schedule as interval
 
 from celery_safe_time import crontab
 from celery_safe_time.exceptions import ScheduleError
-from celery_safe_time.slots import CronGrid, IntervalGrid, decide, grid_for, latest_slot
+from celery_safe_time.slots import CronGrid, IntervalGrid, decide, grid_for
 
 UTC = dt.timezone.utc
 GRID = IntervalGrid(10.0)
@@ -60,11 +60,3 @@ def test_grids() -> None:
     with pytest.raises(ScheduleError):
         grid_for("every tuesday", UTC)
     assert GRID.first(100.2) == 101.0
-
-
-def test_latest_slot() -> None:
-    assert latest_slot(GRID, 100.0, 105.0) is None
-    assert latest_slot(GRID, 100.0, 135.0) == (130.0, 3)
-    hourly = CronGrid(crontab("0", "*", tz="UTC"))
-    start = dt.datetime(2026, 1, 1, tzinfo=UTC).timestamp()
-    assert latest_slot(hourly, start, start + 3 * 3600 + 5) == (start + 3 * 3600, 3)

@@ -21,7 +21,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
-from ...clock import RedisClock, to_datetime
+from ...clock import UTC, RedisClock, to_datetime
 from ...config import get_config
 from ...exceptions import RedisUnavailable
 from ...leader import LeaderKeeper
@@ -29,7 +29,7 @@ from ...lease import Lease
 from ...redis_client import get_redis
 from ...scheduler import beat_info, check_lease, startup_checks, tick_granularity
 from ...schedules import crontab
-from ...slots import Grid, grid_for, latest_slot
+from ...slots import GenericGrid, Grid, decide, grid_for
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ class SafeModelEntry(ModelEntry):
 
     #: Set per scheduler (see ``SafeDatabaseScheduler.__init__``): Redis TIME as an aware datetime.
     clock: Any = None
+    misfire: str = C.DEFAULT_MISFIRE
+    on_time: float = C.DEFAULT_BEAT_LEASE
+    grace: float | None = None
 
     def __init__(self, model: Any, app: Celery | None = None) -> None:
         super().__init__(model, app=app)
@@ -48,7 +51,8 @@ class SafeModelEntry(ModelEntry):
             self.schedule = crontab.from_celery(schedule, tz=model.crontab.timezone or "UTC")
         if schedule is not None and self.clock is not None:
             self.schedule.nowfun = self.clock
-        self.slot: float | None = None
+        self.fire_slots: list[float] | None = None
+        self.last_due: float | None = None
 
     def _default_now(self) -> datetime:
         if self.clock is not None:
@@ -59,18 +63,34 @@ class SafeModelEntry(ModelEntry):
     def grid(self) -> Grid:
         return grid_for(self.schedule, self.app.timezone)
 
-    def due_slot(self, now: float) -> tuple[float, int] | None:
-        last = self.last_run_at
-        last_ts = (last if last.tzinfo else last.replace(tzinfo=to_datetime(0).tzinfo)).timestamp()
-        return latest_slot(self.grid(), last_ts, now)
-
     def __next__(self) -> SafeModelEntry:
-        # last_run_at becomes the slot, not "now": intervals stay on their grid across leaders
-        now = self._default_now()
-        due = self.due_slot(now.timestamp())
-        self.slot = due[0] if due else float(round(now.timestamp()))
-        self.model.last_run_at = to_datetime(self.slot)
-        self.model.total_run_count += 1
+        # last_run_at becomes the latest due slot, not "now": intervals stay on their grid
+        # across leaders, and missed slots follow the misfire policy like SafeScheduler's.
+        now = self._default_now().timestamp()
+        grid = self.grid()
+        last = self.last_run_at
+        last_ts = (last if last.tzinfo else last.replace(tzinfo=UTC)).timestamp()
+        if isinstance(grid, GenericGrid):
+            fire, last_due, missed = [float(round(now))], float(round(now)), 0
+        else:
+            decision = decide(
+                grid, grid.next(last_ts), now, policy=self.misfire, on_time=self.on_time, grace=self.grace
+            )
+            fire, last_due, missed = decision.fire, decision.last_due, decision.missed
+            if last_due <= last_ts:  # nothing was due after all (clock moved between checks)
+                fire, last_due = [], last_ts
+        if missed:
+            logger.warning(
+                "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",
+                self.name,
+                missed,
+                to_datetime(last_due).isoformat(),
+                self.misfire,
+            )
+        self.fire_slots = fire
+        self.last_due = last_due
+        self.model.last_run_at = to_datetime(last_due)
+        self.model.total_run_count += len(fire)
         self.model.no_changes = True
         return self.__class__(self.model)
 
@@ -88,7 +108,14 @@ class SafeDatabaseScheduler(DatabaseScheduler):
         self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
         clock = self.clock
         self.Entry = type(
-            "SafeModelEntry", (SafeModelEntry,), {"clock": staticmethod(lambda: to_datetime(clock.time()))}
+            "SafeModelEntry",
+            (SafeModelEntry,),
+            {
+                "clock": staticmethod(lambda: to_datetime(clock.time())),
+                "misfire": self.config.misfire,
+                "on_time": self.config.beat_lease,
+                "grace": self.config.misfire_grace,
+            },
         )
         self._loaded_epoch: int | None = None
         self._heap_source: Any = None
@@ -140,29 +167,36 @@ class SafeDatabaseScheduler(DatabaseScheduler):
         return same
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
-        """Publish ``entry``'s slot only if the guard says this leader may and nobody did."""
+        """Publish ``entry``'s due slots that the guard lets through (this leader, not fired yet)."""
         if advance:
-            entry = self.reserve(entry)
-        slot = getattr(entry, "slot", None)
-        if slot is None:  # reserve() ran on this entry in tick(): the slot is on the new one
-            slot = self._schedule[entry.name].slot if entry.name in (self._schedule or {}) else None
-        if slot is None:
-            slot = float(round(self.clock.time()))
+            self.reserve(entry)
         epoch = self.keeper.epoch
-        if epoch is None:
+        fire: list[float] | None = getattr(entry, "fire_slots", None)
+        last_due: float | None = getattr(entry, "last_due", None)
+        if epoch is None or fire is None or last_due is None:
             return None
-        verdict = self.lease.guard_slot(epoch, entry.name, slot)
+        allowed = []
+        for slot in fire:
+            verdict = self.lease.guard_slot(epoch, entry.name, slot)
+            when = to_datetime(slot)
+            if verdict < 0:
+                signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="not the leader")
+                self.keeper.step_down("the guard refused: another beat holds the lease")
+                self._initial_read = True
+                return None
+            if verdict == 0:
+                logger.warning("beat: entry %r slot %s was already fired; not publishing it again", entry.name, when)
+                signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="already fired")
+                continue
+            allowed.append(slot)
+        self._record_runs(entry, to_datetime(last_due), len(allowed))
+        result = None
+        for slot in allowed:
+            result = self._publish(entry, slot, epoch, producer, **kwargs)
+        return result
+
+    def _publish(self, entry: Any, slot: float, epoch: int, producer: Any, **kwargs: Any) -> Any:
         when = to_datetime(slot)
-        if verdict < 0:
-            signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="not the leader")
-            self.keeper.step_down("the guard refused: another beat holds the lease")
-            self._initial_read = True
-            return None
-        if verdict == 0:
-            logger.warning("beat: entry %r slot %s was already fired; not publishing it again", entry.name, when)
-            signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="already fired")
-            return None
-        self._record_run(entry, when)
         original = entry.options
         headers = {**(original.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
         entry.options = {**original, "headers": headers}  # ModelEntry cannot be copied
@@ -175,10 +209,12 @@ class SafeDatabaseScheduler(DatabaseScheduler):
         )
         return result
 
-    def _record_run(self, entry: Any, when: datetime) -> None:
+    def _record_runs(self, entry: Any, last_due: datetime, published: int) -> None:
         # Written at once (not at the next sync) so a new leader reads where this one stopped;
         # a queryset update fires no signal, so it does not make every beat reload the table.
-        self.Model.objects.filter(pk=entry.model.pk).update(last_run_at=when, total_run_count=F("total_run_count") + 1)
+        self.Model.objects.filter(pk=entry.model.pk).update(
+            last_run_at=last_due, total_run_count=F("total_run_count") + published
+        )
         self._dirty.discard(entry.name)
 
     def sync(self) -> None:

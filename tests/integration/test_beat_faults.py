@@ -47,6 +47,8 @@ def test_deleted_lease_key_one_leader_resumes(
     time.sleep(LEASE)
     assert all(b.alive() for b in beats)
     assert any("lost the leader lease" in b.log() for b in beats)
+    # the throwaway server runs without persistence: beat says so at startup
+    assert "redis_persistence" in beats[0].log()
     assert len(_epochs_after(redis_client, deleted_at + LEASE / 2)) == 1
     assert duplicates(redis_client) == {}
 

@@ -74,6 +74,9 @@ def _status_sections() -> list[tuple[str, Any]]:
     """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
     sections: list[tuple[str, Any]] = []
     # --- status: beat ----------------------------------------------------------
+    from .scheduler import describe_beat
+
+    sections.append(("beat", describe_beat))
 
     # --- status: delays --------------------------------------------------------
     from .delays_admin import describe_delays

@@ -71,6 +71,18 @@ SWEEP_ENTRY_NAME: Final = "celery_safe_time.sweep"
 SWEEP_LOOKAHEAD: Final = 2.0
 
 # === beat (issue 3) ==========================================================
+#: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).
+BEAT_TICK_CAP: Final = 1.0
+#: safe_time_beat_lease must be at least this many tick granularities.
+BEAT_MIN_LEASE_TICKS: Final = 3
+#: Due entries handled per tick; the next tick follows at once when more are due.
+BEAT_DUE_BATCH: Final = 500
+#: Seconds to wait for the lease thread on shutdown.
+BEAT_RENEW_TIMEOUT: Final = 10.0
+#: Most slots walked through when catching up one entry after downtime.
+BEAT_CATCHUP_SCAN_LIMIT: Final = 100_000
+#: Entries shown by ``celery safe-time status``.
+BEAT_STATUS_ENTRIES: Final = 50
 
 
 # === delays (issue 4) ========================================================

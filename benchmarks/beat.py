@@ -1,0 +1,321 @@
+"""Safe Beat benchmarks, side by side with the schedulers people use today.
+
+- failover seconds after ``kill -9`` of the leader: SafeScheduler (default 30 s lease) vs
+  celery-redbeat with its defaults (lock timeout 5 x max_interval = 1500 s), in the same run;
+- tick p50/p99 with 10,000 entries: SafeScheduler vs PersistentScheduler;
+- the guard's extra cost per published slot (one Redis round trip);
+- SafeDatabaseScheduler vs django-celery-beat's DatabaseScheduler with 10,000 periodic tasks:
+  time to first tick and tick p99.
+
+Needs the local Redis and PostgreSQL of the test suite. ``python -m benchmarks.beat [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tests.helpers import services
+from tests.helpers.processes import CeleryProcess
+
+N_ENTRIES = 10_000
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(_pct(values, 0.5) * 1000, 3), "p99_ms": round(_pct(values, 0.99) * 1000, 3)}
+
+
+# --- failover ---------------------------------------------------------------------
+_SENT = re.compile(r"[Ss]ending due task")
+
+
+def _sent(proc: CeleryProcess) -> int:
+    return len(_SENT.findall(proc.log()))
+
+
+def _failover(scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: dict[str, Any]) -> dict[str, Any]:
+    """Start two beats with default settings, kill -9 the one sending, time the other's first send."""
+    env = {
+        "SAFE_TIME_TEST_BROKER_URL": redis_url,
+        "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps({"fast": {"task": "tests.record", "every": 1, "args": ["f"]}}),
+        # undo the test suite's 1 s max interval: these are the schedulers' defaults
+        "SAFE_TIME_TEST_APP_CONF": json.dumps({"beat_max_loop_interval": 0, **extra}),
+    }
+    beats = []
+    for i in range(2):
+        args = ["beat", "-l", "INFO", "-S", scheduler, "-s", str(log_dir / f"{scheduler}-{i}")]
+        beats.append(CeleryProcess("tests.apps.beat_app", args, env, log_dir, f"{scheduler.split('.')[0]}-{i}").start())
+    try:
+        deadline = time.monotonic() + 60
+        leader = None
+        while time.monotonic() < deadline and leader is None:
+            time.sleep(0.5)
+            leader = next((b for b in beats if _sent(b) >= 2), None)
+        if leader is None:
+            return {"failover_s": None, "note": "no beat started sending within 60 s"}
+        other = next(b for b in beats if b is not leader)
+        before = _sent(other)
+        leader.kill()
+        killed = time.monotonic()
+        while time.monotonic() - killed < cap:
+            if _sent(other) > before:
+                return {"failover_s": round(time.monotonic() - killed, 1)}
+            time.sleep(0.2)
+        return {"failover_s": None, "note": f"no takeover within {cap:g} s (measurement cap)"}
+    finally:
+        for b in beats:
+            if b.alive():
+                b.kill()
+
+
+def bench_failover(redis_url: str, quick: bool) -> dict[str, Any]:
+    import threading
+
+    results: dict[str, Any] = {}
+    cap = 42.0 if quick else 300.0
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = {
+            "SafeScheduler (lease 30 s)": ("celery_safe_time.SafeScheduler", {}),
+            "celery-redbeat (defaults)": ("redbeat.RedBeatScheduler", {"redbeat_redis_url": redis_url}),
+        }
+        threads = []
+        for label, (sched, extra) in jobs.items():
+
+            def run(label: str = label, sched: str = sched, extra: dict[str, Any] = extra) -> None:
+                results[label] = _failover(sched, redis_url, Path(tmp), cap, extra)
+
+            threads.append(threading.Thread(target=run))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    results["celery-redbeat (defaults)"]["bound_s"] = 5 * 300  # lock timeout = 5 x default max_interval
+    results["SafeScheduler (lease 30 s)"]["bound_s"] = 30 + 10
+    return results
+
+
+# --- tick cost ----------------------------------------------------------------------
+def _app(redis_url: str, **conf: Any) -> Any:
+    from celery import Celery
+
+    app = Celery("bench", set_as_current=False)
+    app.conf.update(broker_url=redis_url, timezone="UTC", beat_max_loop_interval=1, **conf)
+
+    @app.task(name="bench.noop")
+    def noop() -> None:  # pragma: no cover - never executed, only published
+        return None
+
+    return app
+
+
+def _entries(n: int, cron: Callable[..., Any], busy: int = 10) -> dict[str, Any]:
+    # ``busy`` entries every second among daily crontabs that do not fire during the run
+    return {f"e{i}": {"task": "bench.noop", "schedule": 1.0 if i < busy else cron("0", "0")} for i in range(n)}
+
+
+def _ticks(tick: Callable[[], Any], count: int, pause: float) -> list[float]:
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        tick()
+        samples.append(time.perf_counter() - start)
+        time.sleep(pause)
+    return samples
+
+
+def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
+    from celery.beat import PersistentScheduler
+
+    from celery_safe_time.scheduler import SafeScheduler
+
+    client = redis.Redis.from_url(redis_url)
+    count = 100 if quick else 1000
+    out: dict[str, Any] = {}
+
+    from celery.schedules import crontab as celery_crontab
+
+    from celery_safe_time import crontab
+
+    app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, crontab), safe_time_beat_lease=6)
+    safe = SafeScheduler(app=app, schedule_filename=str(tmp / "safe"), max_interval=1)
+    try:
+        while safe.keeper.epoch is None:
+            time.sleep(0.1)
+        first = time.perf_counter()
+        safe.tick()  # reconcile: 10,000 new entries into Redis
+        out["SafeScheduler first tick (10k new entries)"] = {"s": round(time.perf_counter() - first, 2)}
+        time.sleep(1.1)
+        samples = _ticks(safe.tick, count, 0.02)
+        out["SafeScheduler"] = _ms(samples)
+        guard = []
+        for i in range(1000 if quick else 5000):
+            start = time.perf_counter()
+            safe.lease.guard(safe.keeper.epoch or 0, "bench-guard", 1e9 + i, "{}", 2e9)
+            guard.append(time.perf_counter() - start)
+        out["guard per slot"] = {
+            "p50_us": round(_pct(guard, 0.5) * 1e6),
+            "p99_us": round(_pct(guard, 0.99) * 1e6),
+            "round_trips": 1,
+        }
+    finally:
+        safe.close()
+    client.flushdb()
+
+    app2 = _app(redis_url, beat_schedule=_entries(N_ENTRIES, celery_crontab))
+    plain = PersistentScheduler(app=app2, schedule_filename=str(tmp / "plain"), max_interval=1)
+    try:
+        first = time.perf_counter()
+        plain.tick()  # builds the heap: is_due of all 10,000 entries
+        out["PersistentScheduler first tick"] = {"s": round(time.perf_counter() - first, 2)}
+        time.sleep(1.1)
+        out["PersistentScheduler"] = _ms(_ticks(plain.tick, count // 2, 0.02))
+    finally:
+        plain.close()
+    client.flushdb()
+    # idle: the same 10,000 entries, none due (what a tick costs when it has nothing to send)
+    idle_app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, crontab, busy=0), safe_time_beat_lease=6)
+    safe = SafeScheduler(app=idle_app, schedule_filename=str(tmp / "safe-idle"), max_interval=1)
+    try:
+        while safe.keeper.epoch is None:
+            time.sleep(0.1)
+        safe.tick()
+        out["SafeScheduler idle"] = _ms(_ticks(safe.tick, count, 0.005))
+    finally:
+        safe.close()
+    client.flushdb()
+    idle_app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, celery_crontab, busy=0))
+    plain = PersistentScheduler(app=idle_app, schedule_filename=str(tmp / "plain-idle"), max_interval=1)
+    try:
+        plain.tick()
+        out["PersistentScheduler idle"] = _ms(_ticks(plain.tick, count // 4, 0.005))
+    finally:
+        plain.close()
+    client.flushdb()
+    return out
+
+
+# --- django ---------------------------------------------------------------------------
+def bench_django(redis_url: str, quick: bool) -> dict[str, Any]:
+    db = services.PostgresDatabase(services.resolve_postgres_admin_url())
+    os.environ["SAFE_TIME_TEST_DJANGO_DB_URL"] = db.url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django_settings")
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+        from django.utils import timezone
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+        from django_celery_beat.schedulers import DatabaseScheduler
+
+        from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler
+
+        call_command("migrate", verbosity=0, interactive=False)
+        every = IntervalSchedule.objects.create(every=3600, period=IntervalSchedule.SECONDS)
+        now = timezone.now()
+        PeriodicTask.objects.bulk_create(
+            [PeriodicTask(name=f"t{i}", task="bench.noop", interval=every, last_run_at=now) for i in range(N_ENTRIES)],
+            batch_size=2000,
+        )
+        count = 60 if quick else 500
+        out: dict[str, Any] = {}
+        for label, cls in (("SafeDatabaseScheduler", SafeDatabaseScheduler), ("DatabaseScheduler", DatabaseScheduler)):
+            app = _app(redis_url, safe_time_beat_lease=6)
+            start = time.perf_counter()
+            sched = cls(app=app, max_interval=1)
+            if isinstance(sched, SafeDatabaseScheduler):
+                while sched.keeper.epoch is None:
+                    time.sleep(0.05)
+            sched.tick()
+            first = time.perf_counter() - start
+            out[label] = {"first_tick_s": round(first, 2), **_ms(_ticks(sched.tick, count, 0.02))}
+            sched.close()
+            redis.Redis.from_url(redis_url).flushdb()
+        connection.close()
+        return out
+    finally:
+        db.drop()
+
+
+def run(quick: bool) -> dict[str, Any]:
+    claim = services.RedisDbClaim(services.resolve_redis_base())
+    redis_url = claim.url
+    redis.Redis.from_url(redis_url).flushdb()
+    results: dict[str, Any] = {"quick": quick}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["ticks"] = bench_ticks(redis_url, quick, Path(tmp))
+        results["django"] = bench_django(redis_url, quick)
+        redis.Redis.from_url(redis_url).flushdb()
+        results["failover"] = bench_failover(redis_url, quick)
+    finally:
+        redis.Redis.from_url(redis_url).flushdb()
+        claim.release()
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| measurement | celery-safe-time | baseline |", "|---|---|---|"]
+    f = results.get("failover", {})
+    safe, red = f.get("SafeScheduler (lease 30 s)", {}), f.get("celery-redbeat (defaults)", {})
+    lines.append(
+        f"| failover after kill -9 (s) | {safe.get('failover_s')} (bound {safe.get('bound_s')}) "
+        f"| redbeat defaults: {red.get('failover_s') or red.get('note')} (bound {red.get('bound_s')}) |"
+    )
+    t = results.get("ticks", {})
+    s, p = t.get("SafeScheduler", {}), t.get("PersistentScheduler", {})
+    lines.append(
+        f"| tick, 10k entries, 10 due/s: p50 / p99 (ms) | {s.get('p50_ms')} / {s.get('p99_ms')} "
+        f"| PersistentScheduler: {p.get('p50_ms')} / {p.get('p99_ms')} |"
+    )
+    si, pi = t.get("SafeScheduler idle", {}), t.get("PersistentScheduler idle", {})
+    lines.append(
+        f"| tick, 10k entries, none due: p50 / p99 (ms) | {si.get('p50_ms')} / {si.get('p99_ms')} "
+        f"| PersistentScheduler: {pi.get('p50_ms')} / {pi.get('p99_ms')} |"
+    )
+    g = t.get("guard per slot", {})
+    lines.append(
+        f"| guard per published slot | {g.get('p50_us')} us p50, {g.get('p99_us')} us p99, 1 round trip | none |"
+    )
+    d = results.get("django", {})
+    sd, dd = d.get("SafeDatabaseScheduler", {}), d.get("DatabaseScheduler", {})
+    lines.append(
+        f"| 10k periodic tasks: first tick (s) | {sd.get('first_tick_s')} "
+        f"| DatabaseScheduler: {dd.get('first_tick_s')} |"
+    )
+    lines.append(
+        f"| 10k periodic tasks: tick p50 / p99 (ms) | {sd.get('p50_ms')} / {sd.get('p99_ms')} "
+        f"| DatabaseScheduler: {dd.get('p50_ms')} / {dd.get('p99_ms')} |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    results = run(args.quick)
+    print(markdown(results))
+    print()
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""``SafeDatabaseScheduler``: django-celery-beat's ``DatabaseScheduler`` with the Safe Beat lease.
+
+The schedule stays in django-celery-beat's tables (admin, ``last_run_at``, ``total_run_count``
+keep working); on top of it: one leader through the Redis lease, every slot published at most
+once through the guard, Redis ``TIME`` as "now", intervals on a fixed grid, and
+``CrontabSchedule`` rows evaluated with the DST rules in their ``timezone``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.schedules import crontab as celery_crontab
+from django.db import DatabaseError, InterfaceError
+from django.db.models import F
+from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
+
+from ... import constants as C
+from ... import signals
+from ...clock import UTC, RedisClock, to_datetime
+from ...config import get_config
+from ...exceptions import RedisUnavailable
+from ...leader import LeaderKeeper
+from ...lease import Lease
+from ...redis_client import get_redis
+from ...scheduler import beat_info, check_lease, startup_checks, tick_granularity
+from ...schedules import crontab
+from ...slots import GenericGrid, Grid, decide, grid_for
+
+logger = logging.getLogger(__name__)
+
+
+class SafeModelEntry(ModelEntry):
+    """A ``ModelEntry`` on the scheduler's clock, with DST-correct crontabs and slot-based runs."""
+
+    #: Set per scheduler (see ``SafeDatabaseScheduler.__init__``): Redis TIME as an aware datetime.
+    clock: Any = None
+    misfire: str = C.DEFAULT_MISFIRE
+    on_time: float = C.DEFAULT_BEAT_LEASE
+    grace: float | None = None
+
+    def __init__(self, model: Any, app: Celery | None = None) -> None:
+        super().__init__(model, app=app)
+        schedule = getattr(self, "schedule", None)
+        if isinstance(schedule, celery_crontab) and getattr(model, "crontab", None) is not None:
+            # the row's own timezone, with R1-R4 (django-celery-beat's TzAwareCrontab has no DST rules)
+            self.schedule = crontab.from_celery(schedule, tz=model.crontab.timezone or "UTC")
+        if schedule is not None and self.clock is not None:
+            self.schedule.nowfun = self.clock
+        self.fire_slots: list[float] | None = None
+        self.last_due: float | None = None
+
+    def _default_now(self) -> datetime:
+        if self.clock is not None:
+            now: datetime = self.clock().astimezone(self.app.timezone)
+            return now
+        return super()._default_now()  # type: ignore[no-any-return]
+
+    def grid(self) -> Grid:
+        return grid_for(self.schedule, self.app.timezone)
+
+    def __next__(self) -> SafeModelEntry:
+        # last_run_at becomes the latest due slot, not "now": intervals stay on their grid
+        # across leaders, and missed slots follow the misfire policy like SafeScheduler's.
+        now = self._default_now().timestamp()
+        grid = self.grid()
+        last = self.last_run_at
+        last_ts = (last if last.tzinfo else last.replace(tzinfo=UTC)).timestamp()
+        if isinstance(grid, GenericGrid):
+            fire, last_due, missed = [float(round(now))], float(round(now)), 0
+        else:
+            decision = decide(
+                grid, grid.next(last_ts), now, policy=self.misfire, on_time=self.on_time, grace=self.grace
+            )
+            fire, last_due, missed = decision.fire, decision.last_due, decision.missed
+            if last_due <= last_ts:  # nothing was due after all (clock moved between checks)
+                fire, last_due = [], last_ts
+        if missed:
+            logger.warning(
+                "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",
+                self.name,
+                missed,
+                to_datetime(last_due).isoformat(),
+                self.misfire,
+            )
+        self.fire_slots = fire
+        self.last_due = last_due
+        self.model.last_run_at = to_datetime(last_due)
+        self.model.total_run_count += len(fire)
+        self.model.no_changes = True
+        return self.__class__(self.model)
+
+
+class SafeDatabaseScheduler(DatabaseScheduler):
+    """``DatabaseScheduler`` that fires only while holding the Redis lease, each slot at most once."""
+
+    _heap_invalidated: bool = False
+
+    def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
+        self.config = get_config(app)
+        self.client = get_redis(self.config.redis_url)
+        self.clock = RedisClock(self.client)
+        self.lease = Lease(self.client, self.config)
+        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
+        clock = self.clock
+        self.Entry = type(
+            "SafeModelEntry",
+            (SafeModelEntry,),
+            {
+                "clock": staticmethod(lambda: to_datetime(clock.time())),
+                "misfire": self.config.misfire,
+                "on_time": self.config.beat_lease,
+                "grace": self.config.misfire_grace,
+            },
+        )
+        self._loaded_epoch: int | None = None
+        self._heap_source: Any = None
+        self._started = False
+        self._closed = False
+        super().__init__(app, *args, **kwargs)
+
+    @property
+    def granularity(self) -> float:
+        return tick_granularity(self.max_interval)
+
+    def setup_schedule(self) -> None:
+        check_lease(self.config, tick_granularity(self.max_interval or self.app.conf.beat_max_loop_interval or 300))
+        startup_checks(self.config, self.client, self.clock, "beat")
+        super().setup_schedule()
+        self.keeper.start()
+        self._started = True
+        logger.info("beat: %s", self.info.strip(" ."))
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        epoch = self.keeper.epoch
+        if epoch is None:
+            return self.granularity
+        if self._loaded_epoch != epoch:
+            # a new leader reads the tables afresh: last_run_at as the previous leader left it
+            self._initial_read = True
+            self._heap = None
+            self._loaded_epoch = epoch
+        try:
+            interval = float(super().tick(*args, **kwargs))
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("beat: database error during tick: %s", exc)
+            return self.granularity
+        except (redis.RedisError, RedisUnavailable) as exc:
+            logger.error("beat: Redis error during tick, standing by: %s", exc)
+            self.keeper.step_down(f"Redis error during tick: {exc}")
+            return self.granularity
+        return min(interval, self.granularity)
+
+    def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:
+        # The stock comparison walks every entry on every tick (45 ms at 10,000 tasks). The
+        # schedule dict is replaced whenever the tables are re-read, so identity says enough.
+        if getattr(self, "_heap_invalidated", False):
+            self._heap_invalidated = False
+            return False
+        current = self._schedule
+        same = current is not None and current is self._heap_source
+        self._heap_source = current
+        return same
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+        """Publish ``entry``'s due slots that the guard lets through (this leader, not fired yet)."""
+        if advance:
+            self.reserve(entry)
+        epoch = self.keeper.epoch
+        fire: list[float] | None = getattr(entry, "fire_slots", None)
+        last_due: float | None = getattr(entry, "last_due", None)
+        if epoch is None or fire is None or last_due is None:
+            return None
+        allowed = []
+        for slot in fire:
+            verdict = self.lease.guard_slot(epoch, entry.name, slot)
+            when = to_datetime(slot)
+            if verdict < 0:
+                signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="not the leader")
+                self.keeper.step_down("the guard refused: another beat holds the lease")
+                self._initial_read = True
+                return None
+            if verdict == 0:
+                logger.warning("beat: entry %r slot %s was already fired; not publishing it again", entry.name, when)
+                signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="already fired")
+                continue
+            allowed.append(slot)
+        self._record_runs(entry, to_datetime(last_due), len(allowed))
+        result = None
+        for slot in allowed:
+            result = self._publish(entry, slot, epoch, producer, **kwargs)
+        return result
+
+    def _publish(self, entry: Any, slot: float, epoch: int, producer: Any, **kwargs: Any) -> Any:
+        when = to_datetime(slot)
+        original = entry.options
+        headers = {**(original.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
+        entry.options = {**original, "headers": headers}  # ModelEntry cannot be copied
+        try:
+            result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        finally:
+            entry.options = original
+        signals.beat_slot_dispatched.send(
+            sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=getattr(result, "id", None)
+        )
+        return result
+
+    def _record_runs(self, entry: Any, last_due: datetime, published: int) -> None:
+        # Written at once (not at the next sync) so a new leader reads where this one stopped;
+        # a queryset update fires no signal, so it does not make every beat reload the table.
+        self.Model.objects.filter(pk=entry.model.pk).update(
+            last_run_at=last_due, total_run_count=F("total_run_count") + published
+        )
+        self._dirty.discard(entry.name)
+
+    def sync(self) -> None:
+        # last_run_at/total_run_count are written per run; a standby must never write stale ones
+        self._dirty.clear()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.keeper.stop(release=True)
+        super().close()
+
+    @property
+    def info(self) -> str:
+        return beat_info(self.config, self.keeper, self.client, started=self._started)

@@ -1,0 +1,128 @@
+"""Keeps (or keeps trying to take) the beat lease in a background thread.
+
+The thread renews every lease/3 whatever the scheduler's tick is doing, so a slow tick never
+costs the lease; a standby tries every lease/3 minus jitter, which bounds failover after a
+``kill -9`` by lease + lease/3. Any doubt (renew refused, Redis error) means standby at once:
+the guard script would refuse to publish anyway, and failing closed is the point.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import Any
+
+import redis
+
+from . import constants as C
+from . import signals
+from .clock import RedisClock
+from .config import SafeTimeConfig
+from .exceptions import RedisUnavailable
+from .lease import Lease
+
+logger = logging.getLogger(__name__)
+
+
+class LeaderKeeper:
+    """Owns a :class:`Lease` and the thread that holds it. ``epoch`` is None while standby."""
+
+    def __init__(self, lease: Lease, clock: RedisClock, config: SafeTimeConfig, sender: Any) -> None:
+        self.lease = lease
+        self.clock = clock
+        self.config = config
+        self.sender = sender
+        self._epoch: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._redis_down = False
+        self.last_error: str | None = None
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    @property
+    def is_leader(self) -> bool:
+        return self._epoch is not None
+
+    # --- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        """Try once now (so the banner can say leader/standby), then keep going in a thread."""
+        self._attempt()
+        self._thread = threading.Thread(target=self._run, name="safe-time-beat-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self, release: bool = True) -> None:
+        """Stop the thread and, if leading, delete the lease so a standby takes over at its next poll."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=C.BEAT_RENEW_TIMEOUT)
+        with self._lock:
+            epoch, self._epoch = self._epoch, None
+            if release and epoch is not None:
+                try:
+                    self.lease.release()
+                    logger.info("beat: released the leader lease (epoch %s)", epoch)
+                except redis.RedisError as exc:
+                    logger.warning("beat: could not release the lease (it expires by itself): %s", exc)
+
+    def step_down(self, reason: str) -> None:
+        """Called by the scheduler when the guard refused it: the lease is gone."""
+        with self._lock:
+            self._lost(reason)
+
+    # --- thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        renew = self.config.beat_renew_interval
+        backoff = renew
+        while not self._stop.is_set():
+            ok = self._attempt()
+            if ok:
+                backoff = renew
+                # standbys poll with jitter (never later than lease/3, which bounds failover)
+                wait = renew if self.is_leader else renew * random.uniform(0.75, 1.0)
+            else:
+                wait = backoff
+                backoff = min(backoff * 2, max(self.config.beat_lease, renew))
+            self._stop.wait(wait)
+
+    def _attempt(self) -> bool:
+        """One renew (leader) or acquire (standby) round; False when Redis failed."""
+        with self._lock:
+            if self._stop.is_set():
+                return True
+            try:
+                if self._epoch is not None:
+                    if not self.lease.renew():
+                        self._lost("lease expired or taken over")
+                else:
+                    epoch = self.lease.acquire(self.clock.time())
+                    if epoch is not None:
+                        self._epoch = epoch
+                        logger.info(
+                            "beat: acquired the leader lease (epoch %s, lease %gs)", epoch, self.config.beat_lease
+                        )
+                        signals.beat_lease_acquired.send(sender=self.sender, epoch=epoch, lease=self.config.beat_lease)
+            except (redis.RedisError, RedisUnavailable) as exc:
+                self.last_error = str(exc)
+                if self._epoch is not None:
+                    self._lost(f"Redis error: {exc}")
+                if not self._redis_down:
+                    logger.error("beat: Redis unreachable, nothing fires until it is back (fail closed): %s", exc)
+                self._redis_down = True
+                return False
+            if self._redis_down:
+                logger.warning("beat: Redis reachable again")
+                self._redis_down = False
+            return True
+
+    def _lost(self, reason: str) -> None:
+        epoch, self._epoch = self._epoch, None
+        self.lease.epoch = None
+        if epoch is None:
+            return
+        logger.warning("beat: lost the leader lease (epoch %s): %s; standing by", epoch, reason)
+        signals.beat_lease_lost.send(sender=self.sender, epoch=epoch, reason=reason)

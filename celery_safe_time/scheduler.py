@@ -1,0 +1,404 @@
+"""``SafeScheduler``: Celery beat with a Redis leader lease, guarded dispatch and shared state.
+
+Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or embedded with
+``worker -B``): one beat leads, the others stand by. Per-entry state (last fired slot, next
+slot) lives in Redis (a hash plus a sorted set of next-fire times), so a tick reads only the
+entries that are due and a new leader resumes exactly where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery, platforms
+from celery import signals as celery_signals
+from celery.beat import ScheduleEntry, Scheduler
+
+from . import constants as C
+from . import signals
+from .checks import check_redis
+from .clock import RedisClock, to_datetime
+from .config import SafeTimeConfig, get_config
+from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
+from .leader import LeaderKeeper
+from .lease import Lease, LeaseKeys
+from .redis_client import get_redis, mask_url
+from .slots import Grid, decide, grid_for
+
+logger = logging.getLogger(__name__)
+
+OPTION_MISFIRE = "safe_time_misfire"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the scheduler needs to fire one entry."""
+
+    grid: Grid
+    policy: str
+
+
+def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
+    """Validate one entry; raises :class:`SafeTimeError` with a message naming the problem."""
+    policy = (entry.options or {}).get(OPTION_MISFIRE, config.misfire)
+    if policy not in C.MISFIRE_POLICIES:
+        raise ImproperlyConfigured(
+            f"options.{OPTION_MISFIRE}", f"must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
+        )
+    if entry.task not in app.tasks:
+        raise SafeTimeError(f"unknown task {entry.task!r} (not registered in this app)")
+    return Plan(grid=grid_for(entry.schedule, app.timezone), policy=policy)
+
+
+def tick_granularity(max_interval: float) -> float:
+    return min(float(max_interval), C.BEAT_TICK_CAP)
+
+
+def check_lease(config: SafeTimeConfig, granularity: float) -> None:
+    minimum = C.BEAT_MIN_LEASE_TICKS * granularity
+    if config.beat_lease < minimum:
+        raise ImproperlyConfigured(
+            "safe_time_beat_lease",
+            f"{config.beat_lease:g} s is shorter than {C.BEAT_MIN_LEASE_TICKS} x the beat tick "
+            f"({granularity:g} s); use at least {minimum:g} s",
+        )
+
+
+def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisClock, who: str) -> None:
+    """Fail loudly when Redis is unreachable; warn about persistence and eviction."""
+    try:
+        offset = clock.sync()
+    except RedisUnavailable as exc:
+        raise RedisUnavailable(f"{who}: Redis {mask_url(config.redis_url)} is unreachable at startup: {exc}") from exc
+    if abs(offset.offset) > config.max_clock_skew:
+        logger.warning(
+            "%s: this host's clock is %+.3f s off Redis TIME; beat uses Redis TIME, so it still fires on time",
+            who,
+            offset.offset,
+        )
+    for check in check_redis(config, client):
+        if check.status != "ok" and check.name in ("redis_persistence", "redis_eviction", "redis_config"):
+            logger.warning("%s: %s: %s", who, check.name, check.detail)
+
+
+def beat_info(config: SafeTimeConfig, keeper: LeaderKeeper, client: redis.Redis, started: bool) -> str:
+    """The banner line: this beat's role once running, else who holds the lease right now."""
+    if started:
+        state = f"leader (epoch {keeper.epoch})" if keeper.is_leader else "standby"
+    else:
+        try:
+            holder = _load(client.get(LeaseKeys.for_config(config).info))
+            state = (
+                f"lease held by {holder.get('host')} pid {holder.get('pid')} (epoch {holder.get('epoch')}): standby"
+                if holder
+                else "lease free: this beat will take it"
+            )
+        except redis.RedisError as exc:
+            state = f"Redis unreachable ({exc})"
+    return (
+        f"    . safe-time -> {state}; lease {config.beat_lease:g}s, renewed every {config.beat_renew_interval:g}s; "
+        f"redis {mask_url(config.redis_url)}"
+    )
+
+
+class SafeScheduler(Scheduler):
+    """A beat that fires only while it holds the Redis lease, each slot at most once."""
+
+    Entry = ScheduleEntry
+
+    def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
+        self.config = get_config(app)
+        self.client = get_redis(self.config.redis_url)
+        self.clock = RedisClock(self.client)
+        self.lease = Lease(self.client, self.config)
+        self.keys = LeaseKeys.for_config(self.config)
+        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
+        self.plans: dict[str, Plan] = {}
+        self.broken: dict[str, str] = {}
+        self._reconciled_epoch: int | None = None
+        self._closed = False
+        self._started = False
+        super().__init__(app, *args, **kwargs)
+
+    # --- setup --------------------------------------------------------------------
+    @property
+    def granularity(self) -> float:
+        return tick_granularity(self.max_interval)
+
+    def setup_schedule(self) -> None:
+        check_lease(self.config, self.granularity)
+        startup_checks(self.config, self.client, self.clock, "beat")
+        self.install_default_entries(self.data)
+        self.merge_inplace(self.app.conf.beat_schedule)
+        self.keeper.start()
+        self._started = True
+        logger.info("beat: %s", self.info.strip(" ."))
+
+    def merge_inplace(self, b: dict[str, Any]) -> None:
+        """Build entries one by one: a broken entry is logged and left out, never fatal."""
+        schedule = self.schedule
+        for key, spec in (b or {}).items():
+            try:
+                schedule[key] = self.Entry(**dict(spec, name=key, app=self.app))
+            except Exception as exc:
+                self._broken(key, f"invalid entry: {exc.__class__.__name__}: {exc}")
+                schedule.pop(key, None)
+        self._plan_all()
+
+    def _plan_all(self) -> None:
+        self.plans = {}
+        for name, entry in list(self.schedule.items()):
+            try:
+                self.plans[name] = entry_plan(entry, self.config, self.app)
+            except Exception as exc:
+                self._broken(name, str(exc))
+
+    def _broken(self, name: str, reason: str) -> None:
+        self.broken[name] = reason
+        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", name, reason)
+
+    # --- the loop -----------------------------------------------------------------
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        epoch = self.keeper.epoch
+        if epoch is None:
+            self._reconciled_epoch = None
+            return self.granularity
+        try:
+            now = self.clock.time()
+            if self._reconciled_epoch != epoch:
+                self.reconcile(epoch, now)
+                self._reconciled_epoch = epoch
+            due = _pairs(
+                self.client.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
+            )
+            for name, score in due:
+                try:
+                    if not self.fire_entry(name, score, now, epoch):
+                        return self.granularity
+                except (redis.RedisError, RedisUnavailable):
+                    raise
+                except Exception:
+                    logger.exception("beat: entry %r failed; the other entries keep firing", name)
+            if len(due) == C.BEAT_DUE_BATCH:
+                return 0.0
+            head = _pairs(self.client.zrange(self.keys.due, 0, 0, withscores=True))
+        except (redis.RedisError, RedisUnavailable) as exc:
+            logger.error("beat: Redis error during tick, standing by: %s", exc)
+            self.keeper.step_down(f"Redis error during tick: {exc}")
+            return self.granularity
+        if not head:
+            return self.granularity
+        return max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+
+    def reconcile(self, epoch: int, now: float) -> None:
+        """On taking the lease: add new entries, reschedule edited ones, drop removed ones."""
+        stored: dict[str, Any] = {_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
+        scheduled = {_text(k) for k in self.client.zrange(self.keys.due, 0, -1)}
+        pipe = self.client.pipeline(transaction=False)
+        changed = 0
+        for name, plan in self.plans.items():
+            sig = plan.grid.signature()
+            state = _load(stored.get(name))
+            if state and state.get("sig") == sig and name in scheduled:
+                continue
+            last = state.get("last") if state else None
+            if state and state.get("sig") == sig:
+                next_fire = float(state["next"])
+            elif last is not None:  # edited: the new grid continues after the last fired slot
+                next_fire = plan.grid.next(float(last))
+            else:
+                next_fire = plan.grid.first(now)
+            pipe.hset(self.keys.state, name, _dump(last, next_fire, sig))
+            pipe.zadd(self.keys.due, {name: next_fire})
+            changed += 1
+        gone = (scheduled | set(stored)) - set(self.plans)
+        if gone:
+            pipe.zrem(self.keys.due, *gone)
+            pipe.hdel(self.keys.state, *gone)
+        # Only the lease holder may rewrite the schedule: check before sending the batch.
+        if self.client.get(self.keys.lease) != self.lease.token.encode():
+            raise RedisUnavailable("lease lost while reconciling")
+        pipe.execute()
+        logger.info(
+            "beat: leader with epoch %s: %d entries (%d new or edited, %d removed, %d disabled)",
+            epoch,
+            len(self.plans),
+            changed,
+            len(gone),
+            len(self.broken),
+        )
+
+    def fire_entry(self, name: str, slot: float, now: float, epoch: int) -> bool:
+        """Publish the due slots of one entry; False when the lease turned out to be gone."""
+        plan = self.plans.get(name)
+        entry = self.schedule.get(name)
+        if plan is None or entry is None:
+            self.client.zrem(self.keys.due, name)
+            return True
+        try:
+            decision = decide(
+                plan.grid,
+                slot,
+                now,
+                policy=plan.policy,
+                on_time=self.config.beat_lease,
+                grace=self.config.misfire_grace,
+            )
+        except Exception as exc:
+            self._broken(name, f"cannot compute its next slot: {exc}")
+            self.plans.pop(name, None)
+            self.client.zrem(self.keys.due, name)
+            return True
+        sig = plan.grid.signature()
+        if decision.missed:
+            logger.warning(
+                "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",
+                name,
+                decision.missed,
+                to_datetime(decision.last_due).isoformat(),
+                plan.policy,
+            )
+        if not decision.fire:
+            if not self.lease.advance(epoch, name, _dump(decision.last_due, decision.next, sig), decision.next):
+                return self._refused(name, slot)
+            return True
+        for fire_slot in decision.fire:
+            verdict = self.lease.guard(epoch, name, fire_slot, _dump(fire_slot, decision.next, sig), decision.next)
+            if verdict < 0:
+                return self._refused(name, fire_slot)
+            if verdict == 0:
+                logger.warning("beat: entry %r slot %s was already fired; not publishing it again", name, fire_slot)
+                signals.beat_slot_duplicate.send(
+                    sender=self, entry=name, slot=to_datetime(fire_slot), reason="already fired"
+                )
+                continue
+            self.publish(entry, fire_slot, epoch)
+        return True
+
+    def _refused(self, name: str, slot: float) -> bool:
+        signals.beat_slot_duplicate.send(sender=self, entry=name, slot=to_datetime(slot), reason="not the leader")
+        self.keeper.step_down("the guard refused: another beat holds the lease")
+        return False
+
+    def publish(self, entry: Any, slot: float, epoch: int) -> Any:
+        when = to_datetime(slot)
+        options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
+        options["headers"] = {**(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
+        proxy = copy.copy(entry)
+        proxy.options = options
+        try:
+            result = super().apply_async(proxy, producer=self.producer, advance=False)
+        except Exception as exc:
+            # At most once: the slot is marked fired; a lost publish is logged, not retried.
+            logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
+            return None
+        entry.last_run_at = when
+        entry.total_run_count += 1
+        task_id = getattr(result, "id", None)
+        logger.info("beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch)
+        signals.beat_slot_dispatched.send(sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=task_id)
+        return result
+
+    # --- shutdown and banner --------------------------------------------------------
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.keeper.stop(release=True)
+        super().close()
+
+    @property
+    def info(self) -> str:
+        return beat_info(self.config, self.keeper, self.client, started=self._started)
+
+
+def _release_on_sigterm(sender: Any = None, **kwargs: Any) -> None:
+    """In ``worker -B`` the worker stops its beat process with SIGTERM, which by default kills it
+    on the spot, lease held, and the standbys wait a whole lease. Exit cleanly instead: beat's
+    loop then closes the scheduler, which deletes the lease."""
+    scheduler = getattr(sender, "scheduler", None)
+    if getattr(scheduler, "keeper", None) is None:
+        return
+
+    def _exit(*args: Any) -> None:
+        raise SystemExit()
+
+    platforms.signals["TERM"] = _exit
+
+
+celery_signals.beat_embedded_init.connect(_release_on_sigterm, weak=False)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(result: Any) -> list[tuple[str, float]]:
+    """A ``withscores`` reply as (member, score) pairs."""
+    return [(_text(member), float(score)) for member, score in result]
+
+
+def _load(raw: Any) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _dump(last: float | None, next_fire: float, sig: str) -> str:
+    return json.dumps({"last": last, "next": next_fire, "sig": sig})
+
+
+def describe_beat(app: Celery) -> dict[str, Any]:
+    """``celery safe-time status`` section: the leader and per-entry last/next slot."""
+    config = get_config(app)
+    client = get_redis(config.redis_url)
+    keys = LeaseKeys.for_config(config)
+    try:
+        info = _load(client.get(keys.info))
+        ttl_ms = client.pttl(keys.lease)
+        epoch = client.get(keys.epoch)
+        head = _pairs(client.zrange(keys.due, 0, C.BEAT_STATUS_ENTRIES - 1, withscores=True))
+        total = client.zcard(keys.due)
+        names = [name for name, _ in head]
+        states: list[Any] = list(client.hmget(keys.state, names)) if names else []
+    except redis.RedisError as exc:
+        return {"error": f"Redis {mask_url(config.redis_url)} unreachable: {exc}"}
+    entries = []
+    for (name, score), raw in zip(head, states, strict=False):
+        state = _load(raw)
+        last = state.get("last")
+        entries.append(
+            {
+                "entry": name,
+                "last_slot": _iso(last),
+                "next_slot": _iso(float(score)),
+            }
+        )
+    return {
+        "leader": {
+            "host": info.get("host"),
+            "pid": info.get("pid"),
+            "epoch": info.get("epoch"),
+            "lease_left_s": round(ttl_ms / 1000.0, 1) if ttl_ms and ttl_ms > 0 else None,
+        }
+        if info
+        else "none (no beat holds the lease)",
+        "epoch": int(epoch) if epoch else None,
+        "lease_s": config.beat_lease,
+        "redis": mask_url(config.redis_url),
+        "entries_total": total,
+        "entries": entries,
+    }
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(float(ts), to_datetime(0).tzinfo).isoformat()

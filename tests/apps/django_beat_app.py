@@ -1,0 +1,17 @@
+"""The ``basic`` app inside the test Django project, for ``SafeDatabaseScheduler`` subprocesses.
+
+``SAFE_TIME_TEST_DJANGO_DB_URL`` points Django at the test database of the pytest process.
+"""
+
+from __future__ import annotations
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django_settings")
+django.setup()
+
+from tests.apps.basic import app, record  # noqa: E402
+
+__all__ = ["app", "record"]

@@ -1,0 +1,122 @@
+"""``SafeDatabaseScheduler`` with real beat processes against the PostgreSQL test database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import time
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+from django.db import connection
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+from tests.helpers.beat import beat_env, duplicates, leader_pid, runs
+from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+APP = "tests.apps.django_beat_app"
+SCHEDULER = "celery_safe_time.contrib.django.SafeDatabaseScheduler"
+LEASE = 6.0
+UTC = dt.timezone.utc
+
+
+def _db_url() -> str:
+    s = connection.settings_dict
+    return f"postgresql://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+def _slot(run: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(run["headers"]["safe_time_slot"]).timestamp()
+
+
+def _start(processes: ProcessManager, n: int) -> list[CeleryProcess]:
+    env = {**beat_env({}, safe_time_beat_lease=LEASE), "SAFE_TIME_TEST_DJANGO_DB_URL": _db_url()}
+    processes.worker(APP, env=env, name="worker")
+    return [processes.beat(APP, env=env, name=f"beat{i}", scheduler=SCHEDULER) for i in range(n)]
+
+
+def test_crontab_rows_use_their_timezone_with_dst_rules(make_app: Any) -> None:
+    from celery_safe_time.contrib.django.schedulers import SafeModelEntry
+
+    app = make_app()
+
+    cron = CrontabSchedule.objects.create(minute="30", hour="2", timezone=ZoneInfo("America/New_York"))
+    task = PeriodicTask.objects.create(name="ny-0230", task="tests.record", crontab=cron)
+    entry = SafeModelEntry(task, app=app)
+    after = dt.datetime(2026, 3, 8, tzinfo=UTC)
+    assert entry.schedule.next_after(after) == dt.datetime(2026, 3, 8, 7, 0, tzinfo=UTC)  # R1
+
+
+@pytest.mark.parametrize(("policy", "fired"), [("run_once", [30]), ("skip", []), ("run_all", [10, 20, 30])])
+def test_database_entries_follow_the_misfire_policy(make_app: Any, policy: str, fired: list[int]) -> None:
+    from celery_safe_time.contrib.django.schedulers import SafeModelEntry
+
+    app = make_app()
+    start = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    now = start + dt.timedelta(seconds=37)  # S1..S3 (10, 20, 30 s) missed by more than the 6 s window
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
+    row = PeriodicTask.objects.create(name=f"m-{policy}", task="tests.record", interval=every, last_run_at=start)
+    entry_cls = type("E", (SafeModelEntry,), {"clock": staticmethod(lambda: now), "misfire": policy, "on_time": 6.0})
+    entry = entry_cls(row, app=app)
+    after = next(entry)
+    assert [s - start.timestamp() for s in entry.fire_slots or []] == fired
+    assert after.last_run_at == start + dt.timedelta(seconds=30)
+    assert row.total_run_count == len(fired)
+
+
+def test_safe_database_scheduler_end_to_end(
+    processes: ProcessManager, redis_client: redis.Redis, django_user_model: Any, client: Any
+) -> None:
+    every = IntervalSchedule.objects.create(every=2, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(name="dj-fast", task="tests.record", interval=every, args='["dj-fast"]')
+    # A fixed time in Kolkata (+05:30): it fires at this instant only if the row's timezone is used.
+    target = dt.datetime.fromtimestamp((time.time() // 60 + 1) * 60, UTC)
+    if (target.timestamp() - time.time()) < 20:
+        target += dt.timedelta(minutes=1)
+    local = target.astimezone(ZoneInfo("Asia/Kolkata"))
+    cron = CrontabSchedule.objects.create(
+        minute=str(local.minute), hour=str(local.hour), timezone=ZoneInfo("Asia/Kolkata")
+    )
+    PeriodicTask.objects.create(name="dj-cron", task="tests.record", crontab=cron, args='["dj-cron"]')
+
+    beats = _start(processes, 2)
+    pid = wait_for(lambda: leader_pid(redis_client), 60, message="a leader")
+    wait_for(lambda: len(runs(redis_client, "dj-fast")) >= 3, 60, message="dj-fast runs")
+    leader = next(b for b in beats if b.pid == pid)
+    before = {r["headers"]["safe_time_epoch"] for r in runs(redis_client)}
+    leader.kill()
+    wait_for(
+        lambda: any(r["headers"]["safe_time_epoch"] not in before for r in runs(redis_client)),
+        30,
+        message="a run from the new leader",
+    )
+    # an edit (as the admin would make it) is picked up by the leader
+    edited_at = time.time()
+    every.every = 3
+    every.save()
+    wait_for(lambda: runs(redis_client, "dj-cron"), max(10.0, target.timestamp() - time.time() + 30), interval=1)
+    wait_for(lambda: len([r for r in runs(redis_client, "dj-fast") if _slot(r) > edited_at + 4]) >= 3, 40)
+    for beat in beats:
+        beat.terminate()
+    time.sleep(3)
+
+    assert duplicates(redis_client) == {}
+    assert [_slot(r) for r in runs(redis_client, "dj-cron")] == [target.timestamp()]
+    fast = sorted(_slot(r) for r in runs(redis_client, "dj-fast"))
+    late = [b - a for a, b in itertools.pairwise(fast) if a > edited_at + 4]
+    assert late
+    assert all(g == pytest.approx(3.0) for g in late), late
+    row = PeriodicTask.objects.get(name="dj-fast")
+    assert row.total_run_count == len(fast)
+    assert row.last_run_at.timestamp() == pytest.approx(fast[-1])
+    assert PeriodicTask.objects.get(name="dj-cron").total_run_count == 1
+
+    admin = django_user_model.objects.create_superuser("admin", "a@example.com", "pw")
+    client.force_login(admin)
+    page = client.get("/admin/django_celery_beat/periodictask/")
+    assert page.status_code == 200
+    assert b"dj-fast" in page.content

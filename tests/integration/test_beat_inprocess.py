@@ -1,0 +1,88 @@
+"""``SafeScheduler`` driven tick by tick in this process (real Redis): signals, state, edits."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_safe_time import signals
+from celery_safe_time.scheduler import SafeScheduler
+from tests.helpers.processes import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _noop() -> None:
+    return None
+
+
+def _scheduler(make_app: Any, tmp_path: Path, every: float) -> SafeScheduler:
+    app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": every}})
+    app.task(name="t.noop")(_noop)
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    return sched
+
+
+def _state(client: redis.Redis) -> dict[str, Any]:
+    return json.loads(client.hget("safe_time:beat:state", "e") or b"{}")  # type: ignore[no-any-return]
+
+
+def test_dispatch_signal_state_and_schedule_edit(make_app: Any, tmp_path: Path, redis_client: redis.Redis) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def on_sent(sender: Any, **kw: Any) -> None:
+        sent.append(kw)
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    try:
+        sched = _scheduler(make_app, tmp_path, 2.0)
+        try:
+            wait_for(lambda: (sched.tick(), sent)[1], 10, message="a dispatched slot")
+        finally:
+            sched.close()
+        first = sent[0]
+        assert first["entry"] == "e"
+        assert first["epoch"] == 1
+        assert first["slot"].timestamp() == int(first["slot"].timestamp())
+        assert first["task_id"]
+        state = _state(redis_client)
+        assert state["last"] == first["slot"].timestamp()
+        assert state["next"] == state["last"] + 2
+        assert redis_client.get("safe_time:beat:lease") is None  # released on close
+
+        # an edit: the new grid continues from the last fired slot, not from "now"
+        sched = _scheduler(make_app, tmp_path, 5.0)
+        try:
+            sched.tick()
+            state = _state(redis_client)
+            assert state["next"] == first["slot"].timestamp() + 5
+            assert state["sig"] == "every 5s"
+            assert "leader (epoch 2)" in sched.info
+        finally:
+            sched.close()
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+
+
+def test_standby_does_not_tick_entries(make_app: Any, tmp_path: Path, redis_client: redis.Redis) -> None:
+    leader = _scheduler(make_app, tmp_path, 1.0)
+    try:
+        app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": 1.0}})
+        app.task(name="t.noop")(_noop)
+        standby = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s2"), max_interval=1)
+        try:
+            assert not standby.keeper.is_leader
+            assert standby.tick() == 1.0
+            assert "standby" in standby.info
+            time.sleep(0.1)
+        finally:
+            standby.close()
+        assert redis_client.get("safe_time:beat:lease") == leader.lease.token.encode()
+    finally:
+        leader.close()

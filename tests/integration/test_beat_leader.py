@@ -1,0 +1,165 @@
+"""Safe Beat with real ``celery beat`` processes: one leader, failover, paused leader, shared state."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from datetime import datetime
+
+import pytest
+import redis
+
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates, leader_pid, runs
+from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
+
+pytestmark = pytest.mark.integration
+
+LEASE = 6.0
+SCHEDULE = {
+    "fast": {"task": "tests.record", "every": 1, "args": ["fast"]},
+    "five": {"task": "tests.record", "every": 5, "args": ["five"]},
+}
+
+
+def _slot(run: dict[str, object]) -> float:
+    headers = run["headers"]
+    assert isinstance(headers, dict)
+    return datetime.fromisoformat(str(headers["safe_time_slot"])).timestamp()
+
+
+def _epochs(client: redis.Redis) -> set[int]:
+    return {int(r["headers"]["safe_time_epoch"]) for r in runs(client)}
+
+
+def _start(processes: ProcessManager, n: int, schedule: dict[str, object], **conf: object) -> list[CeleryProcess]:
+    env = beat_env(schedule, safe_time_beat_lease=LEASE, **conf)
+    processes.worker(BEAT_APP, env=env, name="worker")
+    return [processes.beat(BEAT_APP, env=env, name=f"beat{i}") for i in range(n)]
+
+
+def _leader(client: redis.Redis, beats: list[CeleryProcess]) -> CeleryProcess:
+    pid = wait_for(lambda: leader_pid(client), 30, message="a leader")
+    return next(b for b in beats if b.pid == pid)
+
+
+def _settle(client: redis.Redis) -> list[dict[str, object]]:
+    """Wait until the worker has drained what was published, then return the runs."""
+    last = -1
+    while True:
+        time.sleep(2)
+        now = len(runs(client))
+        if now == last:
+            return runs(client)
+        last = now
+
+
+def _assert_contiguous(client: redis.Redis, label: str, step: float) -> list[float]:
+    slots = sorted(_slot(r) for r in runs(client, label))
+    gaps = [b - a for a, b in itertools.pairwise(slots)]
+    assert all(g == pytest.approx(step) for g in gaps), f"{label} slots not contiguous: {gaps}"
+    return slots
+
+
+def test_one_leader_three_beats(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    _one_leader(processes, redis_client, minutes=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SAFE_TIME_SOAK"), reason="long version: set SAFE_TIME_SOAK=1")
+def test_one_leader_three_beats_for_minutes(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    _one_leader(processes, redis_client, minutes=4)
+
+
+def _one_leader(processes: ProcessManager, redis_client: redis.Redis, minutes: int) -> None:
+    schedule = {**SCHEDULE, "minutely": {"task": "tests.record", "cron": {"minute": "*"}, "args": ["minutely"]}}
+    beats = _start(processes, 3, schedule)
+    wait_for(
+        lambda: len(runs(redis_client, "minutely")) >= minutes, 60 * minutes + 15, interval=1, message="minutely runs"
+    )
+    time.sleep(3)
+    for beat in beats:
+        assert beat.alive()
+        beat.terminate()
+    _settle(redis_client)
+    assert duplicates(redis_client) == {}
+    assert len(_epochs(redis_client)) == 1, "more than one leader published"
+    fast = _assert_contiguous(redis_client, "fast", 1.0)
+    assert len(fast) >= 10
+    _assert_contiguous(redis_client, "five", 5.0)
+    minutely = [_slot(r) for r in runs(redis_client, "minutely")]
+    assert all(s % 60 == 0 for s in minutely)
+    assert sum("acquired the leader lease" in b.log() for b in beats) == 1
+
+
+def test_failover_after_kill_9_keeps_the_grid(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    beats = _start(processes, 2, SCHEDULE)
+    leader = _leader(redis_client, beats)
+    wait_for(lambda: len(runs(redis_client, "five")) >= 2, 30, message="two 'five' runs")
+    old_epochs = _epochs(redis_client)
+    killed_at = time.time()
+    leader.kill()
+    standby = next(b for b in beats if b is not leader)
+
+    def new_epoch_run() -> dict[str, object] | None:
+        fresh = [r for r in runs(redis_client) if int(r["headers"]["safe_time_epoch"]) not in old_epochs]
+        return fresh[0] if fresh else None
+
+    first = wait_for(new_epoch_run, 30, message="a run from the new leader")
+    # within lease + lease/3 (plus a little for the worker to pick the message up)
+    assert float(first["started"]) - killed_at <= LEASE + LEASE / 3 + 3.0
+    time.sleep(6)
+    standby.terminate()
+    _settle(redis_client)
+    assert duplicates(redis_client) == {}
+    # shared state: the new leader continues the same 5 s grid, never early, never repeating a slot
+    five = sorted(_slot(r) for r in runs(redis_client, "five"))
+    assert all((b - a) % 5 == 0 and b > a for a, b in itertools.pairwise(five))
+    # the fast entry lost at most the slots of the failover window (run_once: one catch-up)
+    fast = sorted(_slot(r) for r in runs(redis_client, "fast"))
+    assert max(b - a for a, b in itertools.pairwise(fast)) <= LEASE + LEASE / 3 + 2
+
+
+def test_sigterm_hands_over_within_one_poll(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    beats = _start(processes, 2, SCHEDULE)
+    leader = _leader(redis_client, beats)
+    wait_for(lambda: runs(redis_client, "fast"), 30, message="a first run")
+    old = _epochs(redis_client)
+    stopped_at = time.time()
+    assert leader.terminate() is not None
+    assert "released the leader lease" in leader.log()
+    standby = next(b for b in beats if b is not leader)
+    standby.wait_for_log("acquired the leader lease", 30)
+
+    def takeover() -> float | None:
+        fresh = [r for r in runs(redis_client) if int(r["headers"]["safe_time_epoch"]) not in old]
+        return float(fresh[0]["started"]) if fresh else None
+
+    started = wait_for(takeover, 30, message="a run from the new leader")
+    assert started - stopped_at <= LEASE / 3 + 3.0
+    standby.terminate()
+    _settle(redis_client)
+    assert duplicates(redis_client) == {}
+
+
+def test_paused_leader_resumes_as_standby(processes: ProcessManager, redis_client: redis.Redis) -> None:
+    beats = _start(processes, 2, SCHEDULE)
+    leader = _leader(redis_client, beats)
+    wait_for(lambda: len(runs(redis_client, "fast")) >= 3, 30, message="runs")
+    leader.pause()
+    standby = next(b for b in beats if b is not leader)
+    standby.wait_for_log("acquired the leader lease", 30)
+    time.sleep(2)
+    resumed_at = time.time()
+    leader.resume()
+    leader.wait_for_log("lost the leader lease", 30)
+    time.sleep(4)
+    assert leader.alive()
+    assert standby.alive()
+    assert leader_pid(redis_client) == standby.pid
+    for beat in beats:
+        beat.terminate()
+    _settle(redis_client)
+    assert duplicates(redis_client) == {}
+    late = [r for r in runs(redis_client) if float(r["started"]) > resumed_at + 1]
+    assert len({r["headers"]["safe_time_epoch"] for r in late}) == 1, "the resumed leader published"

@@ -1,0 +1,77 @@
+"""The lease and guard scripts against a real Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from celery_safe_time import signals
+from celery_safe_time.clock import RedisClock
+from celery_safe_time.config import get_config
+from celery_safe_time.leader import LeaderKeeper
+from celery_safe_time.lease import Lease
+from tests.helpers.processes import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _lease(make_app: Any, redis_client: redis.Redis, **conf: Any) -> Lease:
+    return Lease(redis_client, get_config(make_app(safe_time_beat_lease=6, **conf)))
+
+
+def test_acquire_renew_release(make_app: Any, redis_client: redis.Redis) -> None:
+    a, b = _lease(make_app, redis_client), _lease(make_app, redis_client)
+    assert a.acquire(0.0) == 1
+    assert b.acquire(0.0) is None
+    assert a.acquire(0.0) == 1  # re-acquiring our own lease keeps the epoch
+    assert a.renew()
+    assert not b.renew()
+    assert 0 < redis_client.pttl("safe_time:beat:lease") <= 6000
+    assert not b.release()
+    assert a.release()
+    assert b.acquire(0.0) == 2  # a new lease, a new epoch
+
+
+def test_guard_publishes_each_slot_once_and_only_for_the_leader(make_app: Any, redis_client: redis.Redis) -> None:
+    a, b = _lease(make_app, redis_client), _lease(make_app, redis_client)
+    epoch = a.acquire(0.0)
+    assert epoch is not None
+    assert a.guard(epoch, "e", 100.0, "{}", 110.0) == 1
+    assert a.guard(epoch, "e", 100.0, "{}", 110.0) == 0
+    assert redis_client.ttl("safe_time:beat:fired:e:100000") > 6 * 86400
+    assert b.guard(epoch, "e", 110.0, "{}", 120.0) == -1  # right epoch, wrong token
+    redis_client.delete("safe_time:beat:lease")
+    assert a.guard(epoch, "e", 110.0, "{}", 120.0) == -1
+    assert b.acquire(0.0) == epoch + 1
+    assert a.guard(epoch, "e", 110.0, "{}", 120.0) == -1  # stale epoch
+    assert b.guard_slot(epoch + 1, "e", 100.0) == 0  # fired markers survive leaders
+    assert redis_client.zscore("safe_time:beat:due", "e") == 110.0
+
+
+def test_keeper_signals_and_steps_down(make_app: Any, redis_client: redis.Redis) -> None:
+    app = make_app(safe_time_beat_lease=3)
+    config = get_config(app)
+    events: list[tuple[str, Any]] = []
+
+    def acquired(sender: Any, epoch: int, **kw: Any) -> None:
+        events.append(("acquired", epoch))
+
+    def lost(sender: Any, epoch: int, reason: str, **kw: Any) -> None:
+        events.append(("lost", epoch))
+
+    signals.beat_lease_acquired.connect(acquired, weak=False)
+    signals.beat_lease_lost.connect(lost, weak=False)
+    keeper = LeaderKeeper(Lease(redis_client, config), RedisClock(redis_client), config, sender=None)
+    try:
+        keeper.start()
+        assert keeper.epoch == 1
+        redis_client.delete("safe_time:beat:lease")
+        wait_for(lambda: keeper.epoch == 2, 10, message="a new epoch after the lease was deleted")
+        assert events[:3] == [("acquired", 1), ("lost", 1), ("acquired", 2)]
+    finally:
+        keeper.stop()
+        signals.beat_lease_acquired.disconnect(acquired)
+        signals.beat_lease_lost.disconnect(lost)
+    assert redis_client.get("safe_time:beat:lease") is None

@@ -1,0 +1,62 @@
+"""Slot grids and misfire decisions (pure; time passed in)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from celery.schedules import crontab as plain_crontab
+from celery.schedules import schedule as interval
+
+from celery_safe_time import crontab
+from celery_safe_time.exceptions import ScheduleError
+from celery_safe_time.slots import CronGrid, IntervalGrid, decide, grid_for
+
+UTC = dt.timezone.utc
+GRID = IntervalGrid(10.0)
+
+
+def test_on_time_slot_fires_under_every_policy() -> None:
+    for policy in ("run_once", "skip", "run_all"):
+        d = decide(GRID, 100.0, 101.0, policy=policy, on_time=6, grace=None)
+        assert d.fire == [100.0]
+        assert d.next == 110.0
+        assert d.missed == 0
+
+
+@pytest.mark.parametrize(("policy", "fired"), [("run_once", [130.0]), ("skip", []), ("run_all", [110.0, 120.0, 130.0])])
+def test_three_missed_slots(policy: str, fired: list[float]) -> None:
+    d = decide(GRID, 110.0, 137.0, policy=policy, on_time=6, grace=None)
+    assert d.fire == fired
+    assert d.last_due == 130.0
+    assert d.next == 140.0
+    assert d.missed == 3 - len(fired)
+
+
+def test_on_time_slot_counts_as_the_catch_up() -> None:
+    d = decide(GRID, 110.0, 132.0, policy="run_once", on_time=6, grace=None)
+    assert d.fire == [130.0]  # S1, S2 missed; S3 on time is the one run
+
+
+def test_run_all_is_capped_and_grace_drops_old_slots() -> None:
+    d = decide(IntervalGrid(1.0), 0.0, 1000.5, policy="run_all", on_time=0.1, grace=None, cap=5)
+    assert d.fire == [996.0, 997.0, 998.0, 999.0, 1000.0]
+    d = decide(GRID, 110.0, 137.0, policy="run_all", on_time=1, grace=20)
+    assert d.fire == [120.0, 130.0]
+
+
+def test_unknown_policy() -> None:
+    with pytest.raises(ScheduleError):
+        decide(GRID, 0.0, 1.0, policy="sometimes", on_time=1, grace=None)
+
+
+def test_grids() -> None:
+    assert isinstance(grid_for(interval(dt.timedelta(seconds=5)), UTC), IntervalGrid)
+    assert grid_for(7.5, UTC) == IntervalGrid(7.5)
+    ny = grid_for(plain_crontab("30", "2"), dt.timezone.utc)
+    assert isinstance(ny, CronGrid)
+    berlin = grid_for(crontab("30", "2", tz="Europe/Berlin"), UTC)
+    assert berlin.signature() != ny.signature()
+    with pytest.raises(ScheduleError):
+        grid_for("every tuesday", UTC)
+    assert GRID.first(100.2) == 101.0

@@ -53,7 +53,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick $(ARGS)
 
 soak: $(STAMP)
-	SAFE_TIME_SOAK=1 $(BIN)/python -m pytest -m soak tests/faults $(PYTEST_ARGS)
+	SAFE_TIME_SOAK=1 $(BIN)/python -m pytest -m "soak or slow" tests $(PYTEST_ARGS)
 
 soak-quick: $(STAMP)
 	$(BIN)/python -m pytest -m soak tests/faults $(PYTEST_ARGS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from datetime import datetime
 
@@ -66,7 +65,6 @@ def test_one_leader_three_beats(processes: ProcessManager, redis_client: redis.R
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SAFE_TIME_SOAK"), reason="long version: set SAFE_TIME_SOAK=1")
 def test_one_leader_three_beats_for_minutes(processes: ProcessManager, redis_client: redis.Redis) -> None:
     _one_leader(processes, redis_client, minutes=4)
 

@@ -136,20 +136,25 @@ class DelayStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
+        """Claimed rows of claim ``token`` -> ``status``, clearing the claim; ``sent_at=True`` stamps
+        the store's now. Returns how many rows changed (rows claimed by someone else are left alone)."""
+
     def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
         """Claimed rows of this claim -> sent. Returns how many changed."""
+        return self._finish(task_ids, token, status=C.STATUS_SENT, sent_at=True)
 
-    @abc.abstractmethod
     def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
         """Claimed rows of this claim -> expired. Returns how many changed."""
+        return self._finish(task_ids, token, status=C.STATUS_EXPIRED)
 
-    @abc.abstractmethod
     def mark_failed(self, task_id: str, token: str, error: str) -> bool:
         """A claimed row of this claim -> failed, with the error kept."""
+        return self._finish([task_id], token, status=C.STATUS_FAILED, last_error=truncate_error(error)) == 1
 
-    @abc.abstractmethod
     def release(self, task_ids: Sequence[str], token: str) -> int:
         """Claimed rows of this claim go back to pending now (the broker refused them)."""
+        return self._finish(task_ids, token, status=C.STATUS_PENDING)
 
     @abc.abstractmethod
     def reclaim_stale(self, timeout: float) -> int:

@@ -6,11 +6,12 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from .. import constants as C
 from ..clock import local_time, to_datetime
 from ..exceptions import StoreError
-from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts, truncate_error
+from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 
 
 class MemoryStore(DelayStore):
@@ -87,7 +88,9 @@ class MemoryStore(DelayStore):
                 for r in due
             ]
 
-    def _finish(self, task_ids: Sequence[str], token: str, status: str, **changes: object) -> int:
+    def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **changes: Any) -> int:
+        if changes.get("sent_at") is True:
+            changes["sent_at"] = self.now()
         changed = 0
         with self._lock:
             for task_id in task_ids:
@@ -96,18 +99,6 @@ class MemoryStore(DelayStore):
                     self._replace(row, status=status, claim_token=None, **changes)
                     changed += 1
         return changed
-
-    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, C.STATUS_SENT, sent_at=self.now())
-
-    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, C.STATUS_EXPIRED)
-
-    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
-        return self._finish([task_id], token, C.STATUS_FAILED, last_error=truncate_error(error)) == 1
-
-    def release(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, C.STATUS_PENDING)
 
     def reclaim_stale(self, timeout: float) -> int:
         with self._lock:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from .. import constants as C
 from ..exceptions import StoreError
 from ..redis_client import mask_url
-from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts, truncate_error
+from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 
 logger = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ class SQLAlchemyStore(DelayStore):
         rows.sort(key=lambda r: (r.due_at, r.id))
         return rows
 
-    def _finish(self, task_ids: Sequence[str], token: str, **values: Any) -> int:
+    def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         if not task_ids:
             return 0
         t = delays
@@ -395,21 +395,9 @@ class SQLAlchemyStore(DelayStore):
             result = conn.execute(
                 sa.update(t)
                 .where(t.c.id.in_(list(task_ids)), _status(C.STATUS_CLAIMED), t.c.claim_token == token)
-                .values(claim_token=None, **values)
+                .values(claim_token=None, status=status, **values)
             )
             return int(result.rowcount)
-
-    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, status=C.STATUS_SENT, sent_at=True)
-
-    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, status=C.STATUS_EXPIRED)
-
-    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
-        return self._finish([task_id], token, status=C.STATUS_FAILED, last_error=truncate_error(error)) == 1
-
-    def release(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, status=C.STATUS_PENDING)
 
     def reclaim_stale(self, timeout: float) -> int:
         t = delays

@@ -12,7 +12,7 @@ from django.db.models import F
 
 from ... import constants as C
 from ...exceptions import StoreError
-from ...stores.base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts, truncate_error
+from ...stores.base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 
 UTC = timezone.utc
 T = TypeVar("T")
@@ -172,7 +172,7 @@ class DjangoStore(DelayStore):
 
         return self._atomic(run)
 
-    def _finish(self, task_ids: Sequence[str], token: str, **values: Any) -> int:
+    def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         if not task_ids:
             return 0
 
@@ -183,22 +183,10 @@ class DjangoStore(DelayStore):
             return int(
                 self._objects()
                 .filter(id__in=list(task_ids), status=C.STATUS_CLAIMED, claim_token=token)
-                .update(claim_token=None, updated_at=now, **values)
+                .update(claim_token=None, updated_at=now, status=status, **values)
             )
 
         return self._atomic(run)
-
-    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, status=C.STATUS_SENT, sent_at=True)
-
-    def mark_expired(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, status=C.STATUS_EXPIRED)
-
-    def mark_failed(self, task_id: str, token: str, error: str) -> bool:
-        return self._finish([task_id], token, status=C.STATUS_FAILED, last_error=truncate_error(error)) == 1
-
-    def release(self, task_ids: Sequence[str], token: str) -> int:
-        return self._finish(task_ids, token, status=C.STATUS_PENDING)
 
     def reclaim_stale(self, timeout: float) -> int:
         def run() -> int:

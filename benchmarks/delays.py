@@ -381,6 +381,7 @@ def _lateness(env: Env, n: int, window: float, lead: float, stored: bool, app: C
         "p50": late[len(late) // 2],
         "p99": late[min(len(late) - 1, int(len(late) * 0.99))],
         "max": late[-1],
+        "samples": [round(x, 4) for x in late],  # for the doc's CDF chart
     }
 
 

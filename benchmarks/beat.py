@@ -191,6 +191,28 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     finally:
         plain.close()
     client.flushdb()
+    # celery-redbeat with the same entries; its lock is off (lock_key None) so the tick timed is the
+    # schedule read + publish only: with the lock each tick also pays one more round trip (extend).
+    from redbeat import RedBeatScheduler
+
+    for label, busy in (("RedBeatScheduler", 10), ("RedBeatScheduler idle", 0)):
+        app3 = _app(
+            redis_url,
+            beat_schedule=_entries(N_ENTRIES, celery_crontab, busy=busy),
+            redbeat_redis_url=redis_url,
+            redbeat_lock_key=None,
+        )
+        red = RedBeatScheduler(app=app3, max_interval=1, lock_key=None)
+        try:
+            red.lock_key = None
+            first = time.perf_counter()
+            red.tick()
+            out[f"{label} first tick"] = {"s": round(time.perf_counter() - first, 2)}
+            time.sleep(1.1)
+            out[label] = _ms(_ticks(red.tick, count // 2, 0.02 if busy else 0.005))
+        finally:
+            red.close()
+        client.flushdb()
     # idle: the same 10,000 entries, none due (what a tick costs when it has nothing to send)
     idle_app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, crontab, busy=0), safe_time_beat_lease=6)
     safe = SafeScheduler(app=idle_app, schedule_filename=str(tmp / "safe-idle"), max_interval=1)
@@ -287,6 +309,11 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(
         f"| tick, 10k entries, 10 due/s: p50 / p99 (ms) | {s.get('p50_ms')} / {s.get('p99_ms')} "
         f"| PersistentScheduler: {p.get('p50_ms')} / {p.get('p99_ms')} |"
+    )
+    r, ri = t.get("RedBeatScheduler", {}), t.get("RedBeatScheduler idle", {})
+    lines.append(
+        f"| celery-redbeat tick, 10k entries, 10 due/s / none due: p50 / p99 (ms) | - "
+        f"| {r.get('p50_ms')} / {r.get('p99_ms')}; idle {ri.get('p50_ms')} / {ri.get('p99_ms')} |"
     )
     si, pi = t.get("SafeScheduler idle", {}), t.get("PersistentScheduler idle", {})
     lines.append(

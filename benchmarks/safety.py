@@ -38,8 +38,8 @@ from tests.helpers.processes import CeleryProcess, wait_for
 
 
 def bench_visibility(quick: bool) -> dict[str, Any]:
-    vt = 5.0
-    countdown = 20.0 if quick else 30.0
+    vt = 3.0 if quick else 5.0
+    countdown = 10.0 if quick else 30.0
     n = 10 if quick else 20
     env = Env()
     try:
@@ -62,7 +62,7 @@ def bench_visibility(quick: bool) -> dict[str, Any]:
         for i in range(n):
             app.tasks["tests.delays.record"].apply_async((f"safe-{i}",), countdown=countdown)
             app.tasks["tests.delays.plain_record"].apply_async((f"plain-{i}",), countdown=countdown)
-        settle = countdown + 3 * vt + 15
+        settle = countdown + 2 * vt + 8  # the last redelivered copies fire at ~countdown; then the sweep, margin
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline:
             time.sleep(1)

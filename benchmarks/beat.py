@@ -37,7 +37,11 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _ms(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(_pct(values, 0.5) * 1000, 3), "p99_ms": round(_pct(values, 0.99) * 1000, 3)}
+    return {
+        "p50_ms": round(_pct(values, 0.5) * 1000, 3),
+        "p99_ms": round(_pct(values, 0.99) * 1000, 3),
+        "samples_ms": [round(v * 1000, 3) for v in values],  # for the doc's distribution chart
+    }
 
 
 # --- failover ---------------------------------------------------------------------
@@ -87,7 +91,7 @@ def bench_failover(redis_url: str, quick: bool) -> dict[str, Any]:
     import threading
 
     results: dict[str, Any] = {}
-    cap = 42.0 if quick else 300.0
+    cap = 42.0 if quick else 60.0  # redbeat's lock timeout is 1500 s: the cap is what we can afford
     with tempfile.TemporaryDirectory() as tmp:
         jobs = {
             "SafeScheduler (lease 30 s)": ("celery_safe_time.SafeScheduler", {}),
@@ -144,7 +148,7 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     from celery_safe_time.scheduler import SafeScheduler
 
     client = redis.Redis.from_url(redis_url)
-    count = 100 if quick else 1000
+    count = 100 if quick else 600
     out: dict[str, Any] = {}
 
     from celery.schedules import crontab as celery_crontab
@@ -183,10 +187,33 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
         plain.tick()  # builds the heap: is_due of all 10,000 entries
         out["PersistentScheduler first tick"] = {"s": round(time.perf_counter() - first, 2)}
         time.sleep(1.1)
-        out["PersistentScheduler"] = _ms(_ticks(plain.tick, count // 2, 0.02))
+        # ~100 ms a tick: a quarter of the samples keeps `make bench` under 15 minutes
+        out["PersistentScheduler"] = _ms(_ticks(plain.tick, count // 4, 0.02))
     finally:
         plain.close()
     client.flushdb()
+    # celery-redbeat with the same entries; its lock is off (lock_key None) so the tick timed is the
+    # schedule read + publish only: with the lock each tick also pays one more round trip (extend).
+    from redbeat import RedBeatScheduler
+
+    for label, busy in (("RedBeatScheduler", 10), ("RedBeatScheduler idle", 0)):
+        app3 = _app(
+            redis_url,
+            beat_schedule=_entries(N_ENTRIES, celery_crontab, busy=busy),
+            redbeat_redis_url=redis_url,
+            redbeat_lock_key=None,
+        )
+        red = RedBeatScheduler(app=app3, max_interval=1, lock_key=None)
+        try:
+            red.lock_key = None
+            first = time.perf_counter()
+            red.tick()
+            out[f"{label} first tick"] = {"s": round(time.perf_counter() - first, 2)}
+            time.sleep(1.1)
+            out[label] = _ms(_ticks(red.tick, count // 2, 0.02 if busy else 0.005))
+        finally:
+            red.close()
+        client.flushdb()
     # idle: the same 10,000 entries, none due (what a tick costs when it has nothing to send)
     idle_app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, crontab, busy=0), safe_time_beat_lease=6)
     safe = SafeScheduler(app=idle_app, schedule_filename=str(tmp / "safe-idle"), max_interval=1)
@@ -233,7 +260,7 @@ def bench_django(redis_url: str, quick: bool) -> dict[str, Any]:
             [PeriodicTask(name=f"t{i}", task="bench.noop", interval=every, last_run_at=now) for i in range(N_ENTRIES)],
             batch_size=2000,
         )
-        count = 60 if quick else 500
+        count = 60 if quick else 300
         out: dict[str, Any] = {}
         for label, cls in (("SafeDatabaseScheduler", SafeDatabaseScheduler), ("DatabaseScheduler", DatabaseScheduler)):
             app = _app(redis_url, safe_time_beat_lease=6)
@@ -253,17 +280,21 @@ def bench_django(redis_url: str, quick: bool) -> dict[str, Any]:
         db.drop()
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, only: str | None = None) -> dict[str, Any]:
+    """``only``: "failover" runs just the failover race, "timed" everything else (``benchmarks.run``
+    runs the failover race, seconds of waiting on a lease, in the background)."""
     claim = services.RedisDbClaim(services.resolve_redis_base())
     redis_url = claim.url
     redis.Redis.from_url(redis_url).flushdb()
     results: dict[str, Any] = {"quick": quick}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            results["ticks"] = bench_ticks(redis_url, quick, Path(tmp))
-        results["django"] = bench_django(redis_url, quick)
-        redis.Redis.from_url(redis_url).flushdb()
-        results["failover"] = bench_failover(redis_url, quick)
+        if only != "failover":
+            with tempfile.TemporaryDirectory() as tmp:
+                results["ticks"] = bench_ticks(redis_url, quick, Path(tmp))
+            results["django"] = bench_django(redis_url, quick)
+            redis.Redis.from_url(redis_url).flushdb()
+        if only != "timed":
+            results["failover"] = bench_failover(redis_url, quick)
     finally:
         redis.Redis.from_url(redis_url).flushdb()
         claim.release()
@@ -283,6 +314,11 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(
         f"| tick, 10k entries, 10 due/s: p50 / p99 (ms) | {s.get('p50_ms')} / {s.get('p99_ms')} "
         f"| PersistentScheduler: {p.get('p50_ms')} / {p.get('p99_ms')} |"
+    )
+    r, ri = t.get("RedBeatScheduler", {}), t.get("RedBeatScheduler idle", {})
+    lines.append(
+        f"| celery-redbeat tick, 10k entries, 10 due/s / none due: p50 / p99 (ms) | - "
+        f"| {r.get('p50_ms')} / {r.get('p99_ms')}; idle {ri.get('p50_ms')} / {ri.get('p99_ms')} |"
     )
     si, pi = t.get("SafeScheduler idle", {}), t.get("PersistentScheduler idle", {})
     lines.append(

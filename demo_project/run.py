@@ -474,7 +474,6 @@ def _name_of(demo: Demo, pid: int) -> str:
 
 def status_line(demo: Demo) -> str:
     from celery_safe_time.contrib.django.models import DelayedTask
-
     from demo_project.billing.models import InvoiceRun
     from demo_project.inventory.models import SyncRun
     from demo_project.tenants.models import Email
@@ -507,7 +506,6 @@ def _clusters(times: list[float], gap: float) -> int:
 
 def report(demo: Demo, app: Any) -> int:
     from celery_safe_time.contrib.django.models import DelayedTask
-
     from demo_project.billing.models import InvoiceRun
     from demo_project.inventory.models import SyncRun
     from demo_project.tenants.models import Email, Tenant

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -52,6 +53,8 @@ LEASE = 6.0
 LOCK_TTL = 6.0
 VISIBILITY = 15
 SKEW = 300
+#: A run may start this much before its due time / slot (clock reads across processes).
+EARLY_TOLERANCE = 1.0
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,8 @@ def produce_tasks(app: Celery, rng: random.Random, load: Load, window: float, st
 @dataclass
 class FaultLog:
     events: list[tuple[float, str]] = field(default_factory=list)  # (time.time(), what)
-    resets: list[float] = field(default_factory=list)  # lease/lock Redis lost its data
+    #: (from, to): the lease/lock Redis lost its data at some instant in between
+    resets: list[tuple[float, float]] = field(default_factory=list)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: list[str] = field(default_factory=list)
 
@@ -281,13 +285,15 @@ def inject_faults(
 
     def redis_restart() -> None:
         log.note("redis-restart (lease/lock Redis, no persistence)")
+        before = time.time()
         server.restart()
-        log.resets.append(time.time())
+        log.resets.append((before, time.time()))
 
     def redis_flush() -> None:
         log.note("redis-flushall (lease/lock Redis)")
+        before = time.time()
         redis.Redis.from_url(server.url).flushall()
-        log.resets.append(time.time())
+        log.resets.append((before, time.time()))
 
     def pg_outage() -> None:
         seconds = rng.uniform(*SIZES.pg_outage)
@@ -328,9 +334,10 @@ def records(client: redis.Redis, kind: str) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in client.lrange(f"faults:{kind}", 0, -1)]
 
 
-def reset_between(resets: list[float], a: float, b: float) -> bool:
+def reset_between(resets: list[tuple[float, float]], a: float, b: float) -> bool:
+    """Did the lease/lock Redis lose its data between the instants ``a`` and ``b``?"""
     lo, hi = min(a, b), max(a, b)
-    return any(lo - 1.0 <= t <= hi + 1.0 for t in resets)
+    return any(start <= hi and end >= lo for start, end in resets)
 
 
 #: ERROR/CRITICAL log lines the injected faults explain, by cause. Anything else fails the test.
@@ -380,6 +387,13 @@ def scan_log(text: str) -> tuple[collections.Counter[str], list[str], list[str]]
             if not EXPECTED_EXCEPTIONS.search(end):
                 bad_tracebacks.append(end)
     return known, unknown, bad_tracebacks
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def table(rows: list[tuple[str, Any, str]]) -> str:
@@ -544,6 +558,14 @@ def test_combined_faults_nothing_lost_nothing_twice(
     ]
     twice_delay = sorted(set(repeated) - set(admitted_delay))
     cancelled_ran = [tid for tid in load.cancelled if delay_runs[tid]]
+    # the clocks: a skewed sweeper or worker (local clock +-300 s) must not make anything early
+    lateness = [
+        r["started"] - datetime.fromisoformat(r["stored"]).timestamp()
+        for runs in delay_runs.values()
+        for r in runs
+        if r["stored"]
+    ]
+    early_delays = [x for x in lateness if x < -EARLY_TOLERANCE]
     failed_rows = [r for r in rows.values() if r.status == C.STATUS_FAILED]
     unknown_runs = [tid for tid in delay_runs if tid not in load.stored]
 
@@ -555,6 +577,8 @@ def test_combined_faults_nothing_lost_nothing_twice(
     admitted_slots = [k for k, v in slot_repeats.items() if reset_between(resets, v[0]["started"], v[-1]["started"])]
     twice_slots = sorted(set(slot_repeats) - set(admitted_slots))
     no_slot_header = [r for r in periodic if not r["slot"]]
+    slot_lateness = [r["started"] - datetime.fromisoformat(r["slot"]).timestamp() for r in periodic if r["slot"]]
+    early_slots = [x for x in slot_lateness if x < -EARLY_TOLERANCE]
     per_entry = collections.Counter(r["entry"] for r in periodic)
 
     # lock overlaps (among runs that finished believing they held the lock)
@@ -606,6 +630,12 @@ def test_combined_faults_nothing_lost_nothing_twice(
         ("delays stored", len(load.stored), f"{load.store_errors} StoreError retries while PG was cut"),
         ("delays cancelled", len(load.cancelled), ok if not cancelled_ran else f"FAIL: {len(cancelled_ran)} ran"),
         ("delays ran exactly once", len(ran_once), ok),
+        (
+            "delay runs started before due_at",
+            len(early_delays),
+            (ok if not early_delays else "FAIL")
+            + f" (lateness p50 {pct(lateness, 50):.2f}s, max {pct(lateness, 100):.1f}s)",
+        ),
         ("delays pending, due in the future", len(future), ok),
         ("delays lost (due, never ran)", len(lost), ok if not lost else "FAIL"),
         ("delays ran twice", len(twice_delay), ok if not twice_delay else "FAIL"),
@@ -617,6 +647,12 @@ def test_combined_faults_nothing_lost_nothing_twice(
         ("stored rows failed", len(failed_rows), ok if not failed_rows else "FAIL"),
         ("periodic runs", len(periodic), ", ".join(f"{k} {v}" for k, v in sorted(per_entry.items()))),
         ("periodic slots run twice", len(twice_slots), ok if not twice_slots else "FAIL"),
+        (
+            "periodic runs started before their slot",
+            len(early_slots),
+            (ok if not early_slots else "FAIL") + f" (lateness p50 {pct(slot_lateness, 50):.2f}s, "
+            f"max {pct(slot_lateness, 100):.1f}s)",
+        ),
         ("periodic slots twice across a Redis reset", len(admitted_slots), "admitted (fired markers lost)"),
         ("locked tasks finished", len({r["n"] for r in finished}), f"of {SIZES.locked}"),
         ("lock runs ended by LockLost", len(lock_lost), "holder told, did not write"),
@@ -659,6 +695,8 @@ def test_combined_faults_nothing_lost_nothing_twice(
         "unknown_runs": unknown_runs[:10],
         "twice_slots": twice_slots[:10],
         "no_slot_header": no_slot_header[:5],
+        "early_delays": sorted(early_delays)[:5],
+        "early_slots": sorted(early_slots)[:5],
         "overlaps": bad_overlaps[:5],
         "twice_idem": {k: idem_by_key[k] for k in twice_idem[:5]},
         "crashed": crashed,

@@ -8,7 +8,7 @@
 
 Records (JSON lists in the record Redis): ``faults:delay`` (stored delays, one item per start),
 ``faults:periodic`` (entry, slot, epoch), ``faults:lock`` (key, start, end, fence, outcome),
-``faults:idem`` (key, start).
+``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.signals import task_success
 
 from celery_safe_time import SafeTask, crontab, idempotent, install, overlap_lock
 from celery_safe_time import constants as C
@@ -103,6 +104,13 @@ def locked(self: Any, key: int, n: int, seconds: float = 0.2) -> int:
 def idem(self: Any, key: int, copy: int) -> int:
     _push("idem", key=key, copy=copy, task_id=self.request.id, started=time.time())
     return key
+
+
+@task_success.connect(sender=idem)
+def _idem_done(sender: Any = None, **kwargs: Any) -> None:
+    """After the body returned and the marker was written: a run with no such record was cut
+    short (kill -9) before its marker existed, which the docs admit lets a later call run."""
+    _push("idem_ok", task_id=sender.request.id, at=time.time())
 
 
 def _entry(name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -397,6 +397,7 @@ def test_wrong_redis_password_locks_raise_a_clear_error(
         locked(1)
     text = str(info.value)
     assert "acct:1" in text, text
+    assert "(Redis redis://:***@127.0.0.1:" in text, text
     assert re.search(r"(?i)password|auth", text), text
     no_secret(text, caplog.text)
 

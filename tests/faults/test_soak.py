@@ -315,14 +315,16 @@ def inject_faults(
         ("pg-outage", pg_outage),
     ]
     try:
-        while not stop.is_set() and time.monotonic() < until:
+        first = True  # the first cycle always completes: every fault happens at least once
+        while not stop.is_set() and (first or time.monotonic() < until):
             cycle = faults[:]
             rng.shuffle(cycle)
             for _name, fault in cycle:
-                if stop.is_set() or time.monotonic() >= until:
+                if stop.is_set() or (not first and time.monotonic() >= until):
                     break
-                sleep(rng.uniform(1, 4))
+                sleep(rng.uniform(0.5, 2) if first else rng.uniform(1, 4))
                 fault()
+            first = False
     except Exception as exc:
         log.errors.append(f"fault injector: {exc!r}")
 

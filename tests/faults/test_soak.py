@@ -693,7 +693,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
         (
             "delays ran twice across a Redis reset",
             len(admitted_delay),
-            "admitted: re-published after a crash/outage window, delivery guard lost in the reset",
+            "admitted: re-published after a crash/outage window; the delivery guard's Redis was reset in between",
         ),
         ("stored rows failed", len(failed_rows), ok if not failed_rows else "FAIL"),
         ("periodic runs", len(periodic), ", ".join(f"{k} {v}" for k, v in sorted(per_entry.items()))),

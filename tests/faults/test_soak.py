@@ -79,7 +79,7 @@ SHORT = Sizes(
     lock_keys=6,
     idem_keys=40,
     pg_outage=(10, 14),
-    drain=75,
+    drain=100,
 )
 LONG = Sizes(
     fault_phase=600,
@@ -398,6 +398,21 @@ def received_ids(processes: ProcessManager) -> set[str]:
     return ids
 
 
+def killed_mid_task_ids(processes: ProcessManager, killed: list[CeleryProcess]) -> set[str]:
+    """Stored tasks a killed worker had received and started (the delivery guard was set), whose
+    redelivery the guard then skipped: docs/delays.md "with acks_late and a worker killed
+    mid-task, the broker's redelivery of that message is skipped, not re-run"."""
+    names = {p.name for p in killed}
+    started_on_killed: set[str] = set()
+    skipped: set[str] = set()
+    for proc in processes.procs:
+        log = proc.log()
+        if proc.name in names:
+            started_on_killed |= set(re.findall(r"Task faults\.delay\[([^\]]+)\] received", log))
+        skipped |= set(re.findall(r"skipping a second delivery of stored task faults\.delay\[([^\]]+)\]", log))
+    return started_on_killed & skipped
+
+
 def lost_by_broker(row: Any, received: set[str], worker_kills: list[float]) -> bool:
     """kombu's Redis transport pops a message (BRPOP) before it records it as unacked: a worker
     killed in between loses it (celery/celery#7950, #4354). Admitted only for a row that was
@@ -522,6 +537,8 @@ def test_combined_faults_nothing_lost_nothing_twice(
     fault_end = time.monotonic()
 
     # --- drain: every due delay ran, every locked / idempotent task done --------------------
+    drain_state: dict[str, Any] = {}
+
     def drained() -> bool:
         counts = direct.counts()
         now = direct.now()
@@ -540,7 +557,17 @@ def test_combined_faults_nothing_lost_nothing_twice(
             rcv = received_ids(processes)
             kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
             sent_rows = {r.id: r for r in direct.list(status=C.STATUS_SENT, limit=1_000_000) if r.id in missing}
-            missing = {tid for tid in missing if not lost_by_broker(sent_rows.get(tid), rcv, kills)}
+            mid_task = killed_mid_task_ids(processes, cluster.killed)
+            missing = {
+                tid for tid in missing if not lost_by_broker(sent_rows.get(tid), rcv, kills) and tid not in mid_task
+            }
+        drain_state.update(
+            open_rows=[(r.id, r.status, str(r.due_at)) for r in open_rows[:5]],
+            claimed=counts[C.STATUS_CLAIMED],
+            sent_not_run=sorted(missing)[:5],
+            locked_missing=sorted(set(range(SIZES.locked)) - locked_done)[:5],
+            idem_missing=sorted(set(range(SIZES.idem_keys)) - idem_done)[:5],
+        )
         return (
             not open_rows
             and counts[C.STATUS_CLAIMED] == 0
@@ -590,7 +617,9 @@ def test_combined_faults_nothing_lost_nothing_twice(
         return lost_by_broker(rows.get(tid), received, worker_kills)
 
     lost_in_broker = [tid for tid in lost if broker_lost(tid)]
-    lost = [tid for tid in lost if tid not in lost_in_broker]
+    mid_task = killed_mid_task_ids(processes, cluster.killed)
+    killed_mid = [tid for tid in lost if tid not in lost_in_broker and tid in mid_task]
+    lost = [tid for tid in lost if tid not in lost_in_broker and tid not in killed_mid]
     repeated = {tid: runs for tid, runs in delay_runs.items() if len(runs) > 1}
     admitted_delay = [
         tid for tid, runs in repeated.items() if reset_between(resets, runs[0]["started"], runs[-1]["started"])
@@ -684,6 +713,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
         ),
         ("delays pending, due in the future", len(future), ok),
         ("delays lost (due, never ran)", len(lost), ok if not lost else "FAIL"),
+        ("delays killed mid-task, redelivery skipped", len(killed_mid), "admitted: at most once after start"),
         (
             "delays lost by the broker (worker kill -9)",
             len(lost_in_broker),
@@ -769,7 +799,10 @@ def test_combined_faults_nothing_lost_nothing_twice(
         "sweep_errors_logged": sweep_errors_logged,
     }
     failures = {k: v for k, v in details.items() if v and k != "sweep_errors_logged"}
-    assert drain_ok, f"the backlog did not drain in {SIZES.drain:g}s\n{report}\n{json.dumps(failures, default=str)}"
+    assert drain_ok, (
+        f"the backlog did not drain in {SIZES.drain:g}s\n{report}\n{json.dumps(failures, default=str)}\n"
+        f"still open at the timeout: {json.dumps(drain_state, default=str)}"
+    )
     assert not failures, f"{report}\n{json.dumps(failures, indent=1, default=str)}"
     assert len(load.stored) == SIZES.delays + SIZES.far_delays
     assert len(future) >= SIZES.far_delays - len([t for t in load.cancelled if load.stored[t] > 3600])

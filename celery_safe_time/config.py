@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,19 @@ from . import constants as C
 from .exceptions import ImproperlyConfigured
 
 _CACHE: weakref.WeakKeyDictionary[Celery, SafeTimeConfig] = weakref.WeakKeyDictionary()
+
+
+def _hide_url_settings_in_celery_reports() -> None:
+    """``celery report`` and ``app.conf.humanize(censored=True)`` mask the settings whose names match
+    Celery's ``HIDDEN_SETTINGS``; our ``safe_time_*_url`` settings may carry passwords too."""
+    from celery.app import utils
+
+    pattern = utils.HIDDEN_SETTINGS
+    if "SAFE_TIME_" not in pattern.pattern:
+        utils.HIDDEN_SETTINGS = re.compile(pattern.pattern + r"|SAFE_TIME_\w*URL", pattern.flags | re.IGNORECASE)
+
+
+_hide_url_settings_in_celery_reports()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from . import signals
 from .exceptions import LockLost, RedisUnavailable, SafeTimeError
 from .keys import KeyBuilder
 from .lockstore import Acquired, LockStore, Owner
+from .redis_client import mask_url
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -189,7 +190,8 @@ def acquire(
     try:
         return store.acquire(key, token, first_ttl, owner, marker=marker), token
     except (redis.RedisError, OSError) as exc:
-        raise RedisUnavailable(f"cannot take overlap lock {key!r}: {exc}") from exc
+        where = mask_url(store.config.redis_url)
+        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}): {exc}") from exc
 
 
 def run_holding(

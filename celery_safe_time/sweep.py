@@ -19,6 +19,7 @@ from . import constants as C
 from . import signals
 from .config import SafeTimeConfig, get_config
 from .delay_payload import decode
+from .exceptions import StoreError
 from .stores import get_store
 from .stores.base import DelayRow, DelayStore
 
@@ -101,7 +102,21 @@ def _publish_batch(
 
 
 def _finish(store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, stats: SweepStats) -> None:
-    stats.sent += store.mark_sent([r.id for r in sent], token)
+    try:
+        stats.sent += store.mark_sent([r.id for r in sent], token)
+    except StoreError as exc:
+        # Published but not marked: the rows stay claimed and are published again after
+        # safe_time_claim_timeout; the worker-side delivery guard skips those copies.
+        ids = [r.id for r in sent]
+        logger.error(
+            "sweep: published %d stored delays but could not mark them sent (%s); they are re-published "
+            "after the claim timeout and the worker-side guard skips the second delivery: %s%s",
+            len(ids),
+            exc,
+            ", ".join(ids[:10]),
+            " ..." if len(ids) > 10 else "",
+        )
+        raise
     stats.expired += store.mark_expired(expired, token)
     for row in sent:
         signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)

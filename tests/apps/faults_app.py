@@ -1,0 +1,127 @@
+"""The app of the combined fault scenario (``tests/faults``): every feature at once.
+
+- ``SAFE_TIME_TEST_BROKER_URL``: broker and result backend (never restarted by the scenario).
+- ``SAFE_TIME_TEST_RECORD_URL``: where runs are recorded (default: the broker); never flushed.
+- ``safe_time_redis_url`` (through ``SAFE_TIME_TEST_APP_CONF``): the lease/lock Redis the
+  scenario restarts and flushes.
+- ``SAFE_TIME_TEST_BEAT_SCHEDULE``: JSON periodic entries (``every`` seconds or ``cron`` kwargs).
+
+Records (JSON lists in the record Redis): ``faults:delay`` (stored delays, one item per start),
+``faults:periodic`` (entry, slot, epoch), ``faults:lock`` (key, start, end, fence, outcome),
+``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import task_success
+
+from celery_safe_time import SafeTask, crontab, idempotent, install, overlap_lock
+from celery_safe_time import constants as C
+from celery_safe_time.exceptions import LockLost
+from tests.apps.settings import configure
+
+app = configure(Celery("faults_app"))
+app.conf.update(
+    task_acks_late=True,
+    worker_prefetch_multiplier=1,
+)
+install(app)
+
+_record = redis.Redis.from_url(
+    os.environ.get("SAFE_TIME_TEST_RECORD_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"],
+    socket_timeout=10,
+    socket_connect_timeout=10,
+)
+
+LOCK_TTL = float(os.environ.get("SAFE_TIME_TEST_LOCK_TTL", "10"))
+
+
+def _push(kind: str, **data: Any) -> None:
+    _record.rpush(f"faults:{kind}", json.dumps({**data, "pid": os.getpid()}))
+
+
+@app.task(bind=True, base=SafeTask, name="faults.delay")
+def delay(self: Any, label: str) -> str:
+    """A stored delay: records its start (a killed run still counts as started once)."""
+    headers = self.request.headers or {}
+    _push("delay", label=label, task_id=self.request.id, started=time.time(), stored=headers.get(C.HEADER_STORED))
+    return label
+
+
+# Periodic runs are at most once (the beat promise): acked on start, never redelivered.
+@app.task(bind=True, name="faults.periodic", acks_late=False)
+def periodic(self: Any, entry: str) -> str:
+    headers = self.request.headers or {}
+    _push(
+        "periodic",
+        entry=entry,
+        task_id=self.request.id,
+        slot=headers.get(C.HEADER_SLOT),
+        epoch=headers.get(C.HEADER_EPOCH),
+        started=time.time(),
+    )
+    return entry
+
+
+@app.task(bind=True, name="faults.locked")
+@overlap_lock("fault-lock:{key}", ttl=LOCK_TTL, retry_after=0.5, jitter=0.5)
+def locked(self: Any, key: int, n: int, seconds: float = 0.2) -> int:
+    started = time.time()
+    fence = self.request.safe_time_fence
+    outcome = "finished"
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Before the "critical write": a holder that lost its lock must not write.
+        self.request.safe_time_lock.check()
+    except LockLost:
+        outcome = "lost"
+        raise
+    finally:
+        _push(
+            "lock",
+            key=key,
+            n=n,
+            task_id=self.request.id,
+            started=started,
+            ended=time.time(),
+            fence=fence,
+            outcome=outcome,
+        )
+    return n
+
+
+@app.task(bind=True, name="faults.idem")
+@idempotent("fault-idem:{key}", window=3600, ttl=LOCK_TTL, retry_after=0.5)
+def idem(self: Any, key: int, copy: int) -> int:
+    _push("idem", key=key, copy=copy, task_id=self.request.id, started=time.time())
+    return key
+
+
+@task_success.connect(sender=idem)
+def _idem_done(sender: Any = None, **kwargs: Any) -> None:
+    """After the body returned and the marker was written: a run with no such record was cut
+    short (kill -9) before its marker existed, which the docs admit lets a later call run."""
+    _push("idem_ok", task_id=sender.request.id, at=time.time())
+
+
+def _entry(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    schedule: Any = crontab(**spec["cron"]) if "cron" in spec else float(spec["every"])
+    return {"task": "faults.periodic", "schedule": schedule, "args": [name]}
+
+
+app.conf.beat_schedule = {
+    **(app.conf.beat_schedule or {}),
+    **{
+        name: _entry(name, spec)
+        for name, spec in json.loads(os.environ.get("SAFE_TIME_TEST_BEAT_SCHEDULE", "{}")).items()
+    },
+}

@@ -1,0 +1,810 @@
+"""One combined fault scenario with real processes: 3 beats, 2 workers, a sweeper, stored delays,
+periodic entries, locked and idempotent tasks, while a seeded RNG kills (-9), pauses
+(SIGSTOP/SIGCONT) and restarts them, restarts and flushes the lease/lock Redis, cuts PostgreSQL
+off (through a TCP proxy) and runs one beat, one worker and the sweeper with a local clock 5
+minutes off. At the end the invariants are checked and the counts printed as a table.
+
+Short by default (part of ``make test``); ``SAFE_TIME_SOAK=1`` scales it to the soak sizes
+(10,000 delays, 1,000 locked tasks, 10 minutes). ``SAFE_TIME_SOAK_SEED=<n>`` replays a run.
+
+Where the design admits a broken invariant it is counted apart, never hidden: the lease/lock
+Redis runs without persistence, so a restart or FLUSHALL forgets fired-slot markers, idempotency
+markers, held locks and the worker-side delivery guard. A second run of the same slot / key /
+delay is "admitted" only when such a reset happened between the two runs (or, for a lock
+overlap, during it); any other repeat fails the test.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_safe_time import SafeTask, install
+from celery_safe_time import constants as C
+from celery_safe_time.exceptions import StoreError
+from celery_safe_time.stores import get_store
+from celery_safe_time.stores.sql import SQLAlchemyStore
+from tests.faults.proxy import TcpProxy
+from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
+from tests.helpers.services import RedisServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
+
+SOAK = bool(os.environ.get("SAFE_TIME_SOAK"))
+FAULTS_APP = "tests.apps.faults_app"
+LEASE = 6.0
+LOCK_TTL = 6.0
+VISIBILITY = 15
+SKEW = 300
+#: A run may start this much before its due time / slot (clock reads across processes).
+EARLY_TOLERANCE = 1.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    fault_phase: float  # seconds of faults and load
+    delays: int
+    far_delays: int  # due in a day: must still be pending at the end
+    countdown: tuple[float, float]
+    locked: int
+    lock_keys: int
+    idem_keys: int
+    pg_outage: tuple[float, float]
+    drain: float
+
+
+SHORT = Sizes(
+    fault_phase=60,
+    delays=300,
+    far_delays=20,
+    countdown=(6, 25),
+    locked=120,
+    lock_keys=6,
+    idem_keys=40,
+    pg_outage=(10, 14),
+    drain=100,
+)
+LONG = Sizes(
+    fault_phase=600,
+    delays=10_000,
+    far_delays=200,
+    countdown=(6, 90),
+    locked=1_000,
+    lock_keys=20,
+    idem_keys=300,
+    pg_outage=(10, 30),
+    drain=240,
+)
+SIZES = LONG if SOAK else SHORT
+
+SCHEDULE = {
+    "every-1s": {"every": 1},
+    "every-2s": {"every": 2},
+    "every-3s": {"every": 3},
+    "cron-utc": {"cron": {"minute": "*"}},
+    "cron-berlin": {"cron": {"minute": "*", "tz": "Europe/Berlin"}},
+}
+
+
+# --- the cluster -------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    processes: ProcessManager
+    env: dict[str, str]
+    lease_redis: redis.Redis
+    roles: dict[str, CeleryProcess] = field(default_factory=dict)
+    killed: list[CeleryProcess] = field(default_factory=list)
+    restarts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def start(self, role: str) -> CeleryProcess:
+        n = self.restarts[role]
+        self.restarts[role] += 1
+        name = f"{role}.{n}"
+        env = dict(self.env)
+        if role in ("beat0", "w0"):
+            env["SAFE_TIME_LOCAL_CLOCK_SKEW"] = str(SKEW)
+        if role == "sweeper":
+            env["SAFE_TIME_LOCAL_CLOCK_SKEW"] = str(-SKEW)
+        if role.startswith("beat"):
+            proc = self.processes.beat(FAULTS_APP, name=name, env=env)
+        elif role == "sweeper":
+            proc = self.processes.worker(FAULTS_APP, "-Q", "sweep", name=name, env=env, concurrency=1)
+        else:
+            queues = "celery,sweep" if role == "w0" else "celery"
+            proc = self.processes.worker(FAULTS_APP, "-Q", queues, name=name, env=env, concurrency=2)
+        self.roles[role] = proc
+        return proc
+
+    def kill(self, role: str) -> None:
+        proc = self.roles[role]
+        proc.send(signal.SIGCONT)
+        proc.kill()
+        self.killed.append(proc)
+
+    def leader_role(self) -> str | None:
+        try:
+            raw = self.lease_redis.get("safe_time:beat:leader")
+            pid = int(json.loads(raw)["pid"]) if raw else None
+        except (redis.RedisError, ValueError, KeyError):
+            return None
+        for role, proc in self.roles.items():
+            if role.startswith("beat") and proc.alive() and proc.pid == pid:
+                return role
+        return None
+
+
+# --- load -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """What the test process sent; filled by the producer threads."""
+
+    stored: dict[str, float] = field(default_factory=dict)  # task id -> countdown
+    cancelled: set[str] = field(default_factory=set)
+    cancel_refused: set[str] = field(default_factory=set)
+    store_errors: int = 0
+    locked_sent: int = 0
+    idem_sent: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _retry_store(call: Callable[[], Any], load: Load, stop: threading.Event) -> Any:
+    while True:
+        try:
+            return call()
+        except StoreError as exc:
+            if "already stored" in str(exc):
+                return "already"  # the first try committed but its answer was cut off
+            load.store_errors += 1
+            if stop.is_set() and load.store_errors > 10_000:
+                raise
+            time.sleep(0.25)
+
+
+def produce_delays(app: Celery, rng: random.Random, load: Load, window: float, stop: threading.Event) -> None:
+    task = app.tasks["faults.delay"]
+    total = SIZES.delays + SIZES.far_delays
+    plan = sorted(rng.uniform(0, window) for _ in range(total))
+    far = set(rng.sample(range(total), SIZES.far_delays))
+    start = time.monotonic()
+    cancels: list[tuple[float, str]] = []
+    try:
+        for i, at in enumerate(plan):
+            while time.monotonic() - start < at and not stop.is_set():
+                time.sleep(0.01)
+            countdown = 86400.0 if i in far else rng.uniform(*SIZES.countdown)
+            task_id = f"delay-{i:05d}"
+
+            def send(task_id: str = task_id, countdown: float = countdown, i: int = i) -> Any:
+                return task.apply_async((f"d{i}",), countdown=countdown, task_id=task_id)
+
+            _retry_store(send, load, stop)
+            load.stored[task_id] = countdown
+            if rng.random() < 0.05:
+                cancels.append((time.monotonic() + rng.uniform(0.5, 3), task_id))
+            due = [c for c in cancels if c[0] <= time.monotonic()]
+            for c in due:
+                cancels.remove(c)
+                ok = _retry_store(lambda tid=c[1]: get_store(app).cancel(tid), load, stop)
+                (load.cancelled if ok is True else load.cancel_refused).add(c[1])
+        for _, task_id in cancels:
+            ok = _retry_store(lambda tid=task_id: get_store(app).cancel(tid), load, stop)
+            (load.cancelled if ok is True else load.cancel_refused).add(task_id)
+    except Exception as exc:  # surfaced by the test
+        load.errors.append(f"delay producer: {exc!r}")
+
+
+def produce_tasks(app: Celery, rng: random.Random, load: Load, window: float, stop: threading.Event) -> None:
+    items: list[tuple[float, str, tuple[Any, ...]]] = []
+    for n in range(SIZES.locked):
+        items.append((rng.uniform(0, window), "faults.locked", (n % SIZES.lock_keys, n, rng.uniform(0.05, 0.3))))
+    for key in range(SIZES.idem_keys):
+        at = rng.uniform(0, window)
+        items.append((at, "faults.idem", (key, 0)))
+        items.append((at + rng.uniform(0, 2), "faults.idem", (key, 1)))
+    items.sort(key=lambda item: item[0])
+    start = time.monotonic()
+    try:
+        for at, name, args in items:
+            while time.monotonic() - start < at and not stop.is_set():
+                time.sleep(0.01)
+            app.send_task(name, args=args)
+            if name == "faults.locked":
+                load.locked_sent += 1
+            else:
+                load.idem_sent += 1
+    except Exception as exc:
+        load.errors.append(f"task producer: {exc!r}")
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultLog:
+    events: list[tuple[float, str]] = field(default_factory=list)  # (time.time(), what)
+    #: (from, to): the lease/lock Redis lost its data at some instant in between
+    resets: list[tuple[float, float]] = field(default_factory=list)
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        self.events.append((time.time(), what))
+        self.counts[what.split(" ")[0]] += 1
+        print(f"[fault {time.strftime('%H:%M:%S')}] {what}", flush=True)
+
+
+def inject_faults(
+    cluster: Cluster,
+    server: RedisServer,
+    proxy: TcpProxy,
+    rng: random.Random,
+    log: FaultLog,
+    until: float,
+    stop: threading.Event,
+) -> None:
+    def sleep(seconds: float) -> None:
+        stop.wait(seconds)
+
+    def kill_restart(role: str) -> None:
+        log.note(f"kill-9 {role} ({cluster.roles[role].name})")
+        cluster.kill(role)
+        sleep(rng.uniform(1, 3))
+        cluster.start(role)
+
+    def pause(role: str, seconds: float) -> None:
+        proc = cluster.roles[role]
+        log.note(f"SIGSTOP {role} ({proc.name}) for {seconds:.1f}s")
+        proc.pause()
+        sleep(seconds)
+        proc.resume()
+
+    def leader() -> str:
+        role = wait_for(cluster.leader_role, 60, interval=0.2, message="a beat leader")
+        return str(role)
+
+    def redis_restart() -> None:
+        log.note("redis-restart (lease/lock Redis, no persistence)")
+        before = time.time()
+        server.restart()
+        log.resets.append((before, time.time()))
+
+    def redis_flush() -> None:
+        log.note("redis-flushall (lease/lock Redis)")
+        before = time.time()
+        redis.Redis.from_url(server.url).flushall()
+        log.resets.append((before, time.time()))
+
+    def pg_outage() -> None:
+        seconds = rng.uniform(*SIZES.pg_outage)
+        log.note(f"pg-unreachable for {seconds:.1f}s")
+        proxy.cut()
+        sleep(seconds)
+        proxy.restore()
+        log.note("pg-back")
+
+    faults: list[tuple[str, Callable[[], None]]] = [
+        ("kill-leader", lambda: kill_restart(leader())),
+        ("pause-leader", lambda: pause(leader(), rng.uniform(LEASE + 2, LEASE + 6))),
+        ("kill-worker", lambda: kill_restart(rng.choice(["w0", "w1"]))),
+        ("pause-worker", lambda: pause(rng.choice(["w0", "w1"]), rng.uniform(2, 5))),
+        ("kill-sweeper", lambda: kill_restart("sweeper")),
+        ("pause-sweeper", lambda: pause("sweeper", rng.uniform(2, 5))),
+        ("redis-restart", redis_restart),
+        ("redis-flush", redis_flush),
+        ("pg-outage", pg_outage),
+    ]
+    try:
+        first = True  # the first cycle always completes: every fault happens at least once
+        while not stop.is_set() and (first or time.monotonic() < until):
+            cycle = faults[:]
+            rng.shuffle(cycle)
+            for _name, fault in cycle:
+                if stop.is_set() or (not first and time.monotonic() >= until):
+                    break
+                sleep(rng.uniform(0.5, 2) if first else rng.uniform(1, 4))
+                fault()
+            first = False
+    except Exception as exc:
+        log.errors.append(f"fault injector: {exc!r}")
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+
+def records(client: redis.Redis, kind: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in client.lrange(f"faults:{kind}", 0, -1)]
+
+
+def reset_between(resets: list[tuple[float, float]], a: float, b: float) -> bool:
+    """Did the lease/lock Redis lose its data between the instants ``a`` and ``b``?"""
+    lo, hi = min(a, b), max(a, b)
+    return any(start <= hi and end >= lo for start, end in resets)
+
+
+#: ERROR/CRITICAL log lines the injected faults explain, by cause. Anything else fails the test.
+EXPECTED_ERRORS = [
+    ("sweep: store unreachable", r"celery_safe_time\.sweep\[.*\] raised unexpected: StoreError\("),
+    ("sweep: published, not marked sent", r"sweep: published \d+ stored delays but could not mark them sent"),
+    ("beat: lease Redis unreachable", r"beat: Redis unreachable, nothing fires until it is back"),
+    ("beat: Redis error in tick", r"beat: Redis error during tick, standing by"),
+    ("lock: lost (Redis reset)", r"overlap lock .* lost"),
+    ("lock: task ended with LockLost", r"faults\.locked\[.*\] raised unexpected: LockLost\("),
+    ("idem: marker not written", r"idempotency key .* (could not|cannot) be recorded"),
+    ("worker: lost connection", r"consumer: (Cannot connect|Connection to broker lost)"),
+    ("beat: publish failed", r"beat: entry .* could not be published"),
+    ("pool: child killed", r"Process '.*' pid:\d+ exited with 'signal 9 \(SIGKILL\)'"),
+    ("worker lost (killed pool)", r"WorkerLostError"),
+]
+#: Exceptions a traceback in a log may end with (all caused by the injected faults).
+EXPECTED_EXCEPTIONS = re.compile(
+    r"^(celery_safe_time\.exceptions\.(StoreError|RedisUnavailable|LockLost)|redis\.exceptions\.\w+|"
+    r"ConnectionRefusedError|ConnectionResetError|BrokenPipeError|TimeoutError|OSError|"
+    r"sqlalchemy\.exc\.OperationalError|psycopg\.OperationalError|kombu\.exceptions\.OperationalError|"
+    r"billiard\.exceptions\.WorkerLostError|celery_safe_time\.exceptions\.LeaseLost)"
+)
+
+
+def scan_log(text: str) -> tuple[collections.Counter[str], list[str], list[str]]:
+    """(expected ERROR lines by cause, unexpected ERROR lines, unexpected traceback endings)."""
+    known: collections.Counter[str] = collections.Counter()
+    unknown: list[str] = []
+    for line in text.splitlines():
+        if not re.search(r": (ERROR|CRITICAL)/", line):
+            continue
+        for cause, pattern in EXPECTED_ERRORS:
+            if re.search(pattern, line):
+                known[cause] += 1
+                break
+        else:
+            unknown.append(line)
+    bad_tracebacks: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            tail = [ln for ln in lines[i + 1 :] if ln.strip() and not ln.startswith((" ", "\t", "Traceback"))]
+            end = tail[0] if tail else ""
+            if len(tail) > 1 and tail[1].startswith(("The above exception", "During handling")):
+                continue  # chained: the final block is checked on its own
+            if not EXPECTED_EXCEPTIONS.search(end):
+                bad_tracebacks.append(end)
+    return known, unknown, bad_tracebacks
+
+
+def received_ids(processes: ProcessManager) -> set[str]:
+    ids: set[str] = set()
+    for proc in processes.procs:
+        ids |= set(re.findall(r"Task faults\.delay\[([^\]]+)\] received", proc.log()))
+    return ids
+
+
+def killed_mid_task_ids(processes: ProcessManager, killed: list[CeleryProcess]) -> set[str]:
+    """Stored tasks a killed worker had received and started (the delivery guard was set), whose
+    redelivery the guard then skipped: docs/delays.md "with acks_late and a worker killed
+    mid-task, the broker's redelivery of that message is skipped, not re-run"."""
+    names = {p.name for p in killed}
+    started_on_killed: set[str] = set()
+    skipped: set[str] = set()
+    for proc in processes.procs:
+        log = proc.log()
+        if proc.name in names:
+            started_on_killed |= set(re.findall(r"Task faults\.delay\[([^\]]+)\] received", log))
+        skipped |= set(re.findall(r"skipping a second delivery of stored task faults\.delay\[([^\]]+)\]", log))
+    return started_on_killed & skipped
+
+
+def lost_by_broker(row: Any, received: set[str], worker_kills: list[float]) -> bool:
+    """kombu's Redis transport pops a message (BRPOP) before it records it as unacked: a worker
+    killed in between loses it (celery/celery#7950, #4354). Admitted only for a row that was
+    published ("sent"), that no worker ever logged as received, with a worker kill -9 within 3 s
+    (the message is popped within moments of its publish: prefetch, ETA messages too)."""
+    if row is None or row.status != C.STATUS_SENT or row.sent_at is None or row.id in received:
+        return False
+    sent = row.sent_at.timestamp()
+    return any(sent - 1 <= t <= sent + 3 for t in worker_kills)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def table(rows: list[tuple[str, Any, str]]) -> str:
+    width = max(len(r[0]) for r in rows)
+    out = [f"| {'check'.ljust(width)} | count | result |", f"|{'-' * (width + 2)}|------:|--------|"]
+    out += [f"| {name.ljust(width)} | {value!s:>5} | {verdict} |" for name, value, verdict in rows]
+    return "\n".join(out)
+
+
+# --- the scenario -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(1500 if SOAK else 290)
+def test_combined_faults_nothing_lost_nothing_twice(
+    processes: ProcessManager,
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_server: RedisServer,
+    postgres_url: str,
+    make_app: Callable[..., Celery],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    seed = int(os.environ.get("SAFE_TIME_SOAK_SEED") or random.SystemRandom().randrange(1_000_000))
+    rng = random.Random(seed)
+    with capsys.disabled():
+        print(f"\n[faults] seed={seed} mode={'soak' if SOAK else 'short'} (replay: SAFE_TIME_SOAK_SEED={seed})")
+    started_at = time.monotonic()
+
+    pg = urlsplit(postgres_url)
+    proxy = TcpProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
+    proxied = urlunsplit(
+        (pg.scheme, pg.netloc.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}"), pg.path, pg.query, "")
+    )
+    if pg.port is None:
+        proxied = urlunsplit((pg.scheme, f"{pg.netloc}:{proxy.port}", pg.path, pg.query, ""))
+    conf = {
+        "safe_time_redis_url": redis_server.url,
+        "safe_time_beat_lease": LEASE,
+        "safe_time_sweep_interval": 1,
+        "safe_time_sweep_queue": "sweep",
+        "safe_time_claim_timeout": 15,
+        "safe_time_delay_threshold": 5,
+        "safe_time_lock_ttl": LOCK_TTL,
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+    }
+    env = {
+        "SAFE_TIME_TEST_BROKER_URL": redis_url,
+        "SAFE_TIME_TEST_STORE_URL": proxied,
+        "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
+        "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps(SCHEDULE),
+        "SAFE_TIME_TEST_LOCK_TTL": str(LOCK_TTL),
+    }
+    # The test's own producer app: same broker, same (proxied) store.
+    app = make_app("faults-producer", safe_time_store_url=proxied, **conf)
+    install(app)
+
+    @app.task(base=SafeTask, name="faults.delay", shared=False)
+    def delay(label: str) -> None: ...
+
+    direct = SQLAlchemyStore(postgres_url)
+    direct.ensure_schema()
+
+    lease_redis = redis.Redis.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2)
+    cluster = Cluster(processes, env, lease_redis)
+    for role in ("w0", "w1", "sweeper", "beat0", "beat1", "beat2"):
+        cluster.start(role)
+    for role in ("w0", "w1", "sweeper"):
+        cluster.roles[role].wait_for_log(r"ready\.", timeout=120)
+    wait_for(cluster.leader_role, 60, message="a beat leader")
+
+    load = Load()
+    faults = FaultLog()
+    stop = threading.Event()
+    window = SIZES.fault_phase - 15
+    threads = [
+        threading.Thread(target=produce_delays, args=(app, rng, load, window, stop), daemon=True),
+        threading.Thread(target=produce_tasks, args=(app, random.Random(seed + 1), load, window, stop), daemon=True),
+        threading.Thread(
+            target=inject_faults,
+            args=(
+                cluster,
+                redis_server,
+                proxy,
+                random.Random(seed + 2),
+                faults,
+                time.monotonic() + SIZES.fault_phase,
+                stop,
+            ),
+            daemon=True,
+        ),
+    ]
+    for t in threads:
+        t.start()
+    threads[2].join(SIZES.fault_phase + 120)
+    for t in threads[:2]:
+        t.join(SIZES.fault_phase + 120)
+    # Everything back: nothing paused, the database reachable, every role running.
+    proxy.restore()
+    for proc in cluster.roles.values():
+        proc.resume()
+    fault_end = time.monotonic()
+
+    # --- drain: every due delay ran, every locked / idempotent task done --------------------
+    drain_state: dict[str, Any] = {}
+
+    def drained() -> bool:
+        counts = direct.counts()
+        now = direct.now()
+        # every row due before the far ones (a day out) is finished: none pending or claimed
+        open_rows = [
+            r
+            for r in direct.list(limit=1_000_000)
+            if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED) and r.due_at <= now + timedelta(hours=1)
+        ]
+        ran = {r["task_id"] for r in records(redis_client, "delay")}
+        sent = {r.id for r in direct.list(status=C.STATUS_SENT, limit=1_000_000)}
+        locked_done = {r["n"] for r in records(redis_client, "lock") if r["outcome"] == "finished"}
+        idem_done = {r["key"] for r in records(redis_client, "idem")}
+        missing = sent - ran
+        if missing and len(missing) < 100:
+            rcv = received_ids(processes)
+            kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
+            sent_rows = {r.id: r for r in direct.list(status=C.STATUS_SENT, limit=1_000_000) if r.id in missing}
+            mid_task = killed_mid_task_ids(processes, cluster.killed)
+            missing = {
+                tid for tid in missing if not lost_by_broker(sent_rows.get(tid), rcv, kills) and tid not in mid_task
+            }
+        drain_state.update(
+            open_rows=[(r.id, r.status, str(r.due_at)) for r in open_rows[:5]],
+            claimed=counts[C.STATUS_CLAIMED],
+            sent_not_run=sorted(missing)[:5],
+            locked_missing=sorted(set(range(SIZES.locked)) - locked_done)[:5],
+            idem_missing=sorted(set(range(SIZES.idem_keys)) - idem_done)[:5],
+        )
+        return (
+            not open_rows
+            and counts[C.STATUS_CLAIMED] == 0
+            and not missing
+            and len(locked_done) == SIZES.locked
+            and len(idem_done) == SIZES.idem_keys
+        )
+
+    try:
+        wait_for(drained, SIZES.drain, interval=1.0, message="the backlog to drain")
+        drain_ok = True
+    except AssertionError:
+        drain_ok = False
+    time.sleep(2)
+    stop.set()
+
+    # --- collect ----------------------------------------------------------------------------
+    rows = {r.id: r for r in direct.list(limit=1_000_000)}
+    db_now = direct.now()
+    delay_runs = collections.defaultdict(list)
+    for r in records(redis_client, "delay"):
+        delay_runs[r["task_id"]].append(r)
+    periodic = records(redis_client, "periodic")
+    lock_runs = records(redis_client, "lock")
+    idem_runs = records(redis_client, "idem")
+    resets = faults.resets
+
+    alive_at_end = {role: proc.alive() for role, proc in cluster.roles.items()}
+    exit_codes = {}
+    for proc in cluster.roles.values():
+        exit_codes[proc.name] = proc.terminate(timeout=60)
+    killed_codes = {p.name: p.proc.returncode if p.proc else None for p in cluster.killed}
+
+    # delays
+    not_cancelled = [tid for tid in load.stored if tid not in load.cancelled]
+    ran_once = [tid for tid in not_cancelled if len(delay_runs[tid]) == 1]
+    future = [
+        tid
+        for tid in not_cancelled
+        if not delay_runs[tid] and tid in rows and rows[tid].status == C.STATUS_PENDING and rows[tid].due_at > db_now
+    ]
+    lost = [tid for tid in not_cancelled if not delay_runs[tid] and tid not in future]
+    received = received_ids(processes)
+    worker_kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
+
+    def broker_lost(tid: str) -> bool:
+        return lost_by_broker(rows.get(tid), received, worker_kills)
+
+    lost_in_broker = [tid for tid in lost if broker_lost(tid)]
+    mid_task = killed_mid_task_ids(processes, cluster.killed)
+    killed_mid = [tid for tid in lost if tid not in lost_in_broker and tid in mid_task]
+    lost = [tid for tid in lost if tid not in lost_in_broker and tid not in killed_mid]
+    repeated = {tid: runs for tid, runs in delay_runs.items() if len(runs) > 1}
+    admitted_delay = [
+        tid for tid, runs in repeated.items() if reset_between(resets, runs[0]["started"], runs[-1]["started"])
+    ]
+    twice_delay = sorted(set(repeated) - set(admitted_delay))
+    cancelled_ran = [tid for tid in load.cancelled if delay_runs[tid]]
+    # the clocks: a skewed sweeper or worker (local clock +-300 s) must not make anything early
+    lateness = [
+        r["started"] - datetime.fromisoformat(r["stored"]).timestamp()
+        for runs in delay_runs.values()
+        for r in runs
+        if r["stored"]
+    ]
+    early_delays = [x for x in lateness if x < -EARLY_TOLERANCE]
+    failed_rows = [r for r in rows.values() if r.status == C.STATUS_FAILED]
+    unknown_runs = [tid for tid in delay_runs if tid not in load.stored]
+
+    # periodic slots
+    by_slot = collections.defaultdict(list)
+    for r in periodic:
+        by_slot[(r["entry"], r["slot"])].append(r)
+    slot_repeats = {k: v for k, v in by_slot.items() if len(v) > 1}
+    admitted_slots = [k for k, v in slot_repeats.items() if reset_between(resets, v[0]["started"], v[-1]["started"])]
+    twice_slots = sorted(set(slot_repeats) - set(admitted_slots))
+    no_slot_header = [r for r in periodic if not r["slot"]]
+    slot_lateness = [r["started"] - datetime.fromisoformat(r["slot"]).timestamp() for r in periodic if r["slot"]]
+    early_slots = [x for x in slot_lateness if x < -EARLY_TOLERANCE]
+    per_entry = collections.Counter(r["entry"] for r in periodic)
+
+    # lock overlaps (among runs that finished believing they held the lock)
+    finished = [r for r in lock_runs if r["outcome"] == "finished"]
+    overlaps: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    by_key = collections.defaultdict(list)
+    for r in finished:
+        by_key[r["key"]].append(r)
+    for runs in by_key.values():
+        runs.sort(key=lambda r: r["started"])
+        for a, b in itertools.pairwise(runs):
+            if b["started"] < a["ended"]:
+                overlaps.append((a, b))
+    admitted_overlaps = [o for o in overlaps if reset_between(resets, o[0]["started"], o[1]["ended"])]
+    bad_overlaps = [o for o in overlaps if o not in admitted_overlaps]
+    lock_lost = [r for r in lock_runs if r["outcome"] == "lost"]
+
+    # idempotency
+    idem_by_key = collections.defaultdict(list)
+    for r in idem_runs:
+        idem_by_key[r["key"]].append(r)
+    idem_repeats = {k: v for k, v in idem_by_key.items() if len(v) > 1}
+    idem_ok = {r["task_id"] for r in records(redis_client, "idem_ok")}
+    admitted_idem = [k for k, v in idem_repeats.items() if reset_between(resets, v[0]["started"], v[-1]["started"])]
+    # the docs' window: the process died between the body and the marker (no success recorded)
+    cut_short_idem = [
+        k
+        for k, v in idem_repeats.items()
+        if k not in admitted_idem and any(r["task_id"] not in idem_ok for r in v[:-1])
+    ]
+    twice_idem = sorted(set(idem_repeats) - set(admitted_idem) - set(cut_short_idem))
+
+    # processes and logs
+    crashed = [role for role, alive in alive_at_end.items() if not alive]
+    bad_exit = {name: rc for name, rc in exit_codes.items() if rc not in (0, None)}
+    bad_kill = {name: rc for name, rc in killed_codes.items() if rc != -9}
+    error_causes: collections.Counter[str] = collections.Counter()
+    unexpected_errors: list[str] = []
+    bad_tracebacks: list[str] = []
+    for proc in processes.procs:
+        known, unknown, tbs = scan_log(proc.log())
+        error_causes.update(known)
+        unexpected_errors += [f"{proc.name}: {line}" for line in unknown]
+        bad_tracebacks += [f"{proc.name}: {line}" for line in tbs]
+    sweep_errors_logged = error_causes["sweep: store unreachable"]
+
+    ok = "ok"
+    rows_out: list[tuple[str, Any, str]] = [
+        ("seed", seed, f"mode {'soak' if SOAK else 'short'}"),
+        (
+            "faults injected",
+            sum(faults.counts.values()),
+            ", ".join(f"{k} {v}" for k, v in sorted(faults.counts.items())),
+        ),
+        ("lease/lock Redis resets (restart + flush)", len(resets), "data loss the design admits"),
+        ("delays stored", len(load.stored), f"{load.store_errors} StoreError retries while PG was cut"),
+        ("delays cancelled", len(load.cancelled), ok if not cancelled_ran else f"FAIL: {len(cancelled_ran)} ran"),
+        ("delays ran exactly once", len(ran_once), ok),
+        (
+            "delay runs started before due_at",
+            len(early_delays),
+            (ok if not early_delays else "FAIL")
+            + f" (lateness p50 {pct(lateness, 50):.2f}s, max {pct(lateness, 100):.1f}s)",
+        ),
+        ("delays pending, due in the future", len(future), ok),
+        ("delays lost (due, never ran)", len(lost), ok if not lost else "FAIL"),
+        ("delays killed mid-task, redelivery skipped", len(killed_mid), "admitted: at most once after start"),
+        (
+            "delays lost by the broker (worker kill -9)",
+            len(lost_in_broker),
+            "admitted: kombu Redis BRPOP-before-unacked window (celery#7950)",
+        ),
+        ("delays ran twice", len(twice_delay), ok if not twice_delay else "FAIL"),
+        (
+            "delays ran twice across a Redis reset",
+            len(admitted_delay),
+            "admitted: re-published after a crash/outage window; the delivery guard's Redis was reset in between",
+        ),
+        ("stored rows failed", len(failed_rows), ok if not failed_rows else "FAIL"),
+        ("periodic runs", len(periodic), ", ".join(f"{k} {v}" for k, v in sorted(per_entry.items()))),
+        ("periodic slots run twice", len(twice_slots), ok if not twice_slots else "FAIL"),
+        (
+            "periodic runs started before their slot",
+            len(early_slots),
+            (ok if not early_slots else "FAIL") + f" (lateness p50 {pct(slot_lateness, 50):.2f}s, "
+            f"max {pct(slot_lateness, 100):.1f}s)",
+        ),
+        ("periodic slots twice across a Redis reset", len(admitted_slots), "admitted (fired markers lost)"),
+        ("locked tasks finished", len({r["n"] for r in finished}), f"of {SIZES.locked}"),
+        ("lock runs ended by LockLost", len(lock_lost), "holder told, did not write"),
+        ("lock overlaps", len(bad_overlaps), ok if not bad_overlaps else "FAIL"),
+        ("lock overlaps during a Redis reset", len(admitted_overlaps), "admitted (lock key lost)"),
+        ("idempotent keys run", len(idem_by_key), f"of {SIZES.idem_keys}, {load.idem_sent} calls"),
+        ("idempotent keys run twice", len(twice_idem), ok if not twice_idem else "FAIL"),
+        ("idempotent keys twice across a Redis reset", len(admitted_idem), "admitted (marker lost)"),
+        ("idempotent keys twice after a killed run", len(cut_short_idem), "admitted (died before its marker)"),
+        ("processes killed on purpose", len(cluster.killed), ok if not bad_kill else f"FAIL {bad_kill}"),
+        ("processes crashed", len(crashed) + len(bad_exit), ok if not (crashed or bad_exit) else "FAIL"),
+        ("unexpected tracebacks", len(bad_tracebacks), ok if not bad_tracebacks else "FAIL"),
+        ("unexpected ERROR lines", len(unexpected_errors), ok if not unexpected_errors else "FAIL"),
+        (
+            "ERROR lines explained by a fault",
+            sum(error_causes.values()),
+            ", ".join(f"{k} {v}" for k, v in sorted(error_causes.items())),
+        ),
+        ("drained in time", int(drain_ok), ok if drain_ok else "FAIL"),
+        (
+            "wall time (s)",
+            round(time.monotonic() - started_at),
+            f"faults {SIZES.fault_phase:g}s, drain {time.monotonic() - fault_end:.0f}s",
+        ),
+    ]
+    report = table(rows_out)
+    (tmp_path / "faults-table.md").write_text(report)
+    with capsys.disabled():
+        print("\n" + report)
+        for when, what in faults.events:
+            print(f"  {time.strftime('%H:%M:%S', time.localtime(when))} {what}")
+    proxy.close()
+    direct.close()
+
+    details = {
+        "producer/injector errors": load.errors + faults.errors,
+        "lost": [
+            {
+                "id": tid,
+                "row": {
+                    k: str(getattr(rows.get(tid), k, None))
+                    for k in ("status", "due_at", "attempts", "claimed_at", "sent_at", "updated_at", "last_error")
+                },
+                "cancel_refused": tid in load.cancel_refused,
+            }
+            for tid in lost[:10]
+        ],
+        "twice": {t: repeated[t] for t in twice_delay[:5]},
+        "cancelled_ran": cancelled_ran[:10],
+        "failed_rows": [(r.id, r.last_error) for r in failed_rows[:5]],
+        "unknown_runs": unknown_runs[:10],
+        "twice_slots": twice_slots[:10],
+        "no_slot_header": no_slot_header[:5],
+        "early_delays": sorted(early_delays)[:5],
+        "early_slots": sorted(early_slots)[:5],
+        "overlaps": bad_overlaps[:5],
+        "twice_idem": {k: idem_by_key[k] for k in twice_idem[:5]},
+        "crashed": crashed,
+        "bad_exit": bad_exit,
+        "bad_kill": bad_kill,
+        "tracebacks": bad_tracebacks[:10],
+        "unexpected_errors": unexpected_errors[:20],
+        "sweep_errors_logged": sweep_errors_logged,
+    }
+    failures = {k: v for k, v in details.items() if v and k != "sweep_errors_logged"}
+    assert drain_ok, (
+        f"the backlog did not drain in {SIZES.drain:g}s\n{report}\n{json.dumps(failures, default=str)}\n"
+        f"still open at the timeout: {json.dumps(drain_state, default=str)}"
+    )
+    assert not failures, f"{report}\n{json.dumps(failures, indent=1, default=str)}"
+    assert len(load.stored) == SIZES.delays + SIZES.far_delays
+    assert len(future) >= SIZES.far_delays - len([t for t in load.cancelled if load.stored[t] > 3600])
+    # the PostgreSQL outage was noticed and logged with context by the sweepers
+    assert sweep_errors_logged > 0 or faults.counts["pg-unreachable"] == 0

@@ -47,6 +47,24 @@ class NewDelay:
             expires_at = now + timedelta(seconds=self.expires_in)
         return due_at, expires_at
 
+    def pending_row(self, now: datetime) -> dict[str, Any]:
+        """The column values of this delay written as a fresh pending row at store time ``now``."""
+        due_at, expires_at = self.resolve(now)
+        return {
+            "id": self.id,
+            "task": self.task,
+            "payload": self.payload,
+            "content_type": self.content_type,
+            "content_encoding": self.content_encoding,
+            "due_at": due_at,
+            "expires_at": expires_at,
+            "status": C.STATUS_PENDING,
+            "idempotency_key": self.idempotency_key,
+            "attempts": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class DelayRow:

@@ -42,22 +42,9 @@ class MemoryStore(DelayStore):
             existing = self._rows.get(delay.id)
             if existing is not None and existing.status not in C.DELAY_FINISHED_STATUSES:
                 raise StoreError(f"task id {delay.id!r} is already stored and {existing.status}")
-            now = self.now()
-            due_at, expires_at = delay.resolve(now)
-            self._rows[delay.id] = DelayRow(
-                id=delay.id,
-                task=delay.task,
-                payload=delay.payload,
-                content_type=delay.content_type,
-                content_encoding=delay.content_encoding,
-                due_at=due_at,
-                expires_at=expires_at,
-                idempotency_key=delay.idempotency_key,
-                status=C.STATUS_PENDING,
-                created_at=now,
-                updated_at=now,
-            )
-            return InsertResult(delay.id, created=True, due_at=due_at)
+            values = delay.pending_row(self.now())
+            self._rows[delay.id] = DelayRow(**values)
+            return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
     def cancel(self, task_id: str) -> bool:
         with self._lock:

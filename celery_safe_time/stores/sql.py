@@ -269,53 +269,17 @@ class SQLAlchemyStore(DelayStore):
                         raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
                     # retry() reuses its task id: the finished row makes room for the new one.
                     conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_FINISHED_STATUSES)))
-            now = self._db_now(conn)
-            due_at, expires_at = delay.resolve(now)
-            conn.execute(
-                sa.insert(t).values(
-                    id=delay.id,
-                    task=delay.task,
-                    payload=delay.payload,
-                    content_type=delay.content_type,
-                    content_encoding=delay.content_encoding,
-                    due_at=due_at,
-                    expires_at=expires_at,
-                    status=C.STATUS_PENDING,
-                    idempotency_key=delay.idempotency_key,
-                    attempts=0,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
-        return InsertResult(delay.id, created=True, due_at=due_at)
+            values = delay.pending_row(self._db_now(conn))
+            conn.execute(sa.insert(t).values(**values))
+        return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
     def bulk_insert(self, rows: Sequence[NewDelay], *, chunk: int = 5000) -> None:
         """Insert many pending rows fast (benchmarks and tests); no idempotency handling."""
         t = delays
         with self._begin() as conn:
             now = self._db_now(conn)
-            resolved = [d.resolve(now) for d in rows]
             for start in range(0, len(rows), chunk):
-                conn.execute(
-                    sa.insert(t),
-                    [
-                        {
-                            "id": d.id,
-                            "task": d.task,
-                            "payload": d.payload,
-                            "content_type": d.content_type,
-                            "content_encoding": d.content_encoding,
-                            "due_at": resolved[start + i][0],
-                            "expires_at": resolved[start + i][1],
-                            "status": C.STATUS_PENDING,
-                            "idempotency_key": d.idempotency_key,
-                            "attempts": 0,
-                            "created_at": now,
-                            "updated_at": now,
-                        }
-                        for i, d in enumerate(rows[start : start + chunk])
-                    ],
-                )
+                conn.execute(sa.insert(t), [d.pending_row(now) for d in rows[start : start + chunk]])
 
     def cancel(self, task_id: str) -> bool:
         t = delays

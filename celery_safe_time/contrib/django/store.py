@@ -121,24 +121,10 @@ class DjangoStore(DelayStore):
                 if existing not in C.DELAY_FINISHED_STATUSES:
                     raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
                 objects.filter(id=delay.id, status__in=list(C.DELAY_FINISHED_STATUSES)).delete()
-        now = self.now()
-        due_at, expires_at = delay.resolve(now)
+        values = delay.pending_row(self.now())
         # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
-        self.model(
-            id=delay.id,
-            task=delay.task,
-            payload=delay.payload,
-            content_type=delay.content_type,
-            content_encoding=delay.content_encoding,
-            due_at=due_at,
-            expires_at=expires_at,
-            status=C.STATUS_PENDING,
-            idempotency_key=delay.idempotency_key,
-            attempts=0,
-            created_at=now,
-            updated_at=now,
-        ).save(using=self.using, force_insert=True)
-        return InsertResult(delay.id, created=True, due_at=due_at)
+        self.model(**values).save(using=self.using, force_insert=True)
+        return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
     def _update_pending(self, task_id: str, **values: Any) -> bool:
         def run() -> bool:

@@ -118,6 +118,14 @@ OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
 
 #: How long the worker remembers that a stored task id (per retry) already started.
 DELIVERY_GUARD_TTL: Final = 7 * 86400
+#: When the guard's Redis is unreachable a stored task is re-queued (not run) this many seconds
+#: later, plus up to ``DELIVERY_GUARD_RETRY_JITTER`` seconds so a backlog does not return at once.
+DELIVERY_GUARD_RETRY_AFTER: Final = 5.0
+DELIVERY_GUARD_RETRY_JITTER: Final = 5.0
+#: After a sweep published a batch but could not mark it sent, it retries ``mark_sent`` with this
+#: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
+#: meanwhile): a store that is back within that time never sees the rows published twice.
+SWEEP_MARK_RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 4.0)
 
 
 # === locks and idempotency (issue 5) =========================================

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, Task
@@ -96,30 +98,70 @@ def _publish_batch(
         done = {r.id for r in sent} | set(expired)
         rest = [r.id for r in rows[index:] if r.id not in done]
         store.release(rest, token)
-        _finish(store, sent, expired, token, stats)
+        _finish(store, sent, expired, token, stats, config.claim_timeout / 2)
         raise
-    _finish(store, sent, expired, token, stats)
+    _finish(store, sent, expired, token, stats, config.claim_timeout / 2)
 
 
-def _finish(store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, stats: SweepStats) -> None:
-    try:
-        stats.sent += store.mark_sent([r.id for r in sent], token)
-    except StoreError as exc:
-        # Published but not marked: the rows stay claimed and are published again after
-        # safe_time_claim_timeout; the worker-side delivery guard skips those copies.
-        ids = [r.id for r in sent]
-        logger.error(
-            "sweep: published %d stored delays but could not mark them sent (%s); they are re-published "
-            "after the claim timeout and the worker-side guard skips the second delivery: %s%s",
-            len(ids),
-            exc,
-            ", ".join(ids[:10]),
-            " ..." if len(ids) > 10 else "",
-        )
-        raise
+def _finish(
+    store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, stats: SweepStats, budget: float
+) -> None:
+    stats.sent += mark_sent_retrying(store, [r.id for r in sent], token, budget=budget)
     stats.expired += store.mark_expired(expired, token)
     for row in sent:
         signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)
+
+
+def mark_sent_retrying(
+    store: DelayStore,
+    ids: list[str],
+    token: str,
+    *,
+    budget: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Mark published rows sent, retrying a store error for up to ``budget`` seconds.
+
+    Rows published but not marked stay claimed and are published again after the claim timeout,
+    and only the worker-side guard stands between that copy and a second run; a store that is
+    back within ``budget`` (half the claim timeout, so nobody reclaims the rows meanwhile) never
+    gets that far.
+    """
+    if not ids:
+        return 0
+    deadline = clock() + budget
+    waits = iter(C.SWEEP_MARK_RETRY_DELAYS)
+    tries = 0
+    while True:
+        try:
+            marked = store.mark_sent(ids, token)
+        except StoreError as exc:
+            wait = next(waits, C.SWEEP_MARK_RETRY_DELAYS[-1])
+            if clock() + wait > deadline:
+                logger.error(
+                    "sweep: published %d stored delays but could not mark them sent within %.0fs (%s); they are "
+                    "re-published after the claim timeout and the worker-side guard skips the second delivery: %s%s",
+                    len(ids),
+                    budget,
+                    exc,
+                    ", ".join(ids[:10]),
+                    " ..." if len(ids) > 10 else "",
+                )
+                raise
+            if tries == 0:
+                logger.warning(
+                    "sweep: published %d stored delays but could not mark them sent (%s); retrying for up to %.0fs",
+                    len(ids),
+                    exc,
+                    budget,
+                )
+            tries += 1
+            sleep(wait)
+            continue
+        if tries:
+            logger.warning("sweep: marked %d published stored delays sent after %d retries", marked, tries)
+        return marked
 
 
 def _publish_row(

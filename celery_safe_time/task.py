@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils import uuid
 
@@ -21,6 +21,7 @@ from . import signals
 from .clock import local_time, to_datetime
 from .config import get_config
 from .delay_payload import as_aware_utc, clean_options, encode, plan_delay
+from .guard import jittered
 from .redis_client import get_redis
 from .stores import get_store
 from .stores.base import NewDelay
@@ -147,9 +148,15 @@ class SafeTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         headers = request.headers or {}
-        if not request.called_directly and headers.get(C.HEADER_STORED) and not _first_delivery(self):
-            logger.warning("skipping a second delivery of stored task %s[%s]", self.name, request.id)
-            raise Ignore()
+        if not request.called_directly and headers.get(C.HEADER_STORED):
+            try:
+                first = _first_delivery(self)
+            except redis.RedisError as exc:
+                _requeue_unguarded(self, exc)  # raises Retry unless the broker is down too
+                first = True
+            if not first:
+                logger.warning("skipping a second delivery of stored task %s[%s]", self.name, request.id)
+                raise Ignore()
         return super().__call__(*args, **kwargs)
 
 
@@ -162,13 +169,43 @@ def _first_delivery(task: Task) -> bool:
 
     The store publishes each row once outside a crash window; this closes the window (a sweeper
     killed after publishing, before marking the row sent, lets another sweeper publish it again).
+    Raises ``redis.RedisError`` when the guard's Redis cannot answer.
     """
     config = get_config(task._get_app())
     request = task.request
     key = config.key(C.KEY_TASK_DONE, task_id=f"{request.id}:{request.retries or 0}")
+    return bool(get_redis(config.redis_url).set(key, request.hostname or "1", nx=True, ex=C.DELIVERY_GUARD_TTL))
+
+
+def _requeue_unguarded(task: Task, exc: Exception) -> None:
+    """Send this delivery again in a few seconds instead of running it without the guard.
+
+    Running unguarded is what turned one crash window into hundreds of repeats in the soak (a
+    re-published row ran again while the guard's Redis restarted). The copy keeps the task id,
+    the retry count and the stored header, so the guard checks it like the original. Only when
+    the copy cannot be published either (the broker is down too) does the task run unguarded:
+    the message is already off the queue, and losing it would be worse than a possible repeat.
+    """
+    request = task.request
+    countdown = jittered(C.DELIVERY_GUARD_RETRY_AFTER, C.DELIVERY_GUARD_RETRY_JITTER)
+    sig = task.signature_from_request(request, countdown=countdown)
     try:
-        return bool(get_redis(config.redis_url).set(key, request.hostname or "1", nx=True, ex=C.DELIVERY_GUARD_TTL))
-    except redis.RedisError as exc:
-        # The store already published this row once; running without the guard is the lesser harm.
-        logger.warning("delivery guard unavailable for %s[%s], running it: %s", task.name, request.id, exc)
-        return True
+        # Task.apply_async, not SafeTask's: that one strips the stored header from retries.
+        Task.apply_async(task, sig.args, sig.kwargs, **sig.options)
+    except Exception as publish_error:
+        logger.warning(
+            "delivery guard unavailable for stored task %s[%s] (%s) and re-queueing failed (%s): running it",
+            task.name,
+            request.id,
+            exc,
+            publish_error,
+        )
+        return
+    logger.warning(
+        "delivery guard unavailable for stored task %s[%s], re-queued in %.1fs: %s",
+        task.name,
+        request.id,
+        countdown,
+        exc,
+    )
+    raise Retry(exc=exc, when=countdown, sig=sig)

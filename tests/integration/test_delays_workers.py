@@ -299,3 +299,35 @@ def test_operator_commands_and_status_section(
     assert processes.command(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env).returncode == 1
     assert store.get("s1").status == C.STATUS_CANCELLED  # type: ignore[union-attr]
     store.close()
+
+
+def test_guard_redis_down_requeues_the_delivery_instead_of_running_it(
+    processes: ProcessManager,
+    postgres_url: str,
+    redis_client: redis.Redis,
+    redis_server: RedisServer,
+    make_app: Callable[..., Celery],
+) -> None:
+    """The delivery guard fails closed: with its Redis down a stored task is re-queued (same id,
+    same retry count, still guarded), runs once when Redis is back, and a later copy is skipped."""
+    store = fresh_sql_store(postgres_url)
+    conf = {"safe_time_store_url": postgres_url, "safe_time_redis_url": redis_server.url}
+    worker = processes.worker(DELAYS_APP, name="w", env=env_for(conf))
+    worker.wait_for_log(r"ready\.", timeout=90)
+    ids = _seed(store, 3, store.now() - timedelta(seconds=1), prefix="unguarded")
+    redis_server.stop()
+    app = test_app(make_app, **conf)
+    assert sweep(app).sent == 3
+    worker.wait_for_log(r"delivery guard unavailable for stored task .* re-queued in", timeout=60)
+    time.sleep(2)
+    assert runs(redis_client) == []
+    redis_server.start()
+    wait_for(lambda: len(runs(redis_client)) >= 3, timeout=90, message="3 runs after the guard's Redis returned")
+    # A second copy of one of them (a re-publish after a crash window) is skipped, not run.
+    first = store.get(ids[0])
+    assert first is not None
+    app.send_task(first.task, args=[ids[0]], task_id=ids[0], headers={C.HEADER_STORED: first.due_at.isoformat()})
+    worker.wait_for_log("skipping a second delivery of stored task", timeout=60)
+    time.sleep(1)
+    assert sorted(r["task_id"] for r in runs(redis_client)) == ids
+    store.close()

@@ -1,0 +1,171 @@
+"""A sweep that published rows but could not mark them sent: it retries within half the claim
+timeout, and past that says so, naming the rows."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from celery import Celery
+from celery.signals import after_task_publish
+
+from celery_safe_time import constants as C
+from celery_safe_time import install
+from celery_safe_time.exceptions import StoreError
+from celery_safe_time.stores.memory import MemoryStore
+from celery_safe_time.stores.sql import SQLAlchemyStore
+from celery_safe_time.sweep import mark_sent_retrying, sweep
+from tests.apps.delays_tasks import define_tasks
+from tests.faults.proxy import TcpProxy
+from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
+
+
+class FailingMarks(MemoryStore):
+    """``mark_sent`` raises ``StoreError`` ``failures`` times (forever when None), then works."""
+
+    def __init__(self, failures: int | None) -> None:
+        super().__init__()
+        self.failures = failures
+        self.calls = 0
+
+    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
+        self.calls += 1
+        if self.failures is None or self.calls <= self.failures:
+            raise StoreError("store postgresql://db/app: OperationalError: server closed the connection")
+        return super().mark_sent(task_ids, token)
+
+
+def memory_app(**conf: Any) -> Celery:
+    app = Celery("ctx", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://", safe_time_redis_url="redis://127.0.0.1:1/0", safe_time_store_url="memory://", **conf
+    )
+    install(app)
+
+    @app.task(name="tests.delays.record", shared=False)
+    def record(label: str) -> None: ...
+
+    return app
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+def claimed(store: MemoryStore, ids: list[str]) -> str:
+    for task_id in ids:
+        store.insert(new_delay(task_id, utcnow() - timedelta(seconds=1)))
+    token = "tok"
+    assert len(store.claim_due(limit=10, lookahead=0, token=token)) == len(ids)
+    return token
+
+
+def test_mark_sent_is_retried_until_the_store_answers(caplog: pytest.LogCaptureFixture) -> None:
+    store, fake = FailingMarks(failures=3), FakeTime()
+    token = claimed(store, ["a", "b"])
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.sweep"):
+        marked = mark_sent_retrying(store, ["a", "b"], token, budget=150, sleep=fake.sleep, clock=fake.clock)
+    assert marked == 2
+    assert fake.slept == list(C.SWEEP_MARK_RETRY_DELAYS[:3])
+    assert [store.get(i).status for i in "ab"] == ["sent", "sent"]  # type: ignore[union-attr]
+    messages = [r.getMessage() for r in caplog.records]
+    assert "could not mark them sent" in messages[0]
+    assert "retrying for up to 150s" in messages[0]
+    assert messages[-1] == "sweep: marked 2 published stored delays sent after 3 retries"
+
+
+def test_mark_sent_gives_up_within_the_budget_naming_the_rows(caplog: pytest.LogCaptureFixture) -> None:
+    store, fake = FailingMarks(failures=None), FakeTime()
+    token = claimed(store, ["row-1"])
+    with caplog.at_level(logging.ERROR, logger="celery_safe_time.sweep"), pytest.raises(StoreError):
+        mark_sent_retrying(store, ["row-1"], token, budget=20, sleep=fake.sleep, clock=fake.clock)
+    assert fake.now - 1000.0 <= 20
+    assert sum(fake.slept) > 10  # it did keep trying
+    message = caplog.records[-1].getMessage()
+    assert "published 1 stored delays but could not mark them sent within 20s" in message
+    assert "row-1" in message
+    assert "OperationalError" in message
+    assert store.get("row-1").status == "claimed"  # type: ignore[union-attr]
+
+
+def test_sweep_that_cannot_mark_raises_after_half_the_claim_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    app = memory_app(safe_time_claim_timeout=2)  # budget 1 s: one 0.5 s retry
+    store = FailingMarks(failures=None)
+    store.insert(new_delay("row-1", utcnow() - timedelta(seconds=1)))
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.sweep"), pytest.raises(StoreError):
+        sweep(app, store=store)
+    assert store.calls == 2
+    assert "could not mark them sent within 1s" in caplog.records[-1].getMessage()
+    assert store.get("row-1").status == "claimed"  # type: ignore[union-attr]
+    app.close()
+
+
+@pytest.fixture
+def proxied_store_url(postgres_url: str) -> Iterator[tuple[str, TcpProxy]]:
+    pg = urlsplit(postgres_url)
+    proxy = TcpProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
+    netloc = pg.netloc.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}")
+    if pg.port is None:
+        netloc = f"{pg.netloc}:{proxy.port}"
+    yield urlunsplit((pg.scheme, netloc, pg.path, pg.query, "")), proxy
+    proxy.close()
+
+
+def test_postgres_cut_after_publish_marks_the_batch_sent_when_it_returns(
+    make_app: Callable[..., Celery],
+    postgres_url: str,
+    proxied_store_url: tuple[str, TcpProxy],
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real PostgreSQL behind a TCP proxy, cut right after the batch's last publish, back 3 s later:
+    the sweep waits it out and marks the batch sent instead of leaving it to be re-published."""
+    url, proxy = proxied_store_url
+    fresh_sql_store(postgres_url).close()
+    app = make_app("mark-retry", safe_time_store_url=url, safe_time_claim_timeout=60)
+    install(app)
+    define_tasks(app)
+    store = SQLAlchemyStore(url)
+    ids = [f"cut-{i:03d}" for i in range(20)]
+    store.bulk_insert([new_delay(i, store.now() - timedelta(seconds=1)) for i in ids])
+    published: list[str] = []
+
+    def on_publish(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        published.append((headers or {})["id"])
+        if len(published) == len(ids):
+            proxy.cut()
+            threading.Timer(3.0, proxy.restore).start()
+
+    after_task_publish.connect(on_publish, weak=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_safe_time.sweep"):
+            stats = sweep(app, store=store)
+    finally:
+        after_task_publish.disconnect(on_publish)
+    assert proxy.cuts == 1
+    assert stats.sent == 20
+    assert sorted(published) == ids
+    assert store.counts()[C.STATUS_SENT] == 20
+    queued = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+    assert sorted(queued) == ids  # published once each
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("could not mark them sent" in m and "retrying" in m for m in messages), messages
+    assert any(m.startswith("sweep: marked 20 published stored delays sent after") for m in messages), messages
+    store.close()
+    app.close()

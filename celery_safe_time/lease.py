@@ -92,6 +92,16 @@ return 1
 
 
 @dataclasses.dataclass(frozen=True)
+class SlotWrite:
+    """One entry's state change in a tick: guard ``slot`` (publish it) or, with no slot, advance."""
+
+    entry: str
+    state: str
+    next_fire: float
+    slot: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class LeaseKeys:
     lease: str
     epoch: str
@@ -163,13 +173,8 @@ class Lease:
 
         1: publish it; 0: already fired by someone (do not publish); -1: not the leader.
         """
-        marker = self.config.key(C.KEY_BEAT_FIRED, entry=entry, slot=slot_id(slot))
-        return int(
-            self._guard(
-                keys=[self.keys.lease, self.keys.epoch, marker, self.keys.state, self.keys.due],
-                args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, entry, state, repr(next_fire), str(epoch)],
-            )
-        )
+        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire, slot))
+        return int(script(keys=keys, args=args))
 
     def guard_slot(self, epoch: int, entry: str, slot: float) -> int:
         """Like :meth:`guard` for a scheduler whose state lives elsewhere: 1, 0 or -1."""
@@ -181,17 +186,48 @@ class Lease:
             )
         )
 
+    def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
+        """Run a tick's guards and advances in one round trip; per write 1, 0 or -1 as :meth:`guard`
+        (an advance gives 1 or -1).
+
+        The scripts are not atomic together: if the lease expires half way, the writes after it
+        answer -1 and those before stand, as they would one by one.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        scripts = []
+        for write in writes:
+            script, keys, args = self._write_call(epoch, write)
+            scripts.append((script, keys, args))
+            # evalsha without SCRIPT EXISTS first: a script Redis lost is loaded on NOSCRIPT below.
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        verdicts = []
+        for (script, keys, args), reply in zip(scripts, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = script(keys=keys, args=args)  # registers and retries this one
+            elif isinstance(reply, Exception):
+                raise reply
+            verdicts.append(int(reply))
+        return verdicts
+
+    def _write_call(self, epoch: int, write: SlotWrite) -> tuple[Any, list[str], list[Any]]:
+        if write.slot is None:
+            return (
+                self._advance,
+                [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due],
+                [self.token, epoch, write.entry, write.state, repr(write.next_fire)],
+            )
+        marker = self.config.key(C.KEY_BEAT_FIRED, entry=write.entry, slot=slot_id(write.slot))
+        return (
+            self._guard,
+            [self.keys.lease, self.keys.epoch, marker, self.keys.state, self.keys.due],
+            [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), str(epoch)],
+        )
+
     def advance(self, epoch: int, entry: str, state: str, next_fire: float) -> bool:
         """Record ``entry``'s state without publishing; False when not the leader."""
-        return (
-            int(
-                self._advance(
-                    keys=[self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due],
-                    args=[self.token, epoch, entry, state, repr(next_fire)],
-                )
-            )
-            == 1
-        )
+        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire))
+        return int(script(keys=keys, args=args)) == 1
 
 
 def slot_id(slot: float) -> str:

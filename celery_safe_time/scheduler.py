@@ -27,7 +27,7 @@ from .clock import RedisClock, to_datetime
 from .config import SafeTimeConfig, get_config
 from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from .leader import LeaderKeeper
-from .lease import Lease, LeaseKeys
+from .lease import Lease, LeaseKeys, SlotWrite
 from .redis_client import get_redis, mask_url
 from .slots import Grid, decide, grid_for
 
@@ -177,14 +177,8 @@ class SafeScheduler(Scheduler):
             due = _pairs(
                 self.client.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
             )
-            for name, score in due:
-                try:
-                    if not self.fire_entry(name, score, now, epoch):
-                        return self.granularity
-                except (redis.RedisError, RedisUnavailable):
-                    raise
-                except Exception:
-                    logger.exception("beat: entry %r failed; the other entries keep firing", name)
+            if not self.fire_due(due, now, epoch):
+                return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
             head = _pairs(self.client.zrange(self.keys.due, 0, 0, withscores=True))
@@ -234,13 +228,47 @@ class SafeScheduler(Scheduler):
             len(self.broken),
         )
 
-    def fire_entry(self, name: str, slot: float, now: float, epoch: int) -> bool:
-        """Publish the due slots of one entry; False when the lease turned out to be gone."""
+    def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
+        """Guard and publish the due entries; False when the lease turned out to be gone.
+
+        The guards of all due entries go to Redis in one round trip, then the slots they allow
+        are published: a tick with N entries due costs one Redis round trip, not N.
+        """
+        writes: list[SlotWrite] = []
+        for name, slot in due:
+            try:
+                writes.extend(self.plan_entry(name, slot, now))
+            except (redis.RedisError, RedisUnavailable):
+                raise
+            except Exception:
+                logger.exception("beat: entry %r failed; the other entries keep firing", name)
+        if not writes:
+            return True
+        for write, verdict in zip(writes, self.lease.write_slots(epoch, writes), strict=True):
+            if verdict < 0:
+                return self._refused(write.entry, write.slot if write.slot is not None else write.next_fire)
+            if write.slot is None:
+                continue
+            if verdict == 0:
+                logger.warning(
+                    "beat: entry %r slot %s was already fired; not publishing it again", write.entry, write.slot
+                )
+                signals.beat_slot_duplicate.send(
+                    sender=self, entry=write.entry, slot=to_datetime(write.slot), reason="already fired"
+                )
+                continue
+            entry = self.schedule.get(write.entry)
+            if entry is not None:
+                self.publish(entry, write.slot, epoch)
+        return True
+
+    def plan_entry(self, name: str, slot: float, now: float) -> list[SlotWrite]:
+        """The state writes for one due entry: a guard per slot to publish, else one advance."""
         plan = self.plans.get(name)
         entry = self.schedule.get(name)
         if plan is None or entry is None:
             self.client.zrem(self.keys.due, name)
-            return True
+            return []
         try:
             decision = decide(
                 plan.grid,
@@ -254,7 +282,7 @@ class SafeScheduler(Scheduler):
             self._broken(name, f"cannot compute its next slot: {exc}")
             self.plans.pop(name, None)
             self.client.zrem(self.keys.due, name)
-            return True
+            return []
         sig = plan.grid.signature()
         if decision.missed:
             logger.warning(
@@ -265,21 +293,8 @@ class SafeScheduler(Scheduler):
                 plan.policy,
             )
         if not decision.fire:
-            if not self.lease.advance(epoch, name, _dump(decision.last_due, decision.next, sig), decision.next):
-                return self._refused(name, slot)
-            return True
-        for fire_slot in decision.fire:
-            verdict = self.lease.guard(epoch, name, fire_slot, _dump(fire_slot, decision.next, sig), decision.next)
-            if verdict < 0:
-                return self._refused(name, fire_slot)
-            if verdict == 0:
-                logger.warning("beat: entry %r slot %s was already fired; not publishing it again", name, fire_slot)
-                signals.beat_slot_duplicate.send(
-                    sender=self, entry=name, slot=to_datetime(fire_slot), reason="already fired"
-                )
-                continue
-            self.publish(entry, fire_slot, epoch)
-        return True
+            return [SlotWrite(name, _dump(decision.last_due, decision.next, sig), decision.next)]
+        return [SlotWrite(name, _dump(s, decision.next, sig), decision.next, s) for s in decision.fire]
 
     def _refused(self, name: str, slot: float) -> bool:
         signals.beat_slot_duplicate.send(sender=self, entry=name, slot=to_datetime(slot), reason="not the leader")

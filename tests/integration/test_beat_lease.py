@@ -11,7 +11,7 @@ from celery_safe_time import signals
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from celery_safe_time.leader import LeaderKeeper
-from celery_safe_time.lease import Lease
+from celery_safe_time.lease import Lease, SlotWrite
 from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,6 +48,27 @@ def test_guard_publishes_each_slot_once_and_only_for_the_leader(make_app: Any, r
     assert a.guard(epoch, "e", 110.0, "{}", 120.0) == -1  # stale epoch
     assert b.guard_slot(epoch + 1, "e", 100.0) == 0  # fired markers survive leaders
     assert redis_client.zscore("safe_time:beat:due", "e") == 110.0
+
+
+def test_write_slots_one_round_trip_same_verdicts(make_app: Any, redis_client: redis.Redis) -> None:
+    a, b = _lease(make_app, redis_client), _lease(make_app, redis_client)
+    epoch = a.acquire(0.0)
+    assert epoch is not None
+    writes = [
+        SlotWrite("x", '{"last": 100}', 110.0, 100.0),
+        SlotWrite("x", '{"last": 100}', 110.0, 100.0),  # the same slot again: already fired
+        SlotWrite("y", '{"last": 5}', 205.0),  # advance only
+        SlotWrite("z", '{"last": 300}', 310.0, 300.0),
+    ]
+    assert a.write_slots(epoch, writes) == [1, 0, 1, 1]
+    assert redis_client.zscore("safe_time:beat:due", "y") == 205.0
+    assert redis_client.hget("safe_time:beat:state", "z") == b'{"last": 300}'
+    assert b.write_slots(epoch, [SlotWrite("z", "{}", 320.0, 310.0), SlotWrite("y", "{}", 210.0)]) == [-1, -1]
+    assert redis_client.zscore("safe_time:beat:due", "y") == 205.0  # the standby wrote nothing
+    # Redis lost its scripts (restart, SCRIPT FLUSH): NOSCRIPT replies are loaded and re-run once.
+    redis_client.script_flush()
+    assert a.write_slots(epoch, [SlotWrite("z", "{}", 320.0, 310.0), SlotWrite("z", "{}", 320.0, 300.0)]) == [1, 0]
+    assert redis_client.zscore("safe_time:beat:due", "z") == 320.0
 
 
 def test_keeper_signals_and_steps_down(make_app: Any, redis_client: redis.Redis) -> None:

@@ -107,38 +107,68 @@ def beat_info(config: SafeTimeConfig, keeper: LeaderKeeper, client: redis.Redis,
     )
 
 
-class SafeScheduler(Scheduler):
+class LeasedScheduler:
+    """What both safe schedulers share: the lease, its keeper thread, the banner and shutdown.
+
+    Mixed in before a Celery ``Scheduler`` class; ``init_lease`` runs before that class's
+    ``__init__`` (which calls ``setup_schedule``), ``start_lease`` at the end of ``setup_schedule``.
+    """
+
+    app: Celery
+    max_interval: float
+
+    def init_lease(self, app: Celery) -> None:
+        self.config = get_config(app)
+        self.client = get_redis(self.config.redis_url)
+        self.clock = RedisClock(self.client)
+        self.lease = Lease(self.client, self.config)
+        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
+        self._closed = False
+        self._started = False
+
+    @property
+    def granularity(self) -> float:
+        return tick_granularity(self.max_interval)
+
+    def check_startup(self, granularity: float) -> None:
+        check_lease(self.config, granularity)
+        startup_checks(self.config, self.client, self.clock, "beat")
+
+    def start_lease(self) -> None:
+        self.keeper.start()
+        self._started = True
+        logger.info("beat: %s", self.info.strip(" ."))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.keeper.stop(release=True)
+        super().close()  # type: ignore[misc]
+
+    @property
+    def info(self) -> str:
+        return beat_info(self.config, self.keeper, self.client, started=self._started)
+
+
+class SafeScheduler(LeasedScheduler, Scheduler):
     """A beat that fires only while it holds the Redis lease, each slot at most once."""
 
     Entry = ScheduleEntry
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
-        self.config = get_config(app)
-        self.client = get_redis(self.config.redis_url)
-        self.clock = RedisClock(self.client)
-        self.lease = Lease(self.client, self.config)
+        self.init_lease(app)
         self.keys = LeaseKeys.for_config(self.config)
-        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
         self.plans: dict[str, Plan] = {}
         self.broken: dict[str, str] = {}
         self._reconciled_epoch: int | None = None
-        self._closed = False
-        self._started = False
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
-    @property
-    def granularity(self) -> float:
-        return tick_granularity(self.max_interval)
-
     def setup_schedule(self) -> None:
-        check_lease(self.config, self.granularity)
-        startup_checks(self.config, self.client, self.clock, "beat")
+        self.check_startup(self.granularity)
         self.install_default_entries(self.data)
         self.merge_inplace(self.app.conf.beat_schedule)
-        self.keeper.start()
-        self._started = True
-        logger.info("beat: %s", self.info.strip(" ."))
+        self.start_lease()
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
         """Build entries one by one: a broken entry is logged and left out, never fatal."""
@@ -319,17 +349,6 @@ class SafeScheduler(Scheduler):
         logger.info("beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch)
         signals.beat_slot_dispatched.send(sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=task_id)
         return result
-
-    # --- shutdown and banner --------------------------------------------------------
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.keeper.stop(release=True)
-        super().close()
-
-    @property
-    def info(self) -> str:
-        return beat_info(self.config, self.keeper, self.client, started=self._started)
 
 
 def _release_on_sigterm(sender: Any = None, **kwargs: Any) -> None:

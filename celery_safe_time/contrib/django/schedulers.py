@@ -21,13 +21,9 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
-from ...clock import UTC, RedisClock, to_datetime
-from ...config import get_config
+from ...clock import UTC, to_datetime
 from ...exceptions import RedisUnavailable
-from ...leader import LeaderKeeper
-from ...lease import Lease
-from ...redis_client import get_redis
-from ...scheduler import beat_info, check_lease, startup_checks, tick_granularity
+from ...scheduler import LeasedScheduler, tick_granularity
 from ...schedules import crontab
 from ...slots import GenericGrid, Grid, decide, grid_for
 
@@ -95,17 +91,13 @@ class SafeModelEntry(ModelEntry):
         return self.__class__(self.model)
 
 
-class SafeDatabaseScheduler(DatabaseScheduler):
+class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
     """``DatabaseScheduler`` that fires only while holding the Redis lease, each slot at most once."""
 
     _heap_invalidated: bool = False
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
-        self.config = get_config(app)
-        self.client = get_redis(self.config.redis_url)
-        self.clock = RedisClock(self.client)
-        self.lease = Lease(self.client, self.config)
-        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
+        self.init_lease(app)
         clock = self.clock
         self.Entry = type(
             "SafeModelEntry",
@@ -119,21 +111,12 @@ class SafeDatabaseScheduler(DatabaseScheduler):
         )
         self._loaded_epoch: int | None = None
         self._heap_source: Any = None
-        self._started = False
-        self._closed = False
         super().__init__(app, *args, **kwargs)
 
-    @property
-    def granularity(self) -> float:
-        return tick_granularity(self.max_interval)
-
     def setup_schedule(self) -> None:
-        check_lease(self.config, tick_granularity(self.max_interval or self.app.conf.beat_max_loop_interval or 300))
-        startup_checks(self.config, self.client, self.clock, "beat")
+        self.check_startup(tick_granularity(self.max_interval or self.app.conf.beat_max_loop_interval or 300))
         super().setup_schedule()
-        self.keeper.start()
-        self._started = True
-        logger.info("beat: %s", self.info.strip(" ."))
+        self.start_lease()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         epoch = self.keeper.epoch
@@ -220,13 +203,3 @@ class SafeDatabaseScheduler(DatabaseScheduler):
     def sync(self) -> None:
         # last_run_at/total_run_count are written per run; a standby must never write stale ones
         self._dirty.clear()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.keeper.stop(release=True)
-        super().close()
-
-    @property
-    def info(self) -> str:
-        return beat_info(self.config, self.keeper, self.client, started=self._started)

@@ -25,12 +25,10 @@ import redis
 
 from . import constants as C
 from . import signals
-from .exceptions import RedisUnavailable
-from .guard import Call, HeldLock, acquire, resolve_call, run_holding
-from .hard_limit import hard_deadline
+from .guard import Call, HeldLock, resolve_call, run_holding
 from .keys import KeyBuilder, KeySpec
 from .locks import LockGuard, Policy, wrap
-from .lockstore import LockStore, get_lock_store
+from .lockstore import LockStore
 
 logger = logging.getLogger(__name__)
 
@@ -50,30 +48,19 @@ class IdempotentGuard(LockGuard):
         call = resolve_call(args, kwargs)
         marker = self.builder.render(call.args, call.kwargs, bound=call.bound)
         key = self.namespace + marker
-        ttl = self.policy.lock_ttl(call)
-        owner = call.owner()
-        deadline = hard_deadline(call, time.monotonic())
-        try:
-            store = get_lock_store(call.app)
-            acquired, token = acquire(store, key, ttl, owner, deadline, marker=marker)
-        except RedisUnavailable as exc:
-            self.policy.redis_down(call, exc)
+        taken = self.take(call, key, marker=marker)
+        if taken is None:
             return None
-        if acquired.status == "done":
-            logger.info("skipping %s: idempotency key %r already ran", call.task_id, marker)
-            signals.idempotent_skipped.send(sender=call.task, key=marker, task_id=call.task_id)
-            return None
-        if acquired.status == "duplicate":
-            self.policy.duplicate(call, key, acquired.holder)
-        if acquired.status != "acquired" or acquired.fence is None:
-            self.policy.conflict(call, key, acquired.holder)
-            return None
-        held = HeldLock(store, key, token, acquired.fence, ttl, owner.task_id)
+        held, deadline = taken
 
         def record(_result: Any) -> None:
-            self._commit(store, held, marker, call)
+            self._commit(held.store, held, marker, call)
 
         return run_holding(held, call, lambda: func(*args, **kwargs), deadline, on_success=record)
+
+    def already_done(self, call: Call, marker: str) -> None:
+        logger.info("skipping %s: idempotency key %r already ran", call.task_id, marker)
+        signals.idempotent_skipped.send(sender=call.task, key=marker, task_id=call.task_id)
 
     def _commit(self, store: LockStore, held: HeldLock, marker: str, call: Call) -> None:
         # The body has had its effect; failing the task now would invite a second run. Retry the

@@ -122,23 +122,37 @@ class LockGuard:
     def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = resolve_call(args, kwargs)
         key = self.lock_key_for(call.args, call.kwargs, bound=call.bound)
+        taken = self.take(call, key)
+        if taken is None:
+            return None
+        held, deadline = taken
+        logger.debug("task %s holds overlap lock %r (fence %s)", held.task_id, key, held.fence)
+        return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
+
+    def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
+        """Acquire ``key`` for ``call``: the held lock and the hard deadline, or None when the body
+        must not run (the policy has handled a conflict, a duplicate or Redis being down)."""
         ttl = self.policy.lock_ttl(call)
         owner = call.owner()
         deadline = hard_deadline(call, time.monotonic())
         try:
             store = get_lock_store(call.app)
-            acquired, token = acquire(store, key, ttl, owner, deadline)
+            acquired, token = acquire(store, key, ttl, owner, deadline, marker=marker)
         except RedisUnavailable as exc:
             self.policy.redis_down(call, exc)
+            return None
+        if acquired.status == "done" and marker is not None:
+            self.already_done(call, marker)
             return None
         if acquired.status == "duplicate":
             self.policy.duplicate(call, key, acquired.holder)
         if acquired.status != "acquired" or acquired.fence is None:
             self.policy.conflict(call, key, acquired.holder)
             return None
-        held = HeldLock(store, key, token, acquired.fence, ttl, owner.task_id)
-        logger.debug("task %s holds overlap lock %r (fence %s)", owner.task_id, key, held.fence)
-        return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
+        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id), deadline
+
+    def already_done(self, call: Call, marker: str) -> None:
+        """The key's marker says it already ran (only guards that pass a marker get here)."""
 
 
 def wrap(func: F, guard: LockGuard) -> F:

@@ -170,6 +170,17 @@ class Demo:
         self.procs.append(proc)
         return proc
 
+    def beat(self, name: str, app: str, *args: str) -> Proc:
+        schedule = str(self.var / f"{name}.schedule")
+        return self.spawn(name, "celery", "-A", app, "beat", "-l", "INFO", *args, "-s", schedule)
+
+    def worker(self, name: str, app: str, concurrency: int, hostname: str) -> Proc:
+        return self.spawn(
+            name,
+            *("celery", "-A", app, "worker", "-l", "INFO", "-c", str(concurrency), "-n", hostname),
+            *("--without-gossip", "--without-mingle"),
+        )
+
     def manage(self, *args: str) -> str:
         out = subprocess.run(
             [sys.executable, "-m", "demo_project.manage", *args],
@@ -295,72 +306,11 @@ def scenario(demo: Demo) -> int:
         f"visibility_timeout {tl.visibility_timeout:g}s (plain: {tl.plain_visibility_timeout:g}s), lease {tl.lease:g}s"
     )
 
-    beats = [
-        demo.spawn(
-            f"beat{i}",
-            "celery",
-            "-A",
-            "demo_project.celery_app",
-            "beat",
-            "-l",
-            "INFO",
-            "-S",
-            demo.args.scheduler,
-            "-s",
-            str(demo.var / f"beat{i}.schedule"),
-        )
-        for i in (1, 2, 3)
-    ]
-    workers = [
-        demo.spawn(
-            f"worker{i}",
-            "celery",
-            "-A",
-            "demo_project.celery_app",
-            "worker",
-            "-l",
-            "INFO",
-            "-c",
-            "4",
-            "-n",
-            f"safe{i}@%h",
-            "--without-gossip",
-            "--without-mingle",
-        )
-        for i in (1, 2)
-    ]
-    plain_beats = [
-        demo.spawn(
-            f"plain-beat{i}",
-            "celery",
-            "-A",
-            "demo_project.plain_app",
-            "beat",
-            "-l",
-            "INFO",
-            "-s",
-            str(demo.var / f"plain-beat{i}.schedule"),
-        )
-        for i in (1, 2, 3)
-    ]
-    plain_workers = [
-        demo.spawn(
-            f"plain-worker{i}",
-            "celery",
-            "-A",
-            "demo_project.plain_app",
-            "worker",
-            "-l",
-            "INFO",
-            "-c",
-            "2",
-            "-n",
-            f"plain{i}@%h",
-            "--without-gossip",
-            "--without-mingle",
-        )
-        for i in (1, 2)
-    ]
+    safe_mod, plain_mod = "demo_project.celery_app", "demo_project.plain_app"
+    beats = [demo.beat(f"beat{i}", safe_mod, "-S", demo.args.scheduler) for i in (1, 2, 3)]
+    workers = [demo.worker(f"worker{i}", safe_mod, 4, f"safe{i}@%h") for i in (1, 2)]
+    plain_beats = [demo.beat(f"plain-beat{i}", plain_mod) for i in (1, 2, 3)]
+    plain_workers = [demo.worker(f"plain-worker{i}", plain_mod, 2, f"plain{i}@%h") for i in (1, 2)]
     demo.say("started 3 safe beats, 2 safe workers, 3 plain beats, 2 plain workers; waiting until they are ready")
     wait_ready(demo, app, workers + plain_workers)
     demo.t0 = time.monotonic()
@@ -652,20 +602,8 @@ def serve(demo: Demo) -> int:
     if not Tenant.objects.exists():
         for tenant in create_tenants():
             start_trial(tenant)
-    demo.spawn(
-        "beat1",
-        "celery",
-        "-A",
-        "demo_project.celery_app",
-        "beat",
-        "-l",
-        "INFO",
-        "-S",
-        demo.args.scheduler,
-        "-s",
-        str(demo.var / "beat1.schedule"),
-    )
-    demo.spawn("worker1", "celery", "-A", "demo_project.celery_app", "worker", "-l", "INFO", "-c", "4")
+    demo.beat("beat1", "demo_project.celery_app", "-S", demo.args.scheduler)
+    demo.worker("worker1", "demo_project.celery_app", 4, "safe1@%h")
     demo.spawn("web", "demo_project.manage", "runserver", "--noreload", f"127.0.0.1:{demo.args.port}")
     print(f"admin: http://127.0.0.1:{demo.args.port}/admin/  user: admin  password: {password}")
     print(f"logs in {demo.var}; Ctrl-C to stop")

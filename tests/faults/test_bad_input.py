@@ -130,6 +130,19 @@ def password_redis(tmp_path: Path) -> Iterator[str]:
     proc.wait(10)
 
 
+def failed_beat_startup(processes: ProcessManager, tmp_path: Path, env: dict[str, str], *args: str) -> str:
+    """Run ``celery beat -S SafeScheduler`` on the beat test app; assert it exits non-zero; its output."""
+    out = processes.command(
+        "tests.apps.beat_app",
+        *("beat", "-S", "celery_safe_time.SafeScheduler", "-s", str(tmp_path / "s"), *args),
+        env=env,
+        timeout=90,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    return text
+
+
 def wrong_password(url: str) -> str:
     return url.replace(PASSWORD, WRONG)
 
@@ -183,37 +196,13 @@ def test_malformed_setting_through_celery_worker_startup(processes: ProcessManag
 def test_malformed_setting_through_celery_beat_startup(processes: ProcessManager, tmp_path: Path) -> None:
     # beat_app does not call install(): the scheduler itself validates at startup.
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_misfire": "twice"})}
-    out = processes.command(
-        "tests.apps.beat_app",
-        "beat",
-        "-S",
-        "celery_safe_time.SafeScheduler",
-        "-s",
-        str(tmp_path / "s"),
-        env=env,
-        timeout=90,
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, text
+    text = failed_beat_startup(processes, tmp_path, env)
     assert "safe_time_misfire: must be one of run_all, run_once, skip, got 'twice'" in text
 
 
 def test_lease_too_short_for_the_tick_refuses_beat(processes: ProcessManager, tmp_path: Path) -> None:
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_beat_lease": 1})}
-    out = processes.command(
-        "tests.apps.beat_app",
-        "beat",
-        "-S",
-        "celery_safe_time.SafeScheduler",
-        "-s",
-        str(tmp_path / "s"),
-        "--max-interval",
-        "1",
-        env=env,
-        timeout=90,
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, text
+    text = failed_beat_startup(processes, tmp_path, env, "--max-interval", "1")
     assert "safe_time_beat_lease" in text
 
 
@@ -406,18 +395,7 @@ def test_wrong_redis_password_beat_exits_naming_redis_masked(
     processes: ProcessManager, password_redis: str, tmp_path: Path
 ) -> None:
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_redis_url": wrong_password(password_redis)})}
-    out = processes.command(
-        "tests.apps.beat_app",
-        "beat",
-        "-S",
-        "celery_safe_time.SafeScheduler",
-        "-s",
-        str(tmp_path / "s"),
-        env=env,
-        timeout=90,
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, text
+    text = failed_beat_startup(processes, tmp_path, env)
     assert "unreachable at startup" in text, text
     assert ":***@127.0.0.1" in text, text
     assert re.search(r"(?i)invalid (username-)?password|auth", text), text

@@ -30,6 +30,17 @@ def _lease_client(server: RedisServer) -> redis.Redis:
     return redis.Redis.from_url(server.url, socket_timeout=2)
 
 
+def _running(
+    processes: ProcessManager, redis_client: redis.Redis, server: RedisServer
+) -> tuple[list[CeleryProcess], redis.Redis]:
+    """Two beats and a worker, once a leader fires: the beats and a client of the lease Redis."""
+    beats = _start(processes, server)
+    lease = _lease_client(server)
+    wait_for(lambda: leader_pid(lease), 30, message="a leader")
+    wait_for(lambda: len(runs(redis_client)) >= 2, 30, message="runs")
+    return beats, lease
+
+
 def _epochs_after(client: redis.Redis, since: float) -> set[int]:
     return {int(r["headers"]["safe_time_epoch"]) for r in runs(client) if float(r["started"]) > since}
 
@@ -37,10 +48,7 @@ def _epochs_after(client: redis.Redis, since: float) -> set[int]:
 def test_deleted_lease_key_one_leader_resumes(
     processes: ProcessManager, redis_client: redis.Redis, redis_server: RedisServer
 ) -> None:
-    beats = _start(processes, redis_server)
-    lease = _lease_client(redis_server)
-    wait_for(lambda: leader_pid(lease), 30, message="a leader")
-    wait_for(lambda: len(runs(redis_client)) >= 2, 30, message="runs")
+    beats, lease = _running(processes, redis_client, redis_server)
     lease.delete("safe_time:beat:lease")
     deleted_at = time.time()
     wait_for(lambda: int(lease.get("safe_time:beat:epoch") or 0) >= 2, 30, message="a new epoch")
@@ -56,10 +64,7 @@ def test_deleted_lease_key_one_leader_resumes(
 def test_redis_restart_no_crash_one_leader(
     processes: ProcessManager, redis_client: redis.Redis, redis_server: RedisServer
 ) -> None:
-    beats = _start(processes, redis_server)
-    lease = _lease_client(redis_server)
-    wait_for(lambda: leader_pid(lease), 30, message="a leader")
-    wait_for(lambda: len(runs(redis_client)) >= 2, 30, message="runs")
+    beats, lease = _running(processes, redis_client, redis_server)
     redis_server.restart()  # no persistence: the lease, epoch and state are gone
     restarted_at = time.time()
     wait_for(lambda: leader_pid(lease), 30, message="a leader after the restart")
@@ -73,10 +78,7 @@ def test_redis_restart_no_crash_one_leader(
 def test_redis_unreachable_nothing_fires_then_resumes(
     processes: ProcessManager, redis_client: redis.Redis, redis_server: RedisServer
 ) -> None:
-    beats = _start(processes, redis_server)
-    lease = _lease_client(redis_server)
-    wait_for(lambda: leader_pid(lease), 30, message="a leader")
-    wait_for(lambda: len(runs(redis_client)) >= 2, 30, message="runs")
+    beats, _lease = _running(processes, redis_client, redis_server)
     redis_server.stop()
     stopped_at = time.time()
     time.sleep(10)

@@ -105,6 +105,21 @@ DELAY_DUE_INDEX: Final = "cst_delay_due_pending"
 DELAY_KEY_INDEX: Final = "cst_delay_key_pending"
 DELAY_CLAIMED_INDEX: Final = "cst_delay_claimed"
 
+#: SQLAlchemy dialect names of MySQL and MariaDB (a ``mysql://`` URL on MariaDB is still "mysql").
+MYSQL_DIALECTS: Final = frozenset({"mysql", "mariadb"})
+#: MySQL/MariaDB only: a generated column equal to ``idempotency_key`` while the row is pending and
+#: NULL otherwise. Its UNIQUE index stands in for the partial unique index they lack.
+DELAY_PENDING_KEY_COLUMN: Final = "pending_idempotency_key"
+#: Binary, no-pad collations keep ids and keys exact as on PostgreSQL/SQLite ("a", "A", "a " differ).
+MARIADB_COLLATION: Final = "utf8mb4_nopad_bin"
+MYSQL_COLLATION: Final = "utf8mb4_0900_bin"
+#: InnoDB's default REPEATABLE READ gap-locks the claim's range scan, so concurrent SKIP LOCKED
+#: sweeps would wait on each other; READ COMMITTED locks only the rows picked, as on PostgreSQL.
+MYSQL_ISOLATION_LEVEL: Final = "READ COMMITTED"
+#: Named lock (GET_LOCK) that serializes table creation between processes starting at once.
+MYSQL_SCHEMA_LOCK: Final = "celery_safe_time_schema"
+MYSQL_SCHEMA_LOCK_TIMEOUT: Final = 30
+
 #: Column sizes (Django model and SQLAlchemy table agree on them).
 DELAY_ID_LENGTH: Final = 255
 DELAY_TASK_LENGTH: Final = 255

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Make sure the local Redis and PostgreSQL answer; start the machine's own services when
+# Make sure the local Redis, PostgreSQL and MariaDB answer; start the machine's own services when
 # they are installed but stopped (a previous test run may have restarted them).
 set -u
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; }
 pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q >/dev/null 2>&1; }
+mariadb_up() { mysqladmin --protocol=tcp -h 127.0.0.1 -P 3306 -u root ping >/dev/null 2>&1; }
 
 if ! redis_up && command -v redis-server >/dev/null; then
   mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
@@ -15,6 +16,12 @@ if ! pg_up && command -v pg_ctlcluster >/dev/null; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start >/dev/null 2>&1 || true
   for _ in $(seq 1 100); do pg_up && break; sleep 0.1; done
 fi
+if ! mariadb_up && [ -x /etc/init.d/mariadb ]; then
+  # No systemd in CI containers: the Debian package's init script starts mariadbd.
+  /etc/init.d/mariadb start >/dev/null 2>&1 || true
+  for _ in $(seq 1 300); do mariadb_up && break; sleep 0.1; done
+fi
 redis_up && echo "redis: 127.0.0.1:6379 up" || echo "redis: NOT reachable (install: apt-get install redis-server)"
 pg_up && echo "postgresql: 127.0.0.1:5432 up" || echo "postgresql: NOT reachable (install: apt-get install postgresql)"
+mariadb_up && echo "mariadb: 127.0.0.1:3306 up" || echo "mariadb: NOT reachable (install: apt-get install mariadb-server)"
 exit 0

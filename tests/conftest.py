@@ -1,5 +1,5 @@
 """Shared fixtures: real Redis (one claimed db per session, flushed per test), a fresh
-PostgreSQL database per session, SQLite in a temp dir, a Celery app factory and real
+PostgreSQL and MariaDB database per session, SQLite in a temp dir, a Celery app factory and real
 worker/beat subprocesses."""
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ def _redis_claim() -> services.RedisDbClaim:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     redis_url = os.environ.get("SAFE_TIME_TEST_REDIS_URL", services.DEFAULT_REDIS_URL)
     pg_url = os.environ.get("SAFE_TIME_TEST_DATABASE_URL", services.DEFAULT_DATABASE_URL)
+    mysql_url = os.environ.get("SAFE_TIME_TEST_MYSQL_URL", services.DEFAULT_MYSQL_URL)
     lines = []
     lines.append(f"safe-time: redis {redis_url} ({'up' if services.redis_ping(redis_url) else 'DOWN'})")
     lines.append(f"safe-time: postgresql {pg_url} ({'up' if services.pg_ping(pg_url) else 'DOWN'})")
+    lines.append(f"safe-time: mariadb {mysql_url} ({'up' if services.mysql_ping(mysql_url) else 'DOWN'})")
     lines.append(
         f"safe-time: CI={'yes' if services.IN_CI else 'no'} (missing services {'fail' if services.IN_CI else 'skip'})"
     )
@@ -78,6 +80,14 @@ def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this session (SQLAlchemy URL, psycopg 3), dropped afterwards."""
     db = services.PostgresDatabase(services.resolve_postgres_admin_url())
     yield db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+    db.drop()
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    """A fresh MariaDB/MySQL database for this session (SQLAlchemy URL, PyMySQL), dropped afterwards."""
+    db = services.MySQLDatabase(services.resolve_mysql_admin_url())
+    yield db.url
     db.drop()
 
 

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
 from .. import constants as C
@@ -22,12 +23,20 @@ logger = logging.getLogger(__name__)
 UTC = timezone.utc
 
 
+#: URL prefixes without a driver -> the driver this package installs (extras ``postgres``, ``mysql``).
+_DEFAULT_DRIVERS = {
+    "postgres://": "postgresql+psycopg://",
+    "postgresql://": "postgresql+psycopg://",
+    "mysql://": "mysql+pymysql://",
+    "mariadb://": "mariadb+pymysql://",
+}
+
+
 def normalize_url(url: str) -> str:
-    """Pick the drivers this package installs: psycopg 3 for PostgreSQL."""
-    if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://") :]
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    """Pick the drivers this package installs: psycopg 3 for PostgreSQL, PyMySQL for MySQL/MariaDB."""
+    for prefix, replacement in _DEFAULT_DRIVERS.items():
+        if url.startswith(prefix):
+            return replacement + url[len(prefix) :]
     return url
 
 
@@ -37,8 +46,11 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         # One writer at a time; wait for it instead of failing at once.
         options["connect_args"] = {"timeout": 30}
-    elif url.startswith("postgresql") or url.startswith(("mysql", "mariadb")):
+    elif url.startswith("postgresql"):
         options["connect_args"] = {"connect_timeout": 5}
+    elif url.startswith(("mysql", "mariadb")):
+        options["connect_args"] = {"connect_timeout": 5}
+        options["isolation_level"] = C.MYSQL_ISOLATION_LEVEL
     options.update(kwargs)
     try:
         return sa.create_engine(url, **options)
@@ -46,20 +58,30 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
 
 
+#: The current time per dialect, read when the statement runs (not at transaction start).
+#: MySQL/MariaDB: UTC_TIMESTAMP(6) is UTC with microseconds whatever the session's time_zone
+#: (NOW(6) would follow it), and DATETIME columns store what they get, unconverted.
+_NOW_SQL = {
+    "postgresql": "SELECT clock_timestamp()",
+    "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    "mysql": "SELECT UTC_TIMESTAMP(6)",
+    "mariadb": "SELECT UTC_TIMESTAMP(6)",
+}
+
+
+def _now_sql(dialect: str) -> sa.TextClause:
+    query = _NOW_SQL.get(dialect)
+    if query is None:  # pragma: no cover - guarded by the settings check
+        raise StoreError(f"unsupported store dialect {dialect!r}")
+    return sa.text(query)
+
+
 def database_now(engine: Engine) -> datetime:
     """The database server's clock, as an aware UTC datetime."""
-    dialect = engine.dialect.name
-    if dialect == "postgresql":
-        query = "SELECT clock_timestamp()"
-    elif dialect == "sqlite":
-        query = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    elif dialect in ("mysql", "mariadb"):
-        query = "SELECT UTC_TIMESTAMP(6)"
-    else:  # pragma: no cover - guarded by the settings check
-        raise StoreError(f"unsupported store dialect {dialect!r}")
+    query = _now_sql(engine.dialect.name)
     try:
         with engine.connect() as conn:
-            value = conn.execute(sa.text(query)).scalar_one()
+            value = conn.execute(query).scalar_one()
     except sa.exc.SQLAlchemyError as exc:
         raise StoreError(f"store {mask_url(str(engine.url))} unreachable: {exc.__class__.__name__}: {exc}") from exc
     return _as_utc(value)
@@ -75,15 +97,25 @@ def _as_utc(value: Any) -> datetime:
     return value.astimezone(UTC)
 
 
+#: Dialects whose datetime columns have no time zone: values are bound as naive UTC.
+_NAIVE_DATETIME_DIALECTS = frozenset({"sqlite"}) | C.MYSQL_DIALECTS
+
+
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
     """Aware UTC datetimes in, aware UTC datetimes out, on every dialect.
 
     SQLite keeps naive text, so values are converted to UTC before they are bound; the
-    text then sorts in time order, which the due-at comparisons rely on.
+    text then sorts in time order, which the due-at comparisons rely on. MySQL/MariaDB get
+    naive UTC in ``DATETIME(6)``: a plain ``DATETIME`` would round away the microseconds.
     """
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in C.MYSQL_DIALECTS:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return super().load_dialect_impl(dialect)
 
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
@@ -91,34 +123,38 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise StoreError(f"naive datetime {value!r} given to the store; pass aware UTC datetimes")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name in _NAIVE_DATETIME_DIALECTS else value
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         return None if value is None else _as_utc(value)
 
 
-metadata = sa.MetaData()
+def _columns() -> list[sa.Column[Any]]:
+    """The table's columns, fresh objects per call (a Column belongs to one Table)."""
+    return [
+        sa.Column("id", sa.String(C.DELAY_ID_LENGTH), primary_key=True),
+        sa.Column("task", sa.String(C.DELAY_TASK_LENGTH), nullable=False),
+        # MySQL's BLOB stops at 64 KiB; LONGBLOB matches bytea / SQLite BLOB (and Django's BinaryField).
+        sa.Column("payload", sa.LargeBinary().with_variant(mysql.LONGBLOB(), *C.MYSQL_DIALECTS), nullable=False),
+        sa.Column("content_type", sa.String(C.DELAY_CONTENT_TYPE_LENGTH), nullable=False),
+        sa.Column("content_encoding", sa.String(C.DELAY_ENCODING_LENGTH), nullable=False),
+        sa.Column("due_at", UTCDateTime, nullable=False),
+        sa.Column("expires_at", UTCDateTime, nullable=True),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("idempotency_key", sa.String(C.DELAY_KEY_LENGTH), nullable=True),
+        sa.Column("attempts", sa.Integer, nullable=False, default=0),
+        sa.Column("created_at", UTCDateTime, nullable=False),
+        sa.Column("updated_at", UTCDateTime, nullable=False),
+        sa.Column("claimed_at", UTCDateTime, nullable=True),
+        sa.Column("claim_token", sa.String(64), nullable=True),
+        sa.Column("sent_at", UTCDateTime, nullable=True),
+        sa.Column("last_error", sa.Text, nullable=True),
+    ]
 
-delays = sa.Table(
-    C.DELAY_TABLE,
-    metadata,
-    sa.Column("id", sa.String(C.DELAY_ID_LENGTH), primary_key=True),
-    sa.Column("task", sa.String(C.DELAY_TASK_LENGTH), nullable=False),
-    sa.Column("payload", sa.LargeBinary, nullable=False),
-    sa.Column("content_type", sa.String(C.DELAY_CONTENT_TYPE_LENGTH), nullable=False),
-    sa.Column("content_encoding", sa.String(C.DELAY_ENCODING_LENGTH), nullable=False),
-    sa.Column("due_at", UTCDateTime, nullable=False),
-    sa.Column("expires_at", UTCDateTime, nullable=True),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("idempotency_key", sa.String(C.DELAY_KEY_LENGTH), nullable=True),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("created_at", UTCDateTime, nullable=False),
-    sa.Column("updated_at", UTCDateTime, nullable=False),
-    sa.Column("claimed_at", UTCDateTime, nullable=True),
-    sa.Column("claim_token", sa.String(64), nullable=True),
-    sa.Column("sent_at", UTCDateTime, nullable=True),
-    sa.Column("last_error", sa.Text, nullable=True),
-)
+
+# The queries of every dialect use this table; its indexes are the PostgreSQL/SQLite schema.
+metadata = sa.MetaData()
+delays = sa.Table(C.DELAY_TABLE, metadata, *_columns())
 _PENDING_SQL = sa.text("status = 'pending'")
 _CLAIMED_SQL = sa.text("status = 'claimed'")
 # Partial indexes: the sweep's claim only ever reads pending rows in due order, so the index
@@ -132,6 +168,56 @@ sa.Index(
     sqlite_where=_PENDING_SQL,
 )
 sa.Index(C.DELAY_CLAIMED_INDEX, delays.c.claimed_at, postgresql_where=_CLAIMED_SQL, sqlite_where=_CLAIMED_SQL)
+
+# MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
+# generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
+# with status, so the claim and the stale-claim scan still touch only rows of their status.
+_MYSQL_PENDING_KEY_SQL = "CASE WHEN status = 'pending' THEN idempotency_key END"
+#: Table-less on purpose: it renders as the bare column name inside queries on ``delays``.
+_mysql_pending_key = sa.column(C.DELAY_PENDING_KEY_COLUMN, sa.String(C.DELAY_KEY_LENGTH))
+
+
+def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
+    """The MySQL/MariaDB DDL of the table (its collation differs between the two servers)."""
+    meta = sa.MetaData()
+    table = sa.Table(
+        C.DELAY_TABLE,
+        meta,
+        *_columns(),
+        sa.Column(
+            C.DELAY_PENDING_KEY_COLUMN,
+            sa.String(C.DELAY_KEY_LENGTH),
+            sa.Computed(_MYSQL_PENDING_KEY_SQL, persisted=True),
+        ),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+        mysql_collate=C.MARIADB_COLLATION if mariadb else C.MYSQL_COLLATION,
+    )
+    sa.Index(C.DELAY_DUE_INDEX, table.c.status, table.c.due_at, table.c.id)
+    sa.Index(C.DELAY_KEY_INDEX, table.c[C.DELAY_PENDING_KEY_COLUMN], unique=True)
+    sa.Index(C.DELAY_CLAIMED_INDEX, table.c.status, table.c.claimed_at)
+    return meta
+
+
+def _schema_for(conn: Connection) -> sa.MetaData:
+    if conn.dialect.name in C.MYSQL_DIALECTS:
+        return _mysql_metadata(mariadb=bool(getattr(conn.dialect, "is_mariadb", False)))
+    return metadata
+
+
+@contextmanager
+def _mysql_schema_lock(conn: Connection) -> Iterator[None]:
+    """Serialize table creation between processes (MySQL DDL commits at once, so no transaction lock)."""
+    params = {"name": C.MYSQL_SCHEMA_LOCK, "timeout": C.MYSQL_SCHEMA_LOCK_TIMEOUT}
+    got = conn.execute(sa.text("SELECT GET_LOCK(:name, :timeout)"), params).scalar()
+    if got != 1:
+        # Go on unlocked: a racing CREATE fails with "already exists", handled by ensure_schema.
+        logger.warning("store schema lock %s not taken within %ss", C.MYSQL_SCHEMA_LOCK, C.MYSQL_SCHEMA_LOCK_TIMEOUT)
+    try:
+        yield
+    finally:
+        if got == 1:
+            conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": C.MYSQL_SCHEMA_LOCK})
 
 
 def _status(value: str) -> sa.ColumnElement[bool]:
@@ -199,13 +285,11 @@ class SQLAlchemyStore(DelayStore):
             raise self._fail(exc) from exc
 
     def _db_now(self, conn: Connection) -> datetime:
-        if self.dialect == "postgresql":
-            query = "SELECT clock_timestamp()"
-        elif self.dialect == "sqlite":
-            query = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
-        else:
-            query = "SELECT UTC_TIMESTAMP(6)"
-        return _as_utc(conn.execute(sa.text(query)).scalar_one())
+        return _as_utc(conn.execute(_now_sql(self.dialect)).scalar_one())
+
+    @property
+    def _is_mysql(self) -> bool:
+        return self.dialect in C.MYSQL_DIALECTS
 
     def ensure_schema(self) -> None:
         """Create the table and its indexes if they are missing (once per process)."""
@@ -219,14 +303,34 @@ class SQLAlchemyStore(DelayStore):
                     if self.dialect == "postgresql":
                         # Several processes start at once; serialize the DDL instead of racing.
                         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x5AFE7133})
-                    metadata.create_all(conn, checkfirst=True)
+                    if self._is_mysql:
+                        with _mysql_schema_lock(conn):
+                            _schema_for(conn).create_all(conn, checkfirst=True)
+                    else:
+                        metadata.create_all(conn, checkfirst=True)
             except sa.exc.OperationalError as exc:
-                # SQLite: another process created it between the check and the CREATE.
+                # SQLite (or MySQL without its schema lock): another process created it between
+                # the check and the CREATE.
                 if not self._has_table():
                     raise self._fail(exc) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise self._fail(exc) from exc
+            if self._is_mysql:
+                self._check_mysql_schema()
             self._schema_ready = True
+
+    def _check_mysql_schema(self) -> None:
+        """Refuse a table made without the pending-key column (e.g. by Django's migrations or an
+        older version): its idempotency key would be unique across all rows and its times whole seconds."""
+        try:
+            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
+        if C.DELAY_PENDING_KEY_COLUMN not in names:
+            raise StoreError(
+                f"store {mask_url(self.url)}: table {C.DELAY_TABLE} has no {C.DELAY_PENDING_KEY_COLUMN} column; "
+                "it was not created by this store version: move its rows elsewhere and drop it to have it recreated"
+            )
 
     def _has_table(self) -> bool:
         try:
@@ -236,7 +340,8 @@ class SQLAlchemyStore(DelayStore):
 
     def drop_schema(self) -> None:
         """Drop the table (tests and benchmarks)."""
-        metadata.drop_all(self.engine, checkfirst=True)
+        with self.engine.begin() as conn:
+            _schema_for(conn).drop_all(conn, checkfirst=True)
         self._schema_ready = False
 
     # --- writes --------------------------------------------------------------------
@@ -256,9 +361,7 @@ class SQLAlchemyStore(DelayStore):
         with self._begin() as conn:
             if delay.idempotency_key is not None:
                 found = conn.execute(
-                    sa.select(t.c.id, t.c.due_at).where(
-                        t.c.idempotency_key == delay.idempotency_key, _status(C.STATUS_PENDING)
-                    )
+                    sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key))
                 ).first()
                 if found is not None:
                     return InsertResult(found.id, created=False, due_at=found.due_at)
@@ -272,6 +375,12 @@ class SQLAlchemyStore(DelayStore):
             values = delay.pending_row(self._db_now(conn))
             conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def _pending_key_is(self, key: str) -> sa.ColumnElement[bool]:
+        """The pending row holding ``key``, through the dialect's unique index."""
+        if self._is_mysql:
+            return _mysql_pending_key == key
+        return sa.and_(delays.c.idempotency_key == key, _status(C.STATUS_PENDING))
 
     def bulk_insert(self, rows: Sequence[NewDelay], *, chunk: int = 5000) -> None:
         """Insert many pending rows fast (benchmarks and tests); no idempotency handling."""
@@ -338,7 +447,8 @@ class SQLAlchemyStore(DelayStore):
                 )
                 rows = [_row(m) for m in result.mappings()]
             else:
-                # MySQL cannot UPDATE ... IN (SELECT ... LIMIT): lock the ids first, same transaction.
+                # MySQL/MariaDB (no UPDATE ... RETURNING, and no UPDATE ... IN (SELECT ... LIMIT)):
+                # lock the ids first with SKIP LOCKED, then update and read them, same transaction.
                 ids = list(conn.execute(picked).scalars())
                 if not ids:
                     return []

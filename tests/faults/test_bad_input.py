@@ -47,7 +47,7 @@ from celery_safe_time.exceptions import (
 from celery_safe_time.stores import get_store, reset_store
 from celery_safe_time.stores.sql import SQLAlchemyStore
 from celery_safe_time.sweep import sweep
-from tests.helpers.delays import new_delay, utcnow
+from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 from tests.helpers.processes import ProcessManager
 from tests.helpers.services import free_port
 
@@ -521,11 +521,16 @@ def test_no_string_built_sql_in_the_package() -> None:
 METACHARS = ["'); DROP TABLE celery_safe_time_delay; --", "x' OR '1'='1", 'a"b\\c;%s%%{0}', "Robert'); --\x00"]
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+_BACKEND_URL_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url", "mysql": "mysql_url"}
+
+
+@pytest.mark.parametrize("backend", sorted(_BACKEND_URL_FIXTURES))
 def test_sql_metacharacters_are_stored_as_data(
     make_app: Callable[..., Celery], backend: str, request: pytest.FixtureRequest
 ) -> None:
-    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else request.getfixturevalue("sqlite_url")
+    url = request.getfixturevalue(_BACKEND_URL_FIXTURES[backend])
+    # The server databases live for the whole session: start from an empty table (rows are counted).
+    fresh_sql_store(url).close()
     app = safe_app(make_app, safe_time_store_url=url)
     keep = app.tasks["bad.record"].apply_async(("keep me",), countdown=3600)
     ids = []

@@ -50,6 +50,8 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Del
         return fresh_sql_store(f"sqlite:///{tmp_path / 'contract.sqlite3'}")
     if kind == "postgresql":
         return fresh_sql_store(request.getfixturevalue("postgres_url"))
+    if kind == "mysql":
+        return fresh_sql_store(request.getfixturevalue("mysql_url"))
     if kind == "django":
         from celery_safe_time.contrib.django.store import DjangoStore
 
@@ -59,7 +61,13 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Del
 
 #: The Django param carries the django_db mark: pytest-django only migrates the test database
 #: for sessions whose collected tests ask for it.
-STORE_KINDS = ["memory", "sqlite", "postgresql", pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
+STORE_KINDS = [
+    "memory",
+    "sqlite",
+    "postgresql",
+    "mysql",
+    pytest.param("django", marks=pytest.mark.django_db(transaction=True)),
+]
 
 
 @pytest.fixture(params=STORE_KINDS)

@@ -1,8 +1,9 @@
-"""Find (or start) the real Redis and PostgreSQL the tests use.
+"""Find (or start) the real Redis, PostgreSQL and MariaDB the tests use.
 
-Order: the URL from ``SAFE_TIME_TEST_REDIS_URL`` / ``SAFE_TIME_TEST_DATABASE_URL`` (defaults:
-the local services), then a throwaway server if its binary is installed, else skip locally and
-fail under ``CI`` naming the Debian package to install.
+Order: the URL from ``SAFE_TIME_TEST_REDIS_URL`` / ``SAFE_TIME_TEST_DATABASE_URL`` /
+``SAFE_TIME_TEST_MYSQL_URL`` (defaults: the local services), then a throwaway server if its binary
+is installed (Redis, PostgreSQL), else skip locally and fail under ``CI`` naming the Debian package
+to install.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 IN_CI = bool(os.environ.get("CI"))
 
 
@@ -256,5 +259,59 @@ class PostgresDatabase:
         try:
             with _pg_connect(self.admin_url) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        except Exception:
+            pass
+
+
+# --- MariaDB / MySQL ----------------------------------------------------------
+
+
+def _mysql_engine(url: str) -> sa.Engine:
+    return sa.create_engine(
+        url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
+    )
+
+
+def mysql_ping(url: str) -> bool:
+    engine = _mysql_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return True
+    except Exception:
+        return False
+    finally:
+        engine.dispose()
+
+
+def resolve_mysql_admin_url() -> str:
+    url = os.environ.get("SAFE_TIME_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+    if mysql_ping(url):
+        return url
+    unavailable("MariaDB", "mariadb-server", f"{url.split('@')[-1]} did not answer")
+    raise AssertionError("unreachable")
+
+
+class MySQLDatabase:
+    """A fresh MariaDB/MySQL database created for this test session and dropped at its end."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.name = f"safe_time_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        self._run(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+        parts = urlsplit(admin_url)
+        self.url = urlunsplit((parts.scheme, parts.netloc, f"/{self.name}", parts.query, ""))
+
+    def _run(self, statement: str) -> None:
+        engine = _mysql_engine(self.admin_url)
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(statement)
+        finally:
+            engine.dispose()
+
+    def drop(self) -> None:
+        try:
+            self._run(f"DROP DATABASE IF EXISTS `{self.name}`")
         except Exception:
             pass

@@ -202,9 +202,13 @@ def test_cancel_and_reschedule_api(app: Celery) -> None:
     assert not cancel("no-such-id", app=app)
 
 
-def test_idempotency_key_1000_calls_over_10_keys(make_app: Callable[..., Celery], postgres_url: str) -> None:
-    fresh_sql_store(postgres_url).close()
-    app = make_app("idem", safe_time_store_url=postgres_url, safe_time_delay_threshold=60)
+@pytest.mark.parametrize("database_url", ["postgres_url", "mysql_url"])
+def test_idempotency_key_1000_calls_over_10_keys(
+    make_app: Callable[..., Celery], database_url: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue(database_url)
+    fresh_sql_store(url).close()
+    app = make_app("idem", safe_time_store_url=url, safe_time_delay_threshold=60)
     define_tasks(app)
     record = app.tasks["tests.delays.record"]
 

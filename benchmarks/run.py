@@ -411,9 +411,9 @@ def write_doc(r: dict[str, Any]) -> str:
         f"**Run**: {mode}, started {started}, took {minutes:.1f} min.",
         "",
         "**Machine**: " + ", ".join(f"{k} {v}" for k, v in mach.items()) + ".",
-        f"Load average (1/5/15 min) before: {lb}; after: {la}. The VM is shared with another",
-        "engineer's test runs, so absolute numbers are noisy; each row compares ours with its baseline",
-        "measured next to it. The duplicate-slot run (N minutes of 6 mostly idle beat processes) and the",
+        f"Load average (1/5/15 min) before: {lb}; after: {la}. Other work on the VM (test runs, a soak)",
+        "makes absolute numbers noisy, so each row compares ours with its baseline measured next to it",
+        "in the same run. The duplicate-slot run (N minutes of 6 mostly idle beat processes) and the",
         "visibility-timeout run (2 workers, a beat, a few dozen tasks) and the beat failover race (4 beats",
         "waiting out leases) run in the background while the timed modules measure.",
         "",
@@ -515,9 +515,11 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             f"({'met' if s['sweep_1_per_s'] >= 0.7 * s['celery_send_task_per_s'] else 'missed'}: "
             f"{s['sweep_1_per_s'] / s['celery_send_task_per_s']:.2f}x). Four sweepers on these 2 shared cores "
             f"reach {s['sweep_4_per_s']:,.0f} rows/s ({s['sweep_4_per_s'] / s['sweep_1_per_s']:.2f}x one "
-            f"sweeper, {s['sweep_4_per_s'] / s['raw_kombu_per_s']:.2f}x raw kombu): here the CPU, shared with "
-            "Redis, PostgreSQL and the other engineer's tests, is the limit, not row contention (the split "
-            f"is {s['sweep_4_split']}, every row published once).",
+            f"sweeper, {s['sweep_4_per_s'] / s['raw_kombu_per_s']:.2f}x raw kombu): here the two cores, shared "
+            "with Redis and PostgreSQL, are the limit, not row contention (the split "
+            f"is {s['sweep_4_split']}, every row published once). In a deployment a backlog is swept by "
+            "several sweeps at once anyway: beat sends the sweep task every interval while an earlier one "
+            "still runs, and SKIP LOCKED splits the rows between them.",
             "",
         ]
     t = r.get("beat", {}).get("ticks", {})

@@ -68,6 +68,39 @@ def test_database_entries_follow_the_misfire_policy(make_app: Any, policy: str, 
     assert row.total_run_count == len(fired)
 
 
+def test_a_row_sets_its_own_misfire_policy_in_its_headers(make_app: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler, SafeModelEntry
+
+    app = make_app()
+    start = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    now = start + dt.timedelta(seconds=37)
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
+    entry_cls = type("E", (SafeModelEntry,), {"clock": staticmethod(lambda: now), "misfire": "run_all", "on_time": 6.0})
+
+    def row(name: str, headers: str) -> PeriodicTask:
+        return PeriodicTask.objects.create(
+            name=name, task="tests.record", interval=every, last_run_at=start, headers=headers
+        )
+
+    skip = entry_cls(row("own-skip", '{"safe_time_misfire": "skip", "x-trace": "1"}'), app=app)
+    default = entry_cls(row("default", "{}"), app=app)
+    assert skip.misfire == "skip"
+    assert default.misfire == "run_all"
+    next(skip)
+    next(default)
+    assert skip.fire_slots == []
+    assert [s - start.timestamp() for s in default.fire_slots or []] == [10, 20, 30]
+    # the policy is not published with the task's own headers
+    assert skip.options["headers"] == {"x-trace": "1", "periodic_task_name": "own-skip"}
+
+    bad = row("bad-policy", '{"safe_time_misfire": "twice"}')
+    scheduler = type("S", (), {"Entry": entry_cls, "app": app, "enabled_models": lambda self: [bad, default.model]})()
+    with caplog.at_level("ERROR"):
+        schedule = SafeDatabaseScheduler.all_as_schedule(scheduler)  # type: ignore[arg-type]
+    assert set(schedule) == {"default"}
+    assert "entry 'bad-policy' is disabled: headers.safe_time_misfire must be one of" in caplog.text
+
+
 def test_safe_database_scheduler_end_to_end(
     processes: ProcessManager, redis_client: redis.Redis, django_user_model: Any, client: Any
 ) -> None:

@@ -23,7 +23,7 @@ from ... import constants as C
 from ... import signals
 from ...clock import UTC, to_datetime
 from ...exceptions import RedisUnavailable
-from ...scheduler import LeasedScheduler, tick_granularity
+from ...scheduler import OPTION_MISFIRE, LeasedScheduler, tick_granularity
 from ...schedules import crontab
 from ...slots import GenericGrid, Grid, decide, grid_for
 
@@ -41,6 +41,17 @@ class SafeModelEntry(ModelEntry):
 
     def __init__(self, model: Any, app: Celery | None = None) -> None:
         super().__init__(model, app=app)
+        # A PeriodicTask has no options field: its headers JSON carries the per-row policy (the
+        # admin can edit it), taken out so it is not published with the task's headers.
+        policy = (self.options.get("headers") or {}).pop(OPTION_MISFIRE, None)
+        if policy is not None:
+            if policy not in C.MISFIRE_POLICIES:
+                reason = (
+                    f"headers.{OPTION_MISFIRE} must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
+                )
+                logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
+                raise ValueError(reason)  # DatabaseScheduler leaves out a row whose entry raises ValueError
+            self.misfire = policy
         schedule = getattr(self, "schedule", None)
         if isinstance(schedule, celery_crontab) and getattr(model, "crontab", None) is not None:
             # the row's own timezone, with R1-R4 (django-celery-beat's TzAwareCrontab has no DST rules)

@@ -120,7 +120,7 @@ from .constants import DELAY_STATUSES  # noqa: E402
 
 @safe_time.group(cls=click.Group)
 def delays() -> None:
-    """Stored delayed tasks: list, show, cancel, reschedule."""
+    """Stored delayed tasks: list, show, cancel, reschedule, purge."""
 
 
 @delays.command(name="list", cls=CeleryCommand)
@@ -185,6 +185,57 @@ def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdo
     changed = reschedule(task_id, eta=eta, countdown=countdown, app=_app(ctx))
     click.echo(f"{task_id}: {'rescheduled' if changed else 'not pending, unchanged'}")
     sys.exit(0 if changed else 1)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """``--older-than``: seconds as ``3600`` or with a unit (``45s``, ``30m``, ``12h``, ``7d``, ``2w``)."""
+    from .config import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def _purge_statuses(ctx: click.Context, param: click.Parameter, value: str) -> frozenset[str]:
+    """``--status``: a comma-separated subset of the finished statuses (never pending or claimed)."""
+    from .constants import PURGEABLE_STATUSES
+
+    statuses = frozenset(part.strip() for part in value.split(",") if part.strip())
+    if not statuses or statuses - PURGEABLE_STATUSES:
+        allowed = ",".join(sorted(PURGEABLE_STATUSES))
+        raise click.BadParameter(f"{value!r}: give a comma-separated subset of {allowed}", ctx, param)
+    return statuses
+
+
+@delays.command(name="purge", cls=CeleryCommand)
+@click.option(
+    "--older-than", required=True, callback=_duration, help="Rows last changed longer ago than this: 3600, 12h, 7d."
+)
+@click.option(
+    "--status",
+    "statuses",
+    callback=_purge_statuses,
+    default="sent,cancelled,expired",
+    show_default=True,
+    help="Comma-separated finished statuses to delete (add failed explicitly).",
+)
+@click.option("--dry-run", is_flag=True, help="Count the rows that would be deleted, delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str], dry_run: bool, as_json: bool) -> None:
+    """Delete old finished stored delays in short batches; pending and claimed rows are never touched."""
+    from .delays_admin import purge_delays
+
+    result = purge_delays(_app(ctx), older_than=older_than, statuses=statuses, dry_run=dry_run)
+    if as_json:
+        _dump(result)
+        return
+    which = ",".join(result["statuses"])
+    if dry_run:
+        click.echo(f"{result['matched']} row(s) would be deleted ({which}, last changed before {result['before']})")
+    else:
+        click.echo(f"{result['deleted']} row(s) deleted ({which}, last changed before {result['before']})")
 
 
 @safe_time.command(cls=CeleryCommand)

@@ -53,6 +53,8 @@ class SafeTimeConfig:
     claim_timeout: float = C.DEFAULT_CLAIM_TIMEOUT
     lock_ttl: float = C.DEFAULT_LOCK_TTL
     max_clock_skew: float = C.DEFAULT_MAX_CLOCK_SKEW
+    #: Seconds a sent/cancelled/expired row is kept before the sweep deletes it; None keeps them forever.
+    delay_retention: float | None = C.DEFAULT_DELAY_RETENTION
     #: The broker's visibility timeout, or None when the broker has none (AMQP).
     visibility_timeout: float | None = None
 
@@ -180,6 +182,11 @@ def parse_config(
         "safe_time_max_clock_skew", _default(get("safe_time_max_clock_skew"), C.DEFAULT_MAX_CLOCK_SKEW), positive=False
     )
 
+    retention_raw = _default(get("safe_time_delay_retention"), C.DEFAULT_DELAY_RETENTION)
+    delay_retention = (
+        None if retention_raw is None else _number("safe_time_delay_retention", retention_raw, positive=True)
+    )
+
     return SafeTimeConfig(
         redis_url=redis_url,
         key_prefix=key_prefix,
@@ -199,6 +206,7 @@ def parse_config(
         ),
         lock_ttl=_number("safe_time_lock_ttl", _default(get("safe_time_lock_ttl"), C.DEFAULT_LOCK_TTL)),
         max_clock_skew=max_clock_skew,
+        delay_retention=delay_retention,
         visibility_timeout=visibility_timeout,
     )
 
@@ -224,6 +232,25 @@ def _number(key: str, value: Any, *, positive: bool = True) -> float:
     if not positive and number < 0:
         raise ImproperlyConfigured(key, f"must not be negative, got {value!r}")
     return number
+
+
+_DURATION = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]?)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``: a plain number (``3600``) or one with a unit (``45s``, ``30m``, ``12h``, ``7d``, ``2w``).
+
+    For command-line options; settings take numbers and timedeltas (see :func:`_number`).
+    Raises ``ValueError`` with the accepted forms on anything else, zero and negatives included.
+    """
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None or match["unit"] not in ("", *C.DURATION_UNITS):
+        units = ", ".join(C.DURATION_UNITS)
+        raise ValueError(f"{text!r} is not a duration: use seconds (3600) or a number with a unit ({units}), e.g. 7d")
+    seconds = float(match["number"]) * C.DURATION_UNITS.get(match["unit"], 1.0)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return seconds
 
 
 def _redis_url(key: str, url: Any) -> str:

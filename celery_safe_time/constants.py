@@ -23,6 +23,8 @@ DEFAULT_ALLOW_PICKLE: Final = False
 DEFAULT_CLAIM_TIMEOUT: Final = 300.0
 DEFAULT_LOCK_TTL: Final = 60.0
 DEFAULT_MAX_CLOCK_SKEW: Final = 0.1
+#: Finished delay rows are kept forever unless ``safe_time_delay_retention`` sets an age.
+DEFAULT_DELAY_RETENTION: Final = None
 
 #: kombu's own default for Redis and SQS when broker_transport_options does not set one.
 KOMBU_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600.0
@@ -97,6 +99,20 @@ STATUS_FAILED: Final = "failed"
 DELAY_STATUSES: Final = (STATUS_PENDING, STATUS_CLAIMED, STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED)
 #: States a new delay with an already used task id may replace (a retry reuses its task id).
 DELAY_FINISHED_STATUSES: Final = frozenset({STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED})
+
+#: Finished states ``purge`` deletes unless told otherwise. ``failed`` is left out: those rows wait
+#: for an operator, so neither the retention purge nor a bare ``delays purge`` drops them.
+PURGE_DEFAULT_STATUSES: Final = frozenset({STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED})
+#: States ``purge`` accepts: never a pending or claimed row, which is still work to do.
+PURGEABLE_STATUSES: Final = DELAY_FINISHED_STATUSES
+#: Rows deleted per purge transaction (short transactions, short row locks).
+PURGE_BATCH: Final = 1000
+#: The sweep's retention purge runs at most once per this many seconds per process...
+PURGE_INTERVAL: Final = 3600.0
+#: ...and deletes at most this many batches per sweep, so a sweep never stalls behind a big purge.
+PURGE_SWEEP_MAX_BATCHES: Final = 5
+#: Duration suffixes of ``delays purge --older-than`` (``7d``, ``12h``, ``30m``, ``45s``, ``2w``).
+DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 #: Table shared by the SQLAlchemy store and the Django model (one schema, either client).
 DELAY_TABLE: Final = "celery_safe_time_delay"

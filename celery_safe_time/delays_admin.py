@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
@@ -29,6 +31,38 @@ def list_delays(
         limit=limit,
     )
     return [row.summary() for row in rows]
+
+
+def purge_delays(
+    app: Celery,
+    *,
+    older_than: float,
+    statuses: Collection[str] = C.PURGE_DEFAULT_STATUSES,
+    dry_run: bool = False,
+    batch: int = C.PURGE_BATCH,
+) -> dict[str, Any]:
+    """Delete finished rows last changed over ``older_than`` seconds ago, batch by batch until none are left.
+
+    The cutoff is fixed once from the store's clock, so rows that finish meanwhile are not chased.
+    """
+    store = get_store(app)
+    before = store.now() - timedelta(seconds=older_than)
+    result: dict[str, Any] = {
+        "before": before.isoformat(),
+        "statuses": sorted(statuses),
+        "dry_run": dry_run,
+    }
+    if dry_run:
+        result["matched"] = store.purgeable(before, statuses)
+        return result
+    deleted = 0
+    while True:
+        count = store.purge(before, statuses, batch)
+        deleted += count
+        if count < batch:
+            break
+    result["deleted"] = deleted
+    return result
 
 
 def show_delay(app: Celery, task_id: str) -> dict[str, Any] | None:

@@ -23,6 +23,10 @@ class StoreError(SafeTimeError):
     """Raised when the delayed-task store cannot be reached or refuses a write."""
 
 
+class PurgeRefused(SafeTimeError, ValueError):
+    """Raised when a purge is asked to delete unfinished (pending, claimed) rows or given bad arguments."""
+
+
 class SerializationError(SafeTimeError, TypeError):
     """Raised when a delayed task's arguments cannot be encoded with its serializer."""
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery, Task
@@ -38,6 +41,8 @@ class SweepStats:
     expired: int = 0
     failed: int = 0
     batches: int = 0
+    #: Finished rows deleted by the retention purge (``safe_time_delay_retention``).
+    purged: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -50,8 +55,13 @@ def sweep(
     batch: int | None = None,
     lookahead: float = C.SWEEP_LOOKAHEAD,
     max_batches: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SweepStats:
-    """Reclaim stale claims, then claim and publish due rows batch by batch while batches are full."""
+    """Reclaim stale claims, then claim and publish due rows batch by batch while batches are full.
+
+    With ``safe_time_delay_retention`` set, finally purge old finished rows when this process's purge
+    is due by ``clock`` (monotonic seconds; tests pass their own).
+    """
     config = get_config(app)
     store = store if store is not None else get_store(app)
     batch = batch or config.sweep_batch
@@ -72,7 +82,55 @@ def sweep(
         logger.info(
             "sweep: %d claimed, %d sent, %d expired, %d failed", stats.claimed, stats.sent, stats.expired, stats.failed
         )
+    if config.delay_retention is not None:
+        stats.purged = purge_retained(store, config.delay_retention, clock=clock)
     return stats
+
+
+#: Per store object (so per process): the ``clock()`` time before which its next purge pass waits.
+_next_purge: weakref.WeakKeyDictionary[DelayStore, float] = weakref.WeakKeyDictionary()
+_purge_lock = threading.Lock()
+
+
+def purge_retained(
+    store: DelayStore,
+    retention: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    interval: float = C.PURGE_INTERVAL,
+    max_batches: int = C.PURGE_SWEEP_MAX_BATCHES,
+    batch: int = C.PURGE_BATCH,
+) -> int:
+    """Delete sent/cancelled/expired rows older than ``retention`` seconds, if this process's pass is due.
+
+    A pass starts at most once per ``interval``; each call deletes at most ``max_batches`` batches so
+    the sweep that runs it is never held up. A pass that hit that cap goes on at the next sweep
+    instead of waiting out the interval, so a busy table still shrinks. Failed rows are never
+    purged here: they wait for an operator. A store error is logged, not raised: the sweep's
+    publishing already happened and must be reported.
+    """
+    with _purge_lock:
+        now = clock()
+        if now < _next_purge.get(store, now):
+            return 0
+        # Claim the pass before running it so concurrent sweeps of this process skip it.
+        _next_purge[store] = now + interval
+    purged = 0
+    try:
+        before = store.now() - timedelta(seconds=retention)
+        for _ in range(max_batches):
+            deleted = store.purge(before, C.PURGE_DEFAULT_STATUSES, batch)
+            purged += deleted
+            if deleted < batch:
+                break
+        else:
+            with _purge_lock:
+                _next_purge[store] = now  # more left: carry on at the next sweep
+    except StoreError as exc:
+        logger.warning("retention purge stopped after %d rows, retrying in %.0fs: %s", purged, interval, exc)
+    if purged:
+        logger.info("retention purge: deleted %d finished stored delays older than %gs", purged, retention)
+    return purged
 
 
 def _publish_batch(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from .. import constants as C
+from ..exceptions import PurgeRefused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +179,41 @@ class DelayStore(abc.ABC):
     def reclaim_stale(self, timeout: float) -> int:
         """Claimed rows older than ``timeout`` seconds (store clock) go back to pending."""
 
+    # --- retention -----------------------------------------------------------------
+
+    def purge(
+        self,
+        before: datetime,
+        statuses: Collection[str] = C.PURGE_DEFAULT_STATUSES,
+        limit: int = C.PURGE_BATCH,
+    ) -> int:
+        """Delete up to ``limit`` rows in ``statuses`` last changed before ``before``; returns how many.
+
+        ``before`` is an aware datetime compared with ``updated_at`` (the store's clock stamped it).
+        Pending and claimed rows are never deleted: asking for them raises
+        :class:`~celery_safe_time.exceptions.PurgeRefused` (a ``ValueError``). One short transaction
+        per call; callers loop while the count equals ``limit``.
+        """
+        wanted = check_purge(before, statuses, limit)
+        if not wanted:
+            return 0
+        return self._purge(before, wanted, limit)
+
+    def purgeable(self, before: datetime, statuses: Collection[str] = C.PURGE_DEFAULT_STATUSES) -> int:
+        """How many rows :meth:`purge` would delete with no limit (``delays purge --dry-run``)."""
+        wanted = check_purge(before, statuses, 1)
+        if not wanted:
+            return 0
+        return self._purgeable(before, wanted)
+
+    @abc.abstractmethod
+    def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
+        """Count rows of ``statuses`` with ``updated_at < before`` (arguments checked)."""
+
+    @abc.abstractmethod
+    def _purge(self, before: datetime, statuses: frozenset[str], limit: int) -> int:
+        """Delete up to ``limit`` rows of ``statuses`` with ``updated_at < before`` (arguments checked)."""
+
     # --- reads -------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -202,6 +238,25 @@ class DelayStore(abc.ABC):
     @abc.abstractmethod
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         """The smallest ``due_at`` among rows with ``status``."""
+
+
+def check_purge(before: datetime, statuses: Collection[str], limit: int) -> frozenset[str]:
+    """Validate :meth:`DelayStore.purge` arguments; returns the statuses as a set."""
+    if isinstance(statuses, str):
+        # A bare "sent" would otherwise be read as the letters s, e, n, t.
+        statuses = [statuses]
+    wanted = frozenset(statuses)
+    unfinished = wanted - C.PURGEABLE_STATUSES
+    if unfinished:
+        raise PurgeRefused(
+            f"purge only deletes finished rows ({', '.join(sorted(C.PURGEABLE_STATUSES))}), "
+            f"not {', '.join(sorted(unfinished))}"
+        )
+    if before.tzinfo is None or before.utcoffset() is None:
+        raise PurgeRefused(f"purge needs an aware datetime, got naive {before!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        raise PurgeRefused(f"purge limit must be a positive integer, got {limit!r}")
+    return wanted
 
 
 def truncate_error(error: str) -> str:

@@ -99,6 +99,17 @@ class MemoryStore(DelayStore):
                 self._replace(row, status=C.STATUS_PENDING, claim_token=None)
             return len(stale)
 
+    def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
+        with self._lock:
+            return sum(1 for r in self._rows.values() if r.status in statuses and r.updated_at < before)
+
+    def _purge(self, before: datetime, statuses: frozenset[str], limit: int) -> int:
+        with self._lock:
+            old = [r.id for r in self._rows.values() if r.status in statuses and r.updated_at < before][:limit]
+            for task_id in old:
+                del self._rows[task_id]
+            return len(old)
+
     def get(self, task_id: str) -> DelayRow | None:
         with self._lock:
             return self._rows.get(task_id)

@@ -225,6 +225,11 @@ def _status(value: str) -> sa.ColumnElement[bool]:
     return delays.c.status == sa.literal(value, literal_execute=True)
 
 
+def _older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]:
+    """Rows of ``statuses`` last changed before ``before``: what a purge deletes."""
+    return sa.and_(delays.c.status.in_(sorted(statuses)), delays.c.updated_at < before)
+
+
 def _row(mapping: Any) -> DelayRow:
     return DelayRow(
         id=mapping["id"],
@@ -483,6 +488,27 @@ class SQLAlchemyStore(DelayStore):
                 .values(status=C.STATUS_PENDING, claim_token=None, updated_at=now)
             )
             return int(result.rowcount)
+
+    # --- retention ---------------------------------------------------------------------
+
+    def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
+        query = sa.select(sa.func.count()).select_from(delays).where(_older(before, statuses))
+        with self._begin() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def _purge(self, before: datetime, statuses: frozenset[str], limit: int) -> int:
+        t = delays
+        old = _older(before, statuses)
+        if self._is_mysql:
+            # MySQL/MariaDB refuse LIMIT inside an IN (subquery) but take DELETE ... LIMIT.
+            query = sa.delete(t).where(old).with_dialect_options(mysql_limit=limit, mariadb_limit=limit)
+        else:
+            picked = sa.select(t.c.id).where(old).limit(limit).scalar_subquery()
+            # The outer filter repeats the age and status: a row replaced meanwhile (retry() reuses
+            # its task id) must not be deleted as the finished row it was.
+            query = sa.delete(t).where(t.c.id.in_(picked), old)
+        with self._begin() as conn:
+            return int(conn.execute(query).rowcount)
 
     # --- reads -------------------------------------------------------------------------
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
 from celery_safe_time import constants as C
-from celery_safe_time.exceptions import StoreError
+from celery_safe_time.exceptions import PurgeRefused, StoreError
 from celery_safe_time.stores.base import DelayStore
 from tests.helpers.delays import new_delay
 
@@ -202,3 +203,105 @@ def test_concurrent_claims_never_hand_out_a_row_twice(any_store: DelayStore) -> 
     assert len(seen) == 600
     assert len(set(seen)) == 600
     assert any_store.counts()[C.STATUS_SENT] == 600
+
+
+# --- purge ------------------------------------------------------------------------------------
+
+
+def _rows_in(store: DelayStore, prefix: str) -> set[str]:
+    """One row per status, ids ``<prefix>-<status>``: sent, cancelled, expired, failed, claimed, pending."""
+    past = store.now() - timedelta(seconds=1)
+    for status in ("sent", "expired", "failed", "claimed"):
+        store.insert(new_delay(f"{prefix}-{status}", past))
+    token = f"{prefix}-token"
+    assert len(store.claim_due(limit=10, lookahead=0, token=token)) == 4
+    assert store.mark_sent([f"{prefix}-sent"], token) == 1
+    assert store.mark_expired([f"{prefix}-expired"], token) == 1
+    assert store.mark_failed(f"{prefix}-failed", token, "boom")
+    store.insert(new_delay(f"{prefix}-cancelled", past + timedelta(hours=1)))
+    assert store.cancel(f"{prefix}-cancelled")
+    store.insert(new_delay(f"{prefix}-pending", past + timedelta(hours=1)))
+    return {f"{prefix}-{s}" for s in ("sent", "expired", "failed", "claimed", "cancelled", "pending")}
+
+
+def _cutoff(store: DelayStore) -> datetime:
+    # Store clocks tick in milliseconds (SQLite): step past the stamps just written.
+    time.sleep(0.02)
+    cutoff = store.now()
+    time.sleep(0.02)
+    return cutoff
+
+
+def _ids(store: DelayStore) -> set[str]:
+    return {r.id for r in store.list(limit=1000)}
+
+
+def test_purge_deletes_old_finished_rows_and_keeps_the_rest(any_store: DelayStore) -> None:
+    _rows_in(any_store, "old")
+    cutoff = _cutoff(any_store)
+    new = _rows_in(any_store, "new")
+    assert any_store.purgeable(cutoff) == 3
+    assert any_store.purge(cutoff) == 3
+    assert _ids(any_store) == {"old-failed", "old-claimed", "old-pending"} | new
+    assert any_store.purge(cutoff) == 0
+    # failed rows go only when asked for by name.
+    assert any_store.purge(cutoff, statuses=[C.STATUS_FAILED]) == 1
+    assert any_store.get("old-failed") is None
+    # A cutoff in the future takes the recent finished rows too, never pending or claimed ones.
+    later = any_store.now() + timedelta(hours=1)
+    assert any_store.purge(later, statuses=C.PURGEABLE_STATUSES) == 4
+    assert _ids(any_store) == {"old-claimed", "old-pending", "new-claimed", "new-pending"}
+    counts = any_store.counts()
+    assert counts[C.STATUS_PENDING] == 2
+    assert counts[C.STATUS_CLAIMED] == 2
+    assert sum(counts.values()) == 4
+
+
+def test_purge_respects_its_limit(any_store: DelayStore) -> None:
+    past = any_store.now() - timedelta(seconds=1)
+    for i in range(7):
+        any_store.insert(new_delay(f"p{i}", past))
+    assert len(any_store.claim_due(limit=10, lookahead=0, token="t")) == 7
+    assert any_store.mark_sent([f"p{i}" for i in range(7)], "t") == 7
+    cutoff = _cutoff(any_store)
+    assert any_store.purgeable(cutoff, statuses={C.STATUS_SENT}) == 7
+    assert [any_store.purge(cutoff, limit=3) for _ in range(4)] == [3, 3, 1, 0]
+    assert any_store.counts()[C.STATUS_SENT] == 0
+    assert any_store.purgeable(cutoff) == 0
+
+
+def test_purge_a_reused_task_id_keeps_the_new_pending_row(any_store: DelayStore) -> None:
+    any_store.insert(new_delay("again", any_store.now() + timedelta(hours=1)))
+    assert any_store.cancel("again")
+    cutoff = _cutoff(any_store)
+    # retry() reuses the id: the old finished row is replaced by a pending one, which must stay.
+    any_store.insert(new_delay("again", any_store.now() + timedelta(hours=2)))
+    assert any_store.purge(cutoff) == 0
+    assert any_store.purge(any_store.now() + timedelta(hours=1)) == 0
+    row = any_store.get("again")
+    assert row is not None
+    assert row.status == C.STATUS_PENDING
+
+
+@pytest.mark.parametrize(
+    ("statuses", "limit", "naive"),
+    [
+        ([C.STATUS_PENDING], 10, False),
+        ([C.STATUS_SENT, C.STATUS_CLAIMED], 10, False),
+        (C.STATUS_PENDING, 10, False),
+        (["nonsense"], 10, False),
+        ([C.STATUS_SENT], 0, False),
+        ([C.STATUS_SENT], 10, True),
+    ],
+    ids=["pending", "claimed", "bare-string", "unknown", "zero-limit", "naive"],
+)
+def test_purge_refuses_unfinished_rows_and_bad_arguments(
+    any_store: DelayStore, statuses: Any, limit: int, naive: bool
+) -> None:
+    any_store.insert(new_delay("keep", any_store.now() - timedelta(seconds=1)))
+    before = any_store.now() + timedelta(hours=1)
+    with pytest.raises(ValueError) as info:
+        any_store.purge(before.replace(tzinfo=None) if naive else before, statuses, limit)
+    assert isinstance(info.value, PurgeRefused)
+    assert any_store.get("keep") is not None
+    assert any_store.purge(before, []) == 0

@@ -172,6 +172,7 @@ BAD_SETTINGS = [
     ("safe_time_sweep_queue", 7),
     ("safe_time_delay_threshold", 10_000),  # at/above the Redis visibility timeout (3600 s)
     ("safe_time_lock_ttl", True),
+    ("safe_time_delay_retention", -1),
 ]
 
 

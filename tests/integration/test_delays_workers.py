@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 from celery import Celery, chain
 
 from celery_safe_time import cancel, install, reschedule
 from celery_safe_time import constants as C
 from celery_safe_time.stores import get_store
-from celery_safe_time.stores.sql import SQLAlchemyStore
+from celery_safe_time.stores.sql import SQLAlchemyStore, delays
 from celery_safe_time.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
@@ -298,6 +299,56 @@ def test_operator_commands_and_status_section(
     assert gone.returncode == 0
     assert processes.command(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env).returncode == 1
     assert store.get("s1").status == C.STATUS_CANCELLED  # type: ignore[union-attr]
+    store.close()
+
+
+def test_purge_command_deletes_old_finished_rows_in_batches(processes: ProcessManager, postgres_url: str) -> None:
+    store = fresh_sql_store(postgres_url)
+    past = store.now() - timedelta(seconds=1)
+    for i in range(5):
+        store.insert(new_delay(f"done{i}", past))
+    store.insert(new_delay("broken", past))
+    store.insert(new_delay("claimed", past))
+    claimed = store.claim_due(limit=10, lookahead=0, token="t")
+    assert len(claimed) == 7
+    assert store.mark_sent([f"done{i}" for i in range(5)], "t") == 5
+    assert store.mark_failed("broken", "t", "boom")
+    store.insert(new_delay("later", store.now() + timedelta(hours=1)))
+    store.insert(new_delay("gone", store.now() + timedelta(hours=1)))
+    assert store.cancel("gone")
+    eight_days_ago = store.now() - timedelta(days=8)
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(delays).values(updated_at=eight_days_ago))
+    store.insert(new_delay("fresh", past))
+    assert len(store.claim_due(limit=10, lookahead=0, token="u")) == 1
+    assert store.mark_sent(["fresh"], "u") == 1
+    env = env_for({"safe_time_store_url": postgres_url})
+
+    def purge(*args: str) -> Any:
+        out = processes.command(DELAYS_APP, "safe-time", "delays", "purge", *args, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out
+
+    dry = json.loads(purge("--older-than", "7d", "--dry-run", "--json").stdout)
+    assert dry["matched"] == 6
+    assert dry["dry_run"] is True
+    assert store.counts()[C.STATUS_SENT] == 6
+    assert "6 row(s) deleted" in purge("--older-than", "7d").stdout
+    assert {r.id for r in store.list()} == {"broken", "claimed", "later", "fresh"}
+    # failed rows only when named; pending and claimed ones never.
+    done = json.loads(purge("--older-than", "604800", "--status", "failed", "--json").stdout)
+    assert done["deleted"] == 1
+    assert done["statuses"] == ["failed"]
+    assert "0 row(s) deleted" in purge("--older-than", "12h").stdout
+    assert {r.id for r in store.list()} == {"claimed", "later", "fresh"}
+    refused = processes.command(
+        DELAYS_APP, "safe-time", "delays", "purge", "--older-than", "1d", "--status", "sent,pending", env=env
+    )
+    assert refused.returncode == 2
+    assert "sent,pending" in refused.stderr
+    bad = processes.command(DELAYS_APP, "safe-time", "delays", "purge", "--older-than", "7x", env=env)
+    assert bad.returncode == 2
+    assert "is not a duration" in bad.stderr
     store.close()
 
 

@@ -7,7 +7,7 @@ import pytest
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time.config import SafeTimeConfig, get_config, parse_config, reset_config
+from celery_safe_time.config import SafeTimeConfig, get_config, parse_config, parse_duration, reset_config
 from celery_safe_time.exceptions import ImproperlyConfigured, SafeTimeError
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -35,6 +35,7 @@ def test_defaults_follow_the_design() -> None:
     assert cfg.max_clock_skew == 0.1
     assert cfg.visibility_timeout == 3600
     assert cfg.beat_renew_interval == 10
+    assert cfg.delay_retention is None  # finished rows are kept forever unless asked
 
 
 def test_threshold_defaults_to_half_the_visibility_timeout() -> None:
@@ -53,6 +54,27 @@ def test_durations_accept_timedelta_and_numeric_strings() -> None:
     cfg = parse(safe_time_beat_lease=timedelta(seconds=12), safe_time_lock_ttl="90")
     assert cfg.beat_lease == 12
     assert cfg.lock_ttl == 90
+
+
+def test_delay_retention_takes_seconds_or_a_timedelta() -> None:
+    assert parse(safe_time_delay_retention=86400).delay_retention == 86400
+    assert parse(safe_time_delay_retention=timedelta(days=7)).delay_retention == 7 * 86400
+    assert parse(safe_time_delay_retention="3600").delay_retention == 3600
+    assert parse(safe_time_delay_retention=None).delay_retention is None
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("3600", 3600), ("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("45s", 45), ("2w", 14 * 86400), ("1.5h", 5400)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "0d", "-1", "7x", "d", "seven days", "1e3"])
+def test_parse_duration_rejects_nonsense_with_the_accepted_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
 
 
 def test_config_is_frozen() -> None:
@@ -94,6 +116,12 @@ def test_keys_are_prefixed() -> None:
         ({"safe_time_key_prefix": ""}, "safe_time_key_prefix"),
         ({"safe_time_allow_pickle": "yes"}, "safe_time_allow_pickle"),
         ({"safe_time_max_clock_skew": -0.1}, "safe_time_max_clock_skew"),
+        ({"safe_time_delay_retention": 0}, "safe_time_delay_retention"),
+        ({"safe_time_delay_retention": -86400}, "safe_time_delay_retention"),
+        ({"safe_time_delay_retention": "7d"}, "safe_time_delay_retention"),
+        ({"safe_time_delay_retention": True}, "safe_time_delay_retention"),
+        ({"safe_time_delay_retention": timedelta(0)}, "safe_time_delay_retention"),
+        ({"safe_time_delay_retention": float("inf")}, "safe_time_delay_retention"),
     ],
 )
 def test_invalid_setting_names_the_key(settings: dict[str, Any], key: str) -> None:

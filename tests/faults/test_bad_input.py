@@ -23,8 +23,6 @@ import ast
 import json
 import re
 import shutil
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -49,7 +47,7 @@ from celery_safe_time.stores.sql import SQLAlchemyStore
 from celery_safe_time.sweep import sweep
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 from tests.helpers.processes import ProcessManager
-from tests.helpers.services import free_port
+from tests.helpers.services import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -94,40 +92,9 @@ def password_redis(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-            "--requirepass",
-            PASSWORD,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            if redis.Redis.from_url(url, socket_timeout=1).ping():
-                break
-        except redis.RedisError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    server = RedisServer(port=free_port(), dir=str(tmp_path), password=PASSWORD).start()
+    yield server.url
+    server.stop()
 
 
 def failed_beat_startup(processes: ProcessManager, tmp_path: Path, env: dict[str, str], *args: str) -> str:

@@ -57,10 +57,13 @@ class RedisServer:
     port: int
     dir: str
     proc: subprocess.Popen[bytes] | None = None
+    #: ``--requirepass``; the URL then carries it.
+    password: str | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server")
@@ -84,6 +87,7 @@ class RedisServer:
                 "no",
                 "--loglevel",
                 "warning",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -28,7 +28,6 @@ from . import signals
 from .guard import Call, HeldLock, resolve_call, run_holding
 from .keys import KeyBuilder, KeySpec
 from .locks import LockGuard, Policy, wrap
-from .lockstore import LockStore
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class IdempotentGuard(LockGuard):
         held, deadline = taken
 
         def record(_result: Any) -> None:
-            self._commit(held.store, held, marker, call)
+            self._commit(held, marker, call)
 
         return run_holding(held, call, lambda: func(*args, **kwargs), deadline, on_success=record)
 
@@ -62,12 +61,12 @@ class IdempotentGuard(LockGuard):
         logger.info("skipping %s: idempotency key %r already ran", call.task_id, marker)
         signals.idempotent_skipped.send(sender=call.task, key=marker, task_id=call.task_id)
 
-    def _commit(self, store: LockStore, held: HeldLock, marker: str, call: Call) -> None:
+    def _commit(self, held: HeldLock, marker: str, call: Call) -> None:
         # The body has had its effect; failing the task now would invite a second run. Retry the
         # write briefly, then log: the in-progress lock still blocks others until its ttl.
         for attempt in range(1, _COMMIT_ATTEMPTS + 1):
             try:
-                recorded, _released = store.commit(held.key, marker, held.token, self.window, held.task_id)
+                recorded, _released = held.store.commit(held.key, marker, held.token, self.window, held.task_id)
             except redis.RedisError as exc:
                 if attempt == _COMMIT_ATTEMPTS:
                     logger.error(

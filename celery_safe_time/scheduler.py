@@ -264,19 +264,20 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         The guards of all due entries go to Redis in one round trip, then the slots they allow
         are published: a tick with N entries due costs one Redis round trip, not N.
         """
-        writes: list[SlotWrite] = []
+        planned: list[tuple[float, SlotWrite]] = []  # (the due slot it came from, the write)
         for name, slot in due:
             try:
-                writes.extend(self.plan_entry(name, slot, now))
+                planned.extend((slot, write) for write in self.plan_entry(name, slot, now))
             except (redis.RedisError, RedisUnavailable):
                 raise
             except Exception:
                 logger.exception("beat: entry %r failed; the other entries keep firing", name)
-        if not writes:
+        if not planned:
             return True
-        for write, verdict in zip(writes, self.lease.write_slots(epoch, writes), strict=True):
+        verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
+        for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
             if verdict < 0:
-                return self._refused(write.entry, write.slot if write.slot is not None else write.next_fire)
+                return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
             if write.slot is None:
                 continue
             if verdict == 0:
@@ -289,7 +290,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 continue
             entry = self.schedule.get(write.entry)
             if entry is not None:
-                self.publish(entry, write.slot, epoch)
+                self.publish(entry, write.slot, epoch)  # logs its own failures, never raises
         return True
 
     def plan_entry(self, name: str, slot: float, now: float) -> list[SlotWrite]:

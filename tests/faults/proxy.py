@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from urllib.parse import urlsplit, urlunsplit
 
 from tests.helpers.services import free_port
 
@@ -100,3 +101,14 @@ class TcpProxy:
                 s.close()
             with self._lock:
                 self._conns -= {src, dst}
+
+
+def proxy_for(url: str) -> tuple[TcpProxy, str]:
+    """A proxy in front of the database server of ``url`` (port 5432 if none), and ``url`` through it."""
+    parts = urlsplit(url)
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    if parts.port is None:
+        netloc = f"{parts.netloc}:{proxy.port}"
+    else:
+        netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")
+    return proxy, urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -42,7 +42,7 @@ from celery_safe_time import constants as C
 from celery_safe_time.exceptions import StoreError
 from celery_safe_time.stores import get_store
 from celery_safe_time.stores.sql import SQLAlchemyStore
-from tests.faults.proxy import TcpProxy
+from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -494,12 +494,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     pg_restart_cmd, pg_restart_why = services.postgres_restart_command(pg.port or 5432)
     if pg_restart_cmd is None and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"the PostgreSQL restart fault cannot run: {pg_restart_why}")
-    proxy = TcpProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
-    proxied = urlunsplit(
-        (pg.scheme, pg.netloc.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}"), pg.path, pg.query, "")
-    )
-    if pg.port is None:
-        proxied = urlunsplit((pg.scheme, f"{pg.netloc}:{proxy.port}", pg.path, pg.query, ""))
+    proxy, proxied = proxy_for(postgres_url)
     conf = {
         "safe_time_redis_url": redis_server.url,
         "safe_time_beat_lease": LEASE,

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -23,7 +22,7 @@ from celery_safe_time.stores.memory import MemoryStore
 from celery_safe_time.stores.sql import SQLAlchemyStore
 from celery_safe_time.sweep import mark_sent_retrying, sweep
 from tests.apps.delays_tasks import define_tasks
-from tests.faults.proxy import TcpProxy
+from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 
 
@@ -118,12 +117,8 @@ def test_sweep_that_cannot_mark_raises_after_half_the_claim_timeout(caplog: pyte
 
 @pytest.fixture
 def proxied_store_url(postgres_url: str) -> Iterator[tuple[str, TcpProxy]]:
-    pg = urlsplit(postgres_url)
-    proxy = TcpProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
-    netloc = pg.netloc.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}")
-    if pg.port is None:
-        netloc = f"{pg.netloc}:{proxy.port}"
-    yield urlunsplit((pg.scheme, netloc, pg.path, pg.query, "")), proxy
+    proxy, url = proxy_for(postgres_url)
+    yield url, proxy
     proxy.close()
 
 

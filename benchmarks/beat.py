@@ -145,7 +145,7 @@ def _ticks(tick: Callable[[], Any], count: int, pause: float) -> list[float]:
 def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     from celery.beat import PersistentScheduler
 
-    from celery_safe_time.scheduler import SafeScheduler
+    from celery_safe_time.beat.scheduler import SafeScheduler
 
     client = redis.Redis.from_url(redis_url)
     count = 100 if quick else 600
@@ -169,7 +169,7 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
         guard = []
         for i in range(1000 if quick else 5000):
             start = time.perf_counter()
-            safe.lease.guard(safe.keeper.epoch or 0, "bench-guard", 1e9 + i, "{}", 2e9)
+            safe.lease.dispatch(safe.keeper.epoch or 0, "bench-guard", 1e9 + i, "{}", 2e9)
             guard.append(time.perf_counter() - start)
         out["guard per slot"] = {
             "p50_us": round(_pct(guard, 0.5) * 1e6),

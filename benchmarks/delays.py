@@ -33,11 +33,11 @@ from kombu import Connection, Producer
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import reset_config
-from celery_safe_time.delay_payload import encode
-from celery_safe_time.stores import get_store, reset_store
-from celery_safe_time.stores.base import NewDelay
-from celery_safe_time.stores.sql import SQLAlchemyStore
-from celery_safe_time.sweep import sweep
+from celery_safe_time.delays.payload import encode
+from celery_safe_time.delays.stores import get_store, reset_store
+from celery_safe_time.delays.stores.base import NewDelay
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, wait_for

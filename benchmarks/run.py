@@ -493,8 +493,8 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "publish path, which the sweep uses on purpose (task_routes, `before/after_task_publish` signals, "
             "the retry policy and the queue declare behave exactly as for `apply_async`).",
             "",
-            "Profile (pyinstrument 5.1.3, one sweeper, 5,000 due rows, batch 500, taken on this VM on",
-            "2026-11-30 while writing this suite; rerun with `pyinstrument` around `celery_safe_time.sweep.sweep`):",
+            "Profile (pyinstrument 5.1.3, one sweeper, 5,000 due rows, batch 500, taken on this VM on 2026-11-30",
+            "while writing this suite; rerun with `pyinstrument` around `celery_safe_time.delays.sweep.sweep`):",
             "`Celery.send_task` is 87% of the sweep's wall time (7.31 of 8.43 s under the profiler); inside it",
             "kombu `Producer.publish` is 78% (the Redis LPUSH round trip 2.16 s; a new redis-py client object",
             "built per message by kombu's `Channel.conn_or_acquire`, 1.76 s; the cached `maybe_declare` check",

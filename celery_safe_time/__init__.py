@@ -20,29 +20,36 @@ from .install import install
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
-    "SafeScheduler": ".scheduler",
-    "SafeTask": ".task",
-    "overlap_lock": ".locks",
-    "idempotent": ".idempotency",
+    # beat
+    "SafeScheduler": ".beat.scheduler",
     "crontab": ".schedules",
     "next_local": ".schedules",
-    "cancel": ".delays",
-    "reschedule": ".delays",
+    # delays
+    "SafeTask": ".delays.task",
+    "cancel": ".delays.admin",
+    "reschedule": ".delays.admin",
+    # locks
+    "overlap_lock": ".locks.overlap",
+    "idempotent": ".locks.idempotency",
 }
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - grouped by capability, not sorted
+    # beat
     "SafeScheduler",
-    "SafeTask",
-    "SafeTimeConfig",
-    "cancel",
     "crontab",
+    "next_local",
+    # delays
+    "SafeTask",
+    "cancel",
+    "reschedule",
+    # locks
+    "idempotent",
+    "overlap_lock",
+    # setup and the shared core
+    "SafeTimeConfig",
     "exceptions",
     "get_config",
-    "idempotent",
     "install",
-    "next_local",
-    "overlap_lock",
-    "reschedule",
     "signals",
 ]
 

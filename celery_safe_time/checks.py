@@ -14,9 +14,9 @@ import redis
 from celery import Celery
 
 from .clock import local_time, measure_redis_offset
-from .config import SafeTimeConfig, get_config
+from .config import SafeTimeConfig, get_config, mask_url
 from .exceptions import RedisUnavailable, SafeTimeError
-from .redis_client import get_redis, mask_url
+from .redis_client import as_text, get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
     except redis.RedisError as exc:
         # Managed Redis often disables CONFIG: say we could not tell, do not fail the probe.
         return [Check("redis_config", "warn", f"cannot read CONFIG ({exc}); check persistence by hand")]
-    cfg = {_s(k): _s(v) for k, v in raw.items()}
+    cfg = {as_text(k): as_text(v) for k, v in raw.items()}
     appendonly = cfg.get("appendonly", "no")
     save = cfg.get("save", "")
     policy = cfg.get("maxmemory-policy", "noeviction")
@@ -92,13 +92,9 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
     return checks
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     """Store reachability and its clock against this host."""
-    from .stores import get_store
+    from .delays.stores import get_store
 
     url = mask_url(config.store_url)
     try:

@@ -1,4 +1,8 @@
-"""``celery -A proj safe-time ...``: the operator's command (a ``celery.commands`` plugin)."""
+"""``celery -A proj safe-time ...``: the operator's command (a ``celery.commands`` plugin).
+
+Sections: ``check`` and ``status`` (every capability), then ``delays ...``, ``sweep`` and ``locks ...``.
+Each command imports its capability lazily, so ``celery --help`` stays fast and Django-free.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
 
 from .checks import Check, run_checks, worst
+from .constants import DELAY_STATUSES, PURGEABLE_STATUSES
 
 _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 
@@ -30,6 +35,9 @@ def _dump(data: Any) -> None:
 @handle_preload_options
 def safe_time(ctx: click.Context, **kwargs: Any) -> None:
     """celery-safe-time: single-leader beat, durable delays, overlap locks."""
+
+
+# === check and status =========================================================
 
 
 @safe_time.command(cls=CeleryCommand)
@@ -72,23 +80,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 def _status_sections() -> list[tuple[str, Any]]:
     """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
-    sections: list[tuple[str, Any]] = []
-    # --- status: beat ----------------------------------------------------------
-    from .scheduler import describe_beat
+    from .beat.admin import describe_beat
+    from .delays.admin import describe_delays
+    from .locks.admin import describe_locks
 
-    sections.append(("beat", describe_beat))
-
-    # --- status: delays --------------------------------------------------------
-    from .delays_admin import describe_delays
-
-    sections.append(("delays", describe_delays))
-
-    # --- status: locks ---------------------------------------------------------
-    from .lock_admin import describe as describe_locks
-
-    sections.append(("locks", describe_locks))
-
-    return sections
+    return [("beat", describe_beat), ("delays", describe_delays), ("locks", describe_locks)]
 
 
 def _print_tree(data: Any, indent: int) -> None:
@@ -110,12 +106,7 @@ def _print_tree(data: Any, indent: int) -> None:
         click.echo(f"{pad}{data}")
 
 
-# === beat commands (issue 3) =====================================================
-
-
-# === delays commands (issue 4) ===================================================
-# Imported here, not at the top, so the three feature sections of this file never touch the same lines.
-from .constants import DELAY_STATUSES  # noqa: E402
+# === delays ===================================================================
 
 
 @safe_time.group(cls=click.Group)
@@ -134,7 +125,7 @@ def delays_list(
     ctx: click.Context, status: str | None, task: str | None, due_before: str | None, limit: int, as_json: bool
 ) -> None:
     """Stored delays ordered by due time."""
-    from .delays_admin import list_delays
+    from .delays.admin import list_delays
 
     rows = list_delays(_app(ctx), status=status, task=task, due_before=due_before, limit=limit)
     if as_json:
@@ -150,7 +141,7 @@ def delays_list(
 @click.pass_context
 def delays_show(ctx: click.Context, task_id: str) -> None:
     """One stored delay with its decoded call; exit 1 if unknown."""
-    from .delays_admin import show_delay
+    from .delays.admin import show_delay
 
     data = show_delay(_app(ctx), task_id)
     if data is None:
@@ -164,7 +155,7 @@ def delays_show(ctx: click.Context, task_id: str) -> None:
 @click.pass_context
 def delays_cancel(ctx: click.Context, task_id: str) -> None:
     """Cancel a pending stored delay; exit 1 when no pending row changed."""
-    from .delays import cancel
+    from .delays.admin import cancel
 
     changed = cancel(task_id, app=_app(ctx))
     click.echo(f"{task_id}: {'cancelled' if changed else 'not pending, unchanged'}")
@@ -178,7 +169,7 @@ def delays_cancel(ctx: click.Context, task_id: str) -> None:
 @click.pass_context
 def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: float | None) -> None:
     """Move a pending stored delay; exit 1 when no pending row changed."""
-    from .delays import reschedule
+    from .delays.admin import reschedule
 
     if (eta is None) == (countdown is None):
         raise click.UsageError("give exactly one of --eta or --countdown")
@@ -199,8 +190,6 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 
 def _purge_statuses(ctx: click.Context, param: click.Parameter, value: str) -> frozenset[str]:
     """``--status``: a comma-separated subset of the finished statuses (never pending or claimed)."""
-    from .constants import PURGEABLE_STATUSES
-
     statuses = frozenset(part.strip() for part in value.split(",") if part.strip())
     if not statuses or statuses - PURGEABLE_STATUSES:
         allowed = ",".join(sorted(PURGEABLE_STATUSES))
@@ -225,7 +214,7 @@ def _purge_statuses(ctx: click.Context, param: click.Parameter, value: str) -> f
 @click.pass_context
 def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str], dry_run: bool, as_json: bool) -> None:
     """Delete old finished stored delays in short batches; pending and claimed rows are never touched."""
-    from .delays_admin import purge_delays
+    from .delays.admin import purge_delays
 
     result = purge_delays(_app(ctx), older_than=older_than, statuses=statuses, dry_run=dry_run)
     if as_json:
@@ -243,12 +232,12 @@ def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str]
 @click.pass_context
 def sweep(ctx: click.Context, batch: int | None) -> None:
     """Publish due stored delays now (what beat's sweep entry does), print what was done."""
-    from .sweep import sweep as run_sweep
+    from .delays.sweep import sweep as run_sweep
 
     _dump(run_sweep(_app(ctx), batch=batch).as_dict())
 
 
-# === locks commands (issue 5) ====================================================
+# === locks ====================================================================
 
 
 @safe_time.group(name="locks")
@@ -262,7 +251,7 @@ def locks_group() -> None:
 @click.pass_context
 def locks_list(ctx: click.Context, pattern: str, as_json: bool) -> None:
     """Held locks (found with SCAN): key, holder task id, host, age, TTL left."""
-    from .lock_admin import list_locks
+    from .locks.admin import list_locks
 
     found = list_locks(_app(ctx), pattern)
     if as_json:
@@ -287,7 +276,7 @@ def locks_list(ctx: click.Context, pattern: str, as_json: bool) -> None:
 @click.pass_context
 def locks_release(ctx: click.Context, key: str, yes: bool) -> None:
     """Delete a stuck lock KEY (as 'locks list' shows it). A running holder is told at its next renewal."""
-    from .lock_admin import release_lock
+    from .locks.admin import release_lock
 
     if not yes:
         click.echo(f"refusing to release {key!r} without --yes (its holder may still be running)", err=True)

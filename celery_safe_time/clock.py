@@ -17,9 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Any
 
 import redis
+from dateutil.parser import isoparse
 
 from .exceptions import RedisUnavailable
 
@@ -53,17 +54,19 @@ def to_datetime(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
-class Clock(Protocol):
-    """Something that tells the current time as a UNIX timestamp."""
+def as_utc(value: datetime | str | Any) -> datetime:
+    """An aware UTC datetime from a datetime or an ISO 8601 string; naive values are UTC.
 
-    def time(self) -> float: ...
-
-
-class LocalClock:
-    """The host clock; only for single-process use and tests."""
-
-    def time(self) -> float:
-        return local_time()
+    Celery's rule for ``eta``/``expires``, and what the stores need for the values their drivers
+    return (naive UTC from SQLite and MySQL, aware from PostgreSQL, text from SQLite's ``now``).
+    """
+    # dateutil's parser (Celery's, via maybe_iso8601) also takes "Z" and space separators on 3.10.
+    parsed = isoparse(value) if isinstance(value, str) else value
+    if not isinstance(parsed, datetime):
+        raise TypeError(f"expected a datetime or ISO 8601 string, got {value!r}")
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import re
 import weakref
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
 
@@ -66,9 +66,17 @@ class SafeTimeConfig:
     def beat_renew_interval(self) -> float:
         return self.beat_lease / 3.0
 
-    @property
-    def lock_renew_interval(self) -> float:
-        return self.lock_ttl / 3.0
+
+def mask_url(url: str | None) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe for logs and banners)."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    hostinfo = parts.netloc.rpartition("@")[2]
+    netloc = f"{parts.username or ''}:***@{hostinfo}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def get_config(app: Celery) -> SafeTimeConfig:

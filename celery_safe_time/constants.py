@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- settings defaults (DESIGN section 3) --------------------------------
+# === settings defaults (DESIGN section 3) =====================================
 DEFAULT_KEY_PREFIX: Final = "safe_time:"
 DEFAULT_BEAT_LEASE: Final = 30.0
 DEFAULT_MISFIRE: Final = "run_once"
@@ -40,12 +40,12 @@ REDIS_URL_SCHEMES: Final = frozenset({"redis", "rediss", "unix", "sentinel"})
 STORE_URL_SCHEMES: Final = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory"})
 DJANGO_STORE: Final = "django"
 
-# --- Redis client --------------------------------------------------------
+# === Redis client =============================================================
 REDIS_SOCKET_TIMEOUT: Final = 5.0
 REDIS_CONNECT_TIMEOUT: Final = 5.0
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
 
-# --- Redis key names (always behind safe_time_key_prefix) ----------------
+# === Redis key names (always behind safe_time_key_prefix) =====================
 KEY_BEAT_LEASE: Final = "beat:lease"
 KEY_BEAT_EPOCH: Final = "beat:epoch"
 KEY_BEAT_LEADER_INFO: Final = "beat:leader"
@@ -60,19 +60,12 @@ KEY_TASK_DONE: Final = "done:{task_id}"
 #: How long a fired-slot marker is kept (DESIGN: 7 days).
 FIRED_SLOT_TTL: Final = 7 * 86400
 
-# --- Message headers -----------------------------------------------------
+# === message headers ==========================================================
 HEADER_SLOT: Final = "safe_time_slot"
 HEADER_EPOCH: Final = "safe_time_epoch"
 HEADER_STORED: Final = "safe_time_stored"
 
-# --- Tasks ---------------------------------------------------------------
-SWEEP_TASK_NAME: Final = "celery_safe_time.sweep"
-SWEEP_ENTRY_NAME: Final = "celery_safe_time.sweep"
-
-#: Extra seconds a sweep looks ahead; rows due within it are published with eta=due_at.
-SWEEP_LOOKAHEAD: Final = 2.0
-
-# === beat (issue 3) ==========================================================
+# === beat =====================================================================
 #: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).
 BEAT_TICK_CAP: Final = 1.0
 #: safe_time_beat_lease must be at least this many tick granularities.
@@ -87,7 +80,12 @@ BEAT_CATCHUP_SCAN_LIMIT: Final = 100_000
 BEAT_STATUS_ENTRIES: Final = 50
 
 
-# === delays (issue 4) ========================================================
+# === delays ===================================================================
+SWEEP_TASK_NAME: Final = "celery_safe_time.sweep"
+SWEEP_ENTRY_NAME: Final = "celery_safe_time.sweep"
+
+#: Extra seconds a sweep looks ahead; rows due within it are published with eta=due_at.
+SWEEP_LOOKAHEAD: Final = 2.0
 
 #: Row states of a stored delayed task.
 STATUS_PENDING: Final = "pending"
@@ -159,7 +157,7 @@ DELIVERY_GUARD_RETRY_JITTER: Final = 5.0
 SWEEP_MARK_RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 4.0)
 
 
-# === locks and idempotency (issue 5) =========================================
+# === locks and idempotency ====================================================
 #: Seconds a conflicting run waits before it is re-queued (``on_conflict="retry"``).
 DEFAULT_LOCK_RETRY_AFTER: Final = 10.0
 #: Default jitter, as a fraction of ``retry_after``, added on top of it so re-queued runs spread out.

@@ -19,7 +19,7 @@ def install(app: Celery) -> SafeTimeConfig:
     the sweep task and its beat entry. Safe to call more than once.
     """
     config = get_config(app)
-    from . import sweep
+    from .delays import sweep
 
     sweep.register(app, config)
     return config

@@ -10,30 +10,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from importlib import resources
+from typing import Any, overload
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 
 from . import constants as C
+from .config import mask_url
 from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
 _clients: dict[tuple[int, str], redis.Redis] = {}
 _clients_lock = threading.Lock()
-
-
-def mask_url(url: str | None) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and banners)."""
-    if not url:
-        return ""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    hostinfo = parts.netloc.rpartition("@")[2]
-    netloc = f"{parts.username or ''}:***@{hostinfo}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def get_redis(url: str) -> redis.Redis:
@@ -92,3 +82,19 @@ def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     )
     client: redis.Redis = sentinel.master_for(master, db=db, password=password)  # type: ignore[no-untyped-call]
     return client
+
+
+@overload
+def as_text(value: None) -> None: ...
+@overload
+def as_text(value: Any) -> str: ...
+def as_text(value: Any) -> str | None:
+    """A Redis reply value as text (replies are bytes: clients are built with ``decode_responses=False``)."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def load_script(package: str, name: str) -> str:
+    """The Lua source ``<package>/lua/<name>.lua``, shipped as package data."""
+    return resources.files(package).joinpath("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")

@@ -16,19 +16,18 @@ because arithmetic on aware datetimes in one zone silently ignores offset change
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import ParseException, schedstate
 from celery.schedules import crontab as celery_crontab
 
-from .clock import local_time
+from .clock import UTC, local_time
 from .exceptions import ScheduleError
 
 __all__ = ["crontab", "next_local", "resolve_tz", "wall_instants"]
 
-UTC = dt.timezone.utc
 #: Give up looking for the next fire after this many days (e.g. 29 February on a Monday).
 MAX_SEARCH_DAYS = 366 * 29
 _DAY = dt.timedelta(days=1)
@@ -285,14 +284,3 @@ def next_local(time: dt.time, tz: str | dt.tzinfo, after: dt.datetime | None = N
             if instant > after_ts:
                 return dt.datetime.fromtimestamp(instant, UTC)
     raise ScheduleError(f"next_local: no {time} in {tz} after {after}")  # pragma: no cover
-
-
-def expand(schedules: Iterable[crontab], after: float, until: float) -> list[tuple[int, float]]:
-    """(index, instant) pairs of every fire in ``(after, until]``; a test and benchmark helper."""
-    out: list[tuple[int, float]] = []
-    for index, sched in enumerate(schedules):
-        for instant in sched.iter_from(after):
-            if instant > until:
-                break
-            out.append((index, instant))
-    return sorted(out, key=lambda pair: pair[1])

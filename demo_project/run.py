@@ -271,7 +271,7 @@ def setup_django(demo: Demo) -> Any:
 
 def leader_pid(app: Any) -> int | None:
     """The pid of the beat holding the lease, read from the status API."""
-    from celery_safe_time.scheduler import describe_beat
+    from celery_safe_time.beat.admin import describe_beat
 
     info = describe_beat(app)
     leader = info.get("leader") or {}

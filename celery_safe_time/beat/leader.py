@@ -3,7 +3,7 @@
 The thread renews every lease/3 whatever the scheduler's tick is doing, so a slow tick never
 costs the lease; a standby tries every lease/3 minus jitter, which bounds failover after a
 ``kill -9`` by lease + lease/3. Any doubt (renew refused, Redis error) means standby at once:
-the guard script would refuse to publish anyway, and failing closed is the point.
+the dispatch script would refuse to publish anyway, and failing closed is the point.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 
 import redis
 
-from . import constants as C
-from . import signals
-from .clock import RedisClock
-from .config import SafeTimeConfig
-from .exceptions import RedisUnavailable
+from .. import constants as C
+from .. import signals
+from ..clock import RedisClock
+from ..config import SafeTimeConfig
+from ..exceptions import RedisUnavailable
 from .lease import Lease
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class LeaderKeeper:
                     logger.warning("beat: could not release the lease (it expires by itself): %s", exc)
 
     def step_down(self, reason: str) -> None:
-        """Called by the scheduler when the guard refused it: the lease is gone."""
+        """Called by the scheduler when the dispatch script refused it: the lease is gone."""
         with self._lock:
             self._lost(reason)
 

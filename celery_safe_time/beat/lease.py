@@ -1,11 +1,15 @@
-"""The beat leader lease and the guarded dispatch, as Redis Lua scripts.
+"""The beat leader lease and the guarded dispatch, as Redis Lua scripts (``beat/lua/*.lua``).
 
 - acquire: ``SET lease token NX PX`` and ``INCR epoch`` in one script, so every lease has a
   new epoch and the leader info (host, pid, epoch) is written with it.
 - renew: compare-and-pexpire; release: compare-and-delete. A beat never touches a lease it
   does not hold.
-- guard: before a slot is published, check token and epoch and ``SET NX`` the slot marker,
-  and record the entry's new state, all in one round trip.
+- dispatch: before a slot is published, check token and epoch and ``SET NX`` the slot marker,
+  and record the entry's new state, all in one round trip. ``dispatch_slot`` is the same check
+  for a scheduler whose state lives elsewhere; ``advance`` moves an entry on without publishing.
+
+The entry state the scripts write is a JSON object per entry in the ``beat:state`` hash
+(:func:`dump_state`, :func:`load_state`) plus its next fire time in the ``beat:due`` sorted set.
 """
 
 from __future__ import annotations
@@ -20,80 +24,18 @@ from typing import Any
 
 import redis
 
-from . import constants as C
-from .config import SafeTimeConfig
+from .. import constants as C
+from ..config import SafeTimeConfig
+from ..redis_client import as_text, load_script
 
 logger = logging.getLogger(__name__)
 
-# KEYS: lease, epoch, leader info. ARGV: token, lease ms, info json (epoch filled in here).
-ACQUIRE = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
-end
-if holder then return -1 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local epoch = redis.call('INCR', KEYS[2])
-local info = cjson.decode(ARGV[3])
-info['epoch'] = epoch
-redis.call('SET', KEYS[3], cjson.encode(info), 'PX', ARGV[2])
-return epoch
-"""
-
-# KEYS: lease, epoch, leader info. ARGV: token, lease ms, epoch.
-RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[3], ARGV[2])
-return 1
-"""
-
-# KEYS: lease, leader info. ARGV: token.
-RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1
-"""
-
-# KEYS: lease, epoch, fired marker, state hash, due zset.
-# ARGV: token, epoch, marker ttl ms, entry name, state json, next fire score, marker value.
-# Returns 1 (publish), 0 (slot already fired: do not publish), -1 (not the leader).
-GUARD = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
-local fresh = redis.call('SET', KEYS[3], ARGV[7], 'NX', 'PX', ARGV[3])
-redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
-redis.call('ZADD', KEYS[5], ARGV[6], ARGV[4])
-if fresh then return 1 end
-return 0
-"""
-
-# KEYS: lease, epoch, fired marker. ARGV: token, epoch, marker ttl ms, marker value.
-# The guard without Redis-side state, for schedulers that keep state elsewhere (the database).
-GUARD_SLOT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
-if redis.call('SET', KEYS[3], ARGV[4], 'NX', 'PX', ARGV[3]) then return 1 end
-return 0
-"""
-
-# KEYS: lease, epoch, state hash, due zset. ARGV: token, epoch, entry name, state json, next score.
-# Moves an entry on without publishing (a skipped misfire, a new or edited entry); leader only.
-ADVANCE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
-redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[3])
-return 1
-"""
+SCRIPTS = ("acquire", "renew", "release", "dispatch", "dispatch_slot", "advance")
 
 
 @dataclasses.dataclass(frozen=True)
 class SlotWrite:
-    """One entry's state change in a tick: guard ``slot`` (publish it) or, with no slot, advance."""
+    """One entry's state change in a tick: dispatch ``slot`` (publish it) or, with no slot, advance."""
 
     entry: str
     state: str
@@ -126,7 +68,7 @@ def identity() -> dict[str, Any]:
 
 class Lease:
     """One beat's handle on the leader lease. Not thread-safe by itself: the scheduler's
-    lease thread is its only caller, except :meth:`guard` which only reads the token."""
+    lease thread is its only caller, except the dispatch methods, which only read the token."""
 
     def __init__(self, client: redis.Redis, config: SafeTimeConfig, *, info: dict[str, Any] | None = None) -> None:
         self.client = client
@@ -136,12 +78,13 @@ class Lease:
         self.ttl_ms = int(config.beat_lease * 1000)
         self.info = dict(info or identity())
         self.epoch: int | None = None
-        self._acquire = client.register_script(ACQUIRE)
-        self._renew = client.register_script(RENEW)
-        self._release = client.register_script(RELEASE)
-        self._guard = client.register_script(GUARD)
-        self._advance = client.register_script(ADVANCE)
-        self._guard_slot = client.register_script(GUARD_SLOT)
+        scripts = {name: client.register_script(load_script(__package__, name)) for name in SCRIPTS}
+        self._acquire = scripts["acquire"]
+        self._renew = scripts["renew"]
+        self._release = scripts["release"]
+        self._dispatch = scripts["dispatch"]
+        self._advance = scripts["advance"]
+        self._dispatch_slot = scripts["dispatch_slot"]
 
     def acquire(self, now: float) -> int | None:
         """Take (or keep) the lease; return the epoch, or None while another beat holds it."""
@@ -168,7 +111,7 @@ class Lease:
         self.epoch = None
         return bool(self._release(keys=[self.keys.lease, self.keys.info], args=[self.token]))
 
-    def guard(self, epoch: int, entry: str, slot: float, state: str, next_fire: float) -> int:
+    def dispatch(self, epoch: int, entry: str, slot: float, state: str, next_fire: float) -> int:
         """Check the lease and mark ``entry``'s ``slot`` fired, recording its new state.
 
         1: publish it; 0: already fired by someone (do not publish); -1: not the leader.
@@ -176,18 +119,18 @@ class Lease:
         script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire, slot))
         return int(script(keys=keys, args=args))
 
-    def guard_slot(self, epoch: int, entry: str, slot: float) -> int:
-        """Like :meth:`guard` for a scheduler whose state lives elsewhere: 1, 0 or -1."""
+    def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
+        """Like :meth:`dispatch` for a scheduler whose state lives elsewhere: 1, 0 or -1."""
         marker = self.config.key(C.KEY_BEAT_FIRED, entry=entry, slot=slot_id(slot))
         return int(
-            self._guard_slot(
+            self._dispatch_slot(
                 keys=[self.keys.lease, self.keys.epoch, marker],
                 args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, str(epoch)],
             )
         )
 
     def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
-        """Run a tick's guards and advances in one round trip; per write 1, 0 or -1 as :meth:`guard`
+        """Run a tick's dispatches and advances in one round trip; per write 1, 0 or -1 as :meth:`dispatch`
         (an advance gives 1 or -1).
 
         The scripts are not atomic together: if the lease expires half way, the writes after it
@@ -219,17 +162,32 @@ class Lease:
             )
         marker = self.config.key(C.KEY_BEAT_FIRED, entry=write.entry, slot=slot_id(write.slot))
         return (
-            self._guard,
+            self._dispatch,
             [self.keys.lease, self.keys.epoch, marker, self.keys.state, self.keys.due],
             [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), str(epoch)],
         )
-
-    def advance(self, epoch: int, entry: str, state: str, next_fire: float) -> bool:
-        """Record ``entry``'s state without publishing; False when not the leader."""
-        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire))
-        return int(script(keys=keys, args=args)) == 1
 
 
 def slot_id(slot: float) -> str:
     """A slot's marker id: the UTC instant in whole milliseconds (stable across processes)."""
     return str(round(slot * 1000))
+
+
+def scored(reply: Any) -> list[tuple[str, float]]:
+    """A ``withscores`` reply as (member, score) pairs."""
+    return [(as_text(member), float(score)) for member, score in reply]
+
+
+def load_state(raw: Any) -> dict[str, Any]:
+    """One entry's state (``last``, ``next``, ``sig``), or the leader info; {} when absent or broken."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def dump_state(last: float | None, next_fire: float, sig: str) -> str:
+    return json.dumps({"last": last, "next": next_fire, "sig": sig})

@@ -10,30 +10,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
-from datetime import datetime
 from typing import Any
 
-import redis
-from celery import Celery, platforms
-from celery import signals as celery_signals
+from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 
-from . import constants as C
-from . import signals
-from .checks import check_redis
-from .clock import RedisClock, to_datetime
-from .config import SafeTimeConfig, get_config
-from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
-from .leader import LeaderKeeper
-from .lease import Lease, LeaseKeys, SlotWrite
-from .redis_client import get_redis, mask_url
+from .. import constants as C
+from .. import signals
+from ..clock import to_datetime
+from ..config import SafeTimeConfig
+from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
+from ..redis_client import as_text
+from .base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler
+from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored
 from .slots import Grid, decide, grid_for
 
 logger = logging.getLogger(__name__)
 
-OPTION_MISFIRE = "safe_time_misfire"
+__all__ = ["Plan", "SafeScheduler", "entry_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,100 +49,6 @@ def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
     if entry.task not in app.tasks:
         raise SafeTimeError(f"unknown task {entry.task!r} (not registered in this app)")
     return Plan(grid=grid_for(entry.schedule, app.timezone), policy=policy)
-
-
-def tick_granularity(max_interval: float) -> float:
-    return min(float(max_interval), C.BEAT_TICK_CAP)
-
-
-def check_lease(config: SafeTimeConfig, granularity: float) -> None:
-    minimum = C.BEAT_MIN_LEASE_TICKS * granularity
-    if config.beat_lease < minimum:
-        raise ImproperlyConfigured(
-            "safe_time_beat_lease",
-            f"{config.beat_lease:g} s is shorter than {C.BEAT_MIN_LEASE_TICKS} x the beat tick "
-            f"({granularity:g} s); use at least {minimum:g} s",
-        )
-
-
-def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisClock, who: str) -> None:
-    """Fail loudly when Redis is unreachable; warn about persistence and eviction."""
-    try:
-        offset = clock.sync()
-    except RedisUnavailable as exc:
-        raise RedisUnavailable(f"{who}: Redis {mask_url(config.redis_url)} is unreachable at startup: {exc}") from exc
-    if abs(offset.offset) > config.max_clock_skew:
-        logger.warning(
-            "%s: this host's clock is %+.3f s off Redis TIME; beat uses Redis TIME, so it still fires on time",
-            who,
-            offset.offset,
-        )
-    for check in check_redis(config, client):
-        if check.status != "ok" and check.name in ("redis_persistence", "redis_eviction", "redis_config"):
-            logger.warning("%s: %s: %s", who, check.name, check.detail)
-
-
-def beat_info(config: SafeTimeConfig, keeper: LeaderKeeper, client: redis.Redis, started: bool) -> str:
-    """The banner line: this beat's role once running, else who holds the lease right now."""
-    if started:
-        state = f"leader (epoch {keeper.epoch})" if keeper.is_leader else "standby"
-    else:
-        try:
-            holder = _load(client.get(LeaseKeys.for_config(config).info))
-            state = (
-                f"lease held by {holder.get('host')} pid {holder.get('pid')} (epoch {holder.get('epoch')}): standby"
-                if holder
-                else "lease free: this beat will take it"
-            )
-        except redis.RedisError as exc:
-            state = f"Redis unreachable ({exc})"
-    return (
-        f"    . safe-time -> {state}; lease {config.beat_lease:g}s, renewed every {config.beat_renew_interval:g}s; "
-        f"redis {mask_url(config.redis_url)}"
-    )
-
-
-class LeasedScheduler:
-    """What both safe schedulers share: the lease, its keeper thread, the banner and shutdown.
-
-    Mixed in before a Celery ``Scheduler`` class; ``init_lease`` runs before that class's
-    ``__init__`` (which calls ``setup_schedule``), ``start_lease`` at the end of ``setup_schedule``.
-    """
-
-    app: Celery
-    max_interval: float
-
-    def init_lease(self, app: Celery) -> None:
-        self.config = get_config(app)
-        self.client = get_redis(self.config.redis_url)
-        self.clock = RedisClock(self.client)
-        self.lease = Lease(self.client, self.config)
-        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
-        self._closed = False
-        self._started = False
-
-    @property
-    def granularity(self) -> float:
-        return tick_granularity(self.max_interval)
-
-    def check_startup(self, granularity: float) -> None:
-        check_lease(self.config, granularity)
-        startup_checks(self.config, self.client, self.clock, "beat")
-
-    def start_lease(self) -> None:
-        self.keeper.start()
-        self._started = True
-        logger.info("beat: %s", self.info.strip(" ."))
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.keeper.stop(release=True)
-        super().close()  # type: ignore[misc]
-
-    @property
-    def info(self) -> str:
-        return beat_info(self.config, self.keeper, self.client, started=self._started)
 
 
 class SafeScheduler(LeasedScheduler, Scheduler):
@@ -204,31 +105,29 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if self._reconciled_epoch != epoch:
                 self.reconcile(epoch, now)
                 self._reconciled_epoch = epoch
-            due = _pairs(
+            due = scored(
                 self.client.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
             )
             if not self.fire_due(due, now, epoch):
                 return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
-            head = _pairs(self.client.zrange(self.keys.due, 0, 0, withscores=True))
-        except (redis.RedisError, RedisUnavailable) as exc:
-            logger.error("beat: Redis error during tick, standing by: %s", exc)
-            self.keeper.step_down(f"Redis error during tick: {exc}")
-            return self.granularity
+            head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
+        except REDIS_ERRORS as exc:
+            return self.redis_failed(exc)
         if not head:
             return self.granularity
         return max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
 
     def reconcile(self, epoch: int, now: float) -> None:
         """On taking the lease: add new entries, reschedule edited ones, drop removed ones."""
-        stored: dict[str, Any] = {_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
-        scheduled = {_text(k) for k in self.client.zrange(self.keys.due, 0, -1)}
+        stored: dict[str, Any] = {as_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
+        scheduled = {as_text(k) for k in self.client.zrange(self.keys.due, 0, -1)}
         pipe = self.client.pipeline(transaction=False)
         changed = 0
         for name, plan in self.plans.items():
             sig = plan.grid.signature()
-            state = _load(stored.get(name))
+            state = load_state(stored.get(name))
             if state and state.get("sig") == sig and name in scheduled:
                 continue
             last = state.get("last") if state else None
@@ -238,7 +137,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 next_fire = plan.grid.next(float(last))
             else:
                 next_fire = plan.grid.first(now)
-            pipe.hset(self.keys.state, name, _dump(last, next_fire, sig))
+            pipe.hset(self.keys.state, name, dump_state(last, next_fire, sig))
             pipe.zadd(self.keys.due, {name: next_fire})
             changed += 1
         gone = (scheduled | set(stored)) - set(self.plans)
@@ -261,14 +160,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
         """Guard and publish the due entries; False when the lease turned out to be gone.
 
-        The guards of all due entries go to Redis in one round trip, then the slots they allow
+        The dispatch checks of all due entries go to Redis in one round trip, then the slots they allow
         are published: a tick with N entries due costs one Redis round trip, not N.
         """
         planned: list[tuple[float, SlotWrite]] = []  # (the due slot it came from, the write)
         for name, slot in due:
             try:
                 planned.extend((slot, write) for write in self.plan_entry(name, slot, now))
-            except (redis.RedisError, RedisUnavailable):
+            except REDIS_ERRORS:
                 raise
             except Exception:
                 logger.exception("beat: entry %r failed; the other entries keep firing", name)
@@ -294,7 +193,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return True
 
     def plan_entry(self, name: str, slot: float, now: float) -> list[SlotWrite]:
-        """The state writes for one due entry: a guard per slot to publish, else one advance."""
+        """The state writes for one due entry: a dispatch per slot to publish, else one advance."""
         plan = self.plans.get(name)
         entry = self.schedule.get(name)
         if plan is None or entry is None:
@@ -324,12 +223,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 plan.policy,
             )
         if not decision.fire:
-            return [SlotWrite(name, _dump(decision.last_due, decision.next, sig), decision.next)]
-        return [SlotWrite(name, _dump(s, decision.next, sig), decision.next, s) for s in decision.fire]
+            return [SlotWrite(name, dump_state(decision.last_due, decision.next, sig), decision.next)]
+        return [SlotWrite(name, dump_state(s, decision.next, sig), decision.next, s) for s in decision.fire]
 
     def _refused(self, name: str, slot: float) -> bool:
         signals.beat_slot_duplicate.send(sender=self, entry=name, slot=to_datetime(slot), reason="not the leader")
-        self.keeper.step_down("the guard refused: another beat holds the lease")
+        self.keeper.step_down("the dispatch check refused: another beat holds the lease")
         return False
 
     def publish(self, entry: Any, slot: float, epoch: int) -> Any:
@@ -350,90 +249,3 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         logger.info("beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch)
         signals.beat_slot_dispatched.send(sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=task_id)
         return result
-
-
-def _release_on_sigterm(sender: Any = None, **kwargs: Any) -> None:
-    """In ``worker -B`` the worker stops its beat process with SIGTERM, which by default kills it
-    on the spot, lease held, and the standbys wait a whole lease. Exit cleanly instead: beat's
-    loop then closes the scheduler, which deletes the lease."""
-    scheduler = getattr(sender, "scheduler", None)
-    if getattr(scheduler, "keeper", None) is None:
-        return
-
-    def _exit(*args: Any) -> None:
-        raise SystemExit()
-
-    platforms.signals["TERM"] = _exit
-
-
-celery_signals.beat_embedded_init.connect(_release_on_sigterm, weak=False)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _pairs(result: Any) -> list[tuple[str, float]]:
-    """A ``withscores`` reply as (member, score) pairs."""
-    return [(_text(member), float(score)) for member, score in result]
-
-
-def _load(raw: Any) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _dump(last: float | None, next_fire: float, sig: str) -> str:
-    return json.dumps({"last": last, "next": next_fire, "sig": sig})
-
-
-def describe_beat(app: Celery) -> dict[str, Any]:
-    """``celery safe-time status`` section: the leader and per-entry last/next slot."""
-    config = get_config(app)
-    client = get_redis(config.redis_url)
-    keys = LeaseKeys.for_config(config)
-    try:
-        info = _load(client.get(keys.info))
-        ttl_ms = client.pttl(keys.lease)
-        epoch = client.get(keys.epoch)
-        head = _pairs(client.zrange(keys.due, 0, C.BEAT_STATUS_ENTRIES - 1, withscores=True))
-        total = client.zcard(keys.due)
-        names = [name for name, _ in head]
-        states: list[Any] = list(client.hmget(keys.state, names)) if names else []
-    except redis.RedisError as exc:
-        return {"error": f"Redis {mask_url(config.redis_url)} unreachable: {exc}"}
-    entries = []
-    for (name, score), raw in zip(head, states, strict=False):
-        state = _load(raw)
-        last = state.get("last")
-        entries.append(
-            {
-                "entry": name,
-                "last_slot": _iso(last),
-                "next_slot": _iso(float(score)),
-            }
-        )
-    return {
-        "leader": {
-            "host": info.get("host"),
-            "pid": info.get("pid"),
-            "epoch": info.get("epoch"),
-            "lease_left_s": round(ttl_ms / 1000.0, 1) if ttl_ms and ttl_ms > 0 else None,
-        }
-        if info
-        else "none (no beat holds the lease)",
-        "epoch": int(epoch) if epoch else None,
-        "lease_s": config.beat_lease,
-        "redis": mask_url(config.redis_url),
-        "entries_total": total,
-        "entries": entries,
-    }
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(float(ts), to_datetime(0).tzinfo).isoformat()

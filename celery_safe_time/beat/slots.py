@@ -2,7 +2,7 @@
 
 A *slot* is the instant an entry is scheduled for (UNIX seconds, UTC): the cron instant, or
 for an interval the previous slot plus the interval (a fixed grid anchored at the entry's
-first run). It names a run, so the guard can publish each one at most once.
+first run). It names a run, so the dispatch script can publish each one at most once.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, Protocol
 from celery.schedules import crontab as celery_crontab
 from celery.schedules import schedule as celery_interval
 
-from . import constants as C
-from .clock import to_datetime
-from .exceptions import ScheduleError
-from .schedules import crontab
+from .. import constants as C
+from ..clock import to_datetime
+from ..exceptions import ScheduleError
+from ..schedules import crontab
 
 
 class Grid(Protocol):

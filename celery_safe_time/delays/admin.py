@@ -1,19 +1,62 @@
-"""Operator views of the store: listings, one row decoded, the status summary."""
+"""Operations on stored delays by task id: ``cancel`` and ``reschedule`` (public API), and the
+operator's views of the store (list, show one decoded, purge, the status summary)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from celery import Celery
+from celery import Celery, current_app
 
-from . import constants as C
-from .config import get_config
-from .delay_payload import as_aware_utc, decode
-from .exceptions import SafeTimeError
-from .redis_client import mask_url
+from .. import constants as C
+from .. import signals
+from ..clock import as_utc
+from ..config import get_config, mask_url
+from ..exceptions import SafeTimeError
+from .payload import decode
 from .stores import get_store
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["cancel", "describe_delays", "list_delays", "purge_delays", "reschedule", "show_delay"]
+
+
+def _app(app: Celery | None) -> Celery:
+    return app if app is not None else current_app._get_current_object()
+
+
+def cancel(task_id: str, *, app: Celery | None = None) -> bool:
+    """Cancel a pending stored task: it will never be published. True when a pending row changed."""
+    store = get_store(_app(app))
+    changed = store.cancel(task_id)
+    if changed:
+        logger.info("cancelled stored task %s", task_id)
+        signals.delay_cancelled.send(sender=store, task_id=task_id)
+    return changed
+
+
+def reschedule(
+    task_id: str,
+    *,
+    eta: datetime | str | None = None,
+    countdown: float | None = None,
+    app: Celery | None = None,
+) -> bool:
+    """Move a pending stored task to ``eta`` (naive = UTC) or ``countdown`` seconds from the store's now.
+
+    Earlier or later both work; a time in the past makes it due at the next sweep. True when a
+    pending row changed.
+    """
+    if (eta is None) == (countdown is None):
+        raise TypeError("reschedule() takes exactly one of eta= or countdown=")
+    store = get_store(_app(app))
+    due_at = as_utc(eta) if eta is not None else store.now() + timedelta(seconds=float(countdown or 0))
+    changed = store.reschedule(task_id, due_at)
+    if changed:
+        logger.info("rescheduled stored task %s to %s", task_id, due_at.isoformat())
+    return changed
 
 
 def list_delays(
@@ -27,7 +70,7 @@ def list_delays(
     rows = get_store(app).list(
         status=status,
         task=task,
-        due_before=as_aware_utc(due_before) if due_before else None,
+        due_before=as_utc(due_before) if due_before else None,
         limit=limit,
     )
     return [row.summary() for row in rows]

@@ -1,61 +1,21 @@
-"""Encode a delayed ``apply_async`` call into a stored payload and back, and the time rules.
-
-Pure functions: "now" is always passed in, so the rules are unit-testable without a clock.
-"""
+"""Encode a delayed ``apply_async`` call into a stored payload and back (pure functions)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
-from celery.utils.time import maybe_iso8601
 from kombu import serialization
 from kombu.exceptions import ContentDisallowed, DecodeError, EncodeError
 
-from .exceptions import SerializationError
-
-UTC = timezone.utc
+from ..exceptions import SerializationError
 
 #: apply_async options that make no sense later in another process, or are stored in columns.
 _DROPPED_OPTIONS = frozenset(
     {"countdown", "eta", "expires", "producer", "connection", "publisher", "add_to_parent", "result_cls", "task_type"}
 )
 _PICKLE_TYPES = frozenset({"pickle", "application/x-python-serialize"})
-
-
-def as_aware_utc(value: datetime | str) -> datetime:
-    """Celery's rule for eta/expires values: ISO strings are parsed, naive times are UTC."""
-    parsed = maybe_iso8601(value) if isinstance(value, str) else value
-    if not isinstance(parsed, datetime):
-        raise TypeError(f"expected a datetime or ISO 8601 string, got {value!r}")
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
-
-
-@dataclasses.dataclass(frozen=True)
-class DelayPlan:
-    """How a call is delayed: by ``countdown`` seconds from the store's now, or until ``eta``."""
-
-    countdown: float | None = None
-    eta: datetime | None = None
-
-
-def plan_delay(countdown: Any, eta: Any, *, now: datetime, threshold: float) -> DelayPlan | None:
-    """Return a plan when the delay is beyond ``threshold`` seconds, else None (go to the broker).
-
-    As in Celery, ``countdown`` wins over ``eta``; a past eta or a short delay returns None so
-    the broker gets the call exactly as plain Celery would send it.
-    """
-    if countdown is not None:
-        seconds = float(countdown)
-        return DelayPlan(countdown=seconds) if seconds > threshold else None
-    if eta is not None:
-        when = as_aware_utc(eta)
-        return DelayPlan(eta=when) if (when - now).total_seconds() > threshold else None
-    return None
 
 
 def _name(value: Any) -> Any:

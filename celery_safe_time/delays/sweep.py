@@ -20,11 +20,11 @@ from celery import Celery, Task
 from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
-from . import constants as C
-from . import signals
-from .config import SafeTimeConfig, get_config
-from .delay_payload import decode
-from .exceptions import StoreError
+from .. import constants as C
+from .. import signals
+from ..config import SafeTimeConfig, get_config
+from ..exceptions import StoreError
+from .payload import decode
 from .stores import get_store
 from .stores.base import DelayRow, DelayStore
 
@@ -182,7 +182,7 @@ def mark_sent_retrying(
     """Mark published rows sent, retrying a store error for up to ``budget`` seconds.
 
     Rows published but not marked stay claimed and are published again after the claim timeout,
-    and only the worker-side guard stands between that copy and a second run; a store that is
+    and only the worker-side delivery check stands between that copy and a second run; a store that is
     back within ``budget`` (half the claim timeout, so nobody reclaims the rows meanwhile) never
     gets that far.
     """
@@ -199,7 +199,8 @@ def mark_sent_retrying(
             if clock() + wait > deadline:
                 logger.error(
                     "sweep: published %d stored delays but could not mark them sent within %.0fs (%s); they are "
-                    "re-published after the claim timeout and the worker-side guard skips the second delivery: %s%s",
+                    "re-published after the claim timeout and the worker-side delivery check skips the second "
+                    "delivery: %s%s",
                     len(ids),
                     budget,
                     exc,

@@ -12,21 +12,23 @@ from typing import Any
 
 import redis
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from . import constants as C
-from . import signals
-from .clock import local_time, to_datetime
-from .config import get_config
-from .delay_payload import as_aware_utc, clean_options, encode, plan_delay
-from .guard import jittered
-from .redis_client import get_redis
+from .. import constants as C
+from .. import signals
+from ..clock import as_utc, local_time, to_datetime
+from ..config import get_config
+from .delivery import first_delivery, requeue_unchecked
+from .payload import clean_options, encode
+from .plan import plan_delay
 from .stores import get_store
 from .stores.base import NewDelay
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["SafeTask", "StoredAsyncResult"]
 
 _INTERNAL_HEADERS = frozenset({C.HEADER_STORED})
 
@@ -42,7 +44,7 @@ class StoredAsyncResult(AsyncResult):
         wait: bool = False,
         timeout: float | None = None,
     ) -> None:
-        from .delays import cancel
+        from .admin import cancel
 
         cancel(self.id, app=self.app)
         # Still broadcast: the row may have been published already (inside the sweep's look-ahead).
@@ -74,7 +76,7 @@ class SafeTask(Task):
         headers = options.get("headers")
         if headers and any(h in headers for h in _INTERNAL_HEADERS):
             # retry() copies the running request's headers: a retried stored task must not
-            # look like the sweep's delivery of the original, or the guard would skip it.
+            # look like the sweep's delivery of the original, or the delivery check would skip it.
             options["headers"] = {k: v for k, v in headers.items() if k not in _INTERNAL_HEADERS}
         app = self._get_app()
         if app.conf.task_always_eager:
@@ -129,7 +131,7 @@ class SafeTask(Task):
                 due_at=plan.eta,
                 countdown=plan.countdown,
                 # Relative expires counts from the call, on the store's clock like the countdown.
-                expires_at=None if expires is None or expires_in is not None else as_aware_utc(expires),
+                expires_at=None if expires is None or expires_in is not None else as_utc(expires),
                 expires_in=expires_in,
                 idempotency_key=idempotency_key,
             )
@@ -150,9 +152,9 @@ class SafeTask(Task):
         headers = request.headers or {}
         if not request.called_directly and headers.get(C.HEADER_STORED):
             try:
-                first = _first_delivery(self)
+                first = first_delivery(self)
             except redis.RedisError as exc:
-                _requeue_unguarded(self, exc)  # raises Retry unless the broker is down too
+                requeue_unchecked(self, exc)  # raises Retry unless the broker is down too
                 first = True
             if not first:
                 logger.warning("skipping a second delivery of stored task %s[%s]", self.name, request.id)
@@ -162,50 +164,3 @@ class SafeTask(Task):
 
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _first_delivery(task: Task) -> bool:
-    """Record that this stored task id (at this retry count) started; False if it already had.
-
-    The store publishes each row once outside a crash window; this closes the window (a sweeper
-    killed after publishing, before marking the row sent, lets another sweeper publish it again).
-    Raises ``redis.RedisError`` when the guard's Redis cannot answer.
-    """
-    config = get_config(task._get_app())
-    request = task.request
-    key = config.key(C.KEY_TASK_DONE, task_id=f"{request.id}:{request.retries or 0}")
-    return bool(get_redis(config.redis_url).set(key, request.hostname or "1", nx=True, ex=C.DELIVERY_GUARD_TTL))
-
-
-def _requeue_unguarded(task: Task, exc: Exception) -> None:
-    """Send this delivery again in a few seconds instead of running it without the guard.
-
-    Running unguarded is what turned one crash window into hundreds of repeats in the soak (a
-    re-published row ran again while the guard's Redis restarted). The copy keeps the task id,
-    the retry count and the stored header, so the guard checks it like the original. Only when
-    the copy cannot be published either (the broker is down too) does the task run unguarded:
-    the message is already off the queue, and losing it would be worse than a possible repeat.
-    """
-    request = task.request
-    countdown = jittered(C.DELIVERY_GUARD_RETRY_AFTER, C.DELIVERY_GUARD_RETRY_JITTER)
-    sig = task.signature_from_request(request, countdown=countdown)
-    try:
-        # Task.apply_async, not SafeTask's: that one strips the stored header from retries.
-        Task.apply_async(task, sig.args, sig.kwargs, **sig.options)
-    except Exception as publish_error:
-        logger.warning(
-            "delivery guard unavailable for stored task %s[%s] (%s) and re-queueing failed (%s): running it",
-            task.name,
-            request.id,
-            exc,
-            publish_error,
-        )
-        return
-    logger.warning(
-        "delivery guard unavailable for stored task %s[%s], re-queued in %.1fs: %s",
-        task.name,
-        request.id,
-        countdown,
-        exc,
-    )
-    raise Retry(exc=exc, when=countdown, sig=sig)

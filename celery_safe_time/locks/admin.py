@@ -7,7 +7,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .lockstore import LockInfo, get_lock_store
+from .store import LockInfo, get_lock_store
+
+__all__ = ["describe_locks", "list_locks", "release_lock"]
 
 #: ``status`` lists at most this many locks (``locks list`` shows them all).
 STATUS_LIMIT = 20
@@ -24,7 +26,7 @@ def release_lock(app: Celery, key: str) -> LockInfo | None:
     return store.force_release(store.user_key(key))
 
 
-def describe(app: Celery) -> dict[str, Any]:
+def describe_locks(app: Celery) -> dict[str, Any]:
     """The ``[locks]`` section of ``safe-time status``."""
     try:
         locks = get_lock_store(app).scan(limit=STATUS_LIMIT + 1)

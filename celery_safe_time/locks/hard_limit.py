@@ -22,11 +22,12 @@ from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_process_init
 
-from . import constants as C
-from .lockstore import LockStore, get_lock_store
+from .. import constants as C
+from ..redis_client import as_text
+from .store import LockStore, get_lock_store
 
 if TYPE_CHECKING:
-    from .guard import Call
+    from .runtime import Call
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def hard_deadline(call: Call, now: float) -> float | None:
     return now + float(hard) if hard else None
 
 
-def guards_of(task: Task) -> tuple[Any, ...]:
-    return tuple(getattr(task.run, "__safe_time_guards__", ()))
+def locks_of(task: Task) -> tuple[Any, ...]:
+    """The ``TaskLock`` objects the task's decorators wrap its body in, outermost last."""
+    return tuple(getattr(task.run, "__safe_time_locks__", ()))
 
 
 _handled: collections.deque[str] = collections.deque(maxlen=256)
@@ -82,15 +84,15 @@ def _release_after_hard_limit(
     if sender is None or task_id is None or not isinstance(exception, TimeLimitExceeded):
         return
     bound = inspect.ismethod(sender.run)
-    for guard in guards_of(sender):
+    for lock in locks_of(sender):
         try:
-            key = guard.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
+            key = lock.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
             store = get_lock_store(sender.app)
             info = store.client.hmget(store.lock_key(key), ["token", "task_id", "host", "pid"])
         except Exception as exc:
             logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)
             continue
-        token, holder, host, pid = (v.decode() if isinstance(v, bytes) else v for v in info)
+        token, holder, host, pid = (as_text(v) for v in info)
         if token is None or holder != task_id or host != _HOST or pid is None or int(pid) == os.getpid():
             continue
         # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).

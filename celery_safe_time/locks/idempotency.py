@@ -23,20 +23,21 @@ from typing import Any, TypeVar
 
 import redis
 
-from . import constants as C
-from . import signals
-from .guard import Call, HeldLock, resolve_call, run_holding
+from .. import constants as C
+from .. import signals
 from .keys import KeyBuilder, KeySpec
-from .locks import LockGuard, Policy, wrap
+from .runtime import Call, HeldLock, Policy, TaskLock, resolve_call, run_holding, wrap
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+__all__ = ["IdempotentLock", "idempotent"]
+
 _COMMIT_ATTEMPTS = 3
 
 
-class IdempotentGuard(LockGuard):
+class IdempotentLock(TaskLock):
     namespace = C.IDEMPOTENT_LOCK_NAMESPACE
 
     def __init__(self, builder: KeyBuilder, policy: Policy, window: float) -> None:
@@ -104,6 +105,6 @@ def idempotent(
     )
 
     def decorate(func: F) -> F:
-        return wrap(func, IdempotentGuard(KeyBuilder(func, key), policy, float(window)))
+        return wrap(func, IdempotentLock(KeyBuilder(func, key), policy, float(window)))
 
     return decorate

@@ -1,35 +1,39 @@
-"""What ``overlap_lock`` and ``idempotent`` share: finding the running task, holding a lock
-around the body (watchdog, fencing number, ``LockLost``) and re-queueing.
+"""What ``overlap_lock`` and ``idempotent`` share: finding the running task, the options
+(:class:`Policy`), taking the lock (:class:`TaskLock`), holding it around the body (watchdog,
+fencing number, ``LockLost``) and re-queueing on a conflict.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
-import random
 import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import redis
 from celery import Celery, Task, current_app
 from celery._state import get_current_task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 
-from . import constants as C
-from . import signals
-from .exceptions import LockLost, RedisUnavailable, SafeTimeError
+from .. import constants as C
+from .. import signals
+from ..config import get_config, mask_url
+from ..exceptions import LockConflict, LockLost, RedisUnavailable, SafeTimeError
+from ..requeue import jittered
+from .hard_limit import hard_deadline
 from .keys import KeyBuilder
-from .lockstore import Acquired, LockStore, Owner
-from .redis_client import mask_url
+from .store import Acquired, Holder, LockStore, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _HOST = socket.gethostname()
 
@@ -92,11 +96,6 @@ def _requeues(request: Any) -> int:
         return int(raw or 0)
     except (TypeError, ValueError):
         return 0
-
-
-def jittered(retry_after: float, jitter: float, rand: Callable[[], float] = random.random) -> float:
-    """``retry_after`` plus up to ``jitter`` seconds, so re-queued runs do not collide again."""
-    return retry_after + jitter * rand()
 
 
 def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
@@ -231,3 +230,129 @@ def run_holding(
 
 def send_conflict(call: Call, key: str, holder: str | None, action: str) -> None:
     signals.overlap_conflict.send(sender=call.task, key=key, task_id=call.task_id, holder=holder, action=action)
+
+
+class Policy:
+    """Validated options shared by ``overlap_lock`` and ``idempotent``."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float | None,
+        on_conflict: str,
+        retry_after: float,
+        jitter: float | None,
+        on_redis_error: str,
+    ) -> None:
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        if on_conflict not in C.ON_CONFLICT_POLICIES:
+            raise ValueError(f"on_conflict must be one of {sorted(C.ON_CONFLICT_POLICIES)}, got {on_conflict!r}")
+        if on_redis_error not in C.ON_REDIS_ERROR_POLICIES:
+            raise ValueError(
+                f"on_redis_error must be one of {sorted(C.ON_REDIS_ERROR_POLICIES)}, got {on_redis_error!r}"
+            )
+        if not retry_after >= 0:
+            raise ValueError(f"retry_after must not be negative, got {retry_after!r}")
+        if jitter is not None and not jitter >= 0:
+            raise ValueError(f"jitter must not be negative, got {jitter!r}")
+        self.ttl = ttl
+        self.on_conflict = on_conflict
+        self.retry_after = float(retry_after)
+        self.jitter = float(retry_after * C.DEFAULT_LOCK_RETRY_JITTER if jitter is None else jitter)
+        self.on_redis_error = on_redis_error
+
+    def lock_ttl(self, call: Call) -> float:
+        return self.ttl if self.ttl is not None else get_config(call.app).lock_ttl
+
+    def conflict(self, call: Call, key: str, holder: Holder | None) -> None:
+        """Apply ``on_conflict``: returns for ``skip``, raises for ``raise`` and ``retry``."""
+        who = holder.describe() if holder is not None else None
+        send_conflict(call, key, who, self.on_conflict)
+        if self.on_conflict == "skip":
+            logger.info("skipping %s: overlap lock %r is held by %s", call.task_id, key, who)
+            return
+        exc = LockConflict(key, who)
+        if self.on_conflict == "raise":
+            raise exc
+        countdown = jittered(self.retry_after, self.jitter)
+        logger.info("overlap lock %r is held by %s; re-queueing %s in %.1fs", key, who, call.task_id, countdown)
+        requeue(call, countdown, exc)
+
+    def redis_down(self, call: Call, exc: RedisUnavailable) -> None:
+        """Never run unguarded: re-queue (default) or raise."""
+        if self.on_redis_error == "raise":
+            raise exc
+        countdown = jittered(self.retry_after, self.jitter)
+        logger.warning("%s; re-queueing %s in %.1fs", exc, call.task_id, countdown)
+        requeue(call, countdown, exc)
+
+    @staticmethod
+    def duplicate(call: Call, key: str, holder: Holder | None) -> NoReturn:
+        """The very same delivery is running right now (a redelivered message): drop this copy."""
+        who = holder.describe() if holder is not None else None
+        logger.warning("dropping a second delivery of %s: it is running now and holds %r", call.task_id, key)
+        send_conflict(call, key, who, "duplicate")
+        raise Ignore()
+
+
+class TaskLock:
+    """The lock one decorated function takes around its body (``overlap_lock``; ``idempotent`` extends it)."""
+
+    namespace = ""
+
+    def __init__(self, builder: KeyBuilder, policy: Policy) -> None:
+        self.builder = builder
+        self.policy = policy
+
+    def lock_key_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, bound: bool) -> str:
+        """The lock key (without prefix) of a call; ``args`` exclude the task instance."""
+        return self.namespace + self.builder.render(args, kwargs, bound=bound)
+
+    def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = resolve_call(args, kwargs)
+        key = self.lock_key_for(call.args, call.kwargs, bound=call.bound)
+        taken = self.take(call, key)
+        if taken is None:
+            return None
+        held, deadline = taken
+        logger.debug("task %s holds overlap lock %r (fence %s)", held.task_id, key, held.fence)
+        return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
+
+    def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
+        """Acquire ``key`` for ``call``: the held lock and the hard deadline, or None when the body
+        must not run (the policy has handled a conflict, a duplicate or Redis being down)."""
+        ttl = self.policy.lock_ttl(call)
+        owner = call.owner()
+        deadline = hard_deadline(call, time.monotonic())
+        try:
+            store = get_lock_store(call.app)
+            acquired, token = acquire(store, key, ttl, owner, deadline, marker=marker)
+        except RedisUnavailable as exc:
+            self.policy.redis_down(call, exc)
+            return None
+        if acquired.status == "done" and marker is not None:
+            self.already_done(call, marker)
+            return None
+        if acquired.status == "duplicate":
+            self.policy.duplicate(call, key, acquired.holder)
+        if acquired.status != "acquired" or acquired.fence is None:
+            self.policy.conflict(call, key, acquired.holder)
+            return None
+        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id), deadline
+
+    def already_done(self, call: Call, marker: str) -> None:
+        """The key's marker says it already ran (only locks that pass a marker get here)."""
+
+
+def wrap(func: F, lock: TaskLock) -> F:
+    """Wrap ``func`` so every call runs through ``lock``; keeps its name and signature."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return lock(func, args, kwargs)
+
+    # Celery checks call arguments against the task's signature; keep the real one.
+    wrapper.__signature__ = lock.builder.signature  # type: ignore[attr-defined]
+    wrapper.__safe_time_locks__ = (*getattr(func, "__safe_time_locks__", ()), lock)  # type: ignore[attr-defined]
+    return cast(F, wrapper)

@@ -1,4 +1,5 @@
-"""Overlap locks in Redis: acquire, renew, release and commit as Lua scripts comparing a token.
+"""Overlap locks in Redis: acquire, renew, release and commit as Lua scripts (``locks/lua/*.lua``)
+comparing a token.
 
 A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random, never shown), ``task_id``,
 ``identity`` (task id, retry and re-queue count: one delivery of one message), ``host``,
@@ -18,59 +19,11 @@ from typing import Any, Literal
 import redis
 from celery import Celery
 
-from . import constants as C
-from .config import SafeTimeConfig, get_config
-from .redis_client import get_redis
+from .. import constants as C
+from ..config import SafeTimeConfig, get_config
+from ..redis_client import as_text, get_redis, load_script
 
-_ACQUIRE = """
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
-  return {'done'}
-end
-local cur = redis.call('HMGET', KEYS[1], 'token', 'identity', 'task_id', 'host', 'pid', 'fence')
-if cur[1] then
-  local status = 'held'
-  if cur[2] == ARGV[6] then status = 'duplicate' end
-  return {status, cur[3], cur[4], cur[5], cur[6]}
-end
-local fence = redis.call('INCR', KEYS[2])
-local t = redis.call('TIME')
-local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
-  'identity', ARGV[6], 'fence', fence, 'acquired_at', now, 'renewed_at', now, 'ttl_ms', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {'acquired', fence}
-"""
-
-_RENEW = """
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
-  return 0
-end
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'renewed_at', t[1] .. '.' .. string.format('%06d', tonumber(t[2])), 'ttl_ms', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-_RELEASE = """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# Record an idempotent key's success and drop its in-progress lock in one step. The marker is
-# written even when the lock was lost meanwhile: the body did succeed, and NX keeps the first.
-_COMMIT = """
-local t = redis.call('TIME')
-local value = cjson.encode({task_id = ARGV[3], finished_at = tonumber(t[1]) + tonumber(t[2]) / 1000000})
-local recorded = redis.call('SET', KEYS[2], value, 'PX', ARGV[2], 'NX')
-local released = 0
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  released = redis.call('DEL', KEYS[1])
-end
-if recorded then return {1, released} end
-return {0, released}
-"""
+SCRIPTS = ("acquire", "renew", "release", "commit")
 
 AcquireStatus = Literal["acquired", "held", "duplicate", "done"]
 
@@ -124,14 +77,8 @@ class LockInfo:
         return dataclasses.asdict(self)
 
 
-def _text(value: Any) -> str | None:
-    if value is None or value is False:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _int(value: Any) -> int | None:
-    text = _text(value)
+    text = as_text(value)
     try:
         return int(text) if text is not None else None
     except ValueError:
@@ -148,10 +95,11 @@ class LockStore:
     def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
         self.client = client
         self.config = config
-        self._acquire = client.register_script(_ACQUIRE)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
-        self._commit = client.register_script(_COMMIT)
+        scripts = {name: client.register_script(load_script(__package__, name)) for name in SCRIPTS}
+        self._acquire = scripts["acquire"]
+        self._renew = scripts["renew"]
+        self._release = scripts["release"]
+        self._commit = scripts["commit"]
 
     # --- key names -------------------------------------------------------------
     def lock_key(self, key: str) -> str:
@@ -175,12 +123,12 @@ class LockStore:
         if marker is not None:
             keys.append(self.marker_key(marker))
         reply = self._acquire(keys=keys, args=[token, _ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity])
-        status = _text(reply[0])
+        status = as_text(reply[0])
         if status == "acquired":
             return Acquired("acquired", fence=int(reply[1]))
         if status == "done":
             return Acquired("done")
-        holder = Holder(task_id=_text(reply[1]), host=_text(reply[2]), pid=_int(reply[3]), fence=_int(reply[4]))
+        holder = Holder(task_id=as_text(reply[1]), host=as_text(reply[2]), pid=_int(reply[3]), fence=_int(reply[4]))
         return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
 
     def renew(self, key: str, token: str, ttl: float) -> bool:
@@ -197,7 +145,7 @@ class LockStore:
         return bool(int(reply[0])), bool(int(reply[1]))
 
     def token_of(self, key: str) -> str | None:
-        return _text(self.client.hget(self.lock_key(key), "token"))
+        return as_text(self.client.hget(self.lock_key(key), "token"))
 
     # --- operator view ---------------------------------------------------------
     def info(self, redis_key: str, now: float) -> LockInfo | None:
@@ -209,12 +157,12 @@ class LockStore:
         if pttl == -2 or not any(fields):
             return None
         task_id, host, pid, fence, acquired_at = fields
-        acquired = _text(acquired_at)
+        acquired = as_text(acquired_at)
         return LockInfo(
             key=self.user_key(redis_key),
             redis_key=redis_key,
-            task_id=_text(task_id),
-            host=_text(host),
+            task_id=as_text(task_id),
+            host=as_text(host),
             pid=_int(pid),
             fence=_int(fence),
             age=round(now - float(acquired), 3) if acquired else None,
@@ -227,7 +175,7 @@ class LockStore:
         now = float(seconds) + float(micros) / 1e6
         found: list[LockInfo] = []
         for raw in self.client.scan_iter(match=self.lock_key(pattern), count=C.LOCK_SCAN_COUNT, _type="hash"):
-            info = self.info(_text(raw) or "", now)
+            info = self.info(as_text(raw) or "", now)
             if info is not None:
                 found.append(info)
                 if limit is not None and len(found) >= limit:

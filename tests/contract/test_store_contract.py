@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from celery_safe_time import constants as C
+from celery_safe_time.delays.stores.base import DelayStore
 from celery_safe_time.exceptions import PurgeRefused, StoreError
-from celery_safe_time.stores.base import DelayStore
 from tests.helpers.delays import new_delay
 
 pytestmark = pytest.mark.integration

@@ -35,6 +35,9 @@ from celery import Celery
 
 from celery_safe_time import SafeTask, crontab, get_config, idempotent, install, overlap_lock
 from celery_safe_time import constants as C
+from celery_safe_time.delays.stores import get_store, reset_store
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import (
     ImproperlyConfigured,
     RedisUnavailable,
@@ -42,9 +45,6 @@ from celery_safe_time.exceptions import (
     SerializationError,
     StoreError,
 )
-from celery_safe_time.stores import get_store, reset_store
-from celery_safe_time.stores.sql import SQLAlchemyStore
-from celery_safe_time.sweep import sweep
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 from tests.helpers.processes import ProcessManager
 from tests.helpers.services import RedisServer, free_port

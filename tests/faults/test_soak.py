@@ -39,9 +39,9 @@ from celery import Celery
 
 from celery_safe_time import SafeTask, install
 from celery_safe_time import constants as C
+from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.exceptions import StoreError
-from celery_safe_time.stores import get_store
-from celery_safe_time.stores.sql import SQLAlchemyStore
 from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for

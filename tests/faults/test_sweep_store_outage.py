@@ -17,10 +17,10 @@ from celery.signals import after_task_publish
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
+from celery_safe_time.delays.stores.memory import MemoryStore
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.sweep import mark_sent_retrying, sweep
 from celery_safe_time.exceptions import StoreError
-from celery_safe_time.stores.memory import MemoryStore
-from celery_safe_time.stores.sql import SQLAlchemyStore
-from celery_safe_time.sweep import mark_sent_retrying, sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
@@ -78,7 +78,7 @@ def claimed(store: MemoryStore, ids: list[str]) -> str:
 def test_mark_sent_is_retried_until_the_store_answers(caplog: pytest.LogCaptureFixture) -> None:
     store, fake = FailingMarks(failures=3), FakeTime()
     token = claimed(store, ["a", "b"])
-    with caplog.at_level(logging.WARNING, logger="celery_safe_time.sweep"):
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"):
         marked = mark_sent_retrying(store, ["a", "b"], token, budget=150, sleep=fake.sleep, clock=fake.clock)
     assert marked == 2
     assert fake.slept == list(C.SWEEP_MARK_RETRY_DELAYS[:3])
@@ -92,7 +92,7 @@ def test_mark_sent_is_retried_until_the_store_answers(caplog: pytest.LogCaptureF
 def test_mark_sent_gives_up_within_the_budget_naming_the_rows(caplog: pytest.LogCaptureFixture) -> None:
     store, fake = FailingMarks(failures=None), FakeTime()
     token = claimed(store, ["row-1"])
-    with caplog.at_level(logging.ERROR, logger="celery_safe_time.sweep"), pytest.raises(StoreError):
+    with caplog.at_level(logging.ERROR, logger="celery_safe_time.delays.sweep"), pytest.raises(StoreError):
         mark_sent_retrying(store, ["row-1"], token, budget=20, sleep=fake.sleep, clock=fake.clock)
     assert fake.now - 1000.0 <= 20
     assert sum(fake.slept) > 10  # it did keep trying
@@ -107,7 +107,7 @@ def test_sweep_that_cannot_mark_raises_after_half_the_claim_timeout(caplog: pyte
     app = memory_app(safe_time_claim_timeout=2)  # budget 1 s: one 0.5 s retry
     store = FailingMarks(failures=None)
     store.insert(new_delay("row-1", utcnow() - timedelta(seconds=1)))
-    with caplog.at_level(logging.WARNING, logger="celery_safe_time.sweep"), pytest.raises(StoreError):
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"), pytest.raises(StoreError):
         sweep(app, store=store)
     assert store.calls == 2
     assert "could not mark them sent within 1s" in caplog.records[-1].getMessage()
@@ -149,7 +149,7 @@ def test_postgres_cut_after_publish_marks_the_batch_sent_when_it_returns(
 
     after_task_publish.connect(on_publish, weak=False)
     try:
-        with caplog.at_level(logging.WARNING, logger="celery_safe_time.sweep"):
+        with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"):
             stats = sweep(app, store=store)
     finally:
         after_task_publish.disconnect(on_publish)

@@ -13,9 +13,9 @@ import redis
 import sqlalchemy as sa
 
 from celery_safe_time import constants as C
-from celery_safe_time.stores.base import DelayStore, NewDelay
-from celery_safe_time.stores.memory import MemoryStore
-from celery_safe_time.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.stores.base import DelayStore, NewDelay
+from celery_safe_time.delays.stores.memory import MemoryStore
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 
 UTC = timezone.utc
 DELAYS_APP = "tests.apps.delays_app"

@@ -9,8 +9,8 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 
 from celery_safe_time import cancel, install, reschedule
+from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.metrics import disable_metrics, enable_metrics
-from celery_safe_time.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 
 pytestmark = pytest.mark.integration

@@ -213,3 +213,21 @@ def test_django_style_invalid_setting_is_named() -> None:
     app.config_from_object(DjangoSettings, namespace="CELERY")
     with pytest.raises(ImproperlyConfigured, match="safe_time_misfire"):
         get_config(app)
+
+
+def test_importing_the_package_loads_neither_the_django_orm_nor_sqlalchemy() -> None:
+    """``task_cls='celery_safe_time:SafeTask'`` and Celery's entry-point scan import the package in
+    every process; the ORM and SQLAlchemy load only when a store that needs them is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, celery_safe_time\n"
+        "celery_safe_time.SafeTask, celery_safe_time.SafeScheduler, celery_safe_time.overlap_lock\n"
+        "import celery_safe_time.beat, celery_safe_time.delays, celery_safe_time.locks, celery_safe_time.cli\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'django_celery_beat')"
+        " or m.startswith(('django.db', 'celery_safe_time.contrib'))]\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == ""

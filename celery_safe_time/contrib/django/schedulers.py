@@ -2,7 +2,7 @@
 
 The schedule stays in django-celery-beat's tables (admin, ``last_run_at``, ``total_run_count``
 keep working); on top of it: one leader through the Redis lease, every slot published at most
-once through the guard, Redis ``TIME`` as "now", intervals on a fixed grid, and
+once through the dispatch check, Redis ``TIME`` as "now", intervals on a fixed grid, and
 ``CrontabSchedule`` rows evaluated with the DST rules in their ``timezone``.
 """
 
@@ -12,7 +12,6 @@ import logging
 from datetime import datetime
 from typing import Any
 
-import redis
 from celery import Celery
 from celery.schedules import crontab as celery_crontab
 from django.db import DatabaseError, InterfaceError
@@ -21,11 +20,10 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
+from ...beat.base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler, tick_granularity
+from ...beat.slots import GenericGrid, Grid, decide, grid_for
 from ...clock import UTC, to_datetime
-from ...exceptions import RedisUnavailable
-from ...scheduler import OPTION_MISFIRE, LeasedScheduler, tick_granularity
 from ...schedules import crontab
-from ...slots import GenericGrid, Grid, decide, grid_for
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +141,8 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         except (DatabaseError, InterfaceError) as exc:
             logger.error("beat: database error during tick: %s", exc)
             return self.granularity
-        except (redis.RedisError, RedisUnavailable) as exc:
-            logger.error("beat: Redis error during tick, standing by: %s", exc)
-            self.keeper.step_down(f"Redis error during tick: {exc}")
-            return self.granularity
+        except REDIS_ERRORS as exc:
+            return self.redis_failed(exc)
         return min(interval, self.granularity)
 
     def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:
@@ -161,7 +157,7 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         return same
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
-        """Publish ``entry``'s due slots that the guard lets through (this leader, not fired yet)."""
+        """Publish ``entry``'s due slots that the dispatch check lets through (this leader, not fired yet)."""
         if advance:
             self.reserve(entry)
         epoch = self.keeper.epoch
@@ -171,11 +167,11 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             return None
         allowed = []
         for slot in fire:
-            verdict = self.lease.guard_slot(epoch, entry.name, slot)
+            verdict = self.lease.dispatch_slot(epoch, entry.name, slot)
             when = to_datetime(slot)
             if verdict < 0:
                 signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="not the leader")
-                self.keeper.step_down("the guard refused: another beat holds the lease")
+                self.keeper.step_down("the dispatch check refused: another beat holds the lease")
                 self._initial_read = True
                 return None
             if verdict == 0:

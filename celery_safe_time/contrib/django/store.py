@@ -4,56 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import F
 
 from ... import constants as C
+from ...clock import as_utc
+from ...delays.stores.base import NOW_SQL, DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 from ...exceptions import StoreError
-from ...stores.base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 
-UTC = timezone.utc
 T = TypeVar("T")
-
-_NOW_SQL = {
-    "postgresql": "SELECT clock_timestamp()",
-    "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
-    "mysql": "SELECT UTC_TIMESTAMP(6)",
-}
-
-
-def _as_utc(value: Any) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
-    return value.astimezone(UTC)  # type: ignore[no-any-return]
 
 
 def _row(obj: Any) -> DelayRow:
-    def dt(value: Any) -> datetime | None:
-        return None if value is None else _as_utc(value)
-
-    return DelayRow(
-        id=obj.id,
-        task=obj.task,
-        payload=bytes(obj.payload),
-        content_type=obj.content_type,
-        content_encoding=obj.content_encoding,
-        due_at=_as_utc(obj.due_at),
-        status=obj.status,
-        created_at=_as_utc(obj.created_at),
-        updated_at=_as_utc(obj.updated_at),
-        expires_at=dt(obj.expires_at),
-        idempotency_key=obj.idempotency_key,
-        attempts=obj.attempts,
-        claimed_at=dt(obj.claimed_at),
-        claim_token=obj.claim_token,
-        sent_at=dt(obj.sent_at),
-        last_error=obj.last_error,
-    )
+    return DelayRow.from_mapping(vars(obj))
 
 
 class DjangoStore(DelayStore):
@@ -86,8 +52,8 @@ class DjangoStore(DelayStore):
     def now(self) -> datetime:
         connection = connections[self.using]
         with self._errors(), connection.cursor() as cursor:
-            cursor.execute(_NOW_SQL.get(connection.vendor, _NOW_SQL["mysql"]))
-            return _as_utc(cursor.fetchone()[0])
+            cursor.execute(NOW_SQL.get(connection.vendor, NOW_SQL["mysql"]))
+            return as_utc(cursor.fetchone()[0])
 
     def ping(self) -> None:
         self.now()
@@ -114,7 +80,7 @@ class DjangoStore(DelayStore):
                 .first()
             )
             if found is not None:
-                return InsertResult(found[0], created=False, due_at=_as_utc(found[1]))
+                return InsertResult(found[0], created=False, due_at=as_utc(found[1]))
         if careful:
             existing = objects.filter(id=delay.id).values_list("status", flat=True).first()
             if existing is not None:
@@ -242,4 +208,4 @@ class DjangoStore(DelayStore):
 
         with self._errors():
             value = self._objects().filter(status=status).aggregate(oldest=Min("due_at"))["oldest"]
-        return None if value is None else _as_utc(value)
+        return None if value is None else as_utc(value)

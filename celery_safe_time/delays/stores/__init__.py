@@ -8,8 +8,8 @@ import weakref
 
 from celery import Celery
 
-from .. import constants as C
-from ..config import get_config
+from ... import constants as C
+from ...config import get_config
 from .base import DelayStore
 
 __all__ = ["DelayStore", "create_store", "get_store"]
@@ -21,7 +21,7 @@ _lock = threading.Lock()
 def create_store(url: str) -> DelayStore:
     """Build the store named by ``safe_time_store_url``."""
     if url == C.DJANGO_STORE:
-        from ..contrib.django.store import DjangoStore
+        from ...contrib.django.store import DjangoStore
 
         store: DelayStore = DjangoStore()
         return store

@@ -9,12 +9,25 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import constants as C
-from ..exceptions import PurgeRefused
+from ... import constants as C
+from ...clock import as_utc
+from ...exceptions import PurgeRefused
+
+#: The database's current time per SQLAlchemy dialect / Django vendor, read when the statement runs
+#: (not at transaction start). MySQL/MariaDB: UTC_TIMESTAMP(6) is UTC with microseconds whatever the
+#: session's time_zone (NOW(6) would follow it), and DATETIME columns store what they get, unconverted.
+NOW_SQL = {
+    "postgresql": "SELECT clock_timestamp()",
+    "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    "mysql": "SELECT UTC_TIMESTAMP(6)",
+    "mariadb": "SELECT UTC_TIMESTAMP(6)",
+}
+
+_ROW_TIMES = ("due_at", "created_at", "updated_at", "expires_at", "claimed_at", "sent_at")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +100,16 @@ class DelayRow:
     claim_token: str | None = None
     sent_at: datetime | None = None
     last_error: str | None = None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[Any, Any]) -> DelayRow:
+        """A row from column values as a driver or the ORM returns them (times made aware UTC)."""
+        fields = {f.name: values[f.name] for f in dataclasses.fields(cls)}
+        fields["payload"] = bytes(fields["payload"])
+        for name in _ROW_TIMES:
+            if fields[name] is not None:
+                fields[name] = as_utc(fields[name])
+        return cls(**fields)
 
     def summary(self) -> dict[str, Any]:
         """Everything but the payload, for listings and the CLI."""

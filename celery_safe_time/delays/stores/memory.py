@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import constants as C
-from ..clock import local_time, to_datetime
-from ..exceptions import StoreError
+from ... import constants as C
+from ...clock import local_time, to_datetime
+from ...exceptions import StoreError
 from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 
 

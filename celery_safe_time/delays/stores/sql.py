@@ -6,21 +6,20 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
-from .. import constants as C
-from ..exceptions import StoreError
-from ..redis_client import mask_url
-from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
+from ... import constants as C
+from ...clock import UTC, as_utc
+from ...config import mask_url
+from ...exceptions import StoreError
+from .base import NOW_SQL, DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
 
 logger = logging.getLogger(__name__)
-
-UTC = timezone.utc
 
 
 #: URL prefixes without a driver -> the driver this package installs (extras ``postgres``, ``mysql``).
@@ -58,19 +57,8 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
 
 
-#: The current time per dialect, read when the statement runs (not at transaction start).
-#: MySQL/MariaDB: UTC_TIMESTAMP(6) is UTC with microseconds whatever the session's time_zone
-#: (NOW(6) would follow it), and DATETIME columns store what they get, unconverted.
-_NOW_SQL = {
-    "postgresql": "SELECT clock_timestamp()",
-    "sqlite": "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')",
-    "mysql": "SELECT UTC_TIMESTAMP(6)",
-    "mariadb": "SELECT UTC_TIMESTAMP(6)",
-}
-
-
 def _now_sql(dialect: str) -> sa.TextClause:
-    query = _NOW_SQL.get(dialect)
+    query = NOW_SQL.get(dialect)
     if query is None:  # pragma: no cover - guarded by the settings check
         raise StoreError(f"unsupported store dialect {dialect!r}")
     return sa.text(query)
@@ -84,17 +72,7 @@ def database_now(engine: Engine) -> datetime:
             value = conn.execute(query).scalar_one()
     except sa.exc.SQLAlchemyError as exc:
         raise StoreError(f"store {mask_url(str(engine.url))} unreachable: {exc.__class__.__name__}: {exc}") from exc
-    return _as_utc(value)
-
-
-def _as_utc(value: Any) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if not isinstance(value, datetime):  # pragma: no cover - defensive
-        raise StoreError(f"database returned {value!r} for now()")
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    return as_utc(value)
 
 
 #: Dialects whose datetime columns have no time zone: values are bound as naive UTC.
@@ -126,7 +104,7 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
         return value.replace(tzinfo=None) if dialect.name in _NAIVE_DATETIME_DIALECTS else value
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        return None if value is None else _as_utc(value)
+        return None if value is None else as_utc(value)
 
 
 def _columns() -> list[sa.Column[Any]]:
@@ -230,27 +208,6 @@ def _older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]
     return sa.and_(delays.c.status.in_(sorted(statuses)), delays.c.updated_at < before)
 
 
-def _row(mapping: Any) -> DelayRow:
-    return DelayRow(
-        id=mapping["id"],
-        task=mapping["task"],
-        payload=bytes(mapping["payload"]),
-        content_type=mapping["content_type"],
-        content_encoding=mapping["content_encoding"],
-        due_at=mapping["due_at"],
-        status=mapping["status"],
-        created_at=mapping["created_at"],
-        updated_at=mapping["updated_at"],
-        expires_at=mapping["expires_at"],
-        idempotency_key=mapping["idempotency_key"],
-        attempts=mapping["attempts"],
-        claimed_at=mapping["claimed_at"],
-        claim_token=mapping["claim_token"],
-        sent_at=mapping["sent_at"],
-        last_error=mapping["last_error"],
-    )
-
-
 class SQLAlchemyStore(DelayStore):
     """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it.
 
@@ -290,7 +247,7 @@ class SQLAlchemyStore(DelayStore):
             raise self._fail(exc) from exc
 
     def _db_now(self, conn: Connection) -> datetime:
-        return _as_utc(conn.execute(_now_sql(self.dialect)).scalar_one())
+        return as_utc(conn.execute(_now_sql(self.dialect)).scalar_one())
 
     @property
     def _is_mysql(self) -> bool:
@@ -450,7 +407,7 @@ class SQLAlchemyStore(DelayStore):
                 result = conn.execute(
                     sa.update(t).where(t.c.id == cte.c.id, _status(C.STATUS_PENDING)).values(**values).returning(*t.c)
                 )
-                rows = [_row(m) for m in result.mappings()]
+                rows = [DelayRow.from_mapping(m) for m in result.mappings()]
             else:
                 # MySQL/MariaDB (no UPDATE ... RETURNING, and no UPDATE ... IN (SELECT ... LIMIT)):
                 # lock the ids first with SKIP LOCKED, then update and read them, same transaction.
@@ -458,7 +415,7 @@ class SQLAlchemyStore(DelayStore):
                 if not ids:
                     return []
                 conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(**values))
-                rows = [_row(m) for m in conn.execute(sa.select(t).where(t.c.id.in_(ids))).mappings()]
+                rows = [DelayRow.from_mapping(m) for m in conn.execute(sa.select(t).where(t.c.id.in_(ids))).mappings()]
         rows.sort(key=lambda r: (r.due_at, r.id))
         return rows
 
@@ -515,7 +472,7 @@ class SQLAlchemyStore(DelayStore):
     def get(self, task_id: str) -> DelayRow | None:
         with self._begin() as conn:
             mapping = conn.execute(sa.select(delays).where(delays.c.id == task_id)).mappings().first()
-        return None if mapping is None else _row(mapping)
+        return None if mapping is None else DelayRow.from_mapping(mapping)
 
     def list(
         self,
@@ -534,7 +491,7 @@ class SQLAlchemyStore(DelayStore):
         if due_before is not None:
             query = query.where(t.c.due_at <= due_before)
         with self._begin() as conn:
-            return [_row(m) for m in conn.execute(query).mappings()]
+            return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
 
     def counts(self) -> dict[str, int]:
         counts = empty_counts()
@@ -549,4 +506,4 @@ class SQLAlchemyStore(DelayStore):
         with self._begin() as conn:
             value = conn.execute(sa.select(sa.func.min(delays.c.due_at)).where(_status(status))).scalar()
         # min() loses the column type on some dialects: normalise here.
-        return None if value is None else _as_utc(value)
+        return None if value is None else as_utc(value)

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_safe_time import signals
-from celery_safe_time.scheduler import SafeScheduler
+from celery_safe_time.beat.scheduler import SafeScheduler
 from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.integration

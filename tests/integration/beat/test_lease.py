@@ -8,10 +8,10 @@ import pytest
 import redis
 
 from celery_safe_time import signals
+from celery_safe_time.beat.leader import LeaderKeeper
+from celery_safe_time.beat.lease import Lease, SlotWrite
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
-from celery_safe_time.leader import LeaderKeeper
-from celery_safe_time.lease import Lease, SlotWrite
 from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.integration
@@ -38,15 +38,15 @@ def test_guard_publishes_each_slot_once_and_only_for_the_leader(make_app: Any, r
     a, b = _lease(make_app, redis_client), _lease(make_app, redis_client)
     epoch = a.acquire(0.0)
     assert epoch is not None
-    assert a.guard(epoch, "e", 100.0, "{}", 110.0) == 1
-    assert a.guard(epoch, "e", 100.0, "{}", 110.0) == 0
+    assert a.dispatch(epoch, "e", 100.0, "{}", 110.0) == 1
+    assert a.dispatch(epoch, "e", 100.0, "{}", 110.0) == 0
     assert redis_client.ttl("safe_time:beat:fired:e:100000") > 6 * 86400
-    assert b.guard(epoch, "e", 110.0, "{}", 120.0) == -1  # right epoch, wrong token
+    assert b.dispatch(epoch, "e", 110.0, "{}", 120.0) == -1  # right epoch, wrong token
     redis_client.delete("safe_time:beat:lease")
-    assert a.guard(epoch, "e", 110.0, "{}", 120.0) == -1
+    assert a.dispatch(epoch, "e", 110.0, "{}", 120.0) == -1
     assert b.acquire(0.0) == epoch + 1
-    assert a.guard(epoch, "e", 110.0, "{}", 120.0) == -1  # stale epoch
-    assert b.guard_slot(epoch + 1, "e", 100.0) == 0  # fired markers survive leaders
+    assert a.dispatch(epoch, "e", 110.0, "{}", 120.0) == -1  # stale epoch
+    assert b.dispatch_slot(epoch + 1, "e", 100.0) == 0  # fired markers survive leaders
     assert redis_client.zscore("safe_time:beat:due", "e") == 110.0
 
 

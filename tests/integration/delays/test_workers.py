@@ -15,9 +15,9 @@ from celery import Celery, chain
 
 from celery_safe_time import cancel, install, reschedule
 from celery_safe_time import constants as C
-from celery_safe_time.stores import get_store
-from celery_safe_time.stores.sql import SQLAlchemyStore, delays
-from celery_safe_time.sweep import sweep
+from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore, delays
+from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
@@ -369,7 +369,7 @@ def test_guard_redis_down_requeues_the_delivery_instead_of_running_it(
     redis_server.stop()
     app = test_app(make_app, **conf)
     assert sweep(app).sent == 3
-    worker.wait_for_log(r"delivery guard unavailable for stored task .* re-queued in", timeout=60)
+    worker.wait_for_log(r"delivery check unavailable for stored task .* re-queued in", timeout=60)
     time.sleep(2)
     assert runs(redis_client) == []
     redis_server.start()

@@ -10,7 +10,7 @@ import redis
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.lockstore import LockStore, Owner
+from celery_safe_time.locks.store import LockStore, Owner
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer

@@ -13,7 +13,7 @@ from celery import Celery
 from celery_safe_time import idempotent, overlap_lock
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import LockConflict, RedisUnavailable
-from celery_safe_time.lockstore import LockStore, Owner, get_lock_store
+from celery_safe_time.locks.store import LockStore, Owner, get_lock_store
 from tests.helpers.services import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from celery.schedules import crontab as plain_crontab
 from celery.schedules import schedule as interval
 
 from celery_safe_time import crontab
+from celery_safe_time.beat.slots import CronGrid, IntervalGrid, decide, grid_for
 from celery_safe_time.exceptions import ScheduleError
-from celery_safe_time.slots import CronGrid, IntervalGrid, decide, grid_for
 
 UTC = dt.timezone.utc
 GRID = IntervalGrid(10.0)

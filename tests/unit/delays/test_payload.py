@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import pytest
 from celery import Celery
 from kombu import Exchange, Queue
 
 from celery_safe_time import constants as C
+from celery_safe_time.clock import UTC, as_utc
 from celery_safe_time.config import get_config
-from celery_safe_time.delay_payload import (
-    as_aware_utc,
-    clean_options,
-    decode,
-    encode,
-    plan_delay,
-)
+from celery_safe_time.delays.payload import clean_options, decode, encode
+from celery_safe_time.delays.plan import plan_delay
+from celery_safe_time.delays.stores.base import NewDelay
+from celery_safe_time.delays.sweep import register
 from celery_safe_time.exceptions import SerializationError
-from celery_safe_time.stores.base import NewDelay
-from celery_safe_time.sweep import register
 
-UTC = timezone.utc
 NOW = datetime(2026, 3, 8, 6, 0, tzinfo=UTC)
 
 
@@ -43,13 +38,13 @@ def test_plan_delay_threshold_countdown_and_eta() -> None:
 
 def test_naive_and_string_times_follow_celery() -> None:
     naive = datetime(2026, 3, 8, 9, 0)
-    assert as_aware_utc(naive) == naive.replace(tzinfo=UTC)
-    assert as_aware_utc("2026-03-08T10:00:00+01:00") == naive.replace(tzinfo=UTC)
+    assert as_utc(naive) == naive.replace(tzinfo=UTC)
+    assert as_utc("2026-03-08T10:00:00+01:00") == naive.replace(tzinfo=UTC)
     plan = plan_delay(None, "2026-03-08T09:00:00", now=NOW, threshold=60)
     assert plan is not None
     assert plan.eta == naive.replace(tzinfo=UTC)
     with pytest.raises(TypeError):
-        as_aware_utc(12)  # type: ignore[arg-type]
+        as_utc(12)  # type: ignore[arg-type]
 
 
 def test_new_delay_resolves_relative_times_on_the_store_clock() -> None:
@@ -122,7 +117,7 @@ def test_register_adds_sweep_task_and_beat_entry() -> None:
 
 
 def test_task_cls_string_resolves_safetask_lazily() -> None:
-    from celery_safe_time.task import SafeTask
+    from celery_safe_time.delays.task import SafeTask
 
     app = Celery("cls", set_as_current=False, task_cls="celery_safe_time:SafeTask")
 

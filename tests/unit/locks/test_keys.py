@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from celery_safe_time import idempotent, overlap_lock
-from celery_safe_time.keys import KeyBuilder, template_fields
+from celery_safe_time.locks.keys import KeyBuilder, template_fields
 
 
 def sync(account_id: int, region: str = "eu", *, full: bool = False) -> None: ...
@@ -86,7 +86,7 @@ def test_wrapped_function_keeps_name_and_signature() -> None:
     assert wrapped.__name__ == "sync"
     assert inspect.signature(wrapped) == inspect.signature(sync)
     stacked = idempotent("i:{account_id}")(wrapped)
-    assert len(stacked.__safe_time_guards__) == 2  # type: ignore[attr-defined]
+    assert len(stacked.__safe_time_locks__) == 2  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,62 @@
+"""The ``[beat]`` section of ``celery safe-time status``: the leader and each entry's last/next slot."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery
+
+from .. import constants as C
+from ..clock import UTC
+from ..config import get_config, mask_url
+from ..redis_client import get_redis
+from .lease import LeaseKeys, load_state, scored
+
+
+def describe_beat(app: Celery) -> dict[str, Any]:
+    """``celery safe-time status`` section: the leader and per-entry last/next slot."""
+    config = get_config(app)
+    client = get_redis(config.redis_url)
+    keys = LeaseKeys.for_config(config)
+    try:
+        info = load_state(client.get(keys.info))
+        ttl_ms = client.pttl(keys.lease)
+        epoch = client.get(keys.epoch)
+        head = scored(client.zrange(keys.due, 0, C.BEAT_STATUS_ENTRIES - 1, withscores=True))
+        total = client.zcard(keys.due)
+        names = [name for name, _ in head]
+        states: list[Any] = list(client.hmget(keys.state, names)) if names else []
+    except redis.RedisError as exc:
+        return {"error": f"Redis {mask_url(config.redis_url)} unreachable: {exc}"}
+    entries = []
+    for (name, score), raw in zip(head, states, strict=False):
+        state = load_state(raw)
+        last = state.get("last")
+        entries.append(
+            {
+                "entry": name,
+                "last_slot": _iso(last),
+                "next_slot": _iso(float(score)),
+            }
+        )
+    return {
+        "leader": {
+            "host": info.get("host"),
+            "pid": info.get("pid"),
+            "epoch": info.get("epoch"),
+            "lease_left_s": round(ttl_ms / 1000.0, 1) if ttl_ms and ttl_ms > 0 else None,
+        }
+        if info
+        else "none (no beat holds the lease)",
+        "epoch": int(epoch) if epoch else None,
+        "lease_s": config.beat_lease,
+        "redis": mask_url(config.redis_url),
+        "entries_total": total,
+        "entries": entries,
+    }
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(float(ts), UTC).isoformat()

@@ -1,0 +1,14 @@
+"""Durable long delays: ``SafeTask`` stores countdowns beyond the threshold as rows, the sweep publishes them.
+
+The data path of one stored delay: :mod:`.task` (``apply_async`` decides with :mod:`.plan`, encodes
+with :mod:`.payload`) -> :mod:`.stores` (one row) -> :mod:`.sweep` (claims and publishes it when due)
+-> :mod:`.delivery` (the worker runs the delivery once). :mod:`.admin` holds ``cancel``,
+``reschedule`` and the operator views.
+"""
+
+from __future__ import annotations
+
+from .admin import cancel, reschedule
+from .task import SafeTask, StoredAsyncResult
+
+__all__ = ["SafeTask", "StoredAsyncResult", "cancel", "reschedule"]

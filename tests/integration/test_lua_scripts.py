@@ -1,0 +1,71 @@
+"""Every Lua script ships as a package resource, is loaded through ``load_script`` and runs on a real Redis."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+import redis
+
+from celery_safe_time.beat import lease
+from celery_safe_time.locks import store
+from celery_safe_time.redis_client import load_script
+
+pytestmark = pytest.mark.integration
+
+PACKAGES = {"celery_safe_time.beat": lease.SCRIPTS, "celery_safe_time.locks": store.SCRIPTS}
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_every_lua_file_is_a_loaded_script_and_every_script_has_a_file(package: str) -> None:
+    shipped = {
+        p.name[: -len(".lua")] for p in resources.files(package).joinpath("lua").iterdir() if p.name.endswith(".lua")
+    }
+    assert shipped == set(PACKAGES[package])
+
+
+def _run(client: redis.Redis, package: str, name: str, keys: list[str], args: list[object]) -> object:
+    return client.register_script(load_script(package, name))(keys=keys, args=args)
+
+
+def test_beat_scripts_run(redis_client: redis.Redis) -> None:
+    beat = "celery_safe_time.beat"
+    keys = ["t:lease", "t:epoch", "t:info"]
+    assert _run(redis_client, beat, "acquire", keys, ["tok", 5000, json.dumps({"host": "h"})]) == 1
+    assert _run(redis_client, beat, "acquire", keys, ["other", 5000, "{}"]) == -1
+    assert json.loads(redis_client.get("t:info") or b"{}")["epoch"] == 1
+    assert _run(redis_client, beat, "renew", keys, ["tok", 5000, 1]) == 1
+    assert _run(redis_client, beat, "renew", keys, ["tok", 5000, 2]) == 0  # wrong epoch
+    dispatch_keys = ["t:lease", "t:epoch", "t:fired", "t:state", "t:due"]
+    args = ["tok", 1, 60000, "entry", '{"last": 1}', "20.0", "1"]
+    assert _run(redis_client, beat, "dispatch", dispatch_keys, args) == 1
+    assert _run(redis_client, beat, "dispatch", dispatch_keys, args) == 0  # slot already fired
+    assert redis_client.zscore("t:due", "entry") == 20.0
+    assert _run(redis_client, beat, "dispatch_slot", ["t:lease", "t:epoch", "t:fired2"], ["tok", 1, 60000, "1"]) == 1
+    assert _run(redis_client, beat, "dispatch_slot", ["t:lease", "t:epoch", "t:fired2"], ["no", 1, 60000, "1"]) == -1
+    advance_keys = ["t:lease", "t:epoch", "t:state", "t:due"]
+    assert _run(redis_client, beat, "advance", advance_keys, ["tok", 1, "entry", "{}", "30.0"]) == 1
+    assert redis_client.zscore("t:due", "entry") == 30.0
+    assert _run(redis_client, beat, "release", ["t:lease", "t:info"], ["other"]) == 0
+    assert _run(redis_client, beat, "release", ["t:lease", "t:info"], ["tok"]) == 1
+    assert redis_client.exists("t:lease", "t:info") == 0
+
+
+def test_lock_scripts_run(redis_client: redis.Redis) -> None:
+    locks = "celery_safe_time.locks"
+    acquired = _run(redis_client, locks, "acquire", ["t:lock", "t:fence"], ["tok", 5000, "id", "h", 1, "id:0:0"])
+    assert acquired == [b"acquired", 1]
+    held = _run(redis_client, locks, "acquire", ["t:lock", "t:fence"], ["tok2", 5000, "id2", "h", 2, "id2:0:0"])
+    assert held == [b"held", b"id", b"h", b"1", b"1"]
+    duplicate = _run(redis_client, locks, "acquire", ["t:lock", "t:fence"], ["tok3", 5000, "id", "h", 3, "id:0:0"])
+    assert duplicate[0] == b"duplicate"
+    assert _run(redis_client, locks, "renew", ["t:lock"], ["tok", 9000]) == 1
+    assert _run(redis_client, locks, "renew", ["t:lock"], ["tok2", 9000]) == 0
+    assert _run(redis_client, locks, "release", ["t:lock"], ["tok2"]) == 0
+    assert _run(redis_client, locks, "release", ["t:lock"], ["tok"]) == 1
+    _run(redis_client, locks, "acquire", ["t:lock", "t:fence", "t:marker"], ["tok", 5000, "id", "h", 1, "id:0:0"])
+    assert _run(redis_client, locks, "commit", ["t:lock", "t:marker"], ["tok", 60000, "id"]) == [1, 1]
+    assert _run(redis_client, locks, "commit", ["t:lock", "t:marker"], ["tok", 60000, "id"]) == [0, 0]
+    done = _run(redis_client, locks, "acquire", ["t:lock", "t:fence", "t:marker"], ["t", 5000, "i", "h", 1, "i:0:0"])
+    assert done == [b"done"]

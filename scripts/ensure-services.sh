@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure the local Redis, PostgreSQL and MariaDB answer; start the machine's own services when
+# Make sure the local Redis, PostgreSQL, MariaDB and RabbitMQ answer; start the machine's own services when
 # they are installed but stopped (a previous test run may have restarted them).
 set -u
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; }
@@ -21,7 +21,13 @@ if ! mariadb_up && [ -x /etc/init.d/mariadb ]; then
   /etc/init.d/mariadb start >/dev/null 2>&1 || true
   for _ in $(seq 1 300); do mariadb_up && break; sleep 0.1; done
 fi
+rabbit_up() { timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672' >/dev/null 2>&1; }
+if ! rabbit_up && command -v rabbitmq-server >/dev/null; then
+  rabbitmq-server -detached >/dev/null 2>&1 || true
+  for _ in $(seq 1 300); do rabbit_up && break; sleep 0.2; done
+fi
 redis_up && echo "redis: 127.0.0.1:6379 up" || echo "redis: NOT reachable (install: apt-get install redis-server)"
 pg_up && echo "postgresql: 127.0.0.1:5432 up" || echo "postgresql: NOT reachable (install: apt-get install postgresql)"
 mariadb_up && echo "mariadb: 127.0.0.1:3306 up" || echo "mariadb: NOT reachable (install: apt-get install mariadb-server)"
+rabbit_up && echo "rabbitmq: 127.0.0.1:5672 up" || echo "rabbitmq: NOT reachable (install: apt-get install rabbitmq-server)"
 exit 0

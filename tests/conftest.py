@@ -35,6 +35,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines.append(f"safe-time: redis {redis_url} ({'up' if services.redis_ping(redis_url) else 'DOWN'})")
     lines.append(f"safe-time: postgresql {pg_url} ({'up' if services.pg_ping(pg_url) else 'DOWN'})")
     lines.append(f"safe-time: mariadb {mysql_url} ({'up' if services.mysql_ping(mysql_url) else 'DOWN'})")
+    amqp_url = os.environ.get("SAFE_TIME_TEST_AMQP_URL", services.DEFAULT_AMQP_URL)
+    lines.append(f"safe-time: rabbitmq {amqp_url} ({'up' if services.amqp_ping(amqp_url) else 'DOWN'})")
     lines.append(
         f"safe-time: CI={'yes' if services.IN_CI else 'no'} (missing services {'fail' if services.IN_CI else 'skip'})"
     )
@@ -73,6 +75,24 @@ def redis_server(tmp_path: Path) -> Iterator[services.RedisServer]:
     server = services.RedisServer(port=services.free_port(), dir=str(tmp_path)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def amqp_url() -> Iterator[str]:
+    """A RabbitMQ vhost of this test's own (``amqp://guest:guest@127.0.0.1:5672/<vhost>``), deleted after it."""
+    vhost = services.RabbitVhost(services.resolve_amqp_base()).create()
+    yield vhost.url
+    vhost.delete()
+
+
+@pytest.fixture(params=["redis", "amqp"])
+def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """Each test that takes it runs twice: on the test's Redis db and on a RabbitMQ vhost of its own
+    (leases, locks and delivery checks stay on the Redis db either way)."""
+    if request.param == "redis":
+        return redis_url
+    url: str = request.getfixturevalue("amqp_url")
+    return url
 
 
 @pytest.fixture(scope="session")

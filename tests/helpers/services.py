@@ -319,3 +319,52 @@ class MySQLDatabase:
             self._run(f"DROP DATABASE IF EXISTS `{self.name}`")
         except Exception:
             pass
+
+
+# --- RabbitMQ ------------------------------------------------------------------------------------
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def amqp_ping(url: str) -> bool:
+    """True when an AMQP broker answers at ``url`` (a real connection, not just a TCP port)."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+class RabbitVhost:
+    """A vhost of its own on the machine's RabbitMQ, so nothing leaks between tests; deleted afterwards."""
+
+    def __init__(self, base_url: str = DEFAULT_AMQP_URL) -> None:
+        self.name = f"safe-time-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        parts = urlsplit(base_url)
+        self.url = urlunsplit((parts.scheme, parts.netloc, "/" + self.name, "", ""))
+
+    def create(self) -> RabbitVhost:
+        _rabbitmqctl("add_vhost", self.name)
+        _rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
+        return self
+
+    def delete(self) -> None:
+        try:
+            _rabbitmqctl("delete_vhost", self.name)
+        except (subprocess.SubprocessError, OSError):
+            pass
+
+
+def resolve_amqp_base() -> str:
+    url = os.environ.get("SAFE_TIME_TEST_AMQP_URL", DEFAULT_AMQP_URL)
+    if not amqp_ping(url):
+        unavailable(f"RabbitMQ at {url}", "rabbitmq-server", "no AMQP answer")
+    if not shutil.which("rabbitmqctl"):
+        unavailable("rabbitmqctl", "rabbitmq-server", "needed to create a vhost per test")
+    return url

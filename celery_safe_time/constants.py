@@ -64,6 +64,9 @@ FIRED_SLOT_TTL: Final = 7 * 86400
 HEADER_SLOT: Final = "safe_time_slot"
 HEADER_EPOCH: Final = "safe_time_epoch"
 HEADER_STORED: Final = "safe_time_stored"
+#: A fresh random token on every publish (``before_task_publish``): a broker redelivery of one
+#: message keeps it, a retry or re-queue gets a new one. It names one attempt of one message.
+HEADER_ATTEMPT: Final = "safe_time_attempt"
 
 # === beat =====================================================================
 #: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).

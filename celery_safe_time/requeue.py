@@ -1,11 +1,44 @@
-"""Re-queue timing shared by the lock runtime and the stored-task delivery check."""
+"""Attempt tokens and re-queue timing, shared by the lock runtime and the stored-task delivery check.
+
+Every task message published by a process that imported this package carries
+``safe_time_attempt``, a fresh random token per publish. A broker redelivery of the same message
+(after a worker died holding it unacked) keeps the token; ``retry()``, a lock re-queue or a sweep
+republish is a new publish and gets a new one. So "the same token" means "the very same
+message", which a task id cannot say: ids are reused by ``retry()`` and by callers on purpose.
+"""
 
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable
+from typing import Any
+
+from celery.signals import before_task_publish
+
+from . import constants as C
 
 
 def jittered(retry_after: float, jitter: float, rand: Callable[[], float] = random.random) -> float:
     """``retry_after`` plus up to ``jitter`` seconds, so re-queued runs do not collide again."""
     return retry_after + jitter * rand()
+
+
+def new_attempt() -> str:
+    return uuid.uuid4().hex
+
+
+def attempt_of(request: Any) -> str | None:
+    """The attempt token of the message ``request`` came from, or None (published without this package)."""
+    headers = getattr(request, "headers", None) or {}
+    value = headers.get(C.HEADER_ATTEMPT, getattr(request, C.HEADER_ATTEMPT, None))
+    return str(value) if value else None
+
+
+def _stamp_attempt(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    # retry() and signature_from_request() copy the running request's headers: overwrite, never keep.
+    if headers is not None:
+        headers[C.HEADER_ATTEMPT] = new_attempt()
+
+
+before_task_publish.connect(_stamp_attempt, weak=False, dispatch_uid="celery_safe_time.requeue.stamp_attempt")

@@ -55,6 +55,8 @@ class SafeTimeConfig:
     max_clock_skew: float = C.DEFAULT_MAX_CLOCK_SKEW
     #: Seconds a sent/cancelled/expired row is kept before the sweep deletes it; None keeps them forever.
     delay_retention: float | None = C.DEFAULT_DELAY_RETENTION
+    #: Seconds after its due time (or its last publish) a sent but never started row is published again.
+    delivery_grace: float = C.DEFAULT_DELIVERY_GRACE
     #: The broker's visibility timeout, or None when the broker has none (AMQP).
     visibility_timeout: float | None = None
 
@@ -215,6 +217,9 @@ def parse_config(
         lock_ttl=_number("safe_time_lock_ttl", _default(get("safe_time_lock_ttl"), C.DEFAULT_LOCK_TTL)),
         max_clock_skew=max_clock_skew,
         delay_retention=delay_retention,
+        delivery_grace=_number(
+            "safe_time_delivery_grace", _default(get("safe_time_delivery_grace"), C.DEFAULT_DELIVERY_GRACE)
+        ),
         visibility_timeout=visibility_timeout,
     )
 

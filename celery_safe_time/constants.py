@@ -25,6 +25,8 @@ DEFAULT_LOCK_TTL: Final = 60.0
 DEFAULT_MAX_CLOCK_SKEW: Final = 0.1
 #: Finished delay rows are kept forever unless ``safe_time_delay_retention`` sets an age.
 DEFAULT_DELAY_RETENTION: Final = None
+#: A row published (``sent``) but not started this long after its due time is published again.
+DEFAULT_DELIVERY_GRACE: Final = 300.0
 
 #: kombu's own default for Redis and SQS when broker_transport_options does not set one.
 KOMBU_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600.0
@@ -55,7 +57,6 @@ KEY_BEAT_DUE: Final = "beat:due"
 KEY_LOCK: Final = "lock:{key}"
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
-KEY_TASK_DONE: Final = "done:{task_id}"
 
 #: How long a fired-slot marker is kept (DESIGN: 7 days).
 FIRED_SLOT_TTL: Final = 7 * 86400
@@ -64,6 +65,11 @@ FIRED_SLOT_TTL: Final = 7 * 86400
 HEADER_SLOT: Final = "safe_time_slot"
 HEADER_EPOCH: Final = "safe_time_epoch"
 HEADER_STORED: Final = "safe_time_stored"
+#: The stored row's delivery token: new on every insert and reschedule, the same on every publish of it.
+HEADER_DELIVERY: Final = "safe_time_delivery"
+#: Run ids of earlier executions of this delivery in this chain of re-queues (a start whose reply was
+#: lost is recognised as our own by them).
+HEADER_PRIOR_RUNS: Final = "safe_time_prior_runs"
 #: A fresh random token on every publish (``before_task_publish``): a broker redelivery of one
 #: message keeps it, a retry or re-queue gets a new one. It names one attempt of one message.
 HEADER_ATTEMPT: Final = "safe_time_attempt"
@@ -97,13 +103,45 @@ STATUS_SENT: Final = "sent"
 STATUS_CANCELLED: Final = "cancelled"
 STATUS_EXPIRED: Final = "expired"
 STATUS_FAILED: Final = "failed"
-DELAY_STATUSES: Final = (STATUS_PENDING, STATUS_CLAIMED, STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED)
-#: States a new delay with an already used task id may replace (a retry reuses its task id).
-DELAY_FINISHED_STATUSES: Final = frozenset({STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED})
+#: A worker started the delivery (the conditional start won); ``heartbeat_at`` says it is alive.
+STATUS_STARTED: Final = "started"
+#: The delivery ran to an end; ``outcome`` says which.
+STATUS_FINISHED: Final = "finished"
+DELAY_STATUSES: Final = (
+    STATUS_PENDING,
+    STATUS_CLAIMED,
+    STATUS_SENT,
+    STATUS_STARTED,
+    STATUS_FINISHED,
+    STATUS_CANCELLED,
+    STATUS_EXPIRED,
+    STATUS_FAILED,
+)
+#: Finished states (purge may delete them, a new insert with the same task id replaces them).
+DELAY_FINISHED_STATUSES: Final = frozenset(
+    {STATUS_SENT, STATUS_FINISHED, STATUS_CANCELLED, STATUS_EXPIRED, STATUS_FAILED}
+)
+#: States a new delay with an already used task id replaces: the finished ones, and ``started``
+#: (``retry(countdown=...)`` from the running task stores its next attempt under the same id).
+DELAY_REPLACEABLE_STATUSES: Final = DELAY_FINISHED_STATUSES | {STATUS_STARTED}
+#: States a delivery may start from, given its token: ``pending`` (reclaimed or re-published after its
+#: message went out), ``claimed`` (the sweep has not marked it sent yet), ``sent``.
+DELAY_STARTABLE_STATUSES: Final = frozenset({STATUS_PENDING, STATUS_CLAIMED, STATUS_SENT})
+#: States ``cancel`` stops: not started yet, whether or not a message is already out.
+DELAY_CANCELLABLE_STATUSES: Final = DELAY_STARTABLE_STATUSES
+
+#: ``outcome`` of a finished delivery.
+OUTCOME_SUCCEEDED: Final = "succeeded"
+OUTCOME_FAILED: Final = "failed"
+OUTCOME_RETRIED: Final = "retried"
+OUTCOME_IGNORED: Final = "ignored"
+#: The worker died mid-run (no heartbeat) and the task is not acks_late: it is not run again.
+OUTCOME_INTERRUPTED: Final = "interrupted"
+DELAY_OUTCOMES: Final = (OUTCOME_SUCCEEDED, OUTCOME_FAILED, OUTCOME_RETRIED, OUTCOME_IGNORED, OUTCOME_INTERRUPTED)
 
 #: Finished states ``purge`` deletes unless told otherwise. ``failed`` is left out: those rows wait
 #: for an operator, so neither the retention purge nor a bare ``delays purge`` drops them.
-PURGE_DEFAULT_STATUSES: Final = frozenset({STATUS_SENT, STATUS_CANCELLED, STATUS_EXPIRED})
+PURGE_DEFAULT_STATUSES: Final = frozenset({STATUS_SENT, STATUS_FINISHED, STATUS_CANCELLED, STATUS_EXPIRED})
 #: States ``purge`` accepts: never a pending or claimed row, which is still work to do.
 PURGEABLE_STATUSES: Final = DELAY_FINISHED_STATUSES
 #: Rows deleted per purge transaction (short transactions, short row locks).
@@ -121,6 +159,8 @@ DELAY_TABLE: Final = "celery_safe_time_delay"
 DELAY_DUE_INDEX: Final = "cst_delay_due_pending"
 DELAY_KEY_INDEX: Final = "cst_delay_key_pending"
 DELAY_CLAIMED_INDEX: Final = "cst_delay_claimed"
+DELAY_SENT_INDEX: Final = "cst_delay_sent"
+DELAY_STARTED_INDEX: Final = "cst_delay_started"
 
 #: SQLAlchemy dialect names of MySQL and MariaDB (a ``mysql://`` URL on MariaDB is still "mysql").
 MYSQL_DIALECTS: Final = frozenset({"mysql", "mariadb"})
@@ -148,12 +188,17 @@ DELAY_ERROR_LENGTH: Final = 4000
 #: apply_async option that deduplicates pending delays.
 OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
 
-#: How long the worker remembers that a stored task id (per retry) already started.
-DELIVERY_GUARD_TTL: Final = 7 * 86400
-#: When the guard's Redis is unreachable a stored task is re-queued (not run) this many seconds
-#: later, plus up to ``DELIVERY_GUARD_RETRY_JITTER`` seconds so a backlog does not return at once.
-DELIVERY_GUARD_RETRY_AFTER: Final = 5.0
-DELIVERY_GUARD_RETRY_JITTER: Final = 5.0
+#: When the store cannot record a delivery's start the task is re-queued (not run) this many seconds
+#: later, plus up to ``DELIVERY_RETRY_JITTER`` seconds so a backlog does not return at once.
+DELIVERY_RETRY_AFTER: Final = 5.0
+DELIVERY_RETRY_JITTER: Final = 5.0
+#: A delivery that finds itself running elsewhere (a redelivered copy) comes back after this share of
+#: the heartbeat timeout (``safe_time_lock_ttl``), until the run ends or its heartbeat stops.
+DELIVERY_RUNNING_RECHECK: Final = 1.0 / 3.0
+#: Most run ids carried in ``safe_time_prior_runs`` (a chain of lost replies is short).
+DELIVERY_PRIOR_RUNS_KEPT: Final = 8
+DELIVERY_TOKEN_LENGTH: Final = 64
+DELIVERY_WORKER_LENGTH: Final = 255
 #: After a sweep published a batch but could not mark it sent, it retries ``mark_sent`` with this
 #: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
 #: meanwhile): a store that is back within that time never sees the rows published twice.

@@ -32,6 +32,12 @@ _COUNTERS: tuple[tuple[str, str, Any, str | None], ...] = (
     ("safe_time_delays_cancelled_total", "Stored delays cancelled.", signals.delay_cancelled, None),
     ("safe_time_delays_failed_total", "Stored delays marked failed.", signals.delay_failed, "task_name"),
     (
+        "safe_time_delay_deliveries_skipped_total",
+        "Copies of stored deliveries dropped by the delivery record (already ran, cancelled, stale).",
+        signals.delay_delivery_skipped,
+        "reason",
+    ),
+    (
         "safe_time_overlap_conflicts_total",
         "Runs that found their overlap lock held.",
         signals.overlap_conflict,

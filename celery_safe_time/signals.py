@@ -14,6 +14,7 @@ __all__ = [
     "beat_slot_dispatched",
     "beat_slot_duplicate",
     "delay_cancelled",
+    "delay_delivery_skipped",
     "delay_failed",
     "delay_released",
     "delay_stored",
@@ -36,6 +37,9 @@ delay_stored = Signal(name="delay_stored", providing_args={"task_id", "task_name
 delay_released = Signal(name="delay_released", providing_args={"task_id", "task_name", "due_at"})
 #: A stored delay was cancelled. kwargs: task_id.
 delay_cancelled = Signal(name="delay_cancelled", providing_args={"task_id"})
+#: A worker dropped a copy of a stored delivery: it already ran, was cancelled, or is stale.
+#: kwargs: task_id, reason (``done``, ``superseded``, ``missing``).
+delay_delivery_skipped = Signal(name="delay_delivery_skipped", providing_args={"task_id", "reason"})
 #: A stored delay could not be published and was marked failed. kwargs: task_id, task_name, error.
 delay_failed = Signal(name="delay_failed", providing_args={"task_id", "task_name", "error"})
 #: A task did not run because its overlap lock was held. kwargs: key, task_id, holder, action.

@@ -1,66 +1,230 @@
-"""The worker-side delivery check of stored tasks: run a stored delivery once, never unchecked.
+"""The worker side of a stored delay's delivery record: start it once, keep it alive, record how it ended.
 
-The sweep publishes each row once outside a crash window; a second delivery of the same stored
-task id (at the same retry count) is recognised here and skipped.
+The sweep publishes a row with its delivery token (``safe_time_delivery``). Before the body runs,
+:func:`run_delivery` makes one conditional update of that row in the store (:meth:`DelayStore.start`):
+whichever copy of the delivery wins it runs, every other copy learns why it must not:
+
+- the same delivery runs elsewhere with a fresh heartbeat (a redelivered copy): re-queue this copy,
+  never ack and drop it, because the other run may still die;
+- it already ran to an end, or was cancelled: drop this copy;
+- the row has another token (rescheduled, or a new call reused the task id): this message is stale.
+
+While the body runs a heartbeat keeps ``heartbeat_at`` fresh (every ``safe_time_lock_ttl / 3``); a
+start whose heartbeat is older than ``safe_time_lock_ttl`` counts as dead, so an ``acks_late``
+redelivery after a ``kill -9`` takes over, at least once, never beside a live run. The end is recorded
+as ``finished`` with the outcome. The store is the truth here, not Redis: a Redis reset forgets
+nothing, and a reused task id gets a new token, so it runs again.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from celery import Task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 from .. import constants as C
-from ..config import get_config
-from ..redis_client import get_redis
+from .. import signals
+from ..config import SafeTimeConfig, get_config
+from ..exceptions import StoreError
+from ..locks.watchdog import Watchdog
 from ..requeue import jittered
+from .stores import get_store
+from .stores.base import DelayStore
 
 logger = logging.getLogger(__name__)
 
+R = TypeVar("R")
 
-def first_delivery(task: Task) -> bool:
-    """Record that this stored task id (at this retry count) started; False if it already had.
+_HOST = socket.gethostname()
 
-    The store publishes each row once outside a crash window; this closes the window (a sweeper
-    killed after publishing, before marking the row sent, lets another sweeper publish it again).
-    Raises ``redis.RedisError`` when the check's Redis cannot answer.
-    """
-    config = get_config(task._get_app())
+#: Back-off between attempts to record a delivery's end while the store is briefly unreachable.
+_FINISH_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+
+
+def delivery_token(request: Any) -> str | None:
+    """The delivery token of a stored delivery, or None for a message the sweep did not publish."""
+    headers = getattr(request, "headers", None) or {}
+    token = headers.get(C.HEADER_DELIVERY)
+    return str(token) if token else None
+
+
+def _prior_runs(request: Any) -> list[str]:
+    headers = getattr(request, "headers", None) or {}
+    runs = headers.get(C.HEADER_PRIOR_RUNS) or []
+    return [str(run) for run in runs] if isinstance(runs, (list, tuple)) else []
+
+
+def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
+    """Run ``body`` if this message wins its delivery's conditional start; raise ``Ignore`` or
+    ``Retry`` (a re-queued copy) otherwise. Records the start, a heartbeat and the outcome."""
+    app = task._get_app()
+    config = get_config(app)
+    store = get_store(app)
     request = task.request
-    key = config.key(C.KEY_TASK_DONE, task_id=f"{request.id}:{request.retries or 0}")
-    return bool(get_redis(config.redis_url).set(key, request.hostname or "1", nx=True, ex=C.DELIVERY_GUARD_TTL))
-
-
-def requeue_unchecked(task: Task, exc: Exception) -> None:
-    """Send this delivery again in a few seconds instead of running it without the check.
-
-    Running unchecked is what turned one crash window into hundreds of repeats in the soak (a
-    re-published row ran again while the check's Redis restarted). The copy keeps the task id,
-    the retry count and the stored header, so it is checked like the original. Only when
-    the copy cannot be published either (the broker is down too) does the task run unchecked:
-    the message is already off the queue, and losing it would be worse than a possible repeat.
-    """
-    request = task.request
-    countdown = jittered(C.DELIVERY_GUARD_RETRY_AFTER, C.DELIVERY_GUARD_RETRY_JITTER)
-    sig = task.signature_from_request(request, countdown=countdown)
+    prior = _prior_runs(request)
+    run_id = uuid.uuid4().hex
+    worker = str(request.hostname or _HOST)
     try:
-        # Task.apply_async, not SafeTask's: that one strips the stored header from retries.
-        Task.apply_async(task, sig.args, sig.kwargs, **sig.options)
+        started = store.start(request.id, token, run_id, worker, stale_after=config.lock_ttl, prior_runs=prior)
+    except StoreError as exc:
+        # The start may have been written and only its reply lost: the copy carries this run id, so
+        # it recognises the start as its own instead of waiting out a heartbeat that never comes.
+        requeue_unchecked(task, exc, prior_runs=[*prior, run_id])
+        logger.warning("running stored task %s[%s] without its delivery record", task.name, request.id)
+        return body()
+    if started.verdict == "running":
+        row = started.row
+        recheck = config.lock_ttl * C.DELIVERY_RUNNING_RECHECK
+        countdown = jittered(recheck, recheck / 2)
+        logger.warning(
+            "stored task %s[%s] is running on %s (heartbeat %s): re-queueing this copy in %.1fs",
+            task.name,
+            request.id,
+            row.worker if row else "?",
+            row.heartbeat_at.isoformat() if row and row.heartbeat_at else "?",
+            countdown,
+        )
+        _requeue(task, countdown, prior)
+    if started.verdict != "run":
+        row = started.row
+        logger.warning(
+            "skipping a stale delivery of stored task %s[%s]: %s (row %s%s)",
+            task.name,
+            request.id,
+            started.verdict,
+            row.status if row else "gone",
+            f", outcome {row.outcome}" if row and row.outcome else "",
+        )
+        signals.delay_delivery_skipped.send(sender=task, task_id=request.id, reason=started.verdict)
+        raise Ignore()
+    return _run_started(task, config, store, token, run_id, body)
+
+
+def _run_started(
+    task: Task, config: SafeTimeConfig, store: DelayStore, token: str, run_id: str, body: Callable[[], R]
+) -> R:
+    task_id = task.request.id
+
+    def lost(reason: str) -> None:
+        logger.error(
+            "stored task %s[%s] lost its delivery record heartbeat (%s); another worker may take it over",
+            task.name,
+            task_id,
+            reason,
+        )
+
+    watchdog = Watchdog(
+        lambda _ttl: store.heartbeat(task_id, token, run_id),
+        lost,
+        ttl=config.lock_ttl,
+        interval=config.lock_ttl / 3.0,
+    ).start()
+    outcome, error = C.OUTCOME_FAILED, None
+    try:
+        value = body()
+        outcome = C.OUTCOME_SUCCEEDED
+        return value
+    except Retry:
+        outcome = C.OUTCOME_RETRIED
+        raise
+    except (Ignore, Reject):
+        outcome = C.OUTCOME_IGNORED
+        raise
+    except BaseException as exc:
+        error = f"{exc.__class__.__name__}: {exc}"
+        raise
+    finally:
+        # The heartbeat stays on until the end is written: a row that looked dead meanwhile would be
+        # run again (acks_late) or marked interrupted although it finished.
+        try:
+            finish_retrying(store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0)
+        finally:
+            watchdog.stop()
+
+
+def finish_retrying(
+    store: DelayStore,
+    task_id: str,
+    token: str,
+    run_id: str,
+    outcome: str,
+    error: str | None,
+    *,
+    budget: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Record the delivery's end, retrying a store error for up to ``budget`` seconds; never raises."""
+    deadline = clock() + budget
+    waits = iter(_FINISH_RETRY_DELAYS)
+    while True:
+        try:
+            recorded = store.finish(task_id, token, run_id, outcome, error)
+        except StoreError as exc:
+            wait = next(waits, _FINISH_RETRY_DELAYS[-1])
+            if clock() + wait > deadline:
+                logger.error(
+                    "stored task %s ended (%s) but the store could not record it within %.0fs: %s; it stays "
+                    "'started' until its heartbeat is stale, then counts as interrupted (or runs again if acks_late)",
+                    task_id,
+                    outcome,
+                    budget,
+                    exc,
+                )
+                return False
+            sleep(wait)
+            continue
+        if not recorded:
+            # Replaced meanwhile: retry(countdown=...) stored the next attempt under the same id.
+            logger.debug("stored task %s ended (%s); its row has moved on", task_id, outcome)
+        return recorded
+
+
+def _requeue(task: Task, countdown: float, prior_runs: Sequence[str], exc: Exception | None = None) -> None:
+    """Publish this delivery again in ``countdown`` seconds (same id, retries, token) and end this run.
+
+    Goes through ``Task.apply_async``, not SafeTask's: that one strips the delivery headers (a
+    retry is a new delivery) and could store the copy as a new row.
+    """
+    request = task.request
+    headers = dict(request.headers or {})
+    headers[C.HEADER_PRIOR_RUNS] = list(prior_runs)[-C.DELIVERY_PRIOR_RUNS_KEPT :]
+    sig = task.signature_from_request(request, countdown=countdown, headers=headers)
+    Task.apply_async(task, sig.args, sig.kwargs, **sig.options)
+    raise Retry(exc=exc, when=countdown, sig=sig)
+
+
+def requeue_unchecked(task: Task, exc: Exception, *, prior_runs: Sequence[str]) -> None:
+    """Send this delivery again in a few seconds instead of running it without its delivery record.
+
+    Only when the copy cannot be published either (the broker is down too) does this return and the
+    task run unchecked: the message is already off the queue, and losing it would be worse than a
+    possible repeat.
+    """
+    request = task.request
+    countdown = jittered(C.DELIVERY_RETRY_AFTER, C.DELIVERY_RETRY_JITTER)
+    try:
+        _requeue(task, countdown, prior_runs, exc)
+    except Retry:
+        logger.warning(
+            "delivery record unavailable for stored task %s[%s], re-queued in %.1fs: %s",
+            task.name,
+            request.id,
+            countdown,
+            exc,
+        )
+        raise
     except Exception as publish_error:
         logger.warning(
-            "delivery check unavailable for stored task %s[%s] (%s) and re-queueing failed (%s): running it",
+            "delivery record unavailable for stored task %s[%s] (%s) and re-queueing failed (%s): running it",
             task.name,
             request.id,
             exc,
             publish_error,
         )
-        return
-    logger.warning(
-        "delivery check unavailable for stored task %s[%s], re-queued in %.1fs: %s",
-        task.name,
-        request.id,
-        countdown,
-        exc,
-    )
-    raise Retry(exc=exc, when=countdown, sig=sig)

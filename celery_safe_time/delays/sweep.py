@@ -43,6 +43,13 @@ class SweepStats:
     batches: int = 0
     #: Finished rows deleted by the retention purge (``safe_time_delay_retention``).
     purged: int = 0
+    #: Sent rows never started within ``safe_time_delivery_grace``: back to pending, published again.
+    republished: int = 0
+    #: Started rows whose heartbeat stopped: acks_late ones to run again, the others marked interrupted.
+    rerun: int = 0
+    interrupted: int = 0
+    #: Claimed rows handed back unpublished because this sweep's claim had grown too old to trust.
+    released: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -68,14 +75,18 @@ def sweep(
     stats = SweepStats(reclaimed=store.reclaim_stale(config.claim_timeout))
     if stats.reclaimed:
         logger.warning("reclaimed %d stored delays claimed over %gs ago", stats.reclaimed, config.claim_timeout)
+    confirm_deliveries(app, config, store, stats, limit=batch)
     while max_batches is None or stats.batches < max_batches:
         token = uuid()
         rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
+        # The claim's age counts from here, not from the publish: a publisher slowed down past half the
+        # claim timeout stops, since another sweeper may reclaim and publish the same rows.
+        claimed_at = clock()
         if not rows:
             break
         stats.batches += 1
         stats.claimed += len(rows)
-        _publish_batch(app, config, store, rows, token, stats)
+        _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
         if len(rows) < batch:
             break
     if stats.claimed:
@@ -85,6 +96,58 @@ def sweep(
     if config.delay_retention is not None:
         stats.purged = purge_retained(store, config.delay_retention, clock=clock)
     return stats
+
+
+def confirm_deliveries(
+    app: Celery, config: SafeTimeConfig, store: DelayStore, stats: SweepStats, *, limit: int
+) -> None:
+    """Delivery confirmation: a published row must start, a started row must keep its heartbeat.
+
+    A row ``sent`` but not started ``safe_time_delivery_grace`` after its due time lost its message
+    (a broker restart, kombu's window between BRPOP and the unacked copy on a worker ``kill -9``): it
+    goes back to pending with the same token and is published again; the conditional start keeps it
+    to one run. A row ``started`` whose heartbeat is older than ``safe_time_lock_ttl`` lost its worker:
+    an ``acks_late`` task runs again (at least once, as acks_late promises), any other task is
+    marked ``interrupted`` and not run again (at most once).
+    """
+    try:
+        stats.republished = store.requeue_unstarted(config.delivery_grace)
+        if stats.republished:
+            logger.warning(
+                "%d stored delays were published but not started within %gs: publishing them again",
+                stats.republished,
+                config.delivery_grace,
+            )
+        stale = store.stale_started(config.lock_ttl, limit)
+    except StoreError as exc:
+        logger.warning("delivery confirmation skipped this sweep: %s", exc)
+        return
+    for row in stale:
+        task = app.tasks.get(row.task)
+        rerun = bool(task is not None and getattr(task, "acks_late", False))
+        try:
+            changed = store.end_stale(row.id, row.delivery_token or "", config.lock_ttl, rerun=rerun)
+        except StoreError as exc:
+            logger.warning("delivery confirmation of %s[%s] skipped: %s", row.task, row.id, exc)
+            continue
+        if not changed:
+            continue
+        if rerun:
+            stats.rerun += 1
+            logger.warning(
+                "stored task %s[%s] started on %s but its heartbeat stopped: running it again (acks_late)",
+                row.task,
+                row.id,
+                row.worker,
+            )
+        else:
+            stats.interrupted += 1
+            logger.warning(
+                "stored task %s[%s] started on %s but its heartbeat stopped: interrupted, not run again",
+                row.task,
+                row.id,
+                row.worker,
+            )
 
 
 #: Per store object (so per process): the ``clock()`` time before which its next purge pass waits.
@@ -134,14 +197,33 @@ def purge_retained(
 
 
 def _publish_batch(
-    app: Celery, config: SafeTimeConfig, store: DelayStore, rows: list[DelayRow], token: str, stats: SweepStats
+    app: Celery,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    rows: list[DelayRow],
+    token: str,
+    stats: SweepStats,
+    *,
+    claimed_at: float,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     sent: list[DelayRow] = []
     expired: list[str] = []
     index = 0
+    trusted_until = claimed_at + config.claim_timeout / 2
     try:
         with app.producer_or_acquire() as producer:
             for row in rows:
+                if clock() > trusted_until:
+                    rest = [r.id for r in rows[index:]]
+                    stats.released += store.release(rest, token)
+                    logger.warning(
+                        "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
+                        "back instead of racing a sweeper that may have reclaimed them",
+                        config.claim_timeout,
+                        len(rest),
+                    )
+                    break
                 outcome = _publish_row(app, config, store, row, token, producer)
                 if outcome == C.STATUS_SENT:
                     sent.append(row)
@@ -156,9 +238,9 @@ def _publish_batch(
         done = {r.id for r in sent} | set(expired)
         rest = [r.id for r in rows[index:] if r.id not in done]
         store.release(rest, token)
-        _finish(store, sent, expired, token, stats, config.claim_timeout / 2)
+        _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
         raise
-    _finish(store, sent, expired, token, stats, config.claim_timeout / 2)
+    _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
 
 
 def _finish(
@@ -181,10 +263,10 @@ def mark_sent_retrying(
 ) -> int:
     """Mark published rows sent, retrying a store error for up to ``budget`` seconds.
 
-    Rows published but not marked stay claimed and are published again after the claim timeout,
-    and only the worker-side delivery check stands between that copy and a second run; a store that is
-    back within ``budget`` (half the claim timeout, so nobody reclaims the rows meanwhile) never
-    gets that far.
+    Rows published but not marked stay claimed and are published again after the claim timeout;
+    the delivery record's conditional start keeps that copy from running twice, and a store that is
+    back within ``budget`` (what is left of half the claim timeout, counted from the claim, so nobody
+    reclaims the rows meanwhile) never gets that far.
     """
     if not ids:
         return 0
@@ -199,8 +281,7 @@ def mark_sent_retrying(
             if clock() + wait > deadline:
                 logger.error(
                     "sweep: published %d stored delays but could not mark them sent within %.0fs (%s); they are "
-                    "re-published after the claim timeout and the worker-side delivery check skips the second "
-                    "delivery: %s%s",
+                    "re-published after the claim timeout and the delivery record runs each once: %s%s",
                     len(ids),
                     budget,
                     exc,
@@ -237,6 +318,8 @@ def _publish_row(
         options = dict(body.get("options") or {})
         headers = dict(options.pop("headers", None) or {})
         headers[C.HEADER_STORED] = row.due_at.isoformat()
+        if row.delivery_token:
+            headers[C.HEADER_DELIVERY] = row.delivery_token
         app.send_task(
             row.task,
             args=body.get("args") or (),

@@ -10,9 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from celery import Task
-from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils import uuid
 
@@ -20,7 +18,7 @@ from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
-from .delivery import first_delivery, requeue_unchecked
+from .delivery import delivery_token, run_delivery
 from .payload import clean_options, encode
 from .plan import plan_delay
 from .stores import get_store
@@ -30,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SafeTask", "StoredAsyncResult"]
 
-_INTERNAL_HEADERS = frozenset({C.HEADER_STORED})
+#: Headers of one delivery of a stored row: a retry or a new call is a new delivery and must not carry them.
+_INTERNAL_HEADERS = frozenset({C.HEADER_STORED, C.HEADER_DELIVERY, C.HEADER_PRIOR_RUNS})
 
 
 class StoredAsyncResult(AsyncResult):
@@ -149,16 +148,14 @@ class SafeTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        headers = request.headers or {}
-        if not request.called_directly and headers.get(C.HEADER_STORED):
-            try:
-                first = first_delivery(self)
-            except redis.RedisError as exc:
-                requeue_unchecked(self, exc)  # raises Retry unless the broker is down too
-                first = True
-            if not first:
-                logger.warning("skipping a second delivery of stored task %s[%s]", self.name, request.id)
-                raise Ignore()
+        if not request.called_directly:
+            token = delivery_token(request)
+            if token is not None:
+                call = super().__call__
+                return run_delivery(self, token, lambda: call(*args, **kwargs))
+            if (request.headers or {}).get(C.HEADER_STORED):
+                # Published by a sweep from before the delivery record: nothing to check it against.
+                logger.warning("running stored task %s[%s] published without a delivery token", self.name, request.id)
         return super().__call__(*args, **kwargs)
 
 

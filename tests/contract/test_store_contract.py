@@ -133,7 +133,7 @@ def test_reclaim_stale_claims(any_store: DelayStore) -> None:
     assert [r.attempts for r in again] == [2]
 
 
-def test_cancel_and_reschedule_return_whether_a_pending_row_changed(any_store: DelayStore) -> None:
+def test_cancel_and_reschedule_return_whether_an_unstarted_row_changed(any_store: DelayStore) -> None:
     now = any_store.now()
     any_store.insert(new_delay("c", now + timedelta(hours=1)))
     any_store.insert(new_delay("m", now + timedelta(hours=1)))
@@ -143,8 +143,138 @@ def test_cancel_and_reschedule_return_whether_a_pending_row_changed(any_store: D
     assert not any_store.cancel("c")
     assert not any_store.reschedule("c", now)
     assert not any_store.cancel("nope")
-    assert [r.id for r in any_store.claim_due(limit=10, lookahead=0, token="t")] == ["m"]
-    assert not any_store.cancel("m")  # claimed, not pending
+    [claimed] = any_store.claim_due(limit=10, lookahead=0, token="t")
+    assert claimed.id == "m"
+    # A claimed row may already be on its way to the broker: cancelling it still stops the run
+    # (the delivery check drops the message), and the sweep's mark_sent no longer touches it.
+    assert any_store.cancel("m")
+    assert any_store.mark_sent(["m"], "t") == 0
+    row = any_store.get("m")
+    assert row is not None
+    assert row.status == C.STATUS_CANCELLED
+    assert row.claim_token is None
+
+
+def _started(store: DelayStore, task_id: str, run_id: str = "run-1") -> str:
+    """Insert ``task_id`` due now, claim and start it; returns its delivery token."""
+    store.insert(new_delay(task_id, store.now() - timedelta(seconds=1)))
+    [row] = [r for r in store.claim_due(limit=50, lookahead=0, token="claim") if r.id == task_id]
+    assert row.delivery_token
+    assert store.start(task_id, row.delivery_token, run_id, "host-a", stale_after=60).verdict == "run"
+    return row.delivery_token
+
+
+def test_each_insert_and_reschedule_gets_a_new_delivery_token(any_store: DelayStore) -> None:
+    now = any_store.now()
+    any_store.insert(new_delay("tok", now + timedelta(hours=1)))
+    first = any_store.get("tok")
+    assert first is not None
+    assert first.delivery_token
+    assert any_store.reschedule("tok", now + timedelta(hours=2))
+    second = any_store.get("tok")
+    assert second is not None
+    assert second.delivery_token not in (None, first.delivery_token)
+    assert any_store.cancel("tok")
+    any_store.insert(new_delay("tok", now + timedelta(hours=3)))
+    third = any_store.get("tok")
+    assert third is not None
+    assert third.delivery_token not in (first.delivery_token, second.delivery_token)
+
+
+def test_the_conditional_start_lets_one_copy_of_a_delivery_run(any_store: DelayStore) -> None:
+    token = _started(any_store, "once")
+    row = any_store.get("once")
+    assert row is not None
+    assert (row.status, row.worker, row.started_by, row.starts) == (C.STATUS_STARTED, "host-a", "run-1", 1)
+    assert row.started_at is not None
+    assert row.heartbeat_at is not None
+    # A redelivered copy while the first run's heartbeat is fresh: re-queue, never run beside it.
+    again = any_store.start("once", token, "run-2", "host-b", stale_after=60)
+    assert again.verdict == "running"
+    assert again.row is not None
+    assert again.row.worker == "host-a"
+    # A stale message (another token: the row was rescheduled or replaced meanwhile).
+    assert any_store.start("once", "other-token", "run-3", "host-b", stale_after=60).verdict == "superseded"
+    assert any_store.start("gone", token, "run-4", "host-b", stale_after=60).verdict == "missing"
+    assert any_store.heartbeat("once", token, "run-1")
+    assert not any_store.heartbeat("once", token, "run-2")
+    assert any_store.finish("once", token, "run-1", C.OUTCOME_SUCCEEDED)
+    assert not any_store.finish("once", token, "run-1", C.OUTCOME_SUCCEEDED)
+    done = any_store.get("once")
+    assert done is not None
+    assert (done.status, done.outcome) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED)
+    assert done.finished_at is not None
+    assert any_store.start("once", token, "run-5", "host-b", stale_after=60).verdict == "done"
+
+
+def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) -> None:
+    token = _started(any_store, "dead")
+    time.sleep(0.3)
+    assert any_store.start("dead", token, "run-2", "host-b", stale_after=60).verdict == "running"
+    taken = any_store.start("dead", token, "run-2", "host-b", stale_after=0.1)
+    assert taken.verdict == "run"
+    row = any_store.get("dead")
+    assert row is not None
+    assert (row.worker, row.started_by, row.starts) == ("host-b", "run-2", 2)
+    # The dead run can no longer write: its heartbeat and end belong to the run that took over.
+    assert not any_store.heartbeat("dead", token, "run-1")
+    assert not any_store.finish("dead", token, "run-1", C.OUTCOME_SUCCEEDED)
+
+
+def test_a_start_whose_reply_was_lost_is_recognised_by_its_run_id(any_store: DelayStore) -> None:
+    token = _started(any_store, "lost", run_id="first-run")
+    assert any_store.start("lost", token, "copy", "h", stale_after=60).verdict == "running"
+    assert any_store.start("lost", token, "copy", "h", stale_after=60, prior_runs=["first-run"]).verdict == "run"
+
+
+def test_failed_outcome_keeps_the_error(any_store: DelayStore) -> None:
+    token = _started(any_store, "boom")
+    assert any_store.finish("boom", token, "run-1", C.OUTCOME_FAILED, "ValueError: " + "x" * 5000)
+    row = any_store.get("boom")
+    assert row is not None
+    assert row.outcome == C.OUTCOME_FAILED
+    assert row.last_error is not None
+    assert row.last_error.startswith("ValueError: xxx")
+    assert len(row.last_error) <= C.DELAY_ERROR_LENGTH
+
+
+def test_a_running_row_is_replaced_by_its_own_retry(any_store: DelayStore) -> None:
+    token = _started(any_store, "retrying")
+    later = any_store.now() + timedelta(hours=1)
+    assert any_store.insert(new_delay("retrying", later)).created
+    row = any_store.get("retrying")
+    assert row is not None
+    assert row.status == C.STATUS_PENDING
+    assert row.delivery_token != token
+    assert not any_store.finish("retrying", token, "run-1", C.OUTCOME_RETRIED)  # the old run's end is moot
+
+
+def test_delivery_confirmation_requeues_unstarted_and_ends_stale_rows(any_store: DelayStore) -> None:
+    any_store.insert(new_delay("unstarted", any_store.now() - timedelta(seconds=1)))
+    any_store.claim_due(limit=10, lookahead=0, token="c1")
+    assert any_store.mark_sent(["unstarted"], "c1") == 1
+    assert any_store.requeue_unstarted(grace=60) == 0
+    time.sleep(0.3)
+    assert any_store.requeue_unstarted(grace=0.1) == 1
+    row = any_store.get("unstarted")
+    assert row is not None
+    assert row.status == C.STATUS_PENDING
+    token = row.delivery_token
+    assert [r.delivery_token for r in any_store.claim_due(limit=10, lookahead=0, token="c2")] == [token]
+
+    stale_token = _started(any_store, "stale")
+    interrupted_token = _started(any_store, "interrupted")
+    assert any_store.stale_started(60, limit=10) == []
+    time.sleep(0.3)
+    assert {r.id for r in any_store.stale_started(0.1, limit=10)} == {"stale", "interrupted"}
+    assert not any_store.end_stale("stale", "wrong-token", 0.1, rerun=True)
+    assert any_store.end_stale("stale", stale_token, 0.1, rerun=True)
+    assert any_store.end_stale("interrupted", interrupted_token, 0.1, rerun=False)
+    stale, interrupted = any_store.get("stale"), any_store.get("interrupted")
+    assert stale is not None
+    assert (stale.status, stale.delivery_token) == (C.STATUS_PENDING, stale_token)
+    assert interrupted is not None
+    assert (interrupted.status, interrupted.outcome) == (C.STATUS_FINISHED, C.OUTCOME_INTERRUPTED)
 
 
 def test_list_counts_and_oldest_due(any_store: DelayStore) -> None:

@@ -7,6 +7,7 @@ from django.db import models
 from ... import constants as C
 
 STATUS_CHOICES = [(status, status) for status in C.DELAY_STATUSES]
+OUTCOME_CHOICES = [(outcome, outcome) for outcome in C.DELAY_OUTCOMES]
 
 
 class DelayedTask(models.Model):
@@ -28,6 +29,15 @@ class DelayedTask(models.Model):
     claim_token = models.CharField(max_length=64, null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(null=True, blank=True)
+    # The delivery record: which run of this row started, is alive, ended and how.
+    delivery_token = models.CharField(max_length=C.DELIVERY_TOKEN_LENGTH, null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES, null=True, blank=True)
+    worker = models.CharField(max_length=C.DELIVERY_WORKER_LENGTH, null=True, blank=True)
+    started_by = models.CharField(max_length=C.DELIVERY_TOKEN_LENGTH, null=True, blank=True)
+    starts = models.IntegerField(default=0)
 
     class Meta:
         db_table = C.DELAY_TABLE
@@ -37,6 +47,10 @@ class DelayedTask(models.Model):
             models.Index(fields=["due_at", "id"], name=C.DELAY_DUE_INDEX, condition=models.Q(status=C.STATUS_PENDING)),
             models.Index(
                 fields=["claimed_at"], name=C.DELAY_CLAIMED_INDEX, condition=models.Q(status=C.STATUS_CLAIMED)
+            ),
+            models.Index(fields=["sent_at"], name=C.DELAY_SENT_INDEX, condition=models.Q(status=C.STATUS_SENT)),
+            models.Index(
+                fields=["heartbeat_at"], name=C.DELAY_STARTED_INDEX, condition=models.Q(status=C.STATUS_STARTED)
             ),
         ]
         constraints = [

@@ -8,11 +8,23 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import F
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 
 from ... import constants as C
 from ...clock import as_utc
-from ...delays.stores.base import NOW_SQL, DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
+from ...delays.stores.base import (
+    NOW_SQL,
+    DelayRow,
+    DelayStore,
+    InsertResult,
+    NewDelay,
+    StartResult,
+    empty_counts,
+    new_delivery_token,
+    start_verdict,
+    truncate_error,
+)
 from ...exceptions import StoreError
 
 T = TypeVar("T")
@@ -84,28 +96,123 @@ class DjangoStore(DelayStore):
         if careful:
             existing = objects.filter(id=delay.id).values_list("status", flat=True).first()
             if existing is not None:
-                if existing not in C.DELAY_FINISHED_STATUSES:
+                if existing not in C.DELAY_REPLACEABLE_STATUSES:
                     raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-                objects.filter(id=delay.id, status__in=list(C.DELAY_FINISHED_STATUSES)).delete()
+                objects.filter(id=delay.id, status__in=list(C.DELAY_REPLACEABLE_STATUSES)).delete()
         values = delay.pending_row(self.now())
         # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
         self.model(**values).save(using=self.using, force_insert=True)
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
-    def _update_pending(self, task_id: str, **values: Any) -> bool:
+    def _update_unstarted(self, task_id: str, **values: Any) -> bool:
         def run() -> bool:
             changed = (
-                self._objects().filter(id=task_id, status=C.STATUS_PENDING).update(updated_at=self.now(), **values)
+                self._objects()
+                .filter(id=task_id, status__in=sorted(C.DELAY_CANCELLABLE_STATUSES))
+                .update(updated_at=self.now(), claim_token=None, **values)
             )
             return bool(changed)
 
         return self._atomic(run)
 
     def cancel(self, task_id: str) -> bool:
-        return self._update_pending(task_id, status=C.STATUS_CANCELLED)
+        return self._update_unstarted(task_id, status=C.STATUS_CANCELLED)
 
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
-        return self._update_pending(task_id, due_at=due_at)
+        return self._update_unstarted(
+            task_id, due_at=due_at, status=C.STATUS_PENDING, delivery_token=new_delivery_token()
+        )
+
+    # --- the delivery record ---------------------------------------------------------
+
+    def start(
+        self,
+        task_id: str,
+        token: str,
+        run_id: str,
+        worker: str,
+        *,
+        stale_after: float,
+        prior_runs: Sequence[str] = (),
+    ) -> StartResult:
+        def run() -> StartResult:
+            now = self.now()
+            stale = Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=now - timedelta(seconds=stale_after))
+            if prior_runs:
+                stale |= Q(started_by__in=list(prior_runs))
+            startable = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES)) | (Q(status=C.STATUS_STARTED) & stale)
+            objects = self._objects()
+            won = objects.filter(startable, id=task_id, delivery_token=token).update(
+                status=C.STATUS_STARTED,
+                claim_token=None,
+                started_at=now,
+                heartbeat_at=now,
+                finished_at=None,
+                outcome=None,
+                worker=worker[: C.DELIVERY_WORKER_LENGTH],
+                started_by=run_id,
+                starts=F("starts") + 1,
+                updated_at=now,
+            )
+            if won:
+                return StartResult("run")
+            obj = objects.filter(id=task_id).first()
+            row = None if obj is None else _row(obj)
+            return StartResult(start_verdict(row, token), row)
+
+        return self._atomic(run)
+
+    def _running(self, task_id: str, token: str, run_id: str) -> Any:
+        return self._objects().filter(id=task_id, delivery_token=token, status=C.STATUS_STARTED, started_by=run_id)
+
+    def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
+        return self._atomic(lambda: bool(self._running(task_id, token, run_id).update(heartbeat_at=self.now())))
+
+    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
+        values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome}
+        if error is not None:
+            values["last_error"] = truncate_error(error)
+
+        def run() -> bool:
+            now = self.now()
+            return bool(self._running(task_id, token, run_id).update(finished_at=now, updated_at=now, **values))
+
+        return self._atomic(run)
+
+    def requeue_unstarted(self, grace: float) -> int:
+        def run() -> int:
+            now = self.now()
+            cutoff = now - timedelta(seconds=grace)
+            return int(
+                self._objects()
+                .filter(status=C.STATUS_SENT, sent_at__lt=cutoff, due_at__lt=cutoff)
+                .update(status=C.STATUS_PENDING, updated_at=now)
+            )
+
+        return self._atomic(run)
+
+    def _stale(self, cutoff: datetime) -> Any:
+        return self._objects().filter(
+            Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=cutoff), status=C.STATUS_STARTED
+        )
+
+    def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
+        with self._errors():
+            cutoff = self.now() - timedelta(seconds=stale_after)
+            return [_row(o) for o in self._stale(cutoff).order_by("heartbeat_at", "id")[:limit]]
+
+    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+        def run() -> bool:
+            now = self.now()
+            values: dict[str, Any] = (
+                {"status": C.STATUS_PENDING}
+                if rerun
+                else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
+            )
+            stale = self._stale(now - timedelta(seconds=stale_after))
+            return bool(stale.filter(id=task_id, delivery_token=token).update(updated_at=now, **values))
+
+        return self._atomic(run)
 
     def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
         def run() -> list[DelayRow]:
@@ -118,7 +225,13 @@ class DjangoStore(DelayStore):
             if not ids:
                 return []
             objects.filter(id__in=ids).update(
-                status=C.STATUS_CLAIMED, claim_token=token, claimed_at=now, updated_at=now, attempts=F("attempts") + 1
+                status=C.STATUS_CLAIMED,
+                claim_token=token,
+                claimed_at=now,
+                updated_at=now,
+                attempts=F("attempts") + 1,
+                # Rows stored before the delivery record get a token now (unique with the row's id).
+                delivery_token=Coalesce(F("delivery_token"), Value(token)),
             )
             return [_row(o) for o in objects.filter(id__in=ids).order_by("due_at", "id")]
 

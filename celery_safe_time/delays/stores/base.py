@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from ... import constants as C
 from ...clock import as_utc
@@ -27,7 +28,22 @@ NOW_SQL = {
     "mariadb": "SELECT UTC_TIMESTAMP(6)",
 }
 
-_ROW_TIMES = ("due_at", "created_at", "updated_at", "expires_at", "claimed_at", "sent_at")
+_ROW_TIMES = (
+    "due_at",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "claimed_at",
+    "sent_at",
+    "started_at",
+    "heartbeat_at",
+    "finished_at",
+)
+
+
+def new_delivery_token() -> str:
+    """A row's delivery token: new on every insert and reschedule, published with every copy of it."""
+    return uuid.uuid4().hex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +93,8 @@ class NewDelay:
             "attempts": 0,
             "created_at": now,
             "updated_at": now,
+            "delivery_token": new_delivery_token(),
+            "starts": 0,
         }
 
 
@@ -100,12 +118,22 @@ class DelayRow:
     claim_token: str | None = None
     sent_at: datetime | None = None
     last_error: str | None = None
+    #: The delivery record (None on rows stored before it existed).
+    delivery_token: str | None = None
+    started_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: str | None = None
+    worker: str | None = None
+    started_by: str | None = None
+    starts: int = 0
 
     @classmethod
     def from_mapping(cls, values: Mapping[Any, Any]) -> DelayRow:
         """A row from column values as a driver or the ORM returns them (times made aware UTC)."""
-        fields = {f.name: values[f.name] for f in dataclasses.fields(cls)}
+        fields = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
         fields["payload"] = bytes(fields["payload"])
+        fields["starts"] = fields.get("starts") or 0
         for name in _ROW_TIMES:
             if fields[name] is not None:
                 fields[name] = as_utc(fields[name])
@@ -117,6 +145,38 @@ class DelayRow:
         data.pop("payload")
         data["payload_bytes"] = len(self.payload)
         return data
+
+
+StartVerdict = Literal["run", "running", "done", "superseded", "missing"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StartResult:
+    """What :meth:`DelayStore.start` decided for one delivery.
+
+    ``run``: this delivery won the conditional start, run the body. ``running``: the same delivery
+    runs elsewhere and its heartbeat is fresh (a redelivered copy): re-queue, never drop.
+    ``done``: it already ran to an end, or was cancelled, expired or failed: drop this copy.
+    ``superseded``: the row has another delivery token now (rescheduled, or replaced by a new call
+    with the same task id): this message is stale, drop it. ``missing``: no row (purged after it
+    finished): drop it.
+    """
+
+    verdict: StartVerdict
+    row: DelayRow | None = None
+
+
+def start_verdict(row: DelayRow | None, token: str) -> StartVerdict:
+    """Why a conditional start did not win, from the row as it is now (shared by every backend)."""
+    if row is None:
+        return "missing"
+    if row.delivery_token != token:
+        return "superseded"
+    if row.status == C.STATUS_STARTED:
+        return "running"
+    if row.status in C.DELAY_STARTABLE_STATUSES:  # pragma: no cover - the start would have won
+        return "running"
+    return "done"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,11 +220,59 @@ class DelayStore(abc.ABC):
 
     @abc.abstractmethod
     def cancel(self, task_id: str) -> bool:
-        """Mark a pending row cancelled; True when a pending row changed."""
+        """Mark a row that has not started yet (pending, claimed or sent) cancelled; True when one changed.
+
+        A message already published for it is dropped by the delivery check when it arrives.
+        """
 
     @abc.abstractmethod
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
-        """Move a pending row's ``due_at``; True when a pending row changed."""
+        """Move a row that has not started yet to ``due_at``, pending, with a new delivery token;
+        True when one changed. A message already published for it is stale from now on."""
+
+    # --- the delivery record (worker side) --------------------------------------------
+
+    @abc.abstractmethod
+    def start(
+        self,
+        task_id: str,
+        token: str,
+        run_id: str,
+        worker: str,
+        *,
+        stale_after: float,
+        prior_runs: Sequence[str] = (),
+    ) -> StartResult:
+        """The conditional start of one delivery, one short transaction.
+
+        Wins (``run``) when the row has ``token`` and has not started, or has started but its
+        heartbeat is older than ``stale_after`` seconds (the run died: acks_late redelivery), or was
+        started by one of ``prior_runs`` (our own start whose reply was lost). Winning sets
+        ``started``, ``started_at``, ``heartbeat_at``, ``worker``, ``started_by=run_id`` and one more
+        ``starts``. Otherwise the row is read to say why (:func:`start_verdict`).
+        """
+
+    @abc.abstractmethod
+    def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
+        """``heartbeat_at`` = now while ``run_id`` still runs this delivery; False when it does not."""
+
+    @abc.abstractmethod
+    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
+        """Record the end of ``run_id``'s run: ``finished`` with ``outcome``; False when the row moved on."""
+
+    @abc.abstractmethod
+    def requeue_unstarted(self, grace: float) -> int:
+        """Rows ``sent`` more than ``grace`` seconds ago (and due that long ago) and never started go
+        back to pending with the same token: their message was lost, the sweep publishes them again."""
+
+    @abc.abstractmethod
+    def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
+        """Rows ``started`` whose heartbeat is older than ``stale_after`` seconds (their worker died)."""
+
+    @abc.abstractmethod
+    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+        """A stale started row: back to pending with the same token (``rerun``, acks_late tasks) or
+        finished with outcome ``interrupted``. Conditional on the heartbeat still being stale."""
 
     # --- the sweep -------------------------------------------------------------
 

@@ -11,7 +11,17 @@ from typing import Any
 from ... import constants as C
 from ...clock import local_time, to_datetime
 from ...exceptions import StoreError
-from .base import DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
+from .base import (
+    DelayRow,
+    DelayStore,
+    InsertResult,
+    NewDelay,
+    StartResult,
+    empty_counts,
+    new_delivery_token,
+    start_verdict,
+    truncate_error,
+)
 
 
 class MemoryStore(DelayStore):
@@ -40,7 +50,7 @@ class MemoryStore(DelayStore):
                     if row.status == C.STATUS_PENDING and row.idempotency_key == delay.idempotency_key:
                         return InsertResult(row.id, created=False, due_at=row.due_at)
             existing = self._rows.get(delay.id)
-            if existing is not None and existing.status not in C.DELAY_FINISHED_STATUSES:
+            if existing is not None and existing.status not in C.DELAY_REPLACEABLE_STATUSES:
                 raise StoreError(f"task id {delay.id!r} is already stored and {existing.status}")
             values = delay.pending_row(self.now())
             self._rows[delay.id] = DelayRow(**values)
@@ -49,17 +59,102 @@ class MemoryStore(DelayStore):
     def cancel(self, task_id: str) -> bool:
         with self._lock:
             row = self._rows.get(task_id)
-            if row is None or row.status != C.STATUS_PENDING:
+            if row is None or row.status not in C.DELAY_CANCELLABLE_STATUSES:
                 return False
-            self._replace(row, status=C.STATUS_CANCELLED)
+            self._replace(row, status=C.STATUS_CANCELLED, claim_token=None)
             return True
 
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
         with self._lock:
             row = self._rows.get(task_id)
-            if row is None or row.status != C.STATUS_PENDING:
+            if row is None or row.status not in C.DELAY_CANCELLABLE_STATUSES:
                 return False
-            self._replace(row, due_at=due_at)
+            self._replace(
+                row, due_at=due_at, status=C.STATUS_PENDING, claim_token=None, delivery_token=new_delivery_token()
+            )
+            return True
+
+    def start(
+        self,
+        task_id: str,
+        token: str,
+        run_id: str,
+        worker: str,
+        *,
+        stale_after: float,
+        prior_runs: Sequence[str] = (),
+    ) -> StartResult:
+        with self._lock:
+            now = self.now()
+            row = self._rows.get(task_id)
+            if row is not None and row.delivery_token == token and _startable(row, now, stale_after, prior_runs):
+                started = self._replace(
+                    row,
+                    status=C.STATUS_STARTED,
+                    claim_token=None,
+                    started_at=now,
+                    heartbeat_at=now,
+                    finished_at=None,
+                    outcome=None,
+                    worker=worker,
+                    started_by=run_id,
+                    starts=row.starts + 1,
+                )
+                return StartResult("run", started)
+            return StartResult(start_verdict(row, token), row)
+
+    def _running(self, task_id: str, token: str, run_id: str) -> DelayRow | None:
+        row = self._rows.get(task_id)
+        ok = row is not None and row.status == C.STATUS_STARTED and row.delivery_token == token
+        return row if ok and row is not None and row.started_by == run_id else None
+
+    def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
+        with self._lock:
+            row = self._running(task_id, token, run_id)
+            if row is None:
+                return False
+            self._replace(row, heartbeat_at=self.now())
+            return True
+
+    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
+        with self._lock:
+            row = self._running(task_id, token, run_id)
+            if row is None:
+                return False
+            last_error = truncate_error(error) if error is not None else row.last_error
+            self._replace(row, status=C.STATUS_FINISHED, outcome=outcome, finished_at=self.now(), last_error=last_error)
+            return True
+
+    def requeue_unstarted(self, grace: float) -> int:
+        with self._lock:
+            cutoff = self.now() - timedelta(seconds=grace)
+            lost = [
+                r
+                for r in self._rows.values()
+                if r.status == C.STATUS_SENT and r.sent_at is not None and r.sent_at < cutoff and r.due_at < cutoff
+            ]
+            for row in lost:
+                self._replace(row, status=C.STATUS_PENDING)
+            return len(lost)
+
+    def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
+        with self._lock:
+            cutoff = self.now() - timedelta(seconds=stale_after)
+            stale = [r for r in self._rows.values() if r.status == C.STATUS_STARTED and _heartbeat_before(r, cutoff)]
+        return sorted(stale, key=lambda r: (r.heartbeat_at or r.updated_at, r.id))[:limit]
+
+    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+        with self._lock:
+            row = self._rows.get(task_id)
+            cutoff = self.now() - timedelta(seconds=stale_after)
+            if row is None or row.status != C.STATUS_STARTED or row.delivery_token != token:
+                return False
+            if not _heartbeat_before(row, cutoff):
+                return False
+            if rerun:
+                self._replace(row, status=C.STATUS_PENDING)
+            else:
+                self._replace(row, status=C.STATUS_FINISHED, outcome=C.OUTCOME_INTERRUPTED, finished_at=self.now())
             return True
 
     def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
@@ -71,7 +166,14 @@ class MemoryStore(DelayStore):
                 key=lambda r: (r.due_at, r.id),
             )[:limit]
             return [
-                self._replace(r, status=C.STATUS_CLAIMED, claim_token=token, claimed_at=now, attempts=r.attempts + 1)
+                self._replace(
+                    r,
+                    status=C.STATUS_CLAIMED,
+                    claim_token=token,
+                    claimed_at=now,
+                    attempts=r.attempts + 1,
+                    delivery_token=r.delivery_token or token,
+                )
                 for r in due
             ]
 
@@ -143,3 +245,17 @@ class MemoryStore(DelayStore):
         with self._lock:
             dues = [r.due_at for r in self._rows.values() if r.status == status]
         return min(dues) if dues else None
+
+
+def _heartbeat_before(row: DelayRow, cutoff: datetime) -> bool:
+    return row.heartbeat_at is None or row.heartbeat_at < cutoff
+
+
+def _startable(row: DelayRow, now: datetime, stale_after: float, prior_runs: Sequence[str]) -> bool:
+    if row.status in C.DELAY_STARTABLE_STATUSES:
+        return True
+    if row.status != C.STATUS_STARTED:
+        return False
+    return (row.started_by is not None and row.started_by in prior_runs) or _heartbeat_before(
+        row, now - timedelta(seconds=stale_after)
+    )

@@ -17,7 +17,18 @@ from ... import constants as C
 from ...clock import UTC, as_utc
 from ...config import mask_url
 from ...exceptions import StoreError
-from .base import NOW_SQL, DelayRow, DelayStore, InsertResult, NewDelay, empty_counts
+from .base import (
+    NOW_SQL,
+    DelayRow,
+    DelayStore,
+    InsertResult,
+    NewDelay,
+    StartResult,
+    empty_counts,
+    new_delivery_token,
+    start_verdict,
+    truncate_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +138,21 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("claim_token", sa.String(64), nullable=True),
         sa.Column("sent_at", UTCDateTime, nullable=True),
         sa.Column("last_error", sa.Text, nullable=True),
+        *_delivery_columns(),
+    ]
+
+
+def _delivery_columns() -> list[sa.Column[Any]]:
+    """The delivery record's columns; added to an older table by :meth:`SQLAlchemyStore.ensure_schema`."""
+    return [
+        sa.Column("delivery_token", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
+        sa.Column("started_at", UTCDateTime, nullable=True),
+        sa.Column("heartbeat_at", UTCDateTime, nullable=True),
+        sa.Column("finished_at", UTCDateTime, nullable=True),
+        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("worker", sa.String(C.DELIVERY_WORKER_LENGTH), nullable=True),
+        sa.Column("started_by", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
+        sa.Column("starts", sa.Integer, nullable=False, server_default="0", default=0),
     ]
 
 
@@ -146,6 +172,11 @@ sa.Index(
     sqlite_where=_PENDING_SQL,
 )
 sa.Index(C.DELAY_CLAIMED_INDEX, delays.c.claimed_at, postgresql_where=_CLAIMED_SQL, sqlite_where=_CLAIMED_SQL)
+# The delivery confirmation scans: rows sent but never started, rows started whose heartbeat stopped.
+_SENT_SQL = sa.text("status = 'sent'")
+_STARTED_SQL = sa.text("status = 'started'")
+sa.Index(C.DELAY_SENT_INDEX, delays.c.sent_at, postgresql_where=_SENT_SQL, sqlite_where=_SENT_SQL)
+sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED_SQL, sqlite_where=_STARTED_SQL)
 
 # MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
 # generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
@@ -174,6 +205,8 @@ def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
     sa.Index(C.DELAY_DUE_INDEX, table.c.status, table.c.due_at, table.c.id)
     sa.Index(C.DELAY_KEY_INDEX, table.c[C.DELAY_PENDING_KEY_COLUMN], unique=True)
     sa.Index(C.DELAY_CLAIMED_INDEX, table.c.status, table.c.claimed_at)
+    sa.Index(C.DELAY_SENT_INDEX, table.c.status, table.c.sent_at)
+    sa.Index(C.DELAY_STARTED_INDEX, table.c.status, table.c.heartbeat_at)
     return meta
 
 
@@ -279,7 +312,46 @@ class SQLAlchemyStore(DelayStore):
                 raise self._fail(exc) from exc
             if self._is_mysql:
                 self._check_mysql_schema()
+            self._upgrade_schema()
             self._schema_ready = True
+
+    def _upgrade_schema(self) -> None:
+        """Add the delivery record's columns and indexes to a table made by an earlier version."""
+        try:
+            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+            missing = [col for col in _delivery_columns() if col.name not in names]
+            if not missing:
+                return
+            with self.engine.begin() as conn:
+                if self.dialect == "postgresql":
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x5AFE7133})
+                    names = {col["name"] for col in sa.inspect(conn).get_columns(C.DELAY_TABLE)}
+                for col in missing:
+                    if col.name in names:
+                        continue
+                    ddl = sa.schema.CreateColumn(col).compile(dialect=conn.dialect)
+                    conn.execute(sa.text(f"ALTER TABLE {C.DELAY_TABLE} ADD COLUMN {ddl}"))
+                schema = _schema_for(conn).tables[C.DELAY_TABLE]
+                for index in schema.indexes:
+                    if index.name in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
+                        index.create(conn, checkfirst=True)
+            logger.warning(
+                "store %s: added the delivery record columns to %s (%s)",
+                mask_url(self.url),
+                C.DELAY_TABLE,
+                ", ".join(col.name for col in missing),
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            if self._has_columns():
+                return  # another process upgraded it meanwhile
+            raise self._fail(exc) from exc
+
+    def _has_columns(self) -> bool:
+        try:
+            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError:
+            return False
+        return all(col.name in names for col in _delivery_columns())
 
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations or an
@@ -330,10 +402,10 @@ class SQLAlchemyStore(DelayStore):
             if careful:
                 existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
                 if existing is not None:
-                    if existing not in C.DELAY_FINISHED_STATUSES:
+                    if existing not in C.DELAY_REPLACEABLE_STATUSES:
                         raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-                    # retry() reuses its task id: the finished row makes room for the new one.
-                    conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_FINISHED_STATUSES)))
+                    # retry() reuses its task id: the finished (or running) row makes room for the new one.
+                    conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
             values = delay.pending_row(self._db_now(conn))
             conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
@@ -358,8 +430,8 @@ class SQLAlchemyStore(DelayStore):
             now = self._db_now(conn)
             result = conn.execute(
                 sa.update(t)
-                .where(t.c.id == task_id, _status(C.STATUS_PENDING))
-                .values(status=C.STATUS_CANCELLED, updated_at=now)
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)))
+                .values(status=C.STATUS_CANCELLED, claim_token=None, updated_at=now)
             )
             return bool(result.rowcount)
 
@@ -368,7 +440,136 @@ class SQLAlchemyStore(DelayStore):
         with self._begin() as conn:
             now = self._db_now(conn)
             result = conn.execute(
-                sa.update(t).where(t.c.id == task_id, _status(C.STATUS_PENDING)).values(due_at=due_at, updated_at=now)
+                sa.update(t)
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)))
+                .values(
+                    due_at=due_at,
+                    status=C.STATUS_PENDING,
+                    claim_token=None,
+                    delivery_token=new_delivery_token(),
+                    updated_at=now,
+                )
+            )
+            return bool(result.rowcount)
+
+    # --- the delivery record ---------------------------------------------------------
+
+    def start(
+        self,
+        task_id: str,
+        token: str,
+        run_id: str,
+        worker: str,
+        *,
+        stale_after: float,
+        prior_runs: Sequence[str] = (),
+    ) -> StartResult:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            taken_over = sa.and_(
+                _status(C.STATUS_STARTED),
+                sa.or_(
+                    t.c.heartbeat_at.is_(None),
+                    t.c.heartbeat_at < now - timedelta(seconds=stale_after),
+                    *([t.c.started_by.in_(list(prior_runs))] if prior_runs else []),
+                ),
+            )
+            result = conn.execute(
+                sa.update(t)
+                .where(
+                    t.c.id == task_id,
+                    t.c.delivery_token == token,
+                    sa.or_(t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)), taken_over),
+                )
+                .values(
+                    status=C.STATUS_STARTED,
+                    claim_token=None,
+                    started_at=now,
+                    heartbeat_at=now,
+                    finished_at=None,
+                    outcome=None,
+                    worker=worker[: C.DELIVERY_WORKER_LENGTH],
+                    started_by=run_id,
+                    starts=t.c.starts + 1,
+                    updated_at=now,
+                )
+            )
+            if result.rowcount == 1:
+                return StartResult("run")
+            mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
+        row = None if mapping is None else DelayRow.from_mapping(mapping)
+        return StartResult(start_verdict(row, token), row)
+
+    def _running(self, task_id: str, token: str, run_id: str) -> sa.ColumnElement[bool]:
+        t = delays
+        return sa.and_(
+            t.c.id == task_id, t.c.delivery_token == token, _status(C.STATUS_STARTED), t.c.started_by == run_id
+        )
+
+    def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(delays).where(self._running(task_id, token, run_id)).values(heartbeat_at=now)
+            )
+            return bool(result.rowcount)
+
+    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
+        values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome}
+        if error is not None:
+            values["last_error"] = truncate_error(error)
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(delays)
+                .where(self._running(task_id, token, run_id))
+                .values(finished_at=now, updated_at=now, **values)
+            )
+            return bool(result.rowcount)
+
+    def requeue_unstarted(self, grace: float) -> int:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            cutoff = now - timedelta(seconds=grace)
+            result = conn.execute(
+                sa.update(t)
+                .where(_status(C.STATUS_SENT), t.c.sent_at < cutoff, t.c.due_at < cutoff)
+                .values(status=C.STATUS_PENDING, updated_at=now)
+            )
+            return int(result.rowcount)
+
+    def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
+        t = delays
+        with self._begin() as conn:
+            cutoff = self._db_now(conn) - timedelta(seconds=stale_after)
+            query = (
+                sa.select(t)
+                .where(_status(C.STATUS_STARTED), sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < cutoff))
+                .order_by(t.c.heartbeat_at, t.c.id)
+                .limit(limit)
+            )
+            return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
+
+    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            values: dict[str, Any] = (
+                {"status": C.STATUS_PENDING}
+                if rerun
+                else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
+            )
+            result = conn.execute(
+                sa.update(t)
+                .where(
+                    t.c.id == task_id,
+                    t.c.delivery_token == token,
+                    _status(C.STATUS_STARTED),
+                    sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < now - timedelta(seconds=stale_after)),
+                )
+                .values(updated_at=now, **values)
             )
             return bool(result.rowcount)
 
@@ -398,6 +599,8 @@ class SQLAlchemyStore(DelayStore):
                 "claimed_at": now,
                 "updated_at": now,
                 "attempts": t.c.attempts + 1,
+                # Rows stored before the delivery record get a token now (unique with the row's id).
+                "delivery_token": sa.func.coalesce(t.c.delivery_token, token),
             }
             if self.engine.dialect.update_returning:
                 # PostgreSQL, SQLite: one statement (SQLite holds its single write lock for it).

@@ -115,5 +115,9 @@ def test_worker_and_beat_on_the_django_store(
     time.sleep(2)
     done = runs(redis_client)
     assert [r["task_id"] for r in done] == [result.id]
-    assert DelayedTask.objects.get(id=result.id).status == C.STATUS_SENT
+    record = DelayedTask.objects.get(id=result.id)
+    assert (record.status, record.outcome, record.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
+    assert record.worker
+    assert record.started_at
+    assert record.finished_at
     assert DelayedTask.objects.get(id=cancelled.id).status == C.STATUS_CANCELLED

@@ -60,6 +60,8 @@ def test_schema_has_microsecond_datetimes_a_pending_key_column_and_status_led_in
         C.DELAY_DUE_INDEX: (False, ["status", "due_at", "id"]),
         C.DELAY_KEY_INDEX: (True, [C.DELAY_PENDING_KEY_COLUMN]),
         C.DELAY_CLAIMED_INDEX: (False, ["status", "claimed_at"]),
+        C.DELAY_SENT_INDEX: (False, ["status", "sent_at"]),
+        C.DELAY_STARTED_INDEX: (False, ["status", "heartbeat_at"]),
     }
 
 

@@ -19,6 +19,7 @@ from celery_safe_time.delays.stores import get_store
 from celery_safe_time.delays.stores.sql import SQLAlchemyStore, delays
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
+from tests.faults.proxy import proxy_for
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -99,7 +100,9 @@ def test_long_countdown_runs_more_than_once_on_plain_celery_and_exactly_once_wit
     due = datetime.fromisoformat(run["stored_due"])
     # Fired at due_at (eta), not on the sweep grid.
     assert -0.5 < run["started"] - due.timestamp() < 1.5
-    assert get_store(app).get(safe.id).status == C.STATUS_SENT  # type: ignore[union-attr]
+    record = get_store(app).get(safe.id)
+    assert record is not None
+    assert (record.status, record.outcome, record.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
 
 
 def test_flushall_while_pending_loses_nothing(
@@ -230,7 +233,7 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     assert stats["sent"] == 50
     assert sorted(_queued_ids(redis_client)) == ids
 
-    # 2. killed after publishing, before marking sent: republished, the worker skips the repeat.
+    # 2. killed after publishing, before marking sent: republished, the delivery record runs each once.
     redis_client.delete("celery", "test:hung")
     ids2 = _seed(store, 20, store.now() - timedelta(seconds=1), prefix="after")
     hung = _sweeper(processes, "hung-after", env_for(conf, DELAYS_TEST_HANG_AFTER_PUBLISH="1"))
@@ -244,9 +247,9 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     queued = _queued_ids(redis_client)
     assert len(queued) == 21
     assert sorted(set(queued)) == ids2
-    worker = processes.worker(DELAYS_APP, name="guarded", env=env_for(conf))
+    worker = processes.worker(DELAYS_APP, name="checked", env=env_for(conf))
     wait_for(lambda: len(runs(redis_client)) >= 20, timeout=60, message="20 runs")
-    worker.wait_for_log("skipping a second delivery of stored task", timeout=30)
+    worker.wait_for_log("skipping a stale delivery of stored task|is running on", timeout=30)
     time.sleep(1)
     done = [r["task_id"] for r in runs(redis_client)]
     assert sorted(done) == ids2
@@ -352,33 +355,39 @@ def test_purge_command_deletes_old_finished_rows_in_batches(processes: ProcessMa
     store.close()
 
 
-def test_guard_redis_down_requeues_the_delivery_instead_of_running_it(
+def test_store_down_requeues_the_delivery_instead_of_running_it(
     processes: ProcessManager,
     postgres_url: str,
     redis_client: redis.Redis,
-    redis_server: RedisServer,
     make_app: Callable[..., Celery],
 ) -> None:
-    """The delivery guard fails closed: with its Redis down a stored task is re-queued (same id,
-    same retry count, still guarded), runs once when Redis is back, and a later copy is skipped."""
+    """The delivery record fails closed: with the store unreachable from the worker a stored task is
+    re-queued (same id, same retry count, same delivery token), runs once when the store is back, and
+    a later copy of the same delivery is dropped."""
     store = fresh_sql_store(postgres_url)
-    conf = {"safe_time_store_url": postgres_url, "safe_time_redis_url": redis_server.url}
-    worker = processes.worker(DELAYS_APP, name="w", env=env_for(conf))
-    worker.wait_for_log(r"ready\.", timeout=90)
-    ids = _seed(store, 3, store.now() - timedelta(seconds=1), prefix="unguarded")
-    redis_server.stop()
-    app = test_app(make_app, **conf)
-    assert sweep(app).sent == 3
-    worker.wait_for_log(r"delivery check unavailable for stored task .* re-queued in", timeout=60)
-    time.sleep(2)
-    assert runs(redis_client) == []
-    redis_server.start()
-    wait_for(lambda: len(runs(redis_client)) >= 3, timeout=90, message="3 runs after the guard's Redis returned")
-    # A second copy of one of them (a re-publish after a crash window) is skipped, not run.
-    first = store.get(ids[0])
-    assert first is not None
-    app.send_task(first.task, args=[ids[0]], task_id=ids[0], headers={C.HEADER_STORED: first.due_at.isoformat()})
-    worker.wait_for_log("skipping a second delivery of stored task", timeout=60)
-    time.sleep(1)
-    assert sorted(r["task_id"] for r in runs(redis_client)) == ids
-    store.close()
+    proxy, proxied_url = proxy_for(postgres_url)
+    try:
+        worker = processes.worker(DELAYS_APP, name="w", env=env_for({"safe_time_store_url": proxied_url}))
+        worker.wait_for_log(r"ready\.", timeout=90)
+        ids = _seed(store, 3, store.now() - timedelta(seconds=1), prefix="unchecked")
+        proxy.cut()
+        app = test_app(make_app, safe_time_store_url=postgres_url)
+        assert sweep(app).sent == 3
+        worker.wait_for_log(r"delivery record unavailable for stored task .* re-queued in", timeout=60)
+        time.sleep(2)
+        assert runs(redis_client) == []
+        proxy.restore()
+        wait_for(lambda: len(runs(redis_client)) >= 3, timeout=90, message="3 runs after the store returned")
+        # A second copy of one of them (a re-publish after a crash window) is dropped, not run.
+        first = store.get(ids[0])
+        assert first is not None
+        assert first.delivery_token
+        assert (first.status, first.outcome) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED)
+        headers = {C.HEADER_STORED: first.due_at.isoformat(), C.HEADER_DELIVERY: first.delivery_token}
+        app.send_task(first.task, args=[ids[0]], task_id=ids[0], headers=headers)
+        worker.wait_for_log("skipping a stale delivery of stored task", timeout=60)
+        time.sleep(1)
+        assert sorted(r["task_id"] for r in runs(redis_client)) == ids
+    finally:
+        proxy.close()
+        store.close()

@@ -48,8 +48,8 @@ class SweepStats:
     #: Started rows whose heartbeat stopped: acks_late ones to run again, the others marked interrupted.
     rerun: int = 0
     interrupted: int = 0
-    #: Claimed rows handed back unpublished because this sweep's claim had grown too old to trust.
-    released: int = 0
+    #: Claimed rows left unpublished because this sweep's claim had grown too old to trust.
+    abandoned: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -216,7 +216,8 @@ def _publish_batch(
             for row in rows:
                 if clock() > trusted_until:
                     rest = [r.id for r in rows[index:]]
-                    stats.released += store.release(rest, token)
+                    stats.abandoned += len(rest)
+                    store.release(rest, token)
                     logger.warning(
                         "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
                         "back instead of racing a sweeper that may have reclaimed them",

@@ -6,6 +6,8 @@ Fault hooks (environment variables, only for tests):
 - ``DELAYS_TEST_HANG_AFTER_PUBLISH=1``: the first stored task is published, then it blocks
   (published but not yet marked sent).
 Both write ``test:hung`` in Redis when they block.
+- ``DELAYS_TEST_LOSE_START_REPLY=1``: the first conditional start of each stored delivery is
+  written to the store, then its reply is "lost" (a ``StoreError`` as a cut connection raises).
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from celery.signals import after_task_publish, before_task_publish
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.apps.settings import configure
 
 app = configure(Celery("delays_app"))
 install(app)
 tasks = define_tasks(app)
-_redis = redis.Redis.from_url(os.environ["SAFE_TIME_TEST_BROKER_URL"])
+_redis = redis.Redis.from_url(os.environ.get("SAFE_TIME_TEST_RECORD_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"])
 
 
 def _hang(marker: str) -> None:
@@ -45,3 +49,17 @@ def _hang_before(sender: str | None = None, headers: dict[str, Any] | None = Non
 def _hang_after(sender: str | None = None, headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
     if os.environ.get("DELAYS_TEST_HANG_AFTER_PUBLISH") and headers and headers.get(C.HEADER_STORED):
         _hang("after")
+
+
+if os.environ.get("DELAYS_TEST_LOSE_START_REPLY"):
+    _start = SQLAlchemyStore.start
+    _lost: set[str] = set()
+
+    def _start_losing_the_first_reply(self: SQLAlchemyStore, task_id: str, *args: Any, **kwargs: Any) -> Any:
+        result = _start(self, task_id, *args, **kwargs)  # committed in the real database
+        if task_id not in _lost:
+            _lost.add(task_id)
+            raise StoreError(f"connection lost before the reply to the start of {task_id} (test fault)")
+        return result
+
+    SQLAlchemyStore.start = _start_losing_the_first_reply  # type: ignore[method-assign]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -14,12 +15,13 @@ from celery_safe_time import constants as C
 
 
 def define_tasks(app: Celery) -> dict[str, Task]:
-    """Register the test tasks on ``app``; each run is recorded in Redis list ``test:runs``."""
+    """Register the test tasks on ``app``; each run is recorded in Redis list ``test:runs`` (in
+    ``SAFE_TIME_TEST_RECORD_URL``, default the broker: a RabbitMQ broker needs it set)."""
     client: list[redis.Redis] = []
 
     def _redis() -> redis.Redis:
         if not client:
-            client.append(redis.Redis.from_url(app.conf.broker_url))
+            client.append(redis.Redis.from_url(os.environ.get("SAFE_TIME_TEST_RECORD_URL") or app.conf.broker_url))
         return client[0]
 
     def _record(task: Any, label: str) -> str:
@@ -65,4 +67,27 @@ def define_tasks(app: Celery) -> dict[str, Task]:
         _record(self, f"add:{x}+{y}")
         return x + y
 
-    return {"record": record, "plain_record": plain_record, "retry_once": retry_once, "add": add}
+    def _slow(task: Any, label: str, seconds: float) -> str:
+        _record(task, label)
+        time.sleep(seconds)
+        _redis().rpush("test:ends", json.dumps({"task_id": task.request.id, "ended": time.time(), "pid": os.getpid()}))
+        return label
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.slow", acks_late=True, shared=False)
+    def slow(self: Any, label: str = "", seconds: float = 3.0) -> str:
+        """acks_late: killed mid-run, it must run again (at least once), never beside itself."""
+        return _slow(self, label, seconds)
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.slow_once", acks_late=False, shared=False)
+    def slow_once(self: Any, label: str = "", seconds: float = 3.0) -> str:
+        """Acked on receipt: killed mid-run, it is not run again (at most once) and counts as interrupted."""
+        return _slow(self, label, seconds)
+
+    return {
+        "record": record,
+        "plain_record": plain_record,
+        "retry_once": retry_once,
+        "add": add,
+        "slow": slow,
+        "slow_once": slow_once,
+    }

@@ -7,6 +7,8 @@
    kombu publish of the same messages.
 3. Claim-query time with 0 and with many not-yet-due rows, and the plan (partial index).
 4. Firing lateness p50/p99: stored delays vs native countdowns.
+5. The delivery record's conditional start (one store transaction per stored-task start), p50/p99 on
+   PostgreSQL and SQLite, next to the Redis ``SET NX`` delivery guard it replaced.
 
 Needs the local Redis and PostgreSQL the test suite uses (``SAFE_TIME_TEST_REDIS_URL``,
 ``SAFE_TIME_TEST_DATABASE_URL``); claims its own Redis db and creates and drops its own database.
@@ -48,6 +50,8 @@ SIZES = {
     False: {"memory": 20_000, "sweep": 100_000, "claim_bg": 1_000_000, "lateness": 3_000, "window": 20.0},
     True: {"memory": 2_000, "sweep": 10_000, "claim_bg": 100_000, "lateness": 1_000, "window": 15.0},
 }
+#: Conditional starts timed per store (full / quick).
+STARTS = {False: 3_000, True: 500}
 
 
 # --- environment -------------------------------------------------------------
@@ -423,6 +427,52 @@ def bench_lateness(env: Env, n: int, window: float) -> dict[str, Any]:
 # --- entry points ----------------------------------------------------------------------------
 
 
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def _time_starts(store: SQLAlchemyStore, n: int, prefix: str) -> list[float]:
+    """Milliseconds per conditional start of ``n`` claimed rows, one call at a time."""
+    now = store.now()
+    ids = [f"{prefix}-{i:06d}" for i in range(n)]
+    payload = json.dumps({"args": [], "kwargs": {}, "options": {}}).encode()
+    store.bulk_insert(
+        [NewDelay(i, "tests.delays.record", payload, "application/json", "utf-8", due_at=now) for i in ids]
+    )
+    rows = store.claim_due(limit=n, lookahead=1, token="bench")
+    took: list[float] = []
+    for row in rows:
+        started = time.perf_counter()
+        verdict = store.start(row.id, row.delivery_token or "", "run", "bench-host", stale_after=60).verdict
+        took.append((time.perf_counter() - started) * 1000)
+        assert verdict == "run", verdict
+    return took
+
+
+def bench_start(env: Env, n: int) -> dict[str, Any]:
+    """The delivery record's conditional start vs the Redis delivery guard (SET NX EX) it replaced."""
+    results: dict[str, Any] = {"n": n}
+    pg = env.store()
+    sqlite = SQLAlchemyStore(f"sqlite:///{env.tmp / 'start.sqlite3'}")
+    sqlite.ensure_schema()
+    for name, store in (("postgresql", pg), ("sqlite", sqlite)):
+        _time_starts(store, 50, "warm")  # warm the pool and the statement cache
+        took = _time_starts(store, n, "start")
+        results[name] = {"p50_ms": round(_pct(took, 50), 3), "p99_ms": round(_pct(took, 99), 3)}
+        store.close()
+    client = redis.Redis.from_url(env.redis_url)
+    took = []
+    for i in range(n + 50):
+        started = time.perf_counter()
+        client.set(f"bench:done:{i}:0", "bench-host", nx=True, ex=C.FIRED_SLOT_TTL)
+        if i >= 50:
+            took.append((time.perf_counter() - started) * 1000)
+    client.close()
+    results["redis_guard"] = {"p50_ms": round(_pct(took, 50), 3), "p99_ms": round(_pct(took, 99), 3)}
+    return results
+
+
 def run(quick: bool) -> dict[str, Any]:
     sizes = SIZES[quick]
     env = Env()
@@ -433,6 +483,7 @@ def run(quick: bool) -> dict[str, Any]:
             ("sweep", lambda: bench_sweep(env, int(sizes["sweep"]))),
             ("claim", lambda: bench_claim(env, int(sizes["claim_bg"]))),
             ("lateness", lambda: bench_lateness(env, int(sizes["lateness"]), float(sizes["window"]))),
+            ("start", lambda: bench_start(env, STARTS[quick])),
         ]
         for name, phase in phases:
             started = time.time()
@@ -489,6 +540,19 @@ def table(results: dict[str, Any]) -> str:
             None,
         ),
     ]
+    st = results.get("start")
+    if st:
+        guard = st["redis_guard"]
+        for name in ("postgresql", "sqlite"):
+            rows.append(
+                (
+                    f"| delivery record: conditional start, {st['n']:,} starts ({name}) p50 / p99 "
+                    f"| {st[name]['p50_ms']:.2f} / {st[name]['p99_ms']:.2f} ms "
+                    f"| {guard['p50_ms']:.2f} / {guard['p99_ms']:.2f} ms (Redis SET NX guard it replaced) "
+                    f"| {_ratio(st[name]['p50_ms'], guard['p50_ms'])} |",
+                    None,
+                )
+            )
     return "\n".join(r for r, _ in rows) + "\n\nClaim plan:\n```\n" + c["plan"] + "\n```\n"
 
 

@@ -132,7 +132,11 @@ def delays_list(
         _dump(rows)
         return
     for row in rows:
-        click.echo(f"{row['id']}  {row['status']:<9}  {row['due_at']}  {row['task']}  attempts={row['attempts']}")
+        outcome = f"  outcome={row['outcome']} on {row['worker']}" if row.get("outcome") else ""
+        click.echo(
+            f"{row['id']}  {row['status']:<9}  {row['due_at']}  {row['task']}  attempts={row['attempts']}"
+            f"  starts={row.get('starts', 0)}{outcome}"
+        )
     click.echo(f"{len(rows)} row(s)")
 
 
@@ -154,11 +158,11 @@ def delays_show(ctx: click.Context, task_id: str) -> None:
 @click.argument("task_id")
 @click.pass_context
 def delays_cancel(ctx: click.Context, task_id: str) -> None:
-    """Cancel a pending stored delay; exit 1 when no pending row changed."""
+    """Cancel a stored delay that has not started; exit 1 when nothing changed."""
     from .delays.admin import cancel
 
     changed = cancel(task_id, app=_app(ctx))
-    click.echo(f"{task_id}: {'cancelled' if changed else 'not pending, unchanged'}")
+    click.echo(f"{task_id}: {'cancelled' if changed else 'already started or finished, unchanged'}")
     sys.exit(0 if changed else 1)
 
 
@@ -168,13 +172,13 @@ def delays_cancel(ctx: click.Context, task_id: str) -> None:
 @click.option("--countdown", type=float, default=None, help="New due time, seconds from the store's now.")
 @click.pass_context
 def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: float | None) -> None:
-    """Move a pending stored delay; exit 1 when no pending row changed."""
+    """Move a stored delay that has not started (it gets a new delivery token); exit 1 when nothing changed."""
     from .delays.admin import reschedule
 
     if (eta is None) == (countdown is None):
         raise click.UsageError("give exactly one of --eta or --countdown")
     changed = reschedule(task_id, eta=eta, countdown=countdown, app=_app(ctx))
-    click.echo(f"{task_id}: {'rescheduled' if changed else 'not pending, unchanged'}")
+    click.echo(f"{task_id}: {'rescheduled' if changed else 'already started or finished, unchanged'}")
     sys.exit(0 if changed else 1)
 
 

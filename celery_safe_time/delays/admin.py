@@ -135,6 +135,7 @@ def describe_delays(app: Celery) -> dict[str, Any]:
         return info
     info["pending"] = counts[C.STATUS_PENDING]
     info["claimed"] = counts[C.STATUS_CLAIMED]
+    info["running"] = counts[C.STATUS_STARTED]
     info["failed"] = counts[C.STATUS_FAILED]
     info["oldest_due"] = oldest.isoformat() if oldest else None
     # Lateness: how far past due the oldest pending row is (0 when nothing is overdue).

@@ -13,8 +13,8 @@ from .store import DjangoStore
 
 @admin.register(DelayedTask)
 class DelayedTaskAdmin(admin.ModelAdmin):
-    list_display = ("id", "task", "status", "due_at", "attempts", "updated_at", "last_error")
-    list_filter = ("status", "task")
+    list_display = ("id", "task", "status", "due_at", "outcome", "worker", "starts", "updated_at", "last_error")
+    list_filter = ("status", "outcome", "task")
     search_fields = ("id", "idempotency_key")
     ordering = ("due_at", "id")
     date_hierarchy = "due_at"
@@ -36,6 +36,14 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         "claim_token",
         "sent_at",
         "last_error",
+        "delivery_token",
+        "started_at",
+        "heartbeat_at",
+        "finished_at",
+        "outcome",
+        "worker",
+        "started_by",
+        "starts",
     )
     actions = ["cancel_pending"]
 
@@ -47,10 +55,10 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     def payload_size(self, obj: DelayedTask) -> int:
         return len(bytes(obj.payload or b""))
 
-    @admin.action(description="Cancel selected pending delayed tasks")
+    @admin.action(description="Cancel selected delayed tasks that have not started")
     def cancel_pending(self, request: Any, queryset: Any) -> None:
         store = DjangoStore(using=queryset.db)
-        ids = list(queryset.filter(status=C.STATUS_PENDING).values_list("id", flat=True))
+        ids = list(queryset.filter(status__in=sorted(C.DELAY_CANCELLABLE_STATUSES)).values_list("id", flat=True))
         from ... import signals
 
         cancelled = 0
@@ -58,4 +66,4 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             if store.cancel(task_id):
                 cancelled += 1
                 signals.delay_cancelled.send(sender=store, task_id=task_id)
-        self.message_user(request, f"Cancelled {cancelled} pending delayed task(s).", messages.SUCCESS)
+        self.message_user(request, f"Cancelled {cancelled} delayed task(s) that had not started.", messages.SUCCESS)

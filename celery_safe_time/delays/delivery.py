@@ -9,9 +9,11 @@ whichever copy of the delivery wins it runs, every other copy learns why it must
 - it already ran to an end, or was cancelled: drop this copy;
 - the row has another token (rescheduled, or a new call reused the task id): this message is stale.
 
-While the body runs a heartbeat keeps ``heartbeat_at`` fresh (every ``safe_time_lock_ttl / 3``); a
-start whose heartbeat is older than ``safe_time_lock_ttl`` counts as dead, so an ``acks_late``
-redelivery after a ``kill -9`` takes over, at least once, never beside a live run. The end is recorded
+While the body runs a heartbeat keeps ``heartbeat_at`` fresh (every ``safe_time_lock_ttl / 3``). A
+run counts as dead when its heartbeat was found older than ``safe_time_lock_ttl`` and stayed so for
+another ``safe_time_lock_ttl`` (``suspected_at``: the first look after a store outage, which stops
+every heartbeat at once, must not take over). Then an ``acks_late`` redelivery after a ``kill -9``
+takes over, at least once, never beside a live run. The end is recorded
 as ``finished`` with the outcome. The store is the truth here, not Redis: a Redis reset forgets
 nothing, and a reused task id gets a new token, so it runs again.
 """
@@ -19,7 +21,9 @@ nothing, and a reused task id gets a new token, so it runs again.
 from __future__ import annotations
 
 import logging
+import math
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -43,7 +47,7 @@ R = TypeVar("R")
 
 _HOST = socket.gethostname()
 
-#: Back-off between attempts to record a delivery's end while the store is briefly unreachable.
+#: Back-off between attempts to record a delivery's end while the store is unreachable.
 _FINISH_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
 
 
@@ -112,17 +116,14 @@ def _run_started(
     task_id = task.request.id
 
     def lost(reason: str) -> None:
-        logger.error(
-            "stored task %s[%s] lost its delivery record heartbeat (%s); another worker may take it over",
-            task.name,
-            task_id,
-            reason,
-        )
+        logger.warning("stored task %s[%s] stopped its heartbeat: %s", task.name, task_id, reason)
 
+    # ttl=inf: a store outage never ends the heartbeat (it keeps trying every interval); only a
+    # refused heartbeat does (the row moved on: taken over after this run looked dead, or replaced).
     watchdog = Watchdog(
         lambda _ttl: store.heartbeat(task_id, token, run_id),
         lost,
-        ttl=config.lock_ttl,
+        ttl=math.inf,
         interval=config.lock_ttl / 3.0,
     ).start()
     outcome, error = C.OUTCOME_FAILED, None
@@ -141,11 +142,43 @@ def _run_started(
         raise
     finally:
         # The heartbeat stays on until the end is written: a row that looked dead meanwhile would be
-        # run again (acks_late) or marked interrupted although it finished.
+        # run again (acks_late) or marked interrupted although it ran to its end.
+        recorded = finish_retrying(store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0)
+        if recorded is None:
+            _finish_later(store, task_id, token, run_id, outcome, error, watchdog, config.claim_timeout)
+        else:
+            watchdog.stop()
+
+
+def _finish_later(
+    store: DelayStore,
+    task_id: str,
+    token: str,
+    run_id: str,
+    outcome: str,
+    error: str | None,
+    watchdog: Watchdog,
+    budget: float,
+) -> None:
+    """Keep trying to record the end (and the heartbeat alive) in the background: the worker moves on."""
+
+    def run() -> None:
         try:
-            finish_retrying(store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0)
+            if finish_retrying(store, task_id, token, run_id, outcome, error, budget=budget) is None:
+                logger.error(
+                    "stored task %s ended (%s) but the store did not record it within %.0fs; it counts as "
+                    "interrupted (or runs again if acks_late) once its heartbeat is found stale",
+                    task_id,
+                    outcome,
+                    budget,
+                )
         finally:
             watchdog.stop()
+
+    threading.Thread(target=run, name=f"safe-time-finish-{task_id}", daemon=True).start()
+    logger.warning(
+        "stored task %s ended (%s); the store is unreachable, recording it in the background", task_id, outcome
+    )
 
 
 def finish_retrying(
@@ -159,8 +192,12 @@ def finish_retrying(
     budget: float,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-) -> bool:
-    """Record the delivery's end, retrying a store error for up to ``budget`` seconds; never raises."""
+) -> bool | None:
+    """Record the delivery's end, retrying a store error for up to ``budget`` seconds; never raises.
+
+    True: recorded. False: the row moved on (``retry(countdown=...)`` replaced it, or another run took
+    it over). None: the store did not answer in time.
+    """
     deadline = clock() + budget
     waits = iter(_FINISH_RETRY_DELAYS)
     while True:
@@ -169,19 +206,11 @@ def finish_retrying(
         except StoreError as exc:
             wait = next(waits, _FINISH_RETRY_DELAYS[-1])
             if clock() + wait > deadline:
-                logger.error(
-                    "stored task %s ended (%s) but the store could not record it within %.0fs: %s; it stays "
-                    "'started' until its heartbeat is stale, then counts as interrupted (or runs again if acks_late)",
-                    task_id,
-                    outcome,
-                    budget,
-                    exc,
-                )
-                return False
+                logger.debug("recording the end of stored task %s failed: %s", task_id, exc)
+                return None
             sleep(wait)
             continue
         if not recorded:
-            # Replaced meanwhile: retry(countdown=...) stored the next attempt under the same id.
             logger.debug("stored task %s ended (%s); its row has moved on", task_id, outcome)
         return recorded
 

@@ -211,6 +211,12 @@ def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) ->
     token = _started(any_store, "dead")
     time.sleep(0.3)
     assert any_store.start("dead", token, "run-2", "host-b", stale_after=60).verdict == "running"
+    # The first look at a stale heartbeat only suspects it (after a store outage every heartbeat is
+    # stale at once); it must stay stale for stale_after more before a copy takes over.
+    first_look = any_store.start("dead", token, "run-2", "host-b", stale_after=0.1)
+    assert first_look.verdict == "running"
+    assert first_look.row is not None and first_look.row.suspected_at is not None
+    time.sleep(0.3)
     taken = any_store.start("dead", token, "run-2", "host-b", stale_after=0.1)
     assert taken.verdict == "run"
     row = any_store.get("dead")
@@ -219,6 +225,20 @@ def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) ->
     # The dead run can no longer write: its heartbeat and end belong to the run that took over.
     assert not any_store.heartbeat("dead", token, "run-1")
     assert not any_store.finish("dead", token, "run-1", C.OUTCOME_SUCCEEDED)
+
+
+def test_a_heartbeat_after_the_suspicion_clears_it(any_store: DelayStore) -> None:
+    token = _started(any_store, "alive")
+    time.sleep(0.3)
+    assert any_store.start("alive", token, "copy", "h", stale_after=0.1).verdict == "running"  # suspected
+    assert any_store.heartbeat("alive", token, "run-1")  # the run was only cut off (a store outage)
+    time.sleep(0.3)
+    # Stale again, but not since the suspicion: a new suspicion, no takeover.
+    assert any_store.start("alive", token, "copy", "h", stale_after=0.1).verdict == "running"
+    assert not any_store.end_stale("alive", token, 0.1, rerun=True)
+    row = any_store.get("alive")
+    assert row is not None
+    assert (row.status, row.started_by) == (C.STATUS_STARTED, "run-1")
 
 
 def test_a_start_whose_reply_was_lost_is_recognised_by_its_run_id(any_store: DelayStore) -> None:
@@ -268,6 +288,9 @@ def test_delivery_confirmation_requeues_unstarted_and_ends_stale_rows(any_store:
     time.sleep(0.3)
     assert {r.id for r in any_store.stale_started(0.1, limit=10)} == {"stale", "interrupted"}
     assert not any_store.end_stale("stale", "wrong-token", 0.1, rerun=True)
+    assert not any_store.end_stale("stale", stale_token, 0.1, rerun=True)  # suspected only
+    assert not any_store.end_stale("interrupted", interrupted_token, 0.1, rerun=False)
+    time.sleep(0.3)
     assert any_store.end_stale("stale", stale_token, 0.1, rerun=True)
     assert any_store.end_stale("interrupted", interrupted_token, 0.1, rerun=False)
     stale, interrupted = any_store.get("stale"), any_store.get("interrupted")

@@ -38,6 +38,7 @@ class DelayedTask(models.Model):
     worker = models.CharField(max_length=C.DELIVERY_WORKER_LENGTH, null=True, blank=True)
     started_by = models.CharField(max_length=C.DELIVERY_TOKEN_LENGTH, null=True, blank=True)
     starts = models.IntegerField(default=0)
+    suspected_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = C.DELAY_TABLE

@@ -34,6 +34,22 @@ def _row(obj: Any) -> DelayRow:
     return DelayRow.from_mapping(vars(obj))
 
 
+def _stale_heartbeat(now: datetime, stale_after: float) -> Q:
+    return Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=now - timedelta(seconds=stale_after))
+
+
+def _suspect(now: datetime, stale_after: float) -> Q:
+    """Started, heartbeat stale, not suspected since its last heartbeat (see ``DelayRow.suspected_at``)."""
+    fresh_suspicion = Q(suspected_at__isnull=True) | Q(heartbeat_at__gt=F("suspected_at"))
+    return Q(status=C.STATUS_STARTED) & _stale_heartbeat(now, stale_after) & fresh_suspicion
+
+
+def _dead(now: datetime, stale_after: float) -> Q:
+    """Suspected more than ``stale_after`` ago, with no heartbeat since."""
+    quiet = Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lte=F("suspected_at"))
+    return Q(status=C.STATUS_STARTED, suspected_at__lt=now - timedelta(seconds=stale_after)) & quiet
+
+
 class DjangoStore(DelayStore):
     """Rows in the ``celery_safe_time`` app's table through the ORM, on database alias ``using``."""
 
@@ -137,17 +153,19 @@ class DjangoStore(DelayStore):
     ) -> StartResult:
         def run() -> StartResult:
             now = self.now()
-            stale = Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=now - timedelta(seconds=stale_after))
+            taken_over = _dead(now, stale_after)
             if prior_runs:
-                stale |= Q(started_by__in=list(prior_runs))
-            startable = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES)) | (Q(status=C.STATUS_STARTED) & stale)
+                taken_over |= Q(started_by__in=list(prior_runs))
+            startable = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES)) | (Q(status=C.STATUS_STARTED) & taken_over)
             objects = self._objects()
-            won = objects.filter(startable, id=task_id, delivery_token=token).update(
+            mine = objects.filter(id=task_id, delivery_token=token)
+            won = mine.filter(startable).update(
                 status=C.STATUS_STARTED,
                 claim_token=None,
                 started_at=now,
                 heartbeat_at=now,
                 finished_at=None,
+                suspected_at=None,
                 outcome=None,
                 worker=worker[: C.DELIVERY_WORKER_LENGTH],
                 started_by=run_id,
@@ -156,6 +174,7 @@ class DjangoStore(DelayStore):
             )
             if won:
                 return StartResult("run")
+            mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
             obj = objects.filter(id=task_id).first()
             row = None if obj is None else _row(obj)
             return StartResult(start_verdict(row, token), row)
@@ -205,12 +224,15 @@ class DjangoStore(DelayStore):
         def run() -> bool:
             now = self.now()
             values: dict[str, Any] = (
-                {"status": C.STATUS_PENDING}
+                {"status": C.STATUS_PENDING, "suspected_at": None}
                 if rerun
                 else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
             )
-            stale = self._stale(now - timedelta(seconds=stale_after))
-            return bool(stale.filter(id=task_id, delivery_token=token).update(updated_at=now, **values))
+            mine = self._objects().filter(id=task_id, delivery_token=token)
+            if mine.filter(_dead(now, stale_after)).update(updated_at=now, **values):
+                return True
+            mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
+            return False
 
         return self._atomic(run)
 

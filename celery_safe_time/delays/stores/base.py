@@ -38,6 +38,7 @@ _ROW_TIMES = (
     "started_at",
     "heartbeat_at",
     "finished_at",
+    "suspected_at",
 )
 
 
@@ -127,6 +128,10 @@ class DelayRow:
     worker: str | None = None
     started_by: str | None = None
     starts: int = 0
+    #: When a sweep or a redelivered copy first found the heartbeat stale. The run counts as dead only
+    #: once it stays stale for another ``safe_time_lock_ttl`` after that (a heartbeat since clears it):
+    #: a store outage stops every heartbeat at once, and the first look after it must not take over.
+    suspected_at: datetime | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[Any, Any]) -> DelayRow:
@@ -245,9 +250,10 @@ class DelayStore(abc.ABC):
     ) -> StartResult:
         """The conditional start of one delivery, one short transaction.
 
-        Wins (``run``) when the row has ``token`` and has not started, or has started but its
-        heartbeat is older than ``stale_after`` seconds (the run died: acks_late redelivery), or was
-        started by one of ``prior_runs`` (our own start whose reply was lost). Winning sets
+        Wins (``run``) when the row has ``token`` and has not started, or has started and is dead
+        (its heartbeat was found older than ``stale_after`` seconds, and stayed so for ``stale_after``
+        more: see ``suspected_at``), or was started by one of ``prior_runs`` (our own start whose
+        reply was lost). A first look at a stale heartbeat only sets ``suspected_at``. Winning sets
         ``started``, ``started_at``, ``heartbeat_at``, ``worker``, ``started_by=run_id`` and one more
         ``starts``. Otherwise the row is read to say why (:func:`start_verdict`).
         """
@@ -271,8 +277,9 @@ class DelayStore(abc.ABC):
 
     @abc.abstractmethod
     def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
-        """A stale started row: back to pending with the same token (``rerun``, acks_late tasks) or
-        finished with outcome ``interrupted``. Conditional on the heartbeat still being stale."""
+        """A dead started row (see :meth:`start`): back to pending with the same token (``rerun``,
+        acks_late tasks) or finished with outcome ``interrupted``; True when it changed. A row only
+        found stale gets ``suspected_at`` and False."""
 
     # --- the sweep -------------------------------------------------------------
 

@@ -95,12 +95,15 @@ class MemoryStore(DelayStore):
                     started_at=now,
                     heartbeat_at=now,
                     finished_at=None,
+                    suspected_at=None,
                     outcome=None,
                     worker=worker,
                     started_by=run_id,
                     starts=row.starts + 1,
                 )
                 return StartResult("run", started)
+            if row is not None and row.delivery_token == token and _suspect(row, now, stale_after):
+                row = self._replace(row, suspected_at=now)
             return StartResult(start_verdict(row, token), row)
 
     def _running(self, task_id: str, token: str, run_id: str) -> DelayRow | None:
@@ -146,15 +149,17 @@ class MemoryStore(DelayStore):
     def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
         with self._lock:
             row = self._rows.get(task_id)
-            cutoff = self.now() - timedelta(seconds=stale_after)
+            now = self.now()
             if row is None or row.status != C.STATUS_STARTED or row.delivery_token != token:
                 return False
-            if not _heartbeat_before(row, cutoff):
+            if not _dead(row, now, stale_after):
+                if _suspect(row, now, stale_after):
+                    self._replace(row, suspected_at=now)
                 return False
             if rerun:
-                self._replace(row, status=C.STATUS_PENDING)
+                self._replace(row, status=C.STATUS_PENDING, suspected_at=None)
             else:
-                self._replace(row, status=C.STATUS_FINISHED, outcome=C.OUTCOME_INTERRUPTED, finished_at=self.now())
+                self._replace(row, status=C.STATUS_FINISHED, outcome=C.OUTCOME_INTERRUPTED, finished_at=now)
             return True
 
     def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
@@ -251,11 +256,25 @@ def _heartbeat_before(row: DelayRow, cutoff: datetime) -> bool:
     return row.heartbeat_at is None or row.heartbeat_at < cutoff
 
 
+def _suspect(row: DelayRow, now: datetime, stale_after: float) -> bool:
+    """Started, its heartbeat stale, and not suspected since its last heartbeat: suspect it now."""
+    if row.status != C.STATUS_STARTED or not _heartbeat_before(row, now - timedelta(seconds=stale_after)):
+        return False
+    return row.suspected_at is None or (row.heartbeat_at is not None and row.heartbeat_at > row.suspected_at)
+
+
+def _dead(row: DelayRow, now: datetime, stale_after: float) -> bool:
+    """Suspected more than ``stale_after`` ago, with no heartbeat since."""
+    if row.status != C.STATUS_STARTED or row.suspected_at is None:
+        return False
+    if row.suspected_at >= now - timedelta(seconds=stale_after):
+        return False
+    return row.heartbeat_at is None or row.heartbeat_at <= row.suspected_at
+
+
 def _startable(row: DelayRow, now: datetime, stale_after: float, prior_runs: Sequence[str]) -> bool:
     if row.status in C.DELAY_STARTABLE_STATUSES:
         return True
     if row.status != C.STATUS_STARTED:
         return False
-    return (row.started_by is not None and row.started_by in prior_runs) or _heartbeat_before(
-        row, now - timedelta(seconds=stale_after)
-    )
+    return (row.started_by is not None and row.started_by in prior_runs) or _dead(row, now, stale_after)

@@ -153,6 +153,7 @@ def _delivery_columns() -> list[sa.Column[Any]]:
         sa.Column("worker", sa.String(C.DELIVERY_WORKER_LENGTH), nullable=True),
         sa.Column("started_by", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
         sa.Column("starts", sa.Integer, nullable=False, server_default="0", default=0),
+        sa.Column("suspected_at", UTCDateTime, nullable=True),
     ]
 
 
@@ -234,6 +235,31 @@ def _mysql_schema_lock(conn: Connection) -> Iterator[None]:
 def _status(value: str) -> sa.ColumnElement[bool]:
     # Inline the constant so PostgreSQL can match the partial index even with generic plans.
     return delays.c.status == sa.literal(value, literal_execute=True)
+
+
+def _stale_heartbeat(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
+    t = delays
+    return sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < now - timedelta(seconds=stale_after))
+
+
+def _suspect(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
+    """Started, heartbeat stale, not suspected since its last heartbeat (see ``DelayRow.suspected_at``)."""
+    t = delays
+    return sa.and_(
+        _status(C.STATUS_STARTED),
+        _stale_heartbeat(now, stale_after),
+        sa.or_(t.c.suspected_at.is_(None), t.c.heartbeat_at > t.c.suspected_at),
+    )
+
+
+def _dead(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
+    """Suspected more than ``stale_after`` ago, with no heartbeat since."""
+    t = delays
+    return sa.and_(
+        _status(C.STATUS_STARTED),
+        t.c.suspected_at < now - timedelta(seconds=stale_after),
+        sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at <= t.c.suspected_at),
+    )
 
 
 def _older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]:
@@ -467,20 +493,18 @@ class SQLAlchemyStore(DelayStore):
         t = delays
         with self._begin() as conn:
             now = self._db_now(conn)
-            taken_over = sa.and_(
-                _status(C.STATUS_STARTED),
-                sa.or_(
-                    t.c.heartbeat_at.is_(None),
-                    t.c.heartbeat_at < now - timedelta(seconds=stale_after),
-                    *([t.c.started_by.in_(list(prior_runs))] if prior_runs else []),
-                ),
+            taken_over = sa.or_(
+                _dead(now, stale_after), *([t.c.started_by.in_(list(prior_runs))] if prior_runs else [])
             )
             result = conn.execute(
                 sa.update(t)
                 .where(
                     t.c.id == task_id,
                     t.c.delivery_token == token,
-                    sa.or_(t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)), taken_over),
+                    sa.or_(
+                        t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)),
+                        sa.and_(_status(C.STATUS_STARTED), taken_over),
+                    ),
                 )
                 .values(
                     status=C.STATUS_STARTED,
@@ -488,6 +512,7 @@ class SQLAlchemyStore(DelayStore):
                     started_at=now,
                     heartbeat_at=now,
                     finished_at=None,
+                    suspected_at=None,
                     outcome=None,
                     worker=worker[: C.DELIVERY_WORKER_LENGTH],
                     started_by=run_id,
@@ -497,6 +522,11 @@ class SQLAlchemyStore(DelayStore):
             )
             if result.rowcount == 1:
                 return StartResult("run")
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id == task_id, t.c.delivery_token == token, _suspect(now, stale_after))
+                .values(suspected_at=now)
+            )
             mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
         row = None if mapping is None else DelayRow.from_mapping(mapping)
         return StartResult(start_verdict(row, token), row)
@@ -557,21 +587,16 @@ class SQLAlchemyStore(DelayStore):
         with self._begin() as conn:
             now = self._db_now(conn)
             values: dict[str, Any] = (
-                {"status": C.STATUS_PENDING}
+                {"status": C.STATUS_PENDING, "suspected_at": None}
                 if rerun
                 else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
             )
-            result = conn.execute(
-                sa.update(t)
-                .where(
-                    t.c.id == task_id,
-                    t.c.delivery_token == token,
-                    _status(C.STATUS_STARTED),
-                    sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < now - timedelta(seconds=stale_after)),
-                )
-                .values(updated_at=now, **values)
-            )
-            return bool(result.rowcount)
+            mine = sa.and_(t.c.id == task_id, t.c.delivery_token == token)
+            result = conn.execute(sa.update(t).where(mine, _dead(now, stale_after)).values(updated_at=now, **values))
+            if result.rowcount:
+                return True
+            conn.execute(sa.update(t).where(mine, _suspect(now, stale_after)).values(suspected_at=now))
+            return False
 
     # --- the sweep -------------------------------------------------------------------
 

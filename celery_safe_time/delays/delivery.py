@@ -118,10 +118,18 @@ def _run_started(
     def lost(reason: str) -> None:
         logger.warning("stored task %s[%s] stopped its heartbeat: %s", task.name, task_id, reason)
 
+    def beat(_ttl: float) -> bool:
+        try:
+            return store.heartbeat(task_id, token, run_id)
+        except StoreError as exc:
+            # Keep the run going and try again next interval: a sweep cannot reach the store either.
+            logger.warning("heartbeat of stored task %s[%s] failed, retrying: %s", task.name, task_id, exc)
+            return True
+
     # ttl=inf: a store outage never ends the heartbeat (it keeps trying every interval); only a
     # refused heartbeat does (the row moved on: taken over after this run looked dead, or replaced).
     watchdog = Watchdog(
-        lambda _ttl: store.heartbeat(task_id, token, run_id),
+        beat,
         lost,
         ttl=math.inf,
         interval=config.lock_ttl / 3.0,

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
-from celery_safe_time import SafeTask
+from celery_safe_time import SafeTask, overlap_lock
 from celery_safe_time import constants as C
 
 
@@ -83,7 +83,14 @@ def define_tasks(app: Celery) -> dict[str, Task]:
         """Acked on receipt: killed mid-run, it is not run again (at most once) and counts as interrupted."""
         return _slow(self, label, seconds)
 
+    @app.task(bind=True, base=SafeTask, name="tests.delays.locked_slow", shared=False)
+    @overlap_lock("delivery-lock:{key}", retry_after=2, jitter=0.2)
+    def locked_slow(self: Any, key: str, label: str = "", seconds: float = 0.0) -> str:
+        """Re-queued on a lock conflict after 2 s: beyond a 1 s delay threshold, through the store."""
+        return _slow(self, label, seconds)
+
     return {
+        "locked_slow": locked_slow,
         "record": record,
         "plain_record": plain_record,
         "retry_once": retry_once,

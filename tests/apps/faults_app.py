@@ -7,6 +7,7 @@
 - ``SAFE_TIME_TEST_BEAT_SCHEDULE``: JSON periodic entries (``every`` seconds or ``cron`` kwargs).
 
 Records (JSON lists in the record Redis): ``faults:delay`` (stored delays, one item per start),
+``faults:delay_end`` (one item per run that reached its end),
 ``faults:periodic`` (entry, slot, epoch), ``faults:lock`` (key, start, end, fence, outcome),
 ``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written).
 """
@@ -49,9 +50,13 @@ def _push(kind: str, **data: Any) -> None:
 
 @app.task(bind=True, base=SafeTask, name="faults.delay")
 def delay(self: Any, label: str) -> str:
-    """A stored delay: records its start (a killed run still counts as started once)."""
+    """A stored delay (acks_late, like every task here): records its start and, after a short body a
+    kill -9 can cut, its end. A run killed mid-body runs again (at least once), never beside itself."""
     headers = self.request.headers or {}
-    _push("delay", label=label, task_id=self.request.id, started=time.time(), stored=headers.get(C.HEADER_STORED))
+    started = time.time()
+    _push("delay", label=label, task_id=self.request.id, started=started, stored=headers.get(C.HEADER_STORED))
+    time.sleep(0.15)
+    _push("delay_end", task_id=self.request.id, started=started, ended=time.time())
     return label
 
 

@@ -215,7 +215,8 @@ def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) ->
     # stale at once); it must stay stale for stale_after more before a copy takes over.
     first_look = any_store.start("dead", token, "run-2", "host-b", stale_after=0.1)
     assert first_look.verdict == "running"
-    assert first_look.row is not None and first_look.row.suspected_at is not None
+    assert first_look.row is not None
+    assert first_look.row.suspected_at is not None
     time.sleep(0.3)
     taken = any_store.start("dead", token, "run-2", "host-b", stale_after=0.1)
     assert taken.verdict == "run"

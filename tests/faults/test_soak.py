@@ -7,11 +7,17 @@ minutes off. At the end the invariants are checked and the counts printed as a t
 Short by default (part of ``make test``); ``SAFE_TIME_SOAK=1`` scales it to the soak sizes
 (10,000 delays, 1,000 locked tasks, 10 minutes). ``SAFE_TIME_SOAK_SEED=<n>`` replays a run.
 
-Where the design admits a broken invariant it is counted apart, never hidden: the lease/lock
-Redis runs without persistence, so a restart or FLUSHALL forgets fired-slot markers, idempotency
-markers, held locks and the worker-side delivery guard. A second run of the same slot / key /
-delay is "admitted" only when such a reset happened between the two runs (or, for a lock
-overlap, during it); any other repeat fails the test.
+It runs once per broker: Redis, and RabbitMQ (a vhost of its own; the lease/lock Redis and the
+record Redis stay Redis). Every task is ``acks_late``: a worker killed mid-run has its messages
+redelivered, and a stored delay killed mid-body runs again (at least once) after its heartbeat is
+found dead, never beside itself.
+
+Stored delays admit nothing: the delivery record lives in PostgreSQL, so every due delay must run to
+its end exactly once (plus re-runs of runs killed mid-body, counted apart). Where the design admits
+a broken invariant it is counted apart, never hidden: the lease/lock Redis runs without persistence,
+so a restart or FLUSHALL forgets fired-slot markers, idempotency markers and held locks. A second run
+of the same slot / key is "admitted" only when such a reset happened between the two runs (or, for a
+lock overlap, during it); any other repeat fails the test.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ LEASE = 6.0
 LOCK_TTL = 6.0
 VISIBILITY = 15
 SKEW = 300
+DELIVERY_GRACE = 8
 #: A run may start this much before its due time / slot (clock reads across processes).
 EARLY_TOLERANCE = 1.0
 
@@ -375,6 +382,7 @@ EXPECTED_ERRORS = [
     ("beat: publish failed", r"beat: entry .* could not be published"),
     ("pool: child killed", r"Process '.*' pid:\d+ exited with 'signal 9 \(SIGKILL\)'"),
     ("worker lost (killed pool)", r"WorkerLostError"),
+    ("delay: end not recorded (store unreachable)", r"ended \(\w+\) but the store did not record it"),
 ]
 #: Exceptions a traceback in a log may end with (all caused by the injected faults).
 EXPECTED_EXCEPTIONS = re.compile(
@@ -411,39 +419,6 @@ def scan_log(text: str) -> tuple[collections.Counter[str], list[str], list[str]]
     return known, unknown, bad_tracebacks
 
 
-def received_ids(processes: ProcessManager) -> set[str]:
-    ids: set[str] = set()
-    for proc in processes.procs:
-        ids |= set(re.findall(r"Task faults\.delay\[([^\]]+)\] received", proc.log()))
-    return ids
-
-
-def killed_mid_task_ids(processes: ProcessManager, killed: list[CeleryProcess]) -> set[str]:
-    """Stored tasks a killed worker had received and started (the delivery guard was set), whose
-    redelivery the guard then skipped: docs/delays.md "with acks_late and a worker killed
-    mid-task, the broker's redelivery of that message is skipped, not re-run"."""
-    names = {p.name for p in killed}
-    started_on_killed: set[str] = set()
-    skipped: set[str] = set()
-    for proc in processes.procs:
-        log = proc.log()
-        if proc.name in names:
-            started_on_killed |= set(re.findall(r"Task faults\.delay\[([^\]]+)\] received", log))
-        skipped |= set(re.findall(r"skipping a second delivery of stored task faults\.delay\[([^\]]+)\]", log))
-    return started_on_killed & skipped
-
-
-def lost_by_broker(row: Any, received: set[str], worker_kills: list[float]) -> bool:
-    """kombu's Redis transport pops a message (BRPOP) before it records it as unacked: a worker
-    killed in between loses it (celery/celery#7950, #4354). Admitted only for a row that was
-    published ("sent"), that no worker ever logged as received, with a worker kill -9 within 3 s
-    (the message is popped within moments of its publish: prefetch, ETA messages too)."""
-    if row is None or row.status != C.STATUS_SENT or row.sent_at is None or row.id in received:
-        return False
-    sent = row.sent_at.timestamp()
-    return any(sent - 1 <= t <= sent + 3 for t in worker_kills)
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -473,6 +448,7 @@ def own_postgres_url() -> Iterator[str]:
 @pytest.mark.timeout(1500 if SOAK else 290)
 def test_combined_faults_nothing_lost_nothing_twice(
     processes: ProcessManager,
+    broker_url: str,
     redis_url: str,
     redis_client: redis.Redis,
     redis_server: RedisServer,
@@ -484,7 +460,10 @@ def test_combined_faults_nothing_lost_nothing_twice(
     seed = int(os.environ.get("SAFE_TIME_SOAK_SEED") or random.SystemRandom().randrange(1_000_000))
     rng = random.Random(seed)
     with capsys.disabled():
-        print(f"\n[faults] seed={seed} mode={'soak' if SOAK else 'short'} (replay: SAFE_TIME_SOAK_SEED={seed})")
+        print(
+            f"\n[faults] seed={seed} mode={'soak' if SOAK else 'short'} broker={broker_url.split(':')[0]} "
+            f"(replay: SAFE_TIME_SOAK_SEED={seed})"
+        )
     started_at = time.monotonic()
 
     postgres_url = own_postgres_url
@@ -503,6 +482,9 @@ def test_combined_faults_nothing_lost_nothing_twice(
         "safe_time_claim_timeout": 15,
         "safe_time_delay_threshold": 5,
         "safe_time_lock_ttl": LOCK_TTL,
+        # A published delay no worker started (a message lost with a killed worker) goes out again.
+        "safe_time_delivery_grace": DELIVERY_GRACE,
+        "result_backend": redis_url,
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY,
             "unacked_restore_interval": 1,
@@ -510,14 +492,15 @@ def test_combined_faults_nothing_lost_nothing_twice(
         },
     }
     env = {
-        "SAFE_TIME_TEST_BROKER_URL": redis_url,
+        "SAFE_TIME_TEST_BROKER_URL": broker_url,
+        "SAFE_TIME_TEST_RECORD_URL": redis_url,
         "SAFE_TIME_TEST_STORE_URL": proxied,
         "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
         "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps(SCHEDULE),
         "SAFE_TIME_TEST_LOCK_TTL": str(LOCK_TTL),
     }
     # The test's own producer app: same broker, same (proxied) store.
-    app = make_app("faults-producer", safe_time_store_url=proxied, **conf)
+    app = make_app("faults-producer", broker_url=broker_url, safe_time_store_url=proxied, **conf)
     install(app)
 
     @app.task(base=SafeTask, name="faults.delay", shared=False)
@@ -573,39 +556,23 @@ def test_combined_faults_nothing_lost_nothing_twice(
     def drained() -> bool:
         counts = direct.counts()
         now = direct.now()
-        # every row due before the far ones (a day out) is finished: none pending or claimed
+        # every row due before the far ones (a day out) ran to its end: none pending, claimed, sent, started
         open_rows = [
             r
             for r in direct.list(limit=1_000_000)
-            if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED) and r.due_at <= now + timedelta(hours=1)
+            if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED, C.STATUS_SENT, C.STATUS_STARTED)
+            and r.due_at <= now + timedelta(hours=1)
         ]
-        ran = {r["task_id"] for r in records(redis_client, "delay")}
-        sent = {r.id for r in direct.list(status=C.STATUS_SENT, limit=1_000_000)}
         locked_done = {r["n"] for r in records(redis_client, "lock") if r["outcome"] == "finished"}
         idem_done = {r["key"] for r in records(redis_client, "idem")}
-        missing = sent - ran
-        if missing and len(missing) < 100:
-            rcv = received_ids(processes)
-            kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
-            sent_rows = {r.id: r for r in direct.list(status=C.STATUS_SENT, limit=1_000_000) if r.id in missing}
-            mid_task = killed_mid_task_ids(processes, cluster.killed)
-            missing = {
-                tid for tid in missing if not lost_by_broker(sent_rows.get(tid), rcv, kills) and tid not in mid_task
-            }
         drain_state.update(
             open_rows=[(r.id, r.status, str(r.due_at)) for r in open_rows[:5]],
             claimed=counts[C.STATUS_CLAIMED],
-            sent_not_run=sorted(missing)[:5],
+            started=counts[C.STATUS_STARTED],
             locked_missing=sorted(set(range(SIZES.locked)) - locked_done)[:5],
             idem_missing=sorted(set(range(SIZES.idem_keys)) - idem_done)[:5],
         )
-        return (
-            not open_rows
-            and counts[C.STATUS_CLAIMED] == 0
-            and not missing
-            and len(locked_done) == SIZES.locked
-            and len(idem_done) == SIZES.idem_keys
-        )
+        return not open_rows and len(locked_done) == SIZES.locked and len(idem_done) == SIZES.idem_keys
 
     try:
         wait_for(drained, SIZES.drain, interval=1.0, message="the backlog to drain")
@@ -632,30 +599,27 @@ def test_combined_faults_nothing_lost_nothing_twice(
         exit_codes[proc.name] = proc.terminate(timeout=60)
     killed_codes = {p.name: p.proc.returncode if p.proc else None for p in cluster.killed}
 
-    # delays
+    # delays: every due one ran to its end once; a run killed mid-body may have been started again
+    delay_ends = collections.defaultdict(list)
+    for r in records(redis_client, "delay_end"):
+        delay_ends[r["task_id"]].append(r)
     not_cancelled = [tid for tid in load.stored if tid not in load.cancelled]
-    ran_once = [tid for tid in not_cancelled if len(delay_runs[tid]) == 1]
+    ran_once = [tid for tid in not_cancelled if len(delay_ends[tid]) == 1]
+    rerun_after_kill = [tid for tid in ran_once if len(delay_runs[tid]) > 1]
     future = [
         tid
         for tid in not_cancelled
         if not delay_runs[tid] and tid in rows and rows[tid].status == C.STATUS_PENDING and rows[tid].due_at > db_now
     ]
-    lost = [tid for tid in not_cancelled if not delay_runs[tid] and tid not in future]
-    received = received_ids(processes)
-    worker_kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
-
-    def broker_lost(tid: str) -> bool:
-        return lost_by_broker(rows.get(tid), received, worker_kills)
-
-    lost_in_broker = [tid for tid in lost if broker_lost(tid)]
-    mid_task = killed_mid_task_ids(processes, cluster.killed)
-    killed_mid = [tid for tid in lost if tid not in lost_in_broker and tid in mid_task]
-    lost = [tid for tid in lost if tid not in lost_in_broker and tid not in killed_mid]
-    repeated = {tid: runs for tid, runs in delay_runs.items() if len(runs) > 1}
-    admitted_delay = [
-        tid for tid, runs in repeated.items() if reset_between(resets, runs[0]["started"], runs[-1]["started"])
+    lost = [tid for tid in not_cancelled if not delay_ends[tid] and tid not in future]
+    twice_delay = sorted(tid for tid, ends in delay_ends.items() if len(ends) > 1)
+    # a re-run never starts beside the run it replaces: that one was killed before the re-run began
+    beside = [
+        tid
+        for tid in rerun_after_kill
+        for a, b in itertools.pairwise(sorted(delay_runs[tid], key=lambda r: r["started"]))
+        if b["started"] < a["started"] + 0.15
     ]
-    twice_delay = sorted(set(repeated) - set(admitted_delay))
     cancelled_ran = [tid for tid in load.cancelled if delay_runs[tid]]
     # the clocks: a skewed sweeper or worker (local clock +-300 s) must not make anything early
     lateness = [
@@ -666,6 +630,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     ]
     early_delays = [x for x in lateness if x < -EARLY_TOLERANCE]
     failed_rows = [r for r in rows.values() if r.status == C.STATUS_FAILED]
+    interrupted_rows = [r for r in rows.values() if r.outcome == C.OUTCOME_INTERRUPTED]
     unknown_runs = [tid for tid in delay_runs if tid not in load.stored]
 
     # periodic slots
@@ -748,20 +713,19 @@ def test_combined_faults_nothing_lost_nothing_twice(
             + f" (lateness p50 {pct(lateness, 50):.2f}s, max {pct(lateness, 100):.1f}s)",
         ),
         ("delays pending, due in the future", len(future), ok),
-        ("delays lost (due, never ran)", len(lost), ok if not lost else "FAIL"),
-        ("delays killed mid-task, redelivery skipped", len(killed_mid), "admitted: at most once after start"),
+        ("delays lost (due, never ran to its end)", len(lost), ok if not lost else "FAIL"),
         (
-            "delays lost by the broker (worker kill -9)",
-            len(lost_in_broker),
-            "admitted: kombu Redis BRPOP-before-unacked window (celery#7950)",
+            "delays re-run after a kill mid-body",
+            len(rerun_after_kill),
+            (ok if not beside else f"FAIL: {len(beside)} beside the killed run") + " (acks_late: at least once)",
         ),
-        ("delays ran twice", len(twice_delay), ok if not twice_delay else "FAIL"),
-        (
-            "delays ran twice across a Redis reset",
-            len(admitted_delay),
-            "admitted: re-published after a crash/outage window; the delivery guard's Redis was reset in between",
-        ),
+        ("delays ran twice (two ends)", len(twice_delay), ok if not twice_delay else "FAIL"),
         ("stored rows failed", len(failed_rows), ok if not failed_rows else "FAIL"),
+        (
+            "stored rows interrupted (acks_late: must re-run)",
+            len(interrupted_rows),
+            ok if not interrupted_rows else "FAIL",
+        ),
         ("periodic runs", len(periodic), ", ".join(f"{k} {v}" for k, v in sorted(per_entry.items()))),
         ("periodic slots run twice", len(twice_slots), ok if not twice_slots else "FAIL"),
         (
@@ -812,13 +776,27 @@ def test_combined_faults_nothing_lost_nothing_twice(
                 "id": tid,
                 "row": {
                     k: str(getattr(rows.get(tid), k, None))
-                    for k in ("status", "due_at", "attempts", "claimed_at", "sent_at", "updated_at", "last_error")
+                    for k in (
+                        "status",
+                        "due_at",
+                        "attempts",
+                        "claimed_at",
+                        "sent_at",
+                        "started_at",
+                        "heartbeat_at",
+                        "outcome",
+                        "starts",
+                        "updated_at",
+                        "last_error",
+                    )
                 },
                 "cancel_refused": tid in load.cancel_refused,
             }
             for tid in lost[:10]
         ],
-        "twice": {t: repeated[t] for t in twice_delay[:5]},
+        "twice": {t: delay_runs[t] for t in twice_delay[:5]},
+        "beside": {t: delay_runs[t] for t in beside[:5]},
+        "interrupted_rows": [(r.id, r.worker, str(r.heartbeat_at)) for r in interrupted_rows[:5]],
         "cancelled_ran": cancelled_ran[:10],
         "failed_rows": [(r.id, r.last_error) for r in failed_rows[:5]],
         "unknown_runs": unknown_runs[:10],

@@ -283,3 +283,22 @@ def test_a_reclaim_overtaking_a_slow_publisher_runs_each_row_once(
     time.sleep(1.5)
     assert sorted(r["task_id"] for r in runs(redis_client)) == ids
     store.close()
+
+
+def test_a_lock_requeue_longer_than_the_threshold_is_stored_and_runs(
+    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """Issue 13 item 3: an overlap-lock re-queue (retry_after 2 s) beyond the delay threshold (1 s)
+    goes through the store with the same task id and retry count; each such copy is a new delivery
+    (a new token), so the second one is not dropped as a repeat of the first."""
+    setup.worker(processes, "w", concurrency=2)
+    holder = setup.tasks["locked_slow"].apply_async(("k", "holder", 7.0))
+    wait_for(lambda: len(runs(redis_client)) >= 1, 30, message="the holder to start")
+    waiter = setup.tasks["locked_slow"].apply_async(("k", "waiter", 0.0))
+    setup.sweep_until(lambda: len(ends(redis_client)) >= 2, 60, "the waiter to run after the holder")
+    labels = [r["label"] for r in runs(redis_client)]
+    assert labels == ["holder", "waiter"]
+    row = get_store(setup.app).get(waiter.id)
+    assert row is not None  # it went through the store at least once
+    assert row.outcome == C.OUTCOME_SUCCEEDED
+    assert holder.id != waiter.id

@@ -31,7 +31,7 @@ def store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> LockSto
 def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: LockStore) -> None:
     first = store.acquire("k", "token-a", 0.2, owner("a"))
     assert first.status == "acquired"
-    assert first.fence == 1
+    assert first.fence is not None
     held = store.acquire("k", "token-b", 5, owner("b"))
     assert held.status == "held"
     assert held.holder is not None
@@ -40,7 +40,7 @@ def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: Loc
 
     second = store.acquire("k", "token-b", 5, owner("b"))
     assert second.status == "acquired"
-    assert second.fence == 2
+    assert second.fence == first.fence + 1
     assert not store.renew("k", "token-a", 5)
     assert not store.release("k", "token-a")
     assert store.token_of("k") == "token-b"
@@ -48,7 +48,7 @@ def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: Loc
     assert store.release("k", "token-b")
     assert store.token_of("k") is None
     third = store.acquire("k", "token-c", 5, owner("c"))
-    assert third.fence == 3
+    assert third.fence == first.fence + 2
 
 
 def test_same_delivery_is_a_duplicate_but_a_retry_is_not(store: LockStore) -> None:
@@ -65,7 +65,7 @@ def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Re
     assert info.task_id == "task-7"
     assert info.host == "test-host"
     assert info.pid == 4242
-    assert info.fence == 1
+    assert info.fence is not None
     assert info.age is not None
     assert 0 <= info.age < 2
     assert info.ttl_left is not None
@@ -82,9 +82,73 @@ def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Re
 
 def test_idempotent_commit_records_once_and_releases(store: LockStore, redis_client: redis.Redis) -> None:
     assert store.acquire("idem:i", "t1", 5, owner("a"), marker="i").status == "acquired"
-    assert store.commit("idem:i", "i", "t1", 60, "a") == (True, True)
+    assert store.commit("idem:i", "i", "t1", 60, "a", ("a:0:0", 30)) == (True, True)
     assert store.acquire("idem:i", "t2", 5, owner("b"), marker="i").status == "done"
     assert 55 < redis_client.ttl("safe_time:idem:i") <= 60
+    # repeating the commit after a lost reply still says "recorded"; another run's commit does not
+    assert store.commit("idem:i", "i", "t1", 60, "a", ("a:0:0", 30)) == (True, False)
+    assert store.commit("idem:i", "i", "t9", 60, "z", ("z:0:0", 30)) == (False, False)
+
+
+# --- issue 13: identities, lost replies, fences across a Redis reset -------------------------
+
+
+def test_lost_reply_retry_with_the_same_token_gets_the_lock_back(store: LockStore) -> None:
+    """redis-py re-sends the script after a dropped connection: the lock it set is its own."""
+    first = store.acquire("lr", "tok-1", 5, owner("a"))
+    again = store.acquire("lr", "tok-1", 5, owner("a"))
+    assert again.status == "acquired"
+    assert again.took_over
+    assert again.fence == first.fence
+
+
+def test_earlier_attempt_tokens_take_over_an_orphaned_lock(store: LockStore) -> None:
+    """A re-queued copy carries the token its first attempt sent without a reply: it takes that
+    orphaned lock over (same fence), where on main it was a conflict ("held") and skip skipped it."""
+    first = store.acquire("orphan", "tok-first", 30, owner("a"))
+    copy = Owner(task_id="a", identity="a:0:0", host="other-host", pid=7)
+    assert store.acquire("orphan", "tok-copy", 30, copy).status == "duplicate"
+    taken = store.acquire("orphan", "tok-copy", 30, copy, earlier_tokens=("tok-zzz", "tok-first"))
+    assert taken.status == "acquired"
+    assert taken.took_over
+    assert taken.fence == first.fence
+    assert store.token_of("orphan") == "tok-copy"
+    # someone else's token is never ours
+    assert store.acquire("orphan", "tok-b", 30, owner("b"), earlier_tokens=("tok-first",)).status == "held"
+
+
+def test_finished_delivery_is_recognised_by_its_identity(store: LockStore, redis_client: redis.Redis) -> None:
+    assert store.acquire("fin", "t1", 5, owner("a")).status == "acquired"
+    assert store.release("fin", "t1", ("a:0:0", 40.0, "a"))
+    # a late redelivery of that message: dropped; any other delivery: runs
+    assert store.acquire("fin", "t2", 5, owner("a")).status == "finished"
+    assert store.acquire("fin", "t3", 5, owner("b")).status == "acquired"
+    assert 35 < redis_client.ttl("safe_time:lock-done:fin:a:0:0") <= 40
+    # recorded even when the lock had been lost meanwhile (the delivery did end)
+    assert not store.release("fin", "t-lost", ("c:0:0", 40.0, "c"))
+    assert store.acquire("fin", "t4", 5, owner("c")).status == "finished"
+
+
+def test_fences_stay_monotonic_across_a_redis_reset(store: LockStore, redis_client: redis.Redis) -> None:
+    """Issue 13 item 9: on main the counter restarted at 1 after the data was lost, below the old
+    holder's 57, so a downstream "fence >= last" check let the stale holder win."""
+    redis_client.set("safe_time:lock-fence:ledger", 56)  # a counter from before this version
+    old = store.acquire("ledger", "t-old", 5, owner("old"))
+    assert old.fence == 57
+    store.release("ledger", "t-old")
+    redis_client.flushdb()  # Redis restarted without persistence
+    new = store.acquire("ledger", "t-new", 5, owner("new"))
+    assert new.fence is not None
+    assert new.fence > old.fence
+    store.release("ledger", "t-new")
+    newer = store.acquire("ledger", "t-newer", 5, owner("newer"))
+    assert newer.fence == new.fence + 1
+    # a second reset: the new seed is again above everything handed out
+    redis_client.flushdb()
+    after = store.acquire("ledger", "t-after", 5, owner("after"))
+    assert after.fence is not None
+    assert after.fence > newer.fence
+    assert isinstance(after.fence, int)
 
 
 # --- in-process (direct) calls of decorated tasks -------------------------------------------
@@ -105,8 +169,9 @@ def test_direct_calls_share_one_key_and_read_the_fence(
     report(1)
     report(account=1)
     report(account=1, fmt="pdf")
-    assert seen == [("report:1:pdf", 1, True), ("report:1:pdf", 2, True), ("report:1:pdf", 3, True)]
-    assert redis_client.get("tenant-a:lock-fence:report:1:pdf") == b"3"
+    first = seen[0][1]
+    assert seen == [("report:1:pdf", first, True), ("report:1:pdf", first + 1, True), ("report:1:pdf", first + 2, True)]
+    assert redis_client.get("tenant-a:lock-fence:report:1:pdf") == str(first + 2).encode()
     assert not redis_client.exists("safe_time:lock-fence:report:1:pdf")
     assert not redis_client.exists("tenant-a:lock:report:1:pdf")
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
-from celery_safe_time import idempotent, overlap_lock
+from celery_safe_time import idempotent, overlap_lock, signals
 from celery_safe_time.config import get_config
-from celery_safe_time.exceptions import LockConflict, RedisUnavailable
+from celery_safe_time.exceptions import LockConflict, LockLost, RedisUnavailable
 from celery_safe_time.locks.store import LockStore, Owner, get_lock_store
 from tests.helpers.services import RedisServer
 
@@ -215,3 +217,116 @@ def test_direct_call_with_redis_down_never_runs(make_app: Callable[..., Celery],
     once(1)
     once(1)
     assert ran == [1, 1]
+
+
+# --- issue 13 item 8: a body that returned always gets its idempotency marker ---------------
+
+
+def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_marker(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    """On main, ``check()`` raised ``LockLost`` before the marker was written, so the next call
+    ran the body again. Now the marker is recorded first and the run still ends with LockLost."""
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task(bind=True)
+    @idempotent("invoice:{n}", ttl=0.6)
+    def invoice(self: Any, n: int) -> str:
+        # The lock is taken away (an operator's `locks release`, or a pause past its lease) ...
+        get_lock_store(app).force_release("idem:invoice:" + str(n))
+        deadline = time.monotonic() + 5
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except LockLost:
+            # ... and this body carries on to the end (as it does under gevent, where LockLost is
+            # never raised inside it, or when it catches the exception around a C call).
+            ran.append("told")
+        ran.append("sent")
+        return "sent"
+
+    with pytest.raises(LockLost):
+        invoice(1)
+    assert ran == ["told", "sent"]
+    assert redis_client.exists("safe_time:idem:invoice:1")
+    assert invoice(1) is None
+    assert ran == ["told", "sent"], "the body must not run a second time"
+
+
+@pytest.fixture
+def oom(redis_server: RedisServer) -> Iterator[Callable[[bool], None]]:
+    """Switch the test's own Redis into "every write fails" (maxmemory reached, noeviction): an
+    error reply, which redis-py does not retry itself, unlike a refused connection."""
+    client = redis.Redis.from_url(redis_server.url)
+
+    def set_full(full: bool) -> None:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1 if full else 0)
+
+    yield set_full
+    set_full(False)
+    client.close()
+
+
+def test_idempotent_commit_is_retried_through_an_outage(
+    make_app: Callable[..., Celery], redis_server: RedisServer, oom: Callable[[bool], None]
+) -> None:
+    """On main the commit gave up after three tries in ~0.6 s and reported success with no
+    marker, so a later call ran the body again. Now it keeps trying (with back-off, ~30 s)."""
+    app = make_app(safe_time_redis_url=redis_server.url)
+    ran: list[int] = []
+
+    @app.task
+    @idempotent("bill:{n}", ttl=10)
+    def bill(n: int) -> str:
+        ran.append(n)
+        oom(True)  # Redis refuses writes from here on ...
+        threading.Timer(1.5, oom, args=(False,)).start()  # ... for 1.5 s
+        return "billed"
+
+    started = time.monotonic()
+    assert bill(1) == "billed"
+    assert 1.5 <= time.monotonic() - started < 10
+    check = redis.Redis.from_url(redis_server.url)
+    assert check.exists("safe_time:idem:bill:1")
+    assert not check.exists("safe_time:lock:idem:bill:1"), "released in the same step"
+    assert bill(1) is None
+    assert ran == [1]
+
+
+def test_idempotent_marker_that_cannot_be_written_is_loud(
+    make_app: Callable[..., Celery],
+    redis_server: RedisServer,
+    oom: Callable[[bool], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Past the retry budget the run still succeeds (failing it would invite a retry: a second
+    run), but it is logged as an error and ``signals.idempotent_unrecorded`` is sent."""
+    app = make_app(safe_time_redis_url=redis_server.url)
+    unrecorded: list[dict[str, Any]] = []
+
+    def on_unrecorded(sender: Any = None, **kwargs: Any) -> None:
+        unrecorded.append(kwargs)
+
+    signals.idempotent_unrecorded.connect(on_unrecorded, weak=False)
+
+    @app.task
+    @idempotent("ship:{n}", ttl=10)
+    def ship(n: int) -> str:
+        oom(True)
+        return "shipped"
+
+    [lock] = ship.run.__safe_time_locks__
+    pauses: list[float] = []
+    lock.commit_delays = (0.01, 0.02)
+    lock.sleep = pauses.append  # time is injected: no real waiting
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_safe_time.locks.idempotency"):
+            assert ship(1) == "shipped"
+    finally:
+        signals.idempotent_unrecorded.disconnect(on_unrecorded)
+    assert pauses == [0.01, 0.02]
+    assert [u["key"] for u in unrecorded] == ["ship:1"]
+    assert "maxmemory" in unrecorded[0]["error"]
+    assert "could NOT be recorded after 3 attempts" in caplog.text

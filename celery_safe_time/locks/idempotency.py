@@ -78,7 +78,7 @@ class IdempotentLock(TaskLock):
         # The body has had its effect. Failing the task now would invite a retry (a second run),
         # so keep trying to write the marker through an outage; the commit is safe to repeat (a
         # marker holding our token counts as ours). The in-progress lock blocks others meanwhile.
-        finished = (held.identity or f"{held.task_id}:{held.token}", done_ttl(held.store.config))
+        finished = (held.identity, done_ttl(held.store.config)) if held.identity is not None else None
         pauses = (*self.commit_delays, None)
         for attempt, pause in enumerate(pauses, start=1):
             try:

@@ -175,16 +175,26 @@ class LockStore:
         return bool(self._release(keys=keys, args=[token, _ms(ttl), task_id]))
 
     def commit(
-        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float]
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
     ) -> tuple[bool, bool]:
         """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released).
 
         ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
         ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
         """
-        identity, done_ttl = finished
-        keys = [self.lock_key(lock), self.marker_key(marker), self.done_key(lock, identity)]
-        reply = self._commit(keys=keys, args=[token, _ms(window), task_id, _ms(done_ttl)])
+        keys = [self.lock_key(lock), self.marker_key(marker)]
+        args: list[str | int] = [token, _ms(window), task_id]
+        if finished is not None:
+            identity, done_ttl = finished
+            keys.append(self.done_key(lock, identity))
+            args.append(_ms(done_ttl))
+        reply = self._commit(keys=keys, args=args)
         return bool(int(reply[0])), bool(int(reply[1]))
 
     def token_of(self, key: str) -> str | None:

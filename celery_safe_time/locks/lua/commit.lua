@@ -1,4 +1,4 @@
--- KEYS: lock hash, idempotency marker, finished-delivery marker.
+-- KEYS: lock hash, idempotency marker[, finished-delivery marker].
 -- ARGV: token, window ms, task id, finished marker ttl ms. Returns {recorded, released}.
 -- Record an idempotent key's success and drop its in-progress lock in one step. The marker is
 -- written even when the lock was lost meanwhile: the body did succeed, and NX keeps the first.
@@ -13,7 +13,9 @@ else
   local ok, existing = pcall(cjson.decode, redis.call('GET', KEYS[2]) or '')
   if ok and type(existing) == 'table' and existing.token == ARGV[1] then recorded = 1 end
 end
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+if KEYS[3] then
+  redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+end
 local released = 0
 if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
   released = redis.call('DEL', KEYS[1])

@@ -191,7 +191,16 @@ def durable(self, key: str, seconds: float = 2.0) -> str:  # type: ignore[no-unt
     start = {"task_id": self.request.id, "hostname": self.request.hostname, "started": started, "pid": os.getpid()}
     _redis.rpush(STARTS, json.dumps(start))
     time.sleep(seconds)
-    record("durable", key, self.request.id, started, fence=self.request.safe_time_fence)
+    requeues = (self.request.headers or {}).get("safe_time_requeues")
+    record(
+        "durable",
+        key,
+        self.request.id,
+        started,
+        fence=self.request.safe_time_fence,
+        retries=self.request.retries,
+        requeues=requeues,
+    )
     return "ran"
 
 

@@ -428,7 +428,14 @@ class Policy:
             key,
             countdown,
         )
-        requeue(call, countdown, LockConflict(key, who))
+        try:
+            requeue(call, countdown, LockConflict(key, who))
+        except LockConflict as exc:
+            if not call.in_worker:
+                raise
+            # The re-queue could not be published (broker trouble): failing would ack the only
+            # copy under acks_late; hand this message back to the broker instead.
+            raise Reject(exc, requeue=True) from exc
 
     @staticmethod
     def finished(call: Call, key: str) -> NoReturn:

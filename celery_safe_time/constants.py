@@ -57,6 +57,8 @@ KEY_BEAT_DUE: Final = "beat:due"
 KEY_LOCK: Final = "lock:{key}"
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
+#: A finished delivery of a locked task (its identity), so a late broker redelivery is dropped.
+KEY_LOCK_DONE: Final = "lock-done:{key}:{identity}"
 
 #: How long a fired-slot marker is kept (DESIGN: 7 days).
 FIRED_SLOT_TTL: Final = 7 * 86400
@@ -229,3 +231,19 @@ REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
+#: Message header our own re-queues carry: the identity of the delivery they continue (so a copy
+#: is still recognised as that delivery when it comes back), the retry count it belongs to (a
+#: ``retry()`` copies custom headers but is a new delivery) and the lock tokens earlier attempts
+#: sent whose reply was lost (so the copy recognises an orphaned lock as its own).
+HEADER_LOCK_ORIGIN: Final = "safe_time_lock_origin"
+#: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
+LOCK_ORIGIN_MAX_TOKENS: Final = 8
+#: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a
+#: visibility timeout (RabbitMQ) redeliver at once on a lost connection, or after their consumer
+#: timeout (30 min by default), and a requeued message may wait behind a backlog.
+LOCK_DONE_TTL: Final = 3600.0
+#: ...and at least the broker's visibility_timeout plus this, after which Redis/SQS redeliver.
+LOCK_DONE_TTL_MARGIN: Final = 60.0
+#: A body that returned gets its idempotency marker recorded: the commit is retried after each
+#: of these pauses (about 30 s in all) before the failure is reported (log + signal).
+IDEMPOTENT_COMMIT_RETRY_DELAYS: Final = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 8.0, 10.0)

@@ -9,7 +9,11 @@
 A run first takes the overlap lock ``idem:<key>`` and, in the same script, checks the key's
 success marker ``<prefix>idem:<key>``. Success writes the marker (kept ``window`` seconds) and
 drops the lock in one step; a failure (exception, retry, time limit) records nothing, so a later
-call runs. A call that finds the marker returns None without running and sends
+call runs. A body that returned always gets its marker: even when its lock was lost meanwhile
+(the task still fails with ``LockLost`` afterwards), and through a Redis outage of up to about
+30 s (``IDEMPOTENT_COMMIT_RETRY_DELAYS``). Past that the task still succeeds (failing it would
+invite a retry, a second run) but it is logged as an error and ``signals.idempotent_unrecorded``
+is sent. A call that finds the marker returns None without running and sends
 ``signals.idempotent_skipped``; one that finds another run in progress follows ``on_conflict``
 (default: re-queue, and then see the marker or run if that other run failed).
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -26,7 +30,7 @@ import redis
 from .. import constants as C
 from .. import signals
 from .keys import KeyBuilder, KeySpec
-from .runtime import Call, HeldLock, Policy, TaskLock, resolve_call, run_holding, wrap
+from .runtime import Call, HeldLock, Policy, TaskLock, done_ttl, resolve_call, run_holding, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +38,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["IdempotentLock", "idempotent"]
 
-_COMMIT_ATTEMPTS = 3
-
 
 class IdempotentLock(TaskLock):
     namespace = C.IDEMPOTENT_LOCK_NAMESPACE
 
-    def __init__(self, builder: KeyBuilder, policy: Policy, window: float) -> None:
+    def __init__(
+        self,
+        builder: KeyBuilder,
+        policy: Policy,
+        window: float,
+        commit_delays: Sequence[float] = C.IDEMPOTENT_COMMIT_RETRY_DELAYS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         super().__init__(builder, policy)
         self.window = window
+        #: Pauses between commit attempts after the body returned (one attempt more than pauses).
+        self.commit_delays = tuple(commit_delays)
+        self.sleep = sleep
 
     def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = resolve_call(args, kwargs)
@@ -63,18 +75,39 @@ class IdempotentLock(TaskLock):
         signals.idempotent_skipped.send(sender=call.task, key=marker, task_id=call.task_id)
 
     def _commit(self, held: HeldLock, marker: str, call: Call) -> None:
-        # The body has had its effect; failing the task now would invite a second run. Retry the
-        # write briefly, then log: the in-progress lock still blocks others until its ttl.
-        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+        # The body has had its effect. Failing the task now would invite a retry (a second run),
+        # so keep trying to write the marker through an outage; the commit is safe to repeat (a
+        # marker holding our token counts as ours). The in-progress lock blocks others meanwhile.
+        finished = (held.identity, done_ttl(held.store.config)) if held.identity is not None else None
+        pauses = (*self.commit_delays, None)
+        for attempt, pause in enumerate(pauses, start=1):
             try:
-                recorded, _released = held.store.commit(held.key, marker, held.token, self.window, held.task_id)
-            except redis.RedisError as exc:
-                if attempt == _COMMIT_ATTEMPTS:
+                recorded, _released = held.store.commit(
+                    held.key, marker, held.token, self.window, held.task_id, finished
+                )
+            except (redis.RedisError, OSError) as exc:
+                if pause is None:
                     logger.error(
-                        "task %s succeeded but idempotency key %r could not be recorded: %s", call.task_id, marker, exc
+                        "task %s succeeded but idempotency key %r could NOT be recorded after %d attempts (%s):"
+                        " a later call of this key will run it again",
+                        call.task_id,
+                        marker,
+                        attempt,
+                        exc,
+                    )
+                    signals.idempotent_unrecorded.send(
+                        sender=call.task, key=marker, task_id=call.task_id, error=str(exc)
                     )
                     return
-                time.sleep(0.2 * attempt)
+                logger.warning(
+                    "recording idempotency key %r of %s failed (attempt %d), retrying in %.1fs: %s",
+                    marker,
+                    call.task_id,
+                    attempt,
+                    pause,
+                    exc,
+                )
+                self.sleep(pause)
                 continue
             if not recorded:
                 logger.warning("idempotency key %r was already recorded when %s finished", marker, call.task_id)

@@ -18,13 +18,13 @@ from typing import Any, NoReturn, TypeVar, cast
 import redis
 from celery import Celery, Task, current_app
 from celery._state import get_current_task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 from .. import constants as C
 from .. import signals
-from ..config import get_config, mask_url
+from ..config import SafeTimeConfig, get_config, mask_url
 from ..exceptions import LockConflict, LockLost, RedisUnavailable, SafeTimeError
-from ..requeue import jittered
+from ..requeue import attempt_of, jittered
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
 from .store import Acquired, Holder, LockStore, Owner, get_lock_store
@@ -69,11 +69,17 @@ class Call:
         )
 
     def owner(self) -> Owner:
-        request = self.request
         task_id = self.task_id or f"direct-{uuid.uuid4().hex}"
-        retries = getattr(request, "retries", 0) or 0
-        requeues = _requeues(request)
-        return Owner(task_id=task_id, identity=f"{task_id}:{retries}:{requeues}", host=_HOST, pid=os.getpid())
+        # A direct or eager call is never redelivered: every call is a delivery of its own.
+        direct = f"{task_id}:direct-{uuid.uuid4().hex}"
+        identity = delivery_identity(self.request) if self.in_worker else direct
+        return Owner(task_id=task_id, identity=identity, host=_HOST, pid=os.getpid())
+
+    def earlier_tokens(self, key: str) -> tuple[str, ...]:
+        """Tokens earlier attempts of this delivery sent for ``key`` without learning the outcome."""
+        if not self.in_worker:
+            return ()
+        return tuple(token for lock, token in _carried_tokens(self.request) if lock == key)
 
     def render(self, builder: KeyBuilder) -> str:
         return builder.render(self.args, self.kwargs, bound=self.bound)
@@ -89,13 +95,98 @@ def resolve_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     return Call(task=current, bound=False, args=args, kwargs=kwargs, app=app)
 
 
-def _requeues(request: Any) -> int:
+def _header(request: Any, name: str) -> Any:
     headers = getattr(request, "headers", None) or {}
-    raw = headers.get(C.HEADER_LOCK_REQUEUES, getattr(request, C.HEADER_LOCK_REQUEUES, 0))
+    return headers.get(name, getattr(request, name, None))
+
+
+def _requeues(request: Any) -> int:
+    raw = _header(request, C.HEADER_LOCK_REQUEUES)
     try:
         return int(raw or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _retries(request: Any) -> int:
+    try:
+        return int(getattr(request, "retries", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _origin(request: Any) -> dict[str, Any] | None:
+    """The ``safe_time_lock_origin`` header when it belongs to this delivery, else None.
+
+    ``retry()`` copies custom headers into the retried message, which is a new delivery: a header
+    stamped at another retry count is ignored.
+    """
+    origin = _header(request, C.HEADER_LOCK_ORIGIN)
+    if not isinstance(origin, dict) or not origin.get("identity"):
+        return None
+    try:
+        same_retry = int(origin.get("retries", -1)) == _retries(request)
+    except (TypeError, ValueError):
+        return None
+    return origin if same_retry else None
+
+
+def delivery_identity(request: Any) -> str:
+    """Which delivery of which message ``request`` is, the same for a broker redelivery of it.
+
+    The ``safe_time_attempt`` header of the first message, carried by our own re-queues in
+    ``safe_time_lock_origin``; for messages published without this package, the task id, retry
+    count and re-queue count.
+    """
+    origin = _origin(request)
+    if origin is not None:
+        return str(origin["identity"])
+    attempt = attempt_of(request)
+    if attempt is not None:
+        return attempt
+    task_id = getattr(request, "id", None)
+    return f"{task_id}:{_retries(request)}:{_requeues(request)}"
+
+
+def _carried_tokens(request: Any) -> list[tuple[str, str]]:
+    origin = _origin(request)
+    pairs = origin.get("tokens") if origin is not None else None
+    found: list[tuple[str, str]] = []
+    for pair in pairs if isinstance(pairs, list) else []:
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            found.append((str(pair[0]), str(pair[1])))
+    return found
+
+
+_ORPHANS_ATTR = "_safe_time_lock_orphans"
+
+
+def note_orphan(call: Call, key: str, token: str) -> None:
+    """Remember a token whose acquire got no reply: it may have set the lock, so the re-queued
+    copy carries it and takes such a lock over instead of treating it as a conflict."""
+    request = call.request
+    if request is not None and call.in_worker:
+        orphans: list[tuple[str, str]] = getattr(request, _ORPHANS_ATTR, None) or []
+        orphans.append((key, token))
+        setattr(request, _ORPHANS_ATTR, orphans)
+
+
+def origin_header(request: Any) -> dict[str, Any]:
+    """The ``safe_time_lock_origin`` header a re-queue of ``request`` carries."""
+    tokens = _carried_tokens(request) + list(getattr(request, _ORPHANS_ATTR, None) or [])
+    return {
+        "identity": delivery_identity(request),
+        "retries": _retries(request),
+        "tokens": [list(pair) for pair in tokens[-C.LOCK_ORIGIN_MAX_TOKENS :]],
+    }
+
+
+def done_ttl(config: SafeTimeConfig) -> float:
+    """How long a finished delivery is remembered: longer than the broker can take to redeliver it."""
+    ttl = C.LOCK_DONE_TTL
+    if config.visibility_timeout is not None:
+        ttl = max(ttl, config.visibility_timeout + C.LOCK_DONE_TTL_MARGIN)
+    return ttl
 
 
 def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
@@ -110,6 +201,8 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
     task, request = call.task, call.request
     headers = dict(getattr(request, "headers", None) or {})
     headers[C.HEADER_LOCK_REQUEUES] = _requeues(request) + 1
+    # The copy is a new publish (a new attempt token): say which delivery it continues.
+    headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     sig = task.signature_from_request(request, countdown=countdown, headers=headers)
     try:
         sig.apply_async()
@@ -126,13 +219,24 @@ class HeldLock:
     failed to renew the lock.
     """
 
-    def __init__(self, store: LockStore, key: str, token: str, fence: int, ttl: float, task_id: str) -> None:
+    def __init__(
+        self,
+        store: LockStore,
+        key: str,
+        token: str,
+        fence: int,
+        ttl: float,
+        task_id: str,
+        identity: str | None = None,
+    ) -> None:
         self.store = store
         self.key = key
         self.token = token
         self.fence = fence
         self.ttl = ttl
         self.task_id = task_id
+        #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
+        self.identity = identity
         self.lost: str | None = None
         self._watchdog: Watchdog | None = None
         self._interrupter: Interrupter | None = None
@@ -167,9 +271,15 @@ class HeldLock:
         if self._watchdog is not None:
             self._watchdog.stop()
 
-    def release(self) -> bool:
+    def finished_record(self) -> tuple[str, float, str] | None:
+        if self.identity is None:
+            return None
+        return self.identity, done_ttl(self.store.config), self.task_id
+
+    def release(self, finished: bool = True) -> bool:
+        """Compare-and-delete the lock; with ``finished``, record this delivery as ended."""
         try:
-            released = self.store.release(self.key, self.token)
+            released = self.store.release(self.key, self.token, self.finished_record() if finished else None)
         except redis.RedisError as exc:
             logger.warning("could not release overlap lock %r (it expires in %.0fs): %s", self.key, self.ttl, exc)
             return False
@@ -181,13 +291,21 @@ class HeldLock:
 
 
 def acquire(
-    store: LockStore, key: str, ttl: float, owner: Owner, deadline: float | None, marker: str | None = None
+    store: LockStore,
+    key: str,
+    ttl: float,
+    owner: Owner,
+    deadline: float | None,
+    marker: str | None = None,
+    *,
+    token: str | None = None,
+    earlier_tokens: tuple[str, ...] = (),
 ) -> tuple[Acquired, str]:
     """Run the acquire script; Redis errors become :class:`RedisUnavailable`."""
-    token = uuid.uuid4().hex
+    token = token or uuid.uuid4().hex
     first_ttl = renewal_ttl(ttl, time.monotonic(), deadline, C.LOCK_HARD_LIMIT_MARGIN)
     try:
-        return store.acquire(key, token, first_ttl, owner, marker=marker), token
+        return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
     except (redis.RedisError, OSError) as exc:
         where = mask_url(store.config.redis_url)
         raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}): {exc}") from exc
@@ -210,6 +328,7 @@ def run_holding(
         setattr(request, C.REQUEST_LOCK_ATTR, held)
     held.start(call.task, deadline)
     committed = False
+    finished = True
     try:
         try:
             try:
@@ -218,14 +337,20 @@ def run_holding(
                 held.stop()
         except LockLost as exc:
             raise LockLost(f"overlap lock {held.key!r} lost while task {held.task_id} ran: {held.lost}") from exc
-        held.check()
+        except Reject as exc:
+            # Reject(requeue=True) hands this very message back to the broker to run again.
+            finished = not exc.requeue
+            raise
         if on_success is not None:
+            # The body returned, so its effect happened: record it even if the lock was lost
+            # meanwhile (check() below still fails the task), or a later call would run it again.
             on_success(result)
             committed = True
+        held.check()
         return result
     finally:
         if not committed:
-            held.release()
+            held.release(finished=finished)
 
 
 def send_conflict(call: Call, key: str, holder: str | None, action: str) -> None:
@@ -287,12 +412,36 @@ class Policy:
         logger.warning("%s; re-queueing %s in %.1fs", exc, call.task_id, countdown)
         requeue(call, countdown, exc)
 
-    @staticmethod
-    def duplicate(call: Call, key: str, holder: Holder | None) -> NoReturn:
-        """The very same delivery is running right now (a redelivered message): drop this copy."""
+    def duplicate(self, call: Call, key: str, holder: Holder | None) -> NoReturn:
+        """The lock is held by this very delivery: a broker redelivery of a message that is still
+        running, or whose worker died (kill -9) with the lock still unexpired. Which one cannot be
+        told apart yet, so re-queue the copy (never ack and drop it, whatever ``on_conflict``
+        says): it is dropped if the holder finishes, and runs once a dead holder's lock expires.
+        """
         who = holder.describe() if holder is not None else None
-        logger.warning("dropping a second delivery of %s: it is running now and holds %r", call.task_id, key)
         send_conflict(call, key, who, "duplicate")
+        countdown = jittered(self.retry_after, self.jitter)
+        logger.warning(
+            "a redelivered copy of %s found its own delivery holding %r (still running, or its worker died);"
+            " re-queueing it in %.1fs",
+            call.task_id,
+            key,
+            countdown,
+        )
+        try:
+            requeue(call, countdown, LockConflict(key, who))
+        except LockConflict as exc:
+            if not call.in_worker:
+                raise
+            # The re-queue could not be published (broker trouble): failing would ack the only
+            # copy under acks_late; hand this message back to the broker instead.
+            raise Reject(exc, requeue=True) from exc
+
+    @staticmethod
+    def finished(call: Call, key: str) -> NoReturn:
+        """This delivery already ran to its end (a late redelivery, or a re-queued copy of it)."""
+        logger.warning("dropping a redelivered copy of %s: that delivery already ran under %r", call.task_id, key)
+        send_conflict(call, key, None, "finished")
         raise Ignore()
 
 
@@ -325,21 +474,36 @@ class TaskLock:
         ttl = self.policy.lock_ttl(call)
         owner = call.owner()
         deadline = hard_deadline(call, time.monotonic())
+        token = uuid.uuid4().hex
         try:
             store = get_lock_store(call.app)
-            acquired, token = acquire(store, key, ttl, owner, deadline, marker=marker)
+            acquired, token = acquire(
+                store, key, ttl, owner, deadline, marker=marker, token=token, earlier_tokens=call.earlier_tokens(key)
+            )
         except RedisUnavailable as exc:
+            # The script may have run and only its reply was lost: the lock may be ours now.
+            note_orphan(call, key, token)
             self.policy.redis_down(call, exc)
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)
             return None
+        if acquired.status == "finished":
+            self.policy.finished(call, key)
         if acquired.status == "duplicate":
             self.policy.duplicate(call, key, acquired.holder)
         if acquired.status != "acquired" or acquired.fence is None:
             self.policy.conflict(call, key, acquired.holder)
             return None
-        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id), deadline
+        if acquired.took_over:
+            logger.info(
+                "task %s took over overlap lock %r (fence %s) that an earlier attempt set without hearing back",
+                owner.task_id,
+                key,
+                acquired.fence,
+            )
+        identity = owner.identity if call.in_worker else None
+        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id, identity), deadline
 
     def already_done(self, call: Call, marker: str) -> None:
         """The key's marker says it already ran (only locks that pass a marker get here)."""

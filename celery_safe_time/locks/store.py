@@ -1,13 +1,16 @@
 """Overlap locks in Redis: acquire, renew, release and commit as Lua scripts (``locks/lua/*.lua``)
 comparing a token.
 
-A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random, never shown), ``task_id``,
-``identity`` (task id, retry and re-queue count: one delivery of one message), ``host``,
-``pid``, ``fence``, ``acquired_at``, ``renewed_at`` (Redis ``TIME``) and ``ttl_ms``; the hash
-expires after the lock's ttl unless renewed. The fencing number comes from ``INCR`` on
-``<prefix>lock-fence:<key>``, which never expires so the number keeps increasing across
-holders. Every write that assumes ownership checks the token inside the script, so a holder
-whose lock expired can never renew or delete the next holder's lock.
+A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random per acquire attempt, never
+shown), ``task_id``, ``identity`` (one delivery of one message: its ``safe_time_attempt`` header,
+kept across our re-queues), ``host``, ``pid``, ``fence``, ``acquired_at``, ``renewed_at`` (Redis
+``TIME``) and ``ttl_ms``; the hash expires after the lock's ttl unless renewed. The fencing number
+comes from ``INCR`` on ``<prefix>lock-fence:<key>``, which never expires; a missing counter (a new
+key, or a Redis that lost its data) is first seeded with Redis ``TIME`` in microseconds, so fences
+keep increasing across holders and across a Redis reset. Every write that assumes ownership checks
+the token inside the script, so a holder whose lock expired can never renew or delete the next
+holder's lock. When a delivery ends, ``<prefix>lock-done:<key>:<identity>`` records it for a while,
+so a late broker redelivery of that very message is dropped instead of run again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..redis_client import as_text, get_redis, load_script
 
 SCRIPTS = ("acquire", "renew", "release", "commit")
 
-AcquireStatus = Literal["acquired", "held", "duplicate", "done"]
+AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +56,16 @@ class Holder:
 
 @dataclasses.dataclass(frozen=True)
 class Acquired:
-    """Result of :meth:`LockStore.acquire`; ``fence`` is set when ``status == "acquired"``."""
+    """Result of :meth:`LockStore.acquire`; ``fence`` is set when ``status == "acquired"``.
+
+    ``took_over`` is True when the lock was already ours (a token of this delivery whose reply was
+    lost): the caller now holds it with the fence that attempt was given.
+    """
 
     status: AcquireStatus
     fence: int | None = None
     holder: Holder | None = None
+    took_over: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,23 +119,42 @@ class LockStore:
     def marker_key(self, key: str) -> str:
         return self.config.key(C.KEY_IDEMPOTENT, key=key)
 
+    def done_key(self, key: str, identity: str) -> str:
+        return self.config.key(C.KEY_LOCK_DONE, key=key, identity=identity)
+
     def user_key(self, redis_key: str) -> str:
         """``<prefix>lock:<key>`` -> ``<key>``."""
         head = self.lock_key("")
         return redis_key[len(head) :] if redis_key.startswith(head) else redis_key
 
     # --- ownership scripts -----------------------------------------------------
-    def acquire(self, key: str, token: str, ttl: float, owner: Owner, *, marker: str | None = None) -> Acquired:
-        """Take ``key`` unless it is held (or, with ``marker``, unless that idempotency key is recorded)."""
-        keys = [self.lock_key(key), self.fence_key(key)]
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        """Take ``key`` unless it is held (or, with ``marker``, unless that idempotency key is recorded).
+
+        ``status`` is ``"finished"`` when ``owner.identity`` already ran to its end, ``"duplicate"``
+        when the lock is held by that same delivery (a redelivered copy of a running message), and
+        ``"acquired"`` also when the lock holds ``token`` or one of ``earlier_tokens`` (attempts of
+        this delivery whose reply was lost): the lock is taken over with its fence.
+        """
+        keys = [self.lock_key(key), self.fence_key(key), self.done_key(key, owner.identity)]
         if marker is not None:
             keys.append(self.marker_key(marker))
-        reply = self._acquire(keys=keys, args=[token, _ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity])
+        args: list[str | int] = [token, _ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity, *earlier_tokens]
+        reply = self._acquire(keys=keys, args=args)
         status = as_text(reply[0])
         if status == "acquired":
-            return Acquired("acquired", fence=int(reply[1]))
-        if status == "done":
-            return Acquired("done")
+            return Acquired("acquired", fence=int(reply[1]), took_over=as_text(reply[2]) == "own")
+        if status in ("done", "finished"):
+            return Acquired("done" if status == "done" else "finished")
         holder = Holder(task_id=as_text(reply[1]), host=as_text(reply[2]), pid=_int(reply[3]), fence=_int(reply[4]))
         return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
 
@@ -135,13 +162,39 @@ class LockStore:
         """Extend the lock to ``ttl`` from now if ``token`` still owns it."""
         return bool(self._renew(keys=[self.lock_key(key)], args=[token, _ms(ttl)]))
 
-    def release(self, key: str, token: str) -> bool:
-        """Delete the lock if ``token`` still owns it; False when it expired or has another owner."""
-        return bool(self._release(keys=[self.lock_key(key)], args=[token]))
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        """Delete the lock if ``token`` still owns it; False when it expired or has another owner.
 
-    def commit(self, lock: str, marker: str, token: str, window: float, task_id: str) -> tuple[bool, bool]:
-        """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released)."""
-        reply = self._commit(keys=[self.lock_key(lock), self.marker_key(marker)], args=[token, _ms(window), task_id])
+        ``finished`` = (identity, ttl, task id) also records that delivery as ended for ``ttl``
+        seconds, whether or not the lock was still ours.
+        """
+        if finished is None:
+            return bool(self._release(keys=[self.lock_key(key)], args=[token]))
+        identity, ttl, task_id = finished
+        keys = [self.lock_key(key), self.done_key(key, identity)]
+        return bool(self._release(keys=keys, args=[token, _ms(ttl), task_id]))
+
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released).
+
+        ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
+        ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
+        """
+        keys = [self.lock_key(lock), self.marker_key(marker)]
+        args: list[str | int] = [token, _ms(window), task_id]
+        if finished is not None:
+            identity, done_ttl = finished
+            keys.append(self.done_key(lock, identity))
+            args.append(_ms(done_ttl))
+        reply = self._commit(keys=keys, args=args)
         return bool(int(reply[0])), bool(int(reply[1]))
 
     def token_of(self, key: str) -> str | None:

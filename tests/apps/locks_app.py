@@ -4,6 +4,8 @@ Runs go to the list ``test:locks:runs`` as JSON (name, key, task id, started, fi
 pid, outcome); every ``overlap_conflict`` / ``idempotent_skipped`` / ``overlap_lock_lost``
 signal goes to ``test:locks:signals``; ``test:locks:started:<label>`` is set when a body starts.
 Lock ttl and retry pauses come from ``SAFE_TIME_TEST_LOCK_TTL`` / ``SAFE_TIME_TEST_RETRY_AFTER``.
+``SAFE_TIME_TEST_REDIS_URL`` is the Redis the records go to when the broker is not Redis (RabbitMQ);
+every body start of ``locks.durable`` is appended to ``test:locks:starts``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from celery_safe_time.locks import current_fence
 from tests.apps.settings import configure
 
 app = configure(Celery("locks_app"))
-_redis = redis.Redis.from_url(os.environ["SAFE_TIME_TEST_BROKER_URL"])
+_redis = redis.Redis.from_url(os.environ.get("SAFE_TIME_TEST_REDIS_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"])
 
 TTL = float(os.environ.get("SAFE_TIME_TEST_LOCK_TTL", "3"))
 RETRY_AFTER = float(os.environ.get("SAFE_TIME_TEST_RETRY_AFTER", "0.5"))
 RUNS = "test:locks:runs"
 SIGNALS = "test:locks:signals"
+STARTS = "test:locks:starts"
 
 
 def record(name: str, key: Any, task_id: str | None, started: float, **extra: Any) -> None:
@@ -177,4 +180,33 @@ def guarded(self, key: str) -> str:  # type: ignore[no-untyped-def]
 @overlap_lock("guarded:{key}", ttl=TTL, on_redis_error="raise")
 def guarded_raise(self, key: str) -> str:  # type: ignore[no-untyped-def]
     record("guarded_raise", key, self.request.id, time.time())
+    return "ran"
+
+
+@app.task(bind=True, name="locks.durable", acks_late=True)
+@overlap_lock("durable:{key}", ttl=TTL, on_conflict="skip", retry_after=RETRY_AFTER, jitter=0.1)
+def durable(self, key: str, seconds: float = 2.0) -> str:  # type: ignore[no-untyped-def]
+    """acks_late and on_conflict="skip": a redelivered copy must be re-queued, never skipped or dropped."""
+    started = time.time()
+    start = {"task_id": self.request.id, "hostname": self.request.hostname, "started": started, "pid": os.getpid()}
+    _redis.rpush(STARTS, json.dumps(start))
+    time.sleep(seconds)
+    requeues = (self.request.headers or {}).get("safe_time_requeues")
+    record(
+        "durable",
+        key,
+        self.request.id,
+        started,
+        fence=self.request.safe_time_fence,
+        retries=self.request.retries,
+        requeues=requeues,
+    )
+    return "ran"
+
+
+@app.task(bind=True, name="locks.once_skip")
+@overlap_lock("once:{key}", ttl=30, on_conflict="skip", retry_after=0.3, jitter=0.1)
+def once_skip(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    """A 30 s lock with on_conflict="skip": an orphaned lock of its own would make it skip its only run."""
+    record("once_skip", key, self.request.id, time.time(), fence=self.request.safe_time_fence)
     return "ran"

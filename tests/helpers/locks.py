@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import socket
+import threading
 from typing import Any
 
 import redis
 from celery import Celery
 
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
+from tests.helpers.services import free_port
 
 APP = "tests.apps.locks_app"
 RUNS = "test:locks:runs"
 SIGNALS = "test:locks:signals"
+STARTS = "test:locks:starts"
+#: Redis broker options for redelivery tests: unacked messages come back ``visibility_timeout``
+#: seconds after delivery, and the worker looks for them every second (kombu: every 100 s).
+FAST_RESTORE = {"unacked_restore_interval": 1, "unacked_restore_throttle": 1}
 
 
 def start_worker(
@@ -35,8 +43,20 @@ def start_worker(
     return worker
 
 
-def client_app(redis_url: str, **conf: Any) -> Celery:
-    app = Celery("locks-client", broker=redis_url, backend=redis_url, set_as_current=False)
+def broker_env(broker_url: str, redis_url: str, visibility_timeout: float | None = None, **conf: Any) -> dict[str, str]:
+    """Worker env for ``broker_url`` (Redis or RabbitMQ) with locks, results and records on ``redis_url``."""
+    options: dict[str, Any] = {"result_backend": redis_url, "safe_time_redis_url": redis_url, **conf}
+    if broker_url.startswith("redis") and visibility_timeout is not None:
+        options["broker_transport_options"] = {"visibility_timeout": visibility_timeout, **FAST_RESTORE}
+    return {
+        "SAFE_TIME_TEST_BROKER_URL": broker_url,
+        "SAFE_TIME_TEST_REDIS_URL": redis_url,
+        "SAFE_TIME_TEST_APP_CONF": json.dumps(options),
+    }
+
+
+def client_app(redis_url: str, broker_url: str | None = None, **conf: Any) -> Celery:
+    app = Celery("locks-client", broker=broker_url or redis_url, backend=redis_url, set_as_current=False)
     app.conf.update(broker_connection_retry_on_startup=True, **conf)
     return app
 
@@ -65,3 +85,79 @@ def overlaps(intervals: list[tuple[float, float]]) -> list[tuple[tuple[float, fl
 def lock_fields(client: redis.Redis, key: str, prefix: str = "safe_time:") -> dict[str, str]:
     raw = client.hgetall(f"{prefix}lock:{key}")
     return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def starts(client: redis.Redis) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in client.lrange(STARTS, 0, -1)]
+
+
+class ReplyDropper:
+    """A TCP proxy in front of Redis that loses replies: for the next ``drops`` requests containing
+    ``marker`` (e.g. a script's SHA1) it forwards the request, so Redis runs it, then throws the
+    reply away and closes the connection, as a reset or a timed-out socket would."""
+
+    def __init__(self, target: tuple[str, int], marker: bytes, drops: int) -> None:
+        self.target = target
+        self.marker = marker
+        self.drops = drops
+        self.drops_left = drops
+        self.dropped = 0
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.2)
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name="reply-dropper", daemon=True).start()
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+
+    def _take_drop(self) -> bool:
+        with self._lock:
+            if self.drops_left <= 0:
+                return False
+            self.drops_left -= 1
+            return True
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            drop_next = threading.Event()
+            threading.Thread(target=self._up, args=(client, upstream, drop_next), daemon=True).start()
+            threading.Thread(target=self._down, args=(client, upstream, drop_next), daemon=True).start()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, drop_next: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                # Decided before forwarding, so the reply can only arrive after the flag is set.
+                if self.marker in data and self._take_drop():
+                    drop_next.set()
+                upstream.sendall(data)
+        self._close(client, upstream)
+
+    def _down(self, client: socket.socket, upstream: socket.socket, drop_next: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                if drop_next.is_set():
+                    with self._lock:
+                        self.dropped += 1
+                    break
+                client.sendall(data)
+        self._close(client, upstream)
+
+    @staticmethod
+    def _close(*socks: socket.socket) -> None:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

@@ -1,19 +1,41 @@
--- KEYS: lock hash, fence counter[, idempotency marker].
--- ARGV: token, ttl ms, task id, host, pid, identity (task id:retries:requeues).
--- Returns {"done"} (marker set), {"held"|"duplicate", holder task id, host, pid, fence}, or {"acquired", fence}.
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+-- KEYS: lock hash, fence counter, finished-delivery marker[, idempotency marker].
+-- ARGV: token, ttl ms, task id, host, pid, identity (one delivery of one message), then the tokens
+--       earlier attempts of this delivery sent without learning the outcome (lost replies).
+-- Returns {"done"} (idempotency marker set), {"finished"} (this delivery already ran to its end),
+-- {"held"|"duplicate", holder task id, host, pid, fence}, or {"acquired", fence, "new"|"own"}.
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
   return {'done'}
 end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {'finished'}
+end
+local t = redis.call('TIME')
+local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 local cur = redis.call('HMGET', KEYS[1], 'token', 'identity', 'task_id', 'host', 'pid', 'fence')
 if cur[1] then
+  -- Our own token: this call is redis-py retrying after a lost reply, or an earlier attempt of
+  -- this delivery set the lock and never heard back. Nobody ran under it: take it over, same fence.
+  local own = cur[1] == ARGV[1]
+  for i = 7, #ARGV do
+    if cur[1] == ARGV[i] then own = true end
+  end
+  if own then
+    redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
+      'identity', ARGV[6], 'renewed_at', now, 'ttl_ms', ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {'acquired', cur[6], 'own'}
+  end
   local status = 'held'
   if cur[2] == ARGV[6] then status = 'duplicate' end
   return {status, cur[3], cur[4], cur[5], cur[6]}
 end
+-- A missing counter (new key, or a Redis that lost its data) starts at Redis TIME in microseconds,
+-- above every fence handed out before (those are at most one per microsecond past their own seed).
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+end
 local fence = redis.call('INCR', KEYS[2])
-local t = redis.call('TIME')
-local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
   'identity', ARGV[6], 'fence', fence, 'acquired_at', now, 'renewed_at', now, 'ttl_ms', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {'acquired', fence}
+return {'acquired', fence, 'new'}

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
-from celery_safe_time import idempotent, overlap_lock
+from celery_safe_time import idempotent, overlap_lock, signals
 from celery_safe_time.config import get_config
-from celery_safe_time.exceptions import LockConflict, RedisUnavailable
+from celery_safe_time.exceptions import LockConflict, LockLost, RedisUnavailable
 from celery_safe_time.locks.store import LockStore, Owner, get_lock_store
 from tests.helpers.services import RedisServer
 
@@ -31,7 +33,7 @@ def store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> LockSto
 def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: LockStore) -> None:
     first = store.acquire("k", "token-a", 0.2, owner("a"))
     assert first.status == "acquired"
-    assert first.fence == 1
+    assert first.fence is not None
     held = store.acquire("k", "token-b", 5, owner("b"))
     assert held.status == "held"
     assert held.holder is not None
@@ -40,7 +42,7 @@ def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: Loc
 
     second = store.acquire("k", "token-b", 5, owner("b"))
     assert second.status == "acquired"
-    assert second.fence == 2
+    assert second.fence == first.fence + 1
     assert not store.renew("k", "token-a", 5)
     assert not store.release("k", "token-a")
     assert store.token_of("k") == "token-b"
@@ -48,7 +50,7 @@ def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: Loc
     assert store.release("k", "token-b")
     assert store.token_of("k") is None
     third = store.acquire("k", "token-c", 5, owner("c"))
-    assert third.fence == 3
+    assert third.fence == first.fence + 2
 
 
 def test_same_delivery_is_a_duplicate_but_a_retry_is_not(store: LockStore) -> None:
@@ -65,7 +67,7 @@ def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Re
     assert info.task_id == "task-7"
     assert info.host == "test-host"
     assert info.pid == 4242
-    assert info.fence == 1
+    assert info.fence is not None
     assert info.age is not None
     assert 0 <= info.age < 2
     assert info.ttl_left is not None
@@ -82,9 +84,73 @@ def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Re
 
 def test_idempotent_commit_records_once_and_releases(store: LockStore, redis_client: redis.Redis) -> None:
     assert store.acquire("idem:i", "t1", 5, owner("a"), marker="i").status == "acquired"
-    assert store.commit("idem:i", "i", "t1", 60, "a") == (True, True)
+    assert store.commit("idem:i", "i", "t1", 60, "a", ("a:0:0", 30)) == (True, True)
     assert store.acquire("idem:i", "t2", 5, owner("b"), marker="i").status == "done"
     assert 55 < redis_client.ttl("safe_time:idem:i") <= 60
+    # repeating the commit after a lost reply still says "recorded"; another run's commit does not
+    assert store.commit("idem:i", "i", "t1", 60, "a", ("a:0:0", 30)) == (True, False)
+    assert store.commit("idem:i", "i", "t9", 60, "z", ("z:0:0", 30)) == (False, False)
+
+
+# --- issue 13: identities, lost replies, fences across a Redis reset -------------------------
+
+
+def test_lost_reply_retry_with_the_same_token_gets_the_lock_back(store: LockStore) -> None:
+    """redis-py re-sends the script after a dropped connection: the lock it set is its own."""
+    first = store.acquire("lr", "tok-1", 5, owner("a"))
+    again = store.acquire("lr", "tok-1", 5, owner("a"))
+    assert again.status == "acquired"
+    assert again.took_over
+    assert again.fence == first.fence
+
+
+def test_earlier_attempt_tokens_take_over_an_orphaned_lock(store: LockStore) -> None:
+    """A re-queued copy carries the token its first attempt sent without a reply: it takes that
+    orphaned lock over (same fence), where on main it was a conflict ("held") and skip skipped it."""
+    first = store.acquire("orphan", "tok-first", 30, owner("a"))
+    copy = Owner(task_id="a", identity="a:0:0", host="other-host", pid=7)
+    assert store.acquire("orphan", "tok-copy", 30, copy).status == "duplicate"
+    taken = store.acquire("orphan", "tok-copy", 30, copy, earlier_tokens=("tok-zzz", "tok-first"))
+    assert taken.status == "acquired"
+    assert taken.took_over
+    assert taken.fence == first.fence
+    assert store.token_of("orphan") == "tok-copy"
+    # someone else's token is never ours
+    assert store.acquire("orphan", "tok-b", 30, owner("b"), earlier_tokens=("tok-first",)).status == "held"
+
+
+def test_finished_delivery_is_recognised_by_its_identity(store: LockStore, redis_client: redis.Redis) -> None:
+    assert store.acquire("fin", "t1", 5, owner("a")).status == "acquired"
+    assert store.release("fin", "t1", ("a:0:0", 40.0, "a"))
+    # a late redelivery of that message: dropped; any other delivery: runs
+    assert store.acquire("fin", "t2", 5, owner("a")).status == "finished"
+    assert store.acquire("fin", "t3", 5, owner("b")).status == "acquired"
+    assert 35 < redis_client.ttl("safe_time:lock-done:fin:a:0:0") <= 40
+    # recorded even when the lock had been lost meanwhile (the delivery did end)
+    assert not store.release("fin", "t-lost", ("c:0:0", 40.0, "c"))
+    assert store.acquire("fin", "t4", 5, owner("c")).status == "finished"
+
+
+def test_fences_stay_monotonic_across_a_redis_reset(store: LockStore, redis_client: redis.Redis) -> None:
+    """Issue 13 item 9: on main the counter restarted at 1 after the data was lost, below the old
+    holder's 57, so a downstream "fence >= last" check let the stale holder win."""
+    redis_client.set("safe_time:lock-fence:ledger", 56)  # a counter from before this version
+    old = store.acquire("ledger", "t-old", 5, owner("old"))
+    assert old.fence == 57
+    store.release("ledger", "t-old")
+    redis_client.flushdb()  # Redis restarted without persistence
+    new = store.acquire("ledger", "t-new", 5, owner("new"))
+    assert new.fence is not None
+    assert new.fence > old.fence
+    store.release("ledger", "t-new")
+    newer = store.acquire("ledger", "t-newer", 5, owner("newer"))
+    assert newer.fence == new.fence + 1
+    # a second reset: the new seed is again above everything handed out
+    redis_client.flushdb()
+    after = store.acquire("ledger", "t-after", 5, owner("after"))
+    assert after.fence is not None
+    assert after.fence > newer.fence
+    assert isinstance(after.fence, int)
 
 
 # --- in-process (direct) calls of decorated tasks -------------------------------------------
@@ -105,8 +171,9 @@ def test_direct_calls_share_one_key_and_read_the_fence(
     report(1)
     report(account=1)
     report(account=1, fmt="pdf")
-    assert seen == [("report:1:pdf", 1, True), ("report:1:pdf", 2, True), ("report:1:pdf", 3, True)]
-    assert redis_client.get("tenant-a:lock-fence:report:1:pdf") == b"3"
+    first = seen[0][1]
+    assert seen == [("report:1:pdf", first, True), ("report:1:pdf", first + 1, True), ("report:1:pdf", first + 2, True)]
+    assert redis_client.get("tenant-a:lock-fence:report:1:pdf") == str(first + 2).encode()
     assert not redis_client.exists("safe_time:lock-fence:report:1:pdf")
     assert not redis_client.exists("tenant-a:lock:report:1:pdf")
 
@@ -150,3 +217,116 @@ def test_direct_call_with_redis_down_never_runs(make_app: Callable[..., Celery],
     once(1)
     once(1)
     assert ran == [1, 1]
+
+
+# --- issue 13 item 8: a body that returned always gets its idempotency marker ---------------
+
+
+def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_marker(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    """On main, ``check()`` raised ``LockLost`` before the marker was written, so the next call
+    ran the body again. Now the marker is recorded first and the run still ends with LockLost."""
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task(bind=True)
+    @idempotent("invoice:{n}", ttl=0.6)
+    def invoice(self: Any, n: int) -> str:
+        # The lock is taken away (an operator's `locks release`, or a pause past its lease) ...
+        get_lock_store(app).force_release("idem:invoice:" + str(n))
+        deadline = time.monotonic() + 5
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except LockLost:
+            # ... and this body carries on to the end (as it does under gevent, where LockLost is
+            # never raised inside it, or when it catches the exception around a C call).
+            ran.append("told")
+        ran.append("sent")
+        return "sent"
+
+    with pytest.raises(LockLost):
+        invoice(1)
+    assert ran == ["told", "sent"]
+    assert redis_client.exists("safe_time:idem:invoice:1")
+    assert invoice(1) is None
+    assert ran == ["told", "sent"], "the body must not run a second time"
+
+
+@pytest.fixture
+def oom(redis_server: RedisServer) -> Iterator[Callable[[bool], None]]:
+    """Switch the test's own Redis into "every write fails" (maxmemory reached, noeviction): an
+    error reply, which redis-py does not retry itself, unlike a refused connection."""
+    client = redis.Redis.from_url(redis_server.url)
+
+    def set_full(full: bool) -> None:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1 if full else 0)
+
+    yield set_full
+    set_full(False)
+    client.close()
+
+
+def test_idempotent_commit_is_retried_through_an_outage(
+    make_app: Callable[..., Celery], redis_server: RedisServer, oom: Callable[[bool], None]
+) -> None:
+    """On main the commit gave up after three tries in ~0.6 s and reported success with no
+    marker, so a later call ran the body again. Now it keeps trying (with back-off, ~30 s)."""
+    app = make_app(safe_time_redis_url=redis_server.url)
+    ran: list[int] = []
+
+    @app.task
+    @idempotent("bill:{n}", ttl=10)
+    def bill(n: int) -> str:
+        ran.append(n)
+        oom(True)  # Redis refuses writes from here on ...
+        threading.Timer(1.5, oom, args=(False,)).start()  # ... for 1.5 s
+        return "billed"
+
+    started = time.monotonic()
+    assert bill(1) == "billed"
+    assert 1.5 <= time.monotonic() - started < 10
+    check = redis.Redis.from_url(redis_server.url)
+    assert check.exists("safe_time:idem:bill:1")
+    assert not check.exists("safe_time:lock:idem:bill:1"), "released in the same step"
+    assert bill(1) is None
+    assert ran == [1]
+
+
+def test_idempotent_marker_that_cannot_be_written_is_loud(
+    make_app: Callable[..., Celery],
+    redis_server: RedisServer,
+    oom: Callable[[bool], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Past the retry budget the run still succeeds (failing it would invite a retry: a second
+    run), but it is logged as an error and ``signals.idempotent_unrecorded`` is sent."""
+    app = make_app(safe_time_redis_url=redis_server.url)
+    unrecorded: list[dict[str, Any]] = []
+
+    def on_unrecorded(sender: Any = None, **kwargs: Any) -> None:
+        unrecorded.append(kwargs)
+
+    signals.idempotent_unrecorded.connect(on_unrecorded, weak=False)
+
+    @app.task
+    @idempotent("ship:{n}", ttl=10)
+    def ship(n: int) -> str:
+        oom(True)
+        return "shipped"
+
+    [lock] = ship.run.__safe_time_locks__
+    pauses: list[float] = []
+    lock.commit_delays = (0.01, 0.02)
+    lock.sleep = pauses.append  # time is injected: no real waiting
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_safe_time.locks.idempotency"):
+            assert ship(1) == "shipped"
+    finally:
+        signals.idempotent_unrecorded.disconnect(on_unrecorded)
+    assert pauses == [0.01, 0.02]
+    assert [u["key"] for u in unrecorded] == ["ship:1"]
+    assert "maxmemory" in unrecorded[0]["error"]
+    assert "could NOT be recorded after 3 attempts" in caplog.text

@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
 
 from ... import constants as C
 from ...clock import UTC, as_utc
@@ -237,6 +238,24 @@ def _status(value: str) -> sa.ColumnElement[bool]:
     return delays.c.status == sa.literal(value, literal_execute=True)
 
 
+class AddColumn(sa.schema.ExecutableDDLElement):
+    """``ALTER TABLE ... ADD COLUMN ...`` (SQLAlchemy Core has no construct of its own for it)."""
+
+    inherit_cache = False
+
+    def __init__(self, table: sa.Table, column: sa.Column[Any]) -> None:
+        self.table = table
+        self.column = column
+
+
+@compiles(AddColumn)
+def _compile_add_column(element: AddColumn, compiler: Any, **_: Any) -> str:
+    table = compiler.preparer.format_table(element.table)
+    # Identifiers quoted by the dialect's preparer; the column's DDL from the dialect's own compiler.
+    column = compiler.get_column_specification(element.column)
+    return f"ALTER TABLE {table} ADD COLUMN {column}"
+
+
 def _stale_heartbeat(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
     t = delays
     return sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < now - timedelta(seconds=stale_after))
@@ -352,12 +371,10 @@ class SQLAlchemyStore(DelayStore):
                 if self.dialect == "postgresql":
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x5AFE7133})
                     names = {col["name"] for col in sa.inspect(conn).get_columns(C.DELAY_TABLE)}
-                for col in missing:
-                    if col.name in names:
-                        continue
-                    ddl = sa.schema.CreateColumn(col).compile(dialect=conn.dialect)
-                    conn.execute(sa.text(f"ALTER TABLE {C.DELAY_TABLE} ADD COLUMN {ddl}"))
                 schema = _schema_for(conn).tables[C.DELAY_TABLE]
+                for col in missing:
+                    if col.name not in names:
+                        conn.execute(AddColumn(schema, schema.c[col.name]))
                 for index in schema.indexes:
                     if index.name in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
                         index.create(conn, checkfirst=True)

@@ -69,7 +69,7 @@ def test_admin_changelist_filters_search_and_cancel_action(admin_client: Client)
     assert detail.status_code == 200
     response = admin_client.post(url, {"action": "cancel_pending", "_selected_action": ["adm-1"]}, follow=True)
     assert response.status_code == 200
-    assert "Cancelled 1 pending delayed task" in response.content.decode()
+    assert "Cancelled 1 delayed task(s) that had not started" in response.content.decode()
     assert DelayedTask.objects.get(id="adm-1").status == C.STATUS_CANCELLED
     assert DelayedTask.objects.get(id="adm-2").status == C.STATUS_PENDING
 

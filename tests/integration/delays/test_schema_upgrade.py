@@ -1,0 +1,56 @@
+"""A table made before the delivery record gets its columns and indexes on first use, and its old rows
+get a delivery token when they are claimed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from celery_safe_time import constants as C
+from celery_safe_time.delays.stores.sql import SQLAlchemyStore, _delivery_columns
+from tests.helpers.delays import fresh_sql_store, new_delay
+
+pytestmark = pytest.mark.integration
+
+URL_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url", "mysql": "mysql_url"}
+
+
+def _downgrade(store: SQLAlchemyStore) -> None:
+    """Turn the table back into the pre-delivery-record schema (what an earlier version created)."""
+    with store.engine.begin() as conn:
+        for index in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
+            if store.dialect in C.MYSQL_DIALECTS:
+                conn.execute(sa.text(f"DROP INDEX {index} ON {C.DELAY_TABLE}"))
+            else:
+                conn.execute(sa.text(f"DROP INDEX {index}"))
+        for column in _delivery_columns():
+            conn.execute(sa.text(f"ALTER TABLE {C.DELAY_TABLE} DROP COLUMN {column.name}"))
+
+
+@pytest.mark.parametrize("backend", sorted(URL_FIXTURES))
+def test_an_older_table_is_upgraded_and_its_rows_still_run_once(backend: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(URL_FIXTURES[backend])
+    old = fresh_sql_store(url)
+    old.insert(new_delay("from-before", old.now() - timedelta(seconds=1)))
+    _downgrade(old)
+    old.close()
+    columns = {c["name"] for c in sa.inspect(sa.create_engine(old.engine.url)).get_columns(C.DELAY_TABLE)}
+    assert "delivery_token" not in columns
+
+    store = SQLAlchemyStore(url)
+    store.ensure_schema()
+    inspector = sa.inspect(store.engine)
+    columns = {c["name"] for c in inspector.get_columns(C.DELAY_TABLE)}
+    assert {c.name for c in _delivery_columns()} <= columns
+    assert {C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX} <= {i["name"] for i in inspector.get_indexes(C.DELAY_TABLE)}
+    row = store.get("from-before")
+    assert row is not None
+    assert (row.delivery_token, row.starts) == (None, 0)
+    [claimed] = store.claim_due(limit=5, lookahead=0, token="upgrade-claim")
+    assert claimed.delivery_token == "upgrade-claim"  # a legacy row gets its token at its claim
+    assert store.start("from-before", "upgrade-claim", "run", "host", stale_after=60).verdict == "run"
+    assert store.start("from-before", "upgrade-claim", "copy", "host", stale_after=60).verdict == "running"
+    store.ensure_schema()  # idempotent
+    store.close()

@@ -46,8 +46,8 @@ def _noop() -> None:
 def test_a_wall_clock_step_neither_fires_early_nor_misses(
     make_app: Any, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": 1.0}})
-    app.task(name="t.noop")(_noop)
+    app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop_clock", "schedule": 1.0}})
+    app.task(name="t.noop_clock")(_noop)
     fired: list[tuple[float, float]] = []  # (slot, Redis TIME when it was published)
 
     def on_sent(sender: Any, **kw: Any) -> None:

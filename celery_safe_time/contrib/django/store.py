@@ -7,7 +7,7 @@ from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DataError, IntegrityError, connections, transaction
+from django.db import DataError, IntegrityError, InterfaceError, connections, transaction
 from django.db import Error as DjangoDbError
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
@@ -91,8 +91,11 @@ class DjangoStore(DelayStore):
         if connection.in_atomic_block:
             return
         try:
-            # one "SELECT 1" when an error occurred; closes the connection if that fails too
-            connection.close_if_unusable_or_obsolete()
+            if isinstance(exc, InterfaceError):
+                connection.close()  # a connection-level error by definition ("connection already closed")
+            else:
+                # one "SELECT 1" when an error occurred; closes the connection if that fails too
+                connection.close_if_unusable_or_obsolete()
         except DjangoDbError:
             # close() forgets the connection even when closing it fails (it is dead anyway)
             with suppress(DjangoDbError):

@@ -24,7 +24,8 @@ def redis_now(client: redis.Redis) -> float:
     return float(seconds) + float(micros) / 1e6
 
 
-@pytest.mark.parametrize("step", [3600.0, -3600.0])
+# +/-1 h, and +/-20 s: a step shorter than the refresh that no resync corrects
+@pytest.mark.parametrize("step", [3600.0, -3600.0, 20.0, -20.0])
 def test_redis_clock_ignores_a_wall_clock_step_between_syncs(redis_client: redis.Redis, step: float) -> None:
     stepped = [0.0]
 
@@ -64,10 +65,9 @@ def test_a_wall_clock_step_neither_fires_early_nor_misses(
         wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
         wait_for(lambda: (sched.tick(), fired)[1], 10, message="a first slot")
         # SAFE_TIME_LOCAL_CLOCK_SKEW's value, read by local_time() on every call: a wall-clock step
-        monkeypatch.setattr(clock_module, "_SKEW", 3600.0)
-        run_ticks(3.5)
-        monkeypatch.setattr(clock_module, "_SKEW", -3600.0)
-        run_ticks(3.5)
+        for step in (20.0, 3600.0, -3600.0):  # shorter than the 30 s refresh, then +/-1 h
+            monkeypatch.setattr(clock_module, "_SKEW", step)
+            run_ticks(2.5)
     finally:
         sched.close()
         signals.beat_slot_dispatched.disconnect(on_sent)

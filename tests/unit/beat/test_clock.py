@@ -42,7 +42,8 @@ def clock_for(clocks: Clocks, refresh: float = 30.0) -> RedisClock:
     return RedisClock(cast(Any, clocks), refresh=refresh, local=clocks.wall, monotonic=clocks.monotonic)
 
 
-@pytest.mark.parametrize("step", [3600.0, -3600.0])
+# +/-1 h, and +/-20 s: a step shorter than the refresh that no resync corrects
+@pytest.mark.parametrize("step", [3600.0, -3600.0, 20.0, -20.0])
 def test_a_wall_clock_step_between_syncs_changes_nothing(step: float) -> None:
     clocks = Clocks()
     clock = clock_for(clocks)

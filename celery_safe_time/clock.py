@@ -81,62 +81,103 @@ class Offset:
         return self.rtt / 2.0
 
 
-def measure_redis_offset(client: redis.Redis, *, samples: int = 3, local: Callable[[], float] = local_time) -> Offset:
-    """Measure Redis ``TIME`` against the local clock; keeps the sample with the smallest RTT."""
-    best: Offset | None = None
+@dataclasses.dataclass(frozen=True)
+class Sync:
+    """One Redis ``TIME`` reading: the server's time and this host's monotonic clock at the same
+    instant (the middle of the round trip), and the wall-clock offset measured with it."""
+
+    server: float
+    monotonic: float
+    offset: Offset
+
+
+def measure_redis_sync(
+    client: redis.Redis,
+    *,
+    samples: int = 3,
+    local: Callable[[], float] = local_time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Sync:
+    """Read Redis ``TIME`` ``samples`` times; keeps the sample with the smallest RTT.
+
+    The RTT is timed on the monotonic clock, so a wall-clock step during the measurement cannot
+    make it negative or huge; the wall clock only gives the offset that checks report.
+    """
+    best: Sync | None = None
     for _ in range(max(1, samples)):
-        before = local()
+        wall_before, mono_before = local(), monotonic()
         try:
             seconds, micros = client.time()
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot read Redis TIME: {exc}") from exc
-        after = local()
+        mono_after, wall_after = monotonic(), local()
         server = float(seconds) + float(micros) / 1e6
-        sample = Offset(offset=server - (before + after) / 2.0, rtt=after - before)
-        if best is None or sample.rtt < best.rtt:
+        rtt = mono_after - mono_before
+        sample = Sync(
+            server=server,
+            monotonic=(mono_before + mono_after) / 2.0,
+            offset=Offset(offset=server - (wall_before + wall_after) / 2.0, rtt=rtt),
+        )
+        if best is None or sample.offset.rtt < best.offset.rtt:
             best = sample
     assert best is not None
     return best
 
 
-class RedisClock:
-    """Redis ``TIME`` as the shared clock, read cheaply as local time plus a measured offset.
+def measure_redis_offset(client: redis.Redis, *, samples: int = 3, local: Callable[[], float] = local_time) -> Offset:
+    """Measure Redis ``TIME`` against the local wall clock (``checks``, beat's startup warning)."""
+    return measure_redis_sync(client, samples=samples, local=local).offset
 
-    The offset is re-measured every ``refresh`` seconds, so a tick costs no round trip while
-    the processes still agree within the measured RTT. A failed refresh keeps the last offset
-    (the local clock does not jump) and logs once.
+
+class RedisClock:
+    """Redis ``TIME`` as the shared clock, read cheaply between syncs with this host's monotonic clock.
+
+    ``time()`` is the Redis time of the last sync plus the monotonic time elapsed since, re-synced
+    every ``refresh`` monotonic seconds: a tick costs no round trip, and a step of this host's wall
+    clock (NTP, an operator, ``SAFE_TIME_LOCAL_CLOCK_SKEW``) never moves beat's "now" (it used to
+    follow the wall clock until the next sync: slots fired early or counted as missed). The wall
+    clock (``local``) is read only to report the offset (``offset``, startup warning). A failed
+    refresh keeps interpolating from the last sync and logs.
     """
 
-    def __init__(self, client: redis.Redis, *, refresh: float = 30.0, local: Callable[[], float] = local_time) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        refresh: float = 30.0,
+        local: Callable[[], float] = local_time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._client = client
         self._refresh = refresh
         self._local = local
-        self._offset: Offset | None = None
-        self._measured_at = float("-inf")
+        self._monotonic = monotonic
+        self._sync: Sync | None = None
+        self._checked_at = float("-inf")  # monotonic time of the last sync attempt
         self._lock = threading.Lock()
 
     @property
     def offset(self) -> Offset | None:
-        return self._offset
+        """Redis ``TIME`` minus this host's wall clock at the last sync."""
+        return None if self._sync is None else self._sync.offset
 
     def sync(self) -> Offset:
-        """Measure the offset now; raises :class:`RedisUnavailable` when Redis is down."""
-        offset = measure_redis_offset(self._client, local=self._local)
+        """Measure now; raises :class:`RedisUnavailable` when Redis is down."""
+        sync = measure_redis_sync(self._client, local=self._local, monotonic=self._monotonic)
         with self._lock:
-            self._offset = offset
-            self._measured_at = self._local()
-        return offset
+            self._sync = sync
+            self._checked_at = sync.monotonic
+        return sync.offset
 
     def time(self) -> float:
-        now = self._local()
-        if self._offset is None or now - self._measured_at >= self._refresh:
+        if self._sync is None or self._monotonic() - self._checked_at >= self._refresh:
             try:
                 self.sync()
             except RedisUnavailable as exc:
-                if self._offset is None:
+                if self._sync is None:
                     raise
-                logger.warning("keeping last Redis clock offset %.3fs: %s", self._offset.offset, exc)
-                self._measured_at = now
-            now = self._local()
-        assert self._offset is not None
-        return now + self._offset.offset
+                logger.warning("keeping the last Redis TIME sync (interpolating with the monotonic clock): %s", exc)
+                self._checked_at = self._monotonic()
+        sync = self._sync
+        assert sync is not None
+        return sync.server + (self._monotonic() - sync.monotonic)

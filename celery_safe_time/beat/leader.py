@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -25,15 +25,28 @@ from .lease import Lease
 logger = logging.getLogger(__name__)
 
 
+class LeaseTerm(NamedTuple):
+    """One lease this beat took: ``generation`` counts this process's acquisitions, so it never repeats.
+
+    The epoch alone does not tell leases apart: epochs restart at 1 after a Redis reset, and a beat
+    can lose its lease and take a new one with the same epoch number between two ticks. What a
+    scheduler reads or reconciles "once per lease" is keyed on the whole term.
+    """
+
+    generation: int
+    epoch: int
+
+
 class LeaderKeeper:
-    """Owns a :class:`Lease` and the thread that holds it. ``epoch`` is None while standby."""
+    """Owns a :class:`Lease` and the thread that holds it. ``term`` (and ``epoch``) is None while standby."""
 
     def __init__(self, lease: Lease, clock: RedisClock, config: SafeTimeConfig, sender: Any) -> None:
         self.lease = lease
         self.clock = clock
         self.config = config
         self.sender = sender
-        self._epoch: int | None = None
+        self._term: LeaseTerm | None = None
+        self._generation = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -41,12 +54,18 @@ class LeaderKeeper:
         self.last_error: str | None = None
 
     @property
+    def term(self) -> LeaseTerm | None:
+        """The lease held now (one attribute read: generation and epoch always belong together)."""
+        return self._term
+
+    @property
     def epoch(self) -> int | None:
-        return self._epoch
+        term = self._term
+        return None if term is None else term.epoch
 
     @property
     def is_leader(self) -> bool:
-        return self._epoch is not None
+        return self._term is not None
 
     # --- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -61,7 +80,8 @@ class LeaderKeeper:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=C.BEAT_RENEW_TIMEOUT)
         with self._lock:
-            epoch, self._epoch = self._epoch, None
+            term, self._term = self._term, None
+            epoch = None if term is None else term.epoch
             if release and epoch is not None:
                 try:
                     self.lease.release()
@@ -95,20 +115,21 @@ class LeaderKeeper:
             if self._stop.is_set():
                 return True
             try:
-                if self._epoch is not None:
+                if self._term is not None:
                     if not self.lease.renew():
                         self._lost("lease expired or taken over")
                 else:
                     epoch = self.lease.acquire(self.clock.time())
                     if epoch is not None:
-                        self._epoch = epoch
+                        self._generation += 1
+                        self._term = LeaseTerm(self._generation, epoch)
                         logger.info(
                             "beat: acquired the leader lease (epoch %s, lease %gs)", epoch, self.config.beat_lease
                         )
                         signals.beat_lease_acquired.send(sender=self.sender, epoch=epoch, lease=self.config.beat_lease)
             except (redis.RedisError, RedisUnavailable) as exc:
                 self.last_error = str(exc)
-                if self._epoch is not None:
+                if self._term is not None:
                     self._lost(f"Redis error: {exc}")
                 if not self._redis_down:
                     logger.error("beat: Redis unreachable, nothing fires until it is back (fail closed): %s", exc)
@@ -120,9 +141,10 @@ class LeaderKeeper:
             return True
 
     def _lost(self, reason: str) -> None:
-        epoch, self._epoch = self._epoch, None
+        term, self._term = self._term, None
         self.lease.epoch = None
-        if epoch is None:
+        if term is None:
             return
+        epoch = term.epoch
         logger.warning("beat: lost the leader lease (epoch %s): %s; standing by", epoch, reason)
         signals.beat_lease_lost.send(sender=self.sender, epoch=epoch, reason=reason)

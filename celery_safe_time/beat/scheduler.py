@@ -23,6 +23,7 @@ from ..config import SafeTimeConfig
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from ..redis_client import as_text
 from .base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler
+from .leader import LeaseTerm
 from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored
 from .slots import Grid, decide, grid_for
 
@@ -61,7 +62,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.keys = LeaseKeys.for_config(self.config)
         self.plans: dict[str, Plan] = {}
         self.broken: dict[str, str] = {}
-        self._reconciled_epoch: int | None = None
+        self._reconciled: LeaseTerm | None = None
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -96,18 +97,24 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     # --- the loop -----------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        epoch = self.keeper.epoch
-        if epoch is None:
-            self._reconciled_epoch = None
+        term = self.keeper.term
+        if term is None:
+            self._reconciled = None
             return self.granularity
+        epoch = term.epoch
         try:
             now = self.clock.time()
-            if self._reconciled_epoch != epoch:
+            # once per lease, keyed on the term: an epoch number repeats after a Redis reset
+            if self._reconciled != term:
                 self.reconcile(epoch, now)
-                self._reconciled_epoch = epoch
-            due = scored(
-                self.client.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
-            )
+                self._reconciled = term
+            due, lost = self._read_due(now)
+            if lost:
+                # The due set or the state hash lost entries while the lease survived (eviction,
+                # a DEL by hand): nothing would ever be due again, silently. Rebuild it now.
+                logger.warning("beat: %s; reconciling the schedule", lost)
+                self.reconcile(epoch, now)
+                due, _ = self._read_due(now)
             if not self.fire_due(due, now, epoch):
                 return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
@@ -119,10 +126,30 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return self.granularity
         return max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
 
+    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None]:
+        """The due entries, and what is missing from the Redis state (None when nothing is).
+
+        The two counts ride in the same round trip as the due read: after a reconcile every planned
+        entry has a member in the due set and a field in the state hash, and only the leader removes them.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
+        pipe.zcard(self.keys.due)
+        pipe.hlen(self.keys.state)
+        reply, due_count, state_count = pipe.execute()
+        planned = len(self.plans)
+        lost = None
+        if int(due_count) < planned:
+            lost = f"{self.keys.due} has {int(due_count)} of {planned} entries (evicted or deleted?)"
+        elif int(state_count) < planned:
+            lost = f"{self.keys.state} has {int(state_count)} of {planned} entries (evicted or deleted?)"
+        return scored(reply), lost
+
     def reconcile(self, epoch: int, now: float) -> None:
         """On taking the lease: add new entries, reschedule edited ones, drop removed ones."""
         stored: dict[str, Any] = {as_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
-        scheduled = {as_text(k) for k in self.client.zrange(self.keys.due, 0, -1)}
+        scores = dict(scored(self.client.zrange(self.keys.due, 0, -1, withscores=True)))
+        scheduled = set(scores)
         pipe = self.client.pipeline(transaction=False)
         changed = 0
         for name, plan in self.plans.items():
@@ -133,6 +160,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             last = state.get("last") if state else None
             if state and state.get("sig") == sig:
                 next_fire = float(state["next"])
+            elif not state and name in scores:
+                # the state hash was lost but the due set was not: keep the entry's place on its grid
+                next_fire = scores[name]
             elif last is not None:  # edited: the new grid continues after the last fired slot
                 next_fire = plan.grid.next(float(last))
             else:

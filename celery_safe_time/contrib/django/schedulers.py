@@ -21,6 +21,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 from ... import constants as C
 from ... import signals
 from ...beat.base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler, tick_granularity
+from ...beat.leader import LeaseTerm
 from ...beat.slots import GenericGrid, Grid, decide, grid_for
 from ...clock import UTC, to_datetime
 from ...schedules import crontab
@@ -118,7 +119,7 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
                 "grace": self.config.misfire_grace,
             },
         )
-        self._loaded_epoch: int | None = None
+        self._loaded: LeaseTerm | None = None
         self._heap_source: Any = None
         super().__init__(app, *args, **kwargs)
 
@@ -128,14 +129,16 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         self.start_lease()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        epoch = self.keeper.epoch
-        if epoch is None:
+        term = self.keeper.term
+        if term is None:
             return self.granularity
-        if self._loaded_epoch != epoch:
-            # a new leader reads the tables afresh: last_run_at as the previous leader left it
+        if self._loaded != term:
+            # A new lease reads the tables afresh: last_run_at as the previous leader left it, and
+            # edits that fired no signal. Keyed on the term, not the epoch: epochs restart after a
+            # Redis reset, so a new lease can have an epoch number this beat had before.
             self._initial_read = True
             self._heap = None
-            self._loaded_epoch = epoch
+            self._loaded = term
         try:
             interval = float(super().tick(*args, **kwargs))
         except (DatabaseError, InterfaceError) as exc:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DataError, IntegrityError, InterfaceError, connections, transaction
+from django.db import Error as DjangoDbError
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
@@ -68,10 +69,37 @@ class DjangoStore(DelayStore):
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
+        # django.db.Error, not only DatabaseError: InterfaceError ("connection already closed" after a
+        # database restart) is its sibling, and callers (the sweep's mark_sent retry) retry StoreError.
         try:
             yield
-        except DatabaseError as exc:
+        except DjangoDbError as exc:
+            self._drop_broken_connection(exc)
             raise StoreError(f"django store ({self.using}): {exc.__class__.__name__}: {exc}") from exc
+
+    def _drop_broken_connection(self, exc: DjangoDbError) -> None:
+        """Close a connection the error left unusable, so the next call (a retry) reconnects.
+
+        Django reconnects only when it has no connection: a dead one is reused until closed, and
+        ``atomic()`` closes it only when the failure happened inside the block. Statement-level
+        errors leave the connection fine; inside the caller's own transaction Django's ``atomic``
+        exit deals with it (closing there would break the caller's block).
+        """
+        if isinstance(exc, (DataError, IntegrityError)):
+            return
+        connection = connections[self.using]
+        if connection.in_atomic_block:
+            return
+        try:
+            if isinstance(exc, InterfaceError):
+                connection.close()  # a connection-level error by definition ("connection already closed")
+            else:
+                # one "SELECT 1" when an error occurred; closes the connection if that fails too
+                connection.close_if_unusable_or_obsolete()
+        except DjangoDbError:
+            # close() forgets the connection even when closing it fails (it is dead anyway)
+            with suppress(DjangoDbError):
+                connection.close()
 
     def _atomic(self, fn: Callable[[], T]) -> T:
         with self._errors(), transaction.atomic(using=self.using):

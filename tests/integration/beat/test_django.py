@@ -153,3 +153,48 @@ def test_safe_database_scheduler_end_to_end(
     page = client.get("/admin/django_celery_beat/periodictask/")
     assert page.status_code == 200
     assert b"dj-fast" in page.content
+
+
+def test_a_new_lease_with_a_repeated_epoch_rereads_the_tables(make_app: Any, redis_client: redis.Redis) -> None:
+    from celery_safe_time import signals
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler
+
+    sent: list[tuple[str, float]] = []  # (row, time.time() when published)
+    acquired: list[int] = []
+
+    def on_sent(sender: Any, **kw: Any) -> None:
+        sent.append((kw["entry"], time.time()))
+
+    def on_acquired(sender: Any, **kw: Any) -> None:
+        acquired.append(kw["epoch"])
+
+    def run_ticks(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(min(max(float(sched.tick()), 0.01), 0.2))
+
+    every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(name="dj-edit", task="tests.record", interval=every, args='["dj-edit"]')
+    app = make_app(safe_time_beat_lease=3)
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    signals.beat_lease_acquired.connect(on_acquired, weak=False)
+    try:
+        sched = SafeDatabaseScheduler(app=app, max_interval=1)
+        try:
+            wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+            run_ticks(2.5)
+            assert [name for name, _ in sent if name == "dj-edit"]
+            redis_client.flushdb()  # Redis restarted without persistence: epochs start again at 1
+            # An edit while this beat holds no lease (a bulk update fires no signal, so only a
+            # fresh read of the tables sees it; a new leader always reads them afresh).
+            PeriodicTask.objects.filter(name="dj-edit").update(enabled=False)
+            wait_for(lambda: len(acquired) == 2, 10, message="a new lease")
+            assert acquired == [1, 1]  # the same epoch number: not a sign of the same lease
+            taken_at = time.time()
+            run_ticks(3.0)
+        finally:
+            sched.close()
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+        signals.beat_lease_acquired.disconnect(on_acquired)
+    assert [at for name, at in sent if name == "dj-edit" and at > taken_at] == []

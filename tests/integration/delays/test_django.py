@@ -121,3 +121,64 @@ def test_worker_and_beat_on_the_django_store(
     assert record.started_at
     assert record.finished_at
     assert DelayedTask.objects.get(id=cancelled.id).status == C.STATUS_CANCELLED
+
+
+def _terminate_django_backend() -> None:
+    """Kill the default alias's PostgreSQL backend from another session, as a database restart would."""
+    import psycopg
+    from django.db import connection
+
+    pid = connection.connection.info.backend_pid
+    s = connection.settings_dict
+    with psycopg.connect(
+        host=s["HOST"], port=s["PORT"], user=s["USER"], password=s["PASSWORD"], dbname=s["NAME"], autocommit=True
+    ) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mark_sent_after_a_killed_connection_is_retried_and_succeeds(caplog: pytest.LogCaptureFixture) -> None:
+    from celery_safe_time.delays.sweep import mark_sent_retrying
+    from celery_safe_time.exceptions import StoreError
+
+    store = DjangoStore()
+    store.insert(new_delay("killed-conn", store.now() - timedelta(seconds=1)))
+    assert [r.id for r in store.claim_due(limit=10, lookahead=0, token="tok")] == ["killed-conn"]
+    _terminate_django_backend()
+    # A call outside a transaction meets the dead connection first (a database restart between
+    # the publish and mark_sent): it must not leave the dead connection for the retries.
+    with pytest.raises(StoreError):
+        store.get("killed-conn")
+    with caplog.at_level("WARNING"):
+        assert mark_sent_retrying(store, ["killed-conn"], "tok", budget=3.0) == 1
+    assert DelayedTask.objects.get(id="killed-conn").status == C.STATUS_SENT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_connection_is_one_store_error_and_the_next_call_reconnects() -> None:
+    from celery_safe_time.exceptions import StoreError
+
+    store = DjangoStore()
+    store.now()
+    _terminate_django_backend()
+    errors = 0
+    for _ in range(3):  # now() is a bare cursor, outside any atomic block
+        try:
+            store.now()
+            break
+        except StoreError:
+            errors += 1
+    assert errors == 1
+    assert store.counts()[C.STATUS_PENDING] == 0
+
+
+@pytest.mark.django_db
+def test_interface_error_is_a_store_error() -> None:
+    # psycopg2 says "connection already closed" as InterfaceError, which is not a DatabaseError.
+    from django.db import InterfaceError
+
+    from celery_safe_time.exceptions import StoreError
+
+    store = DjangoStore()
+    with pytest.raises(StoreError, match="InterfaceError: connection already closed"), store._errors():
+        raise InterfaceError("connection already closed")

@@ -54,9 +54,17 @@ def delay(self: Any, label: str) -> str:
     kill -9 can cut, its end. A run killed mid-body runs again (at least once), never beside itself."""
     headers = self.request.headers or {}
     started = time.time()
-    _push("delay", label=label, task_id=self.request.id, started=started, stored=headers.get(C.HEADER_STORED))
+    worker = self.request.hostname
+    _push(
+        "delay",
+        label=label,
+        task_id=self.request.id,
+        started=started,
+        stored=headers.get(C.HEADER_STORED),
+        worker=worker,
+    )
     time.sleep(0.15)
-    _push("delay_end", task_id=self.request.id, started=started, ended=time.time())
+    _push("delay_end", task_id=self.request.id, started=started, ended=time.time(), worker=worker)
     return label
 
 

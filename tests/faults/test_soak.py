@@ -612,7 +612,20 @@ def test_combined_faults_nothing_lost_nothing_twice(
         if not delay_runs[tid] and tid in rows and rows[tid].status == C.STATUS_PENDING and rows[tid].due_at > db_now
     ]
     lost = [tid for tid in not_cancelled if not delay_ends[tid] and tid not in future]
-    twice_delay = sorted(tid for tid, ends in delay_ends.items() if len(ends) > 1)
+    # A run whose worker was killed after its body ended and before the store recorded the end (a
+    # few milliseconds) looks dead: acks_late runs it again. That is acks_late's at-least-once window
+    # (plain Celery has it between the body and the ack), counted apart; any other second end fails.
+    kills = [(t, what.split("(")[-1].rstrip(")")) for t, what in faults.events if what.startswith("kill-9 w")]
+
+    def killed_before_recorded(end: dict[str, Any]) -> bool:
+        name = str(end.get("worker") or "").split("@")[0]
+        return any(proc == name and end["ended"] <= t <= end["ended"] + 3 for t, proc in kills)
+
+    repeated_ends = {tid: sorted(ends, key=lambda e: e["ended"]) for tid, ends in delay_ends.items() if len(ends) > 1}
+    end_not_recorded = sorted(
+        tid for tid, ends in repeated_ends.items() if len(ends) == 2 and killed_before_recorded(ends[0])
+    )
+    twice_delay = sorted(set(repeated_ends) - set(end_not_recorded))
     # a re-run never starts beside the run it replaces: that one was killed before the re-run began
     beside = [
         tid
@@ -715,9 +728,14 @@ def test_combined_faults_nothing_lost_nothing_twice(
         ("delays pending, due in the future", len(future), ok),
         ("delays lost (due, never ran to its end)", len(lost), ok if not lost else "FAIL"),
         (
-            "delays re-run after a kill mid-body",
-            len(rerun_after_kill),
+            "delays re-run after a kill before the run was recorded",
+            len(rerun_after_kill) + len(end_not_recorded),
             (ok if not beside else f"FAIL: {len(beside)} beside the killed run") + " (acks_late: at least once)",
+        ),
+        (
+            "  of them: killed after the body, before the record",
+            len(end_not_recorded),
+            "acks_late: the body and the store's record of it are not one transaction",
         ),
         ("delays ran twice (two ends)", len(twice_delay), ok if not twice_delay else "FAIL"),
         ("stored rows failed", len(failed_rows), ok if not failed_rows else "FAIL"),

@@ -54,18 +54,28 @@ def test_beat_scripts_run(redis_client: redis.Redis) -> None:
 
 def test_lock_scripts_run(redis_client: redis.Redis) -> None:
     locks = "celery_safe_time.locks"
-    acquired = _run(redis_client, locks, "acquire", ["t:lock", "t:fence"], ["tok", 5000, "id", "h", 1, "id:0:0"])
-    assert acquired == [b"acquired", 1]
-    held = _run(redis_client, locks, "acquire", ["t:lock", "t:fence"], ["tok2", 5000, "id2", "h", 2, "id2:0:0"])
-    assert held == [b"held", b"id", b"h", b"1", b"1"]
-    duplicate = _run(redis_client, locks, "acquire", ["t:lock", "t:fence"], ["tok3", 5000, "id", "h", 3, "id:0:0"])
+    keys = ["t:lock", "t:fence", "t:done:id:0:0"]
+    acquired = _run(redis_client, locks, "acquire", keys, ["tok", 5000, "id", "h", 1, "id:0:0"])
+    assert acquired[0] == b"acquired"
+    assert acquired[2] == b"new"
+    fence = int(acquired[1])
+    assert fence > 10**15  # a new counter starts at Redis TIME in microseconds
+    held = _run(
+        redis_client, locks, "acquire", ["t:lock", "t:fence", "t:done:id2"], ["tok2", 5000, "id2", "h", 2, "i2"]
+    )
+    assert held == [b"held", b"id", b"h", b"1", str(fence).encode()]
+    duplicate = _run(redis_client, locks, "acquire", keys, ["tok3", 5000, "id", "h", 3, "id:0:0"])
     assert duplicate[0] == b"duplicate"
-    assert _run(redis_client, locks, "renew", ["t:lock"], ["tok", 9000]) == 1
+    # A copy carrying the token its earlier attempt set (a lost reply) takes the lock over, same fence.
+    own = _run(redis_client, locks, "acquire", keys, ["tok4", 5000, "id", "h", 4, "id:0:0", "tok"])
+    assert own == [b"acquired", str(fence).encode(), b"own"]
+    assert _run(redis_client, locks, "renew", ["t:lock"], ["tok4", 9000]) == 1
     assert _run(redis_client, locks, "renew", ["t:lock"], ["tok2", 9000]) == 0
     assert _run(redis_client, locks, "release", ["t:lock"], ["tok2"]) == 0
-    assert _run(redis_client, locks, "release", ["t:lock"], ["tok"]) == 1
-    _run(redis_client, locks, "acquire", ["t:lock", "t:fence", "t:marker"], ["tok", 5000, "id", "h", 1, "id:0:0"])
-    assert _run(redis_client, locks, "commit", ["t:lock", "t:marker"], ["tok", 60000, "id"]) == [1, 1]
-    assert _run(redis_client, locks, "commit", ["t:lock", "t:marker"], ["tok", 60000, "id"]) == [0, 0]
-    done = _run(redis_client, locks, "acquire", ["t:lock", "t:fence", "t:marker"], ["t", 5000, "i", "h", 1, "i:0:0"])
-    assert done == [b"done"]
+    assert _run(redis_client, locks, "release", ["t:lock", "t:done:id:0:0"], ["tok4", 60000, "id"]) == 1
+    assert _run(redis_client, locks, "acquire", keys, ["tok5", 5000, "id", "h", 5, "id:0:0"]) == [b"finished"]
+    idem = ["t:lock2", "t:fence2", "t:done2", "t:marker"]
+    assert _run(redis_client, locks, "acquire", idem, ["t6", 5000, "i", "h", 1, "i:0:0"])[0] == b"acquired"
+    assert _run(redis_client, locks, "commit", ["t:lock2", "t:marker"], ["t6", 60000, "i", 60000]) == [1, 1]
+    assert _run(redis_client, locks, "commit", ["t:lock2", "t:marker"], ["t6", 60000, "i", 60000]) == [1, 0]
+    assert _run(redis_client, locks, "acquire", idem, ["t7", 5000, "j", "h", 1, "j:0:0"]) == [b"done"]

@@ -256,12 +256,22 @@ def _compile_add_column(element: AddColumn, compiler: Any, **_: Any) -> str:
     return f"ALTER TABLE {table} ADD COLUMN {column}"
 
 
-def _stale_heartbeat(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
+#: "Now" in a statement: the store's time read before it, or the database's clock inside it.
+Now = datetime | sa.ColumnElement[Any]
+
+
+def _ago(now: Now, seconds: float) -> Any:
+    if isinstance(now, datetime):
+        return now - timedelta(seconds=seconds)
+    return now - sa.literal(timedelta(seconds=seconds), sa.Interval())
+
+
+def _stale_heartbeat(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
     t = delays
-    return sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < now - timedelta(seconds=stale_after))
+    return sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < _ago(now, stale_after))
 
 
-def _suspect(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
+def _suspect(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
     """Started, heartbeat stale, not suspected since its last heartbeat (see ``DelayRow.suspected_at``)."""
     t = delays
     return sa.and_(
@@ -271,12 +281,12 @@ def _suspect(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
     )
 
 
-def _dead(now: datetime, stale_after: float) -> sa.ColumnElement[bool]:
+def _dead(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
     """Suspected more than ``stale_after`` ago, with no heartbeat since."""
     t = delays
     return sa.and_(
         _status(C.STATUS_STARTED),
-        t.c.suspected_at < now - timedelta(seconds=stale_after),
+        t.c.suspected_at < _ago(now, stale_after),
         sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at <= t.c.suspected_at),
     )
 
@@ -297,6 +307,8 @@ class SQLAlchemyStore(DelayStore):
         self.url = url
         self.engine = engine if engine is not None else create_engine(url)
         self.dialect = self.engine.dialect.name
+        #: Same pool; each checkout in autocommit (reset when it goes back to the pool).
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._schema_ready = False
         self._schema_lock = threading.Lock()
 
@@ -326,6 +338,25 @@ class SQLAlchemyStore(DelayStore):
 
     def _db_now(self, conn: Connection) -> datetime:
         return as_utc(conn.execute(_now_sql(self.dialect)).scalar_one())
+
+    @contextmanager
+    def _statement_clock(self) -> Iterator[tuple[Connection, Now]]:
+        """A connection and "now" for the delivery record's per-task writes (start, heartbeat, end).
+
+        PostgreSQL: autocommit and ``clock_timestamp()`` inside the statement, so the common case is
+        one round trip (a conditional UPDATE is atomic on its own). Elsewhere: one short transaction
+        that reads the database's clock first, like every other write here.
+        """
+        if self.dialect != "postgresql":
+            with self._begin() as conn:
+                yield conn, self._db_now(conn)
+            return
+        self.ensure_schema()
+        try:
+            with self._autocommit.connect() as conn:
+                yield conn, sa.func.clock_timestamp()
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
 
     @property
     def _is_mysql(self) -> bool:
@@ -508,8 +539,7 @@ class SQLAlchemyStore(DelayStore):
         prior_runs: Sequence[str] = (),
     ) -> StartResult:
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
+        with self._statement_clock() as (conn, now):
             taken_over = sa.or_(
                 _dead(now, stale_after), *([t.c.started_by.in_(list(prior_runs))] if prior_runs else [])
             )
@@ -555,8 +585,7 @@ class SQLAlchemyStore(DelayStore):
         )
 
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
-        with self._begin() as conn:
-            now = self._db_now(conn)
+        with self._statement_clock() as (conn, now):
             result = conn.execute(
                 sa.update(delays).where(self._running(task_id, token, run_id)).values(heartbeat_at=now)
             )
@@ -566,8 +595,7 @@ class SQLAlchemyStore(DelayStore):
         values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome}
         if error is not None:
             values["last_error"] = truncate_error(error)
-        with self._begin() as conn:
-            now = self._db_now(conn)
+        with self._statement_clock() as (conn, now):
             result = conn.execute(
                 sa.update(delays)
                 .where(self._running(task_id, token, run_id))

@@ -595,7 +595,9 @@ def test_combined_faults_nothing_lost_nothing_twice(
 
     alive_at_end = {role: proc.alive() for role, proc in cluster.roles.items()}
     exit_codes = {}
-    for proc in cluster.roles.values():
+    # Beats first (nothing new is published), then the sweeper, then the workers finish what they hold.
+    for role in sorted(cluster.roles, key=lambda r: (not r.startswith("beat"), r != "sweeper", r)):
+        proc = cluster.roles[role]
         exit_codes[proc.name] = proc.terminate(timeout=60)
     killed_codes = {p.name: p.proc.returncode if p.proc else None for p in cluster.killed}
 

@@ -85,8 +85,14 @@ class CeleryProcess:
         self.send(signal.SIGCONT)
 
     def terminate(self, timeout: float = 30) -> int | None:
+        """Warm shutdown: SIGTERM to the main process only (a worker then finishes its running tasks
+        and stops its pool children itself; SIGTERM to the whole group killed children mid-task)."""
         self.send(signal.SIGCONT)
-        self.send(signal.SIGTERM)
+        if self.alive():
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         try:
             return self.wait(timeout)
         except subprocess.TimeoutExpired:

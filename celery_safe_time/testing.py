@@ -592,21 +592,26 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def safe_time_testing(app: Celery, *, threshold: float | None = 0.0) -> Iterator[SafeTimeTesting]:
+def safe_time_testing(
+    app: Celery, *, threshold: float | None = 0.0, broker_url: str | None = None
+) -> Iterator[SafeTimeTesting]:
     """Point ``app`` at an in-memory store and lock store for the block; restore it afterwards.
 
     ``threshold`` (default 0): every call with a countdown or eta is stored, so :meth:`run_due` sees
     every delayed call; None keeps the app's ``safe_time_delay_threshold``. ``task_always_eager`` is
-    turned off for the block (it would bypass the store). The app's broker stays as it is if set,
-    else ``memory://``; nothing is sent to it unless a task makes an immediate call.
+    turned off for the block (it would bypass the store). ``broker_url``: the broker for the block
+    (immediate calls go there; ``"memory://"`` keeps them in this process); None keeps the app's, or
+    ``memory://`` when it has none. The app's ``safe_time_redis_url`` is only used if something
+    besides locks and delays needs Redis (beat, ``safe-time check``).
     """
     changes: dict[str, Any] = {"task_always_eager": False, "safe_time_store_url": "memory://testing"}
     if threshold is not None:
         changes["safe_time_delay_threshold"] = threshold
-    if app.conf.get("safe_time_redis_url") is None and not str(app.conf.broker_url or "").startswith("redis"):
+    if broker_url is not None or not app.conf.broker_url:
+        changes["broker_url"] = broker_url or "memory://"
+    broker = str(changes.get("broker_url") or app.conf.broker_url or "")
+    if app.conf.get("safe_time_redis_url") is None and not broker.startswith("redis"):
         changes["safe_time_redis_url"] = NO_REDIS_URL
-    if not app.conf.broker_url:
-        changes["broker_url"] = "memory://"
     saved = {key: app.conf.get(key, _MISSING) for key in changes}
     app.conf.update(changes)
     reset_config(app)
@@ -752,9 +757,14 @@ if pytest is not None:
             yield app
 
     @pytest.fixture
-    def safe_time(safe_time_app: Celery) -> Iterator[SafeTimeTesting]:
+    def safe_time_options() -> dict[str, Any]:
+        """Keyword arguments of :func:`safe_time_testing` (override: ``{"broker_url": "memory://"}``)."""
+        return {}
+
+    @pytest.fixture
+    def safe_time(safe_time_app: Celery, safe_time_options: dict[str, Any]) -> Iterator[SafeTimeTesting]:
         """``safe_time_app`` with the in-memory store, lock store and test clock (:class:`SafeTimeTesting`)."""
-        with safe_time_testing(safe_time_app) as handle:
+        with safe_time_testing(safe_time_app, **safe_time_options) as handle:
             yield handle
 
 

@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 USER_TESTS = textwrap.dedent(
-    '''
+    """
     import threading
     from datetime import timedelta
 
@@ -71,11 +71,11 @@ USER_TESTS = textwrap.dedent(
         assert [user for user, _ in RAN] == [1, 2]
         assert all(thread != "MainThread" for _, thread in RAN), RAN  # on the worker's thread
         assert celery_app.AsyncResult(results[0].id).get(timeout=10) == 2
-    '''
+    """
 )
 
 DEFAULT_APP_TESTS = textwrap.dedent(
-    '''
+    """
     from datetime import timedelta
 
     from celery import shared_task
@@ -91,7 +91,7 @@ DEFAULT_APP_TESTS = textwrap.dedent(
         shared.apply_async((1,), countdown=7 * 86400)
         results = safe_time.run_due(advance=timedelta(days=8), worker=True)
         assert [r.state for r in results] == ["SUCCEEDED"]
-    '''
+    """
 )
 
 

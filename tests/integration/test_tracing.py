@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +18,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_safe_time import SafeTask, reschedule, tracing
+from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.delays.stores import get_store
 from celery_safe_time.delays.sweep import sweep
+from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -89,23 +93,29 @@ def test_a_14_day_delay_continues_the_callers_trace_in_the_worker(
 
 
 def test_beat_published_tasks_carry_slot_and_epoch(
-    make_app: Callable[..., Celery], spans: tuple[TracerProvider, InMemorySpanExporter]
+    make_app: Callable[..., Celery], tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
     _provider, exporter = spans
-    app = make_app("traced-beat")
+    app = make_app(
+        "traced-beat", safe_time_beat_lease=3, beat_schedule={"tick-entry": {"task": "traced.tick", "schedule": 2.0}}
+    )
 
     @app.task(name="traced.tick")
     def tick() -> str:
         return "ok"
 
-    # The headers SafeScheduler (and SafeDatabaseScheduler) put on every slot it publishes.
-    slot = "2026-12-01T09:00:00+00:00"
-    with start_worker(app, perform_ping_check=False, pool="solo", shutdown_timeout=10):
-        tick.apply_async(headers={"safe_time_slot": slot, "safe_time_epoch": 7})
-        _wait(lambda: _named(exporter, "run/traced.tick"))
-    [run] = _named(exporter, "run/traced.tick")
-    [publish] = _named(exporter, "apply_async/traced.tick")
+    # A real SafeScheduler, ticked in this process so the in-memory exporter sees the beat's span too.
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+    try:
+        wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+        with start_worker(app, perform_ping_check=False, pool="solo", shutdown_timeout=10):
+            _wait(lambda: (sched.tick(), _named(exporter, "run/traced.tick"))[1])
+    finally:
+        sched.close()
+    run = _named(exporter, "run/traced.tick")[0]
+    publish = next(s for s in _named(exporter, "apply_async/traced.tick") if s.context.trace_id == run.context.trace_id)
     for span in (run, publish):
         assert span.attributes is not None
-        assert span.attributes["safe_time.slot"] == slot
-        assert span.attributes["safe_time.epoch"] == 7
+        assert span.attributes["safe_time.epoch"] == 1
+        slot = datetime.fromisoformat(str(span.attributes["safe_time.slot"]))
+        assert abs((datetime.now(timezone.utc) - slot).total_seconds()) < 60

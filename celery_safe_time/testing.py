@@ -385,6 +385,8 @@ class SafeTimeTesting:
         """Assert a pending stored call of ``task`` (with these args/kwargs, if given) exists and
         return it. ``due_within``: due at most that long from now; ``due_after``: at least that long;
         ``count``: exactly that many match."""
+        if count == 0:
+            raise ValueError("assert_stored(count=0) asserts nothing is stored: use assert_not_stored()")
         name = _task_name(task)
         now = self.now()
         candidates = self.stored_delays(name)

@@ -451,7 +451,8 @@ class SafeTimeTesting:
 
             with start_worker(self.app, perform_ping_check=False, pool="solo", shutdown_timeout=timeout):
                 return self._run_until(target, publish=True, propagate=propagate, timeout=timeout)
-        return self._run_until(target, publish=worker is not None, propagate=propagate, timeout=timeout)
+        publish = worker is not None and worker is not False
+        return self._run_until(target, publish=publish, propagate=propagate, timeout=timeout)
 
     def _run_until(self, target: datetime, *, publish: bool, propagate: bool, timeout: float) -> list[RunResult]:
         results: list[RunResult] = []
@@ -462,8 +463,16 @@ class SafeTimeTesting:
                 break
             self.store.advance_to(nxt[0].due_at)
             token = uuid.uuid4().hex
-            for row in self.store.claim_due(limit=100, lookahead=0.0, token=token):
-                results.append(self._run_row(row, token, config, publish=publish, propagate=propagate, timeout=timeout))
+            rows = self.store.claim_due(limit=100, lookahead=0.0, token=token)
+            for index, row in enumerate(rows):
+                try:
+                    results.append(
+                        self._run_row(row, token, config, publish=publish, propagate=propagate, timeout=timeout)
+                    )
+                except BaseException:
+                    # The test sees the error; the rows after it stay pending for the next run_due.
+                    self.store.release([r.id for r in rows[index + 1 :]], token)
+                    raise
         else:
             raise AssertionError(f"run_due stopped after {MAX_RUNS} runs: a task keeps storing itself")
         self.store.advance_to(target)

@@ -115,12 +115,15 @@ def test_a_task_error_is_raised_unless_propagate_is_false(safe_time: SafeTimeTes
     def boom() -> None:
         raise ValueError("boom")
 
-    boom.apply_async(countdown=10)
+    same_time = safe_time.now() + timedelta(seconds=10)
+    boom.apply_async(eta=same_time)
+    boom.apply_async(eta=same_time)  # claimed in the same batch as the first
     boom.apply_async(countdown=20)
     with pytest.raises(ValueError, match="boom"):
         safe_time.run_due(advance=15)
+    assert len(safe_time.stored_delays(boom)) == 2  # the other row due at 10 s is pending again
     results = safe_time.run_due(advance=60, propagate=False)
-    assert [r.state for r in results] == ["FAILURE"]
+    assert [r.state for r in results] == ["FAILURE", "FAILURE"]
     assert isinstance(results[0].result, ValueError)
 
 

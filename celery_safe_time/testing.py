@@ -566,7 +566,9 @@ class SafeTimeTesting:
             current = self.store.get(row.id)
             if current is None or current.status not in (C.STATUS_SENT, C.STATUS_STARTED):
                 outcome = current.outcome if current is not None else None
-                return RunResult(row.id, row.task, row.due_at, (outcome or "gone").upper(), current)
+                # The return value is in the result backend (AsyncResult(id).get()), not in the row.
+                error = current.last_error if current is not None else None
+                return RunResult(row.id, row.task, row.due_at, (outcome or "gone").upper(), error)
             time.sleep(0.01)
         raise AssertionError(f"stored task {row.task}[{row.id}] did not finish within {timeout}s on the worker")
 

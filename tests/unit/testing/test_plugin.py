@@ -278,3 +278,35 @@ def test_next_fires_of_intervals_and_plain_crontabs_in_the_app_timezone(app: Cel
     assert next_fires(celery_crontab(minute=0, hour=9), n=1, after=after, tz="UTC") == [
         datetime(2026, 1, 1, 9, 0, tzinfo=UTC)
     ]
+
+
+WITHOUT_PYTEST = """
+import sys
+sys.modules["pytest"] = None  # importing pytest now fails: the helpers must not need it
+from datetime import timedelta
+from celery import Celery
+from celery_safe_time.testing import safe_time_testing
+
+app = Celery("plain", task_cls="celery_safe_time:SafeTask", set_as_current=False)
+ran = []
+
+@app.task(name="plain.remind")
+def remind(x):
+    ran.append(x)
+
+with safe_time_testing(app) as st:
+    remind.apply_async((1,), countdown=14 * 86400)
+    st.assert_stored(remind, args=(1,), due_within=timedelta(days=14, seconds=5))
+    st.run_due(advance=timedelta(days=15))
+assert ran == [1], ran
+print("OK without pytest")
+"""
+
+
+def test_the_helpers_work_without_pytest() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", WITHOUT_PYTEST], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK without pytest" in result.stdout

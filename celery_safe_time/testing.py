@@ -766,8 +766,11 @@ if pytest is not None:
         """The app under test. Override it in your conftest.py to return your own app
         (or Celery's ``celery_app`` fixture); the default is a fresh app, current for the test."""
         app = Celery("safe_time_test", broker="memory://", task_cls="celery_safe_time:SafeTask", set_as_current=False)
-        with _current(app):
-            yield app
+        try:
+            with _current(app):
+                yield app
+        finally:
+            app.close()
 
     @pytest.fixture
     def safe_time_options() -> dict[str, Any]:

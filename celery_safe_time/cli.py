@@ -75,9 +75,10 @@ def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
 )
 @click.option(
     "--max-lateness",
-    type=float,
     default=None,
-    help="Seconds the oldest due delay may be late for --probe sweep (default max(60, 3 x sweep interval)).",
+    callback=lambda ctx, param, value: None if value is None else _duration(ctx, param, value),
+    help="How late the oldest due delay may be for --probe sweep: seconds or 5m, 1h "
+    "(default max(60 s, 3 x sweep interval)).",
 )
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_lateness: float | None) -> None:

@@ -81,7 +81,7 @@ def test_sweep_probe_fails_when_the_oldest_due_delay_is_later_than_the_limit(
     result = probe(processes, "--probe", "sweep", "--max-lateness", "5")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "late (limit 5s)" in result.stdout
-    ok = probe(processes, "--probe", "sweep", "--max-lateness", "120", "--json")
+    ok = probe(processes, "--probe", "sweep", "--max-lateness", "2m", "--json")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert json.loads(ok.stdout)["probes"][0]["value"]["lateness_seconds"] >= 30
 
@@ -99,3 +99,9 @@ def test_store_probe_fails_when_the_store_is_unreachable_and_probes_combine(proc
     report = json.loads(result.stdout)
     assert [(c["name"], c["status"]) for c in report["probes"]] == [("store", "fail"), ("sweep", "fail")]
     assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_a_bad_max_lateness_is_a_usage_error(processes: ProcessManager) -> None:
+    result = probe(processes, "--probe", "sweep", "--max-lateness", "soon")
+    assert result.returncode == 2
+    assert "not a duration" in result.stderr

@@ -8,8 +8,9 @@ so nothing would carry the caller's context across the 14 days. Here:
 - ``SafeTask.apply_async`` injects the current context into the *stored* headers
   (:func:`inject_context`), so it survives in the row;
 - the sweep publishes each row under the context extracted from those headers
-  (:func:`stored_context`): the instrumentation's ``apply_async/<task>`` producer span becomes a
-  child of the caller's span, and the worker's ``run/<task>`` span a child of that: one trace;
+  (:func:`stored_context`, :func:`in_stored_context`): the instrumentation's ``apply_async/<task>``
+  producer span becomes a child of the caller's span, and the worker's ``run/<task>`` span a child
+  of that: one trace;
 - :func:`instrument` starts the Celery instrumentation (if not yet) and then adds the package's own
   span attributes: ``safe_time.slot`` and ``safe_time.epoch`` on beat-published tasks (producer
   and worker spans), ``safe_time.stored_due_at`` on stored deliveries.
@@ -20,15 +21,18 @@ Without opentelemetry installed every function here is a no-op.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from celery import signals as celery_signals
 
 from . import constants as C
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 #: Span attribute name per message header.
 ATTRIBUTES: dict[str, str] = {
@@ -77,6 +81,17 @@ def stored_context(headers: Mapping[str, Any]) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+def in_stored_context(headers: Mapping[str, Any], call: Callable[..., R]) -> Callable[..., R]:
+    """``call`` wrapped to run under the trace context stored in ``headers`` (the sweep's publish)."""
+
+    @functools.wraps(call)
+    def wrapped(*args: Any, **kwargs: Any) -> R:
+        with stored_context(headers):
+            return call(*args, **kwargs)
+
+    return wrapped
 
 
 def _set_attributes(headers: Mapping[str, Any] | None) -> None:

@@ -24,7 +24,7 @@ from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
-from ..tracing import stored_context
+from ..tracing import in_stored_context
 from .payload import decode
 from .stores import get_store
 from .stores.base import DelayRow, DelayStore
@@ -322,20 +322,19 @@ def _publish_row(
         headers[C.HEADER_STORED] = row.due_at.isoformat()
         if row.delivery_token:
             headers[C.HEADER_DELIVERY] = row.delivery_token
-        # Published under the caller's stored trace context (if any): its trace continues here.
-        with stored_context(headers):
-            app.send_task(
-                row.task,
-                args=body.get("args") or (),
-                kwargs=body.get("kwargs") or {},
-                task_id=row.id,
-                eta=row.due_at,
-                expires=row.expires_at,
-                producer=producer,
-                headers=headers,
-                add_to_parent=False,
-                **options,
-            )
+        # Published under the caller's stored trace context (if any), so its trace continues here.
+        in_stored_context(headers, app.send_task)(
+            row.task,
+            args=body.get("args") or (),
+            kwargs=body.get("kwargs") or {},
+            task_id=row.id,
+            eta=row.due_at,
+            expires=row.expires_at,
+            producer=producer,
+            headers=headers,
+            add_to_parent=False,
+            **options,
+        )
     except OperationalError:
         raise
     except Exception as exc:  # one bad row must not stall the rows behind it

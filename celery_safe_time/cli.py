@@ -65,10 +65,35 @@ def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
 
 @safe_time.command(cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--probe",
+    "probes",
+    multiple=True,
+    type=click.Choice(["beat", "sweep", "store"]),
+    help="Only check this (repeatable) and exit 1 when unhealthy: beat = a leader holds the lease, "
+    "sweep = the oldest due delay is at most --max-lateness late, store = the store answers.",
+)
+@click.option(
+    "--max-lateness",
+    default=None,
+    callback=lambda ctx, param, value: None if value is None else _duration(ctx, param, value),
+    help="How late the oldest due delay may be for --probe sweep: seconds or 5m, 1h "
+    "(default max(60 s, 3 x sweep interval)).",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Beat leader, stored delays and held overlap locks."""
+def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_lateness: float | None) -> None:
+    """Beat leader, stored delays and held overlap locks; with --probe, a health verdict (exit 1 = unhealthy)."""
     app = _app(ctx)
+    if probes:
+        from .probes import run_probes
+
+        checks = run_probes(app, list(probes), max_lateness=max_lateness)
+        overall = worst(checks)
+        if as_json:
+            _dump({"status": overall, "probes": [c.as_dict() for c in checks]})
+        else:
+            _print_checks(ctx, checks)
+        sys.exit(1 if overall == "fail" else 0)
     sections = {name: describe(app) for name, describe in _status_sections()}
     if as_json:
         _dump(sections)

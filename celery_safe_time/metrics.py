@@ -2,15 +2,24 @@
 
 ``enable_metrics()`` connects counters to :mod:`celery_safe_time.signals` in this process;
 expose them the usual way (``prometheus_client.start_http_server(9808)`` in the worker/beat,
-or the multiprocess collector for prefork workers). Gauges that need a query (pending delays,
-oldest due, held locks) come from ``celery safe-time status --json``, which is cheap to scrape.
+or the multiprocess collector for prefork workers).
+
+``register_gauges(app)`` adds a collector whose gauges (stored delays per status, lateness of the
+oldest due delay, the beat lease holder and epoch, held locks) are read from the store and Redis
+when Prometheus scrapes, not kept per event: register it in one process per deployment (a beat, or
+``celery safe-time metrics --port 9808``), since every process would report the same numbers.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from celery import Celery
+
+from . import constants as C
 from . import signals
 from .exceptions import NotInstalled
 
@@ -89,3 +98,127 @@ def _receiver(counter: Any, label: str | None) -> Any:
             counter.inc()
 
     return receive
+
+
+# --- gauges, computed on scrape -----------------------------------------------------------------
+
+#: ``safe_time_overlap_locks_held`` counts at most this many (SCAN is linear in the keyspace).
+LOCKS_COUNT_CAP = 10_000
+
+GAUGES: dict[str, str] = {
+    "safe_time_delays": "Stored delays per status (pending, claimed, sent, started, finished, failed, ...).",
+    "safe_time_delay_oldest_due_lateness_seconds": "How far past due the oldest pending stored delay is "
+    "(0 when none is overdue), by the store's clock.",
+    "safe_time_delay_oldest_due_timestamp_seconds": "Due time of the oldest pending stored delay (absent when none).",
+    "safe_time_beat_leader": "1 while a beat holds the leader lease (labels: its host and pid), else 0.",
+    "safe_time_beat_lease_remaining_seconds": "Seconds left on the leader lease (0 when nobody holds it).",
+    "safe_time_beat_epoch": "The leader lease's epoch (grows with every new leader).",
+    "safe_time_overlap_locks_held": f"Overlap and in-progress idempotent locks held (counted up to {LOCKS_COUNT_CAP}).",
+    "safe_time_gauge_source_up": "1 when the collector could read the source (store, redis) at this scrape, else 0.",
+    "safe_time_gauge_scrape_duration_seconds": "Time the collector took to read the store and Redis.",
+}
+
+
+class SafeTimeCollector:
+    """A ``prometheus_client`` collector that reads one app's store and Redis at every scrape.
+
+    A source that fails is reported as ``safe_time_gauge_source_up{source=...} 0`` with its gauges
+    left out, never as an exception (a scrape must not fail because the store is down).
+    """
+
+    def __init__(self, app: Celery, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self._clock = clock
+
+    def describe(self) -> list[Any]:
+        # Describing by collecting would hit the store at registration; an empty list skips that check.
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        started = self._clock()
+        up = GaugeMetricFamily("safe_time_gauge_source_up", GAUGES["safe_time_gauge_source_up"], labels=["source"])
+        families: list[Any] = []
+        try:
+            families.extend(self._store_families(GaugeMetricFamily))
+            up.add_metric(["store"], 1)
+        except Exception as exc:  # a scrape reports a down store, it does not fail
+            logger.warning("metrics: stored-delay gauges unavailable: %s", exc)
+            up.add_metric(["store"], 0)
+        try:
+            families.extend(self._redis_families(GaugeMetricFamily))
+            up.add_metric(["redis"], 1)
+        except Exception as exc:  # same for Redis
+            logger.warning("metrics: beat and lock gauges unavailable: %s", exc)
+            up.add_metric(["redis"], 0)
+        yield from families
+        yield up
+        duration = GaugeMetricFamily(
+            "safe_time_gauge_scrape_duration_seconds", GAUGES["safe_time_gauge_scrape_duration_seconds"]
+        )
+        duration.add_metric([], self._clock() - started)
+        yield duration
+
+    def _store_families(self, gauge: Any) -> list[Any]:
+        from .delays.stores import get_store
+
+        store = get_store(self.app)
+        counts = store.counts()
+        oldest = store.oldest_due(C.STATUS_PENDING)
+        now = store.now()
+        delays = gauge("safe_time_delays", GAUGES["safe_time_delays"], labels=["status"])
+        for status in C.DELAY_STATUSES:
+            delays.add_metric([status], counts.get(status, 0))
+        lateness = gauge(
+            "safe_time_delay_oldest_due_lateness_seconds", GAUGES["safe_time_delay_oldest_due_lateness_seconds"]
+        )
+        lateness.add_metric([], max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0)
+        families = [delays, lateness]
+        if oldest is not None:
+            due = gauge(
+                "safe_time_delay_oldest_due_timestamp_seconds", GAUGES["safe_time_delay_oldest_due_timestamp_seconds"]
+            )
+            due.add_metric([], oldest.timestamp())
+            families.append(due)
+        return families
+
+    def _redis_families(self, gauge: Any) -> list[Any]:
+        from .beat.lease import LeaseKeys, load_state
+        from .config import get_config
+        from .locks.store import get_lock_store
+        from .redis_client import get_redis
+
+        config = get_config(self.app)
+        keys = LeaseKeys.for_config(config)
+        pipe = get_redis(config.redis_url).pipeline(transaction=False)
+        pipe.pttl(keys.lease)
+        pipe.get(keys.info)
+        pipe.get(keys.epoch)
+        ttl_ms, raw_info, epoch = pipe.execute()
+        held = ttl_ms is not None and int(ttl_ms) > 0
+        info = load_state(raw_info) if held else {}
+        leader = gauge("safe_time_beat_leader", GAUGES["safe_time_beat_leader"], labels=["host", "pid"])
+        leader.add_metric([str(info.get("host") or ""), str(info.get("pid") or "")], 1 if held else 0)
+        remaining = gauge("safe_time_beat_lease_remaining_seconds", GAUGES["safe_time_beat_lease_remaining_seconds"])
+        remaining.add_metric([], int(ttl_ms) / 1000.0 if held else 0.0)
+        families = [leader, remaining]
+        if epoch:
+            epoch_gauge = gauge("safe_time_beat_epoch", GAUGES["safe_time_beat_epoch"])
+            epoch_gauge.add_metric([], int(epoch))
+            families.append(epoch_gauge)
+        locks = gauge("safe_time_overlap_locks_held", GAUGES["safe_time_overlap_locks_held"])
+        locks.add_metric([], len(get_lock_store(self.app).scan(limit=LOCKS_COUNT_CAP)))
+        families.append(locks)
+        return families
+
+
+def register_gauges(app: Celery, registry: Any = None) -> SafeTimeCollector:
+    """Register the gauges of ``app`` in ``registry`` (default: prometheus_client's); returns the collector."""
+    try:
+        import prometheus_client
+    except ImportError as exc:  # pragma: no cover - depends on the extra
+        raise NotInstalled("metrics need prometheus-client: pip install 'celery-safe-time[metrics]'") from exc
+    collector = SafeTimeCollector(app)
+    (registry if registry is not None else prometheus_client.REGISTRY).register(collector)
+    return collector

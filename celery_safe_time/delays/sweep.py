@@ -24,6 +24,7 @@ from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
+from ..tracing import in_stored_context
 from .payload import decode
 from .stores import get_store
 from .stores.base import DelayRow, DelayStore
@@ -321,7 +322,8 @@ def _publish_row(
         headers[C.HEADER_STORED] = row.due_at.isoformat()
         if row.delivery_token:
             headers[C.HEADER_DELIVERY] = row.delivery_token
-        app.send_task(
+        # Published under the caller's stored trace context (if any), so its trace continues here.
+        in_stored_context(headers, app.send_task)(
             row.task,
             args=body.get("args") or (),
             kwargs=body.get("kwargs") or {},

@@ -18,6 +18,7 @@ from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
+from ..tracing import inject_context
 from .delivery import delivery_token, run_delivery
 from .payload import clean_options, encode
 from .plan import plan_delay
@@ -109,6 +110,8 @@ class SafeTask(Task):
             options["link"] = [dict(s) for s in _as_list(link)]
         if link_error:
             options["link_error"] = [dict(s) for s in _as_list(link_error)]
+        # Nothing is published now, so no publish hook carries the caller's trace: the row must.
+        options["headers"] = inject_context(options.get("headers"))
         serializer = options.get("serializer") or self.serializer or app.conf.task_serializer
         body = {
             "args": list(args or ()),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from typing import Any, Literal
 
 import redis
@@ -247,9 +248,23 @@ class LockStore:
 
 _stores: dict[tuple[int, int, SafeTimeConfig], LockStore] = {}
 
+#: Per app, a lock store that replaces Redis (``celery_safe_time.testing``'s in-process one).
+_overrides: weakref.WeakKeyDictionary[Celery, LockStore] = weakref.WeakKeyDictionary()
+
+
+def use_lock_store(app: Celery, store: LockStore | None) -> None:
+    """Make ``app`` use ``store`` for its locks (None: back to Redis). For tests: production never calls it."""
+    if store is None:
+        _overrides.pop(app, None)
+    else:
+        _overrides[app] = store
+
 
 def get_lock_store(app: Celery) -> LockStore:
     """The lock scripts on this process's Redis client for ``app``'s settings."""
+    override = _overrides.get(app)
+    if override is not None:
+        return override
     config = get_config(app)
     client = get_redis(config.redis_url)
     cache_key = (os.getpid(), id(client), config)

@@ -89,3 +89,20 @@ def test_demo_admin_changelists_render(tmp_path: Path, redis_db_url: str) -> Non
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ADMIN OK" in result.stdout
+
+
+def test_demo_projects_own_tests_pass_with_the_plugin_and_no_redis(tmp_path: Path) -> None:
+    """demo_project/tests use celery_safe_time.testing: with Redis pointed at a closed port they still pass."""
+    env = _env(tmp_path)
+    env["DEMO_REDIS_URL"] = "redis://127.0.0.1:1/0"  # nothing listens there: no test may need Redis
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "demo_project/tests"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "7 passed" in output, output[-3000:]

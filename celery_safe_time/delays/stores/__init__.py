@@ -12,7 +12,7 @@ from ... import constants as C
 from ...config import get_config
 from .base import DelayStore
 
-__all__ = ["DelayStore", "create_store", "get_store"]
+__all__ = ["DelayStore", "create_store", "get_store", "set_store"]
 
 _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -47,6 +47,12 @@ def get_store(app: Celery) -> DelayStore:
             _stores[app] = (pid, store)
             cached = _stores[app]
     return cached[1]
+
+
+def set_store(app: Celery, store: DelayStore) -> None:
+    """Make ``store`` the app's store in this process (``celery_safe_time.testing``; tests)."""
+    with _lock:
+        _stores[app] = (os.getpid(), store)
 
 
 def reset_store(app: Celery) -> None:

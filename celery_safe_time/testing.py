@@ -1,0 +1,797 @@
+"""Test helpers for code that uses celery-safe-time: a pytest plugin, usable without pytest too.
+
+``task_always_eager`` runs everything at once and ignores countdowns, so it bypasses the store: a
+test of "remind in 14 days" proves nothing. Here the delays go through the real ``SafeTask`` path
+into an in-memory store whose clock the test moves forward:
+
+```python
+def test_trial_reminder(safe_time):
+    start_trial.delay(user_id=42)
+    safe_time.assert_stored(send_reminder, kwargs={"user_id": 42}, due_within=timedelta(days=14, minutes=1))
+    ran = safe_time.run_due(advance=timedelta(days=14))
+    assert [r.task for r in ran] == [send_reminder.name]
+```
+
+What the in-process set-up covers (:func:`safe_time_testing`):
+
+- stored delays: an in-memory store (:class:`TestStore`) with the same contract as the database
+  stores and a clock that :meth:`SafeTimeTesting.run_due` moves forward; the delivery record
+  (conditional start, outcome) runs as in a worker;
+- ``overlap_lock`` and ``idempotent``: :class:`MemoryLockStore`, the Redis lock scripts' rules in
+  Python (token-checked acquire/renew/release, fencing numbers, idempotency markers with their
+  window, finished-delivery markers). Not covered: the hard-time-limit release (it reads Redis);
+- no Redis and no broker: the app gets a ``memory://`` broker unless it has one, and a
+  placeholder ``safe_time_redis_url`` that names itself if anything still reaches for Redis
+  (``SafeScheduler`` does: beat needs Redis; test schedules with :func:`next_fires`).
+
+Production validation is unchanged: a real app without ``safe_time_redis_url`` and a non-Redis
+broker still fails at startup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Any
+
+from billiard.einfo import ExceptionWithTraceback
+from celery import Celery, Task
+from celery.app.trace import build_tracer
+
+from . import constants as C
+from .clock import as_utc, local_time, to_datetime
+from .config import SafeTimeConfig, get_config, reset_config
+from .delays.payload import decode
+from .delays.stores import reset_store, set_store
+from .delays.stores.base import DelayRow
+from .delays.stores.memory import MemoryStore
+from .locks.store import Acquired, Holder, LockInfo, LockStore, Owner, use_lock_store
+
+__all__ = [
+    "MemoryLockStore",
+    "RunResult",
+    "SafeTimeTesting",
+    "StoredDelay",
+    "TestStore",
+    "assert_idempotent_done",
+    "assert_lock_free",
+    "assert_lock_held",
+    "assert_stored",
+    "next_fires",
+    "run_due",
+    "safe_time_testing",
+    "stored_delays",
+]
+
+UTC = timezone.utc
+
+#: ``safe_time_redis_url`` of a testing app: a socket that cannot exist, named so that the error of
+#: anything that still tries Redis (beat, ``safe-time check``) says why.
+NO_REDIS_URL = "unix:///nonexistent/celery-safe-time-testing-has-no-redis.sock"
+
+#: run_due stops after this many runs: a task that stores itself again with no delay would loop.
+MAX_RUNS = 10_000
+
+_HOST = socket.gethostname()
+
+
+# --- the in-process backends ---------------------------------------------------------------------
+
+
+class TestStore(MemoryStore):
+    """The memory store with a clock a test moves forward (``advance``); it never moves back."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, url: str = "memory://testing") -> None:
+        super().__init__(url)
+        self.offset = 0.0
+
+    def now(self) -> datetime:
+        return to_datetime(local_time() + self.offset)
+
+    def advance(self, delta: timedelta | float) -> datetime:
+        """Move the clock ``delta`` forward; returns the new now."""
+        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
+        if seconds < 0:
+            raise ValueError(f"the test clock only moves forward, got {delta!r}")
+        self.offset += seconds
+        return self.now()
+
+    def advance_to(self, when: datetime) -> datetime:
+        """Move the clock to ``when`` if that is later than now."""
+        gap = (as_utc(when) - self.now()).total_seconds()
+        if gap > 0:
+            self.offset += gap
+        return self.now()
+
+    def rows(self) -> list[DelayRow]:
+        with self._lock:
+            return sorted(self._rows.values(), key=lambda r: (r.due_at, r.id))
+
+
+@dataclasses.dataclass
+class _Lock:
+    token: str
+    task_id: str
+    identity: str
+    host: str
+    pid: int
+    fence: int
+    acquired_at: float
+    expires: float
+
+
+class MemoryLockStore(LockStore):
+    """The lock scripts' rules (``locks/lua/*.lua``) on dicts in this process, for tests.
+
+    Expiry follows ``clock`` (``time.time`` by default); fencing numbers start at the clock in
+    microseconds, as the acquire script seeds them.
+    """
+
+    def __init__(self, config: SafeTimeConfig, clock: Any = time.time) -> None:
+        # No Redis client and no scripts: every method that used them is replaced below.
+        self.client = None  # type: ignore[assignment]
+        self.config = config
+        self._clock = clock
+        self._mutex = threading.RLock()
+        self._locks: dict[str, _Lock] = {}
+        self._fences: dict[str, int] = {}
+        self._markers: dict[str, tuple[float, str, str]] = {}  # marker key -> (expires, task id, token)
+        self._done: dict[str, float] = {}  # finished-delivery key -> expires
+
+    def _live(self, key: str) -> _Lock | None:
+        lock = self._locks.get(key)
+        if lock is not None and lock.expires <= self._clock():
+            del self._locks[key]
+            return None
+        return lock
+
+    def _alive(self, table: dict[str, Any], key: str) -> bool:
+        entry = table.get(key)
+        if entry is None:
+            return False
+        expires = entry[0] if isinstance(entry, tuple) else entry
+        if expires <= self._clock():
+            del table[key]
+            return False
+        return True
+
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        with self._mutex:
+            now = self._clock()
+            if marker is not None and self._alive(self._markers, self.marker_key(marker)):
+                return Acquired("done")
+            if self._alive(self._done, self.done_key(key, owner.identity)):
+                return Acquired("finished")
+            lock_key = self.lock_key(key)
+            current = self._live(lock_key)
+            if current is not None:
+                if current.token == token or current.token in earlier_tokens:
+                    self._locks[lock_key] = dataclasses.replace(
+                        current,
+                        token=token,
+                        task_id=owner.task_id,
+                        identity=owner.identity,
+                        host=owner.host,
+                        pid=owner.pid,
+                        expires=now + ttl,
+                    )
+                    return Acquired("acquired", fence=current.fence, took_over=True)
+                holder = Holder(task_id=current.task_id, host=current.host, pid=current.pid, fence=current.fence)
+                return Acquired("duplicate" if current.identity == owner.identity else "held", holder=holder)
+            fence_key = self.fence_key(key)
+            fence = self._fences.get(fence_key, int(now * 1_000_000)) + 1
+            self._fences[fence_key] = fence
+            self._locks[lock_key] = _Lock(
+                token, owner.task_id, owner.identity, owner.host, owner.pid, fence, now, now + ttl
+            )
+            return Acquired("acquired", fence=fence)
+
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        with self._mutex:
+            lock = self._live(self.lock_key(key))
+            if lock is None or lock.token != token:
+                return False
+            lock.expires = self._clock() + ttl
+            return True
+
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        with self._mutex:
+            if finished is not None:
+                identity, ttl, _task_id = finished
+                self._done[self.done_key(key, identity)] = self._clock() + ttl
+            return self._drop(key, token)
+
+    def _drop(self, key: str, token: str) -> bool:
+        lock_key = self.lock_key(key)
+        lock = self._live(lock_key)
+        if lock is None or lock.token != token:
+            return False
+        del self._locks[lock_key]
+        return True
+
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        with self._mutex:
+            marker_key = self.marker_key(marker)
+            if self._alive(self._markers, marker_key):
+                recorded = self._markers[marker_key][2] == token
+            else:
+                self._markers[marker_key] = (self._clock() + window, task_id, token)
+                recorded = True
+            if finished is not None:
+                identity, done_ttl = finished
+                self._done[self.done_key(lock, identity)] = self._clock() + done_ttl
+            return recorded, self._drop(lock, token)
+
+    def token_of(self, key: str) -> str | None:
+        with self._mutex:
+            lock = self._live(self.lock_key(key))
+            return lock.token if lock is not None else None
+
+    def info(self, redis_key: str, now: float) -> LockInfo | None:
+        with self._mutex:
+            lock = self._live(redis_key)
+            if lock is None:
+                return None
+            return LockInfo(
+                key=self.user_key(redis_key),
+                redis_key=redis_key,
+                task_id=lock.task_id,
+                host=lock.host,
+                pid=lock.pid,
+                fence=lock.fence,
+                age=round(now - lock.acquired_at, 3),
+                ttl_left=round(lock.expires - now, 3),
+            )
+
+    def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        import fnmatch
+
+        now = self._clock()
+        with self._mutex:
+            keys = [k for k in list(self._locks) if fnmatch.fnmatchcase(k, self.lock_key(pattern))]
+            found = [info for info in (self.info(k, now) for k in keys) if info is not None]
+        found.sort(key=lambda i: i.key)
+        return found[:limit] if limit is not None else found
+
+    def force_release(self, key: str) -> LockInfo | None:
+        with self._mutex:
+            info = self.info(self.lock_key(key), self._clock())
+            self._locks.pop(self.lock_key(key), None)
+            return info
+
+    def idempotent_done(self, key: str) -> bool:
+        """Whether an ``idempotent`` key has run (its marker is within its window)."""
+        with self._mutex:
+            return self._alive(self._markers, self.marker_key(key))
+
+
+# --- what a test reads ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredDelay:
+    """One stored call, decoded: what ``assert_stored`` compares."""
+
+    id: str
+    task: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    due_at: datetime
+    status: str
+    idempotency_key: str | None
+    row: DelayRow
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """One stored delay that :func:`run_due` ran (or tried to)."""
+
+    id: str
+    task: str
+    due_at: datetime
+    #: Celery's state of the run: SUCCESS, FAILURE, RETRY, IGNORED ...; EXPIRED or FAILED (unpublishable row).
+    state: str
+    result: Any = None
+
+
+def _decode_row(row: DelayRow, config: SafeTimeConfig) -> StoredDelay:
+    body = decode(row.payload, row.content_type, row.content_encoding, allow_pickle=config.allow_pickle)
+    return StoredDelay(
+        id=row.id,
+        task=row.task,
+        args=tuple(body.get("args") or ()),
+        kwargs=dict(body.get("kwargs") or {}),
+        options=dict(body.get("options") or {}),
+        due_at=row.due_at,
+        status=row.status,
+        idempotency_key=row.idempotency_key,
+        row=row,
+    )
+
+
+def _task_name(task: Task | str | None) -> str | None:
+    if task is None or isinstance(task, str):
+        return task
+    return str(task.name)
+
+
+class SafeTimeTesting:
+    """The handle of one app under test: its store, lock store and test clock."""
+
+    def __init__(self, app: Celery, store: TestStore, locks: MemoryLockStore) -> None:
+        self.app = app
+        self.store = store
+        self.locks = locks
+
+    # --- time ---------------------------------------------------------------------------------
+    def now(self) -> datetime:
+        """The store's clock (what "due" is measured with): real time plus every advance."""
+        return self.store.now()
+
+    def advance(self, delta: timedelta | float) -> datetime:
+        """Move the clock without running anything (see :meth:`run_due`)."""
+        return self.store.advance(delta)
+
+    # --- stored delays ------------------------------------------------------------------------
+    def stored_delays(
+        self, task: Task | str | None = None, *, status: str | None = C.STATUS_PENDING
+    ) -> list[StoredDelay]:
+        """The stored calls (pending ones by default, ``status=None`` for all), by due time."""
+        name = _task_name(task)
+        config = get_config(self.app)
+        return [
+            _decode_row(row, config)
+            for row in self.store.rows()
+            if (status is None or row.status == status) and (name is None or row.task == name)
+        ]
+
+    def assert_stored(
+        self,
+        task: Task | str,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        due_within: timedelta | None = None,
+        due_after: timedelta | None = None,
+        count: int | None = None,
+    ) -> StoredDelay:
+        """Assert a pending stored call of ``task`` (with these args/kwargs, if given) exists and
+        return it. ``due_within``: due at most that long from now; ``due_after``: at least that long;
+        ``count``: exactly that many match."""
+        if count == 0:
+            raise ValueError("assert_stored(count=0) asserts nothing is stored: use assert_not_stored()")
+        name = _task_name(task)
+        now = self.now()
+        candidates = self.stored_delays(name)
+        matches = [
+            d
+            for d in candidates
+            if (args is None or d.args == tuple(args))
+            and (kwargs is None or d.kwargs == dict(kwargs))
+            and (due_within is None or d.due_at <= now + due_within)
+            and (due_after is None or d.due_at >= now + due_after)
+        ]
+        wanted = f"{name}(args={args!r}, kwargs={kwargs!r})"
+        if due_within is not None:
+            wanted += f" due within {due_within}"
+        if due_after is not None:
+            wanted += f" due after {due_after}"
+        if count is not None and len(matches) != count:
+            raise AssertionError(
+                f"expected {count} stored {wanted}, found {len(matches)}; {self._describe(candidates)}"
+            )
+        if not matches:
+            raise AssertionError(f"no stored {wanted}; {self._describe(candidates)}")
+        return matches[0]
+
+    def assert_not_stored(self, task: Task | str | None = None) -> None:
+        """Assert no pending stored call (of ``task``) exists."""
+        found = self.stored_delays(task)
+        if found:
+            raise AssertionError(f"expected nothing stored; {self._describe(found)}")
+
+    def _describe(self, delays: Sequence[StoredDelay]) -> str:
+        if not delays:
+            return "nothing pending of that task"
+        now = self.now()
+        shown = ", ".join(f"{d.task}(args={d.args!r}, kwargs={d.kwargs!r}) in {d.due_at - now}" for d in delays[:10])
+        return f"pending: {shown}{' ...' if len(delays) > 10 else ''}"
+
+    # --- running what is due ------------------------------------------------------------------
+    def run_due(
+        self,
+        advance: timedelta | float = timedelta(0),
+        *,
+        worker: Any = None,
+        propagate: bool = True,
+        timeout: float = 30.0,
+    ) -> list[RunResult]:
+        """Move the clock forward by ``advance``, running every stored delay that comes due, in due order.
+
+        Each row runs when the clock reaches its ``due_at``, so what it stores (a retry, a follow-up
+        reminder) counts from there and runs too if due by the end. Eagerly in this thread by
+        default (``propagate``: a task's exception is raised here); ``worker=True`` starts a real
+        in-process worker (``celery.contrib.testing.worker.start_worker``) for the call,
+        ``worker=<WorkController>`` (Celery's ``celery_worker`` fixture) uses a running one: each row is
+        published and awaited until its delivery record says finished (``timeout`` seconds each).
+        """
+        seconds = advance.total_seconds() if isinstance(advance, timedelta) else float(advance)
+        if seconds < 0:
+            raise ValueError(f"run_due cannot go back in time, got {advance!r}")
+        target = self.now() + timedelta(seconds=seconds)
+        if worker is True:
+            from celery.contrib.testing.worker import start_worker
+
+            with start_worker(self.app, perform_ping_check=False, pool="solo", shutdown_timeout=timeout):
+                return self._run_until(target, publish=True, propagate=propagate, timeout=timeout)
+        publish = worker is not None and worker is not False
+        return self._run_until(target, publish=publish, propagate=propagate, timeout=timeout)
+
+    def _run_until(self, target: datetime, *, publish: bool, propagate: bool, timeout: float) -> list[RunResult]:
+        results: list[RunResult] = []
+        config = get_config(self.app)
+        for _ in range(MAX_RUNS):
+            nxt = self.store.list(status=C.STATUS_PENDING, due_before=target, limit=1)
+            if not nxt:
+                break
+            self.store.advance_to(nxt[0].due_at)
+            token = uuid.uuid4().hex
+            rows = self.store.claim_due(limit=100, lookahead=0.0, token=token)
+            for index, row in enumerate(rows):
+                try:
+                    results.append(
+                        self._run_row(row, token, config, publish=publish, propagate=propagate, timeout=timeout)
+                    )
+                except BaseException:
+                    # The test sees the error; the rows after it stay pending for the next run_due.
+                    self.store.release([r.id for r in rows[index + 1 :]], token)
+                    raise
+        else:
+            raise AssertionError(f"run_due stopped after {MAX_RUNS} runs: a task keeps storing itself")
+        self.store.advance_to(target)
+        return results
+
+    def _run_row(
+        self, row: DelayRow, token: str, config: SafeTimeConfig, *, publish: bool, propagate: bool, timeout: float
+    ) -> RunResult:
+        if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
+            self.store.mark_expired([row.id], token)
+            return RunResult(row.id, row.task, row.due_at, "EXPIRED")
+        task = self.app.tasks.get(row.task)
+        if task is None:
+            error = f"LookupError: unknown task {row.task!r} (not registered in this app)"
+            self.store.mark_failed(row.id, token, error)
+            if propagate:
+                raise LookupError(error)
+            return RunResult(row.id, row.task, row.due_at, "FAILED", error)
+        call = _decode_row(row, config)
+        options = dict(call.options)
+        headers = dict(options.pop("headers", None) or {})
+        # What the sweep adds to every copy it publishes: the delivery record runs as in a worker.
+        headers[C.HEADER_STORED] = row.due_at.isoformat()
+        if row.delivery_token:
+            headers[C.HEADER_DELIVERY] = row.delivery_token
+        self.store.mark_sent([row.id], token)
+        if publish:
+            return self._publish_and_wait(row, call, options, headers, timeout)
+        return self._execute(task, row, call, options, headers, propagate)
+
+    def _execute(
+        self,
+        task: Task,
+        row: DelayRow,
+        call: StoredDelay,
+        options: dict[str, Any],
+        headers: dict[str, Any],
+        propagate: bool,
+    ) -> RunResult:
+        # A worker-like request, not apply()'s eager one: with is_eager False, retry() and a lock
+        # conflict's re-queue go through apply_async (so into the store) instead of re-running at once.
+        request: dict[str, Any] = {**headers}
+        request.update(
+            id=row.id,
+            task=row.task,
+            args=list(call.args),
+            kwargs=dict(call.kwargs),
+            retries=int(options.get("retries") or 0),
+            is_eager=False,
+            hostname=_HOST,
+            headers=headers,
+            root_id=options.get("root_id") or row.id,
+            parent_id=options.get("parent_id"),
+            callbacks=options.get("link"),
+            errbacks=options.get("link_error"),
+            ignore_result=options.get("ignore_result", task.ignore_result),
+            delivery_info={
+                "is_eager": False,
+                "exchange": options.get("exchange"),
+                "routing_key": options.get("routing_key"),
+                "priority": options.get("priority"),
+            },
+        )
+        # propagate=False: Celery's tracer would raise Retry too; only a failure is raised, below.
+        tracer = build_tracer(task.name, task, eager=True, propagate=False, app=self.app)
+        traced = tracer(row.id, list(call.args), dict(call.kwargs), request)
+        retval = traced.retval
+        exception = getattr(retval, "exception", None)
+        if isinstance(exception, ExceptionWithTraceback):
+            exception = exception.exc
+        state = traced.info.state if traced.info is not None else "SUCCESS"
+        if propagate and state == "FAILURE" and isinstance(exception, BaseException):
+            raise exception
+        return RunResult(row.id, row.task, row.due_at, state, exception if exception is not None else retval)
+
+    def _publish_and_wait(
+        self, row: DelayRow, call: StoredDelay, options: dict[str, Any], headers: dict[str, Any], timeout: float
+    ) -> RunResult:
+        # No eta: the worker runs on the real clock, and the row is due on the test clock already.
+        self.app.send_task(
+            row.task,
+            args=call.args,
+            kwargs=call.kwargs,
+            task_id=row.id,
+            headers=headers,
+            add_to_parent=False,
+            **options,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            current = self.store.get(row.id)
+            if current is None or current.status not in (C.STATUS_SENT, C.STATUS_STARTED):
+                outcome = current.outcome if current is not None else None
+                # The return value is in the result backend (AsyncResult(id).get()), not in the row.
+                error = current.last_error if current is not None else None
+                return RunResult(row.id, row.task, row.due_at, (outcome or "gone").upper(), error)
+            time.sleep(0.01)
+        raise AssertionError(f"stored task {row.task}[{row.id}] did not finish within {timeout}s on the worker")
+
+    # --- locks --------------------------------------------------------------------------------
+    def assert_lock_held(self, key: str) -> LockInfo:
+        """Assert the ``overlap_lock`` (or in-progress ``idempotent``) key is held; returns its holder."""
+        info = self.locks.info(self.locks.lock_key(key), self.locks._clock())
+        if info is None:
+            held = [i.key for i in self.locks.scan()]
+            raise AssertionError(f"lock {key!r} is not held (held: {held or 'none'})")
+        return info
+
+    def assert_lock_free(self, key: str) -> None:
+        """Assert nobody holds the lock ``key``."""
+        info = self.locks.info(self.locks.lock_key(key), self.locks._clock())
+        if info is not None:
+            raise AssertionError(f"lock {key!r} is held by task {info.task_id} (fence {info.fence})")
+
+    def assert_idempotent_done(self, key: str) -> None:
+        """Assert the ``idempotent`` key has run within its window."""
+        if not self.locks.idempotent_done(key):
+            raise AssertionError(f"idempotent key {key!r} has not run (or its window is over)")
+
+    def assert_idempotent_free(self, key: str) -> None:
+        """Assert the ``idempotent`` key has not run (a call would run)."""
+        if self.locks.idempotent_done(key):
+            raise AssertionError(f"idempotent key {key!r} has already run")
+
+
+# --- set-up ---------------------------------------------------------------------------------------
+
+_active: dict[Celery, SafeTimeTesting] = {}
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def safe_time_testing(
+    app: Celery, *, threshold: float | None = 0.0, broker_url: str | None = None
+) -> Iterator[SafeTimeTesting]:
+    """Point ``app`` at an in-memory store and lock store for the block; restore it afterwards.
+
+    ``threshold`` (default 0): every call with a countdown or eta is stored, so :meth:`run_due` sees
+    every delayed call; None keeps the app's ``safe_time_delay_threshold``. ``task_always_eager`` is
+    turned off for the block (it would bypass the store). ``broker_url``: the broker for the block
+    (immediate calls go there; ``"memory://"`` keeps them in this process); None keeps the app's, or
+    ``memory://`` when it has none. The app's ``safe_time_redis_url`` is only used if something
+    besides locks and delays needs Redis (beat, ``safe-time check``).
+    """
+    changes: dict[str, Any] = {"task_always_eager": False, "safe_time_store_url": "memory://testing"}
+    if threshold is not None:
+        changes["safe_time_delay_threshold"] = threshold
+    if broker_url is not None or not app.conf.broker_url:
+        changes["broker_url"] = broker_url or "memory://"
+    broker = str(changes.get("broker_url") or app.conf.broker_url or "")
+    if app.conf.get("safe_time_redis_url") is None and not broker.startswith("redis"):
+        changes["safe_time_redis_url"] = NO_REDIS_URL
+    saved = {key: app.conf.get(key, _MISSING) for key in changes}
+    app.conf.update(changes)
+    reset_config(app)
+    reset_store(app)
+    store = TestStore()
+    set_store(app, store)
+    locks = MemoryLockStore(get_config(app))
+    use_lock_store(app, locks)
+    handle = SafeTimeTesting(app, store, locks)
+    _active[app] = handle
+    try:
+        yield handle
+    finally:
+        _active.pop(app, None)
+        use_lock_store(app, None)
+        reset_store(app)
+        for key, value in saved.items():
+            if value is _MISSING:
+                app.conf.pop(key, None)
+                # Celery's conf keeps defaults in a lower layer: a popped broker_url is None again.
+            else:
+                app.conf[key] = value
+        reset_config(app)
+
+
+def _handle(app: Celery | None, task: Task | str | None = None) -> SafeTimeTesting:
+    if app is None and isinstance(task, Task):
+        app = task._get_app()
+    if app is not None:
+        handle = _active.get(app)
+        if handle is None:
+            raise RuntimeError(f"{app!r} is not under safe_time_testing() (use the safe_time fixture)")
+        return handle
+    if len(_active) == 1:
+        return next(iter(_active.values()))
+    raise RuntimeError(
+        f"{len(_active)} apps are under safe_time_testing(): pass app=" if _active else "no app is under test"
+    )
+
+
+def stored_delays(task: Task | str | None = None, app: Celery | None = None) -> list[StoredDelay]:
+    """The pending stored calls (of ``task``) of the app under test, by due time."""
+    return _handle(app, task).stored_delays(task)
+
+
+def assert_stored(
+    task: Task | str,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    due_within: timedelta | None = None,
+    due_after: timedelta | None = None,
+    count: int | None = None,
+    app: Celery | None = None,
+) -> StoredDelay:
+    """See :meth:`SafeTimeTesting.assert_stored`."""
+    return _handle(app, task).assert_stored(task, args, kwargs, due_within=due_within, due_after=due_after, count=count)
+
+
+def run_due(
+    advance: timedelta | float = timedelta(0),
+    app: Celery | None = None,
+    *,
+    worker: Any = None,
+    propagate: bool = True,
+) -> list[RunResult]:
+    """See :meth:`SafeTimeTesting.run_due`."""
+    return _handle(app).run_due(advance, worker=worker, propagate=propagate)
+
+
+def assert_lock_held(key: str, app: Celery | None = None) -> LockInfo:
+    return _handle(app).assert_lock_held(key)
+
+
+def assert_lock_free(key: str, app: Celery | None = None) -> None:
+    _handle(app).assert_lock_free(key)
+
+
+def assert_idempotent_done(key: str, app: Celery | None = None) -> None:
+    _handle(app).assert_idempotent_done(key)
+
+
+# --- schedules ------------------------------------------------------------------------------------
+
+
+def next_fires(
+    schedule_or_entry: Any,
+    n: int = 5,
+    after: datetime | None = None,
+    *,
+    app: Celery | None = None,
+    tz: str | tzinfo | None = None,
+) -> list[datetime]:
+    """The next ``n`` instants (aware UTC) at which beat fires this schedule or entry, DST rules included.
+
+    Takes a schedule (``celery_safe_time.crontab``, Celery's ``crontab``, a number of seconds, a
+    ``timedelta``, a ``schedule``), a ``beat_schedule`` dict entry, or anything with ``.schedule``.
+    A plain Celery crontab is read in ``tz``, else ``app.timezone``, else UTC, as beat reads it in
+    the app's timezone. ``after`` (naive = UTC) defaults to now. An interval's grid starts where beat
+    first sees the entry: the first fire is ``after`` (rounded up to a second), then every interval.
+    """
+    from .beat.slots import grid_for
+    from .schedules import resolve_tz
+
+    schedule = schedule_or_entry
+    if isinstance(schedule, Mapping):
+        schedule = schedule["schedule"]
+    elif hasattr(schedule, "schedule") and not hasattr(schedule, "remaining_estimate"):
+        schedule = schedule.schedule
+    if tz is not None:
+        zone = resolve_tz(tz)
+    elif app is not None:
+        zone = app.timezone
+    else:
+        zone = UTC
+    start = as_utc(after).timestamp() if after is not None else local_time()
+    grid = grid_for(schedule, zone)
+    fires: list[datetime] = []
+    slot = grid.first(start)
+    for _ in range(n):
+        if not math.isfinite(slot):
+            break
+        fires.append(to_datetime(slot))
+        slot = grid.next(slot)
+    return fires
+
+
+# --- the pytest plugin (entry point ``pytest11``: celery_safe_time = celery_safe_time.testing) -----
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - usable without pytest
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.fixture
+    def safe_time_app() -> Iterator[Celery]:
+        """The app under test. Override it in your conftest.py to return your own app
+        (or Celery's ``celery_app`` fixture); the default is a fresh app, current for the test."""
+        app = Celery("safe_time_test", broker="memory://", task_cls="celery_safe_time:SafeTask", set_as_current=False)
+        try:
+            with _current(app):
+                yield app
+        finally:
+            app.close()
+
+    @pytest.fixture
+    def safe_time_options() -> dict[str, Any]:
+        """Keyword arguments of :func:`safe_time_testing` (override: ``{"broker_url": "memory://"}``)."""
+        return {}
+
+    @pytest.fixture
+    def safe_time(safe_time_app: Celery, safe_time_options: dict[str, Any]) -> Iterator[SafeTimeTesting]:
+        """``safe_time_app`` with the in-memory store, lock store and test clock (:class:`SafeTimeTesting`)."""
+        with safe_time_testing(safe_time_app, **safe_time_options) as handle:
+            yield handle
+
+
+@contextlib.contextmanager
+def _current(app: Celery) -> Iterator[None]:
+    """Make ``app`` the current (and default) app for the block, so ``@shared_task`` binds to it."""
+    from celery import _state
+
+    previous = _state.get_current_app()
+    app.set_current()
+    try:
+        yield
+    finally:
+        _state._set_current_app(previous)

@@ -5,12 +5,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 ARGS ?=
+# Most tests wait on real processes, not on the CPU: two pytest workers on two cores. Tests marked
+# serial (they restart the machine's PostgreSQL, or change a broker-wide setting) run alone after.
+TEST_WORKERS ?= 2
 
 .PHONY: help venv test test-unit test-integration lint format type demo bench bench-quick soak soak-quick check clean
 
 help:
 	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
-	@echo "make test   - run the whole test suite against the local Redis and PostgreSQL"
+	@echo "make test   - run the whole test suite against the local services (parallel part, then the serial one)"
 	@echo "make lint   - ruff check + format check;  make type - mypy"
 	@echo "make bench  - benchmarks (docs/benchmarks.md); make bench-quick - CI-sized smoke run"
 	@echo "make soak   - the long fault-injection soak; make soak-quick - a short one"
@@ -24,7 +27,8 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not serial" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "serial and not slow" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -53,7 +53,8 @@ from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 from tests.helpers.services import RedisServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.soak]
+# serial: it restarts the machine's PostgreSQL, which would cut every other test's connections.
+pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.serial]
 
 SOAK = bool(os.environ.get("SAFE_TIME_SOAK"))
 FAULTS_APP = "tests.apps.faults_app"

@@ -60,18 +60,20 @@ def sweep(
     *,
     store: DelayStore | None = None,
     batch: int | None = None,
-    lookahead: float = C.SWEEP_LOOKAHEAD,
+    lookahead: float | None = None,
     max_batches: int | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> SweepStats:
     """Reclaim stale claims, then claim and publish due rows batch by batch while batches are full.
 
+    ``lookahead`` defaults to the config's (2 s, less under a short broker consumer timeout).
     With ``safe_time_delay_retention`` set, finally purge old finished rows when this process's purge
     is due by ``clock`` (monotonic seconds; tests pass their own).
     """
     config = get_config(app)
     store = store if store is not None else get_store(app)
     batch = batch or config.sweep_batch
+    lookahead = config.sweep_lookahead if lookahead is None else lookahead
     stats = SweepStats(reclaimed=store.reclaim_stale(config.claim_timeout))
     if stats.reclaimed:
         logger.warning("reclaimed %d stored delays claimed over %gs ago", stats.reclaimed, config.claim_timeout)

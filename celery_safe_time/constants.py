@@ -226,6 +226,10 @@ DELIVERY_WORKER_LENGTH: Final = 255
 #: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
 #: meanwhile): a store that is back within that time never sees the rows published twice.
 SWEEP_MARK_RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 4.0)
+#: On RabbitMQ a sweep publishes a batch with publisher confirms and marks sent only the rows the
+#: broker acknowledged; it waits at most this long (and never past half the claim timeout) for the
+#: acks. Unconfirmed rows go back to pending (a memory alarm, a blocked or lost connection).
+SWEEP_CONFIRM_TIMEOUT: Final = 30.0
 
 
 # === locks and idempotency ====================================================

@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -29,7 +28,7 @@ from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import TcpProxy
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs, seconds
-from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
+from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RabbitNode
 
 pytestmark = pytest.mark.integration
@@ -161,7 +160,7 @@ def test_a_memory_alarm_mid_sweep_hands_unconfirmed_rows_back_and_each_runs_once
     again and a worker runs each exactly once, whatever copies the blocked connection still
     delivered."""
     url = rabbit_node.vhost()
-    app = stored_app(make_app, url, redis_url, postgres_url, safe_time_broker_consumer_timeout=8, safe_time_lock_ttl=6)
+    app = stored_app(make_app, url, redis_url, postgres_url, **SAFE_CONF)
     ids = due_rows(store, 30, prefix="alarm")
     rabbit_node.ctl("set_vm_memory_high_watermark", "0.000001")
     try:
@@ -176,19 +175,7 @@ def test_a_memory_alarm_mid_sweep_hands_unconfirmed_rows_back_and_each_runs_once
         rabbit_node.ctl("set_vm_memory_high_watermark", "0.4")
     wait_for(lambda: "memory" not in rabbit_node.ctl("eval", "rabbit_alarm:get_alarms()."), 30, message="no alarm")
     assert sweep(app).sent == len(ids)
-    env = {
-        "SAFE_TIME_TEST_BROKER_URL": url,
-        "SAFE_TIME_TEST_RECORD_URL": redis_url,
-        "SAFE_TIME_TEST_STORE_URL": postgres_url,
-        "SAFE_TIME_TEST_APP_CONF": json.dumps(
-            {
-                "result_backend": redis_url,
-                "safe_time_redis_url": redis_url,
-                "safe_time_broker_consumer_timeout": 8,
-                "safe_time_lock_ttl": 6,
-            }
-        ),
-    }
+    env = _node_env(url, redis_url, postgres_url, **SAFE_CONF)
     processes.worker(DELAYS_APP, name="w", env=env, concurrency=2).wait_for_log(r"ready\.", timeout=90)
     wait_for(lambda: len(runs(redis_client)) >= len(ids), 60, message="every row to run")
     wait_for(

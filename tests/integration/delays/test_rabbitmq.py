@@ -8,9 +8,12 @@ front of it, cut mid-batch) or go to a throwaway node of our own (``rabbit_node`
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -289,6 +292,107 @@ def test_safe_task_on_the_same_broker_keeps_its_worker_and_runs_every_delay_once
     assert "PRECONDITION_FAILED" not in worker.log()
     started = {r["label"]: r["started"] for r in runs(redis_client)}
     assert sorted(started) == sorted(due)  # each once
+    for run in runs(redis_client):
+        if run["stored_due"]:  # the store's due time, not the test's estimate of it
+            due[run["label"]] = datetime.fromisoformat(run["stored_due"]).timestamp()
     lateness = {label: round(started[label] - due[label], 3) for label in due}
     print(f"SafeTask lateness under an 8 s consumer_timeout (s): {lateness}")
     assert all(-0.2 <= late <= 1.0 for late in lateness.values()), lateness
+
+
+#: Celery 5.5+ on quorum queues: countdowns become native delayed delivery (TTL queues
+#: ``celery_delayed_0..27`` in the broker, whole seconds); it needs a topic exchange.
+QUORUM_CONF: dict[str, Any] = {
+    "task_default_queue_type": "quorum",
+    "task_default_exchange_type": "topic",
+    "broker_transport_options": {"confirm_publish": True},
+    "safe_time_delay_threshold": 5,
+}
+
+
+def test_quorum_queues_with_native_delayed_delivery_run_stored_delays_and_lock_requeues_once(
+    make_app: Callable[..., Celery],
+    amqp_url: str,
+    redis_url: str,
+    postgres_url: str,
+    store: SQLAlchemyStore,
+    processes: ProcessManager,
+    redis_client: redis.Redis,
+) -> None:
+    """The third broker variant: quorum queues, where Celery sends every countdown through the
+    broker's delayed-delivery queues instead of holding it in the worker. Stored delays (published
+    by the sweep with ``eta=due_at``) run once, on time; a 2 s overlap-lock re-queue (below the 5 s
+    threshold: a native delayed message) runs after the holder, never beside it; a plain 6 s
+    countdown reaches the worker only when it is due (the broker held it)."""
+    app = make_app(
+        "quorum-client",
+        broker_url=amqp_url,
+        result_backend=redis_url,
+        safe_time_redis_url=redis_url,
+        safe_time_store_url=postgres_url,
+        **QUORUM_CONF,
+    )
+    install(app)
+    tasks = define_tasks(app)
+    worker = processes.worker(
+        DELAYS_APP, name="quorum", env=_node_env(amqp_url, redis_url, postgres_url, **QUORUM_CONF), concurrency=2
+    )
+    worker.wait_for_log(r"ready\.", timeout=90)
+    vhost = amqp_url.rsplit("/", 1)[1]
+    queues = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name", "type"], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(r"^celery\s+quorum$", queues, re.M), queues
+    assert "celery_delayed_27" in queues  # the worker set up native delayed delivery
+
+    due: dict[str, float] = {}
+    for n, countdown in enumerate([8, 9]):
+        tasks["record"].apply_async((f"stored-{n}",), countdown=countdown)
+        due[f"stored-{n}"] = time.time() + countdown
+    assert len(store.list(limit=10)) == 2
+    tasks["plain_record"].apply_async(("native-6s",), countdown=6)
+    due["native-6s"] = time.time() + 6
+    tasks["locked_slow"].apply_async(("q", "holder"), {"seconds": 3.0})
+    time.sleep(0.5)
+    tasks["locked_slow"].apply_async(("q", "requeued"), {"seconds": 0.0})
+    stop = threading.Event()
+
+    def sweeper() -> None:
+        while not stop.is_set():
+            sweep(app)
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=sweeper, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(runs(redis_client)) >= 5, 60, interval=0.5, message="every task to run")
+        time.sleep(2)
+    finally:
+        stop.set()
+        thread.join(10)
+    by_label = {r["label"]: r for r in runs(redis_client)}
+    assert sorted(r["label"] for r in runs(redis_client)) == sorted(
+        ["stored-0", "stored-1", "native-6s", "holder", "requeued"]
+    )
+    for label, run in by_label.items():
+        if run["stored_due"]:  # the store's due time, not the test's estimate of it
+            due[label] = datetime.fromisoformat(run["stored_due"]).timestamp()
+    lateness = {label: round(by_label[label]["started"] - due[label], 3) for label in due}
+    print(f"quorum queues, native delayed delivery: lateness (s) {lateness}")
+    assert all(-0.2 <= late <= 1.5 for late in lateness.values()), lateness
+    ends = {json.loads(raw)["task_id"]: json.loads(raw)["ended"] for raw in redis_client.lrange("test:ends", 0, -1)}
+    assert by_label["requeued"]["started"] >= ends[by_label["holder"]["task_id"]]  # never beside the holder
+    assert by_label["requeued"]["retries"] == 0  # a lock re-queue, not a retry
+    received = re.search(
+        r"^\[([\d-]+ [\d:]+),(\d+): INFO/MainProcess\] Task tests\.delays\.plain_record\[[^\]]+\] received",
+        worker.log(),
+        re.M,
+    )
+    assert received is not None
+    received_at = time.mktime(time.strptime(received[1], "%Y-%m-%d %H:%M:%S")) + int(received[2]) / 1000
+    # Held by the broker's delay queues (whole seconds, rounded down), not by the worker for 6 s.
+    assert received_at >= due["native-6s"] - 1.5, (received_at, due["native-6s"])
+    assert "PRECONDITION_FAILED" not in worker.log()
+    row0 = store.get(by_label["stored-0"]["task_id"])
+    assert row0 is not None
+    assert (row0.status, row0.starts) == (C.STATUS_FINISHED, 1)

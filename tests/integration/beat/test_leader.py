@@ -164,8 +164,11 @@ def test_sigterm_hands_over_within_one_poll(processes: ProcessManager, redis_cli
     assert duplicates(redis_client) == {}
 
 
-def test_paused_leader_resumes_as_standby(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    beats = _start(processes, 2, SCHEDULE)
+def test_paused_leader_resumes_as_standby(
+    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+) -> None:
+    """On Redis and on RabbitMQ: the woken leader's publishes are refused before they reach the broker."""
+    beats = _start(processes, 2, SCHEDULE, broker=_on_broker(broker_url, redis_url))
     leader = _leader(redis_client, beats)
     wait_for(lambda: len(runs(redis_client, "fast")) >= 3, 30, message="runs")
     leader.pause()

@@ -159,7 +159,7 @@ def test_a_memory_alarm_mid_sweep_hands_unconfirmed_rows_back_and_each_runs_once
 ) -> None:
     """A memory alarm (throwaway node: the alarm blocks every publisher of a node) makes RabbitMQ stop
     reading from publishing connections: no confirms. The sweep waits a quarter of the claim timeout,
-    hands the batch back to pending and stops; after the alarm clears, a sweep publishes the rows
+    hands the batch back to pending and stops with a warning; after the alarm clears, a sweep publishes the rows
     again and a worker runs each exactly once, whatever copies the blocked connection still
     delivered."""
     url = rabbit_node.vhost()
@@ -169,9 +169,9 @@ def test_a_memory_alarm_mid_sweep_hands_unconfirmed_rows_back_and_each_runs_once
     try:
         wait_for(lambda: "memory" in rabbit_node.ctl("eval", "rabbit_alarm:get_alarms()."), 30, message="the alarm")
         started = time.monotonic()
-        with pytest.raises(OperationalError, match="did not confirm"):
-            sweep(app)
+        stats = sweep(app)  # a warning, not an error: nothing is lost, the next sweep tries again
         waited = time.monotonic() - started
+        assert (stats.sent, stats.unconfirmed, stats.batches) == (0, len(ids), 1)
         assert set(statuses(store, ids).values()) == {C.STATUS_PENDING}
         assert CLAIM_TIMEOUT / 4 * 0.9 <= waited < CLAIM_TIMEOUT / 2
     finally:

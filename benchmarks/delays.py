@@ -9,6 +9,9 @@
 4. Firing lateness p50/p99: stored delays vs native countdowns.
 5. The delivery record's conditional start (one store transaction per stored-task start), p50/p99 on
    PostgreSQL and SQLite, next to the Redis ``SET NX`` delivery guard it replaced.
+6. On RabbitMQ (a vhost of its own on the local server), in the same run: the sweeper (publisher
+   confirms) next to raw kombu and Celery ``send_task``, and the firing lateness, as 2 and 4 measure
+   them on Redis. Skipped, with the reason in the results, when no RabbitMQ answers.
 
 Needs the local Redis and PostgreSQL the test suite uses (``SAFE_TIME_TEST_REDIS_URL``,
 ``SAFE_TIME_TEST_DATABASE_URL``); claims its own Redis db and creates and drops its own database.
@@ -50,6 +53,9 @@ SIZES = {
     False: {"memory": 20_000, "sweep": 100_000, "claim_bg": 1_000_000, "lateness": 3_000, "window": 20.0},
     True: {"memory": 2_000, "sweep": 10_000, "claim_bg": 100_000, "lateness": 1_000, "window": 15.0},
 }
+#: Rows swept on RabbitMQ (full / quick): every message stays queued until the purge, and the server is
+#: shared with other sessions, so fewer than on Redis (a rate, not a total, is what is measured).
+AMQP_SWEEP = {False: 20_000, True: 2_000}
 #: Conditional starts timed per store (full / quick).
 STARTS = {False: 3_000, True: 500}
 
@@ -69,10 +75,23 @@ class Env:
         self.redis.flushdb()
         self.tmp = Path(tempfile.mkdtemp(prefix="safe-time-bench-"))
         self.procs: list[CeleryProcess] = []
+        self.vhost: services.RabbitVhost | None = None
+        #: Why the RabbitMQ rows were not measured (no server, no rabbitmqctl), or "".
+        self.amqp_missing = ""
+        try:
+            self.vhost = services.RabbitVhost(services.resolve_amqp_base()).create()
+        except BaseException as exc:  # services.unavailable() raises pytest's skip/fail outcomes
+            self.amqp_missing = str(exc) or exc.__class__.__name__
 
-    def conf(self, **extra: Any) -> dict[str, Any]:
+    @property
+    def amqp_url(self) -> str | None:
+        return self.vhost.url if self.vhost is not None else None
+
+    def conf(self, broker: str | None = None, **extra: Any) -> dict[str, Any]:
+        broker_conf = {"safe_time_redis_url": self.redis_url} if broker and broker != self.redis_url else {}
         return {
-            "broker_url": self.redis_url,
+            **broker_conf,
+            "broker_url": broker or self.redis_url,
             "result_backend": None,
             "safe_time_store_url": self.store_url,
             "broker_connection_retry_on_startup": True,
@@ -81,15 +100,16 @@ class Env:
             **extra,
         }
 
-    def app(self, **extra: Any) -> Celery:
+    def app(self, broker: str | None = None, **extra: Any) -> Celery:
         app = Celery("bench", set_as_current=False)
-        app.conf.update(self.conf(**extra))
+        app.conf.update(self.conf(broker, **extra))
         define_tasks(app)
         return app
 
     def spawn(self, name: str, args: list[str], conf: dict[str, Any]) -> CeleryProcess:
         env = {
-            "SAFE_TIME_TEST_BROKER_URL": self.redis_url,
+            "SAFE_TIME_TEST_BROKER_URL": conf.get("broker_url") or self.redis_url,
+            "SAFE_TIME_TEST_RECORD_URL": self.redis_url,  # runs are recorded in Redis whatever the broker
             "SAFE_TIME_TEST_STORE_URL": self.store_url,
             "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
         }
@@ -104,11 +124,35 @@ class Env:
         wait_for(lambda: self._ready(proc), timeout=90, message=f"{name} ready")
         return proc
 
-    def _ready(self, proc: CeleryProcess) -> bool:
+    def _ready(self, proc: CeleryProcess, queue: str = "celery") -> bool:
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
         # -l WARNING hides "ready": a pool child existing means the worker is up.
-        return len(_children(proc.pid)) >= 1 and self.redis.exists("_kombu.binding.celery") == 1
+        if len(_children(proc.pid)) < 1:
+            return False
+        broker = json.loads(proc.env["SAFE_TIME_TEST_APP_CONF"]).get("broker_url") or self.redis_url
+        if broker == self.redis_url:
+            return self.redis.exists("_kombu.binding.celery") == 1
+        return self.consumers(queue) >= 1
+
+    def consumers(self, queue: str) -> int:
+        """Consumers of ``queue`` in this run's RabbitMQ vhost (0 while it does not exist)."""
+        assert self.vhost is not None
+        out = services.subprocess.run(
+            ["rabbitmqctl", "-q", "list_queues", "-p", self.vhost.name, "name", "consumers"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        return sum(int(line.split()[1]) for line in out.splitlines() if line.split()[:1] == [queue])
+
+    def purge(self, broker: str, queue: str = "celery") -> None:
+        """Drop what a measurement left in ``queue``."""
+        if broker == self.redis_url:
+            self.redis.delete(queue)
+            return
+        with Connection(broker) as conn:
+            conn.SimpleQueue(queue).clear()
 
     def store(self) -> SQLAlchemyStore:
         store = SQLAlchemyStore(self.store_url)
@@ -120,6 +164,8 @@ class Env:
     def close(self) -> None:
         for proc in self.procs:
             proc.kill()
+        if self.vhost is not None:
+            self.vhost.delete()
         self.redis.flushdb()
         self.redis.close()
         self.redis_claim.release()
@@ -234,22 +280,36 @@ def _sweeper_child(conf: dict[str, Any], go: Any, results: Any) -> None:
     results.put((stats.sent, started, time.time()))
 
 
-def _raw_publish(env: Env, app: Celery, n: int) -> float:
-    """Raw kombu publish rate of the same task messages (built beforehand, only publish timed)."""
+def _raw_publish(env: Env, app: Celery, n: int, broker: str | None = None, confirms: bool = False) -> float:
+    """Raw kombu publish rate of the same task messages (built beforehand, only publish timed).
+
+    ``confirms``: on RabbitMQ, in confirm mode with the acks collected after the batch, as the sweep does.
+    """
+    broker = broker or env.redis_url
     messages = [app.amqp.create_task_message(f"raw-{i}", "tests.delays.record", ("x",), {}, eta=None) for i in range(n)]
-    with Connection(env.redis_url) as conn:
-        producer = Producer(conn)
+    with Connection(broker) as conn:
+        channel = conn.default_channel
+        acked = [0]
+        if confirms:
+            channel.confirm_select()
+            channel.events["basic_ack"].add(lambda tag, multiple: acked.__setitem__(0, max(acked[0], tag)))
+        producer = Producer(channel)
+        producer.declare()
+        if broker != env.redis_url:
+            conn.SimpleQueue("celery").close()  # declared and bound, as a worker would have it
         started = time.perf_counter()
         for headers, properties, body, _ in messages:
             producer.publish(
                 body, routing_key="celery", headers=headers, serializer="json", delivery_mode=2, **properties
             )
+        while confirms and acked[0] < n:
+            conn.drain_events(timeout=30)
         rate = n / (time.perf_counter() - started)
-    env.redis.delete("celery")
+    env.purge(broker)
     return rate
 
 
-def _send_task_rate(env: Env, app: Celery, n: int) -> float:
+def _send_task_rate(env: Env, app: Celery, n: int, broker: str | None = None) -> float:
     """Celery's own ``send_task`` of the same messages with eta: the sweep's per-row floor."""
     due = _utc(time.time())
     with app.producer_or_acquire() as producer:
@@ -257,7 +317,7 @@ def _send_task_rate(env: Env, app: Celery, n: int) -> float:
         for i in range(n):
             app.send_task("tests.delays.record", ("x",), {}, task_id=f"st-{i}", eta=due, producer=producer)
         rate = n / (time.perf_counter() - started)
-    env.redis.delete("celery")
+    env.purge(broker or env.redis_url)
     return rate
 
 
@@ -301,6 +361,33 @@ def bench_sweep(env: Env, n: int) -> dict[str, Any]:
     # The machine is shared: the baseline is the mean of runs taken right before each sweep run.
     out["raw_kombu_runs"] = raw
     out["raw_kombu_per_s"] = statistics.mean(raw)
+    store.close()
+    return out
+
+
+def bench_sweep_amqp(env: Env, n: int) -> dict[str, Any]:
+    """One sweeper on RabbitMQ (publisher confirms, rows marked sent only when acked) next to raw kombu
+    with and without confirms and Celery's ``send_task``, in the same vhost and run."""
+    url = env.amqp_url
+    if url is None:
+        return {"missing": env.amqp_missing}
+    app = env.app(url, safe_time_sweep_batch=500)
+    out: dict[str, Any] = {"rows": n, "baseline_messages": n}
+    raw = [_raw_publish(env, app, n, url)]
+    raw_confirmed = [_raw_publish(env, app, n, url, confirms=True)]
+    out["celery_send_task_per_s"] = _send_task_rate(env, app, n, url)
+    store = _seed_due(env, n)
+    started = time.perf_counter()
+    stats = sweep(app)
+    out["sweep_1_per_s"] = stats.sent / (time.perf_counter() - started)
+    assert stats.sent == n, stats
+    env.purge(url)
+    reset_store(app)
+    raw.append(_raw_publish(env, app, n, url))
+    raw_confirmed.append(_raw_publish(env, app, n, url, confirms=True))
+    out["raw_kombu_runs"] = raw
+    out["raw_kombu_per_s"] = statistics.mean(raw)
+    out["raw_kombu_confirmed_per_s"] = statistics.mean(raw_confirmed)
     store.close()
     return out
 
@@ -398,11 +485,16 @@ def _utc(ts: float) -> Any:
     return to_datetime(ts)
 
 
-def bench_lateness(env: Env, n: int, window: float) -> dict[str, Any]:
+def bench_lateness(env: Env, n: int, window: float, broker: str | None = None) -> dict[str, Any]:
     env.store().close()
     # The sweep runs on its own queue and worker (safe_time_sweep_queue), as docs/delays.md advises,
     # so it never waits behind, or delays, the tasks it releases.
-    conf = env.conf(safe_time_delay_threshold=5, safe_time_sweep_interval=1, safe_time_sweep_queue="safe_time_sweep")
+    options = {
+        "safe_time_delay_threshold": 5,
+        "safe_time_sweep_interval": 1,
+        "safe_time_sweep_queue": "safe_time_sweep",
+    }
+    conf = env.conf(broker, **options)
     worker = env.worker("late", conf, concurrency=2)
     sweeper = env.spawn(
         "late-sweeper",
@@ -412,7 +504,9 @@ def bench_lateness(env: Env, n: int, window: float) -> dict[str, Any]:
     )  # fmt: skip
     beat_args = ["beat", "-l", "WARNING", "-S", "celery.beat:PersistentScheduler", "-s", str(env.tmp / "beat-schedule")]
     beat = env.spawn("late-beat", beat_args, conf)
-    app = env.app(safe_time_delay_threshold=5, safe_time_sweep_interval=1, safe_time_sweep_queue="safe_time_sweep")
+    app = env.app(broker, **options)
+    if broker is not None and broker != env.redis_url:
+        wait_for(lambda: env._ready(sweeper, "safe_time_sweep"), timeout=90, message="the sweeper consuming")
     lead = 10.0 + n / 250.0  # time to send them all before the first is due
     stored = _lateness(env, n, window, lead, True, app)
     native = _lateness(env, n, window, lead, False, app)
@@ -422,6 +516,12 @@ def bench_lateness(env: Env, n: int, window: float) -> dict[str, Any]:
     reset_store(app)
     reset_config(app)
     return {"n": n, "window_s": window, "stored": stored, "native": native}
+
+
+def bench_lateness_amqp(env: Env, n: int, window: float) -> dict[str, Any]:
+    if env.amqp_url is None:
+        return {"missing": env.amqp_missing}
+    return bench_lateness(env, n, window, env.amqp_url)
 
 
 # --- entry points ----------------------------------------------------------------------------
@@ -484,6 +584,8 @@ def run(quick: bool) -> dict[str, Any]:
             ("claim", lambda: bench_claim(env, int(sizes["claim_bg"]))),
             ("lateness", lambda: bench_lateness(env, int(sizes["lateness"]), float(sizes["window"]))),
             ("start", lambda: bench_start(env, STARTS[quick])),
+            ("sweep_amqp", lambda: bench_sweep_amqp(env, AMQP_SWEEP[quick])),
+            ("lateness_amqp", lambda: bench_lateness_amqp(env, int(sizes["lateness"]), float(sizes["window"]))),
         ]
         for name, phase in phases:
             started = time.time()
@@ -553,6 +655,28 @@ def table(results: dict[str, Any]) -> str:
                     None,
                 )
             )
+    sa_, la = results.get("sweep_amqp"), results.get("lateness_amqp")
+    if sa_ and "missing" in sa_:
+        rows.append((f"| RabbitMQ rows | not run: {sa_['missing']} | - | - |", None))
+    elif sa_:
+        rows.append(
+            (
+                f"| sweep on RabbitMQ (publisher confirms), 1 sweeper, {sa_['rows']:,} due rows "
+                f"| {sa_['sweep_1_per_s']:.0f} rows/s | {sa_['raw_kombu_per_s']:.0f} msg/s (raw kombu, no confirms; "
+                f"{sa_['raw_kombu_confirmed_per_s']:.0f}/s with batch confirms; Celery send_task "
+                f"{sa_['celery_send_task_per_s']:.0f}/s) | {_ratio(sa_['sweep_1_per_s'], sa_['raw_kombu_per_s'])} |",
+                None,
+            )
+        )
+    if la and "missing" not in la:
+        rows.append(
+            (
+                f"| firing lateness p50 / p99 on RabbitMQ, {la['n']:,} delays over {la['window_s']:.0f} s "
+                f"| {la['stored']['p50'] * 1000:.0f} / {la['stored']['p99'] * 1000:.0f} ms (stored) "
+                f"| {la['native']['p50'] * 1000:.0f} / {la['native']['p99'] * 1000:.0f} ms (native countdown) | - |",
+                None,
+            )
+        )
     return "\n".join(r for r, _ in rows) + "\n\nClaim plan:\n```\n" + c["plan"] + "\n```\n"
 
 

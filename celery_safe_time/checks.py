@@ -13,6 +13,7 @@ from typing import Any, Literal
 import redis
 from celery import Celery
 
+from . import constants as C
 from .clock import local_time, measure_redis_offset
 from .config import SafeTimeConfig, get_config, mask_url
 from .exceptions import RedisUnavailable, SafeTimeError
@@ -92,6 +93,36 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
     return checks
 
 
+_BROKER_NAMES = {
+    C.BROKER_AMQP: "RabbitMQ (AMQP)",
+    C.BROKER_REDIS: "Redis",
+    C.BROKER_SQS: "SQS (untested here: limits enforced on paper)",
+    C.BROKER_OTHER: "other",
+}
+
+
+def check_broker(config: SafeTimeConfig) -> Check:
+    """Which broker the app publishes to and the delay threshold that follows from it, with why."""
+    parts = [f"{config.broker_kind}: {_BROKER_NAMES.get(config.broker_kind, config.broker_kind)}"]
+    if config.visibility_timeout is not None:
+        parts.append(f"visibility_timeout {config.visibility_timeout:g} s")
+    if config.broker_consumer_timeout is not None:
+        parts.append(f"consumer_timeout {config.broker_consumer_timeout:g} s")
+    detail = (
+        f"{', '.join(parts)}; delay threshold {config.delay_threshold:g} s ({config.delay_threshold_reason}); "
+        f"sweep look-ahead {config.sweep_lookahead:g} s"
+    )
+    value = {
+        "kind": config.broker_kind,
+        "visibility_timeout": config.visibility_timeout,
+        "consumer_timeout": config.broker_consumer_timeout,
+        "delay_threshold": config.delay_threshold,
+        "delay_threshold_reason": config.delay_threshold_reason,
+        "sweep_lookahead": config.sweep_lookahead,
+    }
+    return Check("broker", "ok", detail, value=value)
+
+
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     """Store reachability and its clock against this host."""
     from .delays.stores import get_store
@@ -126,7 +157,7 @@ def run_checks(app: Celery) -> list[Check]:
         config = get_config(app)
     except SafeTimeError as exc:
         return [Check("settings", "fail", str(exc))]
-    checks = [Check("settings", "ok", "all safe_time_* settings valid")]
+    checks = [Check("settings", "ok", "all safe_time_* settings valid"), check_broker(config)]
     checks.extend(check_redis(config))
     checks.extend(check_store(app, config))
     return checks

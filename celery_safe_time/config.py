@@ -59,6 +59,13 @@ class SafeTimeConfig:
     delivery_grace: float = C.DEFAULT_DELIVERY_GRACE
     #: The broker's visibility timeout, or None when the broker has none (AMQP).
     visibility_timeout: float | None = None
+    #: ``amqp`` (RabbitMQ), ``redis``, ``sqs`` or ``other`` (memory://, filesystem://, ...), from broker_url.
+    broker_kind: str = C.BROKER_OTHER
+    #: RabbitMQ's ``consumer_timeout`` in seconds (``safe_time_broker_consumer_timeout``; 1800 on amqp),
+    #: or None: no broker countdown (threshold, look-ahead, re-queues) may come near it.
+    broker_consumer_timeout: float | None = None
+    #: Why the threshold has its value, for ``safe-time check`` ("default: min(...)" or "set explicitly").
+    delay_threshold_reason: str = ""
 
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`."""
@@ -67,6 +74,17 @@ class SafeTimeConfig:
     @property
     def beat_renew_interval(self) -> float:
         return self.beat_lease / 3.0
+
+    @property
+    def sweep_lookahead(self) -> float:
+        """Seconds before its due time a row may be claimed and published with ``eta=due_at``.
+
+        A worker holds that message unacked until the eta, so under a consumer timeout the look-ahead
+        is a small share of it (a test broker with an 8 s timeout must not lose workers to it).
+        """
+        if self.broker_consumer_timeout is None:
+            return C.SWEEP_LOOKAHEAD
+        return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
 
 
 def mask_url(url: str | None) -> str:
@@ -121,14 +139,31 @@ def parse_config(
     """
     transport_options = transport_options or {}
     scheme = urlsplit(broker_url).scheme.split("+")[0].lower() if broker_url else ""
+    kind = broker_kind(scheme)
 
     visibility_timeout: float | None = None
     if scheme in C.VISIBILITY_TIMEOUT_SCHEMES:
+        sqs = kind == C.BROKER_SQS
+        default_vt = C.KOMBU_SQS_DEFAULT_VISIBILITY_TIMEOUT if sqs else C.KOMBU_DEFAULT_VISIBILITY_TIMEOUT
         visibility_timeout = _number(
             "broker_transport_options.visibility_timeout",
-            transport_options.get("visibility_timeout", C.KOMBU_DEFAULT_VISIBILITY_TIMEOUT),
+            transport_options.get("visibility_timeout", default_vt),
             positive=True,
         )
+        if kind == C.BROKER_SQS and visibility_timeout > C.SQS_MAX_VISIBILITY_TIMEOUT:
+            raise ImproperlyConfigured(
+                "broker_transport_options.visibility_timeout",
+                f"{visibility_timeout:g} s is above SQS's maximum visibility timeout "
+                f"({C.SQS_MAX_VISIBILITY_TIMEOUT:g} s, 12 h): SQS refuses it",
+            )
+
+    consumer_timeout_raw = get("safe_time_broker_consumer_timeout")
+    consumer_timeout: float | None
+    if consumer_timeout_raw is None:
+        consumer_timeout = C.DEFAULT_AMQP_CONSUMER_TIMEOUT if kind == C.BROKER_AMQP else None
+    else:
+        # Honoured on any broker when set: a failover list or a proxy may hide RabbitMQ behind another URL.
+        consumer_timeout = _number("safe_time_broker_consumer_timeout", consumer_timeout_raw, positive=True)
 
     redis_url = get("safe_time_redis_url")
     if redis_url is None:
@@ -159,19 +194,20 @@ def parse_config(
         None if misfire_grace_raw is None else _number("safe_time_misfire_grace", misfire_grace_raw, positive=True)
     )
 
-    threshold_raw = get("safe_time_delay_threshold")
-    if threshold_raw is None:
-        delay_threshold = C.DEFAULT_DELAY_THRESHOLD_CAP
-        if visibility_timeout is not None:
-            delay_threshold = min(delay_threshold, visibility_timeout / 2.0)
-    else:
-        delay_threshold = _number("safe_time_delay_threshold", threshold_raw, positive=False)
-        if visibility_timeout is not None and delay_threshold >= visibility_timeout:
-            raise ImproperlyConfigured(
-                "safe_time_delay_threshold",
-                f"{delay_threshold:g} s is at or above the broker's visibility_timeout "
-                f"({visibility_timeout:g} s): such countdowns would be redelivered and run twice",
-            )
+    delay_threshold, threshold_reason = _delay_threshold(
+        get("safe_time_delay_threshold"), kind, visibility_timeout, consumer_timeout
+    )
+
+    lock_ttl = _number("safe_time_lock_ttl", _default(get("safe_time_lock_ttl"), C.DEFAULT_LOCK_TTL))
+    # A delivery that finds its run alive elsewhere comes back within lock_ttl / 2 as a broker
+    # countdown, which a worker holds unacked: it must stay below the consumer timeout too.
+    recheck = lock_ttl * C.DELIVERY_RUNNING_RECHECK * 1.5
+    if consumer_timeout is not None and recheck >= consumer_timeout:
+        raise ImproperlyConfigured(
+            "safe_time_lock_ttl",
+            f"{lock_ttl:g} s makes re-queued deliveries wait up to {recheck:g} s in a worker, at or above "
+            f"safe_time_broker_consumer_timeout ({consumer_timeout:g} s): RabbitMQ would close the worker's channel",
+        )
 
     store_url = _default(get("safe_time_store_url"), C.DEFAULT_STORE_URL)
     store_url = _store_url("safe_time_store_url", store_url)
@@ -214,14 +250,70 @@ def parse_config(
         claim_timeout=_number(
             "safe_time_claim_timeout", _default(get("safe_time_claim_timeout"), C.DEFAULT_CLAIM_TIMEOUT)
         ),
-        lock_ttl=_number("safe_time_lock_ttl", _default(get("safe_time_lock_ttl"), C.DEFAULT_LOCK_TTL)),
+        lock_ttl=lock_ttl,
         max_clock_skew=max_clock_skew,
         delay_retention=delay_retention,
         delivery_grace=_number(
             "safe_time_delivery_grace", _default(get("safe_time_delivery_grace"), C.DEFAULT_DELIVERY_GRACE)
         ),
         visibility_timeout=visibility_timeout,
+        broker_kind=kind,
+        broker_consumer_timeout=consumer_timeout,
+        delay_threshold_reason=threshold_reason,
     )
+
+
+def broker_kind(scheme: str) -> str:
+    """``amqp``, ``redis``, ``sqs`` or ``other`` for a broker_url scheme (without its ``+driver`` part)."""
+    if scheme in C.AMQP_SCHEMES:
+        return C.BROKER_AMQP
+    if scheme in C.REDIS_BROKER_SCHEMES:
+        return C.BROKER_REDIS
+    if scheme == "sqs":
+        return C.BROKER_SQS
+    return C.BROKER_OTHER
+
+
+def _delay_threshold(
+    raw: Any, kind: str, visibility_timeout: float | None, consumer_timeout: float | None
+) -> tuple[float, str]:
+    """The threshold and the reason for it: every countdown at or below it stays in the broker, so it
+    must stay below whatever makes the broker hand a held message out again (visibility timeout) or
+    close the worker's channel (RabbitMQ's consumer timeout), and within SQS's longest delay."""
+    if raw is None:
+        limits = [f"{C.DEFAULT_DELAY_THRESHOLD_CAP:g}"]
+        threshold = C.DEFAULT_DELAY_THRESHOLD_CAP
+        if visibility_timeout is not None:
+            threshold = min(threshold, visibility_timeout / 2.0)
+            limits.append(f"visibility_timeout {visibility_timeout:g} s / 2")
+        if consumer_timeout is not None:
+            threshold = min(threshold, consumer_timeout / 2.0)
+            limits.append(f"safe_time_broker_consumer_timeout {consumer_timeout:g} s / 2")
+        if kind == C.BROKER_SQS:
+            limits.append(f"SQS DelaySeconds max {C.SQS_MAX_DELAY_SECONDS:g} s")
+        return threshold, f"default: min({', '.join(limits)})"
+
+    threshold = _number("safe_time_delay_threshold", raw, positive=False)
+    if visibility_timeout is not None and threshold >= visibility_timeout:
+        raise ImproperlyConfigured(
+            "safe_time_delay_threshold",
+            f"{threshold:g} s is at or above the broker's visibility_timeout "
+            f"({visibility_timeout:g} s): such countdowns would be redelivered and run twice",
+        )
+    if consumer_timeout is not None and threshold >= consumer_timeout:
+        raise ImproperlyConfigured(
+            "safe_time_delay_threshold",
+            f"{threshold:g} s is at or above safe_time_broker_consumer_timeout ({consumer_timeout:g} s): a worker "
+            "holding such a countdown unacked would have its channel closed by RabbitMQ (PRECONDITION_FAILED) "
+            "and exit; lower the threshold, or raise consumer_timeout on the server and in that setting",
+        )
+    if kind == C.BROKER_SQS and threshold > C.SQS_MAX_DELAY_SECONDS:
+        raise ImproperlyConfigured(
+            "safe_time_delay_threshold",
+            f"{threshold:g} s is above SQS's longest message delay (DelaySeconds at most "
+            f"{C.SQS_MAX_DELAY_SECONDS:g} s): longer delays belong in the store",
+        )
+    return threshold, "set explicitly (safe_time_delay_threshold)"
 
 
 def _default(value: Any, default: Any) -> Any:

@@ -28,10 +28,31 @@ DEFAULT_DELAY_RETENTION: Final = None
 #: A row published (``sent``) but not started this long after its due time is published again.
 DEFAULT_DELIVERY_GRACE: Final = 300.0
 
-#: kombu's own default for Redis and SQS when broker_transport_options does not set one.
+#: kombu's own default for Redis when broker_transport_options does not set one.
 KOMBU_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600.0
+#: kombu's SQS transport defaults to 30 minutes instead (``Channel.default_visibility_timeout``).
+KOMBU_SQS_DEFAULT_VISIBILITY_TIMEOUT: Final = 1800.0
 #: Brokers whose unacked messages are redelivered after ``visibility_timeout``.
 VISIBILITY_TIMEOUT_SCHEMES: Final = frozenset({"redis", "rediss", "sentinel", "sqs", "socket"})
+
+# --- broker kinds (``safe-time check`` reports them; the threshold rules follow them) ---
+BROKER_AMQP: Final = "amqp"
+BROKER_REDIS: Final = "redis"
+BROKER_SQS: Final = "sqs"
+BROKER_OTHER: Final = "other"
+#: broker_url schemes that speak AMQP 0-9-1 to RabbitMQ (kombu's aliases included).
+AMQP_SCHEMES: Final = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
+REDIS_BROKER_SCHEMES: Final = frozenset({"redis", "rediss", "sentinel", "socket"})
+#: RabbitMQ closes a channel whose delivery stays unacked longer than ``consumer_timeout`` (30 minutes
+#: by default since 3.8.17) and Celery's worker exits ("Unrecoverable error: PreconditionFailed").
+#: Celery holds an ETA message unacked until it is due, so every broker countdown must stay below it.
+DEFAULT_AMQP_CONSUMER_TIMEOUT: Final = 1800.0
+#: SQS limits: a message's ``DelaySeconds`` is at most 15 minutes, a visibility timeout at most 12 hours.
+SQS_MAX_DELAY_SECONDS: Final = 900.0
+SQS_MAX_VISIBILITY_TIMEOUT: Final = 43200.0
+#: The sweep claims a row at most this share of the consumer timeout before it is due, so the worker
+#: holding its ``eta`` message unacked stays far from the timeout (the 2 s look-ahead is the usual cap).
+SWEEP_LOOKAHEAD_CONSUMER_SHARE: Final = 0.1
 
 MISFIRE_POLICIES: Final = frozenset({"run_once", "skip", "run_all"})
 #: run_all never fires more than this many catch-up slots for one entry.
@@ -205,6 +226,10 @@ DELIVERY_WORKER_LENGTH: Final = 255
 #: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
 #: meanwhile): a store that is back within that time never sees the rows published twice.
 SWEEP_MARK_RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 4.0)
+#: On RabbitMQ a sweep publishes a batch with publisher confirms and marks sent only the rows the
+#: broker acknowledged; it waits at most this long (and never past half the claim timeout) for the
+#: acks. Unconfirmed rows go back to pending (a memory alarm, a blocked or lost connection).
+SWEEP_CONFIRM_TIMEOUT: Final = 30.0
 
 
 # === locks and idempotency ====================================================

@@ -166,3 +166,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = yield
     setattr(item, "rep_" + rep.when, rep)
     return rep
+
+
+@pytest.fixture(scope="session")
+def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.RabbitNode]:
+    """A throwaway RabbitMQ node (loopback ports of its own) with an 8 s ``consumer_timeout`` checked
+    every second, for the tests that must not touch the machine's shared server."""
+    node = services.RabbitNode(tmp_path_factory.mktemp("rabbit-node"), consumer_timeout_ms=8000).start()
+    yield node
+    node.stop()

@@ -51,6 +51,8 @@ class SweepStats:
     interrupted: int = 0
     #: Claimed rows left unpublished because this sweep's claim had grown too old to trust.
     abandoned: int = 0
+    #: Rows published to RabbitMQ but not confirmed in time (a memory or disk alarm): back to pending.
+    unconfirmed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -61,18 +63,20 @@ def sweep(
     *,
     store: DelayStore | None = None,
     batch: int | None = None,
-    lookahead: float = C.SWEEP_LOOKAHEAD,
+    lookahead: float | None = None,
     max_batches: int | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> SweepStats:
     """Reclaim stale claims, then claim and publish due rows batch by batch while batches are full.
 
+    ``lookahead`` defaults to the config's (2 s, less under a short broker consumer timeout).
     With ``safe_time_delay_retention`` set, finally purge old finished rows when this process's purge
     is due by ``clock`` (monotonic seconds; tests pass their own).
     """
     config = get_config(app)
     store = store if store is not None else get_store(app)
     batch = batch or config.sweep_batch
+    lookahead = config.sweep_lookahead if lookahead is None else lookahead
     stats = SweepStats(reclaimed=store.reclaim_stale(config.claim_timeout))
     if stats.reclaimed:
         logger.warning("reclaimed %d stored delays claimed over %gs ago", stats.reclaimed, config.claim_timeout)
@@ -88,7 +92,8 @@ def sweep(
         stats.batches += 1
         stats.claimed += len(rows)
         _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
-        if len(rows) < batch:
+        if len(rows) < batch or stats.unconfirmed:
+            # A broker that did not confirm this batch (an alarm) would hold the next one the same way.
             break
     if stats.claimed:
         logger.info(
@@ -208,6 +213,9 @@ def _publish_batch(
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
+    if config.broker_kind == C.BROKER_AMQP:
+        _publish_batch_confirmed(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
+        return
     sent: list[DelayRow] = []
     expired: list[str] = []
     index = 0
@@ -216,15 +224,7 @@ def _publish_batch(
         with app.producer_or_acquire() as producer:
             for row in rows:
                 if clock() > trusted_until:
-                    rest = [r.id for r in rows[index:]]
-                    stats.abandoned += len(rest)
-                    store.release(rest, token)
-                    logger.warning(
-                        "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
-                        "back instead of racing a sweeper that may have reclaimed them",
-                        config.claim_timeout,
-                        len(rest),
-                    )
+                    _abandon(store, config, rows[index:], token, stats)
                     break
                 outcome = _publish_row(app, config, store, row, token, producer)
                 if outcome == C.STATUS_SENT:
@@ -243,6 +243,168 @@ def _publish_batch(
         _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
         raise
     _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
+
+
+def _abandon(
+    store: DelayStore, config: SafeTimeConfig, rest_rows: list[DelayRow], token: str, stats: SweepStats
+) -> None:
+    rest = [r.id for r in rest_rows]
+    stats.abandoned += len(rest)
+    store.release(rest, token)
+    logger.warning(
+        "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
+        "back instead of racing a sweeper that may have reclaimed them",
+        config.claim_timeout,
+        len(rest),
+    )
+
+
+class PublisherConfirms:
+    """Publisher confirms on one AMQP channel, tracked per publish.
+
+    In confirm mode RabbitMQ numbers the channel's publishes 1, 2, 3, ... and answers each with
+    ``basic.ack`` once it has taken responsibility for the message (routed to its queues, on disk for
+    durable ones) or ``basic.nack``; one answer may settle every number up to its own (``multiple``).
+    Waiting for each answer before the next publish (kombu's ``confirm_publish``) costs a round trip
+    per row, about 8x slower here, so a batch is published first and its answers collected after.
+    The channel's ``basic_publish`` is wrapped to number the publishes that really reach it, so a
+    row that fails before (or, through a signal handler, after) its publish cannot shift the count.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        channel.confirm_select()
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+        publish = channel.basic_publish
+
+        def numbered(*args: Any, **kwargs: Any) -> Any:
+            self.published += 1
+            self.tags[self.published] = self.current
+            self._unsettled.add(self.published)
+            return publish(*args, **kwargs)
+
+        channel.basic_publish = numbered
+        #: The row being published now (set by the sweep before each send).
+        self.current = ""
+        self.published = 0
+        #: delivery tag -> row id.
+        self.tags: dict[int, str] = {}
+        #: delivery tag -> True (acked) / False (nacked), for the tags answered so far.
+        self.settled: dict[int, bool] = {}
+        self._unsettled: set[int] = set()
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._unsettled)
+
+    def confirmed(self) -> set[str]:
+        """Ids of the rows RabbitMQ acknowledged (a row nacked on any of its publishes is not)."""
+        acked = {self.tags[t] for t, ok in self.settled.items() if ok}
+        nacked = {self.tags[t] for t, ok in self.settled.items() if not ok}
+        unsettled = {self.tags[t] for t in self._unsettled}
+        return acked - nacked - unsettled
+
+    def _settle(self, delivery_tag: int, multiple: bool, acked: bool) -> None:
+        done = {t for t in self._unsettled if t <= delivery_tag} if multiple else {delivery_tag} & self._unsettled
+        for tag in done:
+            self.settled[tag] = acked
+        self._unsettled -= done
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self._settle(delivery_tag, multiple, True)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self._settle(delivery_tag, multiple, False)
+
+
+def _publish_batch_confirmed(
+    app: Celery,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    rows: list[DelayRow],
+    token: str,
+    stats: SweepStats,
+    *,
+    claimed_at: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Publish on a connection of its own in confirm mode; mark sent only what RabbitMQ acknowledged.
+
+    Every claimed row ends either sent (its publish was confirmed) or back to pending (not confirmed:
+    nacked, the connection or channel died, the broker blocked publishing past the wait). A row
+    handed back whose message did get through is published again by a later sweep; the delivery
+    record runs it once.
+    """
+    trusted_until = claimed_at + config.claim_timeout / 2
+    confirm_wait = min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+    published: list[DelayRow] = []
+    expired: list[str] = []
+    handled: set[str] = set()
+    error: Exception | None = None
+    confirms: PublisherConfirms | None = None
+    # Our own connection, not the app's pool: confirm mode stays on the channel it was selected on,
+    # and kombu's publish retry would republish on a new channel whose numbering starts again.
+    conn = app.connection_for_write(transport_options={"confirm_publish": False, "write_timeout": confirm_wait})
+    broker_errors = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
+    try:
+        conn.ensure_connection(max_retries=1)
+        channel = conn.default_channel
+        confirms = PublisherConfirms(channel)
+        producer = app.amqp.Producer(channel)
+        for row in rows:
+            if clock() > trusted_until:
+                _abandon(store, config, [r for r in rows if r.id not in handled], token, stats)
+                handled.update(r.id for r in rows)
+                break
+            confirms.current = row.id
+            outcome = _publish_row(app, config, store, row, token, producer, retry=False, broker_errors=broker_errors)
+            handled.add(row.id)
+            if outcome == C.STATUS_SENT:
+                published.append(row)
+            elif outcome == C.STATUS_EXPIRED:
+                expired.append(row.id)
+            else:
+                stats.failed += 1
+        deadline = min(trusted_until, clock() + confirm_wait)
+        while confirms.waiting:
+            remaining = deadline - clock()
+            try:
+                # Past the deadline still read what already arrived (a sweeper paused while the acks
+                # came in finds them in its socket), then stop at the first empty read.
+                conn.drain_events(timeout=max(0.01, min(1.0, remaining)))
+            except TimeoutError:  # socket.timeout: no answer yet
+                if remaining <= 0:
+                    break
+    except broker_errors as exc:
+        error = exc
+    except BaseException:
+        conn.collect()
+        raise
+    confirmed = confirms.confirmed() if confirms is not None else set()
+    sent = [row for row in published if row.id in confirmed]
+    unconfirmed = [row.id for row in published if row.id not in confirmed]
+    rest = [r.id for r in rows if r.id not in handled] + unconfirmed
+    try:
+        if error is None and not unconfirmed:
+            conn.release()
+        else:
+            conn.collect()  # no close handshake: a blocked or broken connection would never answer it
+    except Exception:  # closing a dead connection must not hide what happened to the rows
+        logger.debug("sweep: closing the publishing connection failed", exc_info=True)
+    if rest:
+        store.release(rest, token)
+        logger.warning(
+            "sweep: RabbitMQ confirmed %d of %d published stored delays (%s); %d claimed rows back to pending",
+            len(sent),
+            len(published),
+            f"{error.__class__.__name__}: {error}" if error else f"no answer within {confirm_wait:g}s",
+            len(rest),
+        )
+    _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
+    if error is not None:
+        # As on Redis: the broker is gone, the sweep fails (its rows are safe in the store).
+        raise OperationalError(f"publishing stored delays: {error.__class__.__name__}: {error}") from error
+    stats.unconfirmed += len(unconfirmed)
 
 
 def _finish(
@@ -307,7 +469,15 @@ def mark_sent_retrying(
 
 
 def _publish_row(
-    app: Celery, config: SafeTimeConfig, store: DelayStore, row: DelayRow, token: str, producer: Any
+    app: Celery,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    row: DelayRow,
+    token: str,
+    producer: Any,
+    *,
+    retry: bool | None = None,
+    broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
 ) -> str:
     """Publish one claimed row; returns the status it should get. Bad rows are marked failed here."""
     if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
@@ -322,6 +492,8 @@ def _publish_row(
         headers[C.HEADER_STORED] = row.due_at.isoformat()
         if row.delivery_token:
             headers[C.HEADER_DELIVERY] = row.delivery_token
+        if retry is not None:
+            options["retry"] = retry
         # Published under the caller's stored trace context (if any), so its trace continues here.
         in_stored_context(headers, app.send_task)(
             row.task,
@@ -335,7 +507,7 @@ def _publish_row(
             add_to_parent=False,
             **options,
         )
-    except OperationalError:
+    except broker_errors:
         raise
     except Exception as exc:  # one bad row must not stall the rows behind it
         # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):

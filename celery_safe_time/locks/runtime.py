@@ -186,6 +186,9 @@ def done_ttl(config: SafeTimeConfig) -> float:
     ttl = C.LOCK_DONE_TTL
     if config.visibility_timeout is not None:
         ttl = max(ttl, config.visibility_timeout + C.LOCK_DONE_TTL_MARGIN)
+    if config.broker_consumer_timeout is not None:
+        # RabbitMQ redelivers a message whose consumer timed out: keep the marker past that too.
+        ttl = max(ttl, config.broker_consumer_timeout + C.LOCK_DONE_TTL_MARGIN)
     return ttl
 
 

@@ -13,7 +13,8 @@ from celery import Celery
 from tests.apps.settings import configure
 
 app = configure(Celery("basic"))
-_redis = redis.Redis.from_url(os.environ["SAFE_TIME_TEST_BROKER_URL"])
+# Runs are recorded in Redis: the broker's, or SAFE_TIME_TEST_RECORD_URL's when the broker is RabbitMQ.
+_redis = redis.Redis.from_url(os.environ.get("SAFE_TIME_TEST_RECORD_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"])
 
 
 @app.task(bind=True, name="tests.record")

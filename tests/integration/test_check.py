@@ -134,3 +134,31 @@ def test_run_checks_in_process_uses_real_store(make_app, postgres_url: str) -> N
     checks = run_checks(app)
     assert worst(checks) in ("ok", "warn"), checks
     assert get_store(app).now().tzinfo is not None
+
+
+def test_check_on_rabbitmq_reports_the_broker_its_consumer_timeout_and_the_threshold(
+    processes: ProcessManager, amqp_url: str, redis_url: str
+) -> None:
+    env = {"SAFE_TIME_TEST_BROKER_URL": amqp_url}
+    conf = {"safe_time_max_clock_skew": 1.0, "safe_time_redis_url": redis_url, "result_backend": redis_url}
+    result = run_check(processes, conf=conf, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.split()[1:2] == ["broker"])
+    assert "amqp: RabbitMQ" in line
+    assert "consumer_timeout 1800 s" in line
+    assert "delay threshold 900 s (default: min(900, safe_time_broker_consumer_timeout 1800 s / 2))" in line
+
+    report = json.loads(run_check(processes, "--json", conf=conf, env=env).stdout)
+    broker = next(c for c in report["checks"] if c["name"] == "broker")
+    assert broker["value"]["kind"] == "amqp"
+    assert broker["value"]["delay_threshold"] == 900
+
+
+def test_check_on_rabbitmq_refuses_a_threshold_at_the_consumer_timeout(
+    processes: ProcessManager, amqp_url: str, redis_url: str
+) -> None:
+    conf = {"safe_time_redis_url": redis_url, "result_backend": redis_url, "safe_time_delay_threshold": 1800}
+    result = run_check(processes, conf=conf, env={"SAFE_TIME_TEST_BROKER_URL": amqp_url})
+    assert result.returncode == 1
+    assert "safe_time_delay_threshold" in result.stdout
+    assert "safe_time_broker_consumer_timeout (1800 s)" in result.stdout

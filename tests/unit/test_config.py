@@ -43,11 +43,101 @@ def test_threshold_defaults_to_half_the_visibility_timeout() -> None:
     assert parse(transport={"visibility_timeout": 7200}).delay_threshold == 900
 
 
-def test_threshold_on_amqp_ignores_visibility_timeout() -> None:
-    cfg = parse(broker="amqp://guest@localhost//", safe_time_redis_url=REDIS)
-    assert cfg.visibility_timeout is None
+AMQP = "amqp://guest@localhost//"
+
+
+@pytest.mark.parametrize("broker", [AMQP, "pyamqp://h//", "amqps://h//", "librabbitmq://h//"])
+def test_amqp_brokers_get_a_30_minute_consumer_timeout_and_half_of_it_caps_the_threshold(broker: str) -> None:
+    cfg = parse(broker=broker, safe_time_redis_url=REDIS)
+    assert cfg.broker_kind == "amqp"
+    assert cfg.visibility_timeout is None  # RabbitMQ has none; its consumer timeout is the limit
+    assert cfg.broker_consumer_timeout == 1800
+    assert cfg.delay_threshold == 900  # min(900, 1800 / 2)
+    assert "consumer_timeout 1800 s / 2" in cfg.delay_threshold_reason
+
+
+def test_a_lower_consumer_timeout_lowers_the_default_threshold_and_the_sweep_lookahead() -> None:
+    cfg = parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_broker_consumer_timeout=600)
+    assert cfg.delay_threshold == 300
+    assert cfg.sweep_lookahead == 2.0
+    short = parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_broker_consumer_timeout=8, safe_time_lock_ttl=6)
+    assert short.delay_threshold == 4
+    assert short.sweep_lookahead == pytest.approx(0.8)  # a tenth of the timeout, not 2 s
+
+
+def test_no_consumer_timeout_off_amqp_unless_set() -> None:
+    assert parse().broker_consumer_timeout is None
+    assert parse().broker_kind == "redis"
+    assert parse().sweep_lookahead == C.SWEEP_LOOKAHEAD
+    assert parse(broker="memory://", safe_time_redis_url=REDIS).broker_kind == "other"
+    cfg = parse(safe_time_broker_consumer_timeout=timedelta(minutes=10))
+    assert (cfg.broker_consumer_timeout, cfg.delay_threshold) == (600, 300)
+
+
+def test_explicit_threshold_below_the_consumer_timeout_is_kept() -> None:
+    cfg = parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_delay_threshold=1799)
+    assert cfg.delay_threshold == 1799
+    assert cfg.delay_threshold_reason == "set explicitly (safe_time_delay_threshold)"
+    raised = parse(
+        broker=AMQP,
+        safe_time_redis_url=REDIS,
+        safe_time_broker_consumer_timeout=86400 * 365,
+        safe_time_delay_threshold=86400,
+    )
+    assert raised.delay_threshold == 86400
+
+
+@pytest.mark.parametrize("threshold", [1800, 1800.0, 86400, "3600"])
+def test_explicit_threshold_at_or_above_the_consumer_timeout_names_both_keys(threshold: Any) -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_delay_threshold=threshold)
+    assert info.value.key == "safe_time_delay_threshold"
+    assert "safe_time_broker_consumer_timeout (1800 s)" in str(info.value)
+    assert "PRECONDITION_FAILED" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", True, float("inf")])
+def test_invalid_consumer_timeout_is_named(value: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"^safe_time_broker_consumer_timeout:"):
+        parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_broker_consumer_timeout=value)
+
+
+def test_lock_ttl_whose_requeues_would_outlast_the_consumer_timeout_is_refused() -> None:
+    # A delivery re-queued while its run is alive waits up to lock_ttl / 2 in a worker, unacked.
+    with pytest.raises(ImproperlyConfigured, match=r"^safe_time_lock_ttl:.*safe_time_broker_consumer_timeout"):
+        parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_broker_consumer_timeout=20, safe_time_lock_ttl=60)
+    assert parse(broker=AMQP, safe_time_redis_url=REDIS, safe_time_broker_consumer_timeout=20, safe_time_lock_ttl=30)
+
+
+SQS = "sqs://key:secret@"
+
+
+def test_sqs_defaults_follow_kombus_30_minute_visibility_timeout() -> None:
+    cfg = parse(broker=SQS, safe_time_redis_url=REDIS)
+    assert (cfg.broker_kind, cfg.visibility_timeout, cfg.broker_consumer_timeout) == ("sqs", 1800, None)
     assert cfg.delay_threshold == 900
-    assert parse(broker="amqp://", safe_time_redis_url=REDIS, safe_time_delay_threshold=86400).delay_threshold == 86400
+    assert "SQS DelaySeconds max 900 s" in cfg.delay_threshold_reason
+
+
+def test_sqs_threshold_stays_within_delay_seconds() -> None:
+    big = {"visibility_timeout": 43200}
+    cfg = parse(broker=SQS, transport=big, safe_time_redis_url=REDIS, safe_time_delay_threshold=900)
+    assert cfg.delay_threshold == 900
+    with pytest.raises(ImproperlyConfigured, match=r"^safe_time_delay_threshold: .*DelaySeconds at most 900 s"):
+        parse(broker=SQS, transport=big, safe_time_redis_url=REDIS, safe_time_delay_threshold=901)
+
+
+def test_sqs_threshold_stays_below_the_visibility_timeout() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"visibility_timeout \(1800 s\)"):
+        parse(broker=SQS, safe_time_redis_url=REDIS, safe_time_delay_threshold=1800)
+
+
+@pytest.mark.parametrize("timeout", [43201, 86400, "100000"])
+def test_sqs_visibility_timeout_above_12_hours_is_refused(timeout: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"^broker_transport_options\.visibility_timeout: .*12 h"):
+        parse(broker=SQS, transport={"visibility_timeout": timeout}, safe_time_redis_url=REDIS)
+    # The 12 h limit is SQS's: Redis takes any visibility timeout.
+    assert parse(transport={"visibility_timeout": timeout}).visibility_timeout == float(timeout)
 
 
 def test_durations_accept_timedelta_and_numeric_strings() -> None:
@@ -231,3 +321,13 @@ def test_importing_the_package_loads_neither_the_django_orm_nor_sqlalchemy() -> 
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
+
+
+def test_app_on_rabbitmq_with_a_threshold_above_its_consumer_timeout_fails_at_startup() -> None:
+    from celery_safe_time import install
+
+    app = Celery("a", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False)
+    app.conf.safe_time_redis_url = REDIS
+    app.conf.safe_time_delay_threshold = 3600
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_delay_threshold.*safe_time_broker_consumer_timeout"):
+        install(app)

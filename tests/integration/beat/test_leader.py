@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from datetime import datetime
 
@@ -31,8 +32,10 @@ def _epochs(client: redis.Redis) -> set[int]:
     return {int(r["headers"]["safe_time_epoch"]) for r in runs(client)}
 
 
-def _start(processes: ProcessManager, n: int, schedule: dict[str, object], **conf: object) -> list[CeleryProcess]:
-    env = beat_env(schedule, safe_time_beat_lease=LEASE, **conf)
+def _start(
+    processes: ProcessManager, n: int, schedule: dict[str, object], broker: dict[str, str] | None = None, **conf: object
+) -> list[CeleryProcess]:
+    env = {**beat_env(schedule, safe_time_beat_lease=LEASE, **conf), **(broker or {})}
     processes.worker(BEAT_APP, env=env, name="worker")
     return [processes.beat(BEAT_APP, env=env, name=f"beat{i}") for i in range(n)]
 
@@ -96,8 +99,23 @@ def _one_leader(processes: ProcessManager, redis_client: redis.Redis, minutes: i
     assert acquired == 1
 
 
-def test_failover_after_kill_9_keeps_the_grid(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    beats = _start(processes, 2, SCHEDULE)
+def _on_broker(broker_url: str, redis_url: str) -> dict[str, str]:
+    """Env for beats and worker publishing to ``broker_url``; lease, results and run records stay on Redis."""
+    if broker_url == redis_url:
+        return {}
+    conf = {"safe_time_beat_lease": LEASE, "safe_time_redis_url": redis_url, "result_backend": redis_url}
+    return {
+        "SAFE_TIME_TEST_BROKER_URL": broker_url,
+        "SAFE_TIME_TEST_RECORD_URL": redis_url,
+        "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
+    }
+
+
+def test_failover_after_kill_9_keeps_the_grid(
+    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+) -> None:
+    """On Redis and on RabbitMQ: the beats publish to the broker, the lease and slot guard live in Redis."""
+    beats = _start(processes, 2, SCHEDULE, broker=_on_broker(broker_url, redis_url))
     leader = _leader(redis_client, beats)
     wait_for(lambda: len(runs(redis_client, "five")) >= 2, 30, message="two 'five' runs")
     old_epochs = _epochs(redis_client)
@@ -146,8 +164,11 @@ def test_sigterm_hands_over_within_one_poll(processes: ProcessManager, redis_cli
     assert duplicates(redis_client) == {}
 
 
-def test_paused_leader_resumes_as_standby(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    beats = _start(processes, 2, SCHEDULE)
+def test_paused_leader_resumes_as_standby(
+    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+) -> None:
+    """On Redis and on RabbitMQ: the woken leader's publishes are refused before they reach the broker."""
+    beats = _start(processes, 2, SCHEDULE, broker=_on_broker(broker_url, redis_url))
     leader = _leader(redis_client, beats)
     wait_for(lambda: len(runs(redis_client, "fast")) >= 3, 30, message="runs")
     leader.pause()

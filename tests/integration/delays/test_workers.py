@@ -121,11 +121,26 @@ def test_flushall_while_pending_loses_nothing(
     client.close()
 
 
+def on_broker(broker_url: str, redis_url: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Settings and worker env for ``broker_url``: on RabbitMQ the record, results and locks stay on
+    the test's Redis db, and the threshold is set (no visibility timeout to derive it from)."""
+    if broker_url == redis_url:
+        return CONF, {}
+    conf = {**CONF, "safe_time_delay_threshold": 1.5, "safe_time_redis_url": redis_url, "result_backend": redis_url}
+    return conf, {"SAFE_TIME_TEST_BROKER_URL": broker_url, "SAFE_TIME_TEST_RECORD_URL": redis_url}
+
+
 def test_cancel_revoke_reschedule_retry_signatures_chains_and_expires(
-    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+    processes: ProcessManager,
+    make_app: Callable[..., Celery],
+    redis_client: redis.Redis,
+    broker_url: str,
+    redis_url: str,
 ) -> None:
-    start_cluster(processes, CONF)
-    app = test_app(make_app)
+    """On Redis and on RabbitMQ (the sweep publishes with publisher confirms there)."""
+    conf, env = on_broker(broker_url, redis_url)
+    start_cluster(processes, conf, **env)
+    app = test_app(make_app, broker_url=broker_url, **{k: v for k, v in conf.items() if k not in CONF})
     record = app.tasks["tests.delays.record"]
     add = app.tasks["tests.delays.add"]
     store = get_store(app)

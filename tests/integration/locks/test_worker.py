@@ -25,8 +25,12 @@ def client_app(redis_url: str) -> Iterator[Celery]:
     app.close()
 
 
-def test_per_key_exclusion_with_retry(processes: ProcessManager, client_app: Celery, redis_client: redis.Redis) -> None:
-    h.start_worker(processes, ttl=3.0, retry_after=0.3)
+def test_per_key_exclusion_with_retry(
+    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+) -> None:
+    """On Redis and on RabbitMQ: conflicting runs are re-queued (countdowns through the broker)."""
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=h.broker_env(broker_url, redis_url))
+    client_app = h.client_app(redis_url, broker_url)
     results = [client_app.send_task("locks.sync", args=(account, 2.0)) for _ in range(10) for account in (1, 2)]
 
     done = h.wait_runs(redis_client, "sync", 20, timeout=150)
@@ -46,6 +50,7 @@ def test_per_key_exclusion_with_retry(processes: ProcessManager, client_app: Cel
         assert len(set(fences)) == 10
     assert h.signals(redis_client, "overlap_conflict"), "the busy account must have hit conflicts"
     assert all(s["action"] == "retry" for s in h.signals(redis_client, "overlap_conflict"))
+    client_app.close()
 
 
 def _exists(client: redis.Redis, key: str) -> bool:
@@ -252,9 +257,11 @@ def test_same_task_id_published_twice_is_two_messages(
 
 
 def test_idempotent_runs_each_key_once(
-    processes: ProcessManager, client_app: Celery, redis_client: redis.Redis
+    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
 ) -> None:
-    h.start_worker(processes, ttl=3.0, retry_after=0.3)
+    """On Redis and on RabbitMQ: concurrent calls of a key in progress are re-queued, later ones skipped."""
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=h.broker_env(broker_url, redis_url))
+    client_app = h.client_app(redis_url, broker_url)
     keys = [(tenant, "2026-11") for tenant in range(10)]
     # 500 at once: many find another run of their key in progress and are re-queued
     for _ in range(50):
@@ -272,6 +279,7 @@ def test_idempotent_runs_each_key_once(
     assert sorted(r["key"] for r in sent) == sorted(f"{t}:{p}" for t, p in keys)
     assert len(h.signals(redis_client, "idempotent_skipped")) == 990
     assert redis_client.ttl("safe_time:idem:invoice:0:2026-11") > 100
+    client_app.close()
 
 
 def test_idempotent_failed_run_records_nothing(

@@ -56,8 +56,10 @@ __all__ = [
     "EntryKeys",
     "at",
     "build_entry",
+    "cron_spec",
     "definition_json",
     "delete_entry",
+    "describe_schedule",
     "get_entry",
     "list_entries",
     "parse_definition",
@@ -553,3 +555,41 @@ def list_entries(app: Celery | None = None, prefix: str | None = None) -> list[E
             if info is not None:
                 out.append(info)
     return out
+
+
+def describe_schedule(schedule: Any) -> str:
+    """A one-line text of a schedule for the command line (``cron 0 9 * * * tz=Europe/Berlin``)."""
+    try:
+        spec = schedule_to_spec(schedule)
+    except ScheduleError:
+        return repr(schedule)
+    kind = spec["type"]
+    if kind == "interval":
+        return f"every {spec['every']:g}s"
+    if kind == "crontab":
+        fields = " ".join(spec[f] for f in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week"))
+        return f"cron {fields}" + (f" tz={spec['tz']}" if spec.get("tz") else "")
+    if kind == "at":
+        return f"at {spec['at']}"
+    if kind == "rrule":
+        return f"rrule {spec['rule']} from {spec['dtstart']}" + (f" tz={spec['tz']}" if spec.get("tz") else "")
+    return f"solar {spec['event']} {spec['lat']},{spec['lon']}"
+
+
+def cron_spec(expression: str, tz: str | None) -> dict[str, Any]:
+    """``"0 9 * * *"`` (minute hour day-of-month month day-of-week) as a crontab schedule spec."""
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ScheduleError(f"cron {expression!r}: expected 5 fields (minute hour day-of-month month day-of-week)")
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    spec = {
+        "type": "crontab",
+        "minute": minute,
+        "hour": hour,
+        "day_of_week": day_of_week,
+        "day_of_month": day_of_month,
+        "month_of_year": month_of_year,
+        "tz": tz,
+    }
+    schedule_from_spec(spec)  # validates each field and the zone
+    return spec

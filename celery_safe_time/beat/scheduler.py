@@ -242,6 +242,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         changed = scored(changes)
         names = [name for name, _ in changed]
         writes: list[SlotWrite] = []
+        catch_up: list[tuple[float, SlotWrite]] = []
         forget: dict[bool, list[str]] = {True: [], False: []}  # keep_state -> names
         if names:
             pipe = self.client.pipeline(transaction=False)
@@ -252,9 +253,18 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             for name, raw, state, score in zip(names, raws, states, scores, strict=True):
                 became = self.load_runtime(name, raw)
                 if became == "active":
-                    written = self.next_state(self.plans[name], load_state(state), score, now)
-                    if written is not None:
-                        writes.append(SlotWrite(name, written, float(load_state(written)["next"])))
+                    known = load_state(state)
+                    written = self.next_state(self.plans[name], known, score, now)
+                    if written is None:
+                        continue
+                    next_fire = float(load_state(written)["next"])
+                    if known and next_fire <= now:
+                        # Resumed, or edited onto a grid whose next slot already passed: those slots
+                        # fell while the entry was paused or before the edit, so none counts as on
+                        # time; its misfire policy decides from now (run_once: one catch-up run).
+                        catch_up.extend((next_fire, w) for w in self.plan_entry(name, next_fire, now, on_time=0.0))
+                    else:
+                        writes.append(SlotWrite(name, written, next_fire))
                 elif became in ("paused", "broken"):
                     forget[True].append(name)
                 elif became == "removed":
@@ -273,6 +283,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for keep_state, batch in forget.items():
             if not self.lease.forget(epoch, batch, keep_state=keep_state):
                 return self._refused(batch[0], now)
+        if not self.write_and_publish(catch_up, epoch):
+            return False
         if len(names) == C.BEAT_CHANGES_BATCH:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
@@ -365,6 +377,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 raise
             except Exception:
                 logger.exception("beat: entry %r failed; the other entries keep firing", name)
+        return self.write_and_publish(planned, epoch)
+
+    def write_and_publish(self, planned: list[tuple[float, SlotWrite]], epoch: int) -> bool:
+        """Send ``planned`` (due slot, write) pairs in one round trip and publish the slots the guard
+        allows; False when the lease turned out to be gone."""
         if not planned:
             return True
         verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
@@ -386,8 +403,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 self.publish(entry, write.slot, epoch)  # logs its own failures, never raises
         return True
 
-    def plan_entry(self, name: str, slot: float, now: float) -> list[SlotWrite]:
-        """The state writes for one due entry: a dispatch per slot to publish, else one advance."""
+    def plan_entry(self, name: str, slot: float, now: float, on_time: float | None = None) -> list[SlotWrite]:
+        """The state writes for one due entry: a dispatch per slot to publish, else one advance.
+
+        ``on_time``: how old a slot may be and still count as on time (default: one lease).
+        """
         plan = self.plans.get(name)
         entry = self.schedule.get(name)
         if plan is None or entry is None:
@@ -399,7 +419,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 slot,
                 now,
                 policy=plan.policy,
-                on_time=self.config.beat_lease,
+                on_time=self.config.beat_lease if on_time is None else on_time,
                 grace=self.config.misfire_grace,
             )
         except Exception as exc:

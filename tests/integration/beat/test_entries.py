@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,9 +35,9 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 def app(make_app: Callable[..., Celery]) -> Celery:
     app = make_app(
         safe_time_beat_lease=3,
-        beat_schedule={"cfg": {"task": "t.noop", "schedule": 3600.0, "args": ("c",)}},
+        beat_schedule={"cfg": {"task": "t.entries_noop", "schedule": 3600.0, "args": ("c",)}},
     )
-    app.task(name="t.noop")(_noop)
+    app.task(name="t.entries_noop")(_noop)
     app.task(name="reports.send")(_noop)
     return app
 
@@ -97,7 +98,12 @@ def test_save_get_list_delete(app: Celery, redis_client: redis.Redis) -> None:
     save_entry("tenant-43-report", "reports.send", 60, app=app)
     save_entry("other", "reports.send", 60, app=app)
     names = [(e.name, e.source) for e in list_entries(app=app)]
-    assert names == [("cfg", "config"), ("other", "runtime"), ("tenant-42-report", "runtime"), ("tenant-43-report", "runtime")]
+    assert names == [
+        ("cfg", "config"),
+        ("other", "runtime"),
+        ("tenant-42-report", "runtime"),
+        ("tenant-43-report", "runtime"),
+    ]
     assert [e.name for e in list_entries(app=app, prefix="tenant-")] == ["tenant-42-report", "tenant-43-report"]
     assert get_entry("cfg", app=app) is not None
     assert get_entry("missing", app=app) is None
@@ -106,11 +112,12 @@ def test_save_get_list_delete(app: Celery, redis_client: redis.Redis) -> None:
     assert get_entry("tenant-43-report", app=app) is None
     # the stored definition is plain JSON another language can write
     raw = redis_client.hget("safe_time:beat:entries", "tenant-42-report")
-    assert raw is not None and b'"tz":"Europe/Berlin"' in raw
+    assert raw is not None
+    assert b'"tz":"Europe/Berlin"' in raw
 
 
 def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, redis_client: redis.Redis) -> None:
-    with pytest.raises(ScheduleError, match="unknown task 'no.such.task'"):
+    with pytest.raises(ScheduleError, match=r"unknown task 'no\.such\.task'"):
         save_entry("x", "no.such.task", 60, app=app)
     with pytest.raises(ScheduleError, match="hour"):
         save_entry("x", "reports.send", {"type": "crontab", "minute": "0", "hour": "24"}, app=app)
@@ -136,11 +143,13 @@ def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
     app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
 ) -> None:
     saved = time.time()
-    save_entry("every2", "t.noop", 2, args=("r",), app=app)
+    save_entry("every2", "t.entries_noop", 2, args=("r",), app=app)
     _tick_until(leader, lambda: _fired(sent, "every2"))
     assert time.time() - saved < 2.0  # an interval entry fires at its first tick
     before = get_entry("every2", app=app)
-    assert before is not None and before.last_fired is not None and before.next_fire is not None
+    assert before is not None
+    assert before.last_fired is not None
+    assert before.next_fire is not None
     version = redis_client.get("safe_time:beat:entries:version")
 
     # six processes saving the same entry at start-up: one schedule, no extra fire, state kept
@@ -148,7 +157,7 @@ def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
 
     def save() -> None:
         barrier.wait()
-        save_entry("every2", "t.noop", 2, args=("r",), app=app)
+        save_entry("every2", "t.entries_noop", 2, args=("r",), app=app)
 
     threads = [threading.Thread(target=save) for _ in range(6)]
     for t in threads:
@@ -163,29 +172,33 @@ def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
     leader.tick()
     slots = _fired(sent, "every2")
     assert len(slots) == len(set(slots))
-    assert all(b - a == 2 for a, b in zip(slots, slots[1:], strict=False))
+    assert all(b - a == 2 for a, b in itertools.pairwise(slots))
 
 
 def test_change_pause_resume_remove(
     app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
 ) -> None:
-    save_entry("e", "t.noop", 1, app=app)
+    save_entry("e", "t.entries_noop", 1, app=app)
     _tick_until(leader, lambda: len(_fired(sent, "e")) >= 2)
     last = _fired(sent, "e")[-1]
 
     # a changed schedule: the new grid continues after the last fired slot
-    save_entry("e", "t.noop", 5, app=app)
+    save_entry("e", "t.entries_noop", 5, app=app)
     leader.tick()
     info = get_entry("e", app=app)
-    assert info is not None and info.next_fire is not None
+    assert info is not None
+    assert info.next_fire is not None
     assert info.next_fire.timestamp() == last + 5
 
     # pause: nothing fires, state kept (last fired and the next slot stay in the state hash)
     set_enabled("e", False, app=app)
     leader.tick()
     paused = get_entry("e", app=app)
-    assert paused is not None and not paused.enabled and paused.next_fire is None
-    assert paused.last_fired is not None and paused.last_fired.timestamp() == last
+    assert paused is not None
+    assert not paused.enabled
+    assert paused.next_fire is None
+    assert paused.last_fired is not None
+    assert paused.last_fired.timestamp() == last
     assert redis_client.zscore("safe_time:beat:due", "e") is None
     count = len(_fired(sent, "e"))
     deadline = time.time() + 6
@@ -217,9 +230,9 @@ def test_change_pause_resume_remove(
 def test_a_new_leader_loads_every_runtime_entry_and_keeps_their_state(
     app: Celery, tmp_path: Path, sent: list[dict[str, Any]], redis_client: redis.Redis
 ) -> None:
-    save_entry("a", "t.noop", 1, app=app)
-    save_entry("p", "t.noop", 1, enabled=False, app=app)
-    save_entry("gone", "t.noop", 1, app=app)
+    save_entry("a", "t.entries_noop", 1, app=app)
+    save_entry("p", "t.entries_noop", 1, enabled=False, app=app)
+    save_entry("gone", "t.entries_noop", 1, app=app)
     first = SafeScheduler(app=app, schedule_filename=str(tmp_path / "1"), max_interval=1)
     try:
         wait_for(lambda: first.keeper.is_leader, 10)
@@ -248,7 +261,7 @@ def test_one_off_fires_once_then_reports_disabled(
     app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]
 ) -> None:
     when = datetime.fromtimestamp(int(time.time()) + 2, UTC)
-    save_entry("once", "t.noop", when, app=app)
+    save_entry("once", "t.entries_noop", when, app=app)
     _tick_until(leader, lambda: _fired(sent, "once"))
     assert _fired(sent, "once") == [when.timestamp()]
     for _ in range(10):
@@ -261,14 +274,14 @@ def test_one_off_fires_once_then_reports_disabled(
     assert info.next_fire is None
     assert info.last_fired == when
     # the same definition saved again (a restart of the process that made it) does not fire it again
-    save_entry("once", "t.noop", when, app=app)
+    save_entry("once", "t.entries_noop", when, app=app)
     leader.tick()
     assert len(_fired(sent, "once")) == 1
 
 
 def test_rrule_and_run_now(app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]) -> None:
     start = datetime.fromtimestamp(int(time.time()) + 1, UTC)
-    save_entry("rr", "t.noop", dateutil_rrule(SECONDLY, interval=2, dtstart=start, count=2), app=app)
+    save_entry("rr", "t.entries_noop", dateutil_rrule(SECONDLY, interval=2, dtstart=start, count=2), app=app)
     _tick_until(leader, lambda: len(_fired(sent, "rr")) >= 2)
     assert _fired(sent, "rr") == [start.timestamp(), start.timestamp() + 2]
 
@@ -285,9 +298,9 @@ def test_rrule_and_run_now(app: Celery, leader: SafeScheduler, sent: list[dict[s
 def test_a_broken_definition_written_by_hand_disables_only_that_entry(
     app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
 ) -> None:
-    redis_client.hset("safe_time:beat:entries", "bad", '{"task": "t.noop", "schedule": {"type": "weekly"}}')
+    redis_client.hset("safe_time:beat:entries", "bad", '{"task": "t.entries_noop", "schedule": {"type": "weekly"}}')
     redis_client.zadd("safe_time:beat:entries:changed", {"bad": redis_client.incr("safe_time:beat:entries:version")})
-    save_entry("good", "t.noop", 1, app=app)
+    save_entry("good", "t.entries_noop", 1, app=app)
     _tick_until(leader, lambda: _fired(sent, "good"))
     assert "bad" in leader.broken
     assert "unknown schedule type" in leader.broken["bad"]
@@ -298,16 +311,17 @@ def test_change_takes_effect_within_one_tick_with_many_entries(
     app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]
 ) -> None:
     for i in range(300):
-        save_entry(f"bulk-{i}", "t.noop", crontab(minute=0, hour=3), app=app)
+        save_entry(f"bulk-{i}", "t.entries_noop", crontab(minute=0, hour=3), app=app)
     leader.tick()
     assert len(leader.plans) == 301
-    save_entry("late", "t.noop", timedelta(seconds=30), app=app)
+    save_entry("late", "t.entries_noop", timedelta(seconds=30), app=app)
     started = time.perf_counter()
     leader.tick()
     assert time.perf_counter() - started < 1.0
     # applied by that one tick: planned and in the due set, its first slot at most a second away
     assert "late" in leader.plans
     info = get_entry("late", app=app)
-    assert info is not None and info.next_fire is not None
+    assert info is not None
+    assert info.next_fire is not None
     assert info.next_fire.timestamp() <= time.time() + 1.0
     _tick_until(leader, lambda: _fired(sent, "late"), timeout=3)

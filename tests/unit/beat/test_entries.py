@@ -142,7 +142,7 @@ def test_definition_is_canonical_and_parses_back() -> None:
 
 def test_unserialisable_arguments_name_the_entry() -> None:
     spec = schedule_to_spec(10)
-    with pytest.raises(SerializationError, match="'t-1'.*args"):
+    with pytest.raises(SerializationError, match=r"'t-1'.*args"):
         definition_json("t-1", "x", spec, (object(),), {}, {}, True)
     with pytest.raises(SerializationError, match="kwargs"):
         definition_json("t-1", "x", spec, (), {"when": datetime.now()}, {}, True)

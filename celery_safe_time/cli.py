@@ -292,6 +292,36 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
     click.echo(f"{name}: published slot {slot.isoformat()}")
 
 
+@beat_group.command(name="import-redbeat", cls=CeleryCommand)
+@click.option("--prefix", default="redbeat", show_default=True, help="celery-redbeat's redbeat_key_prefix.")
+@click.option("--dry-run", is_flag=True, help="Decode and list the entries, store nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def beat_import_redbeat(ctx: click.Context, prefix: str, dry_run: bool, as_json: bool) -> None:
+    """Copy celery-redbeat's entries and their last run into runtime entries (redbeat's keys are left
+    as they are); exit 1 when an entry could not be imported."""
+    from .beat.redbeat import import_redbeat
+
+    result = import_redbeat(_app(ctx), prefix, dry_run=dry_run)
+    if as_json:
+        _dump(result.as_dict())
+    else:
+        verb = "would import" if dry_run else "imported"
+        for name in result.imported:
+            click.echo(f"{verb}  {name}")
+        for name in result.unchanged:
+            click.echo(f"unchanged  {name}")
+        for name, why in result.skipped.items():
+            click.echo(f"skipped  {name}: {why}")
+        for name, error in result.failed.items():
+            click.echo(f"FAILED  {name}: {error}", err=True)
+        click.echo(
+            f"{len(result.imported)} {verb}, {len(result.unchanged)} unchanged, {len(result.skipped)} skipped, "
+            f"{len(result.failed)} failed"
+        )
+    sys.exit(1 if result.failed else 0)
+
+
 # === delays ===================================================================
 
 

@@ -49,7 +49,11 @@ def _write_redbeat_entries(redis_url: str, last: datetime) -> None:
 
 
 def test_import_redbeat_copies_entries_and_their_last_run(
-    processes: ProcessManager, redis_url: str, redis_client: redis.Redis, make_app: Callable[..., Celery], tmp_path: Path
+    processes: ProcessManager,
+    redis_url: str,
+    redis_client: redis.Redis,
+    make_app: Callable[..., Celery],
+    tmp_path: Path,
 ) -> None:
     last = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
     _write_redbeat_entries(redis_url, last)

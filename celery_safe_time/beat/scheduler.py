@@ -317,7 +317,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         pipe.get(self.entry_keys.version)
         pipe.hgetall(self.entry_keys.entries)
         pipe.zrangebyscore(self.entry_keys.changed, "-inf", "+inf", withscores=True)
-        version, definitions, log = pipe.execute()
+        pipe.hgetall(self.entry_keys.run_now)
+        version, definitions, log, requests = pipe.execute()
         for name in list(self.runtime):
             self._drop(name)
         self.runtime = {}
@@ -352,6 +353,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
             self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[int(version or 0), *tombstones])
         self.seen_version = int(version or 0)
+        # run-now requests made while no beat led: their counter bump is already behind us
+        self.run_requested(epoch, requests)
         logger.info(
             "beat: leader with epoch %s: %d entries (%d runtime, %d paused; %d new or edited, %d removed, %d disabled)",
             epoch,

@@ -310,17 +310,36 @@ def parse_definition(raw: Any) -> dict[str, Any]:
     }
 
 
-def build_entry(name: str, definition: Mapping[str, Any], app: Celery) -> ScheduleEntry:
-    """A celery ``ScheduleEntry`` for a parsed definition (raises :class:`ScheduleError`)."""
+def build_entry(
+    name: str, definition: Mapping[str, Any], app: Celery, schedules: dict[str, Any] | None = None
+) -> ScheduleEntry:
+    """A celery ``ScheduleEntry`` for a parsed definition (raises :class:`ScheduleError`).
+
+    ``schedules`` caches schedule objects by their JSON: thousands of tenants share a handful of
+    schedules ("09:00 in Europe/Berlin"), and building a crontab is the costly part of loading one.
+    """
+    if schedules is None:
+        schedule = schedule_from_spec(definition["schedule"])
+    else:
+        key = json.dumps(definition["schedule"], sort_keys=True)
+        schedule = schedules.get(key)
+        if schedule is None:
+            schedule = schedules[key] = schedule_from_spec(definition["schedule"])
     return ScheduleEntry(
         name=name,
         task=definition["task"],
-        schedule=schedule_from_spec(definition["schedule"]),
+        # the scheduler keeps the last run in Redis; passing one skips celery's app.now() per entry
+        last_run_at=_NEVER_RAN,
+        schedule=schedule,
         args=tuple(definition["args"]),
         kwargs=dict(definition["kwargs"]),
         options=dict(definition["options"]),
         app=app,
     )
+
+
+#: ``last_run_at`` of a freshly built entry (the real last fired slot is in ``beat:state``).
+_NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # --- the API ------------------------------------------------------------------------------------

@@ -76,6 +76,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.paused: dict[str, ScheduleEntry] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
+        #: schedule objects of runtime entries by their JSON (shared: they are never mutated)
+        self._schedules: dict[str, Any] = {}
         self._run_now_done = self.client.register_script(load_script(__package__, "run_now_done"))
         self._prune = self.client.register_script(load_script(__package__, "prune"))
         super().__init__(app, *args, **kwargs)
@@ -170,7 +172,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return scored(reply), lost, int(version or 0)
 
     @staticmethod
-    def next_state(plan: Plan, state: dict[str, Any], score: float | None, now: float) -> str | None:
+    def next_state(
+        plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
+    ) -> str | None:
         """An entry's state JSON to write when (re)planning it, None when its state stands as it is.
 
         An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
@@ -188,8 +192,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             next_fire = score
         elif last is not None:  # edited: the new grid continues after the last fired slot
             next_fire = plan.grid.next(float(last))
-        else:
+        elif firsts is None:
             next_fire = plan.grid.first(now)
+        else:
+            if sig not in firsts:
+                firsts[sig] = plan.grid.first(now)
+            next_fire = firsts[sig]
         return dump_state(last, next_fire, sig)
 
     # --- runtime entries ----------------------------------------------------------
@@ -217,7 +225,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.runtime[name] = raw
         try:
             definition = parse_definition(raw)
-            entry = build_entry(name, definition, self.app)
+            entry = build_entry(name, definition, self.app, self._schedules)
             plan = entry_plan(entry, self.config, self.app)
         except Exception as exc:
             self._broken(name, f"invalid runtime entry: {exc}")
@@ -316,27 +324,38 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         pipe = self.client.pipeline(transaction=True)  # one snapshot: the counter matches the definitions
         pipe.get(self.entry_keys.version)
         pipe.hgetall(self.entry_keys.entries)
-        pipe.zrangebyscore(self.entry_keys.changed, "-inf", "+inf", withscores=True)
+        pipe.zcard(self.entry_keys.changed)
         pipe.hgetall(self.entry_keys.run_now)
-        version, definitions, log, requests = pipe.execute()
+        version, definitions, logged, requests = pipe.execute()
         for name in list(self.runtime):
             self._drop(name)
         self.runtime = {}
         for key, raw in definitions.items():
             self.load_runtime(as_text(key), raw)
-        tombstones = [name for name, _ in scored(log) if name not in self.runtime]
+        tombstones: list[str] = []
+        if int(logged) > len(definitions):  # the log holds deletions: read it (else it is one per entry)
+            log = self.client.zrange(self.entry_keys.changed, 0, -1)
+            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
         stored: dict[str, Any] = {as_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
         scores = dict(scored(self.client.zrange(self.keys.due, 0, -1, withscores=True)))
         scheduled = set(scores)
         pipe = self.client.pipeline(transaction=False)
-        changed = 0
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
         for name, plan in self.plans.items():
-            written = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now)
+            written = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
             if written is None:
                 continue
-            pipe.hset(self.keys.state, name, written)
-            pipe.zadd(self.keys.due, {name: float(load_state(written)["next"])})
-            changed += 1
+            states[name] = written
+            nexts[name] = float(load_state(written)["next"])
+        changed = len(states)
+        # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
+        names = list(states)
+        for i in range(0, len(names), C.BEAT_CHANGES_BATCH * 5):
+            chunk = names[i : i + C.BEAT_CHANGES_BATCH * 5]
+            pipe.hset(self.keys.state, mapping={n: states[n] for n in chunk})
+            pipe.zadd(self.keys.due, {n: nexts[n] for n in chunk})
         # paused and broken runtime entries keep their state (a resume or a fix continues the grid)
         gone = (scheduled | set(stored)) - set(self.plans) - set(self.runtime)
         idle = scheduled & (set(self.runtime) - set(self.plans))

@@ -37,8 +37,8 @@ def app(make_app: Callable[..., Celery]) -> Celery:
         safe_time_beat_lease=3,
         beat_schedule={"cfg": {"task": "t.entries_noop", "schedule": 3600.0, "args": ("c",)}},
     )
-    app.task(name="t.entries_noop")(_noop)
-    app.task(name="reports.send")(_noop)
+    app.task(name="t.entries_noop", shared=False)(_noop)
+    app.task(name="reports.send", shared=False)(_noop)
     return app
 
 

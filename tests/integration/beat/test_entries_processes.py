@@ -49,7 +49,7 @@ def test_add_change_pause_remove_while_three_beats_run_and_the_leader_dies(
     processes: ProcessManager, redis_client: redis.Redis, make_app: Callable[..., Celery]
 ) -> None:
     app = make_app()
-    app.task(name="tests.record")(_noop)  # the name the beats' app registers
+    app.task(name="tests.record", shared=False)(_noop)  # the name the beats' app registers
     env = beat_env({}, safe_time_beat_lease=LEASE)
     processes.worker(BEAT_APP, env=env, name="worker")
     beats = [processes.beat(BEAT_APP, env=env, name=f"beat{i}") for i in range(3)]

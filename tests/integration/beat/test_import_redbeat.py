@@ -74,7 +74,7 @@ def test_import_redbeat_copies_entries_and_their_last_run(
     assert sorted(json.loads(again.stdout)["unchanged"]) == ["daily-rrule", "hourly", "off", "report-9am"]
 
     app = make_app(safe_time_beat_lease=3)
-    app.task(name="tests.record")(_noop)
+    app.task(name="tests.record", shared=False)(_noop)
     report = get_entry("report-9am", app=app)
     assert report is not None
     assert (report.task, report.args, report.kwargs, report.options) == (

@@ -281,7 +281,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 "beat: applied %d runtime entry change(s) (version %s): %d rescheduled, %d paused or broken, "
                 "%d removed",
                 len(names),
-                changed[-1][1],
+                int(changed[-1][1]),
                 len(writes),
                 len(forget[True]),
                 len(forget[False]),

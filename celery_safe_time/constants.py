@@ -104,6 +104,9 @@ ENTRY_SOURCE_CONFIG: Final = "config"
 ENTRY_SOURCE_RUNTIME: Final = "runtime"
 #: Changed runtime entries applied per tick (the rest follow at the next tick, at once).
 BEAT_CHANGES_BATCH: Final = 2000
+#: Once runtime entries exist, the leader ticks at least this often (seconds), so that a change is
+#: applied within this long; an idle tick is one Redis round trip.
+BEAT_CHANGES_POLL: Final = 0.25
 
 
 # === delays ===================================================================

@@ -145,9 +145,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
         except REDIS_ERRORS as exc:
             return self.redis_failed(exc)
-        if not head:
-            return self.granularity
-        return max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+        wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+        if self.seen_version > 0:
+            # runtime entries are in use: look at the change counter often, a change shows within a poll
+            wait = min(wait, C.BEAT_CHANGES_POLL)
+        return wait
 
     def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int]:
         """The due entries, what is missing from the Redis state (None when nothing is), and the

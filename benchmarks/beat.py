@@ -5,7 +5,10 @@
 - tick p50/p99 with 10,000 entries: SafeScheduler vs PersistentScheduler;
 - the guard's extra cost per published slot (one Redis round trip);
 - SafeDatabaseScheduler vs django-celery-beat's DatabaseScheduler with 10,000 periodic tasks:
-  time to first tick and tick p99.
+  time to first tick and tick p99;
+- runtime entries (``save_entry``), 100,000 of them (quick: 5,000), against celery-redbeat's entry API
+  (``RedBeatSchedulerEntry.save``) with the same entries: tick p99, the time from a save to the
+  leader's first fire of it, Redis memory per entry.
 
 Needs the local Redis and PostgreSQL of the test suite. ``python -m benchmarks.beat [--quick]``.
 """
@@ -15,20 +18,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from celery_safe_time.redis_client import as_text
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess
 
 N_ENTRIES = 10_000
+N_RUNTIME = 100_000
+N_RUNTIME_QUICK = 5_000
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -236,6 +244,171 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     return out
 
 
+# --- runtime entries --------------------------------------------------------------------
+_ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "UTC")
+
+
+def _runtime_specs(n: int, busy: int = 10) -> list[tuple[str, Any]]:
+    """(name, schedule) of ``n`` tenants: ``busy`` every second, the rest 09:00 in their own timezone."""
+    from celery_safe_time import crontab
+
+    out: list[tuple[str, Any]] = []
+    for i in range(n):
+        if i < busy:
+            out.append((f"tenant-{i}", 1.0))
+        else:
+            out.append((f"tenant-{i}", crontab(minute=str(i % 60), hour="9", tz=_ZONES[i % len(_ZONES)])))
+    return out
+
+
+def _memory(client: redis.Redis, keys: list[str]) -> int:
+    return sum(int(client.memory_usage(k, samples=0) or 0) for k in keys)
+
+
+def _tick_loop(tick: Callable[[], float], stop: Any) -> None:
+    """What ``celery beat`` does: tick, sleep what it asked for (at most the 1 s max interval)."""
+    while not stop.is_set():
+        stop.wait(min(1.0, max(0.0, tick())))
+
+
+def _save_to_fire(save: Callable[[str], None], fired: dict[str, float], count: int) -> list[float]:
+    samples = []
+    for i in range(count):
+        name = f"probe-{i}-{time.monotonic_ns()}"
+        start = time.monotonic()
+        save(name)
+        deadline = start + 10
+        while name not in fired and time.monotonic() < deadline:
+            time.sleep(0.002)
+        samples.append(fired.get(name, deadline) - start)
+        time.sleep(random.uniform(0.05, 1.0))  # saves land anywhere in the tick cycle
+    return samples
+
+
+def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
+    """``save_entry`` vs redbeat's ``RedBeatSchedulerEntry.save`` with the same entries, in one run."""
+    import threading
+
+    from celery.schedules import crontab as celery_crontab
+    from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
+
+    from celery_safe_time import save_entry, signals
+    from celery_safe_time.beat.entries import EntryKeys, _Store, definition_json, schedule_to_spec
+    from celery_safe_time.beat.scheduler import SafeScheduler
+    from celery_safe_time.clock import UTC
+
+    n = N_RUNTIME_QUICK if quick else N_RUNTIME
+    count = 60 if quick else 300
+    probes = 10 if quick else 30
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    specs = _runtime_specs(n)
+    out: dict[str, Any] = {"entries": n}
+
+    # --- ours ---
+    app = _app(redis_url, safe_time_beat_lease=6)
+    sample = min(1000, n)
+    start = time.perf_counter()
+    for name, schedule in specs[:sample]:
+        save_entry(name, "bench.noop", schedule, app=app)
+    save_s = (time.perf_counter() - start) / sample
+    # the rest through the same script, pipelined (save_entry's validation costs CPU, not Redis)
+    store = _Store(app)
+    script = store.script("save_entry")
+    keys = EntryKeys.for_config(store.config)
+    pipe = client.pipeline(transaction=False)
+    for i, (name, schedule) in enumerate(specs[sample:]):
+        raw = definition_json(name, "bench.noop", schedule_to_spec(schedule), (), {}, {}, True)
+        script(keys=[keys.entries, keys.version, keys.changed], args=[name, raw], client=pipe)
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    fired: dict[str, float] = {}
+
+    def on_sent(sender: Any, entry: str, **kw: Any) -> None:
+        fired.setdefault(entry, time.monotonic())
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    safe = SafeScheduler(app=app, schedule_filename=str(tmp / "rt"), max_interval=1)
+    try:
+        while safe.keeper.epoch is None:
+            time.sleep(0.05)
+        first = time.perf_counter()
+        safe.tick()  # the term's reconcile: loads every runtime entry
+        out["ours first tick (load all) s"] = round(time.perf_counter() - first, 2)
+        time.sleep(1.1)
+        out["ours tick"] = _ms(_ticks(safe.tick, count, 0.02))
+        stop = threading.Event()
+        loop = threading.Thread(target=_tick_loop, args=(safe.tick, stop), daemon=True)
+        loop.start()
+        try:
+            out["ours save to first fire"] = _ms(
+                _save_to_fire(lambda name: save_entry(name, "bench.noop", datetime.now(UTC), app=app), fired, probes)
+            )
+        finally:
+            stop.set()
+            loop.join(5)
+        ours_keys = [keys.entries, keys.changed, safe.keys.state, safe.keys.due]
+        out["ours bytes per entry"] = round(_memory(client, ours_keys) / n)
+        out["ours save_entry ms"] = round(save_s * 1000, 3)
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+        safe.close()
+    client.flushdb()
+
+    # --- celery-redbeat, the same entries through its entry API ---
+    red_app = _app(redis_url, redbeat_redis_url=redis_url, redbeat_lock_key=None)
+    start = time.perf_counter()
+    for i, (name, schedule) in enumerate(specs):
+        sched = schedule
+        if not isinstance(schedule, float):  # redbeat stores celery's crontab (no tz field)
+            sched = celery_crontab(minute=schedule._orig_minute, hour=schedule._orig_hour)
+        RedBeatSchedulerEntry(name, "bench.noop", sched, app=red_app).save()
+        if i + 1 == sample:
+            out["redbeat save ms"] = round((time.perf_counter() - start) / sample * 1000, 3)
+    red_fired: dict[str, float] = {}
+
+    class Recording(RedBeatScheduler):  # type: ignore[misc]
+        def apply_async(self, entry: Any, *args: Any, **kwargs: Any) -> Any:
+            red_fired.setdefault(entry.name, time.monotonic())
+            return super().apply_async(entry, *args, **kwargs)
+
+    red = Recording(app=red_app, max_interval=1, lock_key=None)
+    try:
+        red.lock_key = None
+        first = time.perf_counter()
+        red.tick()
+        out["redbeat first tick s"] = round(time.perf_counter() - first, 2)
+        time.sleep(1.1)
+        out["redbeat tick"] = _ms(_ticks(red.tick, count, 0.02))
+        stop = threading.Event()
+        loop = threading.Thread(target=_tick_loop, args=(red.tick, stop), daemon=True)
+        loop.start()
+        try:
+            out["redbeat save to first fire"] = _ms(
+                _save_to_fire(
+                    # a new redbeat entry is due one interval after "now": back-date its last run so
+                    # that it is due at once, like our one-off at "now"
+                    lambda name: RedBeatSchedulerEntry(
+                        name, "bench.noop", 3600.0, last_run_at=datetime.now(UTC) - timedelta(hours=1), app=red_app
+                    ).save(),
+                    red_fired,
+                    probes,
+                )
+            )
+        finally:
+            stop.set()
+            loop.join(5)
+        red_keys = [as_text(k) for k in client.scan_iter("redbeat:tenant-*", count=5000)]
+        per_key = _memory(client, red_keys[:2000]) / max(1, min(2000, len(red_keys)))
+        zset = _memory(client, ["redbeat::schedule"])
+        out["redbeat bytes per entry"] = round(per_key + zset / n)
+    finally:
+        red.close()
+    client.flushdb()
+    return out
+
+
 # --- django ---------------------------------------------------------------------------
 def bench_django(redis_url: str, quick: bool) -> dict[str, Any]:
     db = services.PostgresDatabase(services.resolve_postgres_admin_url())
@@ -288,9 +461,14 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     redis.Redis.from_url(redis_url).flushdb()
     results: dict[str, Any] = {"quick": quick}
     try:
+        if only == "runtime":  # python -m benchmarks.beat --only runtime: just the runtime entries
+            with tempfile.TemporaryDirectory() as tmp:
+                results["runtime"] = bench_runtime(redis_url, quick, Path(tmp))
+            return results
         if only != "failover":
             with tempfile.TemporaryDirectory() as tmp:
                 results["ticks"] = bench_ticks(redis_url, quick, Path(tmp))
+                results["runtime"] = bench_runtime(redis_url, quick, Path(tmp))
             results["django"] = bench_django(redis_url, quick)
             redis.Redis.from_url(redis_url).flushdb()
         if only != "timed":
@@ -329,6 +507,28 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(
         f"| guard per published slot | {g.get('p50_us')} us p50, {g.get('p99_us')} us p99, 1 round trip | none |"
     )
+    rt = results.get("runtime", {})
+    if rt:
+        n = f"{rt.get('entries', 0):,}"
+        ot, rb = rt.get("ours tick", {}), rt.get("redbeat tick", {})
+        lines.append(
+            f"| {n} runtime entries, 10 due/s: tick p50 / p99 (ms) | {ot.get('p50_ms')} / {ot.get('p99_ms')} "
+            f"| celery-redbeat, same entries: {rb.get('p50_ms')} / {rb.get('p99_ms')} |"
+        )
+        of, rf = rt.get("ours save to first fire", {}), rt.get("redbeat save to first fire", {})
+        lines.append(
+            f"| {n} runtime entries: save to the leader's first fire, p50 / p99 (ms) "
+            f"| {of.get('p50_ms')} / {of.get('p99_ms')} | celery-redbeat: {rf.get('p50_ms')} / {rf.get('p99_ms')} |"
+        )
+        lines.append(
+            f"| {n} runtime entries: Redis memory per entry (bytes) | {rt.get('ours bytes per entry')} "
+            f"| celery-redbeat: {rt.get('redbeat bytes per entry')} |"
+        )
+        lines.append(
+            f"| {n} runtime entries: one save (ms) / the leader's first tick, loading all (s) "
+            f"| {rt.get('ours save_entry ms')} / {rt.get('ours first tick (load all) s')} "
+            f"| celery-redbeat: {rt.get('redbeat save ms')} / {rt.get('redbeat first tick s')} |"
+        )
     d = results.get("django", {})
     sd, dd = d.get("SafeDatabaseScheduler", {}), d.get("DatabaseScheduler", {})
     lines.append(
@@ -345,8 +545,9 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["runtime", "timed", "failover"], default=None)
     args = parser.parse_args(argv)
-    results = run(args.quick)
+    results = run(args.quick, args.only)
     print(markdown(results))
     print()
     print(json.dumps(results, indent=2))

@@ -22,6 +22,11 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     # beat
     "SafeScheduler": ".beat.scheduler",
+    "EntryInfo": ".beat.entries",
+    "delete_entry": ".beat.entries",
+    "get_entry": ".beat.entries",
+    "list_entries": ".beat.entries",
+    "save_entry": ".beat.entries",
     "crontab": ".schedules",
     "next_local": ".schedules",
     # delays
@@ -36,6 +41,11 @@ _LAZY: dict[str, str] = {
 __all__ = [  # noqa: RUF022 - grouped by capability, not sorted
     # beat
     "SafeScheduler",
+    "EntryInfo",
+    "delete_entry",
+    "get_entry",
+    "list_entries",
+    "save_entry",
     "crontab",
     "next_local",
     # delays

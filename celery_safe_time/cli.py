@@ -1,6 +1,7 @@
 """``celery -A proj safe-time ...``: the operator's command (a ``celery.commands`` plugin).
 
-Sections: ``check`` and ``status`` (every capability), then ``delays ...``, ``sweep`` and ``locks ...``.
+Sections: ``check`` and ``status`` (every capability), then ``beat ...``, ``delays ...``, ``sweep`` and
+``locks ...``.
 Each command imports its capability lazily, so ``celery --help`` stays fast and Django-free.
 """
 
@@ -129,6 +130,221 @@ def _print_tree(data: Any, indent: int) -> None:
                 click.echo(f"{pad}- {item}")
     else:
         click.echo(f"{pad}{data}")
+
+
+# === beat =====================================================================
+
+
+@safe_time.group(name="beat")
+def beat_group() -> None:
+    """Beat entries: list and show every entry; add, remove, pause, resume and run runtime ones."""
+
+
+def _entry_errors() -> tuple[type[Exception], ...]:
+    from .exceptions import ScheduleError, SerializationError
+
+    return (ScheduleError, SerializationError)
+
+
+def _json_arg(value: str | None, what: str, kind: type) -> Any:
+    if value is None:
+        return kind()
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{what} must be JSON: {exc}") from None
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(f"{what} must be a JSON {'array' if kind is list else 'object'}, got {value}")
+    return parsed
+
+
+@beat_group.command(name="list", cls=CeleryCommand)
+@click.option("--prefix", default=None, help="Only entries whose name starts with this.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
+    """Every entry: beat_schedule ones (source config) and runtime ones, with their last and next fire."""
+    from .beat.entries import describe_schedule, list_entries
+
+    found = list_entries(app=_app(ctx), prefix=prefix)
+    if as_json:
+        _dump([info.as_dict() for info in found])
+        return
+    rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
+    for i in found:
+        state = "enabled" if i.enabled else "paused"
+        nxt = i.next_fire.isoformat() if i.next_fire else "-"
+        last = i.last_fired.isoformat() if i.last_fired else "-"
+        rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}")
+
+
+@beat_group.command(name="show", cls=CeleryCommand)
+@click.argument("name")
+@click.pass_context
+def beat_show(ctx: click.Context, name: str) -> None:
+    """One entry as JSON; exit 1 if unknown."""
+    from .beat.entries import get_entry
+
+    info = get_entry(name, app=_app(ctx))
+    if info is None:
+        click.echo(f"no beat entry {name!r}", err=True)
+        sys.exit(1)
+    _dump(info.as_dict())
+
+
+@beat_group.command(name="add", cls=CeleryCommand)
+@click.argument("name")
+@click.argument("task")
+@click.option("--cron", default=None, help='Crontab "minute hour day-of-month month day-of-week", e.g. "0 9 * * *".')
+@click.option("--tz", default=None, help="IANA timezone of --cron (default: the app timezone).")
+@click.option("--every", type=float, default=None, help="Interval in seconds.")
+@click.option("--at", "at_", default=None, help="One-off at this ISO 8601 instant (naive = UTC).")
+@click.option("--args", "args_json", default=None, help="Positional arguments, a JSON array.")
+@click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments, a JSON object.")
+@click.option("--options", "options_json", default=None, help='apply_async options, a JSON object ({"queue": "q"}).')
+@click.option("--paused", is_flag=True, help="Store it paused (resume it later).")
+@click.pass_context
+def beat_add(
+    ctx: click.Context,
+    name: str,
+    task: str,
+    cron: str | None,
+    tz: str | None,
+    every: float | None,
+    at_: str | None,
+    args_json: str | None,
+    kwargs_json: str | None,
+    options_json: str | None,
+    paused: bool,
+) -> None:
+    """Add or replace the runtime entry NAME running TASK (idempotent: the same definition changes nothing)."""
+    from .beat.entries import cron_spec, describe_schedule, save_entry
+
+    if sum(x is not None for x in (cron, every, at_)) != 1:
+        raise click.UsageError("give exactly one of --cron, --every or --at")
+    if tz is not None and cron is None:
+        raise click.UsageError("--tz goes with --cron")
+    args = _json_arg(args_json, "--args", list)
+    kwargs = _json_arg(kwargs_json, "--kwargs", dict)
+    options = _json_arg(options_json, "--options", dict)
+    try:
+        if cron is not None:
+            schedule: Any = cron_spec(cron, tz)
+        elif every is not None:
+            schedule = every
+        else:
+            schedule = {"type": "at", "at": at_}
+        info = save_entry(
+            name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=not paused, app=_app(ctx)
+        )
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{info.name}: {describe_schedule(info.schedule)} -> {info.task} (version {info.version})")
+
+
+@beat_group.command(name="remove", cls=CeleryCommand)
+@click.argument("name")
+@click.pass_context
+def beat_remove(ctx: click.Context, name: str) -> None:
+    """Delete the runtime entry NAME (the leader stops it at its next tick); exit 1 if there is none."""
+    from .beat.entries import delete_entry
+
+    try:
+        removed = delete_entry(name, app=_app(ctx))
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    if not removed:
+        click.echo(f"no runtime entry {name!r}", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: removed")
+
+
+def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
+    from .beat.entries import set_enabled
+
+    try:
+        info = set_enabled(name, enabled, app=_app(ctx))
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    if info is None:
+        click.echo(f"no runtime entry {name!r}", err=True)
+        sys.exit(1)
+    click.echo(f"{name}: {'resumed' if enabled else 'paused'}")
+
+
+@beat_group.command(name="pause", cls=CeleryCommand)
+@click.argument("name")
+@click.pass_context
+def beat_pause(ctx: click.Context, name: str) -> None:
+    """Pause the runtime entry NAME, keeping its last and next slot."""
+    _set_enabled(ctx, name, False)
+
+
+@beat_group.command(name="resume", cls=CeleryCommand)
+@click.argument("name")
+@click.pass_context
+def beat_resume(ctx: click.Context, name: str) -> None:
+    """Resume NAME; the slots it missed while paused follow its misfire policy."""
+    _set_enabled(ctx, name, True)
+
+
+@beat_group.command(name="run-now", cls=CeleryCommand)
+@click.argument("name")
+@click.option("--wait", type=float, default=10.0, show_default=True, help="Seconds to wait for the leader.")
+@click.pass_context
+def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
+    """Publish one run of NAME now through the leader's dispatch guard (at most once); exit 1 when no
+    leader published it within --wait (the request stays: the next leader publishes it)."""
+    import time
+
+    from .beat.entries import run_now, run_now_fired
+
+    app = _app(ctx)
+    try:
+        slot = run_now(name, app=app)
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    deadline = time.monotonic() + wait
+    while not run_now_fired(name, slot, app=app):
+        if time.monotonic() >= deadline:
+            click.echo(f"{name}: requested slot {slot.isoformat()}; no leader published it within {wait:g}s", err=True)
+            sys.exit(1)
+        time.sleep(0.1)
+    click.echo(f"{name}: published slot {slot.isoformat()}")
+
+
+@beat_group.command(name="import-redbeat", cls=CeleryCommand)
+@click.option("--prefix", default="redbeat", show_default=True, help="celery-redbeat's redbeat_key_prefix.")
+@click.option("--dry-run", is_flag=True, help="Decode and list the entries, store nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def beat_import_redbeat(ctx: click.Context, prefix: str, dry_run: bool, as_json: bool) -> None:
+    """Copy celery-redbeat's entries and their last run into runtime entries (redbeat's keys are left
+    as they are); exit 1 when an entry could not be imported."""
+    from .beat.redbeat import import_redbeat
+
+    result = import_redbeat(_app(ctx), prefix, dry_run=dry_run)
+    if as_json:
+        _dump(result.as_dict())
+    else:
+        verb = "would import" if dry_run else "imported"
+        for name in result.imported:
+            click.echo(f"{verb}  {name}")
+        for name in result.unchanged:
+            click.echo(f"unchanged  {name}")
+        for name, why in result.skipped.items():
+            click.echo(f"skipped  {name}: {why}")
+        for name, error in result.failed.items():
+            click.echo(f"FAILED  {name}: {error}", err=True)
+        click.echo(
+            f"{len(result.imported)} {verb}, {len(result.unchanged)} unchanged, {len(result.skipped)} skipped, "
+            f"{len(result.failed)} failed"
+        )
+    sys.exit(1 if result.failed else 0)
 
 
 # === delays ===================================================================

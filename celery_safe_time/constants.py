@@ -75,6 +75,14 @@ KEY_BEAT_LEADER_INFO: Final = "beat:leader"
 KEY_BEAT_FIRED: Final = "beat:fired:{entry}:{slot}"
 KEY_BEAT_STATE: Final = "beat:state"
 KEY_BEAT_DUE: Final = "beat:due"
+#: Runtime entries (``save_entry``): hash name -> definition JSON (``beat/entries.py`` documents it).
+KEY_BEAT_ENTRIES: Final = "beat:entries"
+#: Change counter of the runtime entries: INCR on every stored change (the leader polls it each tick).
+KEY_BEAT_ENTRIES_VERSION: Final = "beat:entries:version"
+#: Change log: zset name -> the version of its last change (a deletion stays as a tombstone).
+KEY_BEAT_ENTRIES_CHANGED: Final = "beat:entries:changed"
+#: ``beat run-now`` requests: hash name -> requested slot (ms); the leader publishes and clears them.
+KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 KEY_LOCK: Final = "lock:{key}"
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
@@ -110,6 +118,16 @@ BEAT_RENEW_TIMEOUT: Final = 10.0
 BEAT_CATCHUP_SCAN_LIMIT: Final = 100_000
 #: Entries shown by ``celery safe-time status``.
 BEAT_STATUS_ENTRIES: Final = 50
+#: Format version written into every runtime entry definition (``"format": 1``).
+BEAT_ENTRY_FORMAT: Final = 1
+#: Source of an entry in ``list_entries``: the app's ``beat_schedule`` or ``save_entry``.
+ENTRY_SOURCE_CONFIG: Final = "config"
+ENTRY_SOURCE_RUNTIME: Final = "runtime"
+#: Changed runtime entries applied per tick (the rest follow at the next tick, at once).
+BEAT_CHANGES_BATCH: Final = 2000
+#: Once runtime entries exist, the leader ticks at least this often (seconds), so that a change is
+#: applied within this long; an idle tick is one Redis round trip.
+BEAT_CHANGES_POLL: Final = 0.25
 
 
 # === delays ===================================================================

@@ -289,7 +289,7 @@ def create_tenants() -> list[Any]:
 def scenario(demo: Demo) -> int:
     tl = demo.timeline
     app = setup_django(demo)
-    from celery_safe_time import get_config
+    from celery_safe_time import get_config, save_entry
     from demo_project.billing.tasks import schedule_morning_reminder, send_invoice
     from demo_project.plain_app import app as plain_app
     from demo_project.tenants.models import Tenant
@@ -343,6 +343,20 @@ def scenario(demo: Demo) -> int:
                 due = time.time() + delay
                 nudge.apply_async((tenants[i % len(tenants)].id, due), countdown=delay)
                 nudge_due.append(due)
+            # One tenant's own schedule, added at runtime while the three beats run (no restart):
+            # in production "09:00 in the tenant's timezone", crontab(minute=0, hour=9, tz=tenant.timezone).
+            report_tenant = tenants[0]
+            runtime = "Database" not in demo.args.scheduler  # SafeDatabaseScheduler keeps its own tables
+            if runtime:
+                save_entry(
+                    f"tenant-{report_tenant.id}-report",
+                    "demo_project.billing.tasks.send_usage_report",
+                    timedelta(seconds=tl.invoice_every),
+                    args=(report_tenant.id,),
+                    app=app,
+                )
+                demo.say(f"save_entry: {report_tenant.name}'s report every {tl.invoice_every:g}s, beats not restarted")
+            demo.facts["report_added"] = runtime
             # A client that retries: the same invoice requested twice must be sent once.
             for _ in range(2):
                 send_invoice.delay(tenants[0].id, "manual-2026-11")
@@ -488,6 +502,21 @@ def report(demo: Demo, app: Any) -> int:
         "not observed" if failover is None else f"{failover:.1f}s",
         failover is not None and failover <= limit + 1,
     )
+
+    reports = Counter(Email.objects.filter(kind="usage_report").values_list("key", flat=True))
+    if demo.facts.get("report_added"):
+        row(
+            f"tenant report added at runtime (save_entry, every {tl.invoice_every:g}s)",
+            "> 0",
+            len(reports),
+            len(reports) > 0,
+        )
+        row(
+            "  report slots sent twice",
+            "0",
+            sum(n - 1 for n in reports.values()),
+            all(n == 1 for n in reports.values()),
+        )
 
     trials = list(Email.objects.filter(kind="trial_ending").values_list("tenant_id", flat=True))
     upgraded = Tenant.objects.filter(plan="paid").values_list("id", flat=True)

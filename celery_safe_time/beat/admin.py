@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -59,4 +60,7 @@ def describe_beat(app: Celery) -> dict[str, Any]:
 
 
 def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(float(ts), UTC).isoformat()
+    # a one-off that fired has no next slot: its score is +inf
+    if ts is None or not math.isfinite(float(ts)):
+        return None
+    return datetime.fromtimestamp(float(ts), UTC).isoformat()

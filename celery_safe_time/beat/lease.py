@@ -30,7 +30,21 @@ from ..redis_client import as_text, load_script
 
 logger = logging.getLogger(__name__)
 
-SCRIPTS = ("acquire", "renew", "release", "dispatch", "dispatch_slot", "advance")
+SCRIPTS = (
+    "acquire",
+    "renew",
+    "release",
+    "dispatch",
+    "dispatch_slot",
+    "advance",
+    "forget",
+    # runtime entries (``beat/entries.py``): called by any process, not only by beats
+    "save_entry",
+    "delete_entry",
+    "run_now",
+    "run_now_done",
+    "prune",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +99,7 @@ class Lease:
         self._dispatch = scripts["dispatch"]
         self._advance = scripts["advance"]
         self._dispatch_slot = scripts["dispatch_slot"]
+        self._forget = scripts["forget"]
 
     def acquire(self, now: float) -> int | None:
         """Take (or keep) the lease; return the epoch, or None while another beat holds it."""
@@ -152,6 +167,25 @@ class Lease:
                 raise reply
             verdicts.append(int(reply))
         return verdicts
+
+    def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
+        """Take ``names`` out of the due set (and, unless ``keep_state``, the state hash) in one round
+        trip; False when this beat is not the leader (nothing after the refusal is changed)."""
+        if not names:
+            return True
+        keys = [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due]
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.evalsha(self._forget.sha, len(keys), *keys, self.token, epoch, name, "1" if keep_state else "0")
+        replies = pipe.execute(raise_on_error=False)
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = self._forget(keys=keys, args=[self.token, epoch, name, "1" if keep_state else "0"])
+            elif isinstance(reply, Exception):
+                raise reply
+            if int(reply) < 0:
+                return False
+        return True
 
     def _write_call(self, epoch: int, write: SlotWrite) -> tuple[Any, list[str], list[Any]]:
         if write.slot is None:

@@ -4,6 +4,9 @@ Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or em
 ``worker -B``): one beat leads, the others stand by. Per-entry state (last fired slot, next
 slot) lives in Redis (a hash plus a sorted set of next-fire times), so a tick reads only the
 entries that are due and a new leader resumes exactly where the old one stopped.
+
+Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader
+loads all of them once per lease term and then, when the change counter moved, only the changed ones.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from .. import signals
 from ..clock import to_datetime
 from ..config import SafeTimeConfig
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
-from ..redis_client import as_text
+from ..redis_client import as_text, load_script
 from .base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler
+from .entries import EntryKeys, build_entry, parse_definition
 from .leader import LeaseTerm
 from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored
 from .slots import Grid, decide, grid_for
@@ -60,9 +64,22 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.init_lease(app)
         self.keys = LeaseKeys.for_config(self.config)
+        self.entry_keys = EntryKeys.for_config(self.config)
         self.plans: dict[str, Plan] = {}
         self.broken: dict[str, str] = {}
         self._reconciled: LeaseTerm | None = None
+        #: names of the beat_schedule entries (a runtime entry never replaces one of them)
+        self.config_names: set[str] = set()
+        #: runtime entries this leader loaded: name -> their definition JSON (paused and broken too)
+        self.runtime: dict[str, bytes] = {}
+        #: paused runtime entries (not in the due set; their state is kept)
+        self.paused: dict[str, ScheduleEntry] = {}
+        #: the change counter of the runtime entries this leader has applied
+        self.seen_version = -1
+        #: schedule objects of runtime entries by their JSON (shared: they are never mutated)
+        self._schedules: dict[str, Any] = {}
+        self._run_now_done = self.client.register_script(load_script(__package__, "run_now_done"))
+        self._prune = self.client.register_script(load_script(__package__, "prune"))
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -70,6 +87,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.check_startup(self.granularity)
         self.install_default_entries(self.data)
         self.merge_inplace(self.app.conf.beat_schedule)
+        self.config_names = set(self.schedule)
         self.start_lease()
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
@@ -108,13 +126,18 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if self._reconciled != term:
                 self.reconcile(epoch, now)
                 self._reconciled = term
-            due, lost = self._read_due(now)
+            due, lost, version = self._read_due(now)
+            if version > self.seen_version:
+                # runtime entries changed (or a run-now came in): apply just those, then look again
+                if not self.apply_changes(epoch, now, version):
+                    return self.granularity
+                due, lost, _ = self._read_due(now)
             if lost:
                 # The due set or the state hash lost entries while the lease survived (eviction,
                 # a DEL by hand): nothing would ever be due again, silently. Rebuild it now.
                 logger.warning("beat: %s; reconciling the schedule", lost)
                 self.reconcile(epoch, now)
-                due, _ = self._read_due(now)
+                due, _, _ = self._read_due(now)
             if not self.fire_due(due, now, epoch):
                 return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
@@ -122,66 +145,243 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
         except REDIS_ERRORS as exc:
             return self.redis_failed(exc)
-        if not head:
-            return self.granularity
-        return max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+        wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+        if self.seen_version > 0:
+            # runtime entries are in use: look at the change counter often, a change shows within a poll
+            wait = min(wait, C.BEAT_CHANGES_POLL)
+        return wait
 
-    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None]:
-        """The due entries, and what is missing from the Redis state (None when nothing is).
+    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int]:
+        """The due entries, what is missing from the Redis state (None when nothing is), and the
+        change counter of the runtime entries.
 
-        The two counts ride in the same round trip as the due read: after a reconcile every planned
-        entry has a member in the due set and a field in the state hash, and only the leader removes them.
+        The two counts and the counter ride in the same round trip as the due read: after a reconcile
+        every planned entry has a member in the due set and a field in the state hash, and only the
+        leader removes them; runtime entries cost a tick nothing until one changes.
         """
         pipe = self.client.pipeline(transaction=False)
         pipe.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
         pipe.zcard(self.keys.due)
         pipe.hlen(self.keys.state)
-        reply, due_count, state_count = pipe.execute()
+        pipe.get(self.entry_keys.version)
+        reply, due_count, state_count, version = pipe.execute()
         planned = len(self.plans)
         lost = None
         if int(due_count) < planned:
             lost = f"{self.keys.due} has {int(due_count)} of {planned} entries (evicted or deleted?)"
         elif int(state_count) < planned:
             lost = f"{self.keys.state} has {int(state_count)} of {planned} entries (evicted or deleted?)"
-        return scored(reply), lost
+        return scored(reply), lost, int(version or 0)
+
+    @staticmethod
+    def next_state(
+        plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
+    ) -> str | None:
+        """An entry's state JSON to write when (re)planning it, None when its state stands as it is.
+
+        An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
+        a next slot in the past is then a misfire, handled by its policy); an edited grid continues
+        after the last fired slot; a new entry starts at its first slot from ``now``.
+        """
+        sig = plan.grid.signature()
+        if state and state.get("sig") == sig and score is not None:
+            return None
+        last = state.get("last") if state else None
+        if state and state.get("sig") == sig:
+            next_fire = float(state["next"])
+        elif not state and score is not None:
+            # the state hash was lost but the due set was not: keep the entry's place on its grid
+            next_fire = score
+        elif last is not None:  # edited: the new grid continues after the last fired slot
+            next_fire = plan.grid.next(float(last))
+        elif firsts is None:
+            next_fire = plan.grid.first(now)
+        else:
+            if sig not in firsts:
+                firsts[sig] = plan.grid.first(now)
+            next_fire = firsts[sig]
+        return dump_state(last, next_fire, sig)
+
+    # --- runtime entries ----------------------------------------------------------
+    def _drop(self, name: str) -> None:
+        self.schedule.pop(name, None)
+        self.plans.pop(name, None)
+        self.paused.pop(name, None)
+        self.broken.pop(name, None)
+
+    def load_runtime(self, name: str, raw: Any) -> str:
+        """Take one runtime definition (None: deleted) into the schedule; returns what it became:
+        "active", "paused", "removed", "broken" or "conflict" (named like a beat_schedule entry)."""
+        if name in self.config_names:
+            if raw is not None:
+                logger.error(
+                    "beat: runtime entry %r is ignored: the config entry %r (beat_schedule) has that name",
+                    name,
+                    name,
+                )
+            return "conflict"
+        self._drop(name)
+        if raw is None:
+            self.runtime.pop(name, None)
+            return "removed"
+        self.runtime[name] = raw
+        try:
+            definition = parse_definition(raw)
+            entry = build_entry(name, definition, self.app, self._schedules)
+            plan = entry_plan(entry, self.config, self.app)
+        except Exception as exc:
+            self._broken(name, f"invalid runtime entry: {exc}")
+            return "broken"
+        if not definition["enabled"]:
+            self.paused[name] = entry
+            return "paused"
+        self.schedule[name] = entry
+        self.plans[name] = plan
+        return "active"
+
+    def apply_changes(self, epoch: int, now: float, version: int) -> bool:
+        """Apply the runtime entries changed since ``seen_version`` and the run-now requests; False
+        when the lease turned out to be gone. Reads only the changed names (one round trip for the
+        log, one for their definitions and state), then writes their state in one more."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrangebyscore(
+            self.entry_keys.changed, f"({self.seen_version}", "+inf", start=0, num=C.BEAT_CHANGES_BATCH, withscores=True
+        )
+        pipe.hgetall(self.entry_keys.run_now)
+        changes, requests = pipe.execute()
+        changed = scored(changes)
+        names = [name for name, _ in changed]
+        writes: list[SlotWrite] = []
+        catch_up: list[tuple[float, SlotWrite]] = []
+        forget: dict[bool, list[str]] = {True: [], False: []}  # keep_state -> names
+        if names:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(self.entry_keys.entries, names)
+            pipe.hmget(self.keys.state, names)
+            pipe.zmscore(self.keys.due, names)
+            raws, states, scores = pipe.execute()
+            for name, raw, state, score in zip(names, raws, states, scores, strict=True):
+                became = self.load_runtime(name, raw)
+                if became == "active":
+                    known = load_state(state)
+                    written = self.next_state(self.plans[name], known, score, now)
+                    if written is None:
+                        continue
+                    next_fire = float(load_state(written)["next"])
+                    if known and next_fire <= now:
+                        # Resumed, or edited onto a grid whose next slot already passed: those slots
+                        # fell while the entry was paused or before the edit, so none counts as on
+                        # time; its misfire policy decides from now (run_once: one catch-up run).
+                        catch_up.extend((next_fire, w) for w in self.plan_entry(name, next_fire, now, on_time=0.0))
+                    else:
+                        writes.append(SlotWrite(name, written, next_fire))
+                elif became in ("paused", "broken"):
+                    forget[True].append(name)
+                elif became == "removed":
+                    forget[False].append(name)
+            logger.info(
+                "beat: applied %d runtime entry change(s) (version %s): %d rescheduled, %d paused or broken, "
+                "%d removed",
+                len(names),
+                int(changed[-1][1]),
+                len(writes),
+                len(forget[True]),
+                len(forget[False]),
+            )
+        if writes and any(v < 0 for v in self.lease.write_slots(epoch, writes)):
+            return self._refused(writes[0].entry, writes[0].next_fire)
+        for keep_state, batch in forget.items():
+            if not self.lease.forget(epoch, batch, keep_state=keep_state):
+                return self._refused(batch[0], now)
+        if not self.write_and_publish(catch_up, epoch):
+            return False
+        if len(names) == C.BEAT_CHANGES_BATCH:
+            self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
+        else:
+            # every change up to ``version`` is in the log (the scripts bump both atomically)
+            self.seen_version = max([version, *(int(score) for _, score in changed)])
+        return self.run_requested(epoch, requests)
+
+    def run_requested(self, epoch: int, requests: dict[Any, Any]) -> bool:
+        """Publish the ``beat run-now`` requests: one slot each (the request instant), guarded."""
+        for key, raw in requests.items():
+            name, slot_ms = as_text(key), as_text(raw)
+            entry = self.schedule.get(name) or self.paused.get(name)
+            slot = int(slot_ms) / 1000.0
+            if entry is not None:
+                verdict = self.lease.dispatch_slot(epoch, name, slot)
+                if verdict < 0:
+                    return self._refused(name, slot)
+                if verdict > 0:
+                    logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
+                    self.publish(entry, slot, epoch)
+            else:
+                logger.warning("beat: run-now of unknown entry %r dropped", name)
+            self._run_now_done(keys=[self.entry_keys.run_now], args=[name, slot_ms])
+        return True
 
     def reconcile(self, epoch: int, now: float) -> None:
-        """On taking the lease: add new entries, reschedule edited ones, drop removed ones."""
+        """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
+        drop removed ones."""
+        pipe = self.client.pipeline(transaction=True)  # one snapshot: the counter matches the definitions
+        pipe.get(self.entry_keys.version)
+        pipe.hgetall(self.entry_keys.entries)
+        pipe.zcard(self.entry_keys.changed)
+        pipe.hgetall(self.entry_keys.run_now)
+        version, definitions, logged, requests = pipe.execute()
+        for name in list(self.runtime):
+            self._drop(name)
+        self.runtime = {}
+        for key, raw in definitions.items():
+            self.load_runtime(as_text(key), raw)
+        tombstones: list[str] = []
+        if int(logged) > len(definitions):  # the log holds deletions: read it (else it is one per entry)
+            log = self.client.zrange(self.entry_keys.changed, 0, -1)
+            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
         stored: dict[str, Any] = {as_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
         scores = dict(scored(self.client.zrange(self.keys.due, 0, -1, withscores=True)))
         scheduled = set(scores)
         pipe = self.client.pipeline(transaction=False)
-        changed = 0
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
         for name, plan in self.plans.items():
-            sig = plan.grid.signature()
-            state = load_state(stored.get(name))
-            if state and state.get("sig") == sig and name in scheduled:
+            written = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+            if written is None:
                 continue
-            last = state.get("last") if state else None
-            if state and state.get("sig") == sig:
-                next_fire = float(state["next"])
-            elif not state and name in scores:
-                # the state hash was lost but the due set was not: keep the entry's place on its grid
-                next_fire = scores[name]
-            elif last is not None:  # edited: the new grid continues after the last fired slot
-                next_fire = plan.grid.next(float(last))
-            else:
-                next_fire = plan.grid.first(now)
-            pipe.hset(self.keys.state, name, dump_state(last, next_fire, sig))
-            pipe.zadd(self.keys.due, {name: next_fire})
-            changed += 1
-        gone = (scheduled | set(stored)) - set(self.plans)
+            states[name] = written
+            nexts[name] = float(load_state(written)["next"])
+        changed = len(states)
+        # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
+        names = list(states)
+        for i in range(0, len(names), C.BEAT_CHANGES_BATCH * 5):
+            chunk = names[i : i + C.BEAT_CHANGES_BATCH * 5]
+            pipe.hset(self.keys.state, mapping={n: states[n] for n in chunk})
+            pipe.zadd(self.keys.due, {n: nexts[n] for n in chunk})
+        # paused and broken runtime entries keep their state (a resume or a fix continues the grid)
+        gone = (scheduled | set(stored)) - set(self.plans) - set(self.runtime)
+        idle = scheduled & (set(self.runtime) - set(self.plans))
         if gone:
             pipe.zrem(self.keys.due, *gone)
             pipe.hdel(self.keys.state, *gone)
+        if idle:
+            pipe.zrem(self.keys.due, *idle)
+
         # Only the lease holder may rewrite the schedule: check before sending the batch.
         if self.client.get(self.keys.lease) != self.lease.token.encode():
             raise RedisUnavailable("lease lost while reconciling")
         pipe.execute()
+        if tombstones:  # deletions this leader has applied; a name saved again since is kept
+            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[int(version or 0), *tombstones])
+        self.seen_version = int(version or 0)
+        # run-now requests made while no beat led: their counter bump is already behind us
+        self.run_requested(epoch, requests)
         logger.info(
-            "beat: leader with epoch %s: %d entries (%d new or edited, %d removed, %d disabled)",
+            "beat: leader with epoch %s: %d entries (%d runtime, %d paused; %d new or edited, %d removed, %d disabled)",
             epoch,
             len(self.plans),
+            len(self.runtime),
+            len(self.paused),
             changed,
             len(gone),
             len(self.broken),
@@ -201,6 +401,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 raise
             except Exception:
                 logger.exception("beat: entry %r failed; the other entries keep firing", name)
+        return self.write_and_publish(planned, epoch)
+
+    def write_and_publish(self, planned: list[tuple[float, SlotWrite]], epoch: int) -> bool:
+        """Send ``planned`` (due slot, write) pairs in one round trip and publish the slots the guard
+        allows; False when the lease turned out to be gone."""
         if not planned:
             return True
         verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
@@ -222,8 +427,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 self.publish(entry, write.slot, epoch)  # logs its own failures, never raises
         return True
 
-    def plan_entry(self, name: str, slot: float, now: float) -> list[SlotWrite]:
-        """The state writes for one due entry: a dispatch per slot to publish, else one advance."""
+    def plan_entry(self, name: str, slot: float, now: float, on_time: float | None = None) -> list[SlotWrite]:
+        """The state writes for one due entry: a dispatch per slot to publish, else one advance.
+
+        ``on_time``: how old a slot may be and still count as on time (default: one lease).
+        """
         plan = self.plans.get(name)
         entry = self.schedule.get(name)
         if plan is None or entry is None:
@@ -235,7 +443,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 slot,
                 now,
                 policy=plan.policy,
-                on_time=self.config.beat_lease,
+                on_time=self.config.beat_lease if on_time is None else on_time,
                 grace=self.config.misfire_grace,
             )
         except Exception as exc:

@@ -11,14 +11,16 @@ import copy
 import dataclasses
 import math
 from collections import deque
-from datetime import timedelta, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from typing import Any, Protocol
 
+from celery.schedules import BaseSchedule, schedstate
 from celery.schedules import crontab as celery_crontab
 from celery.schedules import schedule as celery_interval
+from dateutil.rrule import rrule as dateutil_rrule
 
 from .. import constants as C
-from ..clock import to_datetime
+from ..clock import UTC, to_datetime
 from ..exceptions import ScheduleError
 from ..schedules import crontab
 
@@ -81,8 +83,119 @@ class GenericGrid:
         return repr(self.schedule)
 
 
+#: The "next slot" of a schedule that has no more: never due (a zset score Redis accepts).
+NEVER = math.inf
+
+
+class at(BaseSchedule):  # a schedule, named like celery's ``crontab`` and ``solar``
+    """A one-off schedule: fires once at ``when`` (an aware datetime; naive means UTC), then never."""
+
+    def __init__(self, when: datetime, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(when, datetime):
+            raise ScheduleError(f"at: expected a datetime, got {when!r}")
+        self.when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+    @property
+    def ts(self) -> float:
+        return self.when.timestamp()
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        now: datetime = self.now()
+        return self.when - now
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        # the scheduler uses the grid; this keeps the celery protocol for other callers
+        return schedstate(False, max(0.0, self.remaining_estimate(last_run_at).total_seconds()))
+
+    def __repr__(self) -> str:
+        return f"<at {self.when.isoformat()}>"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, at) and other.ts == self.ts
+
+    def __hash__(self) -> int:
+        return hash(self.ts)
+
+
+class rrule(BaseSchedule):  # named like redbeat's rrule schedule
+    """A ``dateutil.rrule.rrule`` as a celery schedule (redbeat has one too). A naive ``dtstart``
+    means UTC; an aware one keeps its zone (occurrences follow dateutil's wall-clock rules)."""
+
+    def __init__(self, rule: dateutil_rrule, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(rule, dateutil_rrule):
+            raise ScheduleError(f"rrule: expected a dateutil.rrule.rrule, got {rule!r}")
+        self.rule = rule
+
+    def next_ts(self, after: float) -> float:
+        start = self.rule._dtstart
+        moment = datetime.fromtimestamp(after, UTC)
+        if start is None or start.tzinfo is None:
+            moment = moment.replace(tzinfo=None)
+        found = self.rule.after(moment, inc=False)
+        if found is None:
+            return NEVER
+        if found.tzinfo is None:
+            found = found.replace(tzinfo=UTC)
+        return float(found.timestamp())
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        now: datetime = self.now()
+        return to_datetime(self.next_ts(last_run_at.timestamp())) - now
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(False, max(0.0, self.remaining_estimate(last_run_at).total_seconds()))
+
+    def __repr__(self) -> str:
+        return f"<rrule {str(self.rule).replace(chr(10), ' ')} tz={getattr(self.rule._dtstart, 'tzinfo', None)}>"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, rrule) and repr(other) == repr(self)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOffGrid:
+    """One slot at ``at``: first(now) is that instant even when it passed (the misfire policy
+    decides whether a late one-off still runs); after it, nothing."""
+
+    at: float
+
+    def first(self, now: float) -> float:
+        return self.at
+
+    def next(self, slot: float) -> float:
+        return self.at if slot < self.at else NEVER
+
+    def signature(self) -> str:
+        return f"at {self.at!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RRuleGrid:
+    schedule: rrule
+
+    def first(self, now: float) -> float:
+        return self.schedule.next_ts(now)
+
+    def next(self, slot: float) -> float:
+        return self.schedule.next_ts(slot)
+
+    def signature(self) -> str:
+        return repr(self.schedule)
+
+
 def grid_for(schedule: Any, default_tz: tzinfo) -> Grid:
     """The slot grid of a celery schedule; plain crontabs get the DST rules in the app timezone."""
+    if isinstance(schedule, at):
+        return OneOffGrid(schedule.ts)
+    if isinstance(schedule, rrule):
+        return RRuleGrid(schedule)
+    if isinstance(getattr(schedule, "rrule", None), dateutil_rrule):  # redbeat.schedules.rrule
+        return RRuleGrid(rrule(schedule.rrule))
     if isinstance(schedule, crontab):
         return CronGrid(schedule)
     if isinstance(schedule, celery_crontab):
@@ -126,7 +239,7 @@ def decide(
     last_due = slot
     total_due = 0
     for _ in range(C.BEAT_CATCHUP_SCAN_LIMIT):
-        if due > now:
+        if due > now:  # also a schedule with no more slots (NEVER)
             break
         last_due = due
         total_due += 1

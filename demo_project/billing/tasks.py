@@ -38,6 +38,14 @@ def send_reminder(self, tenant_id: int, day: str) -> str:  # type: ignore[no-unt
     return f"reminder {tenant_id} {day}"
 
 
+@shared_task(bind=True)
+def send_usage_report(self, tenant_id: int) -> str:  # type: ignore[no-untyped-def]
+    """A tenant's periodic report: its schedule is a runtime entry (``save_entry``), added while beat runs."""
+    slot = str((self.request.headers or {}).get("safe_time_slot") or "")
+    Email.objects.create(tenant_id=tenant_id, kind="usage_report", key=f"{tenant_id}:{slot}", task_id=self.request.id)
+    return f"usage report {tenant_id} {slot}"
+
+
 def schedule_morning_reminder(tenant: Tenant, after: datetime | None = None) -> str:
     """Queue tomorrow's (or today's) 09:00 reminder in the tenant's own timezone.
 

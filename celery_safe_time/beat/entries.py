@@ -1,0 +1,614 @@
+"""Runtime beat entries: add, change, pause and remove periodic tasks without restarting beat.
+
+Storage (all keys behind ``safe_time_key_prefix``; any language can read and write them):
+
+- ``beat:entries`` (hash): entry name -> its definition, canonical JSON::
+
+      {"format": 1, "name": "tenant-42-report", "task": "reports.send",
+       "schedule": {"type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*",
+                    "day_of_month": "*", "month_of_year": "*", "tz": "Europe/Berlin"},
+       "args": [42], "kwargs": {}, "options": {"queue": "reports"}, "enabled": true}
+
+  ``schedule`` is one of ``{"type": "interval", "every": seconds}``, ``crontab`` (as above;
+  ``tz`` null means the app timezone), ``{"type": "solar", "event": ..., "lat": ..., "lon": ...}``,
+  ``{"type": "rrule", "rule": "FREQ=DAILY;BYHOUR=9", "dtstart": "2026-01-01T09:00:00",
+  "tz": "Europe/Berlin"}`` (``tz`` null: ``dtstart`` carries an offset or is UTC) and
+  ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
+- ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last
+  change; a deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and
+  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically. The leader
+  reads the counter in every tick's due read and, when it moved, only the changed names: a
+  change takes effect at the leader's next tick, whatever the number of entries.
+
+Per-entry state (last fired slot, next slot) is the scheduler's usual ``beat:state`` / ``beat:due``,
+so a definition that did not change keeps it, and a pause keeps it for the resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+
+import redis
+from celery import Celery, current_app
+from celery.beat import ScheduleEntry
+from celery.schedules import crontab as celery_crontab
+from celery.schedules import schedule as celery_interval
+from celery.schedules import solar
+from dateutil.rrule import rrule as dateutil_rrule
+from dateutil.rrule import rrulestr
+
+from .. import constants as C
+from ..clock import UTC, RedisClock
+from ..config import SafeTimeConfig, get_config
+from ..exceptions import SafeTimeError, ScheduleError, SerializationError
+from ..redis_client import as_text, get_redis, load_script
+from ..schedules import crontab, resolve_tz
+from .lease import LeaseKeys, load_state, slot_id
+from .slots import NEVER, at, rrule
+
+__all__ = [
+    "EntryInfo",
+    "EntryKeys",
+    "at",
+    "build_entry",
+    "cron_spec",
+    "definition_json",
+    "delete_entry",
+    "describe_schedule",
+    "get_entry",
+    "list_entries",
+    "parse_definition",
+    "rrule",
+    "run_now",
+    "run_now_fired",
+    "save_entry",
+    "schedule_from_spec",
+    "schedule_to_spec",
+    "set_enabled",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryKeys:
+    entries: str
+    version: str
+    changed: str
+    run_now: str
+
+    @classmethod
+    def for_config(cls, config: SafeTimeConfig) -> EntryKeys:
+        return cls(
+            entries=config.key(C.KEY_BEAT_ENTRIES),
+            version=config.key(C.KEY_BEAT_ENTRIES_VERSION),
+            changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
+            run_now=config.key(C.KEY_BEAT_RUN_NOW),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """One beat entry as ``get_entry`` / ``list_entries`` see it (times are aware UTC datetimes)."""
+
+    name: str
+    task: str
+    schedule: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    enabled: bool
+    last_fired: datetime | None
+    next_fire: datetime | None
+    source: str  # "config" or "runtime"
+    version: int | None = None  # the change log version of a runtime entry's definition
+
+    def as_dict(self) -> dict[str, Any]:
+        try:
+            spec: Any = schedule_to_spec(self.schedule)
+        except ScheduleError:
+            spec = repr(self.schedule)
+        return {
+            "name": self.name,
+            "task": self.task,
+            "schedule": spec,
+            "args": list(self.args),
+            "kwargs": self.kwargs,
+            "options": self.options,
+            "enabled": self.enabled,
+            "last_fired": None if self.last_fired is None else self.last_fired.isoformat(),
+            "next_fire": None if self.next_fire is None else self.next_fire.isoformat(),
+            "source": self.source,
+            "version": self.version,
+        }
+
+
+# --- schedule <-> JSON --------------------------------------------------------------------------
+
+
+def _field(value: Any) -> str:
+    """A crontab field as cron text (the JSON keeps what was written: ``"*/15"``, ``"1-5"``, ``"0"``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, Iterable):
+        return ",".join(str(v) for v in sorted(value))
+    raise ScheduleError(f"crontab field {value!r} cannot be written as cron text")
+
+
+def _tz_name(tz: tzinfo | str | None) -> str | None:
+    if tz is None or isinstance(tz, str):
+        return tz
+    key = getattr(tz, "key", None)
+    if isinstance(key, str):
+        return key
+    if tz is UTC or tz.utcoffset(None) == timedelta(0):
+        return "UTC"
+    raise ScheduleError(f"timezone {tz!r} has no IANA name; use a zoneinfo.ZoneInfo")
+
+
+def schedule_to_spec(schedule: Any) -> dict[str, Any]:
+    """The JSON form of a schedule: interval (number, timedelta, ``celery.schedules.schedule``),
+    ``crontab`` (ours or celery's), ``solar``, ``rrule`` (dateutil's, redbeat's or ours), a
+    datetime or :class:`at` (one-off), or an already written spec dict (validated)."""
+    if isinstance(schedule, Mapping):
+        spec = dict(schedule)
+        schedule_from_spec(spec)  # validates
+        return spec
+    if isinstance(schedule, bool):
+        raise ScheduleError(f"unsupported schedule {schedule!r}")
+    if isinstance(schedule, (int, float)):
+        return _interval(float(schedule))
+    if isinstance(schedule, timedelta):
+        return _interval(schedule.total_seconds())
+    if isinstance(schedule, datetime):
+        return schedule_to_spec(at(schedule))
+    if isinstance(schedule, at):
+        return {"type": "at", "at": schedule.when.isoformat()}
+    if isinstance(schedule, celery_crontab):
+        tz = schedule._tz_arg if isinstance(schedule, crontab) else None
+        return {
+            "type": "crontab",
+            "minute": _field(schedule._orig_minute),
+            "hour": _field(schedule._orig_hour),
+            "day_of_week": _field(schedule._orig_day_of_week),
+            "day_of_month": _field(schedule._orig_day_of_month),
+            "month_of_year": _field(schedule._orig_month_of_year),
+            "tz": _tz_name(tz),
+        }
+    if isinstance(schedule, solar):
+        return {"type": "solar", "event": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
+    if isinstance(schedule, celery_interval):
+        return _interval(schedule.run_every.total_seconds())
+    rule = schedule.rule if isinstance(schedule, rrule) else schedule
+    rule = getattr(rule, "rrule", rule)  # redbeat.schedules.rrule wraps a dateutil rrule
+    if isinstance(rule, dateutil_rrule):
+        lines = [line for line in str(rule).splitlines() if line.startswith("RRULE:")]
+        start: datetime = rule._dtstart
+        tz = start.tzinfo
+        name = getattr(tz, "key", None)
+        return {
+            "type": "rrule",
+            "rule": lines[0][len("RRULE:") :] if lines else "",
+            # a named zone keeps the wall time and its name (DST moves the instant); else the offset
+            "dtstart": start.replace(tzinfo=None).isoformat() if name else start.isoformat(),
+            "tz": name,
+        }
+    raise ScheduleError(f"unsupported schedule {schedule!r}")
+
+
+def _interval(seconds: float) -> dict[str, Any]:
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ScheduleError(f"interval must be a positive number of seconds, got {seconds!r}")
+    return {"type": "interval", "every": seconds}
+
+
+def _aware(text: Any, what: str) -> datetime:
+    if not isinstance(text, str):
+        raise ScheduleError(f"{what}: expected an ISO 8601 string, got {text!r}")
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ScheduleError(f"{what}: {exc}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def schedule_from_spec(spec: Any) -> Any:
+    """The schedule object of a JSON spec; :class:`ScheduleError` naming the problem otherwise."""
+    if not isinstance(spec, Mapping):
+        raise ScheduleError(f"schedule spec must be an object, got {spec!r}")
+    kind = spec.get("type")
+    try:
+        if kind == "interval":
+            every = spec.get("every")
+            if not isinstance(every, (int, float)) or isinstance(every, bool):
+                raise ScheduleError(f"interval every: expected seconds, got {every!r}")
+            return celery_interval(timedelta(seconds=_interval(float(every))["every"]))
+        if kind == "crontab":
+            fields = {f: spec.get(f, "*") for f in ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")}
+            return crontab(**fields, tz=spec.get("tz"))
+        if kind == "solar":
+            return solar(spec["event"], float(spec["lat"]), float(spec["lon"]))
+        if kind == "at":
+            return at(_aware(spec.get("at"), "at"))
+        if kind == "rrule":
+            tz = spec.get("tz")
+            start = datetime.fromisoformat(str(spec["dtstart"]))
+            if tz:
+                start = start.replace(tzinfo=resolve_tz(tz, what="rrule tz"))
+            made = rrulestr("RRULE:" + str(spec["rule"]), dtstart=start)
+            if not isinstance(made, dateutil_rrule):
+                raise ScheduleError(f"rrule {spec['rule']!r}: one RRULE expected")
+            return rrule(made)
+    except ScheduleError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScheduleError(f"{kind} schedule {dict(spec)!r}: {exc.__class__.__name__}: {exc}") from None
+    raise ScheduleError(f"unknown schedule type {kind!r} (interval, crontab, solar, rrule, at)")
+
+
+# --- definitions --------------------------------------------------------------------------------
+
+
+def _json(value: Any, what: str, name: str) -> Any:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"entry {name!r}: {what} must be JSON-serialisable: {exc}") from None
+
+
+def definition_json(
+    name: str,
+    task: str,
+    spec: dict[str, Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    enabled: bool,
+) -> str:
+    """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes)."""
+    body = {
+        "format": C.BEAT_ENTRY_FORMAT,
+        "name": name,
+        "task": task,
+        "schedule": spec,
+        "args": _json(list(args), "args", name),
+        "kwargs": _json(dict(kwargs), "kwargs", name),
+        "options": _json(dict(options), "options", name),
+        "enabled": bool(enabled),
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def parse_definition(raw: Any) -> dict[str, Any]:
+    """A stored definition as a dict with every field present; :class:`ScheduleError` when broken."""
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError(f"definition is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ScheduleError("definition must be a JSON object")
+    if value.get("format", C.BEAT_ENTRY_FORMAT) != C.BEAT_ENTRY_FORMAT:
+        raise ScheduleError(f"definition format {value.get('format')!r} is not {C.BEAT_ENTRY_FORMAT}")
+    if not isinstance(value.get("task"), str) or not value["task"]:
+        raise ScheduleError("definition has no task")
+    args, kwargs, options = value.get("args") or [], value.get("kwargs") or {}, value.get("options") or {}
+    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(options, dict):
+        raise ScheduleError("definition args must be a list, kwargs and options objects")
+    return {
+        "name": value.get("name"),
+        "task": value["task"],
+        "schedule": value.get("schedule"),
+        "args": args,
+        "kwargs": kwargs,
+        "options": options,
+        "enabled": bool(value.get("enabled", True)),
+    }
+
+
+def build_entry(
+    name: str, definition: Mapping[str, Any], app: Celery, schedules: dict[str, Any] | None = None
+) -> ScheduleEntry:
+    """A celery ``ScheduleEntry`` for a parsed definition (raises :class:`ScheduleError`).
+
+    ``schedules`` caches schedule objects by their JSON: thousands of tenants share a handful of
+    schedules ("09:00 in Europe/Berlin"), and building a crontab is the costly part of loading one.
+    """
+    if schedules is None:
+        schedule = schedule_from_spec(definition["schedule"])
+    else:
+        key = json.dumps(definition["schedule"], sort_keys=True)
+        schedule = schedules.get(key)
+        if schedule is None:
+            schedule = schedules[key] = schedule_from_spec(definition["schedule"])
+    return ScheduleEntry(
+        name=name,
+        task=definition["task"],
+        # the scheduler keeps the last run in Redis; passing one skips celery's app.now() per entry
+        last_run_at=_NEVER_RAN,
+        schedule=schedule,
+        args=tuple(definition["args"]),
+        kwargs=dict(definition["kwargs"]),
+        options=dict(definition["options"]),
+        app=app,
+    )
+
+
+#: ``last_run_at`` of a freshly built entry (the real last fired slot is in ``beat:state``).
+_NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# --- the API ------------------------------------------------------------------------------------
+
+
+class _Store:
+    """The app's config, client, keys and the entry scripts (registered lazily, loaded on first EVALSHA)."""
+
+    def __init__(self, app: Celery | None) -> None:
+        self.app: Celery = app if app is not None else current_app._get_current_object()
+        self.config = get_config(self.app)
+        self.client: redis.Redis = get_redis(self.config.redis_url)
+        self.keys = EntryKeys.for_config(self.config)
+        self.beat = LeaseKeys.for_config(self.config)
+
+    def script(self, name: str) -> Any:
+        return self.client.register_script(load_script(__package__, name))
+
+    def config_entries(self) -> dict[str, Any]:
+        return dict(self.app.conf.beat_schedule or {})
+
+
+def _conflict(store: _Store, name: str, task: str) -> None:
+    spec = store.config_entries().get(name)
+    if spec is not None:
+        other = spec.get("task") if isinstance(spec, Mapping) else getattr(spec, "task", "?")
+        raise ScheduleError(
+            f"runtime entry {name!r} (task {task!r}) is refused: the config entry {name!r} "
+            f"(beat_schedule, task {other!r}) has that name; pick another name or remove it from beat_schedule"
+        )
+
+
+def save_entry(
+    name: str,
+    task: str,
+    schedule: Any,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    enabled: bool = True,
+    app: Celery | None = None,
+) -> EntryInfo:
+    """Create or replace the runtime entry ``name`` (idempotent: an unchanged definition changes
+    nothing, its last and next fire included). Validates everything before storing anything:
+    unknown task, bad schedule or misfire policy -> :class:`ScheduleError`; arguments that are
+    not JSON -> :class:`SerializationError`. Takes effect at the beat leader's next tick."""
+    from .scheduler import entry_plan
+
+    if not isinstance(name, str) or not name:
+        raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
+    store = _Store(app)
+    _conflict(store, name, task)
+    spec = schedule_to_spec(schedule)
+    raw = definition_json(name, task, spec, args, kwargs or {}, options or {}, enabled)
+    entry = build_entry(name, parse_definition(raw), store.app)
+    try:
+        plan = entry_plan(entry, store.config, store.app)  # unknown task, misfire policy, grid
+    except ScheduleError:
+        raise
+    except SafeTimeError as exc:
+        raise ScheduleError(f"entry {name!r}: {exc}") from None
+    # a schedule with no slot left (an rrule that ended) would sit in the due set forever, unfired
+    if plan.grid.first(RedisClock(store.client).time()) == NEVER:
+        raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
+    store.script("save_entry")(keys=[store.keys.entries, store.keys.version, store.keys.changed], args=[name, raw])
+    info = get_entry(name, app=store.app)
+    assert info is not None
+    return info
+
+
+def delete_entry(name: str, app: Celery | None = None) -> bool:
+    """Delete the runtime entry ``name``; False when there is none. The leader stops it at its next
+    tick. A ``beat_schedule`` entry cannot be deleted here (:class:`ScheduleError`)."""
+    store = _Store(app)
+    if name in store.config_entries():
+        raise ScheduleError(f"{name!r} is a config entry (beat_schedule); remove it there")
+    version = store.script("delete_entry")(
+        keys=[store.keys.entries, store.keys.version, store.keys.changed], args=[name]
+    )
+    return bool(int(version))
+
+
+def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInfo | None:
+    """Pause (False) or resume (True) a runtime entry, keeping its state; None when there is none."""
+    store = _Store(app)
+    if name in store.config_entries():
+        raise ScheduleError(f"{name!r} is a config entry (beat_schedule); only runtime entries can be paused")
+    raw = store.client.hget(store.keys.entries, name)
+    if raw is None:
+        return None
+    d = parse_definition(raw)
+    return save_entry(
+        name, d["task"], d["schedule"], args=d["args"], kwargs=d["kwargs"], options=d["options"],
+        enabled=enabled, app=store.app,
+    )  # fmt: skip
+
+
+def run_now(name: str, app: Celery | None = None) -> datetime:
+    """Ask the leader to publish one extra run of ``name`` now, through the dispatch guard (its slot
+    is the request instant, so the request is published at most once). Returns that slot."""
+    store = _Store(app)
+    if name not in store.config_entries() and not store.client.hexists(store.keys.entries, name):
+        raise ScheduleError(f"no beat entry {name!r}")
+    slot = round(RedisClock(store.client).time(), 3)
+    store.script("run_now")(keys=[store.keys.run_now, store.keys.version], args=[name, slot_id(slot)])
+    return datetime.fromtimestamp(slot, UTC)
+
+
+def run_now_fired(name: str, slot: datetime, app: Celery | None = None) -> bool:
+    """Whether the run-now request of ``slot`` was published (its fired-slot marker exists)."""
+    store = _Store(app)
+    marker = store.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot.timestamp()))
+    return bool(store.client.exists(marker))
+
+
+def _when(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    ts = float(value)
+    return None if not math.isfinite(ts) else datetime.fromtimestamp(ts, UTC)
+
+
+def _info(
+    name: str,
+    source: str,
+    *,
+    task: str,
+    schedule: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+    enabled: bool,
+    state: Any,
+    score: Any,
+    version: Any = None,
+) -> EntryInfo:
+    loaded = load_state(state)
+    last = loaded.get("last")
+    next_score = None if score is None else float(score)
+    if not enabled:
+        next_score = None
+    # a one-off that fired is done: it reports disabled and nothing next
+    if isinstance(schedule, at) and last is not None and next_score in (None, NEVER):
+        enabled, next_score = False, None
+    return EntryInfo(
+        name=name,
+        task=task,
+        schedule=schedule,
+        args=tuple(args or ()),
+        kwargs=dict(kwargs or {}),
+        options=dict(options or {}),
+        enabled=enabled,
+        last_fired=_when(last),
+        next_fire=_when(next_score),
+        source=source,
+        version=None if version is None else int(float(version)),
+    )
+
+
+def _config_info(name: str, spec: Any, state: Any, score: Any) -> EntryInfo:
+    get = spec.get if isinstance(spec, Mapping) else lambda key, default=None: getattr(spec, key, default)
+    schedule = get("schedule")
+    if isinstance(schedule, (int, float)) and not isinstance(schedule, bool):
+        schedule = celery_interval(timedelta(seconds=float(schedule)))
+    elif isinstance(schedule, timedelta):
+        schedule = celery_interval(schedule)
+    return _info(
+        name, C.ENTRY_SOURCE_CONFIG, task=str(get("task")), schedule=schedule, args=get("args") or (),
+        kwargs=get("kwargs"), options=get("options"), enabled=True, state=state, score=score,
+    )  # fmt: skip
+
+
+def _runtime_info(name: str, raw: Any, state: Any, score: Any, version: Any) -> EntryInfo | None:
+    try:
+        d = parse_definition(raw)
+        schedule = schedule_from_spec(d["schedule"])
+    except ScheduleError:
+        return None
+    return _info(
+        name, C.ENTRY_SOURCE_RUNTIME, task=d["task"], schedule=schedule, args=d["args"], kwargs=d["kwargs"],
+        options=d["options"], enabled=d["enabled"], state=state, score=score, version=version,
+    )  # fmt: skip
+
+
+def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:
+    """The entry ``name`` (a ``beat_schedule`` entry or a runtime one) with its last and next fire."""
+    store = _Store(app)
+    pipe = store.client.pipeline(transaction=False)
+    pipe.hget(store.keys.entries, name)
+    pipe.hget(store.beat.state, name)
+    pipe.zscore(store.beat.due, name)
+    pipe.zscore(store.keys.changed, name)
+    raw, state, score, version = pipe.execute()
+    config = store.config_entries()
+    if name in config:
+        return _config_info(name, config[name], state, score)
+    if raw is None:
+        return None
+    return _runtime_info(name, raw, state, score, version)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def list_entries(app: Celery | None = None, prefix: str | None = None) -> list[EntryInfo]:
+    """Every entry (config ones with source "config", runtime ones "runtime"), sorted by name;
+    ``prefix`` keeps the names starting with it. Runtime entries are found with HSCAN."""
+    store = _Store(app)
+    config = {n: s for n, s in store.config_entries().items() if prefix is None or n.startswith(prefix)}
+    match = None if not prefix else _glob_escape(prefix) + "*"
+    defs = {
+        as_text(k): v
+        for k, v in store.client.hscan_iter(store.keys.entries, match=match, count=1000)
+        if as_text(k) not in config
+    }
+    names = sorted(set(config) | set(defs))
+    if not names:
+        return []
+    pipe = store.client.pipeline(transaction=False)
+    pipe.hmget(store.beat.state, names)
+    pipe.zmscore(store.beat.due, names)
+    pipe.zmscore(store.keys.changed, names)
+    states, scores, versions = pipe.execute()
+    out: list[EntryInfo] = []
+    for name, state, score, version in zip(names, states, scores, versions, strict=True):
+        if name in config:
+            out.append(_config_info(name, config[name], state, score))
+        else:
+            info = _runtime_info(name, defs[name], state, score, version)
+            if info is not None:
+                out.append(info)
+    return out
+
+
+def describe_schedule(schedule: Any) -> str:
+    """A one-line text of a schedule for the command line (``cron 0 9 * * * tz=Europe/Berlin``)."""
+    try:
+        spec = schedule_to_spec(schedule)
+    except ScheduleError:
+        return repr(schedule)
+    kind = spec["type"]
+    if kind == "interval":
+        return f"every {spec['every']:g}s"
+    if kind == "crontab":
+        fields = " ".join(spec[f] for f in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week"))
+        return f"cron {fields}" + (f" tz={spec['tz']}" if spec.get("tz") else "")
+    if kind == "at":
+        return f"at {spec['at']}"
+    if kind == "rrule":
+        return f"rrule {spec['rule']} from {spec['dtstart']}" + (f" tz={spec['tz']}" if spec.get("tz") else "")
+    return f"solar {spec['event']} {spec['lat']},{spec['lon']}"
+
+
+def cron_spec(expression: str, tz: str | None) -> dict[str, Any]:
+    """``"0 9 * * *"`` (minute hour day-of-month month day-of-week) as a crontab schedule spec."""
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ScheduleError(f"cron {expression!r}: expected 5 fields (minute hour day-of-month month day-of-week)")
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    spec = {
+        "type": "crontab",
+        "minute": minute,
+        "hour": hour,
+        "day_of_week": day_of_week,
+        "day_of_month": day_of_month,
+        "month_of_year": month_of_year,
+        "tz": tz,
+    }
+    schedule_from_spec(spec)  # validates each field and the zone
+    return spec

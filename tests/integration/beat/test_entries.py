@@ -1,0 +1,327 @@
+"""Runtime entries against real Redis, with ``SafeScheduler`` driven tick by tick in this process."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from dateutil.rrule import SECONDLY
+from dateutil.rrule import rrule as dateutil_rrule
+
+from celery_safe_time import EntryInfo, crontab, delete_entry, get_entry, list_entries, save_entry, signals
+from celery_safe_time.beat.entries import run_now, run_now_fired, set_enabled
+from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.exceptions import ScheduleError, SerializationError
+from tests.helpers.processes import wait_for
+
+pytestmark = pytest.mark.integration
+
+UTC = timezone.utc
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def app(make_app: Callable[..., Celery]) -> Celery:
+    app = make_app(
+        safe_time_beat_lease=3,
+        beat_schedule={"cfg": {"task": "t.entries_noop", "schedule": 3600.0, "args": ("c",)}},
+    )
+    app.task(name="t.entries_noop", shared=False)(_noop)
+    app.task(name="reports.send", shared=False)(_noop)
+    return app
+
+
+@pytest.fixture
+def sent() -> Iterator[list[dict[str, Any]]]:
+    """Every slot the schedulers of this test published: {"entry", "slot", "epoch", "task_id"}."""
+    out: list[dict[str, Any]] = []
+
+    def on_sent(sender: Any, **kw: Any) -> None:
+        out.append(kw)
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    yield out
+    signals.beat_slot_dispatched.disconnect(on_sent)
+
+
+@pytest.fixture
+def leader(app: Celery, tmp_path: Path) -> Iterator[SafeScheduler]:
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    sched.tick()  # the term's reconcile
+    yield sched
+    sched.close()
+
+
+def _fired(sent: list[dict[str, Any]], name: str) -> list[float]:
+    return [s["slot"].timestamp() for s in sent if s["entry"] == name]
+
+
+def _tick_until(sched: SafeScheduler, predicate: Callable[[], Any], timeout: float = 10) -> Any:
+    return wait_for(lambda: (sched.tick(), predicate())[1], timeout, interval=0.05)
+
+
+def test_save_get_list_delete(app: Celery, redis_client: redis.Redis) -> None:
+    info = save_entry(
+        "tenant-42-report",
+        "reports.send",
+        crontab(minute=0, hour=9, tz="Europe/Berlin"),
+        args=(42,),
+        kwargs={},
+        options={"queue": "reports"},
+        enabled=True,
+        app=app,
+    )
+    assert isinstance(info, EntryInfo)
+    assert (info.name, info.task, info.args, info.options, info.source) == (
+        "tenant-42-report",
+        "reports.send",
+        (42,),
+        {"queue": "reports"},
+        "runtime",
+    )
+    assert info.enabled
+    assert info.last_fired is None  # no leader has planned it yet
+    assert info.version == 1
+    assert isinstance(info.schedule, crontab)
+    save_entry("tenant-43-report", "reports.send", 60, app=app)
+    save_entry("other", "reports.send", 60, app=app)
+    names = [(e.name, e.source) for e in list_entries(app=app)]
+    assert names == [
+        ("cfg", "config"),
+        ("other", "runtime"),
+        ("tenant-42-report", "runtime"),
+        ("tenant-43-report", "runtime"),
+    ]
+    assert [e.name for e in list_entries(app=app, prefix="tenant-")] == ["tenant-42-report", "tenant-43-report"]
+    assert get_entry("cfg", app=app) is not None
+    assert get_entry("missing", app=app) is None
+    assert delete_entry("tenant-43-report", app=app) is True
+    assert delete_entry("tenant-43-report", app=app) is False
+    assert get_entry("tenant-43-report", app=app) is None
+    # the stored definition is plain JSON another language can write
+    raw = redis_client.hget("safe_time:beat:entries", "tenant-42-report")
+    assert raw is not None
+    assert b'"tz":"Europe/Berlin"' in raw
+
+
+def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, redis_client: redis.Redis) -> None:
+    with pytest.raises(ScheduleError, match=r"unknown task 'no\.such\.task'"):
+        save_entry("x", "no.such.task", 60, app=app)
+    with pytest.raises(ScheduleError, match="hour"):
+        save_entry("x", "reports.send", {"type": "crontab", "minute": "0", "hour": "24"}, app=app)
+    with pytest.raises(ScheduleError, match="unsupported schedule"):
+        save_entry("x", "reports.send", "every day", app=app)
+    with pytest.raises(ScheduleError, match="never occurs"):
+        save_entry("x", "reports.send", {"type": "crontab", "minute": "0", "hour": "0", "day_of_month": "31",
+                                         "month_of_year": "2"}, app=app)  # fmt: skip
+    ended = dateutil_rrule(SECONDLY, dtstart=datetime(2020, 1, 1, tzinfo=UTC), count=1)
+    with pytest.raises(ScheduleError, match="never fires again"):
+        save_entry("x", "reports.send", ended, app=app)
+    with pytest.raises(SerializationError, match="args"):
+        save_entry("x", "reports.send", 60, args=(object(),), app=app)
+    with pytest.raises(ScheduleError, match="safe_time_misfire"):
+        save_entry("x", "reports.send", 60, options={"safe_time_misfire": "sometimes"}, app=app)
+    # named like the config entry: refused, naming both
+    with pytest.raises(ScheduleError, match=r"runtime entry 'cfg' \(task 'reports.send'\).*config entry 'cfg'"):
+        save_entry("cfg", "reports.send", 60, app=app)
+    assert redis_client.keys("safe_time:beat:entries*") == []
+
+
+def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
+) -> None:
+    saved = time.time()
+    save_entry("every2", "t.entries_noop", 2, args=("r",), app=app)
+    _tick_until(leader, lambda: _fired(sent, "every2"))
+    assert time.time() - saved < 2.0  # an interval entry fires at its first tick
+    before = get_entry("every2", app=app)
+    assert before is not None
+    assert before.last_fired is not None
+    assert before.next_fire is not None
+    version = redis_client.get("safe_time:beat:entries:version")
+
+    # six processes saving the same entry at start-up: one schedule, no extra fire, state kept
+    barrier = threading.Barrier(6)
+
+    def save() -> None:
+        barrier.wait()
+        save_entry("every2", "t.entries_noop", 2, args=("r",), app=app)
+
+    threads = [threading.Thread(target=save) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert redis_client.get("safe_time:beat:entries:version") == version
+    after = get_entry("every2", app=app)
+    assert after is not None
+    assert (after.last_fired, after.next_fire) == (before.last_fired, before.next_fire)
+    time.sleep(2.2)
+    leader.tick()
+    slots = _fired(sent, "every2")
+    assert len(slots) == len(set(slots))
+    assert all(b - a == 2 for a, b in itertools.pairwise(slots))
+
+
+def test_change_pause_resume_remove(
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
+) -> None:
+    save_entry("e", "t.entries_noop", 1, app=app)
+    _tick_until(leader, lambda: len(_fired(sent, "e")) >= 2)
+    last = _fired(sent, "e")[-1]
+
+    # a changed schedule: the new grid continues after the last fired slot
+    save_entry("e", "t.entries_noop", 5, app=app)
+    leader.tick()
+    info = get_entry("e", app=app)
+    assert info is not None
+    assert info.next_fire is not None
+    assert info.next_fire.timestamp() == last + 5
+
+    # pause: nothing fires, state kept (last fired and the next slot stay in the state hash)
+    set_enabled("e", False, app=app)
+    leader.tick()
+    paused = get_entry("e", app=app)
+    assert paused is not None
+    assert not paused.enabled
+    assert paused.next_fire is None
+    assert paused.last_fired is not None
+    assert paused.last_fired.timestamp() == last
+    assert redis_client.zscore("safe_time:beat:due", "e") is None
+    count = len(_fired(sent, "e"))
+    deadline = time.time() + 6
+    while time.time() < deadline:
+        leader.tick()
+        time.sleep(0.1)
+    assert len(_fired(sent, "e")) == count
+
+    # resume: the same grid (last + 5k); the missed slot is a misfire (run_once: one catch-up)
+    set_enabled("e", True, app=app)
+    _tick_until(leader, lambda: len(_fired(sent, "e")) > count)
+    resumed = _fired(sent, "e")[count:]
+    assert len(resumed) == 1
+    assert (resumed[0] - last) % 5 == 0
+
+    # remove: nothing more, and the state is gone
+    assert delete_entry("e", app=app)
+    leader.tick()
+    count = len(_fired(sent, "e"))
+    assert redis_client.zscore("safe_time:beat:due", "e") is None
+    assert redis_client.hget("safe_time:beat:state", "e") is None
+    deadline = time.time() + 5.5
+    while time.time() < deadline:
+        leader.tick()
+        time.sleep(0.1)
+    assert len(_fired(sent, "e")) == count
+
+
+def test_a_new_leader_loads_every_runtime_entry_and_keeps_their_state(
+    app: Celery, tmp_path: Path, sent: list[dict[str, Any]], redis_client: redis.Redis
+) -> None:
+    save_entry("a", "t.entries_noop", 1, app=app)
+    save_entry("p", "t.entries_noop", 1, enabled=False, app=app)
+    save_entry("gone", "t.entries_noop", 1, app=app)
+    first = SafeScheduler(app=app, schedule_filename=str(tmp_path / "1"), max_interval=1)
+    try:
+        wait_for(lambda: first.keeper.is_leader, 10)
+        _tick_until(first, lambda: _fired(sent, "a") and _fired(sent, "gone"))
+    finally:
+        first.close()
+    assert delete_entry("gone", app=app)  # while no beat runs
+    assert redis_client.zscore("safe_time:beat:entries:changed", "gone") is not None  # tombstone
+    last_a = _fired(sent, "a")[-1]
+    second = SafeScheduler(app=app, schedule_filename=str(tmp_path / "2"), max_interval=1)
+    try:
+        wait_for(lambda: second.keeper.is_leader, 10)
+        _tick_until(second, lambda: _fired(sent, "a")[-1] > last_a)
+        assert set(second.plans) == {"cfg", "a"}
+        assert set(second.paused) == {"p"}
+    finally:
+        second.close()
+    slots = _fired(sent, "a")
+    assert len(slots) == len(set(slots))
+    assert redis_client.hget("safe_time:beat:state", "gone") is None
+    assert redis_client.zscore("safe_time:beat:entries:changed", "gone") is None  # pruned by the reconcile
+    assert _fired(sent, "p") == []
+
+
+def test_one_off_fires_once_then_reports_disabled(
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]
+) -> None:
+    when = datetime.fromtimestamp(int(time.time()) + 2, UTC)
+    save_entry("once", "t.entries_noop", when, app=app)
+    _tick_until(leader, lambda: _fired(sent, "once"))
+    assert _fired(sent, "once") == [when.timestamp()]
+    for _ in range(10):
+        leader.tick()
+        time.sleep(0.1)
+    assert len(_fired(sent, "once")) == 1
+    info = get_entry("once", app=app)
+    assert info is not None
+    assert not info.enabled
+    assert info.next_fire is None
+    assert info.last_fired == when
+    # the same definition saved again (a restart of the process that made it) does not fire it again
+    save_entry("once", "t.entries_noop", when, app=app)
+    leader.tick()
+    assert len(_fired(sent, "once")) == 1
+
+
+def test_rrule_and_run_now(app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]) -> None:
+    start = datetime.fromtimestamp(int(time.time()) + 1, UTC)
+    save_entry("rr", "t.entries_noop", dateutil_rrule(SECONDLY, interval=2, dtstart=start, count=2), app=app)
+    _tick_until(leader, lambda: len(_fired(sent, "rr")) >= 2)
+    assert _fired(sent, "rr") == [start.timestamp(), start.timestamp() + 2]
+
+    slot = run_now("cfg", app=app)
+    _tick_until(leader, lambda: run_now_fired("cfg", slot, app=app))
+    assert _fired(sent, "cfg").count(slot.timestamp()) == 1  # besides its own first slot
+    for _ in range(5):
+        leader.tick()
+    assert _fired(sent, "cfg").count(slot.timestamp()) == 1
+    with pytest.raises(ScheduleError, match="no beat entry"):
+        run_now("missing", app=app)
+
+
+def test_a_broken_definition_written_by_hand_disables_only_that_entry(
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
+) -> None:
+    redis_client.hset("safe_time:beat:entries", "bad", '{"task": "t.entries_noop", "schedule": {"type": "weekly"}}')
+    redis_client.zadd("safe_time:beat:entries:changed", {"bad": redis_client.incr("safe_time:beat:entries:version")})
+    save_entry("good", "t.entries_noop", 1, app=app)
+    _tick_until(leader, lambda: _fired(sent, "good"))
+    assert "bad" in leader.broken
+    assert "unknown schedule type" in leader.broken["bad"]
+    assert _fired(sent, "bad") == []
+
+
+def test_change_takes_effect_within_one_tick_with_many_entries(
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]
+) -> None:
+    for i in range(300):
+        save_entry(f"bulk-{i}", "t.entries_noop", crontab(minute=0, hour=3), app=app)
+    leader.tick()
+    assert len(leader.plans) == 301
+    save_entry("late", "t.entries_noop", timedelta(seconds=30), app=app)
+    started = time.perf_counter()
+    leader.tick()
+    assert time.perf_counter() - started < 1.0
+    # applied by that one tick: planned and in the due set, its first slot at most a second away
+    assert "late" in leader.plans
+    info = get_entry("late", app=app)
+    assert info is not None
+    assert info.next_fire is not None
+    assert info.next_fire.timestamp() <= time.time() + 1.0
+    _tick_until(leader, lambda: _fired(sent, "late"), timeout=3)

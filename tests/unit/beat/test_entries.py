@@ -1,0 +1,163 @@
+"""Runtime entry definitions: schedule JSON round trips, canonical definitions, one-off and rrule grids."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from celery.schedules import crontab as celery_crontab
+from celery.schedules import schedule as celery_interval
+from celery.schedules import solar
+from dateutil.rrule import DAILY, HOURLY
+from dateutil.rrule import rrule as dateutil_rrule
+
+from celery_safe_time import crontab
+from celery_safe_time.beat.entries import definition_json, parse_definition, schedule_from_spec, schedule_to_spec
+from celery_safe_time.beat.slots import NEVER, OneOffGrid, RRuleGrid, at, decide, grid_for, rrule
+from celery_safe_time.exceptions import ScheduleError, SerializationError
+
+UTC = timezone.utc
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def _ts(*args: int, tz: timezone | ZoneInfo = UTC) -> float:
+    return datetime(*args, tzinfo=tz).timestamp()  # type: ignore[misc]
+
+
+def _round_trip(schedule: object) -> object:
+    spec = schedule_to_spec(schedule)
+    assert json.loads(json.dumps(spec)) == spec  # plain JSON another language can write
+    return schedule_from_spec(spec)
+
+
+def test_interval_forms_give_one_spec() -> None:
+    for form in (60, 60.0, timedelta(minutes=1), celery_interval(timedelta(seconds=60))):
+        assert schedule_to_spec(form) == {"type": "interval", "every": 60.0}
+    back = _round_trip(30)
+    assert isinstance(back, celery_interval)
+    assert back.run_every == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), True, "every minute", object()])
+def test_bad_schedules_are_refused(bad: object) -> None:
+    with pytest.raises(ScheduleError):
+        schedule_to_spec(bad)
+
+
+def test_crontab_with_tz_keeps_the_dst_rules() -> None:
+    back = _round_trip(crontab(minute=30, hour=2, tz="America/New_York"))
+    assert isinstance(back, crontab)
+    assert schedule_to_spec(back)["tz"] == "America/New_York"
+    # R1: 02:30 does not exist on 8 March 2026 in New York: fires once at the transition, 07:00Z
+    assert back.next_ts(_ts(2026, 3, 8, 0, 0)) == _ts(2026, 3, 8, 7, 0)
+
+
+def test_plain_celery_crontab_means_the_app_timezone() -> None:
+    spec = schedule_to_spec(celery_crontab(minute="*/15", hour="9-17", day_of_week="1-5"))
+    assert spec == {
+        "type": "crontab",
+        "minute": "*/15",
+        "hour": "9-17",
+        "day_of_week": "1-5",
+        "day_of_month": "*",
+        "month_of_year": "*",
+        "tz": None,
+    }
+
+
+def test_bad_crontab_spec_names_the_field() -> None:
+    with pytest.raises(ScheduleError, match="hour"):
+        schedule_from_spec({"type": "crontab", "minute": "0", "hour": "25"})
+    with pytest.raises(ScheduleError, match="timezone"):
+        schedule_from_spec({"type": "crontab", "minute": "0", "hour": "9", "tz": "Mars/Olympus"})
+    with pytest.raises(ScheduleError, match="unknown schedule type"):
+        schedule_from_spec({"type": "weekly"})
+
+
+def test_solar_round_trip() -> None:
+    back = _round_trip(solar("sunrise", 52.52, 13.405))
+    assert isinstance(back, solar)
+    assert (back.event, back.lat, back.lon) == ("sunrise", 52.52, 13.405)
+
+
+def test_rrule_round_trip_in_a_zone_across_dst() -> None:
+    rule = dateutil_rrule(DAILY, dtstart=datetime(2026, 3, 27, 9, 0, tzinfo=BERLIN), byhour=9, byminute=0)
+    back = _round_trip(rule)
+    assert isinstance(back, rrule)
+    assert schedule_to_spec(back) == {
+        "type": "rrule",
+        "rule": "FREQ=DAILY;BYHOUR=9;BYMINUTE=0",
+        "dtstart": "2026-03-27T09:00:00",
+        "tz": "Europe/Berlin",
+    }
+    grid = grid_for(back, UTC)
+    assert isinstance(grid, RRuleGrid)
+    first = grid.first(_ts(2026, 3, 28, 12, 0))
+    # 09:00 Berlin is 08:00Z before 29 March 2026 and 07:00Z after
+    assert first == _ts(2026, 3, 29, 7, 0)
+    assert grid.next(_ts(2026, 3, 27, 8, 0)) == _ts(2026, 3, 28, 8, 0)
+
+
+def test_rrule_with_an_end_has_no_more_slots() -> None:
+    rule = dateutil_rrule(HOURLY, dtstart=datetime(2026, 1, 1, 0, 0), count=2)  # naive: UTC
+    grid = grid_for(rrule(rule), UTC)
+    assert grid.first(_ts(2025, 12, 31, 0, 0)) == _ts(2026, 1, 1, 0, 0)
+    assert grid.next(_ts(2026, 1, 1, 0, 0)) == _ts(2026, 1, 1, 1, 0)
+    assert grid.next(_ts(2026, 1, 1, 1, 0)) == NEVER
+
+
+def test_one_off_fires_once_then_never() -> None:
+    when = datetime(2026, 12, 1, 9, 0, tzinfo=BERLIN)
+    back = _round_trip(when)
+    assert isinstance(back, at)
+    assert schedule_to_spec(back) == {"type": "at", "at": "2026-12-01T09:00:00+01:00"}
+    grid = grid_for(back, UTC)
+    assert grid == OneOffGrid(when.timestamp())
+    assert grid.first(0.0) == when.timestamp()
+    d = decide(grid, when.timestamp(), when.timestamp() + 1, policy="run_once", on_time=30, grace=None)
+    assert d.fire == [when.timestamp()]
+    assert d.next == NEVER
+    # a one-off found late follows the misfire policy like any slot
+    late = decide(grid, when.timestamp(), when.timestamp() + 3600, policy="skip", on_time=30, grace=None)
+    assert late.fire == []
+    assert late.next == NEVER
+
+
+def test_naive_one_off_is_utc() -> None:
+    assert schedule_to_spec(datetime(2026, 1, 1, 9, 0)) == {"type": "at", "at": "2026-01-01T09:00:00+00:00"}
+
+
+def test_definition_is_canonical_and_parses_back() -> None:
+    spec = schedule_to_spec(crontab(minute=0, hour=9, tz="Europe/Berlin"))
+    one = definition_json("t-42", "reports.send", spec, (42,), {"b": 1, "a": 2}, {"queue": "reports"}, True)
+    two = definition_json("t-42", "reports.send", spec, [42], {"a": 2, "b": 1}, {"queue": "reports"}, True)
+    assert one == two
+    parsed = parse_definition(one)
+    assert parsed["args"] == [42]
+    assert parsed["enabled"] is True
+    assert json.loads(one)["format"] == 1
+
+
+def test_unserialisable_arguments_name_the_entry() -> None:
+    spec = schedule_to_spec(10)
+    with pytest.raises(SerializationError, match=r"'t-1'.*args"):
+        definition_json("t-1", "x", spec, (object(),), {}, {}, True)
+    with pytest.raises(SerializationError, match="kwargs"):
+        definition_json("t-1", "x", spec, (), {"when": datetime.now()}, {}, True)
+
+
+def test_another_language_may_omit_optional_fields() -> None:
+    parsed = parse_definition('{"task": "reports.send", "schedule": {"type": "interval", "every": 5}}')
+    assert parsed == {
+        "name": None,
+        "task": "reports.send",
+        "schedule": {"type": "interval", "every": 5},
+        "args": [],
+        "kwargs": {},
+        "options": {},
+        "enabled": True,
+    }
+    with pytest.raises(ScheduleError, match="format"):
+        parse_definition('{"format": 2, "task": "x"}')

@@ -238,15 +238,10 @@ class DjangoStore(DelayStore):
 
         return self._atomic(run)
 
-    def _stale(self, cutoff: datetime) -> Any:
-        return self._objects().filter(
-            Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=cutoff), status=C.STATUS_STARTED
-        )
-
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         with self._errors():
-            cutoff = self.now() - timedelta(seconds=stale_after)
-            return [_row(o) for o in self._stale(cutoff).order_by("heartbeat_at", "id")[:limit]]
+            stale = self._objects().filter(_stale_heartbeat(self.now(), stale_after), status=C.STATUS_STARTED)
+            return [_row(o) for o in stale.order_by("heartbeat_at", "id")[:limit]]
 
     def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
         def run() -> bool:

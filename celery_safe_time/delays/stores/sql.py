@@ -618,10 +618,10 @@ class SQLAlchemyStore(DelayStore):
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         t = delays
         with self._begin() as conn:
-            cutoff = self._db_now(conn) - timedelta(seconds=stale_after)
+            now = self._db_now(conn)
             query = (
                 sa.select(t)
-                .where(_status(C.STATUS_STARTED), sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < cutoff))
+                .where(_status(C.STATUS_STARTED), _stale_heartbeat(now, stale_after))
                 .order_by(t.c.heartbeat_at, t.c.id)
                 .limit(limit)
             )

@@ -23,7 +23,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config, mask_url
-from ..exceptions import LockConflict, LockLost, RedisUnavailable, SafeTimeError
+from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
 from ..requeue import attempt_of, jittered
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
@@ -510,6 +510,28 @@ class TaskLock:
 
     def already_done(self, call: Call, marker: str) -> None:
         """The key's marker says it already ran (only locks that pass a marker get here)."""
+
+
+def is_task(obj: Any) -> bool:
+    """True for a Celery task or the lazy proxy ``@app.task`` returns before the app is finalized.
+
+    Looks at ``type(obj)``: a proxy reports its target's class through ``__class__``, and asking
+    would evaluate it (register the task) as a side effect.
+    """
+    from celery.local import Proxy
+
+    return issubclass(type(obj), (Task, Proxy))
+
+
+def check_decorates_function(func: Any, decorator: str, example: str) -> None:
+    """Fail at decoration time when ``decorator`` was stacked above ``@app.task`` (it got a task,
+    and would hand back a plain function without ``.delay``), with the order that works."""
+    if is_task(func):
+        name = getattr(type(func), "__name__", "task")
+        raise DecoratorOrderError(
+            f"@{decorator} was given a Celery task ({name}), not a function: put it BELOW @app.task so it "
+            f"wraps the task body, e.g.\n    @app.task\n    @{decorator}({example})\n    def my_task(...): ..."
+        )
 
 
 def wrap(func: F, lock: TaskLock) -> F:

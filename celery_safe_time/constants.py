@@ -27,6 +27,8 @@ DEFAULT_MAX_CLOCK_SKEW: Final = 0.1
 DEFAULT_DELAY_RETENTION: Final = None
 #: A row published (``sent``) but not started this long after its due time is published again.
 DEFAULT_DELIVERY_GRACE: Final = 300.0
+#: Every setting of the package starts with this; an unknown one is warned about at startup.
+SETTING_PREFIX: Final = "safe_time_"
 
 #: kombu's own default for Redis when broker_transport_options does not set one.
 KOMBU_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600.0

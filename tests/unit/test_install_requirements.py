@@ -74,7 +74,8 @@ def closure(requirements: list[Requirement]) -> set[str]:
 
 def third_party_imports(module: str) -> set[str]:
     spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin is not None
+    assert spec is not None
+    assert spec.origin is not None
     tree = ast.parse(Path(spec.origin).read_text())
     own = module.split(".")[0]
     names: set[str] = set()

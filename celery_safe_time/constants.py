@@ -7,7 +7,7 @@ it applies.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 # === settings defaults (DESIGN section 3) =====================================
 DEFAULT_KEY_PREFIX: Final = "safe_time:"
@@ -261,6 +261,9 @@ DEFAULT_LOCK_RETRY_JITTER: Final = 0.5
 DEFAULT_IDEMPOTENT_WINDOW: Final = 86400.0
 ON_CONFLICT_POLICIES: Final = frozenset({"retry", "skip", "raise"})
 ON_REDIS_ERROR_POLICIES: Final = frozenset({"retry", "raise"})
+#: The same policies as types, so mypy and editors reject ``on_conflict="explode"`` before it runs.
+OnConflict = Literal["retry", "skip", "raise"]
+OnRedisError = Literal["retry", "raise"]
 #: The in-progress lock of an idempotent key is the overlap lock ``idem:<key>``.
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).

@@ -129,10 +129,10 @@ def idempotent(
     *,
     window: float = C.DEFAULT_IDEMPOTENT_WINDOW,
     ttl: float | None = None,
-    on_conflict: str = "retry",
+    on_conflict: C.OnConflict = "retry",
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
-    on_redis_error: str = "retry",
+    on_redis_error: C.OnRedisError = "retry",
 ) -> Callable[[F], F]:
     """Run the task body at most once successfully per key within ``window`` seconds.
 

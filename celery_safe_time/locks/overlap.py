@@ -31,10 +31,10 @@ def overlap_lock(
     key: KeySpec,
     *,
     ttl: float | None = None,
-    on_conflict: str = "retry",
+    on_conflict: C.OnConflict = "retry",
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
-    on_redis_error: str = "retry",
+    on_redis_error: C.OnRedisError = "retry",
 ) -> Callable[[F], F]:
     """Hold a per-key Redis lock while the task body runs; place it below ``@app.task``.
 

@@ -24,6 +24,11 @@ def jittered(retry_after: float, jitter: float, rand: Callable[[], float] = rand
     return retry_after + jitter * rand()
 
 
+def backoff(base: float, attempts: int, cap: float) -> float:
+    """``base`` doubled ``attempts`` times, at most ``cap`` (and never below ``base``)."""
+    return max(base, min(cap, base * 2.0 ** min(max(attempts, 0), 32)))
+
+
 def new_attempt() -> str:
     return uuid.uuid4().hex
 

@@ -24,7 +24,7 @@ from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config, mask_url
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
-from ..requeue import attempt_of, jittered
+from ..requeue import attempt_of, backoff, jittered
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
 from .store import Acquired, Holder, LockStore, Owner, get_lock_store
@@ -106,6 +106,24 @@ def _requeues(request: Any) -> int:
         return int(raw or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def redis_down_requeues(request: Any) -> int:
+    """How many times in a row this delivery was re-queued because the lock Redis was unreachable."""
+    try:
+        return int(_header(request, C.HEADER_LOCK_REDIS_DOWN) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def redis_down_cap(config: SafeTimeConfig) -> float:
+    """The longest Redis-outage re-queue countdown: ``LOCK_REDIS_DOWN_BACKOFF_CAP``, and at most half
+    of what makes the broker hand a held countdown out again or close the worker's channel."""
+    cap = C.LOCK_REDIS_DOWN_BACKOFF_CAP
+    for limit in (config.visibility_timeout, config.broker_consumer_timeout):
+        if limit is not None:
+            cap = min(cap, limit / 2.0)
+    return cap
 
 
 def _retries(request: Any) -> int:
@@ -192,7 +210,7 @@ def done_ttl(config: SafeTimeConfig) -> float:
     return ttl
 
 
-def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
+def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down: bool = False) -> NoReturn:
     """Send the same message again in ``countdown`` seconds and end this run as RETRY.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
@@ -204,6 +222,10 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
     task, request = call.task, call.request
     headers = dict(getattr(request, "headers", None) or {})
     headers[C.HEADER_LOCK_REQUEUES] = _requeues(request) + 1
+    if redis_down:
+        headers[C.HEADER_LOCK_REDIS_DOWN] = redis_down_requeues(request) + 1
+    else:
+        headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # Redis answered: the next outage starts over
     # The copy is a new publish (a new attempt token): say which delivery it continues.
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     sig = task.signature_from_request(request, countdown=countdown, headers=headers)
@@ -411,9 +433,13 @@ class Policy:
         """Never run unguarded: re-queue (default) or raise."""
         if self.on_redis_error == "raise":
             raise exc
-        countdown = jittered(self.retry_after, self.jitter)
-        logger.warning("%s; re-queueing %s in %.1fs", exc, call.task_id, countdown)
-        requeue(call, countdown, exc)
+        outages = redis_down_requeues(call.request)
+        base = max(self.retry_after, C.LOCK_REDIS_DOWN_BACKOFF_MIN)
+        countdown = jittered(backoff(base, outages, redis_down_cap(get_config(call.app))), self.jitter)
+        logger.warning(
+            "%s; re-queueing %s in %.1fs (Redis outage re-queue %d)", exc, call.task_id, countdown, outages + 1
+        )
+        requeue(call, countdown, exc, redis_down=True)
 
     def duplicate(self, call: Call, key: str, holder: Holder | None) -> NoReturn:
         """The lock is held by this very delivery: a broker redelivery of a message that is still

@@ -333,7 +333,7 @@ def acquire(
         return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
     except (redis.RedisError, OSError) as exc:
         where = mask_url(store.config.redis_url)
-        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}): {exc}") from exc
+        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}, safe_time_redis_url): {exc}") from exc
 
 
 def run_holding(

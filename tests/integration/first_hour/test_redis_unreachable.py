@@ -43,7 +43,8 @@ def test_locked_task_backs_off_while_redis_is_down(processes: ProcessManager, ma
     assert [n for n, _ in seen] == [1, 2, 3, 4]
     for n, countdown in seen:
         assert 2 ** (n - 1) <= countdown <= 2 ** (n - 1) + 0.5 + 1e-6, seen  # 1, 2, 4, 8 s plus jitter
-    assert "127.0.0.1" in worker.log()
+    assert "(Redis redis://127.0.0.1:" in worker.log()
+    assert ", safe_time_redis_url): Error 111" in worker.log()  # the worker's warning names the setting
 
 
 @pytest.mark.parametrize("command", [["locks", "list"], ["beat", "list"], ["status", "--probe", "beat"]])

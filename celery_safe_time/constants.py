@@ -274,12 +274,14 @@ LOCK_KILLED_CHILD_WAIT: Final = 5.0
 #: Message header counting how often a run was re-queued by a lock conflict or Redis outage;
 #: these re-queues do not consume the task's ``max_retries``.
 HEADER_LOCK_REQUEUES: Final = "safe_time_requeues"
-#: Consecutive re-queues of one delivery because the lock Redis was unreachable (drives the back-off).
-HEADER_LOCK_REDIS_DOWN: Final = "safe_time_redis_down"
-#: A locked task that finds Redis unreachable waits ``retry_after`` (at least this), doubled with
-#: every consecutive such re-queue, up to ``LOCK_REDIS_DOWN_BACKOFF_CAP`` seconds: an outage does
-#: not spin every locked message through the broker every few seconds.
-LOCK_REDIS_DOWN_BACKOFF_MIN: Final = 1.0
+#: When the lock Redis first failed for this delivery (epoch seconds), carried by its outage re-queues.
+HEADER_LOCK_REDIS_DOWN: Final = "safe_time_redis_down_since"
+#: A locked task that finds Redis unreachable waits ``retry_after`` (at least ``..._MIN``) at first,
+#: then this share of how long the outage has lasted so far (waits grow about 1.5x per re-queue), at
+#: most ``..._CAP`` seconds: a blip (a lost reply) costs nothing more, and a long outage does not spin
+#: every locked message through the broker every few seconds.
+LOCK_REDIS_DOWN_BACKOFF_MIN: Final = 0.5
+LOCK_REDIS_DOWN_BACKOFF_SHARE: Final = 0.5
 LOCK_REDIS_DOWN_BACKOFF_CAP: Final = 60.0
 #: ``Task.request`` attributes set while a lock is held.
 REQUEST_FENCE_ATTR: Final = "safe_time_fence"

@@ -24,9 +24,11 @@ def jittered(retry_after: float, jitter: float, rand: Callable[[], float] = rand
     return retry_after + jitter * rand()
 
 
-def backoff(base: float, attempts: int, cap: float) -> float:
-    """``base`` doubled ``attempts`` times, at most ``cap`` (and never below ``base``)."""
-    return max(base, min(cap, base * 2.0 ** min(max(attempts, 0), 32)))
+def outage_backoff(base: float, outage_age: float, cap: float) -> float:
+    """Seconds before the next attempt once a dependency has been unreachable for ``outage_age``
+    seconds: ``base`` at first, then ``LOCK_REDIS_DOWN_BACKOFF_SHARE`` of the outage so far, at most
+    ``cap`` (and never below ``base``)."""
+    return max(base, min(cap, max(outage_age, 0.0) * C.LOCK_REDIS_DOWN_BACKOFF_SHARE))
 
 
 def new_attempt() -> str:

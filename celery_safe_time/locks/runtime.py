@@ -24,7 +24,7 @@ from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config, mask_url
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
-from ..requeue import attempt_of, backoff, jittered
+from ..requeue import attempt_of, jittered, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
 from .store import Acquired, Holder, LockStore, Owner, get_lock_store
@@ -108,12 +108,13 @@ def _requeues(request: Any) -> int:
         return 0
 
 
-def redis_down_requeues(request: Any) -> int:
-    """How many times in a row this delivery was re-queued because the lock Redis was unreachable."""
+def redis_down_since(request: Any) -> float | None:
+    """When the lock Redis first failed for this delivery (epoch seconds), or None: it answered last time."""
     try:
-        return int(_header(request, C.HEADER_LOCK_REDIS_DOWN) or 0)
+        raw = _header(request, C.HEADER_LOCK_REDIS_DOWN)
+        return float(raw) if raw is not None else None
     except (TypeError, ValueError):
-        return 0
+        return None
 
 
 def redis_down_cap(config: SafeTimeConfig) -> float:
@@ -210,7 +211,7 @@ def done_ttl(config: SafeTimeConfig) -> float:
     return ttl
 
 
-def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down: bool = False) -> NoReturn:
+def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down_since: float | None = None) -> NoReturn:
     """Send the same message again in ``countdown`` seconds and end this run as RETRY.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
@@ -222,8 +223,8 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down: boo
     task, request = call.task, call.request
     headers = dict(getattr(request, "headers", None) or {})
     headers[C.HEADER_LOCK_REQUEUES] = _requeues(request) + 1
-    if redis_down:
-        headers[C.HEADER_LOCK_REDIS_DOWN] = redis_down_requeues(request) + 1
+    if redis_down_since is not None:
+        headers[C.HEADER_LOCK_REDIS_DOWN] = redis_down_since
     else:
         headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # Redis answered: the next outage starts over
     # The copy is a new publish (a new attempt token): say which delivery it continues.
@@ -433,13 +434,16 @@ class Policy:
         """Never run unguarded: re-queue (default) or raise."""
         if self.on_redis_error == "raise":
             raise exc
-        outages = redis_down_requeues(call.request)
+        # Wall time, carried in the message: Redis TIME is what is unreachable, and a few seconds of
+        # skew between workers only shifts a back-off.
+        now = time.time()
+        since = redis_down_since(call.request) or now
         base = max(self.retry_after, C.LOCK_REDIS_DOWN_BACKOFF_MIN)
-        countdown = jittered(backoff(base, outages, redis_down_cap(get_config(call.app))), self.jitter)
+        countdown = jittered(outage_backoff(base, now - since, redis_down_cap(get_config(call.app))), self.jitter)
         logger.warning(
-            "%s; re-queueing %s in %.1fs (Redis outage re-queue %d)", exc, call.task_id, countdown, outages + 1
+            "%s; re-queueing %s in %.1fs (Redis unreachable for %.1fs)", exc, call.task_id, countdown, now - since
         )
-        requeue(call, countdown, exc, redis_down=True)
+        requeue(call, countdown, exc, redis_down_since=since)
 
     def duplicate(self, call: Call, key: str, holder: Holder | None) -> NoReturn:
         """The lock is held by this very delivery: a broker redelivery of a message that is still

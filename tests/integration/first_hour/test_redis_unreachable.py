@@ -19,7 +19,7 @@ from tests.helpers.services import free_port
 
 pytestmark = pytest.mark.integration
 
-REQUEUED = re.compile(r"re-queueing (?P<task>\S+) in (?P<countdown>[\d.]+)s \(Redis outage re-queue (?P<n>\d+)\)")
+REQUEUED = re.compile(r"re-queueing (?P<task>\S+) in (?P<countdown>[\d.]+)s \(Redis unreachable for (?P<age>[\d.]+)s\)")
 
 
 def _closed_redis(password: str = "") -> str:
@@ -34,15 +34,19 @@ def test_locked_task_backs_off_while_redis_is_down(processes: ProcessManager, ma
     # locks.retrier: retry_after=1, jitter=0.5. Before: every 1-1.5 s, forever.
     task_id = client.send_task("locks.retrier", kwargs={"key": "down"}).id
 
-    def requeues() -> list[tuple[int, float]]:
+    def requeues() -> list[tuple[float, float]]:
         found = [m for m in REQUEUED.finditer(worker.log()) if m["task"] == task_id]
-        return [(int(m["n"]), float(m["countdown"])) for m in found]
+        return [(float(m["age"]), float(m["countdown"])) for m in found]
 
-    wait_for(lambda: len(requeues()) >= 4, timeout=90, message="four outage re-queues")
-    seen = requeues()[:4]
-    assert [n for n, _ in seen] == [1, 2, 3, 4]
-    for n, countdown in seen:
-        assert 2 ** (n - 1) <= countdown <= 2 ** (n - 1) + 0.5 + 1e-6, seen  # 1, 2, 4, 8 s plus jitter
+    wait_for(lambda: len(requeues()) >= 7, timeout=120, message="seven outage re-queues")
+    seen = requeues()[:7]
+    ages = [age for age, _ in seen]
+    assert ages[0] == 0.0
+    assert ages == sorted(ages), seen  # one outage, carried from copy to copy
+    for age, countdown in seen:
+        wait = max(1.0, age / 2)  # retry_after at first, then half the outage so far
+        assert wait - 0.11 <= countdown <= wait + 0.5 + 0.11, seen  # plus jitter; the log rounds to 0.1
+    assert seen[-1][1] >= 3.0  # growing: before, every re-queue waited 1 to 1.5 s
     assert "(Redis redis://127.0.0.1:" in worker.log()
     assert ", safe_time_redis_url): Error 111" in worker.log()  # the worker's warning names the setting
 

@@ -11,11 +11,22 @@ imports Django or SQLAlchemy unless the feature is used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import exceptions, signals
 from .config import SafeTimeConfig, get_config
 from .install import install
+
+if TYPE_CHECKING:
+    # What editors and mypy see for the lazy names below: one import per _LAZY entry, the same
+    # module (tests/unit/test_typing.py checks they stay in step).
+    from .beat.entries import EntryInfo, delete_entry, get_entry, list_entries, save_entry
+    from .beat.scheduler import SafeScheduler
+    from .delays.admin import cancel, reschedule
+    from .delays.task import SafeTask
+    from .locks.idempotency import idempotent
+    from .locks.overlap import overlap_lock
+    from .schedules import crontab, next_local
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,40 @@ def _dump(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str, sort_keys=True))
 
 
-@click.group(name="safe-time")
+class SafeTimeGroup(click.Group):
+    """The ``safe-time`` group: a Redis or store that cannot be reached ends any subcommand with one
+    line naming the setting, the masked URL and the cause (exit 1), instead of a long traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        import redis
+
+        from .exceptions import RedisUnavailable, StoreError
+
+        try:
+            return super().invoke(ctx)
+        except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
+            click.echo(_redis_unreachable(ctx, exc), err=True)
+        except StoreError as exc:
+            click.echo(f"error: safe_time_store_url: {_first_line(exc)}", err=True)
+        ctx.exit(1)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _redis_unreachable(ctx: click.Context, exc: BaseException) -> str:
+    from .config import get_config, mask_url
+
+    app = _app(ctx)
+    url = mask_url(get_config(app).redis_url)
+    where = "safe_time_redis_url" if app.conf.get("safe_time_redis_url") else "safe_time_redis_url (unset: broker_url)"
+    cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    return f"error: cannot reach Redis at {url} ({where}): {_first_line(cause)}"
+
+
+@click.group(name="safe-time", cls=SafeTimeGroup)
 @click.pass_context
 @handle_preload_options
 def safe_time(ctx: click.Context, **kwargs: Any) -> None:

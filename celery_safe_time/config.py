@@ -7,10 +7,12 @@ was configured with ``namespace="CELERY"``, so reading ``app.conf.get(key)`` cov
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import math
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,6 +20,8 @@ from celery import Celery
 
 from . import constants as C
 from .exceptions import ImproperlyConfigured
+
+logger = logging.getLogger(__name__)
 
 _CACHE: weakref.WeakKeyDictionary[Celery, SafeTimeConfig] = weakref.WeakKeyDictionary()
 
@@ -105,9 +109,49 @@ def get_config(app: Celery) -> SafeTimeConfig:
         return _CACHE[app]
     except KeyError:
         pass
-    config = parse_config(app.conf.get, broker_url=_broker_url(app), transport_options=_transport_options(app))
+    read: set[str] = set()
+
+    def get(key: str) -> Any:
+        read.add(key)
+        return app.conf.get(key)
+
+    config = parse_config(get, broker_url=_broker_url(app), transport_options=_transport_options(app))
     _CACHE[app] = config
+    # The keys parse_config asked for are the known ones: a setting added there is known here too.
+    for message in unknown_setting_warnings(_setting_names(app), read):
+        logger.warning("%s", message)
     return config
+
+
+def _setting_names(app: Celery) -> list[str]:
+    """The keys set on ``app.conf`` (not Celery's defaults), lowercased and without the Django
+    namespace prefix (``CELERY_SAFE_TIME_BEAT_LEASE`` -> ``safe_time_beat_lease``)."""
+    namespace = (app.conf.prefix or "").lower()
+    names = []
+    for key in app.conf.without_defaults():
+        if not isinstance(key, str):
+            continue
+        name = key.lower()
+        if namespace and name.startswith(namespace):
+            name = name[len(namespace) :]
+        names.append(name)
+    return names
+
+
+def unknown_setting_warnings(names: Iterable[str], known: Iterable[str]) -> list[str]:
+    """One message per ``safe_time_*`` name in ``names`` that is not in ``known``, with the closest
+    known key: a misspelt setting is otherwise ignored, and its default silently used."""
+    known_keys = sorted(set(known))
+    messages = []
+    for name in sorted(set(names)):
+        if not name.startswith(C.SETTING_PREFIX) or name in known_keys:
+            continue
+        # Compared without the shared prefix, which would make every name look close to every key.
+        tail = len(C.SETTING_PREFIX)
+        close = difflib.get_close_matches(name[tail:], [key[tail:] for key in known_keys], n=1, cutoff=0.6)
+        hint = f"did you mean {C.SETTING_PREFIX + close[0]!r}?" if close else f"known settings: {', '.join(known_keys)}"
+        messages.append(f"unknown setting {name!r} is ignored: {hint}")
+    return messages
 
 
 def reset_config(app: Celery) -> None:

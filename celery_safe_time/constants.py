@@ -7,7 +7,7 @@ it applies.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 # === settings defaults (DESIGN section 3) =====================================
 DEFAULT_KEY_PREFIX: Final = "safe_time:"
@@ -27,6 +27,8 @@ DEFAULT_MAX_CLOCK_SKEW: Final = 0.1
 DEFAULT_DELAY_RETENTION: Final = None
 #: A row published (``sent``) but not started this long after its due time is published again.
 DEFAULT_DELIVERY_GRACE: Final = 300.0
+#: Every setting of the package starts with this; an unknown one is warned about at startup.
+SETTING_PREFIX: Final = "safe_time_"
 
 #: kombu's own default for Redis when broker_transport_options does not set one.
 KOMBU_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600.0
@@ -259,6 +261,9 @@ DEFAULT_LOCK_RETRY_JITTER: Final = 0.5
 DEFAULT_IDEMPOTENT_WINDOW: Final = 86400.0
 ON_CONFLICT_POLICIES: Final = frozenset({"retry", "skip", "raise"})
 ON_REDIS_ERROR_POLICIES: Final = frozenset({"retry", "raise"})
+#: The same policies as types, so mypy and editors reject ``on_conflict="explode"`` before it runs.
+OnConflict = Literal["retry", "skip", "raise"]
+OnRedisError = Literal["retry", "raise"]
 #: The in-progress lock of an idempotent key is the overlap lock ``idem:<key>``.
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).
@@ -269,6 +274,15 @@ LOCK_KILLED_CHILD_WAIT: Final = 5.0
 #: Message header counting how often a run was re-queued by a lock conflict or Redis outage;
 #: these re-queues do not consume the task's ``max_retries``.
 HEADER_LOCK_REQUEUES: Final = "safe_time_requeues"
+#: When the lock Redis first failed for this delivery (epoch seconds), carried by its outage re-queues.
+HEADER_LOCK_REDIS_DOWN: Final = "safe_time_redis_down_since"
+#: A locked task that finds Redis unreachable waits ``retry_after`` (at least ``..._MIN``) at first,
+#: then this share of how long the outage has lasted so far (waits grow about 1.5x per re-queue), at
+#: most ``..._CAP`` seconds: a blip (a lost reply) costs nothing more, and a long outage does not spin
+#: every locked message through the broker every few seconds.
+LOCK_REDIS_DOWN_BACKOFF_MIN: Final = 0.5
+LOCK_REDIS_DOWN_BACKOFF_SHARE: Final = 0.5
+LOCK_REDIS_DOWN_BACKOFF_CAP: Final = 60.0
 #: ``Task.request`` attributes set while a lock is held.
 REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"

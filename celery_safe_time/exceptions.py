@@ -54,3 +54,7 @@ class ScheduleError(SafeTimeError, ValueError):
 
 class NotInstalled(SafeTimeError):
     """Raised when an optional part (an extra or a later feature) is used but not available."""
+
+
+class DecoratorOrderError(SafeTimeError, TypeError):
+    """Raised when ``@overlap_lock`` or ``@idempotent`` is stacked above ``@app.task`` instead of below it."""

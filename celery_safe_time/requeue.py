@@ -24,6 +24,13 @@ def jittered(retry_after: float, jitter: float, rand: Callable[[], float] = rand
     return retry_after + jitter * rand()
 
 
+def outage_backoff(base: float, outage_age: float, cap: float) -> float:
+    """Seconds before the next attempt once a dependency has been unreachable for ``outage_age``
+    seconds: ``base`` at first, then ``LOCK_REDIS_DOWN_BACKOFF_SHARE`` of the outage so far, at most
+    ``cap`` (and never below ``base``)."""
+    return max(base, min(cap, max(outage_age, 0.0) * C.LOCK_REDIS_DOWN_BACKOFF_SHARE))
+
+
 def new_attempt() -> str:
     return uuid.uuid4().hex
 

@@ -30,7 +30,17 @@ import redis
 from .. import constants as C
 from .. import signals
 from .keys import KeyBuilder, KeySpec
-from .runtime import Call, HeldLock, Policy, TaskLock, done_ttl, resolve_call, run_holding, wrap
+from .runtime import (
+    Call,
+    HeldLock,
+    Policy,
+    TaskLock,
+    check_decorates_function,
+    done_ttl,
+    resolve_call,
+    run_holding,
+    wrap,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +129,10 @@ def idempotent(
     *,
     window: float = C.DEFAULT_IDEMPOTENT_WINDOW,
     ttl: float | None = None,
-    on_conflict: str = "retry",
+    on_conflict: C.OnConflict = "retry",
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
-    on_redis_error: str = "retry",
+    on_redis_error: C.OnRedisError = "retry",
 ) -> Callable[[F], F]:
     """Run the task body at most once successfully per key within ``window`` seconds.
 
@@ -131,6 +141,8 @@ def idempotent(
     ``safe_time_lock_ttl``). ``on_conflict`` applies while another run of the same key is in
     progress (``"retry"``, ``"skip"``, ``"raise"``); ``on_redis_error`` as for ``overlap_lock``.
     """
+    # ``@idempotent`` without arguments above ``@app.task`` passes the task as the key.
+    check_decorates_function(key, "idempotent", '"my-key:{arg}"')
     if not window > 0:
         raise ValueError(f"window must be a positive number of seconds, got {window!r}")
     policy = Policy(
@@ -138,6 +150,7 @@ def idempotent(
     )
 
     def decorate(func: F) -> F:
+        check_decorates_function(func, "idempotent", repr(key) if isinstance(key, str) else "key")
         return wrap(func, IdempotentLock(KeyBuilder(func, key), policy, float(window)))
 
     return decorate

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from .. import constants as C
 from .keys import KeyBuilder, KeySpec
-from .runtime import HeldLock, Policy, TaskLock, wrap
+from .runtime import HeldLock, Policy, TaskLock, check_decorates_function, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +31,10 @@ def overlap_lock(
     key: KeySpec,
     *,
     ttl: float | None = None,
-    on_conflict: str = "retry",
+    on_conflict: C.OnConflict = "retry",
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
-    on_redis_error: str = "retry",
+    on_redis_error: C.OnRedisError = "retry",
 ) -> Callable[[F], F]:
     """Hold a per-key Redis lock while the task body runs; place it below ``@app.task``.
 
@@ -47,11 +47,14 @@ def overlap_lock(
     ``"raise"`` (:class:`~celery_safe_time.exceptions.RedisUnavailable`): the body never runs
     without the lock.
     """
+    # ``@overlap_lock`` without arguments above ``@app.task`` passes the task as the key.
+    check_decorates_function(key, "overlap_lock", '"my-key:{arg}"')
     policy = Policy(
         ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_redis_error=on_redis_error
     )
 
     def decorate(func: F) -> F:
+        check_decorates_function(func, "overlap_lock", repr(key) if isinstance(key, str) else "key")
         return wrap(func, TaskLock(KeyBuilder(func, key), policy))
 
     return decorate

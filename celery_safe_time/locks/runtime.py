@@ -23,8 +23,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config, mask_url
-from ..exceptions import LockConflict, LockLost, RedisUnavailable, SafeTimeError
-from ..requeue import attempt_of, jittered
+from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
+from ..requeue import attempt_of, jittered, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
 from .store import Acquired, Holder, LockStore, Owner, get_lock_store
@@ -106,6 +106,25 @@ def _requeues(request: Any) -> int:
         return int(raw or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def redis_down_since(request: Any) -> float | None:
+    """When the lock Redis first failed for this delivery (epoch seconds), or None: it answered last time."""
+    try:
+        raw = _header(request, C.HEADER_LOCK_REDIS_DOWN)
+        return float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def redis_down_cap(config: SafeTimeConfig) -> float:
+    """The longest Redis-outage re-queue countdown: ``LOCK_REDIS_DOWN_BACKOFF_CAP``, and at most half
+    of what makes the broker hand a held countdown out again or close the worker's channel."""
+    cap = C.LOCK_REDIS_DOWN_BACKOFF_CAP
+    for limit in (config.visibility_timeout, config.broker_consumer_timeout):
+        if limit is not None:
+            cap = min(cap, limit / 2.0)
+    return cap
 
 
 def _retries(request: Any) -> int:
@@ -192,7 +211,7 @@ def done_ttl(config: SafeTimeConfig) -> float:
     return ttl
 
 
-def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
+def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down_since: float | None = None) -> NoReturn:
     """Send the same message again in ``countdown`` seconds and end this run as RETRY.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
@@ -204,6 +223,10 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError) -> NoReturn:
     task, request = call.task, call.request
     headers = dict(getattr(request, "headers", None) or {})
     headers[C.HEADER_LOCK_REQUEUES] = _requeues(request) + 1
+    if redis_down_since is not None:
+        headers[C.HEADER_LOCK_REDIS_DOWN] = redis_down_since
+    else:
+        headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # Redis answered: the next outage starts over
     # The copy is a new publish (a new attempt token): say which delivery it continues.
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     sig = task.signature_from_request(request, countdown=countdown, headers=headers)
@@ -311,7 +334,7 @@ def acquire(
         return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
     except (redis.RedisError, OSError) as exc:
         where = mask_url(store.config.redis_url)
-        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}): {exc}") from exc
+        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}, safe_time_redis_url): {exc}") from exc
 
 
 def run_holding(
@@ -411,9 +434,16 @@ class Policy:
         """Never run unguarded: re-queue (default) or raise."""
         if self.on_redis_error == "raise":
             raise exc
-        countdown = jittered(self.retry_after, self.jitter)
-        logger.warning("%s; re-queueing %s in %.1fs", exc, call.task_id, countdown)
-        requeue(call, countdown, exc)
+        # Wall time, carried in the message: Redis TIME is what is unreachable, and a few seconds of
+        # skew between workers only shifts a back-off.
+        now = time.time()
+        since = redis_down_since(call.request) or now
+        base = max(self.retry_after, C.LOCK_REDIS_DOWN_BACKOFF_MIN)
+        countdown = jittered(outage_backoff(base, now - since, redis_down_cap(get_config(call.app))), self.jitter)
+        logger.warning(
+            "%s; re-queueing %s in %.1fs (Redis unreachable for %.1fs)", exc, call.task_id, countdown, now - since
+        )
+        requeue(call, countdown, exc, redis_down_since=since)
 
     def duplicate(self, call: Call, key: str, holder: Holder | None) -> NoReturn:
         """The lock is held by this very delivery: a broker redelivery of a message that is still
@@ -510,6 +540,28 @@ class TaskLock:
 
     def already_done(self, call: Call, marker: str) -> None:
         """The key's marker says it already ran (only locks that pass a marker get here)."""
+
+
+def is_task(obj: Any) -> bool:
+    """True for a Celery task or the lazy proxy ``@app.task`` returns before the app is finalized.
+
+    Looks at ``type(obj)``: a proxy reports its target's class through ``__class__``, and asking
+    would evaluate it (register the task) as a side effect.
+    """
+    from celery.local import Proxy
+
+    return issubclass(type(obj), (Task, Proxy))
+
+
+def check_decorates_function(func: Any, decorator: str, example: str) -> None:
+    """Fail at decoration time when ``decorator`` was stacked above ``@app.task`` (it got a task,
+    and would hand back a plain function without ``.delay``), with the order that works."""
+    if is_task(func):
+        name = getattr(type(func), "__name__", "task")
+        raise DecoratorOrderError(
+            f"@{decorator} was given a Celery task ({name}), not a function: put it BELOW @app.task so it "
+            f"wraps the task body, e.g.\n    @app.task\n    @{decorator}({example})\n    def my_task(...): ..."
+        )
 
 
 def wrap(func: F, lock: TaskLock) -> F:

@@ -166,7 +166,8 @@ def test_admin_in_chromium_login_styles_overview_chart_and_cancel(
     page.click("input[type=submit]")
     page.wait_for_selector("#site-name")
     base_css = [status for url, status in stylesheets if url.endswith("/static/admin/css/base.css")]
-    assert base_css and all(status == 200 for status in base_css), stylesheets
+    assert base_css, stylesheets
+    assert all(status == 200 for status in base_css), stylesheets
     # and they apply: the header has the admin's colour, not the browser's default white
     header_bg = page.eval_on_selector("#header", "el => getComputedStyle(el).backgroundColor")
     assert header_bg not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"), header_bg
@@ -184,7 +185,9 @@ def test_admin_in_chromium_login_styles_overview_chart_and_cancel(
     bars = page.locator("#due-chart svg rect.bar")
     assert bars.count() >= 10
     box = bars.first.bounding_box()
-    assert box is not None and box["height"] > 0 and box["width"] > 0  # drawn, not just in the markup
+    assert box is not None
+    assert box["height"] > 0  # drawn, not just in the markup
+    assert box["width"] > 0
     assert "inventory-sync:3" in page.inner_text("#locks")
     assert page.inner_text("#delays-failed") == "1"
     overview_png = _shot(page, tmp_path, "overview")

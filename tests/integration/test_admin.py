@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -178,6 +179,7 @@ def test_overview_shows_leader_entries_delays_chart_and_locks(
     body = page.content.decode()
     assert 'id="leader-host">beat-host-1<' in body
     assert 'id="leader-pid">4242<' in body
+    assert re.search(r'id="leader-age">\d+\.\d s<', body)  # how long it has led, from the lease's "since"
     assert "no-leader" not in body
     assert "nightly" in body
     assert "db-entry" in body
@@ -197,6 +199,7 @@ def test_overview_shows_leader_entries_delays_chart_and_locks(
 def test_overview_without_a_leader_says_so_in_red(admin_client: Client, admin_app: Celery) -> None:
     body = admin_client.get(OVERVIEW).content.decode()
     assert 'class="bad" id="no-leader"' in body
+    assert 'id="chart-empty"' in body
     assert "No locks held." in body
 
 

@@ -217,6 +217,12 @@ def test_admin_in_chromium_login_styles_overview_chart_and_cancel(
     page.click("button[name=index]")
     page.wait_for_selector("input#id_due_at[type=datetime-local]")
     _shot(page, tmp_path, "reschedule-form")
+    new_due = (DjangoStore().now() + timedelta(days=4)).replace(microsecond=0)
+    page.fill("input#id_due_at", new_due.strftime("%Y-%m-%dT%H:%M:%S"))
+    page.click("#safe-time-confirm input[type=submit]")
+    page.wait_for_selector("ul.messagelist")
+    assert "Rescheduled 1 delayed task(s)" in page.inner_text("ul.messagelist")
+    assert DelayedTask.objects.get(id="reminder-00").due_at == new_due
     page.goto(live_server.url + CHANGELIST + "reminder-00/change/")
     assert page.locator("input[name=_save]").count() == 0
     _shot(page, tmp_path, "detail")

@@ -91,6 +91,10 @@ class Overview:
     locks_error: str | None = None
 
     @property
+    def chart_total(self) -> int:
+        return sum(bucket.count for bucket in self.buckets)
+
+    @property
     def leader(self) -> dict[str, Any] | None:
         leader = self.beat.get("leader")
         return leader if isinstance(leader, dict) else None

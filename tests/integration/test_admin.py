@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from celery import Celery
 from django.test import Client
 
 from celery_safe_time import constants as C
+from celery_safe_time import crontab
 from celery_safe_time.contrib.django.admin import PICKLE_NOT_DECODED
 from celery_safe_time.contrib.django.chart import hour_start
 from celery_safe_time.contrib.django.models import DelayedTask
@@ -169,10 +171,13 @@ def test_overview_shows_leader_entries_delays_chart_and_locks(
     store.insert(new_delay("o-far", hour + timedelta(hours=30)))
     store.insert(new_delay("o-fail", now + timedelta(hours=1)))
     DelayedTask.objects.filter(id="o-fail").update(status=C.STATUS_FAILED)
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
     every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.MINUTES)
     PeriodicTask.objects.create(name="db-entry", task="tests.db", interval=every, last_run_at=now)
+    cron = CrontabSchedule.objects.create(minute="30", hour="2", timezone=ZoneInfo("America/New_York"))
+    PeriodicTask.objects.create(name="db-cron", task="tests.db", crontab=cron, last_run_at=now)
+    next_cron = crontab(minute=30, hour=2, tz="America/New_York").next_after(now)
 
     page = admin_client.get(OVERVIEW)
     assert page.status_code == 200
@@ -185,6 +190,7 @@ def test_overview_shows_leader_entries_delays_chart_and_locks(
     assert "db-entry" in body
     next_db = (now + timedelta(minutes=10)).strftime("%Y-%m-%d %H:%M")
     assert next_db in body  # the database entry's next fire, one interval after its last run
+    assert next_cron.strftime("%Y-%m-%d %H:%M:%S") in body  # 02:30 New York time, in UTC
     assert 'id="delays-pending">5<' in body
     assert 'id="delays-failed" class="bad">1<' in body
     assert "s late" in body

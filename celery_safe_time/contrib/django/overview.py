@@ -120,9 +120,11 @@ def database_entries(app: Celery, now: datetime) -> list[EntryRow]:
 
     if not apps.is_installed("django_celery_beat"):
         return []
+    from celery.schedules import crontab as celery_crontab
     from django_celery_beat.models import PeriodicTask
 
     from ...beat.slots import grid_for
+    from ...schedules import crontab
 
     rows = []
     for task in PeriodicTask.objects.order_by("name"):
@@ -132,6 +134,9 @@ def database_entries(app: Celery, now: datetime) -> list[EntryRow]:
         except Exception as exc:  # a row with no schedule left (its schedule row deleted)
             rows.append(EntryRow(task.name, "database", task.task, f"broken: {exc}", False, None, None))
             continue
+        if isinstance(schedule, celery_crontab) and getattr(task, "crontab", None) is not None:
+            # the row's own timezone with the DST rules, as SafeModelEntry fires it
+            schedule = crontab.from_celery(schedule, tz=task.crontab.timezone or "UTC")
         last = as_utc(task.last_run_at) if task.last_run_at else None
         next_fire: datetime | None = None
         if task.enabled and not (task.one_off and task.total_run_count):

@@ -11,6 +11,7 @@ import pickle
 import re
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -46,13 +47,24 @@ def _call(*args: Any, **kwargs: Any) -> bytes:
     return json.dumps({"args": list(args), "kwargs": kwargs, "options": {}}).encode()
 
 
-def test_changelist_shows_decoded_arguments_truncated_and_never_a_pickle(admin_client: Client) -> None:
+class _Tripwire:
+    """Unpickling this touches ``path``: proof that a page loaded the pickle."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def test_changelist_shows_decoded_arguments_truncated_and_never_a_pickle(admin_client: Client, tmp_path: Path) -> None:
     store = DjangoStore()
     now = store.now()
     store.insert(new_delay("args-1", now + timedelta(hours=1), payload=_call(42, "trial-ending", lang="de")))
     store.insert(new_delay("args-long", now + timedelta(hours=2), payload=_call("x" * 500)))
     # A pickle that would run code if loaded: the page must show it is not decoded, and not load it.
-    evil = pickle.dumps({"args": [], "kwargs": {}, "options": {}})
+    tripwire = tmp_path / "unpickled"
+    evil = pickle.dumps({"args": [_Tripwire(tripwire)], "kwargs": {}, "options": {}})
     store.insert(
         new_delay("args-pickle", now + timedelta(hours=3), payload=evil, content_type="application/x-python-serialize")
     )
@@ -63,6 +75,8 @@ def test_changelist_shows_decoded_arguments_truncated_and_never_a_pickle(admin_c
     assert PICKLE_NOT_DECODED in body
     detail = admin_client.get(f"{CHANGELIST}args-pickle/change/").content.decode()
     assert PICKLE_NOT_DECODED in detail
+    admin_client.post(CHANGELIST, {"action": "cancel_pending", "_selected_action": ["args-pickle"]})
+    assert not tripwire.exists()
 
 
 def test_changelist_shows_the_delivery_record(admin_client: Client) -> None:
@@ -235,6 +249,16 @@ def test_overview_needs_a_staff_login(client: Client, admin_app: Celery) -> None
     page = client.get(OVERVIEW)
     assert page.status_code == 302
     assert "/admin/login/" in page["Location"]
+
+
+def test_overview_needs_the_view_permission(client: Client, admin_app: Celery) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    staff = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(staff)
+    assert client.get(OVERVIEW).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_delayedtask"))
+    assert client.get(OVERVIEW).status_code == 200
 
 
 def test_the_admin_app_setting_takes_a_dotted_path(settings: Any) -> None:

@@ -135,6 +135,44 @@ def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_cli
     assert DelayedTask.objects.get(id="c-2").status == C.STATUS_STARTED
 
 
+def test_select_all_is_confirmed_with_a_short_list_and_carried_on(admin_client: Client, monkeypatch: Any) -> None:
+    from celery_safe_time.contrib.django import admin as admin_module
+
+    monkeypatch.setattr(admin_module, "CONFIRM_LIST_ROWS", 2)
+    store = DjangoStore()
+    now = store.now()
+    for i in range(5):
+        store.insert(new_delay(f"all-{i}", now + timedelta(hours=1, minutes=i), task="tests.delays.add"))
+    store.insert(new_delay("other", now + timedelta(hours=1)))
+    url = CHANGELIST + "?task=tests.delays.add"
+    selected = {"action": "cancel_pending", "select_across": "1", "_selected_action": ["all-0"], "index": "0"}
+    body = admin_client.post(url, selected).content.decode()
+    assert "and 3 more (5 selected)" in body
+    assert 'name="select_across" value="1"' in body
+    assert 'name="_selected_action" value="all-0"' in body
+    admin_client.post(
+        url, {"action": "cancel_pending", "select_across": "1", "_selected_action": ["all-0"], "post": "yes"}
+    )
+    statuses = dict(DelayedTask.objects.values_list("id", "status"))
+    assert [statuses[f"all-{i}"] for i in range(5)] == [C.STATUS_CANCELLED] * 5
+    assert statuses["other"] == C.STATUS_PENDING  # outside the filter the selection was made in
+
+
+def test_a_view_only_user_gets_no_actions(client: Client) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_delayedtask"))
+    client.force_login(viewer)
+    store = DjangoStore()
+    store.insert(new_delay("v-1", store.now() + timedelta(hours=1)))
+    body = client.get(CHANGELIST).content.decode()
+    assert "v-1" in body
+    assert "cancel_pending" not in body
+    client.post(CHANGELIST, {"action": "cancel_pending", "_selected_action": ["v-1"], "post": "yes"})
+    assert DelayedTask.objects.get(id="v-1").status == C.STATUS_PENDING
+
+
 def test_reschedule_asks_for_the_new_due_time(admin_client: Client) -> None:
     store = DjangoStore()
     now = store.now()

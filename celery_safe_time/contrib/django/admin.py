@@ -27,7 +27,7 @@ from django.utils.safestring import mark_safe
 from ... import constants as C
 from ... import signals
 from ...clock import UTC, as_utc
-from ...exceptions import SerializationError
+from ...exceptions import SafeTimeError, SerializationError
 from .chart import due_chart_svg
 from .models import DelayedTask
 from .store import DjangoStore
@@ -36,6 +36,9 @@ from .store import DjangoStore
 ARGUMENTS_LIST_CHARS = 80
 
 PICKLE_NOT_DECODED = "(pickle, not decoded)"
+
+#: A confirmation page lists at most this many of the selected rows (and says how many more).
+CONFIRM_LIST_ROWS = 100
 
 
 def decoded_call(obj: DelayedTask) -> dict[str, Any] | str:
@@ -188,20 +191,29 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     def _confirm(
         self, request: Any, queryset: Any, action: str, title: str, form: forms.Form | None = None
     ) -> TemplateResponse:
-        rows = list(queryset.order_by("due_at", "id"))
+        # "Select all N" hands the whole filtered table here: list the first rows, carry the choice on.
+        select_across = request.POST.get("select_across") == "1"
+        rows = list(queryset.order_by("due_at", "id")[: CONFIRM_LIST_ROWS + 1])
+        total = queryset.count() if len(rows) > CONFIRM_LIST_ROWS else len(rows)
+        rows = rows[:CONFIRM_LIST_ROWS]
         context = {
             **self.admin_site.each_context(request),
             "title": title,
             "opts": self.model._meta,
             "action": action,
             "rows": [(row, arguments_text(row, ARGUMENTS_LIST_CHARS)) for row in rows],
+            # posted back as they came: Django runs a confirmed action only when some ids come with it
+            "selected_ids": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "select_across": select_across,
+            "total": total,
+            "more": total - len(rows),
             "unchanged": [row for row in rows if row.status not in C.DELAY_CANCELLABLE_STATUSES],
             "form": form,
             "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/celery_safe_time/delayedtask/confirm_action.html", context)
 
-    @admin.action(description="Cancel selected delayed tasks that have not started")
+    @admin.action(description="Cancel selected delayed tasks that have not started", permissions=["change"])
     def cancel_pending(self, request: Any, queryset: Any) -> TemplateResponse | None:
         if request.POST.get("post") != "yes":
             return self._confirm(request, queryset, "cancel_pending", "Cancel delayed tasks?")
@@ -215,7 +227,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         self.message_user(request, f"Cancelled {cancelled} delayed task(s) that had not started.", messages.SUCCESS)
         return None
 
-    @admin.action(description="Reschedule selected delayed tasks that have not started")
+    @admin.action(description="Reschedule selected delayed tasks that have not started", permissions=["change"])
     def reschedule_pending(self, request: Any, queryset: Any) -> TemplateResponse | None:
         if request.POST.get("post") != "yes":
             initial = {"due_at": DjangoStore(using=queryset.db).now().replace(microsecond=0, tzinfo=None)}
@@ -253,7 +265,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             app = celery_app()
             view = gather(app)
             app_error = None
-        except (ImportError, AttributeError, TypeError) as exc:
+        except (ImportError, AttributeError, TypeError, SafeTimeError) as exc:  # no app, or its settings are wrong
             view, app_error = None, f"{exc.__class__.__name__}: {exc}"
         context = {
             **self.admin_site.each_context(request),

@@ -633,7 +633,9 @@ def serve(demo: Demo) -> int:
             start_trial(tenant)
     demo.beat("beat1", "demo_project.celery_app", "-S", demo.args.scheduler)
     demo.worker("worker1", "demo_project.celery_app", 4, "safe1@%h")
-    demo.spawn("web", "demo_project.manage", "runserver", "--noreload", f"127.0.0.1:{demo.args.port}")
+    # --insecure: runserver serves the admin's CSS/JS from the installed apps even with DEBUG off
+    # (a local demo, no collectstatic step, no extra dependency); production serves them itself.
+    demo.spawn("web", "demo_project.manage", "runserver", "--noreload", "--insecure", f"127.0.0.1:{demo.args.port}")
     print(f"admin: http://127.0.0.1:{demo.args.port}/admin/  user: admin  password: {password}")
     print(f"logs in {demo.var}; Ctrl-C to stop")
     try:

@@ -106,6 +106,8 @@ CELERY_SAFE_TIME_BEAT_LEASE = float(os.environ.get("DEMO_BEAT_LEASE", 30))
 CELERY_SAFE_TIME_DELAY_THRESHOLD = float(os.environ.get("DEMO_DELAY_THRESHOLD", 900))
 CELERY_SAFE_TIME_SWEEP_INTERVAL = float(os.environ.get("DEMO_SWEEP_INTERVAL", 5))
 CELERY_SAFE_TIME_LOCK_TTL = float(os.environ.get("DEMO_LOCK_TTL", 60))
+# The app the admin's "Safe time" page reads (the web process never imports it otherwise).
+SAFE_TIME_CELERY_APP = "demo_project.celery_app:app"
 
 # --- the product's own knobs ---------------------------------------------------------
 TRIAL_LENGTH = timedelta(seconds=float(os.environ.get("DEMO_TRIAL_SECONDS", 14 * 86400)))

@@ -26,8 +26,17 @@ if ! rabbit_up && command -v rabbitmq-server >/dev/null; then
   rabbitmq-server -detached >/dev/null 2>&1 || true
   for _ in $(seq 1 300); do rabbit_up && break; sleep 0.2; done
 fi
+# The admin's browser tests drive Debian's Chromium (never a browser Playwright downloads).
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "chromium: missing, installing the Debian package (apt-get install -y chromium)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || true
+fi
 redis_up && echo "redis: 127.0.0.1:6379 up" || echo "redis: NOT reachable (install: apt-get install redis-server)"
 pg_up && echo "postgresql: 127.0.0.1:5432 up" || echo "postgresql: NOT reachable (install: apt-get install postgresql)"
 mariadb_up && echo "mariadb: 127.0.0.1:3306 up" || echo "mariadb: NOT reachable (install: apt-get install mariadb-server)"
 rabbit_up && echo "rabbitmq: 127.0.0.1:5672 up" || echo "rabbitmq: NOT reachable (install: apt-get install rabbitmq-server)"
+command -v chromium >/dev/null && echo "chromium: $(command -v chromium)" \
+  || echo "chromium: NOT installed (install: apt-get install chromium)"
 exit 0

@@ -17,6 +17,7 @@ TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.django_urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "/static/"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -24,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_celery_beat",
     "celery_safe_time.contrib.django",
 ]

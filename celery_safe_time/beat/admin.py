@@ -29,6 +29,7 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         total = client.zcard(keys.due)
         names = [name for name, _ in head]
         states: list[Any] = list(client.hmget(keys.state, names)) if names else []
+        seconds, micros = client.time()
     except redis.RedisError as exc:
         return {"error": f"Redis {mask_url(config.redis_url)} unreachable: {exc}"}
     entries = []
@@ -48,6 +49,8 @@ def describe_beat(app: Celery) -> dict[str, Any]:
             "pid": info.get("pid"),
             "epoch": info.get("epoch"),
             "lease_left_s": round(ttl_ms / 1000.0, 1) if ttl_ms and ttl_ms > 0 else None,
+            # how long this beat has led (its "since" is Redis TIME when it took the lease)
+            "lease_age_s": _age(info.get("since"), seconds + micros / 1e6),
         }
         if info
         else "none (no beat holds the lease)",
@@ -57,6 +60,13 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         "entries_total": total,
         "entries": entries,
     }
+
+
+def _age(since: Any, now: float) -> float | None:
+    try:
+        return round(max(0.0, now - float(since)), 1)
+    except (TypeError, ValueError):
+        return None
 
 
 def _iso(ts: float | None) -> str | None:

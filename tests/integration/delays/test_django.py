@@ -67,7 +67,10 @@ def test_admin_changelist_filters_search_and_cancel_action(admin_client: Client)
     assert "adm-2" not in searched
     detail = admin_client.get(f"{url}adm-1/change/")
     assert detail.status_code == 200
-    response = admin_client.post(url, {"action": "cancel_pending", "_selected_action": ["adm-1"]}, follow=True)
+    selected = {"action": "cancel_pending", "_selected_action": ["adm-1"]}
+    assert "Cancel delayed tasks?" in admin_client.post(url, selected).content.decode()  # a confirmation first
+    assert DelayedTask.objects.get(id="adm-1").status == C.STATUS_PENDING
+    response = admin_client.post(url, {**selected, "post": "yes"}, follow=True)
     assert response.status_code == 200
     assert "Cancelled 1 delayed task(s) that had not started" in response.content.decode()
     assert DelayedTask.objects.get(id="adm-1").status == C.STATUS_CANCELLED

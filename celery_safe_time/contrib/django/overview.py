@@ -1,0 +1,218 @@
+"""What the admin's "Safe time" overview page shows, read with the CLI's own status functions.
+
+Beat (``describe_beat``, ``list_entries``), delays (``describe_delays``) and locks
+(``describe_locks``) are the sections of ``celery safe-time status``; this module only adds what
+a page needs beside them: django-celery-beat rows (when that app is installed), the per-hour due
+counts of the chart, and an error per section instead of an exception, so an unreachable Redis or
+database turns one box red and never the whole page into a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from importlib import import_module
+from typing import Any
+
+import redis
+from celery import Celery, current_app
+
+from ... import constants as C
+from ...clock import UTC, as_utc, to_datetime
+from ...exceptions import SafeTimeError
+from .chart import CHART_HOURS, HourBucket, hour_buckets, hour_start
+
+logger = logging.getLogger(__name__)
+
+#: Django setting: the Celery app the admin reads (an app object, or "module:attr" / "module.attr").
+APP_SETTING = "SAFE_TIME_CELERY_APP"
+
+#: What a section catches: Redis down, the store down, a bad row; logged, then shown in red.
+SECTION_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError, SafeTimeError, ValueError)
+
+
+def celery_app() -> Celery:
+    """The Celery app of the project: ``settings.SAFE_TIME_CELERY_APP``, else the app using this
+    Django store, else ``celery.current_app``.
+
+    ``current_app`` alone is not enough: Celery keeps it per thread, and the server's request
+    threads are not the one that created the project's app.
+    """
+    from celery._state import _get_active_apps
+    from django.conf import settings
+
+    configured = getattr(settings, APP_SETTING, None)
+    if isinstance(configured, Celery):
+        return configured
+    if isinstance(configured, str) and configured:
+        module, _, attr = configured.replace(":", ".").rpartition(".")
+        app = getattr(import_module(module), attr)
+        if not isinstance(app, Celery):
+            raise TypeError(f"settings.{APP_SETTING} = {configured!r} is not a Celery app")
+        return app
+    for app in list(_get_active_apps()):
+        if app.conf.get("safe_time_store_url") == C.DJANGO_STORE:
+            return app
+    found: Celery = current_app._get_current_object()
+    return found
+
+
+@dataclass
+class EntryRow:
+    """One beat entry as the overview lists it."""
+
+    name: str
+    source: str  # "config", "runtime" or "database" (django-celery-beat)
+    task: str
+    schedule: str
+    enabled: bool
+    last_fired: datetime | None
+    next_fire: datetime | None
+
+
+@dataclass
+class Overview:
+    """Everything the page shows; a section that could not be read has its ``*_error`` set."""
+
+    now: datetime
+    #: lateness above this shows red: ``status --probe sweep``'s default limit
+    max_lateness: float = 60.0
+    beat: dict[str, Any] = field(default_factory=dict)
+    beat_error: str | None = None
+    entries: list[EntryRow] = field(default_factory=list)
+    entries_error: str | None = None
+    delays: dict[str, Any] = field(default_factory=dict)
+    delays_error: str | None = None
+    buckets: list[HourBucket] = field(default_factory=list)
+    overdue: int = 0
+    chart_error: str | None = None
+    locks: dict[str, Any] = field(default_factory=dict)
+    locks_error: str | None = None
+
+    @property
+    def chart_total(self) -> int:
+        return sum(bucket.count for bucket in self.buckets)
+
+    @property
+    def leader(self) -> dict[str, Any] | None:
+        leader = self.beat.get("leader")
+        return leader if isinstance(leader, dict) else None
+
+
+def _failed(section: str, exc: BaseException) -> str:
+    logger.warning("safe-time admin overview: %s unavailable: %s", section, exc)
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+def config_and_runtime_entries(app: Celery) -> list[EntryRow]:
+    from ...beat.entries import describe_schedule, list_entries
+
+    return [
+        EntryRow(i.name, i.source, i.task, describe_schedule(i.schedule), i.enabled, i.last_fired, i.next_fire)
+        for i in list_entries(app=app)
+    ]
+
+
+def database_entries(app: Celery, now: datetime) -> list[EntryRow]:
+    """django-celery-beat's rows (what ``SafeDatabaseScheduler`` fires), next fire on its grid."""
+    from django.apps import apps
+
+    if not apps.is_installed("django_celery_beat"):
+        return []
+    from celery.schedules import crontab as celery_crontab
+    from django_celery_beat.models import PeriodicTask
+
+    from ...beat.slots import grid_for
+    from ...schedules import crontab
+
+    rows = []
+    for task in PeriodicTask.objects.order_by("name"):
+        try:
+            schedule = task.schedule
+            describe = str(getattr(task, "crontab", None) or getattr(task, "interval", None) or schedule)
+        except Exception as exc:  # a row with no schedule left (its schedule row deleted)
+            rows.append(EntryRow(task.name, "database", task.task, f"broken: {exc}", False, None, None))
+            continue
+        if isinstance(schedule, celery_crontab) and getattr(task, "crontab", None) is not None:
+            # the row's own timezone with the DST rules, as SafeModelEntry fires it
+            schedule = crontab.from_celery(schedule, tz=task.crontab.timezone or "UTC")
+        last = as_utc(task.last_run_at) if task.last_run_at else None
+        next_fire: datetime | None = None
+        if task.enabled and not (task.one_off and task.total_run_count):
+            try:
+                after = (last or now).timestamp()
+                next_fire = to_datetime(grid_for(schedule, app.timezone).next(after))
+            except Exception:  # a schedule the grid cannot step (clocked, custom): leave it blank
+                next_fire = None
+        rows.append(EntryRow(task.name, "database", task.task, describe, task.enabled, last, next_fire))
+    return rows
+
+
+def due_counts(now: datetime, hours: int = CHART_HOURS) -> tuple[dict[datetime, int], int]:
+    """Pending delays per hour for ``hours`` from ``now``'s hour, and how many are due before it."""
+    from django.db.models import Count
+    from django.db.models.functions import TruncHour
+
+    from .models import DelayedTask
+
+    first = hour_start(now)
+    pending = DelayedTask.objects.filter(status=C.STATUS_PENDING)
+    window = pending.filter(due_at__gte=first, due_at__lt=first + timedelta(hours=hours))
+    per_hour = window.annotate(hour=TruncHour("due_at", tzinfo=UTC)).order_by().values("hour").annotate(n=Count("id"))
+    counts = {as_utc(item["hour"]): int(item["n"]) for item in per_hour}
+    overdue = int(pending.filter(due_at__lt=first).count())
+    return counts, overdue
+
+
+def gather(app: Celery, now: datetime | None = None) -> Overview:
+    """Read every section; ``now`` defaults to the store's clock (the one lateness is measured on)."""
+    from django.db import Error as DjangoDbError
+
+    from ...beat.admin import describe_beat
+    from ...delays.admin import describe_delays
+    from ...locks.admin import describe_locks
+
+    errors = (*SECTION_ERRORS, DjangoDbError)
+    if now is None:
+        try:
+            from .store import DjangoStore
+
+            now = DjangoStore().now()
+        except errors:
+            now = datetime.now(UTC)
+    from ...config import get_config
+    from ...probes import default_max_lateness
+
+    view = Overview(now=now, max_lateness=default_max_lateness(get_config(app).sweep_interval))
+    try:
+        view.beat = describe_beat(app)
+        view.beat_error = view.beat.get("error")
+    except errors as exc:
+        view.beat_error = _failed("beat", exc)
+    entries: list[EntryRow] = []
+    try:
+        entries += config_and_runtime_entries(app)
+    except errors as exc:
+        view.entries_error = _failed("beat entries", exc)
+    try:
+        entries += database_entries(app, now)
+    except errors as exc:
+        view.entries_error = _failed("django-celery-beat entries", exc)
+    view.entries = entries
+    try:
+        view.delays = describe_delays(app)
+        view.delays_error = view.delays.get("error")
+    except errors as exc:
+        view.delays_error = _failed("delays", exc)
+    try:
+        counts, view.overdue = due_counts(now)
+        view.buckets = hour_buckets(counts, now)
+    except errors as exc:
+        view.chart_error = _failed("due chart", exc)
+    try:
+        view.locks = describe_locks(app)
+        view.locks_error = view.locks.get("error")
+    except errors as exc:
+        view.locks_error = _failed("locks", exc)
+    return view

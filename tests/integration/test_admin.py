@@ -1,0 +1,312 @@
+"""The Django admin's stored-delay pages and "Safe time" overview, through Django's test client.
+
+Real PostgreSQL (pytest-django's test database) and the test's real Redis db; the browser tests
+(``test_admin_browser.py``) drive the same pages in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+from celery import Celery
+from django.test import Client
+
+from celery_safe_time import constants as C
+from celery_safe_time import crontab
+from celery_safe_time.contrib.django.admin import PICKLE_NOT_DECODED
+from celery_safe_time.contrib.django.chart import hour_start
+from celery_safe_time.contrib.django.models import DelayedTask
+from celery_safe_time.contrib.django.store import DjangoStore
+from tests.helpers.admin import hold_lease, hold_lock
+from tests.helpers.delays import new_delay
+from tests.helpers.services import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+CHANGELIST = "/admin/celery_safe_time/delayedtask/"
+OVERVIEW = CHANGELIST + "overview/"
+
+
+@pytest.fixture
+def admin_app(make_app: Callable[..., Celery], settings: Any) -> Celery:
+    app = make_app("admin-views", safe_time_store_url="django", safe_time_key_prefix="adm:")
+    settings.SAFE_TIME_CELERY_APP = app
+    return app
+
+
+def _call(*args: Any, **kwargs: Any) -> bytes:
+    return json.dumps({"args": list(args), "kwargs": kwargs, "options": {}}).encode()
+
+
+class _Tripwire:
+    """Unpickling this touches ``path``: proof that a page loaded the pickle."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def test_changelist_shows_decoded_arguments_truncated_and_never_a_pickle(admin_client: Client, tmp_path: Path) -> None:
+    store = DjangoStore()
+    now = store.now()
+    store.insert(new_delay("args-1", now + timedelta(hours=1), payload=_call(42, "trial-ending", lang="de")))
+    store.insert(new_delay("args-long", now + timedelta(hours=2), payload=_call("x" * 500)))
+    # A pickle that would run code if loaded: the page must show it is not decoded, and not load it.
+    tripwire = tmp_path / "unpickled"
+    evil = pickle.dumps({"args": [_Tripwire(tripwire)], "kwargs": {}, "options": {}})
+    store.insert(
+        new_delay("args-pickle", now + timedelta(hours=3), payload=evil, content_type="application/x-python-serialize")
+    )
+    body = admin_client.get(CHANGELIST).content.decode()
+    assert "42, &quot;trial-ending&quot;, lang=&quot;de&quot;" in body
+    assert "x" * 200 not in body  # cut to the column's width
+    assert "x" * 70 + "\u2026" in body or "x" * 70 + "&hellip;" in body
+    assert PICKLE_NOT_DECODED in body
+    detail = admin_client.get(f"{CHANGELIST}args-pickle/change/").content.decode()
+    assert PICKLE_NOT_DECODED in detail
+    admin_client.post(CHANGELIST, {"action": "cancel_pending", "_selected_action": ["args-pickle"]})
+    assert not tripwire.exists()
+
+
+def test_changelist_shows_the_delivery_record(admin_client: Client) -> None:
+    store = DjangoStore()
+    now = store.now()
+    store.insert(new_delay("rec-1", now - timedelta(seconds=5)))
+    DelayedTask.objects.filter(id="rec-1").update(
+        status=C.STATUS_FINISHED,
+        outcome=C.OUTCOME_SUCCEEDED,
+        worker="celery@worker-7",
+        starts=2,
+        started_at=now - timedelta(seconds=4),
+        finished_at=now - timedelta(seconds=1),
+    )
+    body = admin_client.get(CHANGELIST).content.decode()
+    for text in ("celery@worker-7", C.OUTCOME_SUCCEEDED, "column-started_at", "column-finished_at", "column-starts"):
+        assert text in body
+
+
+def test_filters_by_status_task_and_due_and_search_by_key(admin_client: Client) -> None:
+    store = DjangoStore()
+    now = store.now()
+    store.insert(new_delay("f-overdue", now - timedelta(minutes=5), idempotency_key="invoice-9"))
+    store.insert(new_delay("f-soon", now + timedelta(minutes=30), task="tests.delays.add"))
+    store.insert(new_delay("f-later", now + timedelta(days=9)))
+
+    def ids(**params: str) -> set[str]:
+        body = admin_client.get(CHANGELIST, params).content.decode()
+        return {i for i in ("f-overdue", "f-soon", "f-later") if f"{i}/change/" in body}
+
+    assert ids() == {"f-overdue", "f-soon", "f-later"}
+    assert ids(due="overdue") == {"f-overdue"}
+    assert ids(due="1h") == {"f-soon"}
+    assert ids(due="later") == {"f-later"}
+    assert ids(task="tests.delays.add") == {"f-soon"}
+    assert ids(status__exact=C.STATUS_PENDING, q="invoice-9") == {"f-overdue"}
+    assert ids(q="f-later") == {"f-later"}
+
+
+def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_client: Client) -> None:
+    store = DjangoStore()
+    now = store.now()
+    store.insert(new_delay("c-1", now + timedelta(hours=1)))
+    store.insert(new_delay("c-2", now + timedelta(hours=1)))
+    DelayedTask.objects.filter(id="c-2").update(status=C.STATUS_STARTED)
+    selected = {"action": "cancel_pending", "_selected_action": ["c-1", "c-2"]}
+    page = admin_client.post(CHANGELIST, selected)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "Cancel delayed tasks?" in body
+    assert "(left as is)" in body  # c-2 started: it is listed, and will not change
+    assert DelayedTask.objects.get(id="c-1").status == C.STATUS_PENDING  # nothing changed yet
+    done = admin_client.post(CHANGELIST, {**selected, "post": "yes"}, follow=True)
+    assert "Cancelled 1 delayed task(s) that had not started" in done.content.decode()
+    assert DelayedTask.objects.get(id="c-1").status == C.STATUS_CANCELLED
+    assert DelayedTask.objects.get(id="c-2").status == C.STATUS_STARTED
+
+
+def test_select_all_is_confirmed_with_a_short_list_and_carried_on(admin_client: Client, monkeypatch: Any) -> None:
+    from celery_safe_time.contrib.django import admin as admin_module
+
+    monkeypatch.setattr(admin_module, "CONFIRM_LIST_ROWS", 2)
+    store = DjangoStore()
+    now = store.now()
+    for i in range(5):
+        store.insert(new_delay(f"all-{i}", now + timedelta(hours=1, minutes=i), task="tests.delays.add"))
+    store.insert(new_delay("other", now + timedelta(hours=1)))
+    url = CHANGELIST + "?task=tests.delays.add"
+    selected = {"action": "cancel_pending", "select_across": "1", "_selected_action": ["all-0"], "index": "0"}
+    body = admin_client.post(url, selected).content.decode()
+    assert "and 3 more (5 selected)" in body
+    assert 'name="select_across" value="1"' in body
+    assert 'name="_selected_action" value="all-0"' in body
+    admin_client.post(
+        url, {"action": "cancel_pending", "select_across": "1", "_selected_action": ["all-0"], "post": "yes"}
+    )
+    statuses = dict(DelayedTask.objects.values_list("id", "status"))
+    assert [statuses[f"all-{i}"] for i in range(5)] == [C.STATUS_CANCELLED] * 5
+    assert statuses["other"] == C.STATUS_PENDING  # outside the filter the selection was made in
+
+
+def test_a_view_only_user_gets_no_actions(client: Client) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_delayedtask"))
+    client.force_login(viewer)
+    store = DjangoStore()
+    store.insert(new_delay("v-1", store.now() + timedelta(hours=1)))
+    body = client.get(CHANGELIST).content.decode()
+    assert "v-1" in body
+    assert "cancel_pending" not in body
+    client.post(CHANGELIST, {"action": "cancel_pending", "_selected_action": ["v-1"], "post": "yes"})
+    assert DelayedTask.objects.get(id="v-1").status == C.STATUS_PENDING
+
+
+def test_reschedule_asks_for_the_new_due_time(admin_client: Client) -> None:
+    store = DjangoStore()
+    now = store.now()
+    store.insert(new_delay("r-1", now + timedelta(hours=1)))
+    token = DelayedTask.objects.get(id="r-1").delivery_token
+    selected = {"action": "reschedule_pending", "_selected_action": ["r-1"]}
+    form = admin_client.post(CHANGELIST, selected).content.decode()
+    assert 'type="datetime-local"' in form
+    assert "New due time (UTC)" in form
+    bad = admin_client.post(CHANGELIST, {**selected, "post": "yes", "due_at": "next tuesday"}).content.decode()
+    assert "Enter a valid date/time" in bad
+    target = (now + timedelta(days=3)).replace(microsecond=0)
+    done = admin_client.post(
+        CHANGELIST, {**selected, "post": "yes", "due_at": target.strftime("%Y-%m-%dT%H:%M:%S")}, follow=True
+    )
+    assert "Rescheduled 1 delayed task(s)" in done.content.decode()
+    row = DelayedTask.objects.get(id="r-1")
+    assert row.due_at == target
+    assert row.status == C.STATUS_PENDING
+    assert row.delivery_token != token  # a copy already sent for the old time is stale now
+
+
+def test_detail_page_is_read_only(admin_client: Client) -> None:
+    store = DjangoStore()
+    store.insert(new_delay("ro-1", store.now() + timedelta(hours=1), payload=_call(7)))
+    page = admin_client.get(f"{CHANGELIST}ro-1/change/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'name="_save"' not in body
+    assert "&quot;args&quot;: [\n    7\n  ]" in body  # the whole decoded call
+    posted = admin_client.post(f"{CHANGELIST}ro-1/change/", {"status": C.STATUS_CANCELLED})
+    assert posted.status_code == 403
+    assert DelayedTask.objects.get(id="ro-1").status == C.STATUS_PENDING
+
+
+def test_overview_shows_leader_entries_delays_chart_and_locks(
+    admin_client: Client, admin_app: Celery, redis_client: redis.Redis
+) -> None:
+    admin_app.conf.beat_schedule = {"nightly": {"task": "tests.nightly", "schedule": 3600.0}}
+    hold_lease(admin_app, host="beat-host-1", pid=4242)
+    hold_lock(admin_app, "inventory-sync:3", task_id="sync-task-1", host="worker-host-2")
+    store = DjangoStore()
+    now = store.now()
+    hour = hour_start(now)
+    store.insert(new_delay("o-late", hour - timedelta(hours=2)))
+    for i in range(3):
+        store.insert(new_delay(f"o-{i}", hour + timedelta(hours=5, minutes=i)))
+    store.insert(new_delay("o-far", hour + timedelta(hours=30)))
+    store.insert(new_delay("o-fail", now + timedelta(hours=1)))
+    DelayedTask.objects.filter(id="o-fail").update(status=C.STATUS_FAILED)
+    from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.MINUTES)
+    PeriodicTask.objects.create(name="db-entry", task="tests.db", interval=every, last_run_at=now)
+    cron = CrontabSchedule.objects.create(minute="30", hour="2", timezone=ZoneInfo("America/New_York"))
+    PeriodicTask.objects.create(name="db-cron", task="tests.db", crontab=cron, last_run_at=now)
+    next_cron = crontab(minute=30, hour=2, tz="America/New_York").next_after(now)
+
+    page = admin_client.get(OVERVIEW)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="leader-host">beat-host-1<' in body
+    assert 'id="leader-pid">4242<' in body
+    assert re.search(r'id="leader-age">\d+\.\d s<', body)  # how long it has led, from the lease's "since"
+    assert "no-leader" not in body
+    assert "nightly" in body
+    assert "db-entry" in body
+    next_db = (now + timedelta(minutes=10)).strftime("%Y-%m-%d %H:%M")
+    assert next_db in body  # the database entry's next fire, one interval after its last run
+    assert next_cron.strftime("%Y-%m-%d %H:%M:%S") in body  # 02:30 New York time, in UTC
+    assert 'id="delays-pending">5<' in body
+    assert 'id="delays-failed" class="bad">1<' in body
+    assert "s late" in body
+    assert body.count('class="bar"') == 2  # hour +5 (3 rows) and hour +30; o-late is before this hour
+    assert 'data-count="3"' in body
+    assert "1 pending delay(s) were due before this hour" in body
+    assert "inventory-sync:3" in body
+    assert "sync-task-1" in body
+    assert "worker-host-2" in body
+
+
+def test_overview_without_a_leader_says_so_in_red(admin_client: Client, admin_app: Celery) -> None:
+    body = admin_client.get(OVERVIEW).content.decode()
+    assert 'class="bad" id="no-leader"' in body
+    assert 'id="chart-empty"' in body
+    assert "No locks held." in body
+
+
+def test_overview_with_redis_down_is_a_red_message_not_a_500(
+    admin_client: Client, make_app: Callable[..., Celery], settings: Any
+) -> None:
+    app = make_app(
+        "admin-no-redis", safe_time_store_url="django", safe_time_redis_url=f"redis://127.0.0.1:{free_port()}/0"
+    )
+    settings.SAFE_TIME_CELERY_APP = app
+    DjangoStore().insert(new_delay("down-1", DjangoStore().now() + timedelta(hours=2)))
+    page = admin_client.get(OVERVIEW)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'class="bad" id="beat-error"' in body
+    assert "Redis unreachable" in body
+    assert 'id="delays-pending">1<' in body  # the database sections still render
+    assert 'class="bar"' in body
+
+
+def test_the_app_index_and_the_changelist_link_the_overview(admin_client: Client, admin_app: Celery) -> None:
+    assert OVERVIEW in admin_client.get("/admin/celery_safe_time/").content.decode()
+    assert OVERVIEW in admin_client.get(CHANGELIST).content.decode()
+
+
+def test_overview_needs_a_staff_login(client: Client, admin_app: Celery) -> None:
+    page = client.get(OVERVIEW)
+    assert page.status_code == 302
+    assert "/admin/login/" in page["Location"]
+
+
+def test_overview_needs_the_view_permission(client: Client, admin_app: Celery) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    staff = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(staff)
+    assert client.get(OVERVIEW).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_delayedtask"))
+    assert client.get(OVERVIEW).status_code == 200
+
+
+def test_the_admin_app_setting_takes_a_dotted_path(settings: Any) -> None:
+    from celery_safe_time.contrib.django.overview import celery_app
+    from tests.helpers.admin import DOTTED_APP
+
+    settings.SAFE_TIME_CELERY_APP = "tests.helpers.admin:DOTTED_APP"
+    assert celery_app() is DOTTED_APP
+    settings.SAFE_TIME_CELERY_APP = "tests.helpers.admin.DOTTED_APP"
+    assert celery_app() is DOTTED_APP
+    settings.SAFE_TIME_CELERY_APP = "tests.helpers.admin.hold_lease"
+    with pytest.raises(TypeError, match="is not a Celery app"):
+        celery_app()

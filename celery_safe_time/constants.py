@@ -128,6 +128,9 @@ BEAT_CHANGES_BATCH: Final = 2000
 #: Once runtime entries exist, the leader ticks at least this often (seconds), so that a change is
 #: applied within this long; an idle tick is one Redis round trip.
 BEAT_CHANGES_POLL: Final = 0.25
+#: Pause/resume is a compare-and-set of the entry's definition; a save landing in between makes it
+#: read again, at most this many times before it gives up with an error.
+BEAT_ENTRY_SWAP_ATTEMPTS: Final = 20
 
 
 # === delays ===================================================================

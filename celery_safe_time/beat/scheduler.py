@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import gc
 import logging
 from typing import Any
 
@@ -26,10 +28,10 @@ from ..config import SafeTimeConfig
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from ..redis_client import as_text, load_script
 from .base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler
-from .entries import EntryKeys, build_entry, parse_definition
+from .entries import EntryKeys, build_entry, parse_definition, spec_key, swap_definition, with_enabled
 from .leader import LeaseTerm
-from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored
-from .slots import Grid, decide, grid_for
+from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored, state_next
+from .slots import NEVER, Grid, at, decide, grid_for
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,11 @@ class Plan:
 
     grid: Grid
     policy: str
+
+    @functools.cached_property
+    def signature(self) -> str:
+        """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
+        return self.grid.signature()
 
 
 def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
@@ -76,8 +83,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.paused: dict[str, ScheduleEntry] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
-        #: schedule objects of runtime entries by their JSON (shared: they are never mutated)
-        self._schedules: dict[str, Any] = {}
+        #: schedule objects of runtime entries by their spec (shared: they are never mutated)
+        self._schedules: dict[Any, Any] = {}
+        #: plans of runtime entries by (spec, task, misfire policy): validated once per distinct schedule
+        self._runtime_plans: dict[Any, Plan] = {}
         self._run_now_done = self.client.register_script(load_script(__package__, "run_now_done"))
         self._prune = self.client.register_script(load_script(__package__, "prune"))
         super().__init__(app, *args, **kwargs)
@@ -176,19 +185,20 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     @staticmethod
     def next_state(
         plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
-    ) -> str | None:
-        """An entry's state JSON to write when (re)planning it, None when its state stands as it is.
+    ) -> tuple[str, float] | None:
+        """An entry's state JSON to write when (re)planning it and its next slot, None when its state
+        stands as it is.
 
         An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
         a next slot in the past is then a misfire, handled by its policy); an edited grid continues
         after the last fired slot; a new entry starts at its first slot from ``now``.
         """
-        sig = plan.grid.signature()
+        sig = plan.signature
         if state and state.get("sig") == sig and score is not None:
             return None
         last = state.get("last") if state else None
         if state and state.get("sig") == sig:
-            next_fire = float(state["next"])
+            next_fire = state_next(state)
         elif not state and score is not None:
             # the state hash was lost but the due set was not: keep the entry's place on its grid
             next_fire = score
@@ -200,7 +210,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if sig not in firsts:
                 firsts[sig] = plan.grid.first(now)
             next_fire = firsts[sig]
-        return dump_state(last, next_fire, sig)
+        return dump_state(last, next_fire, sig), next_fire
 
     # --- runtime entries ----------------------------------------------------------
     def _drop(self, name: str) -> None:
@@ -228,7 +238,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         try:
             definition = parse_definition(raw)
             entry = build_entry(name, definition, self.app, self._schedules)
-            plan = entry_plan(entry, self.config, self.app)
+            key = (spec_key(definition["schedule"]), entry.task, entry.options.get(OPTION_MISFIRE))
+            plan = self._runtime_plans.get(key)
+            if plan is None:
+                plan = self._runtime_plans[key] = entry_plan(entry, self.config, self.app)
         except Exception as exc:
             self._broken(name, f"invalid runtime entry: {exc}")
             return "broken"
@@ -264,10 +277,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 became = self.load_runtime(name, raw)
                 if became == "active":
                     known = load_state(state)
-                    written = self.next_state(self.plans[name], known, score, now)
-                    if written is None:
+                    planned = self.next_state(self.plans[name], known, score, now)
+                    if planned is None:
                         continue
-                    next_fire = float(load_state(written)["next"])
+                    written, next_fire = planned
                     if known and next_fire <= now:
                         # Resumed, or edited onto a grid whose next slot already passed: those slots
                         # fell while the entry was paused or before the edit, so none counts as on
@@ -323,34 +336,45 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def reconcile(self, epoch: int, now: float) -> None:
         """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
         drop removed ones."""
-        pipe = self.client.pipeline(transaction=True)  # one snapshot: the counter matches the definitions
+        # one snapshot: the counter matches the definitions, and the state what the last leader wrote
+        pipe = self.client.pipeline(transaction=True)
         pipe.get(self.entry_keys.version)
         pipe.hgetall(self.entry_keys.entries)
         pipe.zcard(self.entry_keys.changed)
         pipe.hgetall(self.entry_keys.run_now)
-        version, definitions, logged, requests = pipe.execute()
-        for name in list(self.runtime):
-            self._drop(name)
-        self.runtime = {}
-        for key, raw in definitions.items():
-            self.load_runtime(as_text(key), raw)
+        pipe.hgetall(self.keys.state)
+        pipe.zrange(self.keys.due, 0, -1, withscores=True)
+        version, definitions, logged, requests, stored_raw, due = pipe.execute()
+        # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
+        # collector would walk the growing heap again and again while they are built.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for name in list(self.runtime):
+                self._drop(name)
+            self.runtime = {}
+            for key, raw in definitions.items():
+                self.load_runtime(as_text(key), raw)
+            del definitions
+            stored: dict[str, Any] = {as_text(k): v for k, v in stored_raw.items()}
+            del stored_raw
+            scores = dict(scored(due))
+            states: dict[str, str] = {}
+            nexts: dict[str, float] = {}
+            firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
+            for name, plan in self.plans.items():
+                planned = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+                if planned is not None:
+                    states[name], nexts[name] = planned
+        finally:
+            if collecting:
+                gc.enable()
         tombstones: list[str] = []
-        if int(logged) > len(definitions):  # the log holds deletions: read it (else it is one per entry)
+        if int(logged) > len(self.runtime):  # the log holds deletions: read it (else it is one per entry)
             log = self.client.zrange(self.entry_keys.changed, 0, -1)
             tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
-        stored: dict[str, Any] = {as_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
-        scores = dict(scored(self.client.zrange(self.keys.due, 0, -1, withscores=True)))
         scheduled = set(scores)
         pipe = self.client.pipeline(transaction=False)
-        states: dict[str, str] = {}
-        nexts: dict[str, float] = {}
-        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
-        for name, plan in self.plans.items():
-            written = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
-            if written is None:
-                continue
-            states[name] = written
-            nexts[name] = float(load_state(written)["next"])
         changed = len(states)
         # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
         names = list(states)
@@ -412,6 +436,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
             if verdict < 0:
                 return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
+            if write.next_fire == NEVER:
+                self._finished(write.entry)
             if write.slot is None:
                 continue
             if verdict == 0:
@@ -426,6 +452,24 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if entry is not None:
                 self.publish(entry, write.slot, epoch)  # logs its own failures, never raises
         return True
+
+    def _finished(self, name: str) -> None:
+        """A runtime one-off has no slot left (fired, or skipped by its misfire policy): store its
+        definition as disabled, so that every reader sees it paused. A compare-and-set on the definition
+        this leader loaded: a save made meanwhile (a new instant) is kept and applied next tick."""
+        raw = self.runtime.get(name)
+        entry = self.schedule.get(name)
+        if raw is None or entry is None or not isinstance(entry.schedule, at):
+            return
+        try:
+            verdict = swap_definition(self.client, self.entry_keys, name, raw, with_enabled(name, raw, False))
+        except REDIS_ERRORS:
+            raise
+        except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
+            logger.warning("beat: one-off entry %r fired but could not be disabled: %s", name, exc)
+            return
+        if verdict > 0:
+            logger.info("beat: one-off entry %r has no slot left: disabled (version %s)", name, verdict)
 
     def plan_entry(self, name: str, slot: float, now: float, on_time: float | None = None) -> list[SlotWrite]:
         """The state writes for one due entry: a dispatch per slot to publish, else one advance.
@@ -451,7 +495,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self.plans.pop(name, None)
             self.client.zrem(self.keys.due, name)
             return []
-        sig = plan.grid.signature()
+        sig = plan.signature
         if decision.missed:
             logger.warning(
                 "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",

@@ -83,6 +83,9 @@ KEY_BEAT_ENTRIES_VERSION: Final = "beat:entries:version"
 KEY_BEAT_ENTRIES_CHANGED: Final = "beat:entries:changed"
 #: ``beat run-now`` requests: hash name -> requested slot (ms); the leader publishes and clears them.
 KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
+#: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
+#: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
+KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
 KEY_LOCK: Final = "lock:{key}"
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"

@@ -82,6 +82,7 @@ class EntryKeys:
     version: str
     changed: str
     run_now: str
+    applied: str
 
     @classmethod
     def for_config(cls, config: SafeTimeConfig) -> EntryKeys:
@@ -90,6 +91,7 @@ class EntryKeys:
             version=config.key(C.KEY_BEAT_ENTRIES_VERSION),
             changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
             run_now=config.key(C.KEY_BEAT_RUN_NOW),
+            applied=config.key(C.KEY_BEAT_ENTRIES_APPLIED),
         )
 
 

@@ -46,6 +46,7 @@ SCRIPTS = (
     "run_now_done",
     "prune",
     "swap_entry",
+    "mark_applied",
 )
 
 

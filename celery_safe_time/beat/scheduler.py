@@ -18,6 +18,7 @@ import gc
 import logging
 from typing import Any
 
+import celery
 from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 
@@ -34,6 +35,9 @@ from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored, state_n
 from .slots import NEVER, Grid, at, decide, grid_for
 
 logger = logging.getLogger(__name__)
+
+#: What a reconcile writes: (state JSON by name, next slot by name, gone, idle, tombstones to prune).
+Replan = tuple[dict[str, str], dict[str, float], list[str], list[str], list[str]]
 
 __all__ = ["Plan", "SafeScheduler", "entry_plan"]
 
@@ -89,6 +93,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self._runtime_plans: dict[Any, Plan] = {}
         self._run_now_done = self.client.register_script(load_script(__package__, "run_now_done"))
         self._prune = self.client.register_script(load_script(__package__, "prune"))
+        self._mark = self.client.register_script(load_script(__package__, "mark_applied"))
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -308,11 +313,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 return self._refused(batch[0], now)
         if not self.write_and_publish(catch_up, epoch):
             return False
+        if forget[False]:  # applied: the tombstones have done their job (a name saved again is kept)
+            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *forget[False]])
         if len(names) == C.BEAT_CHANGES_BATCH:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
             # every change up to ``version`` is in the log (the scripts bump both atomically)
             self.seen_version = max([version, *(int(score) for _, score in changed)])
+        self._mark_applied()
         return self.run_requested(epoch, requests)
 
     def run_requested(self, epoch: int, requests: dict[Any, Any]) -> bool:
@@ -333,18 +341,47 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self._run_now_done(keys=[self.entry_keys.run_now], args=[name, slot_ms])
         return True
 
+    def fingerprint(self) -> str:
+        """What an entry's state depends on besides its definition (a plain crontab's grid follows the
+        app timezone): a leader with another fingerprint re-plans every entry."""
+        return f"format={C.BEAT_ENTRY_FORMAT};celery={celery.__version__};tz={self.app.timezone}"
+
+    def _mark_applied(self) -> None:
+        """Record that the state and due set reflect every change up to ``seen_version`` (leader only)."""
+        self._mark(
+            keys=[self.keys.lease, self.entry_keys.applied],
+            args=[self.lease.token, f"{self.seen_version} {self.fingerprint()}"],
+        )
+
+    def _applied_since(self, marker: Any, version: int) -> int | None:
+        """The version a previous leader's state reflects, None when it cannot be trusted (no marker,
+        another fingerprint, or a counter that went backwards: Redis was reset)."""
+        if not marker:
+            return None
+        applied, _, fingerprint = as_text(marker).partition(" ")
+        try:
+            since = int(applied)
+        except ValueError:
+            return None
+        return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
+
     def reconcile(self, epoch: int, now: float) -> None:
         """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones."""
-        # one snapshot: the counter matches the definitions, and the state what the last leader wrote
+        drop removed ones.
+
+        When the previous leader recorded the version its state reflects, only the config entries and
+        the runtime entries changed after it are re-planned (their state read with HMGET); every other
+        entry's state is already right in Redis. A due-set count that does not add up afterwards, or
+        no usable marker, re-plans everything from a full read of the state.
+        """
+        # one snapshot: the counter matches the definitions and the marker the state
         pipe = self.client.pipeline(transaction=True)
         pipe.get(self.entry_keys.version)
         pipe.hgetall(self.entry_keys.entries)
-        pipe.zcard(self.entry_keys.changed)
         pipe.hgetall(self.entry_keys.run_now)
-        pipe.hgetall(self.keys.state)
-        pipe.zrange(self.keys.due, 0, -1, withscores=True)
-        version, definitions, logged, requests, stored_raw, due = pipe.execute()
+        pipe.get(self.entry_keys.applied)
+        version_raw, definitions, requests, marker = pipe.execute()
+        version = int(version_raw or 0)
         # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
         # collector would walk the growing heap again and again while they are built.
         collecting = gc.isenabled()
@@ -356,26 +393,17 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             for key, raw in definitions.items():
                 self.load_runtime(as_text(key), raw)
             del definitions
-            stored: dict[str, Any] = {as_text(k): v for k, v in stored_raw.items()}
-            del stored_raw
-            scores = dict(scored(due))
-            states: dict[str, str] = {}
-            nexts: dict[str, float] = {}
-            firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
-            for name, plan in self.plans.items():
-                planned = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
-                if planned is not None:
-                    states[name], nexts[name] = planned
+            since = self._applied_since(marker, version)
+            plan = None if since is None else self._replan_changed(now, since)
+            mode = f"changes after version {since}"
+            if plan is None:
+                plan = self._replan_all(now)
+                mode = "full"
         finally:
             if collecting:
                 gc.enable()
-        tombstones: list[str] = []
-        if int(logged) > len(self.runtime):  # the log holds deletions: read it (else it is one per entry)
-            log = self.client.zrange(self.entry_keys.changed, 0, -1)
-            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
-        scheduled = set(scores)
+        states, nexts, gone, idle, tombstones = plan
         pipe = self.client.pipeline(transaction=False)
-        changed = len(states)
         # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
         names = list(states)
         for i in range(0, len(names), C.BEAT_CHANGES_BATCH * 5):
@@ -383,8 +411,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             pipe.hset(self.keys.state, mapping={n: states[n] for n in chunk})
             pipe.zadd(self.keys.due, {n: nexts[n] for n in chunk})
         # paused and broken runtime entries keep their state (a resume or a fix continues the grid)
-        gone = (scheduled | set(stored)) - set(self.plans) - set(self.runtime)
-        idle = scheduled & (set(self.runtime) - set(self.plans))
         if gone:
             pipe.zrem(self.keys.due, *gone)
             pipe.hdel(self.keys.state, *gone)
@@ -396,20 +422,92 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             raise RedisUnavailable("lease lost while reconciling")
         pipe.execute()
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
-            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[int(version or 0), *tombstones])
-        self.seen_version = int(version or 0)
+            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *tombstones])
+        self.seen_version = version
+        self._mark_applied()
         # run-now requests made while no beat led: their counter bump is already behind us
         self.run_requested(epoch, requests)
         logger.info(
-            "beat: leader with epoch %s: %d entries (%d runtime, %d paused; %d new or edited, %d removed, %d disabled)",
+            "beat: leader with epoch %s: %d entries (%d runtime, %d paused; re-planned %s: %d new or edited, "
+            "%d removed, %d disabled)",
             epoch,
             len(self.plans),
             len(self.runtime),
             len(self.paused),
-            changed,
+            mode,
+            len(states),
             len(gone),
             len(self.broken),
         )
+
+    def _replan_all(self, now: float) -> Replan:
+        """(states, nexts, gone, idle, tombstones) from a full read of the state hash and the due set."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.state)
+        pipe.zrange(self.keys.due, 0, -1, withscores=True)
+        pipe.zcard(self.entry_keys.changed)
+        stored_raw, due, logged = pipe.execute()
+        stored: dict[str, Any] = {as_text(k): v for k, v in stored_raw.items()}
+        scores = dict(scored(due))
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
+        for name, plan in self.plans.items():
+            planned = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+            if planned is not None:
+                states[name], nexts[name] = planned
+        scheduled = set(scores)
+        gone = sorted((scheduled | set(stored)) - set(self.plans) - set(self.runtime))
+        idle = sorted(scheduled & (set(self.runtime) - set(self.plans)))
+        tombstones: list[str] = []
+        if int(logged) > len(self.runtime):  # the log holds deletions: read it (else it is one per entry)
+            log = self.client.zrange(self.entry_keys.changed, 0, -1)
+            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
+        return states, nexts, gone, idle, tombstones
+
+    def _replan_changed(self, now: float, since: int) -> Replan | None:
+        """Like :meth:`_replan_all` for the config entries and the runtime entries changed after
+        ``since`` only; None when the due set would not then hold exactly the planned entries (state
+        lost or written by hand, a config entry removed from beat_schedule): re-plan everything."""
+        log = self.client.zrangebyscore(self.entry_keys.changed, f"({since}", "+inf")
+        changed = [as_text(name) for name in log]
+        recheck = sorted(self.config_names | set(changed) | set(self.broken))
+        pipe = self.client.pipeline(transaction=False)
+        if recheck:
+            pipe.hmget(self.keys.state, recheck)
+            pipe.zmscore(self.keys.due, recheck)
+        pipe.zcard(self.keys.due)
+        replies = pipe.execute()
+        raws, scores = (replies[0], replies[1]) if recheck else ([], [])
+        due_count = int(replies[-1])
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        gone: list[str] = []
+        idle: list[str] = []
+        firsts: dict[str, float] = {}
+        for name, raw, score in zip(recheck, raws, scores, strict=True):
+            plan = self.plans.get(name)
+            if plan is not None:
+                planned = self.next_state(plan, load_state(raw), score, now, firsts)
+                if planned is not None:
+                    states[name], nexts[name] = planned
+                    due_count += score is None
+            elif name in self.runtime:
+                if score is not None:
+                    idle.append(name)
+                    due_count -= 1
+            elif raw is not None or score is not None:
+                gone.append(name)
+                due_count -= score is not None
+        if due_count != len(self.plans):
+            logger.info(
+                "beat: the due set would hold %d entries for %d planned; re-planning every entry",
+                due_count,
+                len(self.plans),
+            )
+            return None
+        tombstones = [name for name in changed if name not in self.runtime]
+        return states, nexts, gone, idle, tombstones
 
     def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
         """Guard and publish the due entries; False when the lease turned out to be gone.

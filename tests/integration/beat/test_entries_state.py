@@ -224,3 +224,103 @@ def test_a_solar_entry_fires_at_sunrise_once_and_then_the_next_day(
     for later in (slot + 1.5, slot + 5, slot + 3600):
         assert leader.fire_due(due_at(later), later, epoch)
     assert _fired(sent, "dawn") == [slot]
+
+
+# --- a new leader's first tick --------------------------------------------------------------------
+
+
+def _leader(app: Celery, path: Path) -> SafeScheduler:
+    sched = SafeScheduler(app=app, schedule_filename=str(path), max_interval=1)
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    return sched
+
+
+def test_a_new_leader_replans_only_what_changed_after_the_last_leader(
+    app: Celery, tmp_path: Path, sent: list[dict[str, Any]], redis_client: redis.Redis, caplog: Any
+) -> None:
+    for i in range(50):
+        save_entry(f"day-{i}", "t.state_noop", 86400, app=app)
+    save_entry("fast", "t.state_noop", 1, app=app)
+    first = _leader(app, tmp_path / "1")
+    try:
+        first.tick()
+        wait_for(lambda: (first.tick(), _fired(sent, "fast"))[1], 10, interval=0.05)
+    finally:
+        first.close()
+    applied = redis_client.get("safe_time:beat:entries:applied")
+    assert applied is not None
+    assert applied.split(b" ")[0] == redis_client.get("safe_time:beat:entries:version")
+    states_before = redis_client.hgetall(STATE)
+    # while no beat leads: one edit, one deletion, one new entry
+    save_entry("day-0", "t.state_noop", 3600, app=app)
+    from celery_safe_time import delete_entry
+
+    assert delete_entry("day-1", app=app)
+    save_entry("new", "t.state_noop", 2, app=app)
+    caplog.set_level("INFO", logger="celery_safe_time.beat.scheduler")
+    second = _leader(app, tmp_path / "2")
+    try:
+        second.tick()
+        line = next(r.getMessage() for r in caplog.records if "leader with epoch" in r.getMessage())
+        assert "re-planned changes after version" in line, line
+        assert "3 new or edited" in line or "2 new or edited" in line, line
+        assert "1 removed" in line, line
+        assert redis_client.hget(STATE, "day-1") is None
+        assert redis_client.zscore("safe_time:beat:due", "day-1") is None
+        assert redis_client.zscore("safe_time:beat:entries:changed", "day-1") is None  # tombstone pruned
+        assert redis_client.zscore("safe_time:beat:due", "new") is not None
+        after = redis_client.hgetall(STATE)
+        untouched = [n for n in states_before if n not in (b"day-0", b"day-1", b"fast")]
+        assert all(after[n] == states_before[n] for n in untouched)
+        last_fast = _fired(sent, "fast")[-1]
+        wait_for(lambda: (second.tick(), _fired(sent, "fast")[-1] > last_fast)[1], 10, interval=0.05)
+    finally:
+        second.close()
+    slots = _fired(sent, "fast")
+    assert len(slots) == len(set(slots))
+
+
+def test_a_new_leader_replans_everything_when_the_due_set_does_not_add_up(
+    app: Celery, tmp_path: Path, redis_client: redis.Redis, caplog: Any
+) -> None:
+    for i in range(5):
+        save_entry(f"e-{i}", "t.state_noop", 60, app=app)
+    first = _leader(app, tmp_path / "1")
+    try:
+        first.tick()
+    finally:
+        first.close()
+    # an entry's due member lost while no beat ran (eviction, a DEL by hand)
+    redis_client.zrem("safe_time:beat:due", "e-3")
+    caplog.set_level("INFO", logger="celery_safe_time.beat.scheduler")
+    second = _leader(app, tmp_path / "2")
+    try:
+        second.tick()
+    finally:
+        second.close()
+    line = next(r.getMessage() for r in caplog.records if "leader with epoch" in r.getMessage())
+    assert "re-planned full" in line, line
+    assert redis_client.zscore("safe_time:beat:due", "e-3") is not None
+    # a member no entry owns (a beat_schedule entry removed by a deploy): a full re-plan drops it
+    redis_client.zadd("safe_time:beat:due", {"removed-from-config": 1.0})
+    redis_client.hset(STATE, "removed-from-config", '{"last": null, "next": 1.0, "sig": "every 60s"}')
+    caplog.clear()
+    again = _leader(app, tmp_path / "2b")
+    try:
+        again.tick()
+    finally:
+        again.close()
+    line = next(r.getMessage() for r in caplog.records if "leader with epoch" in r.getMessage())
+    assert "re-planned full" in line, line
+    assert redis_client.zscore("safe_time:beat:due", "removed-from-config") is None
+    assert redis_client.hget(STATE, "removed-from-config") is None
+    # another planning fingerprint (the app timezone moves plain crontabs): a full re-plan too
+    redis_client.set("safe_time:beat:entries:applied", b"999 format=1;celery=0;tz=UTC")
+    caplog.clear()
+    third = _leader(app, tmp_path / "3")
+    try:
+        third.tick()
+    finally:
+        third.close()
+    line = next(r.getMessage() for r in caplog.records if "leader with epoch" in r.getMessage())
+    assert "re-planned full" in line, line

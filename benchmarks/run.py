@@ -318,6 +318,84 @@ def headline(r: dict[str, Any]) -> list[Head]:
                 s_idle.get("p99_ms") is not None and s_idle["p99_ms"] <= 10,
             )
         )
+    if t:
+        s_busy, s_idle = t.get("SafeScheduler", {}), t.get("SafeScheduler idle", {})
+        red_busy, red_idle = t.get("RedBeatScheduler", {}), t.get("RedBeatScheduler idle", {})
+        ratio = _div(s_busy.get("p99_ms"), red_busy.get("p99_ms"))
+        rows.append(
+            Head(
+                "SafeScheduler tick p99 vs celery-redbeat, 10 of 10,000 entries due every second",
+                f"{s_busy.get('p99_ms')} ms",
+                f"celery-redbeat: {red_busy.get('p99_ms')} ms (10 Celery publishes alone: "
+                f"{t.get('10 Celery publishes', {}).get('p99_ms')} ms p99)",
+                "<= 0.5x",
+                ratio,
+                ratio is not None and ratio <= 0.5,
+            )
+        )
+        ratio = _div(s_idle.get("p99_ms"), red_idle.get("p99_ms"))
+        rows.append(
+            Head(
+                "SafeScheduler idle tick p99 vs celery-redbeat, 10,000 entries, none due",
+                f"{s_idle.get('p99_ms')} ms",
+                f"celery-redbeat: {red_idle.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+    rt = r.get("beat", {}).get("runtime")
+    if rt:
+        n = f"{rt.get('entries', 0):,}"
+        ot, st = rt.get("ours tick", {}), rt.get("ours tick, 10k static, interleaved", {})
+        rb = rt.get("redbeat tick", {})
+        ratio = _div(ot.get("p99_ms"), st.get("p99_ms"))
+        rows.append(
+            Head(
+                f"tick p99 with {n} runtime entries vs ours with 10,000 static entries (ticked in turn), 10 due/s",
+                f"{ot.get('p99_ms')} ms",
+                f"10,000 static entries: {st.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+        ratio = _div(ot.get("p99_ms"), rb.get("p99_ms"))
+        rows.append(
+            Head(
+                f"tick p99 with {n} runtime entries vs celery-redbeat with the same entries",
+                f"{ot.get('p99_ms')} ms",
+                f"celery-redbeat: {rb.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+        of, rf = rt.get("ours save to first fire", {}), rt.get("redbeat save to first fire", {})
+        ratio = _div(of.get("p99_ms"), rf.get("p99_ms"))
+        rows.append(
+            Head(
+                f"save to the leader's first fire p99, {n} runtime entries",
+                f"{of.get('p99_ms')} ms",
+                f"celery-redbeat: {rf.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+        fr, tk = rt.get("ours first tick, fresh", {}), rt.get("ours first tick, takeover", {})
+        if tk:
+            rows.append(
+                Head(
+                    f"a new leader's first tick with {n} runtime entries, wall (CPU)",
+                    f"takeover: {tk.get('s')} s ({tk.get('cpu_s')} s CPU)",
+                    f"fresh, no state in Redis: {fr.get('s')} s ({fr.get('cpu_s')} s CPU); "
+                    f"celery-redbeat first tick: {rt.get('redbeat first tick s')} s",
+                    "failover <= lease + lease/3 + this",
+                    _div(tk.get("s"), fr.get("s")),
+                    None,
+                )
+            )
     dj = r.get("beat", {}).get("django")
     if dj:
         sd, dd = dj["SafeDatabaseScheduler"], dj["DatabaseScheduler"]

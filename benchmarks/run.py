@@ -647,6 +647,41 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "(the idle row); a tick that publishes N tasks cannot be cheaper than N Celery publishes.",
             "",
         ]
+    red_busy, floor = t.get("RedBeatScheduler", {}), t.get("10 Celery publishes", {})
+    ratio = _div(busy.get("p99_ms"), red_busy.get("p99_ms"))
+    if ratio is not None and ratio > 0.5:
+        floor_ratio = _div(floor.get("p99_ms"), red_busy.get("p99_ms"))
+        floor_text = "" if floor_ratio is None else f": {floor_ratio:.2f}x celery-redbeat's whole tick at p99"
+        out += [
+            "**Tick p99 vs celery-redbeat, 10 of 10,000 entries due.** "
+            f"Ours {busy.get('p99_ms')} ms, celery-redbeat {red_busy.get('p99_ms')} ms p99 ({ratio:.2f}x; goal "
+            "0.5x). The p99 tick is one that sends the 10 due tasks. Sending 10 tasks through Celery on beat's "
+            f"producer, with nothing else, is {floor.get('p50_ms')} ms p50 / {floor.get('p99_ms')} ms p99 in this "
+            f"run{floor_text}. Our tick adds to those publishes one pipelined due read and one pipelined round "
+            "trip of guards for all due entries; celery-redbeat pays one HGET per due entry and one HSET per "
+            "run on top of the same publishes. Where the publishes alone cost more than half of celery-redbeat's "
+            "tick, 0.5x cannot be reached without leaving Celery's publish path (routing, signals); the idle "
+            "row, which publishes nothing, compares the scheduling work.",
+            "",
+        ]
+    rt = r.get("beat", {}).get("runtime", {})
+    ot, st = rt.get("ours tick", {}), rt.get("ours tick, 10k static, interleaved", {})
+    ratio = _div(ot.get("p99_ms"), st.get("p99_ms"))
+    if ratio is not None and ratio > 1.0:
+        out += [
+            f"**Tick with {rt.get('entries', 0):,} runtime entries vs 10,000 static ones.** The two "
+            "schedulers ran in one process and were ticked in turn (same machine noise): p50 "
+            f"{ot.get('p50_ms')} vs {st.get('p50_ms')} ms, p99 {ot.get('p99_ms')} vs {st.get('p99_ms')} ms "
+            f"({ratio:.2f}x). A tick does the same work with either: one pipelined read (ZRANGEBYSCORE of "
+            "the due entries, ZCARD, HLEN, the change counter), the guards of the due entries in one "
+            "pipelined round trip, their publishes, and a ZRANGE of the next due entry; no per-entry work "
+            "for entries that are not due (ZRANGEBYSCORE is O(log N) in Redis). A profile of 300 ticks with "
+            "100,000 runtime entries (cProfile, this VM) puts the busy ticks in Celery's publish and the "
+            "Redis round trips, and a gc callback saw no collection over 1 ms during them. The p99 is the "
+            "slowest few busy ticks of each sample (about 2% of ticks send), so on a shared 2-core VM it "
+            "moves with the load from one second to the next; compare the p50s for the per-tick cost.",
+            "",
+        ]
     lo = r.get("locks", {}).get("overhead")
     if lo and lo["locked"]["median_added_ms"] >= 2.0:
         ping = lo["ping"]["median_added_ms"]

@@ -134,6 +134,9 @@ BEAT_CHANGES_POLL: Final = 0.25
 #: Pause/resume is a compare-and-set of the entry's definition; a save landing in between makes it
 #: read again, at most this many times before it gives up with an error.
 BEAT_ENTRY_SWAP_ATTEMPTS: Final = 20
+#: A leader that loaded at least this many entries moves them out of the cyclic collector's sight
+#: (``gc.freeze``): a full collection walking 100,000 entries would stall one tick for tens of ms.
+BEAT_GC_FREEZE_ENTRIES: Final = 10_000
 
 
 # === delays ===================================================================

@@ -402,6 +402,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         finally:
             if collecting:
                 gc.enable()
+        if len(self.schedule) + len(self.paused) >= C.BEAT_GC_FREEZE_ENTRIES:
+            # The entries live for the whole term and hold no reference cycles (a replaced one is freed
+            # by its reference count): keep the collector's full passes from walking them in a tick.
+            gc.freeze()
         states, nexts, gone, idle, tombstones = plan
         pipe = self.client.pipeline(transaction=False)
         # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD

@@ -140,23 +140,24 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if self._reconciled != term:
                 self.reconcile(epoch, now)
                 self._reconciled = term
-            due, lost, version = self._read_due(now)
+            due, lost, version, head = self._read_due(now)
             if version > self.seen_version:
                 # runtime entries changed (or a run-now came in): apply just those, then look again
                 if not self.apply_changes(epoch, now, version):
                     return self.granularity
-                due, lost, _ = self._read_due(now)
+                due, lost, _, head = self._read_due(now)
             if lost:
                 # The due set or the state hash lost entries while the lease survived (eviction,
                 # a DEL by hand): nothing would ever be due again, silently. Rebuild it now.
                 logger.warning("beat: %s; reconciling the schedule", lost)
                 self.reconcile(epoch, now)
-                due, _, _ = self._read_due(now)
+                due, _, _, head = self._read_due(now)
             if not self.fire_due(due, now, epoch):
                 return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
-            head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
+            if due:  # the fired entries moved on: the next one due is somewhere else now
+                head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
         except REDIS_ERRORS as exc:
             return self.redis_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
@@ -165,9 +166,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             wait = min(wait, C.BEAT_CHANGES_POLL)
         return wait
 
-    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int]:
-        """The due entries, what is missing from the Redis state (None when nothing is), and the
-        change counter of the runtime entries.
+    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
+        """The due entries, what is missing from the Redis state (None when nothing is), the change
+        counter of the runtime entries, and the first entry of the due set (how long to sleep when
+        nothing is due: an idle tick is this one round trip).
 
         The two counts and the counter ride in the same round trip as the due read: after a reconcile
         every planned entry has a member in the due set and a field in the state hash, and only the
@@ -178,14 +180,15 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         pipe.zcard(self.keys.due)
         pipe.hlen(self.keys.state)
         pipe.get(self.entry_keys.version)
-        reply, due_count, state_count, version = pipe.execute()
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        reply, due_count, state_count, version, head = pipe.execute()
         planned = len(self.plans)
         lost = None
         if int(due_count) < planned:
             lost = f"{self.keys.due} has {int(due_count)} of {planned} entries (evicted or deleted?)"
         elif int(state_count) < planned:
             lost = f"{self.keys.state} has {int(state_count)} of {planned} entries (evicted or deleted?)"
-        return scored(reply), lost, int(version or 0)
+        return scored(reply), lost, int(version or 0), scored(head)
 
     @staticmethod
     def next_state(

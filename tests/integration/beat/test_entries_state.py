@@ -206,7 +206,7 @@ def test_a_solar_entry_fires_at_sunrise_once_and_then_the_next_day(
     assert epoch is not None
 
     def due_at(now: float) -> list[tuple[str, float]]:
-        due, lost, _ = leader._read_due(now)
+        due, lost, _, _ = leader._read_due(now)
         assert lost is None
         return [(name, score) for name, score in due if name == "dawn"]
 

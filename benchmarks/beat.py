@@ -8,7 +8,9 @@
   time to first tick and tick p99;
 - runtime entries (``save_entry``), 100,000 of them (quick: 5,000), against celery-redbeat's entry API
   (``RedBeatSchedulerEntry.save``) with the same entries: tick p99, the time from a save to the
-  leader's first fire of it, Redis memory per entry.
+  leader's first fire of it, Redis memory per entry; their tick sampled interleaved with a second
+  SafeScheduler holding 10,000 static (beat_schedule) entries, so both see the same machine; the first
+  tick of a leader that finds no state (fresh) and of one taking over (state in Redis), wall and CPU.
 
 Needs the local Redis and PostgreSQL of the test suite. ``python -m benchmarks.beat [--quick]``.
 """
@@ -140,6 +142,24 @@ def _entries(n: int, cron: Callable[..., Any], busy: int = 10) -> dict[str, Any]
     return {f"e{i}": {"task": "bench.noop", "schedule": 1.0 if i < busy else cron("0", "0")} for i in range(n)}
 
 
+def _interleaved(ticks: dict[str, Callable[[], Any]], count: int, pause: float) -> dict[str, list[float]]:
+    """Tick each scheduler in turn, ``count`` times each: the same noise falls on all of them."""
+    samples: dict[str, list[float]] = {label: [] for label in ticks}
+    for _ in range(count):
+        for label, tick in ticks.items():
+            start = time.perf_counter()
+            tick()
+            samples[label].append(time.perf_counter() - start)
+            time.sleep(pause)
+    return samples
+
+
+def _timed(fn: Callable[[], Any]) -> dict[str, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return {"s": round(time.perf_counter() - wall, 2), "cpu_s": round(time.process_time() - cpu, 2)}
+
+
 def _ticks(tick: Callable[[], Any], count: int, pause: float) -> list[float]:
     samples = []
     for _ in range(count):
@@ -184,6 +204,16 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
             "p99_us": round(_pct(guard, 0.99) * 1e6),
             "round_trips": 1,
         }
+        # the floor of a tick that sends 10 tasks: 10 Celery publishes on beat's producer, nothing else
+        entry = safe.schedule["e0"]
+        floor = []
+        for _ in range(count // 2):
+            start = time.perf_counter()
+            for _ in range(10):
+                safe.app.send_task(entry.task, producer=safe.producer)
+            floor.append(time.perf_counter() - start)
+            time.sleep(0.005)
+        out["10 Celery publishes"] = _ms(floor)
     finally:
         safe.close()
     client.flushdb()
@@ -329,15 +359,40 @@ def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
         fired.setdefault(entry, time.monotonic())
 
     signals.beat_slot_dispatched.connect(on_sent, weak=False)
-    safe = SafeScheduler(app=app, schedule_filename=str(tmp / "rt"), max_interval=1)
-    try:
-        while safe.keeper.epoch is None:
+    from celery_safe_time import crontab
+
+    def leader(label: str) -> SafeScheduler:
+        sched = SafeScheduler(app=app, schedule_filename=str(tmp / label), max_interval=1)
+        while sched.keeper.epoch is None:
             time.sleep(0.05)
-        first = time.perf_counter()
-        safe.tick()  # the term's reconcile: loads every runtime entry
-        out["ours first tick (load all) s"] = round(time.perf_counter() - first, 2)
+        return sched
+
+    # a fresh leader (no state in Redis: it plans and writes every entry), then one taking over from it
+    safe = leader("rt-fresh")
+    out["ours first tick, fresh"] = _timed(safe.tick)
+    safe.close()
+    safe = leader("rt")
+    out["ours first tick, takeover"] = _timed(safe.tick)
+    out["ours first tick (load all) s"] = out["ours first tick, takeover"]["s"]
+    # ours with 10,000 static entries (another key prefix, same Redis), ticked in turn with the 100,000
+    static_app = _app(
+        redis_url,
+        beat_schedule=_entries(N_ENTRIES, crontab),
+        safe_time_beat_lease=6,
+        safe_time_key_prefix="bench_static:",
+    )
+    static = SafeScheduler(app=static_app, schedule_filename=str(tmp / "static"), max_interval=1)
+    try:
+        while static.keeper.epoch is None:
+            time.sleep(0.05)
+        static.tick()
         time.sleep(1.1)
-        out["ours tick"] = _ms(_ticks(safe.tick, count, 0.02))
+        both = _interleaved({"runtime": safe.tick, "static": static.tick}, count, 0.01)
+        out["ours tick"] = _ms(both["runtime"])
+        out["ours tick, 10k static, interleaved"] = _ms(both["static"])
+    finally:
+        static.close()
+    try:
         stop = threading.Event()
         loop = threading.Thread(target=_tick_loop, args=(safe.tick, stop), daemon=True)
         loop.start()
@@ -507,6 +562,12 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(
         f"| guard per published slot | {g.get('p50_us')} us p50, {g.get('p99_us')} us p99, 1 round trip | none |"
     )
+    cp = t.get("10 Celery publishes", {})
+    if cp:
+        lines.append(
+            f"| 10 Celery publishes alone (the floor of a tick sending 10 tasks): p50 / p99 (ms) "
+            f"| {cp.get('p50_ms')} / {cp.get('p99_ms')} | - |"
+        )
     rt = results.get("runtime", {})
     if rt:
         n = f"{rt.get('entries', 0):,}"
@@ -515,6 +576,19 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {n} runtime entries, 10 due/s: tick p50 / p99 (ms) | {ot.get('p50_ms')} / {ot.get('p99_ms')} "
             f"| celery-redbeat, same entries: {rb.get('p50_ms')} / {rb.get('p99_ms')} |"
         )
+        st = rt.get("ours tick, 10k static, interleaved", {})
+        if st:
+            lines.append(
+                f"| {n} runtime entries vs ours with 10,000 static entries, ticked in turn: p50 / p99 (ms) "
+                f"| {ot.get('p50_ms')} / {ot.get('p99_ms')} | 10k static: {st.get('p50_ms')} / {st.get('p99_ms')} |"
+            )
+        fr, tk = rt.get("ours first tick, fresh", {}), rt.get("ours first tick, takeover", {})
+        if fr:
+            lines.append(
+                f"| {n} runtime entries: a leader's first tick, wall / CPU (s) | fresh (no state): "
+                f"{fr.get('s')} / {fr.get('cpu_s')}; takeover (state in Redis): {tk.get('s')} / {tk.get('cpu_s')} "
+                f"| - |"
+            )
         of, rf = rt.get("ours save to first fire", {}), rt.get("redbeat save to first fire", {})
         lines.append(
             f"| {n} runtime entries: save to the leader's first fire, p50 / p99 (ms) "

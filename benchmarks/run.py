@@ -318,6 +318,84 @@ def headline(r: dict[str, Any]) -> list[Head]:
                 s_idle.get("p99_ms") is not None and s_idle["p99_ms"] <= 10,
             )
         )
+    if t:
+        s_busy, s_idle = t.get("SafeScheduler", {}), t.get("SafeScheduler idle", {})
+        red_busy, red_idle = t.get("RedBeatScheduler", {}), t.get("RedBeatScheduler idle", {})
+        ratio = _div(s_busy.get("p99_ms"), red_busy.get("p99_ms"))
+        rows.append(
+            Head(
+                "SafeScheduler tick p99 vs celery-redbeat, 10 of 10,000 entries due every second",
+                f"{s_busy.get('p99_ms')} ms",
+                f"celery-redbeat: {red_busy.get('p99_ms')} ms (10 Celery publishes alone: "
+                f"{t.get('10 Celery publishes', {}).get('p99_ms')} ms p99)",
+                "<= 0.5x",
+                ratio,
+                ratio is not None and ratio <= 0.5,
+            )
+        )
+        ratio = _div(s_idle.get("p99_ms"), red_idle.get("p99_ms"))
+        rows.append(
+            Head(
+                "SafeScheduler idle tick p99 vs celery-redbeat, 10,000 entries, none due",
+                f"{s_idle.get('p99_ms')} ms",
+                f"celery-redbeat: {red_idle.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+    rt = r.get("beat", {}).get("runtime")
+    if rt:
+        n = f"{rt.get('entries', 0):,}"
+        ot, st = rt.get("ours tick", {}), rt.get("ours tick, 10k static, interleaved", {})
+        rb = rt.get("redbeat tick", {})
+        ratio = _div(ot.get("p99_ms"), st.get("p99_ms"))
+        rows.append(
+            Head(
+                f"tick p99 with {n} runtime entries vs ours with 10,000 static entries (ticked in turn), 10 due/s",
+                f"{ot.get('p99_ms')} ms",
+                f"10,000 static entries: {st.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+        ratio = _div(ot.get("p99_ms"), rb.get("p99_ms"))
+        rows.append(
+            Head(
+                f"tick p99 with {n} runtime entries vs celery-redbeat with the same entries",
+                f"{ot.get('p99_ms')} ms",
+                f"celery-redbeat: {rb.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+        of, rf = rt.get("ours save to first fire", {}), rt.get("redbeat save to first fire", {})
+        ratio = _div(of.get("p99_ms"), rf.get("p99_ms"))
+        rows.append(
+            Head(
+                f"save to the leader's first fire p99, {n} runtime entries",
+                f"{of.get('p99_ms')} ms",
+                f"celery-redbeat: {rf.get('p99_ms')} ms",
+                "<= 1.0x",
+                ratio,
+                ratio is not None and ratio <= 1.0,
+            )
+        )
+        fr, tk = rt.get("ours first tick, fresh", {}), rt.get("ours first tick, takeover", {})
+        if tk:
+            rows.append(
+                Head(
+                    f"a new leader's first tick with {n} runtime entries, wall (CPU)",
+                    f"takeover: {tk.get('s')} s ({tk.get('cpu_s')} s CPU)",
+                    f"fresh, no state in Redis: {fr.get('s')} s ({fr.get('cpu_s')} s CPU); "
+                    f"celery-redbeat first tick: {rt.get('redbeat first tick s')} s",
+                    "failover <= lease + lease/3 + this",
+                    _div(tk.get("s"), fr.get("s")),
+                    None,
+                )
+            )
     dj = r.get("beat", {}).get("django")
     if dj:
         sd, dd = dj["SafeDatabaseScheduler"], dj["DatabaseScheduler"]
@@ -567,6 +645,41 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             f"{t.get('PersistentScheduler', {}).get('p99_ms')} ms p99 and celery-redbeat "
             f"{t.get('RedBeatScheduler', {}).get('p99_ms')} ms p99. The 10 ms goal holds for the scheduling work "
             "(the idle row); a tick that publishes N tasks cannot be cheaper than N Celery publishes.",
+            "",
+        ]
+    red_busy, floor = t.get("RedBeatScheduler", {}), t.get("10 Celery publishes", {})
+    ratio = _div(busy.get("p99_ms"), red_busy.get("p99_ms"))
+    if ratio is not None and ratio > 0.5:
+        floor_ratio = _div(floor.get("p99_ms"), red_busy.get("p99_ms"))
+        floor_text = "" if floor_ratio is None else f": {floor_ratio:.2f}x celery-redbeat's whole tick at p99"
+        out += [
+            "**Tick p99 vs celery-redbeat, 10 of 10,000 entries due.** "
+            f"Ours {busy.get('p99_ms')} ms, celery-redbeat {red_busy.get('p99_ms')} ms p99 ({ratio:.2f}x; goal "
+            "0.5x). The p99 tick is one that sends the 10 due tasks. Sending 10 tasks through Celery on beat's "
+            f"producer, with nothing else, is {floor.get('p50_ms')} ms p50 / {floor.get('p99_ms')} ms p99 in this "
+            f"run{floor_text}. Our tick adds to those publishes one pipelined due read and one pipelined round "
+            "trip of guards for all due entries; celery-redbeat pays one HGET per due entry and one HSET per "
+            "run on top of the same publishes. Where the publishes alone cost more than half of celery-redbeat's "
+            "tick, 0.5x cannot be reached without leaving Celery's publish path (routing, signals); the idle "
+            "row, which publishes nothing, compares the scheduling work.",
+            "",
+        ]
+    rt = r.get("beat", {}).get("runtime", {})
+    ot, st = rt.get("ours tick", {}), rt.get("ours tick, 10k static, interleaved", {})
+    ratio = _div(ot.get("p99_ms"), st.get("p99_ms"))
+    if ratio is not None and ratio > 1.0:
+        out += [
+            f"**Tick with {rt.get('entries', 0):,} runtime entries vs 10,000 static ones.** The two "
+            "schedulers ran in one process and were ticked in turn (same machine noise): p50 "
+            f"{ot.get('p50_ms')} vs {st.get('p50_ms')} ms, p99 {ot.get('p99_ms')} vs {st.get('p99_ms')} ms "
+            f"({ratio:.2f}x). A tick does the same work with either: one pipelined read (ZRANGEBYSCORE of "
+            "the due entries, ZCARD, HLEN, the change counter), the guards of the due entries in one "
+            "pipelined round trip, their publishes, and a ZRANGE of the next due entry; no per-entry work "
+            "for entries that are not due (ZRANGEBYSCORE is O(log N) in Redis). A profile of 300 ticks with "
+            "100,000 runtime entries (cProfile, this VM) puts the busy ticks in Celery's publish and the "
+            "Redis round trips, and a gc callback saw no collection over 1 ms during them. The p99 is the "
+            "slowest few busy ticks of each sample (about 2% of ticks send), so on a shared 2-core VM it "
+            "moves with the load from one second to the next; compare the p50s for the per-tick cost.",
             "",
         ]
     lo = r.get("locks", {}).get("overhead")

@@ -85,6 +85,9 @@ KEY_BEAT_ENTRIES_VERSION: Final = "beat:entries:version"
 KEY_BEAT_ENTRIES_CHANGED: Final = "beat:entries:changed"
 #: ``beat run-now`` requests: hash name -> requested slot (ms); the leader publishes and clears them.
 KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
+#: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
+#: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
+KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
 KEY_LOCK: Final = "lock:{key}"
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
@@ -130,6 +133,12 @@ BEAT_CHANGES_BATCH: Final = 2000
 #: Once runtime entries exist, the leader ticks at least this often (seconds), so that a change is
 #: applied within this long; an idle tick is one Redis round trip.
 BEAT_CHANGES_POLL: Final = 0.25
+#: Pause/resume is a compare-and-set of the entry's definition; a save landing in between makes it
+#: read again, at most this many times before it gives up with an error.
+BEAT_ENTRY_SWAP_ATTEMPTS: Final = 20
+#: A leader that loaded at least this many entries moves them out of the cyclic collector's sight
+#: (``gc.freeze``): a full collection walking 100,000 entries would stall one tick for tens of ms.
+BEAT_GC_FREEZE_ENTRIES: Final = 10_000
 
 
 # === delays ===================================================================

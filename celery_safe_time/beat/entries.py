@@ -70,6 +70,9 @@ __all__ = [
     "schedule_from_spec",
     "schedule_to_spec",
     "set_enabled",
+    "spec_key",
+    "swap_definition",
+    "with_enabled",
 ]
 
 
@@ -79,6 +82,7 @@ class EntryKeys:
     version: str
     changed: str
     run_now: str
+    applied: str
 
     @classmethod
     def for_config(cls, config: SafeTimeConfig) -> EntryKeys:
@@ -87,6 +91,7 @@ class EntryKeys:
             version=config.key(C.KEY_BEAT_ENTRIES_VERSION),
             changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
             run_now=config.key(C.KEY_BEAT_RUN_NOW),
+            applied=config.key(C.KEY_BEAT_ENTRIES_APPLIED),
         )
 
 
@@ -310,18 +315,31 @@ def parse_definition(raw: Any) -> dict[str, Any]:
     }
 
 
+def spec_key(spec: Any) -> Any:
+    """A hashable key of a schedule spec, for caches: specs are flat objects of strings and numbers,
+    so a sorted item tuple is enough (``json.dumps`` per entry cost more than the rest of the load)."""
+    if isinstance(spec, Mapping):
+        try:
+            key = tuple(sorted(spec.items()))
+            hash(key)
+            return key
+        except TypeError:
+            pass
+    return json.dumps(spec, sort_keys=True, default=repr)
+
+
 def build_entry(
-    name: str, definition: Mapping[str, Any], app: Celery, schedules: dict[str, Any] | None = None
+    name: str, definition: Mapping[str, Any], app: Celery, schedules: dict[Any, Any] | None = None
 ) -> ScheduleEntry:
     """A celery ``ScheduleEntry`` for a parsed definition (raises :class:`ScheduleError`).
 
-    ``schedules`` caches schedule objects by their JSON: thousands of tenants share a handful of
-    schedules ("09:00 in Europe/Berlin"), and building a crontab is the costly part of loading one.
+    ``schedules`` caches schedule objects by :func:`spec_key`: thousands of tenants share a handful
+    of schedules ("09:00 in Europe/Berlin"), and building a crontab is the costly part of loading one.
     """
     if schedules is None:
         schedule = schedule_from_spec(definition["schedule"])
     else:
-        key = json.dumps(definition["schedule"], sort_keys=True)
+        key = spec_key(definition["schedule"])
         schedule = schedules.get(key)
         if schedule is None:
             schedule = schedules[key] = schedule_from_spec(definition["schedule"])
@@ -423,19 +441,40 @@ def delete_entry(name: str, app: Celery | None = None) -> bool:
     return bool(int(version))
 
 
+def with_enabled(name: str, raw: Any, enabled: bool) -> str:
+    """The canonical definition JSON of ``raw`` with its ``enabled`` flag set (:class:`ScheduleError`
+    when ``raw`` is broken)."""
+    d = parse_definition(raw)
+    schedule_from_spec(d["schedule"])
+    return definition_json(name, d["task"], d["schedule"], d["args"], d["kwargs"], d["options"], enabled)
+
+
+def swap_definition(client: redis.Redis, keys: EntryKeys, name: str, expected: Any, new: str) -> int:
+    """Compare-and-set of ``name``'s definition (``lua/swap_entry.lua``): -1 when it is no longer
+    ``expected`` (changed or deleted meanwhile), 0 when ``new`` is what is stored, else the new version."""
+    script = client.register_script(load_script(__package__, "swap_entry"))
+    return int(script(keys=[keys.entries, keys.version, keys.changed], args=[name, expected, new]))
+
+
 def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInfo | None:
-    """Pause (False) or resume (True) a runtime entry, keeping its state; None when there is none."""
+    """Pause (False) or resume (True) a runtime entry, keeping its state; None when there is none.
+
+    A compare-and-set on the stored definition: a ``save_entry`` that lands between the read and
+    the write makes it read again, so a pause never brings back the schedule it replaced.
+    """
     store = _Store(app)
     if name in store.config_entries():
         raise ScheduleError(f"{name!r} is a config entry (beat_schedule); only runtime entries can be paused")
-    raw = store.client.hget(store.keys.entries, name)
-    if raw is None:
-        return None
-    d = parse_definition(raw)
-    return save_entry(
-        name, d["task"], d["schedule"], args=d["args"], kwargs=d["kwargs"], options=d["options"],
-        enabled=enabled, app=store.app,
-    )  # fmt: skip
+    for _ in range(C.BEAT_ENTRY_SWAP_ATTEMPTS):
+        raw = store.client.hget(store.keys.entries, name)
+        if raw is None:
+            return None
+        if swap_definition(store.client, store.keys, name, raw, with_enabled(name, raw, enabled)) >= 0:
+            return get_entry(name, app=store.app)
+    raise ScheduleError(
+        f"entry {name!r}: its definition changed under each of {C.BEAT_ENTRY_SWAP_ATTEMPTS} attempts to "
+        f"{'resume' if enabled else 'pause'} it; try again"
+    )
 
 
 def run_now(name: str, app: Celery | None = None) -> datetime:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -44,6 +45,8 @@ SCRIPTS = (
     "run_now",
     "run_now_done",
     "prune",
+    "swap_entry",
+    "mark_applied",
 )
 
 
@@ -224,4 +227,12 @@ def load_state(raw: Any) -> dict[str, Any]:
 
 
 def dump_state(last: float | None, next_fire: float, sig: str) -> str:
-    return json.dumps({"last": last, "next": next_fire, "sig": sig})
+    """One entry's state JSON. A schedule with no slot left (a fired one-off) has ``"next": null``:
+    ``json.dumps`` would write ``Infinity``, which is not JSON and other languages' parsers reject."""
+    return json.dumps({"last": last, "next": next_fire if math.isfinite(next_fire) else None, "sig": sig})
+
+
+def state_next(state: dict[str, Any]) -> float:
+    """The next slot of a state written by :func:`dump_state` (``NEVER``, infinity, for null)."""
+    value = state.get("next")
+    return math.inf if value is None else float(value)

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import gc
 import logging
 from typing import Any
 
+import celery
 from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 
@@ -26,12 +29,15 @@ from ..config import SafeTimeConfig
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from ..redis_client import as_text, load_script
 from .base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler
-from .entries import EntryKeys, build_entry, parse_definition
+from .entries import EntryKeys, build_entry, parse_definition, spec_key, swap_definition, with_enabled
 from .leader import LeaseTerm
-from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored
-from .slots import Grid, decide, grid_for
+from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored, state_next
+from .slots import NEVER, Grid, at, decide, grid_for
 
 logger = logging.getLogger(__name__)
+
+#: What a reconcile writes: (state JSON by name, next slot by name, gone, idle, tombstones to prune).
+Replan = tuple[dict[str, str], dict[str, float], list[str], list[str], list[str]]
 
 __all__ = ["Plan", "SafeScheduler", "entry_plan"]
 
@@ -42,6 +48,11 @@ class Plan:
 
     grid: Grid
     policy: str
+
+    @functools.cached_property
+    def signature(self) -> str:
+        """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
+        return self.grid.signature()
 
 
 def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
@@ -76,10 +87,13 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.paused: dict[str, ScheduleEntry] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
-        #: schedule objects of runtime entries by their JSON (shared: they are never mutated)
-        self._schedules: dict[str, Any] = {}
+        #: schedule objects of runtime entries by their spec (shared: they are never mutated)
+        self._schedules: dict[Any, Any] = {}
+        #: plans of runtime entries by (spec, task, misfire policy): validated once per distinct schedule
+        self._runtime_plans: dict[Any, Plan] = {}
         self._run_now_done = self.client.register_script(load_script(__package__, "run_now_done"))
         self._prune = self.client.register_script(load_script(__package__, "prune"))
+        self._mark = self.client.register_script(load_script(__package__, "mark_applied"))
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -126,23 +140,24 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if self._reconciled != term:
                 self.reconcile(epoch, now)
                 self._reconciled = term
-            due, lost, version = self._read_due(now)
+            due, lost, version, head = self._read_due(now)
             if version > self.seen_version:
                 # runtime entries changed (or a run-now came in): apply just those, then look again
                 if not self.apply_changes(epoch, now, version):
                     return self.granularity
-                due, lost, _ = self._read_due(now)
+                due, lost, _, head = self._read_due(now)
             if lost:
                 # The due set or the state hash lost entries while the lease survived (eviction,
                 # a DEL by hand): nothing would ever be due again, silently. Rebuild it now.
                 logger.warning("beat: %s; reconciling the schedule", lost)
                 self.reconcile(epoch, now)
-                due, _, _ = self._read_due(now)
+                due, _, _, head = self._read_due(now)
             if not self.fire_due(due, now, epoch):
                 return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
-            head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
+            if due:  # the fired entries moved on: the next one due is somewhere else now
+                head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
         except REDIS_ERRORS as exc:
             return self.redis_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
@@ -151,9 +166,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             wait = min(wait, C.BEAT_CHANGES_POLL)
         return wait
 
-    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int]:
-        """The due entries, what is missing from the Redis state (None when nothing is), and the
-        change counter of the runtime entries.
+    def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
+        """The due entries, what is missing from the Redis state (None when nothing is), the change
+        counter of the runtime entries, and the first entry of the due set (how long to sleep when
+        nothing is due: an idle tick is this one round trip).
 
         The two counts and the counter ride in the same round trip as the due read: after a reconcile
         every planned entry has a member in the due set and a field in the state hash, and only the
@@ -164,31 +180,33 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         pipe.zcard(self.keys.due)
         pipe.hlen(self.keys.state)
         pipe.get(self.entry_keys.version)
-        reply, due_count, state_count, version = pipe.execute()
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        reply, due_count, state_count, version, head = pipe.execute()
         planned = len(self.plans)
         lost = None
         if int(due_count) < planned:
             lost = f"{self.keys.due} has {int(due_count)} of {planned} entries (evicted or deleted?)"
         elif int(state_count) < planned:
             lost = f"{self.keys.state} has {int(state_count)} of {planned} entries (evicted or deleted?)"
-        return scored(reply), lost, int(version or 0)
+        return scored(reply), lost, int(version or 0), scored(head)
 
     @staticmethod
     def next_state(
         plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
-    ) -> str | None:
-        """An entry's state JSON to write when (re)planning it, None when its state stands as it is.
+    ) -> tuple[str, float] | None:
+        """An entry's state JSON to write when (re)planning it and its next slot, None when its state
+        stands as it is.
 
         An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
         a next slot in the past is then a misfire, handled by its policy); an edited grid continues
         after the last fired slot; a new entry starts at its first slot from ``now``.
         """
-        sig = plan.grid.signature()
+        sig = plan.signature
         if state and state.get("sig") == sig and score is not None:
             return None
         last = state.get("last") if state else None
         if state and state.get("sig") == sig:
-            next_fire = float(state["next"])
+            next_fire = state_next(state)
         elif not state and score is not None:
             # the state hash was lost but the due set was not: keep the entry's place on its grid
             next_fire = score
@@ -200,7 +218,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if sig not in firsts:
                 firsts[sig] = plan.grid.first(now)
             next_fire = firsts[sig]
-        return dump_state(last, next_fire, sig)
+        return dump_state(last, next_fire, sig), next_fire
 
     # --- runtime entries ----------------------------------------------------------
     def _drop(self, name: str) -> None:
@@ -228,7 +246,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         try:
             definition = parse_definition(raw)
             entry = build_entry(name, definition, self.app, self._schedules)
-            plan = entry_plan(entry, self.config, self.app)
+            key = (spec_key(definition["schedule"]), entry.task, entry.options.get(OPTION_MISFIRE))
+            plan = self._runtime_plans.get(key)
+            if plan is None:
+                plan = self._runtime_plans[key] = entry_plan(entry, self.config, self.app)
         except Exception as exc:
             self._broken(name, f"invalid runtime entry: {exc}")
             return "broken"
@@ -264,10 +285,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 became = self.load_runtime(name, raw)
                 if became == "active":
                     known = load_state(state)
-                    written = self.next_state(self.plans[name], known, score, now)
-                    if written is None:
+                    planned = self.next_state(self.plans[name], known, score, now)
+                    if planned is None:
                         continue
-                    next_fire = float(load_state(written)["next"])
+                    written, next_fire = planned
                     if known and next_fire <= now:
                         # Resumed, or edited onto a grid whose next slot already passed: those slots
                         # fell while the entry was paused or before the edit, so none counts as on
@@ -295,11 +316,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 return self._refused(batch[0], now)
         if not self.write_and_publish(catch_up, epoch):
             return False
+        if forget[False]:  # applied: the tombstones have done their job (a name saved again is kept)
+            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *forget[False]])
         if len(names) == C.BEAT_CHANGES_BATCH:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
             # every change up to ``version`` is in the log (the scripts bump both atomically)
             self.seen_version = max([version, *(int(score) for _, score in changed)])
+        self._mark_applied()
         return self.run_requested(epoch, requests)
 
     def run_requested(self, epoch: int, requests: dict[Any, Any]) -> bool:
@@ -320,38 +344,73 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self._run_now_done(keys=[self.entry_keys.run_now], args=[name, slot_ms])
         return True
 
+    def fingerprint(self) -> str:
+        """What an entry's state depends on besides its definition (a plain crontab's grid follows the
+        app timezone): a leader with another fingerprint re-plans every entry."""
+        return f"format={C.BEAT_ENTRY_FORMAT};celery={celery.__version__};tz={self.app.timezone}"
+
+    def _mark_applied(self) -> None:
+        """Record that the state and due set reflect every change up to ``seen_version`` (leader only)."""
+        self._mark(
+            keys=[self.keys.lease, self.entry_keys.applied],
+            args=[self.lease.token, f"{self.seen_version} {self.fingerprint()}"],
+        )
+
+    def _applied_since(self, marker: Any, version: int) -> int | None:
+        """The version a previous leader's state reflects, None when it cannot be trusted (no marker,
+        another fingerprint, or a counter that went backwards: Redis was reset)."""
+        if not marker:
+            return None
+        applied, _, fingerprint = as_text(marker).partition(" ")
+        try:
+            since = int(applied)
+        except ValueError:
+            return None
+        return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
+
     def reconcile(self, epoch: int, now: float) -> None:
         """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones."""
-        pipe = self.client.pipeline(transaction=True)  # one snapshot: the counter matches the definitions
+        drop removed ones.
+
+        When the previous leader recorded the version its state reflects, only the config entries and
+        the runtime entries changed after it are re-planned (their state read with HMGET); every other
+        entry's state is already right in Redis. A due-set count that does not add up afterwards, or
+        no usable marker, re-plans everything from a full read of the state.
+        """
+        # one snapshot: the counter matches the definitions and the marker the state
+        pipe = self.client.pipeline(transaction=True)
         pipe.get(self.entry_keys.version)
         pipe.hgetall(self.entry_keys.entries)
-        pipe.zcard(self.entry_keys.changed)
         pipe.hgetall(self.entry_keys.run_now)
-        version, definitions, logged, requests = pipe.execute()
-        for name in list(self.runtime):
-            self._drop(name)
-        self.runtime = {}
-        for key, raw in definitions.items():
-            self.load_runtime(as_text(key), raw)
-        tombstones: list[str] = []
-        if int(logged) > len(definitions):  # the log holds deletions: read it (else it is one per entry)
-            log = self.client.zrange(self.entry_keys.changed, 0, -1)
-            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
-        stored: dict[str, Any] = {as_text(k): v for k, v in self.client.hgetall(self.keys.state).items()}
-        scores = dict(scored(self.client.zrange(self.keys.due, 0, -1, withscores=True)))
-        scheduled = set(scores)
+        pipe.get(self.entry_keys.applied)
+        version_raw, definitions, requests, marker = pipe.execute()
+        version = int(version_raw or 0)
+        # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
+        # collector would walk the growing heap again and again while they are built.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for name in list(self.runtime):
+                self._drop(name)
+            self.runtime = {}
+            for key, raw in definitions.items():
+                self.load_runtime(as_text(key), raw)
+            del definitions
+            since = self._applied_since(marker, version)
+            plan = None if since is None else self._replan_changed(now, since)
+            mode = f"changes after version {since}"
+            if plan is None:
+                plan = self._replan_all(now)
+                mode = "full"
+        finally:
+            if collecting:
+                gc.enable()
+        if len(self.schedule) + len(self.paused) >= C.BEAT_GC_FREEZE_ENTRIES:
+            # The entries live for the whole term and hold no reference cycles (a replaced one is freed
+            # by its reference count): keep the collector's full passes from walking them in a tick.
+            gc.freeze()
+        states, nexts, gone, idle, tombstones = plan
         pipe = self.client.pipeline(transaction=False)
-        states: dict[str, str] = {}
-        nexts: dict[str, float] = {}
-        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
-        for name, plan in self.plans.items():
-            written = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
-            if written is None:
-                continue
-            states[name] = written
-            nexts[name] = float(load_state(written)["next"])
-        changed = len(states)
         # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
         names = list(states)
         for i in range(0, len(names), C.BEAT_CHANGES_BATCH * 5):
@@ -359,8 +418,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             pipe.hset(self.keys.state, mapping={n: states[n] for n in chunk})
             pipe.zadd(self.keys.due, {n: nexts[n] for n in chunk})
         # paused and broken runtime entries keep their state (a resume or a fix continues the grid)
-        gone = (scheduled | set(stored)) - set(self.plans) - set(self.runtime)
-        idle = scheduled & (set(self.runtime) - set(self.plans))
         if gone:
             pipe.zrem(self.keys.due, *gone)
             pipe.hdel(self.keys.state, *gone)
@@ -372,20 +429,92 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             raise RedisUnavailable("lease lost while reconciling")
         pipe.execute()
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
-            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[int(version or 0), *tombstones])
-        self.seen_version = int(version or 0)
+            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *tombstones])
+        self.seen_version = version
+        self._mark_applied()
         # run-now requests made while no beat led: their counter bump is already behind us
         self.run_requested(epoch, requests)
         logger.info(
-            "beat: leader with epoch %s: %d entries (%d runtime, %d paused; %d new or edited, %d removed, %d disabled)",
+            "beat: leader with epoch %s: %d entries (%d runtime, %d paused; re-planned %s: %d new or edited, "
+            "%d removed, %d disabled)",
             epoch,
             len(self.plans),
             len(self.runtime),
             len(self.paused),
-            changed,
+            mode,
+            len(states),
             len(gone),
             len(self.broken),
         )
+
+    def _replan_all(self, now: float) -> Replan:
+        """(states, nexts, gone, idle, tombstones) from a full read of the state hash and the due set."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.state)
+        pipe.zrange(self.keys.due, 0, -1, withscores=True)
+        pipe.zcard(self.entry_keys.changed)
+        stored_raw, due, logged = pipe.execute()
+        stored: dict[str, Any] = {as_text(k): v for k, v in stored_raw.items()}
+        scores = dict(scored(due))
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
+        for name, plan in self.plans.items():
+            planned = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+            if planned is not None:
+                states[name], nexts[name] = planned
+        scheduled = set(scores)
+        gone = sorted((scheduled | set(stored)) - set(self.plans) - set(self.runtime))
+        idle = sorted(scheduled & (set(self.runtime) - set(self.plans)))
+        tombstones: list[str] = []
+        if int(logged) > len(self.runtime):  # the log holds deletions: read it (else it is one per entry)
+            log = self.client.zrange(self.entry_keys.changed, 0, -1)
+            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
+        return states, nexts, gone, idle, tombstones
+
+    def _replan_changed(self, now: float, since: int) -> Replan | None:
+        """Like :meth:`_replan_all` for the config entries and the runtime entries changed after
+        ``since`` only; None when the due set would not then hold exactly the planned entries (state
+        lost or written by hand, a config entry removed from beat_schedule): re-plan everything."""
+        log = self.client.zrangebyscore(self.entry_keys.changed, f"({since}", "+inf")
+        changed = [as_text(name) for name in log]
+        recheck = sorted(self.config_names | set(changed) | set(self.broken))
+        pipe = self.client.pipeline(transaction=False)
+        if recheck:
+            pipe.hmget(self.keys.state, recheck)
+            pipe.zmscore(self.keys.due, recheck)
+        pipe.zcard(self.keys.due)
+        replies = pipe.execute()
+        raws, scores = (replies[0], replies[1]) if recheck else ([], [])
+        due_count = int(replies[-1])
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        gone: list[str] = []
+        idle: list[str] = []
+        firsts: dict[str, float] = {}
+        for name, raw, score in zip(recheck, raws, scores, strict=True):
+            plan = self.plans.get(name)
+            if plan is not None:
+                planned = self.next_state(plan, load_state(raw), score, now, firsts)
+                if planned is not None:
+                    states[name], nexts[name] = planned
+                    due_count += score is None
+            elif name in self.runtime:
+                if score is not None:
+                    idle.append(name)
+                    due_count -= 1
+            elif raw is not None or score is not None:
+                gone.append(name)
+                due_count -= score is not None
+        if due_count != len(self.plans):
+            logger.info(
+                "beat: the due set would hold %d entries for %d planned; re-planning every entry",
+                due_count,
+                len(self.plans),
+            )
+            return None
+        tombstones = [name for name in changed if name not in self.runtime]
+        return states, nexts, gone, idle, tombstones
 
     def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
         """Guard and publish the due entries; False when the lease turned out to be gone.
@@ -412,6 +541,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
             if verdict < 0:
                 return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
+            if write.next_fire == NEVER:
+                self._finished(write.entry)
             if write.slot is None:
                 continue
             if verdict == 0:
@@ -426,6 +557,24 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if entry is not None:
                 self.publish(entry, write.slot, epoch)  # logs its own failures, never raises
         return True
+
+    def _finished(self, name: str) -> None:
+        """A runtime one-off has no slot left (fired, or skipped by its misfire policy): store its
+        definition as disabled, so that every reader sees it paused. A compare-and-set on the definition
+        this leader loaded: a save made meanwhile (a new instant) is kept and applied next tick."""
+        raw = self.runtime.get(name)
+        entry = self.schedule.get(name)
+        if raw is None or entry is None or not isinstance(entry.schedule, at):
+            return
+        try:
+            verdict = swap_definition(self.client, self.entry_keys, name, raw, with_enabled(name, raw, False))
+        except REDIS_ERRORS:
+            raise
+        except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
+            logger.warning("beat: one-off entry %r fired but could not be disabled: %s", name, exc)
+            return
+        if verdict > 0:
+            logger.info("beat: one-off entry %r has no slot left: disabled (version %s)", name, verdict)
 
     def plan_entry(self, name: str, slot: float, now: float, on_time: float | None = None) -> list[SlotWrite]:
         """The state writes for one due entry: a dispatch per slot to publish, else one advance.
@@ -451,7 +600,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self.plans.pop(name, None)
             self.client.zrem(self.keys.due, name)
             return []
-        sig = plan.grid.signature()
+        sig = plan.signature
         if decision.missed:
             logger.warning(
                 "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",

@@ -161,3 +161,15 @@ def test_another_language_may_omit_optional_fields() -> None:
     }
     with pytest.raises(ScheduleError, match="format"):
         parse_definition('{"format": 2, "task": "x"}')
+
+
+def test_state_of_a_schedule_with_no_slot_left_is_valid_json() -> None:
+    from celery_safe_time.beat.lease import dump_state, load_state, state_next
+
+    raw = dump_state(1764579600.0, NEVER, "at 1764579600.0")
+    assert "Infinity" not in raw
+    assert json.loads(raw)["next"] is None
+    assert state_next(load_state(raw)) == NEVER
+    assert state_next(load_state(dump_state(None, 5.0, "every 5s"))) == 5.0
+    # a state written before this change (``Infinity``) still reads as no slot left
+    assert state_next(load_state('{"last": 1.0, "next": Infinity, "sig": "x"}')) == NEVER

@@ -20,6 +20,8 @@ def install(app: Celery) -> SafeTimeConfig:
     """
     config = get_config(app)
     from .delays import sweep
+    from .delays.idle_logs import install_idle_sweep_filter
 
     sweep.register(app, config)
+    install_idle_sweep_filter()
     return config

@@ -41,12 +41,23 @@ def _files(block: str) -> dict[str, str]:
     return {name: "\n".join(lines).strip() + "\n" for name, lines in files.items()}
 
 
-def build_plain_project(directory: Path, *, broker_url: str, store_url: str, extra: str = "") -> Path:
-    """``proj.py`` from "Quick start: a plain Celery app", plus ``extra`` code (the user's tasks)."""
+README_INSTALL = "celery_safe_time.install(app)"
+
+
+def build_plain_project(
+    directory: Path, *, broker_url: str, store_url: str, extra: str = "", before_install: str | None = None
+) -> Path:
+    """``proj.py`` from "Quick start: a plain Celery app", plus ``extra`` code (the user's tasks).
+
+    ``before_install`` is code put on the line before ``install(app)`` (a setting the user adds).
+    """
     code = readme_block("Quick start: a plain Celery app")
     assert README_BROKER in code, "the README quick start changed: update this helper"
     assert README_STORE in code, "the README quick start changed: update this helper"
+    assert README_INSTALL in code, "the README quick start changed: update this helper"
     code = code.replace(README_BROKER, broker_url).replace(README_STORE, store_url)
+    if before_install is not None:
+        code = code.replace(README_INSTALL, before_install + "\n" + README_INSTALL)
     (directory / "proj.py").write_text(code + extra)
     return directory
 
@@ -65,15 +76,48 @@ def build_django_project(directory: Path, *, broker_url: str, extra_settings: st
     return directory
 
 
-def run(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m <args>`` in the project directory, as a user runs it from there."""
+def _run(directory: Path, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"}}
     env["PYTHONPATH"] = str(directory)
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=directory, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(argv, cwd=directory, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` in the project directory, as a user runs it from there."""
+    return _run(directory, [sys.executable, "-m", *args], timeout)
+
+
+def python(directory: Path, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -c <code>`` in the project directory (what a user's own code does)."""
+    return _run(directory, [sys.executable, "-c", code], timeout)
 
 
 def celery(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``celery -A proj <args>`` in the project directory."""
     return run(directory, "celery", "-A", "proj", *args, timeout=timeout)
+
+
+def start(directory: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``celery -A proj <args>`` in the background, its output in ``log``; the caller kills it."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"}}
+    env["PYTHONPATH"] = str(directory)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "proj", *args],
+            cwd=directory,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s: one process, by its own handle."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -32,6 +32,11 @@ def not_installed_message(app: Celery) -> str:
     )
 
 
+def sweep_not_needed(app: Celery) -> None:
+    """Never warn for ``app``: its stored delays are run some other way (the testing plugin's ``run_due``)."""
+    _warned.add(app)
+
+
 def warn_once_if_not_installed(app: Celery) -> None:
     """An ERROR, once per app and process, when a row is stored for an app without the sweep."""
     if app in _warned or sweep_installed(app):

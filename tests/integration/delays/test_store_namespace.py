@@ -66,6 +66,8 @@ def test_two_apps_sharing_one_store_database_keep_to_their_own_rows(
     task_id = _ok(readme.python(billing, STORE_ROW)).split()[-1]
     _ok(readme.celery(billing, "safe-time", "delays", "reschedule", task_id, "--countdown", "0"))
     assert (_pending(billing), _pending(shop)) == (1, 0)
+    status = json.loads(_ok(readme.celery(shop, "safe-time", "status", "--json")))
+    assert status["delays"]["namespace"] == "shop"
     assert task_id in _ok(readme.celery(billing, "safe-time", "delays", "list"))
     assert task_id not in _ok(readme.celery(shop, "safe-time", "delays", "list"))
     refused = readme.celery(shop, "safe-time", "delays", "cancel", task_id)

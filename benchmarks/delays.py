@@ -94,6 +94,8 @@ class Env:
             "broker_url": broker or self.redis_url,
             "result_backend": None,
             "safe_time_store_url": self.store_url,
+            # The benchmark's own apps and its worker/sweeper subprocesses are one deployment.
+            "safe_time_store_namespace": "bench",
             "broker_connection_retry_on_startup": True,
             "task_ignore_result": True,
             "timezone": "UTC",

@@ -151,6 +151,23 @@ def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     ]
 
 
+def check_sweep(app: Celery) -> Check:
+    """``install(app)`` registered the sweep: without it stored delays are never sent. A warning, not
+    a failure: ``check`` is also a probe, and a process may rightly leave the sweep to others; the
+    detail says how many rows wait meanwhile."""
+    from .delays.install_check import not_installed_message, sweep_installed
+    from .delays.stores import get_store
+
+    if sweep_installed(app):
+        return Check("sweep", "ok", f"{C.SWEEP_TASK_NAME} task and beat entry installed")
+    try:
+        waiting: int | None = get_store(app).counts()[C.STATUS_PENDING]
+    except Exception:  # the store check says why; this one still names the missing install
+        waiting = None
+    detail = not_installed_message(app) + ("" if waiting is None else f" ({waiting} stored delays pending)")
+    return Check("sweep", "warn", detail, value=waiting)
+
+
 def run_checks(app: Celery) -> list[Check]:
     """All checks for ``app``; settings errors surface as one failed check."""
     try:
@@ -160,6 +177,7 @@ def run_checks(app: Celery) -> list[Check]:
     checks = [Check("settings", "ok", "all safe_time_* settings valid"), check_broker(config)]
     checks.extend(check_redis(config))
     checks.extend(check_store(app, config))
+    checks.append(check_sweep(app))
     return checks
 
 

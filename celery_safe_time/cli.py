@@ -8,6 +8,7 @@ Each command imports its capability lazily, so ``celery --help`` stays fast and 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -24,7 +25,26 @@ _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "re
 def _app(ctx: click.Context) -> Celery:
     obj: CLIContext = ctx.obj
     app: Celery = obj.app
+    if not getattr(obj, "safe_time_loaded", False):
+        obj.safe_time_loaded = True
+        _load_like_a_worker(app)
     return app
+
+
+def _load_like_a_worker(app: Celery) -> None:
+    """Import what a worker imports before it runs anything: Celery's Django fixup calls
+    ``django.setup()`` on this signal (a proj/celery.py laid out as Django's docs show never calls
+    it), and ``autodiscover_tasks()``/``imports`` register the tasks, which ``sweep`` needs to
+    publish (a row of an unregistered task is marked failed)."""
+    app.loader.import_default_modules()
+    if os.environ.get("DJANGO_SETTINGS_MODULE"):
+        try:
+            import django
+            from django.apps import apps
+        except ImportError:
+            return
+        if not apps.ready:  # a loader without Celery's fixup (app.loader is django's, or a custom one)
+            django.setup()
 
 
 def _dump(data: Any) -> None:
@@ -405,12 +425,23 @@ def delays_list(
     if as_json:
         _dump(rows)
         return
+    table = [("ID", "STATUS", "DUE AT", "TASK", "ATTEMPTS", "STARTS", "OUTCOME")]
     for row in rows:
-        outcome = f"  outcome={row['outcome']} on {row['worker']}" if row.get("outcome") else ""
-        click.echo(
-            f"{row['id']}  {row['status']:<9}  {row['due_at']}  {row['task']}  attempts={row['attempts']}"
-            f"  starts={row.get('starts', 0)}{outcome}"
+        outcome = f"{row['outcome']} on {row['worker']}" if row.get("outcome") else "-"
+        table.append(
+            (
+                row["id"],
+                row["status"],
+                row["due_at"].isoformat(),
+                row["task"],
+                str(row["attempts"]),
+                str(row.get("starts", 0)),
+                outcome,
+            )
         )
+    widths = [max(len(line[col]) for line in table) for col in range(len(table[0]))]
+    for line in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     click.echo(f"{len(rows)} row(s)")
 
 
@@ -435,9 +466,11 @@ def delays_cancel(ctx: click.Context, task_id: str) -> None:
     """Cancel a stored delay that has not started; exit 1 when nothing changed."""
     from .delays.admin import cancel
 
-    changed = cancel(task_id, app=_app(ctx))
-    click.echo(f"{task_id}: {'cancelled' if changed else 'already started or finished, unchanged'}")
-    sys.exit(0 if changed else 1)
+    app = _app(ctx)
+    if cancel(task_id, app=app):
+        click.echo(f"{task_id}: cancelled")
+        return
+    _unchanged(app, task_id, "cancellable")
 
 
 @delays.command(name="reschedule", cls=CeleryCommand)
@@ -451,9 +484,23 @@ def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdo
 
     if (eta is None) == (countdown is None):
         raise click.UsageError("give exactly one of --eta or --countdown")
-    changed = reschedule(task_id, eta=eta, countdown=countdown, app=_app(ctx))
-    click.echo(f"{task_id}: {'rescheduled' if changed else 'already started or finished, unchanged'}")
-    sys.exit(0 if changed else 1)
+    app = _app(ctx)
+    if reschedule(task_id, eta=eta, countdown=countdown, app=app):
+        click.echo(f"{task_id}: rescheduled")
+        return
+    _unchanged(app, task_id, "reschedulable")
+
+
+def _unchanged(app: Celery, task_id: str, what: str) -> None:
+    """Say why a cancel or reschedule changed nothing (an unknown id is not a finished row), exit 1."""
+    from .delays.stores import get_store
+
+    row = get_store(app).get(task_id)
+    if row is None:
+        click.echo(f"{task_id}: no such delay", err=True)
+    else:
+        click.echo(f"{task_id}: {row.status}, not {what}, unchanged", err=True)
+    sys.exit(1)
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:

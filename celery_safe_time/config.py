@@ -50,6 +50,8 @@ class SafeTimeConfig:
     misfire_grace: float | None = C.DEFAULT_MISFIRE_GRACE
     delay_threshold: float = C.DEFAULT_DELAY_THRESHOLD_CAP
     store_url: str = C.DEFAULT_STORE_URL
+    #: The rows of the store this app claims, lists, counts, cancels and purges (its own and legacy ones).
+    store_namespace: str = C.DEFAULT_STORE_NAMESPACE
     sweep_interval: float = C.DEFAULT_SWEEP_INTERVAL
     sweep_batch: int = C.DEFAULT_SWEEP_BATCH
     sweep_queue: str | None = C.DEFAULT_SWEEP_QUEUE
@@ -115,7 +117,9 @@ def get_config(app: Celery) -> SafeTimeConfig:
         read.add(key)
         return app.conf.get(key)
 
-    config = parse_config(get, broker_url=_broker_url(app), transport_options=_transport_options(app))
+    config = parse_config(
+        get, broker_url=_broker_url(app), transport_options=_transport_options(app), app_name=app.main
+    )
     _CACHE[app] = config
     # The keys parse_config asked for are the known ones: a setting added there is known here too.
     for message in unknown_setting_warnings(_setting_names(app), read):
@@ -176,6 +180,7 @@ def parse_config(
     *,
     broker_url: str = "",
     transport_options: dict[str, Any] | None = None,
+    app_name: str | None = None,
 ) -> SafeTimeConfig:
     """Validate raw settings read through ``get(key)`` and build a :class:`SafeTimeConfig`.
 
@@ -256,6 +261,8 @@ def parse_config(
     store_url = _default(get("safe_time_store_url"), C.DEFAULT_STORE_URL)
     store_url = _store_url("safe_time_store_url", store_url)
 
+    store_namespace = _store_namespace(get("safe_time_store_namespace"), app_name)
+
     sweep_queue = get("safe_time_sweep_queue")
     if sweep_queue is not None and (not isinstance(sweep_queue, str) or not sweep_queue):
         raise ImproperlyConfigured("safe_time_sweep_queue", f"must be a queue name or None, got {sweep_queue!r}")
@@ -285,6 +292,7 @@ def parse_config(
         misfire_grace=misfire_grace,
         delay_threshold=delay_threshold,
         store_url=store_url,
+        store_namespace=store_namespace,
         sweep_interval=_number(
             "safe_time_sweep_interval", _default(get("safe_time_sweep_interval"), C.DEFAULT_SWEEP_INTERVAL)
         ),
@@ -426,3 +434,17 @@ def _store_url(key: str, url: Any) -> str:
             f"unknown scheme {scheme!r}; use 'django' or a SQLAlchemy URL ({', '.join(sorted(C.STORE_URL_SCHEMES))})",
         )
     return url
+
+
+def _store_namespace(value: Any, app_name: str | None) -> str:
+    """``safe_time_store_namespace``: set, or the app's main name, or ``"celery"``."""
+    if value is None:
+        value = app_name or C.DEFAULT_STORE_NAMESPACE
+        # Celery("proj") -> "proj"; a name longer than the column keeps its end (the module path's tail).
+        return str(value)[-C.DELAY_NAMESPACE_LENGTH :]
+    if not isinstance(value, str) or not value.strip() or len(value) > C.DELAY_NAMESPACE_LENGTH:
+        raise ImproperlyConfigured(
+            "safe_time_store_namespace",
+            f"must be a non-empty string of at most {C.DELAY_NAMESPACE_LENGTH} characters, got {value!r}",
+        )
+    return value

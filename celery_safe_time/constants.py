@@ -16,6 +16,12 @@ DEFAULT_MISFIRE: Final = "run_once"
 DEFAULT_MISFIRE_GRACE: Final = None
 DEFAULT_DELAY_THRESHOLD_CAP: Final = 900.0
 DEFAULT_STORE_URL: Final = "sqlite:///celery_safe_time.sqlite3"
+#: ``safe_time_store_namespace`` when the app has no main name (``Celery()``); otherwise the default
+#: is the app's main name (``Celery("proj")`` -> ``"proj"``).
+DEFAULT_STORE_NAMESPACE: Final = "celery"
+#: The namespace of rows stored before namespaces existed (the upgrade gives them this): every app's
+#: sweep still claims them, as before the upgrade, so a single-app deployment loses none.
+LEGACY_STORE_NAMESPACE: Final = ""
 DEFAULT_SWEEP_INTERVAL: Final = 5.0
 DEFAULT_SWEEP_BATCH: Final = 500
 DEFAULT_SWEEP_QUEUE: Final = None
@@ -236,6 +242,7 @@ DELAY_KEY_LENGTH: Final = 255
 DELAY_CONTENT_TYPE_LENGTH: Final = 128
 DELAY_ENCODING_LENGTH: Final = 64
 DELAY_ERROR_LENGTH: Final = 4000
+DELAY_NAMESPACE_LENGTH: Final = 64
 
 #: apply_async option that deduplicates pending delays.
 OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"

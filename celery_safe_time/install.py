@@ -25,8 +25,10 @@ def install(app: Celery) -> SafeTimeConfig:
     config = get_config(app)
     check_timezone(app)
     from .delays import sweep
+    from .delays.idle_logs import install_idle_sweep_filter
 
     sweep.register(app, config)
+    install_idle_sweep_filter()
     return config
 
 

@@ -48,6 +48,7 @@ from celery.app.trace import build_tracer
 from . import constants as C
 from .clock import as_utc, local_time, to_datetime
 from .config import SafeTimeConfig, get_config, reset_config
+from .delays.install_check import sweep_not_needed
 from .delays.payload import decode
 from .delays.stores import reset_store, set_store
 from .delays.stores.base import DelayRow
@@ -631,6 +632,7 @@ def safe_time_testing(
     reset_store(app)
     store = TestStore()
     set_store(app, store)
+    sweep_not_needed(app)  # run_due() publishes the due rows: no sweep to install
     locks = MemoryLockStore(get_config(app))
     use_lock_store(app, locks)
     handle = SafeTimeTesting(app, store, locks)

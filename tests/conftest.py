@@ -127,6 +127,8 @@ def make_app(redis_url: str, sqlite_url: str) -> Iterator[Callable[..., Celery]]
             broker_url=redis_url,
             result_backend=redis_url,
             safe_time_store_url=sqlite_url,
+            # One deployment with the subprocess apps of tests/apps (see tests/apps/settings.py).
+            safe_time_store_namespace="tests",
             broker_connection_retry_on_startup=True,
             timezone="UTC",
         )

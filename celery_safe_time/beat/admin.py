@@ -43,6 +43,11 @@ def describe_beat(app: Celery) -> dict[str, Any]:
                 "next_slot": _iso(float(score)),
             }
         )
+    if not total:
+        from ..contrib.django.status import describe_django_entries, django_beat_in_use
+
+        if django_beat_in_use():
+            total, entries = describe_django_entries()
     return {
         "leader": {
             "host": info.get("host"),

@@ -109,6 +109,10 @@ class LeasedScheduler:
     def check_startup(self, granularity: float) -> None:
         check_lease(self.config, granularity)
         startup_checks(self.config, self.client, self.clock, "beat")
+        from ..delays.install_check import not_installed_message, sweep_installed
+
+        if not sweep_installed(self.app):
+            logger.error("beat: %s", not_installed_message(self.app))
 
     def start_lease(self) -> None:
         self.keeper.start()

@@ -633,6 +633,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         entry.last_run_at = when
         entry.total_run_count += 1
         task_id = getattr(result, "id", None)
-        logger.info("beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch)
+        # The sweep goes every few seconds: at INFO it would fill the log (issue 21).
+        level = logging.DEBUG if entry.task == C.SWEEP_TASK_NAME else logging.INFO
+        logger.log(
+            level, "beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch
+        )
         signals.beat_slot_dispatched.send(sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=task_id)
         return result

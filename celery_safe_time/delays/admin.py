@@ -125,7 +125,8 @@ def show_delay(app: Celery, task_id: str) -> dict[str, Any] | None:
 def describe_delays(app: Celery) -> dict[str, Any]:
     """The ``safe-time status`` section: pending/claimed counts, oldest due, current lateness."""
     store = get_store(app)
-    info: dict[str, Any] = {"store": mask_url(get_config(app).store_url)}
+    config = get_config(app)
+    info: dict[str, Any] = {"store": mask_url(config.store_url), "namespace": config.store_namespace}
     try:
         counts = store.counts()
         now = store.now()

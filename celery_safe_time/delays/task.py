@@ -20,6 +20,7 @@ from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
 from ..tracing import inject_context
 from .delivery import delivery_token, run_delivery
+from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import plan_delay
 from .stores import get_store
@@ -139,6 +140,7 @@ class SafeTask(Task):
             )
         )
         due_at = result.due_at
+        warn_once_if_not_installed(app)
         if result.created:
             logger.debug("stored %s[%s] due at %s", self.name, task_id, due_at)
             signals.delay_stored.send(sender=self, task_id=task_id, task_name=self.name, due_at=due_at)

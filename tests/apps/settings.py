@@ -24,6 +24,8 @@ def configure(app: Celery, **defaults: Any) -> Celery:
         "worker_hijack_root_logger": True,
         "beat_max_loop_interval": 1,
         "timezone": "UTC",
+        # The test process's apps and the subprocess apps are one deployment: one store namespace.
+        "safe_time_store_namespace": "tests",
     }
     if os.environ.get("SAFE_TIME_TEST_STORE_URL"):
         conf["safe_time_store_url"] = os.environ["SAFE_TIME_TEST_STORE_URL"]

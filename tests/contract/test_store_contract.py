@@ -459,3 +459,48 @@ def test_purge_refuses_unfinished_rows_and_bad_arguments(
     assert isinstance(info.value, PurgeRefused)
     assert any_store.get("keep") is not None
     assert any_store.purge(before, []) == 0
+
+
+def _in_namespace(store: DelayStore, namespace: str) -> DelayStore:
+    """Another app's view of the same table (same connection pool / rows), scoped to ``namespace``."""
+    import copy
+
+    scoped = copy.copy(store)
+    scoped.namespace = namespace
+    return scoped
+
+
+def test_namespaces_split_one_table_and_legacy_rows_stay_everyones(any_store: DelayStore) -> None:
+    a, b = _in_namespace(any_store, "billing"), _in_namespace(any_store, "shop")
+    now = any_store.now()
+    a.insert(new_delay("a1", now - timedelta(seconds=3), idempotency_key="k"))
+    b.insert(new_delay("b1", now - timedelta(seconds=2)))
+    any_store.insert(new_delay("old", now - timedelta(seconds=1)))  # no namespace: stored before namespaces
+
+    assert a.get("b1") is None
+    assert b.get("a1") is None
+    assert (a.get("a1").namespace, b.get("b1").namespace, a.get("old").namespace) == ("billing", "shop", "")  # type: ignore[union-attr]
+    assert [r.id for r in a.list()] == ["a1", "old"]
+    assert [r.id for r in b.list()] == ["b1", "old"]
+    assert [r.id for r in any_store.list()] == ["a1", "b1", "old"]
+    assert a.counts()[C.STATUS_PENDING] == 2
+    assert a.oldest_due() == now - timedelta(seconds=3)
+    assert b.oldest_due() == now - timedelta(seconds=2)
+    assert not b.cancel("a1")
+    assert not b.reschedule("a1", now)
+    # Another app's pending idempotency key is never answered with that app's row.
+    try:
+        other = b.insert(new_delay("b2", now + timedelta(hours=1), idempotency_key="k"))
+    except StoreError:
+        pass  # SQL stores: the key's unique index spans the table
+    else:
+        assert (other.task_id, other.created) == ("b2", True)
+
+    assert [r.id for r in b.claim_due(limit=10, lookahead=0, token="tb")] == ["b1", "old"]
+    assert [r.id for r in a.claim_due(limit=10, lookahead=0, token="ta")] == ["a1"]
+    assert a.mark_sent(["a1"], "ta") == 1
+    assert b.mark_sent(["b1", "old"], "tb") == 2
+    later = any_store.now() + timedelta(seconds=1)
+    assert b.purgeable(later) == 2
+    assert a.purge(later) == 2  # a1 and the legacy row
+    assert [r.id for r in any_store.list()] == ["b1", *(["b2"] if any_store.get("b2") else [])]

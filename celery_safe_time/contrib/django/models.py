@@ -39,6 +39,8 @@ class DelayedTask(models.Model):
     started_by = models.CharField(max_length=C.DELIVERY_TOKEN_LENGTH, null=True, blank=True)
     starts = models.IntegerField(default=0)
     suspected_at = models.DateTimeField(null=True, blank=True)
+    # safe_time_store_namespace of the app that stored it; "" on rows stored before namespaces.
+    namespace = models.CharField(max_length=C.DELAY_NAMESPACE_LENGTH, default=C.LEGACY_STORE_NAMESPACE, blank=True)
 
     class Meta:
         db_table = C.DELAY_TABLE

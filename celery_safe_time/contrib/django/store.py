@@ -65,6 +65,13 @@ class DjangoStore(DelayStore):
         return DelayedTask
 
     def _objects(self) -> Any:
+        """Rows of this store's namespace and legacy ones (every row for a store without one)."""
+        objects = self.model.objects.using(self.using)
+        scope = self.scope
+        return objects.all() if scope is None else objects.filter(namespace__in=scope)
+
+    def _all_objects(self) -> Any:
+        """Every row, whatever its namespace: task ids are unique across the table."""
         return self.model.objects.using(self.using)
 
     @contextmanager
@@ -138,12 +145,13 @@ class DjangoStore(DelayStore):
             if found is not None:
                 return InsertResult(found[0], created=False, due_at=as_utc(found[1]))
         if careful:
-            existing = objects.filter(id=delay.id).values_list("status", flat=True).first()
+            everyone = self._all_objects()
+            existing = everyone.filter(id=delay.id).values_list("status", flat=True).first()
             if existing is not None:
                 if existing not in C.DELAY_REPLACEABLE_STATUSES:
                     raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-                objects.filter(id=delay.id, status__in=list(C.DELAY_REPLACEABLE_STATUSES)).delete()
-        values = delay.pending_row(self.now())
+                everyone.filter(id=delay.id, status__in=list(C.DELAY_REPLACEABLE_STATUSES)).delete()
+        values = self.new_row(delay, self.now())
         # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
         self.model(**values).save(using=self.using, force_insert=True)
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
@@ -185,7 +193,7 @@ class DjangoStore(DelayStore):
             if prior_runs:
                 taken_over |= Q(started_by__in=list(prior_runs))
             startable = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES)) | (Q(status=C.STATUS_STARTED) & taken_over)
-            objects = self._objects()
+            objects = self._all_objects()
             mine = objects.filter(id=task_id, delivery_token=token)
             won = mine.filter(startable).update(
                 status=C.STATUS_STARTED,
@@ -210,7 +218,7 @@ class DjangoStore(DelayStore):
         return self._atomic(run)
 
     def _running(self, task_id: str, token: str, run_id: str) -> Any:
-        return self._objects().filter(id=task_id, delivery_token=token, status=C.STATUS_STARTED, started_by=run_id)
+        return self._all_objects().filter(id=task_id, delivery_token=token, status=C.STATUS_STARTED, started_by=run_id)
 
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
         return self._atomic(lambda: bool(self._running(task_id, token, run_id).update(heartbeat_at=self.now())))
@@ -251,7 +259,7 @@ class DjangoStore(DelayStore):
                 if rerun
                 else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
             )
-            mine = self._objects().filter(id=task_id, delivery_token=token)
+            mine = self._all_objects().filter(id=task_id, delivery_token=token)
             if mine.filter(_dead(now, stale_after)).update(updated_at=now, **values):
                 return True
             mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
@@ -291,7 +299,7 @@ class DjangoStore(DelayStore):
             if values.get("sent_at") is True:
                 values["sent_at"] = now
             return int(
-                self._objects()
+                self._all_objects()
                 .filter(id__in=list(task_ids), status=C.STATUS_CLAIMED, claim_token=token)
                 .update(claim_token=None, updated_at=now, status=status, **values)
             )

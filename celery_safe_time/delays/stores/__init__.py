@@ -18,20 +18,23 @@ _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.Wea
 _lock = threading.Lock()
 
 
-def create_store(url: str) -> DelayStore:
-    """Build the store named by ``safe_time_store_url``."""
+def create_store(url: str, *, namespace: str | None = None) -> DelayStore:
+    """Build the store named by ``safe_time_store_url``, scoped to ``namespace`` (None: every row)."""
+    store: DelayStore
     if url == C.DJANGO_STORE:
         from ...contrib.django.store import DjangoStore
 
-        store: DelayStore = DjangoStore()
-        return store
-    if url.startswith("memory:"):
+        store = DjangoStore()
+    elif url.startswith("memory:"):
         from .memory import MemoryStore
 
-        return MemoryStore(url)
-    from .sql import SQLAlchemyStore
+        store = MemoryStore(url)
+    else:
+        from .sql import SQLAlchemyStore
 
-    return SQLAlchemyStore(url)
+        store = SQLAlchemyStore(url)
+    store.namespace = namespace
+    return store
 
 
 def get_store(app: Celery) -> DelayStore:
@@ -43,7 +46,8 @@ def get_store(app: Celery) -> DelayStore:
     with _lock:
         cached = _stores.get(app)
         if cached is None or cached[0] != pid:
-            store = create_store(get_config(app).store_url)
+            config = get_config(app)
+            store = create_store(config.store_url, namespace=config.store_namespace)
             _stores[app] = (pid, store)
             cached = _stores[app]
     return cached[1]

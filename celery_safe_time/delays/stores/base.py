@@ -132,6 +132,8 @@ class DelayRow:
     #: once it stays stale for another ``safe_time_lock_ttl`` after that (a heartbeat since clears it):
     #: a store outage stops every heartbeat at once, and the first look after it must not take over.
     suspected_at: datetime | None = None
+    #: The app (``safe_time_store_namespace``) that stored it; "" for a row stored before namespaces.
+    namespace: str = C.LEGACY_STORE_NAMESPACE
 
     @classmethod
     def from_mapping(cls, values: Mapping[Any, Any]) -> DelayRow:
@@ -199,6 +201,23 @@ class DelayStore(abc.ABC):
 
     #: The URL it was built from (masked before it is ever logged).
     url: str = ""
+    #: ``safe_time_store_namespace`` of the app this store serves: it claims, lists, counts, cancels
+    #: and purges only rows of this namespace and legacy ones (stored before namespaces). None (a
+    #: store built by hand, without an app) sees every row and stores legacy ones.
+    namespace: str | None = None
+
+    @property
+    def scope(self) -> tuple[str, ...] | None:
+        """The namespaces this store works on (its own and the legacy one), or None for every row."""
+        if self.namespace is None:
+            return None
+        return (self.namespace, C.LEGACY_STORE_NAMESPACE)
+
+    def new_row(self, delay: NewDelay, now: datetime) -> dict[str, Any]:
+        """The column values of ``delay`` as a fresh pending row of this store's namespace."""
+        values = delay.pending_row(now)
+        values["namespace"] = self.namespace if self.namespace is not None else C.LEGACY_STORE_NAMESPACE
+        return values
 
     @abc.abstractmethod
     def now(self) -> datetime:

@@ -38,6 +38,13 @@ class MemoryStore(DelayStore):
     def ping(self) -> None:
         return None
 
+    def _mine(self, row: DelayRow | None) -> bool:
+        scope = self.scope
+        return row is not None and (scope is None or row.namespace in scope)
+
+    def _scoped(self) -> list[DelayRow]:
+        return [r for r in self._rows.values() if self._mine(r)]
+
     def _replace(self, row: DelayRow, **changes: object) -> DelayRow:
         new = dataclasses.replace(row, updated_at=self.now(), **changes)  # type: ignore[arg-type]
         self._rows[row.id] = new
@@ -46,20 +53,20 @@ class MemoryStore(DelayStore):
     def insert(self, delay: NewDelay) -> InsertResult:
         with self._lock:
             if delay.idempotency_key is not None:
-                for row in self._rows.values():
+                for row in self._scoped():
                     if row.status == C.STATUS_PENDING and row.idempotency_key == delay.idempotency_key:
                         return InsertResult(row.id, created=False, due_at=row.due_at)
             existing = self._rows.get(delay.id)
             if existing is not None and existing.status not in C.DELAY_REPLACEABLE_STATUSES:
                 raise StoreError(f"task id {delay.id!r} is already stored and {existing.status}")
-            values = delay.pending_row(self.now())
+            values = self.new_row(delay, self.now())
             self._rows[delay.id] = DelayRow(**values)
             return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
     def cancel(self, task_id: str) -> bool:
         with self._lock:
             row = self._rows.get(task_id)
-            if row is None or row.status not in C.DELAY_CANCELLABLE_STATUSES:
+            if row is None or not self._mine(row) or row.status not in C.DELAY_CANCELLABLE_STATUSES:
                 return False
             self._replace(row, status=C.STATUS_CANCELLED, claim_token=None)
             return True
@@ -67,7 +74,7 @@ class MemoryStore(DelayStore):
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
         with self._lock:
             row = self._rows.get(task_id)
-            if row is None or row.status not in C.DELAY_CANCELLABLE_STATUSES:
+            if row is None or not self._mine(row) or row.status not in C.DELAY_CANCELLABLE_STATUSES:
                 return False
             self._replace(
                 row, due_at=due_at, status=C.STATUS_PENDING, claim_token=None, delivery_token=new_delivery_token()
@@ -133,7 +140,7 @@ class MemoryStore(DelayStore):
             cutoff = self.now() - timedelta(seconds=grace)
             lost = [
                 r
-                for r in self._rows.values()
+                for r in self._scoped()
                 if r.status == C.STATUS_SENT and r.sent_at is not None and r.sent_at < cutoff and r.due_at < cutoff
             ]
             for row in lost:
@@ -143,7 +150,7 @@ class MemoryStore(DelayStore):
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         with self._lock:
             cutoff = self.now() - timedelta(seconds=stale_after)
-            stale = [r for r in self._rows.values() if r.status == C.STATUS_STARTED and _heartbeat_before(r, cutoff)]
+            stale = [r for r in self._scoped() if r.status == C.STATUS_STARTED and _heartbeat_before(r, cutoff)]
         return sorted(stale, key=lambda r: (r.heartbeat_at or r.updated_at, r.id))[:limit]
 
     def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
@@ -167,7 +174,7 @@ class MemoryStore(DelayStore):
             now = self.now()
             horizon = now + timedelta(seconds=lookahead)
             due = sorted(
-                (r for r in self._rows.values() if r.status == C.STATUS_PENDING and r.due_at <= horizon),
+                (r for r in self._scoped() if r.status == C.STATUS_PENDING and r.due_at <= horizon),
                 key=lambda r: (r.due_at, r.id),
             )[:limit]
             return [
@@ -199,7 +206,7 @@ class MemoryStore(DelayStore):
             cutoff = self.now() - timedelta(seconds=timeout)
             stale = [
                 r
-                for r in self._rows.values()
+                for r in self._scoped()
                 if r.status == C.STATUS_CLAIMED and r.claimed_at is not None and r.claimed_at < cutoff
             ]
             for row in stale:
@@ -208,18 +215,19 @@ class MemoryStore(DelayStore):
 
     def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
         with self._lock:
-            return sum(1 for r in self._rows.values() if r.status in statuses and r.updated_at < before)
+            return sum(1 for r in self._scoped() if r.status in statuses and r.updated_at < before)
 
     def _purge(self, before: datetime, statuses: frozenset[str], limit: int) -> int:
         with self._lock:
-            old = [r.id for r in self._rows.values() if r.status in statuses and r.updated_at < before][:limit]
+            old = [r.id for r in self._scoped() if r.status in statuses and r.updated_at < before][:limit]
             for task_id in old:
                 del self._rows[task_id]
             return len(old)
 
     def get(self, task_id: str) -> DelayRow | None:
         with self._lock:
-            return self._rows.get(task_id)
+            row = self._rows.get(task_id)
+            return row if self._mine(row) else None
 
     def list(
         self,
@@ -232,7 +240,7 @@ class MemoryStore(DelayStore):
         with self._lock:
             rows = [
                 r
-                for r in self._rows.values()
+                for r in self._scoped()
                 if (status is None or r.status == status)
                 and (task is None or r.task == task)
                 and (due_before is None or r.due_at <= due_before)
@@ -242,13 +250,13 @@ class MemoryStore(DelayStore):
     def counts(self) -> dict[str, int]:
         counts = empty_counts()
         with self._lock:
-            for row in self._rows.values():
+            for row in self._scoped():
                 counts[row.status] += 1
         return counts
 
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         with self._lock:
-            dues = [r.due_at for r in self._rows.values() if r.status == status]
+            dues = [r.due_at for r in self._scoped() if r.status == status]
         return min(dues) if dues else None
 
 

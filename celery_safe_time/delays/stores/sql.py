@@ -140,6 +140,7 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("sent_at", UTCDateTime, nullable=True),
         sa.Column("last_error", sa.Text, nullable=True),
         *_delivery_columns(),
+        *_namespace_columns(),
     ]
 
 
@@ -156,6 +157,24 @@ def _delivery_columns() -> list[sa.Column[Any]]:
         sa.Column("starts", sa.Integer, nullable=False, server_default="0", default=0),
         sa.Column("suspected_at", UTCDateTime, nullable=True),
     ]
+
+
+def _namespace_columns() -> list[sa.Column[Any]]:
+    """``safe_time_store_namespace`` of the app that stored the row; "" on rows of an older table."""
+    return [
+        sa.Column(
+            "namespace",
+            sa.String(C.DELAY_NAMESPACE_LENGTH),
+            nullable=False,
+            server_default=C.LEGACY_STORE_NAMESPACE,
+            default=C.LEGACY_STORE_NAMESPACE,
+        ),
+    ]
+
+
+def _added_columns() -> list[sa.Column[Any]]:
+    """Columns added after the first release: :meth:`SQLAlchemyStore.ensure_schema` adds the missing ones."""
+    return [*_delivery_columns(), *_namespace_columns()]
 
 
 # The queries of every dialect use this table; its indexes are the PostgreSQL/SQLite schema.
@@ -358,6 +377,11 @@ class SQLAlchemyStore(DelayStore):
         except sa.exc.SQLAlchemyError as exc:
             raise self._fail(exc) from exc
 
+    def _in_scope(self) -> sa.ColumnElement[bool]:
+        """Rows of this store's namespace and legacy ones (every row for a store without one)."""
+        scope = self.scope
+        return sa.true() if scope is None else delays.c.namespace.in_(scope)
+
     @property
     def _is_mysql(self) -> bool:
         return self.dialect in C.MYSQL_DIALECTS
@@ -392,10 +416,11 @@ class SQLAlchemyStore(DelayStore):
             self._schema_ready = True
 
     def _upgrade_schema(self) -> None:
-        """Add the delivery record's columns and indexes to a table made by an earlier version."""
+        """Add the delivery record's and the namespace's columns (and indexes) to a table made by an
+        earlier version. Existing rows get namespace "" (legacy): every app's sweep still claims them."""
         try:
             names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
-            missing = [col for col in _delivery_columns() if col.name not in names]
+            missing = [col for col in _added_columns() if col.name not in names]
             if not missing:
                 return
             with self.engine.begin() as conn:
@@ -410,7 +435,7 @@ class SQLAlchemyStore(DelayStore):
                     if index.name in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
                         index.create(conn, checkfirst=True)
             logger.warning(
-                "store %s: added the delivery record columns to %s (%s)",
+                "store %s: added columns to %s (%s)",
                 mask_url(self.url),
                 C.DELAY_TABLE,
                 ", ".join(col.name for col in missing),
@@ -425,7 +450,7 @@ class SQLAlchemyStore(DelayStore):
             names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
         except sa.exc.SQLAlchemyError:
             return False
-        return all(col.name in names for col in _delivery_columns())
+        return all(col.name in names for col in _added_columns())
 
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations or an
@@ -469,7 +494,7 @@ class SQLAlchemyStore(DelayStore):
         with self._begin() as conn:
             if delay.idempotency_key is not None:
                 found = conn.execute(
-                    sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key))
+                    sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key), self._in_scope())
                 ).first()
                 if found is not None:
                     return InsertResult(found.id, created=False, due_at=found.due_at)
@@ -480,7 +505,7 @@ class SQLAlchemyStore(DelayStore):
                         raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
                     # retry() reuses its task id: the finished (or running) row makes room for the new one.
                     conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
-            values = delay.pending_row(self._db_now(conn))
+            values = self.new_row(delay, self._db_now(conn))
             conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
@@ -496,7 +521,7 @@ class SQLAlchemyStore(DelayStore):
         with self._begin() as conn:
             now = self._db_now(conn)
             for start in range(0, len(rows), chunk):
-                conn.execute(sa.insert(t), [d.pending_row(now) for d in rows[start : start + chunk]])
+                conn.execute(sa.insert(t), [self.new_row(d, now) for d in rows[start : start + chunk]])
 
     def cancel(self, task_id: str) -> bool:
         t = delays
@@ -504,7 +529,7 @@ class SQLAlchemyStore(DelayStore):
             now = self._db_now(conn)
             result = conn.execute(
                 sa.update(t)
-                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)))
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)), self._in_scope())
                 .values(status=C.STATUS_CANCELLED, claim_token=None, updated_at=now)
             )
             return bool(result.rowcount)
@@ -515,7 +540,7 @@ class SQLAlchemyStore(DelayStore):
             now = self._db_now(conn)
             result = conn.execute(
                 sa.update(t)
-                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)))
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)), self._in_scope())
                 .values(
                     due_at=due_at,
                     status=C.STATUS_PENDING,
@@ -610,7 +635,7 @@ class SQLAlchemyStore(DelayStore):
             cutoff = now - timedelta(seconds=grace)
             result = conn.execute(
                 sa.update(t)
-                .where(_status(C.STATUS_SENT), t.c.sent_at < cutoff, t.c.due_at < cutoff)
+                .where(_status(C.STATUS_SENT), t.c.sent_at < cutoff, t.c.due_at < cutoff, self._in_scope())
                 .values(status=C.STATUS_PENDING, updated_at=now)
             )
             return int(result.rowcount)
@@ -621,7 +646,7 @@ class SQLAlchemyStore(DelayStore):
             now = self._db_now(conn)
             query = (
                 sa.select(t)
-                .where(_status(C.STATUS_STARTED), _stale_heartbeat(now, stale_after))
+                .where(_status(C.STATUS_STARTED), _stale_heartbeat(now, stale_after), self._in_scope())
                 .order_by(t.c.heartbeat_at, t.c.id)
                 .limit(limit)
             )
@@ -650,7 +675,7 @@ class SQLAlchemyStore(DelayStore):
         t = delays
         query = (
             sa.select(t.c.id)
-            .where(_status(C.STATUS_PENDING), t.c.due_at <= horizon)
+            .where(_status(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
             .order_by(t.c.due_at, t.c.id)
             .limit(limit)
         )
@@ -714,7 +739,7 @@ class SQLAlchemyStore(DelayStore):
             now = self._db_now(conn)
             result = conn.execute(
                 sa.update(t)
-                .where(_status(C.STATUS_CLAIMED), t.c.claimed_at < now - timedelta(seconds=timeout))
+                .where(_status(C.STATUS_CLAIMED), t.c.claimed_at < now - timedelta(seconds=timeout), self._in_scope())
                 .values(status=C.STATUS_PENDING, claim_token=None, updated_at=now)
             )
             return int(result.rowcount)
@@ -722,13 +747,13 @@ class SQLAlchemyStore(DelayStore):
     # --- retention ---------------------------------------------------------------------
 
     def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
-        query = sa.select(sa.func.count()).select_from(delays).where(_older(before, statuses))
+        query = sa.select(sa.func.count()).select_from(delays).where(_older(before, statuses), self._in_scope())
         with self._begin() as conn:
             return int(conn.execute(query).scalar_one())
 
     def _purge(self, before: datetime, statuses: frozenset[str], limit: int) -> int:
         t = delays
-        old = _older(before, statuses)
+        old = sa.and_(_older(before, statuses), self._in_scope())
         if self._is_mysql:
             # MySQL/MariaDB refuse LIMIT inside an IN (subquery) but take DELETE ... LIMIT.
             query = sa.delete(t).where(old).with_dialect_options(mysql_limit=limit, mariadb_limit=limit)
@@ -744,7 +769,8 @@ class SQLAlchemyStore(DelayStore):
 
     def get(self, task_id: str) -> DelayRow | None:
         with self._begin() as conn:
-            mapping = conn.execute(sa.select(delays).where(delays.c.id == task_id)).mappings().first()
+            query = sa.select(delays).where(delays.c.id == task_id, self._in_scope())
+            mapping = conn.execute(query).mappings().first()
         return None if mapping is None else DelayRow.from_mapping(mapping)
 
     def list(
@@ -756,7 +782,7 @@ class SQLAlchemyStore(DelayStore):
         limit: int = 100,
     ) -> list[DelayRow]:
         t = delays
-        query = sa.select(t).order_by(t.c.due_at, t.c.id).limit(limit)
+        query = sa.select(t).where(self._in_scope()).order_by(t.c.due_at, t.c.id).limit(limit)
         if status is not None:
             query = query.where(t.c.status == status)
         if task is not None:
@@ -770,13 +796,14 @@ class SQLAlchemyStore(DelayStore):
         counts = empty_counts()
         with self._begin() as conn:
             for status, count in conn.execute(
-                sa.select(delays.c.status, sa.func.count()).group_by(delays.c.status)
+                sa.select(delays.c.status, sa.func.count()).where(self._in_scope()).group_by(delays.c.status)
             ).all():
                 counts[status] = int(count)
         return counts
 
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         with self._begin() as conn:
-            value = conn.execute(sa.select(sa.func.min(delays.c.due_at)).where(_status(status))).scalar()
+            query = sa.select(sa.func.min(delays.c.due_at)).where(_status(status), self._in_scope())
+            value = conn.execute(query).scalar()
         # min() loses the column type on some dialects: normalise here.
         return None if value is None else as_utc(value)

@@ -54,3 +54,27 @@ def test_an_older_table_is_upgraded_and_its_rows_still_run_once(backend: str, re
     assert store.start("from-before", "upgrade-claim", "copy", "host", stale_after=60).verdict == "running"
     store.ensure_schema()  # idempotent
     store.close()
+
+
+@pytest.mark.parametrize("backend", sorted(URL_FIXTURES))
+def test_a_table_without_namespaces_is_upgraded_and_its_rows_are_still_claimed(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue(URL_FIXTURES[backend])
+    old = fresh_sql_store(url)
+    old.insert(new_delay("from-before", old.now() - timedelta(seconds=1)))
+    with old.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE {C.DELAY_TABLE} DROP COLUMN namespace"))
+    old.close()
+
+    store = SQLAlchemyStore(url)
+    store.namespace = "proj"  # an app's store after the upgrade (safe_time_store_namespace)
+    store.ensure_schema()
+    assert "namespace" in {c["name"] for c in sa.inspect(store.engine).get_columns(C.DELAY_TABLE)}
+    assert store.get("from-before").namespace == ""  # type: ignore[union-attr]
+    assert store.counts()[C.STATUS_PENDING] == 1
+    [claimed] = store.claim_due(limit=5, lookahead=0, token="upgrade-claim")
+    assert claimed.id == "from-before"
+    store.insert(new_delay("after", store.now() + timedelta(hours=1)))
+    assert store.get("after").namespace == "proj"  # type: ignore[union-attr]
+    store.close()

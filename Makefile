@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 ARGS ?=
+# make demo BROKER=amqp: the demo on a throwaway RabbitMQ node (leases and locks stay on Redis).
+BROKER ?= redis
 # Most tests wait on real processes, not on the CPU: two pytest workers on two cores. Tests marked
 # serial (they restart the machine's PostgreSQL, or change a broker-wide setting) run alone after.
 TEST_WORKERS ?= 2
@@ -48,7 +50,7 @@ type: $(STAMP)
 	$(BIN)/mypy
 
 demo: $(STAMP)
-	$(BIN)/python -m demo_project.run $(ARGS)
+	$(BIN)/python -m demo_project.run --broker $(BROKER) $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(ARGS)

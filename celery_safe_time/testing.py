@@ -142,6 +142,7 @@ class TestSQLiteStore(SQLAlchemyStore):
 
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory or tempfile.mkdtemp(prefix="safe-time-testing-")
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
         super().__init__(f"sqlite:///{Path(self.directory) / 'delays.sqlite3'}")
         self.offset = 0.0
 

@@ -19,16 +19,16 @@ from celery_safe_time import SafeTask, install, tracing
 from tests.apps.settings import configure
 
 app = configure(Celery("traced_app"))
-app.conf.beat_schedule = {"traced-tick": {"task": "traced.tick", "schedule": 2.0}}
+app.conf.beat_schedule = {"traced-tick": {"task": "traced_proc.tick", "schedule": 2.0}}
 install(app)
 
 
-@app.task(base=SafeTask, name="traced.remind")
+@app.task(base=SafeTask, name="traced_proc.remind")
 def remind(user_id: int) -> int:
     return user_id
 
 
-@app.task(name="traced.tick")
+@app.task(name="traced_proc.tick")
 def tick() -> str:
     return "ok"
 

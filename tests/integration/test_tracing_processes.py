@@ -65,7 +65,7 @@ def test_a_14_day_delay_continues_the_callers_trace_in_a_worker_process_after_a_
     app = make_app("traced-client", **conf)
     install(app)
 
-    @app.task(base=SafeTask, name="traced.remind")
+    @app.task(base=SafeTask, name="traced_proc.remind")
     def remind(user_id: int) -> int:
         return user_id
 
@@ -81,15 +81,17 @@ def test_a_14_day_delay_continues_the_callers_trace_in_a_worker_process_after_a_
     worker = processes.worker(APP, name="traced-worker", env=env, concurrency=2)
     beat = processes.beat(APP, name="traced-beat", env=env)
     wait_for(
-        lambda: named(exported(span_dir), "run/traced.remind") and named(exported(span_dir), "run/traced.tick"),
+        lambda: (
+            named(exported(span_dir), "run/traced_proc.remind") and named(exported(span_dir), "run/traced_proc.tick")
+        ),
         90,
         message="the stored delay and a beat entry to run on the worker",
     )
     found = exported(span_dir)
 
     # The stored delay: caller (this process) -> sweep's publish (a worker child) -> run (a worker child).
-    [run] = named(found, "run/traced.remind")
-    [publish] = named(found, "apply_async/traced.remind")
+    [run] = named(found, "run/traced_proc.remind")
+    [publish] = named(found, "apply_async/traced_proc.remind")
     trace_id = f"0x{signup.get_span_context().trace_id:032x}"
     assert run["context"]["trace_id"] == trace_id
     assert publish["context"]["trace_id"] == trace_id
@@ -105,10 +107,10 @@ def test_a_14_day_delay_continues_the_callers_trace_in_a_worker_process_after_a_
 
     # Beat's own entry: the producer span in the beat process and the run in a worker child, one
     # trace, both with the slot and the lease epoch.
-    tick_run = named(found, "run/traced.tick")[0]
+    tick_run = named(found, "run/traced_proc.tick")[0]
     tick_publish = next(
         s
-        for s in named(found, "apply_async/traced.tick")
+        for s in named(found, "apply_async/traced_proc.tick")
         if s["context"]["trace_id"] == tick_run["context"]["trace_id"]
     )
     assert tick_publish["file"].startswith("spans-beat-")

@@ -15,6 +15,7 @@ TEST_WORKERS ?= 2
 
 help:
 	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
+	@echo "             BROKER=amqp: the same on a throwaway RabbitMQ node; DEMO_REDIS_URL: lend it a Redis (README)"
 	@echo "make test   - run the whole test suite against the local services (parallel part, then the serial one)"
 	@echo "make lint   - ruff check + format check;  make type - mypy"
 	@echo "make bench  - benchmarks (docs/benchmarks.md); make bench-quick - CI-sized smoke run"

@@ -6,7 +6,10 @@ prefork worker (concurrency 4):
 
 - overhead: bare, ``overlap_lock`` and ``idempotent`` tasks with distinct keys, interleaved on
   the same worker in the same run; each is timed inside the worker from ``task_prerun`` to
-  ``task_postrun``, so broker latency is left out and what differs is the decorator.
+  ``task_postrun``, so broker latency is left out and what differs is the decorator. Beside them,
+  tasks that make one and two Redis round trips (PING) on the lock client: the floor of a lock
+  (acquire, release). Measured twice in the same run: with Redis as the broker, and with RabbitMQ
+  (a vhost of its own on the local server; locks still on the private redis-server).
 - throughput: N short tasks under ``overlap_lock`` over 100 keys (conflicts re-queue after
   50 ms) vs N bare tasks, published while the worker is paused, timed from the first start to
   the last finish.
@@ -42,21 +45,23 @@ def _free_port() -> int:
 
 
 class _Services:
-    """A private redis-server and one worker process group."""
+    """A private redis-server (locks, timings and, unless ``amqp_url``, the broker) and one worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, amqp_url: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("benchmarks.locks needs redis-server (apt-get install redis-server)")
         self.dir = tempfile.mkdtemp(prefix="safe-time-bench-locks-")
         self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.redis_url = f"redis://127.0.0.1:{self.port}/0"
+        #: The broker: the redis-server, or a RabbitMQ vhost.
+        self.url = amqp_url or self.redis_url
         self.redis_proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        self.client = redis.Redis.from_url(self.url)
+        self.client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -70,7 +75,12 @@ class _Services:
         self.log = Path(self.dir) / "worker.log"
 
     def start_worker(self) -> None:
-        env = {**os.environ, "SAFE_TIME_BENCH_BROKER_URL": self.url, "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "SAFE_TIME_BENCH_BROKER_URL": self.url,
+            "SAFE_TIME_BENCH_REDIS_URL": self.redis_url,
+            "PYTHONPATH": str(ROOT),
+        }
         with open(self.log, "ab") as log:
             self.worker = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "benchmarks.locks_app", "worker", "-l", "WARNING",
@@ -118,20 +128,22 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+KINDS = ("bench.bare", "bench.locked", "bench.idempotent", "bench.ping", "bench.ping2", "bench.scripts")
+
+
 def _overhead(services: _Services, app: Celery, per_kind: int) -> dict[str, Any]:
-    kinds = ("bench.bare", "bench.locked", "bench.idempotent", "bench.ping")
     for n in range(per_kind):
-        for kind in kinds:
+        for kind in KINDS:
             app.send_task(kind, args=(n,))
     _wait(
-        lambda: all(services.client.llen(f"bench:durations:{k}") >= per_kind for k in kinds),
+        lambda: all(services.client.llen(f"bench:durations:{k}") >= per_kind for k in KINDS),
         600,
         "overhead tasks",
     )
-    ms = {k: [float(v) * 1000 for v in services.client.lrange(f"bench:durations:{k}", 0, -1)] for k in kinds}
+    ms = {k: [float(v) * 1000 for v in services.client.lrange(f"bench:durations:{k}", 0, -1)] for k in KINDS}
     bare = ms["bench.bare"]
     result: dict[str, Any] = {"tasks_per_kind": per_kind}
-    for kind in kinds:
+    for kind in KINDS:
         short = kind.split(".", 1)[1]
         result[short] = {
             "median_ms": statistics.median(ms[kind]),
@@ -139,7 +151,30 @@ def _overhead(services: _Services, app: Celery, per_kind: int) -> dict[str, Any]
             "median_added_ms": statistics.median(ms[kind]) - statistics.median(bare),
             "p99_added_ms": _percentile(ms[kind], 0.99) - _percentile(bare, 0.99),
         }
+    two_trips = result["ping2"]["median_added_ms"]
+    for short in ("locked", "idempotent", "scripts"):
+        # The goal: within 1.1x of two Redis round trips (acquire, release) measured beside it.
+        result[short]["vs_two_round_trips"] = result[short]["median_added_ms"] / two_trips if two_trips > 0 else None
     return result
+
+
+def _measure_overhead(services: _Services, per_kind: int) -> dict[str, Any]:
+    app = Celery("bench-client", broker=services.url, set_as_current=False)
+    try:
+        services.start_worker()
+        # warm up: imports, connections and script loading happen once per pool child
+        for n in range(4 * CONCURRENCY):
+            for kind in KINDS:
+                app.send_task(kind, args=(-1 - n,))
+        _wait(
+            lambda: all(services.client.llen(f"bench:durations:{k}") >= 4 * CONCURRENCY for k in KINDS),
+            120,
+            "warm-up",
+        )
+        services.client.delete(*[f"bench:durations:{k}" for k in KINDS])
+        return _overhead(services, app, per_kind)
+    finally:
+        app.close()
 
 
 def _throughput(services: _Services, app: Celery, name: str, count: int) -> dict[str, float]:
@@ -157,6 +192,16 @@ def _throughput(services: _Services, app: Celery, name: str, count: int) -> dict
     return {"tasks": count, "seconds": seconds, "tasks_per_second": count / seconds}
 
 
+def _rabbit_vhost() -> tuple[Any, str]:
+    """A vhost of its own on the local RabbitMQ, or None and why not."""
+    from tests.helpers import services
+
+    try:
+        return services.RabbitVhost(services.resolve_amqp_base()).create(), ""
+    except BaseException as exc:  # services.unavailable() raises pytest's skip/fail outcomes
+        return None, str(exc) or exc.__class__.__name__
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure and return the numbers (quick: smaller sizes, well under two minutes)."""
     per_kind = 300 if quick else 2000
@@ -164,24 +209,26 @@ def run(quick: bool = False) -> dict[str, Any]:
     services = _Services()
     app = Celery("bench-client", broker=services.url, set_as_current=False)
     try:
-        services.start_worker()
-        # warm up: imports, connections and script loading happen once per pool child
-        for n in range(4 * CONCURRENCY):
-            for kind in ("bench.bare", "bench.locked", "bench.idempotent", "bench.ping"):
-                app.send_task(kind, args=(-1 - n,))
-        _wait(lambda: services.client.llen("bench:durations:bench.idempotent") >= 4 * CONCURRENCY, 120, "warm-up")
-        services.client.delete(*[f"bench:durations:bench.{k}" for k in ("bare", "locked", "idempotent", "ping")])
-
-        overhead = _overhead(services, app, per_kind)
+        overhead = _measure_overhead(services, per_kind)
         bare_tp = _throughput(services, app, "bench.tp_bare", tp_count)
         locked_tp = _throughput(services, app, "bench.tp_locked", tp_count)
     finally:
         app.close()
         services.close()
+    vhost, missing = _rabbit_vhost()
+    overhead_amqp: dict[str, Any] = {"missing": missing}
+    if vhost is not None:
+        on_rabbit = _Services(amqp_url=vhost.url)
+        try:
+            overhead_amqp = _measure_overhead(on_rabbit, per_kind)
+        finally:
+            on_rabbit.close()
+            vhost.delete()
     return {
         "quick": quick,
         "concurrency": CONCURRENCY,
         "overhead": overhead,
+        "overhead_amqp": overhead_amqp,
         "throughput": {
             "keys": 100,
             "bare": bare_tp,
@@ -191,25 +238,48 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
 
 
+def _overhead_table(o: dict[str, Any]) -> list[str]:
+    lines = [
+        "| task | median ms | p99 ms | median added ms | p99 added ms | added / two round trips |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    labels = {
+        "bare": "bare",
+        "locked": "overlap_lock",
+        "idempotent": "idempotent",
+        "ping": "bare + one Redis PING",
+        "ping2": "bare + two Redis PINGs",
+        "scripts": "bare + the lock's two scripts, called directly",
+    }
+    for kind, label in labels.items():
+        row = o[kind]
+        versus = row.get("vs_two_round_trips")
+        lines.append(
+            f"| {label} | {row['median_ms']:.3f} | {row['p99_ms']:.3f} | "
+            f"{row['median_added_ms']:+.3f} | {row['p99_added_ms']:+.3f} | "
+            f"{'-' if versus is None else f'{versus:.2f}x'} |"
+        )
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     o, t = result["overhead"], result["throughput"]
     lines = [
         f"Per-task time inside the worker (prefork, concurrency {result['concurrency']}, "
         f"{o['tasks_per_kind']} tasks each, interleaved):",
         "",
-        "| task | median ms | p99 ms | median added ms | p99 added ms |",
-        "|---|---:|---:|---:|---:|",
+        *_overhead_table(o),
     ]
-    labels = {"bare": "bare", "locked": "overlap_lock", "idempotent": "idempotent", "ping": "bare + one Redis PING"}
-    for kind, label in labels.items():
-        row = o[kind]
-        lines.append(
-            f"| {label} | {row['median_ms']:.3f} | {row['p99_ms']:.3f} | "
-            f"{row['median_added_ms']:+.3f} | {row['p99_added_ms']:+.3f} |"
-        )
+    oa = result.get("overhead_amqp") or {}
+    if "missing" in oa:
+        lines += ["", f"With RabbitMQ as the broker: not measured ({oa['missing']})."]
+    else:
+        lines += ["", "The same with RabbitMQ as the broker (locks on the same private redis-server), same run:", ""]
+        lines += _overhead_table(oa)
     lines += [
         "",
-        "A lock costs two Redis round trips (acquire, release); the PING row is one on the same worker.",
+        "A lock costs two Redis round trips (acquire, release); the PING rows are one and two on the same "
+        "worker, the goal is overlap_lock within 1.1x of two.",
         "",
         f"Throughput, {t['bare']['tasks']} short tasks (locked: {t['keys']} keys, conflicts re-queued after 50 ms):",
         "",

@@ -8,7 +8,9 @@ completions and record the first start and last finish.
 from __future__ import annotations
 
 import os
+import socket
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -17,18 +19,23 @@ from celery.signals import task_postrun, task_prerun
 
 from celery_safe_time import idempotent, overlap_lock
 from celery_safe_time.config import get_config
+from celery_safe_time.locks.store import Owner, get_lock_store
 from celery_safe_time.redis_client import get_redis
 
 BROKER = os.environ["SAFE_TIME_BENCH_BROKER_URL"]
+#: Locks and the timings: the broker itself on Redis, a private redis-server beside RabbitMQ.
+REDIS_URL = os.environ.get("SAFE_TIME_BENCH_REDIS_URL", BROKER)
 app = Celery("bench_locks", broker=BROKER)
 app.conf.update(
+    safe_time_redis_url=REDIS_URL,
     task_ignore_result=True,
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=4,
     worker_hijack_root_logger=True,
 )
-_redis = redis.Redis.from_url(BROKER)
+_redis = redis.Redis.from_url(REDIS_URL)
 _started: dict[str, float] = {}
+_HOST = socket.gethostname()
 
 
 @task_prerun.connect
@@ -75,6 +82,29 @@ def idem(n: int) -> int:
 def ping(n: int) -> int:
     """One Redis round trip on the lock client: the unit the lock overhead is made of."""
     get_redis(get_config(app).redis_url).ping()
+    return n
+
+
+@app.task(name="bench.ping2")
+def ping2(n: int) -> int:
+    """Two Redis round trips on the lock client, one after the other: what a lock must cost at least
+    (acquire before the body, release after it)."""
+    client = get_redis(get_config(app).redis_url)
+    client.ping()
+    client.ping()
+    return n
+
+
+@app.task(name="bench.scripts", bind=True)
+def scripts(self: Any, n: int) -> int:
+    """The lock's two scripts (acquire, release with the finished-delivery record) called directly with
+    the arguments overlap_lock passes: the round trips plus the work Redis does in them, without the
+    decorator's Python around them."""
+    store = get_lock_store(app)
+    owner = Owner(task_id=self.request.id, identity=f"{self.request.id}:0:0", host=_HOST, pid=os.getpid())
+    token = uuid.uuid4().hex
+    store.acquire(f"scripts:{n}", token, 30.0, owner)
+    store.release(f"scripts:{n}", token, (owner.identity, 600.0, owner.task_id))
     return n
 
 

@@ -16,7 +16,9 @@ What the in-process set-up covers (:func:`safe_time_testing`):
 
 - stored delays: an in-memory store (:class:`TestStore`) with the same contract as the database
   stores and a clock that :meth:`SafeTimeTesting.run_due` moves forward; the delivery record
-  (conditional start, outcome) runs as in a worker;
+  (conditional start, outcome) runs as in a worker. ``store="sqlite"`` (or the ``safe_time_sqlite``
+  fixture) puts the rows in a temporary SQLite file instead (:class:`TestSQLiteStore`: the SQL store
+  of production, its table, payload encoding and claim query, with the same movable clock);
 - ``overlap_lock`` and ``idempotent``: :class:`MemoryLockStore`, the Redis lock scripts' rules in
   Python (token-checked acquire/renew/release, fencing numbers, idempotency markers with their
   window, finished-delivery markers). Not covered: the hard-time-limit release (it reads Redis);
@@ -33,13 +35,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
@@ -53,13 +58,21 @@ from .delays.payload import decode
 from .delays.stores import reset_store, set_store
 from .delays.stores.base import DelayRow
 from .delays.stores.memory import MemoryStore
+from .delays.stores.sql import SQLAlchemyStore
 from .locks.store import Acquired, Holder, LockInfo, LockStore, Owner, use_lock_store
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+#: The stores a test can ask for (``safe_time_testing(store=...)``).
+TestStoreKind = Literal["memory", "sqlite"]
 
 __all__ = [
     "MemoryLockStore",
     "RunResult",
     "SafeTimeTesting",
     "StoredDelay",
+    "TestSQLiteStore",
     "TestStore",
     "assert_idempotent_done",
     "assert_lock_free",
@@ -116,6 +129,51 @@ class TestStore(MemoryStore):
     def rows(self) -> list[DelayRow]:
         with self._lock:
             return sorted(self._rows.values(), key=lambda r: (r.due_at, r.id))
+
+
+class TestSQLiteStore(SQLAlchemyStore):
+    """The SQL store on a temporary SQLite file, with a clock a test moves forward (``advance``).
+
+    Every "now" of the store (claims, the delivery record's start and end, ``requeue_unstarted``) is
+    SQLite's clock plus the offset, so due rows are found by the production claim query. ``close``
+    deletes the file.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory or tempfile.mkdtemp(prefix="safe-time-testing-")
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
+        super().__init__(f"sqlite:///{Path(self.directory) / 'delays.sqlite3'}")
+        self.offset = 0.0
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=self.offset)
+
+    def _db_now(self, conn: Connection) -> datetime:
+        return super()._db_now(conn) + timedelta(seconds=self.offset)
+
+    def advance(self, delta: timedelta | float) -> datetime:
+        """Move the clock ``delta`` forward; returns the new now."""
+        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
+        if seconds < 0:
+            raise ValueError(f"the test clock only moves forward, got {delta!r}")
+        self.offset += seconds
+        return self.now()
+
+    def advance_to(self, when: datetime) -> datetime:
+        """Move the clock to ``when`` if that is later than now."""
+        gap = (as_utc(when) - self.now()).total_seconds()
+        if gap > 0:
+            self.offset += gap
+        return self.now()
+
+    def rows(self) -> list[DelayRow]:
+        return self.list(limit=1_000_000)
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @dataclasses.dataclass
@@ -346,7 +404,7 @@ def _task_name(task: Task | str | None) -> str | None:
 class SafeTimeTesting:
     """The handle of one app under test: its store, lock store and test clock."""
 
-    def __init__(self, app: Celery, store: TestStore, locks: MemoryLockStore) -> None:
+    def __init__(self, app: Celery, store: TestStore | TestSQLiteStore, locks: MemoryLockStore) -> None:
         self.app = app
         self.store = store
         self.locks = locks
@@ -607,9 +665,16 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def safe_time_testing(
-    app: Celery, *, threshold: float | None = 0.0, broker_url: str | None = None
+    app: Celery,
+    *,
+    threshold: float | None = 0.0,
+    broker_url: str | None = None,
+    store: TestStoreKind = "memory",
 ) -> Iterator[SafeTimeTesting]:
     """Point ``app`` at an in-memory store and lock store for the block; restore it afterwards.
+
+    ``store="sqlite"``: the stored delays go to a temporary SQLite file (the production SQL store,
+    :class:`TestSQLiteStore`), deleted when the block ends; locks stay in memory either way.
 
     ``threshold`` (default 0): every call with a countdown or eta is stored, so :meth:`run_due` sees
     every delayed call; None keeps the app's ``safe_time_delay_threshold``. ``task_always_eager`` is
@@ -618,7 +683,10 @@ def safe_time_testing(
     ``memory://`` when it has none. The app's ``safe_time_redis_url`` is only used if something
     besides locks and delays needs Redis (beat, ``safe-time check``).
     """
-    changes: dict[str, Any] = {"task_always_eager": False, "safe_time_store_url": "memory://testing"}
+    if store not in ("memory", "sqlite"):
+        raise ValueError(f"safe_time_testing(store=...) is 'memory' or 'sqlite', got {store!r}")
+    delays: TestStore | TestSQLiteStore = TestSQLiteStore() if store == "sqlite" else TestStore()
+    changes: dict[str, Any] = {"task_always_eager": False, "safe_time_store_url": delays.url}
     if threshold is not None:
         changes["safe_time_delay_threshold"] = threshold
     if broker_url is not None or not app.conf.broker_url:
@@ -630,12 +698,11 @@ def safe_time_testing(
     app.conf.update(changes)
     reset_config(app)
     reset_store(app)
-    store = TestStore()
-    set_store(app, store)
+    set_store(app, delays)
     sweep_not_needed(app)  # run_due() publishes the due rows: no sweep to install
     locks = MemoryLockStore(get_config(app))
     use_lock_store(app, locks)
-    handle = SafeTimeTesting(app, store, locks)
+    handle = SafeTimeTesting(app, delays, locks)
     _active[app] = handle
     try:
         yield handle
@@ -643,6 +710,7 @@ def safe_time_testing(
         _active.pop(app, None)
         use_lock_store(app, None)
         reset_store(app)
+        delays.close()
         for key, value in saved.items():
             if value is _MISSING:
                 app.conf.pop(key, None)
@@ -783,6 +851,12 @@ if pytest is not None:
     def safe_time(safe_time_app: Celery, safe_time_options: dict[str, Any]) -> Iterator[SafeTimeTesting]:
         """``safe_time_app`` with the in-memory store, lock store and test clock (:class:`SafeTimeTesting`)."""
         with safe_time_testing(safe_time_app, **safe_time_options) as handle:
+            yield handle
+
+    @pytest.fixture
+    def safe_time_sqlite(safe_time_app: Celery, safe_time_options: dict[str, Any]) -> Iterator[SafeTimeTesting]:
+        """As ``safe_time``, with the stored delays in a temporary SQLite file (the SQL store)."""
+        with safe_time_testing(safe_time_app, **{**safe_time_options, "store": "sqlite"}) as handle:
             yield handle
 
 

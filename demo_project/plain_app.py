@@ -1,6 +1,6 @@
 """The baseline: the same jobs on plain Celery (no celery-safe-time), run side by side in the demo.
 
-Runs are recorded in Redis lists so the demo can count what plain Celery did.
+Runs are recorded in Redis lists so the demo can count what plain Celery did (on Redis or RabbitMQ).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import redis
 from celery import Celery
 
 BROKER = os.environ.get("DEMO_PLAIN_BROKER_URL", "redis://127.0.0.1:6379/0")
+#: Where the runs are counted: the broker itself on Redis, a Redis beside it on RabbitMQ.
+RECORD_URL = os.environ.get("DEMO_PLAIN_RECORD_URL", BROKER)
 
 # set_as_current=False: otherwise shared_task proxies in the same process would bind to this app.
 app = Celery("demo_plain", broker=BROKER, set_as_current=False)
@@ -35,7 +37,7 @@ app.conf.update(
         }
     },
 )
-_redis = redis.Redis.from_url(BROKER)
+_redis = redis.Redis.from_url(RECORD_URL)
 
 
 @app.task(name="plain.run_invoices")

@@ -6,12 +6,19 @@ broker is flushed while delays are pending. At the end a report compares expecte
 the exit code is 0 only when every expectation holds.
 
 ``--quick`` shortens the timeline (used by the test suite); ``--serve`` leaves the system
-running with the Django admin on http://127.0.0.1:8000/admin/.
+running with the Django admin on http://127.0.0.1:8000/admin/. ``--broker amqp`` (``make demo
+BROKER=amqp``) runs the same story on a throwaway RabbitMQ node with a short ``consumer_timeout``;
+leases and locks stay on Redis.
+
+Redis: a throwaway ``redis-server`` the demo starts on a free loopback port, or, only when
+``DEMO_REDIS_URL`` is set, that Redis, where the demo claims three empty databases and empties
+only those at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -31,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from kombu import Connection
+
+from celery_safe_time.config import mask_url
 
 ROOT = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
@@ -47,6 +57,10 @@ class Timeline:
     visibility_timeout: float = 10.0
     plain_visibility_timeout: float = 4.0
     plain_countdown: float = 14.0
+    #: ``--broker amqp``: the throwaway node's consumer_timeout (30 min in production), and the plain
+    #: side's countdown there: several timeouts long, as 14 days are against 30 minutes.
+    consumer_timeout: float = 8.0
+    amqp_plain_countdown: float = 30.0
     lease: float = 6.0
     invoice_every: float = 4.0
     sync_every: float = 2.0
@@ -81,9 +95,16 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    #: Where this process's lines start in ``log`` (a restarted process appends to the same file).
+    log_offset: int = 0
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def own_log(self) -> str:
+        with open(self.log, "rb") as f:
+            f.seek(self.log_offset)
+            return f.read().decode(errors="replace")
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -100,6 +121,9 @@ class Demo:
     var: Path
     redis_base: str
     owned_redis: subprocess.Popen[bytes] | None = None
+    #: ``--broker amqp``: the demo's own RabbitMQ node and its two vhosts (safe side, plain side).
+    rabbit: Any = None
+    amqp_urls: dict[str, str] = field(default_factory=dict)
     dbs: list[int] = field(default_factory=list)
     claim_token: str = field(default_factory=lambda: uuid.uuid4().hex)
     procs: list[Proc] = field(default_factory=list)
@@ -113,7 +137,11 @@ class Demo:
 
     @property
     def broker_url(self) -> str:
-        return self.url(self.dbs[0])
+        return self.amqp_urls["safe"] if self.rabbit else self.url(self.dbs[0])
+
+    @property
+    def plain_broker_url(self) -> str:
+        return self.amqp_urls["plain"] if self.rabbit else self.plain_url
 
     @property
     def safe_redis_url(self) -> str:
@@ -138,7 +166,8 @@ class Demo:
             "DEMO_VAR_DIR": str(self.var),
             "DEMO_REDIS_URL": self.safe_redis_url,
             "DEMO_BROKER_URL": self.broker_url,
-            "DEMO_PLAIN_BROKER_URL": self.plain_url,
+            "DEMO_PLAIN_BROKER_URL": self.plain_broker_url,
+            "DEMO_PLAIN_RECORD_URL": self.plain_url,
             "DEMO_KEY_PREFIX": "demo:",
             "DEMO_BEAT_LEASE": str(tl.lease),
             "DEMO_DELAY_THRESHOLD": str(tl.threshold),
@@ -153,10 +182,13 @@ class Demo:
             "DEMO_RESTORE_INTERVAL": "1",
             "DEMO_RESTORE_THROTTLE": "1",
         }
+        if self.rabbit:
+            env["DEMO_CONSUMER_TIMEOUT"] = str(tl.consumer_timeout)
         return env
 
     def spawn(self, name: str, *args: str) -> Proc:
         log = self.var / f"{name}.log"
+        offset = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", *args],
@@ -166,7 +198,7 @@ class Demo:
                 cwd=str(self.var),
                 start_new_session=True,
             )
-        proc = Proc(name, popen, log)
+        proc = Proc(name, popen, log, offset)
         self.procs.append(proc)
         return proc
 
@@ -196,16 +228,37 @@ class Demo:
 
     # --- services ---------------------------------------------------------------------
     def claim_redis(self) -> None:
+        """Claim three empty databases (1-15): never one holding keys the demo did not write.
+
+        The claim is the test suite's (a key in db 0 with a TTL), so a test run and a demo sharing a
+        Redis never take the same database; an empty database another run claimed is skipped too.
+        """
         client = redis.Redis.from_url(self.url(0))
+        holding_keys: list[int] = []
         for db in range(15, 0, -1):
             if len(self.dbs) == 3:
                 break
-            if client.set(CLAIM_KEY.format(db=db), self.claim_token, nx=True, ex=1800):
-                self.dbs.append(db)
+            database = redis.Redis.from_url(self.url(db))
+            if database.dbsize():
+                holding_keys.append(db)
+                continue
+            if not client.set(CLAIM_KEY.format(db=db), self.claim_token, nx=True, ex=1800):
+                continue
+            if database.dbsize():  # written between the look and the claim: not ours to empty
+                client.delete(CLAIM_KEY.format(db=db))
+                holding_keys.append(db)
+                continue
+            self.dbs.append(db)
         if len(self.dbs) < 3:
-            raise SystemExit("could not claim three free Redis dbs (1-15); is another demo or test run going?")
-        for db in self.dbs:
-            redis.Redis.from_url(self.url(db)).flushdb()
+            claimed, self.dbs = self.dbs, []
+            for db in claimed:
+                client.delete(CLAIM_KEY.format(db=db))
+            raise SystemExit(
+                f"DEMO_REDIS_URL={mask_url(self.redis_base)}: the demo needs three empty databases among 1-15 and "
+                f"found {len(claimed)} (holding keys: {sorted(holding_keys) or 'none'}; the rest are claimed by a "
+                "test run or another demo). It never empties a database holding keys it did not write: empty "
+                "some yourself, or unset DEMO_REDIS_URL to let the demo start a redis-server of its own."
+            )
 
     def release(self) -> None:
         for proc in self.procs:
@@ -227,35 +280,72 @@ class Demo:
             pass
         if self.owned_redis is not None:
             self.owned_redis.terminate()
+        if self.rabbit is not None:
+            self.rabbit.stop()
 
 
-def find_redis() -> tuple[str, subprocess.Popen[bytes] | None]:
-    url = os.environ.get("DEMO_REDIS", "redis://127.0.0.1:6379/0")
-    try:
-        if redis.Redis.from_url(url, socket_connect_timeout=2).ping():
-            return url, None
-    except redis.RedisError:
-        pass
+def find_redis(var: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
+    """The Redis of the demo: ``DEMO_REDIS_URL`` when set, else a throwaway redis-server of its own."""
+    if os.environ.get("DEMO_REDIS") and not os.environ.get("DEMO_REDIS_URL"):
+        raise SystemExit("DEMO_REDIS is now DEMO_REDIS_URL (only its empty databases are used)")
+    url = os.environ.get("DEMO_REDIS_URL")
+    if url:
+        try:
+            redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+        except redis.RedisError as exc:
+            raise SystemExit(f"DEMO_REDIS_URL={mask_url(url)} did not answer PING: {exc}") from None
+        print(f"using the Redis at DEMO_REDIS_URL={mask_url(url)} (only empty databases, emptied again at the end)")
+        return url, None
     binary = shutil.which("redis-server")
     if binary is None:
-        raise SystemExit(f"No Redis at {url} and no redis-server binary. Install it: apt-get install redis-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(100):
-        try:
-            if redis.Redis.from_url(url).ping():
-                print(f"started a throwaway redis-server on port {port}")
-                return url, proc
-        except redis.RedisError:
-            time.sleep(0.05)
+        raise SystemExit(
+            "make demo starts a throwaway redis-server of its own, and none is installed: apt-get install "
+            "redis-server, or lend it a Redis with DEMO_REDIS_URL=redis://HOST:PORT (it then uses three empty "
+            "databases of it, and empties only those)"
+        )
+    for _attempt in range(3):  # the free port may be taken before redis-server binds it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            cwd=str(var),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        for _ in range(200):
+            if proc.poll() is not None:
+                break
+            try:
+                if redis.Redis.from_url(url).ping():
+                    print(f"started a throwaway redis-server on 127.0.0.1:{port} (no other Redis is touched)")
+                    return url, proc
+            except redis.RedisError:
+                time.sleep(0.05)
+        proc.terminate()
     raise SystemExit("the throwaway redis-server did not start")
+
+
+def start_rabbit(demo: Demo) -> None:
+    """``--broker amqp``: a RabbitMQ node of the demo's own with a short consumer_timeout.
+
+    The machine's RabbitMQ keeps its settings: consumer_timeout is node-wide on RabbitMQ 3.10
+    (``x-consumer-timeout`` per queue needs 3.12+), so a second node on loopback ports carries it.
+    """
+    server = shutil.which("rabbitmq-server") or "/usr/lib/rabbitmq/bin/rabbitmq-server"
+    if not os.access(server, os.X_OK):
+        raise SystemExit("make demo BROKER=amqp starts a RabbitMQ node of its own: apt-get install rabbitmq-server")
+    from tests.helpers.services import RabbitNode
+
+    tl = demo.timeline
+    node = RabbitNode(demo.var / "rabbitmq", consumer_timeout_ms=int(tl.consumer_timeout * 1000))
+    demo.rabbit = node.start()
+    demo.amqp_urls = {"safe": node.vhost(), "plain": node.vhost()}
+    print(
+        f"started a throwaway RabbitMQ node on 127.0.0.1:{node.port} with consumer_timeout {tl.consumer_timeout:g}s "
+        "(30 min in production); the machine's RabbitMQ is not touched"
+    )
 
 
 # --- the scenario -------------------------------------------------------------------------
@@ -298,12 +388,17 @@ def scenario(demo: Demo) -> int:
     cfg = get_config(app)
     tenants = create_tenants()
     demo.say(
-        f"safe side: broker {demo.broker_url}, locks/leases {demo.safe_redis_url}, store = Django DB "
-        f"({demo.var / 'demo.sqlite3'}); plain Celery side: {demo.plain_url}"
+        f"safe side: broker {mask_url(demo.broker_url)}, locks/leases {demo.safe_redis_url}, store = Django DB "
+        f"({demo.var / 'demo.sqlite3'}); plain Celery side: {mask_url(demo.plain_broker_url)}"
+    )
+    broker_limit = (
+        f"consumer_timeout {tl.consumer_timeout:g}s (both sides)"
+        if demo.rabbit
+        else f"visibility_timeout {tl.visibility_timeout:g}s (plain: {tl.plain_visibility_timeout:g}s)"
     )
     demo.say(
         f'compressed time: trial {tl.trial_seconds:g}s ("14 days"), delay threshold {cfg.delay_threshold:g}s, '
-        f"visibility_timeout {tl.visibility_timeout:g}s (plain: {tl.plain_visibility_timeout:g}s), lease {tl.lease:g}s"
+        f"{broker_limit}, lease {tl.lease:g}s"
     )
 
     safe_mod, plain_mod = "demo_project.celery_app", "demo_project.plain_app"
@@ -389,14 +484,27 @@ def scenario(demo: Demo) -> int:
             demo.say(f"standby {_name_of(demo, pid)} took over after {demo.facts['failover']:.1f}s")
         if not phase["flush"] and now >= tl.flush_broker_at:
             phase["flush"] = True
-            redis.Redis.from_url(demo.broker_url).flushdb()
-            demo.say("FLUSHDB on the broker while trial emails and nudges are pending")
+            if demo.rabbit:
+                with Connection(demo.broker_url) as conn:
+                    purged = conn.default_channel.queue_purge("celery")
+                demo.say(f"purged the broker's queue ({purged} messages) while trial emails and nudges are pending")
+            else:
+                redis.Redis.from_url(demo.broker_url).flushdb()
+                demo.say("FLUSHDB on the broker while trial emails and nudges are pending")
+        for i, proc in enumerate(plain_workers):
+            if not proc.alive():  # restarted as systemd or Kubernetes would; counted in the report
+                log = proc.own_log()
+                reason = "PRECONDITION_FAILED" if "PRECONDITION_FAILED" in log else f"exit {proc.popen.returncode}"
+                demo.facts.setdefault("plain_exits", []).append(reason)
+                plain_workers[i] = demo.worker(proc.name, plain_mod, 2, f"plain{i + 1}@%h")
+                demo.say(f"plain {proc.name} exited ({reason}); restarted")
         if now - last_status >= 5:
             last_status = now
             demo.say(status_line(demo))
         time.sleep(0.2)
 
     demo.facts.update(nudge_due=nudge_due, trial_ids=trial_ids, plain_ids=plain_ids)
+    demo.facts["safe_workers_up"] = all(w.alive() and "PRECONDITION_FAILED" not in w.own_log() for w in workers)
     for proc in beats + plain_beats:
         proc.signal(signal.SIGTERM)
     time.sleep(tl.sync_seconds + 1)  # let running syncs finish
@@ -534,7 +642,7 @@ def report(demo: Demo, app: Any) -> int:
     nudge_keys = Counter(Email.objects.filter(kind="nudge").values_list("key", flat=True))
     lost = len(demo.facts["nudge_due"]) - len(nudge_keys)
     row(
-        "  delayed emails lost (broker flushed mid-way)",
+        f"  delayed emails lost (broker {'queue purged' if demo.rabbit else 'flushed'} mid-way)",
         "0",
         lost + len(expected_trials - set(trials)),
         lost == 0 and not expected_trials - set(trials),
@@ -545,6 +653,16 @@ def report(demo: Demo, app: Any) -> int:
         sum(n - 1 for n in nudge_keys.values()) + len(trials) - len(set(trials)),
         all(n == 1 for n in nudge_keys.values()) and len(trials) == len(set(trials)),
     )
+
+    if demo.rabbit:
+        survived = bool(demo.facts.get("safe_workers_up")) and lost == 0 and not expected_trials - set(trials)
+        survived = survived and all(n == 1 for n in nudge_keys.values()) and len(trials) == len(set(trials))
+        row(
+            f"SafeTask worker stayed up (consumer_timeout {tl.consumer_timeout:g}s), every delay ran once",
+            "yes",
+            "yes" if survived else "no",
+            survived,
+        )
 
     reminders = DelayedTask.objects.filter(status="pending", task__endswith="send_reminder").count()
     row("09:00-local reminders waiting in the store", "5", reminders, reminders == 5)
@@ -584,11 +702,29 @@ def report(demo: Demo, app: Any) -> int:
     baseline = [
         ("invoice slots fired by 3 plain beats", str(plain_slots)),
         ("  runs published (duplicates)", f"{len(plain_runs)} ({len(plain_runs) - plain_slots})"),
-        (
-            f"countdown {tl.plain_countdown:g}s > visibility_timeout {tl.plain_visibility_timeout:g}s: runs per email",
-            f"{sum(plain_trials.values())} runs for {len(demo.facts['plain_ids'])} emails",
-        ),
     ]
+    runs_per_email = f"{sum(plain_trials.values())} runs for {len(demo.facts['plain_ids'])} emails"
+    countdown = f"countdown {tl.plain_countdown:g}s"
+    if demo.rabbit:
+        exits = demo.facts.get("plain_exits", [])
+        killed = exits.count("PRECONDITION_FAILED")
+        baseline += [
+            (
+                f"plain worker killed by consumer_timeout {tl.consumer_timeout:g}s",
+                f"yes ({killed} exits with PRECONDITION_FAILED, each restarted)" if killed else "no",
+            ),
+            (
+                f"{countdown} > consumer_timeout {tl.consumer_timeout:g}s: runs per email",
+                runs_per_email,
+            ),
+        ]
+    else:
+        baseline.append(
+            (
+                f"{countdown} > visibility_timeout {tl.plain_visibility_timeout:g}s: runs per email",
+                runs_per_email,
+            )
+        )
 
     width = max(len(r[0]) for r in rows) + 2
     exp_width = max(len(r[1]) for r in rows) + 2
@@ -657,13 +793,24 @@ def main(argv: list[str] | None = None) -> int:
         help="beat scheduler class (or celery_safe_time.contrib.django.SafeDatabaseScheduler)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs, SQLite database)")
+    parser.add_argument(
+        "--broker",
+        choices=["redis", "amqp"],
+        default="redis",
+        help="amqp: the same story on a throwaway RabbitMQ node (make demo BROKER=amqp); leases, locks on Redis",
+    )
     args = parser.parse_args(argv)
-    redis_base, owned = find_redis()
     var = Path(tempfile.mkdtemp(prefix="safe-time-demo-"))
-    demo = Demo(args, Timeline.quick() if args.quick else Timeline(), var, redis_base, owned)
+    redis_base, owned = find_redis(var)
+    timeline = Timeline.quick() if args.quick else Timeline()
+    if args.broker == "amqp":
+        timeline = dataclasses.replace(timeline, plain_countdown=timeline.amqp_plain_countdown)
+    demo = Demo(args, timeline, var, redis_base, owned)
     started = datetime.now(UTC)
     try:
         demo.claim_redis()
+        if args.broker == "amqp":
+            start_rabbit(demo)
         code = serve(demo) if args.serve else scenario(demo)
     finally:
         demo.release()

@@ -108,6 +108,8 @@ CELERY_SAFE_TIME_SWEEP_INTERVAL = float(os.environ.get("DEMO_SWEEP_INTERVAL", 5)
 CELERY_SAFE_TIME_LOCK_TTL = float(os.environ.get("DEMO_LOCK_TTL", 60))
 # The app the admin's "Safe time" page reads (the web process never imports it otherwise).
 SAFE_TIME_CELERY_APP = "demo_project.celery_app:app"
+if os.environ.get("DEMO_CONSUMER_TIMEOUT"):  # `make demo BROKER=amqp`: the demo node's consumer_timeout
+    CELERY_SAFE_TIME_BROKER_CONSUMER_TIMEOUT = float(os.environ["DEMO_CONSUMER_TIMEOUT"])
 
 # --- the product's own knobs ---------------------------------------------------------
 TRIAL_LENGTH = timedelta(seconds=float(os.environ.get("DEMO_TRIAL_SECONDS", 14 * 86400)))

@@ -1,30 +1,38 @@
-"""The demo: the shortened scenario end to end, and the admin pages it serves."""
+"""The demo: the shortened scenario end to end (on Redis and on RabbitMQ), the Redis it uses, and
+the admin pages it serves."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
+from demo_project.run import Demo, Timeline
+from tests.helpers import services
 from tests.helpers.processes import ROOT
 
 pytestmark = pytest.mark.integration
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
+    # No DEMO_* from the caller's shell: DEMO_REDIS_URL would lend the demo a Redis of the machine.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DEMO_"))}
     env["PYTHONPATH"] = str(ROOT)
     env["DEMO_VAR_DIR"] = str(tmp_path)
     return env
 
 
-def test_quick_demo_meets_every_expectation(tmp_path: Path) -> None:
+def _run_demo(tmp_path: Path, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "demo_project.run", "--quick"],
+        [sys.executable, "-m", "demo_project.run", "--quick", *args],
         cwd=ROOT,
         env=_env(tmp_path),
         capture_output=True,
@@ -35,9 +43,100 @@ def test_quick_demo_meets_every_expectation(tmp_path: Path) -> None:
     assert result.returncode == 0, output[-8000:]
     assert "ALL EXPECTATIONS MET" in output
     assert "kill -9 leader" in output
-    assert "FLUSHDB on the broker" in output
     # The baseline really showed the problems, in the same run.
     assert "plain Celery, same run" in output
+    return output
+
+
+def _report_row(output: str, starts: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith(starts)]
+    assert len(lines) == 1, (starts, output[-4000:])
+    return lines[0]
+
+
+def test_quick_demo_meets_every_expectation_and_leaves_the_machines_redis_alone(
+    tmp_path: Path, redis_db_url: str
+) -> None:
+    """The demo runs on a redis-server of its own: a key in the machine's Redis survives it."""
+    machine = redis.Redis.from_url(redis_db_url)
+    sentinel, value = f"not-the-demos:{uuid.uuid4().hex}", uuid.uuid4().hex
+    machine.set(sentinel, value, ex=900)
+    output = _run_demo(tmp_path)
+    assert "FLUSHDB on the broker" in output
+    assert "started a throwaway redis-server on 127.0.0.1:" in output
+    port = str(redis.Redis.from_url(redis_db_url).connection_pool.connection_kwargs["port"])
+    assert f"127.0.0.1:{port}/" not in output  # no URL of the machine's Redis anywhere in the run
+    assert machine.get(sentinel) == value.encode()
+    machine.delete(sentinel)
+
+
+def test_quick_demo_on_rabbitmq_shows_the_consumer_timeout_crash_beside_safe_task(tmp_path: Path) -> None:
+    """`make demo BROKER=amqp`: the same story on a RabbitMQ node of the demo's own (consumer_timeout
+    8 s); plain Celery's worker holding a 30 s countdown is killed, SafeTask's stays up."""
+    if not (shutil.which("rabbitmq-server") or os.access("/usr/lib/rabbitmq/bin/rabbitmq-server", os.X_OK)):
+        services.unavailable("rabbitmq-server", "rabbitmq-server", "binary not found (the demo starts a node)")
+    output = _run_demo(tmp_path, "--broker", "amqp")
+    assert "started a throwaway RabbitMQ node on 127.0.0.1:" in output
+    assert "purged the broker's queue" in output
+    assert _report_row(output, "SafeTask worker stayed up (consumer_timeout 8s), every delay ran once").endswith("yes")
+    killed = _report_row(output, "plain worker killed by consumer_timeout 8s")
+    assert "yes (" in killed, killed
+    assert "PRECONDITION_FAILED" in killed, killed
+    assert "exited (PRECONDITION_FAILED); restarted" in output
+
+
+def _demo_on(url: str, tmp_path: Path) -> Demo:
+    args = argparse.Namespace(quick=True, serve=False, broker="redis")
+    return Demo(args, Timeline.quick(), tmp_path, url)
+
+
+def test_a_lent_redis_gives_only_empty_databases_and_keeps_every_other_key(
+    redis_server: services.RedisServer, tmp_path: Path
+) -> None:
+    """DEMO_REDIS_URL: the demo claims three empty databases (15, 14, 13 here: 1-12 hold a key each)
+    and empties only those when it is done."""
+    for db in range(1, 13):
+        redis.Redis.from_url(services.with_db(redis_server.url, db)).set("theirs", db)
+    demo = _demo_on(redis_server.url, tmp_path)
+    demo.claim_redis()
+    assert sorted(demo.dbs) == [13, 14, 15]
+    for db in demo.dbs:
+        redis.Redis.from_url(demo.url(db)).set("the-demos", 1)
+    demo.release()
+    for db in range(1, 13):
+        assert redis.Redis.from_url(services.with_db(redis_server.url, db)).get("theirs") == str(db).encode()
+    for db in (13, 14, 15):
+        assert redis.Redis.from_url(services.with_db(redis_server.url, db)).dbsize() == 0
+    assert redis.Redis.from_url(redis_server.url).keys("safe_time_test:db:*") == []
+
+
+def test_a_lent_redis_without_three_empty_databases_is_refused_untouched(
+    redis_server: services.RedisServer, tmp_path: Path
+) -> None:
+    for db in range(1, 14):
+        redis.Redis.from_url(services.with_db(redis_server.url, db)).set("theirs", db)
+    demo = _demo_on(redis_server.url, tmp_path)
+    with pytest.raises(SystemExit, match=r"needs three empty databases among 1-15 and found 2 .*never empties"):
+        demo.claim_redis()
+    for db in range(1, 14):
+        assert redis.Redis.from_url(services.with_db(redis_server.url, db)).get("theirs") == str(db).encode()
+    assert redis.Redis.from_url(redis_server.url).keys("safe_time_test:db:*") == []
+
+
+def test_demo_redis_url_that_does_not_answer_names_the_variable(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    env["DEMO_REDIS_URL"] = f"redis://127.0.0.1:{services.free_port()}/0"
+    result = subprocess.run(
+        [sys.executable, "-m", "demo_project.run", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "DEMO_REDIS_URL=redis://127.0.0.1:" in result.stderr
+    assert "did not answer PING" in result.stderr
 
 
 ADMIN_SCRIPT = textwrap.dedent(

@@ -36,7 +36,7 @@ def test_locks_list_release_and_status(
     listed = processes.command(APP, "safe-time", "locks", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].split() == ["KEY", "TASK", "ID", "HOST", "PID", "FENCE", "AGE", "TTL", "LEFT"]
+    assert lines[0].split() == ["KEY", "TASK", "ID", "STATE", "HOST", "PID", "FENCE", "AGE", "TTL", "LEFT"]
     assert [line.split()[0] for line in lines[1:]] == ["inventory-sync:1", "inventory-sync:2", "report:9"]
     assert "task-1" in lines[1]
     assert "worker-host" in lines[1]

@@ -227,17 +227,16 @@ def run_unique(task: Task, body: Callable[[], R]) -> R:
             release(store, key, task_id, "ended")
 
 
-def _release_revoked(request: Any = None, expired: bool = False, **_: Any) -> None:
+def _release_revoked(sender: Task | None = None, request: Any = None, expired: bool = False, **_: Any) -> None:
     """``task_revoked`` (worker main process): a revoked or expired message never runs; free its key."""
-    task = getattr(request, "task", None)
-    if task is None or spec_of(task) is None:
+    task = sender if isinstance(sender, Task) else getattr(request, "task", None)
+    if not isinstance(task, Task) or spec_of(task) is None or request is None:
         return
-    headers = getattr(request, "request_dict", None) or {}
-    key = headers.get(C.HEADER_UNIQUE) if isinstance(headers, Mapping) else None
+    key = header_key(request)
     task_id = getattr(request, "id", None)
     if not key or not task_id:
         return
-    release(get_lock_store(task._get_app()), str(key), str(task_id), "expired" if expired else "revoked")
+    release(get_lock_store(task._get_app()), key, str(task_id), "expired" if expired else "revoked")
 
 
 def _release_killed(

@@ -28,7 +28,7 @@ def define(app: Celery, records: redis.Redis, ttl: float) -> dict[str, Task]:
         entry = {"name": name, "task_id": request.id, "retries": request.retries, "at": time.time(), **extra}
         records.rpush(list_key, json.dumps({**entry, "hostname": request.hostname}))
 
-    @app.task(base=SafeTask, bind=True, name="unique.export", unique="export:{user_id}", unique_ttl=ttl)
+    @app.task(shared=False, base=SafeTask, bind=True, name="unique.export", unique="export:{user_id}", unique_ttl=ttl)
     def export(self: Task, user_id: int, seconds: float = 0.5) -> int:
         note("export", STARTS, self.request)
         time.sleep(seconds)
@@ -36,6 +36,7 @@ def define(app: Celery, records: redis.Redis, ttl: float) -> dict[str, Task]:
         return user_id
 
     @app.task(
+        shared=False,
         base=SafeTask,
         bind=True,
         name="unique.early",
@@ -49,6 +50,7 @@ def define(app: Celery, records: redis.Redis, ttl: float) -> dict[str, Task]:
         return user_id
 
     @app.task(
+        shared=False,
         base=SafeTask,
         bind=True,
         name="unique.window",
@@ -60,7 +62,15 @@ def define(app: Celery, records: redis.Redis, ttl: float) -> dict[str, Task]:
         note("window", STARTS, self.request)
         return user_id
 
-    @app.task(base=SafeTask, bind=True, name="unique.flaky", unique="flaky:{user_id}", unique_ttl=ttl, max_retries=5)
+    @app.task(
+        shared=False,
+        base=SafeTask,
+        bind=True,
+        name="unique.flaky",
+        unique="flaky:{user_id}",
+        unique_ttl=ttl,
+        max_retries=5,
+    )
     def flaky(self: Task, user_id: int, fails: int = 2, countdown: float = 1.0) -> int:
         note("flaky", STARTS, self.request)
         if self.request.retries < fails:
@@ -68,24 +78,32 @@ def define(app: Celery, records: redis.Redis, ttl: float) -> dict[str, Task]:
         note("flaky", RUNS, self.request, outcome="ok")
         return self.request.retries
 
-    @app.task(base=SafeTask, bind=True, name="unique.failing", unique="failing:{user_id}", unique_ttl=ttl)
+    @app.task(shared=False, base=SafeTask, bind=True, name="unique.failing", unique="failing:{user_id}", unique_ttl=ttl)
     def failing(self: Task, user_id: int) -> None:
         note("failing", STARTS, self.request)
         raise ValueError(f"failing {user_id}")
 
-    @app.task(base=SafeTask, bind=True, name="unique.rejecting", unique="rejecting:{user_id}", unique_ttl=ttl)
+    @app.task(
+        shared=False, base=SafeTask, bind=True, name="unique.rejecting", unique="rejecting:{user_id}", unique_ttl=ttl
+    )
     def rejecting(self: Task, user_id: int) -> None:
         note("rejecting", STARTS, self.request)
         raise Reject("not today", requeue=False)
 
     @app.task(
-        base=SafeTask, bind=True, name="unique.limited", unique="limited:{user_id}", unique_ttl=ttl, time_limit=1.5
+        shared=False,
+        base=SafeTask,
+        bind=True,
+        name="unique.limited",
+        unique="limited:{user_id}",
+        unique_ttl=ttl,
+        time_limit=1.5,
     )
     def limited(self: Task, user_id: int, seconds: float = 30.0) -> None:
         note("limited", STARTS, self.request)
         time.sleep(seconds)
 
-    @app.task(base=SafeTask, name="unique.strict", unique="strict:{user_id}", unique_on_conflict="raise")
+    @app.task(shared=False, base=SafeTask, name="unique.strict", unique="strict:{user_id}", unique_on_conflict="raise")
     def strict(user_id: int) -> int:
         return user_id
 

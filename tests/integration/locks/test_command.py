@@ -102,3 +102,33 @@ def test_released_holder_is_told_at_its_next_renewal(
     assert record["outcome"] == "lost"
     assert record["finished"] - record["started"] < 5  # told within ttl/3 of the release, not after 20 s
     client.close()
+
+
+def test_locks_list_shows_unique_keys_with_task_id_and_state_and_release_frees_one(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    store = LockStore(redis_client, get_config(make_app()))
+    _hold(store, "inventory-sync:1", "task-1")
+    claim = store.unique_acquire("export:7", "task-7", 60, "queued", stored=False, host="caller-host")
+    assert claim.status == "acquired"
+    store.unique_acquire("export:8", "task-8", 60, "stored", stored=True, host="caller-host")
+
+    listed = processes.command(APP, "safe-time", "locks", "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["inventory-sync:1", "unique:export:7", "unique:export:8"]
+    assert lines[2].split()[:3] == ["unique:export:7", "task-7", "queued"]
+    assert lines[3].split()[:3] == ["unique:export:8", "task-8", "stored"]
+
+    only = processes.command(APP, "safe-time", "locks", "list", "--pattern", "unique:export:7", "--json")
+    rows = json.loads(only.stdout)
+    assert [(r["key"], r["task_id"], r["state"], r["kind"]) for r in rows] == [
+        ("unique:export:7", "task-7", "queued", "unique")
+    ]
+    assert 50 < rows[0]["ttl_left"] <= 60
+
+    released = processes.command(APP, "safe-time", "locks", "release", "unique:export:7", "--yes")
+    assert released.returncode == 0, released.stderr
+    assert "released unique:export:7 (held by task-7, queued" in released.stdout
+    assert not redis_client.exists("safe_time:unique:export:7")
+    assert redis_client.exists("safe_time:unique:export:8")

@@ -41,7 +41,9 @@ def release_lock(app: Celery, key: str) -> LockInfo | None:
 def describe_locks(app: Celery) -> dict[str, Any]:
     """The ``[locks]`` section of ``safe-time status``."""
     try:
-        locks = get_lock_store(app).scan(limit=STATUS_LIMIT + 1)
+        store = get_lock_store(app)
+        locks = store.scan(limit=STATUS_LIMIT + 1)
+        unique = store.scan_unique(limit=STATUS_LIMIT + 1)
     except redis.RedisError as exc:
         return {"error": f"Redis unreachable: {exc}"}
     shown = locks[:STATUS_LIMIT]
@@ -49,5 +51,10 @@ def describe_locks(app: Celery) -> dict[str, Any]:
         "held": len(shown) if len(locks) <= STATUS_LIMIT else f"more than {STATUS_LIMIT}",
         "locks": [
             {"key": i.key, "task_id": i.task_id, "host": i.host, "age": i.age, "ttl_left": i.ttl_left} for i in shown
+        ],
+        "unique_held": len(unique) if len(unique) <= STATUS_LIMIT else f"more than {STATUS_LIMIT}",
+        "unique": [
+            {"key": i.key, "task_id": i.task_id, "state": i.state, "age": i.age, "ttl_left": i.ttl_left}
+            for i in unique[:STATUS_LIMIT]
         ],
     }

@@ -132,3 +132,11 @@ def test_locks_list_shows_unique_keys_with_task_id_and_state_and_release_frees_o
     assert "released unique:export:7 (held by task-7, queued" in released.stdout
     assert not redis_client.exists("safe_time:unique:export:7")
     assert redis_client.exists("safe_time:unique:export:8")
+
+    status = processes.command(APP, "safe-time", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    section = json.loads(status.stdout)["locks"]
+    assert section["unique_held"] == 1
+    assert [(k["key"], k["task_id"], k["state"]) for k in section["unique"]] == [
+        ("unique:export:8", "task-8", "stored")
+    ]

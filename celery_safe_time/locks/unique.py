@@ -253,7 +253,7 @@ def _release_killed(
     spec = spec_of(sender)
     if spec is None or spec.until != C.UNIQUE_UNTIL_EXECUTED:
         return
-    if isinstance(exception, WorkerLostError) and sender.acks_late and sender.reject_on_worker_lost:
+    if isinstance(exception, WorkerLostError) and _comes_back(sender):
         return  # the message is redelivered and runs again under the same key
     try:
         key = spec.render(args, kwargs)
@@ -261,6 +261,16 @@ def _release_killed(
         logger.warning("cannot free the unique key of %s[%s]: %s", sender.name, task_id, exc)
         return
     release(get_lock_store(sender._get_app()), key, task_id, exception.__class__.__name__)
+
+
+def _comes_back(task: Task) -> bool:
+    """Whether the worker requeues a message whose pool child died (acks_late + reject_on_worker_lost)."""
+    conf = task._get_app().conf
+    acks_late = task.acks_late if task.acks_late is not None else conf.task_acks_late
+    reject = task.reject_on_worker_lost
+    if reject is None:
+        reject = conf.task_reject_on_worker_lost
+    return bool(acks_late and reject)
 
 
 def release_stored(app: Celery, task_id: str, payload_headers: Mapping[str, Any] | None) -> None:

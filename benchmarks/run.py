@@ -39,6 +39,7 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("beat", "benchmarks.beat", ["timed"]),
     ("delays", "benchmarks.delays", []),
     ("locks", "benchmarks.locks", []),
+    ("unique", "benchmarks.unique", ["enqueue"]),
 ]
 # Counted, or timed against a lease clock rather than the CPU: these run in the background while
 # the timed modules measure.
@@ -46,6 +47,8 @@ BACKGROUND: list[tuple[str, str, list[str]]] = [
     ("duplicates", "benchmarks.safety", ["duplicates"]),
     ("visibility", "benchmarks.safety", ["visibility"]),
     ("failover", "benchmarks.beat", ["failover"]),
+    # kill -9 / revoke / retry / time limit with three unique-task libraries: waits on ttls, not the CPU
+    ("unique_compare", "benchmarks.unique", ["compare"]),
 ]
 
 
@@ -313,6 +316,21 @@ def headline(r: dict[str, Any]) -> list[Head]:
                         ratio is not None and ratio <= 1.1,
                     )
                 )
+    ue = r.get("unique", {}).get("enqueue")
+    if ue:
+        k = ue["kinds"]
+        ours, plain = k["celery-safe-time, new key"]["median_ms"], k["plain delay()"]["median_ms"]
+        rows.append(
+            Head(
+                "unique task enqueue cost per call (median, new key)",
+                f"{ours:.2f} ms (held key: {k['celery-safe-time, held key']['median_ms']:.2f} ms)",
+                f"plain delay(): {plain:.2f} ms; celery-once {k['celery-once, new key']['median_ms']:.2f} ms; "
+                f"celery-singleton {k['celery-singleton, new key']['median_ms']:.2f} ms",
+                "-",
+                _div(ours, plain),
+                None,
+            )
+        )
     t = r.get("beat", {}).get("ticks")
     if t:
         s_busy, s_idle = t.get("SafeScheduler", {}), t.get("SafeScheduler idle", {})
@@ -584,6 +602,8 @@ def _details(r: dict[str, Any], img: dict[str, str]) -> list[str]:
         ("Durable delays", "delays", "benchmarks.delays", "table", ["rss", "sweep", "lateness"]),
         ("Beat", "beat", "benchmarks.beat", "markdown", ["ticks"]),
         ("Locks", "locks", "benchmarks.locks", "markdown", ["locks"]),
+        ("Unique tasks: enqueue cost", "unique", "benchmarks.unique", "markdown", []),
+        ("Unique tasks: what a fault leaves behind", "unique_compare", "benchmarks.unique", "markdown", []),
         ("Visibility timeout and 3 beats", "visibility", "benchmarks.safety", "table", []),
     ]
     for title, key, module, fn, pics in sections:
@@ -774,7 +794,9 @@ def _analysis(r: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="CI-sized run (a few minutes)")
-    parser.add_argument("--only", help="comma-separated: beat,delays,locks,visibility,duplicates")
+    parser.add_argument(
+        "--only", help="comma-separated: beat,delays,locks,unique,unique_compare,visibility,duplicates,failover"
+    )
     parser.add_argument("--doc-only", action="store_true", help="rebuild the doc from benchmarks/results")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--module", help=argparse.SUPPRESS)

@@ -567,7 +567,7 @@ def sweep(ctx: click.Context, batch: int | None) -> None:
 
 @safe_time.group(name="locks")
 def locks_group() -> None:
-    """Overlap locks: list held ones, release a stuck one."""
+    """Overlap locks and unique task keys: list held ones, release a stuck one."""
 
 
 @locks_group.command(name="list", cls=CeleryCommand)
@@ -575,7 +575,7 @@ def locks_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def locks_list(ctx: click.Context, pattern: str, as_json: bool) -> None:
-    """Held locks (found with SCAN): key, holder task id, host, age, TTL left."""
+    """Held locks and unique keys (found with SCAN): key, holder task id, state, host, age, TTL left."""
     from .locks.admin import list_locks
 
     found = list_locks(_app(ctx), pattern)
@@ -585,11 +585,13 @@ def locks_list(ctx: click.Context, pattern: str, as_json: bool) -> None:
     if not found:
         click.echo(f"no overlap locks held matching {pattern!r}")
         return
-    rows = [("KEY", "TASK ID", "HOST", "PID", "FENCE", "AGE", "TTL LEFT")]
+    rows = [("KEY", "TASK ID", "STATE", "HOST", "PID", "FENCE", "AGE", "TTL LEFT")]
     for i in found:
         age = "?" if i.age is None else f"{i.age:.1f}s"
         ttl = "?" if i.ttl_left is None else f"{i.ttl_left:.1f}s"
-        rows.append((i.key, i.task_id or "?", i.host or "?", str(i.pid or "?"), str(i.fence or "?"), age, ttl))
+        state = i.state or ("held" if i.kind == "overlap" else "?")
+        pid, fence = ("-", "-") if i.kind == "unique" else (str(i.pid or "?"), str(i.fence or "?"))
+        rows.append((i.key, i.task_id or "?", state, i.host or "?", pid, fence, age, ttl))
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -610,4 +612,7 @@ def locks_release(ctx: click.Context, key: str, yes: bool) -> None:
     if info is None:
         click.echo(f"no lock held for {key!r}")
         sys.exit(1)
+    if info.kind == "unique":
+        click.echo(f"released {info.key} (held by {info.task_id}, {info.state}, from {info.host})")
+        return
     click.echo(f"released {info.key} (held by {info.task_id} on {info.host}, pid {info.pid}, fence {info.fence})")

@@ -99,6 +99,8 @@ KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
 #: A finished delivery of a locked task (its identity), so a late broker redelivery is dropped.
 KEY_LOCK_DONE: Final = "lock-done:{key}:{identity}"
+#: A unique task's key (``SafeTask`` option ``unique=``): hash of the holder task id, state, stored flag.
+KEY_UNIQUE: Final = "unique:{key}"
 
 #: How long a fired-slot marker is kept (DESIGN: 7 days).
 FIRED_SLOT_TTL: Final = 7 * 86400
@@ -304,6 +306,8 @@ REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
+#: Message header carrying a unique task's rendered key, so the worker frees the key it was queued under.
+HEADER_UNIQUE: Final = "safe_time_unique"
 #: Message header our own re-queues carry: the identity of the delivery they continue (so a copy
 #: is still recognised as that delivery when it comes back), the retry count it belongs to (a
 #: ``retry()`` copies custom headers but is a new delivery) and the lock tokens earlier attempts
@@ -320,3 +324,25 @@ LOCK_DONE_TTL_MARGIN: Final = 60.0
 #: A body that returned gets its idempotency marker recorded: the commit is retried after each
 #: of these pauses (about 30 s in all) before the failure is reported (log + signal).
 IDEMPOTENT_COMMIT_RETRY_DELAYS: Final = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 8.0, 10.0)
+
+
+# === unique tasks (``SafeTask`` options ``unique=``, ``unique_until=``, ``unique_ttl=``) ==========
+#: ``unique_until``: released when the task starts, when it ends (whatever the outcome), or only by its ttl.
+UNIQUE_UNTIL_EXECUTING: Final = "executing"
+UNIQUE_UNTIL_EXECUTED: Final = "executed"
+UNIQUE_UNTIL_EXPIRED: Final = "expired"
+UNIQUE_UNTIL_MODES: Final = (UNIQUE_UNTIL_EXECUTING, UNIQUE_UNTIL_EXECUTED, UNIQUE_UNTIL_EXPIRED)
+DEFAULT_UNIQUE_UNTIL: Final = UNIQUE_UNTIL_EXECUTED
+#: Seconds a unique key outlives a holder that never released it (kill -9, a message the broker lost);
+#: counted from the call, again from the start of the run, and from the due time of a stored delay.
+DEFAULT_UNIQUE_TTL: Final = 3600.0
+#: ``unique_on_conflict``: hand back the holder's AsyncResult, or raise ``UniqueConflict``.
+UNIQUE_ON_CONFLICT_POLICIES: Final = ("return", "raise")
+DEFAULT_UNIQUE_ON_CONFLICT: Final = "return"
+#: ``state`` of a unique key: queued on the broker, stored as a long delay, running, waiting for its retry.
+UNIQUE_STATE_QUEUED: Final = "queued"
+UNIQUE_STATE_STORED: Final = "stored"
+UNIQUE_STATE_RUNNING: Final = "running"
+UNIQUE_STATE_RETRYING: Final = "retrying"
+#: ``locks list`` shows unique keys as ``unique:<key>``; ``locks release unique:<key>`` frees one.
+UNIQUE_LIST_PREFIX: Final = "unique:"

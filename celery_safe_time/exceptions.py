@@ -40,6 +40,18 @@ class LockConflict(SafeTimeError):
         super().__init__(f"overlap lock {key!r} is held" + (f" by {holder}" if holder else ""))
 
 
+class UniqueConflict(SafeTimeError):
+    """Raised when a unique task's key is held by another queued or running copy and
+    ``unique_on_conflict="raise"``; ``holder`` is that copy's task id, ``state`` where it is."""
+
+    def __init__(self, key: str, holder: str | None = None, state: str | None = None) -> None:
+        self.key = key
+        self.holder = holder
+        self.state = state
+        where = f" ({state})" if state else ""
+        super().__init__(f"unique key {key!r} is held" + (f" by task {holder}{where}" if holder else ""))
+
+
 class LockLost(SafeTimeError):
     """Raised when an overlap lock could not be renewed while its task was running."""
 

@@ -22,6 +22,7 @@ __all__ = [
     "idempotent_unrecorded",
     "overlap_conflict",
     "overlap_lock_lost",
+    "unique_conflict",
 ]
 
 #: A beat became leader. kwargs: epoch, lease (seconds).
@@ -52,3 +53,5 @@ idempotent_skipped = Signal(name="idempotent_skipped", providing_args={"key", "t
 #: An idempotent task's body returned but its marker could not be written (Redis unreachable
 #: through every commit retry): a later call of the key would run it again. kwargs: key, task_id, error.
 idempotent_unrecorded = Signal(name="idempotent_unrecorded", providing_args={"key", "task_id", "error"})
+#: A unique task was not queued because its key was held. kwargs: key, task_id (the holder), state.
+unique_conflict = Signal(name="unique_conflict", providing_args={"key", "task_id", "state"})

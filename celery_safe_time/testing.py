@@ -19,9 +19,10 @@ What the in-process set-up covers (:func:`safe_time_testing`):
   (conditional start, outcome) runs as in a worker. ``store="sqlite"`` (or the ``safe_time_sqlite``
   fixture) puts the rows in a temporary SQLite file instead (:class:`TestSQLiteStore`: the SQL store
   of production, its table, payload encoding and claim query, with the same movable clock);
-- ``overlap_lock`` and ``idempotent``: :class:`MemoryLockStore`, the Redis lock scripts' rules in
-  Python (token-checked acquire/renew/release, fencing numbers, idempotency markers with their
-  window, finished-delivery markers). Not covered: the hard-time-limit release (it reads Redis);
+- ``overlap_lock``, ``idempotent`` and unique tasks (``SafeTask(unique=...)``): :class:`MemoryLockStore`,
+  the Redis lock scripts' rules in Python (token-checked acquire/renew/release, fencing numbers,
+  idempotency markers with their window, finished-delivery markers, unique keys by task id).
+  Not covered: the hard-time-limit release (it reads Redis);
 - no Redis and no broker: the app gets a ``memory://`` broker unless it has one, and a
   placeholder ``safe_time_redis_url`` that names itself if anything still reaches for Redis
   (``SafeScheduler`` does: beat needs Redis; test schedules with :func:`next_fires`).
@@ -59,7 +60,7 @@ from .delays.stores import reset_store, set_store
 from .delays.stores.base import DelayRow
 from .delays.stores.memory import MemoryStore
 from .delays.stores.sql import SQLAlchemyStore
-from .locks.store import Acquired, Holder, LockInfo, LockStore, Owner, use_lock_store
+from .locks.store import Acquired, Holder, LockInfo, LockStore, Owner, UniqueClaim, use_lock_store
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -78,6 +79,8 @@ __all__ = [
     "assert_lock_free",
     "assert_lock_held",
     "assert_stored",
+    "assert_unique_free",
+    "assert_unique_held",
     "next_fires",
     "run_due",
     "safe_time_testing",
@@ -188,6 +191,16 @@ class _Lock:
     expires: float
 
 
+@dataclasses.dataclass
+class _Unique:
+    task_id: str
+    state: str
+    stored: bool
+    host: str
+    created_at: float
+    expires: float
+
+
 class MemoryLockStore(LockStore):
     """The lock scripts' rules (``locks/lua/*.lua``) on dicts in this process, for tests.
 
@@ -205,6 +218,7 @@ class MemoryLockStore(LockStore):
         self._fences: dict[str, int] = {}
         self._markers: dict[str, tuple[float, str, str]] = {}  # marker key -> (expires, task id, token)
         self._done: dict[str, float] = {}  # finished-delivery key -> expires
+        self._unique: dict[str, _Unique] = {}  # unique task key -> holder
 
     def _live(self, key: str) -> _Lock | None:
         lock = self._locks.get(key)
@@ -342,6 +356,86 @@ class MemoryLockStore(LockStore):
         with self._mutex:
             info = self.info(self.lock_key(key), self._clock())
             self._locks.pop(self.lock_key(key), None)
+            return info
+
+    # --- unique task keys (``unique_acquire.lua`` / ``unique_release.lua``) ----------------------
+    def _live_unique(self, key: str) -> _Unique | None:
+        held = self._unique.get(key)
+        if held is not None and held.expires <= self._clock():
+            del self._unique[key]
+            return None
+        return held
+
+    def unique_acquire(
+        self,
+        key: str,
+        task_id: str,
+        ttl: float,
+        state: str,
+        *,
+        stored: bool | None,
+        host: str,
+        gone: str | None = None,
+        own: bool = False,
+    ) -> UniqueClaim:
+        with self._mutex:
+            now = self._clock()
+            held = self._live_unique(key)
+            if held is not None:
+                if held.task_id == task_id and own:
+                    held.state, held.host, held.expires = state, host, now + ttl
+                    if stored is not None:
+                        held.stored = stored
+                    return UniqueClaim("own")
+                if gone is None or held.task_id != gone:
+                    return UniqueClaim(
+                        "held", holder=held.task_id, state=held.state, stored=held.stored, ttl_left=held.expires - now
+                    )
+            self._unique[key] = _Unique(task_id, state, bool(stored), host, now, now + ttl)
+            return UniqueClaim("acquired")
+
+    def unique_release(self, key: str, task_id: str) -> bool:
+        with self._mutex:
+            held = self._live_unique(key)
+            if held is None or held.task_id != task_id:
+                return False
+            del self._unique[key]
+            return True
+
+    def unique_info(self, key: str, now: float) -> LockInfo | None:
+        with self._mutex:
+            held = self._live_unique(key)
+            if held is None:
+                return None
+            return LockInfo(
+                key=C.UNIQUE_LIST_PREFIX + key,
+                redis_key=self.unique_key(key),
+                task_id=held.task_id,
+                host=held.host,
+                pid=None,
+                fence=None,
+                age=round(now - held.created_at, 3),
+                ttl_left=round(held.expires - now, 3),
+                kind="unique",
+                state=held.state,
+            )
+
+    def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        import fnmatch
+
+        with self._mutex:
+            now = self._clock()
+            found = [
+                info
+                for key in sorted(self._unique)
+                if fnmatch.fnmatchcase(key, pattern) and (info := self.unique_info(key, now)) is not None
+            ]
+            return found[:limit] if limit is not None else found
+
+    def force_release_unique(self, key: str) -> LockInfo | None:
+        with self._mutex:
+            info = self.unique_info(key, self._clock())
+            self._unique.pop(key, None)
             return info
 
     def idempotent_done(self, key: str) -> bool:
@@ -646,6 +740,25 @@ class SafeTimeTesting:
         if info is not None:
             raise AssertionError(f"lock {key!r} is held by task {info.task_id} (fence {info.fence})")
 
+    def assert_unique_held(self, key: str, *, task_id: str | None = None, state: str | None = None) -> LockInfo:
+        """Assert a unique task's key (``unique=`` as rendered, e.g. ``"export:7"``) is held, by
+        ``task_id`` and in ``state`` (queued, stored, running, retrying) if given; returns its holder."""
+        info = self.locks.unique_info(key, self.locks._clock())
+        if info is None:
+            held = [i.key for i in self.locks.scan_unique()]
+            raise AssertionError(f"unique key {key!r} is not held (held: {held or 'none'})")
+        if task_id is not None and info.task_id != task_id:
+            raise AssertionError(f"unique key {key!r} is held by task {info.task_id}, not {task_id}")
+        if state is not None and info.state != state:
+            raise AssertionError(f"unique key {key!r} is {info.state}, not {state}")
+        return info
+
+    def assert_unique_free(self, key: str) -> None:
+        """Assert nobody holds the unique task key ``key`` (a call would queue)."""
+        info = self.locks.unique_info(key, self.locks._clock())
+        if info is not None:
+            raise AssertionError(f"unique key {key!r} is held by task {info.task_id} ({info.state})")
+
     def assert_idempotent_done(self, key: str) -> None:
         """Assert the ``idempotent`` key has run within its window."""
         if not self.locks.idempotent_done(key):
@@ -775,6 +888,18 @@ def assert_lock_free(key: str, app: Celery | None = None) -> None:
 
 def assert_idempotent_done(key: str, app: Celery | None = None) -> None:
     _handle(app).assert_idempotent_done(key)
+
+
+def assert_unique_held(
+    key: str, app: Celery | None = None, *, task_id: str | None = None, state: str | None = None
+) -> LockInfo:
+    """See :meth:`SafeTimeTesting.assert_unique_held`."""
+    return _handle(app).assert_unique_held(key, task_id=task_id, state=state)
+
+
+def assert_unique_free(key: str, app: Celery | None = None) -> None:
+    """See :meth:`SafeTimeTesting.assert_unique_free`."""
+    _handle(app).assert_unique_free(key)
 
 
 # --- schedules ------------------------------------------------------------------------------------

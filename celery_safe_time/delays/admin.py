@@ -29,12 +29,29 @@ def _app(app: Celery | None) -> Celery:
 
 def cancel(task_id: str, *, app: Celery | None = None) -> bool:
     """Cancel a pending stored task: it will never be published. True when a pending row changed."""
-    store = get_store(_app(app))
+    app = _app(app)
+    store = get_store(app)
     changed = store.cancel(task_id)
     if changed:
         logger.info("cancelled stored task %s", task_id)
         signals.delay_cancelled.send(sender=store, task_id=task_id)
+        _release_unique(app, task_id)
     return changed
+
+
+def _release_unique(app: Celery, task_id: str) -> None:
+    """A cancelled row of a unique task frees its key now (a later caller would see it gone anyway)."""
+    from ..locks.unique import release_stored
+
+    try:
+        row = get_store(app).get(task_id)
+        if row is None:
+            return
+        body = decode(row.payload, row.content_type, row.content_encoding, allow_pickle=get_config(app).allow_pickle)
+        headers = (body.get("options") or {}).get("headers")
+        release_stored(app, task_id, headers if isinstance(headers, dict) else None)
+    except SafeTimeError as exc:
+        logger.warning("cancelled stored task %s; its unique key (if any) expires on its own: %s", task_id, exc)
 
 
 def reschedule(

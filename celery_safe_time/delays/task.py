@@ -8,6 +8,8 @@ publishes it, with its own task id and ``eta=due_at``, shortly before it is due.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from celery import Task
@@ -18,11 +20,14 @@ from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
+from ..locks import unique as unique_tasks
+from ..locks.keys import KeySpec
+from ..locks.store import get_lock_store
 from ..tracing import inject_context
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
-from .plan import plan_delay
+from .plan import DelayPlan, plan_delay
 from .stores import get_store
 from .stores.base import NewDelay
 
@@ -56,8 +61,32 @@ class SafeTask(Task):
     """Use as ``@app.task(base=SafeTask)`` or ``Celery(..., task_cls='celery_safe_time:SafeTask')``.
 
     Extra ``apply_async`` option: ``idempotency_key=`` (stored delays only): while a pending row
-    holds the key, another call returns that row's task id and stores nothing.
+    holds the key, another call returns that row's task id and stores nothing. Extra task options:
+    ``unique=``, ``unique_until=``, ``unique_ttl=``, ``unique_on_conflict=`` (:mod:`..locks.unique`).
     """
+
+    #: Unique tasks (``@app.task(base=SafeTask, unique="export:{user_id}")``): a key template over the
+    #: task's parameters (or a callable); while a queued, stored or running copy holds the key, another
+    #: call returns that copy (``unique_on_conflict="return"``) or raises ``UniqueConflict`` ("raise").
+    unique: KeySpec | None = None
+    #: ``"executing"`` (free once it starts), ``"executed"`` (once it ends) or ``"expired"`` (only the ttl).
+    unique_until: str = C.DEFAULT_UNIQUE_UNTIL
+    #: Seconds the key outlives a holder that never frees it (kill -9, a lost message).
+    unique_ttl: float = C.DEFAULT_UNIQUE_TTL
+    unique_on_conflict: str = C.DEFAULT_UNIQUE_ON_CONFLICT
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Celery builds the task class from the decorator's options: a bad unique= fails here,
+        # when the task is created, not at the first delay() in production.
+        super().__init_subclass__(**kwargs)
+        run = _unique_run_attr(cls)
+        spec = None
+        if run is not None:
+            name = cls.__dict__.get("name") or cls.__qualname__
+            spec = unique_tasks.unique_spec(
+                str(name), run, cls.unique, cls.unique_until, cls.unique_ttl, cls.unique_on_conflict
+            )
+        setattr(cls, unique_tasks.SPEC_ATTR, spec)
 
     def AsyncResult(self, task_id: str, **kwargs: Any) -> StoredAsyncResult:
         return StoredAsyncResult(task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs)
@@ -83,15 +112,81 @@ class SafeTask(Task):
         if app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         config = get_config(app)
-        plan = plan_delay(
-            options.get("countdown"),
-            options.get("eta"),
-            now=to_datetime(local_time()),
-            threshold=config.delay_threshold,
-        )
+        now = to_datetime(local_time())
+        plan = plan_delay(options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold)
+        spec = unique_tasks.spec_of(self)
+        if spec is not None:
+            return self._apply_unique(
+                spec, plan, now, args, kwargs, task_id, producer, link, link_error, shadow, idempotency_key, options
+            )
         if plan is None:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        return self._store(plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options)[0]
 
+    def _apply_unique(
+        self,
+        spec: unique_tasks.UniqueSpec,
+        plan: DelayPlan | None,
+        now: datetime,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        producer: Any,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        idempotency_key: str | None,
+        options: dict[str, Any],
+    ) -> Any:
+        """Take the task's unique key, then publish or store; a held key hands back its holder."""
+        app = self._get_app()
+        key = spec.render(args, kwargs)
+        task_id = task_id or uuid()
+        parent = app.current_worker_task
+        # retry() (and a lock re-queue) publishes under the running task's own id: that is the
+        # holder continuing, never a conflict.
+        own = parent is not None and parent.request.id == task_id
+        ttl = spec.ttl + _delay_seconds(plan, options, now)
+        found = unique_tasks.claim(app, key, task_id, ttl, stored=plan is not None, own=own)
+        if found.status == "held":
+            return unique_tasks.conflict(self, spec, key, found.holder or task_id, found.state)
+        options["headers"] = {**(options.get("headers") or {}), C.HEADER_UNIQUE: key}
+        try:
+            if plan is None:
+                return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+            # Stored: the unique key is also the row's idempotency key, so the store itself refuses a
+            # second pending row for it even if Redis forgot the key.
+            result, created = self._store(
+                plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key or key, options
+            )
+        except BaseException:
+            if found.status == "acquired":
+                unique_tasks.release(get_lock_store(app), key, task_id, "not queued")
+            raise
+        if result.id == task_id or created:
+            return result
+        if idempotency_key is not None:
+            # The caller's own idempotency key matched another pending row: that row, as before.
+            unique_tasks.release(get_lock_store(app), key, task_id, "idempotency key already pending")
+            return result
+        unique_tasks.repoint(app, key, task_id, result.id, ttl)
+        return unique_tasks.conflict(self, spec, key, result.id, C.UNIQUE_STATE_STORED)
+
+    def _store(
+        self,
+        plan: DelayPlan,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        idempotency_key: str | None,
+        options: dict[str, Any],
+    ) -> tuple[StoredAsyncResult, bool]:
+        """Write the call as one row of the store; returns its AsyncResult and whether it is new."""
+        app = self._get_app()
+        config = get_config(app)
         # The same argument checks and option merging plain apply_async does, then store.
         if self.typing:
             header = getattr(self, "__header__", None)
@@ -149,19 +244,41 @@ class SafeTask(Task):
         async_result = self.AsyncResult(result.task_id)
         if add_to_parent and parent is not None and result.created:
             parent.add_trail(async_result)
-        return async_result
+        return async_result, result.created
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if not request.called_directly:
             token = delivery_token(request)
+            call = super().__call__
             if token is not None:
-                call = super().__call__
-                return run_delivery(self, token, lambda: call(*args, **kwargs))
+                return run_delivery(self, token, lambda: unique_tasks.run_unique(self, lambda: call(*args, **kwargs)))
             if (request.headers or {}).get(C.HEADER_STORED):
                 # Published by a sweep from before the delivery record: nothing to check it against.
                 logger.warning("running stored task %s[%s] published without a delivery token", self.name, request.id)
+            if unique_tasks.spec_of(self) is not None:
+                return unique_tasks.run_unique(self, lambda: call(*args, **kwargs))
         return super().__call__(*args, **kwargs)
+
+
+def _delay_seconds(plan: DelayPlan | None, options: Mapping[str, Any], now: datetime) -> float:
+    """Seconds from now until the call is due (0 for an immediate call): the key waits that long too."""
+    countdown = plan.countdown if plan is not None else options.get("countdown")
+    if countdown is not None:
+        return max(0.0, float(countdown))
+    eta = plan.eta if plan is not None else options.get("eta")
+    if eta is not None:
+        return max(0.0, (as_utc(eta) - now).total_seconds())
+    return 0.0
+
+
+def _unique_run_attr(cls: type) -> Any:
+    """The ``run`` a task class defines (raw: a staticmethod or a function), or None (``Task.run``)."""
+    for klass in cls.__mro__:
+        if "run" in klass.__dict__:
+            run = klass.__dict__["run"]
+            return None if klass is Task else run
+    return None
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -27,7 +27,7 @@ from .. import constants as C
 from ..config import SafeTimeConfig, get_config
 from ..redis_client import as_text, get_redis, load_script
 
-SCRIPTS = ("acquire", "renew", "release", "commit")
+SCRIPTS = ("acquire", "renew", "release", "commit", "unique_acquire", "unique_release")
 
 AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
 
@@ -81,9 +81,28 @@ class LockInfo:
     fence: int | None
     age: float | None
     ttl_left: float | None
+    #: ``"overlap"`` (an overlap or in-progress idempotent lock) or ``"unique"`` (a unique task's key).
+    kind: str = "overlap"
+    #: A unique key's state: queued, stored, running or retrying (None for overlap locks).
+    state: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+UniqueStatus = Literal["acquired", "own", "held"]
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueClaim:
+    """Result of :meth:`LockStore.unique_acquire`; ``holder`` and the rest are set when ``"held"``."""
+
+    status: UniqueStatus
+    holder: str | None = None
+    state: str | None = None
+    #: The holder is a stored delay: its row in the store says whether it is gone.
+    stored: bool = False
+    ttl_left: float | None = None
 
 
 def _int(value: Any) -> int | None:
@@ -109,6 +128,8 @@ class LockStore:
         self._renew = scripts["renew"]
         self._release = scripts["release"]
         self._commit = scripts["commit"]
+        self._unique_acquire = scripts["unique_acquire"]
+        self._unique_release = scripts["unique_release"]
 
     # --- key names -------------------------------------------------------------
     def lock_key(self, key: str) -> str:
@@ -122,6 +143,9 @@ class LockStore:
 
     def done_key(self, key: str, identity: str) -> str:
         return self.config.key(C.KEY_LOCK_DONE, key=key, identity=identity)
+
+    def unique_key(self, key: str) -> str:
+        return self.config.key(C.KEY_UNIQUE, key=key)
 
     def user_key(self, redis_key: str) -> str:
         """``<prefix>lock:<key>`` -> ``<key>``."""
@@ -202,6 +226,92 @@ class LockStore:
         return as_text(self.client.hget(self.lock_key(key), "token"))
 
     # --- operator view ---------------------------------------------------------
+    # --- unique task keys (one key per script call: <prefix>unique:<key>) ------------------------
+    def unique_acquire(
+        self,
+        key: str,
+        task_id: str,
+        ttl: float,
+        state: str,
+        *,
+        stored: bool | None,
+        host: str,
+        gone: str | None = None,
+        own: bool = False,
+    ) -> UniqueClaim:
+        """Take the unique ``key`` for ``task_id`` unless another task holds it.
+
+        ``gone``: a holder the caller found gone (its stored row ended): replaced if it still holds
+        the key. ``own``: ``task_id`` is the caller itself (its retry, or its run starting): a key it
+        holds is refreshed (``state``, ``ttl``; ``stored`` unless None) instead of conflicting.
+        """
+        flag = "" if stored is None else ("1" if stored else "0")
+        args: list[str | int] = [task_id, _ms(ttl), state, flag, host, gone or "", "1" if own else "0"]
+        reply = self._unique_acquire(keys=[self.unique_key(key)], args=args)
+        status = as_text(reply[0])
+        if status == "acquired":
+            return UniqueClaim("acquired")
+        if status == "own":
+            return UniqueClaim("own")
+        pttl = int(reply[4])
+        return UniqueClaim(
+            "held",
+            holder=as_text(reply[1]),
+            state=as_text(reply[2]) or None,
+            stored=as_text(reply[3]) == "1",
+            ttl_left=pttl / 1000.0 if pttl >= 0 else None,
+        )
+
+    def unique_release(self, key: str, task_id: str) -> bool:
+        """Delete the unique ``key`` if ``task_id`` holds it."""
+        return bool(self._unique_release(keys=[self.unique_key(key)], args=[task_id]))
+
+    def unique_info(self, key: str, now: float) -> LockInfo | None:
+        """The unique ``key``'s holder as ``locks list`` shows it, or None when it is free."""
+        redis_key = self.unique_key(key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(redis_key, ["task_id", "host", "state", "created_at"])
+        pipe.pttl(redis_key)
+        fields, pttl = pipe.execute()
+        if pttl == -2 or not any(fields):
+            return None
+        task_id, host, state, created_at = (as_text(v) for v in fields)
+        return LockInfo(
+            key=C.UNIQUE_LIST_PREFIX + key,
+            redis_key=redis_key,
+            task_id=task_id,
+            host=host,
+            pid=None,
+            fence=None,
+            age=round(now - float(created_at), 3) if created_at else None,
+            ttl_left=round(pttl / 1000.0, 3) if pttl >= 0 else None,
+            kind="unique",
+            state=state,
+        )
+
+    def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        """Held unique keys matching ``pattern`` (glob over the key without ``unique:``), by SCAN."""
+        seconds, micros = self.client.time()
+        now = float(seconds) + float(micros) / 1e6
+        head = self.unique_key("")
+        found: list[LockInfo] = []
+        for raw in self.client.scan_iter(match=self.unique_key(pattern), count=C.LOCK_SCAN_COUNT, _type="hash"):
+            info = self.unique_info((as_text(raw) or "")[len(head) :], now)
+            if info is not None:
+                found.append(info)
+                if limit is not None and len(found) >= limit:
+                    break
+        found.sort(key=lambda i: i.key)
+        return found
+
+    def force_release_unique(self, key: str) -> LockInfo | None:
+        """Delete the unique ``key`` whoever holds it (operator action); returns what was released."""
+        seconds, micros = self.client.time()
+        info = self.unique_info(key, float(seconds) + float(micros) / 1e6)
+        if info is not None:
+            self.client.delete(self.unique_key(key))
+        return info
+
     def info(self, redis_key: str, now: float) -> LockInfo | None:
         """The lock stored at ``redis_key`` (a full key), or None when it is gone."""
         pipe = self.client.pipeline(transaction=False)

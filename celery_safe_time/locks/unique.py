@@ -1,0 +1,284 @@
+"""Unique tasks at enqueue: while a key is held, ``delay()`` hands back the holder instead of queuing a copy.
+
+::
+
+    @app.task(base=SafeTask, unique="export:{user_id}", unique_until="executed", unique_ttl=3600)
+    def export(user_id): ...
+
+The key is one Redis hash ``<prefix>unique:<key>`` (``task_id``, ``state``, ``stored``, ``host``,
+``created_at``, ``updated_at``, ``ttl_ms``) that expires after ``unique_ttl`` (plus the delay of a
+delayed call) unless released first. Two scripts touch it, each only that one key:
+``unique_acquire.lua`` (take it, refresh it for its own holder, or replace a holder the caller found
+gone) and ``unique_release.lua`` (delete it while a given task id holds it).
+
+Who frees it, by ``unique_until``:
+
+- ``executing``: the run, when it starts; ``executed`` (default): the run, when it ends whatever the
+  outcome (success, exception, ``Ignore``, ``Reject`` without requeue); ``expired``: only the ttl.
+- in every mode, a copy that never runs: the worker's ``task_revoked`` (a revoked or ``expires=``-expired
+  message), a stored row's cancel, and, in the worker's main process, a hard time limit or a lost pool
+  child (``task_failure`` with ``TimeLimitExceeded``/``WorkerLostError``) unless the message comes back;
+- nobody, after a ``kill -9`` of the whole worker or a message the broker lost: the ttl (refreshed
+  when the run starts) frees it. A stored holder is checked honestly instead: the key records the
+  task id and that it is stored, and a caller that finds the holder's row finished, cancelled, expired,
+  failed or gone takes the key over (compare-and-swap on that task id).
+
+``retry()`` is a publish under the same task id from inside the run: it refreshes the key
+(``retrying``) instead of conflicting with it, and the end of the retried run keeps the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import redis
+from celery import Celery, Task
+from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
+from celery.signals import task_failure, task_revoked
+
+from .. import constants as C
+from ..config import mask_url
+from ..exceptions import RedisUnavailable, StoreError, UniqueConflict
+from .keys import KeyBuilder, KeySpec
+from .store import LockStore, UniqueClaim, get_lock_store
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+__all__ = ["UniqueSpec", "release_stored", "run_unique", "unique_spec"]
+
+_HOST = socket.gethostname()
+
+#: Row states that say a stored holder will never run (again): its key is a ghost.
+_GONE_STATUSES = frozenset({C.STATUS_FINISHED, C.STATUS_CANCELLED, C.STATUS_EXPIRED, C.STATUS_FAILED})
+
+#: The class attribute a SafeTask subclass keeps its bound unique spec in.
+SPEC_ATTR = "_safe_time_unique"
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueSpec:
+    """A task's ``unique=`` options, bound to its function's signature."""
+
+    builder: KeyBuilder
+    bound: bool
+    until: str
+    ttl: float
+    on_conflict: str
+
+    def render(self, args: Any, kwargs: Any) -> str:
+        return self.builder.render(tuple(args or ()), dict(kwargs or {}), bound=self.bound)
+
+
+def unique_spec(
+    task_name: str, run: Any, key: KeySpec | None, until: Any, ttl: Any, on_conflict: Any
+) -> UniqueSpec | None:
+    """Check a task's unique options and bind the key template to ``run``; None without ``unique=``.
+
+    ``run`` is the class attribute: a ``staticmethod`` (plain task) or a function whose first
+    parameter is the task (``bind=True`` or a ``run`` method). Raises ``ValueError``/``TypeError``
+    naming the option.
+    """
+    if key is None:
+        return None
+    if until not in C.UNIQUE_UNTIL_MODES:
+        modes = ", ".join(C.UNIQUE_UNTIL_MODES)
+        raise ValueError(f"task {task_name}: unique_until must be one of {modes}, got {until!r}")
+    if on_conflict not in C.UNIQUE_ON_CONFLICT_POLICIES:
+        raise ValueError(
+            f"task {task_name}: unique_on_conflict must be one of {', '.join(C.UNIQUE_ON_CONFLICT_POLICIES)}, "
+            f"got {on_conflict!r}"
+        )
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+        raise ValueError(f"task {task_name}: unique_ttl must be a positive number of seconds, got {ttl!r}")
+    bound = not isinstance(run, staticmethod)
+    func = run.__func__ if isinstance(run, staticmethod) else run
+    try:
+        builder = KeyBuilder(func, key)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"task {task_name}: unique={key!r}: {exc}") from None
+    return UniqueSpec(builder=builder, bound=bound, until=until, ttl=float(ttl), on_conflict=on_conflict)
+
+
+def spec_of(task: Task) -> UniqueSpec | None:
+    spec = getattr(type(task), SPEC_ATTR, None)
+    return spec if isinstance(spec, UniqueSpec) else None
+
+
+# --- the caller's side ---------------------------------------------------------------------------
+
+
+def _holder_gone(app: Celery, claim: UniqueClaim) -> bool:
+    """Whether a held key's holder can be seen to be gone: only a stored holder's row can say so."""
+    if not claim.stored or claim.holder is None:
+        return False
+    from ..delays.stores import get_store
+
+    try:
+        row = get_store(app).get(claim.holder)
+    except StoreError as exc:
+        logger.warning("cannot check unique key holder %s in the store, counting it alive: %s", claim.holder, exc)
+        return False
+    return row is None or row.status in _GONE_STATUSES
+
+
+def claim(
+    app: Celery,
+    key: str,
+    task_id: str,
+    ttl: float,
+    *,
+    stored: bool,
+    own: bool,
+) -> UniqueClaim:
+    """Take ``key`` for ``task_id`` (replacing a stored holder that is gone); Redis errors raise
+    :class:`RedisUnavailable` at the call site: nothing was published."""
+    store = get_lock_store(app)
+    state = C.UNIQUE_STATE_RETRYING if own else (C.UNIQUE_STATE_STORED if stored else C.UNIQUE_STATE_QUEUED)
+    gone: str | None = None
+    try:
+        while True:
+            found = store.unique_acquire(key, task_id, ttl, state, stored=stored, host=_HOST, gone=gone, own=own)
+            if found.status != "held" or found.holder == task_id or found.holder == gone:
+                return found
+            if not _holder_gone(app, found):
+                return found
+            logger.info("unique key %r: holder %s has ended in the store, taking the key over", key, found.holder)
+            gone = found.holder
+    except (redis.RedisError, OSError) as exc:
+        where = mask_url(store.config.redis_url)
+        raise RedisUnavailable(f"cannot take unique key {key!r} (Redis {where}): {exc}") from exc
+
+
+def repoint(app: Celery, key: str, from_task: str, to_task: str, ttl: float) -> None:
+    """The store already had a pending row for the key (Redis had forgotten it): the key names that row."""
+    try:
+        get_lock_store(app).unique_acquire(
+            key, to_task, ttl, C.UNIQUE_STATE_STORED, stored=True, host=_HOST, gone=from_task
+        )
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("could not point unique key %r at stored task %s: %s", key, to_task, exc)
+
+
+def conflict(task: Task, spec: UniqueSpec, key: str, holder: str, state: str | None) -> Any:
+    """``unique_on_conflict``: the holder's AsyncResult, or :class:`UniqueConflict`."""
+    from .. import signals
+
+    logger.debug("unique key %r held by %s (%s): not queuing %s", key, holder, state, task.name)
+    signals.unique_conflict.send(sender=task, key=key, task_id=holder, state=state)
+    if spec.on_conflict == "raise":
+        raise UniqueConflict(key, holder, state)
+    return task.AsyncResult(holder)
+
+
+def release(store: LockStore, key: str, task_id: str, why: str) -> bool:
+    try:
+        released = store.unique_release(key, task_id)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("could not release unique key %r of %s (%s; it expires on its own): %s", key, task_id, why, exc)
+        return False
+    if released:
+        logger.debug("released unique key %r of %s: %s", key, task_id, why)
+    return released
+
+
+# --- the worker's side ---------------------------------------------------------------------------
+
+
+def header_key(request: Any) -> str | None:
+    headers = getattr(request, "headers", None) or {}
+    value = headers.get(C.HEADER_UNIQUE, getattr(request, C.HEADER_UNIQUE, None))
+    return str(value) if value else None
+
+
+def run_unique(task: Task, body: Callable[[], R]) -> R:
+    """Run one started delivery of a unique task: free or refresh its key as ``unique_until`` says."""
+    request = task.request
+    key = header_key(request)
+    spec = spec_of(task)
+    if key is None or spec is None or spec.until == C.UNIQUE_UNTIL_EXPIRED:
+        return body()
+    store = get_lock_store(task._get_app())
+    task_id = str(request.id)
+    if spec.until == C.UNIQUE_UNTIL_EXECUTING:
+        release(store, key, task_id, "started")
+        return body()
+    try:
+        # Counted again from the start: a kill -9 now frees the key unique_ttl later.
+        store.unique_acquire(key, task_id, spec.ttl, C.UNIQUE_STATE_RUNNING, stored=None, host=_HOST, own=True)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("could not mark unique key %r of %s running: %s", key, task_id, exc)
+    keep = False
+    try:
+        return body()
+    except Retry:
+        keep = True  # the retry's publish refreshed the key for the next attempt
+        raise
+    except Reject as exc:
+        keep = bool(exc.requeue)  # the same message comes back
+        raise
+    finally:
+        if not keep:
+            release(store, key, task_id, "ended")
+
+
+def _release_revoked(sender: Task | None = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    """``task_revoked`` (worker main process): a revoked or expired message never runs; free its key."""
+    task = sender if isinstance(sender, Task) else getattr(request, "task", None)
+    if not isinstance(task, Task) or spec_of(task) is None or request is None:
+        return
+    key = header_key(request)
+    task_id = getattr(request, "id", None)
+    if not key or not task_id:
+        return
+    release(get_lock_store(task._get_app()), key, str(task_id), "expired" if expired else "revoked")
+
+
+def _release_killed(
+    sender: Task | None = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    """``task_failure`` for a hard time limit or a lost pool child: no ``finally`` ran in the child."""
+    if sender is None or task_id is None or not isinstance(exception, (TimeLimitExceeded, WorkerLostError)):
+        return
+    spec = spec_of(sender)
+    if spec is None or spec.until != C.UNIQUE_UNTIL_EXECUTED:
+        return
+    if isinstance(exception, WorkerLostError) and _comes_back(sender):
+        return  # the message is redelivered and runs again under the same key
+    try:
+        key = spec.render(args, kwargs)
+    except TypeError as exc:
+        logger.warning("cannot free the unique key of %s[%s]: %s", sender.name, task_id, exc)
+        return
+    release(get_lock_store(sender._get_app()), key, task_id, exception.__class__.__name__)
+
+
+def _comes_back(task: Task) -> bool:
+    """Whether the worker requeues a message whose pool child died (acks_late + reject_on_worker_lost)."""
+    conf = task._get_app().conf
+    acks_late = task.acks_late if task.acks_late is not None else conf.task_acks_late
+    reject = task.reject_on_worker_lost
+    if reject is None:
+        reject = conf.task_reject_on_worker_lost
+    return bool(acks_late and reject)
+
+
+def release_stored(app: Celery, task_id: str, payload_headers: Mapping[str, Any] | None) -> None:
+    """A stored row was cancelled: free the unique key it held."""
+    key = (payload_headers or {}).get(C.HEADER_UNIQUE)
+    if key:
+        release(get_lock_store(app), str(key), task_id, "cancelled")
+
+
+task_revoked.connect(_release_revoked, weak=False, dispatch_uid="celery_safe_time.unique.revoked")
+task_failure.connect(_release_killed, weak=False, dispatch_uid="celery_safe_time.unique.killed")

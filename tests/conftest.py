@@ -175,3 +175,22 @@ def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.R
     node = services.RabbitNode(tmp_path_factory.mktemp("rabbit-node"), consumer_timeout_ms=8000).start()
     yield node
     node.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A 3-master + 3-replica Redis Cluster of this xdist worker (loopback ports, temp dirs),
+    started once and stopped at the end of the session."""
+    from tests.helpers.topologies import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: Any) -> str:
+    """The session cluster's ``redis+cluster://`` URL, every master flushed before the test."""
+    redis_cluster.flush()
+    url: str = redis_cluster.url
+    return url

@@ -66,11 +66,9 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
 
 def _redis_config_checks(client: redis.Redis) -> list[Check]:
     """Persistence, eviction and replication of the Redis (of every master, on a cluster)."""
-    nodes: list[tuple[str, redis.Redis]]
+    nodes: list[tuple[str, redis.Redis]] = [("", client)]
     if is_cluster(client):
         nodes = [(n.name, n.redis_connection) for n in client.get_primaries()]  # type: ignore[attr-defined]
-    else:
-        nodes = [("", client)]
     per_node: list[list[Check]] = []
     for name, node in nodes:
         try:
@@ -81,7 +79,7 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
             return [Check("redis_config", "warn", f"cannot read CONFIG{where} ({exc}); check persistence by hand")]
     order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
     # One row per check: the worst node's (all masters of a cluster should be set alike).
-    return [max(column, key=lambda c: order[c.status]) for column in zip(*per_node)]
+    return [max(column, key=lambda c: order[c.status]) for column in zip(*per_node, strict=True)]
 
 
 def _node_config_checks(client: redis.Redis, name: str) -> list[Check]:
@@ -111,14 +109,11 @@ def _node_config_checks(client: redis.Redis, name: str) -> list[Check]:
     min_replicas = int(cfg.get("min-replicas-to-write", "0") or 0)
     if replicas or role != "master":
         replication_status: Status = "ok" if min_replicas > 0 else "warn"
-        replication_detail = (
-            f"role={role} connected_slaves={replicas} min-replicas-to-write={min_replicas}"
-            + (
-                ""
-                if min_replicas > 0
-                else ": replication is asynchronous and nothing WAITs for it; a failover can lose the last "
-                "writes (a fired marker: that slot fires again; a lock: two holders for up to a lock TTL)"
-            )
+        replication_detail = f"role={role} connected_slaves={replicas} min-replicas-to-write={min_replicas}" + (
+            ""
+            if min_replicas > 0
+            else ": replication is asynchronous and nothing WAITs for it; a failover can lose the last "
+            "writes (a fired marker: that slot fires again; a lock: two holders for up to a lock TTL)"
         )
     else:
         replication_status = "ok"

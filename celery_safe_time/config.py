@@ -79,28 +79,6 @@ class SafeTimeConfig:
             return self.key_prefix + cluster_key_name(template, parts)
         return self.key_prefix + template.format(**parts)
 
-
-def cluster_key_name(template: str, parts: dict[str, Any]) -> str:
-    """``template`` rendered with the hash tag a Redis Cluster needs (the prefix not included).
-
-    Beat keys share one tag (``{beat}:lease``, ``{beat}:fired:<entry>:<slot>``): the dispatch script
-    touches the lease, the epoch, a fired marker, the state and the due set at once. A template with
-    a ``key`` part gets that part braced (``lock:{<key>}``, ``lock-fence:{<key>}``,
-    ``lock-done:{<key>}:<identity>``), so a lock, its fence and its markers share the key's slot; the
-    idempotency namespace stays outside the braces (``lock:idem:{<key>}`` and ``idem:{<key>}``), as
-    one script takes the in-progress lock of an idempotent key and checks its marker. Redis hashes
-    the text between the first ``{`` and the next ``}``: the text before our ``{`` is fixed and has
-    no brace (the prefix is checked), so a key that itself holds braces still hashes the same in
-    every name of its set. Other templates are single-key and get no tag.
-    """
-    if template.startswith(C.KEY_BEAT_NAMESPACE):
-        return C.CLUSTER_BEAT_TAG + ":" + template[len(C.KEY_BEAT_NAMESPACE) :].format(**parts)
-    if "key" in parts:
-        value = str(parts["key"])
-        namespace = C.IDEMPOTENT_LOCK_NAMESPACE if value.startswith(C.IDEMPOTENT_LOCK_NAMESPACE) else ""
-        parts = {**parts, "key": namespace + "{" + value[len(namespace) :] + "}"}
-    return template.format(**parts)
-
     @property
     def beat_renew_interval(self) -> float:
         return self.beat_lease / 3.0
@@ -115,6 +93,35 @@ def cluster_key_name(template: str, parts: dict[str, Any]) -> str:
         if self.broker_consumer_timeout is None:
             return C.SWEEP_LOOKAHEAD
         return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
+
+
+def cluster_key_name(template: str, parts: dict[str, Any]) -> str:
+    """``template`` rendered with the hash tag a Redis Cluster needs (the prefix not included).
+
+    Beat keys share one tag (``{beat}:lease``, ``{beat}:fired:<entry>:<slot>``): the dispatch script
+    touches the lease, the epoch, a fired marker, the state and the due set at once. A template with
+    a ``key`` part gets that part braced (``lock:{<key>}``, ``lock-fence:{<key>}``,
+    ``lock-done:{<key>}:<identity>``), so a lock, its fence and its markers share the key's slot; the
+    idempotency namespace stays outside the braces (``lock:idem:{<key>}`` and ``idem:{<key>}``), as
+    one script takes the in-progress lock of an idempotent key and checks its marker. Redis hashes
+    the text between the first ``{`` and the next ``}``: the text before our ``{`` is fixed and has
+    no brace (the prefix is checked), so a key that itself holds braces still hashes the same in
+    every name of its set. A key that is empty or starts with ``}`` would make an empty tag (Redis then
+    hashes the whole name): it gets a ``~`` in front, as does a key starting with ``~`` so that no two
+    keys share a name. Other templates are single-key and get no tag.
+    """
+    if template.startswith(C.KEY_BEAT_NAMESPACE):
+        return C.CLUSTER_BEAT_TAG + ":" + template[len(C.KEY_BEAT_NAMESPACE) :].format(**parts)
+    if "key" in parts:
+        value = str(parts["key"])
+        # The marker ``idem:<key>`` is tagged by the bare key its lock ``lock:idem:<key>`` is tagged by.
+        in_namespace = template != C.KEY_IDEMPOTENT and value.startswith(C.IDEMPOTENT_LOCK_NAMESPACE)
+        namespace = C.IDEMPOTENT_LOCK_NAMESPACE if in_namespace else ""
+        tag = value[len(namespace) :]
+        if not tag or tag[0] in C.CLUSTER_TAG_ESCAPED:
+            tag = C.CLUSTER_TAG_ESCAPE + tag
+        parts = {**parts, "key": namespace + "{" + tag + "}"}
+    return template.format(**parts)
 
 
 def mask_url(url: str | None) -> str:

@@ -95,6 +95,10 @@ KEY_LOCK: Final = "lock:{key}"
 KEY_BEAT_NAMESPACE: Final = "beat:"
 #: The hash tag that replaces ``beat`` in beat key names on a Redis Cluster.
 CLUSTER_BEAT_TAG: Final = "{beat}"
+#: A key part that is empty or starts with one of these gets ``~`` in front of it inside the braces
+#: (``lock:{~}x}``): an empty tag would not pin the slot, and ``~`` itself is escaped to stay unique.
+CLUSTER_TAG_ESCAPE: Final = "~"
+CLUSTER_TAG_ESCAPED: Final = frozenset({"}", "~"})
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
 #: A finished delivery of a locked task (its identity), so a late broker redelivery is dropped.

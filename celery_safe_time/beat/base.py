@@ -62,7 +62,12 @@ def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisCloc
             offset.offset,
         )
     for check in check_redis(config, client):
-        if check.status != "ok" and check.name in ("redis_persistence", "redis_eviction", "redis_replication", "redis_config"):
+        if check.status != "ok" and check.name in (
+            "redis_persistence",
+            "redis_eviction",
+            "redis_replication",
+            "redis_config",
+        ):
             logger.warning("%s: %s: %s", who, check.name, check.detail)
 
 

@@ -135,7 +135,8 @@ class LockStore:
         namespace = C.IDEMPOTENT_LOCK_NAMESPACE if rest.startswith(C.IDEMPOTENT_LOCK_NAMESPACE + "{") else ""
         tagged = rest[len(namespace) :]
         if tagged.startswith("{") and tagged.endswith("}"):
-            return namespace + tagged[1:-1]
+            inner = tagged[1:-1]
+            return namespace + (inner[1:] if inner.startswith(C.CLUSTER_TAG_ESCAPE) else inner)
         return rest
 
     # --- ownership scripts -----------------------------------------------------
@@ -240,7 +241,9 @@ class LockStore:
         found: list[LockInfo] = []
         # On a cluster the key part is braced (``lock:{k}``, ``lock:idem:{k}``): SCAN every lock there
         # and match the pattern against the user's key (Redis glob and fnmatch agree on * ? [...]).
-        match = self.config.key_prefix + C.KEY_LOCK.format(key="*") if self.config.redis_cluster else self.lock_key(pattern)
+        match = (
+            self.config.key_prefix + C.KEY_LOCK.format(key="*") if self.config.redis_cluster else self.lock_key(pattern)
+        )
         for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
             redis_key = as_text(raw) or ""
             if self.config.redis_cluster and not fnmatch.fnmatchcase(self.user_key(redis_key), pattern):

@@ -110,7 +110,7 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         taken: set[int] = set()
-        for i in range(6):
+        for _ in range(6):
             port = free_cluster_port(taken)
             node_dir = self.base / f"node-{port}"
             args = [
@@ -250,7 +250,7 @@ class SentinelSetup:
             if not sentinel.alive():
                 continue
             try:
-                host, port = sentinel.client().sentinel_get_master_addr_by_name(self.master_name)
+                _host, port = sentinel.client().sentinel_get_master_addr_by_name(self.master_name)
                 return int(port)
             except (redis.RedisError, TypeError):
                 continue

@@ -306,7 +306,7 @@ class TlsFiles:
         return self
 
 
-def start_tls_redis(base: Path, tls: TlsFiles) -> Node:
+def start_tls_redis(base: Path, tls: TlsFiles, *, check_hostname: bool = True) -> Node:
     """A redis-server that speaks TLS only (``port 0``), client certificates not required."""
     port = services.free_port()
     node_dir = base / f"tls-{port}"
@@ -318,7 +318,14 @@ def start_tls_redis(base: Path, tls: TlsFiles) -> Node:
     node = Node(port, node_dir, args).start()
 
     def up() -> bool:
-        client = redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(tls.ca), socket_timeout=2)
+        client = redis.Redis(
+            host="127.0.0.1",
+            port=port,
+            ssl=True,
+            ssl_ca_certs=str(tls.ca),
+            ssl_check_hostname=check_hostname,
+            socket_timeout=2,
+        )
         try:
             return bool(client.ping())
         finally:

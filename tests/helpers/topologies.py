@@ -84,6 +84,8 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
     #: The server binary (redis-server unless set: valkey-server).
     binary: str | None = None
+    #: Client options to reach it (TLS: ``ssl``, ``ssl_ca_certs``).
+    client_options: dict[str, object] = field(default_factory=dict)
 
     def start(self) -> Node:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +98,8 @@ class Node:
         return self
 
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2, **kwargs)  # type: ignore[arg-type]
+        options = {**self.client_options, **kwargs}
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2, **options)  # type: ignore[arg-type]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -126,10 +129,19 @@ class LocalCluster:
     nodes: list[Node] = field(default_factory=list)
     #: (server, cli) binaries; redis-server and redis-cli unless set (Valkey's).
     binaries: tuple[str, str] | None = None
+    #: TLS only (``--tls-cluster yes``, ``--tls-replication yes``) with these certificates.
+    tls: TlsFiles | None = None
+
+    @property
+    def _client_options(self) -> dict[str, object]:
+        return {"ssl": True, "ssl_ca_certs": str(self.tls.ca)} if self.tls else {}
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:3]) + "/"
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:3])
+        if self.tls:
+            return f"rediss+cluster://{hosts}/?ssl_ca_certs={self.tls.ca}"
+        return f"redis+cluster://{hosts}/"
 
     def start(self) -> LocalCluster:
         taken: set[int] = set()
@@ -142,13 +154,22 @@ class LocalCluster:
                 "--save", "", "--appendonly", "no", "--dir", str(node_dir), "--daemonize", "no",
                 "--loglevel", "warning",
             ]  # fmt: skip
+            if self.tls:
+                args[:2] = ["--port", "0", "--tls-port", str(port)]
+                args += [
+                    "--tls-cluster", "yes", "--tls-replication", "yes", "--tls-cert-file", str(self.tls.cert),
+                    "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+                    "--tls-auth-clients", "no",
+                ]  # fmt: skip
             server = self.binaries[0] if self.binaries else None
-            self.nodes.append(Node(port, node_dir, args, binary=server).start())
+            node = Node(port, node_dir, args, binary=server, client_options=self._client_options)
+            self.nodes.append(node.start())
         for node in self.nodes:
             _wait(lambda n=node: n.client().ping(), 10, f"cluster node {node.port}")
         cli = self.binaries[1] if self.binaries else _binary("redis-cli")
+        tls_args = ["--tls", "--cacert", str(self.tls.ca)] if self.tls else []
         result = subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+            [cli, *tls_args, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
              "--cluster-replicas", "1", "--cluster-yes"],
             capture_output=True, timeout=60, text=True,
         )  # fmt: skip
@@ -178,7 +199,7 @@ class LocalCluster:
 
     def client(self) -> RedisCluster:
         live = [ClusterNode("127.0.0.1", n.port) for n in self.nodes if n.alive()]
-        return RedisCluster(startup_nodes=live, socket_timeout=2, socket_connect_timeout=2)
+        return RedisCluster(startup_nodes=live, socket_timeout=2, socket_connect_timeout=2, **self._client_options)  # type: ignore[arg-type]
 
     def master_of(self, key: str) -> Node:
         client = self.client()

@@ -1,4 +1,5 @@
-"""``rediss://`` against a TLS-only redis-server with a CA and certificates this module makes (openssl).
+"""``rediss://`` and ``rediss+cluster://`` against a TLS-only redis-server and cluster, with a CA and
+certificates this module makes (openssl).
 
 The server certificate names ``localhost`` only (no IP address), so the same server serves the good
 case (``rediss://localhost``), the hostname mismatch (``rediss://127.0.0.1``) and the unknown CA
@@ -19,10 +20,10 @@ from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured
 from celery_safe_time.locks.store import LockStore, Owner
-from celery_safe_time.redis_client import create_redis
+from celery_safe_time.redis_client import create_redis, is_cluster
 from tests.helpers.beat import BEAT_APP, beat_env, runs
 from tests.helpers.processes import ProcessManager, wait_for
-from tests.helpers.topologies import Node, TlsFiles, start_tls_redis
+from tests.helpers.topologies import LocalCluster, Node, TlsFiles, start_tls_redis
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +119,37 @@ def test_a_real_beat_over_tls_fires(
     beat = processes.beat(BEAT_APP, env=env, name="beat")
     wait_for(lambda: len(runs(redis_client)) >= 2, 40, message="runs fired over a TLS lease")  # type: ignore[arg-type]
     assert beat.alive()
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # Cluster nodes announce their IP: this certificate names 127.0.0.1.
+    files = TlsFiles(tmp_path_factory.mktemp("tls-cluster-certs")).make()
+    cluster = LocalCluster(tmp_path_factory.mktemp("tls-cluster"), tls=files).start()
+    yield cluster
+    cluster.stop()
+
+
+def test_rediss_cluster_runs_leases_and_locks(make_app: Callable[..., Celery], tls_cluster: LocalCluster) -> None:
+    app = make_app(safe_time_redis_url=tls_cluster.url)
+    _startup(app)
+    config = get_config(app)
+    assert config.redis_cluster
+    client = create_redis(config.redis_url)
+    assert is_cluster(client)
+    assert Lease(client, config).acquire(0.0) is not None
+    owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
+    assert LockStore(client, config).acquire("k", "tok", 5, owner).status == "acquired"
+
+
+def test_rediss_cluster_with_a_wrong_ca_fails_naming_the_setting(
+    make_app: Callable[..., Celery], tls_cluster: LocalCluster, tls: TlsFiles
+) -> None:
+    assert tls_cluster.tls is not None
+    url = tls_cluster.url.replace(str(tls_cluster.tls.ca), str(tls.other_ca))
+    app = make_app(safe_time_redis_url=url)
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_redis_url: TLS handshake.*ssl_ca_certs"):
+        create_redis(get_config(app).redis_url)
+    checks = {c.name: c for c in check_redis(get_config(app))}
+    assert checks["redis"].status == "fail"
+    assert "ssl_ca_certs" in checks["redis"].detail

@@ -119,8 +119,10 @@ def _cluster(url: str, options: dict[str, Any]) -> redis.Redis:
         query_options["username"] = unquote(parts.username)
     if parts.password:
         query_options["password"] = unquote(parts.password)
-    # retry_on_timeout is deprecated on RedisCluster (its own retry covers timeouts, then it re-reads
-    # the slot map): a timed-out script may thus run twice, which every script here tolerates.
+    # retry_on_timeout is deprecated (RedisCluster warns): its default retry covers timeouts, as
+    # redis.Redis's own default does since redis-py 6, so a timed-out script may run twice on either.
+    # The lock scripts recognise their own token; a dispatch run twice answers "already fired" and
+    # that slot is not published (a miss, never a duplicate).
     options = {k: v for k, v in options.items() if k != "retry_on_timeout"}
     # RedisCluster retries on MOVED/ASK and re-reads the slot map after a lost node by itself. It
     # reads that map in its constructor: a failure there is reported as the Redis error it is.

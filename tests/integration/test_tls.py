@@ -153,4 +153,3 @@ def test_rediss_cluster_with_a_wrong_ca_fails_naming_the_setting(
     checks = {c.name: c for c in check_redis(get_config(app))}
     assert checks["redis"].status == "fail"
     assert "ssl_ca_certs" in checks["redis"].detail
-

@@ -16,8 +16,8 @@ from celery import Celery
 from . import constants as C
 from .clock import local_time, measure_redis_offset
 from .config import SafeTimeConfig, get_config, mask_url
-from .exceptions import RedisUnavailable, SafeTimeError
-from .redis_client import as_text, get_redis
+from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
+from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,14 @@ class Check:
 
 def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> list[Check]:
     """Reachability, clock offset against this host, persistence and eviction policy."""
-    client = client if client is not None else get_redis(config.redis_url)
     url = mask_url(config.redis_url)
     try:
+        client = client if client is not None else get_redis(config.redis_url)
         offset = measure_redis_offset(client, samples=5)
-    except RedisUnavailable as exc:
+    except (RedisUnavailable, ImproperlyConfigured, redis.RedisError) as exc:
+        hint = tls_hint(config.redis_url, exc)
+        if hint is not None:
+            return [Check("redis", "fail", f"safe_time_redis_url: {hint}")]
         return [Check("redis", "fail", f"{url} unreachable: {exc}")]
     checks = [Check("redis", "ok", f"{url} reachable (rtt {offset.rtt * 1000:.1f} ms)", value=offset.rtt)]
     skew = abs(offset.offset)
@@ -62,35 +65,80 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
 
 
 def _redis_config_checks(client: redis.Redis) -> list[Check]:
-    try:
-        raw: dict[Any, Any] = {}
-        for name in ("appendonly", "save", "maxmemory-policy"):
-            raw.update(client.config_get(name))
-    except redis.RedisError as exc:
-        # Managed Redis often disables CONFIG: say we could not tell, do not fail the probe.
-        return [Check("redis_config", "warn", f"cannot read CONFIG ({exc}); check persistence by hand")]
+    """Persistence, eviction and replication of the Redis (of every master, on a cluster)."""
+    nodes: list[tuple[str, redis.Redis]] = [("", client)]
+    if is_cluster(client):
+        nodes = [(n.name, n.redis_connection) for n in client.get_primaries()]  # type: ignore[attr-defined]
+    per_node: list[list[Check]] = []
+    for name, node in nodes:
+        try:
+            per_node.append(_node_config_checks(node, name))
+        except redis.RedisError as exc:
+            # Managed Redis often disables CONFIG: say we could not tell, do not fail the probe.
+            where = f" on {name}" if name else ""
+            return [Check("redis_config", "warn", f"cannot read CONFIG{where} ({exc}); check persistence by hand")]
+    order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
+    # One row per check: the worst node's (all masters of a cluster should be set alike).
+    return [max(column, key=lambda c: order[c.status]) for column in zip(*per_node, strict=True)]
+
+
+def _node_config_checks(client: redis.Redis, name: str) -> list[Check]:
+    raw: dict[Any, Any] = {}
+    for setting in ("appendonly", "appendfsync", "save", "maxmemory-policy", "min-replicas-to-write"):
+        raw.update(client.config_get(setting))
     cfg = {as_text(k): as_text(v) for k, v in raw.items()}
+    replication = {as_text(k): v for k, v in client.info("replication").items()}
+    where = f"{name}: " if name else ""
     appendonly = cfg.get("appendonly", "no")
-    save = cfg.get("save", "")
+    save = cfg.get("save", "") or ""
     policy = cfg.get("maxmemory-policy", "noeviction")
-    persists = appendonly == "yes" or bool(save.strip())
-    checks = [
+    if appendonly == "yes":
+        persistence: Status = "ok"
+        note = f" (appendfsync={cfg.get('appendfsync', 'everysec')}: a crash loses at most that window)"
+    elif save.strip():
+        persistence = "warn"
+        note = (
+            ": RDB snapshots only, a restart rolls back to the last snapshot: fired markers written since are "
+            "lost and those slots fire again, locks taken since are forgotten (use appendonly yes)"
+        )
+    else:
+        persistence = "warn"
+        note = ": nothing persists, a Redis restart forgets fired slots and locks"
+    replicas = int(replication.get("connected_slaves", 0) or 0)
+    role = as_text(replication.get("role")) or "master"
+    min_replicas = int(cfg.get("min-replicas-to-write", "0") or 0)
+    if replicas or role != "master":
+        replication_status: Status = "ok" if min_replicas > 0 else "warn"
+        replication_detail = f"role={role} connected_slaves={replicas} min-replicas-to-write={min_replicas}" + (
+            ""
+            if min_replicas > 0
+            else ": replication is asynchronous and nothing WAITs for it; a failover can lose the last "
+            "writes (a fired marker: that slot fires again; a lock: two holders for up to a lock TTL)"
+        )
+    else:
+        replication_status = "ok"
+        replication_detail = f"role={role}, no replicas"
+    return [
         Check(
             "redis_persistence",
-            "ok" if persists else "warn",
-            f"appendonly={appendonly} save={save!r}"
-            + ("" if persists else ": nothing persists, a Redis restart forgets fired slots and locks"),
+            persistence,
+            f"{where}appendonly={appendonly} save={save!r}" + note,
             value={"appendonly": appendonly, "save": save},
         ),
         Check(
             "redis_eviction",
             "ok" if policy in EVICTING_POLICIES_SAFE else "warn",
-            f"maxmemory-policy={policy}"
+            f"{where}maxmemory-policy={policy}"
             + ("" if policy in EVICTING_POLICIES_SAFE else ": leases and locks can be evicted under memory pressure"),
             value=policy,
         ),
+        Check(
+            "redis_replication",
+            replication_status,
+            where + replication_detail,
+            value={"role": role, "replicas": replicas, "min_replicas_to_write": min_replicas},
+        ),
     ]
-    return checks
 
 
 _BROKER_NAMES = {

@@ -72,9 +72,17 @@ class SafeTimeConfig:
     broker_consumer_timeout: float | None = None
     #: Why the threshold has its value, for ``safe-time check`` ("default: min(...)" or "set explicitly").
     delay_threshold_reason: str = ""
+    #: ``safe_time_redis_url`` is a ``redis+cluster://`` / ``rediss+cluster://`` URL: keys get hash tags.
+    redis_cluster: bool = False
 
     def key(self, template: str, **parts: Any) -> str:
-        """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`."""
+        """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
+
+        On a Redis Cluster the name carries a hash tag (:func:`cluster_key_name`); elsewhere it is
+        the template as it always was, so an upgrade never renames a key under a running beat.
+        """
+        if self.redis_cluster:
+            return self.key_prefix + cluster_key_name(template, parts)
         return self.key_prefix + template.format(**parts)
 
     @property
@@ -91,6 +99,35 @@ class SafeTimeConfig:
         if self.broker_consumer_timeout is None:
             return C.SWEEP_LOOKAHEAD
         return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
+
+
+def cluster_key_name(template: str, parts: dict[str, Any]) -> str:
+    """``template`` rendered with the hash tag a Redis Cluster needs (the prefix not included).
+
+    Beat keys share one tag (``{beat}:lease``, ``{beat}:fired:<entry>:<slot>``): the dispatch script
+    touches the lease, the epoch, a fired marker, the state and the due set at once. A template with
+    a ``key`` part gets that part braced (``lock:{<key>}``, ``lock-fence:{<key>}``,
+    ``lock-done:{<key>}:<identity>``), so a lock, its fence and its markers share the key's slot; the
+    idempotency namespace stays outside the braces (``lock:idem:{<key>}`` and ``idem:{<key>}``), as
+    one script takes the in-progress lock of an idempotent key and checks its marker. Redis hashes
+    the text between the first ``{`` and the next ``}``: the text before our ``{`` is fixed and has
+    no brace (the prefix is checked), so a key that itself holds braces still hashes the same in
+    every name of its set. A key that is empty or starts with ``}`` would make an empty tag (Redis then
+    hashes the whole name): it gets a ``~`` in front, as does a key starting with ``~`` so that no two
+    keys share a name. Other templates are single-key and get no tag.
+    """
+    if template.startswith(C.KEY_BEAT_NAMESPACE):
+        return C.CLUSTER_BEAT_TAG + ":" + template[len(C.KEY_BEAT_NAMESPACE) :].format(**parts)
+    if "key" in parts:
+        value = str(parts["key"])
+        # The marker ``idem:<key>`` is tagged by the bare key its lock ``lock:idem:<key>`` is tagged by.
+        in_namespace = template != C.KEY_IDEMPOTENT and value.startswith(C.IDEMPOTENT_LOCK_NAMESPACE)
+        namespace = C.IDEMPOTENT_LOCK_NAMESPACE if in_namespace else ""
+        tag = value[len(namespace) :]
+        if not tag or tag[0] in C.CLUSTER_TAG_ESCAPED:
+            tag = C.CLUSTER_TAG_ESCAPE + tag
+        parts = {**parts, "key": namespace + "{" + tag + "}"}
+    return template.format(**parts)
 
 
 def mask_url(url: str | None) -> str:
@@ -230,6 +267,13 @@ def parse_config(
         key_prefix = C.DEFAULT_KEY_PREFIX
     if not isinstance(key_prefix, str) or not key_prefix:
         raise ImproperlyConfigured("safe_time_key_prefix", f"must be a non-empty string, got {key_prefix!r}")
+    redis_cluster = urlsplit(redis_url).scheme.lower() in C.REDIS_CLUSTER_SCHEMES
+    if redis_cluster and ("{" in key_prefix or "}" in key_prefix):
+        raise ImproperlyConfigured(
+            "safe_time_key_prefix",
+            f"{key_prefix!r} holds a brace; on a Redis Cluster celery-safe-time places the hash tags itself "
+            "(a prefix tag would put every key in one slot, a lone brace would split a script's keys)",
+        )
 
     misfire = _default(get("safe_time_misfire"), C.DEFAULT_MISFIRE)
     if misfire not in C.MISFIRE_POLICIES:
@@ -312,6 +356,7 @@ def parse_config(
         broker_kind=kind,
         broker_consumer_timeout=consumer_timeout,
         delay_threshold_reason=threshold_reason,
+        redis_cluster=redis_cluster,
     )
 
 

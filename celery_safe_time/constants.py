@@ -66,7 +66,9 @@ MISFIRE_POLICIES: Final = frozenset({"run_once", "skip", "run_all"})
 #: run_all never fires more than this many catch-up slots for one entry.
 RUN_ALL_CAP: Final = 100
 
-REDIS_URL_SCHEMES: Final = frozenset({"redis", "rediss", "unix", "sentinel"})
+REDIS_URL_SCHEMES: Final = frozenset({"redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster"})
+#: ``safe_time_redis_url`` schemes that talk to a Redis Cluster (redis-py's ``RedisCluster``).
+REDIS_CLUSTER_SCHEMES: Final = frozenset({"redis+cluster", "rediss+cluster"})
 #: Store URLs accepted by safe_time_store_url, besides the literal "django".
 STORE_URL_SCHEMES: Final = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory"})
 DJANGO_STORE: Final = "django"
@@ -95,6 +97,19 @@ KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 #: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
 KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
 KEY_LOCK: Final = "lock:{key}"
+# On a Redis Cluster (and only there: plain Redis and Sentinel keep the names above, so a rolling
+# upgrade never renames a key) ``SafeTimeConfig.key`` adds a hash tag, so that the keys one script
+# touches share a slot: every ``beat:`` key gets the one tag below (``<prefix>{beat}:lease``), every
+# template with a ``{key}`` part gets that part braced (``<prefix>lock:{<key>}``, the idempotency
+# namespace staying outside: ``<prefix>lock:idem:{<key>}`` beside ``<prefix>idem:{<key>}``).
+#: Beat keys start with this namespace (new beat keys must too, to share the beat slot on a cluster).
+KEY_BEAT_NAMESPACE: Final = "beat:"
+#: The hash tag that replaces ``beat`` in beat key names on a Redis Cluster.
+CLUSTER_BEAT_TAG: Final = "{beat}"
+#: A key part that is empty or starts with one of these gets ``~`` in front of it inside the braces
+#: (``lock:{~}x}``): an empty tag would not pin the slot, and ``~`` itself is escaped to stay unique.
+CLUSTER_TAG_ESCAPE: Final = "~"
+CLUSTER_TAG_ESCAPED: Final = frozenset({"}", "~"})
 KEY_LOCK_FENCE: Final = "lock-fence:{key}"
 KEY_IDEMPOTENT: Final = "idem:{key}"
 #: A finished delivery of a locked task (its identity), so a late broker redelivery is dropped.

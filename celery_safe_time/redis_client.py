@@ -2,19 +2,26 @@
 
 Supports ``redis://``, ``rediss://`` (TLS), ``unix://`` and
 ``sentinel://[:password@]host:port[,host:port...]/db?master=name`` (the master is
-discovered through Sentinel on every new connection, so a Redis failover is followed).
+discovered through Sentinel on every new connection, so a Redis failover is followed) and
+``redis+cluster://[user:password@]host:port[,host:port...]/`` / ``rediss+cluster://`` (a Redis
+Cluster through redis-py's ``RedisCluster``; the hosts are startup nodes, the slot map is read
+from them and refreshed on ``MOVED`` or a lost node). TLS options ride in the URL query
+(``ssl_ca_certs``, ``ssl_cert_reqs``, ``ssl_check_hostname``, ``ssl_certfile``, ``ssl_keyfile``),
+as redis-py reads them; ``docs/redis.md`` lists them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 from importlib import resources
-from typing import Any, overload
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any, cast, overload
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis
+from redis.connection import parse_url
 
 from . import constants as C
 from .config import mask_url
@@ -52,6 +59,8 @@ def create_redis(url: str, **overrides: Any) -> redis.Redis:
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sentinel":
         return _sentinel_master(url, options)
+    if scheme in C.REDIS_CLUSTER_SCHEMES:
+        return _cluster(url, options)
     if scheme not in ("redis", "rediss", "unix"):
         raise ImproperlyConfigured("safe_time_redis_url", f"unknown scheme {scheme!r} in {mask_url(url)}")
     if scheme == "unix":
@@ -82,6 +91,89 @@ def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     )
     client: redis.Redis = sentinel.master_for(master, db=db, password=password)  # type: ignore[no-untyped-call]
     return client
+
+
+def _cluster(url: str, options: dict[str, Any]) -> redis.Redis:
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import RedisClusterException
+
+    parts = urlsplit(url)
+    hostinfo = parts.netloc.rpartition("@")[2]
+    nodes: list[ClusterNode] = []
+    for hostport in hostinfo.split(","):
+        host, sep, port = hostport.rpartition(":")
+        if not sep or "]" in port:
+            host, port = hostport, ""
+        nodes.append(ClusterNode(host.strip("[]") or "127.0.0.1", int(port or 6379)))  # type: ignore[no-untyped-call]
+    db = parts.path.strip("/")
+    if db not in ("", "0"):
+        raise ImproperlyConfigured(
+            "safe_time_redis_url", f"a Redis Cluster has only db 0, the URL names db {db!r} ({mask_url(url)})"
+        )
+    # The query options (TLS files, timeouts) are parsed the way redis-py parses a single-node URL.
+    single = urlunsplit((parts.scheme.split("+")[0], nodes[0].host + ":" + str(nodes[0].port), "", parts.query, ""))
+    query_options = {k: v for k, v in parse_url(single).items() if k not in ("host", "port", "connection_class")}  # type: ignore[no-untyped-call]
+    if parts.scheme.lower().startswith("rediss"):
+        query_options["ssl"] = True
+    if parts.username:
+        query_options["username"] = unquote(parts.username)
+    if parts.password:
+        query_options["password"] = unquote(parts.password)
+    # retry_on_timeout is deprecated (RedisCluster warns): its default retry covers timeouts, as
+    # redis.Redis's own default does since redis-py 6, so a timed-out script may run twice on either.
+    # The lock scripts recognise their own token; a dispatch run twice answers "already fired" and
+    # that slot is not published (a miss, never a duplicate).
+    options = {k: v for k, v in options.items() if k != "retry_on_timeout"}
+    # RedisCluster retries on MOVED/ASK and re-reads the slot map after a lost node by itself. It
+    # reads that map in its constructor: a failure there is reported as the Redis error it is.
+    try:
+        client = RedisCluster(startup_nodes=nodes, **{**options, **query_options})
+    except (RedisClusterException, redis.RedisError) as exc:
+        hint = tls_hint(url, exc)
+        if hint is not None:
+            raise ImproperlyConfigured("safe_time_redis_url", hint) from exc
+        raise redis.ConnectionError(f"Redis Cluster {mask_url(url)}: {exc}") from exc
+    # RedisCluster answers every command this package sends (scripts, pipelines without
+    # transactions, SCAN over all masters), but shares no base class with redis.Redis.
+    return cast(redis.Redis, client)
+
+
+def is_cluster(client: Any) -> bool:
+    """True when ``client`` is a Redis Cluster client."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS failure (bad CA, hostname mismatch, plain server) behind a Redis error, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def tls_hint(url: str, exc: BaseException) -> str | None:
+    """What to change in ``safe_time_redis_url`` when ``exc`` is a TLS failure, else None."""
+    error = tls_error(exc)
+    text = str(error if error is not None else exc)
+    if error is None and "SSL" not in text and "certificate" not in text:
+        return None
+    if "hostname" in text or "IP address mismatch" in text:
+        fix = (
+            "the server certificate does not name this host: connect to a name it lists, or add "
+            "ssl_check_hostname=false to the URL query"
+        )
+    elif "certificate verify failed" in text or "CERTIFICATE_VERIFY_FAILED" in text:
+        fix = (
+            "the server certificate is not signed by a trusted CA: add ssl_ca_certs=/path/to/ca.pem to the "
+            "URL query (ssl_cert_reqs=none turns the check off)"
+        )
+    else:
+        fix = "check the rediss:// URL's ssl_* query options (ssl_ca_certs, ssl_certfile, ssl_keyfile)"
+    return f"TLS handshake with {mask_url(url)} failed ({text}): {fix}"
 
 
 @overload

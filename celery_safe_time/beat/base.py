@@ -19,7 +19,7 @@ from ..checks import check_redis
 from ..clock import RedisClock
 from ..config import SafeTimeConfig, get_config, mask_url
 from ..exceptions import ImproperlyConfigured, RedisUnavailable
-from ..redis_client import get_redis
+from ..redis_client import get_redis, tls_hint
 from .leader import LeaderKeeper
 from .lease import Lease, LeaseKeys, load_state
 
@@ -51,6 +51,9 @@ def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisCloc
     try:
         offset = clock.sync()
     except RedisUnavailable as exc:
+        hint = tls_hint(config.redis_url, exc)
+        if hint is not None:
+            raise ImproperlyConfigured("safe_time_redis_url", f"{who}: {hint}") from exc
         raise RedisUnavailable(f"{who}: Redis {mask_url(config.redis_url)} is unreachable at startup: {exc}") from exc
     if abs(offset.offset) > config.max_clock_skew:
         logger.warning(
@@ -59,7 +62,12 @@ def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisCloc
             offset.offset,
         )
     for check in check_redis(config, client):
-        if check.status != "ok" and check.name in ("redis_persistence", "redis_eviction", "redis_config"):
+        if check.status != "ok" and check.name in (
+            "redis_persistence",
+            "redis_eviction",
+            "redis_replication",
+            "redis_config",
+        ):
             logger.warning("%s: %s: %s", who, check.name, check.detail)
 
 

@@ -16,6 +16,7 @@ so a late broker redelivery of that very message is dropped instead of run again
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import weakref
 from typing import Any, Literal
@@ -148,9 +149,19 @@ class LockStore:
         return self.config.key(C.KEY_UNIQUE, key=key)
 
     def user_key(self, redis_key: str) -> str:
-        """``<prefix>lock:<key>`` -> ``<key>``."""
-        head = self.lock_key("")
-        return redis_key[len(head) :] if redis_key.startswith(head) else redis_key
+        """``<prefix>lock:<key>`` (``<prefix>lock:{<key>}`` on a cluster) -> ``<key>``."""
+        head = self.config.key_prefix + C.KEY_LOCK.format(key="")
+        if not redis_key.startswith(head):
+            return redis_key
+        rest = redis_key[len(head) :]
+        if not self.config.redis_cluster:
+            return rest
+        namespace = C.IDEMPOTENT_LOCK_NAMESPACE if rest.startswith(C.IDEMPOTENT_LOCK_NAMESPACE + "{") else ""
+        tagged = rest[len(namespace) :]
+        if tagged.startswith("{") and tagged.endswith("}"):
+            inner = tagged[1:-1]
+            return namespace + (inner[1:] if inner.startswith(C.CLUSTER_TAG_ESCAPE) else inner)
+        return rest
 
     # --- ownership scripts -----------------------------------------------------
     def acquire(
@@ -338,8 +349,16 @@ class LockStore:
         seconds, micros = self.client.time()
         now = float(seconds) + float(micros) / 1e6
         found: list[LockInfo] = []
-        for raw in self.client.scan_iter(match=self.lock_key(pattern), count=C.LOCK_SCAN_COUNT, _type="hash"):
-            info = self.info(as_text(raw) or "", now)
+        # On a cluster the key part is braced (``lock:{k}``, ``lock:idem:{k}``): SCAN every lock there
+        # and match the pattern against the user's key (Redis glob and fnmatch agree on * ? [...]).
+        match = (
+            self.config.key_prefix + C.KEY_LOCK.format(key="*") if self.config.redis_cluster else self.lock_key(pattern)
+        )
+        for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
+            redis_key = as_text(raw) or ""
+            if self.config.redis_cluster and not fnmatch.fnmatchcase(self.user_key(redis_key), pattern):
+                continue
+            info = self.info(redis_key, now)
             if info is not None:
                 found.append(info)
                 if limit is not None and len(found) >= limit:

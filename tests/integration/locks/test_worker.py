@@ -264,7 +264,6 @@ def test_idempotent_runs_each_key_once(
     h.start_worker(processes, ttl=3.0, retry_after=0.3, env=h.broker_env(broker_url, redis_url))
     client_app = h.client_app(redis_url, broker_url)
     keys = [(tenant, "2026-11") for tenant in range(10)]
-    sending = time.monotonic()
     # 500 at once: many find another run of their key in progress and are re-queued
     for _ in range(50):
         for tenant, period in keys:

@@ -25,6 +25,13 @@ _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "re
 def _app(ctx: click.Context) -> Celery:
     obj: CLIContext = ctx.obj
     app: Celery = obj.app
+    return app
+
+
+def _loaded_app(ctx: click.Context) -> Celery:
+    """The app with what a worker imports first: for the commands that touch the store or run tasks."""
+    obj: CLIContext = ctx.obj
+    app = _app(ctx)
     if not getattr(obj, "safe_time_loaded", False):
         obj.safe_time_loaded = True
         _load_like_a_worker(app)
@@ -35,8 +42,17 @@ def _load_like_a_worker(app: Celery) -> None:
     """Import what a worker imports before it runs anything: Celery's Django fixup calls
     ``django.setup()`` on this signal (a proj/celery.py laid out as Django's docs show never calls
     it), and ``autodiscover_tasks()``/``imports`` register the tasks, which ``sweep`` needs to
-    publish (a row of an unregistered task is marked failed)."""
-    app.loader.import_default_modules()
+    publish (a row of an unregistered task is marked failed). Django's system checks, which the
+    fixup runs for a worker, are skipped: seconds per command, and not what these commands check."""
+    skip = os.environ.get("CELERY_SKIP_CHECKS")
+    os.environ["CELERY_SKIP_CHECKS"] = "1"
+    try:
+        app.loader.import_default_modules()
+    finally:
+        if skip is None:
+            del os.environ["CELERY_SKIP_CHECKS"]
+        else:
+            os.environ["CELERY_SKIP_CHECKS"] = skip
     if os.environ.get("DJANGO_SETTINGS_MODULE"):
         try:
             import django
@@ -99,7 +115,7 @@ def safe_time(ctx: click.Context, **kwargs: Any) -> None:
 @click.pass_context
 def check(ctx: click.Context, as_json: bool) -> None:
     """Check clocks, Redis and the store; exit 1 on any failure (usable as a probe)."""
-    checks = run_checks(_app(ctx))
+    checks = run_checks(_loaded_app(ctx))
     overall = worst(checks)
     if as_json:
         _dump({"status": overall, "checks": [c.as_dict() for c in checks]})
@@ -137,7 +153,7 @@ def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_lateness: float | None) -> None:
     """Beat leader, stored delays and held overlap locks; with --probe, a health verdict (exit 1 = unhealthy)."""
-    app = _app(ctx)
+    app = _loaded_app(ctx)
     if probes:
         from .probes import run_probes
 
@@ -292,7 +308,7 @@ def beat_add(
         else:
             schedule = {"type": "at", "at": at_}
         info = save_entry(
-            name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=not paused, app=_app(ctx)
+            name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=not paused, app=_loaded_app(ctx)
         )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -421,7 +437,7 @@ def delays_list(
     """Stored delays ordered by due time."""
     from .delays.admin import list_delays
 
-    rows = list_delays(_app(ctx), status=status, task=task, due_before=due_before, limit=limit)
+    rows = list_delays(_loaded_app(ctx), status=status, task=task, due_before=due_before, limit=limit)
     if as_json:
         _dump(rows)
         return
@@ -452,7 +468,7 @@ def delays_show(ctx: click.Context, task_id: str) -> None:
     """One stored delay with its decoded call; exit 1 if unknown."""
     from .delays.admin import show_delay
 
-    data = show_delay(_app(ctx), task_id)
+    data = show_delay(_loaded_app(ctx), task_id)
     if data is None:
         click.echo(f"no stored delay {task_id}", err=True)
         sys.exit(1)
@@ -466,7 +482,7 @@ def delays_cancel(ctx: click.Context, task_id: str) -> None:
     """Cancel a stored delay that has not started; exit 1 when nothing changed."""
     from .delays.admin import cancel
 
-    app = _app(ctx)
+    app = _loaded_app(ctx)
     if cancel(task_id, app=app):
         click.echo(f"{task_id}: cancelled")
         return
@@ -484,7 +500,7 @@ def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdo
 
     if (eta is None) == (countdown is None):
         raise click.UsageError("give exactly one of --eta or --countdown")
-    app = _app(ctx)
+    app = _loaded_app(ctx)
     if reschedule(task_id, eta=eta, countdown=countdown, app=app):
         click.echo(f"{task_id}: rescheduled")
         return
@@ -541,7 +557,7 @@ def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str]
     """Delete old finished stored delays in short batches; pending and claimed rows are never touched."""
     from .delays.admin import purge_delays
 
-    result = purge_delays(_app(ctx), older_than=older_than, statuses=statuses, dry_run=dry_run)
+    result = purge_delays(_loaded_app(ctx), older_than=older_than, statuses=statuses, dry_run=dry_run)
     if as_json:
         _dump(result)
         return
@@ -559,7 +575,7 @@ def sweep(ctx: click.Context, batch: int | None) -> None:
     """Publish due stored delays now (what beat's sweep entry does), print what was done."""
     from .delays.sweep import sweep as run_sweep
 
-    _dump(run_sweep(_app(ctx), batch=batch).as_dict())
+    _dump(run_sweep(_loaded_app(ctx), batch=batch).as_dict())
 
 
 # === locks ====================================================================

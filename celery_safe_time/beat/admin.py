@@ -47,7 +47,10 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         from ..contrib.django.status import describe_django_entries, django_beat_in_use
 
         if django_beat_in_use():
-            total, entries = describe_django_entries()
+            try:
+                total, entries = describe_django_entries()
+            except Exception as exc:  # django-celery-beat installed but its tables not migrated here
+                entries = [{"django_celery_beat": f"unreadable: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"}]
     return {
         "leader": {
             "host": info.get("host"),

@@ -392,7 +392,8 @@ def test_password_bearing_urls_never_appear_in_logs_or_cli_output(
         "SAFE_TIME_TEST_RECORD_URL": password_redis,
         "SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_sweep_interval": 1}),
     }
-    worker = processes.worker(FAULTS_APP, env=env, name="pw-worker")
+    # DEBUG: an idle sweep's "succeeded" line is a DEBUG line (issue 21), and more lines to check.
+    worker = processes.worker(FAULTS_APP, "-l", "DEBUG", env=env, name="pw-worker")
     beat = processes.beat(FAULTS_APP, env=env, name="pw-beat")
     worker.wait_for_log(r"ready\.", timeout=90)
     beat.wait_for_log(r"acquired the leader lease", timeout=90)

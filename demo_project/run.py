@@ -58,9 +58,10 @@ class Timeline:
     plain_visibility_timeout: float = 4.0
     plain_countdown: float = 14.0
     #: ``--broker amqp``: the throwaway node's consumer_timeout (30 min in production), and the plain
-    #: side's countdown there: several timeouts long, as 14 days are against 30 minutes.
-    consumer_timeout: float = 8.0
-    amqp_plain_countdown: float = 30.0
+    #: side's countdown there: a few timeouts long, as 14 days are against 30 minutes. 20 s keeps the
+    #: sweep's look-ahead at its 2 s cap (a tenth of the timeout), as on Redis.
+    consumer_timeout: float = 20.0
+    amqp_plain_countdown: float = 50.0
     lease: float = 6.0
     invoice_every: float = 4.0
     sync_every: float = 2.0

@@ -233,10 +233,12 @@ def test_a_heartbeat_after_the_suspicion_clears_it(any_store: DelayStore) -> Non
     time.sleep(0.3)
     assert any_store.start("alive", token, "copy", "h", stale_after=0.1).verdict == "running"  # suspected
     assert any_store.heartbeat("alive", token, "run-1")  # the run was only cut off (a store outage)
-    time.sleep(0.3)
-    # Stale again, but not since the suspicion: a new suspicion, no takeover.
+    time.sleep(1.6)
+    # Stale again, but not since the suspicion: a new suspicion, no takeover. The end_stale window
+    # (1.5 s) is shorter than the heartbeat's age and longer than the new suspicion's, with 1.5 s to
+    # spare for a loaded machine between the two calls (a 0.1 s window failed at load 20).
     assert any_store.start("alive", token, "copy", "h", stale_after=0.1).verdict == "running"
-    assert not any_store.end_stale("alive", token, 0.1, rerun=True)
+    assert not any_store.end_stale("alive", token, 1.5, rerun=True)
     row = any_store.get("alive")
     assert row is not None
     assert (row.status, row.started_by) == (C.STATUS_STARTED, "run-1")

@@ -88,6 +88,18 @@ def test_claim_due_orders_limits_and_respects_lookahead(any_store: DelayStore) -
     assert any_store.counts()[C.STATUS_PENDING] == 1
 
 
+def test_pending_ahead_counts_pending_rows_due_by_the_horizon_up_to_a_limit(any_store: DelayStore) -> None:
+    now = any_store.now().replace(microsecond=0)
+    dues = {"overdue": -5, "soon": 1, "sooner": 2, "far": 60}
+    for task_id, offset in dues.items():
+        any_store.insert(new_delay(task_id, now + timedelta(seconds=offset)))
+    any_store.insert(new_delay("gone", now))
+    assert any_store.cancel("gone")
+    assert any_store.pending_ahead(now + timedelta(seconds=10), 100) == (3, now + timedelta(seconds=2))
+    assert any_store.pending_ahead(now + timedelta(seconds=10), 2) == (2, now + timedelta(seconds=1))
+    assert any_store.pending_ahead(now - timedelta(seconds=60), 100) == (0, None)
+
+
 def test_finish_states_need_the_claim_token(any_store: DelayStore) -> None:
     now = any_store.now()
     for i in range(4):

@@ -282,6 +282,16 @@ class DjangoStore(DelayStore):
 
         return self._atomic(run)
 
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        with self._errors():
+            dues = list(
+                self._objects()
+                .filter(status=C.STATUS_PENDING, due_at__lte=horizon)
+                .order_by("due_at", "id")
+                .values_list("due_at", flat=True)[:limit]
+            )
+        return len(dues), (as_utc(dues[-1]) if dues else None)
+
     def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         if not task_ids:
             return 0

@@ -292,6 +292,12 @@ class DelayStore(abc.ABC):
         never get the same row.
         """
 
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        """How many pending rows are due by ``horizon`` (counting stops at ``limit``), and the due time
+        of the last one counted: what the sweep's adaptive look-ahead is sized from."""
+        rows = self.list(status=C.STATUS_PENDING, due_before=horizon, limit=limit)
+        return len(rows), (rows[-1].due_at if rows else None)
+
     @abc.abstractmethod
     def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         """Claimed rows of claim ``token`` -> ``status``, clearing the claim; ``sent_at=True`` stamps

@@ -692,6 +692,21 @@ class SQLAlchemyStore(DelayStore):
         rows.sort(key=lambda r: (r.due_at, r.id))
         return rows
 
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        t = delays
+        # The claim's index, read up to ``limit`` entries: the count costs no more than that many rows.
+        picked = (
+            sa.select(t.c.due_at)
+            .where(_status(C.STATUS_PENDING), t.c.due_at <= horizon)
+            .order_by(t.c.due_at, t.c.id)
+            .limit(limit)
+            .subquery()
+        )
+        query = sa.select(sa.func.count(), sa.type_coerce(sa.func.max(picked.c.due_at), UTCDateTime))
+        with self._begin() as conn:
+            count, last = conn.execute(query).one()
+        return int(count), None if last is None else as_utc(last)
+
     def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         if not task_ids:
             return 0

@@ -145,6 +145,9 @@ SWEEP_LOOKAHEAD_VISIBILITY_SHARE: Final = 0.1
 SWEEP_LOOKAHEAD_SAFETY: Final = 2.0
 #: Rows per second one sweep is assumed to publish until it has measured itself.
 SWEEP_RATE_GUESS: Final = 1000.0
+#: ``insert_many``: idempotency keys looked up per query, rows per multi-row INSERT.
+BULK_KEY_LOOKUP: Final = 1000
+BULK_INSERT_CHUNK: Final = 2000
 #: Default ``safe_time_sweep_max_ahead``: the look-ahead never reaches past this many pending rows.
 DEFAULT_SWEEP_MAX_AHEAD: Final = 100_000
 

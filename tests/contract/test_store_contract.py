@@ -471,3 +471,55 @@ def test_purge_refuses_unfinished_rows_and_bad_arguments(
     assert isinstance(info.value, PurgeRefused)
     assert any_store.get("keep") is not None
     assert any_store.purge(before, []) == 0
+
+
+def test_insert_many_stores_a_batch_in_order_with_the_keys_of_single_inserts(any_store: DelayStore) -> None:
+    now = any_store.now()
+    held = any_store.insert(new_delay("held", now + timedelta(hours=1), idempotency_key="k-held"))
+    batch = [
+        new_delay("b0", now + timedelta(hours=2)),
+        new_delay("b1", now + timedelta(hours=2), idempotency_key="k-held"),  # held by a pending row
+        new_delay("b2", now + timedelta(hours=3), idempotency_key="k-new"),
+        new_delay("b3", now + timedelta(hours=4), idempotency_key="k-new"),  # held by b2, same batch
+        new_delay("b4", now + timedelta(hours=5)),
+    ]
+    results = any_store.insert_many(batch)
+    assert [(r.task_id, r.created) for r in results] == [
+        ("b0", True),
+        (held.task_id, False),
+        ("b2", True),
+        ("b2", False),
+        ("b4", True),
+    ]
+    assert results[3].due_at == results[2].due_at
+    assert any_store.counts()[C.STATUS_PENDING] == 4
+    assert any_store.get("b1") is None
+    assert any_store.get("b3") is None
+    row = any_store.get("b2")
+    assert row is not None
+    assert row.idempotency_key == "k-new"
+    assert row.delivery_token
+    assert any_store.insert_many([]) == []
+
+
+def test_insert_many_is_all_or_nothing_and_names_the_refused_delay(any_store: DelayStore) -> None:
+    now = any_store.now()
+    any_store.insert(new_delay("taken", now + timedelta(hours=1)))
+    finished = any_store.insert(new_delay("done", now - timedelta(seconds=1)))
+    [claimed] = any_store.claim_due(limit=1, lookahead=0, token="t")
+    assert claimed.id == finished.task_id
+    assert any_store.mark_sent([claimed.id], "t") == 1
+    batch = [new_delay(f"ok-{i}", now + timedelta(hours=2)) for i in range(3)]
+    with pytest.raises(StoreError, match="already stored") as failed:
+        any_store.insert_many([*batch, new_delay("taken", now + timedelta(hours=2))])
+    assert failed.value.index == 3
+    with pytest.raises(StoreError) as twice:
+        any_store.insert_many([new_delay("dup", now + timedelta(hours=2)), new_delay("dup", now + timedelta(hours=3))])
+    assert twice.value.index == 1
+    assert {r.id for r in any_store.list(limit=100)} == {"taken", "done"}
+    # A finished task id is replaced, as by insert (retry() reuses task ids).
+    results = any_store.insert_many([*batch, new_delay("done", now + timedelta(hours=2))])
+    assert all(r.created for r in results)
+    done = any_store.get("done")
+    assert done is not None
+    assert done.status == C.STATUS_PENDING

@@ -27,6 +27,7 @@ from .base import (
     StartResult,
     empty_counts,
     new_delivery_token,
+    refused,
     start_verdict,
     truncate_error,
 )
@@ -465,24 +466,80 @@ class SQLAlchemyStore(DelayStore):
         return self._insert(delay, careful=True)
 
     def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
-        t = delays
         with self._begin() as conn:
-            if delay.idempotency_key is not None:
-                found = conn.execute(
-                    sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key))
-                ).first()
-                if found is not None:
-                    return InsertResult(found.id, created=False, due_at=found.due_at)
-            if careful:
-                existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
-                if existing is not None:
-                    if existing not in C.DELAY_REPLACEABLE_STATUSES:
-                        raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-                    # retry() reuses its task id: the finished (or running) row makes room for the new one.
-                    conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
-            values = delay.pending_row(self._db_now(conn))
-            conn.execute(sa.insert(t).values(**values))
+            return self._insert_on(conn, delay, careful=careful)
+
+    def _insert_on(
+        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None
+    ) -> InsertResult:
+        t = delays
+        if delay.idempotency_key is not None:
+            found = conn.execute(
+                sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key))
+            ).first()
+            if found is not None:
+                return InsertResult(found.id, created=False, due_at=found.due_at)
+        if careful:
+            existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
+            if existing is not None:
+                if existing not in C.DELAY_REPLACEABLE_STATUSES:
+                    raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                # retry() reuses its task id: the finished (or running) row makes room for the new one.
+                conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
+        values = delay.pending_row(now if now is not None else self._db_now(conn))
+        conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
+        if not delays:
+            return []
+        # Fast path: the keys looked up in a few queries, every row in a few multi-row INSERTs. A unique
+        # violation (a task id taken, in the store or twice in the batch; a key won meanwhile) rolls it
+        # back and takes the careful path: row by row, in one transaction again.
+        try:
+            with self._begin() as conn:
+                return self._insert_many_fast(conn, delays)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            results: list[InsertResult] = []
+            for index, delay in enumerate(delays):
+                try:
+                    results.append(self._insert_on(conn, delay, careful=True, now=now))
+                except StoreError as exc:
+                    raise refused(index, str(exc)) from exc
+            return results
+
+    def _insert_many_fast(self, conn: Connection, batch: Sequence[NewDelay]) -> list[InsertResult]:
+        t = delays
+        held: dict[str, tuple[str, datetime]] = {}
+        keys = sorted({d.idempotency_key for d in batch if d.idempotency_key is not None})
+        key_column = _mysql_pending_key if self._is_mysql else t.c.idempotency_key
+        for start in range(0, len(keys), C.BULK_KEY_LOOKUP):
+            chunk = keys[start : start + C.BULK_KEY_LOOKUP]
+            query = sa.select(key_column, t.c.id, t.c.due_at).where(key_column.in_(chunk))
+            if not self._is_mysql:
+                query = query.where(_status(C.STATUS_PENDING))
+            for key, task_id, due_at in conn.execute(query).all():
+                held[key] = (task_id, as_utc(due_at))
+        now = self._db_now(conn)
+        results: list[InsertResult] = []
+        rows: list[dict[str, Any]] = []
+        for delay in batch:
+            key = delay.idempotency_key
+            if key is not None and key in held:
+                results.append(InsertResult(held[key][0], created=False, due_at=held[key][1]))
+                continue
+            values = delay.pending_row(now)
+            rows.append(values)
+            if key is not None:
+                held[key] = (delay.id, values["due_at"])
+            results.append(InsertResult(delay.id, created=True, due_at=values["due_at"]))
+        for start in range(0, len(rows), C.BULK_INSERT_CHUNK):
+            conn.execute(sa.insert(t), rows[start : start + C.BULK_INSERT_CHUNK])
+        return results
 
     def _pending_key_is(self, key: str) -> sa.ColumnElement[bool]:
         """The pending row holding ``key``, through the dialect's unique index."""

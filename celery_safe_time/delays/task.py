@@ -157,7 +157,10 @@ class SafeTask(Task):
                 failed = getattr(exc, "index", None)
                 if failed is None:
                     raise
-                raise _at_index(exc, stored[failed][0]) from exc
+                # The store's own error, as a single call would have raised it, under the call's index.
+                raise _at_index(
+                    exc.__cause__ if isinstance(exc.__cause__, StoreError) else exc, stored[failed][0]
+                ) from exc
             for (index, delay), result in zip(stored, inserted, strict=True):
                 results[index] = self._stored_result(app, delay, result)
         for index, args, kwargs, options in sent:

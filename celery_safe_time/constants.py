@@ -216,6 +216,8 @@ DELAY_KEY_INDEX: Final = "cst_delay_key_pending"
 DELAY_CLAIMED_INDEX: Final = "cst_delay_claimed"
 DELAY_SENT_INDEX: Final = "cst_delay_sent"
 DELAY_STARTED_INDEX: Final = "cst_delay_started"
+#: The purge's index: ``updated_at`` of finished rows (MySQL/MariaDB: ``(status, updated_at)``).
+DELAY_UPDATED_INDEX: Final = "cst_delay_updated"
 
 #: SQLAlchemy dialect names of MySQL and MariaDB (a ``mysql://`` URL on MariaDB is still "mysql").
 MYSQL_DIALECTS: Final = frozenset({"mysql", "mariadb"})

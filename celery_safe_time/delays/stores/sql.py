@@ -180,6 +180,12 @@ _SENT_SQL = sa.text("status = 'sent'")
 _STARTED_SQL = sa.text("status = 'started'")
 sa.Index(C.DELAY_SENT_INDEX, delays.c.sent_at, postgresql_where=_SENT_SQL, sqlite_where=_SENT_SQL)
 sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED_SQL, sqlite_where=_STARTED_SQL)
+# The purge: finished rows by age, so a table of millions of finished rows is trimmed one batch at a
+# time without scanning it (nor the pending rows, however old).
+_FINISHED_SQL = sa.text("status IN (" + ", ".join(f"'{s}'" for s in sorted(C.PURGEABLE_STATUSES)) + ")")
+sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
+#: Indexes an earlier version's table may lack; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
+_LATER_INDEXES = (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX, C.DELAY_UPDATED_INDEX)
 
 # MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
 # generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
@@ -210,6 +216,7 @@ def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
     sa.Index(C.DELAY_CLAIMED_INDEX, table.c.status, table.c.claimed_at)
     sa.Index(C.DELAY_SENT_INDEX, table.c.status, table.c.sent_at)
     sa.Index(C.DELAY_STARTED_INDEX, table.c.status, table.c.heartbeat_at)
+    sa.Index(C.DELAY_UPDATED_INDEX, table.c.status, table.c.updated_at)
     return meta
 
 
@@ -294,7 +301,9 @@ def _dead(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
 
 def _older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]:
     """Rows of ``statuses`` last changed before ``before``: what a purge deletes."""
-    return sa.and_(delays.c.status.in_(sorted(statuses)), delays.c.updated_at < before)
+    # Inlined statuses, as in _status(): PostgreSQL then proves the partial index's predicate.
+    wanted = [sa.literal(s, literal_execute=True) for s in sorted(statuses)]
+    return sa.and_(delays.c.status.in_(wanted), delays.c.updated_at < before)
 
 
 class SQLAlchemyStore(DelayStore):
@@ -393,11 +402,13 @@ class SQLAlchemyStore(DelayStore):
             self._schema_ready = True
 
     def _upgrade_schema(self) -> None:
-        """Add the delivery record's columns and indexes to a table made by an earlier version."""
+        """Add the delivery record's columns and the later indexes to a table made by an earlier version."""
         try:
-            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+            inspector = sa.inspect(self.engine)
+            names = {col["name"] for col in inspector.get_columns(C.DELAY_TABLE)}
             missing = [col for col in _delivery_columns() if col.name not in names]
-            if not missing:
+            indexes = {index["name"] for index in inspector.get_indexes(C.DELAY_TABLE)}
+            if not missing and all(name in indexes for name in _LATER_INDEXES):
                 return
             with self.engine.begin() as conn:
                 if self.dialect == "postgresql":
@@ -408,16 +419,17 @@ class SQLAlchemyStore(DelayStore):
                     if col.name not in names:
                         conn.execute(AddColumn(schema, schema.c[col.name]))
                 for index in schema.indexes:
-                    if index.name in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
+                    if index.name in _LATER_INDEXES and index.name not in indexes:
                         index.create(conn, checkfirst=True)
             logger.warning(
-                "store %s: added the delivery record columns to %s (%s)",
+                "store %s: upgraded %s (columns added: %s; indexes added: %s)",
                 mask_url(self.url),
                 C.DELAY_TABLE,
-                ", ".join(col.name for col in missing),
+                ", ".join(col.name for col in missing) or "none",
+                ", ".join(name for name in _LATER_INDEXES if name not in indexes) or "none",
             )
         except sa.exc.SQLAlchemyError as exc:
-            if self._has_columns():
+            if self._has_columns() and self._has_indexes():
                 return  # another process upgraded it meanwhile
             raise self._fail(exc) from exc
 
@@ -427,6 +439,22 @@ class SQLAlchemyStore(DelayStore):
         except sa.exc.SQLAlchemyError:
             return False
         return all(col.name in names for col in _delivery_columns())
+
+    def _has_indexes(self) -> bool:
+        try:
+            names = {index["name"] for index in sa.inspect(self.engine).get_indexes(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError:
+            return False
+        return all(name in names for name in _LATER_INDEXES)
+
+    def upgrade_schema(self) -> None:
+        """Bring the table of an earlier version up to date now (``celery safe-time delays upgrade-schema``).
+
+        The same upgrade runs once per process at the store's first use; this runs it on demand, e.g.
+        from a deploy step, so that the ``CREATE INDEX`` on a big table does not happen in a worker.
+        """
+        self._schema_ready = False
+        self.ensure_schema()
 
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations or an

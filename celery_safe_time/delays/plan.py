@@ -40,6 +40,7 @@ def adaptive_lookahead(
     ceiling: float,
     limit_reached_in: float | None = None,
     safety: float = 2.0,
+    interval: float = 0.0,
 ) -> float:
     """Seconds ahead of its due time a sweep claims rows, so a backlog due soon is out by its due time.
 
@@ -47,9 +48,12 @@ def adaptive_lookahead(
     publishes about ``rate`` rows a second: claiming starts ``safety`` times their publishing time
     early, never less than ``base`` nor more than ``ceiling`` (the broker's safe window). When the
     count stopped at its limit (``sweep_max_ahead`` rows), ``limit_reached_in`` is how far ahead the
-    last counted row is due: the look-ahead stops there, so the rows beyond it wait (memory).
+    last counted row is due: the look-ahead stops there, so the rows beyond it wait (memory). A backlog
+    that takes a second or more to publish gets one sweep ``interval`` more: the sweep that first sees
+    it inside the look-ahead may come that much later.
     """
-    needed = base + backlog / max(rate, 1.0) * safety
+    publishing = backlog / max(rate, 1.0)
+    needed = base + publishing * safety + (interval if publishing >= 1.0 else 0.0)
     lookahead = min(ceiling, max(base, needed))
     if limit_reached_in is not None:
         lookahead = min(lookahead, max(base, limit_reached_in))

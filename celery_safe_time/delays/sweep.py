@@ -134,8 +134,8 @@ def plan_lookahead(config: SafeTimeConfig, store: DelayStore) -> float:
 
     Rows due within the broker's safe window (``sweep_lookahead_max``) are counted, up to
     ``safe_time_sweep_max_ahead``; the sweep claims ahead twice the time this process needs to publish
-    them (its measured rate), so a burst of rows due at one instant is out by then, each with
-    ``eta=due_at``. One extra store query per sweep; a store error keeps the fixed look-ahead.
+    them (its measured rate) plus one sweep interval, so a burst of rows due at one instant is out by
+    then, each with ``eta=due_at``. One extra store query per sweep; a store error keeps the fixed look-ahead.
     """
     base, ceiling = config.sweep_lookahead, config.sweep_lookahead_max
     if ceiling <= base:
@@ -154,6 +154,7 @@ def plan_lookahead(config: SafeTimeConfig, store: DelayStore) -> float:
         ceiling=ceiling,
         limit_reached_in=reached,
         safety=C.SWEEP_LOOKAHEAD_SAFETY,
+        interval=config.sweep_interval,
     )
 
 

@@ -20,6 +20,11 @@ def test_a_burst_is_claimed_twice_its_publishing_time_early() -> None:
     assert adaptive_lookahead(100_000, 5000.0, base=2.0, ceiling=300.0) == pytest.approx(42.0)
 
 
+def test_a_burst_gets_one_sweep_interval_more_a_small_backlog_does_not() -> None:
+    assert adaptive_lookahead(100_000, 5000.0, base=2.0, ceiling=300.0, interval=5.0) == pytest.approx(47.0)
+    assert adaptive_lookahead(100, 5000.0, base=2.0, ceiling=300.0, interval=5.0) == pytest.approx(2.04)
+
+
 def test_the_broker_window_caps_it() -> None:
     assert adaptive_lookahead(1_000_000, 100.0, base=2.0, ceiling=180.0) == 180.0
 

@@ -43,6 +43,7 @@ from celery_safe_time.delays.stores import get_store, reset_store
 from celery_safe_time.delays.stores.base import NewDelay
 from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
+from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, wait_for
@@ -53,6 +54,11 @@ SIZES = {
     False: {"memory": 20_000, "sweep": 100_000, "claim_bg": 1_000_000, "lateness": 3_000, "window": 20.0},
     True: {"memory": 2_000, "sweep": 10_000, "claim_bg": 100_000, "lateness": 1_000, "window": 15.0},
 }
+#: Burst (rows due at one instant, seconds of lead before it), bulk scheduling (calls), big table (rows).
+BURST = {False: (100_000, 60.0), True: (10_000, 15.0)}
+AMQP_BURST = {False: 20_000, True: 2_000}
+BULK = {False: 20_000, True: 2_000}
+BIG_TABLE = {False: 10_000_000, True: 200_000}
 #: Rows swept on RabbitMQ (full / quick): every message stays queued until the purge, and the server is
 #: shared with other sessions, so fewer than on Redis (a rate, not a total, is what is measured).
 AMQP_SWEEP = {False: 20_000, True: 2_000}
@@ -524,6 +530,260 @@ def bench_lateness_amqp(env: Env, n: int, window: float) -> dict[str, Any]:
     return bench_lateness(env, n, window, env.amqp_url)
 
 
+# --- 7. bulk scheduling ------------------------------------------------------------------------
+
+
+def bench_bulk(env: Env, n: int) -> dict[str, Any]:
+    """``SafeTask.apply_many`` of ``n`` long delays (one transaction) beside the broker's send rate of the
+    same calls (plain countdowns, one producer) and ``delay()`` one call at a time, one thread each."""
+    env.store().close()
+    app = env.app()
+    record, plain = app.tasks["tests.delays.record"], app.tasks["tests.delays.plain_record"]
+    sample = min(n, 2000)
+    started = time.perf_counter()
+    for i in range(sample):
+        record.apply_async((f"one-{i}",), countdown=7200)
+    single = sample / (time.perf_counter() - started)
+    with app.producer_or_acquire() as producer:
+        started = time.perf_counter()
+        for i in range(n):
+            plain.apply_async((f"p{i}",), countdown=7200, producer=producer)
+        broker = n / (time.perf_counter() - started)
+    env.purge(env.redis_url)
+    calls = [((f"many-{i}",), {}, {"countdown": 7200}) for i in range(n)]
+    started = time.perf_counter()
+    results = record.apply_many(calls)
+    many = n / (time.perf_counter() - started)
+    assert len(results) == n
+    store = get_store(app)
+    assert store.counts()[C.STATUS_PENDING] == n + sample
+    reset_store(app)
+    return {"n": n, "apply_many_per_s": many, "broker_send_per_s": broker, "single_delay_per_s": single}
+
+
+# --- 8. bursts -----------------------------------------------------------------------------------
+
+
+def _burst_sweeper(conf: dict[str, Any], lookahead: float | None, go: Any, done: Any, results: Any, ready: Any) -> None:
+    """One sweeper process: what beat's sweep entry does, every sweep interval, until told to stop."""
+    app = Celery("bench-burst", set_as_current=False)
+    app.conf.update(conf)
+    define_tasks(app)
+    get_store(app).ping()
+    with app.connection_for_write() as conn:
+        conn.ensure_connection()
+    ready.put(True)
+    go.wait()
+    # Warm up on rows already due (fixed look-ahead 0): the sweeper measures its own publish rate, as a
+    # running deployment has, before the burst comes into its look-ahead.
+    sweep(app, lookahead=0, max_batches=3)
+    interval = float(conf["safe_time_sweep_interval"])
+    lookaheads: list[float] = []
+    sent = 0
+    while not done.is_set():
+        began = time.time()
+        try:
+            stats = sweep(app, lookahead=lookahead)
+        except StoreError:
+            continue
+        sent += stats.sent
+        if stats.claimed:
+            lookaheads.append(round(stats.lookahead, 2))
+        else:
+            done.wait(max(0.0, interval - (time.time() - began)))
+    results.put((sent, lookaheads[:5]))
+
+
+def _burst(
+    env: Env, n: int, lead: float, sweepers: int, lookahead: float | None, broker: str | None = None
+) -> dict[str, Any]:
+    conf = env.conf(broker, safe_time_sweep_batch=500, safe_time_sweep_interval=1)
+    store = env.store()
+    ctx = multiprocessing.get_context("spawn")
+    go, done, results, ready = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_burst_sweeper, args=(conf, lookahead, go, done, results, ready)) for _ in range(sweepers)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=300)  # imported and connected: the lead time starts after this
+    encoded = encode({"args": ["x"], "kwargs": {}, "options": {}}, "json", allow_pickle=False)
+    now = store.now()
+    due = now + timedelta(seconds=lead)
+    warm = [
+        NewDelay(f"warm-{i:05d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", now)
+        for i in range(1500 * sweepers)
+    ]
+    store.bulk_insert(warm)
+    store.bulk_insert(
+        [
+            NewDelay(f"burst-{i:07d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", due)
+            for i in range(n)
+        ]
+    )
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"ANALYZE {C.DELAY_TABLE}"))
+    go.set()
+    query = sa.text(f"SELECT count(*) FROM {C.DELAY_TABLE} WHERE id LIKE 'burst-%' AND status = 'sent'")
+    deadline = time.time() + lead + 600
+    with store.engine.connect() as conn:
+        while conn.execute(query).scalar_one() < n and time.time() < deadline:
+            conn.rollback()
+            time.sleep(0.5)
+    done.set()
+    parts = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    with store.engine.connect() as conn:
+        late = conn.execute(
+            sa.text(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s),"
+                " percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s), min(s), count(*)"
+                " FROM (SELECT extract(epoch FROM sent_at - due_at) AS s"
+                f" FROM {C.DELAY_TABLE} WHERE id LIKE 'burst-%' AND status = 'sent') t"
+            )
+        ).one()
+    broker_url = broker or env.redis_url
+    env.purge(broker_url)
+    store.close()
+    return {
+        "rows": n,
+        "sweepers": sweepers,
+        "lead_s": lead,
+        "lookahead": "fixed 2 s" if lookahead is not None else "adaptive",
+        "sent": int(late[4]),
+        # sent_at is stamped when the batch is marked sent, after its publish: an upper bound.
+        "p50_s": float(late[0]),
+        "p99_s": float(late[1]),
+        "last_publish_s": float(late[2]),
+        "first_publish_s": float(late[3]),
+        "publish_span_s": float(late[2]) - float(late[3]),
+        "split": sorted(p[0] for p in parts),
+        "lookaheads_s": [p[1] for p in parts],
+    }
+
+
+def bench_burst(env: Env, n: int, lead: float) -> dict[str, Any]:
+    """``n`` rows due at one instant ``lead`` s from now: when are they published, relative to it?
+
+    Sweeper processes sweep every second (beat's entry), PostgreSQL store, Redis broker. Baseline, same
+    run: one sweeper with the fixed 2 s look-ahead (the sweep before the adaptive one)."""
+    return {
+        "fixed_1": _burst(env, n, min(lead, 10.0), 1, C.SWEEP_LOOKAHEAD),
+        "adaptive_1": _burst(env, n, lead, 1, None),
+        "adaptive_4": _burst(env, n, lead, 4, None),
+    }
+
+
+def bench_burst_amqp(env: Env, n: int, lead: float) -> dict[str, Any]:
+    if env.amqp_url is None:
+        return {"missing": env.amqp_missing}
+    return {
+        "fixed_1": _burst(env, n, min(lead, 10.0), 1, C.SWEEP_LOOKAHEAD, env.amqp_url),
+        "adaptive_1": _burst(env, n, lead, 1, None, env.amqp_url),
+    }
+
+
+# --- 9. big tables -----------------------------------------------------------------------------------
+
+
+def _sweep_rate(env: Env, app: Celery, store: SQLAlchemyStore, n: int, prefix: str) -> float:
+    encoded = encode({"args": ["x"], "kwargs": {}, "options": {}}, "json", allow_pickle=False)
+    due = store.now() - timedelta(seconds=1)
+    store.bulk_insert(
+        [
+            NewDelay(f"{prefix}-{i:06d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", due)
+            for i in range(n)
+        ]
+    )
+    started = time.perf_counter()
+    stats = sweep(app, lookahead=C.SWEEP_LOOKAHEAD)
+    rate = stats.sent / (time.perf_counter() - started)
+    assert stats.sent == n, stats
+    env.purge(env.redis_url)
+    return rate
+
+
+def bench_big_table(env: Env, total: int) -> dict[str, Any]:
+    """The claim query and a sweep with ``total`` rows in the table (finished and pending, made server-side
+    with generate_series) beside the same on an empty table; then the purge with its index."""
+    store = env.store()
+    app = env.app(safe_time_sweep_batch=500)
+    set_store_for(app, store)
+    out: dict[str, Any] = {"rows": total}
+    out["sweep_empty_per_s"] = _sweep_rate(env, app, store, 5000, "empty")
+    store.bulk_insert(
+        [
+            NewDelay(f"due-{i}", "tests.delays.record", b"{}", "application/json", "utf-8", store.now())
+            for i in range(500)
+        ]
+    )
+    out["claim_ms_empty"], _ = _claim_ms(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {C.DELAY_TABLE}"))
+    began = time.time()
+    with store.engine.begin() as conn:
+        # Three in four rows finished long ago (sent, finished, cancelled), one in four pending, due later.
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {C.DELAY_TABLE} (id, task, payload, content_type, content_encoding, due_at, status,"
+                " attempts, created_at, updated_at, starts)"
+                " SELECT 'big-' || g, 'tests.delays.record', '\\x7b7d'::bytea, 'application/json', 'utf-8',"
+                " CASE WHEN g % 4 = 0 THEN now() + interval '1 day' + g * interval '1 millisecond'"
+                "      ELSE now() - interval '30 days' + g * interval '1 millisecond' END,"
+                " (ARRAY['pending', 'sent', 'finished', 'cancelled'])[g % 4 + 1], 1,"
+                " now() - interval '30 days', now() - interval '30 days' + g * interval '1 millisecond', 0"
+                " FROM generate_series(1, :n) AS g"
+            ),
+            {"n": total},
+        )
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"VACUUM ANALYZE {C.DELAY_TABLE}"))
+        out["table_mb"] = (
+            conn.execute(sa.text("SELECT pg_total_relation_size(:t)"), {"t": C.DELAY_TABLE}).scalar_one() / 2**20
+        )
+    out["fill_s"] = round(time.time() - began, 1)
+    store.bulk_insert(
+        [
+            NewDelay(f"due-{i}", "tests.delays.record", b"{}", "application/json", "utf-8", store.now())
+            for i in range(500)
+        ]
+    )
+    out["claim_ms_full"], out["plan"] = _claim_ms(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {C.DELAY_TABLE} WHERE id LIKE 'due-%'"))
+    out["sweep_full_per_s"] = _sweep_rate(env, app, store, 5000, "full")
+    # The purge: 1,000-row batches of the oldest finished rows, through cst_delay_updated.
+    before = store.now() - timedelta(days=1)
+    timings = []
+    for _ in range(10):
+        started = time.perf_counter()
+        assert store.purge(before, C.PURGE_DEFAULT_STATUSES, C.PURGE_BATCH) == C.PURGE_BATCH
+        timings.append((time.perf_counter() - started) * 1000)
+    out["purge_batch_ms"] = statistics.median(timings)
+    with store.engine.connect() as conn:
+        plan = conn.execute(
+            sa.text(
+                f"EXPLAIN SELECT id FROM {C.DELAY_TABLE} WHERE status IN ('cancelled', 'expired', 'finished', 'sent')"
+                " AND updated_at < :before LIMIT 1000"
+            ),
+            {"before": before},
+        ).all()
+    out["purge_uses_index"] = C.DELAY_UPDATED_INDEX in "\n".join(r[0] for r in plan)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"TRUNCATE {C.DELAY_TABLE}"))
+    reset_store(app)
+    store.close()
+    return out
+
+
+def set_store_for(app: Celery, store: SQLAlchemyStore) -> None:
+    from celery_safe_time.delays.stores import set_store
+
+    set_store(app, store)
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -585,6 +845,10 @@ def run(quick: bool) -> dict[str, Any]:
             ("lateness", lambda: bench_lateness(env, int(sizes["lateness"]), float(sizes["window"]))),
             ("start", lambda: bench_start(env, STARTS[quick])),
             ("sweep_amqp", lambda: bench_sweep_amqp(env, AMQP_SWEEP[quick])),
+            ("bulk", lambda: bench_bulk(env, BULK[quick])),
+            ("burst", lambda: bench_burst(env, *BURST[quick])),
+            ("burst_amqp", lambda: bench_burst_amqp(env, AMQP_BURST[quick], BURST[quick][1])),
+            ("big_table", lambda: bench_big_table(env, BIG_TABLE[quick])),
             ("lateness_amqp", lambda: bench_lateness_amqp(env, int(sizes["lateness"]), float(sizes["window"]))),
         ]
         for name, phase in phases:

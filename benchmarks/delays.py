@@ -941,6 +941,60 @@ def table(results: dict[str, Any]) -> str:
                 None,
             )
         )
+    bu = results.get("bulk")
+    if bu:
+        rows.append(
+            (
+                f"| bulk scheduling: `apply_many` of {bu['n']:,} long delays (one transaction) "
+                f"| {bu['apply_many_per_s']:.0f} calls/s | {bu['broker_send_per_s']:.0f}/s (broker send, plain "
+                f"countdowns); `delay()` one by one {bu['single_delay_per_s']:.0f}/s "
+                f"| {_ratio(bu['apply_many_per_s'], bu['broker_send_per_s'])} |",
+                None,
+            )
+        )
+    for key, broker in (("burst", "Redis"), ("burst_amqp", "RabbitMQ")):
+        b = results.get(key)
+        if not b or "missing" in b:
+            continue
+        for case in ("fixed_1", "adaptive_1", "adaptive_4"):
+            r = b.get(case)
+            if not r:
+                continue
+            rows.append(
+                (
+                    f"| burst on {broker}: {r['rows']:,} rows due at one instant, {r['sweepers']} sweeper(s), "
+                    f"{r['lookahead']} look-ahead: last publish / p50 / p99 vs the due instant "
+                    f"| {r['last_publish_s']:+.2f} / {r['p50_s']:+.2f} / {r['p99_s']:+.2f} s "
+                    f"(split {r['split']}, look-aheads {r['lookaheads_s']}) | goal: last <= +1 s | - |",
+                    None,
+                )
+            )
+    bt = results.get("big_table")
+    if bt:
+        rows.append(
+            (
+                f"| claim query with {bt['rows']:,} rows in the table ({bt['table_mb']:.0f} MB, 3/4 finished) "
+                f"| {bt['claim_ms_full']:.2f} ms | {bt['claim_ms_empty']:.2f} ms (empty table) "
+                f"| {_ratio(bt['claim_ms_full'], bt['claim_ms_empty'])} |",
+                None,
+            )
+        )
+        rows.append(
+            (
+                f"| sweep of 5,000 due rows with {bt['rows']:,} rows in the table "
+                f"| {bt['sweep_full_per_s']:.0f} rows/s "
+                f"| {bt['sweep_empty_per_s']:.0f} rows/s (empty table) "
+                f"| {_ratio(bt['sweep_empty_per_s'], bt['sweep_full_per_s'])} (time) |",
+                None,
+            )
+        )
+        rows.append(
+            (
+                f"| purge batch (1,000 oldest finished rows) in that table | {bt['purge_batch_ms']:.1f} ms "
+                f"(index `{C.DELAY_UPDATED_INDEX}` used: {bt['purge_uses_index']}) | - | - |",
+                None,
+            )
+        )
     return "\n".join(r for r, _ in rows) + "\n\nClaim plan:\n```\n" + c["plan"] + "\n```\n"
 
 

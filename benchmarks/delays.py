@@ -564,7 +564,9 @@ def bench_bulk(env: Env, n: int) -> dict[str, Any]:
 # --- 8. bursts -----------------------------------------------------------------------------------
 
 
-def _burst_sweeper(conf: dict[str, Any], lookahead: float | None, go: Any, done: Any, results: Any, ready: Any) -> None:
+def _burst_sweeper(
+    conf: dict[str, Any], lookahead: float | None, go: Any, start: Any, done: Any, results: Any, ready: Any
+) -> None:
     """One sweeper process: what beat's sweep entry does, every sweep interval, until told to stop."""
     app = Celery("bench-burst", set_as_current=False)
     app.conf.update(conf)
@@ -576,7 +578,9 @@ def _burst_sweeper(conf: dict[str, Any], lookahead: float | None, go: Any, done:
     go.wait()
     # Warm up on rows already due (fixed look-ahead 0): the sweeper measures its own publish rate, as a
     # running deployment has, before the burst comes into its look-ahead.
-    sweep(app, lookahead=0, max_batches=3)
+    sweep(app, lookahead=0, max_batches=1)
+    ready.put(True)
+    start.wait()
     interval = float(conf["safe_time_sweep_interval"])
     lookaheads: list[float] = []
     sent = 0
@@ -600,9 +604,10 @@ def _burst(
     conf = env.conf(broker, safe_time_sweep_batch=500, safe_time_sweep_interval=1)
     store = env.store()
     ctx = multiprocessing.get_context("spawn")
-    go, done, results, ready = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    go, start, done, results, ready = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=_burst_sweeper, args=(conf, lookahead, go, done, results, ready)) for _ in range(sweepers)
+        ctx.Process(target=_burst_sweeper, args=(conf, lookahead, go, start, done, results, ready))
+        for _ in range(sweepers)
     ]
     for p in procs:
         p.start()
@@ -613,7 +618,7 @@ def _burst(
     later = now + timedelta(days=1)  # out of every look-ahead until the due instant is set below
     warm = [
         NewDelay(f"warm-{i:05d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", now)
-        for i in range(1500 * sweepers)
+        for i in range(500 * sweepers)
     ]
     store.bulk_insert(warm)
     store.bulk_insert(
@@ -624,6 +629,10 @@ def _burst(
     )
     with store.engine.begin() as conn:
         conn.execute(sa.text(f"ANALYZE {C.DELAY_TABLE}"))
+    go.set()
+    for _ in procs:
+        ready.get(timeout=300)  # warmed up: each has measured its publish rate on one batch
+    with store.engine.begin() as conn:
         # The due instant counts from now, after the (slow, client-side) seeding: the lead is all theirs.
         due = conn.execute(
             sa.text(
@@ -636,7 +645,7 @@ def _burst(
     started = time.perf_counter()
     store.pending_ahead(due + timedelta(seconds=1), C.DEFAULT_SWEEP_MAX_AHEAD)
     count_ms = (time.perf_counter() - started) * 1000
-    go.set()
+    start.set()
     query = sa.text(f"SELECT count(*) FROM {C.DELAY_TABLE} WHERE id LIKE 'burst-%' AND status = 'sent'")
     deadline = time.time() + lead + 600
     with store.engine.connect() as conn:

@@ -43,6 +43,7 @@ from celery_safe_time.delays.stores import get_store, reset_store
 from celery_safe_time.delays.stores.base import NewDelay
 from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
+from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, wait_for
@@ -53,6 +54,11 @@ SIZES = {
     False: {"memory": 20_000, "sweep": 100_000, "claim_bg": 1_000_000, "lateness": 3_000, "window": 20.0},
     True: {"memory": 2_000, "sweep": 10_000, "claim_bg": 100_000, "lateness": 1_000, "window": 15.0},
 }
+#: Burst (rows due at one instant, seconds of lead before it), bulk scheduling (calls), big table (rows).
+BURST = {False: (100_000, 60.0), True: (5_000, 20.0)}
+AMQP_BURST = {False: 20_000, True: 1_000}
+BULK = {False: 20_000, True: 2_000}
+BIG_TABLE = {False: 10_000_000, True: 200_000}
 #: Rows swept on RabbitMQ (full / quick): every message stays queued until the purge, and the server is
 #: shared with other sessions, so fewer than on Redis (a rate, not a total, is what is measured).
 AMQP_SWEEP = {False: 20_000, True: 2_000}
@@ -526,6 +532,284 @@ def bench_lateness_amqp(env: Env, n: int, window: float) -> dict[str, Any]:
     return bench_lateness(env, n, window, env.amqp_url)
 
 
+# --- 7. bulk scheduling ------------------------------------------------------------------------
+
+
+def bench_bulk(env: Env, n: int) -> dict[str, Any]:
+    """``SafeTask.apply_many`` of ``n`` long delays (one transaction) beside the broker's send rate of the
+    same calls (plain countdowns, one producer) and ``delay()`` one call at a time, one thread each."""
+    env.store().close()
+    app = env.app()
+    record, plain = app.tasks["tests.delays.record"], app.tasks["tests.delays.plain_record"]
+    sample = min(n, 2000)
+    started = time.perf_counter()
+    for i in range(sample):
+        record.apply_async((f"one-{i}",), countdown=7200)
+    single = sample / (time.perf_counter() - started)
+    with app.producer_or_acquire() as producer:
+        started = time.perf_counter()
+        for i in range(n):
+            plain.apply_async((f"p{i}",), countdown=7200, producer=producer)
+        broker = n / (time.perf_counter() - started)
+    env.purge(env.redis_url)
+    calls = [((f"many-{i}",), {}, {"countdown": 7200}) for i in range(n)]
+    started = time.perf_counter()
+    results = record.apply_many(calls)
+    many = n / (time.perf_counter() - started)
+    assert len(results) == n
+    store = get_store(app)
+    assert store.counts()[C.STATUS_PENDING] == n + sample
+    reset_store(app)
+    return {"n": n, "apply_many_per_s": many, "broker_send_per_s": broker, "single_delay_per_s": single}
+
+
+# --- 8. bursts -----------------------------------------------------------------------------------
+
+
+def _burst_sweeper(
+    conf: dict[str, Any], lookahead: float | None, go: Any, start: Any, done: Any, results: Any, ready: Any
+) -> None:
+    """One sweeper process: what beat's sweep entry does, every sweep interval, until told to stop."""
+    app = Celery("bench-burst", set_as_current=False)
+    app.conf.update(conf)
+    define_tasks(app)
+    get_store(app).ping()
+    with app.connection_for_write() as conn:
+        conn.ensure_connection()
+    ready.put(True)
+    go.wait()
+    # Warm up on rows already due (fixed look-ahead 0): the sweeper measures its own publish rate, as a
+    # running deployment has, before the burst comes into its look-ahead.
+    sweep(app, lookahead=0, max_batches=1)
+    ready.put(True)
+    start.wait()
+    interval = float(conf["safe_time_sweep_interval"])
+    lookaheads: list[float] = []
+    sent = 0
+    while not done.is_set():
+        began = time.time()
+        try:
+            stats = sweep(app, lookahead=lookahead)
+        except StoreError:
+            continue
+        sent += stats.sent
+        if stats.claimed:
+            lookaheads.append(round(stats.lookahead, 2))
+        else:
+            done.wait(max(0.0, interval - (time.time() - began)))
+    results.put((sent, lookaheads[:5]))
+
+
+def _burst(
+    env: Env, n: int, lead: float, sweepers: int, lookahead: float | None, broker: str | None = None
+) -> dict[str, Any]:
+    conf = env.conf(broker, safe_time_sweep_batch=500, safe_time_sweep_interval=1)
+    store = env.store()
+    ctx = multiprocessing.get_context("spawn")
+    go, start, done, results, ready = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_burst_sweeper, args=(conf, lookahead, go, start, done, results, ready))
+        for _ in range(sweepers)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=300)  # imported and connected: the lead time starts after this
+    encoded = encode({"args": ["x"], "kwargs": {}, "options": {}}, "json", allow_pickle=False)
+    now = store.now()
+    later = now + timedelta(days=1)  # out of every look-ahead until the due instant is set below
+    warm = [
+        NewDelay(f"warm-{i:05d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", now)
+        for i in range(500 * sweepers)
+    ]
+    store.bulk_insert(warm)
+    store.bulk_insert(
+        [
+            NewDelay(f"burst-{i:07d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", later)
+            for i in range(n)
+        ]
+    )
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"ANALYZE {C.DELAY_TABLE}"))
+    go.set()
+    for _ in procs:
+        ready.get(timeout=300)  # warmed up: each has measured its publish rate on one batch
+    with store.engine.begin() as conn:
+        # The due instant counts from now, after the (slow, client-side) seeding: the lead is all theirs.
+        due = conn.execute(
+            sa.text(
+                f"UPDATE {C.DELAY_TABLE} SET due_at = date_trunc('milliseconds', clock_timestamp())"
+                " + make_interval(secs => :lead) WHERE id LIKE 'burst-%' RETURNING due_at"
+            ),
+            {"lead": lead},
+        ).first()[0]
+    # What sizing the look-ahead costs a sweep under this backlog (the one query it adds).
+    started = time.perf_counter()
+    store.pending_ahead(due + timedelta(seconds=1), C.DEFAULT_SWEEP_MAX_AHEAD)
+    count_ms = (time.perf_counter() - started) * 1000
+    start.set()
+    query = sa.text(f"SELECT count(*) FROM {C.DELAY_TABLE} WHERE id LIKE 'burst-%' AND status = 'sent'")
+    deadline = time.time() + lead + 600
+    with store.engine.connect() as conn:
+        while conn.execute(query).scalar_one() < n and time.time() < deadline:
+            conn.rollback()
+            time.sleep(0.5)
+    done.set()
+    parts = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    with store.engine.connect() as conn:
+        late = conn.execute(
+            sa.text(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s),"
+                " percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s), min(s), count(*)"
+                " FROM (SELECT extract(epoch FROM sent_at - due_at) AS s"
+                f" FROM {C.DELAY_TABLE} WHERE id LIKE 'burst-%' AND status = 'sent') t"
+            )
+        ).one()
+    broker_url = broker or env.redis_url
+    env.purge(broker_url)
+    store.close()
+    return {
+        "rows": n,
+        "sweepers": sweepers,
+        "lead_s": lead,
+        "lookahead": "fixed 2 s" if lookahead is not None else "adaptive",
+        "sent": int(late[4]),
+        # sent_at is stamped when the batch is marked sent, after its publish: an upper bound.
+        "p50_s": float(late[0]),
+        "p99_s": float(late[1]),
+        "last_publish_s": float(late[2]),
+        "first_publish_s": float(late[3]),
+        "publish_span_s": float(late[2]) - float(late[3]),
+        "split": sorted(p[0] for p in parts),
+        "lookaheads_s": [p[1] for p in parts],
+        "pending_ahead_ms": round(count_ms, 1),
+    }
+
+
+def bench_burst(env: Env, n: int, lead: float) -> dict[str, Any]:
+    """``n`` rows due at one instant ``lead`` s from now: when are they published, relative to it?
+
+    Sweeper processes sweep every second (beat's entry), PostgreSQL store, Redis broker. Baseline, same
+    run: one sweeper with the fixed 2 s look-ahead (the sweep before the adaptive one)."""
+    return {
+        "fixed_1": _burst(env, n, 5.0, 1, C.SWEEP_LOOKAHEAD),
+        "adaptive_1": _burst(env, n, lead, 1, None),
+        "adaptive_4": _burst(env, n, lead, 4, None),
+    }
+
+
+def bench_burst_amqp(env: Env, n: int, lead: float) -> dict[str, Any]:
+    if env.amqp_url is None:
+        return {"missing": env.amqp_missing}
+    return {
+        "fixed_1": _burst(env, n, 5.0, 1, C.SWEEP_LOOKAHEAD, env.amqp_url),
+        "adaptive_1": _burst(env, n, lead, 1, None, env.amqp_url),
+    }
+
+
+# --- 9. big tables -----------------------------------------------------------------------------------
+
+
+def _sweep_rate(env: Env, app: Celery, store: SQLAlchemyStore, n: int, prefix: str) -> float:
+    encoded = encode({"args": ["x"], "kwargs": {}, "options": {}}, "json", allow_pickle=False)
+    due = store.now() - timedelta(seconds=1)
+    store.bulk_insert(
+        [
+            NewDelay(f"{prefix}-{i:06d}", "tests.delays.record", encoded.payload, "application/json", "utf-8", due)
+            for i in range(n)
+        ]
+    )
+    started = time.perf_counter()
+    stats = sweep(app, lookahead=C.SWEEP_LOOKAHEAD)
+    rate = stats.sent / (time.perf_counter() - started)
+    assert stats.sent == n, stats
+    env.purge(env.redis_url)
+    return rate
+
+
+def bench_big_table(env: Env, total: int) -> dict[str, Any]:
+    """The claim query and a sweep with ``total`` rows in the table (finished and pending, made server-side
+    with generate_series) beside the same on an empty table; then the purge with its index."""
+    store = env.store()
+    app = env.app(safe_time_sweep_batch=500)
+    set_store_for(app, store)
+    out: dict[str, Any] = {"rows": total}
+    out["sweep_empty_per_s"] = _sweep_rate(env, app, store, 5000, "empty")
+    store.bulk_insert(
+        [
+            NewDelay(f"due-{i}", "tests.delays.record", b"{}", "application/json", "utf-8", store.now())
+            for i in range(500)
+        ]
+    )
+    out["claim_ms_empty"], _ = _claim_ms(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {C.DELAY_TABLE}"))
+    began = time.time()
+    with store.engine.begin() as conn:
+        # Three in four rows finished (sent, finished, cancelled) over the last 30 days, one in four
+        # pending, due later.
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {C.DELAY_TABLE} (id, task, payload, content_type, content_encoding, due_at, status,"
+                " attempts, created_at, updated_at, starts)"
+                " SELECT 'big-' || g, 'tests.delays.record', '\\x7b7d'::bytea, 'application/json', 'utf-8',"
+                " CASE WHEN g % 4 = 0 THEN now() + interval '1 day' + g * interval '1 millisecond'"
+                "      ELSE now() - interval '30 days' + g * interval '1 millisecond' END,"
+                " (ARRAY['pending', 'sent', 'finished', 'cancelled'])[g % 4 + 1], 1,"
+                " now() - interval '30 days', now() - (g::float8 / :n) * interval '30 days', 0"
+                " FROM generate_series(1, :n) AS g"
+            ),
+            {"n": total},
+        )
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"VACUUM ANALYZE {C.DELAY_TABLE}"))
+        out["table_mb"] = (
+            conn.execute(sa.text("SELECT pg_total_relation_size(:t)"), {"t": C.DELAY_TABLE}).scalar_one() / 2**20
+        )
+    out["fill_s"] = round(time.time() - began, 1)
+    store.bulk_insert(
+        [
+            NewDelay(f"due-{i}", "tests.delays.record", b"{}", "application/json", "utf-8", store.now())
+            for i in range(500)
+        ]
+    )
+    out["claim_ms_full"], out["plan"] = _claim_ms(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {C.DELAY_TABLE} WHERE id LIKE 'due-%'"))
+    out["sweep_full_per_s"] = _sweep_rate(env, app, store, 5000, "full")
+    # The purge: 1,000-row batches of the oldest finished rows (last changed over 25 of the 30 days ago:
+    # a sixth of them), through cst_delay_updated.
+    before = store.now() - timedelta(days=25)
+    timings = []
+    for _ in range(10):
+        started = time.perf_counter()
+        assert store.purge(before, C.PURGE_DEFAULT_STATUSES, C.PURGE_BATCH) == C.PURGE_BATCH
+        timings.append((time.perf_counter() - started) * 1000)
+    out["purge_batch_ms"] = statistics.median(timings)
+    with store.engine.connect() as conn:
+        plan = conn.execute(
+            sa.text(
+                f"EXPLAIN SELECT id FROM {C.DELAY_TABLE} WHERE status IN ('cancelled', 'expired', 'finished', 'sent')"
+                " AND updated_at < :before LIMIT 1000"
+            ),
+            {"before": before},
+        ).all()
+    out["purge_uses_index"] = C.DELAY_UPDATED_INDEX in "\n".join(r[0] for r in plan)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"TRUNCATE {C.DELAY_TABLE}"))
+    reset_store(app)
+    store.close()
+    return out
+
+
+def set_store_for(app: Celery, store: SQLAlchemyStore) -> None:
+    from celery_safe_time.delays.stores import set_store
+
+    set_store(app, store)
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -587,6 +871,10 @@ def run(quick: bool) -> dict[str, Any]:
             ("lateness", lambda: bench_lateness(env, int(sizes["lateness"]), float(sizes["window"]))),
             ("start", lambda: bench_start(env, STARTS[quick])),
             ("sweep_amqp", lambda: bench_sweep_amqp(env, AMQP_SWEEP[quick])),
+            ("bulk", lambda: bench_bulk(env, BULK[quick])),
+            ("burst", lambda: bench_burst(env, *BURST[quick])),
+            ("burst_amqp", lambda: bench_burst_amqp(env, AMQP_BURST[quick], BURST[quick][1])),
+            ("big_table", lambda: bench_big_table(env, BIG_TABLE[quick])),
             ("lateness_amqp", lambda: bench_lateness_amqp(env, int(sizes["lateness"]), float(sizes["window"]))),
         ]
         for name, phase in phases:
@@ -676,6 +964,60 @@ def table(results: dict[str, Any]) -> str:
                 f"| firing lateness p50 / p99 on RabbitMQ, {la['n']:,} delays over {la['window_s']:.0f} s "
                 f"| {la['stored']['p50'] * 1000:.0f} / {la['stored']['p99'] * 1000:.0f} ms (stored) "
                 f"| {la['native']['p50'] * 1000:.0f} / {la['native']['p99'] * 1000:.0f} ms (native countdown) | - |",
+                None,
+            )
+        )
+    bu = results.get("bulk")
+    if bu:
+        rows.append(
+            (
+                f"| bulk scheduling: `apply_many` of {bu['n']:,} long delays (one transaction) "
+                f"| {bu['apply_many_per_s']:.0f} calls/s | {bu['broker_send_per_s']:.0f}/s (broker send, plain "
+                f"countdowns); `delay()` one by one {bu['single_delay_per_s']:.0f}/s "
+                f"| {_ratio(bu['apply_many_per_s'], bu['broker_send_per_s'])} |",
+                None,
+            )
+        )
+    for key, broker in (("burst", "Redis"), ("burst_amqp", "RabbitMQ")):
+        b = results.get(key)
+        if not b or "missing" in b:
+            continue
+        for case in ("fixed_1", "adaptive_1", "adaptive_4"):
+            r = b.get(case)
+            if not r:
+                continue
+            rows.append(
+                (
+                    f"| burst on {broker}: {r['rows']:,} rows due at one instant, {r['sweepers']} sweeper(s), "
+                    f"{r['lookahead']} look-ahead: last publish / p50 / p99 vs the due instant "
+                    f"| {r['last_publish_s']:+.2f} / {r['p50_s']:+.2f} / {r['p99_s']:+.2f} s "
+                    f"(split {r['split']}, look-aheads {r['lookaheads_s']}) | goal: last <= +1 s | - |",
+                    None,
+                )
+            )
+    bt = results.get("big_table")
+    if bt:
+        rows.append(
+            (
+                f"| claim query with {bt['rows']:,} rows in the table ({bt['table_mb']:.0f} MB, 3/4 finished) "
+                f"| {bt['claim_ms_full']:.2f} ms | {bt['claim_ms_empty']:.2f} ms (empty table) "
+                f"| {_ratio(bt['claim_ms_full'], bt['claim_ms_empty'])} |",
+                None,
+            )
+        )
+        rows.append(
+            (
+                f"| sweep of 5,000 due rows with {bt['rows']:,} rows in the table "
+                f"| {bt['sweep_full_per_s']:.0f} rows/s "
+                f"| {bt['sweep_empty_per_s']:.0f} rows/s (empty table) "
+                f"| {_ratio(bt['sweep_empty_per_s'], bt['sweep_full_per_s'])} (time) |",
+                None,
+            )
+        )
+        rows.append(
+            (
+                f"| purge batch (1,000 oldest finished rows) in that table | {bt['purge_batch_ms']:.1f} ms "
+                f"(index `{C.DELAY_UPDATED_INDEX}` used: {bt['purge_uses_index']}) | - | - |",
                 None,
             )
         )

@@ -568,6 +568,22 @@ def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str]
         click.echo(f"{result['deleted']} row(s) deleted ({which}, last changed before {result['before']})")
 
 
+@delays.command(name="upgrade-schema", cls=CeleryCommand)
+@click.pass_context
+def delays_upgrade_schema(ctx: click.Context) -> None:
+    """Add what a newer version needs to the store's table (columns, indexes) now, not at first use."""
+    from .config import mask_url
+    from .delays.stores import get_store
+
+    store = get_store(_app(ctx))
+    upgrade = getattr(store, "upgrade_schema", None)
+    if upgrade is None:
+        click.echo(f"{store.url}: nothing to do here (Django projects run `manage.py migrate`)")
+        return
+    upgrade()
+    click.echo(f"{mask_url(store.url)}: schema up to date")
+
+
 @safe_time.command(cls=CeleryCommand)
 @click.option("--batch", type=int, default=None, help="Rows per claim (default safe_time_sweep_batch).")
 @click.pass_context

@@ -74,6 +74,8 @@ class SafeTimeConfig:
     delay_threshold_reason: str = ""
     #: ``safe_time_redis_url`` is a ``redis+cluster://`` / ``rediss+cluster://`` URL: keys get hash tags.
     redis_cluster: bool = False
+    #: The adaptive look-ahead never reaches past this many pending rows (workers hold early rows in memory).
+    sweep_max_ahead: int = C.DEFAULT_SWEEP_MAX_AHEAD
 
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
@@ -99,6 +101,21 @@ class SafeTimeConfig:
         if self.broker_consumer_timeout is None:
             return C.SWEEP_LOOKAHEAD
         return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
+
+    @property
+    def sweep_lookahead_max(self) -> float:
+        """The most the adaptive look-ahead may grow to under a backlog: the broker's safe window.
+
+        A worker holds an early row's ``eta`` message unacked until it is due, so it stays a tenth of
+        the visibility timeout (Redis, SQS: redelivered after it) and of the consumer timeout
+        (RabbitMQ: the channel is closed after it), and at most ``SWEEP_LOOKAHEAD_MAX``.
+        """
+        ceiling = C.SWEEP_LOOKAHEAD_MAX
+        if self.visibility_timeout is not None:
+            ceiling = min(ceiling, self.visibility_timeout * C.SWEEP_LOOKAHEAD_VISIBILITY_SHARE)
+        if self.broker_consumer_timeout is not None:
+            ceiling = min(ceiling, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
+        return max(ceiling, self.sweep_lookahead)
 
 
 def cluster_key_name(template: str, parts: dict[str, Any]) -> str:
@@ -315,6 +332,10 @@ def parse_config(
     if isinstance(sweep_batch, bool) or not isinstance(sweep_batch, int) or sweep_batch <= 0:
         raise ImproperlyConfigured("safe_time_sweep_batch", f"must be a positive integer, got {sweep_batch!r}")
 
+    sweep_max_ahead = _default(get("safe_time_sweep_max_ahead"), C.DEFAULT_SWEEP_MAX_AHEAD)
+    if isinstance(sweep_max_ahead, bool) or not isinstance(sweep_max_ahead, int) or sweep_max_ahead <= 0:
+        raise ImproperlyConfigured("safe_time_sweep_max_ahead", f"must be a positive integer, got {sweep_max_ahead!r}")
+
     allow_pickle = _default(get("safe_time_allow_pickle"), C.DEFAULT_ALLOW_PICKLE)
     if not isinstance(allow_pickle, bool):
         raise ImproperlyConfigured("safe_time_allow_pickle", f"must be True or False, got {allow_pickle!r}")
@@ -357,6 +378,7 @@ def parse_config(
         broker_consumer_timeout=consumer_timeout,
         delay_threshold_reason=threshold_reason,
         redis_cluster=redis_cluster,
+        sweep_max_ahead=sweep_max_ahead,
     )
 
 

@@ -170,6 +170,20 @@ SWEEP_ENTRY_NAME: Final = "celery_safe_time.sweep"
 
 #: Extra seconds a sweep looks ahead; rows due within it are published with eta=due_at.
 SWEEP_LOOKAHEAD: Final = 2.0
+#: The adaptive look-ahead (a backlog due soon is claimed early enough to be out by its due time) never
+#: exceeds this many seconds, nor a tenth of the broker's visibility / consumer timeout.
+SWEEP_LOOKAHEAD_MAX: Final = 300.0
+SWEEP_LOOKAHEAD_VISIBILITY_SHARE: Final = 0.1
+#: The look-ahead covers the backlog's publishing time this many times over (the rate estimate is
+#: one sweeper's; beat may start the next sweep only one interval later).
+SWEEP_LOOKAHEAD_SAFETY: Final = 2.0
+#: Rows per second one sweep is assumed to publish until it has measured itself.
+SWEEP_RATE_GUESS: Final = 1000.0
+#: ``insert_many``: idempotency keys looked up per query, rows per multi-row INSERT.
+BULK_KEY_LOOKUP: Final = 1000
+BULK_INSERT_CHUNK: Final = 2000
+#: Default ``safe_time_sweep_max_ahead``: the look-ahead never reaches past this many pending rows.
+DEFAULT_SWEEP_MAX_AHEAD: Final = 100_000
 
 #: Row states of a stored delayed task.
 STATUS_PENDING: Final = "pending"
@@ -236,6 +250,8 @@ DELAY_KEY_INDEX: Final = "cst_delay_key_pending"
 DELAY_CLAIMED_INDEX: Final = "cst_delay_claimed"
 DELAY_SENT_INDEX: Final = "cst_delay_sent"
 DELAY_STARTED_INDEX: Final = "cst_delay_started"
+#: The purge's index: ``updated_at`` of finished rows (MySQL/MariaDB: ``(status, updated_at)``).
+DELAY_UPDATED_INDEX: Final = "cst_delay_updated"
 
 #: SQLAlchemy dialect names of MySQL and MariaDB (a ``mysql://`` URL on MariaDB is still "mysql").
 MYSQL_DIALECTS: Final = frozenset({"mysql", "mariadb"})

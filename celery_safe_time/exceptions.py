@@ -22,6 +22,9 @@ class RedisUnavailable(SafeTimeError):
 class StoreError(SafeTimeError):
     """Raised when the delayed-task store cannot be reached or refuses a write."""
 
+    #: The position of the delay that was refused, when one of a batch (``insert_many``) was.
+    index: int | None = None
+
 
 class PurgeRefused(SafeTimeError, ValueError):
     """Raised when a purge is asked to delete unfinished (pending, claimed) rows or given bad arguments."""
@@ -70,3 +73,13 @@ class NotInstalled(SafeTimeError):
 
 class DecoratorOrderError(SafeTimeError, TypeError):
     """Raised when ``@overlap_lock`` or ``@idempotent`` is stacked above ``@app.task`` instead of below it."""
+
+
+class BulkItemError(SafeTimeError, ValueError):
+    """Raised when one call of ``SafeTask.apply_many`` is invalid and its own error cannot be re-raised
+    naming it; ``index`` is the call's position, ``error`` the original. Nothing of the batch was stored."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        self.index = index
+        self.error = error
+        super().__init__(f"apply_many item {index}: {error.__class__.__name__}: {error}")

@@ -30,3 +30,31 @@ def plan_delay(countdown: Any, eta: Any, *, now: datetime, threshold: float) -> 
         when = as_utc(eta)
         return DelayPlan(eta=when) if (when - now).total_seconds() > threshold else None
     return None
+
+
+def adaptive_lookahead(
+    backlog: int,
+    rate: float,
+    *,
+    base: float,
+    ceiling: float,
+    limit_reached_in: float | None = None,
+    safety: float = 2.0,
+    interval: float = 0.0,
+) -> float:
+    """Seconds ahead of its due time a sweep claims rows, so a backlog due soon is out by its due time.
+
+    ``backlog`` pending rows are due within ``ceiling`` seconds (overdue ones included) and one sweep
+    publishes about ``rate`` rows a second: claiming starts ``safety`` times their publishing time
+    early, never less than ``base`` nor more than ``ceiling`` (the broker's safe window). When the
+    count stopped at its limit (``sweep_max_ahead`` rows), ``limit_reached_in`` is how far ahead the
+    last counted row is due: the look-ahead stops there, so the rows beyond it wait (memory). A backlog
+    that takes a second or more to publish gets one sweep ``interval`` more: the sweep that first sees
+    it inside the look-ahead may come that much later.
+    """
+    publishing = backlog / max(rate, 1.0)
+    needed = base + publishing * safety + (interval if publishing >= 1.0 else 0.0)
+    lookahead = min(ceiling, max(base, needed))
+    if limit_reached_in is not None:
+        lookahead = min(lookahead, max(base, limit_reached_in))
+    return lookahead

@@ -12,13 +12,14 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from celery import Celery, Task
 from celery.utils import uuid
-from kombu.exceptions import OperationalError
+from kombu.exceptions import BatchPublishError, OperationalError
 
 from .. import constants as C
 from .. import signals
@@ -26,6 +27,7 @@ from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
 from ..tracing import in_stored_context
 from .payload import decode
+from .plan import adaptive_lookahead
 from .stores import get_store
 from .stores.base import DelayRow, DelayStore
 
@@ -53,8 +55,10 @@ class SweepStats:
     abandoned: int = 0
     #: Rows published to RabbitMQ but not confirmed in time (a memory or disk alarm): back to pending.
     unconfirmed: int = 0
+    #: Seconds ahead of their due time this sweep claimed rows (grows under a backlog due soon).
+    lookahead: float = 0.0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -69,18 +73,22 @@ def sweep(
 ) -> SweepStats:
     """Reclaim stale claims, then claim and publish due rows batch by batch while batches are full.
 
-    ``lookahead`` defaults to the config's (2 s, less under a short broker consumer timeout).
+    ``lookahead`` defaults to :func:`plan_lookahead` (2 s, more under a backlog due soon, less under a
+    short broker consumer timeout); a number fixes it.
     With ``safe_time_delay_retention`` set, finally purge old finished rows when this process's purge
     is due by ``clock`` (monotonic seconds; tests pass their own).
     """
     config = get_config(app)
     store = store if store is not None else get_store(app)
     batch = batch or config.sweep_batch
-    lookahead = config.sweep_lookahead if lookahead is None else lookahead
     stats = SweepStats(reclaimed=store.reclaim_stale(config.claim_timeout))
     if stats.reclaimed:
         logger.warning("reclaimed %d stored delays claimed over %gs ago", stats.reclaimed, config.claim_timeout)
     confirm_deliveries(app, config, store, stats, limit=batch)
+    if lookahead is None:
+        lookahead = plan_lookahead(config, store)
+    stats.lookahead = lookahead
+    started = clock()
     while max_batches is None or stats.batches < max_batches:
         token = uuid()
         rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
@@ -95,13 +103,59 @@ def sweep(
         if len(rows) < batch or stats.unconfirmed:
             # A broker that did not confirm this batch (an alarm) would hold the next one the same way.
             break
+    if stats.claimed >= batch:
+        _measured_rate(store, stats.claimed / max(clock() - started, 1e-3))
     if stats.claimed:
         logger.info(
-            "sweep: %d claimed, %d sent, %d expired, %d failed", stats.claimed, stats.sent, stats.expired, stats.failed
+            "sweep: %d claimed, %d sent, %d expired, %d failed (look-ahead %.1fs)",
+            stats.claimed,
+            stats.sent,
+            stats.expired,
+            stats.failed,
+            lookahead,
         )
     if config.delay_retention is not None:
         stats.purged = purge_retained(store, config.delay_retention, clock=clock)
     return stats
+
+
+#: Per store object (so per process): the rows per second its recent sweeps claimed and published.
+_rates: weakref.WeakKeyDictionary[DelayStore, float] = weakref.WeakKeyDictionary()
+
+
+def _measured_rate(store: DelayStore, rate: float) -> None:
+    previous = _rates.get(store)
+    # Smoothed: one sweep slowed down by a busy host must not halve the next look-ahead's estimate.
+    _rates[store] = rate if previous is None else (previous + rate) / 2
+
+
+def plan_lookahead(config: SafeTimeConfig, store: DelayStore) -> float:
+    """The look-ahead of this sweep: ``sweep_lookahead``, or more when a backlog is due soon.
+
+    Rows due within the broker's safe window (``sweep_lookahead_max``) are counted, up to
+    ``safe_time_sweep_max_ahead``; the sweep claims ahead twice the time this process needs to publish
+    them (its measured rate) plus one sweep interval, so a burst of rows due at one instant is out by
+    then, each with ``eta=due_at``. One extra store query per sweep; a store error keeps the fixed look-ahead.
+    """
+    base, ceiling = config.sweep_lookahead, config.sweep_lookahead_max
+    if ceiling <= base:
+        return base
+    try:
+        now = store.now()
+        count, last_due = store.pending_ahead(now + timedelta(seconds=ceiling), config.sweep_max_ahead)
+    except StoreError as exc:
+        logger.warning("sweep: cannot size the look-ahead (%s); using %gs", exc, base)
+        return base
+    reached = (last_due - now).total_seconds() if count >= config.sweep_max_ahead and last_due else None
+    return adaptive_lookahead(
+        count,
+        _rates.get(store, C.SWEEP_RATE_GUESS),
+        base=base,
+        ceiling=ceiling,
+        limit_reached_in=reached,
+        safety=C.SWEEP_LOOKAHEAD_SAFETY,
+        interval=config.sweep_interval,
+    )
 
 
 def confirm_deliveries(
@@ -220,8 +274,9 @@ def _publish_batch(
     expired: list[str] = []
     index = 0
     trusted_until = claimed_at + config.claim_timeout / 2
+    batch = _Batch()
     try:
-        with app.producer_or_acquire() as producer:
+        with app.producer_or_acquire() as producer, _batched(producer, len(rows), batch):
             for row in rows:
                 if clock() > trusted_until:
                     _abandon(store, config, rows[index:], token, stats)
@@ -234,15 +289,73 @@ def _publish_batch(
                 else:
                     stats.failed += 1
                 index += 1
-    except OperationalError:
-        # The broker is down: what was published stays published, the rest goes back to pending now
-        # instead of waiting out the claim timeout.
-        done = {r.id for r in sent} | set(expired)
-        rest = [r.id for r in rows[index:] if r.id not in done]
+    except (OperationalError, BatchPublishError) as exc:
+        # The broker is down. Unbatched: what was published stays published, the rest goes back to
+        # pending now instead of waiting out the claim timeout. Batched: nothing buffered went out
+        # (the batch was discarded), or the pipeline failed and which LPUSHes Redis ran is unknown;
+        # either way the rows go back to pending and are published again, and the delivery record
+        # runs a row that arrives twice once.
+        published = [] if batch.active else sent
+        done = {r.id for r in published} | set(expired)
+        rest = [r.id for r in rows if r.id not in done]
         store.release(rest, token)
-        _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
+        _finish(store, published, expired, token, stats, max(0.0, trusted_until - clock()))
+        if isinstance(exc, BatchPublishError):
+            raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
     _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
+
+
+class _Batch:
+    """Whether this batch's publishes are buffered (sent at the end) or went out one by one."""
+
+    active = False
+
+
+@contextmanager
+def _batched(producer: Any, rows: int, state: _Batch) -> Iterator[None]:
+    """Buffer a batch's publishes and send them in one round trip where the transport can (Redis).
+
+    kombu's ``Producer.batch`` queues the same LPUSH commands ``publish`` would run in a pipeline,
+    executed once when the block ends; every message still goes through Celery's ``send_task``
+    (routing, headers, ``before/after_task_publish``). The binding table of a routed exchange (one
+    SMEMBERS per message on Redis) is read, and each queue declared, once per batch. Other transports
+    publish as before.
+    """
+    if not getattr(producer, "supports_batch_publish", False):
+        yield
+        return
+    channel = producer.channel
+    tables: dict[str, Any] = {}
+    read_table = channel.get_table
+
+    def get_table(exchange: str) -> Any:
+        if exchange not in tables:
+            tables[exchange] = read_table(exchange)
+        return tables[exchange]
+
+    declared: dict[int, Any] = {}
+    declare = producer.maybe_declare
+
+    def maybe_declare(entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
+        # kombu binds a copy of the queue for every message before finding it in its declared cache;
+        # an entity already declared in this batch is declared (the same object, the same channel).
+        if id(entity) not in declared:
+            declare(entity, retry, **retry_policy)
+            declared[id(entity)] = entity  # keeps the object, so its id is not reused meanwhile
+        return False
+
+    channel.get_table = get_table
+    producer.maybe_declare = maybe_declare
+    state.active = True
+    try:
+        # Room for each message's LPUSH and the PEXPIREs of a queue with x-expires: one flush at the end.
+        with producer.batch(max_size=max(1, rows) * (1 + len(getattr(channel, "priority_steps", ())))):
+            yield
+    finally:
+        # Back to the classes' methods: the pooled producer and channel must not keep this batch's state.
+        del channel.get_table
+        del producer.maybe_declare
 
 
 def _abandon(
@@ -524,7 +637,7 @@ def register(app: Celery, config: SafeTimeConfig) -> None:
     """Register the sweep task and its beat entry on ``app``."""
 
     @app.task(name=C.SWEEP_TASK_NAME, base=Task, ignore_result=True, shared=False)
-    def safe_time_sweep() -> dict[str, int]:
+    def safe_time_sweep() -> dict[str, Any]:
         return sweep(app).as_dict()
 
     options: dict[str, Any] = {"expires": config.sweep_interval}

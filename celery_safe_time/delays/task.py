@@ -7,8 +7,9 @@ publishes it, with its own task id and ``eta=due_at``, shortly before it is due.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
+from ..exceptions import BulkItemError, StoreError
 from ..locks import unique as unique_tasks
 from ..locks.keys import KeySpec
 from ..locks.store import get_lock_store
@@ -29,7 +31,7 @@ from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, plan_delay
 from .stores import get_store
-from .stores.base import NewDelay
+from .stores.base import InsertResult, NewDelay
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +105,9 @@ class SafeTask(Task):
         **options: Any,
     ) -> Any:
         idempotency_key = options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
-        headers = options.get("headers")
-        if headers and any(h in headers for h in _INTERNAL_HEADERS):
-            # retry() copies the running request's headers: a retried stored task must not
-            # look like the sweep's delivery of the original, or the delivery check would skip it.
-            options["headers"] = {k: v for k, v in headers.items() if k not in _INTERNAL_HEADERS}
+        # retry() copies the running request's headers: a retried stored task must not
+        # look like the sweep's delivery of the original, or the delivery check would skip it.
+        options = self._strip_internal_headers(options)
         app = self._get_app()
         if app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -186,8 +186,109 @@ class SafeTask(Task):
     ) -> tuple[StoredAsyncResult, bool]:
         """Write the call as one row of the store; returns its AsyncResult and whether it is new."""
         app = self._get_app()
+        delay = self._stored_delay(
+            app, get_config(app), plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options
+        )
+        result = get_store(app).insert(delay.new)
+        return self._stored_result(app, delay, result), result.created
+
+    def apply_many(self, calls: Iterable[Any]) -> list[Any]:
+        """Schedule many calls at once: ``[(args, kwargs, options), ...]`` (``kwargs``/``options`` optional).
+
+        The stored delays of the batch are written in one store transaction (one round trip per few
+        thousand rows instead of one transaction per call); calls with a short delay or none go to the
+        broker as usual once they are stored. ``options`` are ``apply_async``'s, ``idempotency_key``
+        and ``task_id`` included, and behave as for single calls (a key held by a pending row, or by an
+        earlier call of the same batch, returns that row's id and stores nothing). A bad call (wrong
+        shape, arguments the serializer refuses, a task id already pending) raises the error a single
+        call would raise, naming its index (``exc.index``), and nothing of the batch is stored or sent.
+        Returns one result per call, in order.
+        """
+        app = self._get_app()
+        items = list(calls)
+        prepared: list[tuple[Any, Any, dict[str, Any]]] = []
+        for index, call in enumerate(items):
+            try:
+                prepared.append(_unpack_call(call))
+            except (TypeError, ValueError) as exc:
+                raise _at_index(exc, index) from exc
+        if app.conf.task_always_eager or unique_tasks.spec_of(self) is not None:
+            # A unique task takes its key in Redis call by call (a held key hands back its holder),
+            # so its batch is so many single calls.
+            return [self.apply_async(args, kwargs, **options) for args, kwargs, options in prepared]
         config = get_config(app)
-        # The same argument checks and option merging plain apply_async does, then store.
+        now = to_datetime(local_time())
+        stored: list[tuple[int, _StoredDelay]] = []
+        sent: list[tuple[int, Any, Any, dict[str, Any]]] = []
+        for index, (args, kwargs, options) in enumerate(prepared):
+            options = dict(options)
+            try:
+                task_id = options.pop("task_id", None)
+                link = options.pop("link", None)
+                link_error = options.pop("link_error", None)
+                shadow = options.pop("shadow", None)
+                plan = plan_delay(
+                    options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold
+                )
+                if plan is None:
+                    options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+                    sent.append(
+                        (
+                            index,
+                            args,
+                            kwargs,
+                            dict(options, task_id=task_id, link=link, link_error=link_error, shadow=shadow),
+                        )
+                    )
+                    continue
+                options = self._strip_internal_headers(options)
+                idempotency_key = options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+                delay = self._stored_delay(
+                    app, config, plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options
+                )
+            except (TypeError, ValueError) as exc:  # SerializationError is a TypeError
+                raise _at_index(exc, index) from exc
+            stored.append((index, delay))
+        results: list[Any] = [None] * len(prepared)
+        if stored:
+            try:
+                inserted = get_store(app).insert_many([delay.new for _, delay in stored])
+            except StoreError as exc:
+                failed = getattr(exc, "index", None)
+                if failed is None:
+                    raise
+                # The store's own error, as a single call would have raised it, under the call's index.
+                raise _at_index(
+                    exc.__cause__ if isinstance(exc.__cause__, StoreError) else exc, stored[failed][0]
+                ) from exc
+            for (index, delay), result in zip(stored, inserted, strict=True):
+                results[index] = self._stored_result(app, delay, result)
+        for index, args, kwargs, options in sent:
+            results[index] = self.apply_async(args, kwargs, **options)
+        return results
+
+    @staticmethod
+    def _strip_internal_headers(options: dict[str, Any]) -> dict[str, Any]:
+        headers = options.get("headers")
+        if headers and any(h in headers for h in _INTERNAL_HEADERS):
+            options["headers"] = {k: v for k, v in headers.items() if k not in _INTERNAL_HEADERS}
+        return options
+
+    def _stored_delay(
+        self,
+        app: Any,
+        config: Any,
+        plan: Any,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        idempotency_key: str | None,
+        options: dict[str, Any],
+    ) -> _StoredDelay:
+        """The row of one long-delayed call: the argument checks and option merging plain apply_async does."""
         if self.typing:
             header = getattr(self, "__header__", None)
             if header is not None:
@@ -218,33 +319,33 @@ class SafeTask(Task):
 
         expires = options.get("expires")
         expires_in = float(expires) if isinstance(expires, (int, float)) and not isinstance(expires, bool) else None
-        task_id = task_id or uuid()
-        result = get_store(app).insert(
-            NewDelay(
-                id=task_id,
-                task=self.name,
-                payload=encoded.payload,
-                content_type=encoded.content_type,
-                content_encoding=encoded.content_encoding,
-                due_at=plan.eta,
-                countdown=plan.countdown,
-                # Relative expires counts from the call, on the store's clock like the countdown.
-                expires_at=None if expires is None or expires_in is not None else as_utc(expires),
-                expires_in=expires_in,
-                idempotency_key=idempotency_key,
-            )
+        new = NewDelay(
+            id=task_id or uuid(),
+            task=self.name,
+            payload=encoded.payload,
+            content_type=encoded.content_type,
+            content_encoding=encoded.content_encoding,
+            due_at=plan.eta,
+            countdown=plan.countdown,
+            # Relative expires counts from the call, on the store's clock like the countdown.
+            expires_at=None if expires is None or expires_in is not None else as_utc(expires),
+            expires_in=expires_in,
+            idempotency_key=idempotency_key,
         )
-        due_at = result.due_at
+        return _StoredDelay(new, add_to_parent and parent is not None, parent)
+
+    def _stored_result(self, app: Any, delay: _StoredDelay, result: InsertResult) -> StoredAsyncResult:
+        task_id = delay.new.id
         warn_once_if_not_installed(app)
         if result.created:
-            logger.debug("stored %s[%s] due at %s", self.name, task_id, due_at)
-            signals.delay_stored.send(sender=self, task_id=task_id, task_name=self.name, due_at=due_at)
+            logger.debug("stored %s[%s] due at %s", self.name, task_id, result.due_at)
+            signals.delay_stored.send(sender=self, task_id=task_id, task_name=self.name, due_at=result.due_at)
         else:
-            logger.debug("idempotency key %r already pending as %s", idempotency_key, result.task_id)
+            logger.debug("idempotency key %r already pending as %s", delay.new.idempotency_key, result.task_id)
         async_result = self.AsyncResult(result.task_id)
-        if add_to_parent and parent is not None and result.created:
-            parent.add_trail(async_result)
-        return async_result, result.created
+        if delay.add_to_parent and result.created:
+            delay.parent.add_trail(async_result)
+        return async_result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
@@ -259,6 +360,39 @@ class SafeTask(Task):
             if unique_tasks.spec_of(self) is not None:
                 return unique_tasks.run_unique(self, lambda: call(*args, **kwargs))
         return super().__call__(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoredDelay:
+    """One call about to be stored, and the worker task (if any) whose trail its result joins."""
+
+    new: NewDelay
+    add_to_parent: bool
+    parent: Any
+
+
+def _unpack_call(call: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """``(args[, kwargs[, options]])`` of one ``apply_many`` call, checked."""
+    if not isinstance(call, (tuple, list)) or not 1 <= len(call) <= 3:
+        raise TypeError(f"expected (args, kwargs, options), got {call!r}")
+    args, kwargs, options = (*call, None, None)[:3]
+    if args is not None and not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    return args, kwargs, dict(options or {})
+
+
+def _at_index(exc: Exception, index: int) -> Exception:
+    """The error a single call raised, as the error of ``apply_many``'s item ``index`` (``exc.index``)."""
+    try:
+        named = type(exc)(f"apply_many item {index}: {exc}")
+    except Exception:  # an exception class with another constructor
+        named = BulkItemError(index, exc)
+    named.index = index  # type: ignore[attr-defined]
+    return named
 
 
 def _delay_seconds(plan: DelayPlan | None, options: Mapping[str, Any], now: datetime) -> float:

@@ -3,8 +3,8 @@
 Fault hooks (environment variables, only for tests):
 - ``DELAYS_TEST_HANG_BEFORE_PUBLISH=1``: the first publish of a stored task blocks forever
   (the sweeper has claimed rows but published nothing): kill -9 it there.
-- ``DELAYS_TEST_HANG_AFTER_PUBLISH=1``: the first stored task is published, then it blocks
-  (published but not yet marked sent).
+- ``DELAYS_TEST_HANG_AFTER_PUBLISH=1``: the first batch of stored tasks is published, then the
+  sweeper blocks (published but not yet marked sent).
 Both write ``test:hung`` in Redis when they block.
 - ``DELAYS_TEST_LOSE_START_REPLY=1``: the first conditional start of each stored delivery is
   written to the store, then its reply is "lost" (a ``StoreError`` as a cut connection raises).
@@ -18,10 +18,11 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.signals import after_task_publish, before_task_publish
+from celery.signals import before_task_publish
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
+from celery_safe_time.delays.stores.base import DelayStore
 from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
@@ -45,10 +46,14 @@ def _hang_before(sender: str | None = None, headers: dict[str, Any] | None = Non
         _hang("before")
 
 
-@after_task_publish.connect
-def _hang_after(sender: str | None = None, headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
-    if os.environ.get("DELAYS_TEST_HANG_AFTER_PUBLISH") and headers and headers.get(C.HEADER_STORED):
+if os.environ.get("DELAYS_TEST_HANG_AFTER_PUBLISH"):
+
+    def _hang_before_marking(self: DelayStore, task_ids: Any, token: str) -> int:
+        # The batch is out (on Redis its pipeline ran, on RabbitMQ its confirms came back): not marked yet.
         _hang("after")
+        return 0
+
+    DelayStore.mark_sent = _hang_before_marking  # type: ignore[method-assign]
 
 
 if os.environ.get("DELAYS_TEST_LOSE_START_REPLY"):

@@ -88,6 +88,18 @@ def test_claim_due_orders_limits_and_respects_lookahead(any_store: DelayStore) -
     assert any_store.counts()[C.STATUS_PENDING] == 1
 
 
+def test_pending_ahead_counts_pending_rows_due_by_the_horizon_up_to_a_limit(any_store: DelayStore) -> None:
+    now = any_store.now().replace(microsecond=0)
+    dues = {"overdue": -5, "soon": 1, "sooner": 2, "far": 60}
+    for task_id, offset in dues.items():
+        any_store.insert(new_delay(task_id, now + timedelta(seconds=offset)))
+    any_store.insert(new_delay("gone", now))
+    assert any_store.cancel("gone")
+    assert any_store.pending_ahead(now + timedelta(seconds=10), 100) == (3, now + timedelta(seconds=2))
+    assert any_store.pending_ahead(now + timedelta(seconds=10), 2) == (2, now + timedelta(seconds=1))
+    assert any_store.pending_ahead(now - timedelta(seconds=60), 100) == (0, None)
+
+
 def test_finish_states_need_the_claim_token(any_store: DelayStore) -> None:
     now = any_store.now()
     for i in range(4):
@@ -506,3 +518,55 @@ def test_namespaces_split_one_table_and_legacy_rows_stay_everyones(any_store: De
     assert b.purgeable(later) == 2
     assert a.purge(later) == 2  # a1 and the legacy row
     assert [r.id for r in any_store.list()] == ["b1", *(["b2"] if any_store.get("b2") else [])]
+
+
+def test_insert_many_stores_a_batch_in_order_with_the_keys_of_single_inserts(any_store: DelayStore) -> None:
+    now = any_store.now()
+    held = any_store.insert(new_delay("held", now + timedelta(hours=1), idempotency_key="k-held"))
+    batch = [
+        new_delay("b0", now + timedelta(hours=2)),
+        new_delay("b1", now + timedelta(hours=2), idempotency_key="k-held"),  # held by a pending row
+        new_delay("b2", now + timedelta(hours=3), idempotency_key="k-new"),
+        new_delay("b3", now + timedelta(hours=4), idempotency_key="k-new"),  # held by b2, same batch
+        new_delay("b4", now + timedelta(hours=5)),
+    ]
+    results = any_store.insert_many(batch)
+    assert [(r.task_id, r.created) for r in results] == [
+        ("b0", True),
+        (held.task_id, False),
+        ("b2", True),
+        ("b2", False),
+        ("b4", True),
+    ]
+    assert results[3].due_at == results[2].due_at
+    assert any_store.counts()[C.STATUS_PENDING] == 4
+    assert any_store.get("b1") is None
+    assert any_store.get("b3") is None
+    row = any_store.get("b2")
+    assert row is not None
+    assert row.idempotency_key == "k-new"
+    assert row.delivery_token
+    assert any_store.insert_many([]) == []
+
+
+def test_insert_many_is_all_or_nothing_and_names_the_refused_delay(any_store: DelayStore) -> None:
+    now = any_store.now()
+    any_store.insert(new_delay("taken", now + timedelta(hours=1)))
+    finished = any_store.insert(new_delay("done", now - timedelta(seconds=1)))
+    [claimed] = any_store.claim_due(limit=1, lookahead=0, token="t")
+    assert claimed.id == finished.task_id
+    assert any_store.mark_sent([claimed.id], "t") == 1
+    batch = [new_delay(f"ok-{i}", now + timedelta(hours=2)) for i in range(3)]
+    with pytest.raises(StoreError, match="already stored") as failed:
+        any_store.insert_many([*batch, new_delay("taken", now + timedelta(hours=2))])
+    assert failed.value.index == 3
+    with pytest.raises(StoreError) as twice:
+        any_store.insert_many([new_delay("dup", now + timedelta(hours=2)), new_delay("dup", now + timedelta(hours=3))])
+    assert twice.value.index == 1
+    assert {r.id for r in any_store.list(limit=100)} == {"taken", "done"}
+    # A finished task id is replaced, as by insert (retry() reuses task ids).
+    results = any_store.insert_many([*batch, new_delay("done", now + timedelta(hours=2))])
+    assert all(r.created for r in results)
+    done = any_store.get("done")
+    assert done is not None
+    assert done.status == C.STATUS_PENDING

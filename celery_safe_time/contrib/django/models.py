@@ -55,6 +55,11 @@ class DelayedTask(models.Model):
             models.Index(
                 fields=["heartbeat_at"], name=C.DELAY_STARTED_INDEX, condition=models.Q(status=C.STATUS_STARTED)
             ),
+            models.Index(
+                fields=["updated_at"],
+                name=C.DELAY_UPDATED_INDEX,
+                condition=models.Q(status__in=sorted(C.PURGEABLE_STATUSES)),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -23,6 +23,7 @@ from ...delays.stores.base import (
     StartResult,
     empty_counts,
     new_delivery_token,
+    refused,
     start_verdict,
     truncate_error,
 )
@@ -155,6 +156,53 @@ class DjangoStore(DelayStore):
         # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
         self.model(**values).save(using=self.using, force_insert=True)
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
+        if not delays:
+            return []
+        # As the SQLAlchemy store: a fast path (keys in a few queries, bulk_create), and on a unique
+        # violation the careful path row by row, each in one transaction.
+        try:
+            return self._atomic(lambda: self._insert_many_fast(delays))
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+
+        def careful() -> list[InsertResult]:
+            results: list[InsertResult] = []
+            for index, delay in enumerate(delays):
+                try:
+                    results.append(self._insert(delay, careful=True))
+                except StoreError as exc:
+                    raise refused(index, str(exc)) from exc
+            return results
+
+        return self._atomic(careful)
+
+    def _insert_many_fast(self, batch: Sequence[NewDelay]) -> list[InsertResult]:
+        objects = self._objects()
+        held: dict[str, tuple[str, datetime]] = {}
+        keys = sorted({d.idempotency_key for d in batch if d.idempotency_key is not None})
+        for start in range(0, len(keys), C.BULK_KEY_LOOKUP):
+            chunk = keys[start : start + C.BULK_KEY_LOOKUP]
+            found = objects.filter(idempotency_key__in=chunk, status=C.STATUS_PENDING)
+            for key, task_id, due_at in found.values_list("idempotency_key", "id", "due_at"):
+                held[key] = (task_id, as_utc(due_at))
+        now = self.now()
+        results: list[InsertResult] = []
+        rows: list[Any] = []
+        for delay in batch:
+            key = delay.idempotency_key
+            if key is not None and key in held:
+                results.append(InsertResult(held[key][0], created=False, due_at=held[key][1]))
+                continue
+            values = self.new_row(delay, now)
+            rows.append(self.model(**values))
+            if key is not None:
+                held[key] = (delay.id, values["due_at"])
+            results.append(InsertResult(delay.id, created=True, due_at=values["due_at"]))
+        objects.bulk_create(rows, batch_size=C.BULK_INSERT_CHUNK)
+        return results
 
     def _update_unstarted(self, task_id: str, **values: Any) -> bool:
         def run() -> bool:
@@ -289,6 +337,16 @@ class DjangoStore(DelayStore):
             return [_row(o) for o in objects.filter(id__in=ids).order_by("due_at", "id")]
 
         return self._atomic(run)
+
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        with self._errors():
+            dues = list(
+                self._objects()
+                .filter(status=C.STATUS_PENDING, due_at__lte=horizon)
+                .order_by("due_at", "id")
+                .values_list("due_at", flat=True)[:limit]
+            )
+        return len(dues), (as_utc(dues[-1]) if dues else None)
 
     def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         if not task_ids:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from ... import constants as C
 from ...clock import as_utc
-from ...exceptions import PurgeRefused
+from ...exceptions import PurgeRefused, StoreError
 
 #: The database's current time per SQLAlchemy dialect / Django vendor, read when the statement runs
 #: (not at transaction start). MySQL/MariaDB: UTC_TIMESTAMP(6) is UTC with microseconds whatever the
@@ -243,6 +243,17 @@ class DelayStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
+        """Store many pending rows in one transaction, each as :meth:`insert` would, in order.
+
+        A key held by a pending row, or by an earlier delay of the same batch, stores nothing for that
+        delay (``created=False``, the holder's id). All or nothing: a delay that cannot be stored (its
+        task id is pending or claimed, earlier in the store or in the batch) raises
+        :class:`~celery_safe_time.exceptions.StoreError` with ``index`` set to its position, and no row
+        of the batch is stored.
+        """
+
+    @abc.abstractmethod
     def cancel(self, task_id: str) -> bool:
         """Mark a row that has not started yet (pending, claimed or sent) cancelled; True when one changed.
 
@@ -310,6 +321,12 @@ class DelayStore(abc.ABC):
         and one more attempt. Rows come back ordered by ``(due_at, id)``. Concurrent callers
         never get the same row.
         """
+
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        """How many pending rows are due by ``horizon`` (counting stops at ``limit``), and the due time
+        of the last one counted: what the sweep's adaptive look-ahead is sized from."""
+        rows = self.list(status=C.STATUS_PENDING, due_before=horizon, limit=limit)
+        return len(rows), (rows[-1].due_at if rows else None)
 
     @abc.abstractmethod
     def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
@@ -414,6 +431,13 @@ def check_purge(before: datetime, statuses: Collection[str], limit: int) -> froz
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise PurgeRefused(f"purge limit must be a positive integer, got {limit!r}")
     return wanted
+
+
+def refused(index: int, message: str) -> StoreError:
+    """The error of delay ``index`` of an ``insert_many`` batch."""
+    error = StoreError(f"delay {index} of the batch: {message}")
+    error.index = index
+    return error
 
 
 def truncate_error(error: str) -> str:

@@ -19,6 +19,7 @@ from .base import (
     StartResult,
     empty_counts,
     new_delivery_token,
+    refused,
     start_verdict,
     truncate_error,
 )
@@ -62,6 +63,21 @@ class MemoryStore(DelayStore):
             values = self.new_row(delay, self.now())
             self._rows[delay.id] = DelayRow(**values)
             return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
+        with self._lock:
+            before = dict(self._rows)
+            results: list[InsertResult] = []
+            try:
+                for index, delay in enumerate(delays):
+                    try:
+                        results.append(self.insert(delay))
+                    except StoreError as exc:
+                        raise refused(index, str(exc)) from exc
+            except BaseException:
+                self._rows = before
+                raise
+            return results
 
     def cancel(self, task_id: str) -> bool:
         with self._lock:

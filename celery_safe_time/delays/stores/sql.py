@@ -27,6 +27,7 @@ from .base import (
     StartResult,
     empty_counts,
     new_delivery_token,
+    refused,
     start_verdict,
     truncate_error,
 )
@@ -198,6 +199,12 @@ _SENT_SQL = sa.text("status = 'sent'")
 _STARTED_SQL = sa.text("status = 'started'")
 sa.Index(C.DELAY_SENT_INDEX, delays.c.sent_at, postgresql_where=_SENT_SQL, sqlite_where=_SENT_SQL)
 sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED_SQL, sqlite_where=_STARTED_SQL)
+# The purge: finished rows by age, so a table of millions of finished rows is trimmed one batch at a
+# time without scanning it (nor the pending rows, however old).
+_FINISHED_SQL = sa.text("status IN (" + ", ".join(f"'{s}'" for s in sorted(C.PURGEABLE_STATUSES)) + ")")
+sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
+#: Indexes an earlier version's table may lack; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
+_LATER_INDEXES = (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX, C.DELAY_UPDATED_INDEX)
 
 # MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
 # generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
@@ -228,6 +235,7 @@ def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
     sa.Index(C.DELAY_CLAIMED_INDEX, table.c.status, table.c.claimed_at)
     sa.Index(C.DELAY_SENT_INDEX, table.c.status, table.c.sent_at)
     sa.Index(C.DELAY_STARTED_INDEX, table.c.status, table.c.heartbeat_at)
+    sa.Index(C.DELAY_UPDATED_INDEX, table.c.status, table.c.updated_at)
     return meta
 
 
@@ -312,7 +320,9 @@ def _dead(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
 
 def _older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]:
     """Rows of ``statuses`` last changed before ``before``: what a purge deletes."""
-    return sa.and_(delays.c.status.in_(sorted(statuses)), delays.c.updated_at < before)
+    # Inlined statuses, as in _status(): PostgreSQL then proves the partial index's predicate.
+    wanted = [sa.literal(s, literal_execute=True) for s in sorted(statuses)]
+    return sa.and_(delays.c.status.in_(wanted), delays.c.updated_at < before)
 
 
 class SQLAlchemyStore(DelayStore):
@@ -416,12 +426,14 @@ class SQLAlchemyStore(DelayStore):
             self._schema_ready = True
 
     def _upgrade_schema(self) -> None:
-        """Add the delivery record's and the namespace's columns (and indexes) to a table made by an
-        earlier version. Existing rows get namespace "" (legacy): every app's sweep still claims them."""
+        """Add the delivery record's and the namespace's columns, and the later indexes, to a table made
+        by an earlier version. Existing rows get namespace "" (legacy): every app's sweep still claims them."""
         try:
-            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+            inspector = sa.inspect(self.engine)
+            names = {col["name"] for col in inspector.get_columns(C.DELAY_TABLE)}
             missing = [col for col in _added_columns() if col.name not in names]
-            if not missing:
+            indexes = {index["name"] for index in inspector.get_indexes(C.DELAY_TABLE)}
+            if not missing and all(name in indexes for name in _LATER_INDEXES):
                 return
             with self.engine.begin() as conn:
                 if self.dialect == "postgresql":
@@ -432,16 +444,17 @@ class SQLAlchemyStore(DelayStore):
                     if col.name not in names:
                         conn.execute(AddColumn(schema, schema.c[col.name]))
                 for index in schema.indexes:
-                    if index.name in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
+                    if index.name in _LATER_INDEXES and index.name not in indexes:
                         index.create(conn, checkfirst=True)
             logger.warning(
-                "store %s: added columns to %s (%s)",
+                "store %s: upgraded %s (columns added: %s; indexes added: %s)",
                 mask_url(self.url),
                 C.DELAY_TABLE,
-                ", ".join(col.name for col in missing),
+                ", ".join(col.name for col in missing) or "none",
+                ", ".join(name for name in _LATER_INDEXES if name not in indexes) or "none",
             )
         except sa.exc.SQLAlchemyError as exc:
-            if self._has_columns():
+            if self._has_columns() and self._has_indexes():
                 return  # another process upgraded it meanwhile
             raise self._fail(exc) from exc
 
@@ -451,6 +464,22 @@ class SQLAlchemyStore(DelayStore):
         except sa.exc.SQLAlchemyError:
             return False
         return all(col.name in names for col in _added_columns())
+
+    def _has_indexes(self) -> bool:
+        try:
+            names = {index["name"] for index in sa.inspect(self.engine).get_indexes(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError:
+            return False
+        return all(name in names for name in _LATER_INDEXES)
+
+    def upgrade_schema(self) -> None:
+        """Bring the table of an earlier version up to date now (``celery safe-time delays upgrade-schema``).
+
+        The same upgrade runs once per process at the store's first use; this runs it on demand, e.g.
+        from a deploy step, so that the ``CREATE INDEX`` on a big table does not happen in a worker.
+        """
+        self._schema_ready = False
+        self.ensure_schema()
 
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations or an
@@ -490,24 +519,81 @@ class SQLAlchemyStore(DelayStore):
         return self._insert(delay, careful=True)
 
     def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
-        t = delays
         with self._begin() as conn:
-            if delay.idempotency_key is not None:
-                found = conn.execute(
-                    sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key), self._in_scope())
-                ).first()
-                if found is not None:
-                    return InsertResult(found.id, created=False, due_at=found.due_at)
-            if careful:
-                existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
-                if existing is not None:
-                    if existing not in C.DELAY_REPLACEABLE_STATUSES:
-                        raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
-                    # retry() reuses its task id: the finished (or running) row makes room for the new one.
-                    conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
-            values = self.new_row(delay, self._db_now(conn))
-            conn.execute(sa.insert(t).values(**values))
+            return self._insert_on(conn, delay, careful=careful)
+
+    def _insert_on(
+        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None
+    ) -> InsertResult:
+        t = delays
+        if delay.idempotency_key is not None:
+            found = conn.execute(
+                sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key), self._in_scope())
+            ).first()
+            if found is not None:
+                return InsertResult(found.id, created=False, due_at=found.due_at)
+        if careful:
+            existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
+            if existing is not None:
+                if existing not in C.DELAY_REPLACEABLE_STATUSES:
+                    raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                # retry() reuses its task id: the finished (or running) row makes room for the new one.
+                conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
+        values = self.new_row(delay, now if now is not None else self._db_now(conn))
+        conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
+        if not delays:
+            return []
+        # Fast path: the keys looked up in a few queries, every row in a few multi-row INSERTs. A unique
+        # violation (a task id taken, in the store or twice in the batch; a key won meanwhile) rolls it
+        # back and takes the careful path: row by row, in one transaction again.
+        try:
+            with self._begin() as conn:
+                return self._insert_many_fast(conn, delays)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            results: list[InsertResult] = []
+            for index, delay in enumerate(delays):
+                try:
+                    results.append(self._insert_on(conn, delay, careful=True, now=now))
+                except StoreError as exc:
+                    raise refused(index, str(exc)) from exc
+            return results
+
+    def _insert_many_fast(self, conn: Connection, batch: Sequence[NewDelay]) -> list[InsertResult]:
+        t = delays
+        held: dict[str, tuple[str, datetime]] = {}
+        keys = sorted({d.idempotency_key for d in batch if d.idempotency_key is not None})
+        key_column = _mysql_pending_key if self._is_mysql else t.c.idempotency_key
+        for start in range(0, len(keys), C.BULK_KEY_LOOKUP):
+            chunk = keys[start : start + C.BULK_KEY_LOOKUP]
+            query = sa.select(key_column, t.c.id, t.c.due_at).where(key_column.in_(chunk))
+            if not self._is_mysql:
+                query = query.where(_status(C.STATUS_PENDING))
+            query = query.where(self._in_scope())
+            for key, task_id, due_at in conn.execute(query).all():
+                held[key] = (task_id, as_utc(due_at))
+        now = self._db_now(conn)
+        results: list[InsertResult] = []
+        rows: list[dict[str, Any]] = []
+        for delay in batch:
+            key = delay.idempotency_key
+            if key is not None and key in held:
+                results.append(InsertResult(held[key][0], created=False, due_at=held[key][1]))
+                continue
+            values = self.new_row(delay, now)
+            rows.append(values)
+            if key is not None:
+                held[key] = (delay.id, values["due_at"])
+            results.append(InsertResult(delay.id, created=True, due_at=values["due_at"]))
+        for start in range(0, len(rows), C.BULK_INSERT_CHUNK):
+            conn.execute(sa.insert(t), rows[start : start + C.BULK_INSERT_CHUNK])
+        return results
 
     def _pending_key_is(self, key: str) -> sa.ColumnElement[bool]:
         """The pending row holding ``key``, through the dialect's unique index."""
@@ -716,6 +802,21 @@ class SQLAlchemyStore(DelayStore):
                 rows = [DelayRow.from_mapping(m) for m in conn.execute(sa.select(t).where(t.c.id.in_(ids))).mappings()]
         rows.sort(key=lambda r: (r.due_at, r.id))
         return rows
+
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        t = delays
+        # The claim's index, read up to ``limit`` entries: the count costs no more than that many rows.
+        picked = (
+            sa.select(t.c.due_at)
+            .where(_status(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
+            .order_by(t.c.due_at, t.c.id)
+            .limit(limit)
+            .subquery()
+        )
+        query = sa.select(sa.func.count(), sa.type_coerce(sa.func.max(picked.c.due_at), UTCDateTime))
+        with self._begin() as conn:
+            count, last = conn.execute(query).one()
+        return int(count), None if last is None else as_utc(last)
 
     def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
         if not task_ids:

@@ -62,6 +62,7 @@ def test_schema_has_microsecond_datetimes_a_pending_key_column_and_status_led_in
         C.DELAY_CLAIMED_INDEX: (False, ["status", "claimed_at"]),
         C.DELAY_SENT_INDEX: (False, ["status", "sent_at"]),
         C.DELAY_STARTED_INDEX: (False, ["status", "heartbeat_at"]),
+        C.DELAY_UPDATED_INDEX: (False, ["status", "updated_at"]),
     }
 
 

@@ -1,0 +1,17 @@
+# The purge's index: finished rows by updated_at (issue 20).
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('celery_safe_time', '0003_store_namespace'),
+    ]
+
+    operations = [
+        migrations.AddIndex(
+            model_name='delayedtask',
+            index=models.Index(condition=models.Q(('status__in', ['cancelled', 'expired', 'failed', 'finished', 'sent'])), fields=['updated_at'], name='cst_delay_updated'),
+        ),
+    ]

@@ -16,6 +16,9 @@ from typing import Any
 
 from .. import constants as C
 
+#: Keys of the sweep's returned dict that are not counts of work done.
+_NOT_COUNTS = frozenset({"lookahead"})
+
 #: Loggers of Celery's per-message lines: beat's send, the worker's receive and the task's end.
 CELERY_MESSAGE_LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.worker.request", "celery.app.trace")
 
@@ -51,7 +54,8 @@ def _all_zero(returned: Any) -> bool:
         value = ast.literal_eval(returned) if isinstance(returned, str) else returned
     except (ValueError, SyntaxError):
         return False
-    return isinstance(value, dict) and not any(value.values())
+    # "lookahead" is how far ahead the sweep looked, not something it did.
+    return isinstance(value, dict) and not any(v for k, v in value.items() if k not in _NOT_COUNTS)
 
 
 def install_idle_sweep_filter() -> None:

@@ -201,7 +201,8 @@ sa.Index(C.DELAY_SENT_INDEX, delays.c.sent_at, postgresql_where=_SENT_SQL, sqlit
 sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED_SQL, sqlite_where=_STARTED_SQL)
 # The purge: finished rows by age, so a table of millions of finished rows is trimmed one batch at a
 # time without scanning it (nor the pending rows, however old).
-_FINISHED_SQL = sa.text("status IN (" + ", ".join(f"'{s}'" for s in sorted(C.PURGEABLE_STATUSES)) + ")")
+# An expression, not text: the DDL compiler renders its values inline (the index's predicate).
+_FINISHED_SQL = delays.c.status.in_(sorted(C.PURGEABLE_STATUSES))
 sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
 #: Indexes an earlier version's table may lack; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
 _LATER_INDEXES = (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX, C.DELAY_UPDATED_INDEX)

@@ -17,7 +17,7 @@ import redis
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from celery_safe_time import SafeTask
+from celery_safe_time import SafeTask, overlap_lock
 
 STARTS = "test:unique:starts"
 RUNS = "test:unique:runs"
@@ -107,7 +107,25 @@ def define(app: Celery, records: redis.Redis, ttl: float) -> dict[str, Task]:
     def strict(user_id: int) -> int:
         return user_id
 
-    found = (export, early, window, flaky, failing, rejecting, limited, strict)
+    # "until and while executing": queued once (unique, freed at the start) and never two runs at once
+    # (the overlap lock: a copy queued while one runs waits for it).
+    @app.task(
+        shared=False,
+        base=SafeTask,
+        bind=True,
+        name="unique.guarded",
+        unique="guarded:{user_id}",
+        unique_until="executing",
+        unique_ttl=ttl,
+    )
+    @overlap_lock("guarded:{user_id}", retry_after=0.5)
+    def guarded(self: Task, user_id: int, seconds: float = 2.0) -> int:
+        note("guarded", STARTS, self.request)
+        time.sleep(seconds)
+        note("guarded", RUNS, self.request, outcome="ok")
+        return user_id
+
+    found = (export, early, window, flaky, failing, rejecting, limited, strict, guarded)
     return {t.name.split(".", 1)[1]: t for t in found}
 
 

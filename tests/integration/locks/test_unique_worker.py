@@ -115,6 +115,31 @@ def test_until_executing_frees_at_start_and_expired_only_by_ttl(
         app.close()
 
 
+def test_unique_until_executing_with_overlap_lock_is_until_and_while_executing(
+    processes: ProcessManager, broker_url: str, redis_url: str, sqlite_url: str, redis_client: redis.Redis
+) -> None:
+    app, tasks = u.client(broker_url, redis_url, sqlite_url)
+    guarded = tasks["guarded"]
+    try:
+        first = guarded.delay(1, seconds=3.0)
+        assert guarded.delay(1).id == first.id  # queued: one copy
+        u.start_worker(processes, broker_url, redis_url, concurrency=4)
+        wait_for(lambda: u.starts(redis_client, "guarded"), 60, message="the first run to start")
+        u.wait_free(redis_client, "guarded:1", 5)  # started: the unique key is free
+        second = guarded.delay(1, seconds=0.2)  # queued while the first runs: a copy of its own
+        assert second.id != first.id
+        assert guarded.delay(1).id == second.id  # and only one such copy
+        assert first.get(timeout=60) == 1
+        assert second.get(timeout=60) == 1
+        runs = {r["task_id"]: r["at"] for r in u.runs(redis_client, "guarded")}
+        started = {s["task_id"]: s["at"] for s in u.starts(redis_client, "guarded")}
+        assert set(started) == {first.id, second.id}  # each ran once
+        # never two at once: the copy queued during the first run started after it ended
+        assert started[second.id] >= runs[first.id]
+    finally:
+        app.close()
+
+
 def test_on_conflict_raise_names_the_key_and_the_holder(
     redis_url: str, sqlite_url: str, redis_client: redis.Redis
 ) -> None:

@@ -265,19 +265,19 @@ def headline(r: dict[str, Any]) -> list[Head]:
             continue
         base = b.get("fixed_1", {})
         for case in ("adaptive_1", "adaptive_4"):
-            r = b.get(case)
-            if not r:
+            got = b.get(case)
+            if not got:
                 continue
             rows.append(
                 Head(
-                    f"burst on {broker}: {r['rows']:,} rows due at one instant, {r['sweepers']} sweeper(s): "
+                    f"burst on {broker}: {got['rows']:,} rows due at one instant, {got['sweepers']} sweeper(s): "
                     "last publish / p50 / p99 vs the due instant",
-                    f"{r['last_publish_s']:+.2f} / {r['p50_s']:+.2f} / {r['p99_s']:+.2f} s",
+                    f"{got['last_publish_s']:+.2f} / {got['p50_s']:+.2f} / {got['p99_s']:+.2f} s",
                     f"fixed 2 s look-ahead, 1 sweeper: {base.get('last_publish_s', 0):+.2f} / "
                     f"{base.get('p50_s', 0):+.2f} / {base.get('p99_s', 0):+.2f} s",
                     "last <= +1 s",
                     None,
-                    r["last_publish_s"] <= 1.0 and r["sent"] == r["rows"],
+                    got["last_publish_s"] <= 1.0 and got["sent"] == got["rows"],
                 )
             )
     bt = d.get("big_table")

@@ -102,17 +102,14 @@ _HOST = socket.gethostname()
 # --- the in-process backends ---------------------------------------------------------------------
 
 
-class TestStore(MemoryStore):
-    """The memory store with a clock a test moves forward (``advance``); it never moves back."""
+class _MovableClock:
+    """The forward-only clock offset both test stores share; ``now()`` adds ``offset`` to the store's."""
 
-    __test__ = False  # not a pytest test class
+    offset: float = 0.0
 
-    def __init__(self, url: str = "memory://testing") -> None:
-        super().__init__(url)
-        self.offset = 0.0
+    if TYPE_CHECKING:  # the store's own clock plus ``offset``; the mixin must not shadow it at runtime
 
-    def now(self) -> datetime:
-        return to_datetime(local_time() + self.offset)
+        def now(self) -> datetime: ...
 
     def advance(self, delta: timedelta | float) -> datetime:
         """Move the clock ``delta`` forward; returns the new now."""
@@ -129,12 +126,25 @@ class TestStore(MemoryStore):
             self.offset += gap
         return self.now()
 
+
+class TestStore(_MovableClock, MemoryStore):
+    """The memory store with a clock a test moves forward (``advance``); it never moves back."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, url: str = "memory://testing") -> None:
+        super().__init__(url)
+        self.offset = 0.0
+
+    def now(self) -> datetime:
+        return to_datetime(local_time() + self.offset)
+
     def rows(self) -> list[DelayRow]:
         with self._lock:
             return sorted(self._rows.values(), key=lambda r: (r.due_at, r.id))
 
 
-class TestSQLiteStore(SQLAlchemyStore):
+class TestSQLiteStore(_MovableClock, SQLAlchemyStore):
     """The SQL store on a temporary SQLite file, with a clock a test moves forward (``advance``).
 
     Every "now" of the store (claims, the delivery record's start and end, ``requeue_unstarted``) is
@@ -155,21 +165,6 @@ class TestSQLiteStore(SQLAlchemyStore):
 
     def _db_now(self, conn: Connection) -> datetime:
         return super()._db_now(conn) + timedelta(seconds=self.offset)
-
-    def advance(self, delta: timedelta | float) -> datetime:
-        """Move the clock ``delta`` forward; returns the new now."""
-        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
-        if seconds < 0:
-            raise ValueError(f"the test clock only moves forward, got {delta!r}")
-        self.offset += seconds
-        return self.now()
-
-    def advance_to(self, when: datetime) -> datetime:
-        """Move the clock to ``when`` if that is later than now."""
-        gap = (as_utc(when) - self.now()).total_seconds()
-        if gap > 0:
-            self.offset += gap
-        return self.now()
 
     def rows(self) -> list[DelayRow]:
         return self.list(limit=1_000_000)

@@ -176,7 +176,7 @@ def get_config(app: Celery) -> SafeTimeConfig:
     )
     _CACHE[app] = config
     # The keys parse_config asked for are the known ones: a setting added there is known here too.
-    for message in unknown_setting_warnings(_setting_names(app), read):
+    for message in unknown_setting_warnings(_setting_names(app), [*read, C.DJANGO_APP_SETTING.lower()]):
         logger.warning("%s", message)
     return config
 

@@ -35,6 +35,10 @@ DEFAULT_DELAY_RETENTION: Final = None
 DEFAULT_DELIVERY_GRACE: Final = 300.0
 #: Every setting of the package starts with this; an unknown one is warned about at startup.
 SETTING_PREFIX: Final = "safe_time_"
+#: Settings of this package that are not Celery's: Django's ``SAFE_TIME_CELERY_APP`` (the app the
+#: admin reads). A project loading its Django settings without a namespace puts it on ``app.conf``,
+#: where it is known, not a misspelling.
+DJANGO_APP_SETTING: Final = "SAFE_TIME_CELERY_APP"
 
 #: kombu's own default for Redis when broker_transport_options does not set one.
 KOMBU_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600.0

@@ -665,8 +665,21 @@ def report(demo: Demo, app: Any) -> int:
             survived,
         )
 
-    reminders = DelayedTask.objects.filter(status="pending", task__endswith="send_reminder").count()
-    row("09:00-local reminders waiting in the store", "5", reminders, reminders == 5)
+    # A tenant whose 09:00 falls inside the run (New York's at 14:00 UTC) is swept and sent on time:
+    # what matters is that every reminder went to the store and only the due ones left it.
+    reminder_rows = DelayedTask.objects.filter(task__endswith="send_reminder")
+    stored = reminder_rows.count()
+    ended = datetime.now(UTC)
+    # A sweep may claim a row a few seconds ahead of its due time (its look-ahead), never a minute.
+    left_early = reminder_rows.exclude(status="pending").filter(due_at__gt=ended + timedelta(seconds=60)).count()
+    overdue = reminder_rows.filter(status="pending", due_at__lte=ended - timedelta(seconds=5)).count()
+    waiting = reminder_rows.filter(status="pending").count()
+    row(
+        "09:00-local reminders in the store (waiting, not due)",
+        "5",
+        f"{stored} ({waiting})",
+        stored == 5 and left_early == 0 and overdue == 0,
+    )
 
     overlaps = 0
     runs_by_account: dict[int, list[tuple[float, float]]] = defaultdict(list)

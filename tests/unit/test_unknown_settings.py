@@ -71,3 +71,16 @@ def test_nothing_close_lists_the_known_keys() -> None:
     assert message == (
         "unknown setting 'safe_time_zzz' is ignored: known settings: safe_time_beat_lease, safe_time_lock_ttl"
     )
+
+
+def test_the_admins_django_setting_is_known(caplog: pytest.LogCaptureFixture) -> None:
+    # Django settings loaded without a namespace put SAFE_TIME_CELERY_APP on app.conf too.
+    class Settings:
+        BROKER_URL = REDIS
+        SAFE_TIME_CELERY_APP = "project.celery:app"
+
+    app = Celery("django-no-namespace", set_as_current=False)
+    app.config_from_object(Settings)
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.config"):
+        get_config(app)
+    assert caplog.records == []

@@ -26,7 +26,7 @@ from .chart import CHART_HOURS, HourBucket, hour_buckets, hour_start
 logger = logging.getLogger(__name__)
 
 #: Django setting: the Celery app the admin reads (an app object, or "module:attr" / "module.attr").
-APP_SETTING = "SAFE_TIME_CELERY_APP"
+APP_SETTING = C.DJANGO_APP_SETTING
 
 #: What a section catches: Redis down, the store down, a bad row; logged, then shown in red.
 SECTION_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError, SafeTimeError, ValueError)

@@ -76,6 +76,12 @@ class SafeTimeConfig:
     redis_cluster: bool = False
     #: The adaptive look-ahead never reaches past this many pending rows (workers hold early rows in memory).
     sweep_max_ahead: int = C.DEFAULT_SWEEP_MAX_AHEAD
+    #: ``redis`` (the default: ``safe_time_redis_url``) or ``postgres``; see :attr:`coordination_url`.
+    coordination: str = C.COORDINATION_REDIS
+    #: The PostgreSQL URL of the coordination backend ("" on Redis). ``safe_time_coordination_url =
+    #: "store"`` gives the store's URL here, or ``"django"`` for a Django store (resolved from
+    #: ``DATABASES`` when first connected, :func:`celery_safe_time.coordination.postgres_url`).
+    coordination_url: str = ""
 
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
@@ -268,23 +274,31 @@ def parse_config(
         # Honoured on any broker when set: a failover list or a proxy may hide RabbitMQ behind another URL.
         consumer_timeout = _number("safe_time_broker_consumer_timeout", consumer_timeout_raw, positive=True)
 
+    store_url = _default(get("safe_time_store_url"), C.DEFAULT_STORE_URL)
+    store_url = _store_url("safe_time_store_url", store_url)
+    coordination, coordination_url = _coordination(get("safe_time_coordination_url"), store_url)
+
     redis_url = get("safe_time_redis_url")
     if redis_url is None:
         if scheme in ("redis", "rediss"):
             redis_url = broker_url
+        elif coordination == C.COORDINATION_POSTGRES:
+            redis_url = ""  # nothing of this package talks to Redis
         else:
             raise ImproperlyConfigured(
                 "safe_time_redis_url",
-                "is required when broker_url is not a redis:// or rediss:// URL",
+                "is required when broker_url is not a redis:// or rediss:// URL "
+                "(or set safe_time_coordination_url to a PostgreSQL database)",
             )
-    redis_url = _redis_url("safe_time_redis_url", redis_url)
+    if redis_url or coordination == C.COORDINATION_REDIS:
+        redis_url = _redis_url("safe_time_redis_url", redis_url)
 
     key_prefix = get("safe_time_key_prefix")
     if key_prefix is None:
         key_prefix = C.DEFAULT_KEY_PREFIX
     if not isinstance(key_prefix, str) or not key_prefix:
         raise ImproperlyConfigured("safe_time_key_prefix", f"must be a non-empty string, got {key_prefix!r}")
-    redis_cluster = urlsplit(redis_url).scheme.lower() in C.REDIS_CLUSTER_SCHEMES
+    redis_cluster = bool(redis_url) and urlsplit(redis_url).scheme.lower() in C.REDIS_CLUSTER_SCHEMES
     if redis_cluster and ("{" in key_prefix or "}" in key_prefix):
         raise ImproperlyConfigured(
             "safe_time_key_prefix",
@@ -318,9 +332,6 @@ def parse_config(
             f"{lock_ttl:g} s makes re-queued deliveries wait up to {recheck:g} s in a worker, at or above "
             f"safe_time_broker_consumer_timeout ({consumer_timeout:g} s): RabbitMQ would close the worker's channel",
         )
-
-    store_url = _default(get("safe_time_store_url"), C.DEFAULT_STORE_URL)
-    store_url = _store_url("safe_time_store_url", store_url)
 
     store_namespace = _store_namespace(get("safe_time_store_namespace"), app_name)
 
@@ -379,6 +390,8 @@ def parse_config(
         delay_threshold_reason=threshold_reason,
         redis_cluster=redis_cluster,
         sweep_max_ahead=sweep_max_ahead,
+        coordination=coordination,
+        coordination_url=coordination_url,
     )
 
 
@@ -501,6 +514,37 @@ def _store_url(key: str, url: Any) -> str:
             f"unknown scheme {scheme!r}; use 'django' or a SQLAlchemy URL ({', '.join(sorted(C.STORE_URL_SCHEMES))})",
         )
     return url
+
+
+def _coordination(value: Any, store_url: str) -> tuple[str, str]:
+    """``safe_time_coordination_url``: unset -> Redis; ``"store"`` -> the store's PostgreSQL database;
+    a ``postgresql://`` URL.
+
+    MySQL/MariaDB are refused at startup rather than half supported: ``GET_LOCK`` is per session as
+    PostgreSQL's advisory locks are, but the backend is built on ``INSERT ... ON CONFLICT ... RETURNING``
+    and sequences for fencing numbers, which MySQL lacks; the delay store works on them as before.
+    """
+    key = "safe_time_coordination_url"
+    if value is None or value == C.COORDINATION_REDIS:
+        return C.COORDINATION_REDIS, ""
+    if not isinstance(value, str) or not value:
+        raise ImproperlyConfigured(key, f"must be 'store' or a postgresql:// URL, got {value!r}")
+    url = value
+    if value == C.COORDINATION_STORE:
+        if store_url == C.DJANGO_STORE:
+            return C.COORDINATION_POSTGRES, C.DJANGO_STORE
+        url = store_url
+    scheme = urlsplit(url).scheme.lower().split("+")[0]
+    if scheme in C.COORDINATION_POSTGRES_SCHEMES:
+        return C.COORDINATION_POSTGRES, url
+    where = (
+        f"the store ({scheme}://) is not PostgreSQL"
+        if value == C.COORDINATION_STORE
+        else f"{scheme}:// is not PostgreSQL"
+    )
+    if scheme in ("mysql", "mariadb"):
+        where += " (MySQL/MariaDB cannot coordinate: use Redis or a PostgreSQL database)"
+    raise ImproperlyConfigured(key, f"{where}; use 'store' with a PostgreSQL store, or a postgresql:// URL")
 
 
 def _store_namespace(value: Any, app_name: str | None) -> str:

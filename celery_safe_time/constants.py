@@ -73,6 +73,18 @@ RUN_ALL_CAP: Final = 100
 REDIS_URL_SCHEMES: Final = frozenset({"redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster"})
 #: ``safe_time_redis_url`` schemes that talk to a Redis Cluster (redis-py's ``RedisCluster``).
 REDIS_CLUSTER_SCHEMES: Final = frozenset({"redis+cluster", "rediss+cluster"})
+#: ``safe_time_coordination_url``: where the beat lease, fired slots, schedule state, overlap locks,
+#: idempotency markers and unique keys live. Unset: Redis (``safe_time_redis_url``).
+COORDINATION_REDIS: Final = "redis"
+COORDINATION_POSTGRES: Final = "postgres"
+#: ``safe_time_coordination_url = "store"``: the delay store's own PostgreSQL database.
+COORDINATION_STORE: Final = "store"
+COORDINATION_POSTGRES_SCHEMES: Final = frozenset({"postgresql", "postgres"})
+#: Connections one process keeps for coordination (beat: the lease thread and the tick; a worker: its
+#: pool's threads); a session advisory lock holds one more for the length of a run.
+COORDINATION_POOL_SIZE: Final = 4
+COORDINATION_POOL_OVERFLOW: Final = 8
+
 #: Store URLs accepted by safe_time_store_url, besides the literal "django".
 STORE_URL_SCHEMES: Final = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory"})
 DJANGO_STORE: Final = "django"

@@ -1,0 +1,81 @@
+"""The coordination backend of an app: Redis (the default) or PostgreSQL (``safe_time_coordination_url``).
+
+Everything beat and the locks share between processes (the lease and its epoch, fired slots, schedule
+state, overlap locks and fencing numbers, idempotency markers, unique keys) lives in one of them. On
+PostgreSQL each process keeps one SQLAlchemy engine (a pool of ``COORDINATION_POOL_SIZE`` connections,
+``COORDINATION_POOL_OVERFLOW`` more under load), made on first use and made again after a fork: a
+connection must never be shared by a parent and its child (Celery's prefork pool forks workers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import sqlalchemy as sa
+
+from . import constants as C
+from .config import SafeTimeConfig
+from .exceptions import ImproperlyConfigured
+
+logger = logging.getLogger(__name__)
+
+_ENGINES: dict[tuple[int, str], sa.Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def uses_postgres(config: SafeTimeConfig) -> bool:
+    """True when this app coordinates through PostgreSQL (and needs no Redis)."""
+    return config.coordination == C.COORDINATION_POSTGRES
+
+
+def postgres_url(config: SafeTimeConfig) -> str:
+    """The coordination database's URL; a Django store's is built from ``DATABASES["default"]``."""
+    if config.coordination_url != C.DJANGO_STORE:
+        return config.coordination_url
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        raise ImproperlyConfigured(
+            "safe_time_coordination_url",
+            f"'store' needs a PostgreSQL store; Django's default database is {connection.vendor}",
+        )
+    params = connection.get_connection_params()
+    return str(
+        sa.URL.create(
+            "postgresql+psycopg",
+            username=params.get("user"),
+            password=params.get("password"),
+            host=params.get("host") or None,
+            port=int(params["port"]) if params.get("port") else None,
+            database=params.get("dbname"),
+        )
+    )
+
+
+def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
+    """This process's engine for the coordination database (one per URL, new after a fork)."""
+    from .delays.stores.sql import create_engine
+
+    url = postgres_url(config)
+    key = (os.getpid(), url)
+    engine = _ENGINES.get(key)
+    if engine is not None:
+        return engine
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            engine = create_engine(url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW)
+            _ENGINES[key] = engine
+            logger.debug("coordination engine for pid %d", os.getpid())
+    return engine
+
+
+def dispose_engines() -> None:
+    """Close every pooled coordination connection of this process (tests, shutdown)."""
+    with _ENGINES_LOCK:
+        for (pid, _), engine in list(_ENGINES.items()):
+            if pid == os.getpid():
+                engine.dispose()
+        _ENGINES.clear()

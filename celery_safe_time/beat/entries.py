@@ -45,7 +45,8 @@ from dateutil.rrule import rrulestr
 from .. import constants as C
 from ..clock import UTC, RedisClock
 from ..config import SafeTimeConfig, get_config
-from ..exceptions import SafeTimeError, ScheduleError, SerializationError
+from ..coordination import uses_postgres
+from ..exceptions import ImproperlyConfigured, SafeTimeError, ScheduleError, SerializationError
 from ..redis_client import as_text, get_redis, load_script
 from ..schedules import crontab, resolve_tz
 from .lease import LeaseKeys, load_state, slot_id
@@ -369,6 +370,10 @@ class _Store:
     def __init__(self, app: Celery | None) -> None:
         self.app: Celery = app if app is not None else current_app._get_current_object()
         self.config = get_config(self.app)
+        if uses_postgres(self.config):
+            from .backends.postgres import RUNTIME_REFUSED
+
+            raise ImproperlyConfigured("safe_time_coordination_url", RUNTIME_REFUSED)
         self.client: redis.Redis = get_redis(self.config.redis_url)
         self.keys = EntryKeys.for_config(self.config)
         self.beat = LeaseKeys.for_config(self.config)

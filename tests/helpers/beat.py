@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import uuid
 from typing import Any
 
 import redis
@@ -37,3 +38,9 @@ def duplicates(client: redis.Redis, label: str | None = None) -> dict[tuple[str,
 def leader_pid(client: redis.Redis, prefix: str = "safe_time:") -> int | None:
     raw = client.get(prefix + "beat:leader")
     return int(json.loads(raw)["pid"]) if raw else None
+
+
+def coordination_settings(postgres_url: str) -> dict[str, str]:
+    """App settings for PostgreSQL coordination on ``postgres_url``, under a key prefix of their own
+    (so tests sharing the session's database never meet; the prefix is the rows' namespace)."""
+    return {"safe_time_coordination_url": postgres_url, "safe_time_key_prefix": f"t{uuid.uuid4().hex[:10]}:"}

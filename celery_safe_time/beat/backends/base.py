@@ -218,6 +218,39 @@ class BeatBackend(abc.ABC):
     def swap_definition(self, name: str, expected: Any, new: str) -> int:
         """Compare-and-set of ``name``'s definition: -1 changed meanwhile, 0 unchanged, else the version."""
 
+    # --- runtime entries: the API side (``beat/entries.py``, any process) ---------------------
+    @abc.abstractmethod
+    def entry_save(self, name: str, raw: str) -> int:
+        """Upsert ``name``'s definition: 0 when identical (nothing changes), else the new version."""
+
+    @abc.abstractmethod
+    def entry_delete(self, name: str) -> int:
+        """Delete ``name`` (its change log row stays as a tombstone): 0 when there was none, else the version."""
+
+    @abc.abstractmethod
+    def entry_definition(self, name: str) -> Any:
+        """``name``'s stored definition, None when there is none."""
+
+    @abc.abstractmethod
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        """Every runtime definition (of names starting with ``prefix``)."""
+
+    @abc.abstractmethod
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        """Raw states, due scores and change-log versions of ``names`` (None where absent)."""
+
+    @abc.abstractmethod
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        """Ask the leader to publish one slot of ``name`` at ``slot_ms``; returns the new version."""
+
+    @abc.abstractmethod
+    def entry_seed_state(self, name: str, state: str) -> None:
+        """Give ``name`` this state unless it has one (unscheduled: the leader plans it from the state)."""
+
+    @abc.abstractmethod
+    def slot_fired(self, name: str, slot: float) -> bool:
+        """Whether ``name``'s ``slot`` was published (its fired-slot record exists)."""
+
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:
         """Delete fired-slot records older than ``FIRED_SLOT_TTL`` (where they do not expire by themselves)."""

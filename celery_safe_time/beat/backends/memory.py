@@ -274,6 +274,31 @@ class MemoryBeatBackend(BeatBackend):
     def swap_definition(self, name: str, expected: Any, new: str) -> int:
         return -1
 
+    def entry_save(self, name: str, raw: str) -> int:
+        raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
+
+    def entry_delete(self, name: str) -> int:
+        raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
+
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
+
+    def entry_definition(self, name: str) -> Any:
+        return None
+
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        return {}
+
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        states, scores = self.read_states(names)
+        return states, scores, [None] * len(names)
+
+    def entry_seed_state(self, name: str, state: str) -> None:
+        self.data.states.setdefault(name, state)
+
+    def slot_fired(self, name: str, slot: float) -> bool:
+        return (name, slot_id(slot)) in self.data.fired
+
     def prune_fired(self, token: str) -> int:
         d = self.data
         with d.mutex:

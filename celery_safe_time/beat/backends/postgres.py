@@ -24,8 +24,13 @@ transaction mode. Each beat process holds the connections of one pooled engine
 (:func:`celery_safe_time.coordination.coordination_engine`): in practice two, the lease thread's
 and the tick's.
 
-Runtime entries (``save_entry`` and ``celery safe-time beat ...``) are not on this backend yet:
-they are refused with :class:`~celery_safe_time.exceptions.ImproperlyConfigured`.
+Runtime entries (``save_entry``, ``celery safe-time beat ...``) live in four more tables:
+``safe_time_beat_entries`` (definitions), ``safe_time_beat_changes`` (the change log: each name's
+version of its last change, kept as a tombstone after a delete until the leader applied it),
+``safe_time_beat_meta`` (the change counter and the leader's applied marker) and
+``safe_time_beat_run_now``. A writer holds the counter row for its transaction, so versions commit
+in order; the leader reads the counter with every tick's due read and, when it moved, only the
+changed names.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ logger = logging.getLogger(__name__)
 LEASE_TABLE = "safe_time_beat_lease"
 FIRED_TABLE = "safe_time_beat_fired"
 STATE_TABLE = "safe_time_beat_state"
+META_TABLE = "safe_time_beat_meta"
+ENTRIES_TABLE = "safe_time_beat_entries"
+CHANGES_TABLE = "safe_time_beat_changes"
+RUN_NOW_TABLE = "safe_time_beat_run_now"
 
 #: The advisory lock (transaction level) that serialises table creation between beats starting together.
 _DDL_LOCK = 0x5AFE7135
@@ -80,6 +89,31 @@ DDL = (
         PRIMARY KEY (ns, entry)
     )""",
     f"CREATE INDEX IF NOT EXISTS {STATE_TABLE}_due ON {STATE_TABLE} (ns, next_fire, entry) WHERE next_fire IS NOT NULL",
+    # runtime entries: the change counter and the applied marker, definitions, the change log, run-now
+    f"""CREATE TABLE IF NOT EXISTS {META_TABLE} (
+        ns text PRIMARY KEY,
+        version bigint NOT NULL DEFAULT 0,
+        applied text
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {ENTRIES_TABLE} (
+        ns text NOT NULL,
+        name text NOT NULL,
+        definition text NOT NULL,
+        PRIMARY KEY (ns, name)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {CHANGES_TABLE} (
+        ns text NOT NULL,
+        name text NOT NULL,
+        version bigint NOT NULL,
+        PRIMARY KEY (ns, name)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {CHANGES_TABLE}_version ON {CHANGES_TABLE} (ns, version)",
+    f"""CREATE TABLE IF NOT EXISTS {RUN_NOW_TABLE} (
+        ns text NOT NULL,
+        name text NOT NULL,
+        slot_ms text NOT NULL,
+        PRIMARY KEY (ns, name)
+    )""",
 )
 
 #: The lease row this token holds, unexpired on the database clock, locked against a take-over until
@@ -151,7 +185,8 @@ removed AS (
 )
 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT count(*) FROM removed)""")
 
-#: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3).
+#: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3),
+#: the runtime entries' change counter (4).
 _READ_DUE = sa.text(f"""
 (SELECT entry, next_fire, 0 AS kind FROM {STATE_TABLE}
     WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
@@ -161,7 +196,9 @@ UNION ALL
 UNION ALL
 SELECT NULL, (SELECT count(*) FROM {STATE_TABLE} WHERE ns = :ns AND next_fire IS NOT NULL), 2
 UNION ALL
-SELECT NULL, (SELECT count(*) FROM {STATE_TABLE} WHERE ns = :ns), 3""")
+SELECT NULL, (SELECT count(*) FROM {STATE_TABLE} WHERE ns = :ns), 3
+UNION ALL
+SELECT NULL, (SELECT version FROM {META_TABLE} WHERE ns = :ns), 4""")
 
 _HEAD = sa.text(f"""SELECT entry, next_fire FROM {STATE_TABLE}
     WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit""")
@@ -173,11 +210,6 @@ SELECT l.token, l.epoch, l.info,
 FROM (SELECT clock_timestamp() AS now) n LEFT JOIN {LEASE_TABLE} l ON l.ns = :ns""")
 
 _NOW = sa.text("SELECT extract(epoch FROM clock_timestamp())")
-
-RUNTIME_REFUSED = (
-    "runtime beat entries (save_entry, celery safe-time beat ...) are not available on the PostgreSQL "
-    "coordination backend yet; use beat_schedule, or Redis coordination (unset safe_time_coordination_url)"
-)
 
 
 def _float(value: Any) -> float:
@@ -380,15 +412,15 @@ class PostgresBeatBackend(BeatBackend):
             rows = conn.execute(_READ_DUE, self._p(now=now, limit=limit)).all()
         due: Scored = []
         head: Scored = []
-        counts = {2: 0, 3: 0}
+        counts = {2: 0, 3: 0, 4: 0}
         for entry, value, kind in rows:
             if kind == 0:
                 due.append((entry, float(value)))
             elif kind == 1:
                 head.append((entry, float(value)))
-            else:
+            elif value is not None:
                 counts[int(kind)] = int(value)
-        return DueRead(due=due, due_count=counts[2], state_count=counts[3], version=0, head=head)
+        return DueRead(due=due, due_count=counts[2], state_count=counts[3], version=counts[4], head=head)
 
     def head(self, limit: int = 1) -> Scored:
         with self.autocommit() as conn:
@@ -404,17 +436,33 @@ class PostgresBeatBackend(BeatBackend):
 
     # --- re-planning --------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        # no runtime entries here, and no applied marker: a new leader re-plans from a full read
-        return Snapshot(version=0, definitions={}, requests={}, marker=None)
+        # one consistent read: the counter matches the definitions and the marker the state
+        with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+            meta = conn.execute(sa.text(f"SELECT version, applied FROM {META_TABLE} WHERE ns = :ns"), self._p()).first()
+            definitions = conn.execute(
+                sa.text(f"SELECT name, definition FROM {ENTRIES_TABLE} WHERE ns = :ns"), self._p()
+            ).all()
+            requests = conn.execute(
+                sa.text(f"SELECT name, slot_ms FROM {RUN_NOW_TABLE} WHERE ns = :ns"), self._p()
+            ).all()
+        return Snapshot(
+            version=int(meta[0]) if meta else 0,
+            definitions={name: raw for name, raw in definitions},
+            requests={name: slot_ms for name, slot_ms in requests},
+            marker=meta[1] if meta else None,
+        )
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.autocommit() as conn:
             rows = conn.execute(
                 sa.text(f"SELECT entry, state, next_fire FROM {STATE_TABLE} WHERE ns = :ns"), self._p()
             ).all()
+            logged = conn.execute(
+                sa.text(f"SELECT count(*) FROM {CHANGES_TABLE} WHERE ns = :ns"), self._p()
+            ).scalar_one()
         stored = {entry: state for entry, state, _ in rows}
         scores = {entry: float(next_fire) for entry, _, next_fire in rows if next_fire is not None}
-        return stored, scores, 0
+        return stored, scores, int(logged)
 
     def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
         if not names:
@@ -479,28 +527,193 @@ class PostgresBeatBackend(BeatBackend):
                 )
         return True
 
-    # --- runtime entries: refused on this backend (see the module docstring) ------------------
+    # --- runtime entries: the leader's side ----------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
-        return []
+        query = f"SELECT name, version FROM {CHANGES_TABLE} WHERE ns = :ns AND version > :since ORDER BY version, name"
+        if limit is not None:
+            query += " LIMIT :limit"
+        with self.autocommit() as conn:
+            rows = conn.execute(sa.text(query), self._p(since=-1 if since is None else since, limit=limit)).all()
+        return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
-        return {}
+        with self.autocommit() as conn:
+            rows = conn.execute(sa.text(f"SELECT name, slot_ms FROM {RUN_NOW_TABLE} WHERE ns = :ns"), self._p()).all()
+        return {name: slot_ms for name, slot_ms in rows}
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
-        raws, scores = self.read_states(names)
-        return [None] * len(names), raws, scores
+        with self.autocommit() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT name, definition FROM {ENTRIES_TABLE} "
+                    "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
+                ),
+                self._p(names=list(names)),
+            ).all()
+        found = dict(rows)
+        states, scores = self.read_states(names)
+        return [found.get(n) for n in names], states, scores
 
     def prune(self, version: int, names: list[str]) -> None:
-        return None
+        if not names:
+            return
+        with self.autocommit() as conn:
+            conn.execute(
+                sa.text(f"""
+                    DELETE FROM {CHANGES_TABLE} c
+                    WHERE c.ns = :ns AND c.name = ANY(CAST(:names AS text[])) AND c.version <= :version
+                    AND NOT EXISTS (SELECT 1 FROM {ENTRIES_TABLE} e WHERE e.ns = c.ns AND e.name = c.name)
+                """),
+                self._p(names=list(names), version=version),
+            )
 
     def mark_applied(self, token: str, marker: str) -> None:
-        return None
+        with self.autocommit() as conn:
+            conn.execute(
+                sa.text(f"""
+                    INSERT INTO {META_TABLE} (ns, version, applied)
+                    SELECT :ns, 0, :marker WHERE EXISTS (
+                        SELECT 1 FROM {LEASE_TABLE}
+                        WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
+                    ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
+                """),
+                self._p(token=token, marker=marker),
+            )
 
     def run_now_done(self, name: str, slot_ms: str) -> None:
-        return None
+        with self.autocommit() as conn:
+            conn.execute(
+                sa.text(f"DELETE FROM {RUN_NOW_TABLE} WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms"),
+                self._p(name=name, slot_ms=slot_ms),
+            )
+
+    # --- runtime entries: the API side (any process) ----------------------------------------
+    def _writing(self) -> Any:
+        """A transaction holding this app's change counter row: writers of definitions take turns, so
+        versions are committed in the order they are handed out (the leader never skips one)."""
+        self.ensure_tables()
+        return self.engine().begin()
+
+    def _locked_version(self, conn: Any) -> int:
+        conn.execute(sa.text(f"INSERT INTO {META_TABLE} (ns) VALUES (:ns) ON CONFLICT DO NOTHING"), self._p())
+        return int(
+            conn.execute(sa.text(f"SELECT version FROM {META_TABLE} WHERE ns = :ns FOR UPDATE"), self._p()).scalar_one()
+        )
+
+    def _bump(self, conn: Any, name: str | None, version: int) -> int:
+        version += 1
+        conn.execute(sa.text(f"UPDATE {META_TABLE} SET version = :v WHERE ns = :ns"), self._p(v=version))
+        if name is not None:
+            conn.execute(
+                sa.text(f"""INSERT INTO {CHANGES_TABLE} (ns, name, version) VALUES (:ns, :name, :v)
+                    ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version"""),
+                self._p(name=name, v=version),
+            )
+        return version
+
+    def _definition(self, conn: Any, name: str) -> str | None:
+        value = conn.execute(
+            sa.text(f"SELECT definition FROM {ENTRIES_TABLE} WHERE ns = :ns AND name = :name"), self._p(name=name)
+        ).scalar_one_or_none()
+        return None if value is None else str(value)
+
+    def _put(self, conn: Any, name: str, raw: str) -> None:
+        conn.execute(
+            sa.text(f"""INSERT INTO {ENTRIES_TABLE} (ns, name, definition) VALUES (:ns, :name, :raw)
+                ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition"""),
+            self._p(name=name, raw=raw),
+        )
+
+    def entry_save(self, name: str, raw: str) -> int:
+        with self._writing() as conn:
+            version = self._locked_version(conn)
+            if self._definition(conn, name) == raw:
+                return 0
+            self._put(conn, name, raw)
+            return self._bump(conn, name, version)
+
+    def entry_delete(self, name: str) -> int:
+        with self._writing() as conn:
+            version = self._locked_version(conn)
+            gone = conn.execute(
+                sa.text(f"DELETE FROM {ENTRIES_TABLE} WHERE ns = :ns AND name = :name RETURNING 1"), self._p(name=name)
+            ).first()
+            if gone is None:
+                return 0
+            return self._bump(conn, name, version)
 
     def swap_definition(self, name: str, expected: Any, new: str) -> int:
-        raise ImproperlyConfigured("safe_time_coordination_url", RUNTIME_REFUSED)
+        expected_text = expected.decode() if isinstance(expected, bytes) else expected
+        with self._writing() as conn:
+            version = self._locked_version(conn)
+            if self._definition(conn, name) != expected_text:
+                return -1
+            if expected_text == new:
+                return 0
+            self._put(conn, name, new)
+            return self._bump(conn, name, version)
+
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        with self._writing() as conn:
+            version = self._locked_version(conn)
+            conn.execute(
+                sa.text(f"""INSERT INTO {RUN_NOW_TABLE} (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
+                    ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms"""),
+                self._p(name=name, slot_ms=slot_ms),
+            )
+            return self._bump(conn, None, version)
+
+    def entry_definition(self, name: str) -> Any:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            return self._definition(conn, name)
+
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT name, definition FROM {ENTRIES_TABLE} "
+                    "WHERE ns = :ns AND left(name, length(:prefix)) = :prefix"
+                ),
+                self._p(prefix=prefix or ""),
+            ).all()
+        return dict(rows)
+
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        if not names:
+            return [], [], []
+        self.ensure_tables()
+        states, scores = self.read_states(names)
+        with self.autocommit() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT name, version FROM {CHANGES_TABLE} WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
+                ),
+                self._p(names=list(names)),
+            ).all()
+        versions = {name: float(version) for name, version in rows}
+        return states, scores, [versions.get(n) for n in names]
+
+    def entry_seed_state(self, name: str, state: str) -> None:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {STATE_TABLE} (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) "
+                    "ON CONFLICT DO NOTHING"
+                ),
+                self._p(entry=name, state=state),
+            )
+
+    def slot_fired(self, name: str, slot: float) -> bool:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            row = conn.execute(
+                sa.text(f"SELECT 1 FROM {FIRED_TABLE} WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms"),
+                self._p(entry=name, slot_ms=int(slot_id(slot))),
+            ).first()
+        return row is not None
 
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:

@@ -18,7 +18,7 @@ from ...clock import RedisClock
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...redis_client import as_text, get_redis, load_script, tls_hint
-from ..lease import Lease, LeaseKeys, load_state, scored
+from ..lease import Lease, LeaseKeys, load_state, scored, slot_id
 from .base import BeatBackend, DueRead, LeaseView, Scored, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -213,3 +213,45 @@ class RedisBeatBackend(BeatBackend):
         from ..entries import swap_definition
 
         return swap_definition(self.client, self.entry_keys, name, expected, new)
+
+    # --- runtime entries: the API side -------------------------------------------------
+    def _entry_keys(self) -> list[str]:
+        return [self.entry_keys.entries, self.entry_keys.version, self.entry_keys.changed]
+
+    def entry_save(self, name: str, raw: str) -> int:
+        return int(self._script("save_entry")(keys=self._entry_keys(), args=[name, raw]))
+
+    def entry_delete(self, name: str) -> int:
+        return int(self._script("delete_entry")(keys=self._entry_keys(), args=[name]))
+
+    def entry_definition(self, name: str) -> Any:
+        return self.client.hget(self.entry_keys.entries, name)
+
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        match = None if not prefix else _glob_escape(prefix) + "*"
+        return {as_text(k): v for k, v in self.client.hscan_iter(self.entry_keys.entries, match=match, count=1000)}
+
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        if not names:
+            return [], [], []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.state, names)
+        pipe.zmscore(self.keys.due, names)
+        pipe.zmscore(self.entry_keys.changed, names)
+        states, scores, versions = pipe.execute()
+        return list(states), list(scores), list(versions)
+
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        return int(
+            self._script("run_now")(keys=[self.entry_keys.run_now, self.entry_keys.version], args=[name, slot_ms])
+        )
+
+    def entry_seed_state(self, name: str, state: str) -> None:
+        self.client.hsetnx(self.keys.state, name, state)
+
+    def slot_fired(self, name: str, slot: float) -> bool:
+        return bool(self.client.exists(self.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot))))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

@@ -19,7 +19,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_safe_time.beat.backends import beat_backend
+from celery_safe_time.beat.backends import SlotWrite, beat_backend
 from celery_safe_time.config import get_config
 from tests.helpers.beat import BEAT_APP, beat_env, coordination_settings, duplicates, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
@@ -151,3 +151,28 @@ def test_one_leader_of_three_and_kill_9_failover_without_redis(
     view = backend.lease_view()
     assert view.epoch is not None
     assert view.epoch >= 2
+
+
+def test_check_status_and_probe_on_postgres(make_app: Any, amqp_url: str, pg_coordination: dict[str, str]) -> None:
+    from celery_safe_time.beat.admin import describe_beat
+    from celery_safe_time.checks import run_checks
+    from celery_safe_time.probes import probe_beat
+
+    app = make_app(broker_url=amqp_url, result_backend=None, safe_time_beat_lease=6, **pg_coordination)
+    checks = {c.name: c for c in run_checks(app)}
+    assert "redis" not in checks  # nothing of the package uses Redis here
+    assert checks["coordination"].status == "ok", checks["coordination"]
+    assert checks["clock_skew_coordination"].status == "ok"
+    assert probe_beat(app).status == "fail"  # no beat holds the lease yet
+    backend = beat_backend(get_config(app))
+    lease = backend.make_lease()
+    assert lease.acquire(backend.clock.time()) == 1
+    assert lease.write_slots(1, [SlotWrite("e", '{"last": 100.0, "next": 110.0, "sig": "x"}', 110.0, 100.0)]) == [1]
+    assert probe_beat(app).status == "ok"
+    status = describe_beat(app)
+    assert status["leader"]["pid"] == os.getpid()
+    assert status["epoch"] == 1
+    assert status["backend"].startswith("postgresql ")
+    assert status["entries_total"] == 1
+    assert status["entries"][0]["entry"] == "e"
+    assert status["entries"][0]["last_slot"] == "1970-01-01T00:01:40+00:00"

@@ -36,8 +36,8 @@ def _stored(redis_url: str, coordination: dict[str, Any]) -> tuple[dict[str, Any
 
 def test_add_list_show_pause_resume_remove(processes: ProcessManager, coordination: dict[str, Any]) -> None:
     added = _beat(
-        processes, "add", "tenant-42-report", "tests.record", "--cron", "0 9 * * *", "--tz", "Europe/Berlin",
-        "--args", '["t42"]', "--kwargs", '{"sleep": 0}',
+        processes, coordination, "add", "tenant-42-report", "tests.record", "--cron", "0 9 * * *",
+        "--tz", "Europe/Berlin", "--args", '["t42"]', "--kwargs", '{"sleep": 0}',
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
     assert "tenant-42-report: cron 0 9 * * * tz=Europe/Berlin -> tests.record (version 1)" in added.stdout

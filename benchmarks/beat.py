@@ -62,8 +62,11 @@ def _sent(proc: CeleryProcess) -> int:
     return len(_SENT.findall(proc.log()))
 
 
-def _failover(scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: dict[str, Any]) -> dict[str, Any]:
-    """Start two beats with default settings, kill -9 the one sending, time the other's first send."""
+def _failover(
+    scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: dict[str, Any], name: str | None = None
+) -> dict[str, Any]:
+    """Start two beats with default settings, kill -9 the one sending, time the other's first send.
+    ``name``: the beats' log names (races run side by side need their own)."""
     env = {
         "SAFE_TIME_TEST_BROKER_URL": redis_url,
         "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps({"fast": {"task": "tests.record", "every": 1, "args": ["f"]}}),
@@ -72,8 +75,9 @@ def _failover(scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: 
     }
     beats = []
     for i in range(2):
-        args = ["beat", "-l", "INFO", "-S", scheduler, "-s", str(log_dir / f"{scheduler}-{i}")]
-        beats.append(CeleryProcess("tests.apps.beat_app", args, env, log_dir, f"{scheduler.split('.')[0]}-{i}").start())
+        label = name or scheduler.split(".")[0]
+        args = ["beat", "-l", "INFO", "-S", scheduler, "-s", str(log_dir / f"{name or scheduler}-{i}")]
+        beats.append(CeleryProcess("tests.apps.beat_app", args, env, log_dir, f"{label}-{i}").start())
     try:
         deadline = time.monotonic() + 60
         leader = None
@@ -107,6 +111,7 @@ def bench_failover(redis_url: str, quick: bool, postgres_url: str | None = None)
             "SafeScheduler (lease 30 s)": ("celery_safe_time.SafeScheduler", {}),
             "celery-redbeat (defaults)": ("redbeat.RedBeatScheduler", {"redbeat_redis_url": redis_url}),
         }
+        names = {"SafeScheduler on PostgreSQL (lease 30 s)": "safe-postgres"}
         if postgres_url:  # the same race with the lease in PostgreSQL, run beside the Redis one
             jobs["SafeScheduler on PostgreSQL (lease 30 s)"] = (
                 "celery_safe_time.SafeScheduler",
@@ -116,7 +121,7 @@ def bench_failover(redis_url: str, quick: bool, postgres_url: str | None = None)
         for label, (sched, extra) in jobs.items():
 
             def run(label: str = label, sched: str = sched, extra: dict[str, Any] = extra) -> None:
-                results[label] = _failover(sched, redis_url, Path(tmp), cap, extra)
+                results[label] = _failover(sched, redis_url, Path(tmp), cap, extra, names.get(label))
 
             threads.append(threading.Thread(target=run))
         for t in threads:

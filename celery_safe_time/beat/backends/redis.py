@@ -59,8 +59,9 @@ class RedisBeatBackend(BeatBackend):
         pipe.get(self.keys.info)
         pipe.pttl(self.keys.lease)
         pipe.get(self.keys.epoch)
-        pipe.time()
-        info, ttl_ms, epoch, (seconds, micros) = pipe.execute()
+        info, ttl_ms, epoch = pipe.execute()
+        # not in the pipeline: a cluster pipeline routes by key, and TIME has none
+        seconds, micros = self.client.time()
         return LeaseView(
             info=load_state(info),
             ttl_ms=int(ttl_ms) if ttl_ms is not None and int(ttl_ms) > 0 else None,

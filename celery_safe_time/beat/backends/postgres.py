@@ -65,14 +65,14 @@ RUN_NOW_TABLE = "safe_time_beat_run_now"
 _DDL_LOCK = 0x5AFE7135
 
 DDL = (
-    f"""CREATE TABLE IF NOT EXISTS {LEASE_TABLE} (
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_lease (
         ns text PRIMARY KEY,
         token text,
         epoch bigint NOT NULL,
         expires_at timestamptz,
         info text
     )""",
-    f"""CREATE TABLE IF NOT EXISTS {FIRED_TABLE} (
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_fired (
         ns text NOT NULL,
         entry text NOT NULL,
         slot_ms bigint NOT NULL,
@@ -80,35 +80,36 @@ DDL = (
         fired_at timestamptz NOT NULL DEFAULT clock_timestamp(),
         PRIMARY KEY (ns, entry, slot_ms)
     )""",
-    f"CREATE INDEX IF NOT EXISTS {FIRED_TABLE}_age ON {FIRED_TABLE} (ns, fired_at)",
-    f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
+    "CREATE INDEX IF NOT EXISTS safe_time_beat_fired_age ON safe_time_beat_fired (ns, fired_at)",
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_state (
         ns text NOT NULL,
         entry text NOT NULL,
         state text NOT NULL,
         next_fire double precision,
         PRIMARY KEY (ns, entry)
     )""",
-    f"CREATE INDEX IF NOT EXISTS {STATE_TABLE}_due ON {STATE_TABLE} (ns, next_fire, entry) WHERE next_fire IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS safe_time_beat_state_due ON safe_time_beat_state (ns, next_fire, entry) "
+    "WHERE next_fire IS NOT NULL",
     # runtime entries: the change counter and the applied marker, definitions, the change log, run-now
-    f"""CREATE TABLE IF NOT EXISTS {META_TABLE} (
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_meta (
         ns text PRIMARY KEY,
         version bigint NOT NULL DEFAULT 0,
         applied text
     )""",
-    f"""CREATE TABLE IF NOT EXISTS {ENTRIES_TABLE} (
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_entries (
         ns text NOT NULL,
         name text NOT NULL,
         definition text NOT NULL,
         PRIMARY KEY (ns, name)
     )""",
-    f"""CREATE TABLE IF NOT EXISTS {CHANGES_TABLE} (
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_changes (
         ns text NOT NULL,
         name text NOT NULL,
         version bigint NOT NULL,
         PRIMARY KEY (ns, name)
     )""",
-    f"CREATE INDEX IF NOT EXISTS {CHANGES_TABLE}_version ON {CHANGES_TABLE} (ns, version)",
-    f"""CREATE TABLE IF NOT EXISTS {RUN_NOW_TABLE} (
+    "CREATE INDEX IF NOT EXISTS safe_time_beat_changes_version ON safe_time_beat_changes (ns, version)",
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_run_now (
         ns text NOT NULL,
         name text NOT NULL,
         slot_ms text NOT NULL,
@@ -116,13 +117,12 @@ DDL = (
     )""",
 )
 
-#: The lease row this token holds, unexpired on the database clock, locked against a take-over until
-#: the statement's transaction ends.
-_HELD = f"""SELECT epoch FROM {LEASE_TABLE}
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE"""
+# The SQL below names its tables literally (no string-built SQL anywhere in the package: the
+# table names above are for tests and tools). ``ok`` in the guarded statements is the lease row this
+# token holds, unexpired on the database clock, locked against a take-over until the statement ends.
 
-_ACQUIRE = sa.text(f"""
-INSERT INTO {LEASE_TABLE} AS l (ns, token, epoch, expires_at, info)
+_ACQUIRE = sa.text("""
+INSERT INTO safe_time_beat_lease AS l (ns, token, epoch, expires_at, info)
 VALUES (:ns, :token, 1, clock_timestamp() + make_interval(secs => :ttl), :info)
 ON CONFLICT (ns) DO UPDATE SET
     token = EXCLUDED.token,
@@ -132,29 +132,30 @@ ON CONFLICT (ns) DO UPDATE SET
 WHERE l.token IS NULL OR l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
 RETURNING epoch""")
 
-_RENEW = sa.text(f"""
-UPDATE {LEASE_TABLE} SET expires_at = clock_timestamp() + make_interval(secs => :ttl)
+_RENEW = sa.text("""
+UPDATE safe_time_beat_lease SET expires_at = clock_timestamp() + make_interval(secs => :ttl)
 WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp()""")
 
-_RELEASE = sa.text(f"""
-UPDATE {LEASE_TABLE} SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :ns AND token = :token""")
+_RELEASE = sa.text("""
+UPDATE safe_time_beat_lease SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :ns AND token = :token""")
 
-_WRITE_SLOTS = sa.text(f"""
-WITH ok AS ({_HELD}),
+_WRITE_SLOTS = sa.text("""
+WITH ok AS (SELECT epoch FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 w AS (
     SELECT * FROM unnest(
         CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[])
     ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, ord)
 ),
 fired AS (
-    INSERT INTO {FIRED_TABLE} (ns, entry, slot_ms, epoch)
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch)
     SELECT :ns, w.entry, w.slot_ms, :epoch FROM w, ok WHERE w.slot_ms IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING entry, slot_ms
 ),
 latest AS (SELECT DISTINCT ON (entry) entry, state, next_fire FROM w ORDER BY entry, ord DESC),
 written AS (
-    INSERT INTO {STATE_TABLE} (ns, entry, state, next_fire)
+    INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
     SELECT :ns, latest.entry, latest.state, latest.next_fire FROM latest, ok
     ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
     RETURNING 1
@@ -163,23 +164,25 @@ SELECT (SELECT count(*) FROM ok) AS leader,
        (SELECT count(*) FROM written) AS written,
        (SELECT json_agg(json_build_array(entry, slot_ms)) FROM fired) AS fresh""")
 
-_DISPATCH_SLOT = sa.text(f"""
-WITH ok AS ({_HELD}),
+_DISPATCH_SLOT = sa.text("""
+WITH ok AS (SELECT epoch FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 fired AS (
-    INSERT INTO {FIRED_TABLE} (ns, entry, slot_ms, epoch) SELECT :ns, :entry, :slot_ms, :epoch FROM ok
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch) SELECT :ns, :entry, :slot_ms, :epoch FROM ok
     ON CONFLICT DO NOTHING RETURNING 1
 )
 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM fired)""")
 
-_FORGET = sa.text(f"""
-WITH ok AS ({_HELD}),
+_FORGET = sa.text("""
+WITH ok AS (SELECT epoch FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 unscheduled AS (
-    UPDATE {STATE_TABLE} SET next_fire = NULL
+    UPDATE safe_time_beat_state SET next_fire = NULL
     WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND :keep AND EXISTS (SELECT 1 FROM ok)
     RETURNING 1
 ),
 removed AS (
-    DELETE FROM {STATE_TABLE}
+    DELETE FROM safe_time_beat_state
     WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND NOT :keep AND EXISTS (SELECT 1 FROM ok)
     RETURNING 1
 )
@@ -187,27 +190,27 @@ SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT c
 
 #: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3),
 #: the runtime entries' change counter (4).
-_READ_DUE = sa.text(f"""
-(SELECT entry, next_fire, 0 AS kind FROM {STATE_TABLE}
+_READ_DUE = sa.text("""
+(SELECT entry, next_fire, 0 AS kind FROM safe_time_beat_state
     WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
 UNION ALL
-(SELECT entry, next_fire, 1 FROM {STATE_TABLE}
+(SELECT entry, next_fire, 1 FROM safe_time_beat_state
     WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
 UNION ALL
-SELECT NULL, (SELECT count(*) FROM {STATE_TABLE} WHERE ns = :ns AND next_fire IS NOT NULL), 2
+SELECT NULL, (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL), 2
 UNION ALL
-SELECT NULL, (SELECT count(*) FROM {STATE_TABLE} WHERE ns = :ns), 3
+SELECT NULL, (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns), 3
 UNION ALL
-SELECT NULL, (SELECT version FROM {META_TABLE} WHERE ns = :ns), 4""")
+SELECT NULL, (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), 4""")
 
-_HEAD = sa.text(f"""SELECT entry, next_fire FROM {STATE_TABLE}
+_HEAD = sa.text("""SELECT entry, next_fire FROM safe_time_beat_state
     WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit""")
 
-_LEASE_VIEW = sa.text(f"""
+_LEASE_VIEW = sa.text("""
 SELECT l.token, l.epoch, l.info,
        CASE WHEN l.expires_at > n.now THEN ceil(extract(epoch FROM l.expires_at - n.now) * 1000) END AS ttl_ms,
        extract(epoch FROM n.now) AS now
-FROM (SELECT clock_timestamp() AS now) n LEFT JOIN {LEASE_TABLE} l ON l.ns = :ns""")
+FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.ns = :ns""")
 
 _NOW = sa.text("SELECT extract(epoch FROM clock_timestamp())")
 
@@ -327,7 +330,7 @@ class PostgresBeatBackend(BeatBackend):
         #: every row of this app carries its key prefix: apps sharing a database stay apart
         self.ns = config.key_prefix
         self.clock = PostgresClock(self)
-        self.due_name = f"{STATE_TABLE} (next_fire)"
+        self.due_name = "safe_time_beat_state (next_fire)"
         self.state_name = STATE_TABLE
         self._tables_ready = False
 
@@ -377,7 +380,8 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             row = conn.execute(
                 sa.text(
-                    f"SELECT 1 FROM {LEASE_TABLE} WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()"
+                    "SELECT 1 FROM safe_time_beat_lease "
+                    "WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()"
                 ),
                 self._p(token=token),
             ).first()
@@ -430,7 +434,7 @@ class PostgresBeatBackend(BeatBackend):
     def drop_due(self, name: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text(f"UPDATE {STATE_TABLE} SET next_fire = NULL WHERE ns = :ns AND entry = :entry"),
+                sa.text("UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = :entry"),
                 self._p(entry=name),
             )
 
@@ -438,12 +442,14 @@ class PostgresBeatBackend(BeatBackend):
     def snapshot(self) -> Snapshot:
         # one consistent read: the counter matches the definitions and the marker the state
         with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(sa.text(f"SELECT version, applied FROM {META_TABLE} WHERE ns = :ns"), self._p()).first()
+            meta = conn.execute(
+                sa.text("SELECT version, applied FROM safe_time_beat_meta WHERE ns = :ns"), self._p()
+            ).first()
             definitions = conn.execute(
-                sa.text(f"SELECT name, definition FROM {ENTRIES_TABLE} WHERE ns = :ns"), self._p()
+                sa.text("SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns"), self._p()
             ).all()
             requests = conn.execute(
-                sa.text(f"SELECT name, slot_ms FROM {RUN_NOW_TABLE} WHERE ns = :ns"), self._p()
+                sa.text("SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns"), self._p()
             ).all()
         return Snapshot(
             version=int(meta[0]) if meta else 0,
@@ -455,10 +461,10 @@ class PostgresBeatBackend(BeatBackend):
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(f"SELECT entry, state, next_fire FROM {STATE_TABLE} WHERE ns = :ns"), self._p()
+                sa.text("SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns"), self._p()
             ).all()
             logged = conn.execute(
-                sa.text(f"SELECT count(*) FROM {CHANGES_TABLE} WHERE ns = :ns"), self._p()
+                sa.text("SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns"), self._p()
             ).scalar_one()
         stored = {entry: state for entry, state, _ in rows}
         scores = {entry: float(next_fire) for entry, _, next_fire in rows if next_fire is not None}
@@ -470,7 +476,7 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT entry, state, next_fire FROM {STATE_TABLE} "
+                    "SELECT entry, state, next_fire FROM safe_time_beat_state "
                     "WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"
                 ),
                 self._p(names=list(names)),
@@ -484,7 +490,8 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             return int(
                 conn.execute(
-                    sa.text(f"SELECT count(*) FROM {STATE_TABLE} WHERE ns = :ns AND next_fire IS NOT NULL"), self._p()
+                    sa.text("SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL"),
+                    self._p(),
                 ).scalar_one()
             )
 
@@ -494,7 +501,7 @@ class PostgresBeatBackend(BeatBackend):
         with self.engine().begin() as conn:
             held = conn.execute(
                 sa.text(
-                    f"SELECT 1 FROM {LEASE_TABLE} WHERE ns = :ns AND token = :token "
+                    "SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token "
                     "AND expires_at > clock_timestamp() FOR SHARE"
                 ),
                 self._p(token=token),
@@ -504,8 +511,8 @@ class PostgresBeatBackend(BeatBackend):
             names = list(states)
             if names:
                 conn.execute(
-                    sa.text(f"""
-                        INSERT INTO {STATE_TABLE} (ns, entry, state, next_fire)
+                    sa.text("""
+                        INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
                         SELECT :ns, * FROM unnest(
                             CAST(:names AS text[]), CAST(:states AS text[]), CAST(:nexts AS float8[]))
                         ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
@@ -514,13 +521,13 @@ class PostgresBeatBackend(BeatBackend):
                 )
             if gone:
                 conn.execute(
-                    sa.text(f"DELETE FROM {STATE_TABLE} WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"),
+                    sa.text("DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"),
                     self._p(names=list(gone)),
                 )
             if idle:
                 conn.execute(
                     sa.text(
-                        f"UPDATE {STATE_TABLE} SET next_fire = NULL "
+                        "UPDATE safe_time_beat_state SET next_fire = NULL "
                         "WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"
                     ),
                     self._p(names=list(idle)),
@@ -529,23 +536,28 @@ class PostgresBeatBackend(BeatBackend):
 
     # --- runtime entries: the leader's side ----------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
-        query = f"SELECT name, version FROM {CHANGES_TABLE} WHERE ns = :ns AND version > :since ORDER BY version, name"
-        if limit is not None:
-            query += " LIMIT :limit"
         with self.autocommit() as conn:
-            rows = conn.execute(sa.text(query), self._p(since=-1 if since is None else since, limit=limit)).all()
+            rows = conn.execute(
+                sa.text(
+                    "SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND version > :since "
+                    "ORDER BY version, name LIMIT :limit"
+                ),
+                self._p(since=-1 if since is None else since, limit=limit),  # LIMIT NULL: no limit
+            ).all()
         return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
         with self.autocommit() as conn:
-            rows = conn.execute(sa.text(f"SELECT name, slot_ms FROM {RUN_NOW_TABLE} WHERE ns = :ns"), self._p()).all()
+            rows = conn.execute(
+                sa.text("SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns"), self._p()
+            ).all()
         return {name: slot_ms for name, slot_ms in rows}
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
         with self.autocommit() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT name, definition FROM {ENTRIES_TABLE} "
+                    "SELECT name, definition FROM safe_time_beat_entries "
                     "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
                 ),
                 self._p(names=list(names)),
@@ -559,10 +571,10 @@ class PostgresBeatBackend(BeatBackend):
             return
         with self.autocommit() as conn:
             conn.execute(
-                sa.text(f"""
-                    DELETE FROM {CHANGES_TABLE} c
+                sa.text("""
+                    DELETE FROM safe_time_beat_changes c
                     WHERE c.ns = :ns AND c.name = ANY(CAST(:names AS text[])) AND c.version <= :version
-                    AND NOT EXISTS (SELECT 1 FROM {ENTRIES_TABLE} e WHERE e.ns = c.ns AND e.name = c.name)
+                    AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = c.ns AND e.name = c.name)
                 """),
                 self._p(names=list(names), version=version),
             )
@@ -570,10 +582,10 @@ class PostgresBeatBackend(BeatBackend):
     def mark_applied(self, token: str, marker: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text(f"""
-                    INSERT INTO {META_TABLE} (ns, version, applied)
+                sa.text("""
+                    INSERT INTO safe_time_beat_meta (ns, version, applied)
                     SELECT :ns, 0, :marker WHERE EXISTS (
-                        SELECT 1 FROM {LEASE_TABLE}
+                        SELECT 1 FROM safe_time_beat_lease
                         WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
                     ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
                 """),
@@ -583,7 +595,7 @@ class PostgresBeatBackend(BeatBackend):
     def run_now_done(self, name: str, slot_ms: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text(f"DELETE FROM {RUN_NOW_TABLE} WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms"),
+                sa.text("DELETE FROM safe_time_beat_run_now WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms"),
                 self._p(name=name, slot_ms=slot_ms),
             )
 
@@ -595,17 +607,19 @@ class PostgresBeatBackend(BeatBackend):
         return self.engine().begin()
 
     def _locked_version(self, conn: Any) -> int:
-        conn.execute(sa.text(f"INSERT INTO {META_TABLE} (ns) VALUES (:ns) ON CONFLICT DO NOTHING"), self._p())
+        conn.execute(sa.text("INSERT INTO safe_time_beat_meta (ns) VALUES (:ns) ON CONFLICT DO NOTHING"), self._p())
         return int(
-            conn.execute(sa.text(f"SELECT version FROM {META_TABLE} WHERE ns = :ns FOR UPDATE"), self._p()).scalar_one()
+            conn.execute(
+                sa.text("SELECT version FROM safe_time_beat_meta WHERE ns = :ns FOR UPDATE"), self._p()
+            ).scalar_one()
         )
 
     def _bump(self, conn: Any, name: str | None, version: int) -> int:
         version += 1
-        conn.execute(sa.text(f"UPDATE {META_TABLE} SET version = :v WHERE ns = :ns"), self._p(v=version))
+        conn.execute(sa.text("UPDATE safe_time_beat_meta SET version = :v WHERE ns = :ns"), self._p(v=version))
         if name is not None:
             conn.execute(
-                sa.text(f"""INSERT INTO {CHANGES_TABLE} (ns, name, version) VALUES (:ns, :name, :v)
+                sa.text("""INSERT INTO safe_time_beat_changes (ns, name, version) VALUES (:ns, :name, :v)
                     ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version"""),
                 self._p(name=name, v=version),
             )
@@ -613,13 +627,13 @@ class PostgresBeatBackend(BeatBackend):
 
     def _definition(self, conn: Any, name: str) -> str | None:
         value = conn.execute(
-            sa.text(f"SELECT definition FROM {ENTRIES_TABLE} WHERE ns = :ns AND name = :name"), self._p(name=name)
+            sa.text("SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name"), self._p(name=name)
         ).scalar_one_or_none()
         return None if value is None else str(value)
 
     def _put(self, conn: Any, name: str, raw: str) -> None:
         conn.execute(
-            sa.text(f"""INSERT INTO {ENTRIES_TABLE} (ns, name, definition) VALUES (:ns, :name, :raw)
+            sa.text("""INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
                 ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition"""),
             self._p(name=name, raw=raw),
         )
@@ -636,7 +650,8 @@ class PostgresBeatBackend(BeatBackend):
         with self._writing() as conn:
             version = self._locked_version(conn)
             gone = conn.execute(
-                sa.text(f"DELETE FROM {ENTRIES_TABLE} WHERE ns = :ns AND name = :name RETURNING 1"), self._p(name=name)
+                sa.text("DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1"),
+                self._p(name=name),
             ).first()
             if gone is None:
                 return 0
@@ -657,7 +672,7 @@ class PostgresBeatBackend(BeatBackend):
         with self._writing() as conn:
             version = self._locked_version(conn)
             conn.execute(
-                sa.text(f"""INSERT INTO {RUN_NOW_TABLE} (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
+                sa.text("""INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
                     ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms"""),
                 self._p(name=name, slot_ms=slot_ms),
             )
@@ -673,7 +688,7 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT name, definition FROM {ENTRIES_TABLE} "
+                    "SELECT name, definition FROM safe_time_beat_entries "
                     "WHERE ns = :ns AND left(name, length(:prefix)) = :prefix"
                 ),
                 self._p(prefix=prefix or ""),
@@ -688,7 +703,8 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT name, version FROM {CHANGES_TABLE} WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
+                    "SELECT name, version FROM safe_time_beat_changes "
+                    "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
                 ),
                 self._p(names=list(names)),
             ).all()
@@ -700,7 +716,7 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             conn.execute(
                 sa.text(
-                    f"INSERT INTO {STATE_TABLE} (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) "
+                    "INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) "
                     "ON CONFLICT DO NOTHING"
                 ),
                 self._p(entry=name, state=state),
@@ -710,7 +726,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             row = conn.execute(
-                sa.text(f"SELECT 1 FROM {FIRED_TABLE} WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms"),
+                sa.text("SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms"),
                 self._p(entry=name, slot_ms=int(slot_id(slot))),
             ).first()
         return row is not None
@@ -720,10 +736,10 @@ class PostgresBeatBackend(BeatBackend):
         """Delete fired-slot rows older than ``FIRED_SLOT_TTL`` (leader only: the lease is checked)."""
         with self.autocommit() as conn:
             result = conn.execute(
-                sa.text(f"""
-                    DELETE FROM {FIRED_TABLE} WHERE ns = :ns
+                sa.text("""
+                    DELETE FROM safe_time_beat_fired WHERE ns = :ns
                     AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
-                    AND EXISTS (SELECT 1 FROM {LEASE_TABLE}
+                    AND EXISTS (SELECT 1 FROM safe_time_beat_lease
                                 WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
                 """),
                 self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),

@@ -293,8 +293,14 @@ class DelayStore(abc.ABC):
         """``heartbeat_at`` = now while ``run_id`` still runs this delivery; False when it does not."""
 
     @abc.abstractmethod
-    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
-        """Record the end of ``run_id``'s run: ``finished`` with ``outcome``; False when the row moved on."""
+    def finish(
+        self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
+    ) -> bool:
+        """Record the end of ``run_id``'s run: ``finished`` with ``outcome``; False when the row moved on.
+
+        ``durable=False``: the store may answer before the write is on disk (PostgreSQL: without
+        waiting for the WAL flush). Only for a run whose lost end cannot make it run again.
+        """
 
     @abc.abstractmethod
     def requeue_unstarted(self, grace: float) -> int:

@@ -26,6 +26,7 @@ from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
 from ..tracing import in_stored_context
+from .amqp_batch import BatchProducer, BatchSender
 from .payload import decode
 from .plan import adaptive_lookahead
 from .stores import get_store
@@ -380,8 +381,10 @@ class PublisherConfirms:
     durable ones) or ``basic.nack``; one answer may settle every number up to its own (``multiple``).
     Waiting for each answer before the next publish (kombu's ``confirm_publish``) costs a round trip
     per row, about 8x slower here, so a batch is published first and its answers collected after.
-    The channel's ``basic_publish`` is wrapped to number the publishes that really reach it, so a
-    row that fails before (or, through a signal handler, after) its publish cannot shift the count.
+    Publishes are numbered where they really happen, so a row that fails before (or, through a
+    signal handler, after) its publish cannot shift the count: :meth:`number` for the ones the
+    sweep's :class:`~.amqp_batch.BatchProducer` buffers, and a wrapper of the channel's
+    ``basic_publish`` for any other (which writes what is buffered first: the order is the numbering).
     """
 
     def __init__(self, channel: Any) -> None:
@@ -391,20 +394,28 @@ class PublisherConfirms:
         publish = channel.basic_publish
 
         def numbered(*args: Any, **kwargs: Any) -> Any:
-            self.published += 1
-            self.tags[self.published] = self.current
-            self._unsettled.add(self.published)
+            self.flush_buffered()
+            self.number()
             return publish(*args, **kwargs)
 
         channel.basic_publish = numbered
         #: The row being published now (set by the sweep before each send).
         self.current = ""
         self.published = 0
+        #: Writes what a buffering producer on this channel holds (set by the sweep).
+        self.flush_buffered: Callable[[], None] = lambda: None
         #: delivery tag -> row id.
         self.tags: dict[int, str] = {}
         #: delivery tag -> True (acked) / False (nacked), for the tags answered so far.
         self.settled: dict[int, bool] = {}
-        self._unsettled: set[int] = set()
+        #: The tags not answered yet, in publish order (a dict: ordered, O(1) removal).
+        self._unsettled: dict[int, None] = {}
+
+    def number(self) -> None:
+        """Count one publish of the current row (RabbitMQ numbers them 1, 2, ... in arrival order)."""
+        self.published += 1
+        self.tags[self.published] = self.current
+        self._unsettled[self.published] = None
 
     @property
     def waiting(self) -> bool:
@@ -418,10 +429,18 @@ class PublisherConfirms:
         return acked - nacked - unsettled
 
     def _settle(self, delivery_tag: int, multiple: bool, acked: bool) -> None:
-        done = {t for t in self._unsettled if t <= delivery_tag} if multiple else {delivery_tag} & self._unsettled
+        if multiple:
+            # The oldest open tags up to this one: a walk from the front, not a scan of the batch.
+            done = []
+            for tag in self._unsettled:
+                if tag > delivery_tag:
+                    break
+                done.append(tag)
+        else:
+            done = [delivery_tag] if delivery_tag in self._unsettled else []
         for tag in done:
             self.settled[tag] = acked
-        self._unsettled -= done
+            del self._unsettled[tag]
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
         self._settle(delivery_tag, multiple, True)
@@ -463,14 +482,27 @@ def _publish_batch_confirmed(
         conn.ensure_connection(max_retries=1)
         channel = conn.default_channel
         confirms = PublisherConfirms(channel)
-        producer = app.amqp.Producer(channel)
+        # Publishes are buffered and written once per batch (see amqp_batch): send_task unchanged.
+        producer = BatchProducer(channel, on_publish=confirms.number)
+        confirms.flush_buffered = producer.flush
+        sender = BatchSender(app, producer)
         for row in rows:
             if clock() > trusted_until:
                 _abandon(store, config, [r for r in rows if r.id not in handled], token, stats)
                 handled.update(r.id for r in rows)
                 break
             confirms.current = row.id
-            outcome = _publish_row(app, config, store, row, token, producer, retry=False, broker_errors=broker_errors)
+            outcome = _publish_row(
+                app,
+                config,
+                store,
+                row,
+                token,
+                producer,
+                retry=False,
+                broker_errors=broker_errors,
+                send=sender.send_task,
+            )
             handled.add(row.id)
             if outcome == C.STATUS_SENT:
                 published.append(row)
@@ -478,6 +510,7 @@ def _publish_batch_confirmed(
                 expired.append(row.id)
             else:
                 stats.failed += 1
+        producer.flush()
         deadline = min(trusted_until, clock() + confirm_wait)
         while confirms.waiting:
             remaining = deadline - clock()
@@ -591,8 +624,12 @@ def _publish_row(
     *,
     retry: bool | None = None,
     broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
+    send: Callable[..., Any] | None = None,
 ) -> str:
-    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here."""
+    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here.
+
+    ``send``: ``app.send_task`` unless given (the RabbitMQ batch's :class:`~.amqp_batch.BatchSender`).
+    """
     if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
         logger.info("stored task %s[%s] expired at %s; not sent", row.task, row.id, row.expires_at.isoformat())
         return C.STATUS_EXPIRED
@@ -608,7 +645,7 @@ def _publish_row(
         if retry is not None:
             options["retry"] = retry
         # Published under the caller's stored trace context (if any), so its trace continues here.
-        in_stored_context(headers, app.send_task)(
+        in_stored_context(headers, send or app.send_task)(
             row.task,
             args=body.get("args") or (),
             kwargs=body.get("kwargs") or {},

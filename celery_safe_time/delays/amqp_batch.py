@@ -245,7 +245,9 @@ class BatchProducer(Producer):  # type: ignore[misc]  # kombu is untyped
         data = b"".join(self._buffer)
         self._buffer.clear()
         self._buffered = 0
-        self.channel.connection.transport.write(data)
+        connection = self.channel.connection
+        connection.transport.write(data)
+        connection.bytes_sent += 1  # what py-amqp's frame writer counts: heartbeats see traffic went out
 
     @property
     def pending(self) -> int:

@@ -20,8 +20,8 @@ from typing import Any
 
 from amqp.basic_message import Message
 from amqp.serialization import _write_item, dumps
-from kombu import Producer
 from kombu.common import maybe_declare
+from kombu.messaging import Producer
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 _BASIC_PUBLISH = pack(">HH", 60, 40)
 _BASIC_CLASS = 60
 _FRAME_END = b"\xce"
+#: Basic's 14 properties fit one flag word (bits 15 down to 2), in this order.
+_PROPERTY_ORDER = {name: order for order, (name, _kind) in enumerate(Message.PROPERTIES)}
+_PROPERTY_KINDS = [kind for _name, kind in Message.PROPERTIES]
+assert len(_PROPERTY_KINDS) <= 15, "more basic properties than one flag word holds"
 #: Header items whose encoding an encoder keeps (a batch's distinct items stay far below).
 _MEMO_ITEMS = 20_000
 
@@ -78,29 +82,24 @@ class FrameEncoder:
         return b"".join(frames)
 
     def properties(self, properties: dict[str, Any]) -> bytes:
-        """Basic content properties: flag words, then the values present, in the spec's order."""
-        flags: list[int] = []
+        """Basic content properties: the flag word, then the values present, in the spec's order."""
+        present = sorted(
+            (_PROPERTY_ORDER[k], v) for k, v in properties.items() if v is not None and k in _PROPERTY_ORDER
+        )
         flag_bits = 0
-        shift = 15
         values: list[bytes] = []
-        for key, kind in Message.PROPERTIES:
-            value = properties.get(key)
-            if value is not None:
-                if shift == 0:
-                    flags.append(flag_bits)
-                    flag_bits, shift = 0, 15
-                flag_bits |= 1 << shift
-                if kind == "s":
-                    values.append(_shortstr(value))
-                elif kind == "o":
-                    values.append(pack("B", value))
-                elif kind == "F":
-                    values.append(self.table(value))
-                else:  # the rare ones (timestamp): py-amqp's own encoder
-                    values.append(dumps(kind, [value]))
-            shift -= 1
-        flags.append(flag_bits)
-        return pack(f">{len(flags)}H", *flags) + b"".join(values)
+        for order, value in present:
+            flag_bits |= 1 << (15 - order)
+            kind = _PROPERTY_KINDS[order]
+            if kind == "s":
+                values.append(_shortstr(value))
+            elif kind == "o":
+                values.append(pack("B", value))
+            elif kind == "F":
+                values.append(self.table(value))
+            else:  # the rare ones (timestamp): py-amqp's own encoder
+                values.append(dumps(kind, [value]))
+        return pack(">H", flag_bits) + b"".join(values)
 
     def table(self, table: dict[str, Any]) -> bytes:
         """An AMQP field table; each item's encoding is reused for the rest of the batch.
@@ -171,7 +170,7 @@ def _item(key: str, value: Any) -> bytes:
     return b"".join(out)
 
 
-class BatchProducer(Producer):  # type: ignore[misc]  # kombu is untyped
+class BatchProducer(Producer):
     """A kombu producer on one py-amqp channel whose publishes are buffered until :meth:`flush`.
 
     ``on_publish`` is called once per message buffered (the sweep numbers its publisher confirms
@@ -181,7 +180,7 @@ class BatchProducer(Producer):  # type: ignore[misc]  # kombu is untyped
     """
 
     def __init__(self, channel: Any, *, on_publish: Any, flush_bytes: int = 1 << 20, **kwargs: Any) -> None:
-        super().__init__(channel, **kwargs)
+        super().__init__(channel, **kwargs)  # type: ignore[no-untyped-call]
         self._encoder = FrameEncoder(channel.channel_id, channel.connection.frame_max)
         self._on_publish = on_publish
         self._flush_bytes = flush_bytes
@@ -213,7 +212,7 @@ class BatchProducer(Producer):  # type: ignore[misc]  # kombu is untyped
         for entity in declare or ():
             if entity and id(entity) not in self._declared:
                 self.flush()  # the declare's round trip must not overtake what is buffered
-                maybe_declare(entity, self.channel, retry, **(retry_policy or {}))
+                maybe_declare(entity, self.channel, retry, **(retry_policy or {}))  # type: ignore[no-untyped-call]
                 self._declared[id(entity)] = entity  # the object kept, so its id is not reused
         if isinstance(body, str):
             content_encoding = content_encoding or "utf-8"
@@ -237,6 +236,10 @@ class BatchProducer(Producer):  # type: ignore[misc]  # kombu is untyped
         self._buffered += len(frames)
         if self._buffered >= self._flush_bytes:
             self.flush()
+
+    def new_batch(self) -> None:
+        """Start a new batch: the header items kept for the last one are dropped (memory stays per batch)."""
+        self._encoder = FrameEncoder(self._encoder.channel_id, self.channel.connection.frame_max)
 
     def flush(self) -> None:
         """Write what is buffered in one socket write (a connection error propagates)."""

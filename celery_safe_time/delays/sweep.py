@@ -90,20 +90,29 @@ def sweep(
         lookahead = plan_lookahead(config, store)
     stats.lookahead = lookahead
     started = clock()
-    while max_batches is None or stats.batches < max_batches:
-        token = uuid()
-        rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
-        # The claim's age counts from here, not from the publish: a publisher slowed down past half the
-        # claim timeout stops, since another sweeper may reclaim and publish the same rows.
-        claimed_at = clock()
-        if not rows:
-            break
-        stats.batches += 1
-        stats.claimed += len(rows)
-        _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
-        if len(rows) < batch or stats.unconfirmed:
-            # A broker that did not confirm this batch (an alarm) would hold the next one the same way.
-            break
+    # On RabbitMQ the batches of this sweep share one connection in confirm mode (opened at the first).
+    session = _ConfirmSession(app, config) if config.broker_kind == C.BROKER_AMQP else None
+    try:
+        while max_batches is None or stats.batches < max_batches:
+            token = uuid()
+            rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
+            # The claim's age counts from here, not from the publish: a publisher slowed down past half the
+            # claim timeout stops, since another sweeper may reclaim and publish the same rows.
+            claimed_at = clock()
+            if not rows:
+                break
+            stats.batches += 1
+            stats.claimed += len(rows)
+            if session is not None:
+                _publish_batch_confirmed(session, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
+            else:
+                _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
+            if len(rows) < batch or stats.unconfirmed:
+                # A broker that did not confirm this batch (an alarm) would hold the next one the same way.
+                break
+    finally:
+        if session is not None:
+            session.close()
     if stats.claimed >= batch:
         _measured_rate(store, stats.claimed / max(clock() - started, 1e-3))
     if stats.claimed:
@@ -268,9 +277,6 @@ def _publish_batch(
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    if config.broker_kind == C.BROKER_AMQP:
-        _publish_batch_confirmed(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
-        return
     sent: list[DelayRow] = []
     expired: list[str] = []
     index = 0
@@ -411,6 +417,11 @@ class PublisherConfirms:
         #: The tags not answered yet, in publish order (a dict: ordered, O(1) removal).
         self._unsettled: dict[int, None] = {}
 
+    def new_batch(self) -> None:
+        """Forget the settled tags of the batches before (a new batch starts with none open)."""
+        self.tags = {t: self.tags[t] for t in self._unsettled}
+        self.settled = {}
+
     def number(self) -> None:
         """Count one publish of the current row (RabbitMQ numbers them 1, 2, ... in arrival order)."""
         self.published += 1
@@ -449,8 +460,67 @@ class PublisherConfirms:
         self._settle(delivery_tag, multiple, False)
 
 
+class _ConfirmSession:
+    """The RabbitMQ side of one sweep: a connection of its own, one channel in confirm mode, reused
+    by the sweep's batches while it stays healthy.
+
+    Our own connection, not the app's pool: confirm mode stays on the channel it was selected on,
+    and kombu's publish retry would republish on a new channel whose numbering starts again. Opened
+    at the first batch (an AMQP handshake, a channel, ``confirm.select``, the queue declares: round
+    trips a batch need not pay again); dropped without a close handshake after a broker error or a
+    batch left unconfirmed, so the next batch starts on a new one.
+    """
+
+    def __init__(self, app: Celery, config: SafeTimeConfig) -> None:
+        self.app = app
+        self.confirm_wait = min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+        self.conn: Any = None
+        self._parts: tuple[PublisherConfirms, BatchProducer, BatchSender] | None = None
+        self.broker_errors: tuple[type[BaseException], ...] = (OperationalError, OSError)
+
+    def open(self) -> tuple[PublisherConfirms, BatchSender]:
+        """The session's confirms and sender, connecting first if needed; a new batch's bookkeeping."""
+        if self.conn is None or self._parts is None:
+            conn = self.app.connection_for_write(
+                transport_options={"confirm_publish": False, "write_timeout": self.confirm_wait}
+            )
+            self.conn = conn
+            self.broker_errors = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            confirms = PublisherConfirms(channel)
+            # Publishes are buffered and written once per batch (see amqp_batch); send_task's work per row.
+            producer = BatchProducer(channel, on_publish=confirms.number)
+            confirms.flush_buffered = producer.flush
+            self._parts = (confirms, producer, BatchSender(self.app, producer))
+        assert self._parts is not None
+        confirms, producer, sender = self._parts
+        confirms.new_batch()
+        producer.new_batch()
+        return confirms, sender
+
+    def drop(self) -> None:
+        """Forget the connection without a close handshake (a broken or blocked one never answers it)."""
+        conn, self.conn = self.conn, None
+        self._parts = None
+        if conn is not None:
+            try:
+                conn.collect()
+            except Exception:  # closing a dead connection must not hide what happened to the rows
+                logger.debug("sweep: dropping the publishing connection failed", exc_info=True)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        self._parts = None
+        if conn is not None:
+            try:
+                conn.release()
+            except Exception:
+                logger.debug("sweep: closing the publishing connection failed", exc_info=True)
+
+
 def _publish_batch_confirmed(
-    app: Celery,
+    session: _ConfirmSession,
     config: SafeTimeConfig,
     store: DelayStore,
     rows: list[DelayRow],
@@ -460,32 +530,24 @@ def _publish_batch_confirmed(
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Publish on a connection of its own in confirm mode; mark sent only what RabbitMQ acknowledged.
+    """Publish in confirm mode, the batch written at once; mark sent only what RabbitMQ acknowledged.
 
     Every claimed row ends either sent (its publish was confirmed) or back to pending (not confirmed:
     nacked, the connection or channel died, the broker blocked publishing past the wait). A row
     handed back whose message did get through is published again by a later sweep; the delivery
     record runs it once.
     """
+    app = session.app
     trusted_until = claimed_at + config.claim_timeout / 2
-    confirm_wait = min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+    confirm_wait = session.confirm_wait
     published: list[DelayRow] = []
     expired: list[str] = []
     handled: set[str] = set()
-    error: Exception | None = None
+    error: BaseException | None = None
     confirms: PublisherConfirms | None = None
-    # Our own connection, not the app's pool: confirm mode stays on the channel it was selected on,
-    # and kombu's publish retry would republish on a new channel whose numbering starts again.
-    conn = app.connection_for_write(transport_options={"confirm_publish": False, "write_timeout": confirm_wait})
-    broker_errors = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
     try:
-        conn.ensure_connection(max_retries=1)
-        channel = conn.default_channel
-        confirms = PublisherConfirms(channel)
-        # Publishes are buffered and written once per batch (see amqp_batch): send_task unchanged.
-        producer = BatchProducer(channel, on_publish=confirms.number)
-        confirms.flush_buffered = producer.flush
-        sender = BatchSender(app, producer)
+        confirms, sender = session.open()
+        broker_errors = session.broker_errors
         for row in rows:
             if clock() > trusted_until:
                 _abandon(store, config, [r for r in rows if r.id not in handled], token, stats)
@@ -493,16 +555,9 @@ def _publish_batch_confirmed(
                 break
             confirms.current = row.id
             outcome = _publish_row(
-                app,
-                config,
-                store,
-                row,
-                token,
-                producer,
-                retry=False,
-                broker_errors=broker_errors,
+                app, config, store, row, token, sender.producer, retry=False, broker_errors=broker_errors,
                 send=sender.send_task,
-            )
+            )  # fmt: skip
             handled.add(row.id)
             if outcome == C.STATUS_SENT:
                 published.append(row)
@@ -510,33 +565,28 @@ def _publish_batch_confirmed(
                 expired.append(row.id)
             else:
                 stats.failed += 1
-        producer.flush()
+        sender.producer.flush()
         deadline = min(trusted_until, clock() + confirm_wait)
         while confirms.waiting:
             remaining = deadline - clock()
             try:
                 # Past the deadline still read what already arrived (a sweeper paused while the acks
                 # came in finds them in its socket), then stop at the first empty read.
-                conn.drain_events(timeout=max(0.01, min(1.0, remaining)))
+                session.conn.drain_events(timeout=max(0.01, min(1.0, remaining)))
             except TimeoutError:  # socket.timeout: no answer yet
                 if remaining <= 0:
                     break
-    except broker_errors as exc:
+    except session.broker_errors as exc:
         error = exc
     except BaseException:
-        conn.collect()
+        session.drop()
         raise
     confirmed = confirms.confirmed() if confirms is not None else set()
     sent = [row for row in published if row.id in confirmed]
     unconfirmed = [row.id for row in published if row.id not in confirmed]
     rest = [r.id for r in rows if r.id not in handled] + unconfirmed
-    try:
-        if error is None and not unconfirmed:
-            conn.release()
-        else:
-            conn.collect()  # no close handshake: a blocked or broken connection would never answer it
-    except Exception:  # closing a dead connection must not hide what happened to the rows
-        logger.debug("sweep: closing the publishing connection failed", exc_info=True)
+    if error is not None or unconfirmed:
+        session.drop()
     if rest:
         store.release(rest, token)
         logger.warning(

@@ -19,6 +19,7 @@ from struct import pack
 from typing import Any
 
 from amqp.basic_message import Message
+from amqp.channel import Channel as AmqpChannel
 from amqp.serialization import _write_item, dumps
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
@@ -170,6 +171,10 @@ def _item(key: str, value: Any) -> bytes:
     return b"".join(out)
 
 
+def _frame_max(channel: Any) -> int:
+    return int(getattr(getattr(channel, "connection", None), "frame_max", None) or 131072)
+
+
 class BatchProducer(Producer):
     """A kombu producer on one py-amqp channel whose publishes are buffered until :meth:`flush`.
 
@@ -181,7 +186,10 @@ class BatchProducer(Producer):
 
     def __init__(self, channel: Any, *, on_publish: Any, flush_bytes: int = 1 << 20, **kwargs: Any) -> None:
         super().__init__(channel, **kwargs)  # type: ignore[no-untyped-call]
-        self._encoder = FrameEncoder(channel.channel_id, channel.connection.frame_max)
+        #: Only a py-amqp channel's frames are ours to write; another client (librabbitmq) publishes
+        #: each message itself, as kombu does (numbered by the wrapper of its ``basic_publish``).
+        self.buffering = isinstance(channel, AmqpChannel)
+        self._encoder = FrameEncoder(getattr(channel, "channel_id", 1), _frame_max(channel))
         self._on_publish = on_publish
         self._flush_bytes = flush_bytes
         self._buffer: list[bytes] = []
@@ -207,7 +215,12 @@ class BatchProducer(Producer):
         confirm_timeout: float | None = None,
         retry: bool = False,
         retry_policy: dict[str, Any] | None = None,
-    ) -> None:
+    ) -> Any:
+        if not self.buffering:
+            return super()._publish(  # type: ignore[no-untyped-call]
+                body, priority, content_type, content_encoding, headers, properties, routing_key, mandatory,
+                immediate, exchange, declare, timeout, confirm_timeout, retry, retry_policy,
+            )  # fmt: skip
         # What kombu's Producer._publish and py-amqp's basic_publish do, minus the write.
         for entity in declare or ():
             if entity and id(entity) not in self._declared:
@@ -239,7 +252,7 @@ class BatchProducer(Producer):
 
     def new_batch(self) -> None:
         """Start a new batch: the header items kept for the last one are dropped (memory stays per batch)."""
-        self._encoder = FrameEncoder(self._encoder.channel_id, self.channel.connection.frame_max)
+        self._encoder = FrameEncoder(self._encoder.channel_id, _frame_max(self.channel))
 
     def flush(self) -> None:
         """Write what is buffered in one socket write (a connection error propagates)."""

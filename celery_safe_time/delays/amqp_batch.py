@@ -51,6 +51,7 @@ class FrameEncoder:
         self.chunk_size = frame_max - 8
         self._items: dict[tuple[str, type, Any], bytes] = {}
         self._keys: dict[str, bytes] = {}
+        self._methods: dict[tuple[str, str, bool, bool], bytes] = {}
 
     def publish(
         self,
@@ -63,19 +64,22 @@ class FrameEncoder:
         immediate: bool = False,
     ) -> bytes:
         """The frames of one ``basic.publish`` of ``body`` with ``properties`` (py-amqp's names)."""
-        args = b"".join(
-            (
-                _BASIC_PUBLISH,
-                b"\x00\x00",  # reserved (ticket)
-                _shortstr(exchange),
-                _shortstr(routing_key),
-                pack("B", (1 if mandatory else 0) | (2 if immediate else 0)),
-            )
-        )
-        header = pack(">HHQ", _BASIC_CLASS, 0, len(body)) + self.properties(properties)
         channel = self.channel_id
-        frames = [pack(">BHI", 1, channel, len(args)), args, _FRAME_END]
-        frames += [pack(">BHI", 2, channel, len(header)), header, _FRAME_END]
+        destination = (exchange, routing_key, mandatory, immediate)
+        method = self._methods.get(destination)
+        if method is None:  # the method frame is the same for every message to one destination
+            args = b"".join(
+                (
+                    _BASIC_PUBLISH,
+                    b"\x00\x00",  # reserved (ticket)
+                    _shortstr(exchange),
+                    _shortstr(routing_key),
+                    pack("B", (1 if mandatory else 0) | (2 if immediate else 0)),
+                )
+            )
+            method = self._methods[destination] = pack(">BHI", 1, channel, len(args)) + args + _FRAME_END
+        header = pack(">HHQ", _BASIC_CLASS, 0, len(body)) + self.properties(properties)
+        frames = [method, pack(">BHI", 2, channel, len(header)), header, _FRAME_END]
         chunk = self.chunk_size
         for start in range(0, len(body), chunk):
             part = body[start : start + chunk]

@@ -119,3 +119,11 @@ def test_a_timestamp_property_and_a_datetime_header_match_py_amqp() -> None:
 def test_a_routing_key_over_255_bytes_is_refused_before_anything_is_buffered() -> None:
     with pytest.raises(ValueError, match="short string"):
         FrameEncoder(1, 131072).publish(b"", {}, exchange="", routing_key="q" * 256)
+
+
+def test_one_encoder_publishing_to_several_destinations_keeps_each_method_frame_apart() -> None:
+    encoder = FrameEncoder(1, 131072)
+    for exchange, routing_key, mandatory in [("", "celery", False), ("ex", "rk", False), ("", "celery", True)] * 2:
+        expected = py_amqp_frames(1, 131072, b"{}", {}, exchange=exchange, routing_key=routing_key, mandatory=mandatory)
+        ours = encoder.publish(b"{}", {}, exchange=exchange, routing_key=routing_key, mandatory=mandatory)
+        assert ours == expected

@@ -266,3 +266,26 @@ def test_a_connection_closed_by_the_broker_mid_batch_loses_nothing_and_the_rows_
     assert set(statuses(store, ids).values()) == {C.STATUS_SENT}
     second = [m.headers["id"] for m in drain(amqp_url, "celery")]
     assert sorted(first + second) == ids  # every row once: the third batch never left the buffer
+
+
+def test_nacked_publishes_go_back_to_pending_and_each_row_is_delivered_once(
+    make_app: Callable[..., Celery], amqp_url: str, redis_url: str, postgres_url: str, store: SQLAlchemyStore
+) -> None:
+    """A queue that holds 10 messages and rejects more (``x-overflow: reject-publish``): RabbitMQ nacks
+    every publish past the 10th. The sweep marks the 10 acked rows sent, hands the 20 nacked ones back
+    to pending (``unconfirmed``, a warning, no error) and stops; each later sweep, once the queue was
+    drained, sends the next 10. Every row reaches the queue exactly once."""
+    bounded = Queue("celery", queue_arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
+    app = app_for(make_app, amqp_url, redis_url, postgres_url, task_queues=[bounded], task_routes=None)
+    ids = [f"nack-{i:03d}" for i in range(30)]
+    insert_rows(store, ids)
+    delivered: list[str] = []
+    for round_ in range(3):
+        stats = sweep(app, batch=30)
+        assert (stats.sent, stats.unconfirmed) == (10, 20 - 10 * round_), stats
+        assert stats.sent + stats.unconfirmed == stats.claimed
+        delivered += [m.headers["id"] for m in drain(amqp_url, bounded)]
+        counts = list(statuses(store, ids).values())
+        assert counts.count(C.STATUS_SENT) == 10 * (round_ + 1)
+        assert counts.count(C.STATUS_PENDING) == 20 - 10 * round_
+    assert sorted(delivered) == ids

@@ -5,8 +5,11 @@ that announces ``connection.blocked``, one non-blocking socket read before it; a
 message's header table item by item although a batch of one task repeats most of them (task name,
 ``lang``, ``retries``, ``timelimit``, ...). :class:`BatchProducer` is a kombu ``Producer`` whose last
 step, after kombu's own serialization, compression and delivery details, appends the frames to a
-buffer instead; :meth:`BatchProducer.flush` writes the buffer once. Everything before it is
-Celery's ``send_task`` unchanged (routing, headers, ``before/after_task_publish``, the sent event).
+buffer instead; :meth:`BatchProducer.flush` writes the buffer once. A ``connection.blocked``
+notice (a memory or disk alarm) is read while the sweep waits for the batch's confirms instead of
+before each publish. :class:`BatchSender` is ``send_task``'s per-row work (routing, the message,
+``send_task_message`` with ``before/after_task_publish`` and the sent event) with what is the same
+for every row looked up once per batch.
 
 :class:`FrameEncoder` produces the same bytes as py-amqp's frame writer (tested against it), with
 the encodings of repeated header items kept for the batch.

@@ -21,6 +21,7 @@ import logging
 from struct import pack
 from typing import Any
 
+import celery
 from amqp.basic_message import Message
 from amqp.channel import Channel as AmqpChannel
 from amqp.serialization import _write_item, dumps
@@ -279,6 +280,14 @@ class BatchProducer(Producer):
 
 
 _OMITTED: Any = object()
+#: The Celery release whose ``send_task`` :meth:`BatchSender.send_task` follows, argument for argument.
+MIRRORED_CELERY = (5, 7)
+
+
+def _quorum_queues(app: Any, producer: Any) -> bool:
+    from celery.utils.quorum_queues import detect_quorum_queues
+
+    return bool(detect_quorum_queues(app, producer.connection.transport.driver_type)[0])
 
 
 class BatchSender:
@@ -292,13 +301,12 @@ class BatchSender:
     ``task-sent`` event). Left out, because a sweeper never reads its rows' results: the
     ``AsyncResult`` built per call, ``backend.on_task_call`` (on a Redis result backend, a SUBSCRIBE
     per row that the sweeper would keep) and ``add_to_parent``. On quorum queues with native delayed
-    delivery (Celery routes an ``eta`` through its ``celery_delayed_*`` exchanges) rows go through
-    ``app.send_task`` itself.
+    delivery (Celery routes an ``eta`` through its ``celery_delayed_*`` exchanges), and on a Celery
+    other than :data:`MIRRORED_CELERY` (whose ``send_task`` this follows), rows go through
+    ``app.send_task`` itself, into the same buffer and under the same confirms.
     """
 
     def __init__(self, app: Any, producer: Any) -> None:
-        from celery.utils.quorum_queues import detect_quorum_queues
-
         self.app = app
         self.producer = producer
         conf = app.conf
@@ -308,9 +316,9 @@ class BatchSender:
         self._parent = app.current_worker_task
         self._router = app.amqp.router
         self._exec_options: dict[str, dict[str, Any]] = {}
-        driver = producer.connection.transport.driver_type
-        #: Quorum queues (native delayed delivery reroutes messages with an eta): Celery's own path.
-        self.native_delayed = bool(detect_quorum_queues(app, driver)[0])
+        #: Celery's own ``send_task`` per row: on another Celery than the one mirrored here, and on
+        #: quorum queues (native delayed delivery reroutes messages with an eta).
+        self.via_send_task = celery.VERSION[:2] != MIRRORED_CELERY or _quorum_queues(app, producer)
 
     def _task_options(self, name: str) -> tuple[Any, dict[str, Any]]:
         task = self.app.tasks.get(name)
@@ -356,7 +364,7 @@ class BatchSender:
         from dateutil.parser import isoparse
 
         app = self.app
-        if self.native_delayed:
+        if self.via_send_task:
             explicit = {"expires": expires, "time_limit": time_limit, "soft_time_limit": soft_time_limit}
             app.send_task(
                 name, args, kwargs, countdown, eta, task_id, producer=self.producer, link=link,

@@ -22,6 +22,7 @@ from kombu.exceptions import OperationalError
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
+from celery_safe_time.delays import amqp_batch
 from celery_safe_time.delays.stores.base import NewDelay
 from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
@@ -289,3 +290,34 @@ def test_nacked_publishes_go_back_to_pending_and_each_row_is_delivered_once(
         assert counts.count(C.STATUS_SENT) == 10 * (round_ + 1)
         assert counts.count(C.STATUS_PENDING) == 20 - 10 * round_
     assert sorted(delivered) == ids
+
+
+def test_on_another_celery_release_each_row_goes_through_send_task_itself_still_batched(
+    make_app: Callable[..., Celery],
+    amqp_url: str,
+    redis_url: str,
+    postgres_url: str,
+    store: SQLAlchemyStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BatchSender follows one Celery release's ``send_task``; on any other, rows take ``app.send_task``
+    (same buffer, same confirms): same routing, every row once."""
+    monkeypatch.setattr(amqp_batch, "MIRRORED_CELERY", (0, 0))
+    app = app_for(make_app, amqp_url, redis_url, postgres_url)
+    calls: list[str] = []
+    send_task = app.send_task
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("task_id") or args[4])  # send_task(name, args, kwargs, countdown, eta, task_id)
+        return send_task(name, *args, **kwargs)
+
+    monkeypatch.setattr(app, "send_task", counting)
+    ids = [f"old-{i:03d}" for i in range(40)]
+    insert_rows(store, ids)
+    assert sweep(app, batch=25).sent == 40
+    assert sorted(calls) == ids
+    routed = {m.headers["id"] for m in drain(amqp_url, ROUTED)}
+    default = {m.headers["id"] for m in drain(amqp_url, "celery")}
+    assert routed == {i for i in ids if i[-1] in "02468"}
+    assert routed | default == set(ids)
+    assert not routed & default

@@ -127,7 +127,7 @@ class Lease(BeatLease):
 
         1: publish it; 0: already fired by someone (do not publish); -1: not the leader.
         """
-        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire, slot))
+        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire, slot), marker_value(epoch))
         return int(script(keys=keys, args=args))
 
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
@@ -136,7 +136,7 @@ class Lease(BeatLease):
         return int(
             self._dispatch_slot(
                 keys=[self.keys.lease, self.keys.epoch, marker],
-                args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, str(epoch)],
+                args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, marker_value(epoch)],
             )
         )
 
@@ -150,7 +150,7 @@ class Lease(BeatLease):
         pipe = self.client.pipeline(transaction=False)
         scripts = []
         for write in writes:
-            script, keys, args = self._write_call(epoch, write)
+            script, keys, args = self._write_call(epoch, write, marker_value(epoch))
             scripts.append((script, keys, args))
             # evalsha without SCRIPT EXISTS first: a script Redis lost is loaded on NOSCRIPT below.
             # Sent as a raw command: redis-py's cluster pipeline refuses its evalsha() method, but
@@ -187,19 +187,30 @@ class Lease(BeatLease):
                 return False
         return True
 
-    def _write_call(self, epoch: int, write: SlotWrite) -> tuple[Any, list[str], list[Any]]:
+    def _write_call(self, epoch: int, write: SlotWrite, marker: str) -> tuple[Any, list[str], list[Any]]:
         if write.slot is None:
             return (
                 self._advance,
                 [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due],
                 [self.token, epoch, write.entry, write.state, repr(write.next_fire)],
             )
-        marker = self.config.key(C.KEY_BEAT_FIRED, entry=write.entry, slot=slot_id(write.slot))
+        key = self.config.key(C.KEY_BEAT_FIRED, entry=write.entry, slot=slot_id(write.slot))
         return (
             self._dispatch,
-            [self.keys.lease, self.keys.epoch, marker, self.keys.state, self.keys.due],
-            [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), str(epoch)],
+            [self.keys.lease, self.keys.epoch, key, self.keys.state, self.keys.due],
+            [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), marker],
         )
+
+
+def marker_value(epoch: int) -> str:
+    """A fired marker's value, new per dispatch (per write of a batch): ``"<epoch>:<nonce>"``.
+
+    redis-py may send a command again after a timeout whatever ``retry_on_timeout`` says; when the
+    first attempt ran but its reply was lost, the second finds the marker set. With the call's own
+    value there it still answers "publish" (the slot was never published), where a bare epoch would
+    answer "already fired" and the slot would be missed.
+    """
+    return f"{epoch}:{uuid.uuid4().hex[:12]}"
 
 
 def slot_id(slot: float) -> str:

@@ -26,6 +26,7 @@ from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
 from ..config import SafeTimeConfig
+from ..delays.sweep import _Batch, _batched
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from ..redis_client import as_text
 from .base import OPTION_MISFIRE, LeasedScheduler
@@ -501,6 +502,17 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         if not planned:
             return True
         verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
+        allowed: list[tuple[Any, float]] = []
+        try:
+            return self._allowed(planned, verdicts, allowed)
+        finally:
+            self.publish_many(allowed, epoch)
+
+    def _allowed(
+        self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]
+    ) -> bool:
+        """Read the guard's verdicts: the slots to publish go in ``allowed`` (published by the caller,
+        also when this stops half way: those slots are marked fired)."""
         for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
             if verdict < 0:
                 return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
@@ -518,8 +530,40 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 continue
             entry = self.schedule.get(write.entry)
             if entry is not None:
-                self.publish(entry, write.slot, epoch)  # logs its own failures, never raises
+                allowed.append((entry, write.slot))
         return True
+
+    def publish_many(self, allowed: list[tuple[Any, float]], epoch: int) -> None:
+        """Publish a tick's allowed slots; on Redis in one round trip (kombu's ``Producer.batch``:
+        the same LPUSHes through Celery's ``send_task``, routing, headers and publish signals kept).
+
+        A slot is logged and signalled as sent only once its batch reached the broker: a batch that
+        fails is lost as a whole and logged slot by slot (at most once, as a single failed publish).
+        """
+        if len(allowed) < 2 or not getattr(self.producer, "supports_batch_publish", False):
+            for entry, slot in allowed:
+                self.publish(entry, slot, epoch)  # logs its own failures, never raises
+            return
+        sent: list[tuple[Any, float, Any]] = []
+        batch = _Batch()
+        try:
+            with _batched(self.producer, len(allowed), batch):
+                for entry, slot in allowed:
+                    result = self._send(entry, slot, epoch)
+                    if result is not None:
+                        sent.append((entry, slot, result))
+        except Exception as exc:
+            for entry, slot in allowed:
+                logger.error(
+                    "beat: entry %r slot %s could not be published (batch of %d): %s",
+                    entry.name,
+                    to_datetime(slot).isoformat(),
+                    len(allowed),
+                    exc,
+                )
+            return
+        for entry, slot, result in sent:
+            self._sent(entry, slot, epoch, result)
 
     def _finished(self, name: str) -> None:
         """A runtime one-off has no slot left (fired, or skipped by its misfire policy): store its
@@ -582,17 +626,27 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return False
 
     def publish(self, entry: Any, slot: float, epoch: int) -> Any:
+        result = self._send(entry, slot, epoch)
+        if result is not None:
+            self._sent(entry, slot, epoch, result)
+        return result
+
+    def _send(self, entry: Any, slot: float, epoch: int) -> Any:
+        """Publish one slot (or buffer it, inside a batch); None when it failed (logged)."""
         when = to_datetime(slot)
         options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
         options["headers"] = {**(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
         proxy = copy.copy(entry)
         proxy.options = options
         try:
-            result = super().apply_async(proxy, producer=self.producer, advance=False)
+            return super().apply_async(proxy, producer=self.producer, advance=False)
         except Exception as exc:
             # At most once: the slot is marked fired; a lost publish is logged, not retried.
             logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
             return None
+
+    def _sent(self, entry: Any, slot: float, epoch: int, result: Any) -> None:
+        when = to_datetime(slot)
         entry.last_run_at = when
         entry.total_run_count += 1
         task_id = getattr(result, "id", None)
@@ -602,4 +656,3 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             level, "beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch
         )
         signals.beat_slot_dispatched.send(sender=self, entry=entry.name, slot=when, epoch=epoch, task_id=task_id)
-        return result

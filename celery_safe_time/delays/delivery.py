@@ -151,7 +151,12 @@ def _run_started(
     finally:
         # The heartbeat stays on until the end is written: a row that looked dead meanwhile would be
         # run again (acks_late) or marked interrupted although it ran to its end.
-        recorded = finish_retrying(store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0)
+        # An acks_late run whose end is forgotten runs again (the sweep re-runs a stale acks_late row):
+        # its end waits for the disk. Any other run's forgotten end only shows as interrupted.
+        durable = bool(getattr(task, "acks_late", False))
+        recorded = finish_retrying(
+            store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=durable
+        )
         if recorded is None:
             _finish_later(store, task_id, token, run_id, outcome, error, watchdog, config.claim_timeout)
         else:
@@ -198,6 +203,7 @@ def finish_retrying(
     error: str | None,
     *,
     budget: float,
+    durable: bool = True,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> bool | None:
@@ -210,7 +216,7 @@ def finish_retrying(
     waits = iter(_FINISH_RETRY_DELAYS)
     while True:
         try:
-            recorded = store.finish(task_id, token, run_id, outcome, error)
+            recorded = store.finish(task_id, token, run_id, outcome, error, durable=durable)
         except StoreError as exc:
             wait = next(waits, _FINISH_RETRY_DELAYS[-1])
             if clock() + wait > deadline:

@@ -26,6 +26,7 @@ from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
 from ..tracing import in_stored_context
+from .amqp_batch import BatchProducer, BatchSender
 from .payload import decode
 from .plan import adaptive_lookahead
 from .stores import get_store
@@ -89,20 +90,29 @@ def sweep(
         lookahead = plan_lookahead(config, store)
     stats.lookahead = lookahead
     started = clock()
-    while max_batches is None or stats.batches < max_batches:
-        token = uuid()
-        rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
-        # The claim's age counts from here, not from the publish: a publisher slowed down past half the
-        # claim timeout stops, since another sweeper may reclaim and publish the same rows.
-        claimed_at = clock()
-        if not rows:
-            break
-        stats.batches += 1
-        stats.claimed += len(rows)
-        _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
-        if len(rows) < batch or stats.unconfirmed:
-            # A broker that did not confirm this batch (an alarm) would hold the next one the same way.
-            break
+    # On RabbitMQ the batches of this sweep share one connection in confirm mode (opened at the first).
+    session = _ConfirmSession(app, config) if config.broker_kind == C.BROKER_AMQP else None
+    try:
+        while max_batches is None or stats.batches < max_batches:
+            token = uuid()
+            rows = store.claim_due(limit=batch, lookahead=lookahead, token=token)
+            # The claim's age counts from here, not from the publish: a publisher slowed down past half the
+            # claim timeout stops, since another sweeper may reclaim and publish the same rows.
+            claimed_at = clock()
+            if not rows:
+                break
+            stats.batches += 1
+            stats.claimed += len(rows)
+            if session is not None:
+                _publish_batch_confirmed(session, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
+            else:
+                _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
+            if len(rows) < batch or stats.unconfirmed:
+                # A broker that did not confirm this batch (an alarm) would hold the next one the same way.
+                break
+    finally:
+        if session is not None:
+            session.close()
     if stats.claimed >= batch:
         _measured_rate(store, stats.claimed / max(clock() - started, 1e-3))
     if stats.claimed:
@@ -267,9 +277,6 @@ def _publish_batch(
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    if config.broker_kind == C.BROKER_AMQP:
-        _publish_batch_confirmed(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
-        return
     sent: list[DelayRow] = []
     expired: list[str] = []
     index = 0
@@ -380,8 +387,10 @@ class PublisherConfirms:
     durable ones) or ``basic.nack``; one answer may settle every number up to its own (``multiple``).
     Waiting for each answer before the next publish (kombu's ``confirm_publish``) costs a round trip
     per row, about 8x slower here, so a batch is published first and its answers collected after.
-    The channel's ``basic_publish`` is wrapped to number the publishes that really reach it, so a
-    row that fails before (or, through a signal handler, after) its publish cannot shift the count.
+    Publishes are numbered where they really happen, so a row that fails before (or, through a
+    signal handler, after) its publish cannot shift the count: :meth:`number` for the ones the
+    sweep's :class:`~.amqp_batch.BatchProducer` buffers, and a wrapper of the channel's
+    ``basic_publish`` for any other (which writes what is buffered first: the order is the numbering).
     """
 
     def __init__(self, channel: Any) -> None:
@@ -391,20 +400,33 @@ class PublisherConfirms:
         publish = channel.basic_publish
 
         def numbered(*args: Any, **kwargs: Any) -> Any:
-            self.published += 1
-            self.tags[self.published] = self.current
-            self._unsettled.add(self.published)
+            self.flush_buffered()
+            self.number()
             return publish(*args, **kwargs)
 
         channel.basic_publish = numbered
         #: The row being published now (set by the sweep before each send).
         self.current = ""
         self.published = 0
+        #: Writes what a buffering producer on this channel holds (set by the sweep).
+        self.flush_buffered: Callable[[], None] = lambda: None
         #: delivery tag -> row id.
         self.tags: dict[int, str] = {}
         #: delivery tag -> True (acked) / False (nacked), for the tags answered so far.
         self.settled: dict[int, bool] = {}
-        self._unsettled: set[int] = set()
+        #: The tags not answered yet, in publish order (a dict: ordered, O(1) removal).
+        self._unsettled: dict[int, None] = {}
+
+    def new_batch(self) -> None:
+        """Forget the settled tags of the batches before (a new batch starts with none open)."""
+        self.tags = {t: self.tags[t] for t in self._unsettled}
+        self.settled = {}
+
+    def number(self) -> None:
+        """Count one publish of the current row (RabbitMQ numbers them 1, 2, ... in arrival order)."""
+        self.published += 1
+        self.tags[self.published] = self.current
+        self._unsettled[self.published] = None
 
     @property
     def waiting(self) -> bool:
@@ -418,10 +440,18 @@ class PublisherConfirms:
         return acked - nacked - unsettled
 
     def _settle(self, delivery_tag: int, multiple: bool, acked: bool) -> None:
-        done = {t for t in self._unsettled if t <= delivery_tag} if multiple else {delivery_tag} & self._unsettled
+        if multiple:
+            # The oldest open tags up to this one: a walk from the front, not a scan of the batch.
+            done = []
+            for tag in self._unsettled:
+                if tag > delivery_tag:
+                    break
+                done.append(tag)
+        else:
+            done = [delivery_tag] if delivery_tag in self._unsettled else []
         for tag in done:
             self.settled[tag] = acked
-        self._unsettled -= done
+            del self._unsettled[tag]
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
         self._settle(delivery_tag, multiple, True)
@@ -430,8 +460,67 @@ class PublisherConfirms:
         self._settle(delivery_tag, multiple, False)
 
 
+class _ConfirmSession:
+    """The RabbitMQ side of one sweep: a connection of its own, one channel in confirm mode, reused
+    by the sweep's batches while it stays healthy.
+
+    Our own connection, not the app's pool: confirm mode stays on the channel it was selected on,
+    and kombu's publish retry would republish on a new channel whose numbering starts again. Opened
+    at the first batch (an AMQP handshake, a channel, ``confirm.select``, the queue declares: round
+    trips a batch need not pay again); dropped without a close handshake after a broker error or a
+    batch left unconfirmed, so the next batch starts on a new one.
+    """
+
+    def __init__(self, app: Celery, config: SafeTimeConfig) -> None:
+        self.app = app
+        self.confirm_wait = min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+        self.conn: Any = None
+        self._parts: tuple[PublisherConfirms, BatchProducer, BatchSender] | None = None
+        self.broker_errors: tuple[type[BaseException], ...] = (OperationalError, OSError)
+
+    def open(self) -> tuple[PublisherConfirms, BatchSender]:
+        """The session's confirms and sender, connecting first if needed; a new batch's bookkeeping."""
+        if self.conn is None or self._parts is None:
+            conn = self.app.connection_for_write(
+                transport_options={"confirm_publish": False, "write_timeout": self.confirm_wait}
+            )
+            self.conn = conn
+            self.broker_errors = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            confirms = PublisherConfirms(channel)
+            # Publishes are buffered and written once per batch (see amqp_batch); send_task's work per row.
+            producer = BatchProducer(channel, on_publish=confirms.number)
+            confirms.flush_buffered = producer.flush
+            self._parts = (confirms, producer, BatchSender(self.app, producer))
+        assert self._parts is not None
+        confirms, producer, sender = self._parts
+        confirms.new_batch()
+        producer.new_batch()
+        return confirms, sender
+
+    def drop(self) -> None:
+        """Forget the connection without a close handshake (a broken or blocked one never answers it)."""
+        conn, self.conn = self.conn, None
+        self._parts = None
+        if conn is not None:
+            try:
+                conn.collect()
+            except Exception:  # closing a dead connection must not hide what happened to the rows
+                logger.debug("sweep: dropping the publishing connection failed", exc_info=True)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        self._parts = None
+        if conn is not None:
+            try:
+                conn.release()
+            except Exception:
+                logger.debug("sweep: closing the publishing connection failed", exc_info=True)
+
+
 def _publish_batch_confirmed(
-    app: Celery,
+    session: _ConfirmSession,
     config: SafeTimeConfig,
     store: DelayStore,
     rows: list[DelayRow],
@@ -441,36 +530,34 @@ def _publish_batch_confirmed(
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Publish on a connection of its own in confirm mode; mark sent only what RabbitMQ acknowledged.
+    """Publish in confirm mode, the batch written at once; mark sent only what RabbitMQ acknowledged.
 
     Every claimed row ends either sent (its publish was confirmed) or back to pending (not confirmed:
     nacked, the connection or channel died, the broker blocked publishing past the wait). A row
     handed back whose message did get through is published again by a later sweep; the delivery
     record runs it once.
     """
+    app = session.app
     trusted_until = claimed_at + config.claim_timeout / 2
-    confirm_wait = min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+    confirm_wait = session.confirm_wait
     published: list[DelayRow] = []
     expired: list[str] = []
     handled: set[str] = set()
-    error: Exception | None = None
+    error: BaseException | None = None
     confirms: PublisherConfirms | None = None
-    # Our own connection, not the app's pool: confirm mode stays on the channel it was selected on,
-    # and kombu's publish retry would republish on a new channel whose numbering starts again.
-    conn = app.connection_for_write(transport_options={"confirm_publish": False, "write_timeout": confirm_wait})
-    broker_errors = (OperationalError, OSError, *conn.connection_errors, *conn.channel_errors)
     try:
-        conn.ensure_connection(max_retries=1)
-        channel = conn.default_channel
-        confirms = PublisherConfirms(channel)
-        producer = app.amqp.Producer(channel)
+        confirms, sender = session.open()
+        broker_errors = session.broker_errors
         for row in rows:
             if clock() > trusted_until:
                 _abandon(store, config, [r for r in rows if r.id not in handled], token, stats)
                 handled.update(r.id for r in rows)
                 break
             confirms.current = row.id
-            outcome = _publish_row(app, config, store, row, token, producer, retry=False, broker_errors=broker_errors)
+            outcome = _publish_row(
+                app, config, store, row, token, sender.producer, retry=False, broker_errors=broker_errors,
+                send=sender.send_task,
+            )  # fmt: skip
             handled.add(row.id)
             if outcome == C.STATUS_SENT:
                 published.append(row)
@@ -478,32 +565,28 @@ def _publish_batch_confirmed(
                 expired.append(row.id)
             else:
                 stats.failed += 1
+        sender.producer.flush()
         deadline = min(trusted_until, clock() + confirm_wait)
         while confirms.waiting:
             remaining = deadline - clock()
             try:
                 # Past the deadline still read what already arrived (a sweeper paused while the acks
                 # came in finds them in its socket), then stop at the first empty read.
-                conn.drain_events(timeout=max(0.01, min(1.0, remaining)))
+                session.conn.drain_events(timeout=max(0.01, min(1.0, remaining)))
             except TimeoutError:  # socket.timeout: no answer yet
                 if remaining <= 0:
                     break
-    except broker_errors as exc:
+    except session.broker_errors as exc:
         error = exc
     except BaseException:
-        conn.collect()
+        session.drop()
         raise
     confirmed = confirms.confirmed() if confirms is not None else set()
     sent = [row for row in published if row.id in confirmed]
     unconfirmed = [row.id for row in published if row.id not in confirmed]
     rest = [r.id for r in rows if r.id not in handled] + unconfirmed
-    try:
-        if error is None and not unconfirmed:
-            conn.release()
-        else:
-            conn.collect()  # no close handshake: a blocked or broken connection would never answer it
-    except Exception:  # closing a dead connection must not hide what happened to the rows
-        logger.debug("sweep: closing the publishing connection failed", exc_info=True)
+    if error is not None or unconfirmed:
+        session.drop()
     if rest:
         store.release(rest, token)
         logger.warning(
@@ -591,8 +674,12 @@ def _publish_row(
     *,
     retry: bool | None = None,
     broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
+    send: Callable[..., Any] | None = None,
 ) -> str:
-    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here."""
+    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here.
+
+    ``send``: ``app.send_task`` unless given (the RabbitMQ batch's :class:`~.amqp_batch.BatchSender`).
+    """
     if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
         logger.info("stored task %s[%s] expired at %s; not sent", row.task, row.id, row.expires_at.isoformat())
         return C.STATUS_EXPIRED
@@ -608,7 +695,7 @@ def _publish_row(
         if retry is not None:
             options["retry"] = retry
         # Published under the caller's stored trace context (if any), so its trace continues here.
-        in_stored_context(headers, app.send_task)(
+        in_stored_context(headers, send or app.send_task)(
             row.task,
             args=body.get("args") or (),
             kwargs=body.get("kwargs") or {},

@@ -570,3 +570,19 @@ def test_insert_many_is_all_or_nothing_and_names_the_refused_delay(any_store: De
     done = any_store.get("done")
     assert done is not None
     assert done.status == C.STATUS_PENDING
+
+
+def test_an_end_that_need_not_wait_for_the_disk_is_recorded_the_same(any_store: DelayStore) -> None:
+    token = _started(any_store, "relaxed")
+    assert any_store.heartbeat("relaxed", token, "run-1")
+    assert any_store.finish("relaxed", token, "run-1", C.OUTCOME_SUCCEEDED, durable=False)
+    assert not any_store.finish("relaxed", token, "run-1", C.OUTCOME_SUCCEEDED, durable=False)
+    done = any_store.get("relaxed")
+    assert done is not None
+    assert (done.status, done.outcome) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED)
+    unflushed = getattr(any_store, "_unflushed_engine", None)
+    if getattr(any_store, "dialect", "") == "postgresql":
+        # PostgreSQL: those writes went through connections that do not wait for the WAL flush.
+        assert unflushed is not None
+        with unflushed.connect() as conn:
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"

@@ -38,9 +38,10 @@ def test_beat_scripts_run(redis_client: redis.Redis) -> None:
     assert _run(redis_client, beat, "renew", keys, ["tok", 5000, 1]) == 1
     assert _run(redis_client, beat, "renew", keys, ["tok", 5000, 2]) == 0  # wrong epoch
     dispatch_keys = ["t:lease", "t:epoch", "t:fired", "t:state", "t:due"]
-    args = ["tok", 1, 60000, "entry", '{"last": 1}', "20.0", "1"]
+    args = ["tok", 1, 60000, "entry", '{"last": 1}', "20.0", "1:a"]
     assert _run(redis_client, beat, "dispatch", dispatch_keys, args) == 1
-    assert _run(redis_client, beat, "dispatch", dispatch_keys, args) == 0  # slot already fired
+    assert _run(redis_client, beat, "dispatch", dispatch_keys, args) == 1  # the same call again (a retry)
+    assert _run(redis_client, beat, "dispatch", dispatch_keys, [*args[:-1], "1:b"]) == 0  # slot already fired
     assert redis_client.zscore("t:due", "entry") == 20.0
     assert _run(redis_client, beat, "dispatch_slot", ["t:lease", "t:epoch", "t:fired2"], ["tok", 1, 60000, "1"]) == 1
     assert _run(redis_client, beat, "dispatch_slot", ["t:lease", "t:epoch", "t:fired2"], ["no", 1, 60000, "1"]) == -1

@@ -271,7 +271,9 @@ class DjangoStore(DelayStore):
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
         return self._atomic(lambda: bool(self._running(task_id, token, run_id).update(heartbeat_at=self.now())))
 
-    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
+    def finish(
+        self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
+    ) -> bool:
         values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome}
         if error is not None:
             values["last_error"] = truncate_error(error)

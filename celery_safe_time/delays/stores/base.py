@@ -42,6 +42,17 @@ _ROW_TIMES = (
 )
 
 
+#: Dataclass -> its field names (``dataclasses.fields`` builds them anew on every call).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 def new_delivery_token() -> str:
     """A row's delivery token: new on every insert and reschedule, published with every copy of it."""
     return uuid.uuid4().hex
@@ -138,7 +149,10 @@ class DelayRow:
     @classmethod
     def from_mapping(cls, values: Mapping[Any, Any]) -> DelayRow:
         """A row from column values as a driver or the ORM returns them (times made aware UTC)."""
-        fields = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
+        # One plain dict and the field names computed once: a driver's row mapping is slow to probe
+        # key by key, and a sweep builds one row object per claimed row.
+        given = dict(values)
+        fields = {name: given[name] for name in _field_names(cls) if name in given}
         fields["payload"] = bytes(fields["payload"])
         fields["starts"] = fields.get("starts") or 0
         for name in _ROW_TIMES:
@@ -293,8 +307,14 @@ class DelayStore(abc.ABC):
         """``heartbeat_at`` = now while ``run_id`` still runs this delivery; False when it does not."""
 
     @abc.abstractmethod
-    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
-        """Record the end of ``run_id``'s run: ``finished`` with ``outcome``; False when the row moved on."""
+    def finish(
+        self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
+    ) -> bool:
+        """Record the end of ``run_id``'s run: ``finished`` with ``outcome``; False when the row moved on.
+
+        ``durable=False``: the store may answer before the write is on disk (PostgreSQL: without
+        waiting for the WAL flush). Only for a run whose lost end cannot make it run again.
+        """
 
     @abc.abstractmethod
     def requeue_unstarted(self, grace: float) -> int:

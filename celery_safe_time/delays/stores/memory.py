@@ -142,7 +142,9 @@ class MemoryStore(DelayStore):
             self._replace(row, heartbeat_at=self.now())
             return True
 
-    def finish(self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None) -> bool:
+    def finish(
+        self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
+    ) -> bool:
         with self._lock:
             row = self._running(task_id, token, run_id)
             if row is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from celery_safe_time import signals
 from celery_safe_time.beat.scheduler import SafeScheduler
@@ -87,3 +88,45 @@ def test_standby_does_not_tick_entries(make_app: Any, tmp_path: Path, coordinati
         assert leader.backend.holds_lease(leader.lease.token)
     finally:
         leader.close()
+
+
+def test_slots_due_together_go_out_in_one_batch_with_headers_and_signals(
+    make_app: Any, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    from celery.signals import before_task_publish
+
+    names = [f"e{i}" for i in range(5)]
+    app = make_app(
+        safe_time_beat_lease=3,
+        beat_schedule={name: {"task": "t.noop", "schedule": 2.0, "options": {"queue": "q"}} for name in names},
+    )
+    app.task(name="t.noop")(_noop)
+    dispatched: list[str] = []
+    published: list[dict[str, Any]] = []
+
+    def on_dispatched(sender: Any, **kw: Any) -> None:
+        dispatched.append(kw["entry"])
+
+    def on_publish(sender: Any = None, headers: Any = None, routing_key: Any = None, **kw: Any) -> None:
+        published.append({"headers": dict(headers or {}), "routing_key": routing_key})
+
+    signals.beat_slot_dispatched.connect(on_dispatched, weak=False)
+    before_task_publish.connect(on_publish, weak=False)
+    try:
+        sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+        try:
+            wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+            wait_for(lambda: (sched.tick(), len(dispatched) >= 5)[1], 10, message="five dispatched slots")
+        finally:
+            sched.close()
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_dispatched)
+        before_task_publish.disconnect(on_publish)
+    first = sorted(dispatched[:5])
+    assert first == names
+    assert len(published) >= 5
+    assert all(p["routing_key"] == "q" and "safe_time_slot" in p["headers"] for p in published[:5])
+    # the five messages are in the queue, and their slot instants are one
+    slots = {p["headers"]["safe_time_slot"] for p in published[:5]}
+    assert len(slots) == 1
+    assert redis_client.llen("q") >= 5

@@ -96,3 +96,21 @@ def test_keeper_signals_and_steps_down(make_app: Any, redis_client: redis.Redis)
         signals.beat_lease_acquired.disconnect(acquired)
         signals.beat_lease_lost.disconnect(lost)
     assert redis_client.get("safe_time:beat:lease") is None
+
+
+def test_a_dispatch_sent_again_after_a_lost_reply_still_publishes(make_app: Any, redis_client: redis.Redis) -> None:
+    # redis-py sends a timed-out command again whatever retry_on_timeout says: the same script with
+    # the same arguments. The slot was marked by the first attempt and never published, so the second
+    # must answer "publish"; a later dispatch of that slot (another call) still answers "already fired".
+    lease = _lease(make_app, redis_client)
+    epoch = lease.acquire(0.0)
+    assert epoch is not None
+    script, keys, args = lease._write_call(epoch, SlotWrite("e", "{}", 110.0, 100.0), "1:retried")
+    assert script(keys=keys, args=args) == 1
+    assert script(keys=keys, args=args) == 1  # the retry of that call
+    assert lease.dispatch(epoch, "e", 100.0, "{}", 110.0) == 0
+    slot_keys = [lease.keys.lease, lease.keys.epoch, "safe_time:beat:fired:e:200000"]
+    slot_args = [lease.token, epoch, 60_000, "1:slot"]
+    assert lease._dispatch_slot(keys=slot_keys, args=slot_args) == 1
+    assert lease._dispatch_slot(keys=slot_keys, args=slot_args) == 1
+    assert lease.dispatch_slot(epoch, "e", 200.0) == 0

@@ -1,8 +1,10 @@
-"""``SafeScheduler``: Celery beat with a Redis leader lease, guarded dispatch and shared state.
+"""``SafeScheduler``: Celery beat with a leader lease, guarded dispatch and shared state, on the app's
+beat backend (:mod:`.backends`: Redis by default, PostgreSQL with ``safe_time_coordination_url``).
 
 Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or embedded with
 ``worker -B``): one beat leads, the others stand by. Per-entry state (last fired slot, next
-slot) lives in Redis (a hash plus a sorted set of next-fire times), so a tick reads only the
+slot) lives in the backend (Redis: a hash plus a sorted set of next-fire times; PostgreSQL: a table with
+a partial index on the next fire time), so a tick reads only the
 entries that are due and a new leader resumes exactly where the old one stopped.
 
 Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader
@@ -69,7 +71,7 @@ def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
 
 
 class SafeScheduler(LeasedScheduler, Scheduler):
-    """A beat that fires only while it holds the Redis lease, each slot at most once."""
+    """A beat that fires only while it holds the lease (Redis or PostgreSQL), each slot at most once."""
 
     Entry = ScheduleEntry
 

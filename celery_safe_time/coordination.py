@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -21,7 +22,7 @@ from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
-_ENGINES: dict[tuple[int, str], sa.Engine] = {}
+_ENGINES: dict[tuple[int, str, bool], sa.Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -54,19 +55,29 @@ def postgres_url(config: SafeTimeConfig) -> str:
     )
 
 
-def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
-    """This process's engine for the coordination database (one per URL, new after a fork)."""
+def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> sa.Engine:
+    """This process's engine for the coordination database (one per URL, new after a fork).
+
+    ``autocommit``: a second engine whose connections run each statement as its own transaction, with
+    no pre-ping (the locks: one statement, one round trip; they repeat a call whose pooled
+    connection broke, :meth:`~celery_safe_time.locks.backends.postgres.PostgresLockStore._run`).
+    """
     from .delays.stores.sql import create_engine
 
     url = postgres_url(config)
-    key = (os.getpid(), url)
+    key = (os.getpid(), url, autocommit)
     engine = _ENGINES.get(key)
     if engine is not None:
         return engine
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = create_engine(url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW)
+            options: dict[str, Any] = {}
+            if autocommit:
+                options = {"isolation_level": "AUTOCOMMIT", "pool_pre_ping": False, "pool_reset_on_return": None}
+            engine = create_engine(
+                url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW, **options
+            )
             _ENGINES[key] = engine
             logger.debug("coordination engine for pid %d", os.getpid())
     return engine
@@ -75,7 +86,7 @@ def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
 def dispose_engines() -> None:
     """Close every pooled coordination connection of this process (tests, shutdown)."""
     with _ENGINES_LOCK:
-        for (pid, _), engine in list(_ENGINES.items()):
+        for (pid, _, _), engine in list(_ENGINES.items()):
             if pid == os.getpid():
                 engine.dispose()
         _ENGINES.clear()

@@ -22,12 +22,12 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from .. import constants as C
 from .. import signals
-from ..config import SafeTimeConfig, get_config, mask_url
+from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
 from ..requeue import attempt_of, jittered, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
-from .store import Acquired, Holder, LockStore, Owner, get_lock_store
+from .store import Acquired, Holder, LockBackend, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class HeldLock:
 
     def __init__(
         self,
-        store: LockStore,
+        store: LockBackend,
         key: str,
         token: str,
         fence: int,
@@ -306,7 +306,7 @@ class HeldLock:
         """Compare-and-delete the lock; with ``finished``, record this delivery as ended."""
         try:
             released = self.store.release(self.key, self.token, self.finished_record() if finished else None)
-        except redis.RedisError as exc:
+        except (redis.RedisError, OSError) as exc:
             logger.warning("could not release overlap lock %r (it expires in %.0fs): %s", self.key, self.ttl, exc)
             return False
         if not released:
@@ -317,7 +317,7 @@ class HeldLock:
 
 
 def acquire(
-    store: LockStore,
+    store: LockBackend,
     key: str,
     ttl: float,
     owner: Owner,
@@ -333,8 +333,7 @@ def acquire(
     try:
         return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
     except (redis.RedisError, OSError) as exc:
-        where = mask_url(store.config.redis_url)
-        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}, safe_time_redis_url): {exc}") from exc
+        raise RedisUnavailable(f"cannot take overlap lock {key!r} ({store.describe()}): {exc}") from exc
 
 
 def run_holding(

@@ -161,3 +161,20 @@ class ReplyDropper:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+def reset_postgres_locks(url: str) -> None:
+    """Delete every lock, marker and unique row of the PostgreSQL coordination backend (if its
+    tables exist yet) in this test's database."""
+    import sqlalchemy as sa
+
+    from celery_safe_time import constants as C
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for table in (C.PG_LOCK_TABLE, C.PG_LOCK_MARKER_TABLE, C.PG_UNIQUE_TABLE):
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": table}).scalar() is not None:
+                    conn.execute(sa.text(f"DELETE FROM {table}"))
+    finally:
+        engine.dispose()

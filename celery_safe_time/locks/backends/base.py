@@ -209,6 +209,10 @@ class LockBackend(abc.ABC):
         """The token that holds ``key`` now (None: free)."""
 
     @abc.abstractmethod
+    def idempotent_done(self, key: str) -> bool:
+        """Whether an ``idempotent`` key has run (its marker is within its window)."""
+
+    @abc.abstractmethod
     def holder_record(self, key: str) -> HolderRecord | None:
         """(token, task id, host, pid) of ``key``'s holder, or None when it is free."""
 

@@ -97,8 +97,8 @@ CREATE TABLE IF NOT EXISTS {UNIQUE} (
 CREATE INDEX IF NOT EXISTS {UNIQUE}_expires ON {UNIQUE} (expires_at);
 DO $$ BEGIN
     IF to_regclass('{FENCE}') IS NULL THEN
-        EXECUTE format('CREATE SEQUENCE {FENCE} AS bigint START WITH %s',
-                       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
+        EXECUTE 'CREATE SEQUENCE {FENCE} AS bigint START WITH '
+            || ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text;
     END IF;
 END $$;
 """
@@ -348,8 +348,12 @@ class PostgresLockStore(LockBackend):
                     if not present:
                         conn.execute(sa.text("BEGIN"))
                         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
-                        conn.exec_driver_sql(_TABLES)
-                        conn.exec_driver_sql(_FUNCTIONS)
+                        # The driver's own execute: no parameters, so no placeholder parsing of
+                        # ``%ROWTYPE``, and several statements in one simple query.
+                        driver = conn.connection.driver_connection
+                        assert driver is not None
+                        driver.execute(_TABLES)
+                        driver.execute(_FUNCTIONS)
                         conn.execute(sa.text("COMMIT"))
                         logger.info("created the PostgreSQL lock tables (schema v%d)", V)
             except _UNREACHABLE as exc:
@@ -671,7 +675,15 @@ class PostgresSessionLockStore(PostgresLockStore):
         marker: str | None = None,
         earlier_tokens: tuple[str, ...] = (),
     ) -> Acquired:
-        conn = self._checkout()
+        # Our own token already holds it on one of this process's sessions (a retried call): ask on
+        # that session, where the advisory lock is ours and the row's token makes it a take-over.
+        # An earlier attempt in another process whose reply was lost closed its session (see below),
+        # so its lock is free and the row's token is taken over the same way.
+        with self._held_lock:
+            mine = next((t for t in (token, *earlier_tokens) if (key, t) in self._held), None)
+            conn = self._held.pop((key, mine)) if mine is not None else None
+        if conn is None:
+            conn = self._checkout()
         try:
             acquired = self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens)
         except _UNREACHABLE as exc:
@@ -683,14 +695,12 @@ class PostgresSessionLockStore(PostgresLockStore):
             conn.close()
             raise
         if acquired.status != "acquired":
+            if mine is not None:
+                conn.invalidate()  # it held the lock: closing the session frees it
             conn.close()
             return acquired
         with self._held_lock:
-            previous = self._held.pop((key, token), None)
             self._held[(key, token)] = conn
-        if previous is not None:  # a retried acquire of the same token on this process
-            previous.invalidate()
-            previous.close()
         return acquired
 
     def _take(self, key: str, token: str) -> sa.Connection | None:
@@ -779,6 +789,6 @@ class PostgresSessionLockStore(PostgresLockStore):
 def postgres_lock_store(config: SafeTimeConfig) -> PostgresLockStore:
     """The PostgreSQL backend ``config`` asks for (``safe_time_coordination_locks``)."""
     postgres_url(config)  # a Django store that is not PostgreSQL fails here, naming the setting
-    if getattr(config, "coordination_locks", C.PG_LOCK_MODE_LEASE) == C.PG_LOCK_MODE_SESSION:
+    if config.coordination_locks == C.PG_LOCK_MODE_SESSION:
         return PostgresSessionLockStore(config)
     return PostgresLockStore(config)

@@ -129,6 +129,9 @@ class RedisLockStore(LockBackend):
     def token_of(self, key: str) -> str | None:
         return as_text(self.client.hget(self.lock_key(key), "token"))
 
+    def idempotent_done(self, key: str) -> bool:
+        return bool(self.client.exists(self.marker_key(key)))
+
     def holder_record(self, key: str) -> HolderRecord | None:
         fields = self.client.hmget(self.lock_key(key), ["token", "task_id", "host", "pid"])
         token, task_id, host, pid = (as_text(v) for v in fields)

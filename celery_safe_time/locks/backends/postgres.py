@@ -253,13 +253,18 @@ _RENEW = sa.text(
     f"UPDATE {LOCK} SET renewed_at = now(), expires_at = now() + :ttl_ms * interval '1 millisecond'"
     " WHERE name = :name AND token = :token AND expires_at > now()"
 )
-_RELEASE = sa.text(f"DELETE FROM {LOCK} WHERE name = :name AND token = :token AND expires_at > now()")
+# A release commits without waiting for its WAL flush (``synchronous_commit`` off for that one
+# transaction): a database crash can forget at most the last fraction of a second of releases, and a
+# forgotten release only keeps the lock until its lease runs out. Acquire, renew, the idempotency
+# commit and unique keys wait for the flush: forgetting those could let two holders in.
+_ASYNC = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+_RELEASE = sa.text(f"DELETE FROM {LOCK} USING {_ASYNC} WHERE name = :name AND token = :token AND expires_at > now()")
 _RELEASE_FINISHED = sa.text(
     f"WITH done AS (INSERT INTO {MARKER} (name, task_id, created_at, expires_at)"
     " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
     " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
     " expires_at = EXCLUDED.expires_at)"
-    f" DELETE FROM {LOCK} WHERE name = :name AND token = :token AND expires_at > now() RETURNING 1"
+    f" DELETE FROM {LOCK} USING {_ASYNC} WHERE name = :name AND token = :token AND expires_at > now() RETURNING 1"
 )
 _COMMIT = sa.text(
     f"SELECT * FROM safe_time_lock_commit_v{V}(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
@@ -618,7 +623,7 @@ class PostgresLockStore(LockBackend):
 _SESSION_RENEW = sa.text(f"SELECT 1 FROM {LOCK} WHERE name = :name AND token = :token")
 _SESSION_RELEASE = sa.text(
     f"WITH gone AS (DELETE FROM {LOCK} WHERE name = :name AND token = :token RETURNING 1)"
-    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all()"
+    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
 )
 _SESSION_RELEASE_FINISHED = sa.text(
     f"WITH done AS (INSERT INTO {MARKER} (name, task_id, created_at, expires_at)"
@@ -626,7 +631,7 @@ _SESSION_RELEASE_FINISHED = sa.text(
     " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
     " expires_at = EXCLUDED.expires_at),"
     f" gone AS (DELETE FROM {LOCK} WHERE name = :name AND token = :token RETURNING 1)"
-    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all()"
+    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
 )
 _SESSION_COMMIT = sa.text(
     "SELECT recorded, released, pg_advisory_unlock_all()"
@@ -664,6 +669,12 @@ class PostgresSessionLockStore(PostgresLockStore):
             return self.engine.connect()
         except _UNREACHABLE as exc:
             raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+        except sa.exc.TimeoutError as exc:
+            # Every pooled connection holds a lock of this process: as good as unreachable (re-queue).
+            raise CoordinationUnavailable(
+                f"{self.describe()}: no free connection for another session lock"
+                f" ({C.COORDINATION_POOL_SIZE + C.COORDINATION_POOL_OVERFLOW} held by this process): {exc}"
+            ) from exc
 
     def acquire(
         self,

@@ -72,6 +72,34 @@ def locked(n: int) -> int:
     return n
 
 
+@app.task(name="bench.locked_before")
+@overlap_lock("bench-before:{n}", ttl=30)
+def locked_before(n: int) -> int:
+    """overlap_lock as it was before the renewer stopped being woken on every acquire (the notify is
+    put back for this task only, below): the before/after of that change in one run."""
+    return n
+
+
+def _notify_always() -> None:
+    from celery._state import get_current_task
+
+    from celery_safe_time.locks import watchdog
+
+    add = watchdog._Renewer.add
+
+    def add_and_wake(self: Any, dog: Any) -> None:
+        add(self, dog)
+        current = get_current_task()
+        if current is not None and current.name == "bench.locked_before":
+            with self._cond:
+                self._cond.notify()
+
+    watchdog._Renewer.add = add_and_wake  # type: ignore[method-assign]
+
+
+_notify_always()
+
+
 @app.task(name="bench.idempotent")
 @idempotent("bench:{n}", window=600, ttl=30)
 def idem(n: int) -> int:

@@ -70,9 +70,7 @@ class Call:
 
     def owner(self) -> Owner:
         task_id = self.task_id or f"direct-{uuid.uuid4().hex}"
-        # A direct or eager call is never redelivered: every call is a delivery of its own.
-        direct = f"{task_id}:direct-{uuid.uuid4().hex}"
-        identity = delivery_identity(self.request) if self.in_worker else direct
+        identity = delivery_identity(self.request) if self.in_worker else direct_identity(task_id)
         return Owner(task_id=task_id, identity=identity, host=_HOST, pid=os.getpid())
 
     def earlier_tokens(self, key: str) -> tuple[str, ...]:
@@ -83,6 +81,11 @@ class Call:
 
     def render(self, builder: KeyBuilder) -> str:
         return builder.render(self.args, self.kwargs, bound=self.bound)
+
+
+def direct_identity(task_id: str) -> str:
+    """A direct or eager call is never redelivered: every call is a delivery of its own."""
+    return f"{task_id}:direct-{uuid.uuid4().hex}"
 
 
 def resolve_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:

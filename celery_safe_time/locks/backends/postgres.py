@@ -616,6 +616,27 @@ class PostgresLockStore(LockBackend):
         held = self._held_rows([row for row in rows if row[7]])
         return self._lock_info(held[0]) if held else None
 
+    def health(self) -> tuple[float, bool, int]:
+        """(round trip seconds, whether the lock tables exist, held lock rows) without creating anything."""
+        present_query = sa.text(f"SELECT to_regproc('safe_time_unique_acquire_v{V}') IS NOT NULL")
+        held_query = sa.text(f"SELECT count(*) FROM {LOCK} WHERE expires_at > now()")
+
+        def probe(conn: sa.Connection) -> tuple[float, bool, int]:
+            started = time.perf_counter()
+            present = bool(conn.execute(present_query).scalar_one())
+            rtt = time.perf_counter() - started
+            return rtt, present, int(conn.execute(held_query).scalar_one()) if present else 0
+
+        for attempt in (1, 2):
+            try:
+                with self.engine.connect() as conn:
+                    return probe(conn)
+            except sa.exc.DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def close(self) -> None:
         """Nothing of its own: the engine is the process's (:func:`~celery_safe_time.coordination.dispose_engines`)."""
 

@@ -287,11 +287,19 @@ def test_same_task_id_published_twice_is_two_messages(
     assert actions == {"retry"}
 
 
+@BROKER_AND_COORDINATION
 def test_idempotent_runs_each_key_once(
-    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+    processes: ProcessManager,
+    redis_client: redis.Redis,
+    broker_url: str,
+    redis_url: str,
+    coordination_conf: dict[str, Any],
+    make_app: Callable[..., Celery],
 ) -> None:
-    """On Redis and on RabbitMQ: concurrent calls of a key in progress are re-queued, later ones skipped."""
-    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=h.broker_env(broker_url, redis_url))
+    """On Redis and on RabbitMQ: concurrent calls of a key in progress are re-queued, later ones skipped.
+    Markers on Redis, or as PostgreSQL rows (no Redis setting)."""
+    env = h.broker_env(broker_url, redis_url, coordination=coordination_conf)
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=env)
     client_app = h.client_app(redis_url, broker_url)
     keys = [(tenant, "2026-11") for tenant in range(10)]
     # 500 at once: many find another run of their key in progress and are re-queued
@@ -309,6 +317,11 @@ def test_idempotent_runs_each_key_once(
     assert len(sent) == 10
     assert sorted(r["key"] for r in sent) == sorted(f"{t}:{p}" for t, p in keys)
     assert len(h.signals(redis_client, "idempotent_skipped")) == 990
+    if coordination_conf:
+        store = get_lock_store(make_app(**coordination_conf))
+        assert all(store.idempotent_done(f"invoice:{t}:{p}") for t, p in keys)
+        client_app.close()
+        return
     # the marker lives for its whole window from when it was written (a loaded machine takes a while
     # to get here, so measure from the marker's own finished_at, on Redis' clock)
     marker = json.loads(redis_client.get("safe_time:idem:invoice:0:2026-11") or b"{}")
@@ -319,20 +332,28 @@ def test_idempotent_runs_each_key_once(
 
 
 def test_idempotent_failed_run_records_nothing(
-    processes: ProcessManager, client_app: Celery, redis_client: redis.Redis
+    processes: ProcessManager,
+    client_app: Celery,
+    redis_client: redis.Redis,
+    redis_url: str,
+    coordination_conf: dict[str, Any],
+    make_app: Callable[..., Celery],
 ) -> None:
-    h.start_worker(processes, ttl=3.0, retry_after=0.3, concurrency=4)
+    env = h.broker_env(redis_url, redis_url, coordination=coordination_conf)
+    store = get_lock_store(make_app(**coordination_conf))
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, concurrency=4, env=env)
     failed = client_app.send_task("locks.invoice", args=(99, "2026-12"), kwargs={"fail": True})
     failed.get(timeout=30, propagate=False)
     assert failed.state == "FAILURE"
-    assert not redis_client.exists("safe_time:idem:invoice:99:2026-12")
-    assert not _exists(redis_client, "idem:invoice:99:2026-12")
+    assert not store.idempotent_done("invoice:99:2026-12")
+    assert store.token_of("idem:invoice:99:2026-12") is None
 
     later = client_app.send_task("locks.invoice", args=(99, "2026-12"))
     assert later.get(timeout=30) == "sent 99:2026-12"
     again = client_app.send_task("locks.invoice", args=(99, "2026-12"))
     assert again.get(timeout=30) is None
     assert [r["outcome"] for r in h.runs(redis_client, "invoice")] == ["failed", "sent"]
+    assert store.idempotent_done("invoice:99:2026-12")
 
 
 def test_redis_unreachable_never_runs_unguarded(

@@ -274,6 +274,44 @@ def test_direct_call_with_redis_down_never_runs(make_app: Callable[..., Celery],
     assert ran == [1, 1]
 
 
+@pytest.mark.parametrize("mode", ["lease", "session"])
+def test_direct_call_with_postgres_down_never_runs(
+    make_app: Callable[..., Celery], postgres_coordination_url: str, mode: str
+) -> None:
+    """The coordination database does not answer (nothing listens on its port): the decorated body
+    never runs; the error names PostgreSQL and the setting, as a Redis outage names Redis."""
+    from tests.helpers.services import free_port
+
+    down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere"
+    app = make_app(broker_url="memory://", safe_time_coordination_url=down, safe_time_coordination_locks=mode)
+    ran: list[int] = []
+
+    @app.task
+    @overlap_lock("pgdown:{n}", ttl=5)
+    def guarded(n: int) -> None:
+        ran.append(n)
+
+    @app.task
+    @idempotent("pgdown:{n}", ttl=5)
+    def once(n: int) -> None:
+        ran.append(n)
+
+    with pytest.raises(RedisUnavailable, match=r"PostgreSQL .*safe_time_coordination_url"):
+        guarded(1)
+    with pytest.raises(RedisUnavailable, match="PostgreSQL"):
+        once(1)
+    assert ran == []
+    # the same app on a database that answers runs them
+    app.conf.safe_time_coordination_url = postgres_coordination_url
+    from celery_safe_time.config import reset_config
+
+    reset_config(app)
+    guarded(1)
+    once(1)
+    once(1)
+    assert ran == [1, 1]
+
+
 # --- issue 13 item 8: a body that returned always gets its idempotency marker ---------------
 
 

@@ -9,7 +9,6 @@ from celery import Celery
 
 from .. import constants as C
 from ..config import get_config
-from ..coordination import uses_postgres
 from .store import LockInfo, get_lock_store
 
 __all__ = ["describe_locks", "list_locks", "release_lock"]
@@ -42,7 +41,7 @@ def release_lock(app: Celery, key: str) -> LockInfo | None:
 
 def store_name(app: Celery) -> str:
     """``Redis`` or ``PostgreSQL``: which backend the app's locks are on (for messages)."""
-    return "PostgreSQL" if uses_postgres(get_config(app)) else "Redis"
+    return "PostgreSQL" if get_config(app).coordination == C.COORDINATION_POSTGRES else "Redis"
 
 
 def describe_locks(app: Celery) -> dict[str, Any]:

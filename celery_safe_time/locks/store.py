@@ -13,8 +13,8 @@ import weakref
 
 from celery import Celery
 
+from .. import constants as C
 from ..config import SafeTimeConfig, get_config
-from ..coordination import uses_postgres
 from ..redis_client import get_redis
 from .backends.base import (
     Acquired,
@@ -71,7 +71,9 @@ def get_lock_store(app: Celery) -> LockBackend:
     if override is not None:
         return override
     config = get_config(app)
-    if uses_postgres(config):
+    # Not coordination.uses_postgres: importing that module loads SQLAlchemy, which a Redis
+    # deployment never needs (``import celery_safe_time.locks`` stays light).
+    if config.coordination == C.COORDINATION_POSTGRES:
         cache_key = (os.getpid(), 0, config)
         store = _stores.get(cache_key)
         if store is None:

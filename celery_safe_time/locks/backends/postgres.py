@@ -54,16 +54,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 V = C.PG_LOCK_SCHEMA_VERSION
-LOCK = C.PG_LOCK_TABLE
-MARKER = C.PG_LOCK_MARKER_TABLE
-UNIQUE = C.PG_UNIQUE_TABLE
-FENCE = C.PG_LOCK_FENCE_SEQUENCE
 
 #: Serializes schema creation between processes (a transaction advisory lock, any constant key).
 _SCHEMA_LOCK_KEY = 0x5AFE7140C4
 
-_TABLES = f"""
-CREATE TABLE IF NOT EXISTS {LOCK} (
+_TABLES = """
+CREATE TABLE IF NOT EXISTS safe_time_lock (
     name text PRIMARY KEY,
     token text NOT NULL,
     task_id text,
@@ -75,16 +71,16 @@ CREATE TABLE IF NOT EXISTS {LOCK} (
     renewed_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL
 );
-CREATE INDEX IF NOT EXISTS {LOCK}_expires ON {LOCK} (expires_at);
-CREATE TABLE IF NOT EXISTS {MARKER} (
+CREATE INDEX IF NOT EXISTS safe_time_lock_expires ON safe_time_lock (expires_at);
+CREATE TABLE IF NOT EXISTS safe_time_lock_marker (
     name text PRIMARY KEY,
     task_id text,
     token text,
     created_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL
 );
-CREATE INDEX IF NOT EXISTS {MARKER}_expires ON {MARKER} (expires_at);
-CREATE TABLE IF NOT EXISTS {UNIQUE} (
+CREATE INDEX IF NOT EXISTS safe_time_lock_marker_expires ON safe_time_lock_marker (expires_at);
+CREATE TABLE IF NOT EXISTS safe_time_unique (
     name text PRIMARY KEY,
     task_id text NOT NULL,
     state text,
@@ -94,10 +90,10 @@ CREATE TABLE IF NOT EXISTS {UNIQUE} (
     updated_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL
 );
-CREATE INDEX IF NOT EXISTS {UNIQUE}_expires ON {UNIQUE} (expires_at);
+CREATE INDEX IF NOT EXISTS safe_time_unique_expires ON safe_time_unique (expires_at);
 DO $$ BEGIN
-    IF to_regclass('{FENCE}') IS NULL THEN
-        EXECUTE 'CREATE SEQUENCE {FENCE} AS bigint START WITH '
+    IF to_regclass('safe_time_lock_fence') IS NULL THEN
+        EXECUTE 'CREATE SEQUENCE safe_time_lock_fence AS bigint START WITH '
             || ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text;
     END IF;
 END $$;
@@ -106,40 +102,40 @@ END $$;
 # The acquire rules of acquire.lua. Returns (status, fence, own, holder task id, host, pid).
 # ``p_session``: the lock itself is a session advisory lock on this connection (taken here); the row
 # only describes its holder, and a row whose advisory lock nobody holds is stale.
-_FUNCTIONS = f"""
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v{V}(
+_FUNCTIONS = """
+CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v1(
     p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
     p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
 RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur {LOCK}%ROWTYPE;
+    cur safe_time_lock%ROWTYPE;
     new_fence bigint;
     expires timestamptz := CASE WHEN p_session THEN 'infinity'::timestamptz
                                 ELSE now() + p_ttl_ms * interval '1 millisecond' END;
 BEGIN
     IF p_marker IS NOT NULL AND EXISTS (
-        SELECT 1 FROM {MARKER} m WHERE m.name = p_marker AND m.expires_at > now()) THEN
+        SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
         RETURN QUERY SELECT 'done'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
         RETURN;
     END IF;
-    IF EXISTS (SELECT 1 FROM {MARKER} m WHERE m.name = p_done AND m.expires_at > now()) THEN
+    IF EXISTS (SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_done AND m.expires_at > now()) THEN
         RETURN QUERY SELECT 'finished'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
         RETURN;
     END IF;
     IF p_session AND NOT pg_try_advisory_lock(hashtextextended(p_name, 0)) THEN
-        SELECT * INTO cur FROM {LOCK} l WHERE l.name = p_name;
+        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name;
         RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
             cur.fence, false, cur.task_id, cur.host, cur.pid;
         RETURN;
     END IF;
     LOOP
-        SELECT * INTO cur FROM {LOCK} l WHERE l.name = p_name FOR UPDATE;
+        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
         IF FOUND THEN
             IF p_session OR cur.expires_at > now() THEN
                 IF cur.token = p_token OR cur.token = ANY(p_earlier) THEN
                     -- Our own token (a lost reply): nobody ran under it; take it over, same fence.
-                    UPDATE {LOCK} SET token = p_token, task_id = p_task_id, identity = p_identity,
+                    UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity,
                         host = p_host, pid = p_pid, renewed_at = now(), expires_at = expires
                     WHERE name = p_name;
                     RETURN QUERY SELECT 'acquired'::text, cur.fence, true, NULL::text, NULL::text, NULL::integer;
@@ -152,15 +148,16 @@ BEGIN
                 END IF;
             END IF;
             -- Expired (or, in session mode, left behind by a session that ended): a new holder.
-            new_fence := nextval('{FENCE}');
-            UPDATE {LOCK} SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
+            new_fence := nextval('safe_time_lock_fence');
+            UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
                 pid = p_pid, fence = new_fence, acquired_at = now(), renewed_at = now(), expires_at = expires
             WHERE name = p_name;
             RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
             RETURN;
         END IF;
-        new_fence := nextval('{FENCE}');
-        INSERT INTO {LOCK} (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
+        new_fence := nextval('safe_time_lock_fence');
+        INSERT INTO safe_time_lock
+            (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
         VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, new_fence, now(), now(), expires)
         ON CONFLICT (name) DO NOTHING;
         IF FOUND THEN
@@ -171,7 +168,7 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION safe_time_lock_commit_v{V}(
+CREATE OR REPLACE FUNCTION safe_time_lock_commit_v1(
     p_lock text, p_marker text, p_token text, p_window_ms bigint, p_task_id text, p_done text,
     p_done_ms bigint, p_session boolean)
 RETURNS TABLE (recorded boolean, released boolean)
@@ -182,42 +179,42 @@ DECLARE
 BEGIN
     -- The marker is written even when the lock was lost meanwhile: the body did succeed, and the
     -- first live marker is kept. One holding our own token counts as recorded (a retried commit).
-    INSERT INTO {MARKER} (name, task_id, token, created_at, expires_at)
+    INSERT INTO safe_time_lock_marker (name, task_id, token, created_at, expires_at)
     VALUES (p_marker, p_task_id, p_token, now(), now() + p_window_ms * interval '1 millisecond')
     ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, token = EXCLUDED.token,
         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-    WHERE {MARKER}.expires_at <= now();
+    WHERE safe_time_lock_marker.expires_at <= now();
     is_recorded := FOUND;
     IF NOT is_recorded THEN
-        SELECT m.token = p_token INTO is_recorded FROM {MARKER} m WHERE m.name = p_marker;
+        SELECT m.token = p_token INTO is_recorded FROM safe_time_lock_marker m WHERE m.name = p_marker;
     END IF;
     IF p_done IS NOT NULL THEN
-        INSERT INTO {MARKER} (name, task_id, created_at, expires_at)
+        INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)
         VALUES (p_done, p_task_id, now(), now() + p_done_ms * interval '1 millisecond')
         ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,
             expires_at = EXCLUDED.expires_at;
     END IF;
-    DELETE FROM {LOCK} WHERE name = p_lock AND token = p_token AND (p_session OR expires_at > now());
+    DELETE FROM safe_time_lock WHERE name = p_lock AND token = p_token AND (p_session OR expires_at > now());
     is_released := FOUND;
     RETURN QUERY SELECT coalesce(is_recorded, false), is_released;
 END $$;
 
-CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v{V}(
+CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v1(
     p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
     p_gone text, p_own boolean)
 RETURNS TABLE (status text, h_task_id text, h_state text, h_stored boolean, ms_left bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur {UNIQUE}%ROWTYPE;
+    cur safe_time_unique%ROWTYPE;
     expires timestamptz := now() + p_ttl_ms * interval '1 millisecond';
 BEGIN
     LOOP
-        SELECT * INTO cur FROM {UNIQUE} u WHERE u.name = p_name FOR UPDATE;
+        SELECT * INTO cur FROM safe_time_unique u WHERE u.name = p_name FOR UPDATE;
         IF FOUND THEN
             IF cur.expires_at > now() THEN
                 IF cur.task_id = p_task_id AND p_own THEN
-                    UPDATE {UNIQUE} SET state = p_state, host = p_host, updated_at = now(), expires_at = expires,
-                        stored = coalesce(p_stored, stored)
+                    UPDATE safe_time_unique SET state = p_state, host = p_host, updated_at = now(),
+                        expires_at = expires, stored = coalesce(p_stored, stored)
                     WHERE name = p_name;
                     RETURN QUERY SELECT 'own'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
                     RETURN;
@@ -228,13 +225,13 @@ BEGIN
                     RETURN;
                 END IF;
             END IF;
-            UPDATE {UNIQUE} SET task_id = p_task_id, state = p_state, stored = coalesce(p_stored, false),
+            UPDATE safe_time_unique SET task_id = p_task_id, state = p_state, stored = coalesce(p_stored, false),
                 host = p_host, created_at = now(), updated_at = now(), expires_at = expires
             WHERE name = p_name;
             RETURN QUERY SELECT 'acquired'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
             RETURN;
         END IF;
-        INSERT INTO {UNIQUE} (name, task_id, state, stored, host, created_at, updated_at, expires_at)
+        INSERT INTO safe_time_unique (name, task_id, state, stored, host, created_at, updated_at, expires_at)
         VALUES (p_name, p_task_id, p_state, coalesce(p_stored, false), p_host, now(), now(), expires)
         ON CONFLICT (name) DO NOTHING;
         IF FOUND THEN
@@ -246,57 +243,86 @@ END $$;
 """
 
 _ACQUIRE = sa.text(
-    f"SELECT * FROM safe_time_lock_acquire_v{V}(:name, :done, :marker, :token, :ttl_ms, :task_id, :host,"
+    "SELECT * FROM safe_time_lock_acquire_v1(:name, :done, :marker, :token, :ttl_ms, :task_id, :host,"
     " :pid, :identity, CAST(:earlier AS text[]), :session)"
 )
 _RENEW = sa.text(
-    f"UPDATE {LOCK} SET renewed_at = now(), expires_at = now() + :ttl_ms * interval '1 millisecond'"
+    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + :ttl_ms * interval '1 millisecond'"
     " WHERE name = :name AND token = :token AND expires_at > now()"
 )
 # A release commits without waiting for its WAL flush (``synchronous_commit`` off for that one
 # transaction): a database crash can forget at most the last fraction of a second of releases, and a
 # forgotten release only keeps the lock until its lease runs out. Acquire, renew, the idempotency
 # commit and unique keys wait for the flush: forgetting those could let two holders in.
-_ASYNC = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
-_RELEASE = sa.text(f"DELETE FROM {LOCK} USING {_ASYNC} WHERE name = :name AND token = :token AND expires_at > now()")
+# (The SQL is literal text, table names included: no statement here is built from strings.)
+_RELEASE = sa.text(
+    "DELETE FROM safe_time_lock USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    " WHERE name = :name AND token = :token AND expires_at > now()"
+)
 _RELEASE_FINISHED = sa.text(
-    f"WITH done AS (INSERT INTO {MARKER} (name, task_id, created_at, expires_at)"
+    "WITH done AS (INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)"
     " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
     " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
     " expires_at = EXCLUDED.expires_at)"
-    f" DELETE FROM {LOCK} USING {_ASYNC} WHERE name = :name AND token = :token AND expires_at > now() RETURNING 1"
+    " DELETE FROM safe_time_lock USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    " WHERE name = :name AND token = :token AND expires_at > now() RETURNING 1"
 )
 _COMMIT = sa.text(
-    f"SELECT * FROM safe_time_lock_commit_v{V}(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
+    "SELECT * FROM safe_time_lock_commit_v1(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
 )
-_HOLDER = sa.text(f"SELECT token, task_id, host, pid FROM {LOCK} WHERE name = :name AND expires_at > now()")
-_INFO_COLUMNS = (
-    "name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
+_HOLDER = sa.text("SELECT token, task_id, host, pid FROM safe_time_lock WHERE name = :name AND expires_at > now()")
+# Columns of a held lock, as _lock_info reads them: name, task_id, host, pid, fence, age, ttl left.
+_INFO = sa.text(
+    "SELECT name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
     " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END"
+    " FROM safe_time_lock WHERE name = :name AND expires_at > now()"
 )
-_INFO = sa.text(f"SELECT {_INFO_COLUMNS} FROM {LOCK} WHERE name = :name AND expires_at > now()")
-_SCAN = sa.text(f"SELECT {_INFO_COLUMNS} FROM {LOCK} WHERE name LIKE :like ESCAPE '!' AND expires_at > now()")
-_FORCE_RELEASE = sa.text(f"DELETE FROM {LOCK} WHERE name = :name RETURNING {_INFO_COLUMNS}, expires_at > now()")
+_SCAN = sa.text(
+    "SELECT name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
+    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END"
+    " FROM safe_time_lock WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
+)
+_FORCE_RELEASE = sa.text(
+    "DELETE FROM safe_time_lock WHERE name = :name RETURNING name, task_id, host, pid, fence,"
+    " extract(epoch FROM now() - acquired_at)::float8,"
+    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END,"
+    " expires_at > now()"
+)
 _UNIQUE_ACQUIRE = sa.text(
-    f"SELECT * FROM safe_time_unique_acquire_v{V}(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)"
+    "SELECT * FROM safe_time_unique_acquire_v1(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)"
 )
-_UNIQUE_RELEASE = sa.text(f"DELETE FROM {UNIQUE} WHERE name = :name AND task_id = :task_id AND expires_at > now()")
-_UNIQUE_COLUMNS = (
-    "name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
-    " extract(epoch FROM expires_at - now())::float8"
+_UNIQUE_RELEASE = sa.text(
+    "DELETE FROM safe_time_unique WHERE name = :name AND task_id = :task_id AND expires_at > now()"
 )
-_UNIQUE_INFO = sa.text(f"SELECT {_UNIQUE_COLUMNS} FROM {UNIQUE} WHERE name = :name AND expires_at > now()")
+# Columns of a unique key, as _unique_info reads them: name, task_id, host, state, age, ttl left.
+_UNIQUE_INFO = sa.text(
+    "SELECT name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
+    " extract(epoch FROM expires_at - now())::float8 FROM safe_time_unique WHERE name = :name AND expires_at > now()"
+)
 _UNIQUE_SCAN = sa.text(
-    f"SELECT {_UNIQUE_COLUMNS} FROM {UNIQUE} WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
+    "SELECT name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
+    " extract(epoch FROM expires_at - now())::float8 FROM safe_time_unique"
+    " WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
 )
-_UNIQUE_FORCE = sa.text(f"DELETE FROM {UNIQUE} WHERE name = :name RETURNING {_UNIQUE_COLUMNS}, expires_at > now()")
-_MARKER_LIVE = sa.text(f"SELECT 1 FROM {MARKER} WHERE name = :name AND expires_at > now()")
+_UNIQUE_FORCE = sa.text(
+    "DELETE FROM safe_time_unique WHERE name = :name RETURNING name, task_id, host, state,"
+    " extract(epoch FROM now() - created_at)::float8, extract(epoch FROM expires_at - now())::float8,"
+    " expires_at > now()"
+)
+_MARKER_LIVE = sa.text("SELECT 1 FROM safe_time_lock_marker WHERE name = :name AND expires_at > now()")
 _PURGE = [
     sa.text(
-        f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table}"
-        f" WHERE expires_at < now() LIMIT {C.PG_LOCK_PURGE_BATCH}))"
-    )
-    for table in (MARKER, UNIQUE, LOCK)
+        "DELETE FROM safe_time_lock_marker WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock_marker"
+        " WHERE expires_at < now() LIMIT 1000))"
+    ),
+    sa.text(
+        "DELETE FROM safe_time_unique WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_unique"
+        " WHERE expires_at < now() LIMIT 1000))"
+    ),
+    sa.text(
+        "DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock"
+        " WHERE expires_at < now() LIMIT 1000))"
+    ),
 ]
 
 #: Errors that mean the database could not be reached (or the connection broke), not a bad statement.
@@ -348,7 +374,7 @@ class PostgresLockStore(LockBackend):
             try:
                 with self.engine.connect() as conn:
                     present = conn.execute(
-                        sa.text(f"SELECT to_regproc('safe_time_unique_acquire_v{V}') IS NOT NULL")
+                        sa.text("SELECT to_regproc('safe_time_unique_acquire_v1') IS NOT NULL")
                     ).scalar_one()
                     if not present:
                         conn.execute(sa.text("BEGIN"))
@@ -618,8 +644,8 @@ class PostgresLockStore(LockBackend):
 
     def health(self) -> tuple[float, bool, int]:
         """(round trip seconds, whether the lock tables exist, held lock rows) without creating anything."""
-        present_query = sa.text(f"SELECT to_regproc('safe_time_unique_acquire_v{V}') IS NOT NULL")
-        held_query = sa.text(f"SELECT count(*) FROM {LOCK} WHERE expires_at > now()")
+        present_query = sa.text("SELECT to_regproc('safe_time_unique_acquire_v1') IS NOT NULL")
+        held_query = sa.text("SELECT count(*) FROM safe_time_lock WHERE expires_at > now()")
 
         def probe(conn: sa.Connection) -> tuple[float, bool, int]:
             started = time.perf_counter()
@@ -641,22 +667,22 @@ class PostgresLockStore(LockBackend):
         """Nothing of its own: the engine is the process's (:func:`~celery_safe_time.coordination.dispose_engines`)."""
 
 
-_SESSION_RENEW = sa.text(f"SELECT 1 FROM {LOCK} WHERE name = :name AND token = :token")
+_SESSION_RENEW = sa.text("SELECT 1 FROM safe_time_lock WHERE name = :name AND token = :token")
 _SESSION_RELEASE = sa.text(
-    f"WITH gone AS (DELETE FROM {LOCK} WHERE name = :name AND token = :token RETURNING 1)"
+    "WITH gone AS (DELETE FROM safe_time_lock WHERE name = :name AND token = :token RETURNING 1)"
     " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
 )
 _SESSION_RELEASE_FINISHED = sa.text(
-    f"WITH done AS (INSERT INTO {MARKER} (name, task_id, created_at, expires_at)"
+    "WITH done AS (INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)"
     " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
     " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
     " expires_at = EXCLUDED.expires_at),"
-    f" gone AS (DELETE FROM {LOCK} WHERE name = :name AND token = :token RETURNING 1)"
+    " gone AS (DELETE FROM safe_time_lock WHERE name = :name AND token = :token RETURNING 1)"
     " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
 )
 _SESSION_COMMIT = sa.text(
     "SELECT recorded, released, pg_advisory_unlock_all()"
-    f" FROM safe_time_lock_commit_v{V}(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, true)"
+    " FROM safe_time_lock_commit_v1(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, true)"
 )
 # Rows whose advisory lock some session holds (pg_locks shows a bigint key as classid, objid).
 _ADVISORY_HELD = sa.text(

@@ -74,7 +74,15 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
         if engine is None:
             options: dict[str, Any] = {}
             if autocommit:
-                options = {"isolation_level": "AUTOCOMMIT", "pool_pre_ping": False, "pool_reset_on_return": None}
+                options = {
+                    "isolation_level": "AUTOCOMMIT",
+                    "pool_pre_ping": False,
+                    "pool_reset_on_return": None,
+                    # No server-side prepared statements (psycopg prepares a query run 5 times): behind
+                    # PgBouncer in transaction mode the next statement may reach another server session,
+                    # where that statement does not exist.
+                    "connect_args": {"connect_timeout": 5, "prepare_threshold": None},
+                }
             engine = create_engine(
                 url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW, **options
             )

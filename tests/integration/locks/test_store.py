@@ -190,6 +190,8 @@ def test_fences_stay_monotonic_across_a_redis_reset(redis_store: LockStore, redi
 
 
 # --- in-process (direct) calls of decorated tasks -------------------------------------------
+# Tasks of tests that run once per backend are shared=False: a shared task is added to every app
+# finalized later in the session, and three copies under one name fail those apps (DuplicateTaskName).
 
 
 def test_direct_calls_share_one_key_and_read_the_fence(
@@ -199,7 +201,7 @@ def test_direct_calls_share_one_key_and_read_the_fence(
     other = make_app(**coordination_conf)  # the default prefix: another deployment's locks
     seen: list[tuple[str, int, bool]] = []
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)
     @overlap_lock("report:{account}:{fmt}", ttl=5, on_conflict="raise")
     def report(self: Any, account: int, fmt: str = "pdf") -> None:
         held = self.request.safe_time_lock
@@ -221,7 +223,7 @@ def test_direct_calls_share_one_key_and_read_the_fence(
 def test_fence_counter_is_per_prefix_on_redis(make_app: Callable[..., Celery], redis_client: redis.Redis) -> None:
     app = make_app(safe_time_key_prefix="tenant-a:")
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)
     @overlap_lock("report:{account}", ttl=5, on_conflict="raise")
     def report(self: Any, account: int) -> int:
         return int(self.request.safe_time_fence)
@@ -236,7 +238,7 @@ def test_fence_counter_is_per_prefix_on_redis(make_app: Callable[..., Celery], r
 def test_direct_call_conflict_raises(make_app: Callable[..., Celery], coordination_conf: dict[str, Any]) -> None:
     app = make_app(**coordination_conf)
 
-    @app.task
+    @app.task(shared=False)
     @overlap_lock("busy:{n}", ttl=5)  # on_conflict="retry" cannot re-queue a direct call: it raises
     def busy(n: int) -> str:
         return "ran"
@@ -286,12 +288,12 @@ def test_direct_call_with_postgres_down_never_runs(
     app = make_app(broker_url="memory://", safe_time_coordination_url=down, safe_time_coordination_locks=mode)
     ran: list[int] = []
 
-    @app.task
+    @app.task(shared=False)
     @overlap_lock("pgdown:{n}", ttl=5)
     def guarded(n: int) -> None:
         ran.append(n)
 
-    @app.task
+    @app.task(shared=False)
     @idempotent("pgdown:{n}", ttl=5)
     def once(n: int) -> None:
         ran.append(n)
@@ -323,7 +325,7 @@ def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_m
     app = make_app(**coordination_conf)
     ran: list[str] = []
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)
     @idempotent("invoice:{n}", ttl=0.6)
     def invoice(self: Any, n: int) -> str:
         # The lock is taken away (an operator's `locks release`, or a pause past its lease) ...

@@ -425,3 +425,49 @@ def test_idempotent_marker_that_cannot_be_written_is_loud(
     assert [u["key"] for u in unrecorded] == ["ship:1"]
     assert "maxmemory" in unrecorded[0]["error"]
     assert "could NOT be recorded after 3 attempts" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["lease", "session"])
+def test_postgres_expired_rows_are_purged_and_status_reads_the_rows(
+    make_app: Callable[..., Celery], postgres_coordination_url: str, mode: str
+) -> None:
+    """Expired locks, markers and unique keys are deleted by the periodic purge (a release runs it at
+    most once a minute per process); the ``[locks]`` status section reads the rows."""
+    import sqlalchemy as sa
+
+    from celery_safe_time import constants as C
+    from celery_safe_time.locks.admin import describe_locks
+
+    app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks=mode)
+    store = get_lock_store(app)
+    assert store.acquire("short", "t-short", 0.1, owner("a")).status == "acquired"
+    if mode == "lease":
+        time.sleep(0.2)  # the lease runs out
+    else:
+        assert store.release("short", "t-short")
+    assert store.acquire("idem:m", "t-m", 5, owner("b"), marker="m").status == "acquired"
+    assert store.commit("idem:m", "m", "t-m", 0.1, "b", ("b:0:0", 0.1)) == (True, True)
+    store.unique_acquire("u", "t-u", 0.1, "queued", stored=False, host="h")
+    assert store.acquire("held", "t-held", 30, owner("c")).status == "acquired"
+    time.sleep(0.2)
+
+    status = describe_locks(app)
+    assert [lock["key"] for lock in status["locks"]] == ["held"]
+    assert status["unique_held"] == 0
+
+    engine = sa.create_engine(postgres_coordination_url)
+    tables = (C.PG_LOCK_TABLE, C.PG_LOCK_MARKER_TABLE, C.PG_UNIQUE_TABLE)
+
+    def rows() -> dict[str, int]:
+        with engine.connect() as conn:
+            return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in tables}
+
+    try:
+        before = rows()
+        assert before[C.PG_LOCK_MARKER_TABLE] == 2
+        assert before[C.PG_UNIQUE_TABLE] == 1
+        store._next_purge = 0.0  # type: ignore[attr-defined]  # due now, not in a minute
+        assert store.release("held", "t-held")
+        assert rows() == dict.fromkeys(tables, 0)
+    finally:
+        engine.dispose()

@@ -103,7 +103,7 @@ END $$;
 # ``p_session``: the lock itself is a session advisory lock on this connection (taken here); the row
 # only describes its holder, and a row whose advisory lock nobody holds is stale.
 _FUNCTIONS = """
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v1(
+CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v2(
     p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
     p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
 RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
@@ -114,6 +114,11 @@ DECLARE
     expires timestamptz := CASE WHEN p_session THEN 'infinity'::timestamptz
                                 ELSE now() + p_ttl_ms * interval '1 millisecond' END;
 BEGIN
+    -- One acquire, commit or release of a key at a time (a transaction lock, held to the commit):
+    -- the marker checks below then see a commit or release that ended just before, as the Redis
+    -- script, which runs alone, does. Without it a run could check the markers, wait on the row the
+    -- finishing holder deletes, find it gone and run a key (or a delivery) a second time.
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
     IF p_marker IS NOT NULL AND EXISTS (
         SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
         RETURN QUERY SELECT 'done'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
@@ -168,7 +173,7 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION safe_time_lock_commit_v1(
+CREATE OR REPLACE FUNCTION safe_time_lock_commit_v2(
     p_lock text, p_marker text, p_token text, p_window_ms bigint, p_task_id text, p_done text,
     p_done_ms bigint, p_session boolean)
 RETURNS TABLE (recorded boolean, released boolean)
@@ -177,6 +182,7 @@ DECLARE
     is_recorded boolean;
     is_released boolean;
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 1));
     -- The marker is written even when the lock was lost meanwhile: the body did succeed, and the
     -- first live marker is kept. One holding our own token counts as recorded (a retried commit).
     INSERT INTO safe_time_lock_marker (name, task_id, token, created_at, expires_at)
@@ -199,7 +205,27 @@ BEGIN
     RETURN QUERY SELECT coalesce(is_recorded, false), is_released;
 END $$;
 
-CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v1(
+-- A release commits without waiting for its WAL flush (synchronous_commit off for this one
+-- transaction): a crash can forget at most the last fraction of a second of releases, and a
+-- forgotten release only keeps the lock until its lease runs out.
+CREATE OR REPLACE FUNCTION safe_time_lock_release_v2(
+    p_name text, p_token text, p_done text, p_task_id text, p_done_ms bigint, p_session boolean)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
+    PERFORM set_config('synchronous_commit', 'off', true);
+    IF p_done IS NOT NULL THEN
+        INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)
+        VALUES (p_done, p_task_id, now(), now() + p_done_ms * interval '1 millisecond')
+        ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,
+            expires_at = EXCLUDED.expires_at;
+    END IF;
+    DELETE FROM safe_time_lock WHERE name = p_name AND token = p_token AND (p_session OR expires_at > now());
+    RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v2(
     p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
     p_gone text, p_own boolean)
 RETURNS TABLE (status text, h_task_id text, h_state text, h_stored boolean, ms_left bigint)
@@ -243,32 +269,18 @@ END $$;
 """
 
 _ACQUIRE = sa.text(
-    "SELECT * FROM safe_time_lock_acquire_v1(:name, :done, :marker, :token, :ttl_ms, :task_id, :host,"
+    "SELECT * FROM safe_time_lock_acquire_v2(:name, :done, :marker, :token, :ttl_ms, :task_id, :host,"
     " :pid, :identity, CAST(:earlier AS text[]), :session)"
 )
 _RENEW = sa.text(
     "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + :ttl_ms * interval '1 millisecond'"
     " WHERE name = :name AND token = :token AND expires_at > now()"
 )
-# A release commits without waiting for its WAL flush (``synchronous_commit`` off for that one
-# transaction): a database crash can forget at most the last fraction of a second of releases, and a
-# forgotten release only keeps the lock until its lease runs out. Acquire, renew, the idempotency
-# commit and unique keys wait for the flush: forgetting those could let two holders in.
-# (The SQL is literal text, table names included: no statement here is built from strings.)
-_RELEASE = sa.text(
-    "DELETE FROM safe_time_lock USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
-    " WHERE name = :name AND token = :token AND expires_at > now()"
-)
-_RELEASE_FINISHED = sa.text(
-    "WITH done AS (INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)"
-    " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
-    " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
-    " expires_at = EXCLUDED.expires_at)"
-    " DELETE FROM safe_time_lock USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
-    " WHERE name = :name AND token = :token AND expires_at > now() RETURNING 1"
-)
+# A release skips its WAL flush (see safe_time_lock_release_v2). The SQL is literal text, table
+# names included: no statement here is built from strings.
+_RELEASE = sa.text("SELECT safe_time_lock_release_v2(:name, :token, :done, :task_id, :done_ms, false)")
 _COMMIT = sa.text(
-    "SELECT * FROM safe_time_lock_commit_v1(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
+    "SELECT * FROM safe_time_lock_commit_v2(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
 )
 _HOLDER = sa.text("SELECT token, task_id, host, pid FROM safe_time_lock WHERE name = :name AND expires_at > now()")
 # Columns of a held lock, as _lock_info reads them: name, task_id, host, pid, fence, age, ttl left.
@@ -289,7 +301,7 @@ _FORCE_RELEASE = sa.text(
     " expires_at > now()"
 )
 _UNIQUE_ACQUIRE = sa.text(
-    "SELECT * FROM safe_time_unique_acquire_v1(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)"
+    "SELECT * FROM safe_time_unique_acquire_v2(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)"
 )
 _UNIQUE_RELEASE = sa.text(
     "DELETE FROM safe_time_unique WHERE name = :name AND task_id = :task_id AND expires_at > now()"
@@ -374,7 +386,7 @@ class PostgresLockStore(LockBackend):
             try:
                 with self.engine.connect() as conn:
                     present = conn.execute(
-                        sa.text("SELECT to_regproc('safe_time_unique_acquire_v1') IS NOT NULL")
+                        sa.text("SELECT to_regproc('safe_time_unique_acquire_v2') IS NOT NULL")
                     ).scalar_one()
                     if not present:
                         conn.execute(sa.text("BEGIN"))
@@ -473,7 +485,8 @@ class PostgresLockStore(LockBackend):
         return bool(self._run(lambda conn: conn.execute(_RENEW, params).rowcount))
 
     def _release_params(self, key: str, token: str, finished: tuple[str, float, str] | None) -> dict[str, Any]:
-        params: dict[str, Any] = {"name": self.lock_key(key), "token": token}
+        params: dict[str, Any] = {"name": self.lock_key(key), "token": token, "done": None, "done_ms": None}
+        params["task_id"] = None
         if finished is not None:
             identity, ttl, task_id = finished
             params.update(done=self.done_key(key, identity), done_ms=as_ms(ttl), task_id=task_id)
@@ -481,8 +494,7 @@ class PostgresLockStore(LockBackend):
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
         params = self._release_params(key, token, finished)
-        query = _RELEASE if finished is None else _RELEASE_FINISHED
-        released = bool(self._run(lambda conn: conn.execute(query, params).rowcount))
+        released = bool(self._run(lambda conn: conn.execute(_RELEASE, params).scalar_one()))
         self._maybe_purge()
         return released
 
@@ -644,7 +656,7 @@ class PostgresLockStore(LockBackend):
 
     def health(self) -> tuple[float, bool, int]:
         """(round trip seconds, whether the lock tables exist, held lock rows) without creating anything."""
-        present_query = sa.text("SELECT to_regproc('safe_time_unique_acquire_v1') IS NOT NULL")
+        present_query = sa.text("SELECT to_regproc('safe_time_unique_acquire_v2') IS NOT NULL")
         held_query = sa.text("SELECT count(*) FROM safe_time_lock WHERE expires_at > now()")
 
         def probe(conn: sa.Connection) -> tuple[float, bool, int]:
@@ -669,20 +681,11 @@ class PostgresLockStore(LockBackend):
 
 _SESSION_RENEW = sa.text("SELECT 1 FROM safe_time_lock WHERE name = :name AND token = :token")
 _SESSION_RELEASE = sa.text(
-    "WITH gone AS (DELETE FROM safe_time_lock WHERE name = :name AND token = :token RETURNING 1)"
-    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
-)
-_SESSION_RELEASE_FINISHED = sa.text(
-    "WITH done AS (INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)"
-    " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
-    " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
-    " expires_at = EXCLUDED.expires_at),"
-    " gone AS (DELETE FROM safe_time_lock WHERE name = :name AND token = :token RETURNING 1)"
-    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
+    "SELECT safe_time_lock_release_v2(:name, :token, :done, :task_id, :done_ms, true), pg_advisory_unlock_all()"
 )
 _SESSION_COMMIT = sa.text(
     "SELECT recorded, released, pg_advisory_unlock_all()"
-    " FROM safe_time_lock_commit_v1(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, true)"
+    " FROM safe_time_lock_commit_v2(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, true)"
 )
 # Rows whose advisory lock some session holds (pg_locks shows a bigint key as classid, objid).
 _ADVISORY_HELD = sa.text(
@@ -797,12 +800,11 @@ class PostgresSessionLockStore(PostgresLockStore):
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
         params = self._release_params(key, token, finished)
-        query = _SESSION_RELEASE if finished is None else _SESSION_RELEASE_FINISHED
         return self._finish(
             key,
             token,
-            lambda conn: bool(conn.execute(query, params).first()[0]),  # type: ignore[index]
-            lambda: bool(self._run(lambda conn: conn.execute(query, params).first()[0])),  # type: ignore[index]
+            lambda conn: bool(conn.execute(_SESSION_RELEASE, params).first()[0]),  # type: ignore[index]
+            lambda: bool(self._run(lambda conn: conn.execute(_SESSION_RELEASE, params).first()[0])),  # type: ignore[index]
         )
 
     def commit(

@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from celery_safe_time.redis_client import as_text
+from celery_safe_time.redis_client import as_text, load_script
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess
 
@@ -62,8 +62,11 @@ def _sent(proc: CeleryProcess) -> int:
     return len(_SENT.findall(proc.log()))
 
 
-def _failover(scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: dict[str, Any]) -> dict[str, Any]:
-    """Start two beats with default settings, kill -9 the one sending, time the other's first send."""
+def _failover(
+    scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: dict[str, Any], name: str | None = None
+) -> dict[str, Any]:
+    """Start two beats with default settings, kill -9 the one sending, time the other's first send.
+    ``name``: the beats' log names (races run side by side need their own)."""
     env = {
         "SAFE_TIME_TEST_BROKER_URL": redis_url,
         "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps({"fast": {"task": "tests.record", "every": 1, "args": ["f"]}}),
@@ -72,8 +75,9 @@ def _failover(scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: 
     }
     beats = []
     for i in range(2):
-        args = ["beat", "-l", "INFO", "-S", scheduler, "-s", str(log_dir / f"{scheduler}-{i}")]
-        beats.append(CeleryProcess("tests.apps.beat_app", args, env, log_dir, f"{scheduler.split('.')[0]}-{i}").start())
+        label = name or scheduler.split(".")[0]
+        args = ["beat", "-l", "INFO", "-S", scheduler, "-s", str(log_dir / f"{name or scheduler}-{i}")]
+        beats.append(CeleryProcess("tests.apps.beat_app", args, env, log_dir, f"{label}-{i}").start())
     try:
         deadline = time.monotonic() + 60
         leader = None
@@ -97,7 +101,7 @@ def _failover(scheduler: str, redis_url: str, log_dir: Path, cap: float, extra: 
                 b.kill()
 
 
-def bench_failover(redis_url: str, quick: bool) -> dict[str, Any]:
+def bench_failover(redis_url: str, quick: bool, postgres_url: str | None = None) -> dict[str, Any]:
     import threading
 
     results: dict[str, Any] = {}
@@ -107,11 +111,17 @@ def bench_failover(redis_url: str, quick: bool) -> dict[str, Any]:
             "SafeScheduler (lease 30 s)": ("celery_safe_time.SafeScheduler", {}),
             "celery-redbeat (defaults)": ("redbeat.RedBeatScheduler", {"redbeat_redis_url": redis_url}),
         }
+        names = {"SafeScheduler on PostgreSQL (lease 30 s)": "safe-postgres"}
+        if postgres_url:  # the same race with the lease in PostgreSQL, run beside the Redis one
+            jobs["SafeScheduler on PostgreSQL (lease 30 s)"] = (
+                "celery_safe_time.SafeScheduler",
+                {"safe_time_coordination_url": postgres_url, "safe_time_key_prefix": "bench-failover:"},
+            )
         threads = []
         for label, (sched, extra) in jobs.items():
 
             def run(label: str = label, sched: str = sched, extra: dict[str, Any] = extra) -> None:
-                results[label] = _failover(sched, redis_url, Path(tmp), cap, extra)
+                results[label] = _failover(sched, redis_url, Path(tmp), cap, extra, names.get(label))
 
             threads.append(threading.Thread(target=run))
         for t in threads:
@@ -120,6 +130,8 @@ def bench_failover(redis_url: str, quick: bool) -> dict[str, Any]:
             t.join()
     results["celery-redbeat (defaults)"]["bound_s"] = 5 * 300  # lock timeout = 5 x default max_interval
     results["SafeScheduler (lease 30 s)"]["bound_s"] = 30 + 10
+    if "SafeScheduler on PostgreSQL (lease 30 s)" in results:
+        results["SafeScheduler on PostgreSQL (lease 30 s)"]["bound_s"] = 30 + 10
     return results
 
 
@@ -286,6 +298,74 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     return out
 
 
+# --- beat backends: Redis vs PostgreSQL coordination --------------------------------------------
+N_BACKEND_ENTRIES = 10_000
+N_BACKEND_ENTRIES_QUICK = 1_000
+
+
+def bench_backends(redis_url: str, quick: bool, tmp: Path, postgres_url: str) -> dict[str, Any]:
+    """SafeScheduler on the Redis backend and on the PostgreSQL one, same entries, ticked in turn (the
+    same noise falls on both): a tick with 10 entries due every second, an idle tick, the guard."""
+    from celery_safe_time import crontab
+    from celery_safe_time.beat.scheduler import SafeScheduler
+
+    n = N_BACKEND_ENTRIES_QUICK if quick else N_BACKEND_ENTRIES
+    count = 60 if quick else 300
+    out: dict[str, Any] = {"entries": n}
+    conf = {
+        "redis": {},
+        "postgres": {"safe_time_coordination_url": postgres_url, "safe_time_key_prefix": "bench-beat:"},
+    }
+    for busy, suffix in ((10, ""), (0, " idle")):
+        scheds = {}
+        try:
+            for label, extra in conf.items():
+                app = _app(redis_url, beat_schedule=_entries(n, crontab, busy=busy), safe_time_beat_lease=6, **extra)
+                sched = SafeScheduler(app=app, schedule_filename=str(tmp / f"backend-{label}{busy}"), max_interval=1)
+                while sched.keeper.epoch is None:
+                    time.sleep(0.1)
+                first = time.perf_counter()
+                sched.tick()  # the reconcile: n new entries
+                if not suffix:
+                    out[f"{label} first tick s"] = round(time.perf_counter() - first, 2)
+                scheds[label] = sched
+            time.sleep(1.1)
+            samples = _interleaved({label: sched.tick for label, sched in scheds.items()}, count, 0.02)
+            for label, values in samples.items():
+                out[f"{label} tick{suffix}"] = _ms(values)
+            if not suffix:
+                for label, sched in scheds.items():
+                    guard = []
+                    for i in range(300 if quick else 2000):
+                        start = time.perf_counter()
+                        sched.lease.dispatch(sched.keeper.epoch or 0, "bench-guard", 1e9 + i, "{}", 2e9)
+                        guard.append(time.perf_counter() - start)
+                    out[f"{label} guard"] = {
+                        "p50_us": round(_pct(guard, 0.5) * 1e6),
+                        "p99_us": round(_pct(guard, 0.99) * 1e6),
+                    }
+        finally:
+            for sched in scheds.values():
+                sched.close()
+            redis.Redis.from_url(redis_url).flushdb()
+            _drop_beat_rows(postgres_url, "bench-beat:")
+    return out
+
+
+def _drop_beat_rows(postgres_url: str, ns: str) -> None:
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends import postgres as pg
+
+    engine = sa.create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            for table in (pg.LEASE_TABLE, pg.FIRED_TABLE, pg.STATE_TABLE, pg.META_TABLE, pg.ENTRIES_TABLE):
+                conn.execute(sa.text(f"DELETE FROM {table} WHERE ns = :ns"), {"ns": ns})
+    finally:
+        engine.dispose()
+
+
 # --- runtime entries --------------------------------------------------------------------
 _ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "UTC")
 
@@ -356,7 +436,7 @@ def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     save_s = (time.perf_counter() - start) / sample
     # the rest through the same script, pipelined (save_entry's validation costs CPU, not Redis)
     store = _Store(app)
-    script = store.script("save_entry")
+    script = client.register_script(load_script("celery_safe_time.beat", "save_entry"))
     keys = EntryKeys.for_config(store.config)
     pipe = client.pipeline(transaction=False)
     for i, (name, schedule) in enumerate(specs[sample:]):
@@ -415,7 +495,8 @@ def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
         finally:
             stop.set()
             loop.join(5)
-        ours_keys = [keys.entries, keys.changed, safe.keys.state, safe.keys.due]
+        backend_keys = safe.backend.keys  # the Redis backend's keys
+        ours_keys = [keys.entries, keys.changed, backend_keys.state, backend_keys.due]
         out["ours bytes per entry"] = round(_memory(client, ours_keys) / n)
         out["ours save_entry ms"] = round(save_s * 1000, 3)
     finally:
@@ -527,6 +608,7 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
     redis_url = claim.url
     redis.Redis.from_url(redis_url).flushdb()
     results: dict[str, Any] = {"quick": quick}
+    db = services.PostgresDatabase(services.resolve_postgres_admin_url())
     try:
         if only == "runtime":  # python -m benchmarks.beat --only runtime: just the runtime entries
             with tempfile.TemporaryDirectory() as tmp:
@@ -536,13 +618,18 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
             with tempfile.TemporaryDirectory() as tmp:
                 results["ticks"] = bench_ticks(redis_url, quick, Path(tmp))
                 results["runtime"] = bench_runtime(redis_url, quick, Path(tmp))
+                results["backends"] = bench_backends(redis_url, quick, Path(tmp), db.url)
             results["django"] = bench_django(redis_url, quick)
             redis.Redis.from_url(redis_url).flushdb()
         if only != "timed":
-            results["failover"] = bench_failover(redis_url, quick)
+            results["failover"] = bench_failover(redis_url, quick, db.url)
     finally:
         redis.Redis.from_url(redis_url).flushdb()
         claim.release()
+        from celery_safe_time.coordination import dispose_engines
+
+        dispose_engines()
+        db.drop()
     return results
 
 
@@ -554,6 +641,31 @@ def markdown(results: dict[str, Any]) -> str:
         f"| failover after kill -9 (s) | {safe.get('failover_s')} (bound {safe.get('bound_s')}) "
         f"| redbeat defaults: {red.get('failover_s') or red.get('note')} (bound {red.get('bound_s')}) |"
     )
+    pgf = f.get("SafeScheduler on PostgreSQL (lease 30 s)", {})
+    if pgf:
+        lines.append(
+            f"| failover after kill -9, lease in PostgreSQL (s) | {pgf.get('failover_s') or pgf.get('note')} "
+            f"(bound {pgf.get('bound_s')}) | lease in Redis, same run: {safe.get('failover_s')} |"
+        )
+    b = results.get("backends", {})
+    if b:
+        n = f"{b.get('entries', 0):,}"
+        for suffix, what in (("", "10 due/s"), (" idle", "none due")):
+            pg, rd = b.get(f"postgres tick{suffix}", {}), b.get(f"redis tick{suffix}", {})
+            lines.append(
+                f"| tick on PostgreSQL coordination, {n} entries, {what}: p50 / p99 (ms) "
+                f"| {pg.get('p50_ms')} / {pg.get('p99_ms')} | Redis backend, ticked in turn: "
+                f"{rd.get('p50_ms')} / {rd.get('p99_ms')} |"
+            )
+        pgg, rdg = b.get("postgres guard", {}), b.get("redis guard", {})
+        lines.append(
+            f"| guard per slot on PostgreSQL: p50 / p99 (us) | {pgg.get('p50_us')} / {pgg.get('p99_us')} "
+            f"| Redis: {rdg.get('p50_us')} / {rdg.get('p99_us')} |"
+        )
+        lines.append(
+            f"| {n} entries: a new leader's first tick (s) | PostgreSQL: {b.get('postgres first tick s')} "
+            f"| Redis: {b.get('redis first tick s')} |"
+        )
     t = results.get("ticks", {})
     s, p = t.get("SafeScheduler", {}), t.get("PersistentScheduler", {})
     lines.append(

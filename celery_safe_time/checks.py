@@ -64,6 +64,36 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
     return checks
 
 
+def check_coordination(config: SafeTimeConfig) -> list[Check]:
+    """PostgreSQL coordination (``safe_time_coordination_url``): reachable, the beat tables there (made
+    if missing, as a beat would), and this host's clock against the database's (the beat's authority)."""
+    from .beat.backends.postgres import PostgresBeatBackend
+
+    backend = PostgresBeatBackend(config)
+    where = backend.where()
+    try:
+        backend.ensure_tables()
+        offset = backend.clock.sync()
+    except backend.errors as exc:
+        return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {exc}")]
+    skew = abs(offset.offset)
+    return [
+        Check(
+            "coordination",
+            "ok",
+            f"{where} reachable (rtt {offset.rtt * 1000:.1f} ms); beat tables present",
+            value=offset.rtt,
+        ),
+        Check(
+            "clock_skew_coordination",
+            "ok" if skew <= config.max_clock_skew else "fail",
+            f"this host vs the coordination database's clock: {offset.offset:+.4f} s (±{offset.uncertainty:.4f}), "
+            f"limit {config.max_clock_skew:g} s",
+            value=offset.offset,
+        ),
+    ]
+
+
 def _redis_config_checks(client: redis.Redis) -> list[Check]:
     """Persistence, eviction and replication of the Redis (of every master, on a cluster)."""
     nodes: list[tuple[str, redis.Redis]] = [("", client)]
@@ -223,7 +253,10 @@ def run_checks(app: Celery) -> list[Check]:
     except SafeTimeError as exc:
         return [Check("settings", "fail", str(exc))]
     checks = [Check("settings", "ok", "all safe_time_* settings valid"), check_broker(config)]
-    checks.extend(check_redis(config))
+    if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
+        checks.extend(check_redis(config))
+    if config.coordination == C.COORDINATION_POSTGRES:
+        checks.extend(check_coordination(config))
     checks.extend(check_store(app, config))
     checks.append(check_sweep(app))
     return checks

@@ -129,26 +129,33 @@ def measure_redis_offset(client: redis.Redis, *, samples: int = 3, local: Callab
     return measure_redis_sync(client, samples=samples, local=local).offset
 
 
-class RedisClock:
-    """Redis ``TIME`` as the shared clock, read cheaply between syncs with this host's monotonic clock.
+class ServerClock:
+    """A server's clock as the shared clock, read cheaply between syncs with this host's monotonic clock.
 
-    ``time()`` is the Redis time of the last sync plus the monotonic time elapsed since, re-synced
+    ``time()`` is the server time of the last sync plus the monotonic time elapsed since, re-synced
     every ``refresh`` monotonic seconds: a tick costs no round trip, and a step of this host's wall
     clock (NTP, an operator, ``SAFE_TIME_LOCAL_CLOCK_SKEW``) never moves beat's "now" (it used to
     follow the wall clock until the next sync: slots fired early or counted as missed). The wall
     clock (``local``) is read only to report the offset (``offset``, startup warning). A failed
     refresh keeps interpolating from the last sync and logs.
+
+    Subclasses say how one sync is measured (:meth:`measure`) and what a failed one raises
+    (:attr:`unavailable`): Redis ``TIME`` (:class:`RedisClock`), PostgreSQL's ``clock_timestamp()``
+    (the PostgreSQL beat backend).
     """
+
+    #: What :meth:`measure` raises when the server is down (a failed refresh is then survived).
+    unavailable: tuple[type[Exception], ...] = (RedisUnavailable,)
+    #: The name of the authority in log lines.
+    authority = "server clock"
 
     def __init__(
         self,
-        client: redis.Redis,
         *,
         refresh: float = 30.0,
         local: Callable[[], float] = local_time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client
         self._refresh = refresh
         self._local = local
         self._monotonic = monotonic
@@ -156,14 +163,17 @@ class RedisClock:
         self._checked_at = float("-inf")  # monotonic time of the last sync attempt
         self._lock = threading.Lock()
 
+    def measure(self) -> Sync:
+        raise NotImplementedError
+
     @property
     def offset(self) -> Offset | None:
-        """Redis ``TIME`` minus this host's wall clock at the last sync."""
+        """The server's time minus this host's wall clock at the last sync."""
         return None if self._sync is None else self._sync.offset
 
     def sync(self) -> Offset:
-        """Measure now; raises :class:`RedisUnavailable` when Redis is down."""
-        sync = measure_redis_sync(self._client, local=self._local, monotonic=self._monotonic)
+        """Measure now; raises one of :attr:`unavailable` when the server is down."""
+        sync = self.measure()
         with self._lock:
             self._sync = sync
             self._checked_at = sync.monotonic
@@ -173,11 +183,57 @@ class RedisClock:
         if self._sync is None or self._monotonic() - self._checked_at >= self._refresh:
             try:
                 self.sync()
-            except RedisUnavailable as exc:
+            except self.unavailable as exc:
                 if self._sync is None:
                     raise
-                logger.warning("keeping the last Redis TIME sync (interpolating with the monotonic clock): %s", exc)
+                logger.warning(
+                    "keeping the last %s sync (interpolating with the monotonic clock): %s", self.authority, exc
+                )
                 self._checked_at = self._monotonic()
         sync = self._sync
         assert sync is not None
         return sync.server + (self._monotonic() - sync.monotonic)
+
+
+def measure_sync(
+    read: Callable[[], float],
+    *,
+    samples: int = 3,
+    local: Callable[[], float] = local_time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Sync:
+    """Read a server's clock (``read``: its UNIX time) ``samples`` times; keeps the smallest RTT."""
+    best: Sync | None = None
+    for _ in range(max(1, samples)):
+        wall_before, mono_before = local(), monotonic()
+        server = read()
+        mono_after, wall_after = monotonic(), local()
+        sample = Sync(
+            server=server,
+            monotonic=(mono_before + mono_after) / 2.0,
+            offset=Offset(offset=server - (wall_before + wall_after) / 2.0, rtt=mono_after - mono_before),
+        )
+        if best is None or sample.offset.rtt < best.offset.rtt:
+            best = sample
+    assert best is not None
+    return best
+
+
+class RedisClock(ServerClock):
+    """Redis ``TIME`` as the shared clock (see :class:`ServerClock`)."""
+
+    authority = "Redis TIME"
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        refresh: float = 30.0,
+        local: Callable[[], float] = local_time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(refresh=refresh, local=local, monotonic=monotonic)
+        self._client = client
+
+    def measure(self) -> Sync:
+        return measure_redis_sync(self._client, local=self._local, monotonic=self._monotonic)

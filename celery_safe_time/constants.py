@@ -135,6 +135,9 @@ KEY_UNIQUE: Final = "unique:{key}"
 
 #: How long a fired-slot marker is kept (DESIGN: 7 days).
 FIRED_SLOT_TTL: Final = 7 * 86400
+#: How often (seconds) a PostgreSQL beat leader deletes fired-slot rows older than FIRED_SLOT_TTL
+#: (Redis markers expire by themselves).
+BEAT_PRUNE_INTERVAL: Final = 3600.0
 
 # === message headers ==========================================================
 HEADER_SLOT: Final = "safe_time_slot"

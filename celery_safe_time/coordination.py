@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -56,7 +57,7 @@ def postgres_url(config: SafeTimeConfig) -> str:
 
 def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
     """This process's engine for the coordination database (one per URL, new after a fork)."""
-    from .delays.stores.sql import create_engine
+    from .delays.stores.sql import create_engine, normalize_url
 
     url = postgres_url(config)
     key = (os.getpid(), url)
@@ -66,7 +67,15 @@ def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = create_engine(url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW)
+            options: dict[str, Any] = {}
+            if normalize_url(url).startswith("postgresql+psycopg:"):
+                # No server-side prepared statements (psycopg 3 prepares a query run 5 times on a
+                # connection): they are session state, which PgBouncer in transaction mode (before 1.21)
+                # does not keep. Coordination statements are small; planning them each time costs little.
+                options["connect_args"] = {"connect_timeout": 5, "prepare_threshold": None}
+            engine = create_engine(
+                url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW, **options
+            )
             _ENGINES[key] = engine
             logger.debug("coordination engine for pid %d", os.getpid())
     return engine

@@ -184,24 +184,19 @@ class SafeTimeCollector:
         return families
 
     def _redis_families(self, gauge: Any) -> list[Any]:
-        from .beat.lease import LeaseKeys, load_state
+        from .beat.backends import beat_backend
         from .config import get_config
         from .locks.store import get_lock_store
-        from .redis_client import get_redis
 
         config = get_config(self.app)
-        keys = LeaseKeys.for_config(config)
-        pipe = get_redis(config.redis_url).pipeline(transaction=False)
-        pipe.pttl(keys.lease)
-        pipe.get(keys.info)
-        pipe.get(keys.epoch)
-        ttl_ms, raw_info, epoch = pipe.execute()
-        held = ttl_ms is not None and int(ttl_ms) > 0
-        info = load_state(raw_info) if held else {}
+        view = beat_backend(config).lease_view()  # the beat backend's: Redis or PostgreSQL
+        ttl_ms, epoch = view.ttl_ms, view.epoch
+        held = ttl_ms is not None and ttl_ms > 0
+        info = view.info if held else {}
         leader = gauge("safe_time_beat_leader", GAUGES["safe_time_beat_leader"], labels=["host", "pid"])
         leader.add_metric([str(info.get("host") or ""), str(info.get("pid") or "")], 1 if held else 0)
         remaining = gauge("safe_time_beat_lease_remaining_seconds", GAUGES["safe_time_beat_lease_remaining_seconds"])
-        remaining.add_metric([], int(ttl_ms) / 1000.0 if held else 0.0)
+        remaining.add_metric([], ttl_ms / 1000.0 if ttl_ms is not None and held else 0.0)
         families = [leader, remaining]
         if epoch:
             epoch_gauge = gauge("safe_time_beat_epoch", GAUGES["safe_time_beat_epoch"])

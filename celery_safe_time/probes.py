@@ -16,7 +16,6 @@ import logging
 from datetime import datetime
 from typing import Any
 
-import redis
 from celery import Celery
 
 from . import constants as C
@@ -74,21 +73,16 @@ def sweep_verdict(now: datetime, oldest_due: datetime | None, max_lateness: floa
 
 
 def probe_beat(app: Celery) -> Check:
-    from .beat.lease import LeaseKeys, load_state
-    from .redis_client import get_redis
+    from .beat.backends import beat_backend
 
     config = get_config(app)
-    keys = LeaseKeys.for_config(config)
+    backend = beat_backend(config)
+    errors: tuple[type[Exception], ...] = (*backend.errors, OSError)
     try:
-        client = get_redis(config.redis_url)
-        pipe = client.pipeline(transaction=False)
-        pipe.pttl(keys.lease)
-        pipe.get(keys.info)
-        pipe.get(keys.epoch)
-        ttl_ms, info, epoch = pipe.execute()
-    except (redis.RedisError, OSError) as exc:
-        return Check("beat", "fail", f"Redis {mask_url(config.redis_url)} unreachable: {exc}")
-    return beat_verdict(int(ttl_ms) if ttl_ms is not None else None, load_state(info), int(epoch) if epoch else None)
+        view = backend.lease_view()
+    except errors as exc:
+        return Check("beat", "fail", f"{backend.label} {backend.where().split(' ', 1)[-1]} unreachable: {exc}")
+    return beat_verdict(view.ttl_ms, view.info, view.epoch)
 
 
 def probe_store(app: Celery) -> Check:

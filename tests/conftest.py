@@ -15,6 +15,7 @@ import redis
 from celery import Celery
 
 from tests.helpers import services
+from tests.helpers.beat import coordination_settings
 from tests.helpers.processes import ProcessManager
 
 _state: dict[str, Any] = {}
@@ -101,6 +102,15 @@ def postgres_url() -> Iterator[str]:
     db = services.PostgresDatabase(services.resolve_postgres_admin_url())
     yield db.url.replace("postgresql://", "postgresql+psycopg://", 1)
     db.drop()
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def coordination(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """App settings for each beat backend: Redis (the default: nothing set) and PostgreSQL (this
+    session's database, with a key prefix of this test's own so tests sharing it never meet)."""
+    if request.param == "redis":
+        return {}
+    return coordination_settings(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The ``[beat]`` section of ``celery safe-time status``: the leader and each entry's last/next slot."""
+"""The ``[beat]`` section of ``celery safe-time status``: the leader and each entry's last/next slot
+(on the beat backend of the app: Redis or PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -6,32 +7,28 @@ import math
 from datetime import datetime
 from typing import Any
 
-import redis
 from celery import Celery
 
 from .. import constants as C
 from ..clock import UTC
 from ..config import get_config, mask_url
-from ..redis_client import get_redis
-from .lease import LeaseKeys, load_state, scored
+from .backends import beat_backend
+from .lease import load_state
 
 
 def describe_beat(app: Celery) -> dict[str, Any]:
     """``celery safe-time status`` section: the leader and per-entry last/next slot."""
     config = get_config(app)
-    client = get_redis(config.redis_url)
-    keys = LeaseKeys.for_config(config)
+    backend = beat_backend(config)
     try:
-        info = load_state(client.get(keys.info))
-        ttl_ms = client.pttl(keys.lease)
-        epoch = client.get(keys.epoch)
-        head = scored(client.zrange(keys.due, 0, C.BEAT_STATUS_ENTRIES - 1, withscores=True))
-        total = client.zcard(keys.due)
+        view = backend.lease_view()
+        info, ttl_ms, epoch = view.info, view.ttl_ms, view.epoch
+        head = backend.head(C.BEAT_STATUS_ENTRIES)
+        total = backend.due_count()
         names = [name for name, _ in head]
-        states: list[Any] = list(client.hmget(keys.state, names)) if names else []
-        seconds, micros = client.time()
-    except redis.RedisError as exc:
-        return {"error": f"Redis {mask_url(config.redis_url)} unreachable: {exc}"}
+        states, _ = backend.read_states(names)
+    except backend.errors as exc:
+        return {"error": f"{backend.where()} unreachable: {exc}"}
     entries = []
     for (name, score), raw in zip(head, states, strict=False):
         state = load_state(raw)
@@ -58,13 +55,14 @@ def describe_beat(app: Celery) -> dict[str, Any]:
             "epoch": info.get("epoch"),
             "lease_left_s": round(ttl_ms / 1000.0, 1) if ttl_ms and ttl_ms > 0 else None,
             # how long this beat has led (its "since" is Redis TIME when it took the lease)
-            "lease_age_s": _age(info.get("since"), seconds + micros / 1e6),
+            "lease_age_s": _age(info.get("since"), view.now),
         }
         if info
         else "none (no beat holds the lease)",
-        "epoch": int(epoch) if epoch else None,
+        "epoch": epoch,
         "lease_s": config.beat_lease,
-        "redis": mask_url(config.redis_url),
+        **({"redis": mask_url(config.redis_url)} if backend.name == C.COORDINATION_REDIS else {}),
+        "backend": backend.where(),
         "entries_total": total,
         "entries": entries,
     }

@@ -15,21 +15,20 @@ from celery import Celery, platforms
 from celery import signals as celery_signals
 
 from .. import constants as C
-from ..checks import check_redis
 from ..clock import RedisClock
-from ..config import SafeTimeConfig, get_config, mask_url
+from ..config import SafeTimeConfig, get_config
 from ..exceptions import ImproperlyConfigured, RedisUnavailable
-from ..redis_client import get_redis, tls_hint
+from .backends import BeatBackend, beat_backend
 from .leader import LeaderKeeper
-from .lease import Lease, LeaseKeys, load_state
 
 logger = logging.getLogger(__name__)
 
 #: Per-entry misfire policy: ``options={"safe_time_misfire": ...}`` (headers JSON on django-celery-beat rows).
 OPTION_MISFIRE = "safe_time_misfire"
 
-#: What a tick may raise when Redis fails; the scheduler then stands by (fail closed).
-REDIS_ERRORS = (redis.RedisError, RedisUnavailable)
+#: What a tick may raise when Redis fails; the scheduler then stands by (fail closed). A scheduler's
+#: own backend's are ``LeasedScheduler.backend_errors`` (PostgreSQL's include SQLAlchemy's).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable)
 
 
 def tick_granularity(max_interval: float) -> float:
@@ -47,47 +46,31 @@ def check_lease(config: SafeTimeConfig, granularity: float) -> None:
 
 
 def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisClock, who: str) -> None:
-    """Fail loudly when Redis is unreachable; warn about persistence and eviction."""
-    try:
-        offset = clock.sync()
-    except RedisUnavailable as exc:
-        hint = tls_hint(config.redis_url, exc)
-        if hint is not None:
-            raise ImproperlyConfigured("safe_time_redis_url", f"{who}: {hint}") from exc
-        raise RedisUnavailable(f"{who}: Redis {mask_url(config.redis_url)} is unreachable at startup: {exc}") from exc
-    if abs(offset.offset) > config.max_clock_skew:
-        logger.warning(
-            "%s: this host's clock is %+.3f s off Redis TIME; beat uses Redis TIME, so it still fires on time",
-            who,
-            offset.offset,
-        )
-    for check in check_redis(config, client):
-        if check.status != "ok" and check.name in (
-            "redis_persistence",
-            "redis_eviction",
-            "redis_replication",
-            "redis_config",
-        ):
-            logger.warning("%s: %s: %s", who, check.name, check.detail)
+    """Fail loudly when Redis is unreachable; warn about persistence and eviction (the Redis backend's)."""
+    from .backends.redis import RedisBeatBackend
+
+    backend = RedisBeatBackend(config, client)
+    backend.clock = clock
+    backend.startup_checks(who)
 
 
-def beat_info(config: SafeTimeConfig, keeper: LeaderKeeper, client: redis.Redis, started: bool) -> str:
+def beat_info(config: SafeTimeConfig, keeper: LeaderKeeper, backend: BeatBackend, started: bool) -> str:
     """The banner line: this beat's role once running, else who holds the lease right now."""
     if started:
         state = f"leader (epoch {keeper.epoch})" if keeper.is_leader else "standby"
     else:
         try:
-            holder = load_state(client.get(LeaseKeys.for_config(config).info))
+            holder = backend.lease_view().info
             state = (
                 f"lease held by {holder.get('host')} pid {holder.get('pid')} (epoch {holder.get('epoch')}): standby"
                 if holder
                 else "lease free: this beat will take it"
             )
-        except redis.RedisError as exc:
-            state = f"Redis unreachable ({exc})"
+        except backend.errors as exc:
+            state = f"{backend.label} unreachable ({exc})"
     return (
         f"    . safe-time -> {state}; lease {config.beat_lease:g}s, renewed every {config.beat_renew_interval:g}s; "
-        f"redis {mask_url(config.redis_url)}"
+        f"{backend.where()}"
     )
 
 
@@ -103,10 +86,16 @@ class LeasedScheduler:
 
     def init_lease(self, app: Celery) -> None:
         self.config = get_config(app)
-        self.client = get_redis(self.config.redis_url)
-        self.clock = RedisClock(self.client)
-        self.lease = Lease(self.client, self.config)
-        self.keeper = LeaderKeeper(self.lease, self.clock, self.config, sender=self)
+        self.backend = beat_backend(self.config)
+        #: what a tick may raise when the backend fails; the scheduler then stands by (fail closed)
+        self.backend_errors = self.backend.errors
+        #: the Redis client on the Redis backend (None on the others)
+        self.client = getattr(self.backend, "client", None)
+        self.clock = self.backend.clock
+        self.lease = self.backend.make_lease()
+        self.keeper = LeaderKeeper(
+            self.lease, self.clock, self.config, sender=self, errors=self.backend.errors, what=self.backend.label
+        )
         self._closed = False
         self._started = False
 
@@ -116,7 +105,7 @@ class LeasedScheduler:
 
     def check_startup(self, granularity: float) -> None:
         check_lease(self.config, granularity)
-        startup_checks(self.config, self.client, self.clock, "beat")
+        self.backend.startup_checks("beat")
         from ..delays.install_check import not_installed_message, sweep_installed
 
         if not sweep_installed(self.app):
@@ -135,12 +124,13 @@ class LeasedScheduler:
 
     @property
     def info(self) -> str:
-        return beat_info(self.config, self.keeper, self.client, started=self._started)
+        return beat_info(self.config, self.keeper, self.backend, started=self._started)
 
     def redis_failed(self, exc: Exception) -> float:
-        """A tick hit a Redis error: stand by until the keeper takes the lease again."""
-        logger.error("beat: Redis error during tick, standing by: %s", exc)
-        self.keeper.step_down(f"Redis error during tick: {exc}")
+        """A tick hit a backend (Redis, PostgreSQL) error: stand by until the keeper takes the lease again."""
+        what = self.backend.label
+        logger.error("beat: %s error during tick, standing by: %s", what, exc)
+        self.keeper.step_down(f"{what} error during tick: {exc}")
         return self.granularity
 
 

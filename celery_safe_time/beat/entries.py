@@ -43,12 +43,13 @@ from dateutil.rrule import rrule as dateutil_rrule
 from dateutil.rrule import rrulestr
 
 from .. import constants as C
-from ..clock import UTC, RedisClock
+from ..clock import UTC
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
-from ..redis_client import as_text, get_redis, load_script
+from ..redis_client import load_script
 from ..schedules import crontab, resolve_tz
-from .lease import LeaseKeys, load_state, slot_id
+from .backends import beat_backend
+from .lease import load_state, slot_id
 from .slots import NEVER, at, rrule
 
 __all__ = [
@@ -369,12 +370,8 @@ class _Store:
     def __init__(self, app: Celery | None) -> None:
         self.app: Celery = app if app is not None else current_app._get_current_object()
         self.config = get_config(self.app)
-        self.client: redis.Redis = get_redis(self.config.redis_url)
-        self.keys = EntryKeys.for_config(self.config)
-        self.beat = LeaseKeys.for_config(self.config)
-
-    def script(self, name: str) -> Any:
-        return self.client.register_script(load_script(__package__, name))
+        #: where the definitions live: the beat backend of the app (Redis or PostgreSQL)
+        self.backend = beat_backend(self.config)
 
     def config_entries(self) -> dict[str, Any]:
         return dict(self.app.conf.beat_schedule or {})
@@ -421,9 +418,9 @@ def save_entry(
     except SafeTimeError as exc:
         raise ScheduleError(f"entry {name!r}: {exc}") from None
     # a schedule with no slot left (an rrule that ended) would sit in the due set forever, unfired
-    if plan.grid.first(RedisClock(store.client).time()) == NEVER:
+    if plan.grid.first(store.backend.clock.time()) == NEVER:
         raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
-    store.script("save_entry")(keys=[store.keys.entries, store.keys.version, store.keys.changed], args=[name, raw])
+    store.backend.entry_save(name, raw)
     info = get_entry(name, app=store.app)
     assert info is not None
     return info
@@ -435,10 +432,7 @@ def delete_entry(name: str, app: Celery | None = None) -> bool:
     store = _Store(app)
     if name in store.config_entries():
         raise ScheduleError(f"{name!r} is a config entry (beat_schedule); remove it there")
-    version = store.script("delete_entry")(
-        keys=[store.keys.entries, store.keys.version, store.keys.changed], args=[name]
-    )
-    return bool(int(version))
+    return bool(store.backend.entry_delete(name))
 
 
 def with_enabled(name: str, raw: Any, enabled: bool) -> str:
@@ -466,10 +460,10 @@ def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInf
     if name in store.config_entries():
         raise ScheduleError(f"{name!r} is a config entry (beat_schedule); only runtime entries can be paused")
     for _ in range(C.BEAT_ENTRY_SWAP_ATTEMPTS):
-        raw = store.client.hget(store.keys.entries, name)
+        raw = store.backend.entry_definition(name)
         if raw is None:
             return None
-        if swap_definition(store.client, store.keys, name, raw, with_enabled(name, raw, enabled)) >= 0:
+        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled)) >= 0:
             return get_entry(name, app=store.app)
     raise ScheduleError(
         f"entry {name!r}: its definition changed under each of {C.BEAT_ENTRY_SWAP_ATTEMPTS} attempts to "
@@ -481,18 +475,16 @@ def run_now(name: str, app: Celery | None = None) -> datetime:
     """Ask the leader to publish one extra run of ``name`` now, through the dispatch guard (its slot
     is the request instant, so the request is published at most once). Returns that slot."""
     store = _Store(app)
-    if name not in store.config_entries() and not store.client.hexists(store.keys.entries, name):
+    if name not in store.config_entries() and store.backend.entry_definition(name) is None:
         raise ScheduleError(f"no beat entry {name!r}")
-    slot = round(RedisClock(store.client).time(), 3)
-    store.script("run_now")(keys=[store.keys.run_now, store.keys.version], args=[name, slot_id(slot)])
+    slot = round(store.backend.clock.time(), 3)
+    store.backend.entry_run_now(name, slot_id(slot))
     return datetime.fromtimestamp(slot, UTC)
 
 
 def run_now_fired(name: str, slot: datetime, app: Celery | None = None) -> bool:
     """Whether the run-now request of ``slot`` was published (its fired-slot marker exists)."""
-    store = _Store(app)
-    marker = store.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot.timestamp()))
-    return bool(store.client.exists(marker))
+    return bool(_Store(app).backend.slot_fired(name, slot.timestamp()))
 
 
 def _when(value: Any) -> datetime | None:
@@ -567,12 +559,8 @@ def _runtime_info(name: str, raw: Any, state: Any, score: Any, version: Any) -> 
 def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:
     """The entry ``name`` (a ``beat_schedule`` entry or a runtime one) with its last and next fire."""
     store = _Store(app)
-    pipe = store.client.pipeline(transaction=False)
-    pipe.hget(store.keys.entries, name)
-    pipe.hget(store.beat.state, name)
-    pipe.zscore(store.beat.due, name)
-    pipe.zscore(store.keys.changed, name)
-    raw, state, score, version = pipe.execute()
+    raw = store.backend.entry_definition(name)
+    (state,), (score,), (version,) = store.backend.entry_rows([name])
     config = store.config_entries()
     if name in config:
         return _config_info(name, config[name], state, score)
@@ -581,29 +569,16 @@ def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:
     return _runtime_info(name, raw, state, score, version)
 
 
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
-
-
 def list_entries(app: Celery | None = None, prefix: str | None = None) -> list[EntryInfo]:
     """Every entry (config ones with source "config", runtime ones "runtime"), sorted by name;
     ``prefix`` keeps the names starting with it. Runtime entries are found with HSCAN."""
     store = _Store(app)
     config = {n: s for n, s in store.config_entries().items() if prefix is None or n.startswith(prefix)}
-    match = None if not prefix else _glob_escape(prefix) + "*"
-    defs = {
-        as_text(k): v
-        for k, v in store.client.hscan_iter(store.keys.entries, match=match, count=1000)
-        if as_text(k) not in config
-    }
+    defs = {k: v for k, v in store.backend.entry_definitions(prefix).items() if k not in config}
     names = sorted(set(config) | set(defs))
     if not names:
         return []
-    pipe = store.client.pipeline(transaction=False)
-    pipe.hmget(store.beat.state, names)
-    pipe.zmscore(store.beat.due, names)
-    pipe.zmscore(store.keys.changed, names)
-    states, scores, versions = pipe.execute()
+    states, scores, versions = store.backend.entry_rows(names)
     out: list[EntryInfo] = []
     for name, state, score, version in zip(names, states, scores, versions, strict=True):
         if name in config:

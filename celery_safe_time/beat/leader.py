@@ -17,10 +17,10 @@ import redis
 
 from .. import constants as C
 from .. import signals
-from ..clock import RedisClock
+from ..clock import ServerClock
 from ..config import SafeTimeConfig
 from ..exceptions import RedisUnavailable
-from .lease import Lease
+from .backends.base import BeatLease
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,20 @@ class LeaseTerm(NamedTuple):
 class LeaderKeeper:
     """Owns a :class:`Lease` and the thread that holds it. ``term`` (and ``epoch``) is None while standby."""
 
-    def __init__(self, lease: Lease, clock: RedisClock, config: SafeTimeConfig, sender: Any) -> None:
+    def __init__(
+        self,
+        lease: BeatLease,
+        clock: ServerClock,
+        config: SafeTimeConfig,
+        sender: Any,
+        errors: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable),
+        what: str = "Redis",
+    ) -> None:
         self.lease = lease
+        #: what the backend raises when it fails (Redis's by default)
+        self.errors = errors
+        #: the backend's name in log lines
+        self.what = what
         self.clock = clock
         self.config = config
         self.sender = sender
@@ -86,7 +98,7 @@ class LeaderKeeper:
                 try:
                     self.lease.release()
                     logger.info("beat: released the leader lease (epoch %s)", epoch)
-                except redis.RedisError as exc:
+                except self.errors as exc:
                     logger.warning("beat: could not release the lease (it expires by itself): %s", exc)
 
     def step_down(self, reason: str) -> None:
@@ -110,7 +122,7 @@ class LeaderKeeper:
             self._stop.wait(wait)
 
     def _attempt(self) -> bool:
-        """One renew (leader) or acquire (standby) round; False when Redis failed."""
+        """One renew (leader) or acquire (standby) round; False when the backend failed."""
         with self._lock:
             if self._stop.is_set():
                 return True
@@ -127,16 +139,18 @@ class LeaderKeeper:
                             "beat: acquired the leader lease (epoch %s, lease %gs)", epoch, self.config.beat_lease
                         )
                         signals.beat_lease_acquired.send(sender=self.sender, epoch=epoch, lease=self.config.beat_lease)
-            except (redis.RedisError, RedisUnavailable) as exc:
+            except self.errors as exc:
                 self.last_error = str(exc)
                 if self._term is not None:
-                    self._lost(f"Redis error: {exc}")
+                    self._lost(f"{self.what} error: {exc}")
                 if not self._redis_down:
-                    logger.error("beat: Redis unreachable, nothing fires until it is back (fail closed): %s", exc)
+                    logger.error(
+                        "beat: %s unreachable, nothing fires until it is back (fail closed): %s", self.what, exc
+                    )
                 self._redis_down = True
                 return False
             if self._redis_down:
-                logger.warning("beat: Redis reachable again")
+                logger.warning("beat: %s reachable again", self.what)
                 self._redis_down = False
             return True
 

@@ -28,6 +28,9 @@ import redis
 from .. import constants as C
 from ..config import SafeTimeConfig
 from ..redis_client import as_text, load_script
+from .backends.base import BeatLease, SlotWrite
+
+__all__ = ["Lease", "LeaseKeys", "SlotWrite", "dump_state", "load_state", "slot_id", "state_next"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +51,6 @@ SCRIPTS = (
     "swap_entry",
     "mark_applied",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotWrite:
-    """One entry's state change in a tick: dispatch ``slot`` (publish it) or, with no slot, advance."""
-
-    entry: str
-    state: str
-    next_fire: float
-    slot: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +76,7 @@ def identity() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-class Lease:
+class Lease(BeatLease):
     """One beat's handle on the leader lease. Not thread-safe by itself: the scheduler's
     lease thread is its only caller, except the dispatch methods, which only read the token."""
 

@@ -19,8 +19,8 @@ from celery import Celery
 from dateutil.rrule import rrule as dateutil_rrule
 from dateutil.rrule import weekday
 
-from ..exceptions import SafeTimeError, ScheduleError
-from ..redis_client import as_text
+from ..exceptions import ImproperlyConfigured, SafeTimeError, ScheduleError
+from ..redis_client import as_text, get_redis
 from .entries import _Store, build_entry, get_entry, parse_definition, save_entry, schedule_to_spec
 from .lease import dump_state
 from .slots import NEVER, at
@@ -86,13 +86,18 @@ def import_redbeat(app: Celery, prefix: str = "redbeat", *, dry_run: bool = Fals
     fired slot, so the leader continues after it (a slot missed meanwhile follows the misfire
     policy). Idempotent: importing again changes nothing. Config entries keep their own."""
     store = _Store(app)
+    if not store.config.redis_url:
+        raise ImproperlyConfigured(
+            "safe_time_redis_url", "import-redbeat reads redbeat's entries from Redis: set the Redis that holds them"
+        )
+    client = get_redis(store.config.redis_url)
     key_prefix = _prefix(prefix)
-    keys = [as_text(k) for k in store.client.zrange(key_prefix + ":schedule", 0, -1)]
+    keys = [as_text(k) for k in client.zrange(key_prefix + ":schedule", 0, -1)]
     result = ImportResult()
     config = store.config_entries()
     for key in keys:
         name = key[len(key_prefix) :] if key.startswith(key_prefix) else key
-        definition_raw, meta_raw = store.client.hmget(key, ["definition", "meta"])
+        definition_raw, meta_raw = client.hmget(key, ["definition", "meta"])
         if definition_raw is None:
             result.skipped[name] = "no definition (deleted in redbeat)"
             continue
@@ -134,7 +139,7 @@ def _seed_state(
 ) -> None:
     """Write the state a leader would have after firing ``last``, unless the entry has state already.
 
-    Only new entries get it (HSETNX), before their definition exists, so no leader plans them yet:
+    Only new entries get it (HSETNX on Redis), before their definition exists, so no leader plans them yet:
     the leader then takes the definition with this state and continues the grid after ``last``.
     """
     from .scheduler import entry_plan
@@ -147,4 +152,4 @@ def _seed_state(
     next_fire = grid.next(ts)
     if isinstance(entry.schedule, at) or next_fire == NEVER:
         next_fire = NEVER
-    store.client.hsetnx(store.beat.state, name, dump_state(ts, next_fire, grid.signature()))
+    store.backend.entry_seed_state(name, dump_state(ts, next_fire, grid.signature()))

@@ -28,11 +28,11 @@ from ..clock import to_datetime
 from ..config import SafeTimeConfig
 from ..delays.sweep import _Batch, _batched
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
-from ..redis_client import as_text, load_script
-from .base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler
-from .entries import EntryKeys, build_entry, parse_definition, spec_key, swap_definition, with_enabled
+from ..redis_client import as_text
+from .base import OPTION_MISFIRE, LeasedScheduler
+from .entries import build_entry, parse_definition, spec_key, with_enabled
 from .leader import LeaseTerm
-from .lease import LeaseKeys, SlotWrite, dump_state, load_state, scored, state_next
+from .lease import SlotWrite, dump_state, load_state, state_next
 from .slots import NEVER, Grid, at, decide, grid_for
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.init_lease(app)
-        self.keys = LeaseKeys.for_config(self.config)
-        self.entry_keys = EntryKeys.for_config(self.config)
         self.plans: dict[str, Plan] = {}
         self.broken: dict[str, str] = {}
         self._reconciled: LeaseTerm | None = None
@@ -88,13 +86,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.paused: dict[str, ScheduleEntry] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
+        #: the leader's clock when it last pruned fired-slot records (``_housekeeping``)
+        self._pruned_at = float("-inf")
         #: schedule objects of runtime entries by their spec (shared: they are never mutated)
         self._schedules: dict[Any, Any] = {}
         #: plans of runtime entries by (spec, task, misfire policy): validated once per distinct schedule
         self._runtime_plans: dict[Any, Plan] = {}
-        self._run_now_done = self.client.register_script(load_script(__package__, "run_now_done"))
-        self._prune = self.client.register_script(load_script(__package__, "prune"))
-        self._mark = self.client.register_script(load_script(__package__, "mark_applied"))
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -158,8 +155,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
             if due:  # the fired entries moved on: the next one due is somewhere else now
-                head = scored(self.client.zrange(self.keys.due, 0, 0, withscores=True))
-        except REDIS_ERRORS as exc:
+                head = self.backend.head()
+            self._housekeeping()
+        except self.backend_errors as exc:
             return self.redis_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
         if self.seen_version > 0:
@@ -176,20 +174,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         every planned entry has a member in the due set and a field in the state hash, and only the
         leader removes them; runtime entries cost a tick nothing until one changes.
         """
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zrangebyscore(self.keys.due, "-inf", now, start=0, num=C.BEAT_DUE_BATCH, withscores=True)
-        pipe.zcard(self.keys.due)
-        pipe.hlen(self.keys.state)
-        pipe.get(self.entry_keys.version)
-        pipe.zrange(self.keys.due, 0, 0, withscores=True)
-        reply, due_count, state_count, version, head = pipe.execute()
+        read = self.backend.read_due(now, C.BEAT_DUE_BATCH)
         planned = len(self.plans)
         lost = None
-        if int(due_count) < planned:
-            lost = f"{self.keys.due} has {int(due_count)} of {planned} entries (evicted or deleted?)"
-        elif int(state_count) < planned:
-            lost = f"{self.keys.state} has {int(state_count)} of {planned} entries (evicted or deleted?)"
-        return scored(reply), lost, int(version or 0), scored(head)
+        if read.due_count < planned:
+            lost = f"{self.backend.due_name} has {read.due_count} of {planned} entries (evicted or deleted?)"
+        elif read.state_count < planned:
+            lost = f"{self.backend.state_name} has {read.state_count} of {planned} entries (evicted or deleted?)"
+        return read.due, lost, read.version, read.head
 
     @staticmethod
     def next_state(
@@ -265,23 +257,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         """Apply the runtime entries changed since ``seen_version`` and the run-now requests; False
         when the lease turned out to be gone. Reads only the changed names (one round trip for the
         log, one for their definitions and state), then writes their state in one more."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zrangebyscore(
-            self.entry_keys.changed, f"({self.seen_version}", "+inf", start=0, num=C.BEAT_CHANGES_BATCH, withscores=True
-        )
-        pipe.hgetall(self.entry_keys.run_now)
-        changes, requests = pipe.execute()
-        changed = scored(changes)
+        changed = self.backend.change_log(self.seen_version, C.BEAT_CHANGES_BATCH)
+        requests = self.backend.run_now_requests()
         names = [name for name, _ in changed]
         writes: list[SlotWrite] = []
         catch_up: list[tuple[float, SlotWrite]] = []
         forget: dict[bool, list[str]] = {True: [], False: []}  # keep_state -> names
         if names:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hmget(self.entry_keys.entries, names)
-            pipe.hmget(self.keys.state, names)
-            pipe.zmscore(self.keys.due, names)
-            raws, states, scores = pipe.execute()
+            raws, states, scores = self.backend.read_changed(names)
             for name, raw, state, score in zip(names, raws, states, scores, strict=True):
                 became = self.load_runtime(name, raw)
                 if became == "active":
@@ -318,7 +301,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         if not self.write_and_publish(catch_up, epoch):
             return False
         if forget[False]:  # applied: the tombstones have done their job (a name saved again is kept)
-            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *forget[False]])
+            self.backend.prune(version, forget[False])
         if len(names) == C.BEAT_CHANGES_BATCH:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
@@ -327,10 +310,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self._mark_applied()
         return self.run_requested(epoch, requests)
 
-    def run_requested(self, epoch: int, requests: dict[Any, Any]) -> bool:
+    def run_requested(self, epoch: int, requests: dict[str, str]) -> bool:
         """Publish the ``beat run-now`` requests: one slot each (the request instant), guarded."""
-        for key, raw in requests.items():
-            name, slot_ms = as_text(key), as_text(raw)
+        for name, slot_ms in requests.items():
             entry = self.schedule.get(name) or self.paused.get(name)
             slot = int(slot_ms) / 1000.0
             if entry is not None:
@@ -342,7 +324,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                     self.publish(entry, slot, epoch)
             else:
                 logger.warning("beat: run-now of unknown entry %r dropped", name)
-            self._run_now_done(keys=[self.entry_keys.run_now], args=[name, slot_ms])
+            self.backend.run_now_done(name, slot_ms)
         return True
 
     def fingerprint(self) -> str:
@@ -352,10 +334,18 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def _mark_applied(self) -> None:
         """Record that the state and due set reflect every change up to ``seen_version`` (leader only)."""
-        self._mark(
-            keys=[self.keys.lease, self.entry_keys.applied],
-            args=[self.lease.token, f"{self.seen_version} {self.fingerprint()}"],
-        )
+        self.backend.mark_applied(self.lease.token, f"{self.seen_version} {self.fingerprint()}")
+
+    def _housekeeping(self) -> None:
+        """Prune old fired-slot records where they do not expire by themselves (PostgreSQL), every
+        ``BEAT_PRUNE_INTERVAL`` seconds of the leader's clock."""
+        now = self.clock.time()
+        if now - self._pruned_at < C.BEAT_PRUNE_INTERVAL:
+            return
+        self._pruned_at = now
+        pruned = self.backend.prune_fired(self.lease.token)
+        if pruned:
+            logger.info("beat: pruned %d fired-slot record(s) older than %d s", pruned, C.FIRED_SLOT_TTL)
 
     def _applied_since(self, marker: Any, version: int) -> int | None:
         """The version a previous leader's state reflects, None when it cannot be trusted (no marker,
@@ -378,14 +368,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         entry's state is already right in Redis. A due-set count that does not add up afterwards, or
         no usable marker, re-plans everything from a full read of the state.
         """
-        # one snapshot: the counter matches the definitions and the marker the state
-        pipe = self.client.pipeline(transaction=True)
-        pipe.get(self.entry_keys.version)
-        pipe.hgetall(self.entry_keys.entries)
-        pipe.hgetall(self.entry_keys.run_now)
-        pipe.get(self.entry_keys.applied)
-        version_raw, definitions, requests, marker = pipe.execute()
-        version = int(version_raw or 0)
+        snapshot = self.backend.snapshot()
+        version, definitions, requests, marker = (
+            snapshot.version,
+            snapshot.definitions,
+            snapshot.requests,
+            snapshot.marker,
+        )
+        del snapshot
         # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
         # collector would walk the growing heap again and again while they are built.
         collecting = gc.isenabled()
@@ -395,7 +385,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 self._drop(name)
             self.runtime = {}
             for key, raw in definitions.items():
-                self.load_runtime(as_text(key), raw)
+                self.load_runtime(key, raw)
             del definitions
             since = self._applied_since(marker, version)
             plan = None if since is None else self._replan_changed(now, since)
@@ -411,26 +401,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             # by its reference count): keep the collector's full passes from walking them in a tick.
             gc.freeze()
         states, nexts, gone, idle, tombstones = plan
-        pipe = self.client.pipeline(transaction=False)
-        # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
-        names = list(states)
-        for i in range(0, len(names), C.BEAT_CHANGES_BATCH * 5):
-            chunk = names[i : i + C.BEAT_CHANGES_BATCH * 5]
-            pipe.hset(self.keys.state, mapping={n: states[n] for n in chunk})
-            pipe.zadd(self.keys.due, {n: nexts[n] for n in chunk})
-        # paused and broken runtime entries keep their state (a resume or a fix continues the grid)
-        if gone:
-            pipe.zrem(self.keys.due, *gone)
-            pipe.hdel(self.keys.state, *gone)
-        if idle:
-            pipe.zrem(self.keys.due, *idle)
-
-        # Only the lease holder may rewrite the schedule: check before sending the batch.
-        if self.client.get(self.keys.lease) != self.lease.token.encode():
+        # Only the lease holder may rewrite the schedule (paused and broken runtime entries keep their
+        # state: a resume or a fix continues the grid).
+        if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
             raise RedisUnavailable("lease lost while reconciling")
-        pipe.execute()
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
-            self._prune(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *tombstones])
+            self.backend.prune(version, tombstones)
         self.seen_version = version
         self._mark_applied()
         # run-now requests made while no beat led: their counter bump is already behind us
@@ -450,13 +426,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def _replan_all(self, now: float) -> Replan:
         """(states, nexts, gone, idle, tombstones) from a full read of the state hash and the due set."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.state)
-        pipe.zrange(self.keys.due, 0, -1, withscores=True)
-        pipe.zcard(self.entry_keys.changed)
-        stored_raw, due, logged = pipe.execute()
-        stored: dict[str, Any] = {as_text(k): v for k, v in stored_raw.items()}
-        scores = dict(scored(due))
+        stored, scores, logged = self.backend.read_all()
         states: dict[str, str] = {}
         nexts: dict[str, float] = {}
         firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
@@ -469,25 +439,18 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         idle = sorted(scheduled & (set(self.runtime) - set(self.plans)))
         tombstones: list[str] = []
         if int(logged) > len(self.runtime):  # the log holds deletions: read it (else it is one per entry)
-            log = self.client.zrange(self.entry_keys.changed, 0, -1)
-            tombstones = [as_text(name) for name in log if as_text(name) not in self.runtime]
+            log = self.backend.change_log()
+            tombstones = [name for name, _ in log if name not in self.runtime]
         return states, nexts, gone, idle, tombstones
 
     def _replan_changed(self, now: float, since: int) -> Replan | None:
         """Like :meth:`_replan_all` for the config entries and the runtime entries changed after
         ``since`` only; None when the due set would not then hold exactly the planned entries (state
         lost or written by hand, a config entry removed from beat_schedule): re-plan everything."""
-        log = self.client.zrangebyscore(self.entry_keys.changed, f"({since}", "+inf")
-        changed = [as_text(name) for name in log]
+        changed = [name for name, _ in self.backend.change_log(since)]
         recheck = sorted(self.config_names | set(changed) | set(self.broken))
-        pipe = self.client.pipeline(transaction=False)
-        if recheck:
-            pipe.hmget(self.keys.state, recheck)
-            pipe.zmscore(self.keys.due, recheck)
-        pipe.zcard(self.keys.due)
-        replies = pipe.execute()
-        raws, scores = (replies[0], replies[1]) if recheck else ([], [])
-        due_count = int(replies[-1])
+        raws, scores = self.backend.read_states(recheck)
+        due_count = self.backend.due_count()
         states: dict[str, str] = {}
         nexts: dict[str, float] = {}
         gone: list[str] = []
@@ -527,7 +490,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for name, slot in due:
             try:
                 planned.extend((slot, write) for write in self.plan_entry(name, slot, now))
-            except REDIS_ERRORS:
+            except self.backend_errors:
                 raise
             except Exception:
                 logger.exception("beat: entry %r failed; the other entries keep firing", name)
@@ -611,8 +574,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         if raw is None or entry is None or not isinstance(entry.schedule, at):
             return
         try:
-            verdict = swap_definition(self.client, self.entry_keys, name, raw, with_enabled(name, raw, False))
-        except REDIS_ERRORS:
+            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, False))
+        except self.backend_errors:
             raise
         except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
             logger.warning("beat: one-off entry %r fired but could not be disabled: %s", name, exc)
@@ -628,7 +591,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         plan = self.plans.get(name)
         entry = self.schedule.get(name)
         if plan is None or entry is None:
-            self.client.zrem(self.keys.due, name)
+            self.backend.drop_due(name)
             return []
         try:
             decision = decide(
@@ -642,7 +605,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         except Exception as exc:
             self._broken(name, f"cannot compute its next slot: {exc}")
             self.plans.pop(name, None)
-            self.client.zrem(self.keys.due, name)
+            self.backend.drop_due(name)
             return []
         sig = plan.signature
         if decision.missed:

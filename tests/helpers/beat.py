@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import uuid
 from typing import Any
 
 import redis
@@ -37,3 +38,32 @@ def duplicates(client: redis.Redis, label: str | None = None) -> dict[tuple[str,
 def leader_pid(client: redis.Redis, prefix: str = "safe_time:") -> int | None:
     raw = client.get(prefix + "beat:leader")
     return int(json.loads(raw)["pid"]) if raw else None
+
+
+def coordination_settings(postgres_url: str) -> dict[str, str]:
+    """App settings for PostgreSQL coordination on ``postgres_url``, under a key prefix of their own
+    (so tests sharing the session's database never meet; the prefix is the rows' namespace)."""
+    return {"safe_time_coordination_url": postgres_url, "safe_time_key_prefix": f"t{uuid.uuid4().hex[:10]}:"}
+
+
+_BACKENDS: dict[str, Any] = {}
+
+
+def holder_pid(client: redis.Redis, coordination: dict[str, Any]) -> int | None:
+    """The pid of the beat holding the lease, on the backend ``coordination`` chooses ({}: Redis)."""
+    url = coordination.get("safe_time_coordination_url")
+    if not url:
+        return leader_pid(client)
+    key = f"{url} {coordination['safe_time_key_prefix']}"
+    backend = _BACKENDS.get(key)
+    if backend is None:
+        from celery import Celery
+
+        from celery_safe_time.beat.backends import beat_backend
+        from celery_safe_time.config import get_config
+
+        app = Celery("holder", set_as_current=False)
+        app.conf.update(broker_url="memory://", **coordination)
+        backend = _BACKENDS[key] = beat_backend(get_config(app))
+    pid = backend.lease_view().info.get("pid")
+    return int(pid) if pid is not None else None

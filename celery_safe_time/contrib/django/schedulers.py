@@ -20,7 +20,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
-from ...beat.base import OPTION_MISFIRE, REDIS_ERRORS, LeasedScheduler, tick_granularity
+from ...beat.base import OPTION_MISFIRE, LeasedScheduler, tick_granularity
 from ...beat.leader import LeaseTerm
 from ...beat.slots import GenericGrid, Grid, decide, grid_for
 from ...clock import UTC, to_datetime
@@ -144,7 +144,7 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         except (DatabaseError, InterfaceError) as exc:
             logger.error("beat: database error during tick: %s", exc)
             return self.granularity
-        except REDIS_ERRORS as exc:
+        except self.backend_errors as exc:
             return self.redis_failed(exc)
         return min(interval, self.granularity)
 

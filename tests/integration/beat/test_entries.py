@@ -1,4 +1,5 @@
-"""Runtime entries against real Redis, with ``SafeScheduler`` driven tick by tick in this process."""
+"""Runtime entries on each beat backend (``coordination``: Redis, PostgreSQL), with ``SafeScheduler``
+driven tick by tick in this process."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from dateutil.rrule import SECONDLY
 from dateutil.rrule import rrule as dateutil_rrule
 
 from celery_safe_time import EntryInfo, crontab, delete_entry, get_entry, list_entries, save_entry, signals
+from celery_safe_time.beat.backends import BeatBackend, beat_backend
 from celery_safe_time.beat.entries import run_now, run_now_fired, set_enabled
 from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ScheduleError, SerializationError
 from tests.helpers.processes import wait_for
 
@@ -32,10 +34,11 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 @pytest.fixture
-def app(make_app: Callable[..., Celery]) -> Celery:
+def app(make_app: Callable[..., Celery], coordination: dict[str, Any]) -> Celery:
     app = make_app(
         safe_time_beat_lease=3,
         beat_schedule={"cfg": {"task": "t.entries_noop", "schedule": 3600.0, "args": ("c",)}},
+        **coordination,
     )
     app.task(name="t.entries_noop", shared=False)(_noop)
     app.task(name="reports.send", shared=False)(_noop)
@@ -64,6 +67,26 @@ def leader(app: Celery, tmp_path: Path) -> Iterator[SafeScheduler]:
     sched.close()
 
 
+@pytest.fixture
+def backend(app: Celery) -> BeatBackend:
+    """The app's beat backend, to look at what is stored (Redis keys or PostgreSQL rows)."""
+    return beat_backend(get_config(app))
+
+
+def _text(raw: Any) -> Any:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _scheduled(backend: BeatBackend, name: str) -> tuple[Any, float | None]:
+    """``name``'s stored state and due score (None where absent)."""
+    (state,), (score,) = backend.read_states([name])
+    return _text(state), score
+
+
+def _logged(backend: BeatBackend) -> set[str]:
+    return {name for name, _ in backend.change_log()}
+
+
 def _fired(sent: list[dict[str, Any]], name: str) -> list[float]:
     return [s["slot"].timestamp() for s in sent if s["entry"] == name]
 
@@ -72,7 +95,7 @@ def _tick_until(sched: SafeScheduler, predicate: Callable[[], Any], timeout: flo
     return wait_for(lambda: (sched.tick(), predicate())[1], timeout, interval=0.05)
 
 
-def test_save_get_list_delete(app: Celery, redis_client: redis.Redis) -> None:
+def test_save_get_list_delete(app: Celery, backend: BeatBackend) -> None:
     info = save_entry(
         "tenant-42-report",
         "reports.send",
@@ -111,12 +134,12 @@ def test_save_get_list_delete(app: Celery, redis_client: redis.Redis) -> None:
     assert delete_entry("tenant-43-report", app=app) is False
     assert get_entry("tenant-43-report", app=app) is None
     # the stored definition is plain JSON another language can write
-    raw = redis_client.hget("safe_time:beat:entries", "tenant-42-report")
+    raw = _text(backend.entry_definition("tenant-42-report"))
     assert raw is not None
-    assert b'"tz":"Europe/Berlin"' in raw
+    assert '"tz":"Europe/Berlin"' in raw
 
 
-def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, redis_client: redis.Redis) -> None:
+def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, backend: BeatBackend) -> None:
     with pytest.raises(ScheduleError, match=r"unknown task 'no\.such\.task'"):
         save_entry("x", "no.such.task", 60, app=app)
     with pytest.raises(ScheduleError, match="hour"):
@@ -136,11 +159,12 @@ def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, r
     # named like the config entry: refused, naming both
     with pytest.raises(ScheduleError, match=r"runtime entry 'cfg' \(task 'reports.send'\).*config entry 'cfg'"):
         save_entry("cfg", "reports.send", 60, app=app)
-    assert redis_client.keys("safe_time:beat:entries*") == []
+    assert backend.entry_definitions() == {}
+    assert backend.change_log() == []
 
 
 def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
-    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], backend: BeatBackend
 ) -> None:
     saved = time.time()
     save_entry("every2", "t.entries_noop", 2, args=("r",), app=app)
@@ -150,7 +174,7 @@ def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
     assert before is not None
     assert before.last_fired is not None
     assert before.next_fire is not None
-    version = redis_client.get("safe_time:beat:entries:version")
+    version = backend.read_due(0.0, 1).version
 
     # six processes saving the same entry at start-up: one schedule, no extra fire, state kept
     barrier = threading.Barrier(6)
@@ -164,7 +188,7 @@ def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
         t.start()
     for t in threads:
         t.join()
-    assert redis_client.get("safe_time:beat:entries:version") == version
+    assert backend.read_due(0.0, 1).version == version
     after = get_entry("every2", app=app)
     assert after is not None
     assert (after.last_fired, after.next_fire) == (before.last_fired, before.next_fire)
@@ -176,7 +200,7 @@ def test_add_fires_at_the_next_tick_and_unchanged_upserts_keep_state(
 
 
 def test_change_pause_resume_remove(
-    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], backend: BeatBackend
 ) -> None:
     save_entry("e", "t.entries_noop", 1, app=app)
     _tick_until(leader, lambda: len(_fired(sent, "e")) >= 2)
@@ -199,7 +223,7 @@ def test_change_pause_resume_remove(
     assert paused.next_fire is None
     assert paused.last_fired is not None
     assert paused.last_fired.timestamp() == last
-    assert redis_client.zscore("safe_time:beat:due", "e") is None
+    assert _scheduled(backend, "e")[1] is None
     count = len(_fired(sent, "e"))
     deadline = time.time() + 6
     while time.time() < deadline:
@@ -218,8 +242,7 @@ def test_change_pause_resume_remove(
     assert delete_entry("e", app=app)
     leader.tick()
     count = len(_fired(sent, "e"))
-    assert redis_client.zscore("safe_time:beat:due", "e") is None
-    assert redis_client.hget("safe_time:beat:state", "e") is None
+    assert _scheduled(backend, "e") == (None, None)
     deadline = time.time() + 5.5
     while time.time() < deadline:
         leader.tick()
@@ -228,7 +251,7 @@ def test_change_pause_resume_remove(
 
 
 def test_a_new_leader_loads_every_runtime_entry_and_keeps_their_state(
-    app: Celery, tmp_path: Path, sent: list[dict[str, Any]], redis_client: redis.Redis
+    app: Celery, tmp_path: Path, sent: list[dict[str, Any]], backend: BeatBackend
 ) -> None:
     save_entry("a", "t.entries_noop", 1, app=app)
     save_entry("p", "t.entries_noop", 1, enabled=False, app=app)
@@ -240,7 +263,7 @@ def test_a_new_leader_loads_every_runtime_entry_and_keeps_their_state(
     finally:
         first.close()
     assert delete_entry("gone", app=app)  # while no beat runs
-    assert redis_client.zscore("safe_time:beat:entries:changed", "gone") is not None  # tombstone
+    assert "gone" in _logged(backend)  # tombstone
     last_a = _fired(sent, "a")[-1]
     second = SafeScheduler(app=app, schedule_filename=str(tmp_path / "2"), max_interval=1)
     try:
@@ -252,8 +275,8 @@ def test_a_new_leader_loads_every_runtime_entry_and_keeps_their_state(
         second.close()
     slots = _fired(sent, "a")
     assert len(slots) == len(set(slots))
-    assert redis_client.hget("safe_time:beat:state", "gone") is None
-    assert redis_client.zscore("safe_time:beat:entries:changed", "gone") is None  # pruned by the reconcile
+    assert _scheduled(backend, "gone") == (None, None)
+    assert "gone" not in _logged(backend)  # pruned by the reconcile
     assert _fired(sent, "p") == []
 
 
@@ -296,10 +319,10 @@ def test_rrule_and_run_now(app: Celery, leader: SafeScheduler, sent: list[dict[s
 
 
 def test_a_broken_definition_written_by_hand_disables_only_that_entry(
-    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], redis_client: redis.Redis
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], backend: BeatBackend
 ) -> None:
-    redis_client.hset("safe_time:beat:entries", "bad", '{"task": "t.entries_noop", "schedule": {"type": "weekly"}}')
-    redis_client.zadd("safe_time:beat:entries:changed", {"bad": redis_client.incr("safe_time:beat:entries:version")})
+    # written by hand: the backend's own upsert (the save_entry script, a row), no validation
+    backend.entry_save("bad", '{"task": "t.entries_noop", "schedule": {"type": "weekly"}}')
     save_entry("good", "t.entries_noop", 1, app=app)
     _tick_until(leader, lambda: _fired(sent, "good"))
     assert "bad" in leader.broken

@@ -6,11 +6,15 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
-from tests.helpers.beat import BEAT_APP, beat_env, leader_pid, runs
+from celery_safe_time.beat.backends import beat_backend
+from celery_safe_time.config import get_config
+from tests.helpers.beat import BEAT_APP, beat_env, holder_pid, runs
 from tests.helpers.processes import ROOT, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -18,22 +22,30 @@ pytestmark = pytest.mark.integration
 CONFIG = {"cfg": {"task": "tests.record", "every": 3600, "args": ["cfg"]}}
 
 
-def _beat(processes: ProcessManager, *args: str) -> subprocess.CompletedProcess[str]:
-    return processes.command(BEAT_APP, "safe-time", "beat", *args, env=beat_env(CONFIG))
+def _beat(processes: ProcessManager, coordination: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    return processes.command(BEAT_APP, "safe-time", "beat", *args, env=beat_env(CONFIG, **coordination))
 
 
-def test_add_list_show_pause_resume_remove(processes: ProcessManager, redis_client: redis.Redis) -> None:
+def _stored(redis_url: str, coordination: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The runtime definitions stored and the change counter, on the backend of ``coordination``."""
+    app = Celery("cli", set_as_current=False)
+    app.conf.update(broker_url=redis_url, **coordination)
+    backend = beat_backend(get_config(app))
+    return backend.entry_definitions(), backend.read_due(0.0, 1).version
+
+
+def test_add_list_show_pause_resume_remove(processes: ProcessManager, coordination: dict[str, Any]) -> None:
     added = _beat(
-        processes, "add", "tenant-42-report", "tests.record", "--cron", "0 9 * * *", "--tz", "Europe/Berlin",
-        "--args", '["t42"]', "--kwargs", '{"sleep": 0}',
+        processes, coordination, "add", "tenant-42-report", "tests.record", "--cron", "0 9 * * *",
+        "--tz", "Europe/Berlin", "--args", '["t42"]', "--kwargs", '{"sleep": 0}',
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
     assert "tenant-42-report: cron 0 9 * * * tz=Europe/Berlin -> tests.record (version 1)" in added.stdout
-    assert _beat(processes, "add", "every-5", "tests.record", "--every", "5").returncode == 0
-    at = _beat(processes, "add", "once", "tests.record", "--at", "2030-01-01T09:00:00+01:00")
+    assert _beat(processes, coordination, "add", "every-5", "tests.record", "--every", "5").returncode == 0
+    at = _beat(processes, coordination, "add", "once", "tests.record", "--at", "2030-01-01T09:00:00+01:00")
     assert at.returncode == 0, at.stderr
 
-    listed = _beat(processes, "list")
+    listed = _beat(processes, coordination, "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert lines[0].split()[:4] == ["NAME", "SOURCE", "STATE", "SCHEDULE"]
@@ -45,68 +57,75 @@ def test_add_list_show_pause_resume_remove(processes: ProcessManager, redis_clie
     ]
     assert lines[-1] == "4 entries"
 
-    shown = _beat(processes, "show", "tenant-42-report")
+    shown = _beat(processes, coordination, "show", "tenant-42-report")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert data["schedule"]["tz"] == "Europe/Berlin"
     assert (data["args"], data["kwargs"], data["source"]) == (["t42"], {"sleep": 0}, "runtime")
 
-    assert _beat(processes, "pause", "every-5").stdout.strip() == "every-5: paused"
-    entries = {e["name"]: e for e in json.loads(_beat(processes, "list", "--json", "--prefix", "every").stdout)}
+    assert _beat(processes, coordination, "pause", "every-5").stdout.strip() == "every-5: paused"
+    entries = {
+        e["name"]: e for e in json.loads(_beat(processes, coordination, "list", "--json", "--prefix", "every").stdout)
+    }
     assert list(entries) == ["every-5"]
     assert entries["every-5"]["enabled"] is False
-    assert _beat(processes, "resume", "every-5").stdout.strip() == "every-5: resumed"
-    assert _beat(processes, "remove", "every-5").stdout.strip() == "every-5: removed"
-    missing = _beat(processes, "remove", "every-5")
+    assert _beat(processes, coordination, "resume", "every-5").stdout.strip() == "every-5: resumed"
+    assert _beat(processes, coordination, "remove", "every-5").stdout.strip() == "every-5: removed"
+    missing = _beat(processes, coordination, "remove", "every-5")
     assert missing.returncode == 1
     assert "no runtime entry 'every-5'" in missing.stderr
-    assert _beat(processes, "show", "every-5").returncode == 1
+    assert _beat(processes, coordination, "show", "every-5").returncode == 1
 
 
-def test_bad_input_exits_non_zero_and_stores_nothing(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    unknown = _beat(processes, "add", "x", "no.such.task", "--every", "5")
+def test_bad_input_exits_non_zero_and_stores_nothing(
+    processes: ProcessManager, redis_url: str, coordination: dict[str, Any]
+) -> None:
+    unknown = _beat(processes, coordination, "add", "x", "no.such.task", "--every", "5")
     assert unknown.returncode == 1
     assert "unknown task 'no.such.task'" in unknown.stderr
-    bad_cron = _beat(processes, "add", "x", "tests.record", "--cron", "0 25 * * *")
+    bad_cron = _beat(processes, coordination, "add", "x", "tests.record", "--cron", "0 25 * * *")
     assert bad_cron.returncode == 1
     assert "hour" in bad_cron.stderr
-    bad_args = _beat(processes, "add", "x", "tests.record", "--every", "5", "--args", "{not json")
+    bad_args = _beat(processes, coordination, "add", "x", "tests.record", "--every", "5", "--args", "{not json")
     assert bad_args.returncode == 2
-    both = _beat(processes, "add", "x", "tests.record", "--every", "5", "--at", "2030-01-01T00:00:00")
+    both = _beat(processes, coordination, "add", "x", "tests.record", "--every", "5", "--at", "2030-01-01T00:00:00")
     assert both.returncode == 2
     assert "exactly one of --cron, --every or --at" in both.stderr
-    conflict = _beat(processes, "add", "cfg", "tests.record", "--every", "5")
+    conflict = _beat(processes, coordination, "add", "cfg", "tests.record", "--every", "5")
     assert conflict.returncode == 1
     assert "runtime entry 'cfg'" in conflict.stderr
     assert "config entry 'cfg'" in conflict.stderr
-    assert redis_client.keys("safe_time:beat:entries*") == []
+    assert _stored(redis_url, coordination) == ({}, 0)
 
 
 def test_six_processes_adding_the_same_entry_make_one_change(
-    processes: ProcessManager, redis_client: redis.Redis
+    processes: ProcessManager, redis_url: str, coordination: dict[str, Any]
 ) -> None:
     cmd = [sys.executable, "-m", "celery", "-A", BEAT_APP, "safe-time", "beat", "add", "tenant-1", "tests.record"]
     cmd += ["--cron", "0 9 * * *", "--tz", "Europe/Berlin"]
-    env = {**processes.env, **beat_env(CONFIG), "PYTHONPATH": str(ROOT)}
+    env = {**processes.env, **beat_env(CONFIG, **coordination), "PYTHONPATH": str(ROOT)}
     env = {**os.environ, **env}
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
-    assert redis_client.get("safe_time:beat:entries:version") == b"1"
-    assert redis_client.hlen("safe_time:beat:entries") == 1
+    definitions, version = _stored(redis_url, coordination)
+    assert version == 1
+    assert list(definitions) == ["tenant-1"]
 
 
-def test_run_now_publishes_one_slot_through_the_guard(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    env = beat_env(CONFIG, safe_time_beat_lease=6.0)
+def test_run_now_publishes_one_slot_through_the_guard(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    env = beat_env(CONFIG, safe_time_beat_lease=6.0, **coordination)
     processes.worker(BEAT_APP, env=env, name="worker")
     processes.beat(BEAT_APP, env=env, name="beat")
-    wait_for(lambda: leader_pid(redis_client), 30, message="a leader")
+    wait_for(lambda: holder_pid(redis_client, coordination), 30, message="a leader")
     wait_for(lambda: runs(redis_client, "cfg"), 30, message="the config entry's first slot")
-    done = _beat(processes, "run-now", "cfg")
+    done = _beat(processes, coordination, "run-now", "cfg")
     assert done.returncode == 0, done.stderr
     slot = done.stdout.strip().rsplit(" ", 1)[-1]
     wait_for(lambda: len(runs(redis_client, "cfg")) == 2, 20, message="the run-now run")
     assert [r["headers"]["safe_time_slot"] for r in runs(redis_client, "cfg")][1] == slot
-    assert _beat(processes, "run-now", "nope").returncode == 1
+    assert _beat(processes, coordination, "run-now", "nope").returncode == 1

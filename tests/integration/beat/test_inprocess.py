@@ -1,4 +1,5 @@
-"""``SafeScheduler`` driven tick by tick in this process (real Redis): signals, state, edits."""
+"""``SafeScheduler`` driven tick by tick in this process, on each beat backend (``coordination``:
+Redis, PostgreSQL): signals, state, edits."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from celery_safe_time import signals
 from celery_safe_time.beat.scheduler import SafeScheduler
@@ -21,19 +21,20 @@ def _noop() -> None:
     return None
 
 
-def _scheduler(make_app: Any, tmp_path: Path, every: float) -> SafeScheduler:
-    app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": every}})
+def _scheduler(make_app: Any, tmp_path: Path, every: float, coordination: dict[str, Any]) -> SafeScheduler:
+    app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": every}}, **coordination)
     app.task(name="t.noop")(_noop)
     sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
     wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
     return sched
 
 
-def _state(client: redis.Redis) -> dict[str, Any]:
-    return json.loads(client.hget("safe_time:beat:state", "e") or b"{}")  # type: ignore[no-any-return]
+def _state(sched: SafeScheduler) -> dict[str, Any]:
+    raw = sched.backend.read_states(["e"])[0][0]
+    return json.loads(raw or b"{}")  # type: ignore[no-any-return]
 
 
-def test_dispatch_signal_state_and_schedule_edit(make_app: Any, tmp_path: Path, redis_client: redis.Redis) -> None:
+def test_dispatch_signal_state_and_schedule_edit(make_app: Any, tmp_path: Path, coordination: dict[str, Any]) -> None:
     sent: list[dict[str, Any]] = []
 
     def on_sent(sender: Any, **kw: Any) -> None:
@@ -41,7 +42,7 @@ def test_dispatch_signal_state_and_schedule_edit(make_app: Any, tmp_path: Path, 
 
     signals.beat_slot_dispatched.connect(on_sent, weak=False)
     try:
-        sched = _scheduler(make_app, tmp_path, 2.0)
+        sched = _scheduler(make_app, tmp_path, 2.0, coordination)
         try:
             wait_for(lambda: (sched.tick(), sent)[1], 10, message="a dispatched slot")
         finally:
@@ -51,16 +52,16 @@ def test_dispatch_signal_state_and_schedule_edit(make_app: Any, tmp_path: Path, 
         assert first["epoch"] == 1
         assert first["slot"].timestamp() == int(first["slot"].timestamp())
         assert first["task_id"]
-        state = _state(redis_client)
+        state = _state(sched)
         assert state["last"] == first["slot"].timestamp()
         assert state["next"] == state["last"] + 2
-        assert redis_client.get("safe_time:beat:lease") is None  # released on close
+        assert sched.backend.lease_view().ttl_ms is None  # released on close
 
         # an edit: the new grid continues from the last fired slot, not from "now"
-        sched = _scheduler(make_app, tmp_path, 5.0)
+        sched = _scheduler(make_app, tmp_path, 5.0, coordination)
         try:
             sched.tick()
-            state = _state(redis_client)
+            state = _state(sched)
             assert state["next"] == first["slot"].timestamp() + 5
             assert state["sig"] == "every 5s"
             assert "leader (epoch 2)" in sched.info
@@ -70,10 +71,10 @@ def test_dispatch_signal_state_and_schedule_edit(make_app: Any, tmp_path: Path, 
         signals.beat_slot_dispatched.disconnect(on_sent)
 
 
-def test_standby_does_not_tick_entries(make_app: Any, tmp_path: Path, redis_client: redis.Redis) -> None:
-    leader = _scheduler(make_app, tmp_path, 1.0)
+def test_standby_does_not_tick_entries(make_app: Any, tmp_path: Path, coordination: dict[str, Any]) -> None:
+    leader = _scheduler(make_app, tmp_path, 1.0, coordination)
     try:
-        app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": 1.0}})
+        app = make_app(safe_time_beat_lease=3, beat_schedule={"e": {"task": "t.noop", "schedule": 1.0}}, **coordination)
         app.task(name="t.noop")(_noop)
         standby = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s2"), max_interval=1)
         try:
@@ -83,7 +84,7 @@ def test_standby_does_not_tick_entries(make_app: Any, tmp_path: Path, redis_clie
             time.sleep(0.1)
         finally:
             standby.close()
-        assert redis_client.get("safe_time:beat:lease") == leader.lease.token.encode()
+        assert leader.backend.holds_lease(leader.lease.token)
     finally:
         leader.close()
 

@@ -6,11 +6,12 @@ import itertools
 import json
 import time
 from datetime import datetime
+from typing import Any
 
 import pytest
 import redis
 
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates, leader_pid, runs
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -36,12 +37,16 @@ def _start(
     processes: ProcessManager, n: int, schedule: dict[str, object], broker: dict[str, str] | None = None, **conf: object
 ) -> list[CeleryProcess]:
     env = {**beat_env(schedule, safe_time_beat_lease=LEASE, **conf), **(broker or {})}
+    if broker and "SAFE_TIME_TEST_APP_CONF" in broker:  # the broker's settings and the coordination's together
+        env["SAFE_TIME_TEST_APP_CONF"] = json.dumps({**json.loads(broker["SAFE_TIME_TEST_APP_CONF"]), **conf})
     processes.worker(BEAT_APP, env=env, name="worker")
     return [processes.beat(BEAT_APP, env=env, name=f"beat{i}") for i in range(n)]
 
 
-def _leader(client: redis.Redis, beats: list[CeleryProcess]) -> CeleryProcess:
-    pid = wait_for(lambda: leader_pid(client), 30, message="a leader")
+def _leader(
+    client: redis.Redis, beats: list[CeleryProcess], coordination: dict[str, Any] | None = None
+) -> CeleryProcess:
+    pid = wait_for(lambda: holder_pid(client, coordination or {}), 30, message="a leader")
     return next(b for b in beats if b.pid == pid)
 
 
@@ -142,9 +147,11 @@ def test_failover_after_kill_9_keeps_the_grid(
     assert max(b - a for a, b in itertools.pairwise(fast)) <= LEASE + LEASE / 3 + 2
 
 
-def test_sigterm_hands_over_within_one_poll(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    beats = _start(processes, 2, SCHEDULE)
-    leader = _leader(redis_client, beats)
+def test_sigterm_hands_over_within_one_poll(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    beats = _start(processes, 2, SCHEDULE, **coordination)
+    leader = _leader(redis_client, beats, coordination)
     wait_for(lambda: runs(redis_client, "fast"), 30, message="a first run")
     old = _epochs(redis_client)
     stopped_at = time.time()
@@ -165,11 +172,12 @@ def test_sigterm_hands_over_within_one_poll(processes: ProcessManager, redis_cli
 
 
 def test_paused_leader_resumes_as_standby(
-    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str, coordination: dict[str, Any]
 ) -> None:
-    """On Redis and on RabbitMQ: the woken leader's publishes are refused before they reach the broker."""
-    beats = _start(processes, 2, SCHEDULE, broker=_on_broker(broker_url, redis_url))
-    leader = _leader(redis_client, beats)
+    """On Redis and on RabbitMQ, with Redis and PostgreSQL coordination: the woken leader's publishes
+    are refused before they reach the broker."""
+    beats = _start(processes, 2, SCHEDULE, broker=_on_broker(broker_url, redis_url), **coordination)
+    leader = _leader(redis_client, beats, coordination)
     wait_for(lambda: len(runs(redis_client, "fast")) >= 3, 30, message="runs")
     leader.pause()
     standby = next(b for b in beats if b is not leader)
@@ -181,8 +189,10 @@ def test_paused_leader_resumes_as_standby(
     time.sleep(4)
     assert leader.alive()
     assert standby.alive()
-    assert leader_pid(redis_client) == standby.pid
-    for beat in beats:
+    assert holder_pid(redis_client, coordination) == standby.pid
+    # The woken (standby) beat first: stopping the leader first releases the lease, and the woken beat,
+    # still running, rightly takes it (a new epoch) before it is stopped in turn.
+    for beat in (leader, standby):
         beat.terminate()
     _settle(redis_client)
     assert duplicates(redis_client) == {}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import time
 from datetime import datetime
+from typing import Any
 
 import pytest
 import redis
 
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates, leader_pid, runs
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, runs
 from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,9 @@ def _slots(client: redis.Redis, label: str) -> list[float]:
     return sorted(datetime.fromisoformat(r["headers"]["safe_time_slot"]).timestamp() for r in runs(client, label))
 
 
-def test_misfire_policies_per_entry_and_default(processes: ProcessManager, redis_client: redis.Redis) -> None:
+def test_misfire_policies_per_entry_and_default(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
     schedule = {
         name: {"task": "tests.record", "every": EVERY, "args": [name], **({"options": opts} if opts else {})}
         for name, opts in {
@@ -31,7 +34,7 @@ def test_misfire_policies_per_entry_and_default(processes: ProcessManager, redis
             "default": None,
         }.items()
     }
-    env = beat_env(schedule, safe_time_beat_lease=3, safe_time_misfire="run_all")
+    env = beat_env(schedule, safe_time_beat_lease=3, safe_time_misfire="run_all", **coordination)
     processes.worker(BEAT_APP, env=env, name="worker")
     first = processes.beat(BEAT_APP, env=env, name="first")
     wait_for(lambda: all(runs(redis_client, n) for n in schedule), 30, message="the first slot of every entry")
@@ -70,17 +73,20 @@ def test_misfire_grace_skips_old_slots(processes: ProcessManager, redis_client: 
     assert set(caught_up) <= {12.0, 16.0}
 
 
-def test_skewed_local_clocks_fire_on_redis_time(processes: ProcessManager, redis_client: redis.Redis) -> None:
+def test_skewed_local_clocks_fire_on_the_backend_clock(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    """Redis TIME, or PostgreSQL's clock_timestamp(): the beats' own clocks never decide."""
     schedule = {"fast": {"task": "tests.record", "every": 2, "args": ["fast"]}}
-    env = beat_env(schedule, safe_time_beat_lease=6)
+    env = beat_env(schedule, safe_time_beat_lease=6, **coordination)
     processes.worker(BEAT_APP, env=env, name="worker")
     ahead = processes.beat(BEAT_APP, env={**env, "SAFE_TIME_LOCAL_CLOCK_SKEW": "30"}, name="ahead")
-    wait_for(lambda: leader_pid(redis_client) == ahead.pid, 30, message="the skewed beat leads")
+    wait_for(lambda: holder_pid(redis_client, coordination) == ahead.pid, 30, message="the skewed beat leads")
     wait_for(lambda: len(runs(redis_client)) >= 3, 30)
     behind = processes.beat(BEAT_APP, env={**env, "SAFE_TIME_LOCAL_CLOCK_SKEW": "-30"}, name="behind")
     time.sleep(3)
     ahead.kill()
-    wait_for(lambda: leader_pid(redis_client) == behind.pid, 30, message="the other skewed beat leads")
+    wait_for(lambda: holder_pid(redis_client, coordination) == behind.pid, 30, message="the other skewed beat leads")
     count = len(runs(redis_client))
     wait_for(lambda: len(runs(redis_client)) >= count + 3, 30)
     behind.terminate()

@@ -1,0 +1,260 @@
+"""The beat backend seam: where the leader lease, the fired-slot guard and the schedule state live.
+
+One interface (:class:`BeatBackend`, with its :class:`BeatLease`), one module per backend:
+
+- :mod:`.redis`: Lua scripts over Redis keys (the default; ``safe_time_redis_url``);
+- :mod:`.postgres`: tables of the coordination database (``safe_time_coordination_url``);
+- :mod:`.memory`: dicts in this process, for unit tests.
+
+The scheduler (:mod:`..scheduler`) holds every rule (what is due, misfires, re-planning); a backend
+only stores and guards. Its vocabulary is the Redis one: a *state* per entry (the JSON of
+:func:`..lease.dump_state`) and a *due set* (each scheduled entry's next fire time; a paused entry
+keeps its state but leaves the due set).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+from ...clock import ServerClock
+from ...config import SafeTimeConfig
+
+#: (member, score) pairs: entry names and their next fire time.
+Scored = list[tuple[str, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotWrite:
+    """One entry's state change in a tick: dispatch ``slot`` (publish it) or, with no slot, advance."""
+
+    entry: str
+    state: str
+    next_fire: float
+    slot: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DueRead:
+    """What one idle tick reads in one round trip (see ``SafeScheduler._read_due``)."""
+
+    due: Scored
+    due_count: int
+    state_count: int
+    #: the runtime entries' change counter (0 where there are none)
+    version: int
+    #: the first entry of the due set (how long to sleep when nothing is due)
+    head: Scored
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What a new leader reads first, consistently: the runtime entries and the applied marker."""
+
+    version: int
+    definitions: dict[str, Any]
+    requests: dict[str, str]
+    marker: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseView:
+    """The lease as ``status``, probes and metrics see it."""
+
+    #: the holder's info (host, pid, epoch, since, lease, token prefix); {} when no beat holds it
+    info: dict[str, Any]
+    #: milliseconds left on the lease (None when nobody holds it)
+    ttl_ms: int | None
+    #: the last epoch handed out (None before the first)
+    epoch: int | None
+    #: the authority's clock when read (UNIX seconds)
+    now: float
+
+
+class BeatLease(abc.ABC):
+    """One beat's handle on the leader lease and the guarded dispatch.
+
+    Not thread-safe by itself: the lease thread is the only caller of acquire/renew/release; the
+    dispatch methods only read :attr:`token`.
+    """
+
+    token: str
+    epoch: int | None
+
+    @abc.abstractmethod
+    def acquire(self, now: float) -> int | None:
+        """Take (or keep) the lease; return the epoch, or None while another beat holds it."""
+
+    @abc.abstractmethod
+    def renew(self) -> bool:
+        """Extend the lease this beat holds; False (and ``epoch`` None) when it is gone."""
+
+    @abc.abstractmethod
+    def release(self) -> bool:
+        """Give the lease up (only if this beat holds it)."""
+
+    @abc.abstractmethod
+    def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
+        """A tick's dispatches and advances, guarded by the lease, in one round trip: per write 1
+        (publish; an advance always answers 1), 0 (slot already fired: do not publish), -1 (not the leader)."""
+
+    @abc.abstractmethod
+    def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
+        """The dispatch check alone, for a scheduler whose state lives elsewhere: 1, 0 or -1."""
+
+    @abc.abstractmethod
+    def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
+        """Take ``names`` out of the due set (and, unless ``keep_state``, their state); False when
+        this beat is not the leader."""
+
+    def dispatch(self, epoch: int, entry: str, slot: float, state: str, next_fire: float) -> int:
+        """One guarded dispatch with its state write: 1, 0 or -1 as :meth:`write_slots`."""
+        return self.write_slots(epoch, [SlotWrite(entry, state, next_fire, slot)])[0]
+
+
+class BeatBackend(abc.ABC):
+    """The storage of one app's beats (see the module docstring)."""
+
+    #: ``redis``, ``postgres`` or ``memory``
+    name: str
+    #: the name in log lines ("Redis", "PostgreSQL")
+    label: str
+    #: what a failing backend raises during a tick or a lease round (the beat then stands by)
+    errors: tuple[type[Exception], ...]
+    clock: ServerClock
+    #: the names log lines give the due set and the state (a Redis key, a table)
+    due_name: str
+    state_name: str
+
+    def __init__(self, config: SafeTimeConfig) -> None:
+        self.config = config
+
+    # --- the lease ------------------------------------------------------------------
+    @abc.abstractmethod
+    def make_lease(self, *, info: dict[str, Any] | None = None) -> BeatLease:
+        """A new lease handle (a new token) for one beat."""
+
+    @abc.abstractmethod
+    def lease_view(self) -> LeaseView:
+        """The lease as it is now (``status``, probes, the banner)."""
+
+    @abc.abstractmethod
+    def holds_lease(self, token: str) -> bool:
+        """True when ``token`` holds the lease right now."""
+
+    # --- connection ---------------------------------------------------------------
+    @abc.abstractmethod
+    def where(self) -> str:
+        """The backend's address for the banner and errors, password masked."""
+
+    @abc.abstractmethod
+    def startup_checks(self, who: str) -> None:
+        """Fail loudly when unreachable; warn about what would make the guard unsafe."""
+
+    # --- ticks --------------------------------------------------------------------
+    @abc.abstractmethod
+    def read_due(self, now: float, limit: int) -> DueRead:
+        """The entries due at ``now`` (at most ``limit``), the counts and the head, in one round trip."""
+
+    @abc.abstractmethod
+    def head(self, limit: int = 1) -> Scored:
+        """The first ``limit`` entries of the due set."""
+
+    @abc.abstractmethod
+    def drop_due(self, name: str) -> None:
+        """Take ``name`` out of the due set (an entry the leader no longer plans)."""
+
+    # --- re-planning (a new leader) -----------------------------------------------------
+    @abc.abstractmethod
+    def snapshot(self) -> Snapshot:
+        """The change counter, every runtime definition, the run-now requests and the applied marker."""
+
+    @abc.abstractmethod
+    def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
+        """Every entry's raw state, every due score, and the length of the change log."""
+
+    @abc.abstractmethod
+    def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
+        """The raw states and due scores of ``names`` (None where absent)."""
+
+    @abc.abstractmethod
+    def due_count(self) -> int:
+        """How many entries the due set holds."""
+
+    @abc.abstractmethod
+    def write_plan(
+        self, token: str, states: dict[str, str], nexts: dict[str, float], gone: list[str], idle: list[str]
+    ) -> bool:
+        """A re-plan: write ``states`` and their ``nexts``, drop ``gone`` (state too), unschedule ``idle``
+        (state kept); only while ``token`` holds the lease (False, nothing written, otherwise)."""
+
+    # --- runtime entries (issue "runtime entries"; a backend without them answers empty) --------
+    @abc.abstractmethod
+    def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
+        """(name, version) of the runtime entries changed after ``since`` (None: all), oldest first."""
+
+    @abc.abstractmethod
+    def run_now_requests(self) -> dict[str, str]:
+        """Pending ``beat run-now`` requests: name -> slot in milliseconds."""
+
+    @abc.abstractmethod
+    def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
+        """Definitions, raw states and due scores of ``names``."""
+
+    @abc.abstractmethod
+    def prune(self, version: int, names: list[str]) -> None:
+        """Drop the tombstones of deleted ``names`` applied up to ``version``."""
+
+    @abc.abstractmethod
+    def mark_applied(self, token: str, marker: str) -> None:
+        """Record (leader only) which change the state reflects (``"<version> <fingerprint>"``)."""
+
+    @abc.abstractmethod
+    def run_now_done(self, name: str, slot_ms: str) -> None:
+        """Drop the run-now request of ``name`` for ``slot_ms`` (a newer one stays)."""
+
+    @abc.abstractmethod
+    def swap_definition(self, name: str, expected: Any, new: str) -> int:
+        """Compare-and-set of ``name``'s definition: -1 changed meanwhile, 0 unchanged, else the version."""
+
+    # --- runtime entries: the API side (``beat/entries.py``, any process) ---------------------
+    @abc.abstractmethod
+    def entry_save(self, name: str, raw: str) -> int:
+        """Upsert ``name``'s definition: 0 when identical (nothing changes), else the new version."""
+
+    @abc.abstractmethod
+    def entry_delete(self, name: str) -> int:
+        """Delete ``name`` (its change log row stays as a tombstone): 0 when there was none, else the version."""
+
+    @abc.abstractmethod
+    def entry_definition(self, name: str) -> Any:
+        """``name``'s stored definition, None when there is none."""
+
+    @abc.abstractmethod
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        """Every runtime definition (of names starting with ``prefix``)."""
+
+    @abc.abstractmethod
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        """Raw states, due scores and change-log versions of ``names`` (None where absent)."""
+
+    @abc.abstractmethod
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        """Ask the leader to publish one slot of ``name`` at ``slot_ms``; returns the new version."""
+
+    @abc.abstractmethod
+    def entry_seed_state(self, name: str, state: str) -> None:
+        """Give ``name`` this state unless it has one (unscheduled: the leader plans it from the state)."""
+
+    @abc.abstractmethod
+    def slot_fired(self, name: str, slot: float) -> bool:
+        """Whether ``name``'s ``slot`` was published (its fired-slot record exists)."""
+
+    # --- housekeeping -------------------------------------------------------------
+    def prune_fired(self, token: str) -> int:
+        """Delete fired-slot records older than ``FIRED_SLOT_TTL`` (where they do not expire by themselves)."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027 (most backends hold nothing of their own)
+        """Give back what this backend holds (connections); it may be used again afterwards."""

@@ -1,0 +1,308 @@
+"""An in-process beat backend for unit tests: the Redis scripts' rules on dicts, time injected.
+
+Several :class:`MemoryBeatBackend` objects built on one :class:`MemoryBeatData` behave like beats
+sharing one Redis: one lease, one fired-slot guard, one schedule state. Expiry follows ``now``
+(a callable, ``time.time`` by default). No runtime entries (their API is Redis's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ...clock import ServerClock, Sync, measure_sync
+from ...config import SafeTimeConfig
+from ..lease import identity, slot_id
+from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
+
+
+class MemoryUnavailable(Exception):
+    """Raised when a test has switched the in-memory backend off (``MemoryBeatData.down``)."""
+
+
+@dataclasses.dataclass
+class MemoryBeatData:
+    """What beats share: the lease, the epoch counter, fired slots (slot id -> expiry), states, due set."""
+
+    now: Callable[[], float] = time.time
+    token: str | None = None
+    expires: float = 0.0
+    epoch: int = 0
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fired: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    states: dict[str, str] = dataclasses.field(default_factory=dict)
+    due: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: set True to make every call raise :class:`MemoryUnavailable` (an outage)
+    down: bool = False
+    mutex: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+
+    def check(self) -> None:
+        if self.down:
+            raise MemoryUnavailable("the in-memory beat backend is down")
+
+    def held_by(self, token: str, epoch: int | None = None) -> bool:
+        live = self.token is not None and self.expires > self.now()
+        return live and self.token == token and (epoch is None or self.epoch == epoch)
+
+
+class MemoryClock(ServerClock):
+    unavailable: tuple[type[Exception], ...] = (MemoryUnavailable,)
+    authority = "in-memory clock"
+
+    def __init__(self, data: MemoryBeatData) -> None:
+        super().__init__(refresh=0.0)
+        self._data = data
+
+    def measure(self) -> Sync:
+        self._data.check()
+        return measure_sync(self._data.now, samples=1, local=self._data.now)
+
+
+class MemoryLease(BeatLease):
+    def __init__(self, data: MemoryBeatData, config: SafeTimeConfig, info: dict[str, Any] | None = None) -> None:
+        self.data = data
+        self.config = config
+        self.token = uuid.uuid4().hex
+        self.info = dict(info or identity())
+        self.epoch: int | None = None
+
+    def acquire(self, now: float) -> int | None:
+        d = self.data
+        with d.mutex:
+            d.check()
+            if d.held_by(self.token):
+                d.expires = d.now() + self.config.beat_lease
+                self.epoch = d.epoch
+                return self.epoch
+            if d.token is not None and d.expires > d.now():
+                self.epoch = None
+                return None
+            d.epoch += 1
+            d.token, d.expires = self.token, d.now() + self.config.beat_lease
+            d.info = {**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease}
+            d.info["epoch"] = d.epoch
+            self.epoch = d.epoch
+            return self.epoch
+
+    def renew(self) -> bool:
+        d = self.data
+        with d.mutex:
+            d.check()
+            if self.epoch is None or not d.held_by(self.token, self.epoch):
+                self.epoch = None
+                return False
+            d.expires = d.now() + self.config.beat_lease
+            return True
+
+    def release(self) -> bool:
+        d = self.data
+        self.epoch = None
+        with d.mutex:
+            d.check()
+            if d.token != self.token:
+                return False
+            d.token, d.info = None, {}
+            return True
+
+    def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
+        d = self.data
+        with d.mutex:
+            d.check()
+            verdicts = []
+            for write in writes:
+                if not d.held_by(self.token, epoch):
+                    verdicts.append(-1)
+                    continue
+                fresh = True
+                if write.slot is not None:
+                    key = (write.entry, slot_id(write.slot))
+                    expiry = d.fired.get(key)
+                    fresh = expiry is None or expiry <= d.now()
+                    if fresh:
+                        d.fired[key] = d.now() + 7 * 86400
+                d.states[write.entry] = write.state
+                d.due[write.entry] = write.next_fire
+                verdicts.append(1 if fresh else 0)
+            return verdicts
+
+    def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
+        d = self.data
+        with d.mutex:
+            d.check()
+            if not d.held_by(self.token, epoch):
+                return -1
+            key = (entry, slot_id(slot))
+            if key in d.fired and d.fired[key] > d.now():
+                return 0
+            d.fired[key] = d.now() + 7 * 86400
+            return 1
+
+    def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
+        d = self.data
+        with d.mutex:
+            d.check()
+            if not d.held_by(self.token, epoch):
+                return False
+            for name in names:
+                d.due.pop(name, None)
+                if not keep_state:
+                    d.states.pop(name, None)
+            return True
+
+
+class MemoryBeatBackend(BeatBackend):
+    name = "memory"
+    label = "memory"
+    errors: tuple[type[Exception], ...] = (MemoryUnavailable,)
+
+    def __init__(self, config: SafeTimeConfig, data: MemoryBeatData | None = None) -> None:
+        super().__init__(config)
+        self.data = data if data is not None else MemoryBeatData()
+        self.clock = MemoryClock(self.data)
+        self.due_name = "due"
+        self.state_name = "state"
+
+    def _sorted_due(self) -> Scored:
+        return sorted(((name, score) for name, score in self.data.due.items()), key=lambda item: (item[1], item[0]))
+
+    def make_lease(self, *, info: dict[str, Any] | None = None) -> MemoryLease:
+        return MemoryLease(self.data, self.config, info)
+
+    def lease_view(self) -> LeaseView:
+        d = self.data
+        with d.mutex:
+            d.check()
+            held = d.token is not None and d.expires > d.now()
+            return LeaseView(
+                info=dict(d.info) if held else {},
+                ttl_ms=round((d.expires - d.now()) * 1000) if held else None,
+                epoch=d.epoch or None,
+                now=d.now(),
+            )
+
+    def holds_lease(self, token: str) -> bool:
+        with self.data.mutex:
+            self.data.check()
+            return self.data.held_by(token)
+
+    def where(self) -> str:
+        return "memory (this process)"
+
+    def startup_checks(self, who: str) -> None:
+        self.data.check()
+
+    def read_due(self, now: float, limit: int) -> DueRead:
+        d = self.data
+        with d.mutex:
+            d.check()
+            ordered = self._sorted_due()
+            return DueRead(
+                due=[item for item in ordered if item[1] <= now][:limit],
+                due_count=len(d.due),
+                state_count=len(d.states),
+                version=0,
+                head=ordered[:1],
+            )
+
+    def head(self, limit: int = 1) -> Scored:
+        with self.data.mutex:
+            self.data.check()
+            return self._sorted_due()[:limit]
+
+    def drop_due(self, name: str) -> None:
+        with self.data.mutex:
+            self.data.check()
+            self.data.due.pop(name, None)
+
+    def snapshot(self) -> Snapshot:
+        self.data.check()
+        return Snapshot(version=0, definitions={}, requests={}, marker=None)
+
+    def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
+        with self.data.mutex:
+            self.data.check()
+            return dict(self.data.states), dict(self.data.due), 0
+
+    def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
+        with self.data.mutex:
+            self.data.check()
+            return [self.data.states.get(n) for n in names], [self.data.due.get(n) for n in names]
+
+    def due_count(self) -> int:
+        return len(self.data.due)
+
+    def write_plan(
+        self, token: str, states: dict[str, str], nexts: dict[str, float], gone: list[str], idle: list[str]
+    ) -> bool:
+        d = self.data
+        with d.mutex:
+            d.check()
+            if not d.held_by(token):
+                return False
+            d.states.update(states)
+            d.due.update(nexts)
+            for name in gone:
+                d.states.pop(name, None)
+                d.due.pop(name, None)
+            for name in idle:
+                d.due.pop(name, None)
+            return True
+
+    def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
+        return []
+
+    def run_now_requests(self) -> dict[str, str]:
+        return {}
+
+    def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
+        states, scores = self.read_states(names)
+        return [None] * len(names), states, scores
+
+    def prune(self, version: int, names: list[str]) -> None:
+        return None
+
+    def mark_applied(self, token: str, marker: str) -> None:
+        return None
+
+    def run_now_done(self, name: str, slot_ms: str) -> None:
+        return None
+
+    def swap_definition(self, name: str, expected: Any, new: str) -> int:
+        return -1
+
+    def entry_save(self, name: str, raw: str) -> int:
+        raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
+
+    def entry_delete(self, name: str) -> int:
+        raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
+
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
+
+    def entry_definition(self, name: str) -> Any:
+        return None
+
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        return {}
+
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        states, scores = self.read_states(names)
+        return states, scores, [None] * len(names)
+
+    def entry_seed_state(self, name: str, state: str) -> None:
+        self.data.states.setdefault(name, state)
+
+    def slot_fired(self, name: str, slot: float) -> bool:
+        return (name, slot_id(slot)) in self.data.fired
+
+    def prune_fired(self, token: str) -> int:
+        d = self.data
+        with d.mutex:
+            old = [key for key, expiry in d.fired.items() if expiry <= d.now()]
+            for key in old:
+                del d.fired[key]
+            return len(old)

@@ -1,0 +1,258 @@
+"""The Redis beat backend (the default): the keys and Lua scripts of :mod:`..lease` and :mod:`..entries`.
+
+Keys under ``safe_time_key_prefix``: ``beat:lease``, ``beat:epoch``, ``beat:leader``, ``beat:state``
+(hash), ``beat:due`` (sorted set), ``beat:fired:<entry>:<slot ms>`` (markers with a TTL) and the
+runtime entries' ``beat:entries*``. Unchanged by the seam: the same keys, the same scripts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+
+from ... import constants as C
+from ...checks import check_redis
+from ...clock import RedisClock
+from ...config import SafeTimeConfig, mask_url
+from ...exceptions import ImproperlyConfigured, RedisUnavailable
+from ...redis_client import as_text, get_redis, load_script, tls_hint
+from ..lease import Lease, LeaseKeys, load_state, scored, slot_id
+from .base import BeatBackend, DueRead, LeaseView, Scored, Snapshot
+
+logger = logging.getLogger(__name__)
+
+#: What Redis raises when it fails; the beat then stands by (fail closed).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable)
+
+
+class RedisBeatBackend(BeatBackend):
+    name = C.COORDINATION_REDIS
+    label = "Redis"
+    errors = REDIS_ERRORS
+
+    def __init__(self, config: SafeTimeConfig, client: redis.Redis | None = None) -> None:
+        super().__init__(config)
+        from ..entries import EntryKeys
+
+        self.client = client if client is not None else get_redis(config.redis_url)
+        self.clock = RedisClock(self.client)
+        self.keys = LeaseKeys.for_config(config)
+        self.entry_keys = EntryKeys.for_config(config)
+        self.due_name = self.keys.due
+        self.state_name = self.keys.state
+        self._scripts: dict[str, Any] = {}
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.client.register_script(load_script("celery_safe_time.beat", name))
+        return script
+
+    # --- the lease ------------------------------------------------------------------
+    def make_lease(self, *, info: dict[str, Any] | None = None) -> Lease:
+        return Lease(self.client, self.config, info=info)
+
+    def lease_view(self) -> LeaseView:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.info)
+        pipe.pttl(self.keys.lease)
+        pipe.get(self.keys.epoch)
+        info, ttl_ms, epoch = pipe.execute()
+        # not in the pipeline: a cluster pipeline routes by key, and TIME has none
+        seconds, micros = self.client.time()
+        return LeaseView(
+            info=load_state(info),
+            ttl_ms=int(ttl_ms) if ttl_ms is not None and int(ttl_ms) > 0 else None,
+            epoch=int(epoch) if epoch else None,
+            now=float(seconds) + float(micros) / 1e6,
+        )
+
+    def holds_lease(self, token: str) -> bool:
+        return bool(self.client.get(self.keys.lease) == token.encode())
+
+    # --- connection ---------------------------------------------------------------
+    def where(self) -> str:
+        return f"redis {mask_url(self.config.redis_url)}"
+
+    def startup_checks(self, who: str) -> None:
+        """Fail loudly when Redis is unreachable; warn about persistence and eviction."""
+        config = self.config
+        try:
+            offset = self.clock.sync()
+        except RedisUnavailable as exc:
+            hint = tls_hint(config.redis_url, exc)
+            if hint is not None:
+                raise ImproperlyConfigured("safe_time_redis_url", f"{who}: {hint}") from exc
+            raise RedisUnavailable(
+                f"{who}: Redis {mask_url(config.redis_url)} is unreachable at startup: {exc}"
+            ) from exc
+        if abs(offset.offset) > config.max_clock_skew:
+            logger.warning(
+                "%s: this host's clock is %+.3f s off Redis TIME; beat uses Redis TIME, so it still fires on time",
+                who,
+                offset.offset,
+            )
+        for check in check_redis(config, self.client):
+            if check.status != "ok" and check.name in (
+                "redis_persistence",
+                "redis_eviction",
+                "redis_replication",
+                "redis_config",
+            ):
+                logger.warning("%s: %s: %s", who, check.name, check.detail)
+
+    # --- ticks --------------------------------------------------------------------
+    def read_due(self, now: float, limit: int) -> DueRead:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrangebyscore(self.keys.due, "-inf", now, start=0, num=limit, withscores=True)
+        pipe.zcard(self.keys.due)
+        pipe.hlen(self.keys.state)
+        pipe.get(self.entry_keys.version)
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        reply, due_count, state_count, version, head = pipe.execute()
+        return DueRead(scored(reply), int(due_count), int(state_count), int(version or 0), scored(head))
+
+    def head(self, limit: int = 1) -> Scored:
+        return scored(self.client.zrange(self.keys.due, 0, limit - 1, withscores=True))
+
+    def drop_due(self, name: str) -> None:
+        self.client.zrem(self.keys.due, name)
+
+    # --- re-planning --------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        # one snapshot: the counter matches the definitions and the marker the state
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(self.entry_keys.version)
+        pipe.hgetall(self.entry_keys.entries)
+        pipe.hgetall(self.entry_keys.run_now)
+        pipe.get(self.entry_keys.applied)
+        version_raw, definitions, requests, marker = pipe.execute()
+        return Snapshot(
+            version=int(version_raw or 0),
+            definitions={as_text(k): v for k, v in definitions.items()},
+            requests={as_text(k): as_text(v) for k, v in requests.items()},
+            marker=as_text(marker) if marker else None,
+        )
+
+    def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.state)
+        pipe.zrange(self.keys.due, 0, -1, withscores=True)
+        pipe.zcard(self.entry_keys.changed)
+        stored_raw, due, logged = pipe.execute()
+        return {as_text(k): v for k, v in stored_raw.items()}, dict(scored(due)), int(logged)
+
+    def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
+        if not names:
+            return [], []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.state, names)
+        pipe.zmscore(self.keys.due, names)
+        raws, scores = pipe.execute()
+        return list(raws), list(scores)
+
+    def due_count(self) -> int:
+        return int(self.client.zcard(self.keys.due))
+
+    def write_plan(
+        self, token: str, states: dict[str, str], nexts: dict[str, float], gone: list[str], idle: list[str]
+    ) -> bool:
+        pipe = self.client.pipeline(transaction=False)
+        # a few big commands rather than two per entry: 100,000 new entries are one HSET and one ZADD
+        names = list(states)
+        for i in range(0, len(names), C.BEAT_CHANGES_BATCH * 5):
+            chunk = names[i : i + C.BEAT_CHANGES_BATCH * 5]
+            pipe.hset(self.keys.state, mapping={n: states[n] for n in chunk})
+            pipe.zadd(self.keys.due, {n: nexts[n] for n in chunk})
+        # paused and broken runtime entries keep their state (a resume or a fix continues the grid)
+        if gone:
+            pipe.zrem(self.keys.due, *gone)
+            pipe.hdel(self.keys.state, *gone)
+        if idle:
+            pipe.zrem(self.keys.due, *idle)
+        # Only the lease holder may rewrite the schedule: check before sending the batch.
+        if not self.holds_lease(token):
+            return False
+        pipe.execute()
+        return True
+
+    # --- runtime entries ----------------------------------------------------------
+    def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
+        if since is None and limit is None:
+            return scored(self.client.zrange(self.entry_keys.changed, 0, -1, withscores=True))
+        low = "-inf" if since is None else f"({since}"
+        if limit is None:
+            return scored(self.client.zrangebyscore(self.entry_keys.changed, low, "+inf", withscores=True))
+        return scored(
+            self.client.zrangebyscore(self.entry_keys.changed, low, "+inf", start=0, num=limit, withscores=True)
+        )
+
+    def run_now_requests(self) -> dict[str, str]:
+        return {as_text(k): as_text(v) for k, v in self.client.hgetall(self.entry_keys.run_now).items()}
+
+    def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.entry_keys.entries, names)
+        pipe.hmget(self.keys.state, names)
+        pipe.zmscore(self.keys.due, names)
+        raws, states, scores = pipe.execute()
+        return list(raws), list(states), list(scores)
+
+    def prune(self, version: int, names: list[str]) -> None:
+        if names:
+            self._script("prune")(keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *names])
+
+    def mark_applied(self, token: str, marker: str) -> None:
+        self._script("mark_applied")(keys=[self.keys.lease, self.entry_keys.applied], args=[token, marker])
+
+    def run_now_done(self, name: str, slot_ms: str) -> None:
+        self._script("run_now_done")(keys=[self.entry_keys.run_now], args=[name, slot_ms])
+
+    def swap_definition(self, name: str, expected: Any, new: str) -> int:
+        from ..entries import swap_definition
+
+        return swap_definition(self.client, self.entry_keys, name, expected, new)
+
+    # --- runtime entries: the API side -------------------------------------------------
+    def _entry_keys(self) -> list[str]:
+        return [self.entry_keys.entries, self.entry_keys.version, self.entry_keys.changed]
+
+    def entry_save(self, name: str, raw: str) -> int:
+        return int(self._script("save_entry")(keys=self._entry_keys(), args=[name, raw]))
+
+    def entry_delete(self, name: str) -> int:
+        return int(self._script("delete_entry")(keys=self._entry_keys(), args=[name]))
+
+    def entry_definition(self, name: str) -> Any:
+        return self.client.hget(self.entry_keys.entries, name)
+
+    def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
+        match = None if not prefix else _glob_escape(prefix) + "*"
+        return {as_text(k): v for k, v in self.client.hscan_iter(self.entry_keys.entries, match=match, count=1000)}
+
+    def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
+        if not names:
+            return [], [], []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.state, names)
+        pipe.zmscore(self.keys.due, names)
+        pipe.zmscore(self.entry_keys.changed, names)
+        states, scores, versions = pipe.execute()
+        return list(states), list(scores), list(versions)
+
+    def entry_run_now(self, name: str, slot_ms: str) -> int:
+        return int(
+            self._script("run_now")(keys=[self.entry_keys.run_now, self.entry_keys.version], args=[name, slot_ms])
+        )
+
+    def entry_seed_state(self, name: str, state: str) -> None:
+        self.client.hsetnx(self.keys.state, name, state)
+
+    def slot_fired(self, name: str, slot: float) -> bool:
+        return bool(self.client.exists(self.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot))))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

@@ -1,0 +1,149 @@
+"""The beat backend contract, on each backend (``coordination`` fixture: Redis and PostgreSQL, plus the
+in-memory one): lease, epoch, guard, batched writes, due reads, re-plans, status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from celery_safe_time.beat.backends import BeatBackend, SlotWrite, beat_backend
+from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.config import get_config
+from tests.helpers.beat import coordination_settings
+
+pytestmark = pytest.mark.integration
+
+
+def _states(backend: BeatBackend, names: list[str]) -> tuple[list[Any], list[float | None]]:
+    """``read_states`` with text states (Redis answers bytes, which the scheduler's JSON reader takes)."""
+    raws, scores = backend.read_states(names)
+    return [raw.decode() if isinstance(raw, bytes) else raw for raw in raws], scores
+
+
+def _all(backend: BeatBackend) -> tuple[dict[str, Any], dict[str, float]]:
+    stored, scores, _ = backend.read_all()
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in stored.items()}, scores
+
+
+@pytest.fixture(params=["redis", "postgres", "memory"])
+def backends(request: pytest.FixtureRequest, make_app: Any) -> Callable[..., BeatBackend]:
+    """Backends of one app, as several beats would hold them (one per call): Redis, PostgreSQL, memory."""
+    if request.param == "memory":
+        data = MemoryBeatData()
+        config = get_config(make_app(safe_time_beat_lease=6))
+        return lambda: MemoryBeatBackend(config, data)
+    conf = {} if request.param == "redis" else coordination_settings(request.getfixturevalue("postgres_url"))
+    config = get_config(make_app(safe_time_beat_lease=6, **conf))
+    return lambda: beat_backend(config)
+
+
+def test_the_backend_follows_the_setting(make_app: Any, coordination: dict[str, Any]) -> None:
+    backend = beat_backend(get_config(make_app(**coordination)))
+    assert backend.name == ("postgres" if coordination else "redis")
+    backend.startup_checks("test")  # reachable; PostgreSQL creates its tables here
+    assert backend.clock.offset is not None
+
+
+def test_acquire_renew_release_and_the_epoch_never_resets(backends: Callable[..., BeatBackend]) -> None:
+    backend = backends()
+    a, b = backend.make_lease(), backends().make_lease()
+    assert a.acquire(0.0) == 1
+    assert b.acquire(0.0) is None
+    assert a.acquire(0.0) == 1  # re-acquiring our own lease keeps the epoch
+    assert a.renew()
+    assert not b.renew()
+    view = backend.lease_view()
+    assert view.ttl_ms is not None
+    assert 0 < view.ttl_ms <= 6000
+    assert view.info["epoch"] == 1
+    assert view.info["token"] == a.token[:8]
+    assert not b.release()
+    assert a.release()
+    assert backend.lease_view().info == {}
+    assert backend.lease_view().ttl_ms is None
+    assert backend.lease_view().epoch == 1  # a release keeps the epoch counter
+    assert b.acquire(0.0) == 2  # a new lease, a new epoch
+    assert not a.renew()
+    assert backend.holds_lease(b.token)
+    assert not backend.holds_lease(a.token)
+
+
+def test_guard_publishes_each_slot_once_and_only_for_the_leader(backends: Callable[..., BeatBackend]) -> None:
+    backend = backends()
+    a, b = backend.make_lease(), backends().make_lease()
+    epoch = a.acquire(0.0)
+    assert epoch is not None
+    assert a.dispatch(epoch, "e", 100.0, "{}", 110.0) == 1
+    assert a.dispatch(epoch, "e", 100.0, "{}", 110.0) == 0
+    assert b.dispatch(epoch, "e", 110.0, "{}", 120.0) == -1  # right epoch, wrong token
+    assert a.release()
+    assert a.dispatch(epoch, "e", 110.0, "{}", 120.0) == -1
+    assert b.acquire(0.0) == epoch + 1
+    assert a.dispatch(epoch, "e", 110.0, "{}", 120.0) == -1  # stale epoch
+    assert b.dispatch_slot(epoch + 1, "e", 100.0) == 0  # fired slots survive leaders
+    assert b.dispatch_slot(epoch + 1, "e", 200.0) == 1
+    assert _states(backend, ["e"]) == (["{}"], [110.0])
+
+
+def test_write_slots_in_one_batch_same_verdicts(backends: Callable[..., BeatBackend]) -> None:
+    backend = backends()
+    a, b = backend.make_lease(), backends().make_lease()
+    epoch = a.acquire(0.0)
+    assert epoch is not None
+    writes = [
+        SlotWrite("x", '{"last": 100}', 110.0, 100.0),
+        SlotWrite("x", '{"last": 100}', 110.0, 100.0),  # the same slot again: already fired
+        SlotWrite("y", '{"last": 5}', 205.0),  # advance only
+        SlotWrite("z", '{"last": 7}', 17.0, 7.0),
+        SlotWrite("z", '{"last": 8}', 18.0, 8.0),  # run_all: two slots of one entry, the last state stands
+    ]
+    assert a.write_slots(epoch, writes) == [1, 0, 1, 1, 1]
+    assert b.write_slots(epoch, writes) == [-1] * len(writes)
+    raws, scores = _states(backend, ["x", "y", "z", "missing"])
+    assert raws == ['{"last": 100}', '{"last": 5}', '{"last": 8}', None]
+    assert scores == [110.0, 205.0, 18.0, None]
+    assert a.write_slots(epoch, [SlotWrite("x", "{}", 120.0, 110.0), SlotWrite("x", "{}", 130.0, 100.0)]) == [1, 0]
+
+
+def test_due_reads_forget_and_replan(backends: Callable[..., BeatBackend]) -> None:
+    backend = backends()
+    lease = backend.make_lease()
+    epoch = lease.acquire(0.0)
+    assert epoch is not None
+    states = {"a": json.dumps({"n": 1}), "b": json.dumps({"n": 2}), "c": json.dumps({"n": 3})}
+    assert backend.write_plan(lease.token, states, {"a": 10.0, "b": 20.0, "c": float("inf")}, [], [])
+    read = backend.read_due(15.0, 100)
+    assert read.due == [("a", 10.0)]
+    assert read.head == [("a", 10.0)]
+    assert (read.due_count, read.state_count) == (3, 3)
+    assert backend.head(5) == [("a", 10.0), ("b", 20.0), ("c", float("inf"))]
+    assert backend.read_due(1e12, 1).due == [("a", 10.0)]  # the limit; a fired one-off (inf) is never due
+    assert lease.forget(epoch, ["a"], keep_state=True)
+    assert _states(backend, ["a"]) == ([states["a"]], [None])
+    assert lease.forget(epoch, ["b"], keep_state=False)
+    assert _states(backend, ["b"]) == ([None], [None])
+    backend.drop_due("c")
+    assert backend.due_count() == 0
+    stored, scores = _all(backend)
+    assert stored == {"a": states["a"], "c": states["c"]}
+    assert scores == {}
+    assert backend.write_plan(lease.token, {"d": "{}"}, {"d": 5.0}, ["a"], ["c"])
+    assert _all(backend) == ({"c": states["c"], "d": "{}"}, {"d": 5.0})
+    other = backends().make_lease()
+    assert not backend.write_plan(other.token, {"e": "{}"}, {"e": 1.0}, [], [])
+    assert not other.forget(epoch, ["d"], keep_state=False)
+    assert _states(backend, ["e", "d"]) == ([None, "{}"], [None, 5.0])
+
+
+def test_two_apps_on_one_backend_do_not_meet(make_app: Any, coordination: dict[str, Any]) -> None:
+    one = beat_backend(get_config(make_app(**coordination)))
+    other_conf = {**coordination, "safe_time_key_prefix": coordination.get("safe_time_key_prefix", "") + "other:"}
+    two = beat_backend(get_config(make_app(**other_conf)))
+    a, b = one.make_lease(), two.make_lease()
+    assert a.acquire(0.0) == 1
+    assert b.acquire(0.0) == 1
+    assert a.dispatch(1, "e", 100.0, "{}", 110.0) == 1
+    assert b.dispatch(1, "e", 100.0, "{}", 110.0) == 1

@@ -1,0 +1,123 @@
+"""``SafeScheduler`` on the in-memory beat backend, time injected: one leader of two, each slot once,
+a take-over continues the grid, a stale leader is refused. No Redis, no database, no sleeping."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_safe_time import signals
+from celery_safe_time.beat import base as beat_base
+from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.config import get_config
+
+T0 = 1_800_000_000.0  # a whole second: the 1 s grid is anchored here
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+def data(clock: FakeTime, monkeypatch: pytest.MonkeyPatch) -> MemoryBeatData:
+    """One shared in-memory backend for every scheduler this test makes."""
+    shared = MemoryBeatData(now=clock)
+    monkeypatch.setattr(beat_base, "beat_backend", lambda config: MemoryBeatBackend(config, shared))
+    return shared
+
+
+@pytest.fixture
+def sent() -> Iterator[list[tuple[str, float, int]]]:
+    out: list[tuple[str, float, int]] = []
+
+    def on_sent(sender: Any, entry: str, slot: Any, epoch: int, **kw: Any) -> None:
+        out.append((entry, slot.timestamp(), epoch))
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    yield out
+    signals.beat_slot_dispatched.disconnect(on_sent)
+
+
+def _noop() -> None:
+    return None
+
+
+def _scheduler(tmp_path: Path, name: str) -> SafeScheduler:
+    app = Celery("memory-beat", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        safe_time_redis_url="redis://127.0.0.1:1/0",  # never connected: the backend is in memory
+        safe_time_store_url="memory://",
+        safe_time_beat_lease=30,
+        timezone="UTC",
+        beat_schedule={"e": {"task": "t.noop", "schedule": 1.0}},
+    )
+    app.task(name="t.noop")(_noop)
+    get_config(app)
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / name), max_interval=1)
+    sched.keeper._stop.set()  # drive the lease by hand (``_attempt``), on the injected clock
+    return sched
+
+
+def _slots(sent: list[tuple[str, float, int]], epoch: int | None = None) -> list[float]:
+    return [slot - T0 for _, slot, e in sent if epoch is None or e == epoch]
+
+
+def test_one_leader_each_slot_once_and_a_takeover_continues_the_grid(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, int]]
+) -> None:
+    a = _scheduler(tmp_path, "a")
+    b = _scheduler(tmp_path, "b")
+    try:
+        assert a.keeper.is_leader  # the first to start took the lease
+        assert not b.keeper.is_leader
+        for _ in range(3):
+            a.tick()
+            b.tick()
+            clock.now += 1.0
+        # a new entry's first slot is the next one of its grid after "now"; one publish per slot
+        assert _slots(sent) == [1.0, 2.0]
+        # a dies (no release); b takes over once the lease expired on the backend's clock
+        clock.now += 30.0
+        b.keeper._stop.clear()
+        assert b.keeper._attempt()
+        b.keeper._stop.set()
+        assert b.keeper.epoch == 2
+        b.tick()
+        # the new leader goes on from where the old one stopped: the slots of the last lease are on
+        # time (each published once), older ones follow the misfire policy; never one fired before
+        late = _slots(sent, epoch=2)
+        assert late[-1] == 33.0
+        assert late[0] > 2.0
+        assert all(y - x == 1.0 for x, y in itertools.pairwise(late))
+        clock.now += 1.0
+        b.tick()
+        assert _slots(sent, epoch=2)[-1] == 34.0
+        # the old leader wakes up and ticks first at the next slot: the guard refuses it (another beat
+        # holds the lease), it stands down, nothing published; the leader then fires that slot
+        clock.now += 1.0
+        a.tick()
+        assert not a.keeper.is_leader
+        assert _slots(sent, epoch=1) == [1.0, 2.0]
+        b.tick()
+        assert _slots(sent, epoch=2)[-1] == 35.0
+        assert len(set(_slots(sent))) == len(sent)
+    finally:
+        a.close()
+        b.close()
+    assert data.token is None  # b released the lease on close

@@ -47,7 +47,7 @@ def _free_port() -> int:
 class _Services:
     """A private redis-server (locks, timings and, unless ``amqp_url``, the broker) and one worker."""
 
-    def __init__(self, amqp_url: str | None = None) -> None:
+    def __init__(self, amqp_url: str | None = None, pg_url: str = "") -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("benchmarks.locks needs redis-server (apt-get install redis-server)")
@@ -73,12 +73,16 @@ class _Services:
                 time.sleep(0.05)
         self.worker: subprocess.Popen[bytes] | None = None
         self.log = Path(self.dir) / "worker.log"
+        #: The PostgreSQL coordination database of the backend rows ("" : not measured).
+        self.pg_url = pg_url
+        self.kinds = KINDS + (PG_KINDS if pg_url else ())
 
     def start_worker(self) -> None:
         env = {
             **os.environ,
             "SAFE_TIME_BENCH_BROKER_URL": self.url,
             "SAFE_TIME_BENCH_REDIS_URL": self.redis_url,
+            "SAFE_TIME_BENCH_PG_URL": self.pg_url,
             "PYTHONPATH": str(ROOT),
         }
         with open(self.log, "ab") as log:
@@ -128,22 +132,33 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-KINDS = ("bench.bare", "bench.locked", "bench.idempotent", "bench.ping", "bench.ping2", "bench.scripts")
+KINDS = (
+    "bench.bare",
+    "bench.locked",
+    "bench.locked_before",
+    "bench.idempotent",
+    "bench.ping",
+    "bench.ping2",
+    "bench.scripts",
+)
+#: acquire + release on PostgreSQL (lease rows, session advisory locks) and two SELECT 1 (their floor).
+PG_KINDS = ("bench.pg_lease", "bench.pg_session", "bench.pg_select2")
 
 
 def _overhead(services: _Services, app: Celery, per_kind: int) -> dict[str, Any]:
+    kinds = services.kinds
     for n in range(per_kind):
-        for kind in KINDS:
+        for kind in kinds:
             app.send_task(kind, args=(n,))
     _wait(
-        lambda: all(services.client.llen(f"bench:durations:{k}") >= per_kind for k in KINDS),
+        lambda: all(services.client.llen(f"bench:durations:{k}") >= per_kind for k in kinds),
         600,
         "overhead tasks",
     )
-    ms = {k: [float(v) * 1000 for v in services.client.lrange(f"bench:durations:{k}", 0, -1)] for k in KINDS}
+    ms = {k: [float(v) * 1000 for v in services.client.lrange(f"bench:durations:{k}", 0, -1)] for k in kinds}
     bare = ms["bench.bare"]
     result: dict[str, Any] = {"tasks_per_kind": per_kind}
-    for kind in KINDS:
+    for kind in kinds:
         short = kind.split(".", 1)[1]
         result[short] = {
             "median_ms": statistics.median(ms[kind]),
@@ -152,9 +167,17 @@ def _overhead(services: _Services, app: Celery, per_kind: int) -> dict[str, Any]
             "p99_added_ms": _percentile(ms[kind], 0.99) - _percentile(bare, 0.99),
         }
     two_trips = result["ping2"]["median_added_ms"]
-    for short in ("locked", "idempotent", "scripts"):
+    for short in ("locked", "locked_before", "idempotent", "scripts"):
         # The goal: within 1.1x of two Redis round trips (acquire, release) measured beside it.
         result[short]["vs_two_round_trips"] = result[short]["median_added_ms"] / two_trips if two_trips > 0 else None
+    if "pg_lease" in result:
+        redis_lock = result["scripts"]["median_added_ms"]
+        floor = result["pg_select2"]["median_added_ms"]
+        for short in ("pg_lease", "pg_session"):
+            added = result[short]["median_added_ms"]
+            # The issue's goal: a PostgreSQL lock within 2x of the Redis one, measured beside it.
+            result[short]["vs_redis"] = added / redis_lock if redis_lock > 0 else None
+            result[short]["vs_two_round_trips"] = added / floor if floor > 0 else None
     return result
 
 
@@ -164,14 +187,14 @@ def _measure_overhead(services: _Services, per_kind: int) -> dict[str, Any]:
         services.start_worker()
         # warm up: imports, connections and script loading happen once per pool child
         for n in range(4 * CONCURRENCY):
-            for kind in KINDS:
+            for kind in services.kinds:
                 app.send_task(kind, args=(-1 - n,))
         _wait(
-            lambda: all(services.client.llen(f"bench:durations:{k}") >= 4 * CONCURRENCY for k in KINDS),
+            lambda: all(services.client.llen(f"bench:durations:{k}") >= 4 * CONCURRENCY for k in services.kinds),
             120,
             "warm-up",
         )
-        services.client.delete(*[f"bench:durations:{k}" for k in KINDS])
+        services.client.delete(*[f"bench:durations:{k}" for k in services.kinds])
         return _overhead(services, app, per_kind)
     finally:
         app.close()
@@ -202,19 +225,77 @@ def _rabbit_vhost() -> tuple[Any, str]:
         return None, str(exc) or exc.__class__.__name__
 
 
+def _postgres_database() -> tuple[Any, str]:
+    """A fresh PostgreSQL database for the backend rows, or None and why not."""
+    from tests.helpers import services
+
+    try:
+        return services.PostgresDatabase(services.resolve_postgres_admin_url()), ""
+    except BaseException as exc:  # services.unavailable() raises pytest's skip/fail outcomes
+        return None, str(exc) or exc.__class__.__name__
+
+
+def _takeover(kind: str, url: str, ttl: float, repeats: int) -> dict[str, Any]:
+    """kill -9 a process holding a lock (renewing it every ttl/3, as the watchdog does) right after it
+    took it; time from the kill until this process can take the lock (polled every 10 ms)."""
+    from benchmarks.locks_holder import store_for
+    from celery_safe_time.locks.store import Owner
+
+    store = store_for(kind, url)
+    owner = Owner(task_id="bench-taker", identity="bench-taker:0:0", host="bench", pid=os.getpid())
+    waits: list[float] = []
+    for n in range(repeats):
+        key = f"takeover:{kind}:{n}:{time.time_ns()}"
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.locks_holder", kind, url, key, str(ttl)],
+            stdout=subprocess.PIPE, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert holder.stdout is not None
+        line = holder.stdout.readline().decode().strip()
+        if line != "held":
+            holder.kill()
+            raise RuntimeError(f"lock holder for {kind} said {line!r}")
+        holder.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        holder.wait(10)
+        while True:
+            token = f"taker-{n}"
+            if store.acquire(key, token, ttl, owner).status == "acquired":
+                waits.append(time.monotonic() - killed)
+                store.release(key, token)
+                break
+            if time.monotonic() - killed > ttl * 3 + 10:
+                raise RuntimeError(f"{kind}: lock of a killed holder never freed")
+            time.sleep(0.01)
+    store.close()
+    return {"ttl": ttl, "repeats": repeats, "median_s": statistics.median(waits), "max_s": max(waits)}
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure and return the numbers (quick: smaller sizes, well under two minutes)."""
     per_kind = 300 if quick else 2000
     tp_count = 1000 if quick else 10000
-    services = _Services()
+    pg, pg_missing = _postgres_database()
+    pg_url = pg.url.replace("postgresql://", "postgresql+psycopg://", 1) if pg is not None else ""
+    services = _Services(pg_url=pg_url)
     app = Celery("bench-client", broker=services.url, set_as_current=False)
+    takeover: dict[str, Any] = {}
     try:
         overhead = _measure_overhead(services, per_kind)
         bare_tp = _throughput(services, app, "bench.tp_bare", tp_count)
         locked_tp = _throughput(services, app, "bench.tp_locked", tp_count)
+        ttl, repeats = (2.0, 2) if quick else (5.0, 5)
+        targets = [("redis", services.redis_url)] + ([("lease", pg_url), ("session", pg_url)] if pg_url else [])
+        for kind, url in targets:
+            takeover[kind] = _takeover(kind, url, ttl, repeats)
     finally:
         app.close()
         services.close()
+        if pg is not None:
+            from celery_safe_time.coordination import dispose_engines
+
+            dispose_engines()
+            pg.drop()
     vhost, missing = _rabbit_vhost()
     overhead_amqp: dict[str, Any] = {"missing": missing}
     if vhost is not None:
@@ -229,6 +310,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "concurrency": CONCURRENCY,
         "overhead": overhead,
         "overhead_amqp": overhead_amqp,
+        "postgres_missing": pg_missing,
+        "takeover": takeover,
         "throughput": {
             "keys": 100,
             "bare": bare_tp,
@@ -246,6 +329,7 @@ def _overhead_table(o: dict[str, Any]) -> list[str]:
     labels = {
         "bare": "bare",
         "locked": "overlap_lock",
+        "locked_before": "overlap_lock, renewer woken on every acquire (before)",
         "idempotent": "idempotent",
         "ping": "bare + one Redis PING",
         "ping2": "bare + two Redis PINGs",
@@ -259,6 +343,43 @@ def _overhead_table(o: dict[str, Any]) -> list[str]:
             f"{row['median_added_ms']:+.3f} | {row['p99_added_ms']:+.3f} | "
             f"{'-' if versus is None else f'{versus:.2f}x'} |"
         )
+    return lines
+
+
+def _backends_table(result: dict[str, Any]) -> list[str]:
+    o, takeover = result["overhead"], result.get("takeover") or {}
+    if "pg_lease" not in o:
+        return ["", f"PostgreSQL lock backend: not measured ({result.get('postgres_missing') or 'no database'})."]
+    lines = [
+        "",
+        "Lock backends side by side, same worker, same run: acquire + release called directly (the two calls "
+        "overlap_lock makes), added to a bare task; after kill -9 of a holder (renewing every ttl/3), the time "
+        "until another process takes the lock:",
+        "",
+        "| backend | median added ms | p99 added ms | vs Redis | vs its two round trips "
+        "| kill -9 -> free (median / max s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    rows = (
+        ("Redis (Lua scripts)", o["scripts"], None, o["scripts"].get("vs_two_round_trips"), takeover.get("redis")),
+        ("PostgreSQL lease rows (default)", o["pg_lease"], o["pg_lease"].get("vs_redis"),
+         o["pg_lease"].get("vs_two_round_trips"), takeover.get("lease")),
+        ("PostgreSQL session advisory locks", o["pg_session"], o["pg_session"].get("vs_redis"),
+         o["pg_session"].get("vs_two_round_trips"), takeover.get("session")),
+    )  # fmt: skip
+    for label, row, vs_redis, vs_trips, free in rows:
+        freed = f"{free['median_s']:.2f} / {free['max_s']:.2f} (ttl {free['ttl']:g})" if free else "-"
+        lines.append(
+            f"| {label} | {row['median_added_ms']:+.3f} | {row['p99_added_ms']:+.3f} | "
+            f"{'1.00x' if vs_redis is None else f'{vs_redis:.2f}x'} | "
+            f"{'-' if vs_trips is None else f'{vs_trips:.2f}x'} | {freed} |"
+        )
+    floor = o["pg_select2"]
+    lines += [
+        "",
+        "Two `SELECT 1` round trips on the lock engine's pool (the PostgreSQL floor): "
+        f"+{floor['median_added_ms']:.3f} ms.",
+    ]
     return lines
 
 
@@ -280,6 +401,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "A lock costs two Redis round trips (acquire, release); the PING rows are one and two on the same "
         "worker, the goal is overlap_lock within 1.1x of two.",
+        *_backends_table(result),
         "",
         f"Throughput, {t['bare']['tasks']} short tasks (locked: {t['keys']} keys, conflicts re-queued after 50 ms):",
         "",

@@ -72,6 +72,34 @@ def locked(n: int) -> int:
     return n
 
 
+@app.task(name="bench.locked_before")
+@overlap_lock("bench-before:{n}", ttl=30)
+def locked_before(n: int) -> int:
+    """overlap_lock as it was before the renewer stopped being woken on every acquire (the notify is
+    put back for this task only, below): the before/after of that change in one run."""
+    return n
+
+
+def _notify_always() -> None:
+    from celery._state import get_current_task
+
+    from celery_safe_time.locks import watchdog
+
+    add = watchdog._Renewer.add
+
+    def add_and_wake(self: Any, dog: Any) -> None:
+        add(self, dog)
+        current = get_current_task()
+        if current is not None and current.name == "bench.locked_before":
+            with self._cond:
+                self._cond.notify()
+
+    watchdog._Renewer.add = add_and_wake  # type: ignore[method-assign]
+
+
+_notify_always()
+
+
 @app.task(name="bench.idempotent")
 @idempotent("bench:{n}", window=600, ttl=30)
 def idem(n: int) -> int:
@@ -105,6 +133,55 @@ def scripts(self: Any, n: int) -> int:
     token = uuid.uuid4().hex
     store.acquire(f"scripts:{n}", token, 30.0, owner)
     store.release(f"scripts:{n}", token, (owner.identity, 600.0, owner.task_id))
+    return n
+
+
+# --- the lock backends side by side: acquire + release on Redis and on PostgreSQL ----------------
+#: The coordination database (``benchmarks/locks.py`` makes one per run); unset: the PostgreSQL rows are skipped.
+PG_URL = os.environ.get("SAFE_TIME_BENCH_PG_URL", "")
+
+
+def _pg_app(mode: str) -> Celery:
+    """An app that only carries settings: the worker's tasks use its lock store directly."""
+    other = Celery(f"bench_pg_{mode}", broker=BROKER, set_as_current=False)
+    other.conf.update(safe_time_coordination_url=PG_URL, safe_time_coordination_locks=mode)
+    return other
+
+
+_PG_APPS = {mode: _pg_app(mode) for mode in ("lease", "session")} if PG_URL else {}
+
+
+def _acquire_release(store: Any, request: Any, n: int) -> None:
+    owner = Owner(task_id=request.id, identity=f"{request.id}:0:0", host=_HOST, pid=os.getpid())
+    token = uuid.uuid4().hex
+    store.acquire(f"backend:{n}", token, 30.0, owner)
+    store.release(f"backend:{n}", token, (owner.identity, 600.0, owner.task_id))
+
+
+@app.task(name="bench.pg_lease", bind=True)
+def pg_lease(self: Any, n: int) -> int:
+    """acquire + release on PostgreSQL lease rows (what overlap_lock does on that backend)."""
+    _acquire_release(get_lock_store(_PG_APPS["lease"]), self.request, n)
+    return n
+
+
+@app.task(name="bench.pg_session", bind=True)
+def pg_session(self: Any, n: int) -> int:
+    """acquire + release on PostgreSQL session advisory locks."""
+    _acquire_release(get_lock_store(_PG_APPS["session"]), self.request, n)
+    return n
+
+
+@app.task(name="bench.pg_select2")
+def pg_select2(n: int) -> int:
+    """Two ``SELECT 1`` round trips, each on a connection checked out of the lock engine's pool as the
+    lock's calls are: the floor of a PostgreSQL lock."""
+    import sqlalchemy as sa
+
+    engine = get_lock_store(_PG_APPS["lease"]).engine  # type: ignore[attr-defined]
+    for _ in range(2):
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
     return n
 
 

@@ -376,6 +376,22 @@ def headline(r: dict[str, Any]) -> list[Head]:
                         ratio is not None and ratio <= 1.1,
                     )
                 )
+    lo = locks.get("overhead") or {}
+    for label, key in (("lease rows", "pg_lease"), ("session advisory locks", "pg_session")):
+        if key not in lo:
+            continue
+        added, redis_lock = lo[key]["median_added_ms"], lo["scripts"]["median_added_ms"]
+        ratio = _div(added, redis_lock)
+        rows.append(
+            Head(
+                f"PostgreSQL lock ({label}) overhead vs the Redis lock (acquire + release)",
+                f"+{added:.2f} ms",
+                f"Redis scripts on the same worker: +{redis_lock:.2f} ms",
+                "<= 2x",
+                ratio,
+                ratio is not None and ratio <= 2.0,
+            )
+        )
     ue = r.get("unique", {}).get("enqueue")
     if ue:
         k = ue["kinds"]

@@ -229,6 +229,28 @@ def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     ]
 
 
+def check_lock_backend(app: Celery, config: SafeTimeConfig) -> list[Check]:
+    """The PostgreSQL lock backend (``safe_time_coordination_url``): reachable, its tables, the mode.
+    Nothing on Redis: :func:`check_redis` covers the locks there."""
+    from .coordination import uses_postgres
+
+    if not uses_postgres(config):
+        return []
+    from .locks.backends.postgres import PostgresLockStore
+    from .locks.store import get_lock_store
+
+    try:
+        store = get_lock_store(app)
+        if not isinstance(store, PostgresLockStore):
+            return []
+        rtt, present, held = store.health()
+    except Exception as exc:  # driver errors must not crash the probe
+        return [Check("locks_postgres", "fail", f"safe_time_coordination_url: {exc}")]
+    tables = f"{held} locks held" if present else "lock tables not created yet (made at the first lock)"
+    detail = f"{store.describe()} reachable (rtt {rtt * 1000:.1f} ms), {config.coordination_locks} locks, {tables}"
+    return [Check("locks_postgres", "ok", detail, value=rtt)]
+
+
 def check_sweep(app: Celery) -> Check:
     """``install(app)`` registered the sweep: without it stored delays are never sent. A warning, not
     a failure: ``check`` is also a probe, and a process may rightly leave the sweep to others; the
@@ -257,6 +279,7 @@ def run_checks(app: Celery) -> list[Check]:
         checks.extend(check_redis(config))
     if config.coordination == C.COORDINATION_POSTGRES:
         checks.extend(check_coordination(config))
+    checks.extend(check_lock_backend(app, config))
     checks.extend(check_store(app, config))
     checks.append(check_sweep(app))
     return checks

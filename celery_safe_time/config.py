@@ -82,6 +82,9 @@ class SafeTimeConfig:
     #: "store"`` gives the store's URL here, or ``"django"`` for a Django store (resolved from
     #: ``DATABASES`` when first connected, :func:`celery_safe_time.coordination.postgres_url`).
     coordination_url: str = ""
+    #: How overlap locks are held on PostgreSQL (``safe_time_coordination_locks``): ``lease`` rows
+    #: (the default) or ``session`` advisory locks; ignored on Redis.
+    coordination_locks: str = C.PG_LOCK_MODE_LEASE
 
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
@@ -277,6 +280,11 @@ def parse_config(
     store_url = _default(get("safe_time_store_url"), C.DEFAULT_STORE_URL)
     store_url = _store_url("safe_time_store_url", store_url)
     coordination, coordination_url = _coordination(get("safe_time_coordination_url"), store_url)
+    coordination_locks = _default(get("safe_time_coordination_locks"), C.PG_LOCK_MODE_LEASE)
+    if coordination_locks not in C.PG_LOCK_MODES:
+        raise ImproperlyConfigured(
+            "safe_time_coordination_locks", f"must be one of {', '.join(C.PG_LOCK_MODES)}, got {coordination_locks!r}"
+        )
 
     redis_url = get("safe_time_redis_url")
     if redis_url is None:
@@ -392,6 +400,7 @@ def parse_config(
         sweep_max_ahead=sweep_max_ahead,
         coordination=coordination,
         coordination_url=coordination_url,
+        coordination_locks=coordination_locks,
     )
 
 

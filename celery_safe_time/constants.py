@@ -84,6 +84,23 @@ COORDINATION_POSTGRES_SCHEMES: Final = frozenset({"postgresql", "postgres"})
 #: pool's threads); a session advisory lock holds one more for the length of a run.
 COORDINATION_POOL_SIZE: Final = 4
 COORDINATION_POOL_OVERFLOW: Final = 8
+#: PostgreSQL lock tables (``locks/backends/postgres.py``): held locks, markers (idempotency markers
+#: and finished deliveries) and unique keys; fencing numbers come from one sequence that never restarts.
+PG_LOCK_TABLE: Final = "safe_time_lock"
+PG_LOCK_MARKER_TABLE: Final = "safe_time_lock_marker"
+PG_UNIQUE_TABLE: Final = "safe_time_unique"
+PG_LOCK_FENCE_SEQUENCE: Final = "safe_time_lock_fence"
+#: Bumped when the lock tables' functions change (they are named ``..._v<N>``).
+PG_LOCK_SCHEMA_VERSION: Final = 1
+#: How PostgreSQL overlap locks are held: ``lease`` (a row with an expiry on the database clock,
+#: renewed by the watchdog; the default) or ``session`` (``pg_try_advisory_lock`` on a connection held
+#: for the run, freed by the server when that connection dies; not behind PgBouncer in transaction mode).
+PG_LOCK_MODE_LEASE: Final = "lease"
+PG_LOCK_MODE_SESSION: Final = "session"
+PG_LOCK_MODES: Final = (PG_LOCK_MODE_LEASE, PG_LOCK_MODE_SESSION)
+#: One process deletes expired lock, marker and unique rows at most this often (seconds), a batch at a time.
+PG_LOCK_PURGE_INTERVAL: Final = 60.0
+PG_LOCK_PURGE_BATCH: Final = 1000
 
 #: Store URLs accepted by safe_time_store_url, besides the literal "django".
 STORE_URL_SCHEMES: Final = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory"})

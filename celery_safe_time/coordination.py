@@ -22,7 +22,7 @@ from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
-_ENGINES: dict[tuple[int, str], sa.Engine] = {}
+_ENGINES: dict[tuple[int, str, bool], sa.Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -55,12 +55,17 @@ def postgres_url(config: SafeTimeConfig) -> str:
     )
 
 
-def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
-    """This process's engine for the coordination database (one per URL, new after a fork)."""
+def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> sa.Engine:
+    """This process's engine for the coordination database (one per URL, new after a fork).
+
+    ``autocommit``: a second engine whose connections run each statement as its own transaction, with
+    no pre-ping (the locks: one statement, one round trip; they repeat a call whose pooled
+    connection broke, :meth:`~celery_safe_time.locks.backends.postgres.PostgresLockStore._run`).
+    """
     from .delays.stores.sql import create_engine, normalize_url
 
     url = postgres_url(config)
-    key = (os.getpid(), url)
+    key = (os.getpid(), url, autocommit)
     engine = _ENGINES.get(key)
     if engine is not None:
         return engine
@@ -73,6 +78,16 @@ def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
                 # connection): they are session state, which PgBouncer in transaction mode (before 1.21)
                 # does not keep. Coordination statements are small; planning them each time costs little.
                 options["connect_args"] = {"connect_timeout": 5, "prepare_threshold": None}
+            if autocommit:
+                options |= {
+                    "isolation_level": "AUTOCOMMIT",
+                    "pool_pre_ping": False,
+                    "pool_reset_on_return": None,
+                    # No server-side prepared statements (psycopg prepares a query run 5 times): behind
+                    # PgBouncer in transaction mode the next statement may reach another server session,
+                    # where that statement does not exist.
+                    "connect_args": {"connect_timeout": 5, "prepare_threshold": None},
+                }
             engine = create_engine(
                 url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW, **options
             )
@@ -84,7 +99,7 @@ def coordination_engine(config: SafeTimeConfig) -> sa.Engine:
 def dispose_engines() -> None:
     """Close every pooled coordination connection of this process (tests, shutdown)."""
     with _ENGINES_LOCK:
-        for (pid, _), engine in list(_ENGINES.items()):
+        for (pid, _, _), engine in list(_ENGINES.items()):
             if pid == os.getpid():
                 engine.dispose()
         _ENGINES.clear()

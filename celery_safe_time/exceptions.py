@@ -19,6 +19,11 @@ class RedisUnavailable(SafeTimeError):
     """Raised when the lease/lock Redis cannot be reached."""
 
 
+class CoordinationUnavailable(SafeTimeError, ConnectionError):
+    """Raised when the PostgreSQL coordination database (``safe_time_coordination_url``) cannot be
+    reached; a ``ConnectionError``, so code that handles an unreachable Redis handles it too."""
+
+
 class StoreError(SafeTimeError):
     """Raised when the delayed-task store cannot be reached or refuses a write."""
 

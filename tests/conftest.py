@@ -113,6 +113,55 @@ def coordination(request: pytest.FixtureRequest) -> dict[str, Any]:
     return coordination_settings(request.getfixturevalue("postgres_url"))
 
 
+#: Where the lock behaviour tests run: Redis, PostgreSQL lease rows, PostgreSQL session advisory locks.
+COORDINATION_BACKENDS = ("redis", "postgres", "postgres-session")
+
+
+@pytest.fixture
+def postgres_coordination_url(postgres_url: str) -> Iterator[str]:
+    """The session's PostgreSQL database as ``safe_time_coordination_url``, its lock rows deleted
+    before the test (each pytest process has a database of its own)."""
+    from tests.helpers.locks import reset_postgres_locks
+
+    reset_postgres_locks(postgres_url)
+    yield postgres_url
+    from celery_safe_time.coordination import dispose_engines
+
+    dispose_engines()
+
+
+@pytest.fixture(params=COORDINATION_BACKENDS)
+def coordination_conf(request: pytest.FixtureRequest, redis_url: str) -> dict[str, Any]:
+    """App settings putting the locks on each coordination backend in turn (the test runs once per
+    backend); on PostgreSQL there is no Redis setting at all."""
+    if request.param == "redis":
+        return {}
+    url: str = request.getfixturevalue("postgres_coordination_url")
+    mode = "session" if request.param == "postgres-session" else "lease"
+    return {"safe_time_coordination_url": url, "safe_time_coordination_locks": mode}
+
+
+@pytest.fixture(params=(*COORDINATION_BACKENDS, "memory"))
+def lock_backend(request: pytest.FixtureRequest, make_app: Callable[..., Celery]) -> Iterator[Any]:
+    """One lock backend per run of the test: Redis, PostgreSQL (lease, session) and the in-memory one."""
+    from celery_safe_time.config import get_config
+    from celery_safe_time.locks.store import get_lock_store
+    from celery_safe_time.testing import MemoryLockStore
+
+    if request.param == "memory":
+        yield MemoryLockStore(get_config(make_app()))
+        return
+    conf: dict[str, Any] = {}
+    if request.param != "redis":
+        request.getfixturevalue("redis_url")
+        url: str = request.getfixturevalue("postgres_coordination_url")
+        mode = "session" if request.param == "postgres-session" else "lease"
+        conf = {"safe_time_coordination_url": url, "safe_time_coordination_locks": mode}
+    store = get_lock_store(make_app(**conf))
+    yield store
+    store.close()
+
+
 @pytest.fixture(scope="session")
 def mysql_url() -> Iterator[str]:
     """A fresh MariaDB/MySQL database for this session (SQLAlchemy URL, PyMySQL), dropped afterwards."""

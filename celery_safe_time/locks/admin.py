@@ -8,6 +8,7 @@ import redis
 from celery import Celery
 
 from .. import constants as C
+from ..config import get_config
 from .store import LockInfo, get_lock_store
 
 __all__ = ["describe_locks", "list_locks", "release_lock"]
@@ -38,14 +39,19 @@ def release_lock(app: Celery, key: str) -> LockInfo | None:
     return released
 
 
+def store_name(app: Celery) -> str:
+    """``Redis`` or ``PostgreSQL``: which backend the app's locks are on (for messages)."""
+    return "PostgreSQL" if get_config(app).coordination == C.COORDINATION_POSTGRES else "Redis"
+
+
 def describe_locks(app: Celery) -> dict[str, Any]:
     """The ``[locks]`` section of ``safe-time status``."""
     try:
         store = get_lock_store(app)
         locks = store.scan(limit=STATUS_LIMIT + 1)
         unique = store.scan_unique(limit=STATUS_LIMIT + 1)
-    except redis.RedisError as exc:
-        return {"error": f"Redis unreachable: {exc}"}
+    except (redis.RedisError, OSError) as exc:
+        return {"error": f"{store_name(app)} unreachable: {exc}"}
     shown = locks[:STATUS_LIMIT]
     return {
         "held": len(shown) if len(locks) <= STATUS_LIMIT else f"more than {STATUS_LIMIT}",

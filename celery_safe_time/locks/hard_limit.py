@@ -23,8 +23,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_process_init
 
 from .. import constants as C
-from ..redis_client import as_text
-from .store import LockStore, get_lock_store
+from .store import LockBackend, get_lock_store
 
 if TYPE_CHECKING:
     from .runtime import Call
@@ -88,12 +87,14 @@ def _release_after_hard_limit(
         try:
             key = lock.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
             store = get_lock_store(sender.app)
-            info = store.client.hmget(store.lock_key(key), ["token", "task_id", "host", "pid"])
+            record = store.holder_record(key)
         except Exception as exc:
             logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)
             continue
-        token, holder, host, pid = (as_text(v) for v in info)
-        if token is None or holder != task_id or host != _HOST or pid is None or int(pid) == os.getpid():
+        if record is None:
+            continue
+        token, holder, host, pid = record
+        if token is None or holder != task_id or host != _HOST or pid is None or pid == os.getpid():
             continue
         # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).
         with _handled_lock:
@@ -102,7 +103,7 @@ def _release_after_hard_limit(
             _handled.append(token)
         threading.Thread(
             target=_release_when_dead,
-            args=(store, key, token, int(pid), task_id),
+            args=(store, key, token, pid, task_id),
             name="safe-time-hard-limit-release",
             daemon=True,
         ).start()
@@ -126,7 +127,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _release_when_dead(store: LockStore, key: str, token: str, pid: int, task_id: str) -> None:
+def _release_when_dead(store: LockBackend, key: str, token: str, pid: int, task_id: str) -> None:
     deadline = time.monotonic() + C.LOCK_KILLED_CHILD_WAIT
     while _pid_alive(pid):
         if time.monotonic() > deadline:
@@ -138,7 +139,7 @@ def _release_when_dead(store: LockStore, key: str, token: str, pid: int, task_id
             logger.info("released overlap lock %r of %s after its hard time limit killed pid %s", key, task_id, pid)
         else:
             logger.info("overlap lock %r of %s was already free after its hard time limit", key, task_id)
-    except redis.RedisError as exc:
+    except (redis.RedisError, OSError) as exc:
         logger.warning("could not release overlap lock %r after a hard time limit: %s", key, exc)
 
 

@@ -22,12 +22,12 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from .. import constants as C
 from .. import signals
-from ..config import SafeTimeConfig, get_config, mask_url
+from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
 from ..requeue import attempt_of, jittered, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
-from .store import Acquired, Holder, LockStore, Owner, get_lock_store
+from .store import Acquired, Holder, LockBackend, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -70,9 +70,7 @@ class Call:
 
     def owner(self) -> Owner:
         task_id = self.task_id or f"direct-{uuid.uuid4().hex}"
-        # A direct or eager call is never redelivered: every call is a delivery of its own.
-        direct = f"{task_id}:direct-{uuid.uuid4().hex}"
-        identity = delivery_identity(self.request) if self.in_worker else direct
+        identity = delivery_identity(self.request) if self.in_worker else direct_identity(task_id)
         return Owner(task_id=task_id, identity=identity, host=_HOST, pid=os.getpid())
 
     def earlier_tokens(self, key: str) -> tuple[str, ...]:
@@ -83,6 +81,11 @@ class Call:
 
     def render(self, builder: KeyBuilder) -> str:
         return builder.render(self.args, self.kwargs, bound=self.bound)
+
+
+def direct_identity(task_id: str) -> str:
+    """A direct or eager call is never redelivered: every call is a delivery of its own."""
+    return f"{task_id}:direct-{uuid.uuid4().hex}"
 
 
 def resolve_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
@@ -247,7 +250,7 @@ class HeldLock:
 
     def __init__(
         self,
-        store: LockStore,
+        store: LockBackend,
         key: str,
         token: str,
         fence: int,
@@ -306,7 +309,7 @@ class HeldLock:
         """Compare-and-delete the lock; with ``finished``, record this delivery as ended."""
         try:
             released = self.store.release(self.key, self.token, self.finished_record() if finished else None)
-        except redis.RedisError as exc:
+        except (redis.RedisError, OSError) as exc:
             logger.warning("could not release overlap lock %r (it expires in %.0fs): %s", self.key, self.ttl, exc)
             return False
         if not released:
@@ -317,7 +320,7 @@ class HeldLock:
 
 
 def acquire(
-    store: LockStore,
+    store: LockBackend,
     key: str,
     ttl: float,
     owner: Owner,
@@ -333,8 +336,7 @@ def acquire(
     try:
         return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
     except (redis.RedisError, OSError) as exc:
-        where = mask_url(store.config.redis_url)
-        raise RedisUnavailable(f"cannot take overlap lock {key!r} (Redis {where}, safe_time_redis_url): {exc}") from exc
+        raise RedisUnavailable(f"cannot take overlap lock {key!r} ({store.describe()}): {exc}") from exc
 
 
 def run_holding(

@@ -41,10 +41,9 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_revoked
 
 from .. import constants as C
-from ..config import mask_url
 from ..exceptions import RedisUnavailable, StoreError, UniqueConflict
 from .keys import KeyBuilder, KeySpec
-from .store import LockStore, UniqueClaim, get_lock_store
+from .store import LockBackend, UniqueClaim, get_lock_store
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +150,7 @@ def claim(
             logger.info("unique key %r: holder %s has ended in the store, taking the key over", key, found.holder)
             gone = found.holder
     except (redis.RedisError, OSError) as exc:
-        where = mask_url(store.config.redis_url)
-        raise RedisUnavailable(f"cannot take unique key {key!r} (Redis {where}): {exc}") from exc
+        raise RedisUnavailable(f"cannot take unique key {key!r} ({store.describe()}): {exc}") from exc
 
 
 def repoint(app: Celery, key: str, from_task: str, to_task: str, ttl: float) -> None:
@@ -176,7 +174,7 @@ def conflict(task: Task, spec: UniqueSpec, key: str, holder: str, state: str | N
     return task.AsyncResult(holder)
 
 
-def release(store: LockStore, key: str, task_id: str, why: str) -> bool:
+def release(store: LockBackend, key: str, task_id: str, why: str) -> bool:
     try:
         released = store.unique_release(key, task_id)
     except (redis.RedisError, OSError) as exc:

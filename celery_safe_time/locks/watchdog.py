@@ -123,14 +123,20 @@ class _Renewer:
         self._cond = threading.Condition()
         self._watchdogs: set[Watchdog] = set()
         self._wake_at = math.inf
+        #: With no lock to renew the thread still wakes this often: the shortest renewal interval seen
+        #: here. A lock taken next is then first due after that wake-up, so taking it needs no notify:
+        #: waking this thread on every acquire cost a context switch (and the GIL) per locked task.
+        self._idle_wait = math.inf
         self._thread = threading.Thread(target=self._run, name="safe-time-lock-renewer", daemon=True)
         self._thread.start()
 
     def add(self, watchdog: Watchdog) -> None:
         with self._cond:
             self._watchdogs.add(watchdog)
+            self._idle_wait = min(self._idle_wait, watchdog.interval)
             # Only wake the thread when it would sleep past this lock's first renewal; in steady
-            # state it is already due to wake earlier, so taking a lock costs no context switch.
+            # state (and when idle, see _idle_wait) it is already due to wake earlier, so taking a
+            # lock costs no context switch.
             if watchdog.due < self._wake_at:
                 self._cond.notify()
 
@@ -144,7 +150,7 @@ class _Renewer:
                 now = time.monotonic()
                 due = [w for w in self._watchdogs if w.due <= now]
                 if not due:
-                    self._wake_at = min((w.due for w in self._watchdogs), default=math.inf)
+                    self._wake_at = min((w.due for w in self._watchdogs), default=now + self._idle_wait)
                     self._cond.wait(None if self._wake_at == math.inf else self._wake_at - now)
                     continue
                 self._wake_at = now

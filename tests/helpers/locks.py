@@ -43,9 +43,22 @@ def start_worker(
     return worker
 
 
-def broker_env(broker_url: str, redis_url: str, visibility_timeout: float | None = None, **conf: Any) -> dict[str, str]:
-    """Worker env for ``broker_url`` (Redis or RabbitMQ) with locks, results and records on ``redis_url``."""
+def broker_env(
+    broker_url: str,
+    redis_url: str,
+    visibility_timeout: float | None = None,
+    coordination: dict[str, Any] | None = None,
+    **conf: Any,
+) -> dict[str, str]:
+    """Worker env for ``broker_url`` (Redis or RabbitMQ) with locks, results and records on ``redis_url``.
+
+    ``coordination``: the ``coordination_conf`` fixture's settings; with a PostgreSQL one the locks are
+    there and the app has no ``safe_time_redis_url`` (results and the test's records stay on Redis).
+    """
     options: dict[str, Any] = {"result_backend": redis_url, "safe_time_redis_url": redis_url, **conf}
+    if coordination:
+        options.pop("safe_time_redis_url")
+        options.update(coordination)
     if broker_url.startswith("redis") and visibility_timeout is not None:
         options["broker_transport_options"] = {"visibility_timeout": visibility_timeout, **FAST_RESTORE}
     return {
@@ -161,3 +174,20 @@ class ReplyDropper:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+def reset_postgres_locks(url: str) -> None:
+    """Delete every lock, marker and unique row of the PostgreSQL coordination backend (if its
+    tables exist yet) in this test's database."""
+    import sqlalchemy as sa
+
+    from celery_safe_time import constants as C
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for table in (C.PG_LOCK_TABLE, C.PG_LOCK_MARKER_TABLE, C.PG_UNIQUE_TABLE):
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": table}).scalar() is not None:
+                    conn.execute(sa.text(f"DELETE FROM {table}"))
+    finally:
+        engine.dispose()

@@ -11,7 +11,7 @@ import redis
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore, Owner
+from celery_safe_time.locks.store import LockBackend, LockStore, Owner, get_lock_store
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 APP = "tests.apps.locks_app"
 
 
-def _hold(store: LockStore, key: str, task_id: str) -> None:
+def _hold(store: LockBackend, key: str, task_id: str) -> None:
     owner = Owner(task_id=task_id, identity=f"{task_id}:0:0", host="worker-host", pid=99)
     assert store.acquire(key, "tok-" + task_id, 60, owner).status == "acquired"
 
@@ -150,3 +150,38 @@ def test_locks_list_shows_unique_keys_with_task_id_and_state_and_release_frees_o
     assert [(k["key"], k["task_id"], k["state"]) for k in section["unique"]] == [
         ("unique:export:8", "task-8", "stored")
     ]
+
+
+def test_check_and_locks_commands_on_postgres_coordination(
+    processes: ProcessManager,
+    redis_url: str,
+    amqp_url: str,
+    postgres_coordination_url: str,
+    make_app: Callable[..., Celery],
+) -> None:
+    """RabbitMQ broker, locks on PostgreSQL, no Redis setting: ``check`` reports the lock database (and
+    no Redis check), ``locks list`` and ``locks release`` read and delete the rows."""
+    conf = {"safe_time_coordination_url": postgres_coordination_url}
+    store = get_lock_store(make_app(broker_url=amqp_url, **conf))
+    env = h.broker_env(amqp_url, redis_url, coordination=conf)
+
+    checked = processes.command(APP, "safe-time", "check", "--json", env=env)
+    names = {c["name"]: c for c in json.loads(checked.stdout)["checks"]}
+    assert "redis" not in names
+    assert names["locks_postgres"]["status"] == "ok", names
+    assert "lease locks" in names["locks_postgres"]["detail"]
+
+    _hold(store, "inventory-sync:1", "task-1")
+    store.unique_acquire("export:7", "task-7", 60, "queued", stored=False, host="web-1")
+    listed = processes.command(APP, "safe-time", "locks", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["key"], r["task_id"], r["kind"]) for r in rows] == [
+        ("inventory-sync:1", "task-1", "overlap"),
+        ("unique:export:7", "task-7", "unique"),
+    ]
+    assert "tok-" not in listed.stdout
+    released = processes.command(APP, "safe-time", "locks", "release", "inventory-sync:1", "--yes", env=env)
+    assert released.returncode == 0, released.stderr
+    assert "held by task-1 on worker-host" in released.stdout
+    assert store.token_of("inventory-sync:1") is None

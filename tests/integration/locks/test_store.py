@@ -1,4 +1,5 @@
-"""The lock scripts and in-process decorated calls against real Redis (no workers)."""
+"""The lock backends (Redis scripts, PostgreSQL lease rows and session advisory locks, the in-memory
+store) call for call, and in-process decorated calls on each coordination backend (no workers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from celery import Celery
 from celery_safe_time import idempotent, overlap_lock, signals
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import LockConflict, LockLost, RedisUnavailable
-from celery_safe_time.locks.store import LockStore, Owner, get_lock_store
+from celery_safe_time.locks.store import LockBackend, LockStore, Owner, get_lock_store
 from tests.helpers.services import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -26,11 +27,21 @@ def owner(task_id: str) -> Owner:
 
 
 @pytest.fixture
-def store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> LockStore:
+def store(lock_backend: LockBackend) -> LockBackend:
+    return lock_backend
+
+
+@pytest.fixture
+def redis_store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> LockStore:
     return LockStore(redis_client, get_config(make_app()))
 
 
-def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: LockStore) -> None:
+def _session(store: LockBackend) -> bool:
+    """PostgreSQL session advisory locks: held while the holder's connection lives, no expiry."""
+    return bool(getattr(store, "session", False))
+
+
+def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: LockBackend) -> None:
     first = store.acquire("k", "token-a", 0.2, owner("a"))
     assert first.status == "acquired"
     assert first.fence is not None
@@ -39,10 +50,16 @@ def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: Loc
     assert held.holder is not None
     assert held.holder.task_id == "a"
     time.sleep(0.3)  # a's lease runs out while "a" is paused
+    if _session(store):
+        # no lease: a paused holder keeps its lock while its connection lives
+        assert store.acquire("k", "token-b", 5, owner("b")).status == "held"
+        assert store.renew("k", "token-a", 5)
+        assert store.release("k", "token-a")
 
     second = store.acquire("k", "token-b", 5, owner("b"))
     assert second.status == "acquired"
-    assert second.fence == first.fence + 1
+    assert second.fence is not None
+    assert second.fence > first.fence
     assert not store.renew("k", "token-a", 5)
     assert not store.release("k", "token-a")
     assert store.token_of("k") == "token-b"
@@ -50,17 +67,19 @@ def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: Loc
     assert store.release("k", "token-b")
     assert store.token_of("k") is None
     third = store.acquire("k", "token-c", 5, owner("c"))
-    assert third.fence == first.fence + 2
+    assert third.fence is not None
+    assert third.fence > second.fence
+    assert store.release("k", "token-c")
 
 
-def test_same_delivery_is_a_duplicate_but_a_retry_is_not(store: LockStore) -> None:
+def test_same_delivery_is_a_duplicate_but_a_retry_is_not(store: LockBackend) -> None:
     assert store.acquire("d", "t1", 5, owner("x")).status == "acquired"
     assert store.acquire("d", "t2", 5, owner("x")).status == "duplicate"
     retry = Owner(task_id="x", identity="x:1:0", host="test-host", pid=1)
     assert store.acquire("d", "t3", 5, retry).status == "held"
 
 
-def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Redis) -> None:
+def test_lock_hash_describes_its_holder(store: LockBackend) -> None:
     store.acquire("inventory-sync:7", "secret-token", 30, owner("task-7"))
     [info] = store.scan()
     assert info.key == "inventory-sync:7"
@@ -70,8 +89,11 @@ def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Re
     assert info.fence is not None
     assert info.age is not None
     assert 0 <= info.age < 2
-    assert info.ttl_left is not None
-    assert 28 < info.ttl_left <= 30
+    if _session(store):
+        assert info.ttl_left is None  # no expiry: held while its connection lives
+    else:
+        assert info.ttl_left is not None
+        assert 28 < info.ttl_left <= 30
     assert "secret-token" not in repr(info.as_dict())
     assert store.scan("inventory-sync:*")[0].key == "inventory-sync:7"
     assert store.scan("other:*") == []
@@ -82,11 +104,12 @@ def test_lock_hash_describes_its_holder(store: LockStore, redis_client: redis.Re
     assert store.force_release("inventory-sync:7") is None
 
 
-def test_idempotent_commit_records_once_and_releases(store: LockStore, redis_client: redis.Redis) -> None:
+def test_idempotent_commit_records_once_and_releases(store: LockBackend) -> None:
     assert store.acquire("idem:i", "t1", 5, owner("a"), marker="i").status == "acquired"
     assert store.commit("idem:i", "i", "t1", 60, "a", ("a:0:0", 30)) == (True, True)
     assert store.acquire("idem:i", "t2", 5, owner("b"), marker="i").status == "done"
-    assert 55 < redis_client.ttl("safe_time:idem:i") <= 60
+    assert store.idempotent_done("i")
+    assert store.token_of("idem:i") is None
     # repeating the commit after a lost reply still says "recorded"; another run's commit does not
     assert store.commit("idem:i", "i", "t1", 60, "a", ("a:0:0", 30)) == (True, False)
     assert store.commit("idem:i", "i", "t9", 60, "z", ("z:0:0", 30)) == (False, False)
@@ -95,7 +118,7 @@ def test_idempotent_commit_records_once_and_releases(store: LockStore, redis_cli
 # --- issue 13: identities, lost replies, fences across a Redis reset -------------------------
 
 
-def test_lost_reply_retry_with_the_same_token_gets_the_lock_back(store: LockStore) -> None:
+def test_lost_reply_retry_with_the_same_token_gets_the_lock_back(store: LockBackend) -> None:
     """redis-py re-sends the script after a dropped connection: the lock it set is its own."""
     first = store.acquire("lr", "tok-1", 5, owner("a"))
     again = store.acquire("lr", "tok-1", 5, owner("a"))
@@ -104,7 +127,7 @@ def test_lost_reply_retry_with_the_same_token_gets_the_lock_back(store: LockStor
     assert again.fence == first.fence
 
 
-def test_earlier_attempt_tokens_take_over_an_orphaned_lock(store: LockStore) -> None:
+def test_earlier_attempt_tokens_take_over_an_orphaned_lock(store: LockBackend) -> None:
     """A re-queued copy carries the token its first attempt sent without a reply: it takes that
     orphaned lock over (same fence), where on main it was a conflict ("held") and skip skipped it."""
     first = store.acquire("orphan", "tok-first", 30, owner("a"))
@@ -119,19 +142,32 @@ def test_earlier_attempt_tokens_take_over_an_orphaned_lock(store: LockStore) -> 
     assert store.acquire("orphan", "tok-b", 30, owner("b"), earlier_tokens=("tok-first",)).status == "held"
 
 
-def test_finished_delivery_is_recognised_by_its_identity(store: LockStore, redis_client: redis.Redis) -> None:
+def test_finished_delivery_is_recognised_by_its_identity(store: LockBackend) -> None:
     assert store.acquire("fin", "t1", 5, owner("a")).status == "acquired"
     assert store.release("fin", "t1", ("a:0:0", 40.0, "a"))
     # a late redelivery of that message: dropped; any other delivery: runs
     assert store.acquire("fin", "t2", 5, owner("a")).status == "finished"
     assert store.acquire("fin", "t3", 5, owner("b")).status == "acquired"
-    assert 35 < redis_client.ttl("safe_time:lock-done:fin:a:0:0") <= 40
     # recorded even when the lock had been lost meanwhile (the delivery did end)
     assert not store.release("fin", "t-lost", ("c:0:0", 40.0, "c"))
     assert store.acquire("fin", "t4", 5, owner("c")).status == "finished"
 
 
-def test_fences_stay_monotonic_across_a_redis_reset(store: LockStore, redis_client: redis.Redis) -> None:
+def test_idempotent_and_finished_markers_expire_with_their_windows(store: LockBackend) -> None:
+    assert store.acquire("idem:w", "t1", 5, owner("a"), marker="w").status == "acquired"
+    assert store.commit("idem:w", "w", "t1", 0.3, "a", ("a:0:0", 0.3)) == (True, True)
+    assert store.acquire("idem:w", "t2", 5, owner("a"), marker="w").status == "done"
+    time.sleep(0.4)  # both windows end (on the backend's clock)
+    assert not store.idempotent_done("w")
+    again = store.acquire("idem:w", "t3", 5, owner("a"), marker="w")
+    assert again.status == "acquired"
+    # a new window starts with the next success
+    assert store.commit("idem:w", "w", "t3", 60, "a") == (True, True)
+    assert store.idempotent_done("w")
+
+
+def test_fences_stay_monotonic_across_a_redis_reset(redis_store: LockStore, redis_client: redis.Redis) -> None:
+    store = redis_store
     """Issue 13 item 9: on main the counter restarted at 1 after the data was lost, below the old
     holder's 57, so a downstream "fence >= last" check let the stale holder win."""
     redis_client.set("safe_time:lock-fence:ledger", 56)  # a counter from before this version
@@ -154,34 +190,55 @@ def test_fences_stay_monotonic_across_a_redis_reset(store: LockStore, redis_clie
 
 
 # --- in-process (direct) calls of decorated tasks -------------------------------------------
+# Tasks of tests that run once per backend are shared=False: a shared task is added to every app
+# finalized later in the session, and three copies under one name fail those apps (DuplicateTaskName).
 
 
 def test_direct_calls_share_one_key_and_read_the_fence(
-    make_app: Callable[..., Celery], redis_client: redis.Redis
+    make_app: Callable[..., Celery], coordination_conf: dict[str, Any]
 ) -> None:
-    app = make_app(safe_time_key_prefix="tenant-a:")
+    app = make_app(safe_time_key_prefix="tenant-a:", **coordination_conf)
+    other = make_app(**coordination_conf)  # the default prefix: another deployment's locks
     seen: list[tuple[str, int, bool]] = []
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)
     @overlap_lock("report:{account}:{fmt}", ttl=5, on_conflict="raise")
     def report(self: Any, account: int, fmt: str = "pdf") -> None:
         held = self.request.safe_time_lock
-        seen.append((held.key, self.request.safe_time_fence, bool(redis_client.exists("tenant-a:lock:" + held.key))))
+        [info] = get_lock_store(app).scan()
+        seen.append((held.key, self.request.safe_time_fence, info.redis_key == "tenant-a:lock:" + held.key))
 
     report(1)
     report(account=1)
     report(account=1, fmt="pdf")
     first = seen[0][1]
-    assert seen == [("report:1:pdf", first, True), ("report:1:pdf", first + 1, True), ("report:1:pdf", first + 2, True)]
-    assert redis_client.get("tenant-a:lock-fence:report:1:pdf") == str(first + 2).encode()
-    assert not redis_client.exists("safe_time:lock-fence:report:1:pdf")
-    assert not redis_client.exists("tenant-a:lock:report:1:pdf")
+    assert [(key, held) for key, _, held in seen] == [("report:1:pdf", True)] * 3
+    fences = [fence for _, fence, _ in seen]
+    assert fences == sorted(set(fences)), "every holder gets a larger fence"
+    assert fences[0] == first
+    assert get_lock_store(app).scan() == []
+    assert get_lock_store(other).scan() == []
 
 
-def test_direct_call_conflict_raises(make_app: Callable[..., Celery], redis_client: redis.Redis) -> None:
-    app = make_app()
+def test_fence_counter_is_per_prefix_on_redis(make_app: Callable[..., Celery], redis_client: redis.Redis) -> None:
+    app = make_app(safe_time_key_prefix="tenant-a:")
 
-    @app.task
+    @app.task(bind=True, shared=False)
+    @overlap_lock("report:{account}", ttl=5, on_conflict="raise")
+    def report(self: Any, account: int) -> int:
+        return int(self.request.safe_time_fence)
+
+    first = report(1)
+    assert report(1) == first + 1
+    assert redis_client.get("tenant-a:lock-fence:report:1") == str(first + 1).encode()
+    assert not redis_client.exists("safe_time:lock-fence:report:1")
+    assert not redis_client.exists("tenant-a:lock:report:1")
+
+
+def test_direct_call_conflict_raises(make_app: Callable[..., Celery], coordination_conf: dict[str, Any]) -> None:
+    app = make_app(**coordination_conf)
+
+    @app.task(shared=False)
     @overlap_lock("busy:{n}", ttl=5)  # on_conflict="retry" cannot re-queue a direct call: it raises
     def busy(n: int) -> str:
         return "ran"
@@ -219,18 +276,56 @@ def test_direct_call_with_redis_down_never_runs(make_app: Callable[..., Celery],
     assert ran == [1, 1]
 
 
+@pytest.mark.parametrize("mode", ["lease", "session"])
+def test_direct_call_with_postgres_down_never_runs(
+    make_app: Callable[..., Celery], postgres_coordination_url: str, mode: str
+) -> None:
+    """The coordination database does not answer (nothing listens on its port): the decorated body
+    never runs; the error names PostgreSQL and the setting, as a Redis outage names Redis."""
+    from tests.helpers.services import free_port
+
+    down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere"
+    app = make_app(broker_url="memory://", safe_time_coordination_url=down, safe_time_coordination_locks=mode)
+    ran: list[int] = []
+
+    @app.task(shared=False)
+    @overlap_lock("pgdown:{n}", ttl=5)
+    def guarded(n: int) -> None:
+        ran.append(n)
+
+    @app.task(shared=False)
+    @idempotent("pgdown:{n}", ttl=5)
+    def once(n: int) -> None:
+        ran.append(n)
+
+    with pytest.raises(RedisUnavailable, match=r"PostgreSQL .*safe_time_coordination_url"):
+        guarded(1)
+    with pytest.raises(RedisUnavailable, match="PostgreSQL"):
+        once(1)
+    assert ran == []
+    # the same app on a database that answers runs them
+    app.conf.safe_time_coordination_url = postgres_coordination_url
+    from celery_safe_time.config import reset_config
+
+    reset_config(app)
+    guarded(1)
+    once(1)
+    once(1)
+    assert ran == [1, 1]
+
+
 # --- issue 13 item 8: a body that returned always gets its idempotency marker ---------------
 
 
 def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_marker(
-    make_app: Callable[..., Celery], redis_client: redis.Redis
+    make_app: Callable[..., Celery], coordination_conf: dict[str, Any]
 ) -> None:
     """On main, ``check()`` raised ``LockLost`` before the marker was written, so the next call
     ran the body again. Now the marker is recorded first and the run still ends with LockLost."""
-    app = make_app()
+    app = make_app(**coordination_conf)
     ran: list[str] = []
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)
     @idempotent("invoice:{n}", ttl=0.6)
     def invoice(self: Any, n: int) -> str:
         # The lock is taken away (an operator's `locks release`, or a pause past its lease) ...
@@ -249,7 +344,7 @@ def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_m
     with pytest.raises(LockLost):
         invoice(1)
     assert ran == ["told", "sent"]
-    assert redis_client.exists("safe_time:idem:invoice:1")
+    assert get_lock_store(app).idempotent_done("invoice:1")
     assert invoice(1) is None
     assert ran == ["told", "sent"], "the body must not run a second time"
 
@@ -330,3 +425,49 @@ def test_idempotent_marker_that_cannot_be_written_is_loud(
     assert [u["key"] for u in unrecorded] == ["ship:1"]
     assert "maxmemory" in unrecorded[0]["error"]
     assert "could NOT be recorded after 3 attempts" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["lease", "session"])
+def test_postgres_expired_rows_are_purged_and_status_reads_the_rows(
+    make_app: Callable[..., Celery], postgres_coordination_url: str, mode: str
+) -> None:
+    """Expired locks, markers and unique keys are deleted by the periodic purge (a release runs it at
+    most once a minute per process); the ``[locks]`` status section reads the rows."""
+    import sqlalchemy as sa
+
+    from celery_safe_time import constants as C
+    from celery_safe_time.locks.admin import describe_locks
+
+    app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks=mode)
+    store = get_lock_store(app)
+    assert store.acquire("short", "t-short", 0.1, owner("a")).status == "acquired"
+    if mode == "lease":
+        time.sleep(0.2)  # the lease runs out
+    else:
+        assert store.release("short", "t-short")
+    assert store.acquire("idem:m", "t-m", 5, owner("b"), marker="m").status == "acquired"
+    assert store.commit("idem:m", "m", "t-m", 0.1, "b", ("b:0:0", 0.1)) == (True, True)
+    store.unique_acquire("u", "t-u", 0.1, "queued", stored=False, host="h")
+    assert store.acquire("held", "t-held", 30, owner("c")).status == "acquired"
+    time.sleep(0.2)
+
+    status = describe_locks(app)
+    assert [lock["key"] for lock in status["locks"]] == ["held"]
+    assert status["unique_held"] == 0
+
+    engine = sa.create_engine(postgres_coordination_url)
+    tables = (C.PG_LOCK_TABLE, C.PG_LOCK_MARKER_TABLE, C.PG_UNIQUE_TABLE)
+
+    def rows() -> dict[str, int]:
+        with engine.connect() as conn:
+            return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in tables}
+
+    try:
+        before = rows()
+        assert before[C.PG_LOCK_MARKER_TABLE] == 2
+        assert before[C.PG_UNIQUE_TABLE] == 1
+        store._next_purge = 0.0  # type: ignore[attr-defined]  # due now, not in a minute
+        assert store.release("held", "t-held")
+        assert rows() == dict.fromkeys(tables, 0)
+    finally:
+        engine.dispose()

@@ -1,32 +1,29 @@
 """The unique-key scripts (``unique_acquire.lua``, ``unique_release.lua``) on a real Redis, and the
-testing plugin's ``MemoryLockStore`` following the same rules, call for call."""
+PostgreSQL backend's ``safe_time_unique`` rows and the testing plugin's ``MemoryLockStore`` following
+the same rules, call for call."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 
 import pytest
 import redis
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore
+from celery_safe_time.locks.store import LockBackend, LockStore
 from celery_safe_time.testing import MemoryLockStore
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest, make_app: Callable[..., Celery]) -> Iterator[LockStore]:
-    config = get_config(make_app())
-    if request.param == "memory":
-        yield MemoryLockStore(config)
-        return
-    client: redis.Redis = request.getfixturevalue("redis_client")
-    yield LockStore(client, config)
+@pytest.fixture
+def store(lock_backend: LockBackend) -> LockBackend:
+    return lock_backend
 
 
-def test_acquire_conflict_own_refresh_gone_replace_and_release(store: LockStore) -> None:
+def test_acquire_conflict_own_refresh_gone_replace_and_release(store: LockBackend) -> None:
     take = store.unique_acquire
     assert take("k", "t1", 60, "queued", stored=False, host="h1").status == "acquired"
 
@@ -61,7 +58,7 @@ def test_acquire_conflict_own_refresh_gone_replace_and_release(store: LockStore)
     assert store.scan_unique() == []
 
 
-def test_own_on_a_free_key_takes_it(store: LockStore) -> None:
+def test_own_on_a_free_key_takes_it(store: LockBackend) -> None:
     # a redelivered run whose key expired meanwhile takes it again rather than run unguarded
     assert store.unique_acquire("k2", "t1", 60, "running", stored=None, host="w", own=True).status == "acquired"
     info = store.unique_info("k2", _now(store))
@@ -79,8 +76,10 @@ def test_the_redis_key_is_one_hash_in_its_own_family(
     assert fields == {"task_id", "state", "stored", "host", "created_at", "updated_at", "ttl_ms"}
 
 
-def _now(store: LockStore) -> float:
+def _now(store: LockBackend) -> float:
     if isinstance(store, MemoryLockStore):
         return float(store._clock())
+    if not isinstance(store, LockStore):
+        return time.time()  # PostgreSQL reads its own clock
     seconds, micros = store.client.time()
     return float(seconds) + float(micros) / 1e6

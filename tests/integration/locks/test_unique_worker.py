@@ -6,6 +6,7 @@ the first copy while it is queued or running; the key is freed at the end whatev
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -17,22 +18,31 @@ from tests.helpers.processes import ProcessManager, wait_for
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize(
+    ("broker_url", "coordination_conf"),
+    [("redis", "redis"), ("amqp", "redis"), ("amqp", "postgres")],
+    indirect=True,
+)
 def test_duplicate_delay_returns_the_first_copy_and_the_end_frees_the_key(
-    processes: ProcessManager, broker_url: str, redis_url: str, sqlite_url: str, redis_client: redis.Redis
+    processes: ProcessManager,
+    broker_url: str,
+    redis_url: str,
+    sqlite_url: str,
+    redis_client: redis.Redis,
+    coordination_conf: dict[str, Any],
 ) -> None:
-    app, tasks = u.client(broker_url, redis_url, sqlite_url)
+    """Also with the keys as PostgreSQL rows (RabbitMQ, no Redis setting)."""
+    app, tasks = u.client(broker_url, redis_url, sqlite_url, coordination=coordination_conf)
     export = tasks["export"]
     try:
         first = export.delay(7, seconds=2.0)
         again = [export.delay(7), export.apply_async(kwargs={"user_id": 7}), export.apply_async((7,), countdown=1)]
         assert {r.id for r in again} == {first.id}
-        fields = u.key_fields(redis_client, "export:7")
-        assert fields["task_id"] == first.id
-        assert fields["state"] == "queued"
+        assert u.key_state(app, "export:7") == {"task_id": first.id, "state": "queued"}
         other = export.delay(8)
         assert other.id != first.id
 
-        u.start_worker(processes, broker_url, redis_url)
+        u.start_worker(processes, broker_url, redis_url, coordination=coordination_conf)
         # user 8's run may start first (two pool processes): wait for user 7's own start
         wait_for(
             lambda: any(s["task_id"] == first.id for s in u.starts(redis_client, "export")),
@@ -40,17 +50,17 @@ def test_duplicate_delay_returns_the_first_copy_and_the_end_frees_the_key(
             message="the first run to start",
         )
         # running: still handed back, and the key says so
-        assert u.key_fields(redis_client, "export:7")["state"] == "running"
+        assert u.key_state(app, "export:7")["state"] == "running"
         assert export.delay(7).id == first.id
         assert first.get(timeout=60) == 7
-        u.wait_free(redis_client, "export:7", 10)
+        u.wait_key_free(app, "export:7", 10)
         assert other.get(timeout=30) == 8
         assert [s["task_id"] for s in u.starts(redis_client, "export")].count(first.id) == 1
 
         later = export.delay(7, seconds=0.1)
         assert later.id != first.id
         assert later.get(timeout=30) == 7
-        u.wait_free(redis_client, "export:7", 10)
+        u.wait_key_free(app, "export:7", 10)
     finally:
         app.close()
 

@@ -1,4 +1,5 @@
-"""``overlap_lock`` and ``idempotent`` on real workers (prefork, concurrency 8) and real Redis."""
+"""``overlap_lock`` and ``idempotent`` on real workers (prefork, concurrency 8) and real Redis; the
+exclusion and kill -9 tests also with the locks on PostgreSQL (``coordination_conf``)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
+from celery_safe_time.locks.store import get_lock_store
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -26,11 +29,25 @@ def client_app(redis_url: str) -> Iterator[Celery]:
     app.close()
 
 
+BROKER_AND_COORDINATION = pytest.mark.parametrize(
+    ("broker_url", "coordination_conf"),
+    [("redis", "redis"), ("amqp", "redis"), ("amqp", "postgres"), ("amqp", "postgres-session")],
+    indirect=True,
+)
+
+
+@BROKER_AND_COORDINATION
 def test_per_key_exclusion_with_retry(
-    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+    processes: ProcessManager,
+    redis_client: redis.Redis,
+    broker_url: str,
+    redis_url: str,
+    coordination_conf: dict[str, Any],
 ) -> None:
-    """On Redis and on RabbitMQ: conflicting runs are re-queued (countdowns through the broker)."""
-    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=h.broker_env(broker_url, redis_url))
+    """On Redis and on RabbitMQ: conflicting runs are re-queued (countdowns through the broker).
+    Locks on Redis, or on PostgreSQL (lease rows, session advisory locks) with no Redis setting."""
+    env = h.broker_env(broker_url, redis_url, coordination=coordination_conf)
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=env)
     client_app = h.client_app(redis_url, broker_url)
     results = [client_app.send_task("locks.sync", args=(account, 2.0)) for _ in range(10) for account in (1, 2)]
 
@@ -97,24 +114,37 @@ def test_long_task_keeps_its_lock_through_renewals(
 
 
 def test_kill_9_frees_the_key_within_ttl(
-    processes: ProcessManager, client_app: Celery, redis_client: redis.Redis
+    processes: ProcessManager,
+    client_app: Celery,
+    redis_client: redis.Redis,
+    redis_url: str,
+    coordination_conf: dict[str, Any],
+    make_app: Callable[..., Celery],
 ) -> None:
+    """Redis and PostgreSQL lease rows: the lock expires ``ttl`` after the kill. A PostgreSQL session
+    advisory lock is freed by the server as soon as the killed child's connection closes."""
     ttl = 2.0
-    worker = h.start_worker(processes, ttl=ttl, concurrency=4)
+    env = h.broker_env(redis_url, redis_url, coordination=coordination_conf)
+    store = get_lock_store(make_app(**coordination_conf))
+    worker = h.start_worker(processes, ttl=ttl, concurrency=4, env=env)
     run = client_app.send_task("locks.hold", args=("crash", 60))
     _started(redis_client, run.id)
-    assert _exists(redis_client, "hold:crash")
+    [held] = store.scan("hold:crash")
+    assert held.task_id == run.id
     killed = time.monotonic()
     worker.kill()
-    wait_for(lambda: not _exists(redis_client, "hold:crash"), ttl + 3, message="lock expiry after kill -9")
+    wait_for(lambda: store.token_of("hold:crash") is None, ttl + 3, message="lock freed after kill -9")
     assert time.monotonic() - killed <= ttl + 1.0
     # the key is usable again: a fresh worker takes it with a higher fencing number
-    h.start_worker(processes, name="after-crash", ttl=ttl, concurrency=4)
+    h.start_worker(processes, name="after-crash", ttl=ttl, concurrency=4, env=env)
     again = client_app.send_task("locks.hold", args=("crash", 0.1))
     assert again.get(timeout=30) == "finished"
     # without acks_late the killed run is not redelivered (at most once): only the new run recorded
     assert [r["task_id"] for r in h.runs(redis_client, "hold")] == [again.id]
-    assert h.runs(redis_client, "hold")[0]["fence"] == int(redis_client.get("safe_time:lock-fence:hold:crash") or 0)
+    assert held.fence is not None
+    assert h.runs(redis_client, "hold")[0]["fence"] > held.fence
+    if not coordination_conf:
+        assert h.runs(redis_client, "hold")[0]["fence"] == int(redis_client.get("safe_time:lock-fence:hold:crash") or 0)
 
 
 def test_paused_holder_loses_lock_and_cannot_touch_the_next_holders(
@@ -257,11 +287,19 @@ def test_same_task_id_published_twice_is_two_messages(
     assert actions == {"retry"}
 
 
+@BROKER_AND_COORDINATION
 def test_idempotent_runs_each_key_once(
-    processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
+    processes: ProcessManager,
+    redis_client: redis.Redis,
+    broker_url: str,
+    redis_url: str,
+    coordination_conf: dict[str, Any],
+    make_app: Callable[..., Celery],
 ) -> None:
-    """On Redis and on RabbitMQ: concurrent calls of a key in progress are re-queued, later ones skipped."""
-    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=h.broker_env(broker_url, redis_url))
+    """On Redis and on RabbitMQ: concurrent calls of a key in progress are re-queued, later ones skipped.
+    Markers on Redis, or as PostgreSQL rows (no Redis setting)."""
+    env = h.broker_env(broker_url, redis_url, coordination=coordination_conf)
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, env=env)
     client_app = h.client_app(redis_url, broker_url)
     keys = [(tenant, "2026-11") for tenant in range(10)]
     # 500 at once: many find another run of their key in progress and are re-queued
@@ -279,6 +317,11 @@ def test_idempotent_runs_each_key_once(
     assert len(sent) == 10
     assert sorted(r["key"] for r in sent) == sorted(f"{t}:{p}" for t, p in keys)
     assert len(h.signals(redis_client, "idempotent_skipped")) == 990
+    if coordination_conf:
+        store = get_lock_store(make_app(**coordination_conf))
+        assert all(store.idempotent_done(f"invoice:{t}:{p}") for t, p in keys)
+        client_app.close()
+        return
     # the marker lives for its whole window from when it was written (a loaded machine takes a while
     # to get here, so measure from the marker's own finished_at, on Redis' clock)
     marker = json.loads(redis_client.get("safe_time:idem:invoice:0:2026-11") or b"{}")
@@ -289,20 +332,28 @@ def test_idempotent_runs_each_key_once(
 
 
 def test_idempotent_failed_run_records_nothing(
-    processes: ProcessManager, client_app: Celery, redis_client: redis.Redis
+    processes: ProcessManager,
+    client_app: Celery,
+    redis_client: redis.Redis,
+    redis_url: str,
+    coordination_conf: dict[str, Any],
+    make_app: Callable[..., Celery],
 ) -> None:
-    h.start_worker(processes, ttl=3.0, retry_after=0.3, concurrency=4)
+    env = h.broker_env(redis_url, redis_url, coordination=coordination_conf)
+    store = get_lock_store(make_app(**coordination_conf))
+    h.start_worker(processes, ttl=3.0, retry_after=0.3, concurrency=4, env=env)
     failed = client_app.send_task("locks.invoice", args=(99, "2026-12"), kwargs={"fail": True})
     failed.get(timeout=30, propagate=False)
     assert failed.state == "FAILURE"
-    assert not redis_client.exists("safe_time:idem:invoice:99:2026-12")
-    assert not _exists(redis_client, "idem:invoice:99:2026-12")
+    assert not store.idempotent_done("invoice:99:2026-12")
+    assert store.token_of("idem:invoice:99:2026-12") is None
 
     later = client_app.send_task("locks.invoice", args=(99, "2026-12"))
     assert later.get(timeout=30) == "sent 99:2026-12"
     again = client_app.send_task("locks.invoice", args=(99, "2026-12"))
     assert again.get(timeout=30) is None
     assert [r["outcome"] for r in h.runs(redis_client, "invoice")] == ["failed", "sent"]
+    assert store.idempotent_done("invoice:99:2026-12")
 
 
 def test_redis_unreachable_never_runs_unguarded(

@@ -1,0 +1,270 @@
+"""The lock backend interface: what overlap locks, ``idempotent`` and unique tasks ask of a backend.
+
+One module per backend: :mod:`.redis` (Lua scripts, the default), :mod:`.postgres` (rows on the
+coordination database, ``safe_time_coordination_url``) and :mod:`.memory` (dicts in this process, the
+testing plugin's). Every backend keeps the same rules, which the Redis scripts in ``locks/lua/``
+define: an owner proves itself with a random token; a lock and a unique key expire on the backend's
+own clock unless renewed; fencing numbers only ever grow; an idempotency marker lives for its window
+and a finished-delivery marker for :func:`~celery_safe_time.locks.runtime.done_ttl`.
+
+Names are the Redis key names (``<prefix>lock:<key>`` ...) on every backend, so ``locks list`` and
+the logs read the same whichever one holds them.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Literal
+
+from ... import constants as C
+from ...config import SafeTimeConfig
+from ...redis_client import as_text
+
+AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Who asks for a lock: one delivery of one task message in one process."""
+
+    task_id: str
+    identity: str
+    host: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """The current holder of a lock, as far as the lock's hash says."""
+
+    task_id: str | None
+    host: str | None
+    pid: int | None
+    fence: int | None
+
+    def describe(self) -> str:
+        return f"{self.task_id or '?'} on {self.host or '?'} (pid {self.pid or '?'})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquired:
+    """Result of :meth:`LockBackend.acquire`; ``fence`` is set when ``status == "acquired"``.
+
+    ``took_over`` is True when the lock was already ours (a token of this delivery whose reply was
+    lost): the caller now holds it with the fence that attempt was given.
+    """
+
+    status: AcquireStatus
+    fence: int | None = None
+    holder: Holder | None = None
+    took_over: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """One held lock, for ``locks list`` and ``status``."""
+
+    key: str
+    redis_key: str
+    task_id: str | None
+    host: str | None
+    pid: int | None
+    fence: int | None
+    age: float | None
+    ttl_left: float | None
+    #: ``"overlap"`` (an overlap or in-progress idempotent lock) or ``"unique"`` (a unique task's key).
+    kind: str = "overlap"
+    #: A unique key's state: queued, stored, running or retrying (None for overlap locks).
+    state: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+UniqueStatus = Literal["acquired", "own", "held"]
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueClaim:
+    """Result of :meth:`LockBackend.unique_acquire`; ``holder`` and the rest are set when ``"held"``."""
+
+    status: UniqueStatus
+    holder: str | None = None
+    state: str | None = None
+    #: The holder is a stored delay: its row in the store says whether it is gone.
+    stored: bool = False
+    ttl_left: float | None = None
+
+
+def as_int(value: Any) -> int | None:
+    text = as_text(value)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def as_ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+#: What a lock's holder looks like to the hard-time-limit release: (token, task id, host, pid).
+HolderRecord = tuple[str | None, str | None, str | None, int | None]
+
+
+class LockBackend(abc.ABC):
+    """One app's locks on one backend; ``config`` gives the key prefix."""
+
+    #: A short name for messages and ``status``: ``redis``, ``postgres``, ``memory``.
+    kind: str = "?"
+
+    config: SafeTimeConfig
+
+    # --- key names (the same on every backend) ----------------------------------------------
+    def lock_key(self, key: str) -> str:
+        return self.config.key(C.KEY_LOCK, key=key)
+
+    def fence_key(self, key: str) -> str:
+        return self.config.key(C.KEY_LOCK_FENCE, key=key)
+
+    def marker_key(self, key: str) -> str:
+        return self.config.key(C.KEY_IDEMPOTENT, key=key)
+
+    def done_key(self, key: str, identity: str) -> str:
+        return self.config.key(C.KEY_LOCK_DONE, key=key, identity=identity)
+
+    def unique_key(self, key: str) -> str:
+        return self.config.key(C.KEY_UNIQUE, key=key)
+
+    def user_key(self, redis_key: str) -> str:
+        """``<prefix>lock:<key>`` (``<prefix>lock:{<key>}`` on a cluster) -> ``<key>``."""
+        head = self.config.key_prefix + C.KEY_LOCK.format(key="")
+        if not redis_key.startswith(head):
+            return redis_key
+        rest = redis_key[len(head) :]
+        if not self.config.redis_cluster:
+            return rest
+        namespace = C.IDEMPOTENT_LOCK_NAMESPACE if rest.startswith(C.IDEMPOTENT_LOCK_NAMESPACE + "{") else ""
+        tagged = rest[len(namespace) :]
+        if tagged.startswith("{") and tagged.endswith("}"):
+            inner = tagged[1:-1]
+            return namespace + (inner[1:] if inner.startswith(C.CLUSTER_TAG_ESCAPE) else inner)
+        return rest
+
+    def describe(self) -> str:
+        """Where the locks live, for error messages: the backend, its URL (masked) and its setting."""
+        return self.kind
+
+    # --- ownership ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        """Take ``key`` unless it is held (or, with ``marker``, unless that idempotency key is recorded).
+
+        ``status`` is ``"finished"`` when ``owner.identity`` already ran to its end, ``"duplicate"``
+        when the lock is held by that same delivery (a redelivered copy of a running message), and
+        ``"acquired"`` also when the lock holds ``token`` or one of ``earlier_tokens`` (attempts of
+        this delivery whose reply was lost): the lock is taken over with its fence.
+        """
+
+    @abc.abstractmethod
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        """Extend the lock to ``ttl`` from now if ``token`` still owns it."""
+
+    @abc.abstractmethod
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        """Delete the lock if ``token`` still owns it; False when it expired or has another owner.
+
+        ``finished`` = (identity, ttl, task id) also records that delivery as ended for ``ttl``
+        seconds, whether or not the lock was still ours.
+        """
+
+    @abc.abstractmethod
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released).
+
+        ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
+        ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
+        """
+
+    @abc.abstractmethod
+    def token_of(self, key: str) -> str | None:
+        """The token that holds ``key`` now (None: free)."""
+
+    @abc.abstractmethod
+    def idempotent_done(self, key: str) -> bool:
+        """Whether an ``idempotent`` key has run (its marker is within its window)."""
+
+    @abc.abstractmethod
+    def holder_record(self, key: str) -> HolderRecord | None:
+        """(token, task id, host, pid) of ``key``'s holder, or None when it is free."""
+
+    # --- unique task keys -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def unique_acquire(
+        self,
+        key: str,
+        task_id: str,
+        ttl: float,
+        state: str,
+        *,
+        stored: bool | None,
+        host: str,
+        gone: str | None = None,
+        own: bool = False,
+    ) -> UniqueClaim:
+        """Take the unique ``key`` for ``task_id`` unless another task holds it.
+
+        ``gone``: a holder the caller found gone (its stored row ended): replaced if it still holds
+        the key. ``own``: ``task_id`` is the caller itself (its retry, or its run starting): a key it
+        holds is refreshed (``state``, ``ttl``; ``stored`` unless None) instead of conflicting.
+        """
+
+    @abc.abstractmethod
+    def unique_release(self, key: str, task_id: str) -> bool:
+        """Delete the unique ``key`` if ``task_id`` holds it."""
+
+    @abc.abstractmethod
+    def unique_info(self, key: str, now: float) -> LockInfo | None:
+        """The unique ``key``'s holder as ``locks list`` shows it, or None when it is free."""
+
+    @abc.abstractmethod
+    def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        """Held unique keys matching ``pattern`` (glob over the key without ``unique:``)."""
+
+    @abc.abstractmethod
+    def force_release_unique(self, key: str) -> LockInfo | None:
+        """Delete the unique ``key`` whoever holds it (operator action); returns what was released."""
+
+    # --- operator view ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def info(self, redis_key: str, now: float) -> LockInfo | None:
+        """The lock stored under ``redis_key`` (a full key name), or None when it is gone."""
+
+    @abc.abstractmethod
+    def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        """Held locks whose key matches ``pattern`` (glob), sorted by key."""
+
+    @abc.abstractmethod
+    def force_release(self, key: str) -> LockInfo | None:
+        """Delete ``key``'s lock whoever holds it (operator action); returns what was released."""
+
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing of their own
+        """Give back what this backend holds (connections); the default holds nothing."""

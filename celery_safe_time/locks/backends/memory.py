@@ -1,0 +1,284 @@
+"""Overlap locks, idempotency markers and unique keys on dicts in this process: the testing
+plugin's lock store (:func:`celery_safe_time.testing.safe_time_testing`) and the unit tests'.
+
+It follows the Redis scripts' rules (``locks/lua/*.lua``) call for call; the backend behaviour tests
+run it beside Redis and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import threading
+import time
+from typing import Any
+
+from ... import constants as C
+from ...config import SafeTimeConfig
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim
+
+
+@dataclasses.dataclass
+class _Lock:
+    token: str
+    task_id: str
+    identity: str
+    host: str
+    pid: int
+    fence: int
+    acquired_at: float
+    expires: float
+
+
+@dataclasses.dataclass
+class _Unique:
+    task_id: str
+    state: str
+    stored: bool
+    host: str
+    created_at: float
+    expires: float
+
+
+class MemoryLockStore(LockBackend):
+    """The lock scripts' rules (``locks/lua/*.lua``) on dicts in this process, for tests.
+
+    Expiry follows ``clock`` (``time.time`` by default); fencing numbers start at the clock in
+    microseconds, as the acquire script seeds them.
+    """
+
+    kind = "memory"
+
+    def __init__(self, config: SafeTimeConfig, clock: Any = time.time) -> None:
+        self.config = config
+        self._clock = clock
+        self._mutex = threading.RLock()
+        self._locks: dict[str, _Lock] = {}
+        self._fences: dict[str, int] = {}
+        self._markers: dict[str, tuple[float, str, str]] = {}  # marker key -> (expires, task id, token)
+        self._done: dict[str, float] = {}  # finished-delivery key -> expires
+        self._unique: dict[str, _Unique] = {}  # unique task key -> holder
+
+    def _live(self, key: str) -> _Lock | None:
+        lock = self._locks.get(key)
+        if lock is not None and lock.expires <= self._clock():
+            del self._locks[key]
+            return None
+        return lock
+
+    def _alive(self, table: dict[str, Any], key: str) -> bool:
+        entry = table.get(key)
+        if entry is None:
+            return False
+        expires = entry[0] if isinstance(entry, tuple) else entry
+        if expires <= self._clock():
+            del table[key]
+            return False
+        return True
+
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        with self._mutex:
+            now = self._clock()
+            if marker is not None and self._alive(self._markers, self.marker_key(marker)):
+                return Acquired("done")
+            if self._alive(self._done, self.done_key(key, owner.identity)):
+                return Acquired("finished")
+            lock_key = self.lock_key(key)
+            current = self._live(lock_key)
+            if current is not None:
+                if current.token == token or current.token in earlier_tokens:
+                    self._locks[lock_key] = dataclasses.replace(
+                        current,
+                        token=token,
+                        task_id=owner.task_id,
+                        identity=owner.identity,
+                        host=owner.host,
+                        pid=owner.pid,
+                        expires=now + ttl,
+                    )
+                    return Acquired("acquired", fence=current.fence, took_over=True)
+                holder = Holder(task_id=current.task_id, host=current.host, pid=current.pid, fence=current.fence)
+                return Acquired("duplicate" if current.identity == owner.identity else "held", holder=holder)
+            fence_key = self.fence_key(key)
+            fence = self._fences.get(fence_key, int(now * 1_000_000)) + 1
+            self._fences[fence_key] = fence
+            self._locks[lock_key] = _Lock(
+                token, owner.task_id, owner.identity, owner.host, owner.pid, fence, now, now + ttl
+            )
+            return Acquired("acquired", fence=fence)
+
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        with self._mutex:
+            lock = self._live(self.lock_key(key))
+            if lock is None or lock.token != token:
+                return False
+            lock.expires = self._clock() + ttl
+            return True
+
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        with self._mutex:
+            if finished is not None:
+                identity, ttl, _task_id = finished
+                self._done[self.done_key(key, identity)] = self._clock() + ttl
+            return self._drop(key, token)
+
+    def _drop(self, key: str, token: str) -> bool:
+        lock_key = self.lock_key(key)
+        lock = self._live(lock_key)
+        if lock is None or lock.token != token:
+            return False
+        del self._locks[lock_key]
+        return True
+
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        with self._mutex:
+            marker_key = self.marker_key(marker)
+            if self._alive(self._markers, marker_key):
+                recorded = self._markers[marker_key][2] == token
+            else:
+                self._markers[marker_key] = (self._clock() + window, task_id, token)
+                recorded = True
+            if finished is not None:
+                identity, done_ttl = finished
+                self._done[self.done_key(lock, identity)] = self._clock() + done_ttl
+            return recorded, self._drop(lock, token)
+
+    def token_of(self, key: str) -> str | None:
+        with self._mutex:
+            lock = self._live(self.lock_key(key))
+            return lock.token if lock is not None else None
+
+    def holder_record(self, key: str) -> HolderRecord | None:
+        with self._mutex:
+            lock = self._live(self.lock_key(key))
+            return (lock.token, lock.task_id, lock.host, lock.pid) if lock is not None else None
+
+    def info(self, redis_key: str, now: float) -> LockInfo | None:
+        with self._mutex:
+            lock = self._live(redis_key)
+            if lock is None:
+                return None
+            return LockInfo(
+                key=self.user_key(redis_key),
+                redis_key=redis_key,
+                task_id=lock.task_id,
+                host=lock.host,
+                pid=lock.pid,
+                fence=lock.fence,
+                age=round(now - lock.acquired_at, 3),
+                ttl_left=round(lock.expires - now, 3),
+            )
+
+    def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        now = self._clock()
+        with self._mutex:
+            keys = [k for k in list(self._locks) if fnmatch.fnmatchcase(k, self.lock_key(pattern))]
+            found = [info for info in (self.info(k, now) for k in keys) if info is not None]
+        found.sort(key=lambda i: i.key)
+        return found[:limit] if limit is not None else found
+
+    def force_release(self, key: str) -> LockInfo | None:
+        with self._mutex:
+            info = self.info(self.lock_key(key), self._clock())
+            self._locks.pop(self.lock_key(key), None)
+            return info
+
+    # --- unique task keys (``unique_acquire.lua`` / ``unique_release.lua``) ----------------------
+    def _live_unique(self, key: str) -> _Unique | None:
+        held = self._unique.get(key)
+        if held is not None and held.expires <= self._clock():
+            del self._unique[key]
+            return None
+        return held
+
+    def unique_acquire(
+        self,
+        key: str,
+        task_id: str,
+        ttl: float,
+        state: str,
+        *,
+        stored: bool | None,
+        host: str,
+        gone: str | None = None,
+        own: bool = False,
+    ) -> UniqueClaim:
+        with self._mutex:
+            now = self._clock()
+            held = self._live_unique(key)
+            if held is not None:
+                if held.task_id == task_id and own:
+                    held.state, held.host, held.expires = state, host, now + ttl
+                    if stored is not None:
+                        held.stored = stored
+                    return UniqueClaim("own")
+                if gone is None or held.task_id != gone:
+                    return UniqueClaim(
+                        "held", holder=held.task_id, state=held.state, stored=held.stored, ttl_left=held.expires - now
+                    )
+            self._unique[key] = _Unique(task_id, state, bool(stored), host, now, now + ttl)
+            return UniqueClaim("acquired")
+
+    def unique_release(self, key: str, task_id: str) -> bool:
+        with self._mutex:
+            held = self._live_unique(key)
+            if held is None or held.task_id != task_id:
+                return False
+            del self._unique[key]
+            return True
+
+    def unique_info(self, key: str, now: float) -> LockInfo | None:
+        with self._mutex:
+            held = self._live_unique(key)
+            if held is None:
+                return None
+            return LockInfo(
+                key=C.UNIQUE_LIST_PREFIX + key,
+                redis_key=self.unique_key(key),
+                task_id=held.task_id,
+                host=held.host,
+                pid=None,
+                fence=None,
+                age=round(now - held.created_at, 3),
+                ttl_left=round(held.expires - now, 3),
+                kind="unique",
+                state=held.state,
+            )
+
+    def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        with self._mutex:
+            now = self._clock()
+            found = [
+                info
+                for key in sorted(self._unique)
+                if fnmatch.fnmatchcase(key, pattern) and (info := self.unique_info(key, now)) is not None
+            ]
+            return found[:limit] if limit is not None else found
+
+    def force_release_unique(self, key: str) -> LockInfo | None:
+        with self._mutex:
+            info = self.unique_info(key, self._clock())
+            self._unique.pop(key, None)
+            return info
+
+    def idempotent_done(self, key: str) -> bool:
+        """Whether an ``idempotent`` key has run (its marker is within its window)."""
+        with self._mutex:
+            return self._alive(self._markers, self.marker_key(key))

@@ -1,0 +1,852 @@
+"""Overlap locks, idempotency markers and unique keys as PostgreSQL rows (``safe_time_coordination_url``).
+
+Three tables and one sequence, created on first use (``CREATE ... IF NOT EXISTS`` under a transaction
+advisory lock, so processes starting together do not race):
+
+- ``safe_time_lock``: one row per held lock (``name`` = the Redis key name ``<prefix>lock:<key>``),
+  with the holder's ``token`` (never shown), ``task_id``, ``identity``, ``host``, ``pid``, ``fence``,
+  ``acquired_at``, ``renewed_at`` and ``expires_at``. Every time is the database's ``now()``: a
+  worker's clock never decides whether a lock has expired.
+- ``safe_time_lock_marker``: idempotency markers (``<prefix>idem:<key>``, kept for their window) and
+  finished-delivery markers (``<prefix>lock-done:<key>:<identity>``), each with ``expires_at``.
+- ``safe_time_unique``: unique task keys (``<prefix>unique:<key>``): holder task id, state, stored.
+- ``safe_time_lock_fence``: the fencing numbers of every key; a sequence never goes back, so fences
+  grow per key across holders and restarts (it starts at the creation time in microseconds, above
+  the fences a Redis backend handed out before a switch).
+
+The multi-step rules of the Redis scripts (``locks/lua/*.lua``) are PL/pgSQL functions (``*_v<N>``),
+so acquire, renew, release and commit are each one statement, one round trip, on an autocommit
+connection. Expired rows are replaced when their name is taken again, and a process deletes expired
+rows at most every ``PG_LOCK_PURGE_INTERVAL`` seconds.
+
+Two ways to hold an overlap lock (``safe_time_coordination_locks``):
+
+- ``lease`` (the default, :class:`PostgresLockStore`): the row expires ``ttl`` after its last
+  renewal, and the watchdog renews it as on Redis. A killed holder's lock is free when its lease runs
+  out. Works behind PgBouncer in transaction mode.
+- ``session`` (:class:`PostgresSessionLockStore`): ``pg_try_advisory_lock`` on a connection held for
+  the task's run; the row only describes the holder. PostgreSQL frees the lock as soon as the holder's
+  connection dies (kill -9, a hard time limit), but a holder that hangs keeps it (no expiry), the run
+  holds one more connection, and it does NOT work behind PgBouncer in transaction mode (the session
+  is not the client's).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from ... import constants as C
+from ...config import SafeTimeConfig, mask_url
+from ...coordination import coordination_engine, postgres_url
+from ...exceptions import CoordinationUnavailable
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+V = C.PG_LOCK_SCHEMA_VERSION
+
+#: Serializes schema creation between processes (a transaction advisory lock, any constant key).
+_SCHEMA_LOCK_KEY = 0x5AFE7140C4
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS safe_time_lock (
+    name text PRIMARY KEY,
+    token text NOT NULL,
+    task_id text,
+    identity text,
+    host text,
+    pid integer,
+    fence bigint NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    renewed_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS safe_time_lock_expires ON safe_time_lock (expires_at);
+CREATE TABLE IF NOT EXISTS safe_time_lock_marker (
+    name text PRIMARY KEY,
+    task_id text,
+    token text,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS safe_time_lock_marker_expires ON safe_time_lock_marker (expires_at);
+CREATE TABLE IF NOT EXISTS safe_time_unique (
+    name text PRIMARY KEY,
+    task_id text NOT NULL,
+    state text,
+    stored boolean NOT NULL DEFAULT false,
+    host text,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS safe_time_unique_expires ON safe_time_unique (expires_at);
+DO $$ BEGIN
+    IF to_regclass('safe_time_lock_fence') IS NULL THEN
+        EXECUTE 'CREATE SEQUENCE safe_time_lock_fence AS bigint START WITH '
+            || ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text;
+    END IF;
+END $$;
+"""
+
+# The acquire rules of acquire.lua. Returns (status, fence, own, holder task id, host, pid).
+# ``p_session``: the lock itself is a session advisory lock on this connection (taken here); the row
+# only describes its holder, and a row whose advisory lock nobody holds is stale.
+_FUNCTIONS = """
+CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v1(
+    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
+    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
+RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur safe_time_lock%ROWTYPE;
+    new_fence bigint;
+    expires timestamptz := CASE WHEN p_session THEN 'infinity'::timestamptz
+                                ELSE now() + p_ttl_ms * interval '1 millisecond' END;
+BEGIN
+    IF p_marker IS NOT NULL AND EXISTS (
+        SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
+        RETURN QUERY SELECT 'done'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_done AND m.expires_at > now()) THEN
+        RETURN QUERY SELECT 'finished'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
+        RETURN;
+    END IF;
+    IF p_session AND NOT pg_try_advisory_lock(hashtextextended(p_name, 0)) THEN
+        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name;
+        RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
+            cur.fence, false, cur.task_id, cur.host, cur.pid;
+        RETURN;
+    END IF;
+    LOOP
+        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
+        IF FOUND THEN
+            IF p_session OR cur.expires_at > now() THEN
+                IF cur.token = p_token OR cur.token = ANY(p_earlier) THEN
+                    -- Our own token (a lost reply): nobody ran under it; take it over, same fence.
+                    UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity,
+                        host = p_host, pid = p_pid, renewed_at = now(), expires_at = expires
+                    WHERE name = p_name;
+                    RETURN QUERY SELECT 'acquired'::text, cur.fence, true, NULL::text, NULL::text, NULL::integer;
+                    RETURN;
+                END IF;
+                IF NOT p_session THEN
+                    RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
+                        cur.fence, false, cur.task_id, cur.host, cur.pid;
+                    RETURN;
+                END IF;
+            END IF;
+            -- Expired (or, in session mode, left behind by a session that ended): a new holder.
+            new_fence := nextval('safe_time_lock_fence');
+            UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
+                pid = p_pid, fence = new_fence, acquired_at = now(), renewed_at = now(), expires_at = expires
+            WHERE name = p_name;
+            RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
+            RETURN;
+        END IF;
+        new_fence := nextval('safe_time_lock_fence');
+        INSERT INTO safe_time_lock
+            (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
+        VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, new_fence, now(), now(), expires)
+        ON CONFLICT (name) DO NOTHING;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
+            RETURN;
+        END IF;
+        -- Another acquirer inserted the row meanwhile: read it (this statement sees its commit).
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION safe_time_lock_commit_v1(
+    p_lock text, p_marker text, p_token text, p_window_ms bigint, p_task_id text, p_done text,
+    p_done_ms bigint, p_session boolean)
+RETURNS TABLE (recorded boolean, released boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    is_recorded boolean;
+    is_released boolean;
+BEGIN
+    -- The marker is written even when the lock was lost meanwhile: the body did succeed, and the
+    -- first live marker is kept. One holding our own token counts as recorded (a retried commit).
+    INSERT INTO safe_time_lock_marker (name, task_id, token, created_at, expires_at)
+    VALUES (p_marker, p_task_id, p_token, now(), now() + p_window_ms * interval '1 millisecond')
+    ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, token = EXCLUDED.token,
+        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+    WHERE safe_time_lock_marker.expires_at <= now();
+    is_recorded := FOUND;
+    IF NOT is_recorded THEN
+        SELECT m.token = p_token INTO is_recorded FROM safe_time_lock_marker m WHERE m.name = p_marker;
+    END IF;
+    IF p_done IS NOT NULL THEN
+        INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)
+        VALUES (p_done, p_task_id, now(), now() + p_done_ms * interval '1 millisecond')
+        ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,
+            expires_at = EXCLUDED.expires_at;
+    END IF;
+    DELETE FROM safe_time_lock WHERE name = p_lock AND token = p_token AND (p_session OR expires_at > now());
+    is_released := FOUND;
+    RETURN QUERY SELECT coalesce(is_recorded, false), is_released;
+END $$;
+
+CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v1(
+    p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
+    p_gone text, p_own boolean)
+RETURNS TABLE (status text, h_task_id text, h_state text, h_stored boolean, ms_left bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur safe_time_unique%ROWTYPE;
+    expires timestamptz := now() + p_ttl_ms * interval '1 millisecond';
+BEGIN
+    LOOP
+        SELECT * INTO cur FROM safe_time_unique u WHERE u.name = p_name FOR UPDATE;
+        IF FOUND THEN
+            IF cur.expires_at > now() THEN
+                IF cur.task_id = p_task_id AND p_own THEN
+                    UPDATE safe_time_unique SET state = p_state, host = p_host, updated_at = now(),
+                        expires_at = expires, stored = coalesce(p_stored, stored)
+                    WHERE name = p_name;
+                    RETURN QUERY SELECT 'own'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
+                    RETURN;
+                END IF;
+                IF p_gone IS NULL OR cur.task_id <> p_gone THEN
+                    RETURN QUERY SELECT 'held'::text, cur.task_id, cur.state, cur.stored,
+                        (extract(epoch FROM cur.expires_at - now()) * 1000)::bigint;
+                    RETURN;
+                END IF;
+            END IF;
+            UPDATE safe_time_unique SET task_id = p_task_id, state = p_state, stored = coalesce(p_stored, false),
+                host = p_host, created_at = now(), updated_at = now(), expires_at = expires
+            WHERE name = p_name;
+            RETURN QUERY SELECT 'acquired'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
+            RETURN;
+        END IF;
+        INSERT INTO safe_time_unique (name, task_id, state, stored, host, created_at, updated_at, expires_at)
+        VALUES (p_name, p_task_id, p_state, coalesce(p_stored, false), p_host, now(), now(), expires)
+        ON CONFLICT (name) DO NOTHING;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'acquired'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
+            RETURN;
+        END IF;
+    END LOOP;
+END $$;
+"""
+
+_ACQUIRE = sa.text(
+    "SELECT * FROM safe_time_lock_acquire_v1(:name, :done, :marker, :token, :ttl_ms, :task_id, :host,"
+    " :pid, :identity, CAST(:earlier AS text[]), :session)"
+)
+_RENEW = sa.text(
+    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + :ttl_ms * interval '1 millisecond'"
+    " WHERE name = :name AND token = :token AND expires_at > now()"
+)
+# A release commits without waiting for its WAL flush (``synchronous_commit`` off for that one
+# transaction): a database crash can forget at most the last fraction of a second of releases, and a
+# forgotten release only keeps the lock until its lease runs out. Acquire, renew, the idempotency
+# commit and unique keys wait for the flush: forgetting those could let two holders in.
+# (The SQL is literal text, table names included: no statement here is built from strings.)
+_RELEASE = sa.text(
+    "DELETE FROM safe_time_lock USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    " WHERE name = :name AND token = :token AND expires_at > now()"
+)
+_RELEASE_FINISHED = sa.text(
+    "WITH done AS (INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)"
+    " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
+    " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
+    " expires_at = EXCLUDED.expires_at)"
+    " DELETE FROM safe_time_lock USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    " WHERE name = :name AND token = :token AND expires_at > now() RETURNING 1"
+)
+_COMMIT = sa.text(
+    "SELECT * FROM safe_time_lock_commit_v1(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
+)
+_HOLDER = sa.text("SELECT token, task_id, host, pid FROM safe_time_lock WHERE name = :name AND expires_at > now()")
+# Columns of a held lock, as _lock_info reads them: name, task_id, host, pid, fence, age, ttl left.
+_INFO = sa.text(
+    "SELECT name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
+    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END"
+    " FROM safe_time_lock WHERE name = :name AND expires_at > now()"
+)
+_SCAN = sa.text(
+    "SELECT name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
+    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END"
+    " FROM safe_time_lock WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
+)
+_FORCE_RELEASE = sa.text(
+    "DELETE FROM safe_time_lock WHERE name = :name RETURNING name, task_id, host, pid, fence,"
+    " extract(epoch FROM now() - acquired_at)::float8,"
+    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END,"
+    " expires_at > now()"
+)
+_UNIQUE_ACQUIRE = sa.text(
+    "SELECT * FROM safe_time_unique_acquire_v1(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)"
+)
+_UNIQUE_RELEASE = sa.text(
+    "DELETE FROM safe_time_unique WHERE name = :name AND task_id = :task_id AND expires_at > now()"
+)
+# Columns of a unique key, as _unique_info reads them: name, task_id, host, state, age, ttl left.
+_UNIQUE_INFO = sa.text(
+    "SELECT name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
+    " extract(epoch FROM expires_at - now())::float8 FROM safe_time_unique WHERE name = :name AND expires_at > now()"
+)
+_UNIQUE_SCAN = sa.text(
+    "SELECT name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
+    " extract(epoch FROM expires_at - now())::float8 FROM safe_time_unique"
+    " WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
+)
+_UNIQUE_FORCE = sa.text(
+    "DELETE FROM safe_time_unique WHERE name = :name RETURNING name, task_id, host, state,"
+    " extract(epoch FROM now() - created_at)::float8, extract(epoch FROM expires_at - now())::float8,"
+    " expires_at > now()"
+)
+_MARKER_LIVE = sa.text("SELECT 1 FROM safe_time_lock_marker WHERE name = :name AND expires_at > now()")
+_PURGE = [
+    sa.text(
+        "DELETE FROM safe_time_lock_marker WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock_marker"
+        " WHERE expires_at < now() LIMIT 1000))"
+    ),
+    sa.text(
+        "DELETE FROM safe_time_unique WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_unique"
+        " WHERE expires_at < now() LIMIT 1000))"
+    ),
+    sa.text(
+        "DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock"
+        " WHERE expires_at < now() LIMIT 1000))"
+    ),
+]
+
+#: Errors that mean the database could not be reached (or the connection broke), not a bad statement.
+_UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError)
+
+
+def _like_prefix(pattern: str) -> str:
+    """A LIKE pattern matching every name that starts with ``pattern``'s text before its first glob
+    character (``fnmatch`` then filters exactly)."""
+    literal = pattern
+    for i, char in enumerate(pattern):
+        if char in "*?[":
+            literal = pattern[:i]
+            break
+    escaped = literal.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    return escaped + "%"
+
+
+_schema_ready: set[tuple[int, str]] = set()
+_schema_lock = threading.Lock()
+
+
+class PostgresLockStore(LockBackend):
+    """Lease-row locks on the coordination database: see the module docstring."""
+
+    kind = "postgres"
+    #: Whether overlap locks are session advisory locks (:class:`PostgresSessionLockStore`).
+    session = False
+
+    def __init__(self, config: SafeTimeConfig, engine: sa.Engine | None = None) -> None:
+        self.config = config
+        # Autocommit, no pre-ping: each call is one statement, one round trip; a connection the
+        # pool kept past a database restart fails once and the call is repeated on a new one.
+        self.engine = engine or coordination_engine(config, autocommit=True)
+        self._next_purge = 0.0
+
+    def describe(self) -> str:
+        return f"PostgreSQL {mask_url(str(self.engine.url))}, safe_time_coordination_url"
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def ensure_schema(self) -> None:
+        """Create the tables, sequence and functions unless this database has them (once per process)."""
+        key = (id(self.engine), str(self.engine.url))
+        if key in _schema_ready:
+            return
+        with _schema_lock:
+            if key in _schema_ready:
+                return
+            try:
+                with self.engine.connect() as conn:
+                    present = conn.execute(
+                        sa.text("SELECT to_regproc('safe_time_unique_acquire_v1') IS NOT NULL")
+                    ).scalar_one()
+                    if not present:
+                        conn.execute(sa.text("BEGIN"))
+                        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                        # The driver's own execute: no parameters, so no placeholder parsing of
+                        # ``%ROWTYPE``, and several statements in one simple query.
+                        driver = conn.connection.driver_connection
+                        assert driver is not None
+                        driver.execute(_TABLES)
+                        driver.execute(_FUNCTIONS)
+                        conn.execute(sa.text("COMMIT"))
+                        logger.info("created the PostgreSQL lock tables (schema v%d)", V)
+            except _UNREACHABLE as exc:
+                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            _schema_ready.add(key)
+
+    @contextmanager
+    def _connection(self) -> Iterator[sa.Connection]:
+        self.ensure_schema()
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _run(self, work: Callable[[sa.Connection], T]) -> T:
+        """``work`` on a pooled connection; a connection that broke (a restart since it was pooled)
+        is thrown away and ``work`` runs once more: every call here is safe to repeat (token-checked)."""
+        for attempt in (1, 2):
+            try:
+                with self._connection() as conn:
+                    return work(conn)
+            except sa.exc.DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                if isinstance(exc, _UNREACHABLE):
+                    raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _maybe_purge(self) -> None:
+        now = time.monotonic()
+        if now < self._next_purge:
+            return
+        self._next_purge = now + C.PG_LOCK_PURGE_INTERVAL
+
+        def purge(conn: sa.Connection) -> int:
+            return sum(conn.execute(query).rowcount for query in _PURGE)
+
+        try:
+            purged = self._run(purge)
+        except Exception as exc:  # housekeeping must never fail a task
+            logger.warning("could not purge expired lock rows: %s", exc)
+            return
+        if purged:
+            logger.debug("purged %d expired lock rows", purged)
+
+    # --- ownership ------------------------------------------------------------------------------
+    def _acquire_on(self, conn: sa.Connection, key: str, token: str, ttl: float, owner: Owner,
+                    marker: str | None, earlier_tokens: tuple[str, ...]) -> Acquired:  # fmt: skip
+        row = conn.execute(
+            _ACQUIRE,
+            {
+                "name": self.lock_key(key),
+                "done": self.done_key(key, owner.identity),
+                "marker": self.marker_key(marker) if marker is not None else None,
+                "token": token,
+                "ttl_ms": as_ms(ttl),
+                "task_id": owner.task_id,
+                "host": owner.host,
+                "pid": owner.pid,
+                "identity": owner.identity,
+                "earlier": list(earlier_tokens),
+                "session": self.session,
+            },
+        ).one()
+        status, fence, own, task_id, host, pid = row
+        if status == "acquired":
+            return Acquired("acquired", fence=int(fence), took_over=bool(own))
+        if status in ("done", "finished"):
+            return Acquired(status)
+        holder = Holder(task_id=task_id, host=host, pid=pid, fence=fence)
+        return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
+
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        return self._run(lambda conn: self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens))
+
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        params = {"name": self.lock_key(key), "token": token, "ttl_ms": as_ms(ttl)}
+        return bool(self._run(lambda conn: conn.execute(_RENEW, params).rowcount))
+
+    def _release_params(self, key: str, token: str, finished: tuple[str, float, str] | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"name": self.lock_key(key), "token": token}
+        if finished is not None:
+            identity, ttl, task_id = finished
+            params.update(done=self.done_key(key, identity), done_ms=as_ms(ttl), task_id=task_id)
+        return params
+
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        params = self._release_params(key, token, finished)
+        query = _RELEASE if finished is None else _RELEASE_FINISHED
+        released = bool(self._run(lambda conn: conn.execute(query, params).rowcount))
+        self._maybe_purge()
+        return released
+
+    def _commit_params(
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None
+    ) -> dict[str, Any]:
+        done, done_ms = (None, None) if finished is None else (self.done_key(lock, finished[0]), as_ms(finished[1]))
+        return {
+            "lock": self.lock_key(lock),
+            "marker": self.marker_key(marker),
+            "token": token,
+            "window_ms": as_ms(window),
+            "task_id": task_id,
+            "done": done,
+            "done_ms": done_ms,
+            "session": self.session,
+        }
+
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        params = self._commit_params(lock, marker, token, window, task_id, finished)
+        recorded, released = self._run(lambda conn: conn.execute(_COMMIT, params).one())
+        self._maybe_purge()
+        return bool(recorded), bool(released)
+
+    def holder_record(self, key: str) -> HolderRecord | None:
+        row = self._run(lambda conn: conn.execute(_HOLDER, {"name": self.lock_key(key)}).first())
+        if row is None:
+            return None
+        return row[0], row[1], row[2], row[3]
+
+    def token_of(self, key: str) -> str | None:
+        record = self.holder_record(key)
+        return record[0] if record is not None else None
+
+    def idempotent_done(self, key: str) -> bool:
+        """Whether an ``idempotent`` key has run (its marker is within its window)."""
+        name = self.marker_key(key)
+        return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None
+
+    # --- unique task keys -------------------------------------------------------------------------
+    def unique_acquire(
+        self,
+        key: str,
+        task_id: str,
+        ttl: float,
+        state: str,
+        *,
+        stored: bool | None,
+        host: str,
+        gone: str | None = None,
+        own: bool = False,
+    ) -> UniqueClaim:
+        params = {
+            "name": self.unique_key(key),
+            "task_id": task_id,
+            "ttl_ms": as_ms(ttl),
+            "state": state,
+            "stored": stored,
+            "host": host,
+            "gone": gone,
+            "own": own,
+        }
+        status, holder, held_state, held_stored, ms_left = self._run(
+            lambda conn: conn.execute(_UNIQUE_ACQUIRE, params).one()
+        )
+        if status in ("acquired", "own"):
+            return UniqueClaim(status)
+        return UniqueClaim(
+            "held",
+            holder=holder,
+            state=held_state or None,
+            stored=bool(held_stored),
+            ttl_left=ms_left / 1000.0 if ms_left is not None and ms_left >= 0 else None,
+        )
+
+    def unique_release(self, key: str, task_id: str) -> bool:
+        params = {"name": self.unique_key(key), "task_id": task_id}
+        released = bool(self._run(lambda conn: conn.execute(_UNIQUE_RELEASE, params).rowcount))
+        self._maybe_purge()
+        return released
+
+    def _unique_info(self, row: Any) -> LockInfo:
+        name, task_id, host, state, age, ttl_left = row[:6]
+        key = name[len(self.unique_key("")) :]
+        return LockInfo(
+            key=C.UNIQUE_LIST_PREFIX + key,
+            redis_key=name,
+            task_id=task_id,
+            host=host,
+            pid=None,
+            fence=None,
+            age=round(age, 3),
+            ttl_left=round(ttl_left, 3),
+            kind="unique",
+            state=state,
+        )
+
+    def unique_info(self, key: str, now: float) -> LockInfo | None:
+        row = self._run(lambda conn: conn.execute(_UNIQUE_INFO, {"name": self.unique_key(key)}).first())
+        return self._unique_info(row) if row is not None else None
+
+    def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        head = self.unique_key("")
+        like = _like_prefix(head + pattern)
+        rows = self._run(lambda conn: conn.execute(_UNIQUE_SCAN, {"like": like}).all())
+        found = sorted(
+            (self._unique_info(row) for row in rows if fnmatch.fnmatchcase(row[0][len(head) :], pattern)),
+            key=lambda i: i.key,
+        )
+        return found[:limit] if limit is not None else found
+
+    def force_release_unique(self, key: str) -> LockInfo | None:
+        row = self._run(lambda conn: conn.execute(_UNIQUE_FORCE, {"name": self.unique_key(key)}).first())
+        return self._unique_info(row) if row is not None and row[6] else None
+
+    # --- operator view ----------------------------------------------------------------------------
+    def _lock_info(self, row: Any) -> LockInfo:
+        name, task_id, host, pid, fence, age, ttl_left = row[:7]
+        return LockInfo(
+            key=self.user_key(name),
+            redis_key=name,
+            task_id=task_id,
+            host=host,
+            pid=pid,
+            fence=fence,
+            age=round(age, 3),
+            ttl_left=round(ttl_left, 3) if ttl_left is not None else None,
+        )
+
+    def _held_rows(self, rows: list[Any]) -> list[Any]:
+        """Rows whose lock is held: every live row of a lease lock."""
+        return rows
+
+    def info(self, redis_key: str, now: float) -> LockInfo | None:
+        rows = self._held_rows(self._run(lambda conn: list(conn.execute(_INFO, {"name": redis_key}).all())))
+        return self._lock_info(rows[0]) if rows else None
+
+    def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        like = _like_prefix(self.lock_key(pattern))
+        rows = self._held_rows(self._run(lambda conn: list(conn.execute(_SCAN, {"like": like}).all())))
+        found = sorted(
+            (self._lock_info(row) for row in rows if fnmatch.fnmatchcase(self.user_key(row[0]), pattern)),
+            key=lambda i: i.key,
+        )
+        return found[:limit] if limit is not None else found
+
+    def force_release(self, key: str) -> LockInfo | None:
+        rows = self._run(lambda conn: conn.execute(_FORCE_RELEASE, {"name": self.lock_key(key)}).all())
+        held = self._held_rows([row for row in rows if row[7]])
+        return self._lock_info(held[0]) if held else None
+
+    def health(self) -> tuple[float, bool, int]:
+        """(round trip seconds, whether the lock tables exist, held lock rows) without creating anything."""
+        present_query = sa.text("SELECT to_regproc('safe_time_unique_acquire_v1') IS NOT NULL")
+        held_query = sa.text("SELECT count(*) FROM safe_time_lock WHERE expires_at > now()")
+
+        def probe(conn: sa.Connection) -> tuple[float, bool, int]:
+            started = time.perf_counter()
+            present = bool(conn.execute(present_query).scalar_one())
+            rtt = time.perf_counter() - started
+            return rtt, present, int(conn.execute(held_query).scalar_one()) if present else 0
+
+        for attempt in (1, 2):
+            try:
+                with self.engine.connect() as conn:
+                    return probe(conn)
+            except sa.exc.DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        """Nothing of its own: the engine is the process's (:func:`~celery_safe_time.coordination.dispose_engines`)."""
+
+
+_SESSION_RENEW = sa.text("SELECT 1 FROM safe_time_lock WHERE name = :name AND token = :token")
+_SESSION_RELEASE = sa.text(
+    "WITH gone AS (DELETE FROM safe_time_lock WHERE name = :name AND token = :token RETURNING 1)"
+    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
+)
+_SESSION_RELEASE_FINISHED = sa.text(
+    "WITH done AS (INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)"
+    " VALUES (:done, :task_id, now(), now() + :done_ms * interval '1 millisecond')"
+    " ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,"
+    " expires_at = EXCLUDED.expires_at),"
+    " gone AS (DELETE FROM safe_time_lock WHERE name = :name AND token = :token RETURNING 1)"
+    " SELECT (SELECT count(*) FROM gone), pg_advisory_unlock_all(), set_config('synchronous_commit', 'off', true)"
+)
+_SESSION_COMMIT = sa.text(
+    "SELECT recorded, released, pg_advisory_unlock_all()"
+    " FROM safe_time_lock_commit_v1(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, true)"
+)
+# Rows whose advisory lock some session holds (pg_locks shows a bigint key as classid, objid).
+_ADVISORY_HELD = sa.text(
+    "SELECT name FROM unnest(CAST(:names AS text[])) AS name WHERE EXISTS (SELECT 1 FROM pg_locks"
+    " WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND database = (SELECT oid FROM pg_database"
+    " WHERE datname = current_database())"
+    " AND classid = ((hashtextextended(name, 0) >> 32) & 4294967295)::oid"
+    " AND objid = (hashtextextended(name, 0) & 4294967295)::oid)"
+)
+
+
+class PostgresSessionLockStore(PostgresLockStore):
+    """Overlap locks as session advisory locks (``safe_time_coordination_locks = "session"``).
+
+    The acquiring call checks a connection out of the pool and keeps it until the lock is released:
+    the lock is that connection's session, and PostgreSQL drops it the moment the connection dies.
+    Renewing checks that the connection is alive and the row is still ours; ``ttl`` plays no part.
+    Markers and unique keys are rows, as in lease mode.
+    """
+
+    session = True
+
+    def __init__(self, config: SafeTimeConfig, engine: sa.Engine | None = None) -> None:
+        super().__init__(config, engine)
+        self._held: dict[tuple[str, str], sa.Connection] = {}
+        self._held_lock = threading.Lock()
+
+    def _checkout(self) -> sa.Connection:
+        self.ensure_schema()
+        try:
+            return self.engine.connect()
+        except _UNREACHABLE as exc:
+            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+        except sa.exc.TimeoutError as exc:
+            # Every pooled connection holds a lock of this process: as good as unreachable (re-queue).
+            raise CoordinationUnavailable(
+                f"{self.describe()}: no free connection for another session lock"
+                f" ({C.COORDINATION_POOL_SIZE + C.COORDINATION_POOL_OVERFLOW} held by this process): {exc}"
+            ) from exc
+
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        # Our own token already holds it on one of this process's sessions (a retried call): ask on
+        # that session, where the advisory lock is ours and the row's token makes it a take-over.
+        # An earlier attempt in another process whose reply was lost closed its session (see below),
+        # so its lock is free and the row's token is taken over the same way.
+        with self._held_lock:
+            mine = next((t for t in (token, *earlier_tokens) if (key, t) in self._held), None)
+            conn = self._held.pop((key, mine)) if mine is not None else None
+        if conn is None:
+            conn = self._checkout()
+        try:
+            acquired = self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens)
+        except _UNREACHABLE as exc:
+            conn.invalidate()
+            conn.close()
+            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+        except BaseException:
+            conn.invalidate()  # whatever it holds dies with the session
+            conn.close()
+            raise
+        if acquired.status != "acquired":
+            if mine is not None:
+                conn.invalidate()  # it held the lock: closing the session frees it
+            conn.close()
+            return acquired
+        with self._held_lock:
+            self._held[(key, token)] = conn
+        return acquired
+
+    def _take(self, key: str, token: str) -> sa.Connection | None:
+        with self._held_lock:
+            return self._held.pop((key, token), None)
+
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        with self._held_lock:
+            conn = self._held.get((key, token))
+        if conn is None:
+            return False
+        try:
+            return conn.execute(_SESSION_RENEW, {"name": self.lock_key(key), "token": token}).first() is not None
+        except sa.exc.DBAPIError as exc:
+            # The session is gone, and its advisory lock with it: lost, not merely unreachable.
+            logger.warning("overlap lock %r: its PostgreSQL session ended: %s", key, exc)
+            return False
+
+    def _finish(self, key: str, token: str, work: Callable[[sa.Connection], T], fallback: Callable[[], T]) -> T:
+        conn = self._take(key, token)
+        if conn is None:
+            # Not held here (a hard-limit release from the worker's main process): the session that
+            # held it has ended with its process; only the row is left to delete.
+            return fallback()
+        try:
+            result = work(conn)
+        except sa.exc.DBAPIError as exc:
+            conn.invalidate()  # closing the session frees its advisory lock
+            conn.close()
+            if isinstance(exc, _UNREACHABLE):
+                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            raise
+        conn.close()
+        self._maybe_purge()
+        return result
+
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        params = self._release_params(key, token, finished)
+        query = _SESSION_RELEASE if finished is None else _SESSION_RELEASE_FINISHED
+        return self._finish(
+            key,
+            token,
+            lambda conn: bool(conn.execute(query, params).first()[0]),  # type: ignore[index]
+            lambda: bool(self._run(lambda conn: conn.execute(query, params).first()[0])),  # type: ignore[index]
+        )
+
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        params = self._commit_params(lock, marker, token, window, task_id, finished)
+
+        def work(conn: sa.Connection) -> tuple[bool, bool]:
+            recorded, released, _ = conn.execute(_SESSION_COMMIT, params).one()
+            return bool(recorded), bool(released)
+
+        return self._finish(lock, token, work, lambda: self._run(work))
+
+    def _held_rows(self, rows: list[Any]) -> list[Any]:
+        """A row whose advisory lock no session holds is left from a holder that died: not held."""
+        if not rows:
+            return rows
+        names = [row[0] for row in rows]
+        held = set(self._run(lambda conn: conn.execute(_ADVISORY_HELD, {"names": names}).scalars().all()))
+        return [row for row in rows if row[0] in held]
+
+    def holder_record(self, key: str) -> HolderRecord | None:
+        record = super().holder_record(key)
+        if record is None or not self._held_rows([(self.lock_key(key),)]):
+            return None
+        return record
+
+    def close(self) -> None:
+        with self._held_lock:
+            held, self._held = list(self._held.values()), {}
+        for conn in held:
+            conn.invalidate()
+            conn.close()
+
+
+def postgres_lock_store(config: SafeTimeConfig) -> PostgresLockStore:
+    """The PostgreSQL backend ``config`` asks for (``safe_time_coordination_locks``)."""
+    postgres_url(config)  # a Django store that is not PostgreSQL fails here, naming the setting
+    if config.coordination_locks == C.PG_LOCK_MODE_SESSION:
+        return PostgresSessionLockStore(config)
+    return PostgresLockStore(config)

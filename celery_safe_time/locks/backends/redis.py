@@ -1,0 +1,281 @@
+"""Overlap locks in Redis: acquire, renew, release and commit as Lua scripts (``locks/lua/*.lua``)
+comparing a token.
+
+A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random per acquire attempt, never
+shown), ``task_id``, ``identity`` (one delivery of one message: its ``safe_time_attempt`` header,
+kept across our re-queues), ``host``, ``pid``, ``fence``, ``acquired_at``, ``renewed_at`` (Redis
+``TIME``) and ``ttl_ms``; the hash expires after the lock's ttl unless renewed. The fencing number
+comes from ``INCR`` on ``<prefix>lock-fence:<key>``, which never expires; a missing counter (a new
+key, or a Redis that lost its data) is first seeded with Redis ``TIME`` in microseconds, so fences
+keep increasing across holders and across a Redis reset. Every write that assumes ownership checks
+the token inside the script, so a holder whose lock expired can never renew or delete the next
+holder's lock. When a delivery ends, ``<prefix>lock-done:<key>:<identity>`` records it for a while,
+so a late broker redelivery of that very message is dropped instead of run again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import redis
+
+from ... import constants as C
+from ...config import SafeTimeConfig, mask_url
+from ...redis_client import as_text, load_script
+from .base import (
+    Acquired,
+    Holder,
+    HolderRecord,
+    LockBackend,
+    LockInfo,
+    Owner,
+    UniqueClaim,
+    as_int,
+    as_ms,
+)
+
+#: The scripts live in ``celery_safe_time/locks/lua/`` (package data of ``celery_safe_time.locks``).
+SCRIPTS = ("acquire", "renew", "release", "commit", "unique_acquire", "unique_release")
+SCRIPT_PACKAGE = "celery_safe_time.locks"
+
+
+class RedisLockStore(LockBackend):
+    """The lock scripts bound to one Redis client and one app's key prefix."""
+
+    kind = "redis"
+
+    def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
+        self.client = client
+        self.config = config
+        scripts = {name: client.register_script(load_script(SCRIPT_PACKAGE, name)) for name in SCRIPTS}
+        self._acquire = scripts["acquire"]
+        self._renew = scripts["renew"]
+        self._release = scripts["release"]
+        self._commit = scripts["commit"]
+        self._unique_acquire = scripts["unique_acquire"]
+        self._unique_release = scripts["unique_release"]
+
+    # --- ownership scripts -----------------------------------------------------
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        """Take ``key`` unless it is held (or, with ``marker``, unless that idempotency key is recorded).
+
+        ``status`` is ``"finished"`` when ``owner.identity`` already ran to its end, ``"duplicate"``
+        when the lock is held by that same delivery (a redelivered copy of a running message), and
+        ``"acquired"`` also when the lock holds ``token`` or one of ``earlier_tokens`` (attempts of
+        this delivery whose reply was lost): the lock is taken over with its fence.
+        """
+        keys = [self.lock_key(key), self.fence_key(key), self.done_key(key, owner.identity)]
+        if marker is not None:
+            keys.append(self.marker_key(marker))
+        args: list[str | int] = [token, as_ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity]
+        args += earlier_tokens
+        reply = self._acquire(keys=keys, args=args)
+        status = as_text(reply[0])
+        if status == "acquired":
+            return Acquired("acquired", fence=int(reply[1]), took_over=as_text(reply[2]) == "own")
+        if status in ("done", "finished"):
+            return Acquired("done" if status == "done" else "finished")
+        holder = Holder(task_id=as_text(reply[1]), host=as_text(reply[2]), pid=as_int(reply[3]), fence=as_int(reply[4]))
+        return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
+
+    def renew(self, key: str, token: str, ttl: float) -> bool:
+        """Extend the lock to ``ttl`` from now if ``token`` still owns it."""
+        return bool(self._renew(keys=[self.lock_key(key)], args=[token, as_ms(ttl)]))
+
+    def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
+        """Delete the lock if ``token`` still owns it; False when it expired or has another owner.
+
+        ``finished`` = (identity, ttl, task id) also records that delivery as ended for ``ttl``
+        seconds, whether or not the lock was still ours.
+        """
+        if finished is None:
+            return bool(self._release(keys=[self.lock_key(key)], args=[token]))
+        identity, ttl, task_id = finished
+        keys = [self.lock_key(key), self.done_key(key, identity)]
+        return bool(self._release(keys=keys, args=[token, as_ms(ttl), task_id]))
+
+    def commit(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released).
+
+        ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
+        ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
+        """
+        keys = [self.lock_key(lock), self.marker_key(marker)]
+        args: list[str | int] = [token, as_ms(window), task_id]
+        if finished is not None:
+            identity, done_ttl = finished
+            keys.append(self.done_key(lock, identity))
+            args.append(as_ms(done_ttl))
+        reply = self._commit(keys=keys, args=args)
+        return bool(int(reply[0])), bool(int(reply[1]))
+
+    def token_of(self, key: str) -> str | None:
+        return as_text(self.client.hget(self.lock_key(key), "token"))
+
+    def idempotent_done(self, key: str) -> bool:
+        return bool(self.client.exists(self.marker_key(key)))
+
+    def holder_record(self, key: str) -> HolderRecord | None:
+        fields = self.client.hmget(self.lock_key(key), ["token", "task_id", "host", "pid"])
+        token, task_id, host, pid = (as_text(v) for v in fields)
+        if token is None:
+            return None
+        return token, task_id, host, as_int(pid)
+
+    def describe(self) -> str:
+        return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"
+
+    # --- operator view ---------------------------------------------------------
+    # --- unique task keys (one key per script call: <prefix>unique:<key>) ------------------------
+    def unique_acquire(
+        self,
+        key: str,
+        task_id: str,
+        ttl: float,
+        state: str,
+        *,
+        stored: bool | None,
+        host: str,
+        gone: str | None = None,
+        own: bool = False,
+    ) -> UniqueClaim:
+        """Take the unique ``key`` for ``task_id`` unless another task holds it.
+
+        ``gone``: a holder the caller found gone (its stored row ended): replaced if it still holds
+        the key. ``own``: ``task_id`` is the caller itself (its retry, or its run starting): a key it
+        holds is refreshed (``state``, ``ttl``; ``stored`` unless None) instead of conflicting.
+        """
+        flag = "" if stored is None else ("1" if stored else "0")
+        args: list[str | int] = [task_id, as_ms(ttl), state, flag, host, gone or "", "1" if own else "0"]
+        reply = self._unique_acquire(keys=[self.unique_key(key)], args=args)
+        status = as_text(reply[0])
+        if status == "acquired":
+            return UniqueClaim("acquired")
+        if status == "own":
+            return UniqueClaim("own")
+        pttl = int(reply[4])
+        return UniqueClaim(
+            "held",
+            holder=as_text(reply[1]),
+            state=as_text(reply[2]) or None,
+            stored=as_text(reply[3]) == "1",
+            ttl_left=pttl / 1000.0 if pttl >= 0 else None,
+        )
+
+    def unique_release(self, key: str, task_id: str) -> bool:
+        """Delete the unique ``key`` if ``task_id`` holds it."""
+        return bool(self._unique_release(keys=[self.unique_key(key)], args=[task_id]))
+
+    def unique_info(self, key: str, now: float) -> LockInfo | None:
+        """The unique ``key``'s holder as ``locks list`` shows it, or None when it is free."""
+        redis_key = self.unique_key(key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(redis_key, ["task_id", "host", "state", "created_at"])
+        pipe.pttl(redis_key)
+        fields, pttl = pipe.execute()
+        if pttl == -2 or not any(fields):
+            return None
+        task_id, host, state, created_at = (as_text(v) for v in fields)
+        return LockInfo(
+            key=C.UNIQUE_LIST_PREFIX + key,
+            redis_key=redis_key,
+            task_id=task_id,
+            host=host,
+            pid=None,
+            fence=None,
+            age=round(now - float(created_at), 3) if created_at else None,
+            ttl_left=round(pttl / 1000.0, 3) if pttl >= 0 else None,
+            kind="unique",
+            state=state,
+        )
+
+    def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        """Held unique keys matching ``pattern`` (glob over the key without ``unique:``), by SCAN."""
+        seconds, micros = self.client.time()
+        now = float(seconds) + float(micros) / 1e6
+        head = self.unique_key("")
+        found: list[LockInfo] = []
+        for raw in self.client.scan_iter(match=self.unique_key(pattern), count=C.LOCK_SCAN_COUNT, _type="hash"):
+            info = self.unique_info((as_text(raw) or "")[len(head) :], now)
+            if info is not None:
+                found.append(info)
+                if limit is not None and len(found) >= limit:
+                    break
+        found.sort(key=lambda i: i.key)
+        return found
+
+    def force_release_unique(self, key: str) -> LockInfo | None:
+        """Delete the unique ``key`` whoever holds it (operator action); returns what was released."""
+        seconds, micros = self.client.time()
+        info = self.unique_info(key, float(seconds) + float(micros) / 1e6)
+        if info is not None:
+            self.client.delete(self.unique_key(key))
+        return info
+
+    def info(self, redis_key: str, now: float) -> LockInfo | None:
+        """The lock stored at ``redis_key`` (a full key), or None when it is gone."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(redis_key, ["task_id", "host", "pid", "fence", "acquired_at"])
+        pipe.pttl(redis_key)
+        fields, pttl = pipe.execute()
+        if pttl == -2 or not any(fields):
+            return None
+        task_id, host, pid, fence, acquired_at = fields
+        acquired = as_text(acquired_at)
+        return LockInfo(
+            key=self.user_key(redis_key),
+            redis_key=redis_key,
+            task_id=as_text(task_id),
+            host=as_text(host),
+            pid=as_int(pid),
+            fence=as_int(fence),
+            age=round(now - float(acquired), 3) if acquired else None,
+            ttl_left=round(pttl / 1000.0, 3) if pttl >= 0 else None,
+        )
+
+    def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
+        """Held locks whose key matches ``pattern`` (glob), found with SCAN, never KEYS."""
+        seconds, micros = self.client.time()
+        now = float(seconds) + float(micros) / 1e6
+        found: list[LockInfo] = []
+        # On a cluster the key part is braced (``lock:{k}``, ``lock:idem:{k}``): SCAN every lock there
+        # and match the pattern against the user's key (Redis glob and fnmatch agree on * ? [...]).
+        match = (
+            self.config.key_prefix + C.KEY_LOCK.format(key="*") if self.config.redis_cluster else self.lock_key(pattern)
+        )
+        for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
+            redis_key = as_text(raw) or ""
+            if self.config.redis_cluster and not fnmatch.fnmatchcase(self.user_key(redis_key), pattern):
+                continue
+            info = self.info(redis_key, now)
+            if info is not None:
+                found.append(info)
+                if limit is not None and len(found) >= limit:
+                    break
+        found.sort(key=lambda i: i.key)
+        return found
+
+    def force_release(self, key: str) -> LockInfo | None:
+        """Delete ``key``'s lock whoever holds it (operator action); returns what was released."""
+        seconds, micros = self.client.time()
+        info = self.info(self.lock_key(key), float(seconds) + float(micros) / 1e6)
+        if info is not None:
+            self.client.delete(self.lock_key(key))
+        return info

@@ -362,7 +362,8 @@ class PostgresDemoDatabase:
     def __init__(self, admin_url: str) -> None:
         import psycopg
 
-        self.admin_url = admin_url
+        self.admin_url = admin_url.replace("postgresql+psycopg://", "postgresql://", 1)  # psycopg's own form
+        admin_url = self.admin_url
         self.name = f"safe_time_demo_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         try:
             with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
@@ -565,6 +566,8 @@ def scenario(demo: Demo) -> int:
     demo.t0 = time.monotonic()
     demo.events.clear()
     demo.say("clock starts")
+    if demo.redis_watch is not None:
+        demo.redis_watch.sample()  # every process up and connected: the first look
 
     phase = {"trials": False, "cancel": False, "kill": False, "flush": False}
     kill_at: float | None = None
@@ -660,8 +663,14 @@ def scenario(demo: Demo) -> int:
         time.sleep(0.2)
 
     demo.facts.update(nudge_due=nudge_due, trial_ids=trial_ids, plain_ids=plain_ids)
-    if demo.redis_watch is not None:
-        demo.redis_watch.sample()  # once more with every process still up
+    watch = demo.redis_watch
+    if watch is not None:
+        watch.sample()  # once more with every process still up
+        demo.say(
+            f"no-Redis check: {watch.samples} looks at the run's processes (up to {watch.most_processes}): "
+            f"redis processes {sorted(watch.redis_processes) or 'none'}, "
+            f"connections to :{REDIS_DEFAULT_PORT} {sorted(watch.redis_connections) or 'none'}"
+        )
     demo.facts["safe_workers_up"] = all(w.alive() and "PRECONDITION_FAILED" not in w.own_log() for w in workers)
     for proc in beats + plain_beats:
         proc.signal(signal.SIGTERM)
@@ -867,10 +876,9 @@ def report(demo: Demo, app: Any) -> int:
         found = sorted(watch.redis_processes | watch.redis_connections)
         no_redis = watch.clean and demo.owned_redis is None and not get_config(app).redis_url
         row(
-            f"no Redis process ran (coordination on PostgreSQL; {watch.samples} looks at up to "
-            f"{watch.most_processes} processes)",
-            f"no redis-server, no connection to :{REDIS_DEFAULT_PORT}",
-            "none" if no_redis else ", ".join(found) or "redis_url set",
+            f"no Redis process ran (none started, none connected to :{REDIS_DEFAULT_PORT})",
+            "none",
+            "none" if no_redis else ", ".join(found) or "safe_time_redis_url set",
             no_redis,
         )
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+from kombu import Connection
 
 from celery_safe_time import constants as C
 from celery_safe_time.delays.stores.base import DelayStore, NewDelay
@@ -95,3 +96,19 @@ def utcnow() -> datetime:
 
 def seconds(n: float) -> timedelta:
     return timedelta(seconds=n)
+
+
+def drain(url: str, queue: Any) -> list[Any]:  # queue: a kombu Queue or a queue name
+    """Every message waiting in ``queue`` (consumed, acknowledged)."""
+    out: list[Any] = []
+    with Connection(url) as conn:
+        simple = conn.SimpleQueue(queue)
+        while True:
+            try:
+                message = simple.get(timeout=1)
+            except simple.Empty:
+                break
+            out.append(message)
+            message.ack()
+        simple.close()
+    return out

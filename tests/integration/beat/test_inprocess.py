@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from celery_safe_time import signals
 from celery_safe_time.beat.scheduler import SafeScheduler

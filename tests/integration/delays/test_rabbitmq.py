@@ -20,7 +20,6 @@ import pytest
 import redis
 from celery import Celery
 from celery.signals import before_task_publish
-from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from celery_safe_time import constants as C
@@ -30,7 +29,7 @@ from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import TcpProxy
-from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs, seconds
+from tests.helpers.delays import DELAYS_APP, drain, fresh_sql_store, new_delay, runs, seconds
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RabbitNode
 
@@ -42,18 +41,7 @@ CLAIM_TIMEOUT = 8.0
 
 def queued_task_ids(url: str, queue: str = "celery") -> list[str]:
     """Every task id waiting in ``queue`` (consumed, so the queue is empty afterwards)."""
-    ids: list[str] = []
-    with Connection(url) as conn:
-        simple = conn.SimpleQueue(queue)
-        while True:
-            try:
-                message = simple.get(timeout=1)
-            except simple.Empty:
-                break
-            ids.append(str(message.headers["id"]))
-            message.ack()
-        simple.close()
-    return ids
+    return [str(message.headers["id"]) for message in drain(url, queue)]
 
 
 def stored_app(make_app: Callable[..., Celery], broker_url: str, redis_url: str, store_url: str, **conf: Any) -> Celery:

@@ -27,7 +27,7 @@ from celery_safe_time.delays.stores.base import NewDelay
 from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
-from tests.helpers.delays import fresh_sql_store, seconds
+from tests.helpers.delays import drain, fresh_sql_store, seconds
 
 pytestmark = pytest.mark.integration
 
@@ -80,22 +80,6 @@ def insert_rows(store: SQLAlchemyStore, ids: list[str], options: dict[str, Any] 
             )
         )
     store.bulk_insert(rows)
-
-
-def drain(url: str, queue: Queue | str) -> list[Any]:
-    """Every message waiting in ``queue`` (consumed, acknowledged)."""
-    out: list[Any] = []
-    with Connection(url) as conn:
-        simple = conn.SimpleQueue(queue)
-        while True:
-            try:
-                message = simple.get(timeout=1)
-            except simple.Empty:
-                break
-            out.append(message)
-            message.ack()
-        simple.close()
-    return out
 
 
 def statuses(store: SQLAlchemyStore, ids: list[str]) -> dict[str, str]:

@@ -65,9 +65,9 @@ def _scheduler(tmp_path: Path, name: str) -> SafeScheduler:
         safe_time_store_url="memory://",
         safe_time_beat_lease=30,
         timezone="UTC",
-        beat_schedule={"e": {"task": "t.noop", "schedule": 1.0}},
+        beat_schedule={"e": {"task": "t.memory_beat_noop", "schedule": 1.0}},
     )
-    app.task(name="t.noop")(_noop)
+    app.task(name="t.memory_beat_noop", shared=False)(_noop)
     get_config(app)
     sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / name), max_interval=1)
     sched.keeper._stop.set()  # drive the lease by hand (``_attempt``), on the injected clock

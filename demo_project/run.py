@@ -978,6 +978,14 @@ def serve(demo: Demo) -> int:
     return 0
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    # The first signal ends the run; a second one (a supervisor signalling the whole process group,
+    # as `timeout` does) must not cut the cleanup short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a shorter timeline (about a minute)")
@@ -1013,6 +1021,10 @@ def main(argv: list[str] | None = None) -> int:
         timeline = dataclasses.replace(timeline, plain_countdown=timeline.amqp_plain_countdown)
     demo = Demo(args, timeline, var, redis_base, owned)
     started = datetime.now(UTC)
+    # `kill PID` (or Ctrl-C where a shell ignores SIGINT for background jobs) ends the demo as Ctrl-C
+    # does: through the `finally` below, which stops its processes and drops its PostgreSQL database.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     try:
         if needs_redis:
             demo.claim_redis()

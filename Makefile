@@ -7,6 +7,9 @@ PYTEST_ARGS ?=
 ARGS ?=
 # make demo BROKER=amqp: the demo on a throwaway RabbitMQ node (leases and locks stay on Redis).
 BROKER ?= redis
+# make demo COORD=postgres: leases, fired slots, locks, idempotency (and the store) in a throwaway
+# database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
+COORD ?= redis
 # Most tests wait on real processes, not on the CPU: two pytest workers on two cores. Tests marked
 # serial (they restart the machine's PostgreSQL, or change a broker-wide setting) run alone after.
 TEST_WORKERS ?= 2
@@ -16,6 +19,7 @@ TEST_WORKERS ?= 2
 help:
 	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
 	@echo "             BROKER=amqp: the same on a throwaway RabbitMQ node; DEMO_REDIS_URL: lend it a Redis (README)"
+	@echo "             COORD=postgres: coordination in PostgreSQL (with BROKER=amqp: no Redis at all)"
 	@echo "make test   - run the whole test suite against the local services (parallel part, then the serial one)"
 	@echo "make lint   - ruff check + format check;  make type - mypy"
 	@echo "make bench  - benchmarks (docs/benchmarks.md); make bench-quick - CI-sized smoke run"
@@ -51,7 +55,7 @@ type: $(STAMP)
 	$(BIN)/mypy
 
 demo: $(STAMP)
-	$(BIN)/python -m demo_project.run --broker $(BROKER) $(ARGS)
+	$(BIN)/python -m demo_project.run --broker $(BROKER) --coord $(COORD) $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(ARGS)

@@ -8,7 +8,10 @@ the exit code is 0 only when every expectation holds.
 ``--quick`` shortens the timeline (used by the test suite); ``--serve`` leaves the system
 running with the Django admin on http://127.0.0.1:8000/admin/. ``--broker amqp`` (``make demo
 BROKER=amqp``) runs the same story on a throwaway RabbitMQ node with a short ``consumer_timeout``;
-leases and locks stay on Redis.
+leases and locks stay on Redis. ``--coord postgres`` (``make demo COORD=postgres``) puts the
+coordination (beat lease, fired slots, locks, idempotency markers) and the Django store in a throwaway
+database of the machine's PostgreSQL; with ``--broker amqp`` too, no Redis process runs at all (the
+report checks it).
 
 Redis: a throwaway ``redis-server`` the demo starts on a free loopback port, or, only when
 ``DEMO_REDIS_URL`` is set, that Redis, where the demo claims three empty databases and empties
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from kombu import Connection
@@ -45,6 +49,10 @@ from celery_safe_time.config import mask_url
 ROOT = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
 CLAIM_KEY = "safe_time_test:db:{db}"  # the same claim keys as the test suite, so runs never collide
+#: ``--coord postgres``: the PostgreSQL the demo makes its throwaway database on (the maintenance db).
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: Redis's default port: with no Redis in the run, no process of the demo may hold a connection to it.
+REDIS_DEFAULT_PORT = 6379
 
 
 @dataclass
@@ -120,8 +128,13 @@ class Demo:
     args: argparse.Namespace
     timeline: Timeline
     var: Path
+    #: The Redis base URL, "" when the run needs none (``--coord postgres --broker amqp``).
     redis_base: str
     owned_redis: subprocess.Popen[bytes] | None = None
+    #: ``--coord postgres``: the demo's own PostgreSQL database (store and coordination).
+    postgres: PostgresDemoDatabase | None = None
+    #: With no Redis in the run: the samples showing no Redis process and no connection to one.
+    redis_watch: RedisWatch | None = None
     #: ``--broker amqp``: the demo's own RabbitMQ node and its two vhosts (safe side, plain side).
     rabbit: Any = None
     amqp_urls: dict[str, str] = field(default_factory=dict)
@@ -150,6 +163,9 @@ class Demo:
 
     @property
     def plain_url(self) -> str:
+        """Where the plain side records its runs: its Redis, or a directory when no Redis runs."""
+        if not self.redis_base:
+            return (self.var / "plain-records").as_uri()
         return self.url(self.dbs[2])
 
     def say(self, message: str) -> None:
@@ -165,7 +181,6 @@ class Demo:
             "PYTHONUNBUFFERED": "1",
             "DJANGO_SETTINGS_MODULE": "demo_project.settings",
             "DEMO_VAR_DIR": str(self.var),
-            "DEMO_REDIS_URL": self.safe_redis_url,
             "DEMO_BROKER_URL": self.broker_url,
             "DEMO_PLAIN_BROKER_URL": self.plain_broker_url,
             "DEMO_PLAIN_RECORD_URL": self.plain_url,
@@ -185,6 +200,13 @@ class Demo:
         }
         if self.rabbit:
             env["DEMO_CONSUMER_TIMEOUT"] = str(tl.consumer_timeout)
+        if self.postgres is not None:
+            env["DATABASE_URL"] = self.postgres.url
+            env["DEMO_COORDINATION_URL"] = "store"  # the Django database: one PostgreSQL for everything
+            env.pop("DEMO_REDIS_URL", None)
+        else:
+            env.pop("DEMO_COORDINATION_URL", None)
+            env["DEMO_REDIS_URL"] = self.safe_redis_url
         return env
 
     def spawn(self, name: str, *args: str) -> Proc:
@@ -272,9 +294,9 @@ class Demo:
             except subprocess.TimeoutExpired:
                 proc.signal(signal.SIGKILL)
         try:
-            client = redis.Redis.from_url(self.url(0))
+            client = redis.Redis.from_url(self.url(0)) if self.dbs else None
             for db in self.dbs:
-                if client.get(CLAIM_KEY.format(db=db)) == self.claim_token.encode():
+                if client is not None and client.get(CLAIM_KEY.format(db=db)) == self.claim_token.encode():
                     redis.Redis.from_url(self.url(db)).flushdb()
                     client.delete(CLAIM_KEY.format(db=db))
         except redis.RedisError:
@@ -283,6 +305,8 @@ class Demo:
             self.owned_redis.terminate()
         if self.rabbit is not None:
             self.rabbit.stop()
+        if self.postgres is not None:
+            self.postgres.drop()
 
 
 def find_redis(var: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
@@ -326,6 +350,129 @@ def find_redis(var: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
                 time.sleep(0.05)
         proc.terminate()
     raise SystemExit("the throwaway redis-server did not start")
+
+
+class PostgresDemoDatabase:
+    """``--coord postgres``: a database of the demo's own on the machine's PostgreSQL, dropped at the end.
+
+    Its name is new each run (``safe_time_demo_<pid>_<random>``); only that database is created and
+    dropped, never another one of the server.
+    """
+
+    def __init__(self, admin_url: str) -> None:
+        import psycopg
+
+        self.admin_url = admin_url.replace("postgresql+psycopg://", "postgresql://", 1)  # psycopg's own form
+        admin_url = self.admin_url
+        self.name = f"safe_time_demo_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        try:
+            with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'CREATE DATABASE "{self.name}"')
+        except psycopg.Error as exc:
+            raise SystemExit(
+                f"make demo COORD=postgres creates a throwaway database on DEMO_POSTGRES_URL={mask_url(admin_url)} "
+                f"(default {DEFAULT_POSTGRES_URL}) and could not: {exc}"
+            ) from None
+        parts = urlsplit(admin_url)
+        self.url = urlunsplit((parts.scheme, parts.netloc, f"/{self.name}", "", ""))
+        self.dropped = False
+
+    def drop(self) -> None:
+        """Drop the demo's database (its connections closed first); the only database it ever drops."""
+        if self.dropped:
+            return
+        import psycopg
+
+        try:
+            with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            self.dropped = True
+        except psycopg.Error as exc:
+            print(f"could not drop the demo's database {self.name}: {exc}", file=sys.stderr)
+
+
+def start_postgres(demo: Demo) -> None:
+    admin_url = os.environ.get("DEMO_POSTGRES_URL") or DEFAULT_POSTGRES_URL
+    demo.postgres = PostgresDemoDatabase(admin_url)
+    print(
+        f"created a throwaway PostgreSQL database {demo.postgres.name} on {mask_url(admin_url).rsplit('/', 1)[0]} "
+        "(store and coordination; dropped at the end, no other database is touched)"
+    )
+
+
+@dataclass
+class RedisWatch:
+    """The evidence that a run used no Redis: every process the demo started (and their children) is
+    looked at now and then; none may be a ``redis-server`` or hold a TCP connection to the Redis port.
+
+    It reads ``/proc`` (Linux): the process tree under the demo, each process's socket inodes, and the
+    kernel's TCP tables (``/proc/net/tcp``, ``tcp6``) for their ports.
+    """
+
+    samples: int = 0
+    most_processes: int = 0
+    redis_processes: set[str] = field(default_factory=set)
+    redis_connections: set[str] = field(default_factory=set)
+
+    def sample(self) -> None:
+        pids = [os.getpid(), *_descendants(os.getpid())]  # the demo itself reads the results too
+        self.samples += 1
+        self.most_processes = max(self.most_processes, len(pids))
+        remote_port_of = _tcp_remote_ports()
+        for pid in pids:
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue  # gone meanwhile
+            if comm.startswith("redis"):
+                self.redis_processes.add(f"{comm} (pid {pid})")
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("socket:[") and remote_port_of.get(target[8:-1]) == REDIS_DEFAULT_PORT:
+                    self.redis_connections.add(f"{comm} (pid {pid})")
+
+    @property
+    def clean(self) -> bool:
+        return self.samples > 0 and not self.redis_processes and not self.redis_connections
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process under ``root`` (not ``root`` itself), from ``/proc/*/stat``."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name sits in parentheses and may hold spaces: the ppid is the 2nd field after it.
+        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _tcp_remote_ports() -> dict[str, int]:
+    """Socket inode -> remote port of every TCP socket of this network namespace."""
+    ports: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9:
+                ports[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
+    return ports
 
 
 def start_rabbit(demo: Demo) -> None:
@@ -388,10 +535,17 @@ def scenario(demo: Demo) -> int:
 
     cfg = get_config(app)
     tenants = create_tenants()
+    if demo.postgres is not None:
+        where = f"PostgreSQL database {demo.postgres.name} (safe_time_coordination_url = 'store')"
+        store = f"PostgreSQL database {demo.postgres.name}"
+    else:
+        where, store = demo.safe_redis_url, str(demo.var / "demo.sqlite3")
     demo.say(
-        f"safe side: broker {mask_url(demo.broker_url)}, locks/leases {demo.safe_redis_url}, store = Django DB "
-        f"({demo.var / 'demo.sqlite3'}); plain Celery side: {mask_url(demo.plain_broker_url)}"
+        f"safe side: broker {mask_url(demo.broker_url)}, locks/leases {where}, store = Django DB "
+        f"({store}); plain Celery side: {mask_url(demo.plain_broker_url)}"
     )
+    if demo.redis_watch is not None:
+        demo.say(f"no Redis in this run: safe_time_redis_url {cfg.redis_url or 'unset'}, no redis-server started")
     broker_limit = (
         f"consumer_timeout {tl.consumer_timeout:g}s (both sides)"
         if demo.rabbit
@@ -412,6 +566,8 @@ def scenario(demo: Demo) -> int:
     demo.t0 = time.monotonic()
     demo.events.clear()
     demo.say("clock starts")
+    if demo.redis_watch is not None:
+        demo.redis_watch.sample()  # every process up and connected: the first look
 
     phase = {"trials": False, "cancel": False, "kill": False, "flush": False}
     kill_at: float | None = None
@@ -502,9 +658,19 @@ def scenario(demo: Demo) -> int:
         if now - last_status >= 5:
             last_status = now
             demo.say(status_line(demo))
+            if demo.redis_watch is not None:
+                demo.redis_watch.sample()
         time.sleep(0.2)
 
     demo.facts.update(nudge_due=nudge_due, trial_ids=trial_ids, plain_ids=plain_ids)
+    watch = demo.redis_watch
+    if watch is not None:
+        watch.sample()  # once more with every process still up
+        demo.say(
+            f"no-Redis check: {watch.samples} looks at the run's processes (up to {watch.most_processes}): "
+            f"redis processes {sorted(watch.redis_processes) or 'none'}, "
+            f"connections to :{REDIS_DEFAULT_PORT} {sorted(watch.redis_connections) or 'none'}"
+        )
     demo.facts["safe_workers_up"] = all(w.alive() and "PRECONDITION_FAILED" not in w.own_log() for w in workers)
     for proc in beats + plain_beats:
         proc.signal(signal.SIGTERM)
@@ -549,13 +715,14 @@ def status_line(demo: Demo) -> str:
     from celery_safe_time.contrib.django.models import DelayedTask
     from demo_project.billing.models import InvoiceRun
     from demo_project.inventory.models import SyncRun
+    from demo_project.plain_app import records
     from demo_project.tenants.models import Email
 
     pending = DelayedTask.objects.filter(status="pending").count()
     return (
         f"slots fired {InvoiceRun.objects.values('slot').distinct().count()} | "
         f"emails {Email.objects.count()} | syncs {SyncRun.objects.count()} | pending delays {pending} | "
-        f"plain beat runs {redis.Redis.from_url(demo.plain_url).llen('plain:invoice_runs')}"
+        f"plain beat runs {len(records('plain:invoice_runs', demo.plain_url))}"
     )
 
 
@@ -578,6 +745,7 @@ def _clusters(times: list[float], gap: float) -> int:
 
 
 def report(demo: Demo, app: Any) -> int:
+    from celery_safe_time import get_config
     from celery_safe_time.contrib.django.models import DelayedTask
     from demo_project.billing.models import InvoiceRun
     from demo_project.inventory.models import SyncRun
@@ -701,6 +869,19 @@ def report(demo: Demo, app: Any) -> int:
         all(n == 1 for n in invoices.values()),
     )
 
+    watch = demo.redis_watch
+    if watch is not None:
+        # Honest, not assumed: the demo started no redis-server, the app has no Redis setting, and
+        # no process of the run was a Redis or held a connection to the Redis port when looked at.
+        found = sorted(watch.redis_processes | watch.redis_connections)
+        no_redis = watch.clean and demo.owned_redis is None and not get_config(app).redis_url
+        row(
+            f"no Redis process ran (none started, none connected to :{REDIS_DEFAULT_PORT})",
+            "none",
+            "none" if no_redis else ", ".join(found) or "safe_time_redis_url set",
+            no_redis,
+        )
+
     lateness = []
     for key, sent_at in Email.objects.filter(kind="nudge").values_list("key", "sent_at"):
         lateness.append(sent_at.timestamp() - float(key))
@@ -709,10 +890,11 @@ def report(demo: Demo, app: Any) -> int:
     row("stored-delay lateness p99", f"<= {limit + 1:g}s (a failover pauses sweeps)", f"{p99:.2f}s", p99 <= limit + 1)
 
     # --- plain Celery, same scenario ---
-    plain = redis.Redis.from_url(demo.plain_url)
-    plain_runs = [json.loads(r)["at"] for r in plain.lrange("plain:invoice_runs", 0, -1)]
+    from demo_project.plain_app import records
+
+    plain_runs = [r["at"] for r in records("plain:invoice_runs", demo.plain_url)]
     plain_slots = _clusters(plain_runs, tl.invoice_every / 2)
-    plain_trials = Counter(json.loads(r)["tenant"] for r in plain.lrange("plain:trial_emails", 0, -1))
+    plain_trials = Counter(r["tenant"] for r in records("plain:trial_emails", demo.plain_url))
     baseline = [
         ("invoice slots fired by 3 plain beats", str(plain_slots)),
         ("  runs published (duplicates)", f"{len(plain_runs)} ({len(plain_runs) - plain_slots})"),
@@ -796,6 +978,14 @@ def serve(demo: Demo) -> int:
     return 0
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    # The first signal ends the run; a second one (a supervisor signalling the whole process group,
+    # as `timeout` does) must not cut the cleanup short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a shorter timeline (about a minute)")
@@ -808,6 +998,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs, SQLite database)")
     parser.add_argument(
+        "--coord",
+        choices=["redis", "postgres"],
+        default="redis",
+        help="postgres: leases, fired slots, locks and idempotency markers (and the store) in a throwaway "
+        "PostgreSQL database (make demo COORD=postgres); with --broker amqp no Redis runs at all",
+    )
+    parser.add_argument(
         "--broker",
         choices=["redis", "amqp"],
         default="redis",
@@ -815,14 +1012,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     var = Path(tempfile.mkdtemp(prefix="safe-time-demo-"))
-    redis_base, owned = find_redis(var)
+    # Redis serves as the broker (BROKER=redis) or the coordination (COORD=redis); with neither, the
+    # demo starts none and never connects to one.
+    needs_redis = args.broker == "redis" or args.coord == "redis"
+    redis_base, owned = find_redis(var) if needs_redis else ("", None)
     timeline = Timeline.quick() if args.quick else Timeline()
     if args.broker == "amqp":
         timeline = dataclasses.replace(timeline, plain_countdown=timeline.amqp_plain_countdown)
     demo = Demo(args, timeline, var, redis_base, owned)
     started = datetime.now(UTC)
+    # `kill PID` (or Ctrl-C where a shell ignores SIGINT for background jobs) ends the demo as Ctrl-C
+    # does: through the `finally` below, which stops its processes and drops its PostgreSQL database.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     try:
-        demo.claim_redis()
+        if needs_redis:
+            demo.claim_redis()
+        else:
+            demo.redis_watch = RedisWatch()
+            (var / "plain-records").mkdir()
+            print("no Redis in this run: broker RabbitMQ, coordination PostgreSQL; no redis-server is started")
+        if args.coord == "postgres":
+            start_postgres(demo)
         if args.broker == "amqp":
             start_rabbit(demo)
         code = serve(demo) if args.serve else scenario(demo)

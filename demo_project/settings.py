@@ -99,7 +99,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 
 # --- celery-safe-time ----------------------------------------------------------------
-CELERY_SAFE_TIME_REDIS_URL = REDIS_URL
+if os.environ.get("DEMO_COORDINATION_URL"):
+    # `make demo COORD=postgres`: leases, fired slots, locks and idempotency markers in PostgreSQL
+    # ("store": the Django database); no safe_time_redis_url, so nothing of the package talks to Redis.
+    CELERY_SAFE_TIME_COORDINATION_URL = os.environ["DEMO_COORDINATION_URL"]
+else:
+    CELERY_SAFE_TIME_REDIS_URL = REDIS_URL
 CELERY_SAFE_TIME_KEY_PREFIX = os.environ.get("DEMO_KEY_PREFIX", "demo:")
 CELERY_SAFE_TIME_STORE_URL = "django"
 CELERY_SAFE_TIME_BEAT_LEASE = float(os.environ.get("DEMO_BEAT_LEASE", 30))

@@ -1,17 +1,20 @@
-"""The demo: the shortened scenario end to end (on Redis and on RabbitMQ), the Redis it uses, and
-the admin pages it serves."""
+"""The demo: the shortened scenario end to end (on Redis, on RabbitMQ, and on RabbitMQ with PostgreSQL
+coordination and no Redis), the Redis it uses, and the admin pages it serves."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 import redis
 
@@ -30,11 +33,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _run_demo(tmp_path: Path, *args: str) -> str:
+def _run_demo(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "demo_project.run", "--quick", *args],
         cwd=ROOT,
-        env=_env(tmp_path),
+        env={**_env(tmp_path), **(env or {})},
         capture_output=True,
         text=True,
         timeout=420,
@@ -83,6 +86,37 @@ def test_quick_demo_on_rabbitmq_shows_the_consumer_timeout_crash_beside_safe_tas
     assert "yes (" in killed, killed
     assert "PRECONDITION_FAILED" in killed, killed
     assert "exited (PRECONDITION_FAILED); restarted" in output
+
+
+def test_quick_demo_on_postgres_and_rabbitmq_runs_with_no_redis_at_all(tmp_path: Path, redis_db_url: str) -> None:
+    """`make demo COORD=postgres BROKER=amqp`: leases, fired slots, locks, idempotency markers and the
+    store in a PostgreSQL database of the demo's own, RabbitMQ as the broker; the same expectations
+    hold, no redis-server is started, nothing of the run connects to a Redis, and the database is
+    dropped at the end."""
+    if not (shutil.which("rabbitmq-server") or os.access("/usr/lib/rabbitmq/bin/rabbitmq-server", os.X_OK)):
+        services.unavailable("rabbitmq-server", "rabbitmq-server", "binary not found (the demo starts a node)")
+    admin = urlsplit(services.resolve_postgres_admin_url())
+    admin_url = urlunsplit(("postgresql", admin.netloc, "/postgres", "", ""))  # never the test database
+    machine = redis.Redis.from_url(redis_db_url)
+    sentinel, value = f"not-the-demos:{uuid.uuid4().hex}", uuid.uuid4().hex
+    machine.set(sentinel, value, ex=900)
+    output = _run_demo(tmp_path, "--broker", "amqp", "--coord", "postgres", env={"DEMO_POSTGRES_URL": admin_url})
+    assert "started a throwaway redis-server" not in output
+    assert "no Redis in this run: safe_time_redis_url unset, no redis-server started" in output
+    assert "redis processes none, connections to :6379 none" in output
+    assert _report_row(output, "no Redis process ran").endswith("none        yes")
+    for row in ("  slots published twice", "  overlapping syncs of one account", "  duplicate invoices"):
+        assert _report_row(output, row).endswith("yes"), row
+    assert "visibility_timeout" not in output.split("plain Celery, same run")[1]  # a Redis-only row
+    assert _report_row(output, "SafeTask worker stayed up (consumer_timeout 20s), every delay ran once").endswith("yes")
+    name = re.search(r"created a throwaway PostgreSQL database (safe_time_demo_\w+) ", output)
+    assert name, output[:2000]
+    assert f"locks/leases PostgreSQL database {name[1]}" in output
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name[1],)).fetchall()
+    assert left == [], f"the demo left its database {name[1]} behind"
+    assert machine.get(sentinel) == value.encode()
+    machine.delete(sentinel)
 
 
 def _demo_on(url: str, tmp_path: Path) -> Demo:

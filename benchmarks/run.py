@@ -663,7 +663,13 @@ def write_doc(r: dict[str, Any]) -> str:
                 for k, v in mods.items()
             )
             + "."
-            + (f" Delays phases: {r['delays']['phase_seconds']}." if r.get("delays", {}).get("phase_seconds") else ""),
+            + (f" Delays phases: {r['delays']['phase_seconds']}." if r.get("delays", {}).get("phase_seconds") else "")
+            + (
+                # a phase measured again alone (its own ratios are still side by side in one run)
+                f" Delays phases re-run alone since: {r['delays']['rerun']}."
+                if r.get("delays", {}).get("rerun")
+                else ""
+            ),
             "",
         ]
     out += _details(r, img)

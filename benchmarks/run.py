@@ -139,6 +139,18 @@ def _script_share(o: dict[str, Any]) -> str:
     return f"{max(0.0, min(in_scripts / gap, 1.0)):.0%} of overlap_lock's gap to two PINGs is in the scripts row"
 
 
+def _spread(stats: dict[str, Any]) -> str:
+    """Mean, p95 and p98 of a timing's samples (ms), where a p99 alone is a few samples."""
+    samples = sorted(stats.get("samples_ms") or [])
+    if not samples:
+        return "no samples"
+
+    def pick(q: float) -> float:
+        return float(samples[min(len(samples) - 1, int(len(samples) * q))])
+
+    return f"mean {sum(samples) / len(samples):.3f}, p95 {pick(0.95):.2f}, p98 {pick(0.98):.2f} ms"
+
+
 def _div(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
@@ -848,7 +860,8 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             f"**Tick with {rt.get('entries', 0):,} runtime entries vs 10,000 static ones.** The two "
             "schedulers ran in one process and were ticked in turn (same machine noise): p50 "
             f"{ot.get('p50_ms')} vs {st.get('p50_ms')} ms, p99 {ot.get('p99_ms')} vs {st.get('p99_ms')} ms "
-            f"({ratio:.2f}x). A tick does the same work with either: one pipelined read (ZRANGEBYSCORE of "
+            f"({ratio:.2f}x); {_spread(ot)} vs {_spread(st)} over {len(ot.get('samples_ms') or [])} ticks each. "
+            "A tick does the same work with either: one pipelined read (ZRANGEBYSCORE of "
             "the due entries, ZCARD, HLEN, the change counter), the guards of the due entries in one "
             "pipelined round trip, their publishes, and a ZRANGE of the next due entry; no per-entry work "
             "for entries that are not due (ZRANGEBYSCORE is O(log N) in Redis). A profile of 300 ticks with "

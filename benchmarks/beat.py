@@ -227,12 +227,12 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
             time.sleep(0.005)
         out["10 Celery publishes"] = _ms(floor)
         # the same 10 in one batch, as a tick now sends the slots due together (one round trip on Redis)
-        from celery_safe_time.delays.sweep import _Batch, _batched
+        from celery_safe_time.publishing import PublishBatch, batched_publish
 
         batched = []
         for _ in range(count // 2):
             start = time.perf_counter()
-            with _batched(safe.producer, 10, _Batch()):
+            with batched_publish(safe.producer, 10, PublishBatch()):
                 for _ in range(10):
                     safe.app.send_task(entry.task, producer=safe.producer)
             batched.append(time.perf_counter() - start)

@@ -28,8 +28,8 @@ from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
 from ..config import SafeTimeConfig
-from ..delays.sweep import _Batch, _batched
 from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
+from ..publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
 from .base import OPTION_MISFIRE, LeasedScheduler
 from .entries import build_entry, parse_definition, spec_key, with_enabled
@@ -547,9 +547,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 self.publish(entry, slot, epoch)  # logs its own failures, never raises
             return
         sent: list[tuple[Any, float, Any]] = []
-        batch = _Batch()
+        batch = PublishBatch()
         try:
-            with _batched(self.producer, len(allowed), batch):
+            with batched_publish(self.producer, len(allowed), batch):
                 for entry, slot in allowed:
                     result = self._send(entry, slot, epoch)
                     if result is not None:

@@ -12,8 +12,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
+from ..publishing import PublishBatch, batched_publish
 from ..tracing import in_stored_context
 from .amqp_batch import BatchProducer, BatchSender
 from .payload import decode
@@ -281,9 +281,9 @@ def _publish_batch(
     expired: list[str] = []
     index = 0
     trusted_until = claimed_at + config.claim_timeout / 2
-    batch = _Batch()
+    batch = PublishBatch()
     try:
-        with app.producer_or_acquire() as producer, _batched(producer, len(rows), batch):
+        with app.producer_or_acquire() as producer, batched_publish(producer, len(rows), batch):
             for row in rows:
                 if clock() > trusted_until:
                     _abandon(store, config, rows[index:], token, stats)
@@ -311,58 +311,6 @@ def _publish_batch(
             raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
     _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
-
-
-class _Batch:
-    """Whether this batch's publishes are buffered (sent at the end) or went out one by one."""
-
-    active = False
-
-
-@contextmanager
-def _batched(producer: Any, rows: int, state: _Batch) -> Iterator[None]:
-    """Buffer a batch's publishes and send them in one round trip where the transport can (Redis).
-
-    kombu's ``Producer.batch`` queues the same LPUSH commands ``publish`` would run in a pipeline,
-    executed once when the block ends; every message still goes through Celery's ``send_task``
-    (routing, headers, ``before/after_task_publish``). The binding table of a routed exchange (one
-    SMEMBERS per message on Redis) is read, and each queue declared, once per batch. Other transports
-    publish as before.
-    """
-    if not getattr(producer, "supports_batch_publish", False):
-        yield
-        return
-    channel = producer.channel
-    tables: dict[str, Any] = {}
-    read_table = channel.get_table
-
-    def get_table(exchange: str) -> Any:
-        if exchange not in tables:
-            tables[exchange] = read_table(exchange)
-        return tables[exchange]
-
-    declared: dict[int, Any] = {}
-    declare = producer.maybe_declare
-
-    def maybe_declare(entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
-        # kombu binds a copy of the queue for every message before finding it in its declared cache;
-        # an entity already declared in this batch is declared (the same object, the same channel).
-        if id(entity) not in declared:
-            declare(entity, retry, **retry_policy)
-            declared[id(entity)] = entity  # keeps the object, so its id is not reused meanwhile
-        return False
-
-    channel.get_table = get_table
-    producer.maybe_declare = maybe_declare
-    state.active = True
-    try:
-        # Room for each message's LPUSH and the PEXPIREs of a queue with x-expires: one flush at the end.
-        with producer.batch(max_size=max(1, rows) * (1 + len(getattr(channel, "priority_steps", ())))):
-            yield
-    finally:
-        # Back to the classes' methods: the pooled producer and channel must not keep this batch's state.
-        del channel.get_table
-        del producer.maybe_declare
 
 
 def _abandon(

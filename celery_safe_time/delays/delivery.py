@@ -58,6 +58,13 @@ def delivery_token(request: Any) -> str | None:
     return str(token) if token else None
 
 
+def reruns_when_stale(task: Task | None) -> bool:
+    """Whether a started run of ``task`` whose heartbeat stopped is run again (``acks_late``: at least
+    once) rather than marked interrupted. Such a run's end must reach the disk: forgotten, it would
+    look stale and run again."""
+    return bool(task is not None and getattr(task, "acks_late", False))
+
+
 def _prior_runs(request: Any) -> list[str]:
     headers = getattr(request, "headers", None) or {}
     runs = headers.get(C.HEADER_PRIOR_RUNS) or []
@@ -151,11 +158,9 @@ def _run_started(
     finally:
         # The heartbeat stays on until the end is written: a row that looked dead meanwhile would be
         # run again (acks_late) or marked interrupted although it ran to its end.
-        # An acks_late run whose end is forgotten runs again (the sweep re-runs a stale acks_late row):
-        # its end waits for the disk. Any other run's forgotten end only shows as interrupted.
-        durable = bool(getattr(task, "acks_late", False))
+        # Any other run's forgotten end only shows as interrupted: it need not wait for the disk.
         recorded = finish_retrying(
-            store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=durable
+            store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=reruns_when_stale(task)
         )
         if recorded is None:
             _finish_later(store, task_id, token, run_id, outcome, error, watchdog, config.claim_timeout)

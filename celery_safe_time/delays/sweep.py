@@ -27,6 +27,7 @@ from ..exceptions import StoreError
 from ..publishing import PublishBatch, batched_publish
 from ..tracing import in_stored_context
 from .amqp_batch import BatchProducer, BatchSender
+from .delivery import reruns_when_stale
 from .payload import decode
 from .plan import adaptive_lookahead
 from .stores import get_store
@@ -194,7 +195,7 @@ def confirm_deliveries(
         return
     for row in stale:
         task = app.tasks.get(row.task)
-        rerun = bool(task is not None and getattr(task, "acks_late", False))
+        rerun = reruns_when_stale(task)
         try:
             changed = store.end_stale(row.id, row.delivery_token or "", config.lock_ttl, rerun=rerun)
         except StoreError as exc:

@@ -341,7 +341,18 @@ class SQLAlchemyStore(DelayStore):
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._schema_ready = False
         self._schema_lock = threading.Lock()
-        self._unflushed_engine: Engine | None = None
+        #: PostgreSQL: autocommit connections with ``synchronous_commit=off``, a small pool of their own
+        #: (an engine opens no connection until used).
+        self._unflushed_engine: Engine | None = (
+            create_engine(
+                self.engine.url.render_as_string(hide_password=False),
+                isolation_level="AUTOCOMMIT",
+                pool_size=2,
+                connect_args={"connect_timeout": 5, "options": "-c synchronous_commit=off"},
+            )
+            if self.dialect == "postgresql"
+            else None
+        )
 
     # --- plumbing ----------------------------------------------------------------
 
@@ -388,25 +399,12 @@ class SQLAlchemyStore(DelayStore):
                 yield conn, self._db_now(conn)
             return
         self.ensure_schema()
-        engine = self._autocommit if durable else self._unflushed()
+        engine = self._autocommit if durable or self._unflushed_engine is None else self._unflushed_engine
         try:
             with engine.connect() as conn:
                 yield conn, sa.func.clock_timestamp()
         except sa.exc.SQLAlchemyError as exc:
             raise self._fail(exc) from exc
-
-    def _unflushed(self) -> Engine:
-        """Autocommit connections with ``synchronous_commit=off`` (PostgreSQL), a small pool of their own."""
-        if self._unflushed_engine is None:
-            with self._schema_lock:
-                if self._unflushed_engine is None:
-                    self._unflushed_engine = create_engine(
-                        self.engine.url.render_as_string(hide_password=False),
-                        isolation_level="AUTOCOMMIT",
-                        pool_size=2,
-                        connect_args={"connect_timeout": 5, "options": "-c synchronous_commit=off"},
-                    )
-        return self._unflushed_engine
 
     def _in_scope(self) -> sa.ColumnElement[bool]:
         """Rows of this store's namespace and legacy ones (every row for a store without one)."""

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine
+from benchmarks.common import machine, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -141,14 +141,13 @@ def _script_share(o: dict[str, Any]) -> str:
 
 def _spread(stats: dict[str, Any]) -> str:
     """Mean, p95 and p98 of a timing's samples (ms), where a p99 alone is a few samples."""
-    samples = sorted(stats.get("samples_ms") or [])
+    samples = stats.get("samples_ms") or []
     if not samples:
         return "no samples"
-
-    def pick(q: float) -> float:
-        return float(samples[min(len(samples) - 1, int(len(samples) * q))])
-
-    return f"mean {sum(samples) / len(samples):.3f}, p95 {pick(0.95):.2f}, p98 {pick(0.98):.2f} ms"
+    return (
+        f"mean {sum(samples) / len(samples):.3f}, p95 {percentile(samples, 95):.2f}, "
+        f"p98 {percentile(samples, 98):.2f} ms"
+    )
 
 
 def _div(a: float | None, b: float | None) -> float | None:

@@ -33,10 +33,21 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
   apt-get install -y -qq chromium >/dev/null 2>&1 \
     || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || true
 fi
+# The PgBouncer test runs a throwaway pgbouncer of its own; only the Debian binary is needed (its own
+# service is not started here).
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ] && command -v apt-get >/dev/null \
+  && [ "$(id -u)" = 0 ]; then
+  echo "pgbouncer: missing, installing the Debian package (apt-get install -y pgbouncer)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq pgbouncer >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq pgbouncer >/dev/null 2>&1; } || true
+fi
 redis_up && echo "redis: 127.0.0.1:6379 up" || echo "redis: NOT reachable (install: apt-get install redis-server)"
 pg_up && echo "postgresql: 127.0.0.1:5432 up" || echo "postgresql: NOT reachable (install: apt-get install postgresql)"
 mariadb_up && echo "mariadb: 127.0.0.1:3306 up" || echo "mariadb: NOT reachable (install: apt-get install mariadb-server)"
 rabbit_up && echo "rabbitmq: 127.0.0.1:5672 up" || echo "rabbitmq: NOT reachable (install: apt-get install rabbitmq-server)"
 command -v chromium >/dev/null && echo "chromium: $(command -v chromium)" \
   || echo "chromium: NOT installed (install: apt-get install chromium)"
+{ command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; } && echo "pgbouncer: installed" \
+  || echo "pgbouncer: NOT installed (install: apt-get install pgbouncer)"
 exit 0

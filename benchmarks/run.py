@@ -63,6 +63,8 @@ def _child(name: str, module: str, extra: list[str], quick: bool) -> None:
     results["_seconds"] = time.time() - started
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1, default=str))
+    if results.get("failed_phases"):  # saved above for the phases that ran; the run still fails
+        raise SystemExit(f"{name}: phases failed: {results['failed_phases']}")
 
 
 def _spawn(name: str, module: str, extra: list[str], quick: bool) -> subprocess.Popen[bytes]:
@@ -679,6 +681,12 @@ def write_doc(r: dict[str, Any]) -> str:
                 # a phase measured again alone (its own ratios are still side by side in one run)
                 f" Delays phases re-run alone since: {r['delays']['rerun']}."
                 if r.get("delays", {}).get("rerun")
+                else ""
+            )
+            + (
+                f" Delays phases that FAILED (no numbers, see benchmarks/results/delays.log): "
+                f"{r['delays']['failed_phases']}."
+                if r.get("delays", {}).get("failed_phases")
                 else ""
             ),
             "",

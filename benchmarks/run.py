@@ -398,7 +398,7 @@ def headline(r: dict[str, Any]) -> list[Head]:
                 f"PostgreSQL lock ({label}) overhead vs the Redis lock (acquire + release)",
                 f"+{added:.2f} ms",
                 f"Redis scripts on the same worker: +{redis_lock:.2f} ms",
-                "<= 2x",
+                "<= 2x Redis",
                 ratio,
                 ratio is not None and ratio <= 2.0,
             )

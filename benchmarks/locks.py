@@ -377,7 +377,8 @@ def _backends_table(result: dict[str, Any]) -> list[str]:
     floor = o["pg_select2"]
     lines += [
         "",
-        "Two `SELECT 1` round trips on the lock engine's pool (the PostgreSQL floor): "
+        "Two `SELECT 1` round trips on DBAPI connections of the lock engine's pool, as the lock calls run "
+        "(the PostgreSQL floor): "
         f"+{floor['median_added_ms']:.3f} ms.",
     ]
     return lines

@@ -174,14 +174,17 @@ def pg_session(self: Any, n: int) -> int:
 
 @app.task(name="bench.pg_select2")
 def pg_select2(n: int) -> int:
-    """Two ``SELECT 1`` round trips, each on a connection checked out of the lock engine's pool as the
-    lock's calls are: the floor of a PostgreSQL lock."""
-    import sqlalchemy as sa
-
+    """Two ``SELECT 1`` round trips, each on a DBAPI connection checked out of the lock engine's pool
+    as the lock's calls are: the floor of a PostgreSQL lock."""
     engine = get_lock_store(_PG_APPS["lease"]).engine  # type: ignore[attr-defined]
     for _ in range(2):
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+        conn = engine.raw_connection()
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+        finally:
+            conn.close()
     return n
 
 

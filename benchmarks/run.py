@@ -391,16 +391,21 @@ def headline(r: dict[str, Any]) -> list[Head]:
                 )
     lo = locks.get("overhead") or {}
     for label, key in (("lease rows", "pg_lease"), ("session advisory locks", "pg_session")):
+        title = f"PostgreSQL lock ({label}) overhead vs the Redis lock (acquire + release)"
+        if lo and key not in lo:
+            missing = f"not run: {locks.get('postgres_missing') or 'no PostgreSQL'}"
+            rows.append(Head(title, missing, "", "<= 2x Redis", None, None))
+            continue
         if key not in lo:
             continue
         added, redis_lock = lo[key]["median_added_ms"], lo["scripts"]["median_added_ms"]
         ratio = _div(added, redis_lock)
         rows.append(
             Head(
-                f"PostgreSQL lock ({label}) overhead vs the Redis lock (acquire + release)",
+                title,
                 f"+{added:.2f} ms",
                 f"Redis scripts on the same worker: +{redis_lock:.2f} ms",
-                "<= 2x",
+                "<= 2x Redis",
                 ratio,
                 ratio is not None and ratio <= 2.0,
             )

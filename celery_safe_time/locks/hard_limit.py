@@ -15,10 +15,11 @@ import os
 import socket
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import redis
-from celery import Task
+from celery import Celery, Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_process_init
 
@@ -52,8 +53,22 @@ def hard_deadline(call: Call, now: float) -> float | None:
     limits = getattr(request, "timelimit", None) if request is not None else None
     hard = limits[0] if limits else None
     if hard is None and call.task is not None:
-        hard = getattr(call.task, "time_limit", None) or call.app.conf.task_time_limit
+        hard = getattr(call.task, "time_limit", None) or _app_time_limit(call.app)
     return now + float(hard) if hard else None
+
+
+#: ``task_time_limit`` per app, read once: the pool took its default limit from it when it started,
+#: and an ``app.conf`` lookup cost tens of microseconds on every locked call.
+_app_limits: weakref.WeakKeyDictionary[Celery, float | None] = weakref.WeakKeyDictionary()
+
+
+def _app_time_limit(app: Celery) -> float | None:
+    try:
+        return _app_limits[app]
+    except KeyError:
+        configured = app.conf.task_time_limit
+        limit = _app_limits[app] = float(configured) if configured else None
+        return limit
 
 
 def locks_of(task: Task) -> tuple[Any, ...]:

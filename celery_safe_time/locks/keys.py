@@ -37,6 +37,14 @@ class KeyBuilder:
         # function has positional-only or *args parameters, which have no usable names.
         positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
         self._by_name = not any(p.kind in positional_kinds for p in params)
+        # Parameters that bind by position with nothing to apply (no defaults, no */**): a call
+        # passing exactly these positionally needs no Signature.bind (the common task call).
+        plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        self._plain_names = {
+            bound: tuple(p.name for p in ps)
+            for bound, ps in ((False, params), (True, params[1:]))
+            if all(p.kind is plain and p.default is inspect.Parameter.empty for p in ps)
+        }
         if isinstance(spec, str):
             self.fields = template_fields(spec)
             self._check_fields(params)
@@ -70,17 +78,24 @@ class KeyBuilder:
 
     def render(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool) -> str:
         """The key for one call; raises ``TypeError`` when the arguments do not fit the function."""
+        names = self._plain_names.get(bound) if isinstance(self.spec, str) else None
+        if names is not None and not kwargs and len(args) == len(names):
+            return self._format(dict(zip(names, args, strict=True)))
         arguments = self.arguments(args, kwargs, bound=bound)
         values = by_name(arguments)
         if isinstance(self.spec, str):
-            try:
-                return self.spec.format(**values)
-            except KeyError as exc:
-                raise TypeError(f"key template {self.spec!r}: no argument {exc.args[0]!r} in this call") from None
+            return self._format(values)
         key = self.spec(**values) if self._by_name else self.spec(*arguments.args, **arguments.kwargs)
         if not isinstance(key, str) or not key:
             raise TypeError(f"key callable {self.spec!r} returned {key!r}; it must return a non-empty string")
         return key
+
+    def _format(self, values: Mapping[str, Any]) -> str:
+        assert isinstance(self.spec, str)
+        try:
+            return self.spec.format(**values)
+        except KeyError as exc:
+            raise TypeError(f"key template {self.spec!r}: no argument {exc.args[0]!r} in this call") from None
 
 
 def by_name(arguments: inspect.BoundArguments) -> dict[str, Any]:

@@ -48,7 +48,9 @@ class Call:
     kwargs: dict[str, Any]
     app: Celery
 
-    @property
+    # Read once per call: ``task.request`` is a lookup in Celery's thread-local request stack, and a
+    # locked call asked for it about ten times (a tenth of the decorator's own time).
+    @functools.cached_property
     def request(self) -> Any:
         return self.task.request if self.task is not None else None
 
@@ -57,7 +59,7 @@ class Call:
         request = self.request
         return getattr(request, "id", None) if request is not None else None
 
-    @property
+    @functools.cached_property
     def in_worker(self) -> bool:
         """True when the call came from a message (so it can be re-queued)."""
         request = self.request
@@ -81,6 +83,11 @@ class Call:
 
     def render(self, builder: KeyBuilder) -> str:
         return builder.render(self.args, self.kwargs, bound=self.bound)
+
+
+def new_token() -> str:
+    """A lock token: 128 random bits as 32 hex digits (``uuid4().hex`` without building a UUID)."""
+    return os.urandom(16).hex()
 
 
 def direct_identity(task_id: str) -> str:
@@ -331,7 +338,7 @@ def acquire(
     earlier_tokens: tuple[str, ...] = (),
 ) -> tuple[Acquired, str]:
     """Run the acquire script; Redis errors become :class:`RedisUnavailable`."""
-    token = token or uuid.uuid4().hex
+    token = token or new_token()
     first_ttl = renewal_ttl(ttl, time.monotonic(), deadline, C.LOCK_HARD_LIMIT_MARGIN)
     try:
         return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
@@ -509,7 +516,7 @@ class TaskLock:
         ttl = self.policy.lock_ttl(call)
         owner = call.owner()
         deadline = hard_deadline(call, time.monotonic())
-        token = uuid.uuid4().hex
+        token = new_token()
         try:
             store = get_lock_store(call.app)
             acquired, token = acquire(

@@ -91,6 +91,11 @@ CREATE TABLE IF NOT EXISTS safe_time_unique (
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS safe_time_unique_expires ON safe_time_unique (expires_at);
+-- The server start time fences were last made safe for (see safe_time_lock_fence_guard_v3).
+CREATE TABLE IF NOT EXISTS safe_time_lock_boot (
+    id integer PRIMARY KEY,
+    started_at timestamptz NOT NULL
+);
 DO $$ BEGIN
     IF to_regclass('safe_time_lock_fence') IS NULL THEN
         EXECUTE 'CREATE SEQUENCE safe_time_lock_fence AS bigint START WITH '
@@ -225,6 +230,50 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- Fences after a crash. An acquire commits without waiting for its WAL flush (below), so a crash can
+-- forget the last acquires, and with them the sequence's WAL record that covered their fences: after
+-- recovery the sequence could hand the same fences out again. The first acquire of every session
+-- (every session after a restart is new) runs this: once per server start, under a transaction
+-- lock, the sequence jumps to at least the database clock in microseconds (fences lag it: they grow
+-- by one per acquire from the clock at creation), above every fence handed out before the restart.
+-- That transaction commits synchronously.
+CREATE OR REPLACE FUNCTION safe_time_lock_fence_guard_v3() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    seen timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('safe_time_lock_fence_guard', 1));
+    SELECT b.started_at INTO seen FROM safe_time_lock_boot b WHERE b.id = 1;
+    IF seen IS DISTINCT FROM pg_postmaster_start_time() THEN
+        PERFORM setval('safe_time_lock_fence', greatest(
+            (SELECT s.last_value FROM safe_time_lock_fence s),
+            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint));
+        INSERT INTO safe_time_lock_boot (id, started_at) VALUES (1, pg_postmaster_start_time())
+        ON CONFLICT (id) DO UPDATE SET started_at = EXCLUDED.started_at;
+    END IF;
+END $$;
+
+-- acquire_v2 committing without waiting for its WAL flush (synchronous_commit off for this one
+-- transaction), after the fence guard on a session's first call. A clean restart (a shutdown
+-- checkpoint) keeps every committed acquire; a crash of the server can forget the acquires of its
+-- last moments (at most 3 x wal_writer_delay, 600 ms by default): their holders learn it at their
+-- next renewal (LockLost), and their fences stay below every later one (the guard).
+CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v3(
+    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
+    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
+RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
+        PERFORM safe_time_lock_fence_guard_v3();
+        PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
+    ELSE
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    RETURN QUERY SELECT * FROM safe_time_lock_acquire_v2(p_name, p_done, p_marker, p_token, p_ttl_ms,
+        p_task_id, p_host, p_pid, p_identity, p_earlier, p_session);
+END $$;
+
 CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v2(
     p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
     p_gone text, p_own boolean)
@@ -268,19 +317,22 @@ BEGIN
 END $$;
 """
 
-_ACQUIRE = sa.text(
-    "SELECT * FROM safe_time_lock_acquire_v2(:name, :done, :marker, :token, :ttl_ms, :task_id, :host,"
-    " :pid, :identity, CAST(:earlier AS text[]), :session)"
+# The four calls of a held lock run on the pooled DBAPI connection itself (the driver's pyformat
+# parameters): SQLAlchemy's Connection around each call cost about as much as the round trip.
+_ACQUIRE = (
+    "SELECT * FROM safe_time_lock_acquire_v3(%(name)s, %(done)s, %(marker)s, %(token)s, %(ttl_ms)s, %(task_id)s,"
+    " %(host)s, %(pid)s, %(identity)s, %(earlier)s::text[], %(session)s)"
 )
-_RENEW = sa.text(
-    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + :ttl_ms * interval '1 millisecond'"
-    " WHERE name = :name AND token = :token AND expires_at > now()"
+_RENEW = (
+    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + %(ttl_ms)s * interval '1 millisecond'"
+    " WHERE name = %(name)s AND token = %(token)s AND expires_at > now()"
 )
 # A release skips its WAL flush (see safe_time_lock_release_v2). The SQL is literal text, table
 # names included: no statement here is built from strings.
-_RELEASE = sa.text("SELECT safe_time_lock_release_v2(:name, :token, :done, :task_id, :done_ms, false)")
-_COMMIT = sa.text(
-    "SELECT * FROM safe_time_lock_commit_v2(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, :session)"
+_RELEASE = "SELECT safe_time_lock_release_v2(%(name)s, %(token)s, %(done)s, %(task_id)s, %(done_ms)s, false)"
+_COMMIT = (
+    "SELECT * FROM safe_time_lock_commit_v2(%(lock)s, %(marker)s, %(token)s, %(window_ms)s, %(task_id)s,"
+    " %(done)s, %(done_ms)s, %(session)s)"
 )
 _HOLDER = sa.text("SELECT token, task_id, host, pid FROM safe_time_lock WHERE name = :name AND expires_at > now()")
 # Columns of a held lock, as _lock_info reads them: name, task_id, host, pid, fence, age, ttl left.
@@ -386,7 +438,7 @@ class PostgresLockStore(LockBackend):
             try:
                 with self.engine.connect() as conn:
                     present = conn.execute(
-                        sa.text("SELECT to_regproc('safe_time_unique_acquire_v2') IS NOT NULL")
+                        sa.text("SELECT to_regproc('safe_time_lock_acquire_v3') IS NOT NULL")
                     ).scalar_one()
                     if not present:
                         conn.execute(sa.text("BEGIN"))
@@ -424,6 +476,61 @@ class PostgresLockStore(LockBackend):
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _unreachable(self, exc: BaseException) -> CoordinationUnavailable:
+        return CoordinationUnavailable(f"{self.describe()} unreachable: {exc}")
+
+    def _dbapi_errors(self) -> tuple[type[Exception], tuple[type[Exception], ...]]:
+        """The driver's base error and the ones that mean the server could not be reached."""
+        dbapi = self.engine.dialect.loaded_dbapi
+        return dbapi.Error, (dbapi.OperationalError, dbapi.InterfaceError)
+
+    def _raw_checkout(self) -> Any:
+        """A pooled DBAPI connection (no SQLAlchemy ``Connection`` around it: the lock calls are one
+        statement each, and that wrapper cost about as much as the round trip)."""
+        self.ensure_schema()
+        unreachable: tuple[type[Exception], ...] = (*self._dbapi_errors()[1], *_UNREACHABLE)
+        try:
+            return self.engine.raw_connection()
+        except unreachable as exc:
+            raise self._unreachable(exc) from exc
+
+    def _fetch(self, conn: Any, statement: str, params: dict[str, Any]) -> Any:
+        """Run ``statement`` on the DBAPI connection ``conn``: its first row, or None (no rows)."""
+        with conn.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchone() if cursor.description is not None else None
+
+    def _rowcount(self, conn: Any, statement: str, params: dict[str, Any]) -> int:
+        with conn.cursor() as cursor:
+            cursor.execute(statement, params)
+            return int(cursor.rowcount)
+
+    def _run_raw(self, work: Callable[[Any], T]) -> T:
+        """:meth:`_run` on a pooled DBAPI connection: a connection that broke is thrown away and
+        ``work`` runs once more (every call here is token-checked, so safe to repeat)."""
+        error, unreachable = self._dbapi_errors()
+        for attempt in (1, 2):
+            conn = self._raw_checkout()
+            try:
+                result = work(conn)
+            except error as exc:
+                disconnected = self.engine.dialect.is_disconnect(exc, conn.dbapi_connection, None)  # type: ignore[arg-type]
+                if disconnected:
+                    conn.invalidate()
+                conn.close()
+                if attempt == 1 and disconnected:
+                    continue
+                if isinstance(exc, unreachable):
+                    raise self._unreachable(exc) from exc
+                raise
+            except BaseException:
+                conn.invalidate()  # a statement may still be running on it
+                conn.close()
+                raise
+            conn.close()
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _maybe_purge(self) -> None:
         now = time.monotonic()
         if now < self._next_purge:
@@ -442,9 +549,11 @@ class PostgresLockStore(LockBackend):
             logger.debug("purged %d expired lock rows", purged)
 
     # --- ownership ------------------------------------------------------------------------------
-    def _acquire_on(self, conn: sa.Connection, key: str, token: str, ttl: float, owner: Owner,
+    def _acquire_on(self, conn: Any, key: str, token: str, ttl: float, owner: Owner,
                     marker: str | None, earlier_tokens: tuple[str, ...]) -> Acquired:  # fmt: skip
-        row = conn.execute(
+        """Run the acquire function on the DBAPI connection ``conn``."""
+        row = self._fetch(
+            conn,
             _ACQUIRE,
             {
                 "name": self.lock_key(key),
@@ -459,7 +568,7 @@ class PostgresLockStore(LockBackend):
                 "earlier": list(earlier_tokens),
                 "session": self.session,
             },
-        ).one()
+        )
         status, fence, own, task_id, host, pid = row
         if status == "acquired":
             return Acquired("acquired", fence=int(fence), took_over=bool(own))
@@ -478,11 +587,11 @@ class PostgresLockStore(LockBackend):
         marker: str | None = None,
         earlier_tokens: tuple[str, ...] = (),
     ) -> Acquired:
-        return self._run(lambda conn: self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens))
+        return self._run_raw(lambda conn: self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens))
 
     def renew(self, key: str, token: str, ttl: float) -> bool:
         params = {"name": self.lock_key(key), "token": token, "ttl_ms": as_ms(ttl)}
-        return bool(self._run(lambda conn: conn.execute(_RENEW, params).rowcount))
+        return bool(self._run_raw(lambda conn: self._rowcount(conn, _RENEW, params)))
 
     def _release_params(self, key: str, token: str, finished: tuple[str, float, str] | None) -> dict[str, Any]:
         params: dict[str, Any] = {"name": self.lock_key(key), "token": token, "done": None, "done_ms": None}
@@ -494,7 +603,7 @@ class PostgresLockStore(LockBackend):
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
         params = self._release_params(key, token, finished)
-        released = bool(self._run(lambda conn: conn.execute(_RELEASE, params).scalar_one()))
+        released = bool(self._run_raw(lambda conn: self._fetch(conn, _RELEASE, params)[0]))
         self._maybe_purge()
         return released
 
@@ -523,7 +632,7 @@ class PostgresLockStore(LockBackend):
         finished: tuple[str, float] | None = None,
     ) -> tuple[bool, bool]:
         params = self._commit_params(lock, marker, token, window, task_id, finished)
-        recorded, released = self._run(lambda conn: conn.execute(_COMMIT, params).one())
+        recorded, released = self._run_raw(lambda conn: self._fetch(conn, _COMMIT, params))
         self._maybe_purge()
         return bool(recorded), bool(released)
 
@@ -679,13 +788,15 @@ class PostgresLockStore(LockBackend):
         """Nothing of its own: the engine is the process's (:func:`~celery_safe_time.coordination.dispose_engines`)."""
 
 
-_SESSION_RENEW = sa.text("SELECT 1 FROM safe_time_lock WHERE name = :name AND token = :token")
-_SESSION_RELEASE = sa.text(
-    "SELECT safe_time_lock_release_v2(:name, :token, :done, :task_id, :done_ms, true), pg_advisory_unlock_all()"
+_SESSION_RENEW = "SELECT 1 FROM safe_time_lock WHERE name = %(name)s AND token = %(token)s"
+_SESSION_RELEASE = (
+    "SELECT safe_time_lock_release_v2(%(name)s, %(token)s, %(done)s, %(task_id)s, %(done_ms)s, true),"
+    " pg_advisory_unlock_all()"
 )
-_SESSION_COMMIT = sa.text(
+_SESSION_COMMIT = (
     "SELECT recorded, released, pg_advisory_unlock_all()"
-    " FROM safe_time_lock_commit_v2(:lock, :marker, :token, :window_ms, :task_id, :done, :done_ms, true)"
+    " FROM safe_time_lock_commit_v2(%(lock)s, %(marker)s, %(token)s, %(window_ms)s, %(task_id)s, %(done)s,"
+    " %(done_ms)s, true)"
 )
 # Rows whose advisory lock some session holds (pg_locks shows a bigint key as classid, objid).
 _ADVISORY_HELD = sa.text(
@@ -710,15 +821,13 @@ class PostgresSessionLockStore(PostgresLockStore):
 
     def __init__(self, config: SafeTimeConfig, engine: sa.Engine | None = None) -> None:
         super().__init__(config, engine)
-        self._held: dict[tuple[str, str], sa.Connection] = {}
+        #: The pooled DBAPI connection (its session holds the advisory lock) of each held (key, token).
+        self._held: dict[tuple[str, str], Any] = {}
         self._held_lock = threading.Lock()
 
-    def _checkout(self) -> sa.Connection:
-        self.ensure_schema()
+    def _checkout(self) -> Any:
         try:
-            return self.engine.connect()
-        except _UNREACHABLE as exc:
-            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            return self._raw_checkout()
         except sa.exc.TimeoutError as exc:
             # Every pooled connection holds a lock of this process: as good as unreachable (re-queue).
             raise CoordinationUnavailable(
@@ -745,12 +854,13 @@ class PostgresSessionLockStore(PostgresLockStore):
             conn = self._held.pop((key, mine)) if mine is not None else None
         if conn is None:
             conn = self._checkout()
+        unreachable = self._dbapi_errors()[1]
         try:
             acquired = self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens)
-        except _UNREACHABLE as exc:
+        except unreachable as exc:
             conn.invalidate()
             conn.close()
-            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         except BaseException:
             conn.invalidate()  # whatever it holds dies with the session
             conn.close()
@@ -764,7 +874,7 @@ class PostgresSessionLockStore(PostgresLockStore):
             self._held[(key, token)] = conn
         return acquired
 
-    def _take(self, key: str, token: str) -> sa.Connection | None:
+    def _take(self, key: str, token: str) -> Any:
         with self._held_lock:
             return self._held.pop((key, token), None)
 
@@ -774,25 +884,26 @@ class PostgresSessionLockStore(PostgresLockStore):
         if conn is None:
             return False
         try:
-            return conn.execute(_SESSION_RENEW, {"name": self.lock_key(key), "token": token}).first() is not None
-        except sa.exc.DBAPIError as exc:
+            return self._fetch(conn, _SESSION_RENEW, {"name": self.lock_key(key), "token": token}) is not None
+        except self._dbapi_errors()[0] as exc:
             # The session is gone, and its advisory lock with it: lost, not merely unreachable.
             logger.warning("overlap lock %r: its PostgreSQL session ended: %s", key, exc)
             return False
 
-    def _finish(self, key: str, token: str, work: Callable[[sa.Connection], T], fallback: Callable[[], T]) -> T:
+    def _finish(self, key: str, token: str, work: Callable[[Any], T], fallback: Callable[[], T]) -> T:
         conn = self._take(key, token)
         if conn is None:
             # Not held here (a hard-limit release from the worker's main process): the session that
             # held it has ended with its process; only the row is left to delete.
             return fallback()
+        unreachable = self._dbapi_errors()[1]
         try:
             result = work(conn)
-        except sa.exc.DBAPIError as exc:
+        except BaseException as exc:
             conn.invalidate()  # closing the session frees its advisory lock
             conn.close()
-            if isinstance(exc, _UNREACHABLE):
-                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            if isinstance(exc, unreachable):
+                raise self._unreachable(exc) from exc
             raise
         conn.close()
         self._maybe_purge()
@@ -803,8 +914,8 @@ class PostgresSessionLockStore(PostgresLockStore):
         return self._finish(
             key,
             token,
-            lambda conn: bool(conn.execute(_SESSION_RELEASE, params).first()[0]),  # type: ignore[index]
-            lambda: bool(self._run(lambda conn: conn.execute(_SESSION_RELEASE, params).first()[0])),  # type: ignore[index]
+            lambda conn: bool(self._fetch(conn, _SESSION_RELEASE, params)[0]),
+            lambda: bool(self._run_raw(lambda conn: self._fetch(conn, _SESSION_RELEASE, params)[0])),
         )
 
     def commit(
@@ -818,11 +929,11 @@ class PostgresSessionLockStore(PostgresLockStore):
     ) -> tuple[bool, bool]:
         params = self._commit_params(lock, marker, token, window, task_id, finished)
 
-        def work(conn: sa.Connection) -> tuple[bool, bool]:
-            recorded, released, _ = conn.execute(_SESSION_COMMIT, params).one()
+        def work(conn: Any) -> tuple[bool, bool]:
+            recorded, released, _ = self._fetch(conn, _SESSION_COMMIT, params)
             return bool(recorded), bool(released)
 
-        return self._finish(lock, token, work, lambda: self._run(work))
+        return self._finish(lock, token, work, lambda: self._run_raw(work))
 
     def _held_rows(self, rows: list[Any]) -> list[Any]:
         """A row whose advisory lock no session holds is left from a holder that died: not held."""

@@ -3,10 +3,14 @@
 --       earlier attempts of this delivery sent without learning the outcome (lost replies).
 -- Returns {"done"} (idempotency marker set), {"finished"} (this delivery already ran to its end),
 -- {"held"|"duplicate", holder task id, host, pid, fence}, or {"acquired", fence, "new"|"own"}.
-if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
-  return {'done'}
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then
+-- One EXISTS for both markers (each redis.call costs the script a few microseconds); which one is
+-- set is only asked when one is.
+local markers
+if KEYS[4] then markers = redis.call('EXISTS', KEYS[3], KEYS[4]) else markers = redis.call('EXISTS', KEYS[3]) end
+if markers > 0 then
+  if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+    return {'done'}
+  end
   return {'finished'}
 end
 local t = redis.call('TIME')
@@ -31,10 +35,12 @@ if cur[1] then
 end
 -- A missing counter (new key, or a Redis that lost its data) starts at Redis TIME in microseconds,
 -- above every fence handed out before (those are at most one per microsecond past their own seed).
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-end
+-- INCR makes a missing counter 1, and a seeded one is never 1: that is the test, one call when seeded.
 local fence = redis.call('INCR', KEYS[2])
+if fence == 1 then
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  fence = redis.call('INCR', KEYS[2])
+end
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
   'identity', ARGV[6], 'fence', fence, 'acquired_at', now, 'renewed_at', now, 'ttl_ms', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -471,3 +471,80 @@ def test_postgres_expired_rows_are_purged_and_status_reads_the_rows(
         assert rows() == dict.fromkeys(tables, 0)
     finally:
         engine.dispose()
+
+
+def _postgres_admin(url: str) -> Any:
+    import sqlalchemy as sa
+
+    return sa.create_engine(url, isolation_level="AUTOCOMMIT")
+
+
+def _cut_other_sessions(admin: Any) -> None:
+    """What a server restart does to a process's pooled connections: the server closes them."""
+    import sqlalchemy as sa
+
+    with admin.connect() as conn:
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+
+
+def test_postgres_lock_calls_reconnect_once_after_the_server_closed_their_connection(
+    make_app: Callable[..., Celery], postgres_coordination_url: str
+) -> None:
+    """The lock calls run on pooled DBAPI connections: one the server closed fails once, is thrown away
+    and the call runs again on a new one (acquire, renew and release are token-checked, so a repeat
+    is safe), as the SQLAlchemy connections did."""
+    store = get_lock_store(make_app(safe_time_coordination_url=postgres_coordination_url))
+    admin = _postgres_admin(postgres_coordination_url)
+    try:
+        assert store.acquire("warm", "t-warm", 5, owner("w")).status == "acquired"
+        assert store.release("warm", "t-warm")
+        _cut_other_sessions(admin)
+        acquired = store.acquire("k", "t-k", 5, owner("a"))
+        assert acquired.status == "acquired"
+        _cut_other_sessions(admin)
+        assert store.renew("k", "t-k", 5)
+        _cut_other_sessions(admin)
+        assert store.release("k", "t-k", ("a:0:0", 60.0, "a"))
+        assert store.acquire("k", "t-again", 5, owner("b")).status == "acquired"
+    finally:
+        admin.dispose()
+
+
+def test_postgres_fences_move_past_the_clock_once_per_server_start(
+    make_app: Callable[..., Celery], postgres_coordination_url: str
+) -> None:
+    """An acquire commits without waiting for its WAL flush, so a crash can forget the last fences the
+    sequence handed out. The first acquire after a new server start (simulated: the recorded start
+    time is made older and every session is new) moves the sequence to the database clock in
+    microseconds, above those; a new session of the same start does not move it again."""
+    import sqlalchemy as sa
+
+    store = get_lock_store(make_app(safe_time_coordination_url=postgres_coordination_url))
+    admin = _postgres_admin(postgres_coordination_url)
+
+    def fence(key: str) -> int:
+        acquired = store.acquire(key, f"t-{key}", 5, owner(key))
+        assert acquired.status == "acquired"
+        assert acquired.fence is not None
+        assert store.release(key, f"t-{key}")
+        return acquired.fence
+
+    try:
+        first = fence("a")
+        assert fence("b") == first + 1
+        with admin.connect() as conn:
+            conn.execute(sa.text("UPDATE safe_time_lock_boot SET started_at = '2000-01-01T00:00:00Z'"))
+            clock_us = conn.execute(sa.text("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"))
+            before = int(clock_us.scalar_one())
+        _cut_other_sessions(admin)
+        after_start = fence("c")
+        assert after_start > before > first + 1
+        _cut_other_sessions(admin)  # a new session, the same server start: no second jump
+        assert fence("d") == after_start + 1
+    finally:
+        admin.dispose()

@@ -141,14 +141,30 @@ def scripts(self: Any, n: int) -> int:
 PG_URL = os.environ.get("SAFE_TIME_BENCH_PG_URL", "")
 
 
-def _pg_app(mode: str) -> Celery:
+#: What an operator who trades the crash window for speed sets: the server's own knob, in the URL.
+NO_FLUSH_OPTIONS = "options=-csynchronous_commit%3Doff"
+
+
+def _pg_app(mode: str, url: str) -> Celery:
     """An app that only carries settings: the worker's tasks use its lock store directly."""
     other = Celery(f"bench_pg_{mode}", broker=BROKER, set_as_current=False)
-    other.conf.update(safe_time_coordination_url=PG_URL, safe_time_coordination_locks=mode)
+    other.conf.update(safe_time_coordination_url=url, safe_time_coordination_locks=mode.split("_")[0])
     return other
 
 
-_PG_APPS = {mode: _pg_app(mode) for mode in ("lease", "session")} if PG_URL else {}
+def _no_flush_url(url: str) -> str:
+    return url + ("&" if "?" in url else "?") + NO_FLUSH_OPTIONS
+
+
+_PG_APPS = (
+    {
+        "lease": _pg_app("lease", PG_URL),
+        "session": _pg_app("session", PG_URL),
+        "lease_noflush": _pg_app("lease_noflush", _no_flush_url(PG_URL)),
+    }
+    if PG_URL
+    else {}
+)
 
 
 def _acquire_release(store: Any, request: Any, n: int) -> None:
@@ -162,6 +178,14 @@ def _acquire_release(store: Any, request: Any, n: int) -> None:
 def pg_lease(self: Any, n: int) -> int:
     """acquire + release on PostgreSQL lease rows (what overlap_lock does on that backend)."""
     _acquire_release(get_lock_store(_PG_APPS["lease"]), self.request, n)
+    return n
+
+
+@app.task(name="bench.pg_lease_noflush", bind=True)
+def pg_lease_noflush(self: Any, n: int) -> int:
+    """acquire + release on PostgreSQL lease rows with ``synchronous_commit=off`` in the URL (no WAL
+    flush per acquire: a crash can forget the last moments' acquires)."""
+    _acquire_release(get_lock_store(_PG_APPS["lease_noflush"]), self.request, n)
     return n
 
 

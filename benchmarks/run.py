@@ -390,7 +390,12 @@ def headline(r: dict[str, Any]) -> list[Head]:
                     )
                 )
     lo = locks.get("overhead") or {}
-    for label, key in (("lease rows", "pg_lease"), ("session advisory locks", "pg_session")):
+    pg_kinds = (
+        ("lease rows, default: acquire waits for its WAL flush", "pg_lease"),
+        ("lease rows, synchronous_commit=off in the URL", "pg_lease_noflush"),
+        ("session advisory locks", "pg_session"),
+    )
+    for label, key in pg_kinds:
         title = f"PostgreSQL lock ({label}) overhead vs the Redis lock (acquire + release)"
         if lo and key not in lo:
             missing = f"not run: {locks.get('postgres_missing') or 'no PostgreSQL'}"

@@ -253,11 +253,13 @@ BEGIN
     END IF;
 END $$;
 
--- acquire_v2 committing without waiting for its WAL flush (synchronous_commit off for this one
--- transaction), after the fence guard on a session's first call. A clean restart (a shutdown
--- checkpoint) keeps every committed acquire; a crash of the server can forget the acquires of its
--- last moments (at most 3 x wal_writer_delay, 600 ms by default): their holders learn it at their
--- next renewal (LockLost), and their fences stay below every later one (the guard).
+-- acquire_v2 after the fence guard on a session's first call. A lease acquire commits as the
+-- server's synchronous_commit says (on by default: it waits for its WAL flush, so neither a restart
+-- nor a crash forgets it). A session-mode acquire does not wait (synchronous_commit off for this one
+-- transaction): any restart ends the sessions and frees their advisory locks anyway. Where an
+-- operator turns synchronous_commit off for the role or in the URL, a crash can forget the acquires
+-- of its last moments (at most 3 x wal_writer_delay): their holders learn it at their next renewal
+-- (LockLost), and their fences stay below every later one (the guard).
 CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v3(
     p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
     p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
@@ -267,7 +269,7 @@ BEGIN
     IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
         PERFORM safe_time_lock_fence_guard_v3();
         PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
-    ELSE
+    ELSIF p_session THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     RETURN QUERY SELECT * FROM safe_time_lock_acquire_v2(p_name, p_done, p_marker, p_token, p_ttl_ms,

@@ -559,7 +559,7 @@ def _sqlalchemy_url(url: str) -> str:
         "postgres-amqp",
     ]
 )
-def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setup]:
+def scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setup]:
     run = RUNS[request.param]
     if not run.no_redis:
         redis_url: str = request.getfixturevalue("redis_url")
@@ -645,15 +645,15 @@ def assert_no_redis(conf: dict[str, Any], env: dict[str, str]) -> None:
 
 @pytest.mark.timeout(1500 if SOAK else 290)
 def test_combined_faults_nothing_lost_nothing_twice(
-    setup: Setup,
+    scenario: Setup,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
     seed = int(os.environ.get("SAFE_TIME_SOAK_SEED") or random.SystemRandom().randrange(1_000_000))
     rng = random.Random(seed)
-    run = setup.run
-    broker_url = setup.broker_url
-    processes = setup.processes
+    run = scenario.run
+    broker_url = scenario.broker_url
+    processes = scenario.processes
     with capsys.disabled():
         print(
             f"\n[faults] seed={seed} mode={'soak' if SOAK else 'short'} broker={run.broker} "
@@ -661,10 +661,10 @@ def test_combined_faults_nothing_lost_nothing_twice(
         )
     started_at = time.monotonic()
 
-    postgres_url = setup.postgres_url
+    postgres_url = scenario.postgres_url
     pg = urlsplit(postgres_url)
     pg_restart_cmd: list[str] | None = None
-    if setup.pg_server is not None:
+    if scenario.pg_server is not None:
         pg_restart_why = "the run's own server: pg_ctl stop -m fast / -m immediate, then start"
     else:
         # A real restart of the machine's PostgreSQL as well as the proxy's cuts (issue: "pg_ctlcluster
@@ -688,15 +688,15 @@ def test_combined_faults_nothing_lost_nothing_twice(
             "unacked_restore_throttle": 1,
         },
     }
-    if setup.lease_server is not None:
-        conf.update(safe_time_redis_url=setup.lease_server.url, result_backend=setup.record_url)
+    if scenario.lease_server is not None:
+        conf.update(safe_time_redis_url=scenario.lease_server.url, result_backend=scenario.record_url)
     else:
         # Coordination in the store's database (through the proxy, so its cuts reach beat and the
         # locks too); no result backend: nothing here reads a result.
         conf.update(safe_time_coordination_url="store", result_backend=None)
     env = {
         "SAFE_TIME_TEST_BROKER_URL": broker_url,
-        "SAFE_TIME_TEST_RECORD_URL": setup.record_url,
+        "SAFE_TIME_TEST_RECORD_URL": scenario.record_url,
         "SAFE_TIME_TEST_STORE_URL": proxied,
         "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
         "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps(SCHEDULE),
@@ -705,7 +705,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     if run.no_redis:
         assert_no_redis(conf, env)
     # The test's own producer app: same broker, same (proxied) store.
-    app = setup.make_app("faults-producer", broker_url=broker_url, safe_time_store_url=proxied, **conf)
+    app = scenario.make_app("faults-producer", broker_url=broker_url, safe_time_store_url=proxied, **conf)
     install(app)
 
     @app.task(base=SafeTask, name="faults.delay", shared=False)
@@ -715,7 +715,9 @@ def test_combined_faults_nothing_lost_nothing_twice(
     direct.ensure_schema()
 
     leader_pid = (
-        _redis_leader_pid(setup.lease_server.url) if setup.lease_server is not None else _postgres_leader_pid(direct)
+        _redis_leader_pid(scenario.lease_server.url)
+        if scenario.lease_server is not None
+        else _postgres_leader_pid(direct)
     )
     cluster = Cluster(processes, env, leader_pid)
     for role in ("w0", "w1", "sweeper", "beat0", "beat1", "beat2"):
@@ -750,14 +752,14 @@ def test_combined_faults_nothing_lost_nothing_twice(
             target=inject_faults,
             args=(
                 cluster,
-                setup.lease_server,
+                scenario.lease_server,
                 proxy,
                 random.Random(seed + 2),
                 faults,
                 time.monotonic() + SIZES.fault_phase,
                 stop,
                 pg_restart_cmd,
-                setup.pg_server,
+                scenario.pg_server,
             ),
             daemon=True,
         ),
@@ -786,8 +788,8 @@ def test_combined_faults_nothing_lost_nothing_twice(
             if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED, C.STATUS_SENT, C.STATUS_STARTED)
             and r.due_at <= now + timedelta(hours=1)
         ]
-        locked_done = {r["n"] for r in setup.records("lock") if r["outcome"] == "finished"}
-        idem_done = {r["key"] for r in setup.records("idem")}
+        locked_done = {r["n"] for r in scenario.records("lock") if r["outcome"] == "finished"}
+        idem_done = {r["key"] for r in scenario.records("idem")}
         drain_state.update(
             open_rows=[(r.id, r.status, str(r.due_at)) for r in open_rows[:5]],
             claimed=counts[C.STATUS_CLAIMED],
@@ -809,11 +811,11 @@ def test_combined_faults_nothing_lost_nothing_twice(
     rows = {r.id: r for r in direct.list(limit=1_000_000)}
     db_now = direct.now()
     delay_runs = collections.defaultdict(list)
-    for r in setup.records("delay"):
+    for r in scenario.records("delay"):
         delay_runs[r["task_id"]].append(r)
-    periodic = setup.records("periodic")
-    lock_runs = setup.records("lock")
-    idem_runs = setup.records("idem")
+    periodic = scenario.records("periodic")
+    lock_runs = scenario.records("lock")
+    idem_runs = scenario.records("idem")
     resets = faults.resets
 
     if run.no_redis:
@@ -829,7 +831,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
 
     # delays: every due one ran to its end once; a run killed mid-body may have been started again
     delay_ends = collections.defaultdict(list)
-    for r in setup.records("delay_end"):
+    for r in scenario.records("delay_end"):
         delay_ends[r["task_id"]].append(r)
     not_cancelled = [tid for tid in load.stored if tid not in load.cancelled]
     ran_once = [tid for tid in not_cancelled if len(delay_ends[tid]) == 1]
@@ -906,7 +908,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     for r in idem_runs:
         idem_by_key[r["key"]].append(r)
     idem_repeats = {k: v for k, v in idem_by_key.items() if len(v) > 1}
-    idem_ok = {r["task_id"] for r in setup.records("idem_ok")}
+    idem_ok = {r["task_id"] for r in scenario.records("idem_ok")}
     admitted_idem = [k for k, v in idem_repeats.items() if reset_between(resets, v[0]["started"], v[-1]["started"])]
     # the docs' window: the process died between the body and the marker (no success recorded)
     cut_short_idem = [
@@ -960,7 +962,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
                 f"own server: -m fast {faults.counts['pg-restart-fast']}, "
                 f"-m immediate (crash) {faults.counts['pg-restart-immediate']}"
             )
-            if setup.pg_server is not None
+            if scenario.pg_server is not None
             else ("pg_ctlcluster restart" if pg_restart_cmd is not None else f"not run: {pg_restart_why}"),
         ),
         ("delays stored", len(load.stored), f"{load.store_errors} StoreError retries while PG was cut"),

@@ -313,6 +313,7 @@ class PostgresServer:
                     f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                     f"unix_socket_directories = '{self.dir}'\nmax_connections = 300\n"
                 )
+        atexit.register(self.stop)  # also when the test is cut short (stop is idempotent)
         out = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w", "-t", "60", "start")
         self._check(out, "pg_ctl start")
         return self

@@ -45,14 +45,13 @@ import redis
 from kombu import Connection
 
 from celery_safe_time.config import mask_url
+from tests.helpers.services import REDIS_DEFAULT_PORT, RedisWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
 CLAIM_KEY = "safe_time_test:db:{db}"  # the same claim keys as the test suite, so runs never collide
 #: ``--coord postgres``: the PostgreSQL the demo makes its throwaway database on (the maintenance db).
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-#: Redis's default port: with no Redis in the run, no process of the demo may hold a connection to it.
-REDIS_DEFAULT_PORT = 6379
 
 
 @dataclass
@@ -398,81 +397,6 @@ def start_postgres(demo: Demo) -> None:
         f"created a throwaway PostgreSQL database {demo.postgres.name} on {mask_url(admin_url).rsplit('/', 1)[0]} "
         "(store and coordination; dropped at the end, no other database is touched)"
     )
-
-
-@dataclass
-class RedisWatch:
-    """The evidence that a run used no Redis: every process the demo started (and their children) is
-    looked at now and then; none may be a ``redis-server`` or hold a TCP connection to the Redis port.
-
-    It reads ``/proc`` (Linux): the process tree under the demo, each process's socket inodes, and the
-    kernel's TCP tables (``/proc/net/tcp``, ``tcp6``) for their ports.
-    """
-
-    samples: int = 0
-    most_processes: int = 0
-    redis_processes: set[str] = field(default_factory=set)
-    redis_connections: set[str] = field(default_factory=set)
-
-    def sample(self) -> None:
-        pids = [os.getpid(), *_descendants(os.getpid())]  # the demo itself reads the results too
-        self.samples += 1
-        self.most_processes = max(self.most_processes, len(pids))
-        remote_port_of = _tcp_remote_ports()
-        for pid in pids:
-            try:
-                comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                fds = os.listdir(f"/proc/{pid}/fd")
-            except OSError:
-                continue  # gone meanwhile
-            if comm.startswith("redis"):
-                self.redis_processes.add(f"{comm} (pid {pid})")
-            for fd in fds:
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("socket:[") and remote_port_of.get(target[8:-1]) == REDIS_DEFAULT_PORT:
-                    self.redis_connections.add(f"{comm} (pid {pid})")
-
-    @property
-    def clean(self) -> bool:
-        return self.samples > 0 and not self.redis_processes and not self.redis_connections
-
-
-def _descendants(root: int) -> list[int]:
-    """Every live process under ``root`` (not ``root`` itself), from ``/proc/*/stat``."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name sits in parentheses and may hold spaces: the ppid is the 2nd field after it.
-        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _tcp_remote_ports() -> dict[str, int]:
-    """Socket inode -> remote port of every TCP socket of this network namespace."""
-    ports: dict[str, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9:
-                ports[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
-    return ports
 
 
 def start_rabbit(demo: Demo) -> None:

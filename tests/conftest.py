@@ -16,7 +16,7 @@ from celery import Celery
 
 from tests.helpers import services
 from tests.helpers.beat import coordination_settings
-from tests.helpers.processes import ProcessManager
+from tests.helpers.processes import ProcessManager, managed_processes
 
 _state: dict[str, Any] = {}
 
@@ -214,12 +214,8 @@ def processes(
         "SAFE_TIME_TEST_STORE_URL": sqlite_url,
         "SAFE_TIME_TEST_APP_CONF": json.dumps({}),
     }
-    manager = ProcessManager(tmp_path, env)
-    yield manager
-    manager.stop_all()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        print(manager.logs())
+    with managed_processes(request, tmp_path, env) as manager:
+        yield manager
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -28,7 +28,7 @@ from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
 from ..config import SafeTimeConfig
-from ..exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
+from ..exceptions import ImproperlyConfigured, LeaseLost, SafeTimeError
 from ..publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
 from .base import OPTION_MISFIRE, LeasedScheduler
@@ -159,6 +159,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if due:  # the fired entries moved on: the next one due is somewhere else now
                 head = self.backend.head()
             self._housekeeping()
+        except LeaseLost as exc:
+            # Not a backend error (those differ per backend, and this one escaped all but Redis's,
+            # killing the beat): this beat was paused past its lease and another took it over.
+            self.keeper.step_down(str(exc))
+            return self.granularity
         except self.backend_errors as exc:
             return self.redis_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
@@ -406,7 +411,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         # Only the lease holder may rewrite the schedule (paused and broken runtime entries keep their
         # state: a resume or a fix continues the grid).
         if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
-            raise RedisUnavailable("lease lost while reconciling")
+            raise LeaseLost("another beat holds the lease: the plan write was refused")
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
             self.backend.prune(version, tombstones)
         self.seen_version = version

@@ -1,13 +1,15 @@
 """The app of the combined fault scenario (``tests/faults``): every feature at once.
 
 - ``SAFE_TIME_TEST_BROKER_URL``: broker and result backend (never restarted by the scenario).
-- ``SAFE_TIME_TEST_RECORD_URL``: where runs are recorded (default: the broker); never flushed.
+- ``SAFE_TIME_TEST_RECORD_URL``: where runs are recorded (default: the broker); never flushed. A
+  ``file:///dir`` URL records them in append-only JSON-lines files of that directory instead, one per
+  kind and process (the run on PostgreSQL coordination, where no Redis may be used at all).
 - ``safe_time_redis_url`` (through ``SAFE_TIME_TEST_APP_CONF``): the lease/lock Redis the
   scenario restarts and flushes.
 - ``SAFE_TIME_TEST_BEAT_SCHEDULE``: JSON periodic entries (``every`` seconds or ``cron`` kwargs).
 
-Records (JSON lists in the record Redis): ``faults:delay`` (stored delays, one item per start),
-``faults:delay_end`` (one item per run that reached its end),
+Records (JSON lists in the record Redis, or ``<kind>.<pid>.jsonl`` files): ``faults:delay`` (stored
+delays, one item per start), ``faults:delay_end`` (one item per run that reached its end),
 ``faults:periodic`` (entry, slot, epoch), ``faults:lock`` (key, start, end, fence, outcome),
 ``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written).
 """
@@ -17,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery
@@ -35,17 +39,30 @@ app.conf.update(
 )
 install(app)
 
-_record = redis.Redis.from_url(
-    os.environ.get("SAFE_TIME_TEST_RECORD_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"],
-    socket_timeout=10,
-    socket_connect_timeout=10,
-)
+_RECORD_URL = os.environ.get("SAFE_TIME_TEST_RECORD_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"]
+#: The directory of a ``file:///dir`` record URL, else None (a Redis URL).
+RECORD_DIR = Path(unquote(urlsplit(_RECORD_URL).path)) if _RECORD_URL.startswith("file:") else None
+# redis-py connects on first use only: with a record directory this client never talks to Redis.
+_record = None if RECORD_DIR else redis.Redis.from_url(_RECORD_URL, socket_timeout=10, socket_connect_timeout=10)
+_files: dict[tuple[int, str], int] = {}
 
 LOCK_TTL = float(os.environ.get("SAFE_TIME_TEST_LOCK_TTL", "10"))
 
 
 def _push(kind: str, **data: Any) -> None:
-    _record.rpush(f"faults:{kind}", json.dumps({**data, "pid": os.getpid()}))
+    line = json.dumps({**data, "pid": os.getpid()})
+    if _record is not None:
+        _record.rpush(f"faults:{kind}", line)
+        return
+    assert RECORD_DIR is not None
+    # A file per kind and process (keyed by pid: a prefork child opens its own after the fork); one
+    # os.write per line on an O_APPEND descriptor, so a kill -9 leaves whole lines only.
+    key = (os.getpid(), kind)
+    fd = _files.get(key)
+    if fd is None:
+        path = RECORD_DIR / f"{kind}.{os.getpid()}.jsonl"
+        fd = _files[key] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, (line + "\n").encode())
 
 
 @app.task(bind=True, base=SafeTask, name="faults.delay")

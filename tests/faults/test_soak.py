@@ -8,9 +8,16 @@ Short by default (part of ``make test``); ``SAFE_TIME_SOAK=1`` scales it to the 
 (10,000 delays, 1,000 locked tasks, 10 minutes). ``SAFE_TIME_SOAK_SEED=<n>`` replays a run.
 
 It runs once per broker: Redis, and RabbitMQ (a vhost of its own; the lease/lock Redis and the
-record Redis stay Redis). Every task is ``acks_late``: a worker killed mid-run has its messages
-redelivered, and a stored delay killed mid-body runs again (at least once) after its heartbeat is
-found dead, never beside itself.
+record Redis stay Redis). A third run puts the coordination in PostgreSQL
+(``safe_time_coordination_url = "store"``) with RabbitMQ as the broker and no Redis at all: no result
+backend, runs recorded in append-only files, a PostgreSQL server of the test's own that the faults
+restart (``pg_ctl stop -m fast`` and ``-m immediate``, a crash) instead of resetting a Redis, and a
+watch on ``/proc`` that no process of the run is or talks to a Redis. There nothing is "admitted":
+every repeat of a slot, key or lock fails the test.
+
+Every task is ``acks_late``: a worker killed mid-run has its messages redelivered, and a stored
+delay killed mid-body runs again (at least once) after its heartbeat is found dead, never beside
+itself.
 
 Stored delays admit nothing: the delivery record lives in PostgreSQL, so every due delay must run to
 its end exactly once (plus re-runs of runs killed mid-body, counted apart). Where the design admits
@@ -50,11 +57,10 @@ from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.exceptions import StoreError
 from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers import services
-from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
-from tests.helpers.services import RedisServer
+from tests.helpers.processes import CeleryProcess, ProcessManager, managed_processes, wait_for
+from tests.helpers.services import PostgresServer, RedisServer, RedisWatch
 
-# serial: it restarts the machine's PostgreSQL, which would cut every other test's connections.
-pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 SOAK = bool(os.environ.get("SAFE_TIME_SOAK"))
 FAULTS_APP = "tests.apps.faults_app"
@@ -120,10 +126,15 @@ SCHEDULE = {
 class Cluster:
     processes: ProcessManager
     env: dict[str, str]
-    lease_redis: redis.Redis
+    #: the pid in the beat lease's holder info (None: nobody holds it, or it cannot be read now)
+    leader_pid: Callable[[], int | None]
     roles: dict[str, CeleryProcess] = field(default_factory=dict)
     killed: list[CeleryProcess] = field(default_factory=list)
+    #: processes that exited by themselves at startup because the coordination database was
+    #: unreachable (documented: beat fails loudly at startup), started again as a supervisor would
+    exited_at_startup: list[CeleryProcess] = field(default_factory=list)
     restarts: collections.Counter[str] = field(default_factory=collections.Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, role: str) -> CeleryProcess:
         n = self.restarts[role]
@@ -145,21 +156,35 @@ class Cluster:
         return proc
 
     def kill(self, role: str) -> None:
-        proc = self.roles[role]
-        proc.send(signal.SIGCONT)
-        proc.kill()
-        self.killed.append(proc)
+        with self.lock:
+            proc = self.roles[role]
+            proc.send(signal.SIGCONT)
+            proc.kill()
+            self.killed.append(proc)
+
+    def revive_exited_at_startup(self, log: FaultLog) -> None:
+        """Start again (as systemd's ``Restart=on-failure`` would) a process that exited at startup
+        saying its store was unreachable; any other exit stays a crash the test reports."""
+        with self.lock:
+            for role, proc in list(self.roles.items()):
+                if proc.alive() or proc in self.killed or not STARTUP_UNREACHABLE.search(proc.log()):
+                    continue
+                log.note(
+                    f"supervisor-restart {role} ({proc.name} exited at startup: database unreachable)", fault=False
+                )
+                self.exited_at_startup.append(proc)
+                self.start(role)
 
     def leader_role(self) -> str | None:
-        try:
-            raw = self.lease_redis.get("safe_time:beat:leader")
-            pid = int(json.loads(raw)["pid"]) if raw else None
-        except (redis.RedisError, ValueError, KeyError):
-            return None
+        pid = self.leader_pid()
         for role, proc in self.roles.items():
             if role.startswith("beat") and proc.alive() and proc.pid == pid:
                 return role
         return None
+
+
+#: What a beat says when it exits at startup because its coordination database does not answer.
+STARTUP_UNREACHABLE = re.compile(r"beat: PostgreSQL .* is unreachable at startup")
 
 
 # --- load -----------------------------------------------------------------------------------
@@ -258,22 +283,28 @@ class FaultLog:
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: list[str] = field(default_factory=list)
 
-    def note(self, what: str) -> None:
+    def note(self, what: str, *, fault: bool = True) -> None:
         self.events.append((time.time(), what))
-        self.counts[what.split(" ")[0]] += 1
+        if fault:
+            self.counts[what.split(" ")[0]] += 1
         print(f"[fault {time.strftime('%H:%M:%S')}] {what}", flush=True)
 
 
 def inject_faults(
     cluster: Cluster,
-    server: RedisServer,
+    server: RedisServer | None,
     proxy: TcpProxy,
     rng: random.Random,
     log: FaultLog,
     until: float,
     stop: threading.Event,
     pg_restart_cmd: list[str] | None = None,
+    pg_server: PostgresServer | None = None,
 ) -> None:
+    """``server``: the lease/lock Redis (restarted and flushed), None when the run has no Redis;
+    ``pg_restart_cmd``: restarts the machine's PostgreSQL; ``pg_server``: the run's own PostgreSQL,
+    stopped (``fast``: orderly; ``immediate``: a crash) and started again."""
+
     def sleep(seconds: float) -> None:
         stop.wait(seconds)
 
@@ -295,12 +326,14 @@ def inject_faults(
         return str(role)
 
     def redis_restart() -> None:
+        assert server is not None
         log.note("redis-restart (lease/lock Redis, no persistence)")
         before = time.time()
         server.restart()
         log.resets.append((before, time.time()))
 
     def redis_flush() -> None:
+        assert server is not None
         log.note("redis-flushall (lease/lock Redis)")
         before = time.time()
         redis.Redis.from_url(server.url).flushall()
@@ -321,6 +354,15 @@ def inject_faults(
         if out.returncode != 0:
             log.errors.append(f"pg-restart failed ({out.returncode}): {out.stderr.strip()}")
 
+    def own_pg_restart(mode: str) -> None:
+        assert pg_server is not None
+        down = rng.uniform(1, 4)
+        log.note(f"pg-restart-{mode} (pg_ctl stop -m {mode}, {down:.1f}s down, start: every connection dropped)")
+        out = pg_server.restart(mode, down=down)
+        if out.returncode != 0:
+            log.errors.append(f"pg-restart -m {mode} failed ({out.returncode}): {out.stderr.strip()}")
+        log.note(f"pg-back after -m {mode}")
+
     faults: list[tuple[str, Callable[[], None]]] = [
         ("kill-leader", lambda: kill_restart(leader())),
         ("pause-leader", lambda: pause(leader(), rng.uniform(LEASE + 2, LEASE + 6))),
@@ -328,12 +370,17 @@ def inject_faults(
         ("pause-worker", lambda: pause(rng.choice(["w0", "w1"]), rng.uniform(2, 5))),
         ("kill-sweeper", lambda: kill_restart("sweeper")),
         ("pause-sweeper", lambda: pause("sweeper", rng.uniform(2, 5))),
-        ("redis-restart", redis_restart),
-        ("redis-flush", redis_flush),
-        ("pg-outage", pg_outage),
     ]
+    if server is not None:
+        faults += [("redis-restart", redis_restart), ("redis-flush", redis_flush)]
+    faults.append(("pg-outage", pg_outage))
     if pg_restart_cmd is not None:
         faults.append(("pg-restart", pg_restart))
+    if pg_server is not None:
+        faults += [
+            ("pg-restart-fast", lambda: own_pg_restart("fast")),
+            ("pg-crash", lambda: own_pg_restart("immediate")),
+        ]
     try:
         first = True  # the first cycle always completes: every fault happens at least once
         while not stop.is_set() and (first or time.monotonic() < until):
@@ -360,10 +407,6 @@ def _close_django_connections() -> None:
     connections.close_all()
 
 
-def records(client: redis.Redis, kind: str) -> list[dict[str, Any]]:
-    return [json.loads(raw) for raw in client.lrange(f"faults:{kind}", 0, -1)]
-
-
 def reset_between(resets: list[tuple[float, float]], a: float, b: float) -> bool:
     """Did the lease/lock Redis lose its data between the instants ``a`` and ``b``?"""
     lo, hi = min(a, b), max(a, b)
@@ -376,6 +419,9 @@ EXPECTED_ERRORS = [
     ("sweep: published, not marked sent", r"sweep: published \d+ stored delays but could not mark them sent"),
     ("beat: lease Redis unreachable", r"beat: Redis unreachable, nothing fires until it is back"),
     ("beat: Redis error in tick", r"beat: Redis error during tick, standing by"),
+    ("beat: coordination PostgreSQL unreachable", r"beat: PostgreSQL unreachable, nothing fires until it is back"),
+    ("beat: PostgreSQL error in tick", r"beat: PostgreSQL error during tick, standing by"),
+    ("beat: exited at startup, PostgreSQL unreachable", r"beat raised exception .*is unreachable at startup"),
     ("lock: lost (Redis reset)", r"overlap lock .* lost"),
     ("lock: task ended with LockLost", r"faults\.locked\[.*\] raised unexpected: LockLost\("),
     ("idem: marker not written", r"idempotency key .* (could not|cannot) be recorded"),
@@ -390,7 +436,9 @@ EXPECTED_EXCEPTIONS = re.compile(
     r"^(celery_safe_time\.exceptions\.(StoreError|RedisUnavailable|LockLost)|redis\.exceptions\.\w+|"
     r"ConnectionRefusedError|ConnectionResetError|BrokenPipeError|TimeoutError|OSError|"
     r"sqlalchemy\.exc\.OperationalError|psycopg\.OperationalError|kombu\.exceptions\.OperationalError|"
-    r"billiard\.exceptions\.WorkerLostError|celery_safe_time\.exceptions\.LeaseLost)"
+    r"billiard\.exceptions\.WorkerLostError|celery_safe_time\.exceptions\.LeaseLost|"
+    r"celery_safe_time\.exceptions\.ImproperlyConfigured: safe_time_coordination_url: beat: PostgreSQL .* "
+    r"is unreachable at startup)"
 )
 
 
@@ -437,46 +485,195 @@ def table(rows: list[tuple[str, Any, str]]) -> str:
 # --- the scenario -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Run:
+    """What one run of the scenario is made of (the rest of it is the same for all three)."""
+
+    broker: str  # "redis" or "amqp"
+    coordination: str  # "redis" (a lease/lock Redis) or "postgres" (the store's database, no Redis)
+
+    @property
+    def no_redis(self) -> bool:
+        return self.coordination == "postgres"
+
+
+RUNS = {
+    "redis": Run("redis", "redis"),
+    "amqp": Run("amqp", "redis"),
+    "postgres-amqp": Run("amqp", "postgres"),
+}
+
+
+@dataclass
+class Setup:
+    run: Run
+    processes: ProcessManager
+    broker_url: str
+    #: the scenario's own database (SQLAlchemy URL): the store, and on PostgreSQL the coordination too
+    postgres_url: str
+    #: where the processes record their runs: a Redis URL or ``file:///dir``
+    record_url: str
+    make_app: Callable[..., Celery]
+    #: the lease/lock Redis the faults restart and flush (None: no Redis in the run)
+    lease_server: RedisServer | None = None
+    #: the run's own PostgreSQL server the faults restart (None: the machine's)
+    pg_server: PostgresServer | None = None
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        parts = urlsplit(self.record_url)
+        if parts.scheme != "file":
+            client = redis.Redis.from_url(self.record_url)
+            try:
+                return [json.loads(raw) for raw in client.lrange(f"faults:{kind}", 0, -1)]
+            finally:
+                client.close()
+        # One file per kind and process (tests/apps/faults_app.py): merged in time order.
+        found = [
+            json.loads(line)
+            for path in Path(parts.path).glob(f"{kind}.*.jsonl")
+            for line in path.read_text().splitlines()
+            if line.strip()
+        ]
+        return sorted(found, key=lambda r: r.get("started") or r.get("ended") or r.get("at") or 0)
+
+
 @pytest.fixture
 def own_postgres_url() -> Iterator[str]:
     """A database of this test's own: the session database holds other tests' rows (some due
     within the hour), which the drain and the invariants would otherwise count as ours."""
     db = services.PostgresDatabase(services.resolve_postgres_admin_url())
-    yield db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+    yield _sqlalchemy_url(db.url)
     db.drop()
+
+
+def _sqlalchemy_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+@pytest.fixture(
+    params=[
+        # serial: these restart the machine's PostgreSQL, which would cut every other test's connections.
+        pytest.param("redis", marks=pytest.mark.serial),
+        pytest.param("amqp", marks=pytest.mark.serial),
+        # A PostgreSQL server, RabbitMQ vhost and files of its own: it can run beside other tests.
+        "postgres-amqp",
+    ]
+)
+def scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setup]:
+    run = RUNS[request.param]
+    if not run.no_redis:
+        redis_url: str = request.getfixturevalue("redis_url")
+        yield Setup(
+            run=run,
+            processes=request.getfixturevalue("processes"),
+            broker_url=redis_url if run.broker == "redis" else request.getfixturevalue("amqp_url"),
+            postgres_url=request.getfixturevalue("own_postgres_url"),
+            record_url=redis_url,
+            make_app=request.getfixturevalue("make_app"),
+            lease_server=request.getfixturevalue("redis_server"),
+        )
+        return
+    # No fixture that touches Redis (redis_url, make_app, processes flush or claim a Redis db).
+    amqp_url: str = request.getfixturevalue("amqp_url")
+    server = PostgresServer().start()
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    apps: list[Celery] = []
+
+    def make_app(main: str, **conf: Any) -> Celery:
+        app = Celery(main, set_as_current=False)
+        app.conf.update(
+            safe_time_store_namespace="tests", broker_connection_retry_on_startup=True, timezone="UTC", **conf
+        )
+        apps.append(app)
+        return app
+
+    try:
+        with managed_processes(request, tmp_path, {}) as processes:
+            yield Setup(
+                run=run,
+                processes=processes,
+                broker_url=amqp_url,
+                postgres_url=_sqlalchemy_url(services.PostgresDatabase(server.admin_url).url),
+                record_url=record_dir.as_uri(),
+                make_app=make_app,
+                pg_server=server,
+            )
+    finally:
+        from celery_safe_time.coordination import dispose_engines
+        from celery_safe_time.delays.stores import reset_store
+
+        for app in apps:
+            reset_store(app)
+            app.close()
+        dispose_engines()
+        server.stop()
+
+
+def _redis_leader_pid(url: str) -> Callable[[], int | None]:
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+    def pid() -> int | None:
+        try:
+            raw = client.get("safe_time:beat:leader")
+            return int(json.loads(raw)["pid"]) if raw else None
+        except (redis.RedisError, ValueError, KeyError):
+            return None
+
+    return pid
+
+
+def _postgres_leader_pid(store: SQLAlchemyStore) -> Callable[[], int | None]:
+    def pid() -> int | None:
+        try:
+            with store.engine.connect() as conn:
+                info = conn.exec_driver_sql(
+                    "SELECT info FROM safe_time_beat_lease WHERE token IS NOT NULL AND expires_at > clock_timestamp()"
+                ).scalar()
+            return int(json.loads(info)["pid"]) if info else None
+        except Exception:  # no table yet, the server restarting: nobody known to hold it now
+            return None
+
+    return pid
+
+
+def assert_no_redis(conf: dict[str, Any], env: dict[str, str]) -> None:
+    """The run on PostgreSQL coordination is given nothing that names a Redis."""
+    given = json.dumps(conf) + json.dumps(env)
+    assert "redis" not in given.lower(), f"a Redis in the settings of a run that must have none: {given}"
 
 
 @pytest.mark.timeout(1500 if SOAK else 290)
 def test_combined_faults_nothing_lost_nothing_twice(
-    processes: ProcessManager,
-    broker_url: str,
-    redis_url: str,
-    redis_client: redis.Redis,
-    redis_server: RedisServer,
-    own_postgres_url: str,
-    make_app: Callable[..., Celery],
+    scenario: Setup,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
     seed = int(os.environ.get("SAFE_TIME_SOAK_SEED") or random.SystemRandom().randrange(1_000_000))
     rng = random.Random(seed)
+    run = scenario.run
+    broker_url = scenario.broker_url
+    processes = scenario.processes
     with capsys.disabled():
         print(
-            f"\n[faults] seed={seed} mode={'soak' if SOAK else 'short'} broker={broker_url.split(':')[0]} "
-            f"(replay: SAFE_TIME_SOAK_SEED={seed})"
+            f"\n[faults] seed={seed} mode={'soak' if SOAK else 'short'} broker={run.broker} "
+            f"coordination={run.coordination} (replay: SAFE_TIME_SOAK_SEED={seed})"
         )
     started_at = time.monotonic()
 
-    postgres_url = own_postgres_url
+    postgres_url = scenario.postgres_url
     pg = urlsplit(postgres_url)
-    # A real restart of the machine's PostgreSQL as well as the proxy's cuts (issue: "pg_ctlcluster
-    # ... restart"); nothing else runs against it while this test does.
-    pg_restart_cmd, pg_restart_why = services.postgres_restart_command(pg.port or 5432)
-    if pg_restart_cmd is None and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"the PostgreSQL restart fault cannot run: {pg_restart_why}")
+    pg_restart_cmd: list[str] | None = None
+    if scenario.pg_server is not None:
+        pg_restart_why = "the run's own server: pg_ctl stop -m fast / -m immediate, then start"
+    else:
+        # A real restart of the machine's PostgreSQL as well as the proxy's cuts (issue: "pg_ctlcluster
+        # ... restart"); nothing else runs against it while this test does.
+        pg_restart_cmd, pg_restart_why = services.postgres_restart_command(pg.port or 5432)
+        if pg_restart_cmd is None and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the PostgreSQL restart fault cannot run: {pg_restart_why}")
     proxy, proxied = proxy_for(postgres_url)
-    conf = {
-        "safe_time_redis_url": redis_server.url,
+    conf: dict[str, Any] = {
         "safe_time_beat_lease": LEASE,
         "safe_time_sweep_interval": 1,
         "safe_time_sweep_queue": "sweep",
@@ -485,23 +682,30 @@ def test_combined_faults_nothing_lost_nothing_twice(
         "safe_time_lock_ttl": LOCK_TTL,
         # A published delay no worker started (a message lost with a killed worker) goes out again.
         "safe_time_delivery_grace": DELIVERY_GRACE,
-        "result_backend": redis_url,
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY,
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
         },
     }
+    if scenario.lease_server is not None:
+        conf.update(safe_time_redis_url=scenario.lease_server.url, result_backend=scenario.record_url)
+    else:
+        # Coordination in the store's database (through the proxy, so its cuts reach beat and the
+        # locks too); no result backend: nothing here reads a result.
+        conf.update(safe_time_coordination_url="store", result_backend=None)
     env = {
         "SAFE_TIME_TEST_BROKER_URL": broker_url,
-        "SAFE_TIME_TEST_RECORD_URL": redis_url,
+        "SAFE_TIME_TEST_RECORD_URL": scenario.record_url,
         "SAFE_TIME_TEST_STORE_URL": proxied,
         "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
         "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps(SCHEDULE),
         "SAFE_TIME_TEST_LOCK_TTL": str(LOCK_TTL),
     }
+    if run.no_redis:
+        assert_no_redis(conf, env)
     # The test's own producer app: same broker, same (proxied) store.
-    app = make_app("faults-producer", broker_url=broker_url, safe_time_store_url=proxied, **conf)
+    app = scenario.make_app("faults-producer", broker_url=broker_url, safe_time_store_url=proxied, **conf)
     install(app)
 
     @app.task(base=SafeTask, name="faults.delay", shared=False)
@@ -510,8 +714,12 @@ def test_combined_faults_nothing_lost_nothing_twice(
     direct = SQLAlchemyStore(postgres_url)
     direct.ensure_schema()
 
-    lease_redis = redis.Redis.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2)
-    cluster = Cluster(processes, env, lease_redis)
+    leader_pid = (
+        _redis_leader_pid(scenario.lease_server.url)
+        if scenario.lease_server is not None
+        else _postgres_leader_pid(direct)
+    )
+    cluster = Cluster(processes, env, leader_pid)
     for role in ("w0", "w1", "sweeper", "beat0", "beat1", "beat2"):
         cluster.start(role)
     for role in ("w0", "w1", "sweeper"):
@@ -521,6 +729,21 @@ def test_combined_faults_nothing_lost_nothing_twice(
     load = Load()
     faults = FaultLog()
     stop = threading.Event()
+
+    def supervise() -> None:
+        while not stop.wait(1):
+            cluster.revive_exited_at_startup(faults)
+
+    threading.Thread(target=supervise, name="supervisor", daemon=True).start()
+    redis_watch = RedisWatch()
+    if run.no_redis:
+
+        def watch_for_redis() -> None:
+            while not stop.wait(2):
+                redis_watch.sample([p.pid for p in processes.procs if p.alive()])
+
+        redis_watch.sample([p.pid for p in processes.procs if p.alive()])
+        threading.Thread(target=watch_for_redis, name="redis-watch", daemon=True).start()
     window = SIZES.fault_phase - 15
     threads = [
         threading.Thread(target=produce_delays, args=(app, rng, load, window, stop), daemon=True),
@@ -529,13 +752,14 @@ def test_combined_faults_nothing_lost_nothing_twice(
             target=inject_faults,
             args=(
                 cluster,
-                redis_server,
+                scenario.lease_server,
                 proxy,
                 random.Random(seed + 2),
                 faults,
                 time.monotonic() + SIZES.fault_phase,
                 stop,
                 pg_restart_cmd,
+                scenario.pg_server,
             ),
             daemon=True,
         ),
@@ -564,8 +788,8 @@ def test_combined_faults_nothing_lost_nothing_twice(
             if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED, C.STATUS_SENT, C.STATUS_STARTED)
             and r.due_at <= now + timedelta(hours=1)
         ]
-        locked_done = {r["n"] for r in records(redis_client, "lock") if r["outcome"] == "finished"}
-        idem_done = {r["key"] for r in records(redis_client, "idem")}
+        locked_done = {r["n"] for r in scenario.records("lock") if r["outcome"] == "finished"}
+        idem_done = {r["key"] for r in scenario.records("idem")}
         drain_state.update(
             open_rows=[(r.id, r.status, str(r.due_at)) for r in open_rows[:5]],
             claimed=counts[C.STATUS_CLAIMED],
@@ -587,13 +811,16 @@ def test_combined_faults_nothing_lost_nothing_twice(
     rows = {r.id: r for r in direct.list(limit=1_000_000)}
     db_now = direct.now()
     delay_runs = collections.defaultdict(list)
-    for r in records(redis_client, "delay"):
+    for r in scenario.records("delay"):
         delay_runs[r["task_id"]].append(r)
-    periodic = records(redis_client, "periodic")
-    lock_runs = records(redis_client, "lock")
-    idem_runs = records(redis_client, "idem")
+    periodic = scenario.records("periodic")
+    lock_runs = scenario.records("lock")
+    idem_runs = scenario.records("idem")
     resets = faults.resets
 
+    if run.no_redis:
+        redis_watch.sample([p.pid for p in processes.procs if p.alive()])  # once more, everything up
+    pg_restarts = sum(faults.counts[k] for k in ("pg-restart", "pg-restart-fast", "pg-restart-immediate"))
     alive_at_end = {role: proc.alive() for role, proc in cluster.roles.items()}
     exit_codes = {}
     # Beats first (nothing new is published), then the sweeper, then the workers finish what they hold.
@@ -604,7 +831,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
 
     # delays: every due one ran to its end once; a run killed mid-body may have been started again
     delay_ends = collections.defaultdict(list)
-    for r in records(redis_client, "delay_end"):
+    for r in scenario.records("delay_end"):
         delay_ends[r["task_id"]].append(r)
     not_cancelled = [tid for tid in load.stored if tid not in load.cancelled]
     ran_once = [tid for tid in not_cancelled if len(delay_ends[tid]) == 1]
@@ -681,7 +908,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     for r in idem_runs:
         idem_by_key[r["key"]].append(r)
     idem_repeats = {k: v for k, v in idem_by_key.items() if len(v) > 1}
-    idem_ok = {r["task_id"] for r in records(redis_client, "idem_ok")}
+    idem_ok = {r["task_id"] for r in scenario.records("idem_ok")}
     admitted_idem = [k for k, v in idem_repeats.items() if reset_between(resets, v[0]["started"], v[-1]["started"])]
     # the docs' window: the process died between the body and the marker (no success recorded)
     cut_short_idem = [
@@ -713,11 +940,30 @@ def test_combined_faults_nothing_lost_nothing_twice(
             sum(faults.counts.values()),
             ", ".join(f"{k} {v}" for k, v in sorted(faults.counts.items())),
         ),
-        ("lease/lock Redis resets (restart + flush)", len(resets), "data loss the design admits"),
         (
-            "PostgreSQL restarts (pg_ctlcluster)",
-            faults.counts["pg-restart"],
-            ok if pg_restart_cmd is not None else f"not run: {pg_restart_why}",
+            ("Redis resets", len(resets), "none: no Redis in this run")
+            if run.no_redis
+            else ("lease/lock Redis resets (restart + flush)", len(resets), "data loss the design admits")
+        ),
+        (
+            (
+                "Redis processes / connections seen",
+                len(redis_watch.redis_processes) + len(redis_watch.redis_connections),
+                (ok if redis_watch.clean else "FAIL")
+                + f" ({redis_watch.samples} looks at up to {redis_watch.most_processes} processes)",
+            )
+            if run.no_redis
+            else ("Redis processes / connections seen", "-", "not watched: Redis is part of this run")
+        ),
+        (
+            "PostgreSQL restarts",
+            pg_restarts,
+            (
+                f"own server: -m fast {faults.counts['pg-restart-fast']}, "
+                f"-m immediate (crash) {faults.counts['pg-restart-immediate']}"
+            )
+            if scenario.pg_server is not None
+            else ("pg_ctlcluster restart" if pg_restart_cmd is not None else f"not run: {pg_restart_why}"),
         ),
         ("delays stored", len(load.stored), f"{load.store_errors} StoreError retries while PG was cut"),
         ("delays cancelled", len(load.cancelled), ok if not cancelled_ran else f"FAIL: {len(cancelled_ran)} ran"),
@@ -755,17 +1001,34 @@ def test_combined_faults_nothing_lost_nothing_twice(
             (ok if not early_slots else "FAIL") + f" (lateness p50 {pct(slot_lateness, 50):.2f}s, "
             f"max {pct(slot_lateness, 100):.1f}s)",
         ),
-        ("periodic slots twice across a Redis reset", len(admitted_slots), "admitted (fired markers lost)"),
+        (
+            "periodic slots twice across a Redis reset",
+            len(admitted_slots),
+            "none: no Redis (any repeat fails)" if run.no_redis else "admitted (fired markers lost)",
+        ),
         ("locked tasks finished", len({r["n"] for r in finished}), f"of {SIZES.locked}"),
         ("lock runs ended by LockLost", len(lock_lost), "holder told, did not write"),
         ("lock overlaps", len(bad_overlaps), ok if not bad_overlaps else "FAIL"),
-        ("lock overlaps during a Redis reset", len(admitted_overlaps), "admitted (lock key lost)"),
+        (
+            "lock overlaps during a Redis reset",
+            len(admitted_overlaps),
+            "none: no Redis (any repeat fails)" if run.no_redis else "admitted (lock key lost)",
+        ),
         ("idempotent keys run", len(idem_by_key), f"of {SIZES.idem_keys}, {load.idem_sent} calls"),
         ("idempotent keys run twice", len(twice_idem), ok if not twice_idem else "FAIL"),
-        ("idempotent keys twice across a Redis reset", len(admitted_idem), "admitted (marker lost)"),
+        (
+            "idempotent keys twice across a Redis reset",
+            len(admitted_idem),
+            "none: no Redis (any repeat fails)" if run.no_redis else "admitted (marker lost)",
+        ),
         ("idempotent keys twice after a killed run", len(cut_short_idem), "admitted (died before its marker)"),
         ("processes killed on purpose", len(cluster.killed), ok if not bad_kill else f"FAIL {bad_kill}"),
         ("processes crashed", len(crashed) + len(bad_exit), ok if not (crashed or bad_exit) else "FAIL"),
+        (
+            "beats exited at startup, database unreachable",
+            len(cluster.exited_at_startup),
+            "documented (fails loudly at startup); started again as a supervisor would",
+        ),
         ("unexpected tracebacks", len(bad_tracebacks), ok if not bad_tracebacks else "FAIL"),
         ("unexpected ERROR lines", len(unexpected_errors), ok if not unexpected_errors else "FAIL"),
         (
@@ -833,6 +1096,9 @@ def test_combined_faults_nothing_lost_nothing_twice(
         "tracebacks": bad_tracebacks[:10],
         "unexpected_errors": unexpected_errors[:20],
         "sweep_errors_logged": sweep_errors_logged,
+        "redis seen": sorted(redis_watch.redis_processes | redis_watch.redis_connections),
+        "admitted with no Redis to reset": (admitted_slots + admitted_overlaps + admitted_idem) if run.no_redis else [],
+        "redis watch never looked": run.no_redis and redis_watch.samples == 0,
     }
     failures = {k: v for k, v in details.items() if v and k != "sweep_errors_logged"}
     assert drain_ok, (
@@ -842,5 +1108,10 @@ def test_combined_faults_nothing_lost_nothing_twice(
     assert not failures, f"{report}\n{json.dumps(failures, indent=1, default=str)}"
     assert len(load.stored) == SIZES.delays + SIZES.far_delays
     assert len(future) >= SIZES.far_delays - len([t for t in load.cancelled if load.stored[t] > 3600])
-    # the PostgreSQL outage was noticed and logged with context by the sweepers
-    assert sweep_errors_logged > 0 or faults.counts["pg-unreachable"] == 0
+    # The PostgreSQL outage was noticed and logged with context: by the sweepers; with the coordination
+    # in that database, beat fires no sweep while it is cut, and the beats' own ERROR lines say it.
+    noticed = sweep_errors_logged
+    if run.no_redis:
+        beat_causes = ("beat: coordination PostgreSQL unreachable", "beat: PostgreSQL error in tick")
+        noticed += sum(error_causes[cause] for cause in beat_causes)
+    assert noticed > 0 or faults.counts["pg-unreachable"] == 0

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,3 +205,17 @@ class ProcessManager:
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)
+
+
+@contextlib.contextmanager
+def managed_processes(request: pytest.FixtureRequest, log_dir: Path, env: dict[str, str]) -> Iterator[ProcessManager]:
+    """A :class:`ProcessManager` for one test: everything killed at the end, the logs printed when
+    the test failed (the ``processes`` fixture; a test that must not touch its Redis uses it directly)."""
+    manager = ProcessManager(log_dir, env)
+    try:
+        yield manager
+    finally:
+        manager.stop_all()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(manager.logs())

@@ -16,7 +16,9 @@ import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +30,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 IN_CI = bool(os.environ.get("CI"))
+#: Redis's default port: with no Redis in a run, none of its processes may hold a connection to it.
+REDIS_DEFAULT_PORT = 6379
 
 
 def unavailable(what: str, package: str, detail: str) -> None:
@@ -246,6 +250,89 @@ def postgres_restart_command(port: int) -> tuple[list[str] | None, str]:
         if len(fields) >= 4 and fields[2] == str(port) and fields[3] == "online":
             return ["pg_ctlcluster", fields[0], fields[1], "restart"], "ok"
     return None, f"no online cluster on port {port} in pg_lsclusters"
+
+
+def _pg_bindir() -> Path | None:
+    bindirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    if bindirs:
+        return bindirs[0]
+    found = shutil.which("pg_ctl")
+    return Path(found).parent if found else None
+
+
+class PostgresServer:
+    """A PostgreSQL server of the test's own (``initdb`` + ``pg_ctl``, a free loopback port, data in a
+    temp dir), for faults that restart it: the machine's server, which other tests share, is never
+    touched. Run as the ``postgres`` user when the tests run as root (postgres refuses root).
+    ``restart("fast")`` is an orderly restart; ``restart("immediate")`` is a crash (no checkpoint, no
+    flush of the WAL buffers, recovery at the next start), as when the server process is killed."""
+
+    USER = "postgres"
+
+    def __init__(self) -> None:
+        bindir = _pg_bindir()
+        if bindir is None:
+            unavailable("PostgreSQL server binaries", "postgresql", "initdb/pg_ctl not found")
+        assert bindir is not None
+        self.bindir = bindir
+        # Not under pytest's tmp_path: its parents are closed to the postgres user.
+        self.dir = Path(tempfile.mkdtemp(prefix="safe-time-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.restarts = 0
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        user = self.USER if os.geteuid() == 0 else None
+        return subprocess.run(
+            [str(self.bindir / args[0]), *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            user=user,
+            cwd=self.dir,
+        )
+
+    def _check(self, out: subprocess.CompletedProcess[str], what: str) -> None:
+        if out.returncode != 0:
+            log = (self.dir / "server.log").read_text()[-2000:] if (self.dir / "server.log").exists() else ""
+            raise RuntimeError(f"{what} failed ({out.returncode}): {out.stderr.strip()}\n{log}")
+
+    def start(self) -> PostgresServer:
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, self.USER, self.USER)
+        if not self.data.exists():
+            self._check(self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres"), "initdb")
+            # In the config file, so every later ``pg_ctl start`` uses them. Default durability otherwise
+            # (fsync, synchronous_commit on): the restarts test what a real server keeps.
+            with open(self.data / "postgresql.conf", "a") as conf:
+                conf.write(
+                    f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                    f"unix_socket_directories = '{self.dir}'\nmax_connections = 300\n"
+                )
+        atexit.register(self.stop)  # also when the test is cut short (stop is idempotent)
+        out = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w", "-t", "60", "start")
+        self._check(out, "pg_ctl start")
+        return self
+
+    def restart(self, mode: str = "fast", down: float = 0.0) -> subprocess.CompletedProcess[str]:
+        """``pg_ctl stop -m <mode>``, ``down`` seconds with no server, ``pg_ctl start``: every
+        connection is dropped; ``immediate`` is a crash and the start runs crash recovery."""
+        self.restarts += 1
+        stop = self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "120", "stop")
+        if stop.returncode != 0:
+            return stop
+        time.sleep(down)
+        log = str(self.dir / "server.log")  # without -l the server would keep our stdout pipe open
+        return self._run("pg_ctl", "-D", str(self.data), "-l", log, "-w", "-t", "120", "start")
+
+    def stop(self) -> None:
+        if self.data.exists():
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class PostgresDatabase:
@@ -474,3 +561,83 @@ class RabbitNode:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
             self.proc.wait(10)
+
+
+# --- no Redis -------------------------------------------------------------------------------
+
+
+@dataclass
+class RedisWatch:
+    """The evidence that a run used no Redis: every process started (and their children) is looked at
+    now and then; none may be a ``redis-server`` or hold a TCP connection to the Redis port.
+
+    It reads ``/proc`` (Linux): the process tree under the demo, each process's socket inodes, and the
+    kernel's TCP tables (``/proc/net/tcp``, ``tcp6``) for their ports.
+    """
+
+    samples: int = 0
+    most_processes: int = 0
+    redis_processes: set[str] = field(default_factory=set)
+    redis_connections: set[str] = field(default_factory=set)
+
+    def sample(self, roots: Sequence[int] = ()) -> None:
+        """Look at ``roots`` and their descendants (default: this process, e.g. the demo, which reads
+        the results too, and everything it started)."""
+        pids = [pid for root in (roots or [os.getpid()]) for pid in (root, *_descendants(root))]
+        self.samples += 1
+        self.most_processes = max(self.most_processes, len(pids))
+        remote_port_of = _tcp_remote_ports()
+        for pid in pids:
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue  # gone meanwhile
+            if comm.startswith("redis"):
+                self.redis_processes.add(f"{comm} (pid {pid})")
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("socket:[") and remote_port_of.get(target[8:-1]) == REDIS_DEFAULT_PORT:
+                    self.redis_connections.add(f"{comm} (pid {pid})")
+
+    @property
+    def clean(self) -> bool:
+        return self.samples > 0 and not self.redis_processes and not self.redis_connections
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process under ``root`` (not ``root`` itself), from ``/proc/*/stat``."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name sits in parentheses and may hold spaces: the ppid is the 2nd field after it.
+        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _tcp_remote_ports() -> dict[str, int]:
+    """Socket inode -> remote port of every TCP socket of this network namespace."""
+    ports: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9:
+                ports[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
+    return ports

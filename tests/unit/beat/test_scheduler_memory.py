@@ -121,3 +121,33 @@ def test_one_leader_each_slot_once_and_a_takeover_continues_the_grid(
         a.close()
         b.close()
     assert data.token is None  # b released the lease on close
+
+
+def test_a_leader_that_loses_its_lease_before_its_first_reconcile_stands_by_and_keeps_running(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, int]]
+) -> None:
+    """A beat paused (SIGSTOP, GC, VM freeze) right after taking the lease wakes up to find another
+    beat holding it: its plan write is refused and it stands by. It used to raise ``RedisUnavailable``
+    out of ``tick``, which only the Redis backend's errors include: on PostgreSQL (and here) the beat
+    process died (found by the fault scenario's run on PostgreSQL coordination)."""
+    a = _scheduler(tmp_path, "a")
+    b = _scheduler(tmp_path, "b")
+    try:
+        assert a.keeper.is_leader  # took the lease at startup, has not ticked (reconciled) yet
+        clock.now += 31.0  # a is paused past its lease; b takes it over
+        b.keeper._stop.clear()
+        assert b.keeper._attempt()
+        b.keeper._stop.set()
+        assert b.keeper.epoch == 2
+        a.tick()  # wakes up: the reconcile's plan write is refused
+        assert not a.keeper.is_leader
+        assert sent == []
+        b.tick()
+        clock.now += 1.0
+        b.tick()
+        assert {epoch for _, _, epoch in sent} == {2}
+        a.tick()  # a standby's tick: nothing, no error
+        assert not a.keeper.is_leader
+    finally:
+        a.close()
+        b.close()

@@ -43,6 +43,10 @@ def test_database_unreachable_nothing_fires_then_one_leader_resumes(
     beats = [processes.beat(BEAT_APP, env=env, name=f"beat{i}") for i in range(2)]
     wait_for(lambda: holder_pid(redis_client, coordination), 30, message="a leader")
     wait_for(lambda: len(runs(redis_client)) >= 2, 30, message="runs")
+    # Both past their startup checks (a beat that cannot reach its database at startup exits): the
+    # banner each logs once its keeper runs.
+    for beat in beats:
+        beat.wait_for_log(r"beat: safe-time -> (leader|standby)", timeout=60)
     before = _epochs_after(redis_client, 0.0)
     proxy.cut()
     cut_at = time.time()

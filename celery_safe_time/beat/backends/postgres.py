@@ -48,7 +48,7 @@ from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
-from ..lease import identity, slot_id
+from ..lease import identity, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -78,8 +78,11 @@ DDL = (
         slot_ms bigint NOT NULL,
         epoch bigint NOT NULL,
         fired_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+        marker text,
         PRIMARY KEY (ns, entry, slot_ms)
     )""",
+    # tables made before the dispatch marker existed (a no-op once it does)
+    "ALTER TABLE safe_time_beat_fired ADD COLUMN IF NOT EXISTS marker text",
     "CREATE INDEX IF NOT EXISTS safe_time_beat_fired_age ON safe_time_beat_fired (ns, fired_at)",
     """CREATE TABLE IF NOT EXISTS safe_time_beat_state (
         ns text NOT NULL,
@@ -120,6 +123,9 @@ DDL = (
 # The SQL below names its tables literally (no string-built SQL anywhere in the package: the
 # table names above are for tests and tools). ``ok`` in the guarded statements is the lease row this
 # token holds, unexpired on the database clock, locked against a take-over until the statement ends.
+# ``mine`` is the fired rows this very call wrote (its ``marker``, new per call: ``lease.marker_value``)
+# in an earlier attempt whose reply was lost: the statement sees the rows committed before it, so the
+# same call run again answers "publish" for them, where any later call answers "already fired".
 
 _ACQUIRE = sa.text("""
 INSERT INTO safe_time_beat_lease AS l (ns, token, epoch, expires_at, info)
@@ -147,9 +153,13 @@ w AS (
         CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[])
     ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, ord)
 ),
+mine AS (
+    SELECT f.entry, f.slot_ms FROM safe_time_beat_fired f
+    WHERE f.ns = :ns AND f.marker = :marker AND (f.entry, f.slot_ms) IN (SELECT entry, slot_ms FROM w)
+),
 fired AS (
-    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch)
-    SELECT :ns, w.entry, w.slot_ms, :epoch FROM w, ok WHERE w.slot_ms IS NOT NULL
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
+    SELECT :ns, w.entry, w.slot_ms, :epoch, :marker FROM w, ok WHERE w.slot_ms IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING entry, slot_ms
 ),
@@ -161,17 +171,23 @@ written AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ok) AS leader,
-       (SELECT count(*) FROM written) AS written,
-       (SELECT json_agg(json_build_array(entry, slot_ms)) FROM fired) AS fresh""")
+       (SELECT count(*) FROM mine) AS mine,
+       (SELECT json_agg(json_build_array(entry, slot_ms))
+        FROM (SELECT entry, slot_ms FROM fired UNION ALL SELECT entry, slot_ms FROM mine) f) AS fresh""")
 
 _DISPATCH_SLOT = sa.text("""
 WITH ok AS (SELECT epoch FROM safe_time_beat_lease
     WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+mine AS (
+    SELECT 1 FROM safe_time_beat_fired
+    WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms AND marker = :marker
+),
 fired AS (
-    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch) SELECT :ns, :entry, :slot_ms, :epoch FROM ok
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
+    SELECT :ns, :entry, :slot_ms, :epoch, :marker FROM ok
     ON CONFLICT DO NOTHING RETURNING 1
 )
-SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM fired)""")
+SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM mine), (SELECT count(*) FROM fired)""")
 
 _FORGET = sa.text("""
 WITH ok AS (SELECT epoch FROM safe_time_beat_lease
@@ -273,6 +289,25 @@ class PostgresLease(BeatLease):
         with self.backend.autocommit() as conn:
             return bool(conn.execute(_RELEASE, self._params()).rowcount == 1)
 
+    def _guarded(self, statement: sa.TextClause, params: dict[str, Any]) -> tuple[Any, ...]:
+        """Run a guarded dispatch statement; when the connection is lost during it, run it once more
+        on a new connection with the same marker.
+
+        The lost reply may be of a statement that committed (the slots are marked fired, by this
+        call, and not published yet) or of one that never reached the server: the retry's ``mine``
+        tells them apart, so the slot is published either way, once. Stepping down instead would
+        miss the slot (its row says "fired"), which a retry of the same call does not.
+        """
+        try:
+            with self.backend.autocommit() as conn:
+                return tuple(conn.execute(statement, params).one())
+        except sa.exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            logger.warning("beat: the PostgreSQL connection broke during a dispatch (%s); asking again", exc.orig)
+        with self.backend.autocommit() as conn:
+            return tuple(conn.execute(statement, params).one())
+
     def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
         if not writes:
             return []
@@ -282,10 +317,12 @@ class PostgresLease(BeatLease):
             slots=[None if w.slot is None else int(slot_id(w.slot)) for w in writes],
             states=[w.state for w in writes],
             nexts=[w.next_fire for w in writes],
+            marker=marker_value(epoch),
         )
-        with self.backend.autocommit() as conn:
-            leader, _, fresh = conn.execute(_WRITE_SLOTS, params).one()
-        if not leader:
+        leader, mine, fresh = self._guarded(_WRITE_SLOTS, params)
+        # rows of our own (an earlier attempt of this call committed, under the lease then): its
+        # verdicts stand even if the lease is gone now
+        if not leader and not mine:
             return [-1] * len(writes)
         # each fresh (entry, slot) answers 1 once: a slot written twice in one batch is fired once
         unclaimed = Counter((str(entry), int(slot_ms)) for entry, slot_ms in (fresh or []))
@@ -304,10 +341,10 @@ class PostgresLease(BeatLease):
 
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
         self.backend.ensure_tables()
-        with self.backend.autocommit() as conn:
-            leader, fresh = conn.execute(
-                _DISPATCH_SLOT, self._params(epoch=epoch, entry=entry, slot_ms=int(slot_id(slot)))
-            ).one()
+        params = self._params(epoch=epoch, entry=entry, slot_ms=int(slot_id(slot)), marker=marker_value(epoch))
+        leader, mine, fresh = self._guarded(_DISPATCH_SLOT, params)
+        if mine:
+            return 1
         if not leader:
             return -1
         return 1 if fresh else 0

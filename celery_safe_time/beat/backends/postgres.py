@@ -13,7 +13,8 @@ the app's ``safe_time_key_prefix``, so apps sharing a database never see each ot
   than ``FIRED_SLOT_TTL`` every ``BEAT_PRUNE_INTERVAL`` (Redis markers expire by themselves).
 - ``safe_time_beat_state`` (primary key ``ns, entry``): each entry's state JSON and its next fire
   time (``next_fire``, NULL when the entry is not scheduled: paused, broken); a partial index on
-  ``next_fire`` is the due set.
+  ``next_fire`` is the due set. ``safe_time_beat_counts`` holds its row counts per ``ns`` (all, and
+  scheduled), kept by statement-level triggers on it, so a tick reads two numbers instead of counting.
 
 Acquire, renew and release are one conditional statement each. A tick's dispatches are one statement
 too: the lease check (``FOR SHARE`` on the lease row, so a standby's take-over waits for it), the
@@ -60,6 +61,7 @@ META_TABLE = "safe_time_beat_meta"
 ENTRIES_TABLE = "safe_time_beat_entries"
 CHANGES_TABLE = "safe_time_beat_changes"
 RUN_NOW_TABLE = "safe_time_beat_run_now"
+COUNTS_TABLE = "safe_time_beat_counts"
 
 #: The advisory lock (transaction level) that serialises table creation between beats starting together.
 _DDL_LOCK = 0x5AFE7135
@@ -93,6 +95,58 @@ DDL = (
     )""",
     "CREATE INDEX IF NOT EXISTS safe_time_beat_state_due ON safe_time_beat_state (ns, next_fire, entry) "
     "WHERE next_fire IS NOT NULL",
+    # The state's row counts per app, kept by a trigger: an idle tick reads them instead of counting
+    # the table (a seq scan: 5 ms at 10,000 entries). A trigger, not the backend's own statements,
+    # so that rows deleted by hand show too (the tick then reconciles, as on Redis after an eviction).
+    """CREATE TABLE IF NOT EXISTS safe_time_beat_counts (
+        ns text PRIMARY KEY,
+        total bigint NOT NULL,
+        due bigint NOT NULL
+    )""",
+    """CREATE OR REPLACE FUNCTION safe_time_beat_state_count() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'TRUNCATE' THEN
+            DELETE FROM safe_time_beat_counts;
+        ELSIF TG_OP = 'INSERT' THEN
+            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
+            SELECT ns, count(*), count(next_fire) FROM new_rows GROUP BY ns
+            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
+            SELECT ns, -count(*), -count(next_fire) FROM old_rows GROUP BY ns
+            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
+        ELSE
+            -- most updates (a dispatch's new state) change no count: those write nothing
+            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
+            SELECT ns, sum(t), sum(d) FROM (
+                SELECT ns, 1 AS t, CASE WHEN next_fire IS NULL THEN 0 ELSE 1 END AS d FROM new_rows
+                UNION ALL
+                SELECT ns, -1, CASE WHEN next_fire IS NULL THEN 0 ELSE -1 END FROM old_rows
+            ) delta GROUP BY ns HAVING sum(t) <> 0 OR sum(d) <> 0
+            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
+        END IF;
+        RETURN NULL;
+    END $$""",
+    # Created once, with the counts of the rows already there (the lock keeps writers out meanwhile).
+    """DO $$
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'safe_time_beat_state_inserted'
+                       AND tgrelid = CAST('safe_time_beat_state' AS regclass)) THEN
+            LOCK TABLE safe_time_beat_state IN SHARE ROW EXCLUSIVE MODE;
+            CREATE TRIGGER safe_time_beat_state_inserted AFTER INSERT ON safe_time_beat_state
+                REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
+            CREATE TRIGGER safe_time_beat_state_updated AFTER UPDATE ON safe_time_beat_state
+                REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
+            CREATE TRIGGER safe_time_beat_state_deleted AFTER DELETE ON safe_time_beat_state
+                REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
+            CREATE TRIGGER safe_time_beat_state_truncated AFTER TRUNCATE ON safe_time_beat_state
+                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
+            DELETE FROM safe_time_beat_counts;
+            INSERT INTO safe_time_beat_counts (ns, total, due)
+                SELECT ns, count(*), count(next_fire) FROM safe_time_beat_state GROUP BY ns;
+        END IF;
+    END $$""",
     # runtime entries: the change counter and the applied marker, definitions, the change log, run-now
     """CREATE TABLE IF NOT EXISTS safe_time_beat_meta (
         ns text PRIMARY KEY,
@@ -204,8 +258,8 @@ removed AS (
 )
 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT count(*) FROM removed)""")
 
-#: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3),
-#: the runtime entries' change counter (4).
+#: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3)
+#: (both from ``safe_time_beat_counts``: no count of the table), the runtime entries' change counter (4).
 _READ_DUE = sa.text("""
 (SELECT entry, next_fire, 0 AS kind FROM safe_time_beat_state
     WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
@@ -213,9 +267,9 @@ UNION ALL
 (SELECT entry, next_fire, 1 FROM safe_time_beat_state
     WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
 UNION ALL
-SELECT NULL, (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL), 2
+SELECT NULL, (SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 2
 UNION ALL
-SELECT NULL, (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns), 3
+SELECT NULL, (SELECT total FROM safe_time_beat_counts WHERE ns = :ns), 3
 UNION ALL
 SELECT NULL, (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), 4""")
 

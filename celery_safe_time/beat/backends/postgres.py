@@ -83,8 +83,15 @@ DDL = (
         marker text,
         PRIMARY KEY (ns, entry, slot_ms)
     )""",
-    # tables made before the dispatch marker existed (a no-op once it does)
-    "ALTER TABLE safe_time_beat_fired ADD COLUMN IF NOT EXISTS marker text",
+    # Tables made before the dispatch marker existed. Looked up first: ALTER TABLE needs the table's
+    # owner and an exclusive lock even when the column is there (a web app's role may not own it).
+    """DO $$
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = CAST('safe_time_beat_fired' AS regclass)
+                       AND attname = 'marker' AND NOT attisdropped) THEN
+            ALTER TABLE safe_time_beat_fired ADD COLUMN marker text;
+        END IF;
+    END $$""",
     "CREATE INDEX IF NOT EXISTS safe_time_beat_fired_age ON safe_time_beat_fired (ns, fired_at)",
     """CREATE TABLE IF NOT EXISTS safe_time_beat_state (
         ns text NOT NULL,
@@ -103,7 +110,13 @@ DDL = (
         total bigint NOT NULL,
         due bigint NOT NULL
     )""",
-    """CREATE OR REPLACE FUNCTION safe_time_beat_state_count() RETURNS trigger LANGUAGE plpgsql AS $$
+    # Made once, not replaced: CREATE OR REPLACE needs the function's owner, which another role of
+    # the same app may not be (a changed body must take a new name).
+    """DO $$
+    BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'safe_time_beat_state_count'
+                   AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())) THEN
+    CREATE FUNCTION safe_time_beat_state_count() RETURNS trigger LANGUAGE plpgsql AS $fn$
     BEGIN
         IF TG_OP = 'TRUNCATE' THEN
             DELETE FROM safe_time_beat_counts;
@@ -126,6 +139,8 @@ DDL = (
             ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
         END IF;
         RETURN NULL;
+    END $fn$;
+    END IF;
     END $$""",
     # Created once, with the counts of the rows already there (the lock keeps writers out meanwhile).
     """DO $$

@@ -158,6 +158,48 @@ def _div(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def _postgres_beat_rows(r: dict[str, Any], f: dict[str, Any] | None) -> list[Head]:
+    """Beat with its lease and state in PostgreSQL (issue 18): the failover race run beside the Redis
+    one, and the ticks of ``benchmarks.beat.bench_backends`` (both backends, same entries, ticked in turn)."""
+    rows: list[Head] = []
+    missing = "not measured (module failed, see log)"
+    pgf = (f or {}).get("SafeScheduler on PostgreSQL (lease 30 s)")
+    if pgf:
+        pg_s, redis_s = pgf.get("failover_s"), (f or {}).get("SafeScheduler (lease 30 s)", {}).get("failover_s")
+        rows.append(
+            Head(
+                "beat failover after kill -9, lease in PostgreSQL (default settings)",
+                f"{pg_s} s" if pg_s is not None else str(pgf.get("note")),
+                f"lease in Redis, same run: {redis_s} s",
+                f"<= lease + lease/3 ({pgf.get('bound_s')} s), as on Redis",
+                _div(pg_s, redis_s),
+                pg_s is not None and pg_s <= float(pgf.get("bound_s", 40)),
+            )
+        )
+    elif f:
+        rows.append(
+            Head("beat failover after kill -9, lease in PostgreSQL", missing, "", "<= lease + lease/3", None, None)
+        )
+    b = r.get("beat", {}).get("backends")
+    if b:
+        n = f"{b.get('entries', 0):,}"
+        for suffix, what in (("", "10 due every second"), (" idle", "none due")):
+            pg, rd = b.get(f"postgres tick{suffix}", {}), b.get(f"redis tick{suffix}", {})
+            ratio = _div(pg.get("p99_ms"), rd.get("p99_ms"))
+            # issue 18 asks for this against the Redis backend; the bar is its locks' (within 2x)
+            rows.append(
+                Head(
+                    f"beat tick p99 on PostgreSQL coordination, {n} entries, {what}",
+                    f"{pg.get('p99_ms')} ms",
+                    f"Redis backend, same entries, ticked in turn: {rd.get('p99_ms')} ms",
+                    "<= 2x the Redis backend",
+                    ratio,
+                    ratio is not None and ratio <= 2.0,
+                )
+            )
+    return rows
+
+
 def headline(r: dict[str, Any]) -> list[Head]:
     rows: list[Head] = []
     missing = "not measured (module failed, see log)"
@@ -209,6 +251,7 @@ def headline(r: dict[str, Any]) -> list[Head]:
                 safe_s is not None and safe_s <= float(safe.get("bound_s", 40)),
             )
         )
+    rows += _postgres_beat_rows(r, f)
     dup = r.get("duplicates", {}).get("duplicates", {})
     if dup.get("ours"):
         o, p = dup["ours"], dup["plain"]
@@ -665,8 +708,9 @@ def write_doc(r: dict[str, Any]) -> str:
         f"Load average (1/5/15 min) before: {lb}; after: {la}. Other work on the VM (test runs, a soak)",
         "makes absolute numbers noisy, so each row compares ours with its baseline measured next to it",
         "in the same run. The duplicate-slot run (N minutes of 6 mostly idle beat processes) and the",
-        "visibility-timeout run (2 workers, a beat, a few dozen tasks) and the beat failover race (4 beats",
-        "waiting out leases) run in the background while the timed modules measure.",
+        "visibility-timeout run (2 workers, a beat, a few dozen tasks) and the beat failover races (6 beats",
+        "waiting out leases: the lease in Redis, in PostgreSQL, celery-redbeat's) run in the background while",
+        "the timed modules measure.",
         "",
         "## The table",
         "",

@@ -23,6 +23,10 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self.cuts = 0
+        #: armed by :meth:`lose_reply`: (the bytes to wait for, whether the server gets them)
+        self._lose: tuple[bytes, bool] | None = None
+        #: how many statements :meth:`lose_reply` caught
+        self.replies_lost = 0
         self.restore()
 
     # --- control ------------------------------------------------------------------------
@@ -54,6 +58,17 @@ class TcpProxy:
         self._stop.set()
         self.cut()
 
+    def lose_reply(self, needle: bytes, *, server_gets_it: bool = True) -> None:
+        """Break the connection of the next client message containing ``needle`` (once).
+
+        ``server_gets_it``: the message is forwarded and the connection dropped when the server's
+        whole reply is in (its ReadyForQuery: the statement ran and, outside a transaction,
+        committed), the reply never reaching the client; otherwise the connection is dropped
+        before the server sees the message. Either way the client sees the same broken connection.
+        """
+        with self._lock:
+            self._lose = (needle, server_gets_it)
+
     @property
     def is_up(self) -> bool:
         return self._listener is not None
@@ -82,25 +97,71 @@ class TcpProxy:
                     upstream.close()
                     continue
                 self._conns |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), name="proxy-pump", daemon=True).start()
+            link = _Link(client, upstream)
+            threading.Thread(target=self._requests, args=(link,), name="proxy-pump", daemon=True).start()
+            threading.Thread(target=self._replies, args=(link,), name="proxy-pump", daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _requests(self, link: _Link) -> None:
         try:
             while True:
-                data = src.recv(65536)
+                data = link.client.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                with self._lock:
+                    lose = self._lose
+                    caught = lose is not None and lose[0] in data
+                    if caught:
+                        self._lose = None
+                        self.replies_lost += 1
+                if caught and lose is not None:
+                    if not lose[1]:
+                        break  # dropped before the server saw it
+                    link.swallow.set()
+                link.upstream.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            with self._lock:
-                self._conns -= {src, dst}
+            if not link.swallow.is_set():
+                self._drop(link)
+
+    def _replies(self, link: _Link) -> None:
+        pending = b""
+        try:
+            while True:
+                data = link.upstream.recv(65536)
+                if not data:
+                    break
+                if link.swallow.is_set():
+                    pending = (pending + data)[-len(_READY_FOR_QUERY) - 1 :]
+                    if pending[:-1].endswith(_READY_FOR_QUERY):
+                        break  # the whole reply is in: never deliver it
+                    continue
+                link.client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._drop(link)
+
+    def _drop(self, link: _Link) -> None:
+        for s in (link.client, link.upstream):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        with self._lock:
+            self._conns -= {link.client, link.upstream}
+
+
+#: The PostgreSQL protocol's ReadyForQuery message, without its status byte: the end of a reply.
+_READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
+
+
+class _Link:
+    """One proxied connection: the client's socket, the server's, and whether to swallow the reply."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.swallow = threading.Event()
 
 
 def proxy_for(url: str) -> tuple[TcpProxy, str]:

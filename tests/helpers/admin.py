@@ -6,22 +6,20 @@ import uuid
 
 from celery import Celery
 
-from celery_safe_time.beat.lease import Lease
+from celery_safe_time.beat.backends import BeatLease, beat_backend
 from celery_safe_time.config import get_config
 from celery_safe_time.locks.store import Owner, get_lock_store
-from celery_safe_time.redis_client import get_redis
 
 #: An app at module level, for the ``SAFE_TIME_CELERY_APP = "module:attr"`` form of the setting.
 DOTTED_APP = Celery("admin-dotted", set_as_current=False)
 
 
-def hold_lease(app: Celery, *, host: str, pid: int) -> Lease:
-    """Take the leader lease with beat's own script, as ``host``/``pid`` (it expires after the lease time)."""
-    config = get_config(app)
-    client = get_redis(config.redis_url)
-    lease = Lease(client, config, info={"host": host, "pid": pid})
-    seconds, micros = client.time()
-    assert lease.acquire(seconds + micros / 1e6) is not None, "another beat holds the lease"
+def hold_lease(app: Celery, *, host: str, pid: int) -> BeatLease:
+    """Take the leader lease as beat does, on the app's beat backend (Redis or PostgreSQL), as
+    ``host``/``pid`` (it expires after the lease time)."""
+    backend = beat_backend(get_config(app))
+    lease = backend.make_lease(info={"host": host, "pid": pid})
+    assert lease.acquire(backend.clock.time()) is not None, "another beat holds the lease"
     return lease
 
 

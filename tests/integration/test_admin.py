@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -272,10 +273,65 @@ def test_overview_with_redis_down_is_a_red_message_not_a_500(
     page = admin_client.get(OVERVIEW)
     assert page.status_code == 200
     body = page.content.decode()
-    assert 'class="bad" id="beat-error"' in body
-    assert "Redis unreachable" in body
+    redis_url = app.conf.safe_time_redis_url
+    assert f'id="beat-error">Beat unavailable: redis {redis_url} unreachable' in body
+    assert 'id="locks-error">Locks unavailable: Redis unreachable' in body
     assert 'id="delays-pending">1<' in body  # the database sections still render
     assert 'class="bar"' in body
+
+
+@pytest.fixture
+def store_coordination() -> Iterator[dict[str, str]]:
+    """Coordination in the Django database (``"store"``), under a key prefix of this test's own; the
+    pooled connections are closed afterwards (pytest-django drops the test database at the end)."""
+    yield {"safe_time_coordination_url": "store", "safe_time_key_prefix": f"adm{uuid.uuid4().hex[:8]}:"}
+    from celery_safe_time.coordination import dispose_engines
+
+    dispose_engines()
+
+
+def test_overview_on_postgres_coordination_shows_the_lease_holder(
+    admin_client: Client, make_app: Callable[..., Celery], settings: Any, store_coordination: dict[str, str]
+) -> None:
+    """Issue 18: with ``safe_time_coordination_url = "store"`` (the Django database, no Redis) the
+    leader, its epoch and the entries are read from the lease and state rows."""
+    app = make_app(
+        "admin-pg",
+        safe_time_store_url="django",
+        beat_schedule={"nightly": {"task": "tests.nightly", "schedule": 3600.0}},
+        **store_coordination,
+    )
+    settings.SAFE_TIME_CELERY_APP = app
+    assert 'class="bad" id="no-leader"' in admin_client.get(OVERVIEW).content.decode()
+    lease = hold_lease(app, host="pg-beat-host", pid=5151)
+    page = admin_client.get(OVERVIEW)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="leader-host">pg-beat-host<' in body
+    assert 'id="leader-pid">5151<' in body
+    assert f'id="leader-epoch">{lease.epoch}<' in body
+    assert re.search(r'id="leader-age">\d+\.\d s<', body)
+    assert "no-leader" not in body
+    assert "beat-error" not in body
+    assert "nightly" in body
+    assert "No locks held." in body  # the locks are on PostgreSQL too
+    assert lease.release()
+    assert 'class="bad" id="no-leader"' in admin_client.get(OVERVIEW).content.decode()
+
+
+def test_overview_with_the_coordination_database_down_is_a_red_message_not_a_500(
+    admin_client: Client, make_app: Callable[..., Celery], settings: Any
+) -> None:
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere"
+    app = make_app("admin-pg-down", safe_time_store_url="django", safe_time_coordination_url=url)
+    settings.SAFE_TIME_CELERY_APP = app
+    DjangoStore().insert(new_delay("pg-down-1", DjangoStore().now() + timedelta(hours=2)))
+    page = admin_client.get(OVERVIEW)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="beat-error">Beat unavailable: postgresql postgresql+psycopg://postgres@127.0.0.1:' in body
+    assert 'id="locks-error">Locks unavailable: ' in body
+    assert 'id="delays-pending">1<' in body
 
 
 def test_the_app_index_and_the_changelist_link_the_overview(admin_client: Client, admin_app: Celery) -> None:

@@ -16,6 +16,7 @@ from importlib import import_module
 from typing import Any
 
 import redis
+import sqlalchemy as sa
 from celery import Celery, current_app
 
 from ... import constants as C
@@ -28,8 +29,15 @@ logger = logging.getLogger(__name__)
 #: Django setting: the Celery app the admin reads (an app object, or "module:attr" / "module.attr").
 APP_SETTING = C.DJANGO_APP_SETTING
 
-#: What a section catches: Redis down, the store down, a bad row; logged, then shown in red.
-SECTION_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError, SafeTimeError, ValueError)
+#: What a section catches: Redis or the coordination database down, the store down, a bad row;
+#: logged, then shown in red.
+SECTION_ERRORS: tuple[type[Exception], ...] = (
+    redis.RedisError,
+    sa.exc.SQLAlchemyError,
+    OSError,
+    SafeTimeError,
+    ValueError,
+)
 
 
 def celery_app() -> Celery:

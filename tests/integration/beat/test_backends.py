@@ -147,3 +147,49 @@ def test_two_apps_on_one_backend_do_not_meet(make_app: Any, coordination: dict[s
     assert b.acquire(0.0) == 1
     assert a.dispatch(1, "e", 100.0, "{}", 110.0) == 1
     assert b.dispatch(1, "e", 100.0, "{}", 110.0) == 1
+
+
+def test_postgres_row_counts_follow_every_write_and_a_delete_by_hand(make_app: Any, postgres_url: str) -> None:
+    """The tick reads the state's counts from ``safe_time_beat_counts`` (kept by triggers), not by
+    counting: they must match the table after each kind of write, the leader's and anyone's."""
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
+
+    backend = beat_backend(get_config(make_app(**coordination_settings(postgres_url))))
+    assert isinstance(backend, PostgresBeatBackend)
+    lease = backend.make_lease()
+    epoch = lease.acquire(0.0)
+    assert epoch is not None
+
+    def counts() -> tuple[int, int]:
+        read = backend.read_due(0.0, 10)
+        with backend.autocommit() as conn:
+            total, due = conn.execute(
+                sa.text("SELECT count(*), count(next_fire) FROM safe_time_beat_state WHERE ns = :ns"),
+                {"ns": backend.ns},
+            ).one()
+        assert (read.state_count, read.due_count) == (total, due)
+        return int(total), int(due)
+
+    def by_hand(sql: str) -> None:
+        with backend.engine().begin() as conn:
+            conn.execute(sa.text(sql), {"ns": backend.ns})
+
+    assert counts() == (0, 0)
+    assert backend.write_plan(lease.token, {"a": "{}", "b": "{}", "c": "{}"}, {"a": 1.0, "b": 2.0, "c": 3.0}, [], [])
+    assert counts() == (3, 3)
+    assert lease.write_slots(epoch, [SlotWrite("a", "{}", 11.0, 1.0), SlotWrite("d", "{}", 4.0)]) == [1, 1]
+    assert counts() == (4, 4)  # an update of a and the insert of d, in one statement
+    assert lease.forget(epoch, ["b"], keep_state=True)
+    assert counts() == (4, 3)
+    assert lease.forget(epoch, ["c"], keep_state=False)
+    assert counts() == (3, 2)
+    backend.entry_seed_state("e", "{}")
+    assert counts() == (4, 2)
+    assert backend.write_plan(lease.token, {"b": "{}"}, {"b": 5.0}, ["d"], ["a"])
+    assert counts() == (3, 1)
+    by_hand("DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = 'b'")
+    assert counts() == (2, 0)
+    by_hand("UPDATE safe_time_beat_state SET next_fire = 9 WHERE ns = :ns")
+    assert counts() == (2, 2)

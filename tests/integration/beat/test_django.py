@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -13,7 +15,7 @@ import redis
 from django.db import connection
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from tests.helpers.beat import beat_env, duplicates, leader_pid, runs
+from tests.helpers.beat import beat_env, duplicates, holder_pid, leader_pid, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -33,8 +35,8 @@ def _slot(run: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(run["headers"]["safe_time_slot"]).timestamp()
 
 
-def _start(processes: ProcessManager, n: int) -> list[CeleryProcess]:
-    env = {**beat_env({}, safe_time_beat_lease=LEASE), "SAFE_TIME_TEST_DJANGO_DB_URL": _db_url()}
+def _start(processes: ProcessManager, n: int, **conf: Any) -> list[CeleryProcess]:
+    env = {**beat_env({}, safe_time_beat_lease=LEASE, **conf), "SAFE_TIME_TEST_DJANGO_DB_URL": _db_url()}
     processes.worker(APP, env=env, name="worker")
     return [processes.beat(APP, env=env, name=f"beat{i}", scheduler=SCHEDULER) for i in range(n)]
 
@@ -198,3 +200,55 @@ def test_a_new_lease_with_a_repeated_epoch_rereads_the_tables(make_app: Any, red
         signals.beat_slot_dispatched.disconnect(on_sent)
         signals.beat_lease_acquired.disconnect(on_acquired)
     assert [at for name, at in sent if name == "dj-edit" and at > taken_at] == []
+
+
+@pytest.fixture
+def store_coordination() -> Iterator[dict[str, str]]:
+    """Beat coordination in the Django database (the Django store, ``"store"``) under a key prefix of
+    this test's own; this process's pooled connections to it are closed afterwards (the test
+    database is dropped)."""
+    yield {
+        "safe_time_store_url": "django",
+        "safe_time_coordination_url": "store",
+        "safe_time_key_prefix": f"dj{uuid.uuid4().hex[:8]}:",
+    }
+    from celery_safe_time.coordination import dispose_engines
+
+    dispose_engines()
+
+
+def test_safe_database_scheduler_on_postgres_coordination_fails_over_without_a_slot_twice(
+    processes: ProcessManager, redis_client: redis.Redis, store_coordination: dict[str, str], make_app: Any
+) -> None:
+    """Issue 18: django-celery-beat's rows, the lease and the fired slots all in the Django database
+    (Redis is only the broker and the test's run log). Real beats (30 s: a kill -9 failover is the
+    point; the end-to-end test above covers the Redis lease)."""
+    from celery_safe_time.beat.backends import beat_backend
+    from celery_safe_time.config import get_config
+
+    every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(name="dj-pg", task="tests.record", interval=every, args='["dj-pg"]')
+    beats = _start(processes, 2, **store_coordination)
+    pid = wait_for(lambda: holder_pid(redis_client, store_coordination), 60, message="a leader")
+    wait_for(lambda: len(runs(redis_client, "dj-pg")) >= 3, 60, message="dj-pg runs")
+    assert not redis_client.exists(f"{store_coordination['safe_time_key_prefix']}beat:lease")
+    leader = next(b for b in beats if b.pid == pid)
+    before = {r["headers"]["safe_time_epoch"] for r in runs(redis_client)}
+    killed_at = time.time()
+    leader.kill()
+    wait_for(
+        lambda: any(r["headers"]["safe_time_epoch"] not in before for r in runs(redis_client)),
+        LEASE + LEASE / 3 + 10,
+        message="a run from the new leader",
+    )
+    took_over = min(float(r["started"]) for r in runs(redis_client) if r["headers"]["safe_time_epoch"] not in before)
+    for beat in beats:
+        beat.terminate()
+    time.sleep(2)
+    assert duplicates(redis_client) == {}
+    assert took_over - killed_at < LEASE + LEASE / 3 + 2  # the bound, plus a tick and the worker's pickup
+    backend = beat_backend(get_config(make_app(**store_coordination)))
+    fired = [_slot(r) for r in runs(redis_client, "dj-pg")]
+    assert all(backend.slot_fired("dj-pg", slot) for slot in fired)  # each published slot has its row
+    row = PeriodicTask.objects.get(name="dj-pg")
+    assert row.total_run_count == len(fired)

@@ -71,6 +71,11 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
 
 
+def load_driver(url: str) -> Any:
+    """Import the DBAPI module ``url`` uses (psycopg, PyMySQL, sqlite3) without connecting."""
+    return sa.engine.make_url(normalize_url(url)).get_dialect().import_dbapi()
+
+
 def _now_sql(dialect: str) -> sa.TextClause:
     query = NOW_SQL.get(dialect)
     if query is None:  # pragma: no cover - guarded by the settings check

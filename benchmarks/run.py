@@ -986,7 +986,11 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             f"**Lateness.** The issue's goal (stored p99 <= 1 s) is {'met' if lt['stored']['p99'] <= 1 else 'missed'}: "
             f"{lt['stored']['p99'] * 1000:.0f} ms vs native {lt['native']['p99'] * 1000:.0f} ms p99. Stored delays "
             "reach the broker one sweep early (lookahead) with `eta=due_at`, so the worker, not the sweep "
-            "interval, sets the firing time.",
+            "interval, sets the firing time. On top of a native task, a stored one makes two store writes in "
+            "the worker: the conditional start, which waits for the WAL flush, and the end (statements compiled "
+            "once and sent on pooled connections without a pre-ping, docs/delays.md). Once a worker's two "
+            "children run tasks slower than they fall due, each later task waits behind the earlier ones, so "
+            "the p99 follows the worker's spare capacity, and with it the host's load.",
             "",
         ]
     return out if len(out) > 2 else []

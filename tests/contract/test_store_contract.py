@@ -8,11 +8,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from celery_safe_time import constants as C
 from celery_safe_time.delays.stores.base import DelayStore
 from celery_safe_time.exceptions import PurgeRefused, StoreError
-from tests.helpers.delays import new_delay
+from tests.helpers.delays import fresh_sql_store, new_delay
 
 pytestmark = pytest.mark.integration
 
@@ -586,3 +587,32 @@ def test_an_end_that_need_not_wait_for_the_disk_is_recorded_the_same(any_store: 
         assert unflushed is not None
         with unflushed.connect() as conn:
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
+
+
+def test_postgres_delivery_writes_survive_cut_connections_and_a_start_sent_twice(postgres_url: str) -> None:
+    """PostgreSQL sends the start, heartbeat and end on pooled connections without a pre-ping: one the
+    server closed is replaced and the statement sent again, and a start sent again by its own run (its
+    reply was lost) wins again and counts once."""
+    store = fresh_sql_store(postgres_url)
+    try:
+        token = _started(store, "cut")
+        assert store.heartbeat("cut", token, "run-1")
+        # The server closes every other connection to this session's database (a restart, an idle timeout).
+        with store.engine.connect() as conn:
+            cut = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        assert cut >= 2  # the durable and the unflushed pool's connections
+        assert store.heartbeat("cut", token, "run-1")
+        assert store.start("cut", token, "run-1", "host-a", stale_after=60).verdict == "run"
+        assert store.start("cut", token, "run-2", "host-b", stale_after=60).verdict == "running"
+        row = store.get("cut")
+        assert row is not None
+        assert (row.status, row.started_by, row.starts) == (C.STATUS_STARTED, "run-1", 1)
+        assert store.finish("cut", token, "run-1", C.OUTCOME_SUCCEEDED)
+        assert store.start("cut", token, "run-1", "host-a", stale_after=60).verdict == "done"
+    finally:
+        store.close()

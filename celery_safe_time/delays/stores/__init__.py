@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 
 from ... import constants as C
 from ...config import get_config
 from .base import DelayStore
 
 __all__ = ["DelayStore", "create_store", "get_store", "set_store"]
+
+logger = logging.getLogger(__name__)
 
 _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -64,3 +69,26 @@ def reset_store(app: Celery) -> None:
     cached = _stores.pop(app, None)
     if cached is not None and cached[0] == os.getpid():
         cached[1].close()
+
+
+def _load_store_driver(sender: Any = None, **_: Any) -> None:
+    """``worker_init`` (the main process, before the pool forks): import the SQL store's database driver.
+
+    Otherwise each pool child imports it on its first stored task, and the tasks due meanwhile wait
+    behind that one (psycopg: 0.15 s on an idle 2-core VM, 2 s at load 10). Opens no connection.
+    """
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    try:
+        url = get_config(app).store_url
+        if url == C.DJANGO_STORE or url.startswith("memory:"):
+            return
+        from .sql import load_driver
+
+        load_driver(url)
+    except Exception as exc:  # the store reports a bad URL or a missing driver itself, on first use
+        logger.debug("store driver not loaded before the pool forks: %s", exc)
+
+
+worker_init.connect(_load_store_driver, weak=False, dispatch_uid="celery_safe_time.delays.stores.load_driver")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine.interfaces import DBAPIModule
 from sqlalchemy.ext.compiler import compiles
 
 from ... import constants as C
@@ -68,6 +69,11 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         return sa.create_engine(url, **options)
     except (ImportError, sa.exc.ArgumentError) as exc:
         raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
+
+
+def load_driver(url: str) -> Any:
+    """Import the DBAPI module ``url`` uses (psycopg, PyMySQL, sqlite3) without connecting."""
+    return sa.engine.make_url(normalize_url(url)).get_dialect().import_dbapi()
 
 
 def _now_sql(dialect: str) -> sa.TextClause:
@@ -326,6 +332,145 @@ def _older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]
     return sa.and_(delays.c.status.in_(wanted), delays.c.updated_at < before)
 
 
+def _bind(name: str, type_: Any = None) -> sa.BindParameter[Any]:
+    """A value given at each run of a statement compiled once (:class:`_RecordWrites`)."""
+    return sa.bindparam(name, type_=type_, required=False)
+
+
+def _start_update(
+    task_id: Any,
+    token: Any,
+    run_id: Any,
+    worker: Any,
+    now: Now,
+    stale_after: float,
+    takeover: sa.ColumnElement[bool] | None,
+    starts: sa.ColumnElement[Any],
+) -> sa.Update:
+    """The conditional start that decides the one run: a row not started yet, or a started one whose run
+    is dead or matches ``takeover`` (run ids of this delivery's earlier copies).
+
+    Values are Python values or binds (:func:`_bind`). ``starts`` is the new start count: MySQL applies
+    SET assignments left to right, so an expression there that reads ``started_by`` would see the new one.
+    """
+    t = delays
+    taken_over = sa.or_(_dead(now, stale_after), *([takeover] if takeover is not None else []))
+    return (
+        sa.update(t)
+        .where(
+            t.c.id == task_id,
+            t.c.delivery_token == token,
+            sa.or_(
+                t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)),
+                sa.and_(_status(C.STATUS_STARTED), taken_over),
+            ),
+        )
+        .values(
+            status=C.STATUS_STARTED,
+            claim_token=None,
+            started_at=now,
+            heartbeat_at=now,
+            finished_at=None,
+            suspected_at=None,
+            outcome=None,
+            worker=worker,
+            started_by=run_id,
+            starts=starts,
+            updated_at=now,
+        )
+    )
+
+
+def _running(task_id: Any, token: Any, run_id: Any) -> sa.ColumnElement[bool]:
+    t = delays
+    return sa.and_(t.c.id == task_id, t.c.delivery_token == token, _status(C.STATUS_STARTED), t.c.started_by == run_id)
+
+
+def _heartbeat_update(task_id: Any, token: Any, run_id: Any, now: Now) -> sa.Update:
+    return sa.update(delays).where(_running(task_id, token, run_id)).values(heartbeat_at=now)
+
+
+def _prepared_heartbeat() -> sa.Update:
+    return _heartbeat_update(_bind("task_id"), _bind("token"), _bind("run_id"), sa.func.clock_timestamp())
+
+
+def _finish_update(task_id: Any, token: Any, run_id: Any, now: Now, outcome: Any, last_error: Any) -> sa.Update:
+    """The end of the run ``run_id``; ``last_error`` None keeps the column as it is."""
+    values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome, "finished_at": now, "updated_at": now}
+    if last_error is not None:
+        values["last_error"] = last_error
+    return sa.update(delays).where(_running(task_id, token, run_id)).values(**values)
+
+
+class _RecordWrites:
+    """PostgreSQL: the delivery record's per-task writes (start, heartbeat, end), each a statement
+    compiled once and sent as it is on a pooled psycopg connection in autocommit.
+
+    Each stored task makes two of them, so what SQLAlchemy does around one statement costs more than
+    the statement: building the construct and its cache key, the execution context, and a pre-ping
+    round trip per checkout. The same SQL text each time also lets psycopg prepare it on the server
+    (after ``prepare_threshold`` runs). Two pools: ``engines[True]`` waits for the WAL flush,
+    ``engines[False]`` has ``synchronous_commit=off``.
+
+    No pre-ping: a pooled connection the server closed (a restart, an idle timeout) fails on its
+    statement instead; the pool is emptied and the statement sent once more on a new connection. Every
+    statement here is safe to send twice: a start names its own run id among those it may take over
+    (and counts once), a heartbeat sets a time, an end that already landed leaves nothing to change.
+    """
+
+    def __init__(self, url: str) -> None:
+        options: dict[str, Any] = {
+            "isolation_level": "AUTOCOMMIT",
+            "pool_pre_ping": False,
+            # Autocommit: a connection goes back with no transaction open, so no ROLLBACK on check-in.
+            "pool_reset_on_return": None,
+            "pool_size": 2,
+        }
+        self.engines = {
+            True: create_engine(url, connect_args={"connect_timeout": 5}, **options),
+            False: create_engine(
+                url, connect_args={"connect_timeout": 5, "options": "-c synchronous_commit=off"}, **options
+            ),
+        }
+        self.dbapi_error: type[DBAPIModule.Error] = self.engines[True].dialect.loaded_dbapi.Error
+        #: key -> (SQL text, values of the binds the statement fixes); a key names one statement shape.
+        self._compiled: dict[Hashable, tuple[str, dict[str, Any]]] = {}
+
+    def dispose(self) -> None:
+        for engine in self.engines.values():
+            engine.dispose()
+
+    def rowcount(self, key: Hashable, build: Callable[[], sa.Update], params: dict[str, Any], *, durable: bool) -> int:
+        """Rows changed by the statement ``key`` (made by ``build`` the first time) with ``params``."""
+        engine = self.engines[durable]
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            # render_postcompile: the inlined literals (_status) become part of the text.
+            statement = build().compile(dialect=engine.dialect, compile_kwargs={"render_postcompile": True})
+            compiled = self._compiled[key] = (statement.string, dict(statement.params))
+        sql, fixed = compiled
+        values = {**fixed, **params}
+        for fresh in (False, True):
+            raw = engine.raw_connection()
+            try:
+                cursor = raw.cursor()
+                try:
+                    cursor.execute(sql, values)
+                    return int(cursor.rowcount)
+                finally:
+                    cursor.close()
+            except self.dbapi_error as exc:
+                if fresh or not engine.dialect.is_disconnect(exc, raw.dbapi_connection, None):
+                    raise
+                raw.invalidate(exc)
+                # The rest of the pool was most likely cut with it: start over on new connections.
+                engine.dispose()
+                logger.info("store connection lost (%s), sending the statement again on a new one", exc)
+            finally:
+                raw.close()
+        raise AssertionError("unreachable")  # pragma: no cover - the second pass returns or raises
+
+
 class SQLAlchemyStore(DelayStore):
     """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it.
 
@@ -341,17 +486,16 @@ class SQLAlchemyStore(DelayStore):
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._schema_ready = False
         self._schema_lock = threading.Lock()
-        #: PostgreSQL: autocommit connections with ``synchronous_commit=off``, a small pool of their own
-        #: (an engine opens no connection until used).
-        self._unflushed_engine: Engine | None = (
-            create_engine(
-                self.engine.url.render_as_string(hide_password=False),
-                isolation_level="AUTOCOMMIT",
-                pool_size=2,
-                connect_args={"connect_timeout": 5, "options": "-c synchronous_commit=off"},
-            )
+        #: PostgreSQL: the delivery record's per-task writes, on pools of their own (see _RecordWrites).
+        self._record_writes = (
+            _RecordWrites(self.engine.url.render_as_string(hide_password=False))
             if self.dialect == "postgresql"
             else None
+        )
+        #: PostgreSQL: autocommit connections with ``synchronous_commit=off`` (an engine opens no
+        #: connection until used).
+        self._unflushed_engine: Engine | None = (
+            self._record_writes.engines[False] if self._record_writes is not None else None
         )
 
     # --- plumbing ----------------------------------------------------------------
@@ -364,8 +508,8 @@ class SQLAlchemyStore(DelayStore):
 
     def close(self) -> None:
         self.engine.dispose()
-        if self._unflushed_engine is not None:
-            self._unflushed_engine.dispose()
+        if self._record_writes is not None:
+            self._record_writes.dispose()
 
     def _fail(self, exc: Exception) -> StoreError:
         return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
@@ -384,26 +528,39 @@ class SQLAlchemyStore(DelayStore):
         return as_utc(conn.execute(_now_sql(self.dialect)).scalar_one())
 
     @contextmanager
-    def _statement_clock(self, *, durable: bool = True) -> Iterator[tuple[Connection, Now]]:
-        """A connection and "now" for the delivery record's per-task writes (start, heartbeat, end).
+    def _statement_clock(self) -> Iterator[tuple[Connection, Now]]:
+        """A connection and "now" for the delivery record's writes where no :class:`_RecordWrites` runs
+        them (SQLite, MySQL/MariaDB; a start that lost, on PostgreSQL).
 
-        PostgreSQL: autocommit and ``clock_timestamp()`` inside the statement, so the common case is
-        one round trip (a conditional UPDATE is atomic on its own). ``durable=False`` takes a connection
-        with ``synchronous_commit=off``: the commit does not wait for the WAL flush (a few ms on a busy
-        disk, the most of such a write), and a server crash may forget the last fraction of a second of
-        them. Elsewhere: one short transaction that reads the database's clock first, like every other
-        write here.
+        PostgreSQL: autocommit and ``clock_timestamp()`` inside the statement (a conditional UPDATE is
+        atomic on its own). Elsewhere: one short transaction that reads the database's clock first,
+        like every other write here.
         """
         if self.dialect != "postgresql":
             with self._begin() as conn:
                 yield conn, self._db_now(conn)
             return
         self.ensure_schema()
-        engine = self._autocommit if durable or self._unflushed_engine is None else self._unflushed_engine
         try:
-            with engine.connect() as conn:
+            with self._autocommit.connect() as conn:
                 yield conn, sa.func.clock_timestamp()
         except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
+
+    def _record_write(
+        self,
+        writes: _RecordWrites,
+        key: Hashable,
+        build: Callable[[], sa.Update],
+        params: dict[str, Any],
+        *,
+        durable: bool,
+    ) -> int:
+        """Rows changed by one per-task write of the delivery record (PostgreSQL); errors become StoreError."""
+        self.ensure_schema()
+        try:
+            return writes.rowcount(key, build, params, durable=durable)
+        except (sa.exc.SQLAlchemyError, writes.dbapi_error) as exc:
             raise self._fail(exc) from exc
 
     def _in_scope(self) -> sa.ColumnElement[bool]:
@@ -669,72 +826,89 @@ class SQLAlchemyStore(DelayStore):
         prior_runs: Sequence[str] = (),
     ) -> StartResult:
         t = delays
-        with self._statement_clock() as (conn, now):
-            taken_over = sa.or_(
-                _dead(now, stale_after), *([t.c.started_by.in_(list(prior_runs))] if prior_runs else [])
-            )
-            result = conn.execute(
-                sa.update(t)
-                .where(
-                    t.c.id == task_id,
-                    t.c.delivery_token == token,
-                    sa.or_(
-                        t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)),
-                        sa.and_(_status(C.STATUS_STARTED), taken_over),
-                    ),
+        worker = worker[: C.DELIVERY_WORKER_LENGTH]
+        writes = self._record_writes
+        if writes is not None:
+            # This run's own id is among the run ids it may take over: a start sent again after its
+            # reply was lost (_RecordWrites) wins again, and counts once.
+            params = {
+                "task_id": task_id,
+                "token": token,
+                "run_id": run_id,
+                "worker": worker,
+                "takeover": [*prior_runs, run_id],
+            }
+
+            def build() -> sa.Update:
+                own = _bind("run_id")
+                return _start_update(
+                    _bind("task_id"),
+                    _bind("token"),
+                    own,
+                    _bind("worker"),
+                    sa.func.clock_timestamp(),
+                    stale_after,
+                    takeover=t.c.started_by == sa.any_(_bind("takeover", postgresql.ARRAY(sa.String))),
+                    starts=sa.case((t.c.started_by == own, t.c.starts), else_=t.c.starts + 1),
                 )
-                .values(
-                    status=C.STATUS_STARTED,
-                    claim_token=None,
-                    started_at=now,
-                    heartbeat_at=now,
-                    finished_at=None,
-                    suspected_at=None,
-                    outcome=None,
-                    worker=worker[: C.DELIVERY_WORKER_LENGTH],
-                    started_by=run_id,
-                    starts=t.c.starts + 1,
-                    updated_at=now,
-                )
-            )
-            if result.rowcount == 1:
+
+            if self._record_write(writes, ("start", stale_after), build, params, durable=True) == 1:
                 return StartResult("run")
-            conn.execute(
-                sa.update(t)
-                .where(t.c.id == task_id, t.c.delivery_token == token, _suspect(now, stale_after))
-                .values(suspected_at=now)
-            )
-            mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
+            with self._statement_clock() as (conn, now):
+                return self._lost_start(conn, now, task_id, token, stale_after)
+        with self._statement_clock() as (conn, now):
+            takeover = t.c.started_by.in_(list(prior_runs)) if prior_runs else None
+            started = _start_update(task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1)
+            if conn.execute(started).rowcount == 1:
+                return StartResult("run")
+            return self._lost_start(conn, now, task_id, token, stale_after)
+
+    def _lost_start(self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float) -> StartResult:
+        """Why a start did not win; a stale heartbeat seen here for the first time becomes a suspicion."""
+        t = delays
+        conn.execute(
+            sa.update(t)
+            .where(t.c.id == task_id, t.c.delivery_token == token, _suspect(now, stale_after))
+            .values(suspected_at=now)
+        )
+        mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
         row = None if mapping is None else DelayRow.from_mapping(mapping)
         return StartResult(start_verdict(row, token), row)
 
-    def _running(self, task_id: str, token: str, run_id: str) -> sa.ColumnElement[bool]:
-        t = delays
-        return sa.and_(
-            t.c.id == task_id, t.c.delivery_token == token, _status(C.STATUS_STARTED), t.c.started_by == run_id
-        )
-
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
-        # Not flushed: a heartbeat a crash forgets is followed by the next one, lock_ttl / 3 later.
-        with self._statement_clock(durable=False) as (conn, now):
-            result = conn.execute(
-                sa.update(delays).where(self._running(task_id, token, run_id)).values(heartbeat_at=now)
-            )
-            return bool(result.rowcount)
+        writes = self._record_writes
+        if writes is not None:
+            # Not flushed: a heartbeat a crash forgets is followed by the next one, lock_ttl / 3 later.
+            params = {"task_id": task_id, "token": token, "run_id": run_id}
+            return bool(self._record_write(writes, ("heartbeat",), _prepared_heartbeat, params, durable=False))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(_heartbeat_update(task_id, token, run_id, now)).rowcount)
 
     def finish(
         self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
     ) -> bool:
-        values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome}
-        if error is not None:
-            values["last_error"] = truncate_error(error)
-        with self._statement_clock(durable=durable) as (conn, now):
-            result = conn.execute(
-                sa.update(delays)
-                .where(self._running(task_id, token, run_id))
-                .values(finished_at=now, updated_at=now, **values)
-            )
-            return bool(result.rowcount)
+        last_error = None if error is None else truncate_error(error)
+        writes = self._record_writes
+        if writes is not None:
+            params = {"task_id": task_id, "token": token, "run_id": run_id, "outcome": outcome}
+            if last_error is not None:
+                params["last_error"] = last_error
+
+            def build() -> sa.Update:
+                error_bind = None if last_error is None else _bind("last_error")
+                return _finish_update(
+                    _bind("task_id"),
+                    _bind("token"),
+                    _bind("run_id"),
+                    sa.func.clock_timestamp(),
+                    _bind("outcome"),
+                    error_bind,
+                )
+
+            key = ("finish", last_error is not None)
+            return bool(self._record_write(writes, key, build, params, durable=durable))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(_finish_update(task_id, token, run_id, now, outcome, last_error)).rowcount)
 
     def requeue_unstarted(self, grace: float) -> int:
         t = delays

@@ -160,7 +160,5 @@ def test_plain_repr_is_celerys_saferepr_or_declines(value: Any) -> None:
     if got is not None:
         assert got == saferepr(value, 1024, maxlevels=3)
     # what it must take: the flat, short, plain values a stored delay's arguments mostly are
-    plain = value in ((), ["x"], {}, {"b": 1, "a": "z", "c": None}) or (
-        isinstance(value, tuple) and len(value) == 9
-    )
+    plain = value in ((), ["x"], {}, {"b": 1, "a": "z", "c": None}) or (isinstance(value, tuple) and len(value) == 9)
     assert (got is not None) == plain

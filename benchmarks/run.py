@@ -303,8 +303,9 @@ def headline(r: dict[str, Any]) -> list[Head]:
                     f"{base.get('p50_s', 0):+.2f} / {base.get('p99_s', 0):+.2f} s"
                     # The burst exists lead_s before its due time: on time needs rows / lead_s rows/s.
                     + (
-                        f" (due {got['lead_s']:.0f} s after it is stored: needs {got['rows'] / got['lead_s']:,.0f}"
-                        f" rows/s; published at {got['rows'] / got['publish_span_s']:,.0f}/s)"
+                        f"; this case: due {got['lead_s']:.0f} s after it is stored, needs "
+                        f"{got['rows'] / got['lead_s']:,.0f} rows/s, published at "
+                        f"{got['rows'] / got['publish_span_s']:,.0f}/s"
                         if got.get("lead_s") and got.get("publish_span_s")
                         else ""
                     ),

@@ -96,7 +96,7 @@ def sweep(
     session = _ConfirmSession(app, config) if config.broker_kind == C.BROKER_AMQP else None
     claims = _Claims(store, batch, lookahead, clock)
     try:
-        claim = claims.make()
+        claim = claims.make() if max_batches is None or max_batches > 0 else _Claim([], "", clock())
         while claim.rows:
             rows, token, claimed_at = claim.rows, claim.token, claim.claimed_at
             stats.batches += 1

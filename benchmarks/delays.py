@@ -292,11 +292,19 @@ def _sweeper_child(conf: dict[str, Any], go: Any, results: Any) -> None:
 
 
 def _raw_publish(
-    env: Env, app: Celery, n: int, broker: str | None = None, confirms: bool = False, build: bool = False
+    env: Env,
+    app: Celery,
+    n: int,
+    broker: str | None = None,
+    confirms: bool = False,
+    build: bool = False,
+    confirm_each: bool = False,
 ) -> float:
     """Raw kombu publish rate of the same task messages (built beforehand, only publish timed).
 
     ``confirms``: on RabbitMQ, in confirm mode with the acks collected after the batch, as the sweep does.
+    ``confirm_each``: on RabbitMQ, kombu's own ``confirm_publish``: each publish waits for its ack, what
+    a per-message publisher that must know its message is taken gets (as a Redis LPUSH waits for its reply).
     ``build``: Celery's message build (``create_task_message``, with the eta) timed too, per message.
     """
     broker = broker or env.redis_url
@@ -306,7 +314,7 @@ def _raw_publish(
         return app.amqp.create_task_message(f"raw-{i}", "tests.delays.record", ("x",), {}, eta=due if build else None)
 
     messages = [] if build else [message(i) for i in range(n)]
-    with Connection(broker) as conn:
+    with Connection(broker, transport_options={"confirm_publish": True} if confirm_each else {}) as conn:
         channel = conn.default_channel
         acked = [0]
         if confirms:
@@ -391,8 +399,11 @@ def bench_sweep_amqp(env: Env, n: int) -> dict[str, Any]:
     if url is None:
         return {"missing": env.amqp_missing}
     app = env.app(url, safe_time_sweep_batch=500)
-    out: dict[str, Any] = {"rows": n, "baseline_messages": n}
+    # A round trip per message: a rate, and a few thousand measure it (20,000 would add a minute).
+    each = min(n, 3_000)
+    out: dict[str, Any] = {"rows": n, "baseline_messages": n, "confirm_each_messages": each}
     raw = [_raw_publish(env, app, n, url)]
+    raw_each = [_raw_publish(env, app, each, url, confirm_each=True)]
     raw_confirmed = [_raw_publish(env, app, n, url, confirms=True)]
     built = [_raw_publish(env, app, n, url, confirms=True, build=True)]
     out["celery_send_task_per_s"] = _send_task_rate(env, app, n, url)
@@ -404,6 +415,7 @@ def bench_sweep_amqp(env: Env, n: int) -> dict[str, Any]:
     env.purge(url)
     reset_store(app)
     raw.append(_raw_publish(env, app, n, url))
+    raw_each.append(_raw_publish(env, app, each, url, confirm_each=True))
     raw_confirmed.append(_raw_publish(env, app, n, url, confirms=True))
     built.append(_raw_publish(env, app, n, url, confirms=True, build=True))
     # Celery's message build alone, the same messages: a ceiling for any publisher of Celery messages.
@@ -414,6 +426,9 @@ def bench_sweep_amqp(env: Env, n: int) -> dict[str, Any]:
     out["raw_kombu_runs"] = raw
     out["raw_kombu_per_s"] = statistics.mean(raw)
     out["raw_kombu_confirmed_per_s"] = statistics.mean(raw_confirmed)
+    #: The goal's baseline: kombu's per-message publish with confirm_publish (each waits for its ack).
+    out["raw_kombu_confirm_each_runs"] = raw_each
+    out["raw_kombu_confirm_each_per_s"] = statistics.mean(raw_each)
     #: Built (Celery's create_task_message) and published per message with batch confirms: no store.
     out["raw_kombu_built_per_s"] = statistics.mean(built)
     store.close()
@@ -985,6 +1000,16 @@ def table(results: dict[str, Any]) -> str:
                 None,
             )
         )
+        if "raw_kombu_confirm_each_per_s" in sa_:
+            rows.append(
+                (
+                    "| (goal) the same sweep vs kombu's per-message publish with `confirm_publish` (each publish "
+                    f"waits for its ack), {sa_['confirm_each_messages']:,} messages "
+                    f"| {sa_['sweep_1_per_s']:.0f} rows/s | {sa_['raw_kombu_confirm_each_per_s']:.0f} msg/s "
+                    f"| {_ratio(sa_['sweep_1_per_s'], sa_['raw_kombu_confirm_each_per_s'])} |",
+                    None,
+                )
+            )
         if "raw_kombu_built_per_s" in sa_:
             rows.append(
                 (

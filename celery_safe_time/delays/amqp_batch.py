@@ -25,6 +25,7 @@ import celery
 from amqp.basic_message import Message
 from amqp.channel import Channel as AmqpChannel
 from amqp.serialization import _write_item, dumps
+from celery.utils.nodenames import anon_nodename
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
 
@@ -284,6 +285,43 @@ _OMITTED: Any = object()
 MIRRORED_CELERY = (5, 7)
 
 
+#: The values :func:`plain_repr` renders itself (``bool`` and ``None`` included: exact types, no subclasses).
+_PLAIN_SCALARS = (int, float, bool, type(None))
+
+
+def plain_repr(value: Any, maxsize: int) -> str | None:
+    """``repr(value)`` when it is what Celery's ``saferepr(value, maxsize)`` returns, else None.
+
+    ``saferepr`` (Celery's ``argsrepr``/``kwargsrepr`` headers, what monitoring shows of a task's
+    arguments) walks the value item by item: about 70 us a message, the largest single cost of
+    Celery's message build. For the common case it equals ``repr``: a list, tuple or dict (string
+    keys) of numbers, booleans, None and short printable ASCII strings without quotes or
+    backslashes (``saferepr`` quotes and escapes those differently), one level deep, well under
+    ``maxsize`` (so nothing is truncated). Anything else returns None and gets ``saferepr`` itself.
+    """
+    kind = type(value)
+    if kind is dict:
+        items: Any = value.items()
+        if not all(type(k) is str and _plain_str(k) and _plain(v) for k, v in items):
+            return None
+    elif kind is list or kind is tuple:
+        if not all(_plain(v) for v in value):
+            return None
+    else:
+        return None
+    text = repr(value)
+    return text if len(text) <= maxsize // 2 else None
+
+
+def _plain(value: Any) -> bool:
+    kind = type(value)
+    return kind in _PLAIN_SCALARS or (kind is str and _plain_str(value))
+
+
+def _plain_str(text: str) -> bool:
+    return text.isascii() and text.isprintable() and "'" not in text and '"' not in text and "\\" not in text
+
+
 def _quorum_queues(app: Any, producer: Any) -> bool:
     from celery.utils.quorum_queues import detect_quorum_queues
 
@@ -300,7 +338,9 @@ class BatchSender:
     exchange, delivery mode, declare, ``before_task_publish`` / ``after_task_publish``, the
     ``task-sent`` event). Left out, because a sweeper never reads its rows' results: the
     ``AsyncResult`` built per call, ``backend.on_task_call`` (on a Redis result backend, a SUBSCRIBE
-    per row that the sweeper would keep) and ``add_to_parent``. On quorum queues with native delayed
+    per row that the sweeper would keep) and ``add_to_parent``. ``argsrepr``/``kwargsrepr`` are
+    Celery's, computed as ``repr`` where that is what ``saferepr`` returns (:func:`plain_repr`), and
+    the ``origin`` header (this host's node name) is looked up once per batch. On quorum queues with native delayed
     delivery (Celery routes an ``eta`` through its ``celery_delayed_*`` exchanges), and on a Celery
     other than :data:`MIRRORED_CELERY` (whose ``send_task`` this follows), rows go through
     ``app.send_task`` itself, into the same buffer and under the same confirms.
@@ -316,6 +356,10 @@ class BatchSender:
         self._parent = app.current_worker_task
         self._router = app.amqp.router
         self._exec_options: dict[str, dict[str, Any]] = {}
+        #: What as_task_v2 would look up per message (the host's node name, the repr limits).
+        self._origin = anon_nodename()
+        self._argsrepr_max = app.amqp.argsrepr_maxsize
+        self._kwargsrepr_max = app.amqp.kwargsrepr_maxsize
         #: Celery's own ``send_task`` per row: on another Celery than the one mirrored here, and on
         #: quorum queues (native delayed delivery reroutes messages with an eta).
         self.via_send_task = celery.VERSION[:2] != MIRRORED_CELERY or _quorum_queues(app, producer)
@@ -395,6 +439,13 @@ class BatchSender:
                 at = isoparse(expires) if isinstance(expires, str) else expires
                 seconds = subtract_datetimes(at, app.now()).total_seconds()
             options["expiration"] = max(0, seconds)  # past: expire on arrival unless consumed (as send_task)
+        # For the message only (send_task_message would pass them on as message properties).
+        build: dict[str, Any] = {"origin": self._origin} if "origin" not in options else {}
+        # One level deep, so saferepr's depth limit (task_repr_maxlevels) never applies to these.
+        if "argsrepr" not in options:
+            build["argsrepr"] = plain_repr(args or (), self._argsrepr_max)
+        if "kwargsrepr" not in options:
+            build["kwargsrepr"] = plain_repr(kwargs or {}, self._kwargsrepr_max)
         parent = self._parent
         if parent and (not root_id or not parent_id):
             root_id = root_id or parent.request.root_id or parent.request.id
@@ -405,7 +456,7 @@ class BatchSender:
             task_id, name, args, kwargs, countdown, eta, group_id, group_index, expires, retries, chord,
             maybe_list(link), maybe_list(link_error), reply_to or self._reply_to, time_limit, soft_time_limit,
             self._send_event, root_id, parent_id, shadow, chain,
-            ignore_result=ignore_result, replaced_task_nesting=replaced_task_nesting, **options,
+            ignore_result=ignore_result, replaced_task_nesting=replaced_task_nesting, **build, **options,
         )  # fmt: skip
         for stamp in options.pop("stamped_headers", []):
             options.pop(stamp)

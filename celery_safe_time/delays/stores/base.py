@@ -219,6 +219,10 @@ class DelayStore(abc.ABC):
     #: and purges only rows of this namespace and legacy ones (stored before namespaces). None (a
     #: store built by hand, without an app) sees every row and stores legacy ones.
     namespace: str | None = None
+    #: Whether the sweep may make its next claim in a thread of its own while it publishes a batch
+    #: (the claim's round trips overlap the publish). Off unless a store's connections are thread-safe
+    #: and cost nothing to open from another thread (not Django's, which are per thread).
+    claims_in_background: bool = False
 
     @property
     def scope(self) -> tuple[str, ...] | None:

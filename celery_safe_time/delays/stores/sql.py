@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -482,6 +482,9 @@ class SQLAlchemyStore(DelayStore):
         self.url = url
         self.engine = engine if engine is not None else create_engine(url)
         self.dialect = self.engine.dialect.name
+        # A server database's pool is thread-safe: the sweep claims its next batch in a thread. Not
+        # SQLite's (one writer, and an in-memory database is one per thread's connection).
+        self.claims_in_background = self.dialect != "sqlite"
         #: Same pool; each checkout in autocommit (reset when it goes back to the pool).
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._schema_ready = False
@@ -527,15 +530,29 @@ class SQLAlchemyStore(DelayStore):
     def _db_now(self, conn: Connection) -> datetime:
         return as_utc(conn.execute(_now_sql(self.dialect)).scalar_one())
 
-    @contextmanager
-    def _statement_clock(self) -> Iterator[tuple[Connection, Now]]:
-        """A connection and "now" for the delivery record's writes where no :class:`_RecordWrites` runs
-        them (SQLite, MySQL/MariaDB; a start that lost, on PostgreSQL).
+    def _sweep_clock(self) -> AbstractContextManager[tuple[Connection, Any]]:
+        """A connection and "now" for the sweep's claim and its mark sent / expired / failed / released.
 
-        PostgreSQL: autocommit and ``clock_timestamp()`` inside the statement (a conditional UPDATE is
-        atomic on its own). Elsewhere: one short transaction that reads the database's clock first,
-        like every other write here.
+        PostgreSQL: one autocommit statement with ``statement_timestamp()`` as now, so a claim or a
+        batch's mark sent is one round trip (not BEGIN, the clock, the statement, COMMIT: four). A
+        single UPDATE is atomic on its own, and the claim's ``FOR UPDATE SKIP LOCKED`` holds its locks
+        for that statement, which is all the claim needs. ``statement_timestamp()`` (not
+        ``clock_timestamp()``) because it is stable: the claim's ``due_at <= now + look-ahead`` stays an
+        index bound, and every row of one statement gets the same time.
         """
+        return self._one_statement(sa.type_coerce(sa.func.statement_timestamp(), UTCDateTime))
+
+    def _statement_clock(self) -> AbstractContextManager[tuple[Connection, Now]]:
+        """A connection and "now" for the delivery record's writes where no :class:`_RecordWrites` runs
+        them (SQLite, MySQL/MariaDB; a start that lost, on PostgreSQL): ``clock_timestamp()`` inside
+        the statement on PostgreSQL."""
+        return self._one_statement(sa.func.clock_timestamp())
+
+    @contextmanager
+    def _one_statement(self, postgres_now: Now) -> Iterator[tuple[Connection, Now]]:
+        """PostgreSQL: an autocommit connection, ``postgres_now`` evaluated by the server inside the
+        statement (one conditional UPDATE is atomic on its own). Elsewhere: one short transaction that
+        reads the database's clock first, like every other write here."""
         if self.dialect != "postgresql":
             with self._begin() as conn:
                 yield conn, self._db_now(conn)
@@ -543,7 +560,7 @@ class SQLAlchemyStore(DelayStore):
         self.ensure_schema()
         try:
             with self._autocommit.connect() as conn:
-                yield conn, sa.func.clock_timestamp()
+                yield conn, postgres_now
         except sa.exc.SQLAlchemyError as exc:
             raise self._fail(exc) from exc
 
@@ -952,7 +969,7 @@ class SQLAlchemyStore(DelayStore):
 
     # --- the sweep -------------------------------------------------------------------
 
-    def claim_query(self, *, limit: int, horizon: datetime) -> sa.Select[Any]:
+    def claim_query(self, *, limit: int, horizon: datetime | sa.ColumnElement[Any]) -> sa.Select[Any]:
         """The ``SELECT ... FOR UPDATE SKIP LOCKED`` that picks due rows (also used by EXPLAIN)."""
         t = delays
         query = (
@@ -967,9 +984,11 @@ class SQLAlchemyStore(DelayStore):
 
     def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
-            picked = self.claim_query(limit=limit, horizon=now + timedelta(seconds=lookahead))
+        with self._sweep_clock() as (conn, now):
+            ahead = timedelta(seconds=lookahead)
+            # An SQL now takes the look-ahead as an interval (bound as a timestamp it would not convert).
+            horizon = now + (sa.literal(ahead, sa.Interval()) if isinstance(now, sa.ColumnElement) else ahead)
+            picked = self.claim_query(limit=limit, horizon=horizon)
             values = {
                 "status": C.STATUS_CLAIMED,
                 "claim_token": token,
@@ -1018,8 +1037,7 @@ class SQLAlchemyStore(DelayStore):
         if not task_ids:
             return 0
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
+        with self._sweep_clock() as (conn, now):
             values.setdefault("updated_at", now)
             if values.get("sent_at") is True:
                 values["sent_at"] = now

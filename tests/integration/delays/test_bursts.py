@@ -146,3 +146,41 @@ def test_a_broker_lost_before_the_batch_is_flushed_sends_every_row_back_to_pendi
     redis_server.start()
     assert sweep(app).sent == 20
     assert len(_queued(redis_server.url)) == 20
+
+
+def test_a_batch_claimed_ahead_goes_back_to_pending_when_the_publish_before_it_fails(
+    make_app: Callable[..., Celery], redis_server: RedisServer, burst_store: SQLAlchemyStore
+) -> None:
+    """The next batch is claimed (in a thread, on PostgreSQL) while this one publishes: a broker lost
+    mid-batch must hand that claim back too, not leave it claimed until the claim timeout."""
+    app = _app(
+        make_app,
+        broker_url=redis_server.url,
+        safe_time_redis_url=redis_server.url,
+        result_backend=None,
+        safe_time_sweep_batch=5,
+    )
+    set_store(app, burst_store)
+    burst_store.bulk_insert([new_delay(f"ahead-{i:02d}", burst_store.now()) for i in range(20)])
+    seen: list[str] = []
+
+    def stop_in_the_second_batch(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        seen.append(headers["id"])
+        if len(seen) == 7:
+            redis_server.stop()  # the second batch's pipeline fails; the third is claimed ahead by now
+
+    before_task_publish.connect(stop_in_the_second_batch, weak=False)
+    try:
+        with pytest.raises(OperationalError):
+            sweep(app)
+    finally:
+        before_task_publish.disconnect(stop_in_the_second_batch)
+    counts = burst_store.counts()
+    assert counts[C.STATUS_SENT] == 5, counts
+    assert counts[C.STATUS_PENDING] == 15, counts
+    assert counts[C.STATUS_CLAIMED] == 0, counts
+    redis_server.start()
+    assert sweep(app).sent == 15
+    # The restarted throwaway server kept nothing (no persistence): the first batch's 5 are gone with
+    # it (the delivery record republishes them after the grace); the 15 handed back went out now.
+    assert sorted(m["headers"]["id"] for m in _queued(redis_server.url)) == [f"ahead-{i:02d}" for i in range(5, 20)]

@@ -127,3 +127,38 @@ def test_one_encoder_publishing_to_several_destinations_keeps_each_method_frame_
         expected = py_amqp_frames(1, 131072, b"{}", {}, exchange=exchange, routing_key=routing_key, mandatory=mandatory)
         ours = encoder.publish(b"{}", {}, exchange=exchange, routing_key=routing_key, mandatory=mandatory)
         assert ours == expected
+
+
+PLAIN_REPR_CASES: list[Any] = [
+    (),
+    ["x"],
+    ("x", 1, 2.5, None, True, False, -0.0, 10**30, float("inf")),
+    {},
+    {"b": 1, "a": "z", "c": None},
+    ["it's"],  # a quote: saferepr quotes it its own way
+    ['say "hi"'],
+    ["back\\slash"],
+    ["new\nline"],
+    ["é"],
+    [[1, 2]],  # nested: saferepr's depth and size rules apply
+    {"k": {"n": 1}},
+    {1: "int key"},
+    ["a" * 600],  # near the size limit: saferepr may truncate
+    ["a" * 2000],
+    [b"bytes"],
+    [object()],
+]
+
+
+@pytest.mark.parametrize("value", PLAIN_REPR_CASES)
+def test_plain_repr_is_celerys_saferepr_or_declines(value: Any) -> None:
+    from celery.utils.saferepr import saferepr
+
+    from celery_safe_time.delays.amqp_batch import plain_repr
+
+    got = plain_repr(value, 1024)
+    if got is not None:
+        assert got == saferepr(value, 1024, maxlevels=3)
+    # what it must take: the flat, short, plain values a stored delay's arguments mostly are
+    plain = value in ((), ["x"], {}, {"b": 1, "a": "z", "c": None}) or (isinstance(value, tuple) and len(value) == 9)
+    assert (got is not None) == plain

@@ -25,6 +25,7 @@ from ...delays.stores.base import (
     new_delivery_token,
     refused,
     start_verdict,
+    started_values,
     truncate_error,
 )
 from ...exceptions import StoreError
@@ -244,15 +245,7 @@ class DjangoStore(DelayStore):
             objects = self._all_objects()
             mine = objects.filter(id=task_id, delivery_token=token)
             won = mine.filter(startable).update(
-                status=C.STATUS_STARTED,
-                claim_token=None,
-                started_at=now,
-                heartbeat_at=now,
-                finished_at=None,
-                suspected_at=None,
-                outcome=None,
-                worker=worker[: C.DELIVERY_WORKER_LENGTH],
-                started_by=run_id,
+                **started_values(now, worker[: C.DELIVERY_WORKER_LENGTH], run_id),
                 starts=F("starts") + 1,
                 updated_at=now,
             )

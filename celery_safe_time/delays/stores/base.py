@@ -187,6 +187,22 @@ class StartResult:
     row: DelayRow | None = None
 
 
+def started_values(now: Any, worker: Any, run_id: Any) -> dict[str, Any]:
+    """The columns a won start sets, in every backend (``now``/``worker``/``run_id`` may be values or
+    SQL binds); each backend adds its own ``starts`` increment and ``updated_at``."""
+    return {
+        "status": C.STATUS_STARTED,
+        "claim_token": None,
+        "started_at": now,
+        "heartbeat_at": now,
+        "finished_at": None,
+        "suspected_at": None,
+        "outcome": None,
+        "worker": worker,
+        "started_by": run_id,
+    }
+
+
 def start_verdict(row: DelayRow | None, token: str) -> StartVerdict:
     """Why a conditional start did not win, from the row as it is now (shared by every backend)."""
     if row is None:

@@ -21,6 +21,7 @@ from .base import (
     new_delivery_token,
     refused,
     start_verdict,
+    started_values,
     truncate_error,
 )
 
@@ -111,19 +112,7 @@ class MemoryStore(DelayStore):
             now = self.now()
             row = self._rows.get(task_id)
             if row is not None and row.delivery_token == token and _startable(row, now, stale_after, prior_runs):
-                started = self._replace(
-                    row,
-                    status=C.STATUS_STARTED,
-                    claim_token=None,
-                    started_at=now,
-                    heartbeat_at=now,
-                    finished_at=None,
-                    suspected_at=None,
-                    outcome=None,
-                    worker=worker,
-                    started_by=run_id,
-                    starts=row.starts + 1,
-                )
+                started = self._replace(row, **started_values(now, worker, run_id), starts=row.starts + 1)
                 return StartResult("run", started)
             if row is not None and row.delivery_token == token and _suspect(row, now, stale_after):
                 row = self._replace(row, suspected_at=now)

@@ -30,6 +30,7 @@ from .base import (
     new_delivery_token,
     refused,
     start_verdict,
+    started_values,
     truncate_error,
 )
 
@@ -365,19 +366,7 @@ def _start_update(
                 sa.and_(_status(C.STATUS_STARTED), taken_over),
             ),
         )
-        .values(
-            status=C.STATUS_STARTED,
-            claim_token=None,
-            started_at=now,
-            heartbeat_at=now,
-            finished_at=None,
-            suspected_at=None,
-            outcome=None,
-            worker=worker,
-            started_by=run_id,
-            starts=starts,
-            updated_at=now,
-        )
+        .values(**started_values(now, worker, run_id), starts=starts, updated_at=now)
     )
 
 

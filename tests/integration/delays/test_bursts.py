@@ -120,6 +120,23 @@ def test_the_batched_publish_fires_the_publish_signals_and_stamps_each_attempt(
     assert {m["headers"][C.HEADER_ATTEMPT] for m in queued.values()} == {b["attempt"] for b in before}
 
 
+def _sweep_losing_the_broker_at(app: Celery, redis_server: RedisServer, publish: int) -> None:
+    """Sweep, stopping the broker as the ``publish``-th message is built: the sweep must raise."""
+    seen: list[str] = []
+
+    def stop_there(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        seen.append(headers["id"])
+        if len(seen) == publish:
+            redis_server.stop()
+
+    before_task_publish.connect(stop_there, weak=False)
+    try:
+        with pytest.raises(OperationalError):
+            sweep(app)
+    finally:
+        before_task_publish.disconnect(stop_there)
+
+
 def test_a_broker_lost_before_the_batch_is_flushed_sends_every_row_back_to_pending(
     make_app: Callable[..., Celery], redis_server: RedisServer
 ) -> None:
@@ -127,19 +144,7 @@ def test_a_broker_lost_before_the_batch_is_flushed_sends_every_row_back_to_pendi
     store = get_store(app)
     assert isinstance(store, SQLAlchemyStore)
     store.bulk_insert([new_delay(f"lost-{i:02d}", store.now()) for i in range(20)])
-    seen: list[str] = []
-
-    def stop_midway(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        seen.append(headers["id"])
-        if len(seen) == 5:
-            redis_server.stop()  # the first 5 are buffered, none went out
-
-    before_task_publish.connect(stop_midway, weak=False)
-    try:
-        with pytest.raises(OperationalError):
-            sweep(app)
-    finally:
-        before_task_publish.disconnect(stop_midway)
+    _sweep_losing_the_broker_at(app, redis_server, 5)  # the first 5 are buffered, none went out
     counts = store.counts()
     assert counts[C.STATUS_PENDING] == 20, counts
     assert counts[C.STATUS_SENT] == 0, counts
@@ -162,19 +167,8 @@ def test_a_batch_claimed_ahead_goes_back_to_pending_when_the_publish_before_it_f
     )
     set_store(app, burst_store)
     burst_store.bulk_insert([new_delay(f"ahead-{i:02d}", burst_store.now()) for i in range(20)])
-    seen: list[str] = []
-
-    def stop_in_the_second_batch(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        seen.append(headers["id"])
-        if len(seen) == 7:
-            redis_server.stop()  # the second batch's pipeline fails; the third is claimed ahead by now
-
-    before_task_publish.connect(stop_in_the_second_batch, weak=False)
-    try:
-        with pytest.raises(OperationalError):
-            sweep(app)
-    finally:
-        before_task_publish.disconnect(stop_in_the_second_batch)
+    # the second batch's pipeline fails; the third is claimed ahead by now
+    _sweep_losing_the_broker_at(app, redis_server, 7)
     counts = burst_store.counts()
     assert counts[C.STATUS_SENT] == 5, counts
     assert counts[C.STATUS_PENDING] == 15, counts

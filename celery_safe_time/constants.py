@@ -109,6 +109,8 @@ DJANGO_STORE: Final = "django"
 # === Redis client =============================================================
 REDIS_SOCKET_TIMEOUT: Final = 5.0
 REDIS_CONNECT_TIMEOUT: Final = 5.0
+#: Seconds a connection to the store or coordination database may take before it fails.
+DB_CONNECT_TIMEOUT: Final = 5
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
 
 # === Redis key names (always behind safe_time_key_prefix) =====================

@@ -77,7 +77,7 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
                 # No server-side prepared statements (psycopg 3 prepares a query run 5 times on a
                 # connection): they are session state, which PgBouncer in transaction mode (before 1.21)
                 # does not keep. Coordination statements are small; planning them each time costs little.
-                options["connect_args"] = {"connect_timeout": 5, "prepare_threshold": None}
+                options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT, "prepare_threshold": None}
             if autocommit:
                 options.update(isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_reset_on_return=None)
             engine = create_engine(

@@ -61,9 +61,9 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         # One writer at a time; wait for it instead of failing at once.
         options["connect_args"] = {"timeout": 30}
     elif url.startswith("postgresql"):
-        options["connect_args"] = {"connect_timeout": 5}
+        options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
     elif url.startswith(("mysql", "mariadb")):
-        options["connect_args"] = {"connect_timeout": 5}
+        options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
         options["isolation_level"] = C.MYSQL_ISOLATION_LEVEL
     options.update(kwargs)
     try:
@@ -416,9 +416,11 @@ class _RecordWrites:
             "pool_size": 2,
         }
         self.engines = {
-            True: create_engine(url, connect_args={"connect_timeout": 5}, **options),
+            True: create_engine(url, **options),
             False: create_engine(
-                url, connect_args={"connect_timeout": 5, "options": "-c synchronous_commit=off"}, **options
+                url,
+                connect_args={"connect_timeout": C.DB_CONNECT_TIMEOUT, "options": "-c synchronous_commit=off"},
+                **options,
             ),
         }
         self.dbapi_error: type[DBAPIModule.Error] = self.engines[True].dialect.loaded_dbapi.Error

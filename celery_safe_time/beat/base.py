@@ -8,6 +8,12 @@ and ``contrib.django``'s ``SafeDatabaseScheduler`` over django-celery-beat.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import redis
@@ -132,6 +138,57 @@ class LeasedScheduler:
         logger.error("beat: %s error during tick, standing by: %s", what, exc)
         self.keeper.step_down(f"{what} error during tick: {exc}")
         return self.granularity
+
+
+#: The signals beat stops on (``celery beat`` installs a handler for both that raises SystemExit).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT until the block ends, then act on the first one that came.
+
+    Beat's stop handler raises SystemExit wherever the main thread is. Between marking a slot fired
+    and publishing it, that loses the slot on a plain restart (the guard says fired, so no beat sends
+    it again). A second stop signal inside the block acts at once: a stuck publish can still be
+    interrupted. Outside the main thread (signals are never run there) this holds nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, FrameType | None]] = []
+    # None: a handler set outside Python, which signal.signal could not put back
+    previous = {sig: handler for sig in STOP_SIGNALS if (handler := signal.getsignal(sig)) is not None}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if pending:  # the second: acted on now, the held one with it
+            pending.clear()
+            restore()
+            _act_on(previous[signal.Signals(signum)], signum, frame)
+            return
+        pending.append((signum, frame))
+
+    for sig in previous:
+        signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        restore()
+        if pending:
+            signum, frame = pending[0]
+            logger.info("beat: acting on signal %s held while publishing", signal.Signals(signum).name)
+            _act_on(previous[signal.Signals(signum)], signum, frame)
+
+
+def _act_on(handler: Any, signum: int, frame: FrameType | None) -> None:
+    if callable(handler):
+        handler(signum, frame)
+    elif handler == signal.SIG_DFL:  # restored already: the default action (terminate) happens now
+        os.kill(os.getpid(), signum)
 
 
 def _release_on_sigterm(sender: Any = None, **kwargs: Any) -> None:

@@ -31,7 +31,7 @@ from ..config import SafeTimeConfig
 from ..exceptions import ImproperlyConfigured, LeaseLost, SafeTimeError
 from ..publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
-from .base import OPTION_MISFIRE, LeasedScheduler
+from .base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held
 from .entries import build_entry, parse_definition, spec_key, with_enabled
 from .leader import LeaseTerm
 from .lease import SlotWrite, dump_state, load_state, state_next
@@ -323,12 +323,13 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             entry = self.schedule.get(name) or self.paused.get(name)
             slot = int(slot_ms) / 1000.0
             if entry is not None:
-                verdict = self.lease.dispatch_slot(epoch, name, slot)
-                if verdict < 0:
-                    return self._refused(name, slot)
-                if verdict > 0:
-                    logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
-                    self.publish(entry, slot, epoch)
+                with stop_signals_held():
+                    verdict = self.lease.dispatch_slot(epoch, name, slot)
+                    if verdict < 0:
+                        return self._refused(name, slot)
+                    if verdict > 0:
+                        logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
+                        self.publish(entry, slot, epoch)
             else:
                 logger.warning("beat: run-now of unknown entry %r dropped", name)
             self.backend.run_now_done(name, slot_ms)
@@ -508,12 +509,13 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         allows; False when the lease turned out to be gone."""
         if not planned:
             return True
-        verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
-        allowed: list[tuple[Any, float]] = []
-        try:
-            return self._allowed(planned, verdicts, allowed)
-        finally:
-            self.publish_many(allowed, epoch)
+        with stop_signals_held():  # a slot marked fired is published before beat stops
+            verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
+            allowed: list[tuple[Any, float]] = []
+            try:
+                return self._allowed(planned, verdicts, allowed)
+            finally:
+                self.publish_many(allowed, epoch)
 
     def _allowed(
         self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]

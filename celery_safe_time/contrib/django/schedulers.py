@@ -20,7 +20,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
-from ...beat.base import OPTION_MISFIRE, LeasedScheduler, tick_granularity
+from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
 from ...beat.slots import GenericGrid, Grid, decide, grid_for
 from ...clock import UTC, to_datetime
@@ -163,6 +163,10 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         """Publish ``entry``'s due slots that the dispatch check lets through (this leader, not fired yet)."""
         if advance:
             self.reserve(entry)
+        with stop_signals_held():  # a slot marked fired is published before beat stops
+            return self._dispatch_and_publish(entry, producer, **kwargs)
+
+    def _dispatch_and_publish(self, entry: Any, producer: Any, **kwargs: Any) -> Any:
         epoch = self.keeper.epoch
         fire: list[float] | None = getattr(entry, "fire_slots", None)
         last_due: float | None = getattr(entry, "last_due", None)

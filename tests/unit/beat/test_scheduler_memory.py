@@ -4,12 +4,16 @@ a take-over continues the grid, a stale leader is refused. No Redis, no database
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.signals import before_task_publish
 
 from celery_safe_time import signals
 from celery_safe_time.beat import base as beat_base
@@ -57,7 +61,7 @@ def _noop() -> None:
     return None
 
 
-def _scheduler(tmp_path: Path, name: str) -> SafeScheduler:
+def _scheduler(tmp_path: Path, name: str, entries: tuple[str, ...] = ("e",)) -> SafeScheduler:
     app = Celery("memory-beat", set_as_current=False)
     app.conf.update(
         broker_url="memory://",
@@ -65,7 +69,7 @@ def _scheduler(tmp_path: Path, name: str) -> SafeScheduler:
         safe_time_store_url="memory://",
         safe_time_beat_lease=30,
         timezone="UTC",
-        beat_schedule={"e": {"task": "t.memory_beat_noop", "schedule": 1.0}},
+        beat_schedule={entry: {"task": "t.memory_beat_noop", "schedule": 1.0} for entry in entries},
     )
     app.task(name="t.memory_beat_noop", shared=False)(_noop)
     get_config(app)
@@ -151,3 +155,69 @@ def test_a_leader_that_loses_its_lease_before_its_first_reconcile_stands_by_and_
     finally:
         a.close()
         b.close()
+
+
+def test_a_stop_signal_while_publishing_waits_until_every_slot_marked_fired_is_sent(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, int]]
+) -> None:
+    """``celery beat`` stops on SIGTERM by raising SystemExit wherever it is. Arriving between the
+    guard marking a tick's slots fired and their publish, that lost them on a plain restart (no beat
+    sends a fired slot again); found by the Django failover test, whose count of runs came out above
+    its runs. The signal is now acted on once the tick's slots are out."""
+    a = _scheduler(tmp_path, "a", entries=("e1", "e2", "e3"))
+    stops: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:  # what celery.apps.beat installs
+        stops.append(signum)
+        raise SystemExit()
+
+    def signal_on_first_publish(**kwargs: Any) -> None:
+        if not stops and not kicked:
+            kicked.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    kicked: list[bool] = []
+    previous = signal.signal(signal.SIGTERM, stop)
+    before_task_publish.connect(signal_on_first_publish, weak=False)
+    try:
+        a.tick()  # reconciles: the first slots are the next ones of each grid
+        clock.now += 1.0
+        with pytest.raises(SystemExit):
+            a.tick()
+        assert kicked and stops == [signal.SIGTERM]
+        assert sorted(name for name, _, _ in sent) == ["e1", "e2", "e3"]  # every fired slot went out
+        assert signal.getsignal(signal.SIGTERM) is stop  # beat's own handler is back
+    finally:
+        before_task_publish.disconnect(signal_on_first_publish)
+        signal.signal(signal.SIGTERM, previous)
+        a.close()
+
+
+def test_stop_signals_held_acts_at_once_on_a_second_signal_and_holds_nothing_off_the_main_thread() -> None:
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with beat_base.stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert received == []  # held
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert received == [signal.SIGTERM]  # a second one is not held: a stuck publish can be stopped
+        assert received == [signal.SIGTERM]  # the held one is not acted on twice
+        assert signal.getsignal(signal.SIGTERM) is stop
+
+        def off_main() -> None:
+            with beat_base.stop_signals_held():  # signal.signal would raise off the main thread
+                pass
+
+        worker = threading.Thread(target=off_main)
+        worker.start()
+        worker.join()
+        with beat_base.stop_signals_held():
+            pass
+        assert received == [signal.SIGTERM]  # nothing held, nothing acted on
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -148,10 +148,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def stop_signals_held() -> Iterator[None]:
     """Hold SIGTERM and SIGINT until the block ends, then act on the first one that came.
 
-    Beat's stop handler raises SystemExit wherever the main thread is. Between marking a slot fired
-    and publishing it, that loses the slot on a plain restart (the guard says fired, so no beat sends
-    it again). A second stop signal inside the block acts at once: a stuck publish can still be
-    interrupted. Outside the main thread (signals are never run there) this holds nothing.
+    Beat's stop handler raises SystemExit wherever the main thread is, and each tick runs in this
+    block. Between marking a slot fired and publishing it, that SystemExit lost the slot on a plain
+    restart (the guard says fired, so no beat sends it again). Inside a PostgreSQL call it left the
+    connection mid-query, and the cleanup's own error replaced the SystemExit: the tick logged a
+    database error, stood by, and beat never exited. A second stop signal inside the block acts at
+    once, so a stuck call can still be interrupted. Outside the main thread (signals are never run
+    there) this holds nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

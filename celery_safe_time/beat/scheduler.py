@@ -129,6 +129,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     # --- the loop -----------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        with stop_signals_held():  # beat stops between ticks, never inside one (see stop_signals_held)
+            return self._tick()
+
+    def _tick(self) -> float:
         term = self.keeper.term
         if term is None:
             self._reconciled = None
@@ -323,13 +327,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             entry = self.schedule.get(name) or self.paused.get(name)
             slot = int(slot_ms) / 1000.0
             if entry is not None:
-                with stop_signals_held():
-                    verdict = self.lease.dispatch_slot(epoch, name, slot)
-                    if verdict < 0:
-                        return self._refused(name, slot)
-                    if verdict > 0:
-                        logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
-                        self.publish(entry, slot, epoch)
+                verdict = self.lease.dispatch_slot(epoch, name, slot)
+                if verdict < 0:
+                    return self._refused(name, slot)
+                if verdict > 0:
+                    logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
+                    self.publish(entry, slot, epoch)
             else:
                 logger.warning("beat: run-now of unknown entry %r dropped", name)
             self.backend.run_now_done(name, slot_ms)
@@ -509,13 +512,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         allows; False when the lease turned out to be gone."""
         if not planned:
             return True
-        with stop_signals_held():  # a slot marked fired is published before beat stops
-            verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
-            allowed: list[tuple[Any, float]] = []
-            try:
-                return self._allowed(planned, verdicts, allowed)
-            finally:
-                self.publish_many(allowed, epoch)
+        verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
+        allowed: list[tuple[Any, float]] = []
+        try:
+            return self._allowed(planned, verdicts, allowed)
+        finally:
+            self.publish_many(allowed, epoch)
 
     def _allowed(
         self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]

@@ -129,6 +129,10 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         self.start_lease()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        with stop_signals_held():  # beat stops between ticks, never inside one (see stop_signals_held)
+            return self._tick(*args, **kwargs)
+
+    def _tick(self, *args: Any, **kwargs: Any) -> float:
         term = self.keeper.term
         if term is None:
             return self.granularity
@@ -163,10 +167,6 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         """Publish ``entry``'s due slots that the dispatch check lets through (this leader, not fired yet)."""
         if advance:
             self.reserve(entry)
-        with stop_signals_held():  # a slot marked fired is published before beat stops
-            return self._dispatch_and_publish(entry, producer, **kwargs)
-
-    def _dispatch_and_publish(self, entry: Any, producer: Any, **kwargs: Any) -> Any:
         epoch = self.keeper.epoch
         fire: list[float] | None = getattr(entry, "fire_slots", None)
         last_due: float | None = getattr(entry, "last_due", None)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -527,6 +528,13 @@ def _text_param(value: Any, encoding: str) -> bytes | None:
     return str(value).encode(encoding)
 
 
+def _wait_for(fd: int, events: int) -> None:
+    """Until ``fd`` is ready for ``events`` (poll: no FD_SETSIZE limit as select has)."""
+    poller = select.poll()
+    poller.register(fd, events | select.POLLERR | select.POLLHUP)
+    poller.poll()
+
+
 def _text_value(raw: bytes | None, kind: str, encoding: str) -> Any:
     """A result column of a :class:`_Call` (text format) as Python: ``kind`` is s, i or b."""
     if raw is None:
@@ -650,8 +658,26 @@ class PostgresLockStore(LockBackend):
         from psycopg import errors, pq
 
         encoding = driver.info.encoding
-        result = driver.pgconn.exec_params(call.libpq, [_text_param(arg, encoding) for arg in args])
-        if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+        pgconn = driver.pgconn
+        pgconn.send_query_params(call.libpq, [_text_param(arg, encoding) for arg in args])
+        # The waits are here, not in a blocking libpq call (PQexecParams): a signal (a soft time limit,
+        # a warm shutdown) then interrupts a call to a database that stopped answering, as it does
+        # psycopg's own wait. psycopg keeps its connections non-blocking, so flush what is left.
+        while pgconn.flush():
+            _wait_for(pgconn.socket, select.POLLOUT)
+        result = None
+        while True:
+            while pgconn.is_busy():
+                _wait_for(pgconn.socket, select.POLLIN)
+                pgconn.consume_input()
+            got = pgconn.get_result()
+            if got is None:
+                break
+            if result is None:  # one statement, one result; the loop reads libpq's end marker
+                result = got
+        if result is None or result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            if result is None:
+                raise errors.OperationalError("the lock statement returned no result")
             raise errors.error_from_result(result, encoding=encoding)
         return result
 

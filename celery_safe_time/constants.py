@@ -91,7 +91,7 @@ PG_LOCK_MARKER_TABLE: Final = "safe_time_lock_marker"
 PG_UNIQUE_TABLE: Final = "safe_time_unique"
 PG_LOCK_FENCE_SEQUENCE: Final = "safe_time_lock_fence"
 #: Bumped when the lock tables' functions change (they are named ``..._v<N>``).
-PG_LOCK_SCHEMA_VERSION: Final = 2
+PG_LOCK_SCHEMA_VERSION: Final = 4
 #: How PostgreSQL overlap locks are held: ``lease`` (a row with an expiry on the database clock,
 #: renewed by the watchdog; the default) or ``session`` (``pg_try_advisory_lock`` on a connection held
 #: for the run, freed by the server when that connection dies; not behind PgBouncer in transaction mode).

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -276,6 +278,88 @@ BEGIN
         p_task_id, p_host, p_pid, p_identity, p_earlier, p_session);
 END $$;
 
+-- acquire_v3 as one function (schema v4): v3's rules and guard, without the nested call to v2 and the
+-- two result sets it was copied through, both markers in one index probe, and the row inserted first
+-- (the usual case: the key is free), so a free key costs one statement less. A conflicting INSERT takes
+-- a fence it then drops: fences still come only from the sequence and only grow, with gaps (as
+-- across keys already). Returns one row of OUT values.
+CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v4(
+    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
+    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean,
+    OUT status text, OUT fence bigint, OUT own boolean, OUT h_task_id text, OUT h_host text, OUT h_pid integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur safe_time_lock%ROWTYPE;
+    expires timestamptz;
+BEGIN
+    -- The fence guard of v3 (see above): a session's first acquire after a server start.
+    IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
+        PERFORM safe_time_lock_fence_guard_v3();
+        PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
+    ELSIF p_session THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
+    IF EXISTS (SELECT 1 FROM safe_time_lock_marker m WHERE m.name IN (p_marker, p_done) AND m.expires_at > now()) THEN
+        IF p_marker IS NOT NULL AND EXISTS (
+            SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
+            status := 'done';
+        ELSE
+            status := 'finished';
+        END IF;
+        own := false;
+        RETURN;
+    END IF;
+    IF p_session AND NOT pg_try_advisory_lock(hashtextextended(p_name, 0)) THEN
+        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name;
+        status := CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END;
+        fence := cur.fence; own := false; h_task_id := cur.task_id; h_host := cur.host; h_pid := cur.pid;
+        RETURN;
+    END IF;
+    expires := CASE WHEN p_session THEN 'infinity'::timestamptz ELSE now() + p_ttl_ms * interval '1 millisecond' END;
+    own := false;
+    LOOP
+        -- A fence from the sequence, as in v2; the row is new, so this is a new holder.
+        INSERT INTO safe_time_lock
+            (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
+        VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, nextval('safe_time_lock_fence'),
+            now(), now(), expires)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING safe_time_lock.fence INTO fence;
+        IF FOUND THEN
+            status := 'acquired';
+            RETURN;
+        END IF;
+        -- The name is taken: v2's rules on that row (or, if it went meanwhile, insert again).
+        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
+        IF FOUND THEN
+            IF p_session OR cur.expires_at > now() THEN
+                -- Our own token (a lost reply): nobody ran under it; take it over, same fence.
+                IF cur.token = p_token OR cur.token = ANY(p_earlier) THEN
+                    UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity,
+                        host = p_host, pid = p_pid, renewed_at = now(), expires_at = expires
+                    WHERE name = p_name;
+                    status := 'acquired'; fence := cur.fence; own := true;
+                    RETURN;
+                END IF;
+                IF NOT p_session THEN
+                    status := CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END;
+                    fence := cur.fence; h_task_id := cur.task_id; h_host := cur.host; h_pid := cur.pid;
+                    RETURN;
+                END IF;
+            END IF;
+            -- Expired (or, in session mode, left behind by a session that ended): a new holder.
+            UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
+                pid = p_pid, fence = nextval('safe_time_lock_fence'), acquired_at = now(), renewed_at = now(),
+                expires_at = expires
+            WHERE name = p_name
+            RETURNING safe_time_lock.fence INTO fence;
+            status := 'acquired';
+            RETURN;
+        END IF;
+    END LOOP;
+END $$;
+
 CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v2(
     p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
     p_gone text, p_own boolean)
@@ -319,23 +403,46 @@ BEGIN
 END $$;
 """
 
-# The four calls of a held lock run on the pooled DBAPI connection itself (the driver's pyformat
-# parameters): SQLAlchemy's Connection around each call cost about as much as the round trip.
-_ACQUIRE = (
-    "SELECT * FROM safe_time_lock_acquire_v3(%(name)s, %(done)s, %(marker)s, %(token)s, %(ttl_ms)s, %(task_id)s,"
-    " %(host)s, %(pid)s, %(identity)s, %(earlier)s::text[], %(session)s)"
+
+class _Call:
+    """One of the statements a held lock makes (acquire, renew, release, commit), in two forms.
+
+    ``libpq``: sent with ``PGconn.exec_params`` on the pooled psycopg connection, parameters and
+    results as text. psycopg's ``Cursor`` around each call (a transformer, a dumper per parameter,
+    a ``Column`` per result column) cost two to three times the client CPU of the call itself, and on a
+    loaded worker CPU time is what a lock pays for most. ``pyformat``: the same statement through the
+    driver's cursor, where that fast path does not apply (another driver, or gevent/eventlet, where a
+    blocking libpq call would stall every green thread; psycopg's cursor waits cooperatively there).
+    Every parameter is cast in the SQL: libpq sends them untyped.
+    """
+
+    __slots__ = ("columns", "libpq", "pyformat")
+
+    def __init__(self, sql: str, columns: str = "") -> None:
+        self.libpq = sql.encode()
+        self.pyformat = re.sub(r"\$\d+", "%s", sql)
+        #: The Python type of each result column (``s`` text, ``i`` integer, ``b`` boolean).
+        self.columns = columns
+
+
+_ACQUIRE = _Call(
+    "SELECT * FROM safe_time_lock_acquire_v4($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::text,"
+    " $7::text, $8::integer, $9::text, $10::text[], $11::boolean)",
+    "sibssi",
 )
-_RENEW = (
-    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + %(ttl_ms)s * interval '1 millisecond'"
-    " WHERE name = %(name)s AND token = %(token)s AND expires_at > now()"
+_RENEW = _Call(
+    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + $1::bigint * interval '1 millisecond'"
+    " WHERE name = $2::text AND token = $3::text AND expires_at > now()"
 )
 # A release skips its WAL flush (see safe_time_lock_release_v2). The SQL is literal text, table
 # names included: no statement here is built from strings.
-_RELEASE = "SELECT safe_time_lock_release_v2(%(name)s, %(token)s, %(done)s, %(task_id)s, %(done_ms)s, false)"
-_COMMIT = (
-    "SELECT * FROM safe_time_lock_commit_v2(%(lock)s, %(marker)s, %(token)s, %(window_ms)s, %(task_id)s,"
-    " %(done)s, %(done_ms)s, %(session)s)"
+_RELEASE = _Call("SELECT safe_time_lock_release_v2($1::text, $2::text, $3::text, $4::text, $5::bigint, false)", "b")
+_COMMIT = _Call(
+    "SELECT * FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text,"
+    " $7::bigint, false)",
+    "bb",
 )
+
 _HOLDER = sa.text("SELECT token, task_id, host, pid FROM safe_time_lock WHERE name = :name AND expires_at > now()")
 # Columns of a held lock, as _lock_info reads them: name, task_id, host, pid, fence, age, ttl left.
 _INFO = sa.text(
@@ -407,6 +514,38 @@ def _like_prefix(pattern: str) -> str:
     return escaped + "%"
 
 
+def _text_param(value: Any, encoding: str) -> bytes | None:
+    """A :class:`_Call` parameter in PostgreSQL's text format."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, (list, tuple)):
+        quoted = ('"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in value)
+        return ("{" + ",".join(quoted) + "}").encode(encoding)
+    return str(value).encode(encoding)
+
+
+def _wait_for(fd: int, events: int) -> None:
+    """Until ``fd`` is ready for ``events`` (poll: no FD_SETSIZE limit as select has)."""
+    poller = select.poll()
+    poller.register(fd, events | select.POLLERR | select.POLLHUP)
+    poller.poll()
+
+
+def _text_value(raw: bytes | None, kind: str, encoding: str) -> Any:
+    """A result column of a :class:`_Call` (text format) as Python: ``kind`` is s, i or b."""
+    if raw is None:
+        return None
+    if kind == "i":
+        return int(raw)
+    if kind == "b":
+        return raw == b"t"
+    return raw.decode(encoding)
+
+
 _schema_ready: set[tuple[int, str]] = set()
 _schema_lock = threading.Lock()
 
@@ -424,6 +563,10 @@ class PostgresLockStore(LockBackend):
         # pool kept past a database restart fails once and the call is repeated on a new one.
         self.engine = engine or coordination_engine(config, autocommit=True)
         self._next_purge = 0.0
+        #: Whether this store's schema is known to exist (saves rendering the URL on every call).
+        self._schema_checked = False
+        #: Whether :class:`_Call`s go through libpq directly (decided at the first call, see _fast).
+        self._libpq: bool | None = None
 
     def describe(self) -> str:
         return f"PostgreSQL {mask_url(str(self.engine.url))}, safe_time_coordination_url"
@@ -431,8 +574,11 @@ class PostgresLockStore(LockBackend):
     # --- plumbing -------------------------------------------------------------------------------
     def ensure_schema(self) -> None:
         """Create the tables, sequence and functions unless this database has them (once per process)."""
+        if self._schema_checked:
+            return
         key = (id(self.engine), str(self.engine.url))
         if key in _schema_ready:
+            self._schema_checked = True
             return
         with _schema_lock:
             if key in _schema_ready:
@@ -440,7 +586,7 @@ class PostgresLockStore(LockBackend):
             try:
                 with self.engine.connect() as conn:
                     present = conn.execute(
-                        sa.text("SELECT to_regproc('safe_time_lock_acquire_v3') IS NOT NULL")
+                        sa.text("SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL")
                     ).scalar_one()
                     if not present:
                         conn.execute(sa.text("BEGIN"))
@@ -456,6 +602,7 @@ class PostgresLockStore(LockBackend):
             except _UNREACHABLE as exc:
                 raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
             _schema_ready.add(key)
+        self._schema_checked = True
 
     @contextmanager
     def _connection(self) -> Iterator[sa.Connection]:
@@ -496,16 +643,64 @@ class PostgresLockStore(LockBackend):
         except unreachable as exc:
             raise self._unreachable(exc) from exc
 
-    def _fetch(self, conn: Any, statement: str, params: dict[str, Any]) -> Any:
-        """Run ``statement`` on the DBAPI connection ``conn``: its first row, or None (no rows)."""
-        with conn.cursor() as cursor:
-            cursor.execute(statement, params)
-            return cursor.fetchone() if cursor.description is not None else None
+    def _fast(self, conn: Any) -> Any:
+        """The libpq connection under the pooled DBAPI connection ``conn`` when :class:`_Call`'s fast
+        path applies to this engine (psycopg 3, no green threads), else None."""
+        if self._libpq is None:
+            from ..watchdog import _green_threads
 
-    def _rowcount(self, conn: Any, statement: str, params: dict[str, Any]) -> int:
-        with conn.cursor() as cursor:
-            cursor.execute(statement, params)
-            return int(cursor.rowcount)
+            self._libpq = self.engine.dialect.driver == "psycopg" and not _green_threads()
+        return conn.driver_connection if self._libpq else None
+
+    def _result(self, driver: Any, call: _Call, args: tuple[Any, ...]) -> Any:
+        """``call`` on the psycopg connection ``driver`` through libpq: the PGresult (raised as the
+        cursor would raise it when the statement failed)."""
+        from psycopg import errors, pq
+
+        encoding = driver.info.encoding
+        pgconn = driver.pgconn
+        pgconn.send_query_params(call.libpq, [_text_param(arg, encoding) for arg in args])
+        # The waits are here, not in a blocking libpq call (PQexecParams): a signal (a soft time limit,
+        # a warm shutdown) then interrupts a call to a database that stopped answering, as it does
+        # psycopg's own wait. psycopg keeps its connections non-blocking, so flush what is left.
+        while pgconn.flush():
+            _wait_for(pgconn.socket, select.POLLOUT)
+        result = None
+        while True:
+            while pgconn.is_busy():
+                _wait_for(pgconn.socket, select.POLLIN)
+                pgconn.consume_input()
+            got = pgconn.get_result()
+            if got is None:
+                break
+            if result is None:  # one statement, one result; the loop reads libpq's end marker
+                result = got
+        if result is None or result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            if result is None:
+                raise errors.OperationalError("the lock statement returned no result")
+            raise errors.error_from_result(result, encoding=encoding)
+        return result
+
+    def _fetch(self, conn: Any, call: _Call, args: tuple[Any, ...]) -> Any:
+        """Run ``call`` on the pooled DBAPI connection ``conn``: its first row, or None (no rows)."""
+        driver = self._fast(conn)
+        if driver is None:
+            with conn.cursor() as cursor:
+                cursor.execute(call.pyformat, args)
+                return cursor.fetchone() if cursor.description is not None else None
+        result = self._result(driver, call, args)
+        if not result.ntuples:
+            return None
+        encoding = driver.info.encoding
+        return tuple(_text_value(result.get_value(0, i), kind, encoding) for i, kind in enumerate(call.columns))
+
+    def _rowcount(self, conn: Any, call: _Call, args: tuple[Any, ...]) -> int:
+        driver = self._fast(conn)
+        if driver is None:
+            with conn.cursor() as cursor:
+                cursor.execute(call.pyformat, args)
+                return int(cursor.rowcount)
+        return int(self._result(driver, call, args).command_tuples or 0)
 
     def _run_raw(self, work: Callable[[Any], T]) -> T:
         """:meth:`_run` on a pooled DBAPI connection: a connection that broke is thrown away and
@@ -554,23 +749,20 @@ class PostgresLockStore(LockBackend):
     def _acquire_on(self, conn: Any, key: str, token: str, ttl: float, owner: Owner,
                     marker: str | None, earlier_tokens: tuple[str, ...]) -> Acquired:  # fmt: skip
         """Run the acquire function on the DBAPI connection ``conn``."""
-        row = self._fetch(
-            conn,
-            _ACQUIRE,
-            {
-                "name": self.lock_key(key),
-                "done": self.done_key(key, owner.identity),
-                "marker": self.marker_key(marker) if marker is not None else None,
-                "token": token,
-                "ttl_ms": as_ms(ttl),
-                "task_id": owner.task_id,
-                "host": owner.host,
-                "pid": owner.pid,
-                "identity": owner.identity,
-                "earlier": list(earlier_tokens),
-                "session": self.session,
-            },
+        args = (
+            self.lock_key(key),
+            self.done_key(key, owner.identity),
+            self.marker_key(marker) if marker is not None else None,
+            token,
+            as_ms(ttl),
+            owner.task_id,
+            owner.host,
+            owner.pid,
+            owner.identity,
+            list(earlier_tokens),
+            self.session,
         )
+        row = self._fetch(conn, _ACQUIRE, args)
         status, fence, own, task_id, host, pid = row
         if status == "acquired":
             return Acquired("acquired", fence=int(fence), took_over=bool(own))
@@ -592,16 +784,15 @@ class PostgresLockStore(LockBackend):
         return self._run_raw(lambda conn: self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens))
 
     def renew(self, key: str, token: str, ttl: float) -> bool:
-        params = {"name": self.lock_key(key), "token": token, "ttl_ms": as_ms(ttl)}
-        return bool(self._run_raw(lambda conn: self._rowcount(conn, _RENEW, params)))
+        args = (as_ms(ttl), self.lock_key(key), token)
+        return bool(self._run_raw(lambda conn: self._rowcount(conn, _RENEW, args)))
 
-    def _release_params(self, key: str, token: str, finished: tuple[str, float, str] | None) -> dict[str, Any]:
-        params: dict[str, Any] = {"name": self.lock_key(key), "token": token, "done": None, "done_ms": None}
-        params["task_id"] = None
-        if finished is not None:
-            identity, ttl, task_id = finished
-            params.update(done=self.done_key(key, identity), done_ms=as_ms(ttl), task_id=task_id)
-        return params
+    def _release_params(self, key: str, token: str, finished: tuple[str, float, str] | None) -> tuple[Any, ...]:
+        """(name, token, done marker, task id, done ms): the release's parameters."""
+        if finished is None:
+            return (self.lock_key(key), token, None, None, None)
+        identity, ttl, task_id = finished
+        return (self.lock_key(key), token, self.done_key(key, identity), task_id, as_ms(ttl))
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
         params = self._release_params(key, token, finished)
@@ -611,18 +802,10 @@ class PostgresLockStore(LockBackend):
 
     def _commit_params(
         self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None
-    ) -> dict[str, Any]:
+    ) -> tuple[Any, ...]:
+        """(lock, marker, token, window ms, task id, done marker, done ms): the commit's parameters."""
         done, done_ms = (None, None) if finished is None else (self.done_key(lock, finished[0]), as_ms(finished[1]))
-        return {
-            "lock": self.lock_key(lock),
-            "marker": self.marker_key(marker),
-            "token": token,
-            "window_ms": as_ms(window),
-            "task_id": task_id,
-            "done": done,
-            "done_ms": done_ms,
-            "session": self.session,
-        }
+        return (self.lock_key(lock), self.marker_key(marker), token, as_ms(window), task_id, done, done_ms)
 
     def commit(
         self,
@@ -790,15 +973,16 @@ class PostgresLockStore(LockBackend):
         """Nothing of its own: the engine is the process's (:func:`~celery_safe_time.coordination.dispose_engines`)."""
 
 
-_SESSION_RENEW = "SELECT 1 FROM safe_time_lock WHERE name = %(name)s AND token = %(token)s"
-_SESSION_RELEASE = (
-    "SELECT safe_time_lock_release_v2(%(name)s, %(token)s, %(done)s, %(task_id)s, %(done_ms)s, true),"
-    " pg_advisory_unlock_all()"
+_SESSION_RENEW = _Call("SELECT 1 FROM safe_time_lock WHERE name = $1::text AND token = $2::text", "i")
+_SESSION_RELEASE = _Call(
+    "SELECT safe_time_lock_release_v2($1::text, $2::text, $3::text, $4::text, $5::bigint, true),"
+    " pg_advisory_unlock_all()",
+    "bs",
 )
-_SESSION_COMMIT = (
+_SESSION_COMMIT = _Call(
     "SELECT recorded, released, pg_advisory_unlock_all()"
-    " FROM safe_time_lock_commit_v2(%(lock)s, %(marker)s, %(token)s, %(window_ms)s, %(task_id)s, %(done)s,"
-    " %(done_ms)s, true)"
+    " FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::bigint, true)",
+    "bbs",
 )
 # Rows whose advisory lock some session holds (pg_locks shows a bigint key as classid, objid).
 _ADVISORY_HELD = sa.text(
@@ -886,7 +1070,7 @@ class PostgresSessionLockStore(PostgresLockStore):
         if conn is None:
             return False
         try:
-            return self._fetch(conn, _SESSION_RENEW, {"name": self.lock_key(key), "token": token}) is not None
+            return self._fetch(conn, _SESSION_RENEW, (self.lock_key(key), token)) is not None
         except self._dbapi_errors()[0] as exc:
             # The session is gone, and its advisory lock with it: lost, not merely unreachable.
             logger.warning("overlap lock %r: its PostgreSQL session ended: %s", key, exc)

@@ -548,3 +548,45 @@ def test_postgres_fences_move_past_the_clock_once_per_server_start(
         assert fence("d") == after_start + 1
     finally:
         admin.dispose()
+
+
+@pytest.mark.parametrize("mode", ["lease", "session"])
+@pytest.mark.parametrize("path", ["libpq", "cursor"])
+def test_postgres_lock_calls_on_both_paths(
+    make_app: Callable[..., Celery], postgres_coordination_url: str, mode: str, path: str
+) -> None:
+    """The held-lock calls go through libpq directly on psycopg 3, and through the driver's cursor
+    otherwise (another driver, gevent/eventlet): the same statements, the same answers on both."""
+    app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks=mode)
+    store: Any = get_lock_store(app)
+    store._libpq = path == "libpq"
+    # Tokens are hex in practice; quotes, backslashes, commas and braces check the array parameter.
+    odd = 'a"b\\c,{d} e'
+    first = store.acquire("both", odd, 5, owner("a"))
+    assert first.status == "acquired"
+    assert first.fence is not None
+    held = store.acquire("both", "t-b", 5, owner("b"))
+    assert held.status == "held"
+    assert held.holder is not None
+    assert (held.holder.task_id, held.holder.host, held.holder.pid, held.holder.fence) == (
+        "a",
+        "test-host",
+        4242,
+        first.fence,
+    )
+    assert store.acquire("both", "t-a2", 5, owner("a")).status == "duplicate"
+    # A lost reply: the retry names the earlier token and takes the lock over, same fence.
+    again = store.acquire("both", "t-a3", 5, owner("a"), earlier_tokens=("zz", odd))
+    assert (again.status, again.fence, again.took_over) == ("acquired", first.fence, True)
+    assert store.renew("both", "t-a3", 5)
+    assert not store.renew("both", odd, 5)
+    assert store.release("both", "t-a3", ("a:0:0", 60.0, "a"))
+    assert not store.release("both", "t-a3")
+    assert store.acquire("both", "t-a4", 5, owner("a")).status == "finished"
+    # The conflicting acquire above drew a fence it dropped: the next holder's is still larger.
+    second = store.acquire("both", "t-c", 5, owner("c"), marker="m-both")
+    assert second.status == "acquired"
+    assert second.fence is not None
+    assert second.fence > first.fence
+    assert store.commit("both", "m-both", "t-c", 60.0, "c", ("c:0:0", 60.0)) == (True, True)
+    assert store.acquire("both", "t-d", 5, owner("d"), marker="m-both").status == "done"

@@ -843,7 +843,9 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "1.17-1.68, 3 of 24 below 1.0, at load 3.4-6.8); sweep rows/s median 3,263 before, 3,946 after; rows "
             "per CPU second of the sweeper process 3,933 before, 4,622 after. At load ~3 (the last run): 1.27x "
             "before, 1.50x after. "
-            "`benchmarks.delays.bench_sweep` itself (100,000 rows, 1 and 4 sweepers, raw kombu of 10,000 messages before and after), 2 alternating rounds each: 1 sweeper 0.85x / 1.26x raw kombu before (2,591 / 2,249 rows/s, load 5.5 / 5.0), 1.74x / 2.43x after (3,476 / 4,382 rows/s, load 7.1 / 3.6).",
+            "`benchmarks.delays.bench_sweep` itself (100,000 rows, 1 and 4 sweepers, raw kombu of 10,000 messages"
+            " before and after), 2 alternating rounds each: 1 sweeper 0.85x / 1.26x raw kombu before (2,591 / "
+            "2,249 rows/s, load 5.5 / 5.0), 1.74x / 2.43x after (3,476 / 4,382 rows/s, load 7.1 / 3.6).",
             "",
         ]
     sa_ = d.get("sweep_amqp")

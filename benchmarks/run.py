@@ -820,16 +820,32 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "(one SMEMBERS per message otherwise) read and each queue declared once per batch "
             '(docs/delays.md, "Bursts and bulk"). What is left is CPU, and most of it is Celery\'s message build.',
             "",
-            "cProfile of one sweeper, 5,000 due rows, batch 500, PostgreSQL store, Redis broker (taken on this VM",
-            "on 2026-12-01 while it ran six other test suites, load average ~20, so the absolute times are",
-            "inflated; the shares are what matters; rerun with `cProfile` around",
-            "`celery_safe_time.delays.sweep.sweep`): `Celery.send_task` 67% of the sweep's time; inside it",
-            "Celery's own work before the publish (routing 4%, option merging and config lookups) about 25%,",
-            "`as_task_v2` (the message build, with `saferepr` of args/kwargs 7%) 15%, kombu `Producer.publish`",
-            "21% (serializing and buffering into the pipeline 11%; the pipeline's one round trip per batch does",
-            "not reach the top 45 entries). The sweep's own share: the claim 11% (of which building `DelayRow`",
-            "objects 9%), payload decode 6%, `mark_sent` 4%, signals 5%. A faster path would have to build",
-            "Celery's message itself (dropping `send_task`'s routing and signal contract) - not done.",
+            "py-spy (wall clock, waits included) of one sweeper, 20,000 due rows, batch 500, PostgreSQL store,",
+            "Redis broker, taken on this VM on 2026-12-01 at load 4-8 (other sessions' benches; the shares are",
+            "what matters; rerun with `py-spy record --idle --threads` around `celery_safe_time.delays.sweep.sweep`",
+            "in a `benchmarks.delays.Env`). Before issue 20's third pass the batch's `mark_sent` took 17% of the",
+            "sweep's wall time (the publishing thread waiting for PostgreSQL to update 500 rows), `os.urandom`",
+            "10% (two `uuid4` per message, the attempt token and kombu's delivery tag: CPython lets the GIL go",
+            "around `getrandom`, and the publishing thread then waits for the claim thread to give it back) and",
+            "the trace-context wrapper 4%. Since: a batch is marked sent in a thread of the sweep's own while the",
+            "next one publishes (the publishing thread waits for that thread or the claim ahead under 2% of the",
+            "time), tokens come from `os.urandom` read 4 KiB at a time, the wrapper is skipped for rows without a",
+            "stored trace context, and the claim builds its rows from plain tuples. What is left: Celery's",
+            "`send_task_message` 49%, in it kombu's `Producer.publish` 41% (JSON of the body and of the Redis",
+            "envelope 15%, the envelope and its LPUSH into the pipeline 14%); the pipeline's one round trip per",
+            "batch 10%, payload decode 8%, routing 6%, Celery's message build (`as_task_v2`) 4%, publish signals",
+            "4%. A faster path would have to build Celery's message and kombu's Redis envelope itself (dropping",
+            "`send_task`'s routing and signal contract) - not done.",
+            "Measured side by side on 2026-12-01 (the commit before against this one, alternating processes, each "
+            "sweeping 10,000-20,000 due rows 2-3 times with a raw kombu publish of 3,000-5,000 messages before "
+            "and after each sweep; 3 runs of 3 rounds, load 2.6-8.8 from other sessions): sweep / raw kombu per "
+            "sweep, median 1.11x before (quartiles 0.98-1.32, 7 of 24 below 1.0) and 1.46x after (quartiles "
+            "1.17-1.68, 3 of 24 below 1.0, at load 3.4-6.8); sweep rows/s median 3,263 before, 3,946 after; rows "
+            "per CPU second of the sweeper process 3,933 before, 4,622 after. At load ~3 (the last run): 1.27x "
+            "before, 1.50x after. "
+            "`benchmarks.delays.bench_sweep` itself (100,000 rows, 1 and 4 sweepers, raw kombu of 10,000 messages"
+            " before and after), 2 alternating rounds each: 1 sweeper 0.85x / 1.26x raw kombu before (2,591 / "
+            "2,249 rows/s, load 5.5 / 5.0), 1.74x / 2.43x after (3,476 / 4,382 rows/s, load 7.1 / 3.6).",
             "",
         ]
     sa_ = d.get("sweep_amqp")

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .randomness import uuid4_str
+
 
 class PublishBatch:
     """Whether this batch's publishes are buffered (sent at the end) or went out one by one."""
@@ -52,6 +54,10 @@ def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[N
 
     channel.get_table = get_table
     producer.maybe_declare = maybe_declare
+    # kombu's delivery tag (its key in the unacked hash on Redis): the same str(uuid4()) form, drawn
+    # from a block of random bytes instead of one getrandom per message, a call that lets the GIL go
+    # (see celery_safe_time.randomness).
+    channel._next_delivery_tag = uuid4_str
     state.active = True
     try:
         # Room for each message's LPUSH and the PEXPIREs of a queue with x-expires: one flush at the end.
@@ -60,4 +66,5 @@ def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[N
     finally:
         # Back to the classes' methods: the pooled producer and channel must not keep this batch's state.
         del channel.get_table
+        del channel._next_delivery_tag
         del producer.maybe_declare

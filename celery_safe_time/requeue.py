@@ -10,13 +10,13 @@ message", which a task id cannot say: ids are reused by ``retry()`` and by calle
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from celery.signals import before_task_publish
 
 from . import constants as C
+from .randomness import uuid4_hex
 
 
 def jittered(retry_after: float, jitter: float, rand: Callable[[], float] = random.random) -> float:
@@ -32,7 +32,7 @@ def outage_backoff(base: float, outage_age: float, cap: float) -> float:
 
 
 def new_attempt() -> str:
-    return uuid.uuid4().hex
+    return uuid4_hex()
 
 
 def attempt_of(request: Any) -> str | None:

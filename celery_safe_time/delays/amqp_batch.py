@@ -25,7 +25,11 @@ import celery
 from amqp.basic_message import Message
 from amqp.channel import Channel as AmqpChannel
 from amqp.serialization import _write_item, dumps
+from celery.utils import uuid
+from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
+from celery.utils.time import subtract_datetimes
+from dateutil.parser import isoparse
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
 
@@ -402,11 +406,6 @@ class BatchSender:
         **options: Any,
     ) -> None:
         """``app.send_task``'s arguments (Celery 5.7), the message published through this batch's producer."""
-        from celery.utils import uuid
-        from celery.utils.functional import maybe_list
-        from celery.utils.time import subtract_datetimes
-        from dateutil.parser import isoparse
-
         app = self.app
         if self.via_send_task:
             explicit = {"expires": expires, "time_limit": time_limit, "soft_time_limit": soft_time_limit}

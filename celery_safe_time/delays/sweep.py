@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery, Task
 from celery.utils import uuid
@@ -35,6 +35,8 @@ from .stores import get_store
 from .stores.base import DelayRow, DelayStore
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 @dataclasses.dataclass
@@ -95,6 +97,7 @@ def sweep(
     # On RabbitMQ the batches of this sweep share one connection in confirm mode (opened at the first).
     session = _ConfirmSession(app, config) if config.broker_kind == C.BROKER_AMQP else None
     claims = _Claims(store, batch, lookahead, clock)
+    marks = _Marks(claims, stats, clock)
     try:
         claim = claims.make() if max_batches is None or max_batches > 0 else _Claim([], "", clock())
         while claim.rows:
@@ -107,10 +110,12 @@ def sweep(
             try:
                 if session is not None:
                     _publish_batch_confirmed(
-                        session, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock
+                        session, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock, marks=marks
                     )
                 else:
-                    _publish_batch(app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock)
+                    _publish_batch(
+                        app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock, marks=marks
+                    )
             except BaseException:
                 claims.hand_back(following)
                 raise
@@ -121,7 +126,10 @@ def sweep(
                 claims.hand_back(following)
                 break
             claim = following.result()
+        marks.collect()
     finally:
+        # After an error: the batches already published are still marked (or logged), not raised over it.
+        marks.collect(quiet=True)
         claims.close()
         if session is not None:
             session.close()
@@ -174,6 +182,23 @@ class _Claims:
         self.lookahead = lookahead
         self.clock = clock
         self._pool: ThreadPoolExecutor | None = None
+        self._mark_pool: ThreadPoolExecutor | None = None
+
+    def run(self, work: Callable[[], R]) -> Future[R]:
+        """``work`` in the sweep's mark thread, or here and now where claims are not made in the background."""
+        if not self.store.claims_in_background:
+            done: Future[R] = Future()
+            try:
+                done.set_result(work())
+            except BaseException as exc:
+                done.set_exception(exc)
+            return done
+        # A thread of its own, beside the claim thread: a batch's mark and the claim ahead touch other
+        # rows (claimed ones, pending ones) and both mostly wait for the database, so neither waits
+        # for the other; one thread keeps the marks in batch order.
+        if self._mark_pool is None:
+            self._mark_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="safe-time-mark")
+        return self._mark_pool.submit(work)
 
     def make(self) -> _Claim:
         token = uuid()
@@ -200,9 +225,69 @@ class _Claims:
             logger.warning("sweep: could not hand back the batch claimed ahead: %s", exc)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._mark_pool, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._mark_pool = None
+
+
+class _Marks:
+    """The mark sent (and expired) of each published batch, made in a thread while the next batch is
+    built and published: the statement's round trip and the database's row updates (about a sixth of
+    the sweep's wall time when made in line) overlap the next batch's CPU instead of adding to it. A
+    batch is handed over only once its publish reached the broker (the Redis pipeline ran, RabbitMQ
+    confirmed), so "published, then marked" holds as before; one thread keeps the marks one at a
+    time, in batch order. The next hand-over (and the end of the sweep) waits for the one before: its
+    count goes into the stats, ``delay_released`` is sent for its rows from the sweep's own thread,
+    and a store error after its retries (``mark_sent_retrying``, within half the claim timeout from
+    the claim) fails the sweep as it did in line; its rows stay claimed and are published again
+    after the claim timeout (the delivery record runs each once). Stores without background claims
+    (SQLite, Django) mark in line, as before.
+    """
+
+    def __init__(self, claims: _Claims, stats: SweepStats, clock: Callable[[], float]) -> None:
+        self.claims = claims
+        self.stats = stats
+        self.clock = clock
+        self._pending: tuple[Future[tuple[int, int]], list[DelayRow]] | None = None
+
+    def submit(
+        self, store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, trusted_until: float
+    ) -> None:
+        """Mark a published batch's rows; its retry budget is what is left of its claim's trust when it runs."""
+        clock = self.clock
+        ids = [r.id for r in sent]
+
+        def work() -> tuple[int, int]:
+            marked = mark_sent_retrying(store, ids, token, budget=max(0.0, trusted_until - clock()))
+            return marked, store.mark_expired(expired, token)
+
+        marking = self.claims.run(work)
+        if not store.claims_in_background:
+            self._settle(marking, sent)  # made in line: counted and signalled now, as before
+            return
+        previous, self._pending = self._pending, (marking, sent)
+        if previous is not None:
+            self._settle(*previous)
+
+    def collect(self, *, quiet: bool = False) -> None:
+        """Wait for the mark handed over last; ``quiet``: log its error instead of raising it."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            self._settle(*pending)
+        except Exception as exc:
+            if not quiet:
+                raise
+            logger.warning("sweep: marking the last published batch failed: %s", exc)
+
+    def _settle(self, marking: Future[tuple[int, int]], sent: list[DelayRow]) -> None:
+        marked, expired = marking.result()
+        self.stats.sent += marked
+        self.stats.expired += expired
+        for row in sent:
+            signals.delay_released.send(sender=self.claims.store, task_id=row.id, task_name=row.task, due_at=row.due_at)
 
 
 #: Per store object (so per process): the rows per second its recent sweeps claimed and published.
@@ -352,6 +437,7 @@ def _publish_batch(
     *,
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
+    marks: _Marks | None = None,
 ) -> None:
     sent: list[DelayRow] = []
     expired: list[str] = []
@@ -388,6 +474,9 @@ def _publish_batch(
         if isinstance(exc, BatchPublishError):
             raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
+    if marks is not None:
+        marks.submit(store, sent, expired, token, trusted_until)
+        return
     _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
 
 
@@ -555,6 +644,7 @@ def _publish_batch_confirmed(
     *,
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
+    marks: _Marks | None = None,
 ) -> None:
     """Publish in confirm mode, the batch written at once; mark sent only what RabbitMQ acknowledged.
 
@@ -622,7 +712,10 @@ def _publish_batch_confirmed(
             f"{error.__class__.__name__}: {error}" if error else f"no answer within {confirm_wait:g}s",
             len(rest),
         )
-    _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
+    if marks is not None and error is None:
+        marks.submit(store, sent, expired, token, trusted_until)
+    else:
+        _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
     if error is not None:
         # As on Redis: the broker is gone, the sweep fails (its rows are safe in the store).
         raise OperationalError(f"publishing stored delays: {error.__class__.__name__}: {error}") from error

@@ -164,3 +164,72 @@ def test_postgres_cut_after_publish_marks_the_batch_sent_when_it_returns(
     assert any(m.startswith("sweep: marked 20 published stored delays sent after") for m in messages), messages
     store.close()
     app.close()
+
+
+class BackgroundMarks(FailingMarks):
+    """As a server database's store: the sweep claims ahead and marks in threads of its own."""
+
+    claims_in_background = True
+
+    def __init__(self, failures: int | None) -> None:
+        super().__init__(failures)
+        self.mark_threads: set[str] = set()
+
+    def mark_sent(self, task_ids: Sequence[str], token: str) -> int:
+        self.mark_threads.add(threading.current_thread().name)
+        return super().mark_sent(task_ids, token)
+
+
+def test_marks_in_the_background_count_and_signal_every_batch_after_its_publish() -> None:
+    """Issue 20: a batch's mark sent runs in the sweep's mark thread while the next batch publishes;
+    every row is marked once, after its batch's publish, and delay_released fires in the sweep's thread."""
+    app = memory_app()
+    store = BackgroundMarks(failures=0)
+    ids = [f"bg-{i:02d}" for i in range(25)]
+    for task_id in ids:
+        store.insert(new_delay(task_id, utcnow() - timedelta(seconds=1)))
+    published: list[str] = []
+    released: list[tuple[str, str]] = []
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        assert headers is not None
+        # Published before marked: a row is still claimed when its message goes out.
+        assert store.get(headers["id"]).status == "claimed"  # type: ignore[union-attr]
+        published.append(headers["id"])
+
+    def on_released(task_id: str = "", **_: Any) -> None:
+        released.append((task_id, threading.current_thread().name))
+
+    from celery_safe_time import signals
+
+    after_task_publish.connect(on_publish, weak=False)
+    signals.delay_released.connect(on_released, weak=False)
+    try:
+        stats = sweep(app, store=store, batch=10)
+    finally:
+        after_task_publish.disconnect(on_publish)
+        signals.delay_released.disconnect(on_released)
+        app.close()
+    assert stats.sent == 25
+    assert stats.batches == 3
+    assert sorted(published) == ids
+    assert [store.get(i).status for i in ids] == ["sent"] * 25  # type: ignore[union-attr]
+    assert sorted(r[0] for r in released) == ids
+    assert {r[1] for r in released} == {threading.current_thread().name}
+    assert store.mark_threads
+    assert all(name.startswith("safe-time-mark") for name in store.mark_threads)
+
+
+def test_a_background_mark_that_fails_fails_the_sweep_and_leaves_its_rows_claimed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = memory_app(safe_time_claim_timeout=2)  # budget 1 s: one 0.5 s retry per batch
+    store = BackgroundMarks(failures=None)
+    for i in range(15):
+        store.insert(new_delay(f"bgf-{i:02d}", utcnow() - timedelta(seconds=1)))
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"), pytest.raises(StoreError):
+        sweep(app, store=store, batch=10)
+    app.close()
+    rows = [store.get(f"bgf-{i:02d}") for i in range(15)]
+    assert {r.status for r in rows if r is not None} == {"claimed"}  # re-published after the claim timeout
+    assert any("could not mark them sent within" in r.getMessage() for r in caplog.records)

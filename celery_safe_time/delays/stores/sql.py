@@ -997,7 +997,10 @@ class SQLAlchemyStore(DelayStore):
                 result = conn.execute(
                     sa.update(t).where(t.c.id == cte.c.id, _status(C.STATUS_PENDING)).values(**values).returning(*t.c)
                 )
-                rows = [DelayRow.from_mapping(m) for m in result.mappings()]
+                # Plain tuples zipped with the column names: a driver's row mapping is slow to copy, and
+                # this runs in the claim thread, whose CPU the publishing thread waits for (the GIL).
+                keys = list(result.keys())
+                rows = [DelayRow.from_mapping(dict(zip(keys, r, strict=True))) for r in result]
             else:
                 # MySQL/MariaDB (no UPDATE ... RETURNING, and no UPDATE ... IN (SELECT ... LIMIT)):
                 # lock the ids first with SKIP LOCKED, then update and read them, same transaction.

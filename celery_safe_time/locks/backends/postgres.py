@@ -255,34 +255,18 @@ BEGIN
     END IF;
 END $$;
 
--- acquire_v2 after the fence guard on a session's first call. A lease acquire commits as the
--- server's synchronous_commit says (on by default: it waits for its WAL flush, so neither a restart
--- nor a crash forgets it). A session-mode acquire does not wait (synchronous_commit off for this one
--- transaction): any restart ends the sessions and frees their advisory locks anyway. Where an
--- operator turns synchronous_commit off for the role or in the URL, a crash can forget the acquires
--- of its last moments (at most 3 x wal_writer_delay): their holders learn it at their next renewal
--- (LockLost), and their fences stay below every later one (the guard).
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v3(
-    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
-    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
-RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
-        PERFORM safe_time_lock_fence_guard_v3();
-        PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
-    ELSIF p_session THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
-    RETURN QUERY SELECT * FROM safe_time_lock_acquire_v2(p_name, p_done, p_marker, p_token, p_ttl_ms,
-        p_task_id, p_host, p_pid, p_identity, p_earlier, p_session);
-END $$;
-
--- acquire_v3 as one function (schema v4): v3's rules and guard, without the nested call to v2 and the
--- two result sets it was copied through, both markers in one index probe, and the row inserted first
--- (the usual case: the key is free), so a free key costs one statement less. A conflicting INSERT takes
--- a fence it then drops: fences still come only from the sequence and only grow, with gaps (as
--- across keys already). Returns one row of OUT values.
+-- The acquire (schema v4): acquire_v2's rules after the fence guard on a session's first call, in one
+-- function (no nested call and the result set copied through it), both markers in one index probe,
+-- and the row inserted first (the usual case: the key is free), so a free key costs one statement
+-- less. A conflicting INSERT takes a fence it then drops: fences still come only from the sequence and
+-- only grow, with gaps (as across keys already). Returns one row of OUT values.
+--
+-- A lease acquire commits as the server's synchronous_commit says (on by default: it waits for its WAL
+-- flush, so neither a restart nor a crash forgets it). A session-mode acquire does not wait
+-- (synchronous_commit off for this one transaction): any restart ends the sessions and frees their
+-- advisory locks anyway. Where an operator turns synchronous_commit off for the role or in the URL, a
+-- crash can forget the acquires of its last moments (at most 3 x wal_writer_delay): their holders
+-- learn it at their next renewal (LockLost), and their fences stay below every later one (the guard).
 CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v4(
     p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
     p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean,
@@ -292,7 +276,7 @@ DECLARE
     cur safe_time_lock%ROWTYPE;
     expires timestamptz;
 BEGIN
-    -- The fence guard of v3 (see above): a session's first acquire after a server start.
+    -- The fence guard: a session's first acquire after a server start.
     IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
         PERFORM safe_time_lock_fence_guard_v3();
         PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
@@ -358,6 +342,18 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
+END $$;
+
+-- The acquire of workers one release behind (schema v3): v4's, so a fleet mid-upgrade follows one
+-- set of rules and one fence guard.
+CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v3(
+    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
+    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
+RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM safe_time_lock_acquire_v4(p_name, p_done, p_marker, p_token, p_ttl_ms,
+        p_task_id, p_host, p_pid, p_identity, p_earlier, p_session);
 END $$;
 
 CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v2(

@@ -590,3 +590,43 @@ def test_postgres_lock_calls_on_both_paths(
     assert second.fence > first.fence
     assert store.commit("both", "m-both", "t-c", 60.0, "c", ("c:0:0", 60.0)) == (True, True)
     assert store.acquire("both", "t-d", 5, owner("d"), marker="m-both").status == "done"
+
+
+def test_a_worker_one_schema_behind_acquires_by_the_same_rules(
+    make_app: Callable[..., Celery], postgres_coordination_url: str
+) -> None:
+    """Workers of the previous release call ``safe_time_lock_acquire_v3``: it answers as v4 does for
+    the lock a current worker holds, and a lock it takes is one a current worker sees as held."""
+    import sqlalchemy as sa
+
+    app = make_app(safe_time_coordination_url=postgres_coordination_url)
+    store: Any = get_lock_store(app)
+    mine = store.acquire("behind", "t-new", 5, owner("a"))
+    assert mine.status == "acquired"
+
+    def acquire_v3(key: str, token: str, who: Owner) -> tuple[Any, ...]:
+        with store.engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    "SELECT * FROM safe_time_lock_acquire_v3(:name, :done, NULL, :token, 5000, :task_id,"
+                    " :host, :pid, :identity, ARRAY[]::text[], false)"
+                ),
+                {
+                    "name": store.lock_key(key),
+                    "done": store.done_key(key, who.identity),
+                    "token": token,
+                    "task_id": who.task_id,
+                    "host": who.host,
+                    "pid": who.pid,
+                    "identity": who.identity,
+                },
+            ).one()
+        return tuple(row)
+
+    status, fence, own, task_id, _host, _pid = acquire_v3("behind", "t-old", owner("b"))
+    assert (status, fence, own, task_id) == ("held", mine.fence, False, "a")
+    status, fence, own, _task_id, _host, _pid = acquire_v3("behind-too", "t-old", owner("b"))
+    assert status == "acquired"
+    assert fence > mine.fence
+    assert own is False
+    assert store.acquire("behind-too", "t-new2", 5, owner("c")).status == "held"

@@ -65,16 +65,22 @@ def inject_context(headers: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {**dict(headers or {}), **carrier}
 
 
+def _valid_stored_context(headers: Mapping[str, Any]) -> Any:
+    """The trace context stored in ``headers``, or None when there is none (or no opentelemetry)."""
+    if otel_propagate is None or otel_context is None or otel_trace is None:
+        return None
+    extracted = otel_propagate.extract(dict(headers))
+    return extracted if otel_trace.get_current_span(extracted).get_span_context().is_valid else None
+
+
 @contextlib.contextmanager
 def stored_context(headers: Mapping[str, Any]) -> Iterator[None]:
     """Make the context stored in ``headers`` current while a stored row is published."""
-    if otel_propagate is None or otel_context is None:
+    extracted = _valid_stored_context(headers)
+    if extracted is None:
         yield
         return
-    extracted = otel_propagate.extract(dict(headers))
-    if otel_trace is None or not otel_trace.get_current_span(extracted).get_span_context().is_valid:
-        yield
-        return
+    assert otel_context is not None  # a context was extracted: opentelemetry is there
     token = otel_context.attach(extracted)
     try:
         yield
@@ -88,11 +94,10 @@ def in_stored_context(headers: Mapping[str, Any], call: Callable[..., R]) -> Cal
     ``call`` itself when ``headers`` hold no valid context (most rows): the sweep calls this once per
     row, and a wrapper with a context manager around every publish was a few percent of its time.
     """
-    if otel_propagate is None or otel_context is None:
+    extracted = _valid_stored_context(headers)
+    if extracted is None:
         return call
-    extracted = otel_propagate.extract(dict(headers))
-    if otel_trace is None or not otel_trace.get_current_span(extracted).get_span_context().is_valid:
-        return call
+    assert otel_context is not None  # a context was extracted: opentelemetry is there
     attach, detach = otel_context.attach, otel_context.detach
 
     def wrapped(*args: Any, **kwargs: Any) -> R:

@@ -35,6 +35,21 @@ def new_delay(task_id: str, due_at: datetime, *, task: str = "tests.delays.recor
     )
 
 
+def finished_row(store: DelayStore, task_id: str, timeout: float = 30.0) -> Any:
+    """The row of ``task_id`` once its run has been recorded as finished.
+
+    A task body's own record (``test:runs``/``test:ends``) is written before the worker records the
+    outcome, after the body returns: reading the row at once races that write.
+    """
+    from tests.helpers.processes import wait_for
+
+    def finished() -> Any:
+        row = store.get(task_id)
+        return row if row is not None and row.status == C.STATUS_FINISHED else None
+
+    return wait_for(finished, timeout, message=f"the row of {task_id} to be recorded finished")
+
+
 def fresh_sql_store(url: str) -> SQLAlchemyStore:
     """A SQLAlchemy store on ``url`` with an empty table."""
     store = SQLAlchemyStore(url)

@@ -25,7 +25,7 @@ from celery_safe_time.config import get_config
 from celery_safe_time.delays.stores import get_store
 from celery_safe_time.delays.sweep import _publish_row, sweep
 from tests.apps.delays_tasks import define_tasks
-from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
+from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -103,8 +103,7 @@ def test_a_reused_task_id_runs_every_time(setup: Setup, processes: ProcessManage
         setup.sweep_until(lambda n=n: len(runs(redis_client)) >= n, 30, f"run {n} of the reused task id")
     time.sleep(1)
     assert [r["label"] for r in runs(redis_client)] == ["report-1", "report-2", "report-3"]
-    row = get_store(setup.app).get("daily-report")
-    assert row is not None
+    row = finished_row(get_store(setup.app), "daily-report")
     assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
 
 
@@ -134,8 +133,7 @@ def test_acks_late_stored_task_killed_mid_run_runs_again_once_never_beside_itsel
     assert len(ends(redis_client)) == 1
     # Not beside the dead run: the second start waited for its heartbeat to stop.
     assert starts[1]["started"] - starts[0]["started"] >= LOCK_TTL * 0.9
-    row = get_store(setup.app).get(task_id)
-    assert row is not None
+    row = finished_row(get_store(setup.app), task_id)
     assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 2)
 
 
@@ -155,8 +153,7 @@ def test_stored_task_without_acks_late_killed_mid_run_runs_at_most_once_and_says
     sweep(setup.app)
     assert [r["task_id"] for r in runs(redis_client)] == [task_id]
     assert ends(redis_client) == []
-    row = get_store(setup.app).get(task_id)
-    assert row is not None
+    row = finished_row(get_store(setup.app), task_id)
     assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_INTERRUPTED, 1)
 
 
@@ -234,8 +231,7 @@ def test_a_lost_reply_to_the_start_is_recognised_as_our_own(
     worker.wait_for_log(r"delivery record unavailable for stored task .* re-queued in", timeout=5)
     time.sleep(1)
     assert [r["task_id"] for r in runs(redis_client)] == [result.id]
-    row = get_store(setup.app).get(result.id)
-    assert row is not None
+    row = finished_row(get_store(setup.app), result.id)
     assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 2)
 
 
@@ -298,7 +294,6 @@ def test_a_lock_requeue_longer_than_the_threshold_is_stored_and_runs(
     setup.sweep_until(lambda: len(ends(redis_client)) >= 2, 60, "the waiter to run after the holder")
     labels = [r["label"] for r in runs(redis_client)]
     assert labels == ["holder", "waiter"]
-    row = get_store(setup.app).get(waiter.id)
-    assert row is not None  # it went through the store at least once
+    row = finished_row(get_store(setup.app), waiter.id)  # it went through the store at least once
     assert row.outcome == C.OUTCOME_SUCCEEDED
     assert holder.id != waiter.id

@@ -20,7 +20,7 @@ from celery_safe_time.delays.stores.sql import SQLAlchemyStore, delays
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import proxy_for
-from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs
+from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 from tests.helpers.services import RedisServer
 
@@ -100,8 +100,7 @@ def test_long_countdown_runs_more_than_once_on_plain_celery_and_exactly_once_wit
     due = datetime.fromisoformat(run["stored_due"])
     # Fired at due_at (eta), not on the sweep grid.
     assert -0.5 < run["started"] - due.timestamp() < 1.5
-    record = get_store(app).get(safe.id)
-    assert record is not None
+    record = finished_row(get_store(app), safe.id)
     assert (record.status, record.outcome, record.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
 
 

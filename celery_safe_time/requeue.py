@@ -35,10 +35,23 @@ def new_attempt() -> str:
     return uuid4_hex()
 
 
+def message_header(request: Any, name: str) -> Any:
+    """A message header of ``request``: in ``request.headers``, or set on the request itself (where
+    Celery puts the custom headers of a protocol 2 message); None when absent."""
+    headers = getattr(request, "headers", None)
+    if headers and name in headers:
+        return headers[name]
+    # Not getattr(request, name, None): most headers are absent, and a missing attribute is an
+    # AttributeError raised and caught, several per locked call.
+    own = getattr(request, "__dict__", None)
+    if own is not None:
+        return own.get(name)
+    return getattr(request, name, None)
+
+
 def attempt_of(request: Any) -> str | None:
     """The attempt token of the message ``request`` came from, or None (published without this package)."""
-    headers = getattr(request, "headers", None) or {}
-    value = headers.get(C.HEADER_ATTEMPT, getattr(request, C.HEADER_ATTEMPT, None))
+    value = message_header(request, C.HEADER_ATTEMPT)
     return str(value) if value else None
 
 

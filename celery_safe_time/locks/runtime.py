@@ -5,11 +5,11 @@ fencing number, ``LockLost``) and re-queueing on a conflict.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +24,7 @@ from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
-from ..requeue import attempt_of, jittered, outage_backoff
+from ..requeue import attempt_of, jittered, message_header, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
 from .store import Acquired, Holder, LockBackend, Owner, get_lock_store
@@ -38,37 +38,34 @@ F = TypeVar("F", bound=Callable[..., Any])
 _HOST = socket.gethostname()
 
 
-@dataclasses.dataclass
 class Call:
     """One call of a decorated task function."""
 
-    task: Task | None
-    bound: bool
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    app: Celery
+    __slots__ = ("app", "args", "bound", "in_worker", "kwargs", "request", "task")
 
-    # Read once per call: ``task.request`` is a lookup in Celery's thread-local request stack, and a
-    # locked call asked for it about ten times (a tenth of the decorator's own time).
-    @functools.cached_property
-    def request(self) -> Any:
-        return self.task.request if self.task is not None else None
-
-    @property
-    def task_id(self) -> str | None:
-        request = self.request
-        return getattr(request, "id", None) if request is not None else None
-
-    @functools.cached_property
-    def in_worker(self) -> bool:
-        """True when the call came from a message (so it can be re-queued)."""
-        request = self.request
-        return bool(
+    def __init__(
+        self, task: Task | None, bound: bool, args: tuple[Any, ...], kwargs: dict[str, Any], app: Celery
+    ) -> None:
+        self.task = task
+        self.bound = bound
+        self.args = args
+        self.kwargs = kwargs
+        self.app = app
+        # Read once per call: ``task.request`` is a lookup in Celery's thread-local request stack, and a
+        # locked call asked for it about ten times (a tenth of the decorator's own time).
+        request = self.request = task.request if task is not None else None
+        #: True when the call came from a message (so it can be re-queued).
+        self.in_worker = bool(
             request is not None
             and request.id
             and not getattr(request, "called_directly", True)
             and not getattr(request, "is_eager", False)
         )
+
+    @property
+    def task_id(self) -> str | None:
+        request = self.request
+        return getattr(request, "id", None) if request is not None else None
 
     def owner(self) -> Owner:
         task_id = self.task_id or f"direct-{uuid.uuid4().hex}"
@@ -105,13 +102,8 @@ def resolve_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     return Call(task=current, bound=False, args=args, kwargs=kwargs, app=app)
 
 
-def _header(request: Any, name: str) -> Any:
-    headers = getattr(request, "headers", None) or {}
-    return headers.get(name, getattr(request, name, None))
-
-
 def _requeues(request: Any) -> int:
-    raw = _header(request, C.HEADER_LOCK_REQUEUES)
+    raw = message_header(request, C.HEADER_LOCK_REQUEUES)
     try:
         return int(raw or 0)
     except (TypeError, ValueError):
@@ -121,7 +113,7 @@ def _requeues(request: Any) -> int:
 def redis_down_since(request: Any) -> float | None:
     """When the lock Redis first failed for this delivery (epoch seconds), or None: it answered last time."""
     try:
-        raw = _header(request, C.HEADER_LOCK_REDIS_DOWN)
+        raw = message_header(request, C.HEADER_LOCK_REDIS_DOWN)
         return float(raw) if raw is not None else None
     except (TypeError, ValueError):
         return None
@@ -150,7 +142,7 @@ def _origin(request: Any) -> dict[str, Any] | None:
     ``retry()`` copies custom headers into the retried message, which is a new delivery: a header
     stamped at another retry count is ignored.
     """
-    origin = _header(request, C.HEADER_LOCK_ORIGIN)
+    origin = message_header(request, C.HEADER_LOCK_ORIGIN)
     if not isinstance(origin, dict) or not origin.get("identity"):
         return None
     try:
@@ -282,14 +274,18 @@ class HeldLock:
             raise LockLost(f"overlap lock {self.key!r} lost: {self.lost}")
 
     def start(self, sender: Any, hard_deadline: float | None) -> None:
-        self._interrupter = Interrupter()
+        # The interrupter is made when the lock is lost, on the renewer thread, from the task
+        # thread's id taken here: most locks are never lost, and it cost a lock and a module lookup.
+        thread_id = threading.get_ident()
 
         def lost(reason: str) -> None:
+            # Runs on the renewer thread inside Watchdog.tick, under the watchdog's mutex, which
+            # stop() takes before it disarms: the interrupter is never made after stop() looked.
             self.lost = reason
             logger.error("overlap lock %r of task %s lost: %s", self.key, self.task_id, reason)
             signals.overlap_lock_lost.send(sender=sender, key=self.key, task_id=self.task_id)
-            if self._interrupter is not None:
-                self._interrupter.fire(LockLost)
+            self._interrupter = Interrupter(thread_id)
+            self._interrupter.fire(LockLost)
 
         self._watchdog = Watchdog(
             lambda ttl: self.store.renew(self.key, self.token, ttl),
@@ -302,10 +298,11 @@ class HeldLock:
 
     def stop(self) -> None:
         """Stop renewing and cancel a pending interrupt (the body has returned)."""
+        if self._watchdog is not None:
+            # First: it waits for a renewal in flight, so no lost() runs after this.
+            self._watchdog.stop()
         if self._interrupter is not None:
             self._interrupter.disarm()
-        if self._watchdog is not None:
-            self._watchdog.stop()
 
     def finished_record(self) -> tuple[str, float, str] | None:
         if self.identity is None:

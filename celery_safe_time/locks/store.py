@@ -56,9 +56,15 @@ _stores_lock = threading.Lock()
 _overrides: weakref.WeakKeyDictionary[Celery, LockBackend] = weakref.WeakKeyDictionary()
 
 
+#: The last answer for each app, by ``id(app)``: (app, pid, its config, store). A locked task asks for
+#: its store once per call; the full lookup hashes the whole config, which a hit does not.
+_recent: dict[int, tuple[weakref.ref[Celery], int, SafeTimeConfig, LockBackend]] = {}
+
+
 def use_lock_store(app: Celery, store: LockBackend | None) -> None:
     """Make ``app`` use ``store`` for its locks (None: back to its configured backend). For tests:
     production never calls it."""
+    _recent.clear()
     if store is None:
         _overrides.pop(app, None)
     else:
@@ -67,6 +73,9 @@ def use_lock_store(app: Celery, store: LockBackend | None) -> None:
 
 def get_lock_store(app: Celery) -> LockBackend:
     """This process's lock backend for ``app``'s settings (one per process: made again after a fork)."""
+    recent = _recent.get(id(app))
+    if recent is not None and recent[0]() is app and recent[1] == os.getpid() and recent[2] is get_config(app):
+        return recent[3]
     override = _overrides.get(app)
     if override is not None:
         return override
@@ -89,4 +98,5 @@ def get_lock_store(app: Celery) -> LockBackend:
     store = _stores.get(cache_key)
     if store is None:
         store = _stores[cache_key] = RedisLockStore(client, config)
+    _recent[id(app)] = (weakref.ref(app), os.getpid(), config, store)
     return store

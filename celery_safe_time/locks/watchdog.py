@@ -13,12 +13,13 @@ import ctypes
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 import redis
+
+from ..concurrency import green_threads
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,10 @@ class _Renewer:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._cond = threading.Condition()
+        # add() and discard() take the plain lock under the condition: Condition's own
+        # __enter__/__exit__ are two more Python calls on every locked task.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._watchdogs: set[Watchdog] = set()
         self._wake_at = math.inf
         #: With no lock to renew the thread still wakes this often: the shortest renewal interval seen
@@ -131,7 +135,7 @@ class _Renewer:
         self._thread.start()
 
     def add(self, watchdog: Watchdog) -> None:
-        with self._cond:
+        with self._mutex:
             self._watchdogs.add(watchdog)
             self._idle_wait = min(self._idle_wait, watchdog.interval)
             # Only wake the thread when it would sleep past this lock's first renewal; in steady
@@ -141,7 +145,7 @@ class _Renewer:
                 self._cond.notify()
 
     def discard(self, watchdog: Watchdog) -> None:
-        with self._cond:
+        with self._mutex:
             self._watchdogs.discard(watchdog)
 
     def _run(self) -> None:
@@ -175,15 +179,6 @@ def _renewer() -> _Renewer:
     return renewer
 
 
-def _green_threads() -> bool:
-    """True under gevent/eventlet monkey-patching, where many tasks share one OS thread."""
-    gevent_monkey = sys.modules.get("gevent.monkey")
-    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
-        return True
-    eventlet_patcher = sys.modules.get("eventlet.patcher")
-    return bool(eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("thread"))
-
-
 class Interrupter:
     """Raises an exception type asynchronously in one thread, only while it is armed.
 
@@ -194,7 +189,7 @@ class Interrupter:
 
     def __init__(self, thread_id: int | None = None) -> None:
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
-        self.enabled = not _green_threads()
+        self.enabled = not green_threads()
         self._mutex = threading.Lock()
         self._armed = True
         self.fired = False

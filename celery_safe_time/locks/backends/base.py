@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ... import constants as C
 from ...config import SafeTimeConfig
@@ -24,9 +24,12 @@ from ...redis_client import as_text
 AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Owner:
-    """Who asks for a lock: one delivery of one task message in one process."""
+class Owner(NamedTuple):
+    """Who asks for a lock: one delivery of one task message in one process.
+
+    A named tuple, as :class:`Acquired` is: one of each is built per locked call, and a frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) cost several times as much.
+    """
 
     task_id: str
     identity: str
@@ -47,8 +50,7 @@ class Holder:
         return f"{self.task_id or '?'} on {self.host or '?'} (pid {self.pid or '?'})"
 
 
-@dataclasses.dataclass(frozen=True)
-class Acquired:
+class Acquired(NamedTuple):
     """Result of :meth:`LockBackend.acquire`; ``fence`` is set when ``status == "acquired"``.
 
     ``took_over`` is True when the lock was already ours (a token of this delivery whose reply was

@@ -643,9 +643,9 @@ class PostgresLockStore(LockBackend):
         """The libpq connection under the pooled DBAPI connection ``conn`` when :class:`_Call`'s fast
         path applies to this engine (psycopg 3, no green threads), else None."""
         if self._libpq is None:
-            from ..watchdog import _green_threads
+            from ...concurrency import green_threads
 
-            self._libpq = self.engine.dialect.driver == "psycopg" and not _green_threads()
+            self._libpq = self.engine.dialect.driver == "psycopg" and not green_threads()
         return conn.driver_connection if self._libpq else None
 
     def _result(self, driver: Any, call: _Call, args: tuple[Any, ...]) -> Any:

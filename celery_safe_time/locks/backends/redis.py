@@ -22,6 +22,7 @@ import redis
 from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...redis_client import as_text, load_script
+from ...redis_wire import LeanScript
 from .base import (
     Acquired,
     Holder,
@@ -47,11 +48,15 @@ class RedisLockStore(LockBackend):
     def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
         self.client = client
         self.config = config
-        scripts = {name: client.register_script(load_script(SCRIPT_PACKAGE, name)) for name in SCRIPTS}
-        self._acquire = scripts["acquire"]
+        sources = {name: load_script(SCRIPT_PACKAGE, name) for name in SCRIPTS}
+        # The calls every locked task makes (acquire, then release or commit) take the lean path;
+        # renewals run on the background thread, unique keys at publish time: redis-py's path.
+        self._acquire = LeanScript(client, sources["acquire"])
+        self._release = LeanScript(client, sources["release"])
+        self._commit = LeanScript(client, sources["commit"])
+        plain = ("renew", "unique_acquire", "unique_release")
+        scripts = {name: client.register_script(sources[name]) for name in plain}
         self._renew = scripts["renew"]
-        self._release = scripts["release"]
-        self._commit = scripts["commit"]
         self._unique_acquire = scripts["unique_acquire"]
         self._unique_release = scripts["unique_release"]
 

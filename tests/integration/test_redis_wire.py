@@ -1,0 +1,152 @@
+"""The lean script path on a real Redis: the same answers as redis-py's Script, and every unusual
+case (script unknown to Redis, a dropped connection, an error, a timeout, a fork) handed to
+redis-py's path with the connection left clean."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_safe_time.locks.backends.redis import SCRIPT_PACKAGE
+from celery_safe_time.redis_client import load_script
+from celery_safe_time.redis_wire import LeanScript
+from tests.helpers import services
+
+pytestmark = pytest.mark.integration
+
+ECHO = "return {KEYS[1], ARGV[1], tonumber(ARGV[2]), redis.call('INCR', KEYS[2])}"
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def client(redis_url: str, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    made = redis.Redis.from_url(redis_url, protocol=request.param, socket_timeout=5)
+    yield made
+    made.close()
+
+
+def test_lean_calls_answer_as_redis_py_script_does(client: redis.Redis) -> None:
+    acquire = load_script(SCRIPT_PACKAGE, "acquire")
+    answers = {}
+    for name, call in (("lean", LeanScript(client, acquire)), ("plain", client.register_script(acquire))):
+        keys = [f"lock:{name}", f"fence:{name}", f"done:{name}:d"]
+        client.set(f"fence:{name}", 100)
+        taken = call(keys=keys, args=["tok", 30000, "task", "host", 7, "d"])
+        held = call(keys=keys, args=["other", 30000, "task2", "host2", 8, "d2"])
+        own = call(keys=keys, args=["tok", 30000, "task", "host", 7, "d"])
+        answers[name] = (taken, held, own)
+    assert answers["lean"] == answers["plain"]
+    assert answers["lean"] == (
+        [b"acquired", 101, b"new"],
+        [b"held", b"task", b"host", b"7", b"101"],
+        [b"acquired", b"101", b"own"],
+    )
+
+
+def test_a_script_redis_forgot_is_loaded_and_the_next_call_is_lean_again(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    assert echo(["k", "n"], ["a", 1]) == [b"k", b"a", 1, 1]
+    client.script_flush()
+    assert echo(["k", "n"], ["b", 2]) == [b"k", b"b", 2, 2]
+    assert echo(["k", "n"], ["c", 3]) == [b"k", b"c", 3, 3]
+
+
+def test_a_killed_connection_is_replaced_and_nothing_runs_twice(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    assert echo(["k", "n"], ["a", 1])[3] == 1
+    kept = echo._local.conn  # the connection this thread keeps for lean calls
+    kept.send_command("CLIENT", "ID")
+    client.client_kill_filter(_id=kept.read_response())  # only it: the Redis is shared with other tests
+    assert echo(["k", "n"], ["b", 2])[3] == 2  # the kill is seen on send or read: run once, by redis-py
+    assert echo(["k", "n"], ["c", 3])[3] == 3
+    assert int(client.get("n") or 0) == 3
+
+
+def test_an_error_reply_raises_redis_pys_typed_error_and_the_connection_stays_usable(client: redis.Redis) -> None:
+    failing = LeanScript(
+        client, "if ARGV[1] == 'fail' then return redis.error_reply('BOOM went the script') end return 1"
+    )
+    with pytest.raises(redis.ResponseError, match="BOOM went the script"):
+        failing(["k"], ["fail"])
+    assert failing(["k"], ["ok"]) == 1
+    client.set("not-a-number", "x")
+    with pytest.raises(redis.ResponseError, match="not an integer"):
+        LeanScript(client, "return redis.call('INCR', KEYS[1])")(["not-a-number"], [])
+    assert failing(["k"], ["ok"]) == 1
+
+
+def test_a_reply_later_than_the_socket_timeout_never_answers_the_next_call(
+    redis_server: services.RedisServer,
+) -> None:
+    """On a Redis of its own: the script blocks the server for 0.3 s."""
+    slow = redis.Redis.from_url(redis_server.url, socket_timeout=0.2)
+    try:
+        script = LeanScript(
+            slow,
+            "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until "
+            "(t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1]) return ARGV[2]",
+        )
+        assert script([], [0, "quick"]) == b"quick"
+        with pytest.raises(redis.TimeoutError):
+            script([], [300000, "late"])
+        # The late replies (of the lean call and of redis-py's retry) went to closed connections.
+        for n in range(5):
+            assert script([], [0, f"next{n}"]) == f"next{n}".encode()
+    finally:
+        slow.close()
+
+
+def _child_calls(script: LeanScript, out: multiprocessing.Queue[object]) -> None:
+    try:
+        out.put([script(["k", f"child{n}"], [f"c{n}", n])[1] for n in range(300)])
+    except Exception as exc:  # reported to the parent, which fails the test
+        out.put(repr(exc))
+
+
+def test_a_forked_child_never_shares_its_parents_connection(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    assert echo(["k", "n"], ["parent", 0])[1] == b"parent"
+    context = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue[object] = context.Queue()
+    child = context.Process(target=_child_calls, args=(echo, out))
+    child.start()
+    # The parent keeps calling meanwhile: one shared socket would mix the two processes' replies.
+    mine = [echo(["k", f"parent{n}"], [f"p{n}", n])[1] for n in range(300)]
+    theirs = out.get(timeout=60)
+    child.join(30)
+    assert mine == [f"p{n}".encode() for n in range(300)]
+    assert theirs == [f"c{n}".encode() for n in range(300)]
+
+
+def test_each_thread_keeps_its_own_connection(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    results: dict[int, list[bytes]] = {}
+
+    def calls(t: int) -> None:
+        results[t] = [echo(["k", f"t{t}"], [f"{t}-{n}", n])[1] for n in range(200)]
+
+    threads = [threading.Thread(target=calls, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {t: [f"{t}-{n}".encode() for n in range(200)] for t in range(4)}
+
+
+def test_clients_the_lean_path_cannot_serve_use_redis_pys(redis_url: str) -> None:
+    class Instrumented(redis.Redis):
+        pass
+
+    single = redis.Redis.from_url(redis_url, single_connection_client=True)
+    wrapped = Instrumented.from_url(redis_url)
+    try:
+        for other in (single, wrapped):
+            echo = LeanScript(other, ECHO)
+            assert not echo.lean
+            assert echo(["k", "n"], ["x", 1])[1] == b"x"
+    finally:
+        single.close()
+        wrapped.close()

@@ -440,11 +440,17 @@ def headline(r: dict[str, Any]) -> list[Head]:
             for label, key in (("overlap_lock", "locked"), ("idempotent", "idempotent")):
                 added = lo[key]["median_added_ms"]
                 ratio = _div(added, two)
+                lean = lo.get("ping2_lean", {}).get("median_added_ms")
                 rows.append(
                     Head(
                         f"{label} overhead vs two Redis round trips (acquire, release{broker})",
                         f"+{added:.2f} ms",
-                        f"two PINGs on the same worker: +{two:.2f} ms",
+                        f"two PINGs on the same worker: +{two:.2f} ms"
+                        + (
+                            f" (sent the lean way the lock's scripts are: +{lean:.2f} ms, {added / lean:.2f}x)"
+                            if lean
+                            else ""
+                        ),
                         "<= 1.1x",
                         ratio,
                         ratio is not None and ratio <= 1.1,

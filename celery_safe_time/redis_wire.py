@@ -10,8 +10,9 @@ overhead. Here a call is one ``sendall`` of a packed command and one ``recv`` of
 enough to arrive whole (more are read when it does not), parsed in one function.
 
 The connection is checked out of the client's pool once per thread and process, so it has the
-client's settings (TLS, Sentinel's master discovery, timeouts, ``health_check_interval``, which
-still PINGs it after an idle spell), and is never handed to anyone else.
+client's settings (TLS, Sentinel's master discovery, timeouts), and is never handed to anyone else.
+It is not health-checked before a call: one Redis closed (idle timeout, restart) gives no reply, and
+the call then runs on redis-py's path, which checks and retries as it always does.
 
 Everything unusual goes through redis-py's :class:`~redis.commands.core.Script` instead, which
 loads a script Redis does not know and types and retries errors as redis-py does: an error reply
@@ -129,8 +130,13 @@ class LeanScript:
             local.pid = os.getpid()
         conn = local.conn
         try:
-            conn.send_packed_command([pack_evalsha(self._sha, keys, args)])
             sock = conn._sock
+            if sock is None:
+                conn.connect()
+                sock = conn._sock
+            # Not send_packed_command: its health check PINGs a connection idle for a while, but a
+            # connection Redis closed is found here anyway (no reply: redis-py's path runs the call).
+            sock.sendall(pack_evalsha(self._sha, keys, args))
             data = sock.recv(65536)
             while True:
                 if not data:

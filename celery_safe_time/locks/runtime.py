@@ -27,7 +27,7 @@ from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnava
 from ..requeue import attempt_of, jittered, message_header, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
-from .store import Acquired, Holder, LockBackend, Owner, get_lock_store
+from .store import Holder, LockBackend, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ _HOST = socket.gethostname()
 class Call:
     """One call of a decorated task function."""
 
-    __slots__ = ("app", "args", "bound", "in_worker", "kwargs", "request", "task")
+    __slots__ = ("app", "args", "bound", "in_worker", "kwargs", "origin", "request", "task")
 
     def __init__(
         self, task: Task | None, bound: bool, args: tuple[Any, ...], kwargs: dict[str, Any], app: Celery
@@ -61,6 +61,9 @@ class Call:
             and not getattr(request, "called_directly", True)
             and not getattr(request, "is_eager", False)
         )
+        #: The ``safe_time_lock_origin`` header of this delivery (read once: :meth:`owner` and
+        #: :meth:`earlier_tokens` both need it), None when absent or not a worker call.
+        self.origin = _origin(request) if self.in_worker else None
 
     @property
     def task_id(self) -> str | None:
@@ -69,14 +72,16 @@ class Call:
 
     def owner(self) -> Owner:
         task_id = self.task_id or f"direct-{uuid.uuid4().hex}"
-        identity = delivery_identity(self.request) if self.in_worker else direct_identity(task_id)
+        identity = _identity(self.request, self.origin) if self.in_worker else direct_identity(task_id)
         return Owner(task_id=task_id, identity=identity, host=_HOST, pid=os.getpid())
 
     def earlier_tokens(self, key: str) -> tuple[str, ...]:
         """Tokens earlier attempts of this delivery sent for ``key`` without learning the outcome."""
         if not self.in_worker:
             return ()
-        return tuple(token for lock, token in _carried_tokens(self.request) if lock == key)
+        if self.origin is None:
+            return ()
+        return tuple(token for lock, token in _tokens(self.origin) if lock == key)
 
     def render(self, builder: KeyBuilder) -> str:
         return builder.render(self.args, self.kwargs, bound=self.bound)
@@ -159,7 +164,11 @@ def delivery_identity(request: Any) -> str:
     ``safe_time_lock_origin``; for messages published without this package, the task id, retry
     count and re-queue count.
     """
-    origin = _origin(request)
+    return _identity(request, _origin(request))
+
+
+def _identity(request: Any, origin: dict[str, Any] | None) -> str:
+    """:func:`delivery_identity`, given the request's :func:`_origin`."""
     if origin is not None:
         return str(origin["identity"])
     attempt = attempt_of(request)
@@ -170,7 +179,10 @@ def delivery_identity(request: Any) -> str:
 
 
 def _carried_tokens(request: Any) -> list[tuple[str, str]]:
-    origin = _origin(request)
+    return _tokens(_origin(request))
+
+
+def _tokens(origin: dict[str, Any] | None) -> list[tuple[str, str]]:
     pairs = origin.get("tokens") if origin is not None else None
     found: list[tuple[str, str]] = []
     for pair in pairs if isinstance(pairs, list) else []:
@@ -323,24 +335,10 @@ class HeldLock:
         return released
 
 
-def acquire(
-    store: LockBackend,
-    key: str,
-    ttl: float,
-    owner: Owner,
-    deadline: float | None,
-    marker: str | None = None,
-    *,
-    token: str | None = None,
-    earlier_tokens: tuple[str, ...] = (),
-) -> tuple[Acquired, str]:
-    """Run the acquire script; Redis errors become :class:`RedisUnavailable`."""
-    token = token or new_token()
-    first_ttl = renewal_ttl(ttl, time.monotonic(), deadline, C.LOCK_HARD_LIMIT_MARGIN)
-    try:
-        return store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier_tokens), token
-    except (redis.RedisError, OSError) as exc:
-        raise RedisUnavailable(f"cannot take overlap lock {key!r} ({store.describe()}): {exc}") from exc
+def _unavailable(key: str, store: LockBackend, exc: BaseException) -> RedisUnavailable:
+    unavailable = RedisUnavailable(f"cannot take overlap lock {key!r} ({store.describe()}): {exc}")
+    unavailable.__cause__ = exc
+    return unavailable
 
 
 def run_holding(
@@ -499,7 +497,7 @@ class TaskLock:
 
     def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = resolve_call(args, kwargs)
-        key = self.lock_key_for(call.args, call.kwargs, bound=call.bound)
+        key = self.namespace + self.builder.render(call.args, call.kwargs, bound=call.bound)
         taken = self.take(call, key)
         if taken is None:
             return None
@@ -512,17 +510,20 @@ class TaskLock:
         must not run (the policy has handled a conflict, a duplicate or Redis being down)."""
         ttl = self.policy.lock_ttl(call)
         owner = call.owner()
-        deadline = hard_deadline(call, time.monotonic())
+        now = time.monotonic()
+        deadline = hard_deadline(call, now)
         token = new_token()
+        store = get_lock_store(call.app)
+        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
+        earlier = call.earlier_tokens(key)
         try:
-            store = get_lock_store(call.app)
-            acquired, token = acquire(
-                store, key, ttl, owner, deadline, marker=marker, token=token, earlier_tokens=call.earlier_tokens(key)
-            )
-        except RedisUnavailable as exc:
+            acquired = store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier)
+        except (redis.RedisError, OSError, RedisUnavailable) as exc:
+            # A backend reports itself unreachable; a Redis error is turned into that here.
+            unavailable = exc if isinstance(exc, RedisUnavailable) else _unavailable(key, store, exc)
             # The script may have run and only its reply was lost: the lock may be ours now.
             note_orphan(call, key, token)
-            self.policy.redis_down(call, exc)
+            self.policy.redis_down(call, unavailable)
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)

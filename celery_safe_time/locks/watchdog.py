@@ -71,18 +71,22 @@ class Watchdog:
         self.renewals = 0
         self.last_ok = 0.0
         self.due = 0.0
+        self._renewer: _Renewer | None = None
 
     def start(self) -> Watchdog:
         self.last_ok = self._clock()
         self.due = self.last_ok + self.interval
-        _renewer().add(self)
+        self._renewer = _renewer()
+        self._renewer.add(self)
         return self
 
     def stop(self) -> None:
         # Waits for a renewal in flight, so nothing renews (or reports) after this returns.
         with self._mutex:
             self.stopped = True
-        _renewer().discard(self)
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.discard(self)
 
     def tick(self) -> None:
         """Renew now (called by the shared thread when :attr:`due`); sets the next :attr:`due`."""

@@ -3,6 +3,7 @@ on a Redis Cluster so that the keys of every script share one slot."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,8 +25,8 @@ def parse(redis_url: str, **settings: Any) -> SafeTimeConfig:
 
 
 class _NoClient:
-    def register_script(self, source: str) -> None:
-        return None
+    def register_script(self, source: str) -> SimpleNamespace:
+        return SimpleNamespace(sha="0" * 40)
 
 
 def _store(config: SafeTimeConfig) -> LockStore:
@@ -140,3 +141,18 @@ def test_cluster_url_with_a_db_is_refused() -> None:
 
     with pytest.raises(ImproperlyConfigured, match=r"safe_time_redis_url.*only db 0"):
         create_redis("redis+cluster://127.0.0.1:7000/3")
+
+
+@pytest.mark.parametrize(
+    ("url", "prefix"),
+    # A cluster refuses a prefix with braces (it would move the hash tag): plain Redis takes any.
+    [("redis://127.0.0.1:6379/0", p) for p in ("safe_time:", "app{1}:", "x}{y:")] + [(CLUSTER, "app:")],
+)
+@pytest.mark.parametrize("key", ["k", "", "a{b}c", "}x", "idem:q", "é:{}"])
+def test_key_maker_names_what_key_names(url: str, prefix: str, key: str) -> None:
+    """The lock backend's one-call names (``key_maker``) are the names ``key`` gives, braces and all."""
+    config = parse(url, safe_time_key_prefix=prefix)
+    for template in (C.KEY_LOCK, C.KEY_LOCK_FENCE, C.KEY_IDEMPOTENT):
+        assert config.key_maker(template)(key=key) == config.key(template, key=key)
+    done = config.key_maker(C.KEY_LOCK_DONE)(key=key, identity="t{1}:0:0")
+    assert done == config.key(C.KEY_LOCK_DONE, key=key, identity="t{1}:0:0")

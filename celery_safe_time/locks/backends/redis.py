@@ -48,6 +48,10 @@ class RedisLockStore(LockBackend):
     def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
         self.client = client
         self.config = config
+        # The names the per-task scripts touch, each one call (LockBackend's methods give the same).
+        self._lock_name = config.key_maker(C.KEY_LOCK)
+        self._fence_name = config.key_maker(C.KEY_LOCK_FENCE)
+        self._done_name = config.key_maker(C.KEY_LOCK_DONE)
         sources = {name: load_script(SCRIPT_PACKAGE, name) for name in SCRIPTS}
         # The calls every locked task makes (acquire, then release or commit) take the lean path;
         # renewals run on the background thread, unique keys at publish time: redis-py's path.
@@ -78,10 +82,10 @@ class RedisLockStore(LockBackend):
         ``"acquired"`` also when the lock holds ``token`` or one of ``earlier_tokens`` (attempts of
         this delivery whose reply was lost): the lock is taken over with its fence.
         """
-        keys = [self.lock_key(key), self.fence_key(key), self.done_key(key, owner.identity)]
+        keys = [self._lock_name(key=key), self._fence_name(key=key), self._done_name(key=key, identity=owner.identity)]
         if marker is not None:
             keys.append(self.marker_key(marker))
-        args: list[str | int] = [token, as_ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity]
+        args: list[str | int] = [token, max(1, int(ttl * 1000)), owner.task_id, owner.host, owner.pid, owner.identity]
         args += earlier_tokens
         reply = self._acquire(keys=keys, args=args)
         status = as_text(reply[0])
@@ -105,8 +109,8 @@ class RedisLockStore(LockBackend):
         if finished is None:
             return bool(self._release(keys=[self.lock_key(key)], args=[token]))
         identity, ttl, task_id = finished
-        keys = [self.lock_key(key), self.done_key(key, identity)]
-        return bool(self._release(keys=keys, args=[token, as_ms(ttl), task_id]))
+        keys = [self._lock_name(key=key), self._done_name(key=key, identity=identity)]
+        return bool(self._release(keys=keys, args=[token, max(1, int(ttl * 1000)), task_id]))
 
     def commit(
         self,

@@ -18,14 +18,16 @@ Needs the local Redis and PostgreSQL of the test suite. ``python -m benchmarks.b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,88 @@ def _ticks(tick: Callable[[], Any], count: int, pause: float) -> list[float]:
     return samples
 
 
+@contextlib.contextmanager
+def _beat_stop_handlers() -> Iterator[None]:
+    """SIGTERM and SIGINT handled as ``celery beat`` handles them (``install_sync_handler``: a Python
+    handler that raises SystemExit), so a tick's stop-signal hold costs what it costs under beat."""
+
+    def _stop(signum: int, frame: Any) -> None:  # pragma: no cover - no signal is sent
+        raise SystemExit()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _redbeat(redis_url: str, busy: int, lock: bool, prefix: str) -> Any:
+    """A celery-redbeat scheduler over 10,000 entries (``busy`` due every second), its lock on or off;
+    on, it is taken as ``celery beat`` takes it (``acquire_distributed_beat_lock``) and each tick extends it."""
+    from celery.schedules import crontab as celery_crontab
+    from redbeat import RedBeatScheduler
+    from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
+
+    lock_key = f"{prefix}:lock" if lock else None
+    app = _app(
+        redis_url,
+        beat_schedule=_entries(N_ENTRIES, celery_crontab, busy=busy),
+        redbeat_redis_url=redis_url,
+        redbeat_key_prefix=prefix,
+        redbeat_lock_key=lock_key,
+    )
+    red = RedBeatScheduler(app=app, max_interval=1, lock_key=lock_key)
+    if lock:
+        rc = get_redis(app)
+        held = rc.lock(red.lock_key, timeout=red.lock_timeout, sleep=red.max_interval)
+        held.lua_extend = rc.register_script(LUA_EXTEND_TO_SCRIPT)
+        held.acquire()
+        red.lock = held
+    else:
+        red.lock_key = None
+    return red
+
+
+def bench_idle(redis_url: str, count: int, tmp: Path) -> dict[str, Any]:
+    """The idle tick (10,000 entries, none due): SafeScheduler, celery-redbeat with its lock off (as
+    in the other redbeat rows) and with it on (the lease work ours always does: redbeat's lock extend,
+    one more round trip), ticked in turn, ``count`` times each, so the same machine noise falls on all
+    three. Ours runs with beat's stop-signal handlers installed, as under ``celery beat``."""
+    from celery_safe_time import crontab
+    from celery_safe_time.beat.scheduler import SafeScheduler
+
+    out: dict[str, Any] = {}
+    app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, crontab, busy=0), safe_time_beat_lease=6)
+    safe = SafeScheduler(app=app, schedule_filename=str(tmp / "safe-idle"), max_interval=1)
+    reds: dict[str, Any] = {}
+    try:
+        while safe.keeper.epoch is None:
+            time.sleep(0.1)
+        safe.tick()
+        for label, lock, prefix in (
+            ("RedBeatScheduler idle", False, "redbeat:"),
+            ("RedBeatScheduler (lock on) idle", True, "redbeat-locked:"),
+        ):
+            reds[label] = _redbeat(redis_url, 0, lock, prefix)
+            reds[label].tick()
+        time.sleep(1.1)
+        with _beat_stop_handlers():
+            samples = _interleaved(
+                {"SafeScheduler idle": safe.tick, **{label: red.tick for label, red in reds.items()}}, count, 0.005
+            )
+        for label, values in samples.items():
+            out[label] = {**_ms(values), "interleaved": True}
+        out["RedBeatScheduler idle"]["lock"] = "off"
+        out["RedBeatScheduler (lock on) idle"]["lock"] = "on"
+    finally:
+        for red in reds.values():
+            red.close()
+        safe.close()
+    redis.Redis.from_url(redis_url).flushdb()
+    return out
+
+
 def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     from celery.beat import PersistentScheduler
 
@@ -256,37 +340,18 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     client.flushdb()
     # celery-redbeat with the same entries; its lock is off (lock_key None) so the tick timed is the
     # schedule read + publish only: with the lock each tick also pays one more round trip (extend).
-    from redbeat import RedBeatScheduler
-
-    for label, busy in (("RedBeatScheduler", 10), ("RedBeatScheduler idle", 0)):
-        app3 = _app(
-            redis_url,
-            beat_schedule=_entries(N_ENTRIES, celery_crontab, busy=busy),
-            redbeat_redis_url=redis_url,
-            redbeat_lock_key=None,
-        )
-        red = RedBeatScheduler(app=app3, max_interval=1, lock_key=None)
-        try:
-            red.lock_key = None
-            first = time.perf_counter()
-            red.tick()
-            out[f"{label} first tick"] = {"s": round(time.perf_counter() - first, 2)}
-            time.sleep(1.1)
-            out[label] = _ms(_ticks(red.tick, count // 2, 0.02 if busy else 0.005))
-        finally:
-            red.close()
-        client.flushdb()
-    # idle: the same 10,000 entries, none due (what a tick costs when it has nothing to send)
-    idle_app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, crontab, busy=0), safe_time_beat_lease=6)
-    safe = SafeScheduler(app=idle_app, schedule_filename=str(tmp / "safe-idle"), max_interval=1)
+    red = _redbeat(redis_url, 10, False, "redbeat:")
     try:
-        while safe.keeper.epoch is None:
-            time.sleep(0.1)
-        safe.tick()
-        out["SafeScheduler idle"] = _ms(_ticks(safe.tick, count, 0.005))
+        first = time.perf_counter()
+        red.tick()
+        out["RedBeatScheduler first tick"] = {"s": round(time.perf_counter() - first, 2)}
+        time.sleep(1.1)
+        out["RedBeatScheduler"] = _ms(_ticks(red.tick, count // 2, 0.02))
     finally:
-        safe.close()
+        red.close()
     client.flushdb()
+    # idle: the same 10,000 entries, none due (what a tick costs when it has nothing to send)
+    out.update(bench_idle(redis_url, count, tmp))
     idle_app = _app(redis_url, beat_schedule=_entries(N_ENTRIES, celery_crontab, busy=0))
     plain = PersistentScheduler(app=idle_app, schedule_filename=str(tmp / "plain-idle"), max_interval=1)
     try:
@@ -676,7 +741,7 @@ def markdown(results: dict[str, Any]) -> str:
     )
     r, ri = t.get("RedBeatScheduler", {}), t.get("RedBeatScheduler idle", {})
     lines.append(
-        f"| celery-redbeat tick, 10k entries, 10 due/s / none due: p50 / p99 (ms) | - "
+        f"| celery-redbeat tick (lock off), 10k entries, 10 due/s / none due: p50 / p99 (ms) | - "
         f"| {r.get('p50_ms')} / {r.get('p99_ms')}; idle {ri.get('p50_ms')} / {ri.get('p99_ms')} |"
     )
     si, pi = t.get("SafeScheduler idle", {}), t.get("PersistentScheduler idle", {})
@@ -684,6 +749,13 @@ def markdown(results: dict[str, Any]) -> str:
         f"| tick, 10k entries, none due: p50 / p99 (ms) | {si.get('p50_ms')} / {si.get('p99_ms')} "
         f"| PersistentScheduler: {pi.get('p50_ms')} / {pi.get('p99_ms')} |"
     )
+    rl = t.get("RedBeatScheduler (lock on) idle", {})
+    if rl:
+        lines.append(
+            f"| idle tick, 10k entries, ticked in turn with celery-redbeat: p50 / p99 (ms) "
+            f"| {si.get('p50_ms')} / {si.get('p99_ms')} | redbeat lock off: {ri.get('p50_ms')} / "
+            f"{ri.get('p99_ms')}; lock on (extend each tick): {rl.get('p50_ms')} / {rl.get('p99_ms')} |"
+        )
     g = t.get("guard per slot", {})
     lines.append(
         f"| guard per published slot | {g.get('p50_us')} us p50, {g.get('p99_us')} us p99, 1 round trip | none |"

@@ -178,6 +178,10 @@ BEAT_TICK_CAP: Final = 1.0
 BEAT_MIN_LEASE_TICKS: Final = 3
 #: Due entries handled per tick; the next tick follows at once when more are due.
 BEAT_DUE_BATCH: Final = 500
+#: How far past "now" a tick's due read looks for the next entry (the head, how long to sleep): beyond
+#: it the tick sleeps its whole granularity anyway (at most BEAT_TICK_CAP; twice that leaves a slow
+#: tick's own length of margin). On Redis the due read then also gives the head (no fifth command).
+BEAT_HEAD_WINDOW: Final = 2.0 * BEAT_TICK_CAP
 #: Seconds to wait for the lease thread on shutdown.
 BEAT_RENEW_TIMEOUT: Final = 10.0
 #: Most slots walked through when catching up one entry after downtime.

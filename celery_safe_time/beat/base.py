@@ -144,6 +144,40 @@ class LeasedScheduler:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class _Held:
+    """What the stop-signal handlers read and write (main thread only: Python runs signal handlers
+    there, between two bytecodes of whatever the main thread is doing)."""
+
+    #: True inside a ``stop_signals_held`` block that still holds signals
+    holding = False
+    #: the first signal held in this block: (signum, frame, the handler it was meant for)
+    pending: tuple[int, FrameType | None, Any] | None = None
+
+
+def _holding(handler: Any) -> Any:
+    """``handler`` (beat's own, or any callable set with ``signal.signal``) behind the hold: called at
+    once outside a ``stop_signals_held`` block, held inside it."""
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if not _Held.holding:
+            _act_on(handler, signum, frame)
+            return
+        if _Held.pending is not None:  # the second: acted on now, the held one with it
+            _Held.holding = False
+            _Held.pending = None
+            _act_on(handler, signum, frame)
+            return
+        _Held.pending = (signum, frame, handler)
+
+    hold.__wrapped__ = handler  # type: ignore[attr-defined]
+    hold._safe_time_hold = True  # type: ignore[attr-defined]
+    return hold
+
+
+def _is_holding(handler: Any) -> bool:
+    return getattr(handler, "_safe_time_hold", False) is True
+
+
 @contextmanager
 def stop_signals_held() -> Iterator[None]:
     """Hold SIGTERM and SIGINT until the block ends, then act on the first one that came.
@@ -155,42 +189,47 @@ def stop_signals_held() -> Iterator[None]:
     database error, stood by, and beat never exited. A second stop signal inside the block acts at
     once, so a stuck call can still be interrupted. Outside the main thread (signals are never run
     there) this holds nothing.
+
+    A Python handler (beat's) is wrapped once, by a handler that calls it at once outside the block
+    and holds the signal inside it; each block then costs two reads of the handlers and a flag
+    (wrapping and unwrapping them in every tick was four ``signal.signal`` calls, the largest
+    Python cost of an idle tick after its Redis round trip). A handler set since (``signal.signal``
+    by beat or a test) is wrapped at the next block. The default action (``SIG_DFL``) is wrapped
+    for the block only: kept outside it, a SIGTERM kills the process even while the main thread is
+    stuck in a C call, which a Python handler waiting for its turn would not.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if _Held.holding or threading.current_thread() is not threading.main_thread():
+        yield  # off the main thread, or inside a block already (the outer one acts on what comes)
         return
-    pending: list[tuple[int, FrameType | None]] = []
-    # None: a handler set outside Python, which signal.signal could not put back
-    previous = {sig: handler for sig in STOP_SIGNALS if (handler := signal.getsignal(sig)) is not None}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if pending:  # the second: acted on now, the held one with it
-            pending.clear()
-            restore()
-            _act_on(previous[signal.Signals(signum)], signum, frame)
-            return
-        pending.append((signum, frame))
-
-    for sig in previous:
-        signal.signal(sig, hold)
+    defaults: list[signal.Signals] = []
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        # None: a handler set outside Python, which signal.signal could not put back
+        if handler is None or handler == signal.SIG_IGN or _is_holding(handler):
+            continue
+        if handler == signal.SIG_DFL:
+            defaults.append(sig)
+        signal.signal(sig, _holding(handler))
+    _Held.pending = None
+    _Held.holding = True
     try:
         yield
     finally:
-        restore()
-        if pending:
-            signum, frame = pending[0]
+        _Held.holding = False
+        pending, _Held.pending = _Held.pending, None
+        for sig in defaults:
+            signal.signal(sig, signal.SIG_DFL)
+        if pending is not None:
+            signum, frame, handler = pending
             logger.info("beat: acting on signal %s held while publishing", signal.Signals(signum).name)
-            _act_on(previous[signal.Signals(signum)], signum, frame)
+            _act_on(handler, signum, frame)
 
 
 def _act_on(handler: Any, signum: int, frame: FrameType | None) -> None:
     if callable(handler):
         handler(signum, frame)
-    elif handler == signal.SIG_DFL:  # restored already: the default action (terminate) happens now
+    elif handler == signal.SIG_DFL:  # put back first (else the hold gets it again): it terminates now
+        signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
 

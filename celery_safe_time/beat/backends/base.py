@@ -44,7 +44,8 @@ class DueRead:
     state_count: int
     #: the runtime entries' change counter (0 where there are none)
     version: int
-    #: the first entry of the due set (how long to sleep when nothing is due)
+    #: the first entry of the due set (how long to sleep when nothing is due); may be empty when that
+    #: entry is more than ``BEAT_HEAD_WINDOW`` after ``now`` (the tick then sleeps its granularity)
     head: Scored
 
 

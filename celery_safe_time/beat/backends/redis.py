@@ -7,7 +7,9 @@ runtime entries' ``beat:entries*``. Unchanged by the seam: the same keys, the sa
 
 from __future__ import annotations
 
+import bisect
 import logging
+from operator import itemgetter
 from typing import Any
 
 import redis
@@ -105,14 +107,18 @@ class RedisBeatBackend(BeatBackend):
 
     # --- ticks --------------------------------------------------------------------
     def read_due(self, now: float, limit: int) -> DueRead:
+        # One range up to now + BEAT_HEAD_WINDOW gives the due entries (a prefix: the range is in score
+        # order) and the head, which used to be a ZRANGE of its own: an idle tick is mostly the
+        # client's work on its commands, and four cost less than five (50-80 us of a 0.5-0.8 ms tick).
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrangebyscore(self.keys.due, "-inf", now, start=0, num=limit, withscores=True)
+        pipe.zrangebyscore(self.keys.due, "-inf", now + C.BEAT_HEAD_WINDOW, start=0, num=limit, withscores=True)
         pipe.zcard(self.keys.due)
         pipe.hlen(self.keys.state)
         pipe.get(self.entry_keys.version)
-        pipe.zrange(self.keys.due, 0, 0, withscores=True)
-        reply, due_count, state_count, version, head = pipe.execute()
-        return DueRead(scored(reply), int(due_count), int(state_count), int(version or 0), scored(head))
+        reply, due_count, state_count, version = pipe.execute()
+        ahead = scored(reply)
+        due = ahead[: bisect.bisect_right(ahead, now, key=itemgetter(1))]
+        return DueRead(due, int(due_count), int(state_count), int(version or 0), ahead[:1])
 
     def head(self, limit: int = 1) -> Scored:
         return scored(self.client.zrange(self.keys.due, 0, limit - 1, withscores=True))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from celery_safe_time import constants as C
 from celery_safe_time.beat.backends import BeatBackend, SlotWrite, beat_backend
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
 from celery_safe_time.config import get_config
@@ -106,6 +107,36 @@ def test_write_slots_in_one_batch_same_verdicts(backends: Callable[..., BeatBack
     assert raws == ['{"last": 100}', '{"last": 5}', '{"last": 8}', None]
     assert scores == [110.0, 205.0, 18.0, None]
     assert a.write_slots(epoch, [SlotWrite("x", "{}", 120.0, 110.0), SlotWrite("x", "{}", 130.0, 100.0)]) == [1, 0]
+
+
+def test_the_due_read_gives_the_due_entries_and_the_head_within_the_window(
+    backends: Callable[..., BeatBackend],
+) -> None:
+    """The due entries only, however many follow them soon; the head when it is due within
+    ``BEAT_HEAD_WINDOW`` (Redis reads both in one range; the others may give a later head too)."""
+    backend = backends()
+    lease = backend.make_lease()
+    epoch = lease.acquire(0.0)
+    assert epoch is not None
+    window = C.BEAT_HEAD_WINDOW
+    nexts = {"due1": 90.0, "due2": 100.0, "soon": 100.5, "edge": 100.0 + window, "far": 100.0 + window + 10}
+    assert backend.write_plan(lease.token, {name: "{}" for name in nexts}, nexts, [], [])
+    read = backend.read_due(100.0, 100)
+    assert read.due == [("due1", 90.0), ("due2", 100.0)]  # at "now" is due, just after is not
+    assert read.head == [("due1", 90.0)]
+    assert (read.due_count, read.state_count) == (5, 5)
+    assert backend.read_due(100.0, 1).due == [("due1", 90.0)]  # the limit
+    read = backend.read_due(99.0, 2)  # the limit taken by a due and a soon entry: only the due one
+    assert read.due == [("due1", 90.0)]
+    assert backend.read_due(80.0, 100).due == []
+    assert backend.read_due(80.0, 100).head in ([], [("due1", 90.0)])  # beyond the window from 80
+    assert backend.read_due(90.0 - window, 100).head == [("due1", 90.0)]  # at the window's edge
+    assert lease.forget(epoch, ["due1", "due2", "soon", "edge"], keep_state=False)
+    read = backend.read_due(100.0, 100)
+    assert read.due == []
+    assert read.head in ([], [("far", 100.0 + window + 10)])
+    if backend.name == "redis":
+        assert read.head == []  # not read: the tick sleeps its whole granularity anyway
 
 
 def test_due_reads_forget_and_replan(backends: Callable[..., BeatBackend]) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,7 +189,9 @@ def test_a_stop_signal_while_publishing_waits_until_every_slot_marked_fired_is_s
         assert kicked
         assert stops == [signal.SIGTERM]
         assert sorted(name for name, _, _ in sent) == ["e1", "e2", "e3"]  # every fired slot went out
-        assert signal.getsignal(signal.SIGTERM) is stop  # beat's own handler is back
+        with pytest.raises(SystemExit):  # between ticks beat's own handler runs at once
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stops == [signal.SIGTERM, signal.SIGTERM]
     finally:
         before_task_publish.disconnect(signal_on_first_publish)
         signal.signal(signal.SIGTERM, previous)
@@ -208,7 +212,8 @@ def test_stop_signals_held_acts_at_once_on_a_second_signal_and_holds_nothing_off
             os.kill(os.getpid(), signal.SIGTERM)
             assert received == [signal.SIGTERM]  # a second one is not held: a stuck publish can be stopped
         assert received == [signal.SIGTERM]  # the held one is not acted on twice
-        assert signal.getsignal(signal.SIGTERM) is stop
+        assert _acts_at_once(stop, received)
+        received.clear()
 
         def off_main() -> None:
             with beat_base.stop_signals_held():  # signal.signal would raise off the main thread
@@ -219,6 +224,83 @@ def test_stop_signals_held_acts_at_once_on_a_second_signal_and_holds_nothing_off
         worker.join()
         with beat_base.stop_signals_held():
             pass
-        assert received == [signal.SIGTERM]  # nothing held, nothing acted on
+        assert received == []  # nothing held, nothing acted on
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _acts_at_once(handler: Any, received: list[int]) -> bool:
+    """Outside a block, SIGTERM reaches ``handler`` at once (the hold stays installed around it)."""
+    before = len(received)
+    os.kill(os.getpid(), signal.SIGTERM)
+    reached = len(received) == before + 1
+    del received[before:]
+    return reached and getattr(signal.getsignal(signal.SIGTERM), "__wrapped__", None) is handler
+
+
+def test_stop_signals_held_follows_a_handler_set_between_blocks_and_one_put_back() -> None:
+    """Beat (or a test) may set its handler at any time: the next block holds for that one, and a
+    handler put back afterwards (``signal.signal(sig, previous)``) still calls what it called."""
+    first: list[int] = []
+    second: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: first.append(signum))
+    try:
+        with beat_base.stop_signals_held():
+            pass
+        wrapped_first = signal.signal(signal.SIGTERM, lambda signum, frame: second.append(signum))
+        with beat_base.stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert second == []
+        assert (first, second) == ([], [signal.SIGTERM])
+        signal.signal(signal.SIGTERM, wrapped_first)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert (first, second) == ([signal.SIGTERM], [signal.SIGTERM])
+        with beat_base.stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert first == [signal.SIGTERM]  # held again: no second wrapper around the first
+        assert first == [signal.SIGTERM, signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_stop_signals_held_keeps_sigint_s_keyboard_interrupt_for_the_end_of_the_block() -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    reached_end = interrupted = False
+    try:
+        try:
+            with beat_base.stop_signals_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                reached_end = True
+        except KeyboardInterrupt:
+            interrupted = True
+        assert reached_end
+        assert interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_stop_signals_held_with_the_default_action_terminates_at_block_end_and_leaves_it_in_place(
+    second: bool,
+) -> None:
+    """SIGTERM's default action (no Python handler) is held for the block only: the process ends at
+    the block's end (at once on a second signal), and between blocks nothing Python sits in front of
+    it (a Python handler would wait for the main thread, which a stuck C call never gives back)."""
+    code = f"""
+import os, signal, sys
+from celery_safe_time.beat.base import stop_signals_held
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+with stop_signals_held():
+    pass
+assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+with stop_signals_held():
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("held", flush=True)
+    if {second}:
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("not reached", flush=True)
+print("not reached", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "held\n"

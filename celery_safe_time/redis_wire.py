@@ -46,21 +46,29 @@ class Unexpected(Exception):
     """Raised when a reply is an error or of a type the lean path leaves to redis-py."""
 
 
-def _integer(value: object) -> bytes:
-    if type(value) is not int:
-        raise redis.DataError(f"invalid script argument {value!r}: str, bytes or int expected")
-    return b"%d" % value
-
-
 def pack_evalsha(sha: bytes, keys: Sequence[str], args: Sequence[str | int | bytes]) -> bytes:
     """``EVALSHA sha len(keys) *keys *args`` in the Redis protocol, one bytes object.
 
-    Arguments are ``str`` (UTF-8, as redis-py's default encoder), ``int`` or ``bytes``.
+    Arguments are ``str`` (UTF-8, as redis-py's default encoder), ``int`` or ``bytes``. A loop in
+    the function, not comprehensions: each of those is a frame of its own, per call.
     """
-    items = [v if isinstance(v, bytes) else v.encode() if isinstance(v, str) else _integer(v) for v in (*keys, *args)]
-    head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n" % (len(items) + 3, len(sha), sha)
     count = b"%d" % len(keys)
-    return b"".join([head, b"$%d\r\n%b\r\n" % (len(count), count), *[b"$%d\r\n%b\r\n" % (len(v), v) for v in items]])
+    out = [
+        b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
+        % (len(keys) + len(args) + 3, len(sha), sha, len(count), count)
+    ]
+    for value in (*keys, *args):
+        data: bytes
+        if isinstance(value, str):
+            data = value.encode()
+        elif isinstance(value, bytes):
+            data = value
+        elif type(value) is int:  # not bool, as redis-py's encoder refuses it
+            data = b"%d" % value
+        else:
+            raise redis.DataError(f"invalid script argument {value!r}: str, bytes or int expected")
+        out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(out)
 
 
 def parse_reply(data: bytes, pos: int = 0) -> tuple[Any, int]:

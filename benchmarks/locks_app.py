@@ -169,6 +169,22 @@ def scripts(self: Any, n: int) -> int:
     return n
 
 
+@app.task(name="bench.scripts_redispy", bind=True)
+def scripts_redispy(self: Any, n: int) -> int:
+    """The same two scripts through redis-py's command path (``Script``), as every lock call went
+    before the lean path: the Redis lock the PostgreSQL one was first compared with."""
+    store = get_lock_store(app)
+    owner = Owner(task_id=self.request.id, identity=f"{self.request.id}:0:0", host=_HOST, pid=os.getpid())
+    token = uuid.uuid4().hex
+    key = f"scripts-redispy:{n}"
+    lock, fence, done = store.lock_key(key), store.fence_key(key), store.done_key(key, owner.identity)
+    store._acquire.script(
+        keys=[lock, fence, done], args=[token, 30000, owner.task_id, owner.host, owner.pid, owner.identity]
+    )  # type: ignore[attr-defined]
+    store._release.script(keys=[lock, done], args=[token, 600000, owner.task_id])  # type: ignore[attr-defined]
+    return n
+
+
 # --- the lock backends side by side: acquire + release on Redis and on PostgreSQL ----------------
 #: The coordination database (``benchmarks/locks.py`` makes one per run); unset: the PostgreSQL rows are skipped.
 PG_URL = os.environ.get("SAFE_TIME_BENCH_PG_URL", "")

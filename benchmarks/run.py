@@ -472,11 +472,18 @@ def headline(r: dict[str, Any]) -> list[Head]:
             continue
         added, redis_lock = lo[key]["median_added_ms"], lo["scripts"]["median_added_ms"]
         ratio = _div(added, redis_lock)
+        redispy = (lo.get("scripts_redispy") or {}).get("median_added_ms")
         rows.append(
             Head(
                 title,
                 f"+{added:.2f} ms",
-                f"Redis scripts on the same worker: +{redis_lock:.2f} ms",
+                f"Redis scripts on the same worker: +{redis_lock:.2f} ms"
+                + (
+                    f" (through redis-py's command path, the Redis lock before its lean path: +{redispy:.2f} ms, "
+                    f"{added / redispy:.2f}x)"
+                    if redispy
+                    else ""
+                ),
                 "<= 2x Redis",
                 ratio,
                 ratio is not None and ratio <= 2.0,

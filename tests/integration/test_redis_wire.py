@@ -4,6 +4,7 @@ redis-py's path with the connection left clean."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import threading
 from collections.abc import Iterator
@@ -150,3 +151,27 @@ def test_clients_the_lean_path_cannot_serve_use_redis_pys(redis_url: str) -> Non
     finally:
         single.close()
         wrapped.close()
+
+
+def test_an_instrumented_client_keeps_every_lock_call_on_redis_pys_path(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenTelemetry's RedisInstrumentor and ddtrace wrap ``Redis.execute_command`` with wrapt (which
+    sets ``__wrapped__``): their spans must see the lock's calls."""
+    seen: list[object] = []
+    original = redis.Redis.execute_command
+
+    @functools.wraps(original)
+    def traced(self: redis.Redis, *args: object, **options: object) -> object:
+        seen.append(args[0])
+        return original(self, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        echo = LeanScript(client, ECHO)
+        assert not echo.lean
+        assert echo(["k", "n"], ["x", 1])[1] == b"x"
+        assert "EVALSHA" in seen
+    finally:
+        client.close()

@@ -40,6 +40,7 @@ import json
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -517,9 +518,24 @@ class PostgresBeatBackend(BeatBackend):
             )
 
     # --- ticks --------------------------------------------------------------------
+    def _read(self, statement: sa.TextClause, params: dict[str, Any]) -> Sequence[Any]:
+        """A read on the engine without a pre-ping: an idle tick is this one statement, and the pre-ping
+        was a second round trip in every tick. What the pre-ping was for is done after the fact: a
+        pooled connection found broken (the database restarted) is replaced, with the rest of the
+        pool, and the read asked again once (a read repeats safely), so the tick does not step down."""
+        engine = coordination_engine(self.config, autocommit=True)
+        try:
+            with engine.connect() as conn:
+                return conn.execute(statement, params).all()
+        except sa.exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            logger.info("beat: a pooled PostgreSQL connection was broken (%s); reading again", exc.orig)
+        with engine.connect() as conn:
+            return conn.execute(statement, params).all()
+
     def read_due(self, now: float, limit: int) -> DueRead:
-        with self.autocommit() as conn:
-            rows = conn.execute(_READ_DUE, self._p(now=now, limit=limit)).all()
+        rows = self._read(_READ_DUE, self._p(now=now, limit=limit))
         due: Scored = []
         head: Scored = []
         counts = {2: 0, 3: 0, 4: 0}
@@ -533,8 +549,7 @@ class PostgresBeatBackend(BeatBackend):
         return DueRead(due=due, due_count=counts[2], state_count=counts[3], version=counts[4], head=head)
 
     def head(self, limit: int = 1) -> Scored:
-        with self.autocommit() as conn:
-            rows = conn.execute(_HEAD, self._p(limit=limit)).all()
+        rows = self._read(_HEAD, self._p(limit=limit))
         return [(entry, float(value)) for entry, value in rows]
 
     def drop_due(self, name: str) -> None:

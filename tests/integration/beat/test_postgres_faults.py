@@ -157,3 +157,36 @@ def test_a_lost_reply_whose_statement_committed_publishes_even_if_the_lease_is_g
     assert len(calls) == 2
     monkeypatch.undo()
     assert lease.write_slots(epoch, [SlotWrite("e", "{}", 120.0, 110.0)]) == [-1]
+
+
+def test_a_due_read_on_a_pooled_connection_that_broke_reads_again_and_the_leader_stays(
+    make_app: Any, proxied: tuple[TcpProxy, dict[str, Any]]
+) -> None:
+    """The idle tick's read has no pre-ping (it was a second round trip per tick): a pooled connection
+    the database dropped meanwhile (here: every connection, as a restart does) is found by the read
+    itself, replaced, and the read asked again; the tick answers as if nothing happened."""
+    proxy, coordination = proxied
+    backend, lease, epoch = _leader(make_app, coordination)
+    assert lease.write_slots(epoch, [SlotWrite("e", '{"last": 100}', 110.0, 100.0)]) == [1]
+    first = backend.read_due(200.0, 10)
+    assert first.due == [("e", 110.0)]
+    assert backend.head() == [("e", 110.0)]
+    _drop_connections(proxy)  # as a restart does; the server itself never restarts (it is shared)
+    again = backend.read_due(200.0, 10)
+    assert (again.due, again.due_count, again.state_count) == (first.due, first.due_count, first.state_count)
+    _drop_connections(proxy)
+    assert backend.head() == [("e", 110.0)]
+    assert lease.renew()  # still the leader: nothing stepped down
+
+
+def _drop_connections(proxy: TcpProxy) -> None:
+    proxy.cut()
+
+    def listening() -> bool:
+        try:
+            proxy.restore()  # the listener's port is free once the accept thread let it go
+        except OSError:
+            return False
+        return True
+
+    wait_for(listening, 10, interval=0.05, message="the proxy listening again")

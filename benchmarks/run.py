@@ -82,6 +82,7 @@ def _spawn(name: str, module: str, extra: list[str], quick: bool) -> subprocess.
 
 def measure(quick: bool, only: list[str] | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"quick": quick, "machine": machine(), "started": time.time(), "modules": {}}
+    meta["only"] = only
     meta["load_before"] = os.getloadavg()
     background: dict[str, subprocess.Popen[bytes]] = {}
     for name, module, extra in BACKGROUND:
@@ -737,6 +738,12 @@ def write_doc(r: dict[str, Any]) -> str:
     mach = dict(meta.get("machine", machine()))
     mach.pop("load average", None)
     mode = "quick (`make bench-quick`, CI-sized)" if meta.get("quick") else "full (`make bench`)"
+    if meta.get("only"):
+        # The rows of the modules not run come from their last saved results, measured in another run.
+        mode = (
+            f"{mode.split(' ')[0]}, only {', '.join(meta['only'])} (`--only`); the other modules' rows are "
+            "from their last saved results, measured in an earlier run"
+        )
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(meta.get("started", time.time())))
     minutes = (meta.get("finished", 0) - meta.get("started", 0)) / 60
     lb = " ".join(f"{x:.2f}" for x in meta.get("load_before", []))

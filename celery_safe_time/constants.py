@@ -331,6 +331,12 @@ DELIVERY_RETRY_JITTER: Final = 5.0
 DELIVERY_RUNNING_RECHECK: Final = 1.0 / 3.0
 #: Most run ids carried in ``safe_time_prior_runs`` (a chain of lost replies is short).
 DELIVERY_PRIOR_RUNS_KEPT: Final = 8
+#: How long a worker keeps trying, in the background, to record a stored task's end the store did not
+#: take (it is unreachable), with the run's heartbeat kept on: as long as an outage plausibly lasts.
+#: Giving up sooner (it was ``safe_time_claim_timeout``) let an outage of ~20 s end with the row's
+#: heartbeat stale and an acks_late task run a second time although its worker was alive and knew it
+#: had ended. One thread per run that ended during the outage (a stored task cannot start meanwhile).
+DELIVERY_FINISH_BACKGROUND_BUDGET: Final = 3600.0
 DELIVERY_TOKEN_LENGTH: Final = 64
 DELIVERY_WORKER_LENGTH: Final = 255
 #: After a sweep published a batch but could not mark it sent, it retries ``mark_sent`` with this

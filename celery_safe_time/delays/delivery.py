@@ -163,7 +163,8 @@ def _run_started(
             store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=reruns_when_stale(task)
         )
         if recorded is None:
-            _finish_later(store, task_id, token, run_id, outcome, error, watchdog, config.claim_timeout)
+            budget = max(config.claim_timeout, C.DELIVERY_FINISH_BACKGROUND_BUDGET)
+            _finish_later(store, task_id, token, run_id, outcome, error, watchdog, budget)
         else:
             watchdog.stop()
 

@@ -405,3 +405,46 @@ def test_store_down_requeues_the_delivery_instead_of_running_it(
     finally:
         proxy.close()
         store.close()
+
+
+def test_an_end_recorded_after_a_store_outage_longer_than_the_claim_timeout_runs_once(
+    processes: ProcessManager,
+    postgres_url: str,
+    redis_client: redis.Redis,
+    make_app: Callable[..., Celery],
+) -> None:
+    """Soak seed 220364 (CI, 2 December): an acks_late stored task ended while the store was down for
+    ~30 s. The worker stopped trying to record the end (and its heartbeat) after the claim timeout,
+    so once the store was back the sweep found the heartbeat stale and ran the task again, though its
+    worker was alive and knew it had ended. Now it keeps trying for as long as an outage plausibly
+    lasts: the sweep, back with the store, sees the heartbeat again, then the end; one run."""
+    lock_ttl = 3.0
+    conf = {"safe_time_lock_ttl": lock_ttl, "safe_time_claim_timeout": 2}
+    store = fresh_sql_store(postgres_url)
+    proxy, proxied_url = proxy_for(postgres_url)
+    try:
+        worker = processes.worker(DELAYS_APP, name="w", env=env_for({**conf, "safe_time_store_url": proxied_url}))
+        worker.wait_for_log(r"ready\.", timeout=90)
+        payload = json.dumps({"args": ["outage", 2.0], "kwargs": {}, "options": {}}).encode()
+        store.bulk_insert(
+            [new_delay("outage-1", store.now() - timedelta(seconds=1), task="tests.delays.slow", payload=payload)]
+        )
+        # The sweeps go to the database directly, and only while the worker's store is up: a sweeper
+        # shares the database with the workers, and loses it with them.
+        app = test_app(make_app, safe_time_store_url=postgres_url, **conf)
+        assert sweep(app).sent == 1
+        wait_for(lambda: runs(redis_client), timeout=60, message="the run to start")
+        proxy.cut()
+        worker.wait_for_log(r"the store is unreachable, recording it in the background", timeout=30)
+        time.sleep(2 + lock_ttl / 2 + 4)  # past the claim timeout and the in-line retries
+        proxy.restore()
+        sweep(app)  # the first look at a stale heartbeat only suspects it
+        time.sleep(lock_ttl + 2)
+        sweep(app)  # a run whose heartbeat stayed stale since would be run again here
+        time.sleep(3)
+        assert [r["label"] for r in runs(redis_client)] == ["outage"]
+        row = finished_row(store, "outage-1")
+        assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
+    finally:
+        proxy.close()
+        store.close()

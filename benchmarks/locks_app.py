@@ -11,6 +11,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -19,7 +20,9 @@ from celery.signals import task_postrun, task_prerun
 
 from celery_safe_time import idempotent, overlap_lock
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import Owner, get_lock_store
+from celery_safe_time.locks.backends.memory import MemoryLockStore
+from celery_safe_time.locks.runtime import HeldLock
+from celery_safe_time.locks.store import Owner, get_lock_store, use_lock_store
 from celery_safe_time.redis_client import get_redis
 from celery_safe_time.redis_wire import parse_reply
 
@@ -41,8 +44,9 @@ _HOST = socket.gethostname()
 
 @task_prerun.connect
 def _prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    if task is not None and task.name == "bench.locked_before":
-        _use_before(True)
+    switch = _SWITCHES.get(task.name) if task is not None else None
+    if switch is not None:
+        switch(True)
     if task_id is not None:
         _started[task_id] = time.perf_counter()
     if task is not None and task.name.startswith("bench.tp_"):
@@ -55,8 +59,9 @@ def _postrun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     if task is None or began is None:
         return
     elapsed = time.perf_counter() - began
-    if task.name == "bench.locked_before":
-        _use_before(False)
+    switch = _SWITCHES.get(task.name)
+    if switch is not None:
+        switch(False)
     if task.name.startswith("bench.tp_"):
         pipe = _redis.pipeline(transaction=False)
         pipe.incr(f"bench:done:{task.name}")
@@ -112,6 +117,53 @@ def _use_before(on: bool) -> None:
     if _ADD_NOW is None:
         _ADD_NOW = watchdog._Renewer.add
     watchdog._Renewer.add = _ADD_BEFORE if on else _ADD_NOW  # type: ignore[method-assign]
+
+
+@app.task(name="bench.locked_waiting")
+@overlap_lock("bench-waiting:{n}", ttl=30)
+def locked_waiting(n: int) -> int:
+    """overlap_lock waiting for its release's answer before the task returns, as before this answer was
+    read on the next lock call (``HeldLock.answer_later`` off for this task only, below)."""
+    return n
+
+
+@app.task(name="bench.idempotent_waiting")
+@idempotent("bench-waiting:{n}", window=600, ttl=30)
+def idem_waiting(n: int) -> int:
+    """idempotent waiting for its commit's answer, as :func:`locked_waiting` for its release."""
+    return n
+
+
+def _answer_now(on: bool) -> None:
+    HeldLock.answer_later = not on
+
+
+@app.task(name="bench.locked_memory")
+@overlap_lock("bench-memory:{n}", ttl=30)
+def locked_memory(n: int) -> int:
+    """overlap_lock on the in-process lock store (the testing plugin's): the decorator's own Python,
+    no Redis, so the rows above show how much of a lock is round trips."""
+    return n
+
+
+_MEMORY_STORE: list[MemoryLockStore] = []
+
+
+def _use_memory(on: bool) -> None:
+    """This app's locks on the in-process store for one ``bench.locked_memory`` run (switched outside
+    the timed window, as every switch here)."""
+    if not _MEMORY_STORE:
+        _MEMORY_STORE.append(MemoryLockStore(get_config(app)))
+    use_lock_store(app, _MEMORY_STORE[0] if on else None)
+
+
+#: Per task name: what its run switches on before it starts and off after it ends (outside its timing).
+_SWITCHES: dict[str, Callable[[bool], None]] = {
+    "bench.locked_before": _use_before,
+    "bench.locked_waiting": _answer_now,
+    "bench.idempotent_waiting": _answer_now,
+    "bench.locked_memory": _use_memory,
+}
 
 
 @app.task(name="bench.idempotent")

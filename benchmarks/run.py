@@ -438,10 +438,14 @@ def headline(r: dict[str, Any]) -> list[Head]:
             )
         if "ping2" in lo:
             two = lo["ping2"]["median_added_ms"]
-            for label, key in (("overlap_lock", "locked"), ("idempotent", "idempotent")):
+            for label, key, answer in (
+                ("overlap_lock", "locked", "release"),
+                ("idempotent", "idempotent", "commit"),
+            ):
                 added = lo[key]["median_added_ms"]
                 ratio = _div(added, two)
                 lean = lo.get("ping2_lean", {}).get("median_added_ms")
+                waiting = lo.get(f"{key}_waiting", {}).get("vs_two_round_trips")
                 rows.append(
                     Head(
                         f"{label} overhead vs two Redis round trips (acquire, release{broker})",
@@ -451,7 +455,8 @@ def headline(r: dict[str, Any]) -> list[Head]:
                             f" (sent the lean way the lock's scripts are: +{lean:.2f} ms, {added / lean:.2f}x)"
                             if lean
                             else ""
-                        ),
+                        )
+                        + (f"; waiting for the {answer}'s answer (before): {waiting:.2f}x" if waiting else ""),
                         "<= 1.1x",
                         ratio,
                         ratio is not None and ratio <= 1.1,

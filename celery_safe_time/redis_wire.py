@@ -9,8 +9,9 @@ parser's buffer and recursion, the response callback lookup) cost about a third 
 overhead. Here a call is one ``sendall`` of a packed command and one ``recv`` of a reply small
 enough to arrive whole (more are read when it does not), parsed in one function.
 
-The connection is checked out of the client's pool once per thread and process, so it has the
-client's settings (TLS, Sentinel's master discovery, timeouts), and is never handed to anyone else.
+The connection is checked out of the client's pool once per thread and process (one :class:`LeanLink`
+serves every script of a client), so it has the client's settings (TLS, Sentinel's master discovery,
+timeouts), and is never handed to anyone else.
 It is not health-checked before a call: one Redis closed (idle timeout, restart) gives no reply, and
 the call then runs on redis-py's path, which checks and retries as it always does.
 
@@ -22,20 +23,34 @@ connection failed is not taken twice), a reply type the scripts never send (a RE
 Cluster or single-connection client, client-side caching, green threads (a kept connection per
 greenlet would be a connection per task) and a client an instrumentation wrapped (its spans and
 metrics stay complete).
+
+:meth:`LeanScript.post` writes a call without waiting for its reply: a task's lock release, whose
+answer only decides what is logged. Its reply is read, and handed to the caller's ``settle``, before
+the next call on that connection (by then it has arrived: no wait). Redis runs the script as soon as
+it reads it, in order with everything else this connection sends, so what changes for the task is
+only that it does not sit idle for the round trip. A reply that is not a plain answer (an error, a
+dropped connection) has the call run again on redis-py's path at that point; the scripts posted are
+safe to repeat (they compare tokens).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 
 from .concurrency import green_threads
 
-__all__ = ["LeanScript", "pack_evalsha", "parse_reply"]
+__all__ = ["LeanLink", "LeanScript", "Settle", "pack_evalsha", "parse_reply", "settle_with"]
+
+logger = logging.getLogger(__name__)
+
+#: Told a posted call's outcome: (reply, None), or (None, the exception redis-py's path raised).
+Settle = Callable[[Any, BaseException | None], None]
 
 
 class Incomplete(Exception):
@@ -109,16 +124,78 @@ def parse_reply(data: bytes, pos: int = 0) -> tuple[Any, int]:
     raise Unexpected(data[pos:end][:200])
 
 
-class LeanScript:
-    """A Lua script called as ``script(keys, args)`` on the lean path where it applies (module doc)."""
+def _read_reply(sock: Any) -> Any:
+    """The next whole reply on ``sock``; :class:`Unexpected` when more than one reply came."""
+    data = sock.recv(65536)
+    while True:
+        if not data:
+            raise redis.ConnectionError("Redis closed the connection")
+        try:
+            reply, end = parse_reply(data)
+        except Incomplete:
+            data += sock.recv(65536)
+            continue
+        if end != len(data):
+            raise Unexpected(data[end:][:200])
+        return reply
 
-    def __init__(self, client: redis.Redis, source: str) -> None:
-        self.script = client.register_script(source)
+
+def _open_socket(conn: Any) -> Any:
+    sock = conn._sock
+    if sock is None:
+        conn.connect()
+        sock = conn._sock
+    return sock
+
+
+def settle_with(settle: Settle, answer: Callable[[], Any]) -> None:
+    """Tell ``settle`` what ``answer()`` returns, or the exception it raises."""
+    try:
+        value = answer()
+    except Exception as exc:
+        settle(None, exc)
+        return
+    settle(value, None)
+
+
+def _run_now(script: LeanScript, keys: Sequence[str], args: Sequence[str | int | bytes], settle: Settle) -> None:
+    """Run a posted call on redis-py's path at once and tell ``settle`` how it went."""
+    settle_with(settle, lambda: script.script(keys=keys, args=args))
+
+
+#: No reply read: the posted call is run again on redis-py's path.
+_AGAIN = object()
+
+
+class _Posted:
+    """A call written to the kept connection whose reply has not been read yet."""
+
+    __slots__ = ("args", "keys", "script", "settle")
+
+    def __init__(self, script: LeanScript, keys: Sequence[str], args: Sequence[str | int | bytes], settle: Settle):
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.settle = settle
+
+
+class _Kept(threading.local):
+    """What one thread keeps for one client: the connection (for the process that took it) and the
+    call posted on it whose reply is still unread."""
+
+    pid: int | None = None
+    conn: Any = None
+    posted: _Posted | None = None
+
+
+class LeanLink:
+    """The lean path of one client: one kept connection per thread and process for all its scripts."""
+
+    def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        sha = self.script.sha
-        self._sha = sha.encode() if isinstance(sha, str) else bytes(sha)
-        self._local = threading.local()
+        self._kept = _Kept()
         pool = getattr(client, "connection_pool", None)
+        #: False: every call goes through redis-py's ``Script`` (module doc says when).
         self.lean = bool(
             type(client) is redis.Redis
             and getattr(client, "connection", None) is None
@@ -128,35 +205,61 @@ class LeanScript:
             and not green_threads()
         )
 
-    def __call__(self, keys: Sequence[str], args: Sequence[str | int | bytes]) -> Any:
-        if not self.lean:
-            return self.script(keys=keys, args=args)
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            # A forked child inherits the parent's thread-local: it takes a connection of its own.
-            local.conn = self.client.connection_pool.get_connection()
-            local.pid = os.getpid()
-        conn = local.conn
+    def _connection(self) -> Any:
+        kept = self._kept
+        if kept.pid != os.getpid():
+            # A forked child inherits the parent's thread-local: it takes a connection of its own,
+            # and a reply the parent was owed is not its to read.
+            kept.conn = self.client.connection_pool.get_connection()
+            kept.pid = os.getpid()
+            kept.posted = None
+        return kept.conn
+
+    @property
+    def connection(self) -> Any:
+        """This thread's kept connection (made on first use)."""
+        return self._connection()
+
+    def settle(self) -> None:
+        """Read the reply of the call this thread posted, if any, and hand it to its ``settle``."""
+        kept = self._kept
+        posted = kept.posted
+        if posted is None or kept.pid != os.getpid():
+            return
+        kept.posted = None  # first: the settle callback may make calls of its own
+        conn = kept.conn
+        reply: Any = _AGAIN
         try:
             sock = conn._sock
             if sock is None:
-                conn.connect()
-                sock = conn._sock
+                raise redis.ConnectionError("the connection closed before the reply was read")
+            reply = _read_reply(sock)
+        except (Unexpected, redis.RedisError, OSError, ValueError, IndexError):
+            # An error reply (NOSCRIPT after a restart, READONLY after a failover) or a connection
+            # lost before the reply: run it again on redis-py's path (the scripts posted are safe to
+            # repeat).
+            conn.disconnect()
+        except BaseException:
+            conn.disconnect()
+            raise
+        try:
+            if reply is _AGAIN:
+                _run_now(posted.script, posted.keys, posted.args, posted.settle)
+            else:
+                posted.settle(reply, None)
+        except Exception:
+            # It is called on the next call's way in: that call must not fail for it.
+            logger.exception("handling the reply of a lock script sent earlier failed")
+
+    def call(self, script: LeanScript, keys: Sequence[str], args: Sequence[str | int | bytes]) -> Any:
+        self.settle()
+        conn = self._connection()
+        try:
+            sock = _open_socket(conn)
             # Not send_packed_command: its health check PINGs a connection idle for a while, but a
             # connection Redis closed is found here anyway (no reply: redis-py's path runs the call).
-            sock.sendall(pack_evalsha(self._sha, keys, args))
-            data = sock.recv(65536)
-            while True:
-                if not data:
-                    raise redis.ConnectionError("Redis closed the connection")
-                try:
-                    reply, end = parse_reply(data)
-                except Incomplete:
-                    data += sock.recv(65536)
-                    continue
-                if end != len(data):
-                    raise Unexpected(data[end:][:200])
-                return reply
+            sock.sendall(pack_evalsha(script.sha, keys, args))
+            return _read_reply(sock)
         except (Unexpected, redis.RedisError, OSError, ValueError, IndexError):
             # An error reply, a dropped connection, a timeout: the connection may hold half a
             # reply, so it is closed; redis-py's path reports, retries or loads the script.
@@ -166,4 +269,47 @@ class LeanScript:
             # reply may still arrive, so the connection cannot be trusted with the next command.
             conn.disconnect()
             raise
-        return self.script(keys=keys, args=args)
+        return script.script(keys=keys, args=args)
+
+    def post(self, script: LeanScript, keys: Sequence[str], args: Sequence[str | int | bytes], settle: Settle) -> None:
+        self.settle()
+        conn = self._connection()
+        try:
+            _open_socket(conn).sendall(pack_evalsha(script.sha, keys, args))
+        except (redis.RedisError, OSError, ValueError):
+            conn.disconnect()  # not written (or only part of it): run it now on redis-py's path
+            _run_now(script, keys, args, settle)
+        except BaseException:
+            conn.disconnect()
+            raise
+        else:
+            self._kept.posted = _Posted(script, keys, args, settle)
+
+
+class LeanScript:
+    """A Lua script called as ``script(keys, args)`` on the lean path where it applies (module doc)."""
+
+    def __init__(self, client: redis.Redis, source: str, link: LeanLink | None = None) -> None:
+        self.script = client.register_script(source)
+        self.client = client
+        sha = self.script.sha
+        self.sha = sha.encode() if isinstance(sha, str) else bytes(sha)
+        #: Shared by the scripts of one client (one kept connection per thread), or this script's own.
+        self.link = link if link is not None else LeanLink(client)
+        self.lean = self.link.lean
+
+    def __call__(self, keys: Sequence[str], args: Sequence[str | int | bytes]) -> Any:
+        if not self.lean:
+            return self.script(keys=keys, args=args)
+        return self.link.call(self, keys, args)
+
+    def post(self, keys: Sequence[str], args: Sequence[str | int | bytes], settle: Settle) -> None:
+        """Run the script without waiting for its reply, which ``settle`` gets later (module doc).
+
+        Off the lean path the call runs now and ``settle`` is told before this returns; so is it when
+        the command cannot be written (the call then runs on redis-py's path).
+        """
+        if self.lean:
+            self.link.post(self, keys, args, settle)
+        else:
+            _run_now(self, keys, args, settle)

@@ -85,43 +85,74 @@ class IdempotentLock(TaskLock):
         signals.idempotent_skipped.send(sender=call.task, key=marker, task_id=call.task_id)
 
     def _commit(self, held: HeldLock, marker: str, call: Call) -> None:
+        finished = (held.identity, done_ttl(held.store.config)) if held.identity is not None else None
+        if not (held.answer_later and held.identity is not None):
+            self._commit_now(held, marker, call, finished)
+            return
+
+        def settled(answer: tuple[bool, bool] | None, error: BaseException | None) -> None:
+            if error is None and answer is not None:
+                self._recorded(answer[0], marker, call)
+            elif isinstance(error, (redis.RedisError, OSError)):
+                self._commit_now(held, marker, call, finished, failed=error)
+            elif error is not None:
+                raise error
+
+        # Sent without waiting (HeldLock.answer_later): a failed first try is tried again, as below,
+        # when its answer is read (before this thread's next lock call).
+        held.store.commit_later(held.key, marker, held.token, self.window, held.task_id, finished, settled)
+
+    def _commit_now(
+        self,
+        held: HeldLock,
+        marker: str,
+        call: Call,
+        finished: tuple[str, float] | None,
+        failed: BaseException | None = None,
+    ) -> None:
+        """Commit, trying again through an outage; ``failed``: the first try already failed so."""
         # The body has had its effect. Failing the task now would invite a retry (a second run),
         # so keep trying to write the marker through an outage; the commit is safe to repeat (a
         # marker holding our token counts as ours). The in-progress lock blocks others meanwhile.
-        finished = (held.identity, done_ttl(held.store.config)) if held.identity is not None else None
+        error = failed
         pauses = (*self.commit_delays, None)
         for attempt, pause in enumerate(pauses, start=1):
-            try:
-                recorded, _released = held.store.commit(
-                    held.key, marker, held.token, self.window, held.task_id, finished
-                )
-            except (redis.RedisError, OSError) as exc:
-                if pause is None:
-                    logger.error(
-                        "task %s succeeded but idempotency key %r could NOT be recorded after %d attempts (%s):"
-                        " a later call of this key will run it again",
-                        call.task_id,
-                        marker,
-                        attempt,
-                        exc,
+            if error is None:
+                try:
+                    recorded, _released = held.store.commit(
+                        held.key, marker, held.token, self.window, held.task_id, finished
                     )
-                    signals.idempotent_unrecorded.send(
-                        sender=call.task, key=marker, task_id=call.task_id, error=str(exc)
-                    )
+                except (redis.RedisError, OSError) as exc:
+                    error = exc
+                else:
+                    self._recorded(recorded, marker, call)
                     return
-                logger.warning(
-                    "recording idempotency key %r of %s failed (attempt %d), retrying in %.1fs: %s",
-                    marker,
+            if pause is None:
+                logger.error(
+                    "task %s succeeded but idempotency key %r could NOT be recorded after %d attempts (%s):"
+                    " a later call of this key will run it again",
                     call.task_id,
+                    marker,
                     attempt,
-                    pause,
-                    exc,
+                    error,
                 )
-                self.sleep(pause)
-                continue
-            if not recorded:
-                logger.warning("idempotency key %r was already recorded when %s finished", marker, call.task_id)
-            return
+                signals.idempotent_unrecorded.send(sender=call.task, key=marker, task_id=call.task_id, error=str(error))
+                return
+            logger.warning(
+                "recording idempotency key %r of %s failed (attempt %d), retrying in %.1fs: %s",
+                marker,
+                call.task_id,
+                attempt,
+                pause,
+                error,
+            )
+            self.sleep(pause)
+            error = None
+
+    @staticmethod
+    def _recorded(recorded: bool, marker: str, call: Call) -> None:
+        if not recorded:
+            logger.warning("idempotency key %r was already recorded when %s finished", marker, call.task_id)
 
 
 def idempotent(

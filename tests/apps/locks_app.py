@@ -210,3 +210,21 @@ def once_skip(self, key: str) -> str:  # type: ignore[no-untyped-def]
     """A 30 s lock with on_conflict="skip": an orphaned lock of its own would make it skip its only run."""
     record("once_skip", key, self.request.id, time.time(), fence=self.request.safe_time_fence)
     return "ran"
+
+
+@app.task(bind=True, name="locks.forgetful")
+@overlap_lock("forgetful:{key}", ttl=30, on_conflict="raise")
+def forgetful(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    """Makes Redis forget its scripts while holding a 30 s lock: the release, sent without waiting for
+    its answer, is refused (NOSCRIPT) and must be sent again before this process's next lock call."""
+    _redis.script_flush()
+    return "ran"
+
+
+@app.task(bind=True, name="locks.forgetful_invoice")
+@idempotent("forgetful-invoice:{key}", window=120, ttl=30, on_conflict="raise")
+def forgetful_invoice(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    """:func:`forgetful` under ``idempotent``: its commit (marker and release) is what is refused."""
+    _redis.script_flush()
+    record("forgetful_invoice", key, self.request.id, time.time())
+    return "ran"

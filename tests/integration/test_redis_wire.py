@@ -7,12 +7,15 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from celery import Celery
 
+from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends.redis import SCRIPT_PACKAGE
+from celery_safe_time.locks.store import LockStore, Owner
 from celery_safe_time.redis_client import load_script
 from celery_safe_time.redis_wire import LeanScript
 from tests.helpers import services
@@ -58,7 +61,7 @@ def test_a_script_redis_forgot_is_loaded_and_the_next_call_is_lean_again(client:
 def test_a_killed_connection_is_replaced_and_nothing_runs_twice(client: redis.Redis) -> None:
     echo = LeanScript(client, ECHO)
     assert echo(["k", "n"], ["a", 1])[3] == 1
-    kept = echo._local.conn  # the connection this thread keeps for lean calls
+    kept = echo.link.connection  # the connection this thread keeps for lean calls
     kept.send_command("CLIENT", "ID")
     client.client_kill_filter(_id=kept.read_response())  # only it: the Redis is shared with other tests
     assert echo(["k", "n"], ["b", 2])[3] == 2  # the kill is seen on send or read: run once, by redis-py
@@ -175,3 +178,132 @@ def test_an_instrumented_client_keeps_every_lock_call_on_redis_pys_path(
         assert "EVALSHA" in seen
     finally:
         client.close()
+
+
+class Answers:
+    """A ``settle`` that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[object, BaseException | None]] = []
+
+    def __call__(self, reply: object, error: BaseException | None) -> None:
+        self.told.append((reply, error))
+
+
+def test_a_posted_call_is_answered_before_the_next_call(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    answers = Answers()
+    echo.post(["k", "n"], ["a", 1], answers)
+    assert answers.told == [], "a posted call does not wait for its reply"
+    assert echo(["k", "n"], ["b", 2]) == [b"k", b"b", 2, 2]
+    assert answers.told == [([b"k", b"a", 1, 1], None)]
+    echo.post(["k", "n"], ["c", 3], answers)
+    echo.link.settle()
+    assert answers.told[-1] == ([b"k", b"c", 3, 3], None)
+    echo.link.settle()  # nothing left to read
+    assert len(answers.told) == 2
+
+
+def test_a_posted_call_redis_refused_runs_again_on_redis_pys_path(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    answers = Answers()
+    client.script_flush()
+    echo.post(["k", "n"], ["a", 1], answers)  # NOSCRIPT: not run
+    assert echo(["k", "n"], ["b", 2])[3] == 2
+    assert answers.told == [([b"k", b"a", 1, 1], None)]
+    assert int(client.get("n") or 0) == 2
+
+
+def test_a_posted_call_on_a_killed_connection_runs_once(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    assert echo(["k", "n"], ["a", 1])[3] == 1
+    kept = echo.link.connection
+    kept.send_command("CLIENT", "ID")
+    client.client_kill_filter(_id=kept.read_response())
+    answers = Answers()
+    echo.post(["k", "n"], ["b", 2], answers)  # the kill is seen on send, or on reading the reply
+    echo.link.settle()
+    assert answers.told == [([b"k", b"b", 2, 2], None)]
+    assert echo(["k", "n"], ["c", 3])[3] == 3
+
+
+def test_a_posted_call_that_fails_is_answered_with_the_error(client: redis.Redis) -> None:
+    failing = LeanScript(client, "if ARGV[1] == 'fail' then return redis.error_reply('BOOM') end return 1")
+    answers = Answers()
+    failing.post(["k"], ["fail"], answers)
+    assert failing(["k"], ["ok"]) == 1
+    [(reply, error)] = answers.told
+    assert reply is None
+    assert isinstance(error, redis.ResponseError)
+    assert "BOOM" in str(error)
+
+
+def test_an_answer_that_cannot_be_handled_does_not_fail_the_next_call(
+    client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    echo = LeanScript(client, ECHO)
+
+    def broken(reply: object, error: BaseException | None) -> None:
+        raise RuntimeError("handler bug")
+
+    echo.post(["k", "n"], ["a", 1], broken)
+    assert echo(["k", "n"], ["b", 2])[3] == 2
+    assert "handling the reply of a lock script sent earlier failed" in caplog.text
+
+
+def test_clients_off_the_lean_path_answer_a_post_at_once(redis_url: str) -> None:
+    single = redis.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        echo = LeanScript(single, ECHO)
+        answers = Answers()
+        echo.post(["k", "n"], ["x", 1], answers)
+        assert answers.told == [([b"k", b"x", 1, 1], None)]
+    finally:
+        single.close()
+
+
+def test_the_lock_scripts_share_one_kept_connection_per_thread(
+    client: redis.Redis, make_app: Callable[..., Celery]
+) -> None:
+    store = LockStore(client, get_config(make_app()))
+    owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
+    pool = client.connection_pool
+
+    def kept() -> int:
+        """Connections checked out of the pool (a kept one is never given back)."""
+        return len(pool._in_use_connections)  # type: ignore[attr-defined]
+
+    for name in ("acquire", "release", "commit"):
+        client.script_load(load_script(SCRIPT_PACKAGE, name))  # no NOSCRIPT: no call on redis-py's path
+    assert kept() == 0
+    assert store.acquire("wire", "tok", 30.0, owner).status == "acquired"
+    answers = Answers()
+    store.release_later("wire", "tok", ("t:0:0", 60.0, "t"), answers)
+    assert store.acquire("wire", "tok2", 30.0, owner).status == "finished"  # the release was read first
+    assert answers.told == [(True, None)]
+    assert store.commit("wire", "mark", "tok2", 60.0, "t") == (True, False)
+    assert kept() == 1, "acquire, release and commit keep one connection between them"
+
+
+def _child_posts(script: LeanScript, out: multiprocessing.Queue[object]) -> None:
+    try:
+        answers = Answers()
+        script.post(["k", "child"], ["c", 1], answers)
+        script.link.settle()
+        out.put(answers.told[0][0][1] if answers.told else repr(answers.told))  # type: ignore[index]
+    except Exception as exc:  # reported to the parent, which fails the test
+        out.put(repr(exc))
+
+
+def test_a_forked_child_never_reads_its_parents_posted_reply(client: redis.Redis) -> None:
+    echo = LeanScript(client, ECHO)
+    answers = Answers()
+    echo.post(["k", "parent"], ["p", 1], answers)
+    context = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue[object] = context.Queue()
+    child = context.Process(target=_child_posts, args=(echo, out))
+    child.start()
+    assert out.get(timeout=60) == b"c"
+    child.join(30)
+    assert echo(["k", "parent"], ["q", 2])[1] == b"q"
+    assert answers.told == [([b"k", b"p", 1, 1], None)]

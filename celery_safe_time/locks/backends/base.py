@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple
 from ... import constants as C
 from ...config import SafeTimeConfig
 from ...redis_client import as_text
+from ...redis_wire import Settle, settle_with
 
 AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
 
@@ -205,6 +206,26 @@ class LockBackend(abc.ABC):
         ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
         ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
         """
+
+    def release_later(self, key: str, token: str, finished: tuple[str, float, str] | None, settle: Settle) -> None:
+        """:meth:`release`, with its answer given to ``settle(released, None)`` (or ``settle(None, error)``)
+        when it is known: here at once; the Redis backend sends it and reads the answer before its next
+        call on this thread, so a task does not wait for it (``redis_wire``'s module doc)."""
+        settle_with(settle, lambda: self.release(key, token, finished))
+
+    def commit_later(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None,
+        settle: Settle,
+    ) -> None:
+        """:meth:`commit`, with its answer, ``(recorded, released)``, given to ``settle`` as
+        :meth:`release_later` gives its own."""
+        settle_with(settle, lambda: self.commit(lock, marker, token, window, task_id, finished))
 
     @abc.abstractmethod
     def token_of(self, key: str) -> str | None:

@@ -22,7 +22,7 @@ import redis
 from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...redis_client import as_text, load_script
-from ...redis_wire import LeanScript
+from ...redis_wire import LeanLink, LeanScript, Settle
 from .base import (
     Acquired,
     Holder,
@@ -40,6 +40,11 @@ SCRIPTS = ("acquire", "renew", "release", "commit", "unique_acquire", "unique_re
 SCRIPT_PACKAGE = "celery_safe_time.locks"
 
 
+def _commit_answer(reply: list[int]) -> tuple[bool, bool]:
+    """The commit script's reply as (recorded, released)."""
+    return bool(int(reply[0])), bool(int(reply[1]))
+
+
 class RedisLockStore(LockBackend):
     """The lock scripts bound to one Redis client and one app's key prefix."""
 
@@ -53,11 +58,13 @@ class RedisLockStore(LockBackend):
         self._fence_name = config.key_maker(C.KEY_LOCK_FENCE)
         self._done_name = config.key_maker(C.KEY_LOCK_DONE)
         sources = {name: load_script(SCRIPT_PACKAGE, name) for name in SCRIPTS}
-        # The calls every locked task makes (acquire, then release or commit) take the lean path;
-        # renewals run on the background thread, unique keys at publish time: redis-py's path.
-        self._acquire = LeanScript(client, sources["acquire"])
-        self._release = LeanScript(client, sources["release"])
-        self._commit = LeanScript(client, sources["commit"])
+        # The calls every locked task makes (acquire, then release or commit) take the lean path, on
+        # one kept connection per thread; renewals run on the background thread, unique keys at
+        # publish time: redis-py's path.
+        link = LeanLink(client)
+        self._acquire = LeanScript(client, sources["acquire"], link)
+        self._release = LeanScript(client, sources["release"], link)
+        self._commit = LeanScript(client, sources["commit"], link)
         plain = ("renew", "unique_acquire", "unique_release")
         scripts = {name: client.register_script(sources[name]) for name in plain}
         self._renew = scripts["renew"]
@@ -106,11 +113,22 @@ class RedisLockStore(LockBackend):
         ``finished`` = (identity, ttl, task id) also records that delivery as ended for ``ttl``
         seconds, whether or not the lock was still ours.
         """
+        return bool(self._release(*self._release_call(key, token, finished)))
+
+    def release_later(self, key: str, token: str, finished: tuple[str, float, str] | None, settle: Settle) -> None:
+        """:meth:`release` sent without waiting: ``settle`` gets its answer before this thread's next
+        lock call (at once where the lean path does not apply)."""
+        keys, args = self._release_call(key, token, finished)
+        self._release.post(keys, args, lambda reply, error: settle(None if error else bool(reply), error))
+
+    def _release_call(
+        self, key: str, token: str, finished: tuple[str, float, str] | None
+    ) -> tuple[list[str], list[str | int]]:
         if finished is None:
-            return bool(self._release(keys=[self.lock_key(key)], args=[token]))
+            return [self._lock_name(key=key)], [token]
         identity, ttl, task_id = finished
         keys = [self._lock_name(key=key), self._done_name(key=key, identity=identity)]
-        return bool(self._release(keys=keys, args=[token, max(1, int(ttl * 1000)), task_id]))
+        return keys, [token, max(1, int(ttl * 1000)), task_id]
 
     def commit(
         self,
@@ -126,14 +144,32 @@ class RedisLockStore(LockBackend):
         ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
         ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
         """
+        return _commit_answer(self._commit(*self._commit_call(lock, marker, token, window, task_id, finished)))
+
+    def commit_later(
+        self,
+        lock: str,
+        marker: str,
+        token: str,
+        window: float,
+        task_id: str,
+        finished: tuple[str, float] | None,
+        settle: Settle,
+    ) -> None:
+        """:meth:`commit` sent without waiting, as :meth:`release_later` is."""
+        keys, args = self._commit_call(lock, marker, token, window, task_id, finished)
+        self._commit.post(keys, args, lambda reply, error: settle(None if error else _commit_answer(reply), error))
+
+    def _commit_call(
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None
+    ) -> tuple[list[str], list[str | int]]:
         keys = [self.lock_key(lock), self.marker_key(marker)]
         args: list[str | int] = [token, as_ms(window), task_id]
         if finished is not None:
             identity, done_ttl = finished
             keys.append(self.done_key(lock, identity))
             args.append(as_ms(done_ttl))
-        reply = self._commit(keys=keys, args=args)
-        return bool(int(reply[0])), bool(int(reply[1]))
+        return keys, args
 
     def token_of(self, key: str) -> str | None:
         return as_text(self.client.hget(self.lock_key(key), "token"))

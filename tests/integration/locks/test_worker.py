@@ -412,3 +412,40 @@ def test_threads_pool_excludes_too(processes: ProcessManager, client_app: Celery
     assert h.overlaps(intervals) == []
     fences = [r["fence"] for r in sorted(h.runs(redis_client, "sync"), key=lambda r: r["started"])]
     assert fences == [fences[0], fences[0] + 1, fences[0] + 2]
+
+
+@pytest.mark.parametrize(
+    ("task", "lock", "marker"),
+    [
+        ("locks.forgetful", "forgetful:a", None),
+        ("locks.forgetful_invoice", "idem:forgetful-invoice:a", "safe_time:idem:forgetful-invoice:a"),
+    ],
+)
+def test_a_release_sent_without_waiting_that_redis_refused_is_sent_again(
+    processes: ProcessManager, redis_server: RedisServer, task: str, lock: str, marker: str | None
+) -> None:
+    """A delivered task's release (or commit) is sent without waiting for its answer, which is read
+    before the process's next lock call. On a Redis of its own (SCRIPT FLUSH reaches every client of a
+    server): the body makes Redis forget the scripts, so that release is refused (NOSCRIPT). The 30 s
+    lock stays until the worker's next locked task; then the release is sent again on redis-py's
+    path and frees it, with the finished-delivery marker (and the idempotency marker) recorded."""
+    client = redis.Redis.from_url(redis_server.url)
+    app = h.client_app(redis_server.url)
+    try:
+        h.start_worker(processes, concurrency=1, env=h.broker_env(redis_server.url, redis_server.url))
+        first = app.send_task(task, args=("a",))
+        assert first.get(timeout=30) == "ran"
+        assert _exists(client, lock), "a refused release frees nothing by itself"
+        assert not client.keys(f"safe_time:lock-done:{lock}:*")
+        # the next lock call of that process (another key) reads the refusal and sends it again
+        assert app.send_task("locks.plain", args=(9,)).get(timeout=30) is not None
+        wait_for(lambda: not _exists(client, lock), 10, message="the refused release sent again")
+        assert client.keys(f"safe_time:lock-done:{lock}:*"), "the delivery is recorded as finished"
+        if marker is not None:
+            assert client.exists(marker)
+            # a later call of the key is skipped: the body ran once
+            assert app.send_task(task, args=("a",)).get(timeout=30) is None
+            assert len(h.runs(client, "forgetful_invoice")) == 1
+    finally:
+        app.close()
+        client.close()

@@ -40,8 +40,8 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -54,6 +54,8 @@ from ..lease import identity, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LEASE_TABLE = "safe_time_beat_lease"
 FIRED_TABLE = "safe_time_beat_fired"
@@ -305,6 +307,21 @@ def _float(value: Any) -> float:
     return float(value)
 
 
+def asked_again_if_broken(connect: Callable[[], Any], run: Callable[[Any], T], level: int, message: str) -> T:
+    """``run`` on a connection from ``connect``; when that connection turns out broken (the database
+    restarted, a pooled connection died), log ``message`` (%s: the driver's error) and run it once
+    more on a new one. Only for statements that are safe to ask twice."""
+    try:
+        with connect() as conn:
+            return run(conn)
+    except sa.exc.DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        logger.log(level, message, exc.orig)
+    with connect() as conn:
+        return run(conn)
+
+
 class PostgresClock(ServerClock):
     """The coordination database's ``clock_timestamp()`` as the shared clock (see :class:`ServerClock`)."""
 
@@ -368,15 +385,12 @@ class PostgresLease(BeatLease):
         tells them apart, so the slot is published either way, once. Stepping down instead would
         miss the slot (its row says "fired"), which a retry of the same call does not.
         """
-        try:
-            with self.backend.autocommit() as conn:
-                return tuple(conn.execute(statement, params).one())
-        except sa.exc.DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            logger.warning("beat: the PostgreSQL connection broke during a dispatch (%s); asking again", exc.orig)
-        with self.backend.autocommit() as conn:
-            return tuple(conn.execute(statement, params).one())
+        return asked_again_if_broken(
+            self.backend.autocommit,
+            lambda conn: tuple(conn.execute(statement, params).one()),
+            logging.WARNING,
+            "beat: the PostgreSQL connection broke during a dispatch (%s); asking again",
+        )
 
     def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
         if not writes:
@@ -523,16 +537,12 @@ class PostgresBeatBackend(BeatBackend):
         was a second round trip in every tick. What the pre-ping was for is done after the fact: a
         pooled connection found broken (the database restarted) is replaced, with the rest of the
         pool, and the read asked again once (a read repeats safely), so the tick does not step down."""
-        engine = coordination_engine(self.config, autocommit=True)
-        try:
-            with engine.connect() as conn:
-                return conn.execute(statement, params).all()
-        except sa.exc.DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            logger.info("beat: a pooled PostgreSQL connection was broken (%s); reading again", exc.orig)
-        with engine.connect() as conn:
-            return conn.execute(statement, params).all()
+        return asked_again_if_broken(
+            coordination_engine(self.config, autocommit=True).connect,
+            lambda conn: conn.execute(statement, params).all(),
+            logging.INFO,
+            "beat: a pooled PostgreSQL connection was broken (%s); reading again",
+        )
 
     def read_due(self, now: float, limit: int) -> DueRead:
         rows = self._read(_READ_DUE, self._p(now=now, limit=limit))

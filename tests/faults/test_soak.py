@@ -290,6 +290,27 @@ class FaultLog:
         print(f"[fault {time.strftime('%H:%M:%S')}] {what}", flush=True)
 
 
+#: How the fault log says the store went away, and came back.
+STORE_DOWN = ("pg-unreachable", "pg-restart")
+STORE_BACK = "pg-back"
+
+
+def store_outages(events: list[tuple[float, str]]) -> list[tuple[float, float]]:
+    """(down, back) of every time the store was unreachable (a cut or a restart), from the fault log;
+    one still open at the end lasts forever."""
+    outages: list[tuple[float, float]] = []
+    down: float | None = None
+    for at, what in sorted(events):
+        if what.startswith(STORE_DOWN) and down is None:
+            down = at
+        elif what.startswith(STORE_BACK) and down is not None:
+            outages.append((down, at))
+            down = None
+    if down is not None:
+        outages.append((down, float("inf")))
+    return outages
+
+
 def inject_faults(
     cluster: Cluster,
     server: RedisServer | None,
@@ -353,6 +374,7 @@ def inject_faults(
         out = subprocess.run(pg_restart_cmd, capture_output=True, text=True, timeout=180)
         if out.returncode != 0:
             log.errors.append(f"pg-restart failed ({out.returncode}): {out.stderr.strip()}")
+        log.note("pg-back after the restart", fault=False)
 
     def own_pg_restart(mode: str) -> None:
         assert pg_server is not None
@@ -847,9 +869,20 @@ def test_combined_faults_nothing_lost_nothing_twice(
     # (plain Celery has it between the body and the ack), counted apart; any other second end fails.
     kills = [(t, what.split("(")[-1].rstrip(")")) for t, what in faults.events if what.startswith("kill-9 w")]
 
+    # The same when the store was unreachable from then on until the kill: the worker keeps trying to
+    # record the end in the background while it lives, and a kill before the store is back (or
+    # within 3 s after) leaves the run looking dead all the same.
+    outages = store_outages(faults.events)
+
     def killed_before_recorded(end: dict[str, Any]) -> bool:
         name = str(end.get("worker") or "").split("@")[0]
-        return any(proc == name and end["ended"] <= t <= end["ended"] + 3 for t, proc in kills)
+        ended = end["ended"]
+        return any(
+            proc == name
+            and ended <= t
+            and (t <= ended + 3 or any(down <= ended + 3 and t <= back + 3 for down, back in outages if back >= ended))
+            for t, proc in kills
+        )
 
     repeated_ends = {tid: sorted(ends, key=lambda e: e["ended"]) for tid, ends in delay_ends.items() if len(ends) > 1}
     end_not_recorded = sorted(

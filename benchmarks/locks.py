@@ -303,6 +303,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         overhead = _measure_overhead(services, per_kind)
         bare_tp = _throughput(services, app, "bench.tp_bare", tp_count)
         locked_tp = _throughput(services, app, "bench.tp_locked", tp_count)
+        waiting_tp = _throughput(services, app, "bench.tp_locked_waiting", tp_count)
         ttl, repeats = (2.0, 2) if quick else (5.0, 5)
         targets = [("redis", services.redis_url)] + ([("lease", pg_url), ("session", pg_url)] if pg_url else [])
         for kind, url in targets:
@@ -336,6 +337,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             "bare": bare_tp,
             "locked": locked_tp,
             "locked_vs_bare": locked_tp["tasks_per_second"] / bare_tp["tasks_per_second"],
+            "locked_waiting": waiting_tp,
+            "locked_waiting_vs_bare": waiting_tp["tasks_per_second"] / bare_tp["tasks_per_second"],
         },
     }
 
@@ -444,8 +447,17 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|",
         f"| bare | {t['bare']['seconds']:.2f} | {t['bare']['tasks_per_second']:.0f} |",
         f"| overlap_lock | {t['locked']['seconds']:.2f} | {t['locked']['tasks_per_second']:.0f} |",
+        *(
+            [
+                f"| overlap_lock, waiting for the release's answer (before) | {t['locked_waiting']['seconds']:.2f} | "
+                f"{t['locked_waiting']['tasks_per_second']:.0f} |"
+            ]
+            if "locked_waiting" in t
+            else []
+        ),
         "",
-        f"Locked throughput is {t['locked_vs_bare']:.0%} of bare.",
+        f"Locked throughput is {t['locked_vs_bare']:.0%} of bare"
+        + (f" ({t['locked_waiting_vs_bare']:.0%} waiting for the answer)." if "locked_waiting" in t else "."),
     ]
     return "\n".join(lines)
 

@@ -162,6 +162,7 @@ _SWITCHES: dict[str, Callable[[bool], None]] = {
     "bench.locked_before": _use_before,
     "bench.locked_waiting": _answer_now,
     "bench.idempotent_waiting": _answer_now,
+    "bench.tp_locked_waiting": _answer_now,
     "bench.locked_memory": _use_memory,
 }
 
@@ -321,4 +322,11 @@ def tp_bare(n: int) -> int:
 @app.task(name="bench.tp_locked")
 @overlap_lock(lambda n: f"tp:{n % 100}", ttl=30, retry_after=0.05, jitter=0.05)
 def tp_locked(n: int) -> int:
+    return n
+
+
+@app.task(name="bench.tp_locked_waiting")
+@overlap_lock(lambda n: f"tp-waiting:{n % 100}", ttl=30, retry_after=0.05, jitter=0.05)
+def tp_locked_waiting(n: int) -> int:
+    """:func:`tp_locked` waiting for its release's answer, as :func:`locked_waiting`."""
     return n

@@ -163,6 +163,10 @@ def _run_now(script: LeanScript, keys: Sequence[str], args: Sequence[str | int |
     settle_with(settle, lambda: script.script(keys=keys, args=args))
 
 
+#: What ends a lean call on the kept connection (closed first) and hands it to redis-py's path: an
+#: error or unexpected reply, a dropped or timed-out connection, a reply that does not parse.
+_LEFT_TO_REDIS_PY = (Unexpected, redis.RedisError, OSError, ValueError, IndexError)
+
 #: No reply read: the posted call is run again on redis-py's path.
 _AGAIN = object()
 
@@ -234,7 +238,7 @@ class LeanLink:
             if sock is None:
                 raise redis.ConnectionError("the connection closed before the reply was read")
             reply = _read_reply(sock)
-        except (Unexpected, redis.RedisError, OSError, ValueError, IndexError):
+        except _LEFT_TO_REDIS_PY:
             # An error reply (NOSCRIPT after a restart, READONLY after a failover) or a connection
             # lost before the reply: run it again on redis-py's path (the scripts posted are safe to
             # repeat).
@@ -260,7 +264,7 @@ class LeanLink:
             # connection Redis closed is found here anyway (no reply: redis-py's path runs the call).
             sock.sendall(pack_evalsha(script.sha, keys, args))
             return _read_reply(sock)
-        except (Unexpected, redis.RedisError, OSError, ValueError, IndexError):
+        except _LEFT_TO_REDIS_PY:
             # An error reply, a dropped connection, a timeout: the connection may hold half a
             # reply, so it is closed; redis-py's path reports, retries or loads the script.
             conn.disconnect()

@@ -86,7 +86,7 @@ class IdempotentLock(TaskLock):
 
     def _commit(self, held: HeldLock, marker: str, call: Call) -> None:
         finished = (held.identity, done_ttl(held.store.config)) if held.identity is not None else None
-        if not (held.answer_later and held.identity is not None):
+        if not held.answers_later:
             self._commit_now(held, marker, call, finished)
             return
 

@@ -342,11 +342,17 @@ class HeldLock:
         """:meth:`release` where a task body has ended: a delivered task sends it without waiting
         for the answer (see :attr:`answer_later`); a direct or eager call waits, as its caller may
         look at the lock next."""
-        if self.answer_later and self.identity is not None:
+        if self.answers_later:
             record = self.finished_record() if finished else None
             self.store.release_later(self.key, self.token, record, self.released)
         else:
             self.release(finished)
+
+    @property
+    def answers_later(self) -> bool:
+        """Whether this lock's release (or commit) is sent without waiting: :attr:`answer_later`, for a
+        delivered task only (a direct or eager caller may look at the lock next)."""
+        return self.answer_later and self.identity is not None
 
     def released(self, released: bool | None, error: BaseException | None) -> None:
         """Log what a release answered (a ``Settle``: also called later, for a release sent earlier)."""

@@ -10,10 +10,11 @@ BROKER ?= redis
 # make demo COORD=postgres: leases, fired slots, locks, idempotency (and the store) in a throwaway
 # database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
 COORD ?= redis
-# Most tests wait on real processes (leases, sleeps), not on the CPU: three pytest workers on two
-# cores (parallel part 19 min at load 4-7, against 23.6 min with two). Tests marked serial (they
-# restart the machine's PostgreSQL, or change a broker-wide setting) run alone after.
-TEST_WORKERS ?= 3
+# Most tests wait on real processes (leases, ttls, workers starting), not on the CPU: four pytest
+# workers on two cores, each taking the next test as it frees up (worksteal), so one long test file
+# does not hold the run's tail. Every test brings its own throwaway servers where it restarts one, so
+# nothing needs to run alone.
+TEST_WORKERS ?= 4
 
 .PHONY: help venv test test-unit test-integration lint format type demo bench bench-quick soak soak-quick check clean
 
@@ -21,7 +22,8 @@ help:
 	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
 	@echo "             BROKER=amqp: the same on a throwaway RabbitMQ node; DEMO_REDIS_URL: lend it a Redis (README)"
 	@echo "             COORD=postgres: coordination in PostgreSQL (with BROKER=amqp: no Redis at all)"
-	@echo "make test   - run the whole test suite against the local services (parallel part, then the serial one)"
+	@echo "make test   - run the whole test suite against the local services"
+	@echo "make check  - lint, types, unit tests and the store contract (under two minutes)"
 	@echo "make lint   - ruff check + format check;  make type - mypy"
 	@echo "make bench  - benchmarks (docs/benchmarks.md); make bench-quick - CI-sized smoke run"
 	@echo "make soak   - the long fault-injection soak; make soak-quick - a short one"
@@ -35,8 +37,11 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not serial" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m "serial and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# The fast feedback loop: lint, types, the unit tests and the store contract (real databases).
+check: lint type
+	$(BIN)/python -m pytest -n 2 --dist worksteal tests/unit tests/contract $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -10,10 +10,10 @@ Short by default (part of ``make test``); ``SAFE_TIME_SOAK=1`` scales it to the 
 It runs once per broker: Redis, and RabbitMQ (a vhost of its own; the lease/lock Redis and the
 record Redis stay Redis). A third run puts the coordination in PostgreSQL
 (``safe_time_coordination_url = "store"``) with RabbitMQ as the broker and no Redis at all: no result
-backend, runs recorded in append-only files, a PostgreSQL server of the test's own that the faults
-restart (``pg_ctl stop -m fast`` and ``-m immediate``, a crash) instead of resetting a Redis, and a
-watch on ``/proc`` that no process of the run is or talks to a Redis. There nothing is "admitted":
-every repeat of a slot, key or lock fails the test.
+backend, runs recorded in append-only files, and a watch on ``/proc`` that no process of the run is
+or talks to a Redis. Every run has a PostgreSQL server of its own that the faults stop and start
+(``pg_ctl stop -m fast`` and ``-m immediate``, a crash), so the three runs go beside other tests.
+In the run with no Redis nothing is "admitted": every repeat of a slot, key or lock fails the test.
 
 Every task is ``acks_late``: a worker killed mid-run has its messages redelivered, and a stored
 delay killed mid-body runs again (at least once) after its heartbeat is found dead, never beside
@@ -36,7 +36,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -319,12 +318,11 @@ def inject_faults(
     log: FaultLog,
     until: float,
     stop: threading.Event,
-    pg_restart_cmd: list[str] | None = None,
-    pg_server: PostgresServer | None = None,
+    pg_server: PostgresServer,
 ) -> None:
     """``server``: the lease/lock Redis (restarted and flushed), None when the run has no Redis;
-    ``pg_restart_cmd``: restarts the machine's PostgreSQL; ``pg_server``: the run's own PostgreSQL,
-    stopped (``fast``: orderly; ``immediate``: a crash) and started again."""
+    ``pg_server``: the run's own PostgreSQL, stopped (``fast``: orderly; ``immediate``: a crash) and
+    started again."""
 
     def sleep(seconds: float) -> None:
         stop.wait(seconds)
@@ -368,16 +366,7 @@ def inject_faults(
         proxy.restore()
         log.note("pg-back")
 
-    def pg_restart() -> None:
-        assert pg_restart_cmd is not None
-        log.note(f"pg-restart ({' '.join(pg_restart_cmd)}: all connections dropped, server down while it restarts)")
-        out = subprocess.run(pg_restart_cmd, capture_output=True, text=True, timeout=180)
-        if out.returncode != 0:
-            log.errors.append(f"pg-restart failed ({out.returncode}): {out.stderr.strip()}")
-        log.note("pg-back after the restart", fault=False)
-
     def own_pg_restart(mode: str) -> None:
-        assert pg_server is not None
         down = rng.uniform(1, 4)
         log.note(f"pg-restart-{mode} (pg_ctl stop -m {mode}, {down:.1f}s down, start: every connection dropped)")
         out = pg_server.restart(mode, down=down)
@@ -395,14 +384,11 @@ def inject_faults(
     ]
     if server is not None:
         faults += [("redis-restart", redis_restart), ("redis-flush", redis_flush)]
-    faults.append(("pg-outage", pg_outage))
-    if pg_restart_cmd is not None:
-        faults.append(("pg-restart", pg_restart))
-    if pg_server is not None:
-        faults += [
-            ("pg-restart-fast", lambda: own_pg_restart("fast")),
-            ("pg-crash", lambda: own_pg_restart("immediate")),
-        ]
+    faults += [
+        ("pg-outage", pg_outage),
+        ("pg-restart-fast", lambda: own_pg_restart("fast")),
+        ("pg-crash", lambda: own_pg_restart("immediate")),
+    ]
     try:
         first = True  # the first cycle always completes: every fault happens at least once
         while not stop.is_set() and (first or time.monotonic() < until):
@@ -536,10 +522,10 @@ class Setup:
     #: where the processes record their runs: a Redis URL or ``file:///dir``
     record_url: str
     make_app: Callable[..., Celery]
+    #: the run's own PostgreSQL server, which the faults stop and start
+    pg_server: PostgresServer
     #: the lease/lock Redis the faults restart and flush (None: no Redis in the run)
     lease_server: RedisServer | None = None
-    #: the run's own PostgreSQL server the faults restart (None: the machine's)
-    pg_server: PostgresServer | None = None
 
     def records(self, kind: str) -> list[dict[str, Any]]:
         parts = urlsplit(self.record_url)
@@ -559,45 +545,42 @@ class Setup:
         return sorted(found, key=lambda r: r.get("started") or r.get("ended") or r.get("at") or 0)
 
 
-@pytest.fixture
-def own_postgres_url() -> Iterator[str]:
-    """A database of this test's own: the session database holds other tests' rows (some due
-    within the hour), which the drain and the invariants would otherwise count as ours."""
-    db = services.PostgresDatabase(services.resolve_postgres_admin_url())
-    yield _sqlalchemy_url(db.url)
-    db.drop()
-
-
 def _sqlalchemy_url(url: str) -> str:
     return url.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
-@pytest.fixture(
-    params=[
-        # serial: these restart the machine's PostgreSQL, which would cut every other test's connections.
-        pytest.param("redis", marks=pytest.mark.serial),
-        pytest.param("amqp", marks=pytest.mark.serial),
-        # A PostgreSQL server, RabbitMQ vhost and files of its own: it can run beside other tests.
-        "postgres-amqp",
-    ]
-)
+@pytest.fixture(params=list(RUNS))
 def scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setup]:
+    """Every run gets a PostgreSQL server of its own (the faults stop and start it, which would cut
+    every other test's connections on the machine's server) and, on Redis coordination, a
+    redis-server of its own for the leases and locks: the three runs can go beside other tests."""
     run = RUNS[request.param]
-    if not run.no_redis:
-        redis_url: str = request.getfixturevalue("redis_url")
-        yield Setup(
-            run=run,
-            processes=request.getfixturevalue("processes"),
-            broker_url=redis_url if run.broker == "redis" else request.getfixturevalue("amqp_url"),
-            postgres_url=request.getfixturevalue("own_postgres_url"),
-            record_url=redis_url,
-            make_app=request.getfixturevalue("make_app"),
-            lease_server=request.getfixturevalue("redis_server"),
-        )
-        return
+    server = PostgresServer().start()
+    postgres_url = _sqlalchemy_url(services.PostgresDatabase(server.admin_url).url)
+    try:
+        if not run.no_redis:
+            redis_url: str = request.getfixturevalue("redis_url")
+            yield Setup(
+                run=run,
+                processes=request.getfixturevalue("processes"),
+                broker_url=redis_url if run.broker == "redis" else request.getfixturevalue("amqp_url"),
+                postgres_url=postgres_url,
+                record_url=redis_url,
+                make_app=request.getfixturevalue("make_app"),
+                lease_server=request.getfixturevalue("redis_server"),
+                pg_server=server,
+            )
+            return
+        yield from _no_redis_setup(request, tmp_path, run, server, postgres_url)
+    finally:
+        server.stop()
+
+
+def _no_redis_setup(
+    request: pytest.FixtureRequest, tmp_path: Path, run: Run, server: PostgresServer, postgres_url: str
+) -> Iterator[Setup]:
     # No fixture that touches Redis (redis_url, make_app, processes flush or claim a Redis db).
     amqp_url: str = request.getfixturevalue("amqp_url")
-    server = PostgresServer().start()
     record_dir = tmp_path / "records"
     record_dir.mkdir()
     apps: list[Celery] = []
@@ -616,7 +599,7 @@ def scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setup]:
                 run=run,
                 processes=processes,
                 broker_url=amqp_url,
-                postgres_url=_sqlalchemy_url(services.PostgresDatabase(server.admin_url).url),
+                postgres_url=postgres_url,
                 record_url=record_dir.as_uri(),
                 make_app=make_app,
                 pg_server=server,
@@ -629,7 +612,6 @@ def scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setup]:
             reset_store(app)
             app.close()
         dispose_engines()
-        server.stop()
 
 
 def _redis_leader_pid(url: str) -> Callable[[], int | None]:
@@ -684,16 +666,6 @@ def test_combined_faults_nothing_lost_nothing_twice(
     started_at = time.monotonic()
 
     postgres_url = scenario.postgres_url
-    pg = urlsplit(postgres_url)
-    pg_restart_cmd: list[str] | None = None
-    if scenario.pg_server is not None:
-        pg_restart_why = "the run's own server: pg_ctl stop -m fast / -m immediate, then start"
-    else:
-        # A real restart of the machine's PostgreSQL as well as the proxy's cuts (issue: "pg_ctlcluster
-        # ... restart"); nothing else runs against it while this test does.
-        pg_restart_cmd, pg_restart_why = services.postgres_restart_command(pg.port or 5432)
-        if pg_restart_cmd is None and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"the PostgreSQL restart fault cannot run: {pg_restart_why}")
     proxy, proxied = proxy_for(postgres_url)
     conf: dict[str, Any] = {
         "safe_time_beat_lease": LEASE,
@@ -780,7 +752,6 @@ def test_combined_faults_nothing_lost_nothing_twice(
                 faults,
                 time.monotonic() + SIZES.fault_phase,
                 stop,
-                pg_restart_cmd,
                 scenario.pg_server,
             ),
             daemon=True,
@@ -994,9 +965,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
             (
                 f"own server: -m fast {faults.counts['pg-restart-fast']}, "
                 f"-m immediate (crash) {faults.counts['pg-restart-immediate']}"
-            )
-            if scenario.pg_server is not None
-            else ("pg_ctlcluster restart" if pg_restart_cmd is not None else f"not run: {pg_restart_why}"),
+            ),
         ),
         ("delays stored", len(load.stored), f"{load.store_errors} StoreError retries while PG was cut"),
         ("delays cancelled", len(load.cancelled), ok if not cancelled_ran else f"FAIL: {len(cancelled_ran)} ran"),

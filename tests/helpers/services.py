@@ -237,21 +237,6 @@ def resolve_postgres_admin_url() -> str:
     raise AssertionError("unreachable")
 
 
-def postgres_restart_command(port: int) -> tuple[list[str] | None, str]:
-    """The command that restarts the PostgreSQL cluster on ``port`` (Debian's ``pg_ctlcluster``),
-    or None and why not (no ``pg_lsclusters``, not root, no cluster on that port)."""
-    if not shutil.which("pg_lsclusters") or not shutil.which("pg_ctlcluster"):
-        return None, "pg_ctlcluster not found (Debian package postgresql-common)"
-    if os.geteuid() != 0:
-        return None, "restarting the machine's PostgreSQL needs root"
-    listing = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, timeout=30)
-    for line in listing.stdout.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == str(port) and fields[3] == "online":
-            return ["pg_ctlcluster", fields[0], fields[1], "restart"], "ok"
-    return None, f"no online cluster on port {port} in pg_lsclusters"
-
-
 def _pg_bindir() -> Path | None:
     bindirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
     if bindirs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Literal
 
 import redis
@@ -179,8 +180,9 @@ _BROKER_NAMES = {
 }
 
 
-def check_broker(config: SafeTimeConfig) -> Check:
-    """Which broker the app publishes to and the delay threshold that follows from it, with why."""
+def check_broker(config: SafeTimeConfig, app: Celery | None = None) -> Check:
+    """Which broker the app publishes to and the delay threshold that follows from it, with why; with
+    ``app``, whether the broker accepts a connection (its URL, credentials and virtual host)."""
     parts = [f"{config.broker_kind}: {_BROKER_NAMES.get(config.broker_kind, config.broker_kind)}"]
     if config.visibility_timeout is not None:
         parts.append(f"visibility_timeout {config.visibility_timeout:g} s")
@@ -198,7 +200,51 @@ def check_broker(config: SafeTimeConfig) -> Check:
         "delay_threshold_reason": config.delay_threshold_reason,
         "sweep_lookahead": config.sweep_lookahead,
     }
-    return Check("broker", "ok", detail, value=value)
+    if app is None:
+        return Check("broker", "ok", detail, value=value)
+    where, rtt, error = broker_connection(app)
+    value["url"] = where
+    if error is not None:
+        return Check("broker", "fail", f"{where} unreachable: {error}; {detail}", value=value)
+    value["connect_seconds"] = rtt
+    return Check("broker", "ok", f"{where} reachable (connected in {rtt * 1000:.0f} ms); {detail}", value=value)
+
+
+def broker_connection(app: Celery) -> tuple[str, float, str | None]:
+    """Connect to the app's broker once, as a worker would (its URL, ``broker_use_ssl``, transport
+    options), without retrying: ``(masked url, seconds to connect, None)`` or ``(..., error)``."""
+    transport_options: dict[str, Any] = {}
+    if config_broker_scheme(app) in C.REDIS_BROKER_SCHEMES:
+        # kombu's Redis transport has no connect timeout of its own: a host that drops packets would
+        # hold the check for minutes.
+        own = dict(app.conf.broker_transport_options or {})
+        transport_options = {
+            key: C.BROKER_CHECK_TIMEOUT for key in ("socket_connect_timeout", "socket_timeout") if key not in own
+        }
+    connection = app.connection_for_write(connect_timeout=C.BROKER_CHECK_TIMEOUT, transport_options=transport_options)
+    where = mask_url(connection.as_uri(include_password=True))
+    started = time.monotonic()
+    try:
+        # max_retries=0: one attempt (kombu retries otherwise, sleeping between attempts).
+        connection.ensure_connection(max_retries=0)
+    except Exception as exc:  # any transport's error is the verdict, never a crash of the check
+        return where, 0.0, f"{exc.__class__.__name__}: {_first_line(exc)}"
+    finally:
+        connection.release()
+    return where, time.monotonic() - started, None
+
+
+def config_broker_scheme(app: Celery) -> str:
+    """The scheme of the app's (first) broker URL, lowercased and without its ``+driver`` part."""
+    from .config import _broker_url
+
+    url = _broker_url(app)
+    return url.split("://", 1)[0].split("+")[0].lower() if "://" in url else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
 
 
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
@@ -274,7 +320,7 @@ def run_checks(app: Celery) -> list[Check]:
         config = get_config(app)
     except SafeTimeError as exc:
         return [Check("settings", "fail", str(exc))]
-    checks = [Check("settings", "ok", "all safe_time_* settings valid"), check_broker(config)]
+    checks = [Check("settings", "ok", "all safe_time_* settings valid"), check_broker(config, app)]
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
         checks.extend(check_redis(config))
     if config.coordination == C.COORDINATION_POSTGRES:

@@ -16,7 +16,7 @@ from celery import Celery
 
 from . import constants as C
 from .clock import local_time, measure_redis_offset
-from .config import SafeTimeConfig, get_config, mask_url, unknown_settings
+from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, unknown_settings
 from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
@@ -236,9 +236,7 @@ def broker_connection(app: Celery) -> tuple[str, float, str | None]:
 
 def config_broker_scheme(app: Celery) -> str:
     """The scheme of the app's (first) broker URL, lowercased and without its ``+driver`` part."""
-    from .config import _broker_url
-
-    url = _broker_url(app)
+    url = first_broker_url(app)
     return url.split("://", 1)[0].split("+")[0].lower() if "://" in url else ""
 
 

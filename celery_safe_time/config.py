@@ -184,7 +184,7 @@ def get_config(app: Celery) -> SafeTimeConfig:
         pass
     try:
         config = parse_config(
-            app.conf.get, broker_url=_broker_url(app), transport_options=_transport_options(app), app_name=app.main
+            app.conf.get, broker_url=first_broker_url(app), transport_options=_transport_options(app), app_name=app.main
         )
     except ImproperlyConfigured as exc:
         hint = near_miss_hint(app, exc)
@@ -273,7 +273,8 @@ def reset_config(app: Celery) -> None:
     _CACHE.pop(app, None)
 
 
-def _broker_url(app: Celery) -> str:
+def first_broker_url(app: Celery) -> str:
+    """The app's broker URL (the first of a failover list), or ""."""
     url = app.conf.broker_url or ""
     # broker_url may be a list/semicolon-separated failover list; the first names the transport.
     if isinstance(url, (list, tuple)):

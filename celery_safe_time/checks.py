@@ -49,7 +49,7 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
         hint = tls_hint(config.redis_url, exc)
         if hint is not None:
             return [Check("redis", "fail", f"safe_time_redis_url: {hint}")]
-        return [Check("redis", "fail", f"{url} unreachable: {exc}")]
+        return [Check("redis", "fail", f"{url} unreachable: {error_text(exc)}")]
     checks = [Check("redis", "ok", f"{url} reachable (rtt {offset.rtt * 1000:.1f} ms)", value=offset.rtt)]
     skew = abs(offset.offset)
     checks.append(
@@ -76,7 +76,7 @@ def check_coordination(config: SafeTimeConfig) -> list[Check]:
         backend.ensure_tables()
         offset = backend.clock.sync()
     except backend.errors as exc:
-        return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {exc}")]
+        return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {error_text(exc)}")]
     skew = abs(offset.offset)
     return [
         Check(
@@ -107,7 +107,11 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
         except redis.RedisError as exc:
             # Managed Redis often disables CONFIG: say we could not tell, do not fail the probe.
             where = f" on {name}" if name else ""
-            return [Check("redis_config", "warn", f"cannot read CONFIG{where} ({exc}); check persistence by hand")]
+            return [
+                Check(
+                    "redis_config", "warn", f"cannot read CONFIG{where} ({error_text(exc)}); check persistence by hand"
+                )
+            ]
     order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
     # One row per check: the worst node's (all masters of a cluster should be set alike).
     return [max(column, key=lambda c: order[c.status]) for column in zip(*per_node, strict=True)]
@@ -228,7 +232,7 @@ def broker_connection(app: Celery) -> tuple[str, float, str | None]:
         # max_retries=0: one attempt (kombu retries otherwise, sleeping between attempts).
         connection.ensure_connection(max_retries=0)
     except Exception as exc:  # any transport's error is the verdict, never a crash of the check
-        return where, 0.0, f"{exc.__class__.__name__}: {_first_line(exc)}"
+        return where, 0.0, f"{exc.__class__.__name__}: {error_text(exc)}"
     finally:
         connection.release()
     return where, time.monotonic() - started, None
@@ -240,9 +244,24 @@ def config_broker_scheme(app: Celery) -> str:
     return url.split("://", 1)[0].split("+")[0].lower() if "://" in url else ""
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+#: Lines SQLAlchemy adds to a driver's message: the statement, its parameters and a link to its docs.
+_SQLALCHEMY_NOTES = ("(Background on this error at:", "[SQL:", "[parameters:")
+
+
+def error_text(exc: BaseException) -> str:
+    """``exc``'s message on one line, without what SQLAlchemy adds to the driver's message (the SQL,
+    its parameters, "Background on this error at: <link>"): a check row is one line."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_SQLALCHEMY_NOTES)]
+    return " ".join(kept) or exc.__class__.__name__
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """A failed row's detail: our own errors already name what and where (``store <url> unreachable:
+    ...``); a driver's error gets the URL and its class in front."""
+    if isinstance(exc, SafeTimeError):
+        return error_text(exc)
+    return f"{url} unreachable: {exc.__class__.__name__}: {error_text(exc)}"
 
 
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
@@ -255,10 +274,8 @@ def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
         before = local_time()
         db_now = store.now()
         after = local_time()
-    except SafeTimeError as exc:
-        return [Check("store", "fail", f"{url} unreachable: {exc}")]
     except Exception as exc:  # driver errors must not crash the probe
-        return [Check("store", "fail", f"{url} unreachable: {exc.__class__.__name__}: {exc}")]
+        return [Check("store", "fail", unreachable(url, exc))]
     offset = db_now.timestamp() - (before + after) / 2.0
     skew = abs(offset)
     return [
@@ -289,7 +306,7 @@ def check_lock_backend(app: Celery, config: SafeTimeConfig) -> list[Check]:
             return []
         rtt, present, held = store.health()
     except Exception as exc:  # driver errors must not crash the probe
-        return [Check("locks_postgres", "fail", f"safe_time_coordination_url: {exc}")]
+        return [Check("locks_postgres", "fail", f"safe_time_coordination_url: {error_text(exc)}")]
     tables = f"{held} locks held" if present else "lock tables not created yet (made at the first lock)"
     detail = f"{store.describe()} reachable (rtt {rtt * 1000:.1f} ms), {config.coordination_locks} locks, {tables}"
     return [Check("locks_postgres", "ok", detail, value=rtt)]

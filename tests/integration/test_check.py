@@ -205,3 +205,16 @@ def test_check_says_the_broker_answered(processes: ProcessManager, amqp_url: str
     assert row.startswith("OK"), row
     assert "guest:***@127.0.0.1:5672" in row, row
     assert " reachable (connected in " in row, row
+
+
+def test_check_shows_a_database_error_on_one_line_without_sqlalchemys_notes(
+    processes: ProcessManager, postgres_url: str
+) -> None:
+    missing = postgres_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    result = run_check(processes, conf={"safe_time_store_url": missing, "safe_time_max_clock_skew": 1.0})
+    assert result.returncode == 1
+    assert "Background on this error" not in result.stdout + result.stderr
+    [row] = [line for line in result.stdout.splitlines() if line.split()[1:2] == ["store"]]
+    assert row.startswith("FAIL  store "), row
+    assert row.count("unreachable") == 1, row
+    assert row.endswith('database "no_such_database_here" does not exist'), row

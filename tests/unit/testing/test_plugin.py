@@ -329,13 +329,13 @@ def test_an_app_with_production_settings_gets_the_in_process_set_up_and_reaches_
     app.conf.update(PRODUCTION_SETTINGS)
     ran: list[str] = []
 
-    @app.task(name="t.sync")
+    @app.task(name="prod.sync", shared=False)
     @overlap_lock("sync:{n}")
     def sync(n: int) -> int:
         ran.append(f"sync:{n}")
         return n
 
-    @app.task(name="t.invoice")
+    @app.task(name="prod.invoice", shared=False)
     @idempotent("invoice:{n}", window=DAY)
     def invoice(n: int) -> None:
         ran.append(f"invoice:{n}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Literal
 
 import redis
@@ -15,7 +16,7 @@ from celery import Celery
 
 from . import constants as C
 from .clock import local_time, measure_redis_offset
-from .config import SafeTimeConfig, get_config, mask_url
+from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, unknown_settings
 from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
@@ -48,7 +49,7 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
         hint = tls_hint(config.redis_url, exc)
         if hint is not None:
             return [Check("redis", "fail", f"safe_time_redis_url: {hint}")]
-        return [Check("redis", "fail", f"{url} unreachable: {exc}")]
+        return [Check("redis", "fail", f"{url} unreachable: {error_text(exc)}")]
     checks = [Check("redis", "ok", f"{url} reachable (rtt {offset.rtt * 1000:.1f} ms)", value=offset.rtt)]
     skew = abs(offset.offset)
     checks.append(
@@ -75,7 +76,7 @@ def check_coordination(config: SafeTimeConfig) -> list[Check]:
         backend.ensure_tables()
         offset = backend.clock.sync()
     except backend.errors as exc:
-        return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {exc}")]
+        return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {error_text(exc)}")]
     skew = abs(offset.offset)
     return [
         Check(
@@ -106,7 +107,11 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
         except redis.RedisError as exc:
             # Managed Redis often disables CONFIG: say we could not tell, do not fail the probe.
             where = f" on {name}" if name else ""
-            return [Check("redis_config", "warn", f"cannot read CONFIG{where} ({exc}); check persistence by hand")]
+            return [
+                Check(
+                    "redis_config", "warn", f"cannot read CONFIG{where} ({error_text(exc)}); check persistence by hand"
+                )
+            ]
     order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
     # One row per check: the worst node's (all masters of a cluster should be set alike).
     return [max(column, key=lambda c: order[c.status]) for column in zip(*per_node, strict=True)]
@@ -179,8 +184,9 @@ _BROKER_NAMES = {
 }
 
 
-def check_broker(config: SafeTimeConfig) -> Check:
-    """Which broker the app publishes to and the delay threshold that follows from it, with why."""
+def check_broker(config: SafeTimeConfig, app: Celery | None = None) -> Check:
+    """Which broker the app publishes to and the delay threshold that follows from it, with why; with
+    ``app``, whether the broker accepts a connection (its URL, credentials and virtual host)."""
     parts = [f"{config.broker_kind}: {_BROKER_NAMES.get(config.broker_kind, config.broker_kind)}"]
     if config.visibility_timeout is not None:
         parts.append(f"visibility_timeout {config.visibility_timeout:g} s")
@@ -198,7 +204,64 @@ def check_broker(config: SafeTimeConfig) -> Check:
         "delay_threshold_reason": config.delay_threshold_reason,
         "sweep_lookahead": config.sweep_lookahead,
     }
-    return Check("broker", "ok", detail, value=value)
+    if app is None:
+        return Check("broker", "ok", detail, value=value)
+    where, rtt, error = broker_connection(app)
+    value["url"] = where
+    if error is not None:
+        return Check("broker", "fail", f"{where} unreachable: {error}; {detail}", value=value)
+    value["connect_seconds"] = rtt
+    return Check("broker", "ok", f"{where} reachable (connected in {rtt * 1000:.0f} ms); {detail}", value=value)
+
+
+def broker_connection(app: Celery) -> tuple[str, float, str | None]:
+    """Connect to the app's broker once, as a worker would (its URL, ``broker_use_ssl``, transport
+    options), without retrying: ``(masked url, seconds to connect, None)`` or ``(..., error)``."""
+    transport_options: dict[str, Any] = {}
+    if config_broker_scheme(app) in C.REDIS_BROKER_SCHEMES:
+        # kombu's Redis transport has no connect timeout of its own: a host that drops packets would
+        # hold the check for minutes.
+        own = dict(app.conf.broker_transport_options or {})
+        transport_options = {
+            key: C.BROKER_CHECK_TIMEOUT for key in ("socket_connect_timeout", "socket_timeout") if key not in own
+        }
+    connection = app.connection_for_write(connect_timeout=C.BROKER_CHECK_TIMEOUT, transport_options=transport_options)
+    where = mask_url(connection.as_uri(include_password=True))
+    started = time.monotonic()
+    try:
+        # max_retries=0: one attempt (kombu retries otherwise, sleeping between attempts).
+        connection.ensure_connection(max_retries=0)
+    except Exception as exc:  # any transport's error is the verdict, never a crash of the check
+        return where, 0.0, f"{exc.__class__.__name__}: {error_text(exc)}"
+    finally:
+        connection.release()
+    return where, time.monotonic() - started, None
+
+
+def config_broker_scheme(app: Celery) -> str:
+    """The scheme of the app's (first) broker URL, lowercased and without its ``+driver`` part."""
+    url = first_broker_url(app)
+    return url.split("://", 1)[0].split("+")[0].lower() if "://" in url else ""
+
+
+#: Lines SQLAlchemy adds to a driver's message: the statement, its parameters and a link to its docs.
+_SQLALCHEMY_NOTES = ("(Background on this error at:", "[SQL:", "[parameters:")
+
+
+def error_text(exc: BaseException) -> str:
+    """``exc``'s message on one line, without what SQLAlchemy adds to the driver's message (the SQL,
+    its parameters, "Background on this error at: <link>"): a check row is one line."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_SQLALCHEMY_NOTES)]
+    return " ".join(kept) or exc.__class__.__name__
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """A failed row's detail: our own errors already name what and where (``store <url> unreachable:
+    ...``); a driver's error gets the URL and its class in front."""
+    if isinstance(exc, SafeTimeError):
+        return error_text(exc)
+    return f"{url} unreachable: {exc.__class__.__name__}: {error_text(exc)}"
 
 
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
@@ -211,10 +274,8 @@ def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
         before = local_time()
         db_now = store.now()
         after = local_time()
-    except SafeTimeError as exc:
-        return [Check("store", "fail", f"{url} unreachable: {exc}")]
     except Exception as exc:  # driver errors must not crash the probe
-        return [Check("store", "fail", f"{url} unreachable: {exc.__class__.__name__}: {exc}")]
+        return [Check("store", "fail", unreachable(url, exc))]
     offset = db_now.timestamp() - (before + after) / 2.0
     skew = abs(offset)
     return [
@@ -245,7 +306,7 @@ def check_lock_backend(app: Celery, config: SafeTimeConfig) -> list[Check]:
             return []
         rtt, present, held = store.health()
     except Exception as exc:  # driver errors must not crash the probe
-        return [Check("locks_postgres", "fail", f"safe_time_coordination_url: {exc}")]
+        return [Check("locks_postgres", "fail", f"safe_time_coordination_url: {error_text(exc)}")]
     tables = f"{held} locks held" if present else "lock tables not created yet (made at the first lock)"
     detail = f"{store.describe()} reachable (rtt {rtt * 1000:.1f} ms), {config.coordination_locks} locks, {tables}"
     return [Check("locks_postgres", "ok", detail, value=rtt)]
@@ -274,7 +335,10 @@ def run_checks(app: Celery) -> list[Check]:
         config = get_config(app)
     except SafeTimeError as exc:
         return [Check("settings", "fail", str(exc))]
-    checks = [Check("settings", "ok", "all safe_time_* settings valid"), check_broker(config)]
+    # A misspelt key is ignored (its default is used): valid settings, but not the ones meant.
+    unknown = [Check("settings", "warn", message) for message in unknown_settings(app)]
+    checks = unknown or [Check("settings", "ok", "all safe_time_* settings valid")]
+    checks.append(check_broker(config, app))
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
         checks.extend(check_redis(config))
     if config.coordination == C.COORDINATION_POSTGRES:

@@ -387,18 +387,36 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
 
 
 @beat_group.command(name="import-redbeat", cls=CeleryCommand)
-@click.option("--prefix", default="redbeat", show_default=True, help="celery-redbeat's redbeat_key_prefix.")
+@click.option(
+    "--prefix",
+    default=None,
+    help="celery-redbeat's redbeat_key_prefix (default: the app's redbeat_key_prefix, else redbeat:).",
+)
+@click.option(
+    "--redis-url",
+    default=None,
+    help="The Redis holding redbeat's entries (default: the app's redbeat_redis_url, else its broker_url).",
+)
 @click.option("--dry-run", is_flag=True, help="Decode and list the entries, store nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def beat_import_redbeat(ctx: click.Context, prefix: str, dry_run: bool, as_json: bool) -> None:
+def beat_import_redbeat(
+    ctx: click.Context, prefix: str | None, redis_url: str | None, dry_run: bool, as_json: bool
+) -> None:
     """Copy celery-redbeat's entries and their last run into runtime entries (redbeat's keys are left
-    as they are); exit 1 when an entry could not be imported."""
+    as they are); exit 1 when an entry could not be imported or none was found."""
     from .beat.redbeat import import_redbeat
+    from .exceptions import ImproperlyConfigured
 
-    result = import_redbeat(_app(ctx), prefix, dry_run=dry_run)
+    try:
+        result = import_redbeat(_app(ctx), prefix, dry_run=dry_run, redis_url=redis_url)
+    except ImproperlyConfigured as exc:
+        raise click.ClickException(str(exc)) from None
+    found = result.imported or result.unchanged or result.skipped or result.failed
     if as_json:
         _dump(result.as_dict())
+    elif not found:
+        click.echo(f"no redbeat entries under {result.prefix} at {result.redis_url}", err=True)
     else:
         verb = "would import" if dry_run else "imported"
         for name in result.imported:
@@ -411,9 +429,9 @@ def beat_import_redbeat(ctx: click.Context, prefix: str, dry_run: bool, as_json:
             click.echo(f"FAILED  {name}: {error}", err=True)
         click.echo(
             f"{len(result.imported)} {verb}, {len(result.unchanged)} unchanged, {len(result.skipped)} skipped, "
-            f"{len(result.failed)} failed"
+            f"{len(result.failed)} failed (from {result.prefix} at {result.redis_url})"
         )
-    sys.exit(1 if result.failed else 0)
+    sys.exit(1 if result.failed or not found else 0)
 
 
 # === delays ===================================================================

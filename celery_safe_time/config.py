@@ -182,20 +182,54 @@ def get_config(app: Celery) -> SafeTimeConfig:
         return _CACHE[app]
     except KeyError:
         pass
+    try:
+        config = parse_config(
+            app.conf.get, broker_url=first_broker_url(app), transport_options=_transport_options(app), app_name=app.main
+        )
+    except ImproperlyConfigured as exc:
+        hint = near_miss_hint(app, exc)
+        if hint is None:
+            raise
+        raise ImproperlyConfigured(exc.key, f"{str(exc).removeprefix(exc.key + ': ')}; {hint}") from None
+    _CACHE[app] = config
+    for message in unknown_setting_warnings(_setting_names(app), known_setting_names()):
+        logger.warning("%s", message)
+    return config
+
+
+@functools.cache
+def known_setting_names() -> frozenset[str]:
+    """Every ``safe_time_*`` key there is: the ones :func:`parse_config` reads (so a setting added
+    there is known here too), and the Django admin's app setting."""
     read: set[str] = set()
 
     def get(key: str) -> Any:
         read.add(key)
-        return app.conf.get(key)
+        return None
 
-    config = parse_config(
-        get, broker_url=_broker_url(app), transport_options=_transport_options(app), app_name=app.main
-    )
-    _CACHE[app] = config
-    # The keys parse_config asked for are the known ones: a setting added there is known here too.
-    for message in unknown_setting_warnings(_setting_names(app), [*read, C.DJANGO_APP_SETTING.lower()]):
-        logger.warning("%s", message)
-    return config
+    # Every key is read whatever the values; a Redis broker makes the defaults valid.
+    parse_config(get, broker_url="redis://localhost")
+    return frozenset(read | {C.DJANGO_APP_SETTING.lower()})
+
+
+def unknown_settings(app: Celery) -> list[str]:
+    """One message per ``safe_time_*`` key ``app`` sets that does not exist (it is ignored), with the
+    closest known key."""
+    return unknown_setting_warnings(_setting_names(app), known_setting_names())
+
+
+def near_miss_hint(app: Celery, error: ImproperlyConfigured) -> str | None:
+    """For an error about a setting: the ignored keys ``app`` sets whose closest known key is the
+    one the error names or mentions (``safe_time_coordination_ulr`` under "set
+    safe_time_coordination_url ..."), or None."""
+    known = known_setting_names()
+    text = str(error)
+    hints = []
+    for name in sorted(set(_setting_names(app))):
+        close = _closest_setting(name, known)
+        if name.startswith(C.SETTING_PREFIX) and name not in known and close is not None and close in text:
+            hints.append(f"the app sets {name!r}, which is ignored: did you mean {close!r}?")
+    return "; ".join(hints) or None
 
 
 def _setting_names(app: Celery) -> list[str]:
@@ -221,12 +255,17 @@ def unknown_setting_warnings(names: Iterable[str], known: Iterable[str]) -> list
     for name in sorted(set(names)):
         if not name.startswith(C.SETTING_PREFIX) or name in known_keys:
             continue
-        # Compared without the shared prefix, which would make every name look close to every key.
-        tail = len(C.SETTING_PREFIX)
-        close = difflib.get_close_matches(name[tail:], [key[tail:] for key in known_keys], n=1, cutoff=0.6)
-        hint = f"did you mean {C.SETTING_PREFIX + close[0]!r}?" if close else f"known settings: {', '.join(known_keys)}"
+        close = _closest_setting(name, known_keys)
+        hint = f"did you mean {close!r}?" if close else f"known settings: {', '.join(known_keys)}"
         messages.append(f"unknown setting {name!r} is ignored: {hint}")
     return messages
+
+
+def _closest_setting(name: str, known: Iterable[str]) -> str | None:
+    # Compared without the shared prefix, which would make every name look close to every key.
+    tail = len(C.SETTING_PREFIX)
+    close = difflib.get_close_matches(name[tail:], [key[tail:] for key in known], n=1, cutoff=0.6)
+    return C.SETTING_PREFIX + close[0] if close else None
 
 
 def reset_config(app: Celery) -> None:
@@ -234,7 +273,8 @@ def reset_config(app: Celery) -> None:
     _CACHE.pop(app, None)
 
 
-def _broker_url(app: Celery) -> str:
+def first_broker_url(app: Celery) -> str:
+    """The app's broker URL (the first of a failover list), or ""."""
     url = app.conf.broker_url or ""
     # broker_url may be a list/semicolon-separated failover list; the first names the transport.
     if isinstance(url, (list, tuple)):

@@ -112,6 +112,11 @@ REDIS_CONNECT_TIMEOUT: Final = 5.0
 #: Seconds a connection to the store or coordination database may take before it fails.
 DB_CONNECT_TIMEOUT: Final = 5
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
+#: Seconds ``safe-time check`` waits for the broker to accept a connection (the app's own
+#: ``broker_connection_timeout`` wins when set lower or higher; this bounds a Redis broker's socket).
+BROKER_CHECK_TIMEOUT: Final = 5.0
+#: celery-redbeat's default ``redbeat_key_prefix`` (``safe-time beat import-redbeat`` reads its keys).
+REDBEAT_KEY_PREFIX: Final = "redbeat:"
 
 # === Redis key names (always behind safe_time_key_prefix) =====================
 KEY_BEAT_LEASE: Final = "beat:lease"

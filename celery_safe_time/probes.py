@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 
 from . import constants as C
-from .checks import Check
+from .checks import Check, error_text, unreachable
 from .config import get_config, mask_url
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,9 @@ def probe_beat(app: Celery) -> Check:
     try:
         view = backend.lease_view()
     except errors as exc:
-        return Check("beat", "fail", f"{backend.label} {backend.where().split(' ', 1)[-1]} unreachable: {exc}")
+        return Check(
+            "beat", "fail", f"{backend.label} {backend.where().split(' ', 1)[-1]} unreachable: {error_text(exc)}"
+        )
     return beat_verdict(view.ttl_ms, view.info, view.epoch)
 
 
@@ -92,7 +94,7 @@ def probe_store(app: Celery) -> Check:
     try:
         get_store(app).ping()
     except Exception as exc:  # a probe reports every failure, whatever the driver raises
-        return Check("store", "fail", f"{url} unreachable: {exc.__class__.__name__}: {exc}")
+        return Check("store", "fail", unreachable(url, exc))
     return Check("store", "ok", f"{url} reachable", value=url)
 
 
@@ -106,12 +108,13 @@ def probe_sweep(app: Celery, max_lateness: float | None = None) -> Check:
         oldest = store.oldest_due(C.STATUS_PENDING)
         now = store.now()
     except Exception as exc:  # any store failure (StoreError, a driver's own) fails the probe
-        return Check("sweep", "fail", f"store {mask_url(config.store_url)} unreachable: {exc}")
+        return Check("sweep", "fail", unreachable(f"store {mask_url(config.store_url)}", exc))
     return sweep_verdict(now, oldest, limit)
 
 
 def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = None) -> list[Check]:
-    """The named probes in the given order (each once)."""
+    """The named probes in the given order (each once). Nothing is logged: the caller shows the
+    verdicts (the command prints each once, on stdout)."""
     checks: list[Check] = []
     for name in dict.fromkeys(names):
         if name == "beat":
@@ -122,7 +125,4 @@ def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = No
             checks.append(probe_store(app))
         else:
             raise ValueError(f"unknown probe {name!r}; use one of {', '.join(PROBES)}")
-    for check in checks:
-        if check.status == "fail":
-            logger.warning("probe %s failed: %s", check.name, check.detail)
     return checks

@@ -23,12 +23,13 @@ What the in-process set-up covers (:func:`safe_time_testing`):
   the Redis lock scripts' rules in Python (token-checked acquire/renew/release, fencing numbers,
   idempotency markers with their window, finished-delivery markers, unique keys by task id).
   Not covered: the hard-time-limit release (it reads Redis);
-- no Redis and no broker: the app gets a ``memory://`` broker unless it has one, and a
-  placeholder ``safe_time_redis_url`` that names itself if anything still reaches for Redis
-  (``SafeScheduler`` does: beat needs Redis; test schedules with :func:`next_fires`).
+- no Redis, no database and no broker, whatever the app's production settings: the block unsets
+  ``safe_time_coordination_url``, gives the app a ``memory://`` broker and a ``cache+memory://``
+  result backend, and a placeholder ``safe_time_redis_url`` that names itself if anything still
+  reaches for Redis (``SafeScheduler`` does: beat needs Redis; test schedules with :func:`next_fires`).
 
-Production validation is unchanged: a real app without ``safe_time_redis_url`` and a non-Redis
-broker still fails at startup.
+Production validation is unchanged outside the block: a real app without ``safe_time_redis_url``,
+with a non-Redis broker and no ``safe_time_coordination_url`` still fails at startup.
 """
 
 from __future__ import annotations
@@ -512,33 +513,43 @@ def safe_time_testing(
     *,
     threshold: float | None = 0.0,
     broker_url: str | None = None,
+    result_backend: str | None = None,
     store: TestStoreKind = "memory",
 ) -> Iterator[SafeTimeTesting]:
     """Point ``app`` at an in-memory store and lock store for the block; restore it afterwards.
+
+    The block is the same whatever the app's production settings are: its store, coordination
+    (``safe_time_coordination_url``), Redis, broker and result backend are replaced for the block,
+    so a test neither fails on them nor reaches them.
 
     ``store="sqlite"``: the stored delays go to a temporary SQLite file (the production SQL store,
     :class:`TestSQLiteStore`), deleted when the block ends; locks stay in memory either way.
 
     ``threshold`` (default 0): every call with a countdown or eta is stored, so :meth:`run_due` sees
     every delayed call; None keeps the app's ``safe_time_delay_threshold``. ``task_always_eager`` is
-    turned off for the block (it would bypass the store). ``broker_url``: the broker for the block
-    (immediate calls go there; ``"memory://"`` keeps them in this process); None keeps the app's, or
-    ``memory://`` when it has none. The app's ``safe_time_redis_url`` is only used if something
-    besides locks and delays needs Redis (beat, ``safe-time check``).
+    turned off for the block (it would bypass the store). ``broker_url`` (default ``memory://``: in
+    this process) is where immediate calls go; ``result_backend`` (default ``cache+memory://``) is
+    where results go. ``safe_time_redis_url`` is a placeholder that names itself if anything still
+    reaches for Redis (beat, ``safe-time check``).
     """
     if store not in ("memory", "sqlite"):
         raise ValueError(f"safe_time_testing(store=...) is 'memory' or 'sqlite', got {store!r}")
     delays: TestStore | TestSQLiteStore = TestSQLiteStore() if store == "sqlite" else TestStore()
-    changes: dict[str, Any] = {"task_always_eager": False, "safe_time_store_url": delays.url}
+    changes: dict[str, Any] = {
+        "task_always_eager": False,
+        "safe_time_store_url": delays.url,
+        # Locks are in MemoryLockStore and nothing here runs beat: no coordination backend is used.
+        "safe_time_coordination_url": None,
+        "safe_time_redis_url": NO_REDIS_URL,
+        "broker_url": broker_url or "memory://",
+        # A Redis result backend connects at the first publish, even of a call that is never awaited.
+        "result_backend": result_backend or "cache+memory://",
+    }
     if threshold is not None:
         changes["safe_time_delay_threshold"] = threshold
-    if broker_url is not None or not app.conf.broker_url:
-        changes["broker_url"] = broker_url or "memory://"
-    broker = str(changes.get("broker_url") or app.conf.broker_url or "")
-    if app.conf.get("safe_time_redis_url") is None and not broker.startswith("redis"):
-        changes["safe_time_redis_url"] = NO_REDIS_URL
     saved = {key: app.conf.get(key, _MISSING) for key in changes}
     app.conf.update(changes)
+    _forget_connections(app)
     reset_config(app)
     reset_store(app)
     set_store(app, delays)
@@ -560,7 +571,19 @@ def safe_time_testing(
                 # Celery's conf keeps defaults in a lower layer: a popped broker_url is None again.
             else:
                 app.conf[key] = value
+        _forget_connections(app)
         reset_config(app)
+
+
+def _forget_connections(app: Celery) -> None:
+    """Drop the broker pools and result backend ``app`` built from its settings, so the next use
+    builds them from the settings in force (Celery caches them on the app at first use)."""
+    app._pool = None
+    amqp = app.__dict__.get("amqp")  # a cached property: absent until first used
+    if amqp is not None:
+        amqp._producer_pool = None
+    app._backend_cache = None
+    app._local.__dict__.pop("backend", None)
 
 
 def _handle(app: Celery | None, task: Task | str | None = None) -> SafeTimeTesting:

@@ -50,7 +50,7 @@ from ..redis_client import load_script
 from ..schedules import crontab, resolve_tz
 from .backends import beat_backend
 from .lease import load_state, slot_id
-from .slots import NEVER, at, rrule
+from .slots import NEVER, at, grid_for, rrule
 
 __all__ = [
     "EntryInfo",
@@ -544,16 +544,36 @@ def _config_info(name: str, spec: Any, state: Any, score: Any) -> EntryInfo:
     )  # fmt: skip
 
 
-def _runtime_info(name: str, raw: Any, state: Any, score: Any, version: Any) -> EntryInfo | None:
+def _runtime_info(
+    name: str, raw: Any, state: Any, score: Any, version: Any, store: _Store | None = None
+) -> EntryInfo | None:
     try:
         d = parse_definition(raw)
         schedule = schedule_from_spec(d["schedule"])
     except ScheduleError:
         return None
+    if score is None and d["enabled"] and store is not None:
+        score = _planned_next(store, schedule, state)
     return _info(
         name, C.ENTRY_SOURCE_RUNTIME, task=d["task"], schedule=schedule, args=d["args"], kwargs=d["kwargs"],
         options=d["options"], enabled=d["enabled"], state=state, score=score, version=version,
     )  # fmt: skip
+
+
+def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:
+    """The next slot of an entry the leader has not applied yet (saved or resumed since its last
+    tick), planned as the leader plans it: so ``save_entry(...).next_fire`` is a time at once. A
+    crontab, one-off or rrule entry gets exactly the slot the leader takes; an interval's grid
+    starts where the leader first sees the entry, up to one tick later. None when it cannot be told."""
+    from .scheduler import Plan, SafeScheduler
+
+    try:
+        plan = Plan(grid=grid_for(schedule, store.app.timezone), policy=C.DEFAULT_MISFIRE)
+        # With no score, next_state always plans: the state's next slot, after its last, or the first from now.
+        planned = SafeScheduler.next_state(plan, load_state(state), None, store.backend.clock.time())
+    except (SafeTimeError, ValueError, TypeError):
+        return None
+    return None if planned is None else planned[1]
 
 
 def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:
@@ -566,7 +586,7 @@ def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:
         return _config_info(name, config[name], state, score)
     if raw is None:
         return None
-    return _runtime_info(name, raw, state, score, version)
+    return _runtime_info(name, raw, state, score, version, store)
 
 
 def list_entries(app: Celery | None = None, prefix: str | None = None) -> list[EntryInfo]:
@@ -584,7 +604,7 @@ def list_entries(app: Celery | None = None, prefix: str | None = None) -> list[E
         if name in config:
             out.append(_config_info(name, config[name], state, score))
         else:
-            info = _runtime_info(name, defs[name], state, score, version)
+            info = _runtime_info(name, defs[name], state, score, version, store)
             if info is not None:
                 out.append(info)
     return out

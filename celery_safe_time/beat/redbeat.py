@@ -14,11 +14,14 @@ import json
 import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import Celery
 from dateutil.rrule import rrule as dateutil_rrule
 from dateutil.rrule import weekday
 
+from .. import constants as C
+from ..config import first_broker_url, mask_url
 from ..exceptions import ImproperlyConfigured, SafeTimeError, ScheduleError
 from ..redis_client import as_text, get_redis
 from .entries import _Store, build_entry, get_entry, parse_definition, save_entry, schedule_to_spec
@@ -32,6 +35,9 @@ __all__ = ["ImportResult", "decode_redbeat", "import_redbeat"]
 
 @dataclasses.dataclass
 class ImportResult:
+    #: The key prefix and the (masked) Redis URL the entries were read from.
+    prefix: str = ""
+    redis_url: str = ""
     imported: list[str] = dataclasses.field(default_factory=list)
     unchanged: list[str] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> why
@@ -80,20 +86,40 @@ def _prefix(prefix: str) -> str:
     return prefix if prefix.endswith(":") else prefix + ":"
 
 
-def import_redbeat(app: Celery, prefix: str = "redbeat", *, dry_run: bool = False) -> ImportResult:
+def redbeat_location(app: Celery, prefix: str | None = None, redis_url: str | None = None) -> tuple[str, str]:
+    """``(key prefix, Redis URL)`` of redbeat's entries, found as redbeat finds them: ``prefix``, else
+    ``redbeat_key_prefix``, else ``redbeat:``; ``redis_url``, else ``redbeat_redis_url``, else the broker."""
+    key_prefix = _prefix(prefix) if prefix else str(app.conf.get("redbeat_key_prefix") or C.REDBEAT_KEY_PREFIX)
+    if redis_url:
+        return key_prefix, redis_url
+    url = app.conf.get("redbeat_redis_url")
+    if url:
+        return key_prefix, str(url)
+    broker = first_broker_url(app)
+    if urlsplit(broker).scheme.lower() not in C.REDIS_URL_SCHEMES:
+        raise ImproperlyConfigured(
+            "redbeat_redis_url",
+            f"is unset and the broker ({mask_url(broker) or 'none'}) is not Redis: pass --redis-url with the "
+            "Redis that holds redbeat's entries",
+        )
+    return key_prefix, broker
+
+
+def import_redbeat(
+    app: Celery, prefix: str | None = None, *, dry_run: bool = False, redis_url: str | None = None
+) -> ImportResult:
     """Copy every redbeat entry under ``prefix`` into a runtime entry with the same name, task,
     schedule, arguments, options and enabled flag; its ``last_run_at`` becomes the entry's last
     fired slot, so the leader continues after it (a slot missed meanwhile follows the misfire
-    policy). Idempotent: importing again changes nothing. Config entries keep their own."""
+    policy). Idempotent: importing again changes nothing. Config entries keep their own.
+
+    The entries are read where redbeat keeps them (:func:`redbeat_location`), which need not be
+    ``safe_time_redis_url``; they are written wherever this app's runtime entries live."""
     store = _Store(app)
-    if not store.config.redis_url:
-        raise ImproperlyConfigured(
-            "safe_time_redis_url", "import-redbeat reads redbeat's entries from Redis: set the Redis that holds them"
-        )
-    client = get_redis(store.config.redis_url)
-    key_prefix = _prefix(prefix)
+    key_prefix, url = redbeat_location(app, prefix, redis_url)
+    client = get_redis(url)
     keys = [as_text(k) for k in client.zrange(key_prefix + ":schedule", 0, -1)]
-    result = ImportResult()
+    result = ImportResult(prefix=key_prefix, redis_url=mask_url(url))
     config = store.config_entries()
     for key in keys:
         name = key[len(key_prefix) :] if key.startswith(key_prefix) else key

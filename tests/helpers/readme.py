@@ -62,6 +62,21 @@ def build_plain_project(
     return directory
 
 
+README_AMQP_BROKER = "amqp://user:pass@rabbit:5672/vhost"
+NO_REDIS_SECTION = "Quick start: RabbitMQ + PostgreSQL, no Redis"
+
+
+def build_no_redis_project(directory: Path, *, broker_url: str, store_url: str, extra: str = "") -> Path:
+    """``proj.py`` from "Quick start: RabbitMQ + PostgreSQL, no Redis", plus ``extra`` code."""
+    code = readme_block(NO_REDIS_SECTION)
+    assert README_AMQP_BROKER in code, "the README quick start changed: update this helper"
+    assert README_STORE in code, "the README quick start changed: update this helper"
+    (directory / "proj.py").write_text(
+        code.replace(README_AMQP_BROKER, broker_url).replace(README_STORE, store_url) + extra
+    )
+    return directory
+
+
 def build_django_project(directory: Path, *, broker_url: str, extra_settings: str = "") -> Path:
     """``django-admin startproject proj`` plus the files of "Quick start: Django", as a user does."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from celery_safe_time.clock import RedisClock, local_time, measure_redis_offset
 from celery_safe_time.config import get_config
 from celery_safe_time.delays.stores import get_store
 from tests.helpers.processes import ProcessManager
-from tests.helpers.services import RedisServer
+from tests.helpers.services import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -162,3 +162,59 @@ def test_check_on_rabbitmq_refuses_a_threshold_at_the_consumer_timeout(
     assert result.returncode == 1
     assert "safe_time_delay_threshold" in result.stdout
     assert "safe_time_broker_consumer_timeout (1800 s)" in result.stdout
+
+
+def _broker_row(stdout: str) -> str:
+    return next(ln for ln in stdout.splitlines() if ln.split()[1:2] == ["broker"])
+
+
+@pytest.mark.parametrize("scheme", ["amqp", "redis"])
+def test_check_fails_the_broker_row_when_nothing_listens_at_the_broker_url(
+    processes: ProcessManager, redis_url: str, scheme: str
+) -> None:
+    port = free_port()
+    closed = f"{scheme}://guest:s3cret@127.0.0.1:{port}/{'/' if scheme == 'amqp' else '0'}"
+    conf = {"safe_time_redis_url": redis_url, "result_backend": redis_url}
+    result = run_check(processes, conf=conf, env={"SAFE_TIME_TEST_BROKER_URL": closed})
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = _broker_row(result.stdout)
+    assert row.startswith("FAIL"), row
+    assert f"{scheme}://guest:***@127.0.0.1:{port}/" in row, row
+    assert " unreachable: " in row, row
+    assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_check_fails_the_broker_row_on_a_wrong_rabbitmq_password(
+    processes: ProcessManager, amqp_url: str, redis_url: str
+) -> None:
+    wrong = amqp_url.replace("guest:guest@", "guest:not-the-password@")
+    conf = {"safe_time_redis_url": redis_url, "result_backend": redis_url}
+    result = run_check(processes, conf=conf, env={"SAFE_TIME_TEST_BROKER_URL": wrong})
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = _broker_row(result.stdout)
+    assert row.startswith("FAIL"), row
+    assert "unreachable: AccessRefused" in row, row
+    assert "not-the-password" not in result.stdout + result.stderr
+
+
+def test_check_says_the_broker_answered(processes: ProcessManager, amqp_url: str, redis_url: str) -> None:
+    conf = {"safe_time_redis_url": redis_url, "result_backend": redis_url, "safe_time_max_clock_skew": 1.0}
+    result = run_check(processes, conf=conf, env={"SAFE_TIME_TEST_BROKER_URL": amqp_url})
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = _broker_row(result.stdout)
+    assert row.startswith("OK"), row
+    assert "guest:***@127.0.0.1:5672" in row, row
+    assert " reachable (connected in " in row, row
+
+
+def test_check_shows_a_database_error_on_one_line_without_sqlalchemys_notes(
+    processes: ProcessManager, postgres_url: str
+) -> None:
+    missing = postgres_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    result = run_check(processes, conf={"safe_time_store_url": missing, "safe_time_max_clock_skew": 1.0})
+    assert result.returncode == 1
+    assert "Background on this error" not in result.stdout + result.stderr
+    [row] = [line for line in result.stdout.splitlines() if line.split()[1:2] == ["store"]]
+    assert row.startswith("FAIL  store "), row
+    assert row.count("unreachable") == 1, row
+    assert row.endswith('database "no_such_database_here" does not exist'), row

@@ -224,10 +224,21 @@ def test_demo_admin_changelists_render(tmp_path: Path, redis_db_url: str) -> Non
     assert "ADMIN OK" in result.stdout
 
 
-def test_demo_projects_own_tests_pass_with_the_plugin_and_no_redis(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "deployment",
+    [
+        {},
+        # The PostgreSQL deployment's settings (coordination in the store's database, RabbitMQ): the
+        # plugin replaces them for each test as it does the Redis ones.
+        {"DEMO_COORDINATION_URL": "store", "DEMO_BROKER_URL": "amqp://guest:guest@127.0.0.1:1//"},
+    ],
+    ids=["redis-settings", "postgres-coordination-settings"],
+)
+def test_demo_projects_own_tests_pass_with_the_plugin_and_no_redis(tmp_path: Path, deployment: dict[str, str]) -> None:
     """demo_project/tests use celery_safe_time.testing: with Redis pointed at a closed port they still pass."""
     env = _env(tmp_path)
     env["DEMO_REDIS_URL"] = "redis://127.0.0.1:1/0"  # nothing listens there: no test may need Redis
+    env.update(deployment)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "demo_project/tests"],
         cwd=ROOT,

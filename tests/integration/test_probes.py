@@ -105,3 +105,17 @@ def test_a_bad_max_lateness_is_a_usage_error(processes: ProcessManager) -> None:
     result = probe(processes, "--probe", "sweep", "--max-lateness", "soon")
     assert result.returncode == 2
     assert "not a duration" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["store", "sweep"])
+def test_a_failing_probe_prints_its_verdict_once_on_one_line(
+    processes: ProcessManager, postgres_url: str, name: str
+) -> None:
+    missing = postgres_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    result = probe(processes, "--probe", name, conf={"safe_time_store_url": missing})
+    assert result.returncode == 1, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert output.count('database "no_such_database_here" does not exist') == 1, output
+    [row] = result.stdout.splitlines()
+    assert row.startswith(f"FAIL  {name}  store "), row
+    assert "Background on this error" not in output

@@ -7,7 +7,8 @@ import logging
 import pytest
 from celery import Celery
 
-from celery_safe_time.config import get_config, unknown_setting_warnings
+from celery_safe_time.config import get_config, known_setting_names, unknown_setting_warnings
+from celery_safe_time.exceptions import ImproperlyConfigured
 
 REDIS = "redis://127.0.0.1:6379/0"
 
@@ -84,3 +85,18 @@ def test_the_admins_django_setting_is_known(caplog: pytest.LogCaptureFixture) ->
     with caplog.at_level(logging.WARNING, logger="celery_safe_time.config"):
         get_config(app)
     assert caplog.records == []
+
+
+def test_the_error_about_a_missing_setting_names_the_misspelt_key_the_app_set() -> None:
+    app = Celery("near-miss", set_as_current=False)
+    app.conf.update(broker_url="amqp://guest:guest@127.0.0.1//", safe_time_redis_ulr=REDIS)
+    with pytest.raises(ImproperlyConfigured) as caught:
+        get_config(app)
+    assert caught.value.key == "safe_time_redis_url"
+    assert str(caught.value).endswith(
+        "; the app sets 'safe_time_redis_ulr', which is ignored: did you mean 'safe_time_redis_url'?"
+    )
+
+
+def test_every_setting_parse_config_reads_is_known() -> None:
+    assert {"safe_time_redis_url", "safe_time_coordination_url", "safe_time_celery_app"} <= known_setting_names()

@@ -139,6 +139,31 @@ def test_save_get_list_delete(app: Celery, backend: BeatBackend) -> None:
     assert '"tz":"Europe/Berlin"' in raw
 
 
+def test_save_entry_returns_the_next_fire_the_leader_then_plans(app: Celery, tmp_path: Path) -> None:
+    # No beat runs yet: next_fire is computed at save time, as the leader will plan it.
+    info = save_entry("tenant-42-report", "reports.send", crontab(minute=0, hour=9, tz="Europe/Berlin"), app=app)
+    assert info.next_fire is not None
+    assert info.next_fire > datetime.now(UTC)
+    assert (info.next_fire.astimezone(crontab(tz="Europe/Berlin").tz).hour, info.next_fire.minute) == (9, 0)
+    every = save_entry("every-minute", "reports.send", 60, app=app)
+    assert every.next_fire is not None
+    assert abs((every.next_fire - datetime.now(UTC)).total_seconds()) < 2
+    assert get_entry("tenant-42-report", app=app) == info
+    assert [e.next_fire for e in list_entries(app=app, prefix="tenant-")] == [info.next_fire]
+    paused = save_entry("paused", "reports.send", 60, enabled=False, app=app)
+    assert paused.next_fire is None
+
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+    try:
+        wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+        sched.tick()
+    finally:
+        sched.close()
+    applied = get_entry("tenant-42-report", app=app)
+    assert applied is not None
+    assert applied.next_fire == info.next_fire
+
+
 def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, backend: BeatBackend) -> None:
     with pytest.raises(ScheduleError, match=r"unknown task 'no\.such\.task'"):
         save_entry("x", "no.such.task", 60, app=app)

@@ -18,6 +18,7 @@ from celery_safe_time import get_entry
 from celery_safe_time.beat.scheduler import SafeScheduler
 from tests.helpers.beat import BEAT_APP, beat_env
 from tests.helpers.processes import ProcessManager, wait_for
+from tests.helpers.services import RedisServer
 
 redbeat = pytest.importorskip("redbeat")
 redbeat_schedules = pytest.importorskip("redbeat.schedules")
@@ -103,3 +104,45 @@ def test_import_redbeat_copies_entries_and_their_last_run(
     assert hourly is not None
     assert hourly.last_fired == last
     assert hourly.next_fire == last + timedelta(hours=1)
+
+
+def test_import_reads_redbeats_entries_where_redbeat_keeps_them_not_from_safe_time_redis_url(
+    processes: ProcessManager, redis_url: str, redis_client: redis.Redis, redis_server: RedisServer
+) -> None:
+    # redbeat on a Redis of its own (redbeat_redis_url); the app's broker and safe_time's keys on another.
+    last = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    _write_redbeat_entries(redis_server.url, last)
+    redbeat_client = redis.Redis.from_url(redis_server.url)
+    redbeat_keys = sorted(redbeat_client.keys("*"))
+
+    done = processes.command(
+        BEAT_APP, "safe-time", "beat", "import-redbeat", env=beat_env({}, redbeat_redis_url=redis_server.url)
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # the entry of an unknown task is reported
+    assert f"4 imported, 0 unchanged, 0 skipped, 1 failed (from redbeat: at {redis_server.url})" in done.stdout
+    assert redis_client.keys("redbeat*") == []
+    assert redis_client.keys("safe_time:*") != []  # the runtime entries live where this app keeps them
+    assert sorted(redbeat_client.keys("*")) == redbeat_keys
+
+    # --redis-url names redbeat's Redis when the app's settings do not.
+    again = processes.command(
+        BEAT_APP, "safe-time", "beat", "import-redbeat", "--json", "--redis-url", redis_server.url, env=beat_env({})
+    )
+    assert sorted(json.loads(again.stdout)["unchanged"]) == ["daily-rrule", "hourly", "off", "report-9am"]
+
+
+def test_import_with_no_redbeat_entries_says_where_it_looked_and_exits_1(
+    processes: ProcessManager, redis_url: str, redis_server: RedisServer
+) -> None:
+    # Entries under another prefix than the one asked for: nothing is found there.
+    _write_redbeat_entries(redis_server.url, datetime.now(UTC) - timedelta(minutes=10))
+    empty = processes.command(
+        BEAT_APP, "safe-time", "beat", "import-redbeat", "--prefix", "other",
+        env=beat_env({}, redbeat_redis_url=redis_server.url),
+    )  # fmt: skip
+    assert empty.returncode == 1, empty.stdout + empty.stderr
+    assert f"no redbeat entries under other: at {redis_server.url}" in empty.stderr
+    # Nothing found at the broker (the redbeat default when redbeat_redis_url is unset) either.
+    unset = processes.command(BEAT_APP, "safe-time", "beat", "import-redbeat", env=beat_env({}))
+    assert unset.returncode == 1, unset.stdout + unset.stderr
+    assert f"no redbeat entries under redbeat: at {redis_url}" in unset.stderr

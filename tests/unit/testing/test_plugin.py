@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -310,3 +311,45 @@ def test_the_helpers_work_without_pytest() -> None:
     result = subprocess.run([sys.executable, "-c", WITHOUT_PYTEST], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK without pytest" in result.stdout
+
+
+#: A deployment's settings, every service on a closed port: reaching any of them fails (or hangs).
+PRODUCTION_SETTINGS: dict[str, Any] = {
+    "broker_url": "amqp://guest:guest@127.0.0.1:1//",
+    "result_backend": "redis://127.0.0.1:1/0",
+    "safe_time_redis_url": "redis://127.0.0.1:1/0",
+    "safe_time_store_url": "postgresql+psycopg://app:secret@127.0.0.1:1/prod",
+    "safe_time_coordination_url": "store",
+    "safe_time_coordination_locks": "session",
+}
+
+
+def test_an_app_with_production_settings_gets_the_in_process_set_up_and_reaches_none_of_its_services() -> None:
+    app = Celery("prod", task_cls="celery_safe_time:SafeTask", set_as_current=False)
+    app.conf.update(PRODUCTION_SETTINGS)
+    ran: list[str] = []
+
+    @app.task(name="prod.sync", shared=False)
+    @overlap_lock("sync:{n}")
+    def sync(n: int) -> int:
+        ran.append(f"sync:{n}")
+        return n
+
+    @app.task(name="prod.invoice", shared=False)
+    @idempotent("invoice:{n}", window=DAY)
+    def invoice(n: int) -> None:
+        ran.append(f"invoice:{n}")
+
+    with safe_time_testing(app) as st:
+        config = get_config(app)
+        assert (config.coordination, config.redis_url, config.store_url) == ("redis", NO_REDIS_URL, "memory://testing")
+        sync.apply_async((1,), countdown=DAY)
+        invoice.apply_async((7,), countdown=DAY)
+        invoice.apply_async((7,), countdown=2 * DAY)
+        st.run_due(advance=3 * DAY)
+        st.assert_idempotent_done("invoice:7")
+        started = time.monotonic()
+        sync.delay(2)  # an immediate call: to the block's broker and result backend, not the deployment's
+        assert time.monotonic() - started < 2.0
+    assert ran == ["sync:1", "invoice:7"]
+    assert {key: app.conf[key] for key in PRODUCTION_SETTINGS} == PRODUCTION_SETTINGS

@@ -331,6 +331,9 @@ DELIVERY_RETRY_JITTER: Final = 5.0
 DELIVERY_RUNNING_RECHECK: Final = 1.0 / 3.0
 #: Most run ids carried in ``safe_time_prior_runs`` (a chain of lost replies is short).
 DELIVERY_PRIOR_RUNS_KEPT: Final = 8
+#: How long the renewer thread waits for a delivery heartbeat's write before it looks again on the next
+#: tick (the write goes on in its own thread): a hung store call must not hold up the process's renewals.
+DELIVERY_HEARTBEAT_WAIT: Final = 0.5
 #: How long a worker keeps trying, in the background, to record a stored task's end the store did not
 #: take (it is unreachable), with the run's heartbeat kept on: as long as an outage plausibly lasts.
 #: Giving up sooner (it was ``safe_time_claim_timeout``) let an outage of ~20 s end with the row's

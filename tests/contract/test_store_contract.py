@@ -220,6 +220,21 @@ def test_the_conditional_start_lets_one_copy_of_a_delivery_run(any_store: DelayS
     assert any_store.start("once", token, "run-5", "host-b", stale_after=60).verdict == "done"
 
 
+def test_a_run_that_hands_its_message_back_leaves_the_row_to_that_message(any_store: DelayStore) -> None:
+    token = _started(any_store, "back")
+    assert not any_store.hand_back("back", token, "run-2")  # not the run that holds the row
+    assert any_store.hand_back("back", token, "run-1")
+    row = any_store.get("back")
+    assert row is not None
+    assert (row.status, row.outcome) == (C.STATUS_SENT, None)
+    assert not any_store.hand_back("back", token, "run-1")  # no longer started
+    # The same message, back from the broker, starts it again at once.
+    assert any_store.start("back", token, "run-3", "host-b", stale_after=60).verdict == "run"
+    row = any_store.get("back")
+    assert row is not None
+    assert (row.status, row.started_by, row.starts) == (C.STATUS_STARTED, "run-3", 2)
+
+
 def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) -> None:
     token = _started(any_store, "dead")
     time.sleep(0.3)

@@ -277,6 +277,14 @@ class DjangoStore(DelayStore):
 
         return self._atomic(run)
 
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        def run() -> bool:
+            now = self.now()
+            values = {"status": C.STATUS_SENT, "sent_at": now, "suspected_at": None, "updated_at": now}
+            return bool(self._running(task_id, token, run_id).update(**values))
+
+        return self._atomic(run)
+
     def requeue_unstarted(self, grace: float) -> int:
         def run() -> int:
             now = self.now()

@@ -337,6 +337,12 @@ class DelayStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        """``run_id`` handed its message back to the broker (``Reject(requeue=True)``, a message a lost
+        worker returns): the row goes back to ``sent``, unfinished, so that message starts it again when
+        it comes back. False when the row moved on."""
+
+    @abc.abstractmethod
     def requeue_unstarted(self, grace: float) -> int:
         """Rows ``sent`` more than ``grace`` seconds ago (and due that long ago) and never started go
         back to pending with the same token: their message was lost, the sweep publishes them again."""

@@ -142,6 +142,14 @@ class MemoryStore(DelayStore):
             self._replace(row, status=C.STATUS_FINISHED, outcome=outcome, finished_at=self.now(), last_error=last_error)
             return True
 
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        with self._lock:
+            row = self._running(task_id, token, run_id)
+            if row is None:
+                return False
+            self._replace(row, status=C.STATUS_SENT, sent_at=self.now(), suspected_at=None)
+            return True
+
     def requeue_unstarted(self, grace: float) -> int:
         with self._lock:
             cutoff = self.now() - timedelta(seconds=grace)

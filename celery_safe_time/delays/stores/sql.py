@@ -391,6 +391,16 @@ def _finish_update(task_id: Any, token: Any, run_id: Any, now: Now, outcome: Any
     return sa.update(delays).where(_running(task_id, token, run_id)).values(**values)
 
 
+def _hand_back_update(task_id: Any, token: Any, run_id: Any, now: Now) -> sa.Update:
+    """The run ``run_id`` gave its message back to the broker: startable again by that message."""
+    values = {"status": C.STATUS_SENT, "sent_at": now, "suspected_at": None, "updated_at": now}
+    return sa.update(delays).where(_running(task_id, token, run_id)).values(**values)
+
+
+def _prepared_hand_back() -> sa.Update:
+    return _hand_back_update(_bind("task_id"), _bind("token"), _bind("run_id"), sa.func.clock_timestamp())
+
+
 class _RecordWrites:
     """PostgreSQL: the delivery record's per-task writes (start, heartbeat, end), each a statement
     compiled once and sent as it is on a pooled psycopg connection in autocommit.
@@ -917,6 +927,14 @@ class SQLAlchemyStore(DelayStore):
             return bool(self._record_write(writes, key, build, params, durable=durable))
         with self._statement_clock() as (conn, now):
             return bool(conn.execute(_finish_update(task_id, token, run_id, now, outcome, last_error)).rowcount)
+
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        writes = self._record_writes
+        if writes is not None:
+            params = {"task_id": task_id, "token": token, "run_id": run_id}
+            return bool(self._record_write(writes, ("hand_back",), _prepared_hand_back, params, durable=True))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(_hand_back_update(task_id, token, run_id, now)).rowcount)
 
     def requeue_unstarted(self, grace: float) -> int:
         t = delays

@@ -111,6 +111,13 @@ REDIS_SOCKET_TIMEOUT: Final = 5.0
 REDIS_CONNECT_TIMEOUT: Final = 5.0
 #: Seconds a connection to the store or coordination database may take before it fails.
 DB_CONNECT_TIMEOUT: Final = 5
+#: ``safe_time_store_timeout``: the longest one call to a SQL store may take, seconds (see
+#: :func:`celery_safe_time.delays.stores.sql.deadline_args`). Well above any statement of the package
+#: (each is one short transaction), well below the outages a worker must notice.
+DEFAULT_STORE_TIMEOUT: Final = 30.0
+#: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
+#: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
+STORE_KEEPALIVE_COUNT: Final = 3
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
 
 # === Redis key names (always behind safe_time_key_prefix) =====================

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -54,17 +55,53 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def create_engine(url: str, **kwargs: Any) -> Engine:
+def deadline_args(url: str, timeout: float) -> dict[str, Any]:
+    """The driver's connect arguments that give every call on a connection of ``url`` a deadline of
+    ``timeout`` seconds (``safe_time_store_timeout``), so that a hung network path or a stuck server
+    ends in an error instead of a call that never returns.
+
+    PostgreSQL (libpq): ``statement_timeout`` (the server cancels a statement that runs or waits
+    longer), ``tcp_user_timeout`` (data sent and not acknowledged for that long: the connection is
+    dropped) and keepalive probes (a silent peer on an idle connection counts as gone within it).
+    MySQL/MariaDB (PyMySQL): read and write timeouts on the socket. SQLite: none (a local file).
+    """
+    millis = max(1, int(timeout * 1000))
+    if url.startswith("postgresql"):
+        probe = max(1, int(timeout / (C.STORE_KEEPALIVE_COUNT + 1)))
+        return {
+            "keepalives": 1,
+            "keepalives_idle": probe,
+            "keepalives_interval": probe,
+            "keepalives_count": C.STORE_KEEPALIVE_COUNT,
+            "tcp_user_timeout": millis,
+            "options": f"-c statement_timeout={millis}",
+        }
+    if url.startswith(("mysql", "mariadb")):
+        seconds = max(1, math.ceil(timeout))
+        return {"read_timeout": seconds, "write_timeout": seconds}
+    return {}
+
+
+def create_engine(url: str, *, timeout: float | None = None, **kwargs: Any) -> Engine:
+    """An engine for ``url``; ``timeout``: :func:`deadline_args` on every connection (None: none).
+
+    ``connect_args`` given here are added to the package's (libpq ``options`` are joined)."""
     url = normalize_url(url)
     options: dict[str, Any] = {"pool_pre_ping": True, "future": True}
+    connect: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # One writer at a time; wait for it instead of failing at once.
-        options["connect_args"] = {"timeout": 30}
+        connect = {"timeout": 30}
     elif url.startswith("postgresql"):
-        options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
+        connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
     elif url.startswith(("mysql", "mariadb")):
-        options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
+        connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
         options["isolation_level"] = C.MYSQL_ISOLATION_LEVEL
+    for extra in (deadline_args(url, timeout) if timeout else {}, kwargs.pop("connect_args", None) or {}):
+        for name, value in extra.items():
+            joined = name == "options" and connect.get("options")
+            connect[name] = f"{connect['options']} {value}" if joined else value
+    options["connect_args"] = connect
     options.update(kwargs)
     try:
         return sa.create_engine(url, **options)
@@ -417,8 +454,9 @@ class _RecordWrites:
     (and counts once), a heartbeat sets a time, an end that already landed leaves nothing to change.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float | None = None) -> None:
         options: dict[str, Any] = {
+            "timeout": timeout,
             "isolation_level": "AUTOCOMMIT",
             "pool_pre_ping": False,
             # Autocommit: a connection goes back with no transaction open, so no ROLLBACK on check-in.
@@ -429,7 +467,7 @@ class _RecordWrites:
             True: create_engine(url, **options),
             False: create_engine(
                 url,
-                connect_args={"connect_timeout": C.DB_CONNECT_TIMEOUT, "options": "-c synchronous_commit=off"},
+                connect_args={"options": "-c synchronous_commit=off"},
                 **options,
             ),
         }
@@ -479,9 +517,9 @@ class SQLAlchemyStore(DelayStore):
     projects get the same table from the contrib app's migrations instead.
     """
 
-    def __init__(self, url: str, *, engine: Engine | None = None) -> None:
+    def __init__(self, url: str, *, engine: Engine | None = None, timeout: float | None = None) -> None:
         self.url = url
-        self.engine = engine if engine is not None else create_engine(url)
+        self.engine = engine if engine is not None else create_engine(url, timeout=timeout)
         self.dialect = self.engine.dialect.name
         # A server database's pool is thread-safe: the sweep claims its next batch in a thread. Not
         # SQLite's (one writer, and an in-memory database is one per thread's connection).
@@ -492,7 +530,7 @@ class SQLAlchemyStore(DelayStore):
         self._schema_lock = threading.Lock()
         #: PostgreSQL: the delivery record's per-task writes, on pools of their own (see _RecordWrites).
         self._record_writes = (
-            _RecordWrites(self.engine.url.render_as_string(hide_password=False))
+            _RecordWrites(self.engine.url.render_as_string(hide_password=False), timeout)
             if self.dialect == "postgresql"
             else None
         )

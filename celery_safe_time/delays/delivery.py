@@ -82,13 +82,33 @@ def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
     run_id = uuid.uuid4().hex
     worker = str(request.hostname or _HOST)
     try:
-        started = store.start(request.id, token, run_id, worker, stale_after=config.lock_ttl, prior_runs=prior)
+        started = store.start(
+            request.id,
+            token,
+            run_id,
+            worker,
+            stale_after=config.lock_ttl,
+            prior_runs=prior,
+            leeway=config.max_clock_skew,
+        )
     except StoreError as exc:
         # The start may have been written and only its reply lost: the copy carries this run id, so
         # it recognises the start as its own instead of waiting out a heartbeat that never comes.
         requeue_unchecked(task, exc, prior_runs=[*prior, run_id])
         logger.warning("running stored task %s[%s] without its delivery record", task.name, request.id)
         return body()
+    if started.verdict == "early":
+        # Published ahead with its eta, which this worker's clock reached early: wait out the rest,
+        # as measured by the store. The copy's own eta comes from this clock too, so it arrives on
+        # time here, and late (never early) on a worker whose clock is right.
+        logger.warning(
+            "stored task %s[%s] arrived %.2fs before its due time by the store's clock (this worker's clock "
+            "is fast?): re-queueing it for then",
+            task.name,
+            request.id,
+            started.early_by,
+        )
+        _requeue(task, started.early_by, prior)
     if started.verdict == "running":
         row = started.row
         recheck = config.lock_ttl * C.DELIVERY_RUNNING_RECHECK

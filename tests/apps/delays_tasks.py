@@ -119,6 +119,17 @@ def define_tasks(app: Celery) -> dict[str, Task]:
             raise SystemExit(1)
         return _end(self, label, seconds)
 
+    @app.task(bind=True, base=SafeTask, name="tests.delays.retry_on_rerun", acks_late=True, max_retries=3, shared=False)
+    def retry_on_rerun(self: Any, label: str = "", seconds: float = 4.0, countdown: float = 2.0) -> str:
+        """First run: ``seconds`` long (kill it); the run started again: ``retry(countdown)``; then ends."""
+        _record(self, label)
+        attempt = int(_redis().incr(f"test:attempts:{self.request.id}"))
+        if attempt == 1:
+            time.sleep(seconds)
+        elif attempt == 2:
+            raise self.retry(countdown=countdown)
+        return _end(self, label, 0)
+
     @app.task(bind=True, base=SafeTask, name="tests.delays.slow_steps", acks_late=True, shared=False)
     def slow_steps(self: Any, label: str = "", seconds: float = 3.0) -> str:
         """acks_late, its time spent in short sleeps: an interrupt (``LockLost``) ends it within 0.1 s."""
@@ -138,6 +149,7 @@ def define_tasks(app: Celery) -> dict[str, Task]:
 
     return {
         "exit_once": exit_once,
+        "retry_on_rerun": retry_on_rerun,
         "reject_once": reject_once,
         "slow_steps": slow_steps,
         "locked_slow": locked_slow,

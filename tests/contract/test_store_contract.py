@@ -235,6 +235,20 @@ def test_a_run_that_hands_its_message_back_leaves_the_row_to_that_message(any_st
     assert (row.status, row.started_by, row.starts) == (C.STATUS_STARTED, "run-3", 2)
 
 
+def test_a_start_before_the_row_is_due_by_the_stores_clock_is_early(any_store: DelayStore) -> None:
+    any_store.insert(new_delay("ahead", any_store.now() + timedelta(seconds=30)))
+    [row] = [r for r in any_store.claim_due(limit=50, lookahead=60, token="claim") if r.id == "ahead"]
+    assert row.delivery_token
+    early = any_store.start("ahead", row.delivery_token, "run-1", "w", stale_after=60, leeway=0.1)
+    assert early.verdict == "early"
+    assert 25 < early.early_by <= 30
+    claimed = any_store.get("ahead")
+    assert claimed is not None
+    assert claimed.status == C.STATUS_CLAIMED  # untouched
+    # Within the leeway (or without one) it starts.
+    assert any_store.start("ahead", row.delivery_token, "run-2", "w", stale_after=60, leeway=40).verdict == "run"
+
+
 def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) -> None:
     token = _started(any_store, "dead")
     time.sleep(0.3)

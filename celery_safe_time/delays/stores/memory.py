@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ from .base import (
     InsertResult,
     NewDelay,
     StartResult,
+    early_by,
     empty_counts,
     new_delivery_token,
     refused,
@@ -107,16 +109,19 @@ class MemoryStore(DelayStore):
         *,
         stale_after: float,
         prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
     ) -> StartResult:
         with self._lock:
             now = self.now()
             row = self._rows.get(task_id)
-            if row is not None and row.delivery_token == token and _startable(row, now, stale_after, prior_runs):
+            early = early_by(row, now, leeway)
+            mine = row is not None and row.delivery_token == token
+            if row is not None and mine and not early and _startable(row, now, stale_after, prior_runs):
                 started = self._replace(row, **started_values(now, worker, run_id), starts=row.starts + 1)
                 return StartResult("run", started)
-            if row is not None and row.delivery_token == token and _suspect(row, now, stale_after):
+            if row is not None and mine and _suspect(row, now, stale_after):
                 row = self._replace(row, suspected_at=now)
-            return StartResult(start_verdict(row, token), row)
+            return StartResult(start_verdict(row, token, early), row, early)
 
     def _running(self, task_id: str, token: str, run_id: str) -> DelayRow | None:
         row = self._rows.get(task_id)

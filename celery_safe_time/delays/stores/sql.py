@@ -27,6 +27,7 @@ from .base import (
     InsertResult,
     NewDelay,
     StartResult,
+    early_by,
     empty_counts,
     new_delivery_token,
     refused,
@@ -384,6 +385,7 @@ def _start_update(
     stale_after: float,
     takeover: sa.ColumnElement[bool] | None,
     starts: sa.ColumnElement[Any],
+    leeway: float = math.inf,
 ) -> sa.Update:
     """The conditional start that decides the one run: a row not started yet, or a started one whose run
     is dead or matches ``takeover`` (run ids of this delivery's earlier copies).
@@ -393,15 +395,17 @@ def _start_update(
     """
     t = delays
     taken_over = sa.or_(_dead(now, stale_after), *([takeover] if takeover is not None else []))
+    unstarted: sa.ColumnElement[bool] = t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES))
+    if math.isfinite(leeway):
+        # Not before it is due by the store's clock: a message published ahead with its eta reaches
+        # a worker whose clock is fast too soon.
+        unstarted = sa.and_(unstarted, t.c.due_at <= _ago(now, -leeway))
     return (
         sa.update(t)
         .where(
             t.c.id == task_id,
             t.c.delivery_token == token,
-            sa.or_(
-                t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)),
-                sa.and_(_status(C.STATUS_STARTED), taken_over),
-            ),
+            sa.or_(unstarted, sa.and_(_status(C.STATUS_STARTED), taken_over)),
         )
         .values(**started_values(now, worker, run_id), starts=starts, updated_at=now)
     )
@@ -880,6 +884,7 @@ class SQLAlchemyStore(DelayStore):
         *,
         stale_after: float,
         prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
     ) -> StartResult:
         t = delays
         worker = worker[: C.DELIVERY_WORKER_LENGTH]
@@ -906,20 +911,25 @@ class SQLAlchemyStore(DelayStore):
                     stale_after,
                     takeover=t.c.started_by == sa.any_(_bind("takeover", postgresql.ARRAY(sa.String))),
                     starts=sa.case((t.c.started_by == own, t.c.starts), else_=t.c.starts + 1),
+                    leeway=leeway,
                 )
 
-            if self._record_write(writes, ("start", stale_after), build, params, durable=True) == 1:
+            if self._record_write(writes, ("start", stale_after, leeway), build, params, durable=True) == 1:
                 return StartResult("run")
             with self._statement_clock() as (conn, now):
-                return self._lost_start(conn, now, task_id, token, stale_after)
+                return self._lost_start(conn, now, task_id, token, stale_after, leeway)
         with self._statement_clock() as (conn, now):
             takeover = t.c.started_by.in_(list(prior_runs)) if prior_runs else None
-            started = _start_update(task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1)
+            started = _start_update(
+                task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1, leeway=leeway
+            )
             if conn.execute(started).rowcount == 1:
                 return StartResult("run")
-            return self._lost_start(conn, now, task_id, token, stale_after)
+            return self._lost_start(conn, now, task_id, token, stale_after, leeway)
 
-    def _lost_start(self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float) -> StartResult:
+    def _lost_start(
+        self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float, leeway: float = math.inf
+    ) -> StartResult:
         """Why a start did not win; a stale heartbeat seen here for the first time becomes a suspicion."""
         t = delays
         conn.execute(
@@ -929,7 +939,10 @@ class SQLAlchemyStore(DelayStore):
         )
         mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
         row = None if mapping is None else DelayRow.from_mapping(mapping)
-        return StartResult(start_verdict(row, token), row)
+        early = 0.0
+        if math.isfinite(leeway) and row is not None and row.status in C.DELAY_STARTABLE_STATUSES:
+            early = early_by(row, now if isinstance(now, datetime) else self._db_now(conn), leeway)
+        return StartResult(start_verdict(row, token, early), row, early)
 
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
         writes = self._record_writes

@@ -1,10 +1,16 @@
-"""A worker whose store connections hang (a stalled network path) while the sweep still reaches the
-database: its acks_late stored run gives the row up within ``safe_time_lock_ttl`` (``LockLost`` in
-the body) before the sweep may start it again, so the two runs are never at once."""
+"""Connections that hang (a stalled network path: writes succeed, no reply comes, nothing closes).
+
+- A worker whose store connections hang while the sweep still reaches the database: its acks_late
+  stored run gives the row up within ``safe_time_lock_ttl`` (``LockLost`` in the body) before the
+  sweep may start it again, so the two runs are never at once.
+- A sweep whose broker (Redis) connection hangs mid-publish returns within its publish deadline and
+  the rows are published by a later sweep.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,10 +20,12 @@ import redis
 from celery import Celery
 
 from celery_safe_time import constants as C
+from celery_safe_time import install
+from celery_safe_time.config import get_config
 from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.sweep import sweep
+from celery_safe_time.delays.sweep import publish_wait, sweep
 from tests.faults.proxy import TcpProxy, proxy_for
-from tests.helpers.delays import finished_row, fresh_sql_store, runs
+from tests.helpers.delays import finished_row, fresh_sql_store, new_delay, runs, utcnow
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.integration.delays.test_delivery import Setup, ends
 
@@ -88,3 +96,45 @@ def test_a_stored_run_whose_store_connection_hangs_stops_before_the_sweep_runs_i
     stalled.wait_for_log(r"lost its delivery record: no heartbeat written for", timeout=5)
     row = finished_row(store, result.id)
     assert (row.status, row.outcome) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED)
+
+
+def test_a_sweep_whose_broker_connection_hangs_returns_within_its_publish_deadline(
+    make_app: Callable[..., Celery], redis_url: str, postgres_url: str
+) -> None:
+    store = fresh_sql_store(postgres_url)
+    proxy, broker_url = proxy_for(redis_url)  # the broker's Redis, through the proxy
+    app = make_app(
+        "stalled-broker",
+        broker_url=broker_url,
+        safe_time_redis_url=redis_url,
+        safe_time_store_url=postgres_url,
+        safe_time_delay_threshold=1,
+        safe_time_claim_timeout=4,
+    )
+    install(app)
+    assert publish_wait(get_config(app)) == 1.0
+    for n in range(3):
+        store.insert(new_delay(f"row-{n}", utcnow()))
+    proxy.stall(new=True)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["stats"] = sweep(app)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    began = time.monotonic()
+    sweeper = threading.Thread(target=run, daemon=True)
+    sweeper.start()
+    sweeper.join(30)
+    took = time.monotonic() - began
+    proxy.resume()
+    assert not sweeper.is_alive(), "the sweep is still waiting for the broker"
+    assert "error" in outcome, outcome
+    assert took < 20, took
+    # Nothing lost: the rows went back to be published (at once, or after the claim timeout).
+    rows = [store.get(f"row-{n}") for n in range(3)]
+    assert all(row is not None and row.status in (C.STATUS_PENDING, C.STATUS_CLAIMED) for row in rows), rows
+    proxy.close()
+    store.close()

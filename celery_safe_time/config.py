@@ -59,6 +59,7 @@ class SafeTimeConfig:
     allow_pickle: bool = C.DEFAULT_ALLOW_PICKLE
     claim_timeout: float = C.DEFAULT_CLAIM_TIMEOUT
     lock_ttl: float = C.DEFAULT_LOCK_TTL
+    store_timeout: float = C.DEFAULT_STORE_TIMEOUT
     max_clock_skew: float = C.DEFAULT_MAX_CLOCK_SKEW
     #: Seconds a sent/cancelled/expired row is kept before the sweep deletes it; None keeps them forever.
     delay_retention: float | None = C.DEFAULT_DELAY_RETENTION
@@ -435,6 +436,11 @@ def parse_config(
             "safe_time_claim_timeout", _default(get("safe_time_claim_timeout"), C.DEFAULT_CLAIM_TIMEOUT)
         ),
         lock_ttl=lock_ttl,
+        store_timeout=_number(
+            "safe_time_store_timeout",
+            _default(get("safe_time_store_timeout"), C.DEFAULT_STORE_TIMEOUT),
+            positive=False,
+        ),
         max_clock_skew=max_clock_skew,
         delay_retention=delay_retention,
         delivery_grace=_number(

@@ -111,6 +111,13 @@ REDIS_SOCKET_TIMEOUT: Final = 5.0
 REDIS_CONNECT_TIMEOUT: Final = 5.0
 #: Seconds a connection to the store or coordination database may take before it fails.
 DB_CONNECT_TIMEOUT: Final = 5
+#: ``safe_time_store_timeout``: the longest one call to a SQL store may take, seconds (see
+#: :func:`celery_safe_time.delays.stores.sql.deadline_args`). Well above any statement of the package
+#: (each is one short transaction), well below the outages a worker must notice.
+DEFAULT_STORE_TIMEOUT: Final = 30.0
+#: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
+#: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
+STORE_KEEPALIVE_COUNT: Final = 3
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
 #: Seconds ``safe-time check`` waits for the broker to accept a connection (the app's own
 #: ``broker_connection_timeout`` wins when set lower or higher; this bounds a Redis broker's socket).
@@ -336,6 +343,9 @@ DELIVERY_RETRY_JITTER: Final = 5.0
 DELIVERY_RUNNING_RECHECK: Final = 1.0 / 3.0
 #: Most run ids carried in ``safe_time_prior_runs`` (a chain of lost replies is short).
 DELIVERY_PRIOR_RUNS_KEPT: Final = 8
+#: How long the renewer thread waits for a delivery heartbeat's write before it looks again on the next
+#: tick (the write goes on in its own thread): a hung store call must not hold up the process's renewals.
+DELIVERY_HEARTBEAT_WAIT: Final = 0.5
 #: How long a worker keeps trying, in the background, to record a stored task's end the store did not
 #: take (it is unreachable), with the run's heartbeat kept on: as long as an outage plausibly lasts.
 #: Giving up sooner (it was ``safe_time_claim_timeout``) let an outage of ~20 s end with the row's

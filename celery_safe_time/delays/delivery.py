@@ -35,8 +35,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
-from ..exceptions import StoreError
-from ..locks.watchdog import Watchdog
+from ..exceptions import LockLost, StoreError
+from ..locks.watchdog import Interrupter, Watchdog
 from ..requeue import jittered
 from .stores import get_store
 from .stores.base import DelayStore
@@ -82,13 +82,33 @@ def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
     run_id = uuid.uuid4().hex
     worker = str(request.hostname or _HOST)
     try:
-        started = store.start(request.id, token, run_id, worker, stale_after=config.lock_ttl, prior_runs=prior)
+        started = store.start(
+            request.id,
+            token,
+            run_id,
+            worker,
+            stale_after=config.lock_ttl,
+            prior_runs=prior,
+            leeway=config.max_clock_skew,
+        )
     except StoreError as exc:
         # The start may have been written and only its reply lost: the copy carries this run id, so
         # it recognises the start as its own instead of waiting out a heartbeat that never comes.
         requeue_unchecked(task, exc, prior_runs=[*prior, run_id])
         logger.warning("running stored task %s[%s] without its delivery record", task.name, request.id)
         return body()
+    if started.verdict == "early":
+        # Published ahead with its eta, which this worker's clock reached early: wait out the rest,
+        # as measured by the store. The copy's own eta comes from this clock too, so it arrives on
+        # time here, and late (never early) on a worker whose clock is right.
+        logger.warning(
+            "stored task %s[%s] arrived %.2fs before its due time by the store's clock (this worker's clock "
+            "is fast?): re-queueing it for then",
+            task.name,
+            request.id,
+            started.early_by,
+        )
+        _requeue(task, started.early_by, prior)
     if started.verdict == "running":
         row = started.row
         recheck = config.lock_ttl * C.DELIVERY_RUNNING_RECHECK
@@ -117,30 +137,131 @@ def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
     return _run_started(task, config, store, token, run_id, body)
 
 
+class _Heartbeat:
+    """The heartbeat of one started run, ticked by the process's renewer thread (:class:`Watchdog`).
+
+    Each write runs on a thread of its own and the tick waits for it at most
+    ``DELIVERY_HEARTBEAT_WAIT``: a store call that hangs (a stalled connection) must not hold up the
+    renewer, which keeps every lock and heartbeat of the process alive. A write still unanswered is
+    looked at again on the next tick.
+
+    ``ttl``: how long the run goes on without a heartbeat written before it gives the row up
+    (``inf``: never, for a run that is not run again when its heartbeat stops). Past it, ``on_lost``
+    of the watchdog raises :class:`LockLost` in the task's thread, as a lost overlap lock does: the
+    sweep may start the delivery again from then on, and the run must not go on beside that one. A
+    heartbeat the store refuses (the row has moved on: rescheduled, or replaced by a new call with the
+    same task id) only ends the heartbeat: that is a new delivery, not this one run again.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        store: DelayStore,
+        token: str,
+        run_id: str,
+        *,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.task = task
+        self.task_id = str(task.request.id)
+        self.store = store
+        self.token = token
+        self.run_id = run_id
+        self.ttl = ttl
+        self._clock = clock
+        self.last_ok = clock()
+        #: Why the run gave its row up (None: it did not).
+        self.lost_reason: str | None = None
+        self._reason = ""
+        self._silent = False
+        self._pending: _Write | None = None
+        # Made here, on the task's thread: it raises in this thread.
+        self.interrupter = Interrupter() if math.isfinite(ttl) else None
+
+    def beat(self, _ttl: float) -> bool:
+        """One tick: True to go on, False when the row is given up (``on_lost`` follows)."""
+        now = self._clock()
+        write = self._pending
+        if write is None:
+            write = self._pending = _Write(lambda: self.store.heartbeat(self.task_id, self.token, self.run_id), now)
+        if write.done.wait(C.DELIVERY_HEARTBEAT_WAIT):
+            self._pending = None
+            if write.error is None and not write.ok:
+                self._reason = "the store refused the heartbeat: the row moved on"
+                self._silent = False
+                return False
+            if write.error is None:
+                self.last_ok = write.sent
+                return True
+            logger.warning(
+                "heartbeat of stored task %s[%s] failed, retrying: %s", self.task.name, self.task_id, write.error
+            )
+        else:
+            logger.warning(
+                "heartbeat of stored task %s[%s] unanswered for %.1fs",
+                self.task.name,
+                self.task_id,
+                self._clock() - write.sent,
+            )
+        silent = self._clock() - self.last_ok
+        if silent >= self.ttl:
+            self._reason = f"no heartbeat written for {silent:.1f}s (safe_time_lock_ttl {self.ttl:g}s)"
+            self._silent = True
+            return False
+        return True
+
+    def lost(self, _reason: str) -> None:
+        """The watchdog's ``on_lost``: runs on the renewer thread, under the watchdog's mutex."""
+        if self.interrupter is None or not self._silent:
+            logger.warning("stored task %s[%s] stopped its heartbeat: %s", self.task.name, self.task_id, self._reason)
+            return
+        self.lost_reason = self._reason
+        logger.error(
+            "stored task %s[%s] lost its delivery record: %s; interrupting it (the sweep runs it again)",
+            self.task.name,
+            self.task_id,
+            self._reason,
+        )
+        self.interrupter.fire(LockLost)
+
+    def disarm(self) -> None:
+        """The body has ended: a lost heartbeat from now on no longer interrupts it."""
+        if self.interrupter is not None:
+            self.interrupter.disarm()
+
+
+class _Write:
+    """One store write on a daemon thread of its own; ``done`` is set when it returned or raised."""
+
+    def __init__(self, call: Callable[[], bool], sent: float) -> None:
+        self.sent = sent
+        self.ok = False
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._call = call
+        threading.Thread(target=self._run, name="safe-time-heartbeat", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.ok = self._call()
+        except BaseException as exc:  # reported by the next tick
+            self.error = exc
+        finally:
+            self.done.set()
+
+
 def _run_started(
     task: Task, config: SafeTimeConfig, store: DelayStore, token: str, run_id: str, body: Callable[[], R]
 ) -> R:
     task_id = task.request.id
-
-    def lost(reason: str) -> None:
-        logger.warning("stored task %s[%s] stopped its heartbeat: %s", task.name, task_id, reason)
-
-    def beat(_ttl: float) -> bool:
-        try:
-            return store.heartbeat(task_id, token, run_id)
-        except StoreError as exc:
-            # Keep the run going and try again next interval: a sweep cannot reach the store either.
-            logger.warning("heartbeat of stored task %s[%s] failed, retrying: %s", task.name, task_id, exc)
-            return True
-
-    # ttl=inf: a store outage never ends the heartbeat (it keeps trying every interval); only a
-    # refused heartbeat does (the row moved on: taken over after this run looked dead, or replaced).
-    watchdog = Watchdog(
-        beat,
-        lost,
-        ttl=math.inf,
-        interval=config.lock_ttl / 3.0,
-    ).start()
+    reruns = reruns_when_stale(task)
+    # A run that is not run again when its heartbeat stops (no acks_late) goes on through a store
+    # outage (ttl inf): it only stops heartbeating when the row moved on. An acks_late run gives
+    # the row up after safe_time_lock_ttl without a heartbeat written, before the sweep may take it
+    # over (a heartbeat stale for safe_time_lock_ttl, then suspected for as long again).
+    heartbeat = _Heartbeat(task, store, token, run_id, ttl=config.lock_ttl if reruns else math.inf)
+    watchdog = Watchdog(heartbeat.beat, heartbeat.lost, ttl=math.inf, interval=config.lock_ttl / 3.0).start()
     outcome, error = C.OUTCOME_FAILED, None
     try:
         value = body()
@@ -149,24 +270,74 @@ def _run_started(
     except Retry:
         outcome = C.OUTCOME_RETRIED
         raise
-    except (Ignore, Reject):
+    except Reject as exc:
+        # Reject(requeue=True) gives this very message back to the broker: it must find the row startable.
+        outcome = _HANDED_BACK if exc.requeue else C.OUTCOME_IGNORED
+        raise
+    except Ignore:
         outcome = C.OUTCOME_IGNORED
         raise
+    except LockLost as exc:
+        if heartbeat.lost_reason is None:
+            error = f"{exc.__class__.__name__}: {exc}"
+            raise
+        raise LockLost(f"stored task {task_id} lost its delivery record: {heartbeat.lost_reason}") from exc
     except BaseException as exc:
         error = f"{exc.__class__.__name__}: {exc}"
+        if reruns and not isinstance(exc, Exception):
+            # SystemExit, KeyboardInterrupt: the worker process goes down without acknowledging the
+            # message (or gives it back, reject_on_worker_lost): it comes back and must run.
+            outcome = _HANDED_BACK
         raise
     finally:
-        # The heartbeat stays on until the end is written: a row that looked dead meanwhile would be
-        # run again (acks_late) or marked interrupted although it ran to its end.
-        # Any other run's forgotten end only shows as interrupted: it need not wait for the disk.
-        recorded = finish_retrying(
-            store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=reruns_when_stale(task)
+        heartbeat.disarm()
+        _record_end(task, config, store, token, run_id, outcome, error, watchdog, heartbeat.lost_reason)
+
+
+#: Internal outcome of a run whose message goes back to the broker: the row is handed back, not finished.
+_HANDED_BACK = "handed_back"
+
+
+def _record_end(
+    task: Task,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    token: str,
+    run_id: str,
+    outcome: str,
+    error: str | None,
+    watchdog: Watchdog,
+    lost_reason: str | None,
+) -> None:
+    task_id = str(task.request.id)
+    if lost_reason is not None and outcome != C.OUTCOME_SUCCEEDED:
+        # The run gave its row up: the sweep starts it again (it may already have); nothing to write.
+        watchdog.stop()
+        return
+    if outcome == _HANDED_BACK:
+        handed = _write_retrying(
+            lambda: store.hand_back(task_id, token, run_id), task_id, "hand back", budget=config.lock_ttl / 2.0
         )
-        if recorded is None:
-            budget = max(config.claim_timeout, C.DELIVERY_FINISH_BACKGROUND_BUDGET)
-            _finish_later(store, task_id, token, run_id, outcome, error, watchdog, budget)
-        else:
-            watchdog.stop()
+        watchdog.stop()
+        if handed is None:
+            logger.warning(
+                "stored task %s[%s] gave its message back but the store did not take it; it runs again once its "
+                "heartbeat is found stale",
+                task.name,
+                task_id,
+            )
+        return
+    # The heartbeat stays on until the end is written: a row that looked dead meanwhile would be
+    # run again (acks_late) or marked interrupted although it ran to its end.
+    # Any other run's forgotten end only shows as interrupted: it need not wait for the disk.
+    recorded = finish_retrying(
+        store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=reruns_when_stale(task)
+    )
+    if recorded is None:
+        budget = max(config.claim_timeout, C.DELIVERY_FINISH_BACKGROUND_BUDGET)
+        _finish_later(store, task_id, token, run_id, outcome, error, watchdog, budget)
+    else:
+        watchdog.stop()
 
 
 def _finish_later(
@@ -218,21 +389,40 @@ def finish_retrying(
     True: recorded. False: the row moved on (``retry(countdown=...)`` replaced it, or another run took
     it over). None: the store did not answer in time.
     """
+    recorded = _write_retrying(
+        lambda: store.finish(task_id, token, run_id, outcome, error, durable=durable),
+        task_id,
+        "record the end",
+        budget=budget,
+        sleep=sleep,
+        clock=clock,
+    )
+    if recorded is False:
+        logger.debug("stored task %s ended (%s); its row has moved on", task_id, outcome)
+    return recorded
+
+
+def _write_retrying(
+    write: Callable[[], bool],
+    task_id: str,
+    what: str,
+    *,
+    budget: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool | None:
+    """``write()``, retrying a store error for up to ``budget`` seconds; None when it never answered."""
     deadline = clock() + budget
     waits = iter(_FINISH_RETRY_DELAYS)
     while True:
         try:
-            recorded = store.finish(task_id, token, run_id, outcome, error, durable=durable)
+            return write()
         except StoreError as exc:
             wait = next(waits, _FINISH_RETRY_DELAYS[-1])
             if clock() + wait > deadline:
-                logger.debug("recording the end of stored task %s failed: %s", task_id, exc)
+                logger.debug("could not %s of stored task %s: %s", what, task_id, exc)
                 return None
             sleep(wait)
-            continue
-        if not recorded:
-            logger.debug("stored task %s ended (%s); its row has moved on", task_id, outcome)
-        return recorded
 
 
 def _requeue(task: Task, countdown: float, prior_runs: Sequence[str], exc: Exception | None = None) -> None:

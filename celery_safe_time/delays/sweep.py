@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -445,7 +446,7 @@ def _publish_batch(
     trusted_until = claimed_at + config.claim_timeout / 2
     batch = PublishBatch()
     try:
-        with app.producer_or_acquire() as producer, batched_publish(producer, len(rows), batch):
+        with _producer(app, config) as producer, batched_publish(producer, len(rows), batch):
             # send_task's per-row work with what a batch shares looked up once (see amqp_batch).
             send = BatchSender(app, producer).send_task
             for row in rows:
@@ -478,6 +479,33 @@ def _publish_batch(
         marks.submit(store, sent, expired, token, trusted_until)
         return
     _finish(store, sent, expired, token, stats, max(0.0, trusted_until - clock()))
+
+
+def publish_wait(config: SafeTimeConfig) -> float:
+    """The longest a sweep waits for the broker on one publish (or a batch's confirms): a broker
+    that stops answering leaves the rows to be published again, not a sweep that never returns."""
+    return min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+
+
+@contextmanager
+def _producer(app: Celery, config: SafeTimeConfig) -> Iterator[Any]:
+    """The producer a batch is published with. On Redis a connection of its own whose socket has a
+    deadline (:func:`publish_wait`; kombu's default is none, and a connection the broker stopped
+    answering without closing it would hold the sweep for ever), unless the broker's transport
+    options set one. Elsewhere the app's pooled producer."""
+    if config.broker_kind != C.BROKER_REDIS:
+        with app.producer_or_acquire() as producer:
+            yield producer
+        return
+    options = dict(app.conf.broker_transport_options or {})
+    wait = publish_wait(config)
+    options.setdefault("socket_timeout", wait)
+    options.setdefault("socket_connect_timeout", wait)
+    conn = app.connection_for_write(transport_options=options)
+    try:
+        yield app.amqp.Producer(conn)
+    finally:
+        conn.release()
 
 
 def _abandon(
@@ -588,7 +616,7 @@ class _ConfirmSession:
 
     def __init__(self, app: Celery, config: SafeTimeConfig) -> None:
         self.app = app
-        self.confirm_wait = min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+        self.confirm_wait = publish_wait(config)
         self.conn: Any = None
         self._parts: tuple[PublisherConfirms, BatchProducer, BatchSender] | None = None
         self.broker_errors: tuple[type[BaseException], ...] = (OperationalError, OSError)

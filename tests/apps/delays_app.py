@@ -8,6 +8,8 @@ Fault hooks (environment variables, only for tests):
 Both write ``test:hung`` in Redis when they block.
 - ``DELAYS_TEST_LOSE_START_REPLY=1``: the first conditional start of each stored delivery is
   written to the store, then its reply is "lost" (a ``StoreError`` as a cut connection raises).
+- ``DELAYS_TEST_CLOCK_AHEAD=<seconds>``: the worker's wall clock is that far ahead where it decides
+  when a message's ``eta`` is reached (kombu's timer); what the tasks record stays true time.
 """
 
 from __future__ import annotations
@@ -68,3 +70,10 @@ if os.environ.get("DELAYS_TEST_LOSE_START_REPLY"):
         return result
 
     SQLAlchemyStore.start = _start_losing_the_first_reply  # type: ignore[method-assign]
+
+
+if os.environ.get("DELAYS_TEST_CLOCK_AHEAD"):
+    import kombu.asynchronous.timer as _timer
+
+    _ahead = float(os.environ["DELAYS_TEST_CLOCK_AHEAD"])
+    _timer._time = lambda: time.time() + _ahead  # type: ignore[attr-defined]

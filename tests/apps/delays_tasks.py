@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.exceptions import Reject
 
 from celery_safe_time import SafeTask, overlap_lock
 from celery_safe_time import constants as C
@@ -67,11 +68,14 @@ def define_tasks(app: Celery) -> dict[str, Task]:
         _record(self, f"add:{x}+{y}")
         return x + y
 
-    def _slow(task: Any, label: str, seconds: float) -> str:
-        _record(task, label)
+    def _end(task: Any, label: str, seconds: float) -> str:
         time.sleep(seconds)
         _redis().rpush("test:ends", json.dumps({"task_id": task.request.id, "ended": time.time(), "pid": os.getpid()}))
         return label
+
+    def _slow(task: Any, label: str, seconds: float) -> str:
+        _record(task, label)
+        return _end(task, label, seconds)
 
     @app.task(bind=True, base=SafeTask, name="tests.delays.slow", acks_late=True, shared=False)
     def slow(self: Any, label: str = "", seconds: float = 3.0) -> str:
@@ -89,7 +93,65 @@ def define_tasks(app: Celery) -> dict[str, Task]:
         """Re-queued on a lock conflict after 2 s: beyond a 1 s delay threshold, through the store."""
         return _slow(self, label, seconds)
 
+    def _first_attempt(task: Any) -> bool:
+        return int(_redis().incr(f"test:attempts:{task.request.id}")) == 1
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.reject_once", acks_late=True, shared=False)
+    def reject_once(self: Any, label: str = "", seconds: float = 0.0) -> str:
+        """Gives its message back to the broker (``Reject(requeue=True)``) on its first run."""
+        _record(self, label)
+        if _first_attempt(self):
+            raise Reject("not now", requeue=True)
+        return _end(self, label, seconds)
+
+    @app.task(
+        bind=True,
+        base=SafeTask,
+        name="tests.delays.exit_once",
+        acks_late=True,
+        reject_on_worker_lost=True,
+        shared=False,
+    )
+    def exit_once(self: Any, label: str = "", seconds: float = 0.0) -> str:
+        """Unwinds with ``SystemExit`` on its first run: the pool child goes, the message comes back."""
+        _record(self, label)
+        if _first_attempt(self):
+            raise SystemExit(1)
+        return _end(self, label, seconds)
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.retry_on_rerun", acks_late=True, max_retries=3, shared=False)
+    def retry_on_rerun(self: Any, label: str = "", seconds: float = 4.0, countdown: float = 2.0) -> str:
+        """First run: ``seconds`` long (kill it); the run started again: ``retry(countdown)``; then ends."""
+        _record(self, label)
+        attempt = int(_redis().incr(f"test:attempts:{self.request.id}"))
+        if attempt == 1:
+            time.sleep(seconds)
+        elif attempt == 2:
+            raise self.retry(countdown=countdown)
+        return _end(self, label, 0)
+
+    @app.task(bind=True, base=SafeTask, name="tests.delays.slow_steps", acks_late=True, shared=False)
+    def slow_steps(self: Any, label: str = "", seconds: float = 3.0) -> str:
+        """acks_late, its time spent in short sleeps: an interrupt (``LockLost``) ends it within 0.1 s."""
+        _record(self, label)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+        except BaseException as exc:
+            _redis().rpush(
+                "test:ends",
+                json.dumps({"task_id": self.request.id, "ended": time.time(), "pid": os.getpid(), "error": repr(exc)}),
+            )
+            raise
+        _redis().rpush("test:ends", json.dumps({"task_id": self.request.id, "ended": time.time(), "pid": os.getpid()}))
+        return label
+
     return {
+        "exit_once": exit_once,
+        "retry_on_rerun": retry_on_rerun,
+        "reject_once": reject_once,
+        "slow_steps": slow_steps,
         "locked_slow": locked_slow,
         "record": record,
         "plain_record": plain_record,

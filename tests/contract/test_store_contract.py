@@ -220,6 +220,35 @@ def test_the_conditional_start_lets_one_copy_of_a_delivery_run(any_store: DelayS
     assert any_store.start("once", token, "run-5", "host-b", stale_after=60).verdict == "done"
 
 
+def test_a_run_that_hands_its_message_back_leaves_the_row_to_that_message(any_store: DelayStore) -> None:
+    token = _started(any_store, "back")
+    assert not any_store.hand_back("back", token, "run-2")  # not the run that holds the row
+    assert any_store.hand_back("back", token, "run-1")
+    row = any_store.get("back")
+    assert row is not None
+    assert (row.status, row.outcome) == (C.STATUS_SENT, None)
+    assert not any_store.hand_back("back", token, "run-1")  # no longer started
+    # The same message, back from the broker, starts it again at once.
+    assert any_store.start("back", token, "run-3", "host-b", stale_after=60).verdict == "run"
+    row = any_store.get("back")
+    assert row is not None
+    assert (row.status, row.started_by, row.starts) == (C.STATUS_STARTED, "run-3", 2)
+
+
+def test_a_start_before_the_row_is_due_by_the_stores_clock_is_early(any_store: DelayStore) -> None:
+    any_store.insert(new_delay("ahead", any_store.now() + timedelta(seconds=30)))
+    [row] = [r for r in any_store.claim_due(limit=50, lookahead=60, token="claim") if r.id == "ahead"]
+    assert row.delivery_token
+    early = any_store.start("ahead", row.delivery_token, "run-1", "w", stale_after=60, leeway=0.1)
+    assert early.verdict == "early"
+    assert 25 < early.early_by <= 30
+    claimed = any_store.get("ahead")
+    assert claimed is not None
+    assert claimed.status == C.STATUS_CLAIMED  # untouched
+    # Within the leeway (or without one) it starts.
+    assert any_store.start("ahead", row.delivery_token, "run-2", "w", stale_after=60, leeway=40).verdict == "run"
+
+
 def test_a_start_whose_heartbeat_stopped_is_taken_over(any_store: DelayStore) -> None:
     token = _started(any_store, "dead")
     time.sleep(0.3)

@@ -1,5 +1,5 @@
-"""A TCP proxy the fault tests can cut and restore: "the database is unreachable" without
-touching the machine's PostgreSQL (other sessions share it)."""
+"""A TCP proxy the fault tests can cut, stall and restore: "the database is unreachable" or "this
+process's connections hang" without touching the machine's PostgreSQL (other sessions share it)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,24 @@ from tests.helpers.services import free_port
 
 
 class TcpProxy:
-    """Forwards ``127.0.0.1:<port>`` to ``target``. ``cut()`` drops every connection and refuses
-    new ones (connection refused, as if the server were gone); ``restore()`` listens again."""
+    """Forwards ``127.0.0.1:<port>`` to ``target``, per connection: pass, stall or cut.
+
+    ``cut()`` drops every connection and refuses new ones (connection refused, as if the server were
+    gone); ``restore()`` listens again. ``stall()`` stops forwarding on every connection open now,
+    both ways, with the sockets kept open (a hung network path: the client's writes succeed, no reply
+    comes, nothing times out on its own); connections made later pass, or with ``new=True`` stall as
+    well from their first byte. ``resume()`` lets the stalled ones flow again, with what they held.
+    """
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._links: set[_Link] = set()
+        #: how many connections :meth:`stall` stopped
+        self.stalled = 0
+        self._stall_new = False
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self.cuts = 0
@@ -47,12 +57,34 @@ class TcpProxy:
             self.cuts += 1
             listener, self._listener = self._listener, None
             conns, self._conns = self._conns, set()
+            links, self._links = self._links, set()
         if listener is not None:
             listener.close()
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
+        for link in links:
+            link.flowing.set()  # stalled pumps wake up to closed sockets and end
+
+    def stall(self, *, new: bool = False) -> int:
+        """Stop forwarding on every connection open now, and with ``new`` on those made later too;
+        returns how many were open."""
+        with self._lock:
+            self._stall_new = new
+            links = [link for link in self._links if link.flowing.is_set()]
+            for link in links:
+                link.flowing.clear()
+            self.stalled += len(links)
+        return len(links)
+
+    def resume(self) -> None:
+        """Let every stalled connection flow again."""
+        with self._lock:
+            self._stall_new = False
+            links = list(self._links)
+        for link in links:
+            link.flowing.set()
 
     def close(self) -> None:
         self._stop.set()
@@ -97,7 +129,11 @@ class TcpProxy:
                     upstream.close()
                     continue
                 self._conns |= {client, upstream}
-            link = _Link(client, upstream)
+                link = _Link(client, upstream)
+                self._links.add(link)
+                if self._stall_new:
+                    link.flowing.clear()
+                    self.stalled += 1
             threading.Thread(target=self._requests, args=(link,), name="proxy-pump", daemon=True).start()
             threading.Thread(target=self._replies, args=(link,), name="proxy-pump", daemon=True).start()
 
@@ -117,6 +153,7 @@ class TcpProxy:
                     if not lose[1]:
                         break  # dropped before the server saw it
                     link.swallow.set()
+                link.flowing.wait()
                 link.upstream.sendall(data)
         except OSError:
             pass
@@ -136,6 +173,7 @@ class TcpProxy:
                     if pending[:-1].endswith(_READY_FOR_QUERY):
                         break  # the whole reply is in: never deliver it
                     continue
+                link.flowing.wait()
                 link.client.sendall(data)
         except OSError:
             pass
@@ -147,8 +185,10 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
+        link.flowing.set()  # a stalled pump wakes up to find its sockets closed
         with self._lock:
             self._conns -= {link.client, link.upstream}
+            self._links.discard(link)
 
 
 #: The PostgreSQL protocol's ReadyForQuery message, without its status byte: the end of a reply.
@@ -156,12 +196,16 @@ _READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
 
 
 class _Link:
-    """One proxied connection: the client's socket, the server's, and whether to swallow the reply."""
+    """One proxied connection: the client's socket, the server's, whether to swallow the reply, and
+    whether it flows."""
 
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client = client
         self.upstream = upstream
         self.swallow = threading.Event()
+        #: cleared while the connection is stalled: the pumps hold what they read
+        self.flowing = threading.Event()
+        self.flowing.set()
 
 
 def proxy_for(url: str) -> tuple[TcpProxy, str]:

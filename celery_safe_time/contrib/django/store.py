@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from ...delays.stores.base import (
     InsertResult,
     NewDelay,
     StartResult,
+    early_by,
     empty_counts,
     new_delivery_token,
     refused,
@@ -235,13 +237,17 @@ class DjangoStore(DelayStore):
         *,
         stale_after: float,
         prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
     ) -> StartResult:
         def run() -> StartResult:
             now = self.now()
             taken_over = _dead(now, stale_after)
             if prior_runs:
                 taken_over |= Q(started_by__in=list(prior_runs))
-            startable = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES)) | (Q(status=C.STATUS_STARTED) & taken_over)
+            unstarted = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES))
+            if math.isfinite(leeway):
+                unstarted &= Q(due_at__lte=now + timedelta(seconds=leeway))
+            startable = unstarted | (Q(status=C.STATUS_STARTED) & taken_over)
             objects = self._all_objects()
             mine = objects.filter(id=task_id, delivery_token=token)
             won = mine.filter(startable).update(
@@ -254,7 +260,8 @@ class DjangoStore(DelayStore):
             mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
             obj = objects.filter(id=task_id).first()
             row = None if obj is None else _row(obj)
-            return StartResult(start_verdict(row, token), row)
+            early = early_by(row, now, leeway)
+            return StartResult(start_verdict(row, token, early), row, early)
 
         return self._atomic(run)
 
@@ -274,6 +281,14 @@ class DjangoStore(DelayStore):
         def run() -> bool:
             now = self.now()
             return bool(self._running(task_id, token, run_id).update(finished_at=now, updated_at=now, **values))
+
+        return self._atomic(run)
+
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        def run() -> bool:
+            now = self.now()
+            values = {"status": C.STATUS_SENT, "sent_at": now, "suspected_at": None, "updated_at": now}
+            return bool(self._running(task_id, token, run_id).update(**values))
 
         return self._atomic(run)
 

@@ -23,8 +23,11 @@ _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.Wea
 _lock = threading.Lock()
 
 
-def create_store(url: str, *, namespace: str | None = None) -> DelayStore:
-    """Build the store named by ``safe_time_store_url``, scoped to ``namespace`` (None: every row)."""
+def create_store(url: str, *, namespace: str | None = None, timeout: float | None = None) -> DelayStore:
+    """Build the store named by ``safe_time_store_url``, scoped to ``namespace`` (None: every row).
+
+    ``timeout``: ``safe_time_store_timeout``, the deadline of each call to a SQL store (None: the
+    drivers' own, which wait for ever on a hung connection)."""
     store: DelayStore
     if url == C.DJANGO_STORE:
         from ...contrib.django.store import DjangoStore
@@ -37,7 +40,7 @@ def create_store(url: str, *, namespace: str | None = None) -> DelayStore:
     else:
         from .sql import SQLAlchemyStore
 
-        store = SQLAlchemyStore(url)
+        store = SQLAlchemyStore(url, timeout=timeout)
     store.namespace = namespace
     return store
 
@@ -52,7 +55,7 @@ def get_store(app: Celery) -> DelayStore:
         cached = _stores.get(app)
         if cached is None or cached[0] != pid:
             config = get_config(app)
-            store = create_store(config.store_url, namespace=config.store_namespace)
+            store = create_store(config.store_url, namespace=config.store_namespace, timeout=config.store_timeout)
             _stores[app] = (pid, store)
             cached = _stores[app]
     return cached[1]

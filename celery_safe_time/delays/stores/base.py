@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -168,7 +169,7 @@ class DelayRow:
         return data
 
 
-StartVerdict = Literal["run", "running", "done", "superseded", "missing"]
+StartVerdict = Literal["run", "running", "done", "superseded", "missing", "early"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,11 +181,14 @@ class StartResult:
     ``done``: it already ran to an end, or was cancelled, expired or failed: drop this copy.
     ``superseded``: the row has another delivery token now (rescheduled, or replaced by a new call
     with the same task id): this message is stale, drop it. ``missing``: no row (purged after it
-    finished): drop it.
+    finished): drop it. ``early``: the row is not due yet by the store's clock (a message published
+    ahead with its ``eta``, on a worker whose clock is fast): re-queue it for ``early_by`` seconds.
     """
 
     verdict: StartVerdict
     row: DelayRow | None = None
+    #: ``early``: how long before its due time, by the store's clock, this copy tried to start.
+    early_by: float = 0.0
 
 
 def started_values(now: Any, worker: Any, run_id: Any) -> dict[str, Any]:
@@ -203,12 +207,24 @@ def started_values(now: Any, worker: Any, run_id: Any) -> dict[str, Any]:
     }
 
 
-def start_verdict(row: DelayRow | None, token: str) -> StartVerdict:
-    """Why a conditional start did not win, from the row as it is now (shared by every backend)."""
+def early_by(row: DelayRow | None, now: datetime, leeway: float) -> float:
+    """Seconds by which a start at ``now`` (the store's clock) comes before ``row`` is due, beyond
+    ``leeway``; 0 when it does not (or there is no row)."""
+    if row is None or row.status not in C.DELAY_STARTABLE_STATUSES:
+        return 0.0
+    early = (row.due_at - now).total_seconds()
+    return early if early > leeway else 0.0
+
+
+def start_verdict(row: DelayRow | None, token: str, early: float = 0.0) -> StartVerdict:
+    """Why a conditional start did not win, from the row as it is now (shared by every backend);
+    ``early``: :func:`early_by` for that row."""
     if row is None:
         return "missing"
     if row.delivery_token != token:
         return "superseded"
+    if early > 0:
+        return "early"
     if row.status == C.STATUS_STARTED:
         return "running"
     if row.status in C.DELAY_STARTABLE_STATUSES:  # pragma: no cover - the start would have won
@@ -311,8 +327,12 @@ class DelayStore(abc.ABC):
         *,
         stale_after: float,
         prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
     ) -> StartResult:
         """The conditional start of one delivery, one short transaction.
+
+        ``leeway``: a row not started yet wins only once it is due, by the store's clock, within
+        ``leeway`` seconds (``early`` otherwise; ``inf``: whenever).
 
         Wins (``run``) when the row has ``token`` and has not started, or has started and is dead
         (its heartbeat was found older than ``stale_after`` seconds, and stayed so for ``stale_after``
@@ -335,6 +355,12 @@ class DelayStore(abc.ABC):
         ``durable=False``: the store may answer before the write is on disk (PostgreSQL: without
         waiting for the WAL flush). Only for a run whose lost end cannot make it run again.
         """
+
+    @abc.abstractmethod
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        """``run_id`` handed its message back to the broker (``Reject(requeue=True)``, a message a lost
+        worker returns): the row goes back to ``sent``, unfinished, so that message starts it again when
+        it comes back. False when the row moved on."""
 
     @abc.abstractmethod
     def requeue_unstarted(self, grace: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ from .base import (
     InsertResult,
     NewDelay,
     StartResult,
+    early_by,
     empty_counts,
     new_delivery_token,
     refused,
@@ -107,16 +109,19 @@ class MemoryStore(DelayStore):
         *,
         stale_after: float,
         prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
     ) -> StartResult:
         with self._lock:
             now = self.now()
             row = self._rows.get(task_id)
-            if row is not None and row.delivery_token == token and _startable(row, now, stale_after, prior_runs):
+            early = early_by(row, now, leeway)
+            mine = row is not None and row.delivery_token == token
+            if row is not None and mine and not early and _startable(row, now, stale_after, prior_runs):
                 started = self._replace(row, **started_values(now, worker, run_id), starts=row.starts + 1)
                 return StartResult("run", started)
-            if row is not None and row.delivery_token == token and _suspect(row, now, stale_after):
+            if row is not None and mine and _suspect(row, now, stale_after):
                 row = self._replace(row, suspected_at=now)
-            return StartResult(start_verdict(row, token), row)
+            return StartResult(start_verdict(row, token, early), row, early)
 
     def _running(self, task_id: str, token: str, run_id: str) -> DelayRow | None:
         row = self._rows.get(task_id)
@@ -140,6 +145,14 @@ class MemoryStore(DelayStore):
                 return False
             last_error = truncate_error(error) if error is not None else row.last_error
             self._replace(row, status=C.STATUS_FINISHED, outcome=outcome, finished_at=self.now(), last_error=last_error)
+            return True
+
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        with self._lock:
+            row = self._running(task_id, token, run_id)
+            if row is None:
+                return False
+            self._replace(row, status=C.STATUS_SENT, sent_at=self.now(), suspected_at=None)
             return True
 
     def requeue_unstarted(self, grace: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -26,6 +27,7 @@ from .base import (
     InsertResult,
     NewDelay,
     StartResult,
+    early_by,
     empty_counts,
     new_delivery_token,
     refused,
@@ -54,17 +56,53 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def create_engine(url: str, **kwargs: Any) -> Engine:
+def deadline_args(url: str, timeout: float) -> dict[str, Any]:
+    """The driver's connect arguments that give every call on a connection of ``url`` a deadline of
+    ``timeout`` seconds (``safe_time_store_timeout``), so that a hung network path or a stuck server
+    ends in an error instead of a call that never returns.
+
+    PostgreSQL (libpq): ``statement_timeout`` (the server cancels a statement that runs or waits
+    longer), ``tcp_user_timeout`` (data sent and not acknowledged for that long: the connection is
+    dropped) and keepalive probes (a silent peer on an idle connection counts as gone within it).
+    MySQL/MariaDB (PyMySQL): read and write timeouts on the socket. SQLite: none (a local file).
+    """
+    millis = max(1, int(timeout * 1000))
+    if url.startswith("postgresql"):
+        probe = max(1, int(timeout / (C.STORE_KEEPALIVE_COUNT + 1)))
+        return {
+            "keepalives": 1,
+            "keepalives_idle": probe,
+            "keepalives_interval": probe,
+            "keepalives_count": C.STORE_KEEPALIVE_COUNT,
+            "tcp_user_timeout": millis,
+            "options": f"-c statement_timeout={millis}",
+        }
+    if url.startswith(("mysql", "mariadb")):
+        seconds = max(1, math.ceil(timeout))
+        return {"read_timeout": seconds, "write_timeout": seconds}
+    return {}
+
+
+def create_engine(url: str, *, timeout: float | None = None, **kwargs: Any) -> Engine:
+    """An engine for ``url``; ``timeout``: :func:`deadline_args` on every connection (None: none).
+
+    ``connect_args`` given here are added to the package's (libpq ``options`` are joined)."""
     url = normalize_url(url)
     options: dict[str, Any] = {"pool_pre_ping": True, "future": True}
+    connect: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # One writer at a time; wait for it instead of failing at once.
-        options["connect_args"] = {"timeout": 30}
+        connect = {"timeout": 30}
     elif url.startswith("postgresql"):
-        options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
+        connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
     elif url.startswith(("mysql", "mariadb")):
-        options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
+        connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
         options["isolation_level"] = C.MYSQL_ISOLATION_LEVEL
+    for extra in (deadline_args(url, timeout) if timeout else {}, kwargs.pop("connect_args", None) or {}):
+        for name, value in extra.items():
+            joined = name == "options" and connect.get("options")
+            connect[name] = f"{connect['options']} {value}" if joined else value
+    options["connect_args"] = connect
     options.update(kwargs)
     try:
         return sa.create_engine(url, **options)
@@ -347,6 +385,7 @@ def _start_update(
     stale_after: float,
     takeover: sa.ColumnElement[bool] | None,
     starts: sa.ColumnElement[Any],
+    leeway: float = math.inf,
 ) -> sa.Update:
     """The conditional start that decides the one run: a row not started yet, or a started one whose run
     is dead or matches ``takeover`` (run ids of this delivery's earlier copies).
@@ -356,15 +395,17 @@ def _start_update(
     """
     t = delays
     taken_over = sa.or_(_dead(now, stale_after), *([takeover] if takeover is not None else []))
+    unstarted: sa.ColumnElement[bool] = t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES))
+    if math.isfinite(leeway):
+        # Not before it is due by the store's clock: a message published ahead with its eta reaches
+        # a worker whose clock is fast too soon.
+        unstarted = sa.and_(unstarted, t.c.due_at <= _ago(now, -leeway))
     return (
         sa.update(t)
         .where(
             t.c.id == task_id,
             t.c.delivery_token == token,
-            sa.or_(
-                t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES)),
-                sa.and_(_status(C.STATUS_STARTED), taken_over),
-            ),
+            sa.or_(unstarted, sa.and_(_status(C.STATUS_STARTED), taken_over)),
         )
         .values(**started_values(now, worker, run_id), starts=starts, updated_at=now)
     )
@@ -391,6 +432,16 @@ def _finish_update(task_id: Any, token: Any, run_id: Any, now: Now, outcome: Any
     return sa.update(delays).where(_running(task_id, token, run_id)).values(**values)
 
 
+def _hand_back_update(task_id: Any, token: Any, run_id: Any, now: Now) -> sa.Update:
+    """The run ``run_id`` gave its message back to the broker: startable again by that message."""
+    values = {"status": C.STATUS_SENT, "sent_at": now, "suspected_at": None, "updated_at": now}
+    return sa.update(delays).where(_running(task_id, token, run_id)).values(**values)
+
+
+def _prepared_hand_back() -> sa.Update:
+    return _hand_back_update(_bind("task_id"), _bind("token"), _bind("run_id"), sa.func.clock_timestamp())
+
+
 class _RecordWrites:
     """PostgreSQL: the delivery record's per-task writes (start, heartbeat, end), each a statement
     compiled once and sent as it is on a pooled psycopg connection in autocommit.
@@ -407,8 +458,9 @@ class _RecordWrites:
     (and counts once), a heartbeat sets a time, an end that already landed leaves nothing to change.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float | None = None) -> None:
         options: dict[str, Any] = {
+            "timeout": timeout,
             "isolation_level": "AUTOCOMMIT",
             "pool_pre_ping": False,
             # Autocommit: a connection goes back with no transaction open, so no ROLLBACK on check-in.
@@ -419,7 +471,7 @@ class _RecordWrites:
             True: create_engine(url, **options),
             False: create_engine(
                 url,
-                connect_args={"connect_timeout": C.DB_CONNECT_TIMEOUT, "options": "-c synchronous_commit=off"},
+                connect_args={"options": "-c synchronous_commit=off"},
                 **options,
             ),
         }
@@ -469,9 +521,9 @@ class SQLAlchemyStore(DelayStore):
     projects get the same table from the contrib app's migrations instead.
     """
 
-    def __init__(self, url: str, *, engine: Engine | None = None) -> None:
+    def __init__(self, url: str, *, engine: Engine | None = None, timeout: float | None = None) -> None:
         self.url = url
-        self.engine = engine if engine is not None else create_engine(url)
+        self.engine = engine if engine is not None else create_engine(url, timeout=timeout)
         self.dialect = self.engine.dialect.name
         # A server database's pool is thread-safe: the sweep claims its next batch in a thread. Not
         # SQLite's (one writer, and an in-memory database is one per thread's connection).
@@ -482,7 +534,7 @@ class SQLAlchemyStore(DelayStore):
         self._schema_lock = threading.Lock()
         #: PostgreSQL: the delivery record's per-task writes, on pools of their own (see _RecordWrites).
         self._record_writes = (
-            _RecordWrites(self.engine.url.render_as_string(hide_password=False))
+            _RecordWrites(self.engine.url.render_as_string(hide_password=False), timeout)
             if self.dialect == "postgresql"
             else None
         )
@@ -832,6 +884,7 @@ class SQLAlchemyStore(DelayStore):
         *,
         stale_after: float,
         prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
     ) -> StartResult:
         t = delays
         worker = worker[: C.DELIVERY_WORKER_LENGTH]
@@ -858,20 +911,25 @@ class SQLAlchemyStore(DelayStore):
                     stale_after,
                     takeover=t.c.started_by == sa.any_(_bind("takeover", postgresql.ARRAY(sa.String))),
                     starts=sa.case((t.c.started_by == own, t.c.starts), else_=t.c.starts + 1),
+                    leeway=leeway,
                 )
 
-            if self._record_write(writes, ("start", stale_after), build, params, durable=True) == 1:
+            if self._record_write(writes, ("start", stale_after, leeway), build, params, durable=True) == 1:
                 return StartResult("run")
             with self._statement_clock() as (conn, now):
-                return self._lost_start(conn, now, task_id, token, stale_after)
+                return self._lost_start(conn, now, task_id, token, stale_after, leeway)
         with self._statement_clock() as (conn, now):
             takeover = t.c.started_by.in_(list(prior_runs)) if prior_runs else None
-            started = _start_update(task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1)
+            started = _start_update(
+                task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1, leeway=leeway
+            )
             if conn.execute(started).rowcount == 1:
                 return StartResult("run")
-            return self._lost_start(conn, now, task_id, token, stale_after)
+            return self._lost_start(conn, now, task_id, token, stale_after, leeway)
 
-    def _lost_start(self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float) -> StartResult:
+    def _lost_start(
+        self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float, leeway: float = math.inf
+    ) -> StartResult:
         """Why a start did not win; a stale heartbeat seen here for the first time becomes a suspicion."""
         t = delays
         conn.execute(
@@ -881,7 +939,10 @@ class SQLAlchemyStore(DelayStore):
         )
         mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
         row = None if mapping is None else DelayRow.from_mapping(mapping)
-        return StartResult(start_verdict(row, token), row)
+        early = 0.0
+        if math.isfinite(leeway) and row is not None and row.status in C.DELAY_STARTABLE_STATUSES:
+            early = early_by(row, now if isinstance(now, datetime) else self._db_now(conn), leeway)
+        return StartResult(start_verdict(row, token, early), row, early)
 
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
         writes = self._record_writes
@@ -917,6 +978,14 @@ class SQLAlchemyStore(DelayStore):
             return bool(self._record_write(writes, key, build, params, durable=durable))
         with self._statement_clock() as (conn, now):
             return bool(conn.execute(_finish_update(task_id, token, run_id, now, outcome, last_error)).rowcount)
+
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        writes = self._record_writes
+        if writes is not None:
+            params = {"task_id": task_id, "token": token, "run_id": run_id}
+            return bool(self._record_write(writes, ("hand_back",), _prepared_hand_back, params, durable=True))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(_hand_back_update(task_id, token, run_id, now)).rowcount)
 
     def requeue_unstarted(self, grace: float) -> int:
         t = delays

@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -297,3 +297,67 @@ def test_a_lock_requeue_longer_than_the_threshold_is_stored_and_runs(
     row = finished_row(get_store(setup.app), waiter.id)  # it went through the store at least once
     assert row.outcome == C.OUTCOME_SUCCEEDED
     assert holder.id != waiter.id
+
+
+def test_a_stored_delivery_that_gives_its_message_back_runs_again_and_ends_finished(
+    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """An acks_late stored task that raises ``Reject(requeue=True)`` once: the broker's redelivery of
+    that message finds the row startable again (not finished as ignored), runs, and records the end."""
+    setup.worker(processes, "w")
+    result = setup.tasks["reject_once"].apply_async(("rejected",), countdown=1.5)
+    setup.sweep_until(lambda: len(ends(redis_client)) >= 1, 30, "the run after the rejection")
+    row = finished_row(get_store(setup.app), result.id)
+    assert [r["task_id"] for r in runs(redis_client)] == [result.id, result.id]
+    assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 2)
+
+
+def test_a_stored_delivery_unwound_by_system_exit_runs_again_when_its_message_comes_back(
+    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """acks_late with ``reject_on_worker_lost``: the body raises ``SystemExit``, the pool child goes and
+    the message goes back to the queue; its redelivery runs and records the end."""
+    setup.worker(processes, "w")
+    result = setup.tasks["exit_once"].apply_async(("exited",), countdown=1.5)
+    setup.sweep_until(lambda: len(ends(redis_client)) >= 1, 30, "the run after the SystemExit")
+    row = finished_row(get_store(setup.app), result.id)
+    assert [r["task_id"] for r in runs(redis_client)] == [result.id, result.id]
+    assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 2)
+
+
+def test_a_retry_with_a_long_countdown_from_a_run_started_again_is_stored_and_runs(
+    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """The sweep put the row of a killed acks_late run back and started it again; that run calls
+    ``retry(countdown)`` past the delay threshold: the retry replaces the row (it is not refused as
+    "already stored") and runs."""
+    victim = setup.worker(processes, "victim")
+    result = setup.tasks["retry_on_rerun"].apply_async(("rerun",), {"countdown": 2.0}, countdown=1.5)
+    setup.sweep_until(lambda: len(runs(redis_client)) >= 1, 30, "the first run to start")
+    victim.kill()
+    victim.wait(10)
+    setup.worker(processes, "rescuer")
+    setup.sweep_until(lambda: len(ends(redis_client)) >= 1, 60, "the retry of the run started again to end")
+    assert [(r["task_id"], r["retries"]) for r in runs(redis_client)] == [
+        (result.id, 0),
+        (result.id, 0),
+        (result.id, 1),
+    ]
+    row = finished_row(get_store(setup.app), result.id)
+    assert (row.status, row.outcome) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED)
+
+
+def test_a_row_published_ahead_with_its_eta_never_runs_early_on_a_worker_whose_clock_is_fast(
+    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """The sweep publishes a row due soon with its ``eta``; a worker whose clock is 3 s fast would
+    start it 3 s early. The start checks the due time against the store's clock and re-queues the
+    copy for the rest: it runs at its due time, at most ``safe_time_max_clock_skew`` early."""
+    worker = setup.worker(processes, "fast", DELAYS_TEST_CLOCK_AHEAD="3")
+    setup.tasks["record"].apply_async(("ahead",), countdown=6)
+    assert sweep(setup.app, lookahead=10).sent == 1  # out at once, with its eta
+    setup.sweep_until(lambda: len(runs(redis_client)) >= 1, 30, "the row to run")
+    [run] = runs(redis_client)
+    due = datetime.fromisoformat(run["stored_due"]).timestamp()
+    assert run["started"] >= due - get_config(setup.app).max_clock_skew, run["started"] - due
+    worker.wait_for_log(r"before its due time by the store.s clock", timeout=5)

@@ -21,6 +21,18 @@ from tests.helpers.processes import ProcessManager, managed_processes
 _state: dict[str, Any] = {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # tox (make compat) sets this: the run proves the installed wheel, so a celery_safe_time imported
+    # from the checkout would prove nothing.
+    if os.environ.get("SAFE_TIME_TEST_INSTALLED"):
+        import celery_safe_time
+
+        source = Path(__file__).resolve().parents[1] / "celery_safe_time"
+        imported = Path(celery_safe_time.__file__).resolve()
+        if imported.is_relative_to(source):
+            raise pytest.UsageError(f"SAFE_TIME_TEST_INSTALLED is set but celery_safe_time comes from {imported}")
+
+
 def _redis_claim() -> services.RedisDbClaim:
     if "redis" not in _state:
         _state["redis"] = services.RedisDbClaim(services.resolve_redis_base())

@@ -16,7 +16,13 @@ COORD ?= redis
 # nothing needs to run alone.
 TEST_WORKERS ?= 4
 
-.PHONY: help venv test test-unit test-integration lint format type demo bench bench-quick soak soak-quick check clean
+# make compat: the unit and contract tests against the built wheel (not the checkout) on the oldest and
+# the newest supported combination (tox.ini says why tox). tox finds python3.10/python3.13 on PATH;
+# pyenv's interpreters are put first when pyenv has them.
+PYENV_ROOT ?= $(HOME)/.pyenv
+COMPAT_ENVS ?= py310-celery54-django42,py313-celery57-django52
+
+.PHONY: help venv test test-unit compat test-integration lint format type demo bench bench-quick soak soak-quick check clean
 
 help:
 	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
@@ -24,6 +30,7 @@ help:
 	@echo "             COORD=postgres: coordination in PostgreSQL (with BROKER=amqp: no Redis at all)"
 	@echo "make test   - run the whole test suite against the local services"
 	@echo "make check  - lint, types, unit tests and the store contract (under two minutes)"
+	@echo "make compat - unit + contract tests on the built wheel: Python 3.10 + Celery 5.4 + Django 4.2, Python 3.13 + Celery 5.7 + Django 5.2"
 	@echo "make lint   - ruff check + format check;  make type - mypy"
 	@echo "make bench  - benchmarks (docs/benchmarks.md); make bench-quick - CI-sized smoke run"
 	@echo "make soak   - the long fault-injection soak; make soak-quick - a short one"
@@ -45,6 +52,9 @@ check: lint type
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+compat: $(STAMP)
+	PATH="$$(ls -d $(PYENV_ROOT)/versions/3.1[0-3].*/bin 2>/dev/null | tr '\n' ':')$$PATH" $(BIN)/tox -e $(COMPAT_ENVS) $(ARGS)
 
 test-integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
@@ -76,4 +86,4 @@ soak-quick: $(STAMP)
 	$(BIN)/python -m pytest -m soak tests/faults $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache celery_safe_time.sqlite3
+	rm -rf $(VENV) .tox build dist *.egg-info .mypy_cache .ruff_cache celery_safe_time.sqlite3

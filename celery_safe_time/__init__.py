@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from .locks.overlap import overlap_lock
     from .schedules import crontab, next_local
 
-__version__ = "0.1.0"
+# 0.x until the public API (DESIGN.md) is frozen; CHANGES.md says what each version changes for users.
+__version__ = "0.9.0"
 
 _LAZY: dict[str, str] = {
     # beat

@@ -15,6 +15,7 @@ because arithmetic on aware datetimes in one zone silently ignores offset change
 
 from __future__ import annotations
 
+import calendar
 import datetime as dt
 from collections.abc import Iterator
 from typing import Any
@@ -105,6 +106,10 @@ def _is_wildcard(spec: Any) -> bool:
     return isinstance(spec, str) and "*" in spec
 
 
+#: The longest each month gets (February in a leap year, 2000).
+_DAYS_IN_MONTH = {month: calendar.monthrange(2000, month)[1] for month in range(1, 13)}
+
+
 class crontab(celery_crontab):
     """A ``celery.schedules.crontab`` with DST-correct fire instants in ``tz``.
 
@@ -142,6 +147,11 @@ class crontab(celery_crontab):
             raise ScheduleError(
                 f"crontab {minute} {hour} {day_of_month} {month_of_year} {day_of_week}: {exc}"
             ) from None
+        # Celery 5.5+ raises this itself; Celery 5.4 accepts the 31st of February and never fires.
+        if not any(day <= _DAYS_IN_MONTH[month] for month in self.month_of_year for day in self.day_of_month):
+            raise ScheduleError(
+                f"crontab day_of_month={day_of_month!r} month_of_year={month_of_year!r}: no such date in any year"
+            )
         self._tz_arg = tz
         if tz is not None:
             # BaseSchedule.tz is a cached_property; seeding it keeps the app timezone out of it.

@@ -21,6 +21,17 @@ from tests.helpers.processes import ProcessManager, managed_processes
 _state: dict[str, Any] = {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # tox (make compat) and the installed-wheel test set this: the run proves the installed package,
+    # so a celery_safe_time imported from a source tree would prove nothing.
+    if os.environ.get("SAFE_TIME_TEST_INSTALLED"):
+        import celery_safe_time
+
+        imported = Path(celery_safe_time.__file__).resolve()
+        if "site-packages" not in imported.parts:
+            raise pytest.UsageError(f"SAFE_TIME_TEST_INSTALLED is set but celery_safe_time comes from {imported}")
+
+
 def _redis_claim() -> services.RedisDbClaim:
     if "redis" not in _state:
         _state["redis"] = services.RedisDbClaim(services.resolve_redis_base())

@@ -28,10 +28,11 @@ from amqp.serialization import _write_item, dumps
 from celery.utils import uuid
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
-from celery.utils.time import subtract_datetimes
 from dateutil.parser import isoparse
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
+
+from ..compat import detect_quorum_queues, subtract_datetimes
 
 logger = logging.getLogger(__name__)
 
@@ -327,9 +328,7 @@ def _plain_str(text: str) -> bool:
 
 
 def _quorum_queues(app: Any, producer: Any) -> bool:
-    from celery.utils.quorum_queues import detect_quorum_queues
-
-    return bool(detect_quorum_queues(app, producer.connection.transport.driver_type)[0])
+    return detect_quorum_queues(app, producer.connection.transport.driver_type)[0]
 
 
 class BatchSender:

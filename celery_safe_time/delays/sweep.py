@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 
 from celery import Celery, Task
 from celery.utils import uuid
-from kombu.exceptions import BatchPublishError, OperationalError
+from kombu.exceptions import OperationalError
 
 from .. import constants as C
 from .. import signals
+from ..compat import BatchPublishError
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import StoreError
 from ..publishing import PublishBatch, batched_publish

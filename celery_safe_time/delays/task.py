@@ -20,6 +20,7 @@ from celery.utils import uuid
 from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
+from ..compat import push_request
 from ..config import get_config
 from ..exceptions import BulkItemError, StoreError
 from ..locks import unique as unique_tasks
@@ -346,6 +347,11 @@ class SafeTask(Task):
         if delay.add_to_parent and result.created:
             delay.parent.add_trail(async_result)
         return async_result
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        # Task.__call__ pushes a request for the body: it must keep the worker's (id, retries,
+        # headers), which Celery 5.4 drops (see compat.push_request).
+        push_request(self, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -87,10 +87,27 @@ def third_party_imports(module: str) -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n not in (own, "__future__")}
 
 
+def import_providers() -> dict[str, list[str]]:
+    """Top-level import name -> the distributions that install it.
+
+    ``packages_distributions`` reads only ``top_level.txt`` on Python 3.10, which wheels built without
+    setuptools (redis-py's) lack: there the names come from the files each distribution installed.
+    """
+    providers = {name: list(dists) for name, dists in importlib.metadata.packages_distributions().items()}
+    for dist in importlib.metadata.distributions():
+        for file in dist.files or []:
+            top = file.parts[0]
+            if file.suffix == ".py" or (len(file.parts) > 1 and not top.endswith((".dist-info", ".data", ".."))):
+                name = top.removesuffix(".py")
+                if dist.metadata["Name"] not in providers.setdefault(name, []):
+                    providers[name].append(dist.metadata["Name"])
+    return providers
+
+
 @pytest.mark.parametrize("module", REDIS_PATH_MODULES)
 def test_declared_requirements_cover_the_redis_path_imports(module: str) -> None:
     installed = closure(declared())
-    providers = importlib.metadata.packages_distributions()
+    providers = import_providers()
     missing = {}
     for name in sorted(third_party_imports(module)):
         dists = {canonicalize_name(d) for d in providers.get(name, [])}

@@ -365,6 +365,9 @@ OnRedisError = Literal["retry", "raise"]
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).
 LOCK_HARD_LIMIT_MARGIN: Final = 1.0
+#: At most this many lock renewals of one process run at once, each on a daemon thread of its own
+#: (started when needed, kept idle after): a renewal that hangs holds up only itself.
+LOCK_RENEWAL_THREADS: Final = 16
 #: After a hard time limit the worker's main process waits up to this long for the child to die
 #: before it releases the child's lock (compare-and-delete on the child's token).
 LOCK_KILLED_CHILD_WAIT: Final = 5.0

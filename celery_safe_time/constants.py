@@ -111,6 +111,13 @@ REDIS_SOCKET_TIMEOUT: Final = 5.0
 REDIS_CONNECT_TIMEOUT: Final = 5.0
 #: Seconds a connection to the store or coordination database may take before it fails.
 DB_CONNECT_TIMEOUT: Final = 5
+#: ``safe_time_coordination_io_timeout``: the longest one call to the PostgreSQL coordination
+#: database waits for its answer (client side: the poll of a lock statement, TCP ``tcp_user_timeout``
+#: and keepalives), after which the connection is closed and the call fails as unreachable.
+DEFAULT_COORDINATION_IO_TIMEOUT: Final = 10.0
+#: TCP keepalive probes on coordination connections: this many, unanswered, end the connection
+#: (idle time and interval between probes derive from the io timeout).
+COORDINATION_KEEPALIVE_COUNT: Final = 3
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
 
 # === Redis key names (always behind safe_time_key_prefix) =====================

@@ -1,5 +1,6 @@
-"""A TCP proxy the fault tests can cut and restore: "the database is unreachable" without
-touching the machine's PostgreSQL (other sessions share it)."""
+"""A TCP proxy the fault tests put in front of a server (PostgreSQL, Redis) to pass, stall or cut
+its connections: "the database is unreachable", "a proxy stopped forwarding", without touching the
+machine's shared servers (other sessions use them)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,19 @@ from tests.helpers.services import free_port
 
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target``. ``cut()`` drops every connection and refuses
-    new ones (connection refused, as if the server were gone); ``restore()`` listens again."""
+    new ones (connection refused, as if the server were gone); ``restore()`` listens again.
+    ``stall()`` stops forwarding on the connections open now (or on the ones given) while keeping
+    them open: what the client sees of a hung proxy or a network path that stopped delivering (its
+    writes are accepted, no answer ever comes, nothing is closed); new connections still pass.
+    ``resume()`` delivers what was held back and passes again."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        #: the proxied connections open now, oldest first
+        self.links: list[_Link] = []
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self.cuts = 0
@@ -47,6 +54,9 @@ class TcpProxy:
             self.cuts += 1
             listener, self._listener = self._listener, None
             conns, self._conns = self._conns, set()
+            links = list(self.links)
+        for link in links:
+            link.flowing.set()  # a stalled pump then finds its socket closed and ends
         if listener is not None:
             listener.close()
         for conn in conns:
@@ -56,7 +66,23 @@ class TcpProxy:
 
     def close(self) -> None:
         self._stop.set()
+        self.resume()
         self.cut()
+
+    def stall(self, links: list[_Link] | None = None) -> list[_Link]:
+        """Stop forwarding on ``links`` (default: every connection open now); returns them."""
+        with self._lock:
+            chosen = list(self.links) if links is None else links
+        for link in chosen:
+            link.flowing.clear()
+        return chosen
+
+    def resume(self) -> None:
+        """Forward again on every stalled connection."""
+        with self._lock:
+            links = list(self.links)
+        for link in links:
+            link.flowing.set()
 
     def lose_reply(self, needle: bytes, *, server_gets_it: bool = True) -> None:
         """Break the connection of the next client message containing ``needle`` (once).
@@ -97,7 +123,8 @@ class TcpProxy:
                     upstream.close()
                     continue
                 self._conns |= {client, upstream}
-            link = _Link(client, upstream)
+                link = _Link(client, upstream)
+                self.links.append(link)
             threading.Thread(target=self._requests, args=(link,), name="proxy-pump", daemon=True).start()
             threading.Thread(target=self._replies, args=(link,), name="proxy-pump", daemon=True).start()
 
@@ -117,6 +144,7 @@ class TcpProxy:
                     if not lose[1]:
                         break  # dropped before the server saw it
                     link.swallow.set()
+                link.flowing.wait()
                 link.upstream.sendall(data)
         except OSError:
             pass
@@ -136,6 +164,7 @@ class TcpProxy:
                     if pending[:-1].endswith(_READY_FOR_QUERY):
                         break  # the whole reply is in: never deliver it
                     continue
+                link.flowing.wait()
                 link.client.sendall(data)
         except OSError:
             pass
@@ -149,6 +178,8 @@ class TcpProxy:
             s.close()
         with self._lock:
             self._conns -= {link.client, link.upstream}
+            if link in self.links:
+                self.links.remove(link)
 
 
 #: The PostgreSQL protocol's ReadyForQuery message, without its status byte: the end of a reply.
@@ -162,6 +193,9 @@ class _Link:
         self.client = client
         self.upstream = upstream
         self.swallow = threading.Event()
+        #: cleared while the connection is stalled (:meth:`TcpProxy.stall`)
+        self.flowing = threading.Event()
+        self.flowing.set()
 
 
 def proxy_for(url: str) -> tuple[TcpProxy, str]:

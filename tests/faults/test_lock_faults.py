@@ -5,11 +5,13 @@ delivery ends, so it is never lost. Real workers, a redis-server of the test's o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 
+from tests.faults.proxy import TcpProxy, proxy_for
 from tests.faults.redis_faults import close_idle_connections, empty_script_cache
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
@@ -77,3 +79,59 @@ def test_overlap_lock_release_sent_without_waiting_frees_the_lock_with_a_cold_sc
     finally:
         lock.close()
     assert [r["outcome"] for r in h.runs(redis_client, "hold")] == ["finished", "finished"]
+
+
+@pytest.fixture(params=["redis", "postgres", "postgres-session"])
+def stalling_coordination(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> Iterator[tuple[TcpProxy, dict[str, Any]]]:
+    """A proxy in front of the locks' server (a redis-server of the test's own, or the session's
+    PostgreSQL database) and the app settings that reach it through the proxy."""
+    if request.param == "redis":
+        proxy = TcpProxy("127.0.0.1", redis_server.port)
+        conf: dict[str, Any] = {"safe_time_redis_url": f"redis://127.0.0.1:{proxy.port}/0"}
+    else:
+        proxy, url = proxy_for(request.getfixturevalue("postgres_coordination_url"))
+        mode = "session" if request.param == "postgres-session" else "lease"
+        conf = {"safe_time_coordination_url": url, "safe_time_coordination_locks": mode}
+    yield proxy, conf
+    proxy.close()
+
+
+def test_a_holder_whose_connection_stalls_sees_lock_lost_within_its_ttl_and_returns(
+    processes: ProcessManager,
+    redis_url: str,
+    redis_client: redis.Redis,
+    stalling_coordination: tuple[TcpProxy, dict[str, Any]],
+) -> None:
+    """The proxy in front of the locks' server stops forwarding on every open connection while a
+        ``ttl=3`` lock is held (new connections still pass). The renewal hangs; the holder is told
+        ``LockLost`` before its lease ends and its task returns (the release finds a live connection once
+        the hung one's deadline passes), and the next run of the key starts only after it: never two at
+        once. Before, on PostgreSQL the renewal waited forever, the task never returned, and a second
+        holder took the expired lock beside it. The key's next run starts once the path heals (a session
+    advisory lock is held by its server session until the server sees the connection close)."""
+    proxy, conf = stalling_coordination
+    ttl = 3.0
+    env = h.broker_env(redis_url, redis_url, coordination=conf)
+    h.start_worker(processes, ttl=ttl, concurrency=2, env=env)
+    client = h.client_app(redis_url)
+    first = client.send_task("locks.hold", args=("stalled", 60.0))
+    wait_for(lambda: redis_client.get(f"test:locks:started:{first.id}"), 60, message="the first run to start")
+    stalled_at = time.time()
+    proxy.stall()
+    with pytest.raises(Exception, match=r"lost"):
+        first.get(timeout=60, propagate=True)
+    returned_at = time.time()
+    [lost] = h.signals(redis_client, "overlap_lock_lost")
+    assert lost["at"] - stalled_at < ttl, "told after the lease had ended"
+    # The release waits out the stalled connection's deadline (PostgreSQL: 10 s io timeout; Redis:
+    # the 5 s socket timeout), then runs on a new connection.
+    assert returned_at - stalled_at < ttl + 10.0 + 8.0
+    # The path heals: a session lock's server session, kept alive by the stalled proxy, now ends.
+    proxy.resume()
+    second = client.send_task("locks.hold", args=("stalled", 0.2))
+    assert second.get(timeout=60) == "finished"
+    runs = h.runs(redis_client, "hold")
+    assert [r["outcome"] for r in runs] == ["lost", "finished"]
+    assert h.overlaps([(r["started"], r["finished"]) for r in runs]) == []

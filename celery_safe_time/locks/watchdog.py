@@ -260,12 +260,14 @@ class _Renewer:
                     self._cond.wait(None if wake_at == math.inf else wake_at - now)
                     continue
                 self._wake_at = now
-                for w in overdue:
-                    self._watchdogs.discard(w)  # given up: its call thread may stay stuck a while
             for watchdog in due:
                 self._calls.submit(lambda w=watchdog: self._renew(w))  # type: ignore[misc]
             for watchdog in overdue:
+                # Reports it lost unless the renewal answered meanwhile (then it stays scheduled); its
+                # call thread may stay stuck until the call's own deadline.
                 watchdog.expire()
+                if watchdog.stopped:
+                    self.discard(watchdog)
 
 
 _renewer_instance: _Renewer | None = None

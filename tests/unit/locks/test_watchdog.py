@@ -164,3 +164,21 @@ def test_a_hanging_renewal_does_not_hold_up_the_other_locks_or_stop() -> None:
     release.set()
     assert stopped_in < 0.1
     assert len(asked) >= 4
+
+
+def test_slow_renewals_that_answer_before_the_lease_ends_keep_the_lock() -> None:
+    """Each renewal takes 0.4 s of a 1.2 s lease: late, but always before the give-up point, so the
+    lock is never reported lost and keeps being renewed."""
+    asked: list[float] = []
+    lost: list[str] = []
+
+    def slow(ttl: float) -> bool:
+        asked.append(time.monotonic())
+        time.sleep(0.4)
+        return True
+
+    watchdog = Watchdog(slow, lost.append, ttl=1.2, interval=0.4).start()
+    time.sleep(3.0)
+    watchdog.stop()
+    assert lost == []
+    assert len(asked) >= 4

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.faults.proxy import TcpProxy, proxy_for
-from tests.faults.redis_faults import close_idle_connections, empty_script_cache
+from tests.faults.redis_faults import close_idle_connections, empty_script_cache, restart_cold
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -60,6 +60,25 @@ def test_idempotent_commit_sent_without_waiting_is_settled_before_the_task_ends(
     assert client.send_task("locks.invoice", args=(7, "2026-12")).get(timeout=60) is None
     assert [r["outcome"] for r in h.runs(redis_client, "invoice")] == ["sent"]
     assert h.signals(redis_client, "idempotent_skipped")
+
+
+def test_idempotent_key_survives_a_cold_redis_restart_while_its_body_runs(
+    processes: ProcessManager, redis_url: str, redis_client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """Redis restarts (no persistence: keys, script cache and every connection gone) while a 5 s
+    ``@idempotent`` body runs. The commit meets a closed connection and an empty script cache; it is
+    sent again before the task ends, and writes the marker (the lock it would release is gone with
+    the restart), so a later call is skipped: one run. (ttl 30 s: no renewal falls in the body; one
+    would find the lock gone and end the run with ``LockLost``, a run that records nothing.)"""
+    _locks_worker(processes, redis_url, redis_server, ttl=30.0)
+    client = h.client_app(redis_url)
+    first = client.send_task("locks.invoice", args=(8, "2026-12"), kwargs={"seconds": 5.0})
+    time.sleep(2.0)  # the worker took the lock and sleeps in the body
+    restart_cold(redis_server)
+    assert first.get(timeout=60) == "sent 8:2026-12"
+    wait_for(lambda: _marker_written(redis_server, "invoice:8:2026-12"), 3, message="the idempotency marker")
+    assert client.send_task("locks.invoice", args=(8, "2026-12")).get(timeout=60) is None
+    assert [r["outcome"] for r in h.runs(redis_client, "invoice")] == ["sent"]
 
 
 def test_overlap_lock_release_sent_without_waiting_frees_the_lock_with_a_cold_script_cache(

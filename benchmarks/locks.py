@@ -442,9 +442,10 @@ def markdown(result: dict[str, Any]) -> str:
         "same worker, the goal is overlap_lock within 1.1x of two. The lock's scripts go the lean way "
         "(`celery_safe_time/redis_wire.py`: a kept connection, no redis-py command path); the last column "
         "compares with two PINGs sent that way too, the floor of two round trips from Python. A delivered "
-        "task writes its release (or commit) without waiting for the answer, which is read before the "
-        "thread's next lock call (the 'waiting for the answer (before)' rows wait, as every lock did "
-        "before); the 'scripts, called directly' row waits for both answers.",
+        "task writes its release (or commit) without waiting for the answer, which is read after the task, "
+        "in Celery's task_postrun, before the delivery is acknowledged (inside the measured time: the "
+        "timing receiver runs after it); the 'waiting for the answer (before)' rows wait in the body, as "
+        "every lock did before; the 'scripts, called directly' row waits for both answers.",
         *_backends_table(result),
         "",
         f"Throughput, {t['bare']['tasks']} short tasks (locked: {t['keys']} keys, conflicts re-queued after 50 ms):",

@@ -122,8 +122,8 @@ def _use_before(on: bool) -> None:
 @app.task(name="bench.locked_waiting")
 @overlap_lock("bench-waiting:{n}", ttl=30)
 def locked_waiting(n: int) -> int:
-    """overlap_lock waiting for its release's answer before the task returns, as before this answer was
-    read on the next lock call (``HeldLock.answer_later`` off for this task only, below)."""
+    """overlap_lock waiting for its release's answer before the body returns, as before this answer was
+    read after the task (``HeldLock.answer_later`` off for this task only, below)."""
     return n
 
 

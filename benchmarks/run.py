@@ -1075,9 +1075,10 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             f"+{lo['ping2']['median_added_ms']:.2f} ms and one +{lo['ping']['median_added_ms']:.2f} ms. "
             "`overlap_lock` waiting for its release's "
             f"answer, as every lock did before: +{added['locked_waiting']:.2f} ms; not waiting saves "
-            f"{added['locked_waiting'] - added['locked']:.2f} ms a task: the release is written before the task "
-            "returns and Redis runs it at once, but its answer is read at the thread's next lock call, where it "
-            "has long arrived. What a task still waits for is the acquire's round trip (its answer decides "
+            f"{added['locked_waiting'] - added['locked']:.2f} ms a task: the release is written as the body "
+            "returns and Redis runs it at once, and its answer is read in task_postrun, after Celery has stored "
+            "the result, before the delivery is acknowledged. What a task still waits for is the acquire's "
+            "round trip (its answer decides "
             "whether the body runs), the release's write, and the decorator's Python.",
             "",
         ]

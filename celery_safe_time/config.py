@@ -87,6 +87,11 @@ class SafeTimeConfig:
     #: How overlap locks are held on PostgreSQL (``safe_time_coordination_locks``): ``lease`` rows
     #: (the default) or ``session`` advisory locks; ignored on Redis.
     coordination_locks: str = C.PG_LOCK_MODE_LEASE
+    #: ``safe_time_coordination_io_timeout``: seconds one coordination database call waits for its answer.
+    coordination_io_timeout: float = C.DEFAULT_COORDINATION_IO_TIMEOUT
+    #: ``safe_time_coordination_statement_timeout``: the server's ``statement_timeout`` for coordination
+    #: connections, in seconds (None: the server's own setting; sent as a startup option).
+    coordination_statement_timeout: float | None = None
 
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
@@ -335,6 +340,17 @@ def parse_config(
             "safe_time_coordination_locks", f"must be one of {', '.join(C.PG_LOCK_MODES)}, got {coordination_locks!r}"
         )
 
+    coordination_io_timeout = _number(
+        "safe_time_coordination_io_timeout",
+        _default(get("safe_time_coordination_io_timeout"), C.DEFAULT_COORDINATION_IO_TIMEOUT),
+    )
+    statement_timeout_raw = get("safe_time_coordination_statement_timeout")
+    coordination_statement_timeout = (
+        None
+        if statement_timeout_raw is None
+        else _number("safe_time_coordination_statement_timeout", statement_timeout_raw, positive=True)
+    )
+
     redis_url = get("safe_time_redis_url")
     if redis_url is None:
         if scheme in ("redis", "rediss"):
@@ -455,6 +471,8 @@ def parse_config(
         coordination=coordination,
         coordination_url=coordination_url,
         coordination_locks=coordination_locks,
+        coordination_io_timeout=coordination_io_timeout,
+        coordination_statement_timeout=coordination_statement_timeout,
     )
 
 

@@ -118,6 +118,13 @@ DEFAULT_STORE_TIMEOUT: Final = 30.0
 #: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
 #: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
 STORE_KEEPALIVE_COUNT: Final = 3
+#: ``safe_time_coordination_io_timeout``: the longest one call to the PostgreSQL coordination
+#: database waits for its answer (client side: the poll of a lock statement, TCP ``tcp_user_timeout``
+#: and keepalives), after which the connection is closed and the call fails as unreachable.
+DEFAULT_COORDINATION_IO_TIMEOUT: Final = 10.0
+#: TCP keepalive probes on coordination connections: this many, unanswered, end the connection
+#: (idle time and interval between probes derive from the io timeout).
+COORDINATION_KEEPALIVE_COUNT: Final = 3
 REDIS_HEALTH_CHECK_INTERVAL: Final = 30
 #: Seconds ``safe-time check`` waits for the broker to accept a connection (the app's own
 #: ``broker_connection_timeout`` wins when set lower or higher; this bounds a Redis broker's socket).
@@ -380,6 +387,9 @@ OnRedisError = Literal["retry", "raise"]
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).
 LOCK_HARD_LIMIT_MARGIN: Final = 1.0
+#: At most this many lock renewals of one process run at once, each on a daemon thread of its own
+#: (started when needed, kept idle after): a renewal that hangs holds up only itself.
+LOCK_RENEWAL_THREADS: Final = 16
 #: After a hard time limit the worker's main process waits up to this long for the child to die
 #: before it releases the child's lock (compare-and-delete on the child's token).
 LOCK_KILLED_CHILD_WAIT: Final = 5.0

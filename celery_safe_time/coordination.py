@@ -22,7 +22,7 @@ from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
-_ENGINES: dict[tuple[int, str, bool], sa.Engine] = {}
+_ENGINES: dict[tuple[int, str, bool, float, float | None], sa.Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -55,6 +55,30 @@ def postgres_url(config: SafeTimeConfig) -> str:
     )
 
 
+def deadline_args(config: SafeTimeConfig) -> dict[str, Any]:
+    """libpq connection parameters that bound how long a coordination connection can hang.
+
+    A database (or a proxy in front of it) that stops answering would otherwise hold a call, and the
+    thread making it, until the kernel gives the connection up (minutes to hours). ``connect_timeout``
+    bounds connecting; TCP keepalives end an idle connection whose peer is gone; ``tcp_user_timeout``
+    one whose data stays unacknowledged; ``statement_timeout`` (when set) a statement the server
+    itself keeps waiting. A peer that acknowledges but never answers (a stuck proxy) is left to the
+    client's own wait (the lock statements' poll, and the lock watchdog's renewal deadline).
+    """
+    timeout = config.coordination_io_timeout
+    args: dict[str, Any] = {
+        "connect_timeout": C.DB_CONNECT_TIMEOUT,
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(timeout / 2)),
+        "keepalives_interval": max(1, int(timeout / (2 * C.COORDINATION_KEEPALIVE_COUNT))),
+        "keepalives_count": C.COORDINATION_KEEPALIVE_COUNT,
+        "tcp_user_timeout": max(1, int(timeout * 1000)),
+    }
+    if config.coordination_statement_timeout is not None:
+        args["options"] = f"-c statement_timeout={max(1, int(config.coordination_statement_timeout * 1000))}"
+    return args
+
+
 def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> sa.Engine:
     """This process's engine for the coordination database (one per URL, new after a fork).
 
@@ -65,7 +89,7 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
     from .delays.stores.sql import create_engine, normalize_url
 
     url = postgres_url(config)
-    key = (os.getpid(), url, autocommit)
+    key = (os.getpid(), url, autocommit, config.coordination_io_timeout, config.coordination_statement_timeout)
     engine = _ENGINES.get(key)
     if engine is not None:
         return engine
@@ -73,11 +97,13 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
         engine = _ENGINES.get(key)
         if engine is None:
             options: dict[str, Any] = {}
+            if normalize_url(url).startswith("postgresql"):
+                options["connect_args"] = deadline_args(config)
             if normalize_url(url).startswith("postgresql+psycopg:"):
                 # No server-side prepared statements (psycopg 3 prepares a query run 5 times on a
                 # connection): they are session state, which PgBouncer in transaction mode (before 1.21)
                 # does not keep. Coordination statements are small; planning them each time costs little.
-                options["connect_args"] = {"connect_timeout": C.DB_CONNECT_TIMEOUT, "prepare_threshold": None}
+                options["connect_args"]["prepare_threshold"] = None
             if autocommit:
                 options.update(isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_reset_on_return=None)
             engine = create_engine(
@@ -91,7 +117,7 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
 def dispose_engines() -> None:
     """Close every pooled coordination connection of this process (tests, shutdown)."""
     with _ENGINES_LOCK:
-        for (pid, _, _), engine in list(_ENGINES.items()):
+        for (pid, *_), engine in list(_ENGINES.items()):
             if pid == os.getpid():
                 engine.dispose()
         _ENGINES.clear()

@@ -24,13 +24,16 @@ Cluster or single-connection client, client-side caching, green threads (a kept 
 greenlet would be a connection per task) and a client an instrumentation wrapped (its spans and
 metrics stay complete).
 
-:meth:`LeanScript.post` writes a call without waiting for its reply: a task's lock release, whose
-answer only decides what is logged. Its reply is read, and handed to the caller's ``settle``, before
-the next call on that connection (by then it has arrived: no wait). Redis runs the script as soon as
-it reads it, in order with everything else this connection sends, so what changes for the task is
-only that it does not sit idle for the round trip. A reply that is not a plain answer (an error, a
-dropped connection) has the call run again on redis-py's path at that point; the scripts posted are
-safe to repeat (they compare tokens).
+:meth:`LeanScript.post` writes a call without waiting for its reply: a task's lock release or
+idempotency commit, sent as the body returns. Its reply is read, and handed to the caller's
+``settle``, by :func:`settle_posted`, which the worker calls after the task (Celery's
+``task_postrun``, before the delivery is acknowledged), or else before the next call on that
+connection. Redis runs the script as soon as it reads it, in order with everything else this
+connection sends, so the task does not sit idle for the round trip while Celery stores its result
+and sends its signals. A reply that is not a plain answer has the call run again on redis-py's path
+at that point: ``NOSCRIPT`` (a restarted or flushed Redis, whose script cache is empty), a
+connection the server closed while the body ran (an idle ``timeout``: the write succeeds and nothing
+runs) or that gives no reply in time; the scripts posted are safe to repeat (they compare tokens).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import redis
 
 from .concurrency import green_threads
 
-__all__ = ["LeanLink", "LeanScript", "Settle", "pack_evalsha", "parse_reply", "settle_with"]
+__all__ = ["LeanLink", "LeanScript", "Settle", "pack_evalsha", "parse_reply", "settle_posted", "settle_with"]
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +186,30 @@ class _Posted:
         self.settle = settle
 
 
+class _Unsettled(threading.local):
+    """The links this thread posted a call on whose reply is still unread (at most a few)."""
+
+    links: list[LeanLink] | None = None
+
+
+_unsettled = _Unsettled()
+
+
+def settle_posted() -> None:
+    """Read the reply of every call this thread posted and hand each to its ``settle``.
+
+    The worker calls it after every task (see the module doc): a release or commit that Redis did
+    not run (``NOSCRIPT``, a closed connection) is run again now, while the delivery is still
+    unacknowledged, and not at some later task's lock call that may never come.
+    """
+    links = _unsettled.links
+    if not links:
+        return
+    _unsettled.links = None
+    for link in links:
+        link.settle()
+
+
 class _Kept(threading.local):
     """What one thread keeps for one client: the connection (for the process that took it) and the
     call posted on it whose reply is still unread."""
@@ -288,6 +315,11 @@ class LeanLink:
             raise
         else:
             self._kept.posted = _Posted(script, keys, args, settle)
+            links = _unsettled.links
+            if links is None:
+                _unsettled.links = [self]
+            elif self not in links:
+                links.append(self)
 
 
 class LeanScript:

@@ -99,7 +99,7 @@ class IdempotentLock(TaskLock):
                 raise error
 
         # Sent without waiting (HeldLock.answer_later): a failed first try is tried again, as below,
-        # when its answer is read (before this thread's next lock call).
+        # when its answer is read (after the task, before its delivery is acknowledged).
         held.store.commit_later(held.key, marker, held.token, self.window, held.task_id, finished, settled)
 
     def _commit_now(

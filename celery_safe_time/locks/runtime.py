@@ -19,11 +19,13 @@ import redis
 from celery import Celery, Task, current_app
 from celery._state import get_current_task
 from celery.exceptions import Ignore, Reject, Retry
+from celery.signals import task_postrun
 
 from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
+from ..redis_wire import settle_posted
 from ..requeue import attempt_of, jittered, message_header, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
@@ -260,9 +262,9 @@ class HeldLock:
     """
 
     #: Whether a delivered task's release (:meth:`release_after_run`) and ``idempotent``'s commit are
-    #: sent without waiting for the answer, which only decides what is logged and whether a commit is
-    #: tried again: the task then waits for one round trip to Redis, not two. The benchmark switches
-    #: it off for its before/after row.
+    #: sent without waiting for the answer: it is read after the task, before the delivery is
+    #: acknowledged (:func:`_settle_after_task`), and a release or commit Redis did not run is run
+    #: again then. The benchmark switches it off for its before/after row.
     answer_later = True
 
     def __init__(
@@ -412,6 +414,21 @@ def run_holding(
     finally:
         if not committed:
             held.release_after_run(finished=finished)
+
+
+def _settle_after_task(**_: Any) -> None:
+    """Read the answer of a release or commit the task sent without waiting (``task_postrun``).
+
+    Celery sends ``task_postrun`` in the thread (and pool child) that ran the task, after storing
+    its result and before the worker acknowledges an ``acks_late`` delivery: a release or commit that
+    Redis did not run (an empty script cache, a connection closed while the body ran) is run again
+    while the delivery still decides nothing, and not at this thread's next lock call, which may
+    come much later or never.
+    """
+    settle_posted()
+
+
+task_postrun.connect(_settle_after_task, weak=False, dispatch_uid="celery_safe_time.locks.settle_after_task")
 
 
 def send_conflict(call: Call, key: str, holder: str | None, action: str) -> None:

@@ -1,10 +1,13 @@
 """Keeps a held lock alive while its task runs, and tells the task when it cannot.
 
-:class:`Watchdog` renews the lock every ``ttl/3`` from a daemon thread shared by the process. When a renewal is
-refused (the lock expired or someone else holds it now) or Redis stays unreachable until the
-lock would have expired, it calls ``on_lost`` once and stops. :class:`Interrupter` then raises
-:class:`~celery_safe_time.exceptions.LockLost` inside the task's thread, so the task does not
-run on silently without its lock.
+:class:`Watchdog` renews the lock every ``ttl/3``; one daemon thread per process schedules the
+renewals and each runs on a small pool of daemon threads (:class:`_Calls`), so a renewal that hangs
+(a stalled connection, a server that stopped answering) holds up only itself. When a renewal is
+refused (the lock expired or someone else holds it now), or no renewal succeeded and none can any
+more before the lock would expire (errors, or a call still unanswered at that point), it calls
+``on_lost`` once and stops. :class:`Interrupter` then raises
+:class:`~celery_safe_time.exceptions.LockLost` inside the task's thread, so the task does not run on
+silently without its lock.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import ctypes
 import logging
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
 
 import redis
 
+from .. import constants as C
 from ..concurrency import green_threads
 
 logger = logging.getLogger(__name__)
@@ -43,9 +48,9 @@ def retry_gap(ttl: float, interval: float) -> float:
 class Watchdog:
     """Renews one lock until :meth:`stop`; calls ``on_lost(reason)`` at most once.
 
-    All watchdogs of a process share one daemon thread (:class:`_Renewer`), so taking a lock
-    costs no thread start and releasing it no join: the per-task overhead stays at the two
-    Redis round trips of acquire and release.
+    All watchdogs of a process share one scheduling thread (:class:`_Renewer`) and a pool of call
+    threads, so taking a lock costs no thread start and releasing it no join: the per-task overhead
+    stays at the two round trips of acquire and release.
     """
 
     def __init__(
@@ -71,7 +76,16 @@ class Watchdog:
         self.renewals = 0
         self.last_ok = 0.0
         self.due = 0.0
+        #: Set while a renewal runs on a call thread (the renewer then watches :attr:`gives_up_at`).
+        self.in_flight = False
         self._renewer: _Renewer | None = None
+
+    @property
+    def gives_up_at(self) -> float:
+        """When an unanswered renewal is given up and the lock reported lost: a retry gap before the
+        lease the last successful renewal asked for ends, so the task hears of it before anyone else
+        can take the lock."""
+        return self.last_ok + self.ttl - retry_gap(self.ttl, self.interval)
 
     def start(self) -> Watchdog:
         self.last_ok = self._clock()
@@ -81,7 +95,9 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
-        # Waits for a renewal in flight, so nothing renews (or reports) after this returns.
+        # Under the mutex, which every report takes: nothing is reported after this returns. A
+        # renewal still in flight may reach the server later; it compares the token, so it cannot
+        # extend a lock released (or taken by another holder) meanwhile.
         with self._mutex:
             self.stopped = True
         renewer = self._renewer
@@ -89,28 +105,47 @@ class Watchdog:
             renewer.discard(self)
 
     def tick(self) -> None:
-        """Renew now (called by the shared thread when :attr:`due`); sets the next :attr:`due`."""
+        """Renew now and set the next :attr:`due` (run on a call thread when due, or directly)."""
+        with self._mutex:
+            if self.stopped:
+                return
+            asked_at = self._clock()
+            ttl = renewal_ttl(self.ttl, asked_at, self.hard_deadline, self.margin)
+        # Not under the mutex: a call that hangs must not hold up stop() (the task returning) or the
+        # renewer giving it up (expire()).
+        try:
+            ok = self._renew(ttl)
+            error: Exception | None = None
+        except Exception as exc:  # Redis/database errors mostly; anything else must not kill the thread
+            ok, error = False, exc
         with self._mutex:
             if self.stopped:
                 return
             now = self._clock()
-            try:
-                ok = self._renew(renewal_ttl(self.ttl, now, self.hard_deadline, self.margin))
-            except Exception as exc:  # Redis errors mostly; anything else must not kill the shared thread
+            if error is not None:
                 gap = retry_gap(self.ttl, self.interval)
                 if now + gap - self.last_ok >= self.ttl:
-                    self._lost(f"Redis unreachable for {now - self.last_ok:.1f}s, the lock has expired: {exc}")
+                    reason = f"the lock store unreachable for {now - self.last_ok:.1f}s, the lock has expired: {error}"
+                    self._lost(reason)
                     return
-                log = logger.warning if isinstance(exc, (redis.RedisError, OSError)) else logger.exception
-                log("overlap lock renewal failed, retrying in %.2fs: %s", gap, exc)
+                log = logger.warning if isinstance(error, (redis.RedisError, OSError)) else logger.exception
+                log("overlap lock renewal failed, retrying in %.2fs: %s", gap, error)
                 self.due = now + gap
                 return
             if not ok:
                 self._lost("the lock expired or is held by someone else")
                 return
             self.renewals += 1
-            self.last_ok = now
-            self.due = now + self.interval
+            self.last_ok = asked_at  # the lease runs from when the renewal was sent, at the latest
+            self.due = max(now, asked_at + self.interval)
+
+    def expire(self) -> None:
+        """Report the lock lost if a renewal is still unanswered at :attr:`gives_up_at` (renewer thread)."""
+        with self._mutex:
+            if self.stopped or self._clock() < self.gives_up_at:
+                return
+            waited = self._clock() - self.last_ok
+            self._lost(f"the lock store unreachable: no renewal answered for {waited:.1f}s, the lock expires")
 
     def _lost(self, reason: str) -> None:
         self.stopped = True
@@ -120,8 +155,45 @@ class Watchdog:
             logger.exception("overlap lock lost handler failed")
 
 
+class _Calls:
+    """Daemon threads that run renewals: one more is started when none is idle (up to ``limit``),
+    and idle ones wait for the next call. A renewal that hangs holds one of them, not the others."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._waiting = 0
+
+    def submit(self, call: Callable[[], None]) -> None:
+        with self._lock:
+            self._waiting += 1
+            spawn = self._waiting > self._idle and self._threads < self.limit
+            if spawn:
+                self._threads += 1
+        self._queue.put(call)
+        if spawn:
+            threading.Thread(target=self._work, name="safe-time-lock-renewal", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            call = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+                self._waiting -= 1
+            try:
+                call()
+            except Exception:
+                logger.exception("an overlap lock renewal failed")
+
+
 class _Renewer:
-    """One daemon thread per process that ticks every registered :class:`Watchdog` when due."""
+    """One daemon thread per process that sends every registered :class:`Watchdog`'s renewal to the
+    call threads when due, and gives up a renewal still unanswered when its lock would expire."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -135,6 +207,7 @@ class _Renewer:
         #: here. A lock taken next is then first due after that wake-up, so taking it needs no notify:
         #: waking this thread on every acquire cost a context switch (and the GIL) per locked task.
         self._idle_wait = math.inf
+        self._calls = _Calls(C.LOCK_RENEWAL_THREADS)
         self._thread = threading.Thread(target=self._run, name="safe-time-lock-renewer", daemon=True)
         self._thread.start()
 
@@ -152,18 +225,47 @@ class _Renewer:
         with self._mutex:
             self._watchdogs.discard(watchdog)
 
+    def _renew(self, watchdog: Watchdog) -> None:
+        """On a call thread: one renewal, then back to the schedule."""
+        try:
+            watchdog.tick()
+        finally:
+            with self._mutex:
+                watchdog.in_flight = False
+                if watchdog.stopped:
+                    self._watchdogs.discard(watchdog)
+                elif watchdog.due < self._wake_at:
+                    self._cond.notify()
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 now = time.monotonic()
-                due = [w for w in self._watchdogs if w.due <= now]
-                if not due:
-                    self._wake_at = min((w.due for w in self._watchdogs), default=now + self._idle_wait)
-                    self._cond.wait(None if self._wake_at == math.inf else self._wake_at - now)
+                due: list[Watchdog] = []
+                overdue: list[Watchdog] = []
+                wake_at = now + self._idle_wait
+                for w in self._watchdogs:
+                    if w.in_flight:
+                        if w.gives_up_at <= now:
+                            overdue.append(w)
+                        else:
+                            wake_at = min(wake_at, w.gives_up_at)
+                    elif w.due <= now:
+                        w.in_flight = True
+                        due.append(w)
+                    else:
+                        wake_at = min(wake_at, w.due)
+                if not due and not overdue:
+                    self._wake_at = wake_at
+                    self._cond.wait(None if wake_at == math.inf else wake_at - now)
                     continue
                 self._wake_at = now
             for watchdog in due:
-                watchdog.tick()
+                self._calls.submit(lambda w=watchdog: self._renew(w))  # type: ignore[misc]
+            for watchdog in overdue:
+                # Reports it lost unless the renewal answered meanwhile (then it stays scheduled); its
+                # call thread may stay stuck until the call's own deadline.
+                watchdog.expire()
                 if watchdog.stopped:
                     self.discard(watchdog)
 

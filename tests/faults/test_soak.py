@@ -83,6 +83,8 @@ class Sizes:
     idem_keys: int
     pg_outage: tuple[float, float]
     drain: float
+    #: seconds the store's proxy stops forwarding on every open connection (new ones pass)
+    pg_stall: tuple[float, float] = (1.5, 3.5)
 
 
 SHORT = Sizes(
@@ -290,7 +292,7 @@ class FaultLog:
 
 
 #: How the fault log says the store went away, and came back.
-STORE_DOWN = ("pg-unreachable", "pg-restart")
+STORE_DOWN = ("pg-unreachable", "pg-restart", "pg-stalled")
 STORE_BACK = "pg-back"
 
 
@@ -358,6 +360,21 @@ def inject_faults(
         redis.Redis.from_url(server.url).flushall()
         log.resets.append((before, time.time()))
 
+    def redis_script_flush() -> None:
+        assert server is not None
+        # What a restart or failover does to the script cache, without losing a key: every lock's
+        # release or commit written without waiting meets NOSCRIPT until it is loaded again.
+        log.note("redis-script-flush (lease/lock Redis: an empty script cache, data kept)")
+        redis.Redis.from_url(server.url).script_flush()
+
+    def pg_stall() -> None:
+        seconds = rng.uniform(*SIZES.pg_stall)
+        log.note(f"pg-stalled for {seconds:.1f}s (the proxy stops forwarding on every open connection)")
+        proxy.stall()
+        sleep(seconds)
+        proxy.resume()
+        log.note("pg-back after the stall", fault=False)
+
     def pg_outage() -> None:
         seconds = rng.uniform(*SIZES.pg_outage)
         log.note(f"pg-unreachable for {seconds:.1f}s")
@@ -383,9 +400,14 @@ def inject_faults(
         ("pause-sweeper", lambda: pause("sweeper", rng.uniform(2, 5))),
     ]
     if server is not None:
-        faults += [("redis-restart", redis_restart), ("redis-flush", redis_flush)]
+        faults += [
+            ("redis-restart", redis_restart),
+            ("redis-flush", redis_flush),
+            ("redis-script-flush", redis_script_flush),
+        ]
     faults += [
         ("pg-outage", pg_outage),
+        ("pg-stall", pg_stall),
         ("pg-restart-fast", lambda: own_pg_restart("fast")),
         ("pg-crash", lambda: own_pg_restart("immediate")),
     ]

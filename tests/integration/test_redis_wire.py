@@ -17,7 +17,7 @@ from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends.redis import SCRIPT_PACKAGE
 from celery_safe_time.locks.store import LockStore, Owner
 from celery_safe_time.redis_client import load_script
-from celery_safe_time.redis_wire import LeanScript
+from celery_safe_time.redis_wire import LeanScript, settle_posted
 from tests.helpers import services
 
 pytestmark = pytest.mark.integration
@@ -212,6 +212,27 @@ def test_a_posted_call_redis_refused_runs_again_on_redis_pys_path(client: redis.
     assert echo(["k", "n"], ["b", 2])[3] == 2
     assert answers.told == [([b"k", b"a", 1, 1], None)]
     assert int(client.get("n") or 0) == 2
+
+
+def test_settle_posted_answers_every_call_this_thread_posted_and_nothing_else(client: redis.Redis) -> None:
+    """What the worker runs after each task: a posted call Redis refused (``NOSCRIPT``) runs again now,
+    with no later call needed; another thread's posted call is left to that thread."""
+    echo = LeanScript(client, ECHO)
+    other = LeanScript(redis.Redis(connection_pool=client.connection_pool), ECHO)
+    answers = Answers()
+    client.script_flush()
+    echo.post(["k", "n"], ["a", 1], answers)  # NOSCRIPT: not run yet
+    other.post(["k", "m"], ["b", 2], answers)
+    elsewhere = Answers()
+    thread = threading.Thread(target=lambda: echo.post(["k", "t"], ["c", 3], elsewhere))
+    thread.start()
+    thread.join()
+    settle_posted()
+    assert sorted(answers.told) == [([b"k", b"a", 1, 1], None), ([b"k", b"b", 2, 1], None)]
+    assert int(client.get("n") or 0) == 1
+    assert elsewhere.told == []
+    settle_posted()  # nothing left to read
+    assert len(answers.told) == 2
 
 
 def test_a_posted_call_on_a_killed_connection_runs_once(client: redis.Redis) -> None:

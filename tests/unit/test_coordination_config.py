@@ -8,7 +8,7 @@ import pytest
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import SafeTimeConfig, parse_config
-from celery_safe_time.coordination import uses_postgres
+from celery_safe_time.coordination import deadline_args, uses_postgres
 from celery_safe_time.exceptions import ImproperlyConfigured
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
@@ -54,3 +54,30 @@ def test_what_cannot_coordinate_fails_at_startup_naming_the_setting(settings: di
     with pytest.raises(ImproperlyConfigured, match="safe_time_coordination_url") as raised:
         parse(**settings)
     assert raised.match(message)
+
+
+def test_coordination_connections_have_deadlines_by_default() -> None:
+    config = parse(safe_time_coordination_url=PG)
+    assert config.coordination_io_timeout == C.DEFAULT_COORDINATION_IO_TIMEOUT
+    assert config.coordination_statement_timeout is None
+    args = deadline_args(config)
+    assert args["tcp_user_timeout"] == 10_000
+    assert args["keepalives"] == 1
+    assert args["keepalives_idle"] * 1 + args["keepalives_interval"] * args["keepalives_count"] <= 10
+    assert "options" not in args  # statement_timeout is a startup option: off unless asked for
+
+
+def test_a_statement_timeout_is_sent_as_a_startup_option() -> None:
+    config = parse(
+        safe_time_coordination_url=PG, safe_time_coordination_io_timeout=4, safe_time_coordination_statement_timeout=2.5
+    )
+    args = deadline_args(config)
+    assert args["tcp_user_timeout"] == 4000
+    assert args["options"] == "-c statement_timeout=2500"
+
+
+@pytest.mark.parametrize("key", ["safe_time_coordination_io_timeout", "safe_time_coordination_statement_timeout"])
+@pytest.mark.parametrize("value", [0, -1, "soon", float("inf")])
+def test_a_bad_coordination_deadline_names_its_setting(key: str, value: object) -> None:
+    with pytest.raises(ImproperlyConfigured, match=key):
+        parse(safe_time_coordination_url=PG, **{key: value})

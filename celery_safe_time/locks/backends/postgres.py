@@ -524,11 +524,13 @@ def _text_param(value: Any, encoding: str) -> bytes | None:
     return str(value).encode(encoding)
 
 
-def _wait_for(fd: int, events: int) -> None:
-    """Until ``fd`` is ready for ``events`` (poll: no FD_SETSIZE limit as select has)."""
+def _wait_for(fd: int, events: int, deadline: float) -> bool:
+    """Until ``fd`` is ready for ``events`` (poll: no FD_SETSIZE limit as select has), or until
+    ``deadline`` (``time.monotonic()``): False when it passed first."""
     poller = select.poll()
     poller.register(fd, events | select.POLLERR | select.POLLHUP)
-    poller.poll()
+    left = deadline - time.monotonic()
+    return left > 0 and bool(poller.poll(left * 1000.0))
 
 
 def _text_value(raw: bytes | None, kind: str, encoding: str) -> Any:
@@ -655,16 +657,21 @@ class PostgresLockStore(LockBackend):
 
         encoding = driver.info.encoding
         pgconn = driver.pgconn
+        timeout = self.config.coordination_io_timeout
+        deadline = time.monotonic() + timeout
         pgconn.send_query_params(call.libpq, [_text_param(arg, encoding) for arg in args])
         # The waits are here, not in a blocking libpq call (PQexecParams): a signal (a soft time limit,
         # a warm shutdown) then interrupts a call to a database that stopped answering, as it does
-        # psycopg's own wait. psycopg keeps its connections non-blocking, so flush what is left.
+        # psycopg's own wait, and a database (or proxy) that stopped answering fails the call at the
+        # deadline. psycopg keeps its connections non-blocking, so flush what is left.
         while pgconn.flush():
-            _wait_for(pgconn.socket, select.POLLOUT)
+            if not _wait_for(pgconn.socket, select.POLLOUT, deadline):
+                raise self._no_answer(driver, timeout)
         result = None
         while True:
             while pgconn.is_busy():
-                _wait_for(pgconn.socket, select.POLLIN)
+                if not _wait_for(pgconn.socket, select.POLLIN, deadline):
+                    raise self._no_answer(driver, timeout)
                 pgconn.consume_input()
             got = pgconn.get_result()
             if got is None:
@@ -676,6 +683,17 @@ class PostgresLockStore(LockBackend):
                 raise errors.OperationalError("the lock statement returned no result")
             raise errors.error_from_result(result, encoding=encoding)
         return result
+
+    @staticmethod
+    def _no_answer(driver: Any, timeout: float) -> Exception:
+        """The error of a lock statement unanswered for ``timeout`` s; ``driver`` is closed first (a
+        reply may still come), so the pool throws the connection away (a disconnect)."""
+        from psycopg import errors
+
+        driver.close()
+        return errors.OperationalError(
+            f"no answer from PostgreSQL within {timeout:g} s (safe_time_coordination_io_timeout)"
+        )
 
     def _fetch(self, conn: Any, call: _Call, args: tuple[Any, ...]) -> Any:
         """Run ``call`` on the pooled DBAPI connection ``conn``: its first row, or None (no rows)."""

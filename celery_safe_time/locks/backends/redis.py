@@ -116,8 +116,8 @@ class RedisLockStore(LockBackend):
         return bool(self._release(*self._release_call(key, token, finished)))
 
     def release_later(self, key: str, token: str, finished: tuple[str, float, str] | None, settle: Settle) -> None:
-        """:meth:`release` sent without waiting: ``settle`` gets its answer before this thread's next
-        lock call (at once where the lean path does not apply)."""
+        """:meth:`release` sent without waiting: ``settle`` gets its answer after the task, from the
+        worker's post-run step (at once where the lean path does not apply)."""
         keys, args = self._release_call(key, token, finished)
         self._release.post(keys, args, lambda reply, error: settle(None if error else bool(reply), error))
 

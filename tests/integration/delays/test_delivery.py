@@ -299,27 +299,25 @@ def test_a_lock_requeue_longer_than_the_threshold_is_stored_and_runs(
     assert holder.id != waiter.id
 
 
+@pytest.mark.parametrize(
+    "task_name",
+    [
+        # the body raises ``Reject(requeue=True)`` once
+        "reject_once",
+        # the body raises ``SystemExit`` once: with ``reject_on_worker_lost`` the pool child goes and the
+        # message goes back to the queue
+        "exit_once",
+    ],
+)
 def test_a_stored_delivery_that_gives_its_message_back_runs_again_and_ends_finished(
-    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
+    setup: Setup, processes: ProcessManager, redis_client: redis.Redis, task_name: str
 ) -> None:
-    """An acks_late stored task that raises ``Reject(requeue=True)`` once: the broker's redelivery of
-    that message finds the row startable again (not finished as ignored), runs, and records the end."""
+    """An acks_late stored task whose first run gives its message back to the broker: the redelivery of
+    that message finds the row startable again (not finished as ignored or failed), runs, and records
+    the end."""
     setup.worker(processes, "w")
-    result = setup.tasks["reject_once"].apply_async(("rejected",), countdown=1.5)
-    setup.sweep_until(lambda: len(ends(redis_client)) >= 1, 30, "the run after the rejection")
-    row = finished_row(get_store(setup.app), result.id)
-    assert [r["task_id"] for r in runs(redis_client)] == [result.id, result.id]
-    assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 2)
-
-
-def test_a_stored_delivery_unwound_by_system_exit_runs_again_when_its_message_comes_back(
-    setup: Setup, processes: ProcessManager, redis_client: redis.Redis
-) -> None:
-    """acks_late with ``reject_on_worker_lost``: the body raises ``SystemExit``, the pool child goes and
-    the message goes back to the queue; its redelivery runs and records the end."""
-    setup.worker(processes, "w")
-    result = setup.tasks["exit_once"].apply_async(("exited",), countdown=1.5)
-    setup.sweep_until(lambda: len(ends(redis_client)) >= 1, 30, "the run after the SystemExit")
+    result = setup.tasks[task_name].apply_async((task_name,), countdown=1.5)
+    setup.sweep_until(lambda: len(ends(redis_client)) >= 1, 30, "the run after the message came back")
     row = finished_row(get_store(setup.app), result.id)
     assert [r["task_id"] for r in runs(redis_client)] == [result.id, result.id]
     assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 2)

@@ -13,7 +13,7 @@ from .. import constants as C
 from ..clock import UTC
 from ..config import get_config, mask_url
 from .backends import beat_backend
-from .lease import load_state
+from .state import load_state
 
 
 def describe_beat(app: Celery) -> dict[str, Any]:

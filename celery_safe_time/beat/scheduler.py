@@ -14,8 +14,6 @@ loads all of them once per lease term and then, when the change counter moved, o
 from __future__ import annotations
 
 import copy
-import dataclasses
-import functools
 import gc
 import logging
 from typing import Any
@@ -27,47 +25,22 @@ from celery.beat import ScheduleEntry, Scheduler
 from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
-from ..config import SafeTimeConfig
-from ..exceptions import ImproperlyConfigured, LeaseLost, SafeTimeError
+from ..exceptions import LeaseLost
 from ..publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
-from .base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held
+from .backends.base import SlotWrite
+from .base import LeasedScheduler, stop_signals_held
 from .entries import build_entry, parse_definition, spec_key, with_enabled
 from .leader import LeaseTerm
-from .lease import SlotWrite, dump_state, load_state, state_next
-from .slots import NEVER, Grid, at, decide, grid_for
+from .slots import NEVER, OPTION_MISFIRE, Plan, at, decide, entry_plan, next_state
+from .state import dump_state, load_state
 
 logger = logging.getLogger(__name__)
 
 #: What a reconcile writes: (state JSON by name, next slot by name, gone, idle, tombstones to prune).
 Replan = tuple[dict[str, str], dict[str, float], list[str], list[str], list[str]]
 
-__all__ = ["Plan", "SafeScheduler", "entry_plan"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What the scheduler needs to fire one entry."""
-
-    grid: Grid
-    policy: str
-
-    @functools.cached_property
-    def signature(self) -> str:
-        """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
-        return self.grid.signature()
-
-
-def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
-    """Validate one entry; raises :class:`SafeTimeError` with a message naming the problem."""
-    policy = (entry.options or {}).get(OPTION_MISFIRE, config.misfire)
-    if policy not in C.MISFIRE_POLICIES:
-        raise ImproperlyConfigured(
-            f"options.{OPTION_MISFIRE}", f"must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
-        )
-    if entry.task not in app.tasks:
-        raise SafeTimeError(f"unknown task {entry.task!r} (not registered in this app)")
-    return Plan(grid=grid_for(entry.schedule, app.timezone), policy=policy)
+__all__ = ["SafeScheduler"]
 
 
 class SafeScheduler(LeasedScheduler, Scheduler):
@@ -169,7 +142,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self.keeper.step_down(str(exc))
             return self.granularity
         except self.backend_errors as exc:
-            return self.redis_failed(exc)
+            return self.backend_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
         if self.seen_version > 0:
             # runtime entries are in use: look at the change counter often, a change shows within a poll
@@ -193,36 +166,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         elif read.state_count < planned:
             lost = f"{self.backend.state_name} has {read.state_count} of {planned} entries (evicted or deleted?)"
         return read.due, lost, read.version, read.head
-
-    @staticmethod
-    def next_state(
-        plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
-    ) -> tuple[str, float] | None:
-        """An entry's state JSON to write when (re)planning it and its next slot, None when its state
-        stands as it is.
-
-        An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
-        a next slot in the past is then a misfire, handled by its policy); an edited grid continues
-        after the last fired slot; a new entry starts at its first slot from ``now``.
-        """
-        sig = plan.signature
-        if state and state.get("sig") == sig and score is not None:
-            return None
-        last = state.get("last") if state else None
-        if state and state.get("sig") == sig:
-            next_fire = state_next(state)
-        elif not state and score is not None:
-            # the state hash was lost but the due set was not: keep the entry's place on its grid
-            next_fire = score
-        elif last is not None:  # edited: the new grid continues after the last fired slot
-            next_fire = plan.grid.next(float(last))
-        elif firsts is None:
-            next_fire = plan.grid.first(now)
-        else:
-            if sig not in firsts:
-                firsts[sig] = plan.grid.first(now)
-            next_fire = firsts[sig]
-        return dump_state(last, next_fire, sig), next_fire
 
     # --- runtime entries ----------------------------------------------------------
     def _drop(self, name: str) -> None:
@@ -280,7 +223,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 became = self.load_runtime(name, raw)
                 if became == "active":
                     known = load_state(state)
-                    planned = self.next_state(self.plans[name], known, score, now)
+                    planned = next_state(self.plans[name], known, score, now)
                     if planned is None:
                         continue
                     written, next_fire = planned
@@ -442,7 +385,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         nexts: dict[str, float] = {}
         firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
         for name, plan in self.plans.items():
-            planned = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+            planned = next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
             if planned is not None:
                 states[name], nexts[name] = planned
         scheduled = set(scores)
@@ -470,7 +413,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for name, raw, score in zip(recheck, raws, scores, strict=True):
             plan = self.plans.get(name)
             if plan is not None:
-                planned = self.next_state(plan, load_state(raw), score, now, firsts)
+                planned = next_state(plan, load_state(raw), score, now, firsts)
                 if planned is not None:
                     states[name], nexts[name] = planned
                     due_count += score is None

@@ -50,7 +50,7 @@ from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
-from ..lease import identity, marker_value, slot_id
+from ..state import identity, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
 logger = logging.getLogger(__name__)

@@ -199,17 +199,17 @@ def stop_signals_held() -> Iterator[None]:
     """Hold SIGTERM and SIGINT until the block ends, then act on the first one that came.
 
     Beat's stop handler raises SystemExit wherever the main thread is, and each tick runs in this
-    block. Between marking a slot fired and publishing it, that SystemExit lost the slot on a plain
-    restart (the guard says fired, so no beat sends it again). Inside a PostgreSQL call it left the
-    connection mid-query, and the cleanup's own error replaced the SystemExit: the tick logged a
-    database error, stood by, and beat never exited. A second stop signal inside the block acts at
+    block. Between marking a slot fired and publishing it, that SystemExit would lose the slot on a
+    plain restart (the guard says fired, so no beat sends it again). Inside a PostgreSQL call it would
+    leave the connection mid-query, and the cleanup's own error would replace the SystemExit: the
+    tick would log a database error, stand by, and beat never exit. A second stop signal inside the block acts at
     once, so a stuck call can still be interrupted. Outside the main thread (signals are never run
     there) this holds nothing.
 
     A Python handler (beat's) is wrapped once, by a handler that calls it at once outside the block
     and holds the signal inside it; each block then costs two reads of the handlers and a flag
-    (wrapping and unwrapping them in every tick was four ``signal.signal`` calls, the largest
-    Python cost of an idle tick after its Redis round trip). A handler set since (``signal.signal``
+    (wrapping and unwrapping them in every tick would be four ``signal.signal`` calls, the largest
+    Python cost of an idle tick after its backend round trip). A handler set since (``signal.signal``
     by beat or a test) is wrapped at the next block. The default action (``SIG_DFL``) is wrapped
     for the block only: kept outside it, a SIGTERM kills the process even while the main thread is
     stuck in a C call, which a Python handler waiting for its turn would not.

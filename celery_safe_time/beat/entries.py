@@ -1,6 +1,9 @@
 """Runtime beat entries: add, change, pause and remove periodic tasks without restarting beat.
 
-Storage (all keys behind ``safe_time_key_prefix``; any language can read and write them):
+The definitions live in the app's beat backend, next to the schedule state: on Redis the keys below
+(behind ``safe_time_key_prefix``; any language can read and write them), on PostgreSQL the tables
+``safe_time_beat_entries``, ``safe_time_beat_changes``, ``safe_time_beat_meta`` and
+``safe_time_beat_run_now`` with the same JSON and the same counter (docs/beat.md lists them).
 
 - ``beat:entries`` (hash): entry name -> its definition, canonical JSON::
 
@@ -16,12 +19,14 @@ Storage (all keys behind ``safe_time_key_prefix``; any language can read and wri
   ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
 - ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last
   change; a deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and
-  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically. The leader
-  reads the counter in every tick's due read and, when it moved, only the changed names: a
-  change takes effect at the leader's next tick, whatever the number of entries.
+  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically (on PostgreSQL,
+  one statement each). The leader reads the counter in every tick's due read and, when it moved,
+  only the changed names: a change takes effect at the leader's next tick, whatever the number of
+  entries.
 
-Per-entry state (last fired slot, next slot) is the scheduler's usual ``beat:state`` / ``beat:due``,
-so a definition that did not change keeps it, and a pause keeps it for the resume.
+Per-entry state (last fired slot, next slot) is the scheduler's usual state (Redis: ``beat:state`` /
+``beat:due``; PostgreSQL: ``safe_time_beat_state``), so a definition that did not change keeps it,
+and a pause keeps it for the resume.
 """
 
 from __future__ import annotations
@@ -324,7 +329,7 @@ def build_entry(
     return ScheduleEntry(
         name=name,
         task=definition["task"],
-        # the scheduler keeps the last run in Redis; passing one skips celery's app.now() per entry
+        # the scheduler keeps the last run in its backend; passing one skips celery's app.now() per entry
         last_run_at=_NEVER_RAN,
         schedule=schedule,
         args=tuple(definition["args"]),
@@ -334,7 +339,7 @@ def build_entry(
     )
 
 
-#: ``last_run_at`` of a freshly built entry (the real last fired slot is in ``beat:state``).
+#: ``last_run_at`` of a freshly built entry (the real last fired slot is in the backend's state).
 _NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -342,12 +347,11 @@ _NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _Store:
-    """The app's config, client, keys and the entry scripts (registered lazily, loaded on first EVALSHA)."""
+    """The app, its config and its beat backend, where the definitions live."""
 
     def __init__(self, app: Celery | None) -> None:
         self.app: Celery = app if app is not None else current_app._get_current_object()
         self.config = get_config(self.app)
-        #: where the definitions live: the beat backend of the app (Redis or PostgreSQL)
         self.backend = beat_backend(self.config)
 
     def config_entries(self) -> dict[str, Any]:

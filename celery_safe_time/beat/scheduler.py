@@ -113,7 +113,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         epoch = term.epoch
         try:
             now = self.clock.time()
-            # once per lease, keyed on the term: an epoch number repeats after a Redis reset
+            # once per lease, keyed on the term: an epoch number repeats after a backend reset
             if self._reconciled != term:
                 self.reconcile(epoch, now)
                 self._reconciled = term
@@ -137,8 +137,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 head = self.backend.head()
             self._housekeeping()
         except LeaseLost as exc:
-            # Not a backend error (those differ per backend, and this one escaped all but Redis's,
-            # killing the beat): this beat was paused past its lease and another took it over.
+            # Not a backend error (each backend has its own, and this one must be caught on all of
+            # them): this beat was paused past its lease and another took it over.
             self.keeper.step_down(str(exc))
             return self.granularity
         except self.backend_errors as exc:
@@ -150,7 +150,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return wait
 
     def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
-        """The due entries, what is missing from the Redis state (None when nothing is), the change
+        """The due entries, what is missing from the backend's state (None when nothing is), the change
         counter of the runtime entries, and the first entry of the due set (how long to sleep when
         nothing is due: an idle tick is this one round trip).
 
@@ -303,7 +303,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def _applied_since(self, marker: Any, version: int) -> int | None:
         """The version a previous leader's state reflects, None when it cannot be trusted (no marker,
-        another fingerprint, or a counter that went backwards: Redis was reset)."""
+        another fingerprint, or a counter that went backwards: the backend was reset)."""
         if not marker:
             return None
         applied, _, fingerprint = as_text(marker).partition(" ")
@@ -319,7 +319,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
         When the previous leader recorded the version its state reflects, only the config entries and
         the runtime entries changed after it are re-planned (their state read with HMGET); every other
-        entry's state is already right in Redis. A due-set count that does not add up afterwards, or
+        entry's state is already right in the backend. A due-set count that does not add up afterwards, or
         no usable marker, re-plans everything from a full read of the state.
         """
         snapshot = self.backend.snapshot()
@@ -437,8 +437,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
         """Guard and publish the due entries; False when the lease turned out to be gone.
 
-        The dispatch checks of all due entries go to Redis in one round trip, then the slots they allow
-        are published: a tick with N entries due costs one Redis round trip, not N.
+        The dispatch checks of all due entries go to the backend in one round trip, then the slots they
+        allow are published: a tick with N entries due costs one backend round trip, not N.
         """
         planned: list[tuple[float, SlotWrite]] = []  # (the due slot it came from, the write)
         for name, slot in due:
@@ -488,7 +488,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return True
 
     def publish_many(self, allowed: list[tuple[Any, float]], epoch: int) -> None:
-        """Publish a tick's allowed slots; on Redis in one round trip (kombu's ``Producer.batch``:
+        """Publish a tick's allowed slots; on a Redis broker in one round trip (kombu's ``Producer.batch``:
         the same LPUSHes through Celery's ``send_task``, routing, headers and publish signals kept).
 
         A slot is logged and signalled as sent only once its batch reached the broker: a batch that
@@ -604,7 +604,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         entry.last_run_at = when
         entry.total_run_count += 1
         task_id = getattr(result, "id", None)
-        # The sweep goes every few seconds: at INFO it would fill the log (issue 21).
+        # The sweep goes every few seconds: at INFO it would fill the log.
         level = logging.DEBUG if entry.task == C.SWEEP_TASK_NAME else logging.INFO
         logger.log(
             level, "beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch

@@ -190,7 +190,7 @@ class BeatBackend(abc.ABC):
         """A re-plan: write ``states`` and their ``nexts``, drop ``gone`` (state too), unschedule ``idle``
         (state kept); only while ``token`` holds the lease (False, nothing written, otherwise)."""
 
-    # --- runtime entries (issue "runtime entries"; a backend without them answers empty) --------
+    # --- runtime entries (a backend without them answers empty) -----------------------------
     @abc.abstractmethod
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
         """(name, version) of the runtime entries changed after ``since`` (None: all), oldest first."""

@@ -1,8 +1,9 @@
-"""The Redis beat backend (the default): the keys and Lua scripts of :mod:`..lease` and :mod:`..entries`.
+"""The Redis beat backend (the default): the lease of :mod:`..lease`, the runtime entries' keys and
+the Lua scripts of :mod:`..scripts`.
 
 Keys under ``safe_time_key_prefix``: ``beat:lease``, ``beat:epoch``, ``beat:leader``, ``beat:state``
 (hash), ``beat:due`` (sorted set), ``beat:fired:<entry>:<slot ms>`` (markers with a TTL) and the
-runtime entries' ``beat:entries*``. Unchanged by the seam: the same keys, the same scripts.
+runtime entries' ``beat:entries*`` (:class:`EntryKeys`).
 """
 
 from __future__ import annotations
@@ -138,8 +139,8 @@ class RedisBeatBackend(BeatBackend):
     # --- ticks --------------------------------------------------------------------
     def read_due(self, now: float, limit: int) -> DueRead:
         # One range up to now + BEAT_HEAD_WINDOW gives the due entries (a prefix: the range is in score
-        # order) and the head, which used to be a ZRANGE of its own: an idle tick is mostly the
-        # client's work on its commands, and four cost less than five (50-80 us of a 0.5-0.8 ms tick).
+        # order) and the head, without a ZRANGE of its own: an idle tick is mostly the client's work
+        # on its commands, so each command saved shortens it.
         pipe = self.client.pipeline(transaction=False)
         pipe.zrangebyscore(self.keys.due, "-inf", now + C.BEAT_HEAD_WINDOW, start=0, num=limit, withscores=True)
         pipe.zcard(self.keys.due)

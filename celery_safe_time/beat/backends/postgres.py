@@ -32,6 +32,9 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
 changed names.
+
+The table definitions are ``beat/sql/schema.sql`` and the statements of the lease and the tick
+``beat/sql/queries.sql``, named statements read once at import (:func:`load_sql`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -69,238 +73,42 @@ COUNTS_TABLE = "safe_time_beat_counts"
 #: The advisory lock (transaction level) that serialises table creation between beats starting together.
 _DDL_LOCK = 0x5AFE7135
 
-DDL = (
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_lease (
-        ns text PRIMARY KEY,
-        token text,
-        epoch bigint NOT NULL,
-        expires_at timestamptz,
-        info text
-    )""",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_fired (
-        ns text NOT NULL,
-        entry text NOT NULL,
-        slot_ms bigint NOT NULL,
-        epoch bigint NOT NULL,
-        fired_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-        marker text,
-        PRIMARY KEY (ns, entry, slot_ms)
-    )""",
-    # Tables made before the dispatch marker existed. Looked up first: ALTER TABLE needs the table's
-    # owner and an exclusive lock even when the column is there (a web app's role may not own it).
-    """DO $$
-    BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = CAST('safe_time_beat_fired' AS regclass)
-                       AND attname = 'marker' AND NOT attisdropped) THEN
-            ALTER TABLE safe_time_beat_fired ADD COLUMN marker text;
-        END IF;
-    END $$""",
-    "CREATE INDEX IF NOT EXISTS safe_time_beat_fired_age ON safe_time_beat_fired (ns, fired_at)",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_state (
-        ns text NOT NULL,
-        entry text NOT NULL,
-        state text NOT NULL,
-        next_fire double precision,
-        PRIMARY KEY (ns, entry)
-    )""",
-    "CREATE INDEX IF NOT EXISTS safe_time_beat_state_due ON safe_time_beat_state (ns, next_fire, entry) "
-    "WHERE next_fire IS NOT NULL",
-    # The state's row counts per app, kept by a trigger: an idle tick reads them instead of counting
-    # the table (a seq scan: 5 ms at 10,000 entries). A trigger, not the backend's own statements,
-    # so that rows deleted by hand show too (the tick then reconciles, as on Redis after an eviction).
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_counts (
-        ns text PRIMARY KEY,
-        total bigint NOT NULL,
-        due bigint NOT NULL
-    )""",
-    # Made once, not replaced: CREATE OR REPLACE needs the function's owner, which another role of
-    # the same app may not be (a changed body must take a new name).
-    """DO $$
-    BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'safe_time_beat_state_count'
-                   AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())) THEN
-    CREATE FUNCTION safe_time_beat_state_count() RETURNS trigger LANGUAGE plpgsql AS $fn$
-    BEGIN
-        IF TG_OP = 'TRUNCATE' THEN
-            DELETE FROM safe_time_beat_counts;
-        ELSIF TG_OP = 'INSERT' THEN
-            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
-            SELECT ns, count(*), count(next_fire) FROM new_rows GROUP BY ns
-            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
-        ELSIF TG_OP = 'DELETE' THEN
-            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
-            SELECT ns, -count(*), -count(next_fire) FROM old_rows GROUP BY ns
-            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
-        ELSE
-            -- most updates (a dispatch's new state) change no count: those write nothing
-            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
-            SELECT ns, sum(t), sum(d) FROM (
-                SELECT ns, 1 AS t, CASE WHEN next_fire IS NULL THEN 0 ELSE 1 END AS d FROM new_rows
-                UNION ALL
-                SELECT ns, -1, CASE WHEN next_fire IS NULL THEN 0 ELSE -1 END FROM old_rows
-            ) delta GROUP BY ns HAVING sum(t) <> 0 OR sum(d) <> 0
-            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
-        END IF;
-        RETURN NULL;
-    END $fn$;
-    END IF;
-    END $$""",
-    # Created once, with the counts of the rows already there (the lock keeps writers out meanwhile).
-    """DO $$
-    BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'safe_time_beat_state_inserted'
-                       AND tgrelid = CAST('safe_time_beat_state' AS regclass)) THEN
-            LOCK TABLE safe_time_beat_state IN SHARE ROW EXCLUSIVE MODE;
-            CREATE TRIGGER safe_time_beat_state_inserted AFTER INSERT ON safe_time_beat_state
-                REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            CREATE TRIGGER safe_time_beat_state_updated AFTER UPDATE ON safe_time_beat_state
-                REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            CREATE TRIGGER safe_time_beat_state_deleted AFTER DELETE ON safe_time_beat_state
-                REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            CREATE TRIGGER safe_time_beat_state_truncated AFTER TRUNCATE ON safe_time_beat_state
-                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            DELETE FROM safe_time_beat_counts;
-            INSERT INTO safe_time_beat_counts (ns, total, due)
-                SELECT ns, count(*), count(next_fire) FROM safe_time_beat_state GROUP BY ns;
-        END IF;
-    END $$""",
-    # runtime entries: the change counter and the applied marker, definitions, the change log, run-now
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_meta (
-        ns text PRIMARY KEY,
-        version bigint NOT NULL DEFAULT 0,
-        applied text
-    )""",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_entries (
-        ns text NOT NULL,
-        name text NOT NULL,
-        definition text NOT NULL,
-        PRIMARY KEY (ns, name)
-    )""",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_changes (
-        ns text NOT NULL,
-        name text NOT NULL,
-        version bigint NOT NULL,
-        PRIMARY KEY (ns, name)
-    )""",
-    "CREATE INDEX IF NOT EXISTS safe_time_beat_changes_version ON safe_time_beat_changes (ns, version)",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_run_now (
-        ns text NOT NULL,
-        name text NOT NULL,
-        slot_ms text NOT NULL,
-        PRIMARY KEY (ns, name)
-    )""",
-)
+#: What begins a named statement in a ``beat/sql/*.sql`` file.
+_NAME = "-- name: "
 
-# The SQL below names its tables literally (no string-built SQL anywhere in the package: the
-# table names above are for tests and tools). ``ok`` in the guarded statements is the lease row this
-# token holds, unexpired on the database clock, locked against a take-over until the statement ends.
-# ``mine`` is the fired rows this very call wrote (its ``marker``, new per call: ``lease.marker_value``)
-# in an earlier attempt whose reply was lost: the statement sees the rows committed before it, so the
-# same call run again answers "publish" for them, where any later call answers "already fired".
 
-_ACQUIRE = sa.text("""
-INSERT INTO safe_time_beat_lease AS l (ns, token, epoch, expires_at, info)
-VALUES (:ns, :token, 1, clock_timestamp() + make_interval(secs => :ttl), :info)
-ON CONFLICT (ns) DO UPDATE SET
-    token = EXCLUDED.token,
-    epoch = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.epoch ELSE l.epoch + 1 END,
-    info = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.info ELSE EXCLUDED.info END,
-    expires_at = EXCLUDED.expires_at
-WHERE l.token IS NULL OR l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
-RETURNING epoch""")
+def load_sql(name: str) -> dict[str, str]:
+    """The named statements of ``beat/sql/<name>.sql``, in file order.
 
-_RENEW = sa.text("""
-UPDATE safe_time_beat_lease SET expires_at = clock_timestamp() + make_interval(secs => :ttl)
-WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp()""")
+    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
+    is a comment of the file (comments inside a statement are indented and sent with it).
+    """
+    text = resources.files("celery_safe_time.beat").joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    statements: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(_NAME):
+            current = statements[line[len(_NAME) :].strip()] = []
+        elif current is not None and not line.startswith("--"):
+            current.append(line)
+    return {name: "\n".join(body).strip() for name, body in statements.items()}
 
-_RELEASE = sa.text("""
-UPDATE safe_time_beat_lease SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :ns AND token = :token""")
 
-_WRITE_SLOTS = sa.text("""
-WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
-w AS (
-    SELECT * FROM unnest(
-        CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[])
-    ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, ord)
-),
-mine AS (
-    SELECT f.entry, f.slot_ms FROM safe_time_beat_fired f
-    WHERE f.ns = :ns AND f.marker = :marker AND (f.entry, f.slot_ms) IN (SELECT entry, slot_ms FROM w)
-),
-fired AS (
-    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
-    SELECT :ns, w.entry, w.slot_ms, :epoch, :marker FROM w, ok WHERE w.slot_ms IS NOT NULL
-    ON CONFLICT DO NOTHING
-    RETURNING entry, slot_ms
-),
-latest AS (SELECT DISTINCT ON (entry) entry, state, next_fire FROM w ORDER BY entry, ord DESC),
-written AS (
-    INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
-    SELECT :ns, latest.entry, latest.state, latest.next_fire FROM latest, ok
-    ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM ok) AS leader,
-       (SELECT count(*) FROM mine) AS mine,
-       (SELECT json_agg(json_build_array(entry, slot_ms))
-        FROM (SELECT entry, slot_ms FROM fired UNION ALL SELECT entry, slot_ms FROM mine) f) AS fresh""")
+#: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.
+DDL = tuple(load_sql("schema").values())
 
-_DISPATCH_SLOT = sa.text("""
-WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
-mine AS (
-    SELECT 1 FROM safe_time_beat_fired
-    WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms AND marker = :marker
-),
-fired AS (
-    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
-    SELECT :ns, :entry, :slot_ms, :epoch, :marker FROM ok
-    ON CONFLICT DO NOTHING RETURNING 1
-)
-SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM mine), (SELECT count(*) FROM fired)""")
-
-_FORGET = sa.text("""
-WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
-unscheduled AS (
-    UPDATE safe_time_beat_state SET next_fire = NULL
-    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND :keep AND EXISTS (SELECT 1 FROM ok)
-    RETURNING 1
-),
-removed AS (
-    DELETE FROM safe_time_beat_state
-    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND NOT :keep AND EXISTS (SELECT 1 FROM ok)
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT count(*) FROM removed)""")
-
-#: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3)
-#: (both from ``safe_time_beat_counts``: no count of the table), the runtime entries' change counter (4).
-_READ_DUE = sa.text("""
-(SELECT entry, next_fire, 0 AS kind FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
-UNION ALL
-(SELECT entry, next_fire, 1 FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
-UNION ALL
-SELECT NULL, (SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 2
-UNION ALL
-SELECT NULL, (SELECT total FROM safe_time_beat_counts WHERE ns = :ns), 3
-UNION ALL
-SELECT NULL, (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), 4""")
-
-_HEAD = sa.text("""SELECT entry, next_fire FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit""")
-
-_LEASE_VIEW = sa.text("""
-SELECT l.token, l.epoch, l.info,
-       CASE WHEN l.expires_at > n.now THEN ceil(extract(epoch FROM l.expires_at - n.now) * 1000) END AS ttl_ms,
-       extract(epoch FROM n.now) AS now
-FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.ns = :ns""")
-
-_NOW = sa.text("SELECT extract(epoch FROM clock_timestamp())")
+_QUERIES = {name: sa.text(sql) for name, sql in load_sql("queries").items()}
+_ACQUIRE = _QUERIES["acquire"]
+_RENEW = _QUERIES["renew"]
+_RELEASE = _QUERIES["release"]
+_WRITE_SLOTS = _QUERIES["write_slots"]
+_DISPATCH_SLOT = _QUERIES["dispatch_slot"]
+_FORGET = _QUERIES["forget"]
+#: One idle tick's read: the due entries, the head, the due and state counts, the change counter.
+_READ_DUE = _QUERIES["read_due"]
+_HEAD = _QUERIES["head"]
+_LEASE_VIEW = _QUERIES["lease_view"]
+_NOW = _QUERIES["now"]
 
 
 def _float(value: Any) -> float:

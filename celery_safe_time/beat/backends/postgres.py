@@ -33,7 +33,7 @@ version of its last change, kept as a tombstone after a delete until the leader 
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
 changed names.
 
-The table definitions are ``beat/sql/schema.sql`` and the statements of the lease and the tick
+The table definitions are ``beat/sql/schema.sql`` and every statement the backend runs
 ``beat/sql/queries.sql``, named statements read once at import (:func:`load_sql`).
 """
 
@@ -97,18 +97,8 @@ def load_sql(name: str) -> dict[str, str]:
 #: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.
 DDL = tuple(load_sql("schema").values())
 
+#: Every statement the backend runs (``beat/sql/queries.sql``), by name.
 _QUERIES = {name: sa.text(sql) for name, sql in load_sql("queries").items()}
-_ACQUIRE = _QUERIES["acquire"]
-_RENEW = _QUERIES["renew"]
-_RELEASE = _QUERIES["release"]
-_WRITE_SLOTS = _QUERIES["write_slots"]
-_DISPATCH_SLOT = _QUERIES["dispatch_slot"]
-_FORGET = _QUERIES["forget"]
-#: One idle tick's read: the due entries, the head, the due and state counts, the change counter.
-_READ_DUE = _QUERIES["read_due"]
-_HEAD = _QUERIES["head"]
-_LEASE_VIEW = _QUERIES["lease_view"]
-_NOW = _QUERIES["now"]
 
 
 def _float(value: Any) -> float:
@@ -144,7 +134,7 @@ class PostgresClock(ServerClock):
         # one connection for the samples: a pool checkout (and its ping) must not count in the RTT
         with self._backend.engine().connect() as conn:
             return measure_sync(
-                lambda: _float(conn.execute(_NOW).scalar_one()), local=self._local, monotonic=self._monotonic
+                lambda: _float(conn.execute(_QUERIES["now"]).scalar_one()), local=self._local, monotonic=self._monotonic
             )
 
 
@@ -166,7 +156,7 @@ class PostgresLease(BeatLease):
         self.backend.ensure_tables()
         info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
         with self.backend.autocommit() as conn:
-            epoch = conn.execute(_ACQUIRE, self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
+            epoch = conn.execute(_QUERIES["acquire"], self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
         self.epoch = int(epoch) if epoch is not None else None
         return self.epoch
 
@@ -174,7 +164,7 @@ class PostgresLease(BeatLease):
         if self.epoch is None:
             return False
         with self.backend.autocommit() as conn:
-            ok = bool(conn.execute(_RENEW, self._params(ttl=self.ttl, epoch=self.epoch)).rowcount == 1)
+            ok = bool(conn.execute(_QUERIES["renew"], self._params(ttl=self.ttl, epoch=self.epoch)).rowcount == 1)
         if not ok:
             self.epoch = None
         return ok
@@ -182,7 +172,7 @@ class PostgresLease(BeatLease):
     def release(self) -> bool:
         self.epoch = None
         with self.backend.autocommit() as conn:
-            return bool(conn.execute(_RELEASE, self._params()).rowcount == 1)
+            return bool(conn.execute(_QUERIES["release"], self._params()).rowcount == 1)
 
     def _guarded(self, statement: sa.TextClause, params: dict[str, Any]) -> tuple[Any, ...]:
         """Run a guarded dispatch statement; when the connection is lost during it, run it once more
@@ -211,7 +201,7 @@ class PostgresLease(BeatLease):
             nexts=[w.next_fire for w in writes],
             marker=marker_value(epoch),
         )
-        leader, mine, fresh = self._guarded(_WRITE_SLOTS, params)
+        leader, mine, fresh = self._guarded(_QUERIES["write_slots"], params)
         # rows of our own (an earlier attempt of this call committed, under the lease then): its
         # verdicts stand even if the lease is gone now
         if not leader and not mine:
@@ -234,7 +224,7 @@ class PostgresLease(BeatLease):
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
         self.backend.ensure_tables()
         params = self._params(epoch=epoch, entry=entry, slot_ms=int(slot_id(slot)), marker=marker_value(epoch))
-        leader, mine, fresh = self._guarded(_DISPATCH_SLOT, params)
+        leader, mine, fresh = self._guarded(_QUERIES["dispatch_slot"], params)
         if mine:
             return 1
         if not leader:
@@ -245,7 +235,9 @@ class PostgresLease(BeatLease):
         if not names:
             return True
         with self.backend.autocommit() as conn:
-            leader, _ = conn.execute(_FORGET, self._params(epoch=epoch, names=list(names), keep=keep_state)).one()
+            leader, _ = conn.execute(
+                _QUERIES["forget"], self._params(epoch=epoch, names=list(names), keep=keep_state)
+            ).one()
         return bool(leader)
 
 
@@ -275,7 +267,7 @@ class PostgresBeatBackend(BeatBackend):
         if self._tables_ready:
             return
         with self.engine().begin() as conn:
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK})
+            conn.execute(_QUERIES["schema_lock"], {"key": _DDL_LOCK})
             for statement in DDL:
                 conn.execute(sa.text(statement))
         self._tables_ready = True
@@ -290,7 +282,7 @@ class PostgresBeatBackend(BeatBackend):
     def lease_view(self) -> LeaseView:
         self.ensure_tables()
         with self.autocommit() as conn:
-            token, epoch, info, ttl_ms, now = conn.execute(_LEASE_VIEW, self._p()).one()
+            token, epoch, info, ttl_ms, now = conn.execute(_QUERIES["lease_view"], self._p()).one()
         held = token is not None and ttl_ms is not None
         holder: dict[str, Any] = {}
         if held and info:
@@ -308,10 +300,7 @@ class PostgresBeatBackend(BeatBackend):
     def holds_lease(self, token: str) -> bool:
         with self.autocommit() as conn:
             row = conn.execute(
-                sa.text(
-                    "SELECT 1 FROM safe_time_beat_lease "
-                    "WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()"
-                ),
+                _QUERIES["holds_lease"],
                 self._p(token=token),
             ).first()
         return row is not None
@@ -353,7 +342,7 @@ class PostgresBeatBackend(BeatBackend):
         )
 
     def read_due(self, now: float, limit: int) -> DueRead:
-        rows = self._read(_READ_DUE, self._p(now=now, limit=limit))
+        rows = self._read(_QUERIES["read_due"], self._p(now=now, limit=limit))
         due: Scored = []
         head: Scored = []
         counts = {2: 0, 3: 0, 4: 0}
@@ -367,13 +356,13 @@ class PostgresBeatBackend(BeatBackend):
         return DueRead(due=due, due_count=counts[2], state_count=counts[3], version=counts[4], head=head)
 
     def head(self, limit: int = 1) -> Scored:
-        rows = self._read(_HEAD, self._p(limit=limit))
+        rows = self._read(_QUERIES["head"], self._p(limit=limit))
         return [(entry, float(value)) for entry, value in rows]
 
     def drop_due(self, name: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = :entry"),
+                _QUERIES["drop_due"],
                 self._p(entry=name),
             )
 
@@ -381,15 +370,9 @@ class PostgresBeatBackend(BeatBackend):
     def snapshot(self) -> Snapshot:
         # one consistent read: the counter matches the definitions and the marker the state
         with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(
-                sa.text("SELECT version, applied FROM safe_time_beat_meta WHERE ns = :ns"), self._p()
-            ).first()
-            definitions = conn.execute(
-                sa.text("SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns"), self._p()
-            ).all()
-            requests = conn.execute(
-                sa.text("SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns"), self._p()
-            ).all()
+            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).first()
+            definitions = conn.execute(_QUERIES["snapshot_entries"], self._p()).all()
+            requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
         return Snapshot(
             version=int(meta[0]) if meta else 0,
             definitions={name: raw for name, raw in definitions},
@@ -399,12 +382,8 @@ class PostgresBeatBackend(BeatBackend):
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.autocommit() as conn:
-            rows = conn.execute(
-                sa.text("SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns"), self._p()
-            ).all()
-            logged = conn.execute(
-                sa.text("SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns"), self._p()
-            ).scalar_one()
+            rows = conn.execute(_QUERIES["all_states"], self._p()).all()
+            logged = conn.execute(_QUERIES["change_count"], self._p()).scalar_one()
         stored = {entry: state for entry, state, _ in rows}
         scores = {entry: float(next_fire) for entry, _, next_fire in rows if next_fire is not None}
         return stored, scores, int(logged)
@@ -414,10 +393,7 @@ class PostgresBeatBackend(BeatBackend):
             return [], []
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT entry, state, next_fire FROM safe_time_beat_state "
-                    "WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"
-                ),
+                _QUERIES["read_states"],
                 self._p(names=list(names)),
             ).all()
         found = {entry: (state, next_fire) for entry, state, next_fire in rows}
@@ -429,7 +405,7 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             return int(
                 conn.execute(
-                    sa.text("SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL"),
+                    _QUERIES["due_count"],
                     self._p(),
                 ).scalar_one()
             )
@@ -439,10 +415,7 @@ class PostgresBeatBackend(BeatBackend):
     ) -> bool:
         with self.engine().begin() as conn:
             held = conn.execute(
-                sa.text(
-                    "SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token "
-                    "AND expires_at > clock_timestamp() FOR SHARE"
-                ),
+                _QUERIES["holds_lease_for_plan"],
                 self._p(token=token),
             ).first()
             if held is None:
@@ -450,25 +423,17 @@ class PostgresBeatBackend(BeatBackend):
             names = list(states)
             if names:
                 conn.execute(
-                    sa.text("""
-                        INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
-                        SELECT :ns, * FROM unnest(
-                            CAST(:names AS text[]), CAST(:states AS text[]), CAST(:nexts AS float8[]))
-                        ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
-                    """),
+                    _QUERIES["plan_states"],
                     self._p(names=names, states=[states[n] for n in names], nexts=[nexts[n] for n in names]),
                 )
             if gone:
                 conn.execute(
-                    sa.text("DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"),
+                    _QUERIES["plan_gone"],
                     self._p(names=list(gone)),
                 )
             if idle:
                 conn.execute(
-                    sa.text(
-                        "UPDATE safe_time_beat_state SET next_fire = NULL "
-                        "WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"
-                    ),
+                    _QUERIES["plan_idle"],
                     self._p(names=list(idle)),
                 )
         return True
@@ -477,28 +442,20 @@ class PostgresBeatBackend(BeatBackend):
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND version > :since "
-                    "ORDER BY version, name LIMIT :limit"
-                ),
+                _QUERIES["change_log"],
                 self._p(since=-1 if since is None else since, limit=limit),  # LIMIT NULL: no limit
             ).all()
         return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
         with self.autocommit() as conn:
-            rows = conn.execute(
-                sa.text("SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns"), self._p()
-            ).all()
+            rows = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
         return {name: slot_ms for name, slot_ms in rows}
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, definition FROM safe_time_beat_entries "
-                    "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
-                ),
+                _QUERIES["read_changed_definitions"],
                 self._p(names=list(names)),
             ).all()
         found = dict(rows)
@@ -510,31 +467,21 @@ class PostgresBeatBackend(BeatBackend):
             return
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("""
-                    DELETE FROM safe_time_beat_changes c
-                    WHERE c.ns = :ns AND c.name = ANY(CAST(:names AS text[])) AND c.version <= :version
-                    AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = c.ns AND e.name = c.name)
-                """),
+                _QUERIES["prune_changes"],
                 self._p(names=list(names), version=version),
             )
 
     def mark_applied(self, token: str, marker: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("""
-                    INSERT INTO safe_time_beat_meta (ns, version, applied)
-                    SELECT :ns, 0, :marker WHERE EXISTS (
-                        SELECT 1 FROM safe_time_beat_lease
-                        WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
-                    ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
-                """),
+                _QUERIES["mark_applied"],
                 self._p(token=token, marker=marker),
             )
 
     def run_now_done(self, name: str, slot_ms: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("DELETE FROM safe_time_beat_run_now WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms"),
+                _QUERIES["run_now_done"],
                 self._p(name=name, slot_ms=slot_ms),
             )
 
@@ -546,34 +493,26 @@ class PostgresBeatBackend(BeatBackend):
         return self.engine().begin()
 
     def _locked_version(self, conn: Any) -> int:
-        conn.execute(sa.text("INSERT INTO safe_time_beat_meta (ns) VALUES (:ns) ON CONFLICT DO NOTHING"), self._p())
-        return int(
-            conn.execute(
-                sa.text("SELECT version FROM safe_time_beat_meta WHERE ns = :ns FOR UPDATE"), self._p()
-            ).scalar_one()
-        )
+        conn.execute(_QUERIES["meta_row"], self._p())
+        return int(conn.execute(_QUERIES["lock_version"], self._p()).scalar_one())
 
     def _bump(self, conn: Any, name: str | None, version: int) -> int:
         version += 1
-        conn.execute(sa.text("UPDATE safe_time_beat_meta SET version = :v WHERE ns = :ns"), self._p(v=version))
+        conn.execute(_QUERIES["set_version"], self._p(v=version))
         if name is not None:
             conn.execute(
-                sa.text("""INSERT INTO safe_time_beat_changes (ns, name, version) VALUES (:ns, :name, :v)
-                    ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version"""),
+                _QUERIES["log_change"],
                 self._p(name=name, v=version),
             )
         return version
 
     def _definition(self, conn: Any, name: str) -> str | None:
-        value = conn.execute(
-            sa.text("SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name"), self._p(name=name)
-        ).scalar_one_or_none()
+        value = conn.execute(_QUERIES["definition"], self._p(name=name)).scalar_one_or_none()
         return None if value is None else str(value)
 
     def _put(self, conn: Any, name: str, raw: str) -> None:
         conn.execute(
-            sa.text("""INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
-                ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition"""),
+            _QUERIES["put_definition"],
             self._p(name=name, raw=raw),
         )
 
@@ -589,7 +528,7 @@ class PostgresBeatBackend(BeatBackend):
         with self._writing() as conn:
             version = self._locked_version(conn)
             gone = conn.execute(
-                sa.text("DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1"),
+                _QUERIES["delete_definition"],
                 self._p(name=name),
             ).first()
             if gone is None:
@@ -611,8 +550,7 @@ class PostgresBeatBackend(BeatBackend):
         with self._writing() as conn:
             version = self._locked_version(conn)
             conn.execute(
-                sa.text("""INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
-                    ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms"""),
+                _QUERIES["run_now"],
                 self._p(name=name, slot_ms=slot_ms),
             )
             return self._bump(conn, None, version)
@@ -626,10 +564,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, definition FROM safe_time_beat_entries "
-                    "WHERE ns = :ns AND left(name, length(:prefix)) = :prefix"
-                ),
+                _QUERIES["definitions"],
                 self._p(prefix=prefix or ""),
             ).all()
         return dict(rows)
@@ -641,10 +576,7 @@ class PostgresBeatBackend(BeatBackend):
         states, scores = self.read_states(names)
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, version FROM safe_time_beat_changes "
-                    "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
-                ),
+                _QUERIES["change_versions"],
                 self._p(names=list(names)),
             ).all()
         versions = {name: float(version) for name, version in rows}
@@ -654,10 +586,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             conn.execute(
-                sa.text(
-                    "INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) "
-                    "ON CONFLICT DO NOTHING"
-                ),
+                _QUERIES["seed_state"],
                 self._p(entry=name, state=state),
             )
 
@@ -665,7 +594,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             row = conn.execute(
-                sa.text("SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms"),
+                _QUERIES["slot_fired"],
                 self._p(entry=name, slot_ms=int(slot_id(slot))),
             ).first()
         return row is not None
@@ -675,12 +604,7 @@ class PostgresBeatBackend(BeatBackend):
         """Delete fired-slot rows older than ``FIRED_SLOT_TTL`` (leader only: the lease is checked)."""
         with self.autocommit() as conn:
             result = conn.execute(
-                sa.text("""
-                    DELETE FROM safe_time_beat_fired WHERE ns = :ns
-                    AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
-                    AND EXISTS (SELECT 1 FROM safe_time_beat_lease
-                                WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
-                """),
+                _QUERIES["prune_fired"],
                 self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),
             )
         return int(result.rowcount or 0)

@@ -112,3 +112,116 @@ FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.n
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())
+
+-- The backend's other statements, by the method that runs them.
+
+-- name: schema_lock
+SELECT pg_advisory_xact_lock(:key)
+
+-- name: holds_lease
+SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()
+
+-- name: drop_due
+UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = :entry
+
+-- name: snapshot_meta
+SELECT version, applied FROM safe_time_beat_meta WHERE ns = :ns
+
+-- name: snapshot_entries
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns
+
+-- name: snapshot_run_now
+SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns
+
+-- name: all_states
+SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns
+
+-- name: change_count
+SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns
+
+-- name: read_states
+SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+
+-- name: due_count
+SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL
+
+-- name: plan_states
+INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
+SELECT :ns, * FROM unnest(
+    CAST(:names AS text[]), CAST(:states AS text[]), CAST(:nexts AS float8[]))
+ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
+
+-- name: plan_gone
+DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+
+-- name: plan_idle
+UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+
+-- name: holds_lease_for_plan
+SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp() FOR SHARE
+
+-- name: change_log
+SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND version > :since ORDER BY version, name LIMIT :limit
+
+-- name: read_changed_definitions
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
+
+-- name: prune_changes
+DELETE FROM safe_time_beat_changes c
+WHERE c.ns = :ns AND c.name = ANY(CAST(:names AS text[])) AND c.version <= :version
+AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = c.ns AND e.name = c.name)
+
+-- name: mark_applied
+INSERT INTO safe_time_beat_meta (ns, version, applied)
+SELECT :ns, 0, :marker WHERE EXISTS (
+    SELECT 1 FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
+ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
+
+-- name: run_now_done
+DELETE FROM safe_time_beat_run_now WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms
+
+-- name: meta_row
+INSERT INTO safe_time_beat_meta (ns) VALUES (:ns) ON CONFLICT DO NOTHING
+
+-- name: lock_version
+SELECT version FROM safe_time_beat_meta WHERE ns = :ns FOR UPDATE
+
+-- name: set_version
+UPDATE safe_time_beat_meta SET version = :v WHERE ns = :ns
+
+-- name: log_change
+INSERT INTO safe_time_beat_changes (ns, name, version) VALUES (:ns, :name, :v)
+ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version
+
+-- name: definition
+SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name
+
+-- name: put_definition
+INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
+ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
+
+-- name: delete_definition
+DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1
+
+-- name: run_now
+INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
+ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms
+
+-- name: definitions
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND left(name, length(:prefix)) = :prefix
+
+-- name: change_versions
+SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
+
+-- name: seed_state
+INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) ON CONFLICT DO NOTHING
+
+-- name: slot_fired
+SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms
+
+-- name: prune_fired
+DELETE FROM safe_time_beat_fired WHERE ns = :ns
+AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
+AND EXISTS (SELECT 1 FROM safe_time_beat_lease
+            WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())

@@ -117,6 +117,8 @@ class LeasedScheduler:
     def check_startup(self, granularity: float) -> None:
         check_lease(self.config, granularity)
         self.backend.startup_checks("beat")
+        # Imported here, once per start: the delays package (its store and task classes) is not
+        # loaded by importing the scheduler.
         from ..delays.install_check import not_installed_message, sweep_installed
 
         if not sweep_installed(self.app):

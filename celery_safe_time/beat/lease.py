@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import uuid
 from typing import Any
 
@@ -30,8 +29,6 @@ from .scripts import beat_scripts
 from .state import identity, marker_value, slot_id
 
 __all__ = ["Lease", "LeaseKeys", "SlotWrite"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ One interface (:class:`BeatBackend`, with its :class:`BeatLease`), one module pe
 
 The scheduler (:mod:`..scheduler`) holds every rule (what is due, misfires, re-planning); a backend
 only stores and guards. Its vocabulary is the Redis one: a *state* per entry (the JSON of
-:func:`..lease.dump_state`) and a *due set* (each scheduled entry's next fire time; a paused entry
+:func:`..state.dump_state`) and a *due set* (each scheduled entry's next fire time; a paused entry
 keeps its state but leaves the due set).
 """
 

@@ -480,7 +480,8 @@ def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
 
     from celery_safe_time import save_entry, signals
-    from celery_safe_time.beat.entries import EntryKeys, _Store, definition_json, schedule_to_spec
+    from celery_safe_time.beat.backends.redis import EntryKeys
+    from celery_safe_time.beat.entries import _Store, definition_json, schedule_to_spec
     from celery_safe_time.beat.scheduler import SafeScheduler
     from celery_safe_time.clock import UTC
 

@@ -1,9 +1,16 @@
-"""Single-leader beat: ``SafeScheduler`` fires while it holds the Redis lease, each slot at most once.
+"""Single-leader beat: ``SafeScheduler`` fires while it holds the lease, each slot at most once.
 
-:mod:`.base` is what both schedulers share (the contrib Django one included), :mod:`.lease` the
-lease and dispatch scripts (``lua/``), :mod:`.leader` the thread that keeps the lease, :mod:`.slots`
-the slot grids and misfire rules, :mod:`.entries` the runtime entries (``save_entry``...),
-:mod:`.redbeat` the import from celery-redbeat, :mod:`.admin` the status view.
+The lease, the fired-slot guard and the schedule state live in a beat backend (:mod:`.backends`:
+Redis by default, PostgreSQL with ``safe_time_coordination_url``, memory for tests). The modules
+import in one order, each only from those before it:
+
+- :mod:`.state` the state JSON and the slot and marker ids every backend writes;
+- :mod:`.backends` the backends (:mod:`.lease` and :mod:`.scripts`: Redis's lease and Lua scripts);
+- :mod:`.slots` the slot grids, entry plans and misfire rules;
+- :mod:`.leader` the thread that keeps the lease, :mod:`.base` what both schedulers share (the
+  contrib Django one included);
+- :mod:`.entries` the runtime entries (``save_entry``...), :mod:`.scheduler` ``SafeScheduler``;
+- :mod:`.redbeat` the import from celery-redbeat, :mod:`.admin` the status view.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ from celery import Celery
 from .. import constants as C
 from ..clock import UTC
 from ..config import get_config, mask_url
+from ..contrib.django.status import describe_django_entries, django_beat_in_use
 from .backends import beat_backend
-from .lease import load_state
+from .state import load_state
 
 
 def describe_beat(app: Celery) -> dict[str, Any]:
@@ -40,14 +41,11 @@ def describe_beat(app: Celery) -> dict[str, Any]:
                 "next_slot": _iso(float(score)),
             }
         )
-    if not total:
-        from ..contrib.django.status import describe_django_entries, django_beat_in_use
-
-        if django_beat_in_use():
-            try:
-                total, entries = describe_django_entries()
-            except Exception as exc:  # django-celery-beat installed but its tables not migrated here
-                entries = [{"django_celery_beat": f"unreadable: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"}]
+    if not total and django_beat_in_use():
+        try:
+            total, entries = describe_django_entries()
+        except Exception as exc:  # django-celery-beat installed but its tables not migrated here
+            entries = [{"django_celery_beat": f"unreadable: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"}]
     return {
         "leader": {
             "host": info.get("host"),

@@ -1,5 +1,5 @@
 """What both safe schedulers share: the lease and its keeper thread, startup checks, the banner,
-Redis errors during a tick, and a clean exit on SIGTERM under ``worker -B``.
+backend errors during a tick, and a clean exit on SIGTERM under ``worker -B``.
 
 ``LeasedScheduler`` is mixed in before a Celery ``Scheduler`` class: :class:`.SafeScheduler` here
 and ``contrib.django``'s ``SafeDatabaseScheduler`` over django-celery-beat.
@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -23,18 +24,24 @@ from celery import signals as celery_signals
 from .. import constants as C
 from ..clock import RedisClock
 from ..config import SafeTimeConfig, get_config
-from ..exceptions import ImproperlyConfigured, RedisUnavailable
+from ..exceptions import ImproperlyConfigured
 from .backends import BeatBackend, beat_backend
+from .backends.redis import REDIS_ERRORS, RedisBeatBackend
 from .leader import LeaderKeeper
+from .slots import OPTION_MISFIRE
+
+__all__ = [
+    "OPTION_MISFIRE",
+    "REDIS_ERRORS",
+    "LeasedScheduler",
+    "beat_info",
+    "check_lease",
+    "startup_checks",
+    "stop_signals_held",
+    "tick_granularity",
+]
 
 logger = logging.getLogger(__name__)
-
-#: Per-entry misfire policy: ``options={"safe_time_misfire": ...}`` (headers JSON on django-celery-beat rows).
-OPTION_MISFIRE = "safe_time_misfire"
-
-#: What a tick may raise when Redis fails; the scheduler then stands by (fail closed). A scheduler's
-#: own backend's are ``LeasedScheduler.backend_errors`` (PostgreSQL's include SQLAlchemy's).
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable)
 
 
 def tick_granularity(max_interval: float) -> float:
@@ -53,8 +60,6 @@ def check_lease(config: SafeTimeConfig, granularity: float) -> None:
 
 def startup_checks(config: SafeTimeConfig, client: redis.Redis, clock: RedisClock, who: str) -> None:
     """Fail loudly when Redis is unreachable; warn about persistence and eviction (the Redis backend's)."""
-    from .backends.redis import RedisBeatBackend
-
     backend = RedisBeatBackend(config, client)
     backend.clock = clock
     backend.startup_checks(who)
@@ -112,6 +117,8 @@ class LeasedScheduler:
     def check_startup(self, granularity: float) -> None:
         check_lease(self.config, granularity)
         self.backend.startup_checks("beat")
+        # Imported here, once per start: the delays package (its store and task classes) is not
+        # loaded by importing the scheduler.
         from ..delays.install_check import not_installed_message, sweep_installed
 
         if not sweep_installed(self.app):
@@ -132,12 +139,23 @@ class LeasedScheduler:
     def info(self) -> str:
         return beat_info(self.config, self.keeper, self.backend, started=self._started)
 
-    def redis_failed(self, exc: Exception) -> float:
-        """A tick hit a backend (Redis, PostgreSQL) error: stand by until the keeper takes the lease again."""
+    def backend_failed(self, exc: Exception) -> float:
+        """A tick hit a backend (Redis, PostgreSQL) error: stand by until the keeper takes the lease again.
+
+        The log and the step-down reason name the backend (``self.backend.label``). Returns the wait
+        before the next tick.
+        """
         what = self.backend.label
         logger.error("beat: %s error during tick, standing by: %s", what, exc)
         self.keeper.step_down(f"{what} error during tick: {exc}")
         return self.granularity
+
+    def redis_failed(self, exc: Exception) -> float:
+        """Deprecated alias of :meth:`backend_failed` (it handles every backend, not only Redis)."""
+        warnings.warn(
+            "LeasedScheduler.redis_failed is deprecated; use backend_failed", DeprecationWarning, stacklevel=2
+        )
+        return self.backend_failed(exc)
 
 
 #: The signals beat stops on (``celery beat`` installs a handler for both that raises SystemExit).
@@ -183,17 +201,17 @@ def stop_signals_held() -> Iterator[None]:
     """Hold SIGTERM and SIGINT until the block ends, then act on the first one that came.
 
     Beat's stop handler raises SystemExit wherever the main thread is, and each tick runs in this
-    block. Between marking a slot fired and publishing it, that SystemExit lost the slot on a plain
-    restart (the guard says fired, so no beat sends it again). Inside a PostgreSQL call it left the
-    connection mid-query, and the cleanup's own error replaced the SystemExit: the tick logged a
-    database error, stood by, and beat never exited. A second stop signal inside the block acts at
+    block. Between marking a slot fired and publishing it, that SystemExit would lose the slot on a
+    plain restart (the guard says fired, so no beat sends it again). Inside a PostgreSQL call it would
+    leave the connection mid-query, and the cleanup's own error would replace the SystemExit: the
+    tick would log a database error, stand by, and beat never exit. A second stop signal inside the block acts at
     once, so a stuck call can still be interrupted. Outside the main thread (signals are never run
     there) this holds nothing.
 
     A Python handler (beat's) is wrapped once, by a handler that calls it at once outside the block
     and holds the signal inside it; each block then costs two reads of the handlers and a flag
-    (wrapping and unwrapping them in every tick was four ``signal.signal`` calls, the largest
-    Python cost of an idle tick after its Redis round trip). A handler set since (``signal.signal``
+    (wrapping and unwrapping them in every tick would be four ``signal.signal`` calls, the largest
+    Python cost of an idle tick after its backend round trip). A handler set since (``signal.signal``
     by beat or a test) is wrapped at the next block. The default action (``SIG_DFL``) is wrapped
     for the block only: kept outside it, a SIGTERM kills the process even while the main thread is
     stuck in a C call, which a Python handler waiting for its turn would not.

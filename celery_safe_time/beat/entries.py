@@ -1,6 +1,9 @@
 """Runtime beat entries: add, change, pause and remove periodic tasks without restarting beat.
 
-Storage (all keys behind ``safe_time_key_prefix``; any language can read and write them):
+The definitions live in the app's beat backend, next to the schedule state: on Redis the keys below
+(behind ``safe_time_key_prefix``; any language can read and write them), on PostgreSQL the tables
+``safe_time_beat_entries``, ``safe_time_beat_changes``, ``safe_time_beat_meta`` and
+``safe_time_beat_run_now`` with the same JSON and the same counter (docs/beat.md lists them).
 
 - ``beat:entries`` (hash): entry name -> its definition, canonical JSON::
 
@@ -16,12 +19,14 @@ Storage (all keys behind ``safe_time_key_prefix``; any language can read and wri
   ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
 - ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last
   change; a deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and
-  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically. The leader
-  reads the counter in every tick's due read and, when it moved, only the changed names: a
-  change takes effect at the leader's next tick, whatever the number of entries.
+  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically (on PostgreSQL,
+  one statement each). The leader reads the counter in every tick's due read and, when it moved,
+  only the changed names: a change takes effect at the leader's next tick, whatever the number of
+  entries.
 
-Per-entry state (last fired slot, next slot) is the scheduler's usual ``beat:state`` / ``beat:due``,
-so a definition that did not change keeps it, and a pause keeps it for the resume.
+Per-entry state (last fired slot, next slot) is the scheduler's usual state (Redis: ``beat:state`` /
+``beat:due``; PostgreSQL: ``safe_time_beat_state``), so a definition that did not change keeps it,
+and a pause keeps it for the resume.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-import redis
 from celery import Celery, current_app
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab as celery_crontab
@@ -44,17 +48,15 @@ from dateutil.rrule import rrulestr
 
 from .. import constants as C
 from ..clock import UTC
-from ..config import SafeTimeConfig, get_config
+from ..config import get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
-from ..redis_client import load_script
 from ..schedules import crontab, resolve_tz
 from .backends import beat_backend
-from .lease import load_state, slot_id
-from .slots import NEVER, at, grid_for, rrule
+from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
+from .state import load_state, slot_id
 
 __all__ = [
     "EntryInfo",
-    "EntryKeys",
     "at",
     "build_entry",
     "cron_spec",
@@ -72,28 +74,8 @@ __all__ = [
     "schedule_to_spec",
     "set_enabled",
     "spec_key",
-    "swap_definition",
     "with_enabled",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class EntryKeys:
-    entries: str
-    version: str
-    changed: str
-    run_now: str
-    applied: str
-
-    @classmethod
-    def for_config(cls, config: SafeTimeConfig) -> EntryKeys:
-        return cls(
-            entries=config.key(C.KEY_BEAT_ENTRIES),
-            version=config.key(C.KEY_BEAT_ENTRIES_VERSION),
-            changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
-            run_now=config.key(C.KEY_BEAT_RUN_NOW),
-            applied=config.key(C.KEY_BEAT_ENTRIES_APPLIED),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +329,7 @@ def build_entry(
     return ScheduleEntry(
         name=name,
         task=definition["task"],
-        # the scheduler keeps the last run in Redis; passing one skips celery's app.now() per entry
+        # the scheduler keeps the last run in its backend; passing one skips celery's app.now() per entry
         last_run_at=_NEVER_RAN,
         schedule=schedule,
         args=tuple(definition["args"]),
@@ -357,7 +339,7 @@ def build_entry(
     )
 
 
-#: ``last_run_at`` of a freshly built entry (the real last fired slot is in ``beat:state``).
+#: ``last_run_at`` of a freshly built entry (the real last fired slot is in the backend's state).
 _NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -365,12 +347,11 @@ _NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _Store:
-    """The app's config, client, keys and the entry scripts (registered lazily, loaded on first EVALSHA)."""
+    """The app, its config and its beat backend, where the definitions live."""
 
     def __init__(self, app: Celery | None) -> None:
         self.app: Celery = app if app is not None else current_app._get_current_object()
         self.config = get_config(self.app)
-        #: where the definitions live: the beat backend of the app (Redis or PostgreSQL)
         self.backend = beat_backend(self.config)
 
     def config_entries(self) -> dict[str, Any]:
@@ -402,8 +383,6 @@ def save_entry(
     nothing, its last and next fire included). Validates everything before storing anything:
     unknown task, bad schedule or misfire policy -> :class:`ScheduleError`; arguments that are
     not JSON -> :class:`SerializationError`. Takes effect at the beat leader's next tick."""
-    from .scheduler import entry_plan
-
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
     store = _Store(app)
@@ -441,13 +420,6 @@ def with_enabled(name: str, raw: Any, enabled: bool) -> str:
     d = parse_definition(raw)
     schedule_from_spec(d["schedule"])
     return definition_json(name, d["task"], d["schedule"], d["args"], d["kwargs"], d["options"], enabled)
-
-
-def swap_definition(client: redis.Redis, keys: EntryKeys, name: str, expected: Any, new: str) -> int:
-    """Compare-and-set of ``name``'s definition (``lua/swap_entry.lua``): -1 when it is no longer
-    ``expected`` (changed or deleted meanwhile), 0 when ``new`` is what is stored, else the new version."""
-    script = client.register_script(load_script(__package__, "swap_entry"))
-    return int(script(keys=[keys.entries, keys.version, keys.changed], args=[name, expected, new]))
 
 
 def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInfo | None:
@@ -565,12 +537,10 @@ def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:
     tick), planned as the leader plans it: so ``save_entry(...).next_fire`` is a time at once. A
     crontab, one-off or rrule entry gets exactly the slot the leader takes; an interval's grid
     starts where the leader first sees the entry, up to one tick later. None when it cannot be told."""
-    from .scheduler import Plan, SafeScheduler
-
     try:
         plan = Plan(grid=grid_for(schedule, store.app.timezone), policy=C.DEFAULT_MISFIRE)
         # With no score, next_state always plans: the state's next slot, after its last, or the first from now.
-        planned = SafeScheduler.next_state(plan, load_state(state), None, store.backend.clock.time())
+        planned = next_state(plan, load_state(state), None, store.backend.clock.time())
     except (SafeTimeError, ValueError, TypeError):
         return None
     return None if planned is None else planned[1]

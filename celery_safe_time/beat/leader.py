@@ -2,7 +2,7 @@
 
 The thread renews every lease/3 whatever the scheduler's tick is doing, so a slow tick never
 costs the lease; a standby tries every lease/3 minus jitter, which bounds failover after a
-``kill -9`` by lease + lease/3. Any doubt (renew refused, Redis error) means standby at once:
+``kill -9`` by lease + lease/3. Any doubt (renew refused, a backend error) means standby at once:
 the dispatch script would refuse to publish anyway, and failing closed is the point.
 """
 
@@ -28,9 +28,10 @@ logger = logging.getLogger(__name__)
 class LeaseTerm(NamedTuple):
     """One lease this beat took: ``generation`` counts this process's acquisitions, so it never repeats.
 
-    The epoch alone does not tell leases apart: epochs restart at 1 after a Redis reset, and a beat
-    can lose its lease and take a new one with the same epoch number between two ticks. What a
-    scheduler reads or reconciles "once per lease" is keyed on the whole term.
+    The epoch alone does not tell leases apart: epochs restart at 1 after a backend reset (a flushed
+    Redis, a dropped table), and a beat can lose its lease and take a new one with the same epoch
+    number between two ticks. What a scheduler reads or reconciles "once per lease" is keyed on the
+    whole term.
     """
 
     generation: int
@@ -62,7 +63,7 @@ class LeaderKeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._redis_down = False
+        self._backend_down = False
         self.last_error: str | None = None
 
     @property
@@ -143,15 +144,15 @@ class LeaderKeeper:
                 self.last_error = str(exc)
                 if self._term is not None:
                     self._lost(f"{self.what} error: {exc}")
-                if not self._redis_down:
+                if not self._backend_down:
                     logger.error(
                         "beat: %s unreachable, nothing fires until it is back (fail closed): %s", self.what, exc
                     )
-                self._redis_down = True
+                self._backend_down = True
                 return False
-            if self._redis_down:
+            if self._backend_down:
                 logger.warning("beat: %s reachable again", self.what)
-                self._redis_down = False
+                self._backend_down = False
             return True
 
     def _lost(self, reason: str) -> None:

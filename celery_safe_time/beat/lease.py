@@ -9,17 +9,14 @@
   for a scheduler whose state lives elsewhere; ``advance`` moves an entry on without publishing.
 
 The entry state the scripts write is a JSON object per entry in the ``beat:state`` hash
-(:func:`dump_state`, :func:`load_state`) plus its next fire time in the ``beat:due`` sorted set.
+(:func:`.state.dump_state`) plus its next fire time in the ``beat:due`` sorted set. The scripts
+come from the registry of :mod:`.scripts`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import math
-import os
-import socket
 import uuid
 from typing import Any
 
@@ -27,30 +24,11 @@ import redis
 
 from .. import constants as C
 from ..config import SafeTimeConfig
-from ..redis_client import as_text, load_script
 from .backends.base import BeatLease, SlotWrite
+from .scripts import beat_scripts
+from .state import identity, marker_value, slot_id
 
-__all__ = ["Lease", "LeaseKeys", "SlotWrite", "dump_state", "load_state", "slot_id", "state_next"]
-
-logger = logging.getLogger(__name__)
-
-SCRIPTS = (
-    "acquire",
-    "renew",
-    "release",
-    "dispatch",
-    "dispatch_slot",
-    "advance",
-    "forget",
-    # runtime entries (``beat/entries.py``): called by any process, not only by beats
-    "save_entry",
-    "delete_entry",
-    "run_now",
-    "run_now_done",
-    "prune",
-    "swap_entry",
-    "mark_applied",
-)
+__all__ = ["Lease", "LeaseKeys", "SlotWrite"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +50,6 @@ class LeaseKeys:
         )
 
 
-def identity() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
 class Lease(BeatLease):
     """One beat's handle on the leader lease. Not thread-safe by itself: the scheduler's
     lease thread is its only caller, except the dispatch methods, which only read the token."""
@@ -88,7 +62,7 @@ class Lease(BeatLease):
         self.ttl_ms = int(config.beat_lease * 1000)
         self.info = dict(info or identity())
         self.epoch: int | None = None
-        scripts = {name: client.register_script(load_script(__package__, name)) for name in SCRIPTS}
+        scripts = beat_scripts(client)
         self._acquire = scripts["acquire"]
         self._renew = scripts["renew"]
         self._release = scripts["release"]
@@ -200,47 +174,3 @@ class Lease(BeatLease):
             [self.keys.lease, self.keys.epoch, key, self.keys.state, self.keys.due],
             [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), marker],
         )
-
-
-def marker_value(epoch: int) -> str:
-    """A fired marker's value, new per dispatch (per write of a batch): ``"<epoch>:<nonce>"``.
-
-    redis-py may send a command again after a timeout whatever ``retry_on_timeout`` says; when the
-    first attempt ran but its reply was lost, the second finds the marker set. With the call's own
-    value there it still answers "publish" (the slot was never published), where a bare epoch would
-    answer "already fired" and the slot would be missed.
-    """
-    return f"{epoch}:{uuid.uuid4().hex[:12]}"
-
-
-def slot_id(slot: float) -> str:
-    """A slot's marker id: the UTC instant in whole milliseconds (stable across processes)."""
-    return str(round(slot * 1000))
-
-
-def scored(reply: Any) -> list[tuple[str, float]]:
-    """A ``withscores`` reply as (member, score) pairs."""
-    return [(as_text(member), float(score)) for member, score in reply]
-
-
-def load_state(raw: Any) -> dict[str, Any]:
-    """One entry's state (``last``, ``next``, ``sig``), or the leader info; {} when absent or broken."""
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def dump_state(last: float | None, next_fire: float, sig: str) -> str:
-    """One entry's state JSON. A schedule with no slot left (a fired one-off) has ``"next": null``:
-    ``json.dumps`` would write ``Infinity``, which is not JSON and other languages' parsers reject."""
-    return json.dumps({"last": last, "next": next_fire if math.isfinite(next_fire) else None, "sig": sig})
-
-
-def state_next(state: dict[str, Any]) -> float:
-    """The next slot of a state written by :func:`dump_state` (``NEVER``, infinity, for null)."""
-    value = state.get("next")
-    return math.inf if value is None else float(value)

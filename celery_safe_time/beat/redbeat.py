@@ -24,9 +24,10 @@ from .. import constants as C
 from ..config import first_broker_url, mask_url
 from ..exceptions import ImproperlyConfigured, SafeTimeError, ScheduleError
 from ..redis_client import as_text, get_redis
+from ..schedules import resolve_tz
 from .entries import _Store, build_entry, get_entry, parse_definition, save_entry, schedule_to_spec
-from .lease import dump_state
-from .slots import NEVER, at
+from .slots import NEVER, at, entry_plan
+from .state import dump_state
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ def _object(d: dict[str, Any]) -> Any:
         if isinstance(zone, (int, float)):  # an offset in seconds
             tz: Any = timezone(timedelta(seconds=zone))
         else:
-            from ..schedules import resolve_tz
-
             tz = resolve_tz(zone, what="redbeat datetime timezone")
         return datetime(tzinfo=tz, **d)
     if kind == "interval":
@@ -168,8 +167,6 @@ def _seed_state(
     Only new entries get it (HSETNX on Redis), before their definition exists, so no leader plans them yet:
     the leader then takes the definition with this state and continues the grid after ``last``.
     """
-    from .scheduler import entry_plan
-
     spec = schedule_to_spec(schedule)
     definition = {"task": task, "schedule": spec, "args": list(args), "kwargs": dict(kwargs)}
     entry = build_entry(name, parse_definition(json.dumps({**definition, "options": dict(options)})), store.app)

@@ -14,8 +14,6 @@ loads all of them once per lease term and then, when the change counter moved, o
 from __future__ import annotations
 
 import copy
-import dataclasses
-import functools
 import gc
 import logging
 from typing import Any
@@ -27,47 +25,22 @@ from celery.beat import ScheduleEntry, Scheduler
 from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
-from ..config import SafeTimeConfig
-from ..exceptions import ImproperlyConfigured, LeaseLost, SafeTimeError
+from ..exceptions import LeaseLost
 from ..publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
-from .base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held
+from .backends.base import SlotWrite
+from .base import LeasedScheduler, stop_signals_held
 from .entries import build_entry, parse_definition, spec_key, with_enabled
 from .leader import LeaseTerm
-from .lease import SlotWrite, dump_state, load_state, state_next
-from .slots import NEVER, Grid, at, decide, grid_for
+from .slots import NEVER, OPTION_MISFIRE, Plan, at, decide, entry_plan, next_state
+from .state import dump_state, load_state
 
 logger = logging.getLogger(__name__)
 
 #: What a reconcile writes: (state JSON by name, next slot by name, gone, idle, tombstones to prune).
 Replan = tuple[dict[str, str], dict[str, float], list[str], list[str], list[str]]
 
-__all__ = ["Plan", "SafeScheduler", "entry_plan"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What the scheduler needs to fire one entry."""
-
-    grid: Grid
-    policy: str
-
-    @functools.cached_property
-    def signature(self) -> str:
-        """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
-        return self.grid.signature()
-
-
-def entry_plan(entry: Any, config: SafeTimeConfig, app: Celery) -> Plan:
-    """Validate one entry; raises :class:`SafeTimeError` with a message naming the problem."""
-    policy = (entry.options or {}).get(OPTION_MISFIRE, config.misfire)
-    if policy not in C.MISFIRE_POLICIES:
-        raise ImproperlyConfigured(
-            f"options.{OPTION_MISFIRE}", f"must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
-        )
-    if entry.task not in app.tasks:
-        raise SafeTimeError(f"unknown task {entry.task!r} (not registered in this app)")
-    return Plan(grid=grid_for(entry.schedule, app.timezone), policy=policy)
+__all__ = ["SafeScheduler"]
 
 
 class SafeScheduler(LeasedScheduler, Scheduler):
@@ -140,7 +113,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         epoch = term.epoch
         try:
             now = self.clock.time()
-            # once per lease, keyed on the term: an epoch number repeats after a Redis reset
+            # once per lease, keyed on the term: an epoch number repeats after a backend reset
             if self._reconciled != term:
                 self.reconcile(epoch, now)
                 self._reconciled = term
@@ -164,12 +137,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 head = self.backend.head()
             self._housekeeping()
         except LeaseLost as exc:
-            # Not a backend error (those differ per backend, and this one escaped all but Redis's,
-            # killing the beat): this beat was paused past its lease and another took it over.
+            # Not a backend error (each backend has its own, and this one must be caught on all of
+            # them): this beat was paused past its lease and another took it over.
             self.keeper.step_down(str(exc))
             return self.granularity
         except self.backend_errors as exc:
-            return self.redis_failed(exc)
+            return self.backend_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
         if self.seen_version > 0:
             # runtime entries are in use: look at the change counter often, a change shows within a poll
@@ -177,7 +150,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return wait
 
     def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
-        """The due entries, what is missing from the Redis state (None when nothing is), the change
+        """The due entries, what is missing from the backend's state (None when nothing is), the change
         counter of the runtime entries, and the first entry of the due set (how long to sleep when
         nothing is due: an idle tick is this one round trip).
 
@@ -193,36 +166,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         elif read.state_count < planned:
             lost = f"{self.backend.state_name} has {read.state_count} of {planned} entries (evicted or deleted?)"
         return read.due, lost, read.version, read.head
-
-    @staticmethod
-    def next_state(
-        plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
-    ) -> tuple[str, float] | None:
-        """An entry's state JSON to write when (re)planning it and its next slot, None when its state
-        stands as it is.
-
-        An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
-        a next slot in the past is then a misfire, handled by its policy); an edited grid continues
-        after the last fired slot; a new entry starts at its first slot from ``now``.
-        """
-        sig = plan.signature
-        if state and state.get("sig") == sig and score is not None:
-            return None
-        last = state.get("last") if state else None
-        if state and state.get("sig") == sig:
-            next_fire = state_next(state)
-        elif not state and score is not None:
-            # the state hash was lost but the due set was not: keep the entry's place on its grid
-            next_fire = score
-        elif last is not None:  # edited: the new grid continues after the last fired slot
-            next_fire = plan.grid.next(float(last))
-        elif firsts is None:
-            next_fire = plan.grid.first(now)
-        else:
-            if sig not in firsts:
-                firsts[sig] = plan.grid.first(now)
-            next_fire = firsts[sig]
-        return dump_state(last, next_fire, sig), next_fire
 
     # --- runtime entries ----------------------------------------------------------
     def _drop(self, name: str) -> None:
@@ -280,7 +223,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 became = self.load_runtime(name, raw)
                 if became == "active":
                     known = load_state(state)
-                    planned = self.next_state(self.plans[name], known, score, now)
+                    planned = next_state(self.plans[name], known, score, now)
                     if planned is None:
                         continue
                     written, next_fire = planned
@@ -360,7 +303,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def _applied_since(self, marker: Any, version: int) -> int | None:
         """The version a previous leader's state reflects, None when it cannot be trusted (no marker,
-        another fingerprint, or a counter that went backwards: Redis was reset)."""
+        another fingerprint, or a counter that went backwards: the backend was reset)."""
         if not marker:
             return None
         applied, _, fingerprint = as_text(marker).partition(" ")
@@ -376,7 +319,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
         When the previous leader recorded the version its state reflects, only the config entries and
         the runtime entries changed after it are re-planned (their state read with HMGET); every other
-        entry's state is already right in Redis. A due-set count that does not add up afterwards, or
+        entry's state is already right in the backend. A due-set count that does not add up afterwards, or
         no usable marker, re-plans everything from a full read of the state.
         """
         snapshot = self.backend.snapshot()
@@ -442,7 +385,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         nexts: dict[str, float] = {}
         firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
         for name, plan in self.plans.items():
-            planned = self.next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+            planned = next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
             if planned is not None:
                 states[name], nexts[name] = planned
         scheduled = set(scores)
@@ -470,7 +413,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for name, raw, score in zip(recheck, raws, scores, strict=True):
             plan = self.plans.get(name)
             if plan is not None:
-                planned = self.next_state(plan, load_state(raw), score, now, firsts)
+                planned = next_state(plan, load_state(raw), score, now, firsts)
                 if planned is not None:
                     states[name], nexts[name] = planned
                     due_count += score is None
@@ -494,8 +437,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
         """Guard and publish the due entries; False when the lease turned out to be gone.
 
-        The dispatch checks of all due entries go to Redis in one round trip, then the slots they allow
-        are published: a tick with N entries due costs one Redis round trip, not N.
+        The dispatch checks of all due entries go to the backend in one round trip, then the slots they
+        allow are published: a tick with N entries due costs one backend round trip, not N.
         """
         planned: list[tuple[float, SlotWrite]] = []  # (the due slot it came from, the write)
         for name, slot in due:
@@ -545,7 +488,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         return True
 
     def publish_many(self, allowed: list[tuple[Any, float]], epoch: int) -> None:
-        """Publish a tick's allowed slots; on Redis in one round trip (kombu's ``Producer.batch``:
+        """Publish a tick's allowed slots; on a Redis broker in one round trip (kombu's ``Producer.batch``:
         the same LPUSHes through Celery's ``send_task``, routing, headers and publish signals kept).
 
         A slot is logged and signalled as sent only once its batch reached the broker: a batch that
@@ -661,7 +604,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         entry.last_run_at = when
         entry.total_run_count += 1
         task_id = getattr(result, "id", None)
-        # The sweep goes every few seconds: at INFO it would fill the log (issue 21).
+        # The sweep goes every few seconds: at INFO it would fill the log.
         level = logging.DEBUG if entry.task == C.SWEEP_TASK_NAME else logging.INFO
         logger.log(
             level, "beat: sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, when.isoformat(), epoch

@@ -1,4 +1,4 @@
-"""Slot grids and misfire decisions for beat entries: pure logic, time passed in.
+"""Slot grids, entry plans and misfire decisions for beat entries: pure logic, time passed in.
 
 A *slot* is the instant an entry is scheduled for (UNIX seconds, UTC): the cron instant, or
 for an interval the previous slot plus the interval (a fixed grid anchored at the entry's
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections import deque
 from datetime import datetime, timedelta, tzinfo
@@ -21,8 +22,13 @@ from dateutil.rrule import rrule as dateutil_rrule
 
 from .. import constants as C
 from ..clock import UTC, to_datetime
-from ..exceptions import ScheduleError
+from ..config import SafeTimeConfig
+from ..exceptions import ImproperlyConfigured, SafeTimeError, ScheduleError
 from ..schedules import crontab
+from .state import dump_state, state_next
+
+#: Per-entry misfire policy: ``options={"safe_time_misfire": ...}`` (headers JSON on django-celery-beat rows).
+OPTION_MISFIRE = "safe_time_misfire"
 
 
 class Grid(Protocol):
@@ -258,3 +264,59 @@ def decide(
         fire = missed[-1:]
     fire = sorted(fire + on_time_slots)
     return Decision(fire=fire, last_due=last_due, next=due, missed=max(0, total_due - len(fire)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the scheduler needs to fire one entry."""
+
+    grid: Grid
+    policy: str
+
+    @functools.cached_property
+    def signature(self) -> str:
+        """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
+        return self.grid.signature()
+
+
+def entry_plan(entry: Any, config: SafeTimeConfig, app: Any) -> Plan:
+    """Validate one entry; raises :class:`SafeTimeError` with a message naming the problem."""
+    policy = (entry.options or {}).get(OPTION_MISFIRE, config.misfire)
+    if policy not in C.MISFIRE_POLICIES:
+        raise ImproperlyConfigured(
+            f"options.{OPTION_MISFIRE}", f"must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
+        )
+    if entry.task not in app.tasks:
+        raise SafeTimeError(f"unknown task {entry.task!r} (not registered in this app)")
+    return Plan(grid=grid_for(entry.schedule, app.timezone), policy=policy)
+
+
+def next_state(
+    plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
+) -> tuple[str, float] | None:
+    """An entry's state JSON to write when (re)planning it and its next slot, None when its state
+    stands as it is.
+
+    An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
+    a next slot in the past is then a misfire, handled by its policy); an edited grid continues
+    after the last fired slot; a new entry starts at its first slot from ``now``. ``firsts`` shares
+    the first slot between entries of one grid signature planned together.
+    """
+    sig = plan.signature
+    if state and state.get("sig") == sig and score is not None:
+        return None
+    last = state.get("last") if state else None
+    if state and state.get("sig") == sig:
+        next_fire = state_next(state)
+    elif not state and score is not None:
+        # the state was lost but the due set was not: keep the entry's place on its grid
+        next_fire = score
+    elif last is not None:  # edited: the new grid continues after the last fired slot
+        next_fire = plan.grid.next(float(last))
+    elif firsts is None:
+        next_fire = plan.grid.first(now)
+    else:
+        if sig not in firsts:
+            firsts[sig] = plan.grid.first(now)
+        next_fire = firsts[sig]
+    return dump_state(last, next_fire, sig), next_fire

@@ -8,13 +8,13 @@ from importlib import resources
 import pytest
 import redis
 
-from celery_safe_time.beat import lease
+from celery_safe_time.beat import scripts as beat_scripts
 from celery_safe_time.locks import store
 from celery_safe_time.redis_client import load_script
 
 pytestmark = pytest.mark.integration
 
-PACKAGES = {"celery_safe_time.beat": lease.SCRIPTS, "celery_safe_time.locks": store.SCRIPTS}
+PACKAGES = {"celery_safe_time.beat": beat_scripts.SCRIPTS, "celery_safe_time.locks": store.SCRIPTS}
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))

@@ -10,7 +10,7 @@ import pytest
 from redis.cluster import key_slot
 
 from celery_safe_time import constants as C
-from celery_safe_time.beat.entries import EntryKeys
+from celery_safe_time.beat.backends.redis import EntryKeys
 from celery_safe_time.beat.lease import LeaseKeys
 from celery_safe_time.config import SafeTimeConfig, parse_config
 from celery_safe_time.exceptions import ImproperlyConfigured

@@ -8,7 +8,7 @@ One interface (:class:`BeatBackend`, with its :class:`BeatLease`), one module pe
 
 The scheduler (:mod:`..scheduler`) holds every rule (what is due, misfires, re-planning); a backend
 only stores and guards. Its vocabulary is the Redis one: a *state* per entry (the JSON of
-:func:`..lease.dump_state`) and a *due set* (each scheduled entry's next fire time; a paused entry
+:func:`..state.dump_state`) and a *due set* (each scheduled entry's next fire time; a paused entry
 keeps its state but leaves the due set).
 """
 
@@ -190,7 +190,7 @@ class BeatBackend(abc.ABC):
         """A re-plan: write ``states`` and their ``nexts``, drop ``gone`` (state too), unschedule ``idle``
         (state kept); only while ``token`` holds the lease (False, nothing written, otherwise)."""
 
-    # --- runtime entries (issue "runtime entries"; a backend without them answers empty) --------
+    # --- runtime entries (a backend without them answers empty) -----------------------------
     @abc.abstractmethod
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
         """(name, version) of the runtime entries changed after ``since`` (None: all), oldest first."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig
-from ..lease import identity, slot_id
+from ..state import identity, slot_id
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
 

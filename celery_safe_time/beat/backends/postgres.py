@@ -32,6 +32,9 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
 changed names.
+
+The table definitions are ``beat/sql/schema.sql`` and every statement the backend runs
+``beat/sql/queries.sql``, named statements read once at import (:func:`load_sql`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -50,7 +54,7 @@ from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
-from ..lease import identity, marker_value, slot_id
+from ..state import identity, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -69,238 +73,32 @@ COUNTS_TABLE = "safe_time_beat_counts"
 #: The advisory lock (transaction level) that serialises table creation between beats starting together.
 _DDL_LOCK = 0x5AFE7135
 
-DDL = (
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_lease (
-        ns text PRIMARY KEY,
-        token text,
-        epoch bigint NOT NULL,
-        expires_at timestamptz,
-        info text
-    )""",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_fired (
-        ns text NOT NULL,
-        entry text NOT NULL,
-        slot_ms bigint NOT NULL,
-        epoch bigint NOT NULL,
-        fired_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-        marker text,
-        PRIMARY KEY (ns, entry, slot_ms)
-    )""",
-    # Tables made before the dispatch marker existed. Looked up first: ALTER TABLE needs the table's
-    # owner and an exclusive lock even when the column is there (a web app's role may not own it).
-    """DO $$
-    BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = CAST('safe_time_beat_fired' AS regclass)
-                       AND attname = 'marker' AND NOT attisdropped) THEN
-            ALTER TABLE safe_time_beat_fired ADD COLUMN marker text;
-        END IF;
-    END $$""",
-    "CREATE INDEX IF NOT EXISTS safe_time_beat_fired_age ON safe_time_beat_fired (ns, fired_at)",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_state (
-        ns text NOT NULL,
-        entry text NOT NULL,
-        state text NOT NULL,
-        next_fire double precision,
-        PRIMARY KEY (ns, entry)
-    )""",
-    "CREATE INDEX IF NOT EXISTS safe_time_beat_state_due ON safe_time_beat_state (ns, next_fire, entry) "
-    "WHERE next_fire IS NOT NULL",
-    # The state's row counts per app, kept by a trigger: an idle tick reads them instead of counting
-    # the table (a seq scan: 5 ms at 10,000 entries). A trigger, not the backend's own statements,
-    # so that rows deleted by hand show too (the tick then reconciles, as on Redis after an eviction).
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_counts (
-        ns text PRIMARY KEY,
-        total bigint NOT NULL,
-        due bigint NOT NULL
-    )""",
-    # Made once, not replaced: CREATE OR REPLACE needs the function's owner, which another role of
-    # the same app may not be (a changed body must take a new name).
-    """DO $$
-    BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'safe_time_beat_state_count'
-                   AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())) THEN
-    CREATE FUNCTION safe_time_beat_state_count() RETURNS trigger LANGUAGE plpgsql AS $fn$
-    BEGIN
-        IF TG_OP = 'TRUNCATE' THEN
-            DELETE FROM safe_time_beat_counts;
-        ELSIF TG_OP = 'INSERT' THEN
-            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
-            SELECT ns, count(*), count(next_fire) FROM new_rows GROUP BY ns
-            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
-        ELSIF TG_OP = 'DELETE' THEN
-            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
-            SELECT ns, -count(*), -count(next_fire) FROM old_rows GROUP BY ns
-            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
-        ELSE
-            -- most updates (a dispatch's new state) change no count: those write nothing
-            INSERT INTO safe_time_beat_counts AS c (ns, total, due)
-            SELECT ns, sum(t), sum(d) FROM (
-                SELECT ns, 1 AS t, CASE WHEN next_fire IS NULL THEN 0 ELSE 1 END AS d FROM new_rows
-                UNION ALL
-                SELECT ns, -1, CASE WHEN next_fire IS NULL THEN 0 ELSE -1 END FROM old_rows
-            ) delta GROUP BY ns HAVING sum(t) <> 0 OR sum(d) <> 0
-            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total, due = c.due + EXCLUDED.due;
-        END IF;
-        RETURN NULL;
-    END $fn$;
-    END IF;
-    END $$""",
-    # Created once, with the counts of the rows already there (the lock keeps writers out meanwhile).
-    """DO $$
-    BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'safe_time_beat_state_inserted'
-                       AND tgrelid = CAST('safe_time_beat_state' AS regclass)) THEN
-            LOCK TABLE safe_time_beat_state IN SHARE ROW EXCLUSIVE MODE;
-            CREATE TRIGGER safe_time_beat_state_inserted AFTER INSERT ON safe_time_beat_state
-                REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            CREATE TRIGGER safe_time_beat_state_updated AFTER UPDATE ON safe_time_beat_state
-                REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            CREATE TRIGGER safe_time_beat_state_deleted AFTER DELETE ON safe_time_beat_state
-                REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            CREATE TRIGGER safe_time_beat_state_truncated AFTER TRUNCATE ON safe_time_beat_state
-                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_state_count();
-            DELETE FROM safe_time_beat_counts;
-            INSERT INTO safe_time_beat_counts (ns, total, due)
-                SELECT ns, count(*), count(next_fire) FROM safe_time_beat_state GROUP BY ns;
-        END IF;
-    END $$""",
-    # runtime entries: the change counter and the applied marker, definitions, the change log, run-now
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_meta (
-        ns text PRIMARY KEY,
-        version bigint NOT NULL DEFAULT 0,
-        applied text
-    )""",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_entries (
-        ns text NOT NULL,
-        name text NOT NULL,
-        definition text NOT NULL,
-        PRIMARY KEY (ns, name)
-    )""",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_changes (
-        ns text NOT NULL,
-        name text NOT NULL,
-        version bigint NOT NULL,
-        PRIMARY KEY (ns, name)
-    )""",
-    "CREATE INDEX IF NOT EXISTS safe_time_beat_changes_version ON safe_time_beat_changes (ns, version)",
-    """CREATE TABLE IF NOT EXISTS safe_time_beat_run_now (
-        ns text NOT NULL,
-        name text NOT NULL,
-        slot_ms text NOT NULL,
-        PRIMARY KEY (ns, name)
-    )""",
-)
+#: What begins a named statement in a ``beat/sql/*.sql`` file.
+_NAME = "-- name: "
 
-# The SQL below names its tables literally (no string-built SQL anywhere in the package: the
-# table names above are for tests and tools). ``ok`` in the guarded statements is the lease row this
-# token holds, unexpired on the database clock, locked against a take-over until the statement ends.
-# ``mine`` is the fired rows this very call wrote (its ``marker``, new per call: ``lease.marker_value``)
-# in an earlier attempt whose reply was lost: the statement sees the rows committed before it, so the
-# same call run again answers "publish" for them, where any later call answers "already fired".
 
-_ACQUIRE = sa.text("""
-INSERT INTO safe_time_beat_lease AS l (ns, token, epoch, expires_at, info)
-VALUES (:ns, :token, 1, clock_timestamp() + make_interval(secs => :ttl), :info)
-ON CONFLICT (ns) DO UPDATE SET
-    token = EXCLUDED.token,
-    epoch = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.epoch ELSE l.epoch + 1 END,
-    info = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.info ELSE EXCLUDED.info END,
-    expires_at = EXCLUDED.expires_at
-WHERE l.token IS NULL OR l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
-RETURNING epoch""")
+def load_sql(name: str) -> dict[str, str]:
+    """The named statements of ``beat/sql/<name>.sql``, in file order.
 
-_RENEW = sa.text("""
-UPDATE safe_time_beat_lease SET expires_at = clock_timestamp() + make_interval(secs => :ttl)
-WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp()""")
+    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
+    is a comment of the file (comments inside a statement are indented and sent with it).
+    """
+    text = resources.files("celery_safe_time.beat").joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    statements: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(_NAME):
+            current = statements[line[len(_NAME) :].strip()] = []
+        elif current is not None and not line.startswith("--"):
+            current.append(line)
+    return {name: "\n".join(body).strip() for name, body in statements.items()}
 
-_RELEASE = sa.text("""
-UPDATE safe_time_beat_lease SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :ns AND token = :token""")
 
-_WRITE_SLOTS = sa.text("""
-WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
-w AS (
-    SELECT * FROM unnest(
-        CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[])
-    ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, ord)
-),
-mine AS (
-    SELECT f.entry, f.slot_ms FROM safe_time_beat_fired f
-    WHERE f.ns = :ns AND f.marker = :marker AND (f.entry, f.slot_ms) IN (SELECT entry, slot_ms FROM w)
-),
-fired AS (
-    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
-    SELECT :ns, w.entry, w.slot_ms, :epoch, :marker FROM w, ok WHERE w.slot_ms IS NOT NULL
-    ON CONFLICT DO NOTHING
-    RETURNING entry, slot_ms
-),
-latest AS (SELECT DISTINCT ON (entry) entry, state, next_fire FROM w ORDER BY entry, ord DESC),
-written AS (
-    INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
-    SELECT :ns, latest.entry, latest.state, latest.next_fire FROM latest, ok
-    ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM ok) AS leader,
-       (SELECT count(*) FROM mine) AS mine,
-       (SELECT json_agg(json_build_array(entry, slot_ms))
-        FROM (SELECT entry, slot_ms FROM fired UNION ALL SELECT entry, slot_ms FROM mine) f) AS fresh""")
+#: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.
+DDL = tuple(load_sql("schema").values())
 
-_DISPATCH_SLOT = sa.text("""
-WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
-mine AS (
-    SELECT 1 FROM safe_time_beat_fired
-    WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms AND marker = :marker
-),
-fired AS (
-    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
-    SELECT :ns, :entry, :slot_ms, :epoch, :marker FROM ok
-    ON CONFLICT DO NOTHING RETURNING 1
-)
-SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM mine), (SELECT count(*) FROM fired)""")
-
-_FORGET = sa.text("""
-WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
-unscheduled AS (
-    UPDATE safe_time_beat_state SET next_fire = NULL
-    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND :keep AND EXISTS (SELECT 1 FROM ok)
-    RETURNING 1
-),
-removed AS (
-    DELETE FROM safe_time_beat_state
-    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND NOT :keep AND EXISTS (SELECT 1 FROM ok)
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT count(*) FROM removed)""")
-
-#: One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3)
-#: (both from ``safe_time_beat_counts``: no count of the table), the runtime entries' change counter (4).
-_READ_DUE = sa.text("""
-(SELECT entry, next_fire, 0 AS kind FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
-UNION ALL
-(SELECT entry, next_fire, 1 FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
-UNION ALL
-SELECT NULL, (SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 2
-UNION ALL
-SELECT NULL, (SELECT total FROM safe_time_beat_counts WHERE ns = :ns), 3
-UNION ALL
-SELECT NULL, (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), 4""")
-
-_HEAD = sa.text("""SELECT entry, next_fire FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit""")
-
-_LEASE_VIEW = sa.text("""
-SELECT l.token, l.epoch, l.info,
-       CASE WHEN l.expires_at > n.now THEN ceil(extract(epoch FROM l.expires_at - n.now) * 1000) END AS ttl_ms,
-       extract(epoch FROM n.now) AS now
-FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.ns = :ns""")
-
-_NOW = sa.text("SELECT extract(epoch FROM clock_timestamp())")
+#: Every statement the backend runs (``beat/sql/queries.sql``), by name.
+_QUERIES = {name: sa.text(sql) for name, sql in load_sql("queries").items()}
 
 
 def _float(value: Any) -> float:
@@ -336,7 +134,7 @@ class PostgresClock(ServerClock):
         # one connection for the samples: a pool checkout (and its ping) must not count in the RTT
         with self._backend.engine().connect() as conn:
             return measure_sync(
-                lambda: _float(conn.execute(_NOW).scalar_one()), local=self._local, monotonic=self._monotonic
+                lambda: _float(conn.execute(_QUERIES["now"]).scalar_one()), local=self._local, monotonic=self._monotonic
             )
 
 
@@ -358,7 +156,7 @@ class PostgresLease(BeatLease):
         self.backend.ensure_tables()
         info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
         with self.backend.autocommit() as conn:
-            epoch = conn.execute(_ACQUIRE, self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
+            epoch = conn.execute(_QUERIES["acquire"], self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
         self.epoch = int(epoch) if epoch is not None else None
         return self.epoch
 
@@ -366,7 +164,7 @@ class PostgresLease(BeatLease):
         if self.epoch is None:
             return False
         with self.backend.autocommit() as conn:
-            ok = bool(conn.execute(_RENEW, self._params(ttl=self.ttl, epoch=self.epoch)).rowcount == 1)
+            ok = bool(conn.execute(_QUERIES["renew"], self._params(ttl=self.ttl, epoch=self.epoch)).rowcount == 1)
         if not ok:
             self.epoch = None
         return ok
@@ -374,7 +172,7 @@ class PostgresLease(BeatLease):
     def release(self) -> bool:
         self.epoch = None
         with self.backend.autocommit() as conn:
-            return bool(conn.execute(_RELEASE, self._params()).rowcount == 1)
+            return bool(conn.execute(_QUERIES["release"], self._params()).rowcount == 1)
 
     def _guarded(self, statement: sa.TextClause, params: dict[str, Any]) -> tuple[Any, ...]:
         """Run a guarded dispatch statement; when the connection is lost during it, run it once more
@@ -403,7 +201,7 @@ class PostgresLease(BeatLease):
             nexts=[w.next_fire for w in writes],
             marker=marker_value(epoch),
         )
-        leader, mine, fresh = self._guarded(_WRITE_SLOTS, params)
+        leader, mine, fresh = self._guarded(_QUERIES["write_slots"], params)
         # rows of our own (an earlier attempt of this call committed, under the lease then): its
         # verdicts stand even if the lease is gone now
         if not leader and not mine:
@@ -426,7 +224,7 @@ class PostgresLease(BeatLease):
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
         self.backend.ensure_tables()
         params = self._params(epoch=epoch, entry=entry, slot_ms=int(slot_id(slot)), marker=marker_value(epoch))
-        leader, mine, fresh = self._guarded(_DISPATCH_SLOT, params)
+        leader, mine, fresh = self._guarded(_QUERIES["dispatch_slot"], params)
         if mine:
             return 1
         if not leader:
@@ -437,7 +235,9 @@ class PostgresLease(BeatLease):
         if not names:
             return True
         with self.backend.autocommit() as conn:
-            leader, _ = conn.execute(_FORGET, self._params(epoch=epoch, names=list(names), keep=keep_state)).one()
+            leader, _ = conn.execute(
+                _QUERIES["forget"], self._params(epoch=epoch, names=list(names), keep=keep_state)
+            ).one()
         return bool(leader)
 
 
@@ -467,7 +267,7 @@ class PostgresBeatBackend(BeatBackend):
         if self._tables_ready:
             return
         with self.engine().begin() as conn:
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK})
+            conn.execute(_QUERIES["schema_lock"], {"key": _DDL_LOCK})
             for statement in DDL:
                 conn.execute(sa.text(statement))
         self._tables_ready = True
@@ -482,7 +282,7 @@ class PostgresBeatBackend(BeatBackend):
     def lease_view(self) -> LeaseView:
         self.ensure_tables()
         with self.autocommit() as conn:
-            token, epoch, info, ttl_ms, now = conn.execute(_LEASE_VIEW, self._p()).one()
+            token, epoch, info, ttl_ms, now = conn.execute(_QUERIES["lease_view"], self._p()).one()
         held = token is not None and ttl_ms is not None
         holder: dict[str, Any] = {}
         if held and info:
@@ -500,10 +300,7 @@ class PostgresBeatBackend(BeatBackend):
     def holds_lease(self, token: str) -> bool:
         with self.autocommit() as conn:
             row = conn.execute(
-                sa.text(
-                    "SELECT 1 FROM safe_time_beat_lease "
-                    "WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()"
-                ),
+                _QUERIES["holds_lease"],
                 self._p(token=token),
             ).first()
         return row is not None
@@ -545,7 +342,7 @@ class PostgresBeatBackend(BeatBackend):
         )
 
     def read_due(self, now: float, limit: int) -> DueRead:
-        rows = self._read(_READ_DUE, self._p(now=now, limit=limit))
+        rows = self._read(_QUERIES["read_due"], self._p(now=now, limit=limit))
         due: Scored = []
         head: Scored = []
         counts = {2: 0, 3: 0, 4: 0}
@@ -559,13 +356,13 @@ class PostgresBeatBackend(BeatBackend):
         return DueRead(due=due, due_count=counts[2], state_count=counts[3], version=counts[4], head=head)
 
     def head(self, limit: int = 1) -> Scored:
-        rows = self._read(_HEAD, self._p(limit=limit))
+        rows = self._read(_QUERIES["head"], self._p(limit=limit))
         return [(entry, float(value)) for entry, value in rows]
 
     def drop_due(self, name: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = :entry"),
+                _QUERIES["drop_due"],
                 self._p(entry=name),
             )
 
@@ -573,15 +370,9 @@ class PostgresBeatBackend(BeatBackend):
     def snapshot(self) -> Snapshot:
         # one consistent read: the counter matches the definitions and the marker the state
         with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(
-                sa.text("SELECT version, applied FROM safe_time_beat_meta WHERE ns = :ns"), self._p()
-            ).first()
-            definitions = conn.execute(
-                sa.text("SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns"), self._p()
-            ).all()
-            requests = conn.execute(
-                sa.text("SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns"), self._p()
-            ).all()
+            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).first()
+            definitions = conn.execute(_QUERIES["snapshot_entries"], self._p()).all()
+            requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
         return Snapshot(
             version=int(meta[0]) if meta else 0,
             definitions={name: raw for name, raw in definitions},
@@ -591,12 +382,8 @@ class PostgresBeatBackend(BeatBackend):
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.autocommit() as conn:
-            rows = conn.execute(
-                sa.text("SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns"), self._p()
-            ).all()
-            logged = conn.execute(
-                sa.text("SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns"), self._p()
-            ).scalar_one()
+            rows = conn.execute(_QUERIES["all_states"], self._p()).all()
+            logged = conn.execute(_QUERIES["change_count"], self._p()).scalar_one()
         stored = {entry: state for entry, state, _ in rows}
         scores = {entry: float(next_fire) for entry, _, next_fire in rows if next_fire is not None}
         return stored, scores, int(logged)
@@ -606,10 +393,7 @@ class PostgresBeatBackend(BeatBackend):
             return [], []
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT entry, state, next_fire FROM safe_time_beat_state "
-                    "WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"
-                ),
+                _QUERIES["read_states"],
                 self._p(names=list(names)),
             ).all()
         found = {entry: (state, next_fire) for entry, state, next_fire in rows}
@@ -621,7 +405,7 @@ class PostgresBeatBackend(BeatBackend):
         with self.autocommit() as conn:
             return int(
                 conn.execute(
-                    sa.text("SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL"),
+                    _QUERIES["due_count"],
                     self._p(),
                 ).scalar_one()
             )
@@ -631,10 +415,7 @@ class PostgresBeatBackend(BeatBackend):
     ) -> bool:
         with self.engine().begin() as conn:
             held = conn.execute(
-                sa.text(
-                    "SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token "
-                    "AND expires_at > clock_timestamp() FOR SHARE"
-                ),
+                _QUERIES["holds_lease_for_plan"],
                 self._p(token=token),
             ).first()
             if held is None:
@@ -642,25 +423,17 @@ class PostgresBeatBackend(BeatBackend):
             names = list(states)
             if names:
                 conn.execute(
-                    sa.text("""
-                        INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
-                        SELECT :ns, * FROM unnest(
-                            CAST(:names AS text[]), CAST(:states AS text[]), CAST(:nexts AS float8[]))
-                        ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
-                    """),
+                    _QUERIES["plan_states"],
                     self._p(names=names, states=[states[n] for n in names], nexts=[nexts[n] for n in names]),
                 )
             if gone:
                 conn.execute(
-                    sa.text("DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"),
+                    _QUERIES["plan_gone"],
                     self._p(names=list(gone)),
                 )
             if idle:
                 conn.execute(
-                    sa.text(
-                        "UPDATE safe_time_beat_state SET next_fire = NULL "
-                        "WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))"
-                    ),
+                    _QUERIES["plan_idle"],
                     self._p(names=list(idle)),
                 )
         return True
@@ -669,28 +442,20 @@ class PostgresBeatBackend(BeatBackend):
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND version > :since "
-                    "ORDER BY version, name LIMIT :limit"
-                ),
+                _QUERIES["change_log"],
                 self._p(since=-1 if since is None else since, limit=limit),  # LIMIT NULL: no limit
             ).all()
         return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
         with self.autocommit() as conn:
-            rows = conn.execute(
-                sa.text("SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns"), self._p()
-            ).all()
+            rows = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
         return {name: slot_ms for name, slot_ms in rows}
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, definition FROM safe_time_beat_entries "
-                    "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
-                ),
+                _QUERIES["read_changed_definitions"],
                 self._p(names=list(names)),
             ).all()
         found = dict(rows)
@@ -702,31 +467,21 @@ class PostgresBeatBackend(BeatBackend):
             return
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("""
-                    DELETE FROM safe_time_beat_changes c
-                    WHERE c.ns = :ns AND c.name = ANY(CAST(:names AS text[])) AND c.version <= :version
-                    AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = c.ns AND e.name = c.name)
-                """),
+                _QUERIES["prune_changes"],
                 self._p(names=list(names), version=version),
             )
 
     def mark_applied(self, token: str, marker: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("""
-                    INSERT INTO safe_time_beat_meta (ns, version, applied)
-                    SELECT :ns, 0, :marker WHERE EXISTS (
-                        SELECT 1 FROM safe_time_beat_lease
-                        WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
-                    ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
-                """),
+                _QUERIES["mark_applied"],
                 self._p(token=token, marker=marker),
             )
 
     def run_now_done(self, name: str, slot_ms: str) -> None:
         with self.autocommit() as conn:
             conn.execute(
-                sa.text("DELETE FROM safe_time_beat_run_now WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms"),
+                _QUERIES["run_now_done"],
                 self._p(name=name, slot_ms=slot_ms),
             )
 
@@ -738,34 +493,26 @@ class PostgresBeatBackend(BeatBackend):
         return self.engine().begin()
 
     def _locked_version(self, conn: Any) -> int:
-        conn.execute(sa.text("INSERT INTO safe_time_beat_meta (ns) VALUES (:ns) ON CONFLICT DO NOTHING"), self._p())
-        return int(
-            conn.execute(
-                sa.text("SELECT version FROM safe_time_beat_meta WHERE ns = :ns FOR UPDATE"), self._p()
-            ).scalar_one()
-        )
+        conn.execute(_QUERIES["meta_row"], self._p())
+        return int(conn.execute(_QUERIES["lock_version"], self._p()).scalar_one())
 
     def _bump(self, conn: Any, name: str | None, version: int) -> int:
         version += 1
-        conn.execute(sa.text("UPDATE safe_time_beat_meta SET version = :v WHERE ns = :ns"), self._p(v=version))
+        conn.execute(_QUERIES["set_version"], self._p(v=version))
         if name is not None:
             conn.execute(
-                sa.text("""INSERT INTO safe_time_beat_changes (ns, name, version) VALUES (:ns, :name, :v)
-                    ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version"""),
+                _QUERIES["log_change"],
                 self._p(name=name, v=version),
             )
         return version
 
     def _definition(self, conn: Any, name: str) -> str | None:
-        value = conn.execute(
-            sa.text("SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name"), self._p(name=name)
-        ).scalar_one_or_none()
+        value = conn.execute(_QUERIES["definition"], self._p(name=name)).scalar_one_or_none()
         return None if value is None else str(value)
 
     def _put(self, conn: Any, name: str, raw: str) -> None:
         conn.execute(
-            sa.text("""INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
-                ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition"""),
+            _QUERIES["put_definition"],
             self._p(name=name, raw=raw),
         )
 
@@ -781,7 +528,7 @@ class PostgresBeatBackend(BeatBackend):
         with self._writing() as conn:
             version = self._locked_version(conn)
             gone = conn.execute(
-                sa.text("DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1"),
+                _QUERIES["delete_definition"],
                 self._p(name=name),
             ).first()
             if gone is None:
@@ -803,8 +550,7 @@ class PostgresBeatBackend(BeatBackend):
         with self._writing() as conn:
             version = self._locked_version(conn)
             conn.execute(
-                sa.text("""INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
-                    ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms"""),
+                _QUERIES["run_now"],
                 self._p(name=name, slot_ms=slot_ms),
             )
             return self._bump(conn, None, version)
@@ -818,10 +564,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, definition FROM safe_time_beat_entries "
-                    "WHERE ns = :ns AND left(name, length(:prefix)) = :prefix"
-                ),
+                _QUERIES["definitions"],
                 self._p(prefix=prefix or ""),
             ).all()
         return dict(rows)
@@ -833,10 +576,7 @@ class PostgresBeatBackend(BeatBackend):
         states, scores = self.read_states(names)
         with self.autocommit() as conn:
             rows = conn.execute(
-                sa.text(
-                    "SELECT name, version FROM safe_time_beat_changes "
-                    "WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))"
-                ),
+                _QUERIES["change_versions"],
                 self._p(names=list(names)),
             ).all()
         versions = {name: float(version) for name, version in rows}
@@ -846,10 +586,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             conn.execute(
-                sa.text(
-                    "INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) "
-                    "ON CONFLICT DO NOTHING"
-                ),
+                _QUERIES["seed_state"],
                 self._p(entry=name, state=state),
             )
 
@@ -857,7 +594,7 @@ class PostgresBeatBackend(BeatBackend):
         self.ensure_tables()
         with self.autocommit() as conn:
             row = conn.execute(
-                sa.text("SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms"),
+                _QUERIES["slot_fired"],
                 self._p(entry=name, slot_ms=int(slot_id(slot))),
             ).first()
         return row is not None
@@ -867,12 +604,7 @@ class PostgresBeatBackend(BeatBackend):
         """Delete fired-slot rows older than ``FIRED_SLOT_TTL`` (leader only: the lease is checked)."""
         with self.autocommit() as conn:
             result = conn.execute(
-                sa.text("""
-                    DELETE FROM safe_time_beat_fired WHERE ns = :ns
-                    AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
-                    AND EXISTS (SELECT 1 FROM safe_time_beat_lease
-                                WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
-                """),
+                _QUERIES["prune_fired"],
                 self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),
             )
         return int(result.rowcount or 0)

@@ -149,7 +149,7 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             logger.error("beat: database error during tick: %s", exc)
             return self.granularity
         except self.backend_errors as exc:
-            return self.redis_failed(exc)
+            return self.backend_failed(exc)
         return min(interval, self.granularity)
 
     def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:

@@ -164,7 +164,7 @@ def test_another_language_may_omit_optional_fields() -> None:
 
 
 def test_state_of_a_schedule_with_no_slot_left_is_valid_json() -> None:
-    from celery_safe_time.beat.lease import dump_state, load_state, state_next
+    from celery_safe_time.beat.state import dump_state, load_state, state_next
 
     raw = dump_state(1764579600.0, NEVER, "at 1764579600.0")
     assert "Infinity" not in raw

@@ -159,6 +159,23 @@ def test_a_leader_that_loses_its_lease_before_its_first_reconcile_stands_by_and_
         b.close()
 
 
+def test_a_backend_error_during_a_tick_stands_by_and_the_log_names_the_backend(
+    tmp_path: Path, data: MemoryBeatData, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = _scheduler(tmp_path, "a")
+    try:
+        assert a.keeper.is_leader
+        with caplog.at_level("ERROR", logger="celery_safe_time.beat.base"):
+            wait = a.backend_failed(ConnectionError("connection refused"))
+        assert wait == a.granularity
+        assert not a.keeper.is_leader
+        assert "beat: memory error during tick, standing by: connection refused" in caplog.messages
+        with pytest.deprecated_call(match="backend_failed"):
+            a.redis_failed(ConnectionError("again"))  # the deprecated name does the same
+    finally:
+        a.close()
+
+
 def test_a_stop_signal_while_publishing_waits_until_every_slot_marked_fired_is_sent(
     tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, int]]
 ) -> None:

@@ -1,0 +1,227 @@
+-- The beat backend's statements (PostgresBeatBackend, PostgresLease), by name. A line starting with
+-- "-- name:" begins a statement; other lines starting with "--" at column 0 are comments.
+--
+-- The SQL names its tables literally (no string-built SQL anywhere in the package: the table names
+-- in backends/postgres.py are for tests and tools). ``ok`` in the guarded statements is the lease row this
+-- token holds, unexpired on the database clock, locked against a take-over until the statement ends.
+-- ``mine`` is the fired rows this very call wrote (its ``marker``, new per call: ``state.marker_value``)
+-- in an earlier attempt whose reply was lost: the statement sees the rows committed before it, so the
+-- same call run again answers "publish" for them, where any later call answers "already fired".
+
+-- name: acquire
+INSERT INTO safe_time_beat_lease AS l (ns, token, epoch, expires_at, info)
+VALUES (:ns, :token, 1, clock_timestamp() + make_interval(secs => :ttl), :info)
+ON CONFLICT (ns) DO UPDATE SET
+    token = EXCLUDED.token,
+    epoch = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.epoch ELSE l.epoch + 1 END,
+    info = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.info ELSE EXCLUDED.info END,
+    expires_at = EXCLUDED.expires_at
+WHERE l.token IS NULL OR l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
+RETURNING epoch
+
+-- name: renew
+UPDATE safe_time_beat_lease SET expires_at = clock_timestamp() + make_interval(secs => :ttl)
+WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp()
+
+-- name: release
+UPDATE safe_time_beat_lease SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :ns AND token = :token
+
+-- name: write_slots
+WITH ok AS (SELECT epoch FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+w AS (
+    SELECT * FROM unnest(
+        CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[])
+    ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, ord)
+),
+mine AS (
+    SELECT f.entry, f.slot_ms FROM safe_time_beat_fired f
+    WHERE f.ns = :ns AND f.marker = :marker AND (f.entry, f.slot_ms) IN (SELECT entry, slot_ms FROM w)
+),
+fired AS (
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
+    SELECT :ns, w.entry, w.slot_ms, :epoch, :marker FROM w, ok WHERE w.slot_ms IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING entry, slot_ms
+),
+latest AS (SELECT DISTINCT ON (entry) entry, state, next_fire FROM w ORDER BY entry, ord DESC),
+written AS (
+    INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
+    SELECT :ns, latest.entry, latest.state, latest.next_fire FROM latest, ok
+    ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ok) AS leader,
+       (SELECT count(*) FROM mine) AS mine,
+       (SELECT json_agg(json_build_array(entry, slot_ms))
+        FROM (SELECT entry, slot_ms FROM fired UNION ALL SELECT entry, slot_ms FROM mine) f) AS fresh
+
+-- name: dispatch_slot
+WITH ok AS (SELECT epoch FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+mine AS (
+    SELECT 1 FROM safe_time_beat_fired
+    WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms AND marker = :marker
+),
+fired AS (
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
+    SELECT :ns, :entry, :slot_ms, :epoch, :marker FROM ok
+    ON CONFLICT DO NOTHING RETURNING 1
+)
+SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM mine), (SELECT count(*) FROM fired)
+
+-- name: forget
+WITH ok AS (SELECT epoch FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+unscheduled AS (
+    UPDATE safe_time_beat_state SET next_fire = NULL
+    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND :keep AND EXISTS (SELECT 1 FROM ok)
+    RETURNING 1
+),
+removed AS (
+    DELETE FROM safe_time_beat_state
+    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND NOT :keep AND EXISTS (SELECT 1 FROM ok)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT count(*) FROM removed)
+
+-- One idle tick's read: the due entries (kind 0), the head (1), the due count (2), the state count (3)
+-- (both from ``safe_time_beat_counts``: no count of the table), the runtime entries' change counter (4).
+-- name: read_due
+(SELECT entry, next_fire, 0 AS kind FROM safe_time_beat_state
+    WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
+UNION ALL
+(SELECT entry, next_fire, 1 FROM safe_time_beat_state
+    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
+UNION ALL
+SELECT NULL, (SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 2
+UNION ALL
+SELECT NULL, (SELECT total FROM safe_time_beat_counts WHERE ns = :ns), 3
+UNION ALL
+SELECT NULL, (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), 4
+
+-- name: head
+SELECT entry, next_fire FROM safe_time_beat_state
+    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit
+
+-- name: lease_view
+SELECT l.token, l.epoch, l.info,
+       CASE WHEN l.expires_at > n.now THEN ceil(extract(epoch FROM l.expires_at - n.now) * 1000) END AS ttl_ms,
+       extract(epoch FROM n.now) AS now
+FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.ns = :ns
+
+-- name: now
+SELECT extract(epoch FROM clock_timestamp())
+
+-- The backend's other statements, by the method that runs them.
+
+-- name: schema_lock
+SELECT pg_advisory_xact_lock(:key)
+
+-- name: holds_lease
+SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()
+
+-- name: drop_due
+UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = :entry
+
+-- name: snapshot_meta
+SELECT version, applied FROM safe_time_beat_meta WHERE ns = :ns
+
+-- name: snapshot_entries
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns
+
+-- name: snapshot_run_now
+SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns
+
+-- name: all_states
+SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns
+
+-- name: change_count
+SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns
+
+-- name: read_states
+SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+
+-- name: due_count
+SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL
+
+-- name: plan_states
+INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
+SELECT :ns, * FROM unnest(
+    CAST(:names AS text[]), CAST(:states AS text[]), CAST(:nexts AS float8[]))
+ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
+
+-- name: plan_gone
+DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+
+-- name: plan_idle
+UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+
+-- name: holds_lease_for_plan
+SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp() FOR SHARE
+
+-- name: change_log
+SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND version > :since ORDER BY version, name LIMIT :limit
+
+-- name: read_changed_definitions
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
+
+-- name: prune_changes
+DELETE FROM safe_time_beat_changes c
+WHERE c.ns = :ns AND c.name = ANY(CAST(:names AS text[])) AND c.version <= :version
+AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = c.ns AND e.name = c.name)
+
+-- name: mark_applied
+INSERT INTO safe_time_beat_meta (ns, version, applied)
+SELECT :ns, 0, :marker WHERE EXISTS (
+    SELECT 1 FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
+ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
+
+-- name: run_now_done
+DELETE FROM safe_time_beat_run_now WHERE ns = :ns AND name = :name AND slot_ms = :slot_ms
+
+-- name: meta_row
+INSERT INTO safe_time_beat_meta (ns) VALUES (:ns) ON CONFLICT DO NOTHING
+
+-- name: lock_version
+SELECT version FROM safe_time_beat_meta WHERE ns = :ns FOR UPDATE
+
+-- name: set_version
+UPDATE safe_time_beat_meta SET version = :v WHERE ns = :ns
+
+-- name: log_change
+INSERT INTO safe_time_beat_changes (ns, name, version) VALUES (:ns, :name, :v)
+ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version
+
+-- name: definition
+SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name
+
+-- name: put_definition
+INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
+ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
+
+-- name: delete_definition
+DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1
+
+-- name: run_now
+INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
+ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms
+
+-- name: definitions
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND left(name, length(:prefix)) = :prefix
+
+-- name: change_versions
+SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
+
+-- name: seed_state
+INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) ON CONFLICT DO NOTHING
+
+-- name: slot_fired
+SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms
+
+-- name: prune_fired
+DELETE FROM safe_time_beat_fired WHERE ns = :ns
+AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
+AND EXISTS (SELECT 1 FROM safe_time_beat_lease
+            WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())

@@ -1,0 +1,38 @@
+"""The PostgreSQL beat backend's SQL ships as named statements in ``beat/sql/*.sql``."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+
+from celery_safe_time.beat.backends import postgres
+
+
+def test_every_sql_file_of_beat_is_read_by_the_backend() -> None:
+    shipped = {p.name for p in resources.files("celery_safe_time.beat").joinpath("sql").iterdir()}
+    assert shipped == {"schema.sql", "queries.sql"}
+
+
+def test_the_schema_creates_every_table_the_backend_names_in_order_lease_first() -> None:
+    schema = postgres.load_sql("schema")
+    assert next(iter(schema)) == "lease"
+    tables = [getattr(postgres, name) for name in dir(postgres) if name.endswith("_TABLE")]
+    created = " ".join(schema.values())
+    for table in tables:
+        assert f"CREATE TABLE IF NOT EXISTS {table} (" in created
+    assert tuple(schema.values()) == postgres.DDL
+
+
+def test_a_named_statement_keeps_its_indented_comments_and_drops_the_files() -> None:
+    schema = postgres.load_sql("schema")
+    assert "-- most updates" in schema["counts_function"]
+    assert not any(line.startswith("--") for sql in schema.values() for line in sql.splitlines())
+
+
+def test_every_query_the_backend_runs_is_named_in_queries_sql_and_every_named_one_is_run() -> None:
+    queries = postgres.load_sql("queries")
+    source = Path(postgres.__file__).read_text(encoding="utf-8")
+    used = set(re.findall(r'_QUERIES\["(\w+)"\]', source))
+    assert used == set(queries)
+    assert all(sql and not sql.endswith(";") for sql in queries.values())

@@ -460,6 +460,9 @@ EXPECTED_ERRORS = [
     ("pool: child killed", r"Process '.*' pid:\d+ exited with 'signal 9 \(SIGKILL\)'"),
     ("worker lost (killed pool)", r"WorkerLostError"),
     ("delay: end not recorded (store unreachable)", r"ended \(\w+\) but the store did not record it"),
+    # An acks_late stored run whose heartbeat cannot be written for its lock ttl (the store cut, stalled
+    # or restarting for longer) is interrupted and left to the sweep, which runs it again.
+    ("delay: delivery record lost (store unreachable)", r"stored task .* lost its delivery record: no heartbeat"),
 ]
 #: Exceptions a traceback in a log may end with (all caused by the injected faults).
 EXPECTED_EXCEPTIONS = re.compile(

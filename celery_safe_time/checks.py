@@ -266,7 +266,7 @@ def unreachable(url: str, exc: BaseException) -> str:
 
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     """Store reachability and its clock against this host."""
-    from .delays.stores import get_store
+    from .delays.backends import get_store
 
     url = mask_url(config.store_url)
     try:
@@ -316,8 +316,8 @@ def check_sweep(app: Celery) -> Check:
     """``install(app)`` registered the sweep: without it stored delays are never sent. A warning, not
     a failure: ``check`` is also a probe, and a process may rightly leave the sweep to others; the
     detail says how many rows wait meanwhile."""
+    from .delays.backends import get_store
     from .delays.install_check import not_installed_message, sweep_installed
-    from .delays.stores import get_store
 
     if sweep_installed(app):
         return Check("sweep", "ok", f"{C.SWEEP_TASK_NAME} task and beat entry installed")

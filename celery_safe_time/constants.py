@@ -112,7 +112,7 @@ REDIS_CONNECT_TIMEOUT: Final = 5.0
 #: Seconds a connection to the store or coordination database may take before it fails.
 DB_CONNECT_TIMEOUT: Final = 5
 #: ``safe_time_store_timeout``: the longest one call to a SQL store may take, seconds (see
-#: :func:`celery_safe_time.delays.stores.sql.deadline_args`). Well above any statement of the package
+#: :func:`celery_safe_time.delays.backends.sql.deadline_args`). Well above any statement of the package
 #: (each is one short transaction), well below the outages a worker must notice.
 DEFAULT_STORE_TIMEOUT: Final = 30.0
 #: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
@@ -321,6 +321,8 @@ MYSQL_ISOLATION_LEVEL: Final = "READ COMMITTED"
 #: Named lock (GET_LOCK) that serializes table creation between processes starting at once.
 MYSQL_SCHEMA_LOCK: Final = "celery_safe_time_schema"
 MYSQL_SCHEMA_LOCK_TIMEOUT: Final = 30
+#: PostgreSQL advisory lock (``pg_advisory_xact_lock``) that serializes the delay table's DDL.
+DELAY_SCHEMA_LOCK_KEY: Final = 0x5AFE7133
 
 #: Column sizes (Django model and SQLAlchemy table agree on them).
 DELAY_ID_LENGTH: Final = 255

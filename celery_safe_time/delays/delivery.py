@@ -38,8 +38,8 @@ from ..config import SafeTimeConfig, get_config
 from ..exceptions import LockLost, StoreError
 from ..locks.watchdog import Interrupter, Watchdog
 from ..requeue import jittered
-from .stores import get_store
-from .stores.base import DelayStore
+from .backends import get_store
+from .backends.base import DelayStore
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from ..exceptions import StoreError
 from ..publishing import PublishBatch, batched_publish
 from ..tracing import in_stored_context
 from .amqp_batch import BatchProducer, BatchSender
+from .backends import get_store
+from .backends.base import DelayRow, DelayStore
 from .delivery import reruns_when_stale
 from .payload import decode
 from .plan import adaptive_lookahead
-from .stores import get_store
-from .stores.base import DelayRow, DelayStore
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from celery import Celery
 from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.config import get_config
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import publish_wait, sweep
 from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers.delays import finished_row, fresh_sql_store, new_delay, runs, utcnow

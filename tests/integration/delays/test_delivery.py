@@ -22,7 +22,7 @@ from celery.signals import before_task_publish
 from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.config import get_config
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import _publish_row, sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs

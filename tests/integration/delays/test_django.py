@@ -18,7 +18,7 @@ from celery_safe_time import cancel
 from celery_safe_time import constants as C
 from celery_safe_time.contrib.django.models import DelayedTask
 from celery_safe_time.contrib.django.store import DjangoStore
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import new_delay, runs

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, create_engine, metadata
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore, create_engine, metadata
 from celery_safe_time.exceptions import StoreError
 from tests.helpers.delays import fresh_sql_store, new_delay
 

@@ -12,8 +12,8 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores import get_store, reset_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, create_engine
+from celery_safe_time.delays.backends import get_store, reset_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore, create_engine
 from celery_safe_time.exceptions import StoreError
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 

@@ -19,7 +19,8 @@ from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.delays.backends.memory import MemoryStore
 from celery_safe_time.delays.backends.sql import SQLAlchemyStore
-from celery_safe_time.delays.sweep import mark_sent_retrying, sweep
+from celery_safe_time.delays.publish import mark_sent_retrying
+from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import TcpProxy, proxy_for

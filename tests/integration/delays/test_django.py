@@ -141,7 +141,7 @@ def _terminate_django_backend() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_mark_sent_after_a_killed_connection_is_retried_and_succeeds(caplog: pytest.LogCaptureFixture) -> None:
-    from celery_safe_time.delays.sweep import mark_sent_retrying
+    from celery_safe_time.delays.publish import mark_sent_retrying
     from celery_safe_time.exceptions import StoreError
 
     store = DjangoStore()

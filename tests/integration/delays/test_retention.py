@@ -15,7 +15,8 @@ from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.backends.sql import SQLAlchemyStore, delays
-from celery_safe_time.delays.sweep import purge_retained, sweep
+from celery_safe_time.delays.maintenance import purge_retained
+from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import fresh_sql_store, new_delay

@@ -25,7 +25,8 @@ def test_the_old_stores_path_warns_and_still_exports_the_store_and_the_factory()
     assert stores.get_store is backends.get_store
     assert stores.reset_store is backends.reset_store
     assert sql.SQLAlchemyStore is SQLAlchemyStore
-    assert base.DelayStore is DelayStore and base.NewDelay is NewDelay
+    assert base.DelayStore is DelayStore
+    assert base.NewDelay is NewDelay
     assert memory.MemoryStore is MemoryStore
 
 

@@ -21,6 +21,11 @@ from .publish import SweepStats
 
 logger = logging.getLogger(__name__)
 
+#: The sweep's retention purge runs at most once per this many seconds per process...
+PURGE_INTERVAL = 3600.0
+#: ...and deletes at most this many batches per sweep, so a sweep never stalls behind a big purge.
+PURGE_SWEEP_MAX_BATCHES = 5
+
 
 def confirm_deliveries(
     app: Celery, config: SafeTimeConfig, store: DelayStore, stats: SweepStats, *, limit: int
@@ -84,8 +89,8 @@ def purge_retained(
     retention: float,
     *,
     clock: Callable[[], float] = time.monotonic,
-    interval: float = C.PURGE_INTERVAL,
-    max_batches: int = C.PURGE_SWEEP_MAX_BATCHES,
+    interval: float = PURGE_INTERVAL,
+    max_batches: int = PURGE_SWEEP_MAX_BATCHES,
     batch: int = C.PURGE_BATCH,
 ) -> int:
     """Delete sent/cancelled/expired rows older than ``retention`` seconds, if this process's pass is due.

@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: After a sweep published a batch but could not mark it sent, it retries ``mark_sent`` with this
+#: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
+#: meanwhile): a store that is back within that time never sees the rows published twice.
+SWEEP_MARK_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+#: On RabbitMQ a sweep publishes a batch with publisher confirms and marks sent only the rows the
+#: broker acknowledged; it waits at most this long (and never past half the claim timeout) for the
+#: acks. Unconfirmed rows go back to pending (a memory alarm, a blocked or lost connection).
+SWEEP_CONFIRM_TIMEOUT = 30.0
+
 
 @dataclasses.dataclass
 class SweepStats:
@@ -160,7 +169,7 @@ def publish_batch(
 def publish_wait(config: SafeTimeConfig) -> float:
     """The longest a sweep waits for the broker on one publish (or a batch's confirms): a broker
     that stops answering leaves the rows to be published again, not a sweep that never returns."""
-    return min(C.SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+    return min(SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
 
 
 @contextmanager
@@ -226,13 +235,13 @@ def mark_sent_retrying(
     if not ids:
         return 0
     deadline = clock() + budget
-    waits = iter(C.SWEEP_MARK_RETRY_DELAYS)
+    waits = iter(SWEEP_MARK_RETRY_DELAYS)
     tries = 0
     while True:
         try:
             marked = store.mark_sent(ids, token)
         except StoreError as exc:
-            wait = next(waits, C.SWEEP_MARK_RETRY_DELAYS[-1])
+            wait = next(waits, SWEEP_MARK_RETRY_DELAYS[-1])
             if clock() + wait > deadline:
                 logger.error(
                     "sweep: published %d stored delays but could not mark them sent within %.0fs (%s); they are "

@@ -34,6 +34,12 @@ __all__ = ["SweepStats", "plan_lookahead", "register", "sweep"]
 
 logger = logging.getLogger(__name__)
 
+#: The look-ahead covers the backlog's publishing time this many times over (the rate estimate is
+#: one sweeper's; beat may start the next sweep only one interval later).
+SWEEP_LOOKAHEAD_SAFETY = 2.0
+#: Rows per second one sweep is assumed to publish until it has measured itself.
+SWEEP_RATE_GUESS = 1000.0
+
 R = TypeVar("R")
 
 
@@ -290,11 +296,11 @@ def plan_lookahead(config: SafeTimeConfig, store: DelayStore) -> float:
     reached = (last_due - now).total_seconds() if count >= config.sweep_max_ahead and last_due else None
     return adaptive_lookahead(
         count,
-        _rates.get(store, C.SWEEP_RATE_GUESS),
+        _rates.get(store, SWEEP_RATE_GUESS),
         base=base,
         ceiling=ceiling,
         limit_reached_in=reached,
-        safety=C.SWEEP_LOOKAHEAD_SAFETY,
+        safety=SWEEP_LOOKAHEAD_SAFETY,
         interval=config.sweep_interval,
     )
 

@@ -15,6 +15,13 @@ from ....config import mask_url
 from ....exceptions import StoreError
 from ..base import NOW_SQL
 
+#: InnoDB's default REPEATABLE READ gap-locks the claim's range scan, so concurrent SKIP LOCKED
+#: sweeps would wait on each other; READ COMMITTED locks only the rows picked, as on PostgreSQL.
+MYSQL_ISOLATION_LEVEL = "READ COMMITTED"
+#: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
+#: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
+STORE_KEEPALIVE_COUNT = 3
+
 #: URL prefixes without a driver -> the driver this package installs (extras ``postgres``, ``mysql``).
 _DEFAULT_DRIVERS = {
     "postgres://": "postgresql+psycopg://",
@@ -44,12 +51,12 @@ def deadline_args(url: str, timeout: float) -> dict[str, Any]:
     """
     millis = max(1, int(timeout * 1000))
     if url.startswith("postgresql"):
-        probe = max(1, int(timeout / (C.STORE_KEEPALIVE_COUNT + 1)))
+        probe = max(1, int(timeout / (STORE_KEEPALIVE_COUNT + 1)))
         return {
             "keepalives": 1,
             "keepalives_idle": probe,
             "keepalives_interval": probe,
-            "keepalives_count": C.STORE_KEEPALIVE_COUNT,
+            "keepalives_count": STORE_KEEPALIVE_COUNT,
             "tcp_user_timeout": millis,
             "options": f"-c statement_timeout={millis}",
         }
@@ -73,7 +80,7 @@ def create_engine(url: str, *, timeout: float | None = None, **kwargs: Any) -> E
         connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
     elif url.startswith(("mysql", "mariadb")):
         connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
-        options["isolation_level"] = C.MYSQL_ISOLATION_LEVEL
+        options["isolation_level"] = MYSQL_ISOLATION_LEVEL
     for extra in (deadline_args(url, timeout) if timeout else {}, kwargs.pop("connect_args", None) or {}):
         for name, value in extra.items():
             joined = name == "options" and connect.get("options")

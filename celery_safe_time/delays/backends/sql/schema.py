@@ -20,6 +20,13 @@ from . import query
 
 logger = logging.getLogger(__name__)
 
+#: Binary, no-pad collations keep ids and keys exact as on PostgreSQL/SQLite ("a", "A", "a " differ).
+MARIADB_COLLATION = "utf8mb4_nopad_bin"
+MYSQL_COLLATION = "utf8mb4_0900_bin"
+#: Named lock (GET_LOCK) that serializes table creation between processes starting at once.
+MYSQL_SCHEMA_LOCK = "celery_safe_time_schema"
+MYSQL_SCHEMA_LOCK_TIMEOUT = 30
+
 
 #: Dialects whose datetime columns have no time zone: values are bound as naive UTC.
 _NAIVE_DATETIME_DIALECTS = frozenset({"sqlite"}) | C.MYSQL_DIALECTS
@@ -160,7 +167,7 @@ def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
         ),
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
-        mysql_collate=C.MARIADB_COLLATION if mariadb else C.MYSQL_COLLATION,
+        mysql_collate=MARIADB_COLLATION if mariadb else MYSQL_COLLATION,
     )
     sa.Index(C.DELAY_DUE_INDEX, table.c.status, table.c.due_at, table.c.id)
     sa.Index(C.DELAY_KEY_INDEX, table.c[C.DELAY_PENDING_KEY_COLUMN], unique=True)
@@ -180,16 +187,16 @@ def schema_for(conn: Connection) -> sa.MetaData:
 @contextmanager
 def mysql_schema_lock(conn: Connection) -> Iterator[None]:
     """Serialize table creation between processes (MySQL DDL commits at once, so no transaction lock)."""
-    params = {"name": C.MYSQL_SCHEMA_LOCK, "timeout": C.MYSQL_SCHEMA_LOCK_TIMEOUT}
+    params = {"name": MYSQL_SCHEMA_LOCK, "timeout": MYSQL_SCHEMA_LOCK_TIMEOUT}
     got = conn.execute(sa.text(query("lock_schema_mysql")), params).scalar()
     if got != 1:
         # Go on unlocked: a racing CREATE fails with "already exists", handled by ensure_schema.
-        logger.warning("store schema lock %s not taken within %ss", C.MYSQL_SCHEMA_LOCK, C.MYSQL_SCHEMA_LOCK_TIMEOUT)
+        logger.warning("store schema lock %s not taken within %ss", MYSQL_SCHEMA_LOCK, MYSQL_SCHEMA_LOCK_TIMEOUT)
     try:
         yield
     finally:
         if got == 1:
-            conn.execute(sa.text(query("unlock_schema_mysql")), {"name": C.MYSQL_SCHEMA_LOCK})
+            conn.execute(sa.text(query("unlock_schema_mysql")), {"name": MYSQL_SCHEMA_LOCK})
 
 
 def status_is(value: str) -> sa.ColumnElement[bool]:

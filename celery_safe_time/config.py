@@ -585,7 +585,7 @@ def _coordination(value: Any, store_url: str) -> tuple[str, str]:
 
     MySQL/MariaDB are refused at startup rather than half supported: ``GET_LOCK`` is per session as
     PostgreSQL's advisory locks are, but the backend is built on ``INSERT ... ON CONFLICT ... RETURNING``
-    and sequences for fencing numbers, which MySQL lacks; the delay store works on them as before.
+    and sequences for fencing numbers, which MySQL lacks. The delay store works on MySQL/MariaDB.
     """
     key = "safe_time_coordination_url"
     if value is None or value == C.COORDINATION_REDIS:

@@ -29,7 +29,8 @@ class PublisherConfirms:
     ``basic.ack`` once it has taken responsibility for the message (routed to its queues, on disk for
     durable ones) or ``basic.nack``; one answer may settle every number up to its own (``multiple``).
     Waiting for each answer before the next publish (kombu's ``confirm_publish``) costs a round trip
-    per row, about 8x slower here, so a batch is published first and its answers collected after.
+    per row (several times slower: docs/benchmarks.md), so a batch is published first and its answers
+    collected after.
     Publishes are numbered where they really happen, so a row that fails before (or, through a
     signal handler, after) its publish cannot shift the count: :meth:`number` for the ones the
     sweep's :class:`~.amqp_batch.BatchProducer` buffers, and a wrapper of the channel's

@@ -212,13 +212,13 @@ class Marks:
     built and published: the statement's round trip and the database's row updates (about a sixth of
     the sweep's wall time when made in line) overlap the next batch's CPU instead of adding to it. A
     batch is handed over only once its publish reached the broker (the Redis pipeline ran, RabbitMQ
-    confirmed), so "published, then marked" holds as before; one thread keeps the marks one at a
-    time, in batch order. The next hand-over (and the end of the sweep) waits for the one before: its
+    confirmed), so a row is marked sent only after it was published; one thread keeps the marks one
+    at a time, in batch order. The next hand-over (and the end of the sweep) waits for the one before: its
     count goes into the stats, ``delay_released`` is sent for its rows from the sweep's own thread,
     and a store error after its retries (``mark_sent_retrying``, within half the claim timeout from
-    the claim) fails the sweep as it did in line; its rows stay claimed and are published again
-    after the claim timeout (the delivery record runs each once). Stores without background claims
-    (SQLite, Django) mark in line, as before.
+    the claim) fails the sweep; its rows stay claimed and are published again after the claim
+    timeout (the delivery record runs each once). Stores without background claims (SQLite, Django)
+    mark in line.
     """
 
     def __init__(self, claims: _Claims, stats: SweepStats, clock: Callable[[], float]) -> None:
@@ -240,7 +240,7 @@ class Marks:
 
         marking = self.claims.run(work)
         if not store.claims_in_background:
-            self._settle(marking, sent)  # made in line: counted and signalled now, as before
+            self._settle(marking, sent)  # made in line: counted and signalled now
             return
         previous, self._pending = self._pending, (marking, sent)
         if previous is not None:

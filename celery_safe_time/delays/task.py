@@ -166,7 +166,7 @@ class SafeTask(Task):
         if result.id == task_id or created:
             return result
         if idempotency_key is not None:
-            # The caller's own idempotency key matched another pending row: that row, as before.
+            # The caller's own idempotency key matched another pending row: the result is that row's.
             unique_tasks.release(get_lock_store(app), key, task_id, "idempotency key already pending")
             return result
         unique_tasks.repoint(app, key, task_id, result.id, ttl)

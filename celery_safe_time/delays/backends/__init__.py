@@ -78,7 +78,8 @@ def _load_store_driver(sender: Any = None, **_: Any) -> None:
     """``worker_init`` (the main process, before the pool forks): import the SQL store's database driver.
 
     Otherwise each pool child imports it on its first stored task, and the tasks due meanwhile wait
-    behind that one (psycopg: 0.15 s on an idle 2-core VM, 2 s at load 10). Opens no connection.
+    behind that one (psycopg's import takes a noticeable part of a second, seconds on a loaded host).
+    Opens no connection.
     """
     app = getattr(sender, "app", None)
     if not isinstance(app, Celery):

@@ -83,4 +83,4 @@ class RecordWrites:
                 logger.info("store connection lost (%s), sending the statement again on a new one", exc)
             finally:
                 raw.close()
-        raise AssertionError("unreachable")  # pragma: no cover - the second pass returns or raises
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises

@@ -63,9 +63,6 @@ DEFAULT_AMQP_CONSUMER_TIMEOUT: Final = 1800.0
 #: SQS limits: a message's ``DelaySeconds`` is at most 15 minutes, a visibility timeout at most 12 hours.
 SQS_MAX_DELAY_SECONDS: Final = 900.0
 SQS_MAX_VISIBILITY_TIMEOUT: Final = 43200.0
-#: The sweep claims a row at most this share of the consumer timeout before it is due, so the worker
-#: holding its ``eta`` message unacked stays far from the timeout (the 2 s look-ahead is the usual cap).
-SWEEP_LOOKAHEAD_CONSUMER_SHARE: Final = 0.1
 
 MISFIRE_POLICIES: Final = frozenset({"run_once", "skip", "run_all"})
 #: run_all never fires more than this many catch-up slots for one entry.
@@ -217,7 +214,6 @@ SWEEP_LOOKAHEAD: Final = 2.0
 #: The adaptive look-ahead (a backlog due soon is claimed early enough to be out by its due time) never
 #: exceeds this many seconds, nor a tenth of the broker's visibility / consumer timeout.
 SWEEP_LOOKAHEAD_MAX: Final = 300.0
-SWEEP_LOOKAHEAD_VISIBILITY_SHARE: Final = 0.1
 #: ``insert_many``: idempotency keys looked up per query, rows per multi-row INSERT.
 BULK_KEY_LOOKUP: Final = 1000
 BULK_INSERT_CHUNK: Final = 2000

@@ -190,15 +190,15 @@ def publish_batch_confirmed(
     confirms: PublisherConfirms | None = None
     try:
         confirms, sender = session.open()
-        numbered = confirms
+        tracked = confirms
 
-        def number(row: DelayRow) -> None:
-            numbered.current = row.id
+        def track(row: DelayRow) -> None:
+            tracked.current = row.id  # the row the channel's next publish numbers belong to
 
         publish_rows(
             app, config, store, rows, token, stats, outcome,
             trusted_until=trusted_until, clock=clock, producer=sender.producer, send=sender.send_task,
-            retry=False, broker_errors=session.broker_errors, before=number,
+            retry=False, broker_errors=session.broker_errors, before=track,
         )  # fmt: skip
         sender.producer.flush()
         deadline = min(trusted_until, clock() + confirm_wait)

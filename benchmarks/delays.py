@@ -39,10 +39,10 @@ from kombu import Connection, Producer
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import reset_config
+from celery_safe_time.delays.backends import get_store, reset_store
+from celery_safe_time.delays.backends.base import NewDelay
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.payload import encode
-from celery_safe_time.delays.stores import get_store, reset_store
-from celery_safe_time.delays.stores.base import NewDelay
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
@@ -843,7 +843,7 @@ def bench_big_table(env: Env, total: int) -> dict[str, Any]:
 
 
 def set_store_for(app: Celery, store: SQLAlchemyStore) -> None:
-    from celery_safe_time.delays.stores import set_store
+    from celery_safe_time.delays.backends import set_store
 
     set_store(app, store)
 

@@ -864,7 +864,7 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "py-spy (wall clock, waits included) of one sweeper, 20,000 due rows, batch 500, PostgreSQL store,",
             "Redis broker, taken on this VM on 2026-12-01 at load 4-8 (other sessions' benches; the shares are",
             "what matters; rerun with `py-spy record --idle --threads` around `celery_safe_time.delays.sweep.sweep`",
-            "in a `benchmarks.delays.Env`). Before issue 20's third pass the batch's `mark_sent` took 17% of the",
+            "in a `benchmarks.delays.Env`). In an earlier version the batch's `mark_sent` took 17% of the",
             "sweep's wall time (the publishing thread waiting for PostgreSQL to update 500 rows), `os.urandom`",
             "10% (two `uuid4` per message, the attempt token and kombu's delivery tag: CPython lets the GIL go",
             "around `getrandom`, and the publishing thread then waits for the claim thread to give it back) and",
@@ -925,7 +925,7 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "Profile (cProfile, one sweeper, 2,000 due rows, batch 500, PostgreSQL store, RabbitMQ vhost, "
             "taken on this VM on 2026-12-01 beside a full `make bench`; absolute times are inflated, the shares "
             "are what matters; rerun with cProfile around `celery_safe_time.delays.sweep.sweep` in a "
-            "`benchmarks.delays.Env`). **Before** issue 20's batching (0.18-0.24x raw kombu with confirms, "
+            "`benchmarks.delays.Env`). **Before** batched publishing (0.18-0.24x raw kombu with confirms, "
             "measured side by side; after it 0.42-0.61x, medians of 4 interleaved rounds each; profile at "
             "load ~2): `Celery.send_task` 75% of the sweep - Celery's work before "
             "the publish (option merging, config lookups, the quorum check, the `AsyncResult`) ~17%, "
@@ -941,7 +941,7 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "and kwargs 7%), `send_task_message` 26% (of which kombu's publish front and our frame encoding "
             "20%, signals 4%), routing 4%, the claim 17% (building `DelayRow` objects 9%), `mark_sent` 7%, "
             "decode 6%, waiting for the confirms 3%, the one `sendall` per batch 1%. What is left is "
-            "Celery's message and the store. **Then** (same issue, the goal's second pass): the next batch "
+            "Celery's message and the store. **Then**: the next batch "
             "is claimed in a thread while this one publishes and waits for its acks (the claim left the "
             "sweep's critical path: it was 14-17% of it), a claim and a batch's mark sent are one autocommit "
             "statement each on PostgreSQL (four round trips before: BEGIN, the clock, the statement, "
@@ -1100,7 +1100,7 @@ def _analysis(r: dict[str, Any]) -> list[str]:
     lt = d.get("lateness")
     if lt:
         out += [
-            f"**Lateness.** The issue's goal (stored p99 <= 1 s) is {'met' if lt['stored']['p99'] <= 1 else 'missed'}: "
+            f"**Lateness.** The goal (stored p99 <= 1 s) is {'met' if lt['stored']['p99'] <= 1 else 'missed'}: "
             f"{lt['stored']['p99'] * 1000:.0f} ms vs native {lt['native']['p99'] * 1000:.0f} ms p99. Stored delays "
             "reach the broker one sweep early (lookahead) with `eta=due_at`, so the worker, not the sweep "
             "interval, sets the firing time. On top of a native task, a stored one makes two store writes in "

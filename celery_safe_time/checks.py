@@ -22,6 +22,10 @@ from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
 logger = logging.getLogger(__name__)
 
+#: Seconds ``safe-time check`` waits for the broker to accept a connection (the app's own
+#: ``broker_connection_timeout`` wins when set lower or higher; this bounds a Redis broker's socket).
+BROKER_CHECK_TIMEOUT = 5.0
+
 Status = Literal["ok", "warn", "fail"]
 
 #: Policies under which Redis may delete keys that still have a TTL: our leases and locks.
@@ -223,9 +227,9 @@ def broker_connection(app: Celery) -> tuple[str, float, str | None]:
         # hold the check for minutes.
         own = dict(app.conf.broker_transport_options or {})
         transport_options = {
-            key: C.BROKER_CHECK_TIMEOUT for key in ("socket_connect_timeout", "socket_timeout") if key not in own
+            key: BROKER_CHECK_TIMEOUT for key in ("socket_connect_timeout", "socket_timeout") if key not in own
         }
-    connection = app.connection_for_write(connect_timeout=C.BROKER_CHECK_TIMEOUT, transport_options=transport_options)
+    connection = app.connection_for_write(connect_timeout=BROKER_CHECK_TIMEOUT, transport_options=transport_options)
     where = mask_url(connection.as_uri(include_password=True))
     started = time.monotonic()
     try:
@@ -266,7 +270,7 @@ def unreachable(url: str, exc: BaseException) -> str:
 
 def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     """Store reachability and its clock against this host."""
-    from .delays.stores import get_store
+    from .delays.backends import get_store
 
     url = mask_url(config.store_url)
     try:
@@ -316,8 +320,8 @@ def check_sweep(app: Celery) -> Check:
     """``install(app)`` registered the sweep: without it stored delays are never sent. A warning, not
     a failure: ``check`` is also a probe, and a process may rightly leave the sweep to others; the
     detail says how many rows wait meanwhile."""
+    from .delays.backends import get_store
     from .delays.install_check import not_installed_message, sweep_installed
-    from .delays.stores import get_store
 
     if sweep_installed(app):
         return Check("sweep", "ok", f"{C.SWEEP_TASK_NAME} task and beat entry installed")

@@ -527,7 +527,7 @@ def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdo
 
 def _unchanged(app: Celery, task_id: str, what: str) -> None:
     """Say why a cancel or reschedule changed nothing (an unknown id is not a finished row), exit 1."""
-    from .delays.stores import get_store
+    from .delays.backends import get_store
 
     row = get_store(app).get(task_id)
     if row is None:
@@ -591,7 +591,7 @@ def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str]
 def delays_upgrade_schema(ctx: click.Context) -> None:
     """Add what a newer version needs to the store's table (columns, indexes) now, not at first use."""
     from .config import mask_url
-    from .delays.stores import get_store
+    from .delays.backends import get_store
 
     store = get_store(_app(ctx))
     upgrade = getattr(store, "upgrade_schema", None)

@@ -134,8 +134,8 @@ class ServerClock:
 
     ``time()`` is the server time of the last sync plus the monotonic time elapsed since, re-synced
     every ``refresh`` monotonic seconds: a tick costs no round trip, and a step of this host's wall
-    clock (NTP, an operator, ``SAFE_TIME_LOCAL_CLOCK_SKEW``) never moves beat's "now" (it used to
-    follow the wall clock until the next sync: slots fired early or counted as missed). The wall
+    clock (NTP, an operator, ``SAFE_TIME_LOCAL_CLOCK_SKEW``) never moves beat's "now" (following the
+    wall clock until the next sync would fire slots early or count them as missed). The wall
     clock (``local``) is read only to report the offset (``offset``, startup warning). A failed
     refresh keeps interpolating from the last sync and logs.
 

@@ -24,6 +24,12 @@ from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
+#: The sweep claims a row at most this share of the consumer timeout before it is due, so the worker
+#: holding its ``eta`` message unacked stays far from the timeout (the 2 s look-ahead is the usual cap).
+SWEEP_LOOKAHEAD_CONSUMER_SHARE = 0.1
+#: Likewise on brokers that redeliver after ``visibility_timeout``: at most this share of it.
+SWEEP_LOOKAHEAD_VISIBILITY_SHARE = 0.1
+
 _CACHE: weakref.WeakKeyDictionary[Celery, SafeTimeConfig] = weakref.WeakKeyDictionary()
 
 
@@ -123,7 +129,7 @@ class SafeTimeConfig:
         """
         if self.broker_consumer_timeout is None:
             return C.SWEEP_LOOKAHEAD
-        return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
+        return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * SWEEP_LOOKAHEAD_CONSUMER_SHARE)
 
     @property
     def sweep_lookahead_max(self) -> float:
@@ -135,9 +141,9 @@ class SafeTimeConfig:
         """
         ceiling = C.SWEEP_LOOKAHEAD_MAX
         if self.visibility_timeout is not None:
-            ceiling = min(ceiling, self.visibility_timeout * C.SWEEP_LOOKAHEAD_VISIBILITY_SHARE)
+            ceiling = min(ceiling, self.visibility_timeout * SWEEP_LOOKAHEAD_VISIBILITY_SHARE)
         if self.broker_consumer_timeout is not None:
-            ceiling = min(ceiling, self.broker_consumer_timeout * C.SWEEP_LOOKAHEAD_CONSUMER_SHARE)
+            ceiling = min(ceiling, self.broker_consumer_timeout * SWEEP_LOOKAHEAD_CONSUMER_SHARE)
         return max(ceiling, self.sweep_lookahead)
 
 
@@ -603,7 +609,7 @@ def _coordination(value: Any, store_url: str) -> tuple[str, str]:
 
     MySQL/MariaDB are refused at startup rather than half supported: ``GET_LOCK`` is per session as
     PostgreSQL's advisory locks are, but the backend is built on ``INSERT ... ON CONFLICT ... RETURNING``
-    and sequences for fencing numbers, which MySQL lacks; the delay store works on them as before.
+    and sequences for fencing numbers, which MySQL lacks. The delay store works on MySQL/MariaDB.
     """
     key = "safe_time_coordination_url"
     if value is None or value == C.COORDINATION_REDIS:

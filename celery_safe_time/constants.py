@@ -1,15 +1,16 @@
-"""Every default, key name and magic number of the package, in one place.
+"""Wire identifiers and user-facing defaults, in one place.
 
-Other modules import from here instead of repeating literals, so an operator
-reading this file sees every Redis key the package writes and every default
-it applies.
+Here: the defaults of the ``safe_time_*`` settings, every Redis key and message header the package
+writes, table, index and advisory-lock names shared between processes and versions, and the values
+several modules share (statuses, policies). A tuning knob that one module uses is defined in that
+module, next to the code it tunes.
 """
 
 from __future__ import annotations
 
 from typing import Final, Literal
 
-# === settings defaults (DESIGN section 3) =====================================
+# === settings defaults ========================================================
 DEFAULT_KEY_PREFIX: Final = "safe_time:"
 DEFAULT_BEAT_LEASE: Final = 30.0
 DEFAULT_MISFIRE: Final = "run_once"
@@ -20,7 +21,7 @@ DEFAULT_STORE_URL: Final = "sqlite:///celery_safe_time.sqlite3"
 #: is the app's main name (``Celery("proj")`` -> ``"proj"``).
 DEFAULT_STORE_NAMESPACE: Final = "celery"
 #: The namespace of rows stored before namespaces existed (the upgrade gives them this): every app's
-#: sweep still claims them, as before the upgrade, so a single-app deployment loses none.
+#: sweep claims them, so a single-app deployment loses none on upgrade.
 LEGACY_STORE_NAMESPACE: Final = ""
 DEFAULT_SWEEP_INTERVAL: Final = 5.0
 DEFAULT_SWEEP_BATCH: Final = 500
@@ -62,9 +63,6 @@ DEFAULT_AMQP_CONSUMER_TIMEOUT: Final = 1800.0
 #: SQS limits: a message's ``DelaySeconds`` is at most 15 minutes, a visibility timeout at most 12 hours.
 SQS_MAX_DELAY_SECONDS: Final = 900.0
 SQS_MAX_VISIBILITY_TIMEOUT: Final = 43200.0
-#: The sweep claims a row at most this share of the consumer timeout before it is due, so the worker
-#: holding its ``eta`` message unacked stays far from the timeout (the 2 s look-ahead is the usual cap).
-SWEEP_LOOKAHEAD_CONSUMER_SHARE: Final = 0.1
 
 MISFIRE_POLICIES: Final = frozenset({"run_once", "skip", "run_all"})
 #: run_all never fires more than this many catch-up slots for one entry.
@@ -89,7 +87,6 @@ COORDINATION_POOL_OVERFLOW: Final = 8
 PG_LOCK_TABLE: Final = "safe_time_lock"
 PG_LOCK_MARKER_TABLE: Final = "safe_time_lock_marker"
 PG_UNIQUE_TABLE: Final = "safe_time_unique"
-PG_LOCK_FENCE_SEQUENCE: Final = "safe_time_lock_fence"
 #: Bumped when the lock tables' functions change (they are named ``..._v<N>``).
 PG_LOCK_SCHEMA_VERSION: Final = 4
 #: How PostgreSQL overlap locks are held: ``lease`` (a row with an expiry on the database clock,
@@ -100,24 +97,18 @@ PG_LOCK_MODE_SESSION: Final = "session"
 PG_LOCK_MODES: Final = (PG_LOCK_MODE_LEASE, PG_LOCK_MODE_SESSION)
 #: One process deletes expired lock, marker and unique rows at most this often (seconds), a batch at a time.
 PG_LOCK_PURGE_INTERVAL: Final = 60.0
-PG_LOCK_PURGE_BATCH: Final = 1000
 
 #: Store URLs accepted by safe_time_store_url, besides the literal "django".
 STORE_URL_SCHEMES: Final = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory"})
 DJANGO_STORE: Final = "django"
 
-# === Redis client =============================================================
-REDIS_SOCKET_TIMEOUT: Final = 5.0
-REDIS_CONNECT_TIMEOUT: Final = 5.0
+# === connections ==============================================================
 #: Seconds a connection to the store or coordination database may take before it fails.
 DB_CONNECT_TIMEOUT: Final = 5
 #: ``safe_time_store_timeout``: the longest one call to a SQL store may take, seconds (see
-#: :func:`celery_safe_time.delays.stores.sql.deadline_args`). Well above any statement of the package
+#: :func:`celery_safe_time.delays.backends.sql.deadline_args`). Well above any statement of the package
 #: (each is one short transaction), well below the outages a worker must notice.
 DEFAULT_STORE_TIMEOUT: Final = 30.0
-#: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
-#: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
-STORE_KEEPALIVE_COUNT: Final = 3
 #: ``safe_time_coordination_io_timeout``: the longest one call to the PostgreSQL coordination
 #: database waits for its answer (client side: the poll of a lock statement, TCP ``tcp_user_timeout``
 #: and keepalives), after which the connection is closed and the call fails as unreachable.
@@ -125,10 +116,6 @@ DEFAULT_COORDINATION_IO_TIMEOUT: Final = 10.0
 #: TCP keepalive probes on coordination connections: this many, unanswered, end the connection
 #: (idle time and interval between probes derive from the io timeout).
 COORDINATION_KEEPALIVE_COUNT: Final = 3
-REDIS_HEALTH_CHECK_INTERVAL: Final = 30
-#: Seconds ``safe-time check`` waits for the broker to accept a connection (the app's own
-#: ``broker_connection_timeout`` wins when set lower or higher; this bounds a Redis broker's socket).
-BROKER_CHECK_TIMEOUT: Final = 5.0
 #: celery-redbeat's default ``redbeat_key_prefix`` (``safe-time beat import-redbeat`` reads its keys).
 REDBEAT_KEY_PREFIX: Final = "redbeat:"
 
@@ -171,7 +158,7 @@ KEY_LOCK_DONE: Final = "lock-done:{key}:{identity}"
 #: A unique task's key (``SafeTask`` option ``unique=``): hash of the holder task id, state, stored flag.
 KEY_UNIQUE: Final = "unique:{key}"
 
-#: How long a fired-slot marker is kept (DESIGN: 7 days).
+#: How long a fired-slot marker is kept (seconds): 7 days.
 FIRED_SLOT_TTL: Final = 7 * 86400
 #: How often (seconds) a PostgreSQL beat leader deletes fired-slot rows older than FIRED_SLOT_TTL
 #: (Redis markers expire by themselves).
@@ -234,12 +221,6 @@ SWEEP_LOOKAHEAD: Final = 2.0
 #: The adaptive look-ahead (a backlog due soon is claimed early enough to be out by its due time) never
 #: exceeds this many seconds, nor a tenth of the broker's visibility / consumer timeout.
 SWEEP_LOOKAHEAD_MAX: Final = 300.0
-SWEEP_LOOKAHEAD_VISIBILITY_SHARE: Final = 0.1
-#: The look-ahead covers the backlog's publishing time this many times over (the rate estimate is
-#: one sweeper's; beat may start the next sweep only one interval later).
-SWEEP_LOOKAHEAD_SAFETY: Final = 2.0
-#: Rows per second one sweep is assumed to publish until it has measured itself.
-SWEEP_RATE_GUESS: Final = 1000.0
 #: ``insert_many``: idempotency keys looked up per query, rows per multi-row INSERT.
 BULK_KEY_LOOKUP: Final = 1000
 BULK_INSERT_CHUNK: Final = 2000
@@ -296,10 +277,6 @@ PURGE_DEFAULT_STATUSES: Final = frozenset({STATUS_SENT, STATUS_FINISHED, STATUS_
 PURGEABLE_STATUSES: Final = DELAY_FINISHED_STATUSES
 #: Rows deleted per purge transaction (short transactions, short row locks).
 PURGE_BATCH: Final = 1000
-#: The sweep's retention purge runs at most once per this many seconds per process...
-PURGE_INTERVAL: Final = 3600.0
-#: ...and deletes at most this many batches per sweep, so a sweep never stalls behind a big purge.
-PURGE_SWEEP_MAX_BATCHES: Final = 5
 #: Duration suffixes of ``delays purge --older-than`` (``7d``, ``12h``, ``30m``, ``45s``, ``2w``).
 DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
@@ -319,15 +296,8 @@ MYSQL_DIALECTS: Final = frozenset({"mysql", "mariadb"})
 #: MySQL/MariaDB only: a generated column equal to ``idempotency_key`` while the row is pending and
 #: NULL otherwise. Its UNIQUE index stands in for the partial unique index they lack.
 DELAY_PENDING_KEY_COLUMN: Final = "pending_idempotency_key"
-#: Binary, no-pad collations keep ids and keys exact as on PostgreSQL/SQLite ("a", "A", "a " differ).
-MARIADB_COLLATION: Final = "utf8mb4_nopad_bin"
-MYSQL_COLLATION: Final = "utf8mb4_0900_bin"
-#: InnoDB's default REPEATABLE READ gap-locks the claim's range scan, so concurrent SKIP LOCKED
-#: sweeps would wait on each other; READ COMMITTED locks only the rows picked, as on PostgreSQL.
-MYSQL_ISOLATION_LEVEL: Final = "READ COMMITTED"
-#: Named lock (GET_LOCK) that serializes table creation between processes starting at once.
-MYSQL_SCHEMA_LOCK: Final = "celery_safe_time_schema"
-MYSQL_SCHEMA_LOCK_TIMEOUT: Final = 30
+#: PostgreSQL advisory lock (``pg_advisory_xact_lock``) that serializes the delay table's DDL.
+DELAY_SCHEMA_LOCK_KEY: Final = 0x5AFE7133
 
 #: Column sizes (Django model and SQLAlchemy table agree on them).
 DELAY_ID_LENGTH: Final = 255
@@ -341,34 +311,11 @@ DELAY_NAMESPACE_LENGTH: Final = 64
 #: apply_async option that deduplicates pending delays.
 OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
 
-#: When the store cannot record a delivery's start the task is re-queued (not run) this many seconds
-#: later, plus up to ``DELIVERY_RETRY_JITTER`` seconds so a backlog does not return at once.
-DELIVERY_RETRY_AFTER: Final = 5.0
-DELIVERY_RETRY_JITTER: Final = 5.0
 #: A delivery that finds itself running elsewhere (a redelivered copy) comes back after this share of
 #: the heartbeat timeout (``safe_time_lock_ttl``), until the run ends or its heartbeat stops.
 DELIVERY_RUNNING_RECHECK: Final = 1.0 / 3.0
-#: Most run ids carried in ``safe_time_prior_runs`` (a chain of lost replies is short).
-DELIVERY_PRIOR_RUNS_KEPT: Final = 8
-#: How long the renewer thread waits for a delivery heartbeat's write before it looks again on the next
-#: tick (the write goes on in its own thread): a hung store call must not hold up the process's renewals.
-DELIVERY_HEARTBEAT_WAIT: Final = 0.5
-#: How long a worker keeps trying, in the background, to record a stored task's end the store did not
-#: take (it is unreachable), with the run's heartbeat kept on: as long as an outage plausibly lasts.
-#: Giving up sooner (it was ``safe_time_claim_timeout``) let an outage of ~20 s end with the row's
-#: heartbeat stale and an acks_late task run a second time although its worker was alive and knew it
-#: had ended. One thread per run that ended during the outage (a stored task cannot start meanwhile).
-DELIVERY_FINISH_BACKGROUND_BUDGET: Final = 3600.0
 DELIVERY_TOKEN_LENGTH: Final = 64
 DELIVERY_WORKER_LENGTH: Final = 255
-#: After a sweep published a batch but could not mark it sent, it retries ``mark_sent`` with this
-#: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
-#: meanwhile): a store that is back within that time never sees the rows published twice.
-SWEEP_MARK_RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 4.0)
-#: On RabbitMQ a sweep publishes a batch with publisher confirms and marks sent only the rows the
-#: broker acknowledged; it waits at most this long (and never past half the claim timeout) for the
-#: acks. Unconfirmed rows go back to pending (a memory alarm, a blocked or lost connection).
-SWEEP_CONFIRM_TIMEOUT: Final = 30.0
 
 
 # === locks and idempotency ====================================================

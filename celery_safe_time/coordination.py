@@ -86,7 +86,7 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
     no pre-ping (the locks: one statement, one round trip; they repeat a call whose pooled
     connection broke, :meth:`~celery_safe_time.locks.backends.postgres.PostgresLockStore._run`).
     """
-    from .delays.stores.sql import create_engine, normalize_url
+    from .delays.backends.sql import create_engine, normalize_url
 
     url = postgres_url(config)
     key = (os.getpid(), url, autocommit, config.coordination_io_timeout, config.coordination_statement_timeout)

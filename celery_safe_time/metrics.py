@@ -161,7 +161,7 @@ class SafeTimeCollector:
         yield duration
 
     def _store_families(self, gauge: Any) -> list[Any]:
-        from .delays.stores import get_store
+        from .delays.backends import get_store
 
         store = get_store(self.app)
         counts = store.counts()

@@ -88,7 +88,7 @@ def probe_beat(app: Celery) -> Check:
 
 
 def probe_store(app: Celery) -> Check:
-    from .delays.stores import get_store
+    from .delays.backends import get_store
 
     url = mask_url(get_config(app).store_url)
     try:
@@ -99,7 +99,7 @@ def probe_store(app: Celery) -> Check:
 
 
 def probe_sweep(app: Celery, max_lateness: float | None = None) -> Check:
-    from .delays.stores import get_store
+    from .delays.backends import get_store
 
     config = get_config(app)
     limit = default_max_lateness(config.sweep_interval) if max_lateness is None else max_lateness

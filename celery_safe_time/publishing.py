@@ -27,7 +27,7 @@ def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[N
     executed once when the block ends; every message still goes through Celery's ``send_task``
     (routing, headers, ``before/after_task_publish``). The binding table of a routed exchange (one
     SMEMBERS per message on Redis) is read, and each queue declared, once per batch. Other transports
-    publish as before.
+    publish each message on its own.
     """
     if not getattr(producer, "supports_batch_publish", False):
         yield

@@ -29,6 +29,10 @@ from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
+REDIS_SOCKET_TIMEOUT = 5.0
+REDIS_CONNECT_TIMEOUT = 5.0
+REDIS_HEALTH_CHECK_INTERVAL = 30
+
 _clients: dict[tuple[int, str], redis.Redis] = {}
 _clients_lock = threading.Lock()
 
@@ -49,9 +53,9 @@ def get_redis(url: str) -> redis.Redis:
 def create_redis(url: str, **overrides: Any) -> redis.Redis:
     """Build a new client for ``url`` with socket timeouts and health checks set."""
     options: dict[str, Any] = {
-        "socket_timeout": C.REDIS_SOCKET_TIMEOUT,
-        "socket_connect_timeout": C.REDIS_CONNECT_TIMEOUT,
-        "health_check_interval": C.REDIS_HEALTH_CHECK_INTERVAL,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+        "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL,
         "retry_on_timeout": False,
         "decode_responses": False,
     }

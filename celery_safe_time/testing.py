@@ -54,12 +54,12 @@ from celery.app.trace import build_tracer
 from . import constants as C
 from .clock import as_utc, local_time, to_datetime
 from .config import SafeTimeConfig, get_config, reset_config
+from .delays.backends import reset_store, set_store
+from .delays.backends.base import DelayRow
+from .delays.backends.memory import MemoryStore
+from .delays.backends.sql import SQLAlchemyStore
 from .delays.install_check import sweep_not_needed
 from .delays.payload import decode
-from .delays.stores import reset_store, set_store
-from .delays.stores.base import DelayRow
-from .delays.stores.memory import MemoryStore
-from .delays.stores.sql import SQLAlchemyStore
 from .locks.backends.memory import MemoryLockStore
 from .locks.store import LockInfo, use_lock_store
 

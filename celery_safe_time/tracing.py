@@ -92,7 +92,7 @@ def in_stored_context(headers: Mapping[str, Any], call: Callable[..., R]) -> Cal
     """``call`` wrapped to run under the trace context stored in ``headers`` (the sweep's publish).
 
     ``call`` itself when ``headers`` hold no valid context (most rows): the sweep calls this once per
-    row, and a wrapper with a context manager around every publish was a few percent of its time.
+    row, and a wrapper with a context manager around every publish costs a few percent of its time.
     """
     extracted = _valid_stored_context(headers)
     if extracted is None:

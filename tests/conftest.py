@@ -207,7 +207,7 @@ def make_app(redis_url: str, sqlite_url: str) -> Iterator[Callable[..., Celery]]
         return app
 
     yield factory
-    from celery_safe_time.delays.stores import reset_store
+    from celery_safe_time.delays.backends import reset_store
 
     for app in apps:
         reset_store(app)

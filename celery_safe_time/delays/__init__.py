@@ -1,8 +1,9 @@
 """Durable long delays: ``SafeTask`` stores countdowns beyond the threshold as rows, the sweep publishes them.
 
 The data path of one stored delay: :mod:`.task` (``apply_async`` decides with :mod:`.plan`, encodes
-with :mod:`.payload`) -> :mod:`.stores` (one row) -> :mod:`.sweep` (claims and publishes it when due)
--> :mod:`.delivery` (the worker runs the delivery once). :mod:`.admin` holds ``cancel``,
+with :mod:`.payload`) -> :mod:`.backends` (the store: one row) -> :mod:`.sweep` (claims it when due;
+:mod:`.publish` and, on RabbitMQ, :mod:`.confirms` publish it; :mod:`.maintenance` confirms deliveries
+and purges) -> :mod:`.delivery` (the worker runs the delivery once). :mod:`.admin` holds ``cancel``,
 ``reschedule`` and the operator views.
 """
 

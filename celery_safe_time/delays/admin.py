@@ -15,8 +15,8 @@ from .. import signals
 from ..clock import as_utc
 from ..config import get_config, mask_url
 from ..exceptions import SafeTimeError
+from .backends import get_store
 from .payload import decode
-from .stores import get_store
 
 logger = logging.getLogger(__name__)
 

@@ -38,10 +38,26 @@ from ..config import SafeTimeConfig, get_config
 from ..exceptions import LockLost, StoreError
 from ..locks.watchdog import Interrupter, Watchdog
 from ..requeue import jittered
-from .stores import get_store
-from .stores.base import DelayStore
+from .backends import get_store
+from .backends.base import DelayStore
 
 logger = logging.getLogger(__name__)
+
+#: When the store cannot record a delivery's start the task is re-queued (not run) this many seconds
+#: later, plus up to ``DELIVERY_RETRY_JITTER`` seconds so a backlog does not return at once.
+DELIVERY_RETRY_AFTER = 5.0
+DELIVERY_RETRY_JITTER = 5.0
+#: Most run ids carried in ``safe_time_prior_runs`` (a chain of lost replies is short).
+DELIVERY_PRIOR_RUNS_KEPT = 8
+#: How long the renewer thread waits for a delivery heartbeat's write before it looks again on the next
+#: tick (the write goes on in its own thread): a hung store call must not hold up the process's renewals.
+DELIVERY_HEARTBEAT_WAIT = 0.5
+#: How long a worker keeps trying, in the background, to record a stored task's end the store did not
+#: take (it is unreachable), with the run's heartbeat kept on: as long as an outage plausibly lasts.
+#: Giving up sooner would leave the row's heartbeat stale after a short outage, and the sweep would
+#: run an acks_late task again although its worker was alive and knew it had ended. One thread per
+#: run that ended during the outage (a stored task cannot start meanwhile).
+DELIVERY_FINISH_BACKGROUND_BUDGET = 3600.0
 
 R = TypeVar("R")
 
@@ -185,7 +201,7 @@ class _Heartbeat:
         write = self._pending
         if write is None:
             write = self._pending = _Write(lambda: self.store.heartbeat(self.task_id, self.token, self.run_id), now)
-        if write.done.wait(C.DELIVERY_HEARTBEAT_WAIT):
+        if write.done.wait(DELIVERY_HEARTBEAT_WAIT):
             self._pending = None
             if write.error is None and not write.ok:
                 self._reason = "the store refused the heartbeat: the row moved on"
@@ -334,7 +350,7 @@ def _record_end(
         store, task_id, token, run_id, outcome, error, budget=config.lock_ttl / 2.0, durable=reruns_when_stale(task)
     )
     if recorded is None:
-        budget = max(config.claim_timeout, C.DELIVERY_FINISH_BACKGROUND_BUDGET)
+        budget = max(config.claim_timeout, DELIVERY_FINISH_BACKGROUND_BUDGET)
         _finish_later(store, task_id, token, run_id, outcome, error, watchdog, budget)
     else:
         watchdog.stop()
@@ -433,7 +449,7 @@ def _requeue(task: Task, countdown: float, prior_runs: Sequence[str], exc: Excep
     """
     request = task.request
     headers = dict(request.headers or {})
-    headers[C.HEADER_PRIOR_RUNS] = list(prior_runs)[-C.DELIVERY_PRIOR_RUNS_KEPT :]
+    headers[C.HEADER_PRIOR_RUNS] = list(prior_runs)[-DELIVERY_PRIOR_RUNS_KEPT:]
     sig = task.signature_from_request(request, countdown=countdown, headers=headers)
     Task.apply_async(task, sig.args, sig.kwargs, **sig.options)
     raise Retry(exc=exc, when=countdown, sig=sig)
@@ -447,7 +463,7 @@ def requeue_unchecked(task: Task, exc: Exception, *, prior_runs: Sequence[str]) 
     possible repeat.
     """
     request = task.request
-    countdown = jittered(C.DELIVERY_RETRY_AFTER, C.DELIVERY_RETRY_JITTER)
+    countdown = jittered(DELIVERY_RETRY_AFTER, DELIVERY_RETRY_JITTER)
     try:
         _requeue(task, countdown, prior_runs, exc)
     except Retry:

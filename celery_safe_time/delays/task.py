@@ -27,12 +27,12 @@ from ..locks import unique as unique_tasks
 from ..locks.keys import KeySpec
 from ..locks.store import get_lock_store
 from ..tracing import inject_context
+from .backends import get_store
+from .backends.base import InsertResult, NewDelay
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, plan_delay
-from .stores import get_store
-from .stores.base import InsertResult, NewDelay
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class SafeTask(Task):
         if result.id == task_id or created:
             return result
         if idempotency_key is not None:
-            # The caller's own idempotency key matched another pending row: that row, as before.
+            # The caller's own idempotency key matched another pending row: the result is that row's.
             unique_tasks.release(get_lock_store(app), key, task_id, "idempotency key already pending")
             return result
         unique_tasks.repoint(app, key, task_id, result.id, ttl)

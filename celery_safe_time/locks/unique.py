@@ -116,7 +116,7 @@ def _holder_gone(app: Celery, claim: UniqueClaim) -> bool:
     """Whether a held key's holder can be seen to be gone: only a stored holder's row can say so."""
     if not claim.stored or claim.holder is None:
         return False
-    from ..delays.stores import get_store
+    from ..delays.backends import get_store
 
     try:
         row = get_store(app).get(claim.holder)

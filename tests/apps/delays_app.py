@@ -24,8 +24,8 @@ from celery.signals import before_task_publish
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores.base import DelayStore
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends.base import DelayStore
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.apps.settings import configure

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores.base import DelayStore
+from celery_safe_time.delays.backends.base import DelayStore
 from celery_safe_time.exceptions import PurgeRefused, StoreError
 from tests.helpers.delays import fresh_sql_store, new_delay
 

@@ -35,8 +35,8 @@ from celery import Celery
 
 from celery_safe_time import SafeTask, crontab, get_config, idempotent, install, overlap_lock
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores import get_store, reset_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends import get_store, reset_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import (
     ImproperlyConfigured,

@@ -51,8 +51,8 @@ from celery import Celery
 
 from celery_safe_time import SafeTask, install
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.exceptions import StoreError
 from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers import services
@@ -631,7 +631,7 @@ def _no_redis_setup(
             )
     finally:
         from celery_safe_time.coordination import dispose_engines
-        from celery_safe_time.delays.stores import reset_store
+        from celery_safe_time.delays.backends import reset_store
 
         for app in apps:
             reset_store(app)

@@ -22,8 +22,9 @@ from celery import Celery
 from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.config import get_config
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.sweep import publish_wait, sweep
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.publish import publish_wait
+from celery_safe_time.delays.sweep import sweep
 from tests.faults.proxy import TcpProxy, proxy_for
 from tests.helpers.delays import finished_row, fresh_sql_store, new_delay, runs, utcnow
 from tests.helpers.processes import ProcessManager, wait_for

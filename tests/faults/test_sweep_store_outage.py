@@ -17,9 +17,10 @@ from celery.signals import after_task_publish
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores.memory import MemoryStore
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
-from celery_safe_time.delays.sweep import mark_sent_retrying, sweep
+from celery_safe_time.delays.backends.memory import MemoryStore
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
+from celery_safe_time.delays.publish import SWEEP_MARK_RETRY_DELAYS, mark_sent_retrying
+from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import TcpProxy, proxy_for
@@ -81,7 +82,7 @@ def test_mark_sent_is_retried_until_the_store_answers(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"):
         marked = mark_sent_retrying(store, ["a", "b"], token, budget=150, sleep=fake.sleep, clock=fake.clock)
     assert marked == 2
-    assert fake.slept == list(C.SWEEP_MARK_RETRY_DELAYS[:3])
+    assert fake.slept == list(SWEEP_MARK_RETRY_DELAYS[:3])
     assert [store.get(i).status for i in "ab"] == ["sent", "sent"]  # type: ignore[union-attr]
     messages = [r.getMessage() for r in caplog.records]
     assert "could not mark them sent" in messages[0]

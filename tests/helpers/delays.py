@@ -14,9 +14,9 @@ import sqlalchemy as sa
 from kombu import Connection
 
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores.base import DelayStore, NewDelay
-from celery_safe_time.delays.stores.memory import MemoryStore
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends.base import DelayStore, NewDelay
+from celery_safe_time.delays.backends.memory import MemoryStore
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 
 UTC = timezone.utc
 DELAYS_APP = "tests.apps.delays_app"

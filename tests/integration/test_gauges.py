@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_safe_time.beat.lease import Lease
 from celery_safe_time.clock import local_time
 from celery_safe_time.config import get_config
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.base import NewDelay
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.base import NewDelay
 from celery_safe_time.locks.store import Owner, get_lock_store
 from celery_safe_time.metrics import GAUGES, register_gauges
 from celery_safe_time.redis_client import get_redis

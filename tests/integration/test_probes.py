@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from celery import Celery
 
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.base import NewDelay
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.base import NewDelay
 from tests.helpers.processes import ProcessManager
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from celery_safe_time import SafeTask, reschedule, tracing
 from celery_safe_time.beat.scheduler import SafeScheduler
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers.processes import wait_for
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_safe_time import SafeTask, install, reschedule, tracing
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration

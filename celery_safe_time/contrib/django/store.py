@@ -15,7 +15,7 @@ from django.db.models.functions import Coalesce
 
 from ... import constants as C
 from ...clock import as_utc
-from ...delays.stores.base import (
+from ...delays.backends.base import (
     NOW_SQL,
     DelayRow,
     DelayStore,

@@ -12,7 +12,7 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time import install, signals
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.exceptions import SerializationError, StoreError
 from tests.apps.delays_tasks import define_tasks
 

@@ -15,8 +15,8 @@ from kombu.exceptions import OperationalError
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores import get_store, set_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends import get_store, set_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import _measured_rate, sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import fresh_sql_store, new_delay

@@ -16,7 +16,7 @@ from celery.signals import before_task_publish
 
 from celery_safe_time import cancel, install, reschedule, signals
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import SerializationError, StoreError
 from tests.apps.delays_tasks import define_tasks

@@ -22,8 +22,9 @@ from celery.signals import before_task_publish
 from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.config import get_config
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.sweep import _publish_row, sweep
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.publish import publish_row
+from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
@@ -196,7 +197,7 @@ def test_retry_with_a_long_countdown_while_the_row_is_still_claimed_is_stored(
     )
     [row] = store.claim_due(limit=1, lookahead=0, token="slow-sweep")
     with setup.app.producer_or_acquire() as producer:  # published, never marked sent
-        assert _publish_row(setup.app, config, store, row, "slow-sweep", producer) == C.STATUS_SENT
+        assert publish_row(setup.app, config, store, row, "slow-sweep", producer) == C.STATUS_SENT
     worker = setup.worker(processes, "w")
     worker.wait_for_log(r"retry_once\[retry-me\] retry", timeout=30)
     retried = store.get("retry-me")

@@ -18,7 +18,7 @@ from celery_safe_time import cancel
 from celery_safe_time import constants as C
 from celery_safe_time.contrib.django.models import DelayedTask
 from celery_safe_time.contrib.django.store import DjangoStore
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import new_delay, runs
@@ -141,7 +141,7 @@ def _terminate_django_backend() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_mark_sent_after_a_killed_connection_is_retried_and_succeeds(caplog: pytest.LogCaptureFixture) -> None:
-    from celery_safe_time.delays.sweep import mark_sent_retrying
+    from celery_safe_time.delays.publish import mark_sent_retrying
     from celery_safe_time.exceptions import StoreError
 
     store = DjangoStore()

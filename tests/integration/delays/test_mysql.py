@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, create_engine, metadata
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore, create_engine, metadata
+from celery_safe_time.delays.backends.sql.schema import MARIADB_COLLATION, MYSQL_COLLATION
 from celery_safe_time.exceptions import StoreError
 from tests.helpers.delays import fresh_sql_store, new_delay
 
@@ -55,7 +56,7 @@ def test_schema_has_microsecond_datetimes_a_pending_key_column_and_status_led_in
     pending_key = columns[C.DELAY_PENDING_KEY_COLUMN]
     assert "GENERATED" in pending_key["extra"].upper() or "PERSISTENT" in pending_key["extra"].upper()
     mariadb = bool(getattr(store.engine.dialect, "is_mariadb", False))
-    assert columns["id"]["collation"] == (C.MARIADB_COLLATION if mariadb else C.MYSQL_COLLATION)
+    assert columns["id"]["collation"] == (MARIADB_COLLATION if mariadb else MYSQL_COLLATION)
     assert _indexes(store) == {
         C.DELAY_DUE_INDEX: (False, ["status", "due_at", "id"]),
         C.DELAY_KEY_INDEX: (True, [C.DELAY_PENDING_KEY_COLUMN]),

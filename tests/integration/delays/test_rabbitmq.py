@@ -24,8 +24,8 @@ from kombu.exceptions import OperationalError
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import TcpProxy

@@ -23,8 +23,8 @@ from kombu.exceptions import OperationalError
 from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.delays import amqp_batch
-from celery_safe_time.delays.stores.base import NewDelay
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends.base import NewDelay
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import drain, fresh_sql_store, seconds

@@ -11,11 +11,11 @@ import pytest
 import sqlalchemy as sa
 from celery import Celery
 
-from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, delays
-from celery_safe_time.delays.sweep import purge_retained, sweep
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore, delays
+from celery_safe_time.delays.maintenance import PURGE_INTERVAL, purge_retained
+from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import StoreError
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.delays import fresh_sql_store, new_delay
@@ -91,7 +91,7 @@ def test_sweep_purges_old_finished_rows_once_per_interval(make_app: Callable[...
     }
     # Within the interval the next sweeps leave even newly old rows alone...
     backdate(store, "new", 8 * DAY)
-    clock.now += C.PURGE_INTERVAL - 1
+    clock.now += PURGE_INTERVAL - 1
     assert sweep(app, clock=clock).purged == 0
     assert "new-sent" in ids(store)
     # ...and purge them once it has passed.
@@ -141,5 +141,5 @@ def test_a_store_error_in_the_purge_does_not_fail_the_sweep(
     monkeypatch.undo()
     # The failed pass counts as this interval's: the next one runs an interval later.
     assert sweep(app, clock=clock).purged == 0
-    clock.now += C.PURGE_INTERVAL
+    clock.now += PURGE_INTERVAL
     assert sweep(app, clock=clock).purged == 3

@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, _delivery_columns
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
+from celery_safe_time.delays.backends.sql.schema import delivery_columns
 from tests.helpers.delays import fresh_sql_store, new_delay
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ def _downgrade(store: SQLAlchemyStore) -> None:
                 conn.execute(sa.text(f"DROP INDEX {index} ON {C.DELAY_TABLE}"))
             else:
                 conn.execute(sa.text(f"DROP INDEX {index}"))
-        for column in _delivery_columns():
+        for column in delivery_columns():
             conn.execute(sa.text(f"ALTER TABLE {C.DELAY_TABLE} DROP COLUMN {column.name}"))
 
 
@@ -43,7 +44,7 @@ def test_an_older_table_is_upgraded_and_its_rows_still_run_once(backend: str, re
     store.ensure_schema()
     inspector = sa.inspect(store.engine)
     columns = {c["name"] for c in inspector.get_columns(C.DELAY_TABLE)}
-    assert {c.name for c in _delivery_columns()} <= columns
+    assert {c.name for c in delivery_columns()} <= columns
     assert {C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX} <= {i["name"] for i in inspector.get_indexes(C.DELAY_TABLE)}
     row = store.get("from-before")
     assert row is not None

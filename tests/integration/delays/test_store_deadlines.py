@@ -12,8 +12,9 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
-from celery_safe_time.delays.stores import get_store, reset_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, create_engine
+from celery_safe_time.delays.backends import get_store, reset_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore, create_engine
+from celery_safe_time.delays.backends.sql.engine import STORE_KEEPALIVE_COUNT
 from celery_safe_time.exceptions import StoreError
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 
@@ -70,7 +71,7 @@ def test_the_store_of_an_app_gets_safe_time_store_timeout_on_every_connection(po
                 # The client's side of the socket (libpq's parameters, not the server's settings).
                 params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
                 assert params["tcp_user_timeout"] == "7000"
-                assert (params["keepalives"], params["keepalives_count"]) == ("1", str(C.STORE_KEEPALIVE_COUNT))
+                assert (params["keepalives"], params["keepalives_count"]) == ("1", str(STORE_KEEPALIVE_COUNT))
     finally:
         reset_store(app)
         app.close()

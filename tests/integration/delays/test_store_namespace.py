@@ -27,8 +27,8 @@ print(remind.apply_async((7,), countdown=3600).id)
 """
 
 STORE_UNKNOWN_TASK_ROW = """
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.base import NewDelay
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.base import NewDelay
 from proj import app
 get_store(app).insert(NewDelay("gone-1", "shop.gone", b"[[], {}, {}]", "application/json", "utf-8", countdown=-1))
 """

@@ -15,8 +15,8 @@ from celery import Celery, chain
 
 from celery_safe_time import cancel, install, reschedule
 from celery_safe_time import constants as C
-from celery_safe_time.delays.stores import get_store
-from celery_safe_time.delays.stores.sql import SQLAlchemyStore, delays
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore, delays
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import proxy_for

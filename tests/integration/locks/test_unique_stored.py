@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from celery_safe_time import cancel
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers import unique as u
 from tests.helpers.processes import ProcessManager, wait_for

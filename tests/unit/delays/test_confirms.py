@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from celery_safe_time.delays.sweep import PublisherConfirms
+from celery_safe_time.delays.confirms import PublisherConfirms
 
 
 class Channel:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_safe_time.delays.backends.memory import MemoryStore
 from celery_safe_time.delays.delivery import _Heartbeat
-from celery_safe_time.delays.stores.memory import MemoryStore
 
 
 class HangingStore(MemoryStore):

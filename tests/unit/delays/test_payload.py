@@ -11,9 +11,9 @@ from kombu import Exchange, Queue
 from celery_safe_time import constants as C
 from celery_safe_time.clock import UTC, as_utc
 from celery_safe_time.config import get_config
+from celery_safe_time.delays.backends.base import NewDelay
 from celery_safe_time.delays.payload import clean_options, decode, encode
 from celery_safe_time.delays.plan import plan_delay
-from celery_safe_time.delays.stores.base import NewDelay
 from celery_safe_time.delays.sweep import register
 from celery_safe_time.exceptions import SerializationError
 

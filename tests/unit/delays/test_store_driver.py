@@ -7,8 +7,8 @@ import types
 import pytest
 from celery import Celery
 
-from celery_safe_time.delays import stores
-from celery_safe_time.delays.stores import sql
+from celery_safe_time.delays import backends
+from celery_safe_time.delays.backends import sql
 
 
 def test_load_driver_imports_the_dbapi_of_the_url_without_connecting() -> None:
@@ -25,7 +25,7 @@ def test_worker_init_loads_the_driver_of_a_sql_store(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(sql, "load_driver", calls.append)
     app = Celery("driver", set_as_current=False)
     app.conf.update(broker_url="redis://127.0.0.1:1/0", safe_time_store_url=url)
-    stores._load_store_driver(sender=types.SimpleNamespace(app=app))
+    backends._load_store_driver(sender=types.SimpleNamespace(app=app))
     assert calls == ([url] if loaded else [])
 
 
@@ -36,5 +36,5 @@ def test_a_driver_that_cannot_load_does_not_stop_the_worker(monkeypatch: pytest.
     monkeypatch.setattr(sql, "load_driver", missing)
     app = Celery("driver", set_as_current=False)
     app.conf.update(broker_url="redis://127.0.0.1:1/0", safe_time_store_url="mysql+mysqldb://nobody@127.0.0.1:1/none")
-    stores._load_store_driver(sender=types.SimpleNamespace(app=app))  # reported by the store on first use
-    stores._load_store_driver(sender=None)
+    backends._load_store_driver(sender=types.SimpleNamespace(app=app))  # reported by the store on first use
+    backends._load_store_driver(sender=None)

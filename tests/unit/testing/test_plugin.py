@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_safe_time import crontab, idempotent, overlap_lock
 from celery_safe_time.config import get_config
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.testing import (
     NO_REDIS_URL,
     SafeTimeTesting,

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 
 from celery_safe_time.constants import DELAY_TABLE
-from celery_safe_time.delays.stores import get_store
+from celery_safe_time.delays.backends import get_store
 from celery_safe_time.testing import SafeTimeTesting, TestSQLiteStore, assert_stored, run_due, safe_time_testing
 
 DAY = 86400

@@ -1,4 +1,4 @@
-# The purge's index: finished rows by updated_at (issue 20).
+# The purge's index: finished rows by updated_at.
 
 from django.db import migrations, models
 

@@ -1,0 +1,98 @@
+"""Delayed-task store backends (SQLAlchemy, Django ORM, memory) behind :func:`get_store`; interface in :mod:`.base`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init
+
+from ... import constants as C
+from ...config import get_config
+from .base import DelayStore
+
+__all__ = ["DelayStore", "create_store", "get_store", "set_store"]
+
+logger = logging.getLogger(__name__)
+
+_stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def create_store(url: str, *, namespace: str | None = None, timeout: float | None = None) -> DelayStore:
+    """Build the store named by ``safe_time_store_url``, scoped to ``namespace`` (None: every row).
+
+    ``timeout``: ``safe_time_store_timeout``, the deadline of each call to a SQL store (None: the
+    drivers' own, which wait for ever on a hung connection)."""
+    store: DelayStore
+    if url == C.DJANGO_STORE:
+        from ...contrib.django.store import DjangoStore
+
+        store = DjangoStore()
+    elif url.startswith("memory:"):
+        from .memory import MemoryStore
+
+        store = MemoryStore(url)
+    else:
+        from .sql import SQLAlchemyStore
+
+        store = SQLAlchemyStore(url, timeout=timeout)
+    store.namespace = namespace
+    return store
+
+
+def get_store(app: Celery) -> DelayStore:
+    """The app's store, one per process (rebuilt after ``fork``: connections are not shared)."""
+    pid = os.getpid()
+    cached = _stores.get(app)
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    with _lock:
+        cached = _stores.get(app)
+        if cached is None or cached[0] != pid:
+            config = get_config(app)
+            store = create_store(config.store_url, namespace=config.store_namespace, timeout=config.store_timeout)
+            _stores[app] = (pid, store)
+            cached = _stores[app]
+    return cached[1]
+
+
+def set_store(app: Celery, store: DelayStore) -> None:
+    """Make ``store`` the app's store in this process (``celery_safe_time.testing``; tests)."""
+    with _lock:
+        _stores[app] = (os.getpid(), store)
+
+
+def reset_store(app: Celery) -> None:
+    """Drop the cached store of ``app`` (tests)."""
+    cached = _stores.pop(app, None)
+    if cached is not None and cached[0] == os.getpid():
+        cached[1].close()
+
+
+def _load_store_driver(sender: Any = None, **_: Any) -> None:
+    """``worker_init`` (the main process, before the pool forks): import the SQL store's database driver.
+
+    Otherwise each pool child imports it on its first stored task, and the tasks due meanwhile wait
+    behind that one (psycopg's import takes a noticeable part of a second, seconds on a loaded host).
+    Opens no connection.
+    """
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    try:
+        url = get_config(app).store_url
+        if url == C.DJANGO_STORE or url.startswith("memory:"):
+            return
+        from .sql import load_driver
+
+        load_driver(url)
+    except Exception as exc:  # the store reports a bad URL or a missing driver itself, on first use
+        logger.debug("store driver not loaded before the pool forks: %s", exc)
+
+
+worker_init.connect(_load_store_driver, weak=False, dispatch_uid="celery_safe_time.delays.backends.load_driver")

@@ -1,0 +1,116 @@
+"""Engines for the SQL store: the drivers this package installs, per-call deadlines, the database's clock."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from .... import constants as C
+from ....clock import as_utc
+from ....config import mask_url
+from ....exceptions import StoreError
+from ..base import NOW_SQL
+
+#: InnoDB's default REPEATABLE READ gap-locks the claim's range scan, so concurrent SKIP LOCKED
+#: sweeps would wait on each other; READ COMMITTED locks only the rows picked, as on PostgreSQL.
+MYSQL_ISOLATION_LEVEL = "READ COMMITTED"
+#: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
+#: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
+STORE_KEEPALIVE_COUNT = 3
+
+#: URL prefixes without a driver -> the driver this package installs (extras ``postgres``, ``mysql``).
+_DEFAULT_DRIVERS = {
+    "postgres://": "postgresql+psycopg://",
+    "postgresql://": "postgresql+psycopg://",
+    "mysql://": "mysql+pymysql://",
+    "mariadb://": "mariadb+pymysql://",
+}
+
+
+def normalize_url(url: str) -> str:
+    """Pick the drivers this package installs: psycopg 3 for PostgreSQL, PyMySQL for MySQL/MariaDB."""
+    for prefix, replacement in _DEFAULT_DRIVERS.items():
+        if url.startswith(prefix):
+            return replacement + url[len(prefix) :]
+    return url
+
+
+def deadline_args(url: str, timeout: float) -> dict[str, Any]:
+    """The driver's connect arguments that give every call on a connection of ``url`` a deadline of
+    ``timeout`` seconds (``safe_time_store_timeout``), so that a hung network path or a stuck server
+    ends in an error instead of a call that never returns.
+
+    PostgreSQL (libpq): ``statement_timeout`` (the server cancels a statement that runs or waits
+    longer), ``tcp_user_timeout`` (data sent and not acknowledged for that long: the connection is
+    dropped) and keepalive probes (a silent peer on an idle connection counts as gone within it).
+    MySQL/MariaDB (PyMySQL): read and write timeouts on the socket. SQLite: none (a local file).
+    """
+    millis = max(1, int(timeout * 1000))
+    if url.startswith("postgresql"):
+        probe = max(1, int(timeout / (STORE_KEEPALIVE_COUNT + 1)))
+        return {
+            "keepalives": 1,
+            "keepalives_idle": probe,
+            "keepalives_interval": probe,
+            "keepalives_count": STORE_KEEPALIVE_COUNT,
+            "tcp_user_timeout": millis,
+            "options": f"-c statement_timeout={millis}",
+        }
+    if url.startswith(("mysql", "mariadb")):
+        seconds = max(1, math.ceil(timeout))
+        return {"read_timeout": seconds, "write_timeout": seconds}
+    return {}
+
+
+def create_engine(url: str, *, timeout: float | None = None, **kwargs: Any) -> Engine:
+    """An engine for ``url``; ``timeout``: :func:`deadline_args` on every connection (None: none).
+
+    ``connect_args`` given here are added to the package's (libpq ``options`` are joined)."""
+    url = normalize_url(url)
+    options: dict[str, Any] = {"pool_pre_ping": True, "future": True}
+    connect: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        # One writer at a time; wait for it instead of failing at once.
+        connect = {"timeout": 30}
+    elif url.startswith("postgresql"):
+        connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
+    elif url.startswith(("mysql", "mariadb")):
+        connect = {"connect_timeout": C.DB_CONNECT_TIMEOUT}
+        options["isolation_level"] = MYSQL_ISOLATION_LEVEL
+    for extra in (deadline_args(url, timeout) if timeout else {}, kwargs.pop("connect_args", None) or {}):
+        for name, value in extra.items():
+            joined = name == "options" and connect.get("options")
+            connect[name] = f"{connect['options']} {value}" if joined else value
+    options["connect_args"] = connect
+    options.update(kwargs)
+    try:
+        return sa.create_engine(url, **options)
+    except (ImportError, sa.exc.ArgumentError) as exc:
+        raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
+
+
+def load_driver(url: str) -> Any:
+    """Import the DBAPI module ``url`` uses (psycopg, PyMySQL, sqlite3) without connecting."""
+    return sa.engine.make_url(normalize_url(url)).get_dialect().import_dbapi()
+
+
+def now_sql(dialect: str) -> sa.TextClause:
+    query = NOW_SQL.get(dialect)
+    if query is None:  # pragma: no cover - guarded by the settings check
+        raise StoreError(f"unsupported store dialect {dialect!r}")
+    return sa.text(query)
+
+
+def database_now(engine: Engine) -> datetime:
+    """The database server's clock, as an aware UTC datetime."""
+    query = now_sql(engine.dialect.name)
+    try:
+        with engine.connect() as conn:
+            value = conn.execute(query).scalar_one()
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"store {mask_url(str(engine.url))} unreachable: {exc.__class__.__name__}: {exc}") from exc
+    return as_utc(value)

@@ -1,0 +1,222 @@
+"""The SQL store's table: its columns, indexes per dialect, the MySQL/MariaDB variant and upgrades."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+
+from .... import constants as C
+from ....clock import UTC, as_utc
+from ....exceptions import StoreError
+from . import query
+
+logger = logging.getLogger(__name__)
+
+#: Binary, no-pad collations keep ids and keys exact as on PostgreSQL/SQLite ("a", "A", "a " differ).
+MARIADB_COLLATION = "utf8mb4_nopad_bin"
+MYSQL_COLLATION = "utf8mb4_0900_bin"
+#: Named lock (GET_LOCK) that serializes table creation between processes starting at once.
+MYSQL_SCHEMA_LOCK = "celery_safe_time_schema"
+MYSQL_SCHEMA_LOCK_TIMEOUT = 30
+
+
+#: Dialects whose datetime columns have no time zone: values are bound as naive UTC.
+_NAIVE_DATETIME_DIALECTS = frozenset({"sqlite"}) | C.MYSQL_DIALECTS
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every dialect.
+
+    SQLite keeps naive text, so values are converted to UTC before they are bound; the
+    text then sorts in time order, which the due-at comparisons rely on. MySQL/MariaDB get
+    naive UTC in ``DATETIME(6)``: a plain ``DATETIME`` would round away the microseconds.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in C.MYSQL_DIALECTS:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return super().load_dialect_impl(dialect)
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise StoreError(f"naive datetime {value!r} given to the store; pass aware UTC datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name in _NAIVE_DATETIME_DIALECTS else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+
+def _columns() -> list[sa.Column[Any]]:
+    """The table's columns, fresh objects per call (a Column belongs to one Table)."""
+    return [
+        sa.Column("id", sa.String(C.DELAY_ID_LENGTH), primary_key=True),
+        sa.Column("task", sa.String(C.DELAY_TASK_LENGTH), nullable=False),
+        # MySQL's BLOB stops at 64 KiB; LONGBLOB matches bytea / SQLite BLOB (and Django's BinaryField).
+        sa.Column("payload", sa.LargeBinary().with_variant(mysql.LONGBLOB(), *C.MYSQL_DIALECTS), nullable=False),
+        sa.Column("content_type", sa.String(C.DELAY_CONTENT_TYPE_LENGTH), nullable=False),
+        sa.Column("content_encoding", sa.String(C.DELAY_ENCODING_LENGTH), nullable=False),
+        sa.Column("due_at", UTCDateTime, nullable=False),
+        sa.Column("expires_at", UTCDateTime, nullable=True),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("idempotency_key", sa.String(C.DELAY_KEY_LENGTH), nullable=True),
+        sa.Column("attempts", sa.Integer, nullable=False, default=0),
+        sa.Column("created_at", UTCDateTime, nullable=False),
+        sa.Column("updated_at", UTCDateTime, nullable=False),
+        sa.Column("claimed_at", UTCDateTime, nullable=True),
+        sa.Column("claim_token", sa.String(64), nullable=True),
+        sa.Column("sent_at", UTCDateTime, nullable=True),
+        sa.Column("last_error", sa.Text, nullable=True),
+        *delivery_columns(),
+        *_namespace_columns(),
+    ]
+
+
+def delivery_columns() -> list[sa.Column[Any]]:
+    """The delivery record's columns; added to an older table by :meth:`SQLAlchemyStore.ensure_schema`."""
+    return [
+        sa.Column("delivery_token", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
+        sa.Column("started_at", UTCDateTime, nullable=True),
+        sa.Column("heartbeat_at", UTCDateTime, nullable=True),
+        sa.Column("finished_at", UTCDateTime, nullable=True),
+        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("worker", sa.String(C.DELIVERY_WORKER_LENGTH), nullable=True),
+        sa.Column("started_by", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
+        sa.Column("starts", sa.Integer, nullable=False, server_default="0", default=0),
+        sa.Column("suspected_at", UTCDateTime, nullable=True),
+    ]
+
+
+def _namespace_columns() -> list[sa.Column[Any]]:
+    """``safe_time_store_namespace`` of the app that stored the row; "" on rows of an older table."""
+    return [
+        sa.Column(
+            "namespace",
+            sa.String(C.DELAY_NAMESPACE_LENGTH),
+            nullable=False,
+            server_default=C.LEGACY_STORE_NAMESPACE,
+            default=C.LEGACY_STORE_NAMESPACE,
+        ),
+    ]
+
+
+def added_columns() -> list[sa.Column[Any]]:
+    """Columns added after the first release: :meth:`SQLAlchemyStore.ensure_schema` adds the missing ones."""
+    return [*delivery_columns(), *_namespace_columns()]
+
+
+# The queries of every dialect use this table; its indexes are the PostgreSQL/SQLite schema.
+metadata = sa.MetaData()
+delays = sa.Table(C.DELAY_TABLE, metadata, *_columns())
+# Partial indexes (predicates in schema.sql): each scan reads only the rows of its status.
+_PENDING_SQL = sa.text(query("pending_rows", "schema.sql"))
+_CLAIMED_SQL = sa.text(query("claimed_rows", "schema.sql"))
+sa.Index(C.DELAY_DUE_INDEX, delays.c.due_at, delays.c.id, postgresql_where=_PENDING_SQL, sqlite_where=_PENDING_SQL)
+sa.Index(
+    C.DELAY_KEY_INDEX,
+    delays.c.idempotency_key,
+    unique=True,
+    postgresql_where=_PENDING_SQL,
+    sqlite_where=_PENDING_SQL,
+)
+sa.Index(C.DELAY_CLAIMED_INDEX, delays.c.claimed_at, postgresql_where=_CLAIMED_SQL, sqlite_where=_CLAIMED_SQL)
+_SENT_SQL = sa.text(query("sent_rows", "schema.sql"))
+_STARTED_SQL = sa.text(query("started_rows", "schema.sql"))
+sa.Index(C.DELAY_SENT_INDEX, delays.c.sent_at, postgresql_where=_SENT_SQL, sqlite_where=_SENT_SQL)
+sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED_SQL, sqlite_where=_STARTED_SQL)
+# The purge: finished rows by age, so a table of millions of finished rows is trimmed one batch at a
+# time without scanning it (nor the pending rows, however old).
+# An expression, not text: the DDL compiler renders its values inline (the index's predicate).
+_FINISHED_SQL = delays.c.status.in_(sorted(C.PURGEABLE_STATUSES))
+sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
+#: Indexes an earlier version's table may lack; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
+LATER_INDEXES = (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX, C.DELAY_UPDATED_INDEX)
+
+# MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
+# generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
+# with status, so the claim and the stale-claim scan still touch only rows of their status.
+_MYSQL_PENDING_KEY_SQL = query("pending_key_mysql", "schema.sql")
+#: Table-less on purpose: it renders as the bare column name inside queries on ``delays``.
+mysql_pending_key = sa.column(C.DELAY_PENDING_KEY_COLUMN, sa.String(C.DELAY_KEY_LENGTH))
+
+
+def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
+    """The MySQL/MariaDB DDL of the table (its collation differs between the two servers)."""
+    meta = sa.MetaData()
+    table = sa.Table(
+        C.DELAY_TABLE,
+        meta,
+        *_columns(),
+        sa.Column(
+            C.DELAY_PENDING_KEY_COLUMN,
+            sa.String(C.DELAY_KEY_LENGTH),
+            sa.Computed(_MYSQL_PENDING_KEY_SQL, persisted=True),
+        ),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+        mysql_collate=MARIADB_COLLATION if mariadb else MYSQL_COLLATION,
+    )
+    sa.Index(C.DELAY_DUE_INDEX, table.c.status, table.c.due_at, table.c.id)
+    sa.Index(C.DELAY_KEY_INDEX, table.c[C.DELAY_PENDING_KEY_COLUMN], unique=True)
+    sa.Index(C.DELAY_CLAIMED_INDEX, table.c.status, table.c.claimed_at)
+    sa.Index(C.DELAY_SENT_INDEX, table.c.status, table.c.sent_at)
+    sa.Index(C.DELAY_STARTED_INDEX, table.c.status, table.c.heartbeat_at)
+    sa.Index(C.DELAY_UPDATED_INDEX, table.c.status, table.c.updated_at)
+    return meta
+
+
+def schema_for(conn: Connection) -> sa.MetaData:
+    if conn.dialect.name in C.MYSQL_DIALECTS:
+        return _mysql_metadata(mariadb=bool(getattr(conn.dialect, "is_mariadb", False)))
+    return metadata
+
+
+@contextmanager
+def mysql_schema_lock(conn: Connection) -> Iterator[None]:
+    """Serialize table creation between processes (MySQL DDL commits at once, so no transaction lock)."""
+    params = {"name": MYSQL_SCHEMA_LOCK, "timeout": MYSQL_SCHEMA_LOCK_TIMEOUT}
+    got = conn.execute(sa.text(query("lock_schema_mysql")), params).scalar()
+    if got != 1:
+        # Go on unlocked: a racing CREATE fails with "already exists", handled by ensure_schema.
+        logger.warning("store schema lock %s not taken within %ss", MYSQL_SCHEMA_LOCK, MYSQL_SCHEMA_LOCK_TIMEOUT)
+    try:
+        yield
+    finally:
+        if got == 1:
+            conn.execute(sa.text(query("unlock_schema_mysql")), {"name": MYSQL_SCHEMA_LOCK})
+
+
+def status_is(value: str) -> sa.ColumnElement[bool]:
+    # Inline the constant so PostgreSQL can match the partial index even with generic plans.
+    return delays.c.status == sa.literal(value, literal_execute=True)
+
+
+class AddColumn(sa.schema.ExecutableDDLElement):
+    """``ALTER TABLE ... ADD COLUMN ...`` (SQLAlchemy Core has no construct of its own for it)."""
+
+    inherit_cache = False
+
+    def __init__(self, table: sa.Table, column: sa.Column[Any]) -> None:
+        self.table = table
+        self.column = column
+
+
+@compiles(AddColumn)
+def _compile_add_column(element: AddColumn, compiler: Any, **_: Any) -> str:
+    table = compiler.preparer.format_table(element.table)
+    # Identifiers quoted by the dialect's preparer; the column's DDL from the dialect's own compiler.
+    column = compiler.get_column_specification(element.column)
+    return f"ALTER TABLE {table} ADD COLUMN {column}"

@@ -1,0 +1,737 @@
+"""The SQLAlchemy Core store for PostgreSQL, SQLite and MySQL/MariaDB."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection, Engine
+
+from .... import constants as C
+from ....clock import as_utc
+from ....config import mask_url
+from ....exceptions import StoreError
+from ..base import (
+    DelayRow,
+    DelayStore,
+    InsertResult,
+    NewDelay,
+    StartResult,
+    early_by,
+    empty_counts,
+    new_delivery_token,
+    refused,
+    start_verdict,
+    truncate_error,
+)
+from . import query
+from .engine import create_engine, database_now, now_sql
+from .postgres import RecordWrites
+from .schema import (
+    LATER_INDEXES,
+    AddColumn,
+    UTCDateTime,
+    added_columns,
+    delays,
+    metadata,
+    mysql_pending_key,
+    mysql_schema_lock,
+    schema_for,
+    status_is,
+)
+from .statements import (
+    Now,
+    bind,
+    dead,
+    finish_update,
+    hand_back_update,
+    heartbeat_update,
+    older,
+    prepared_hand_back,
+    prepared_heartbeat,
+    stale_heartbeat,
+    start_update,
+    suspect,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class SQLAlchemyStore(DelayStore):
+    """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it.
+
+    The table is created on first use (``CREATE TABLE``/``CREATE INDEX`` if missing); Django
+    projects get the same table from the contrib app's migrations instead.
+    """
+
+    def __init__(self, url: str, *, engine: Engine | None = None, timeout: float | None = None) -> None:
+        self.url = url
+        self.engine = engine if engine is not None else create_engine(url, timeout=timeout)
+        self.dialect = self.engine.dialect.name
+        # A server database's pool is thread-safe: the sweep claims its next batch in a thread. Not
+        # SQLite's (one writer, and an in-memory database is one per thread's connection).
+        self.claims_in_background = self.dialect != "sqlite"
+        #: Same pool; each checkout in autocommit (reset when it goes back to the pool).
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        #: PostgreSQL: the delivery record's per-task writes, on pools of their own (see RecordWrites).
+        self._record_writes = (
+            RecordWrites(self.engine.url.render_as_string(hide_password=False), timeout)
+            if self.dialect == "postgresql"
+            else None
+        )
+        #: PostgreSQL: autocommit connections with ``synchronous_commit=off`` (an engine opens no
+        #: connection until used).
+        self._unflushed_engine: Engine | None = (
+            self._record_writes.engines[False] if self._record_writes is not None else None
+        )
+
+    # --- plumbing ----------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return database_now(self.engine)
+
+    def ping(self) -> None:
+        self.now()
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self._record_writes is not None:
+            self._record_writes.dispose()
+
+    def _fail(self, exc: Exception) -> StoreError:
+        return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        """One short transaction; database errors become :class:`StoreError`."""
+        self.ensure_schema()
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
+
+    def _db_now(self, conn: Connection) -> datetime:
+        return as_utc(conn.execute(now_sql(self.dialect)).scalar_one())
+
+    def _sweep_clock(self) -> AbstractContextManager[tuple[Connection, Any]]:
+        """A connection and "now" for the sweep's claim and its mark sent / expired / failed / released.
+
+        PostgreSQL: one autocommit statement with ``statement_timestamp()`` as now, so a claim or a
+        batch's mark sent is one round trip (not BEGIN, the clock, the statement, COMMIT: four). A
+        single UPDATE is atomic on its own, and the claim's ``FOR UPDATE SKIP LOCKED`` holds its locks
+        for that statement, which is all the claim needs. ``statement_timestamp()`` (not
+        ``clock_timestamp()``) because it is stable: the claim's ``due_at <= now + look-ahead`` stays an
+        index bound, and every row of one statement gets the same time.
+        """
+        return self._one_statement(sa.type_coerce(sa.func.statement_timestamp(), UTCDateTime))
+
+    def _statement_clock(self) -> AbstractContextManager[tuple[Connection, Now]]:
+        """A connection and "now" for the delivery record's writes where no :class:`RecordWrites` runs
+        them (SQLite, MySQL/MariaDB; a start that lost, on PostgreSQL): ``clock_timestamp()`` inside
+        the statement on PostgreSQL."""
+        return self._one_statement(sa.func.clock_timestamp())
+
+    @contextmanager
+    def _one_statement(self, postgres_now: Now) -> Iterator[tuple[Connection, Now]]:
+        """PostgreSQL: an autocommit connection, ``postgres_now`` evaluated by the server inside the
+        statement (one conditional UPDATE is atomic on its own). Elsewhere: one short transaction that
+        reads the database's clock first, like every other write here."""
+        if self.dialect != "postgresql":
+            with self._begin() as conn:
+                yield conn, self._db_now(conn)
+            return
+        self.ensure_schema()
+        try:
+            with self._autocommit.connect() as conn:
+                yield conn, postgres_now
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
+
+    def _record_write(
+        self,
+        writes: RecordWrites,
+        key: Hashable,
+        build: Callable[[], sa.Update],
+        params: dict[str, Any],
+        *,
+        durable: bool,
+    ) -> int:
+        """Rows changed by one per-task write of the delivery record (PostgreSQL); errors become StoreError."""
+        self.ensure_schema()
+        try:
+            return writes.rowcount(key, build, params, durable=durable)
+        except (sa.exc.SQLAlchemyError, writes.dbapi_error) as exc:
+            raise self._fail(exc) from exc
+
+    def _in_scope(self) -> sa.ColumnElement[bool]:
+        """Rows of this store's namespace and legacy ones (every row for a store without one)."""
+        scope = self.scope
+        return sa.true() if scope is None else delays.c.namespace.in_(scope)
+
+    @property
+    def _is_mysql(self) -> bool:
+        return self.dialect in C.MYSQL_DIALECTS
+
+    def ensure_schema(self) -> None:
+        """Create the table and its indexes if they are missing (once per process)."""
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if self._schema_ready:
+                return
+            try:
+                with self.engine.begin() as conn:
+                    if self.dialect == "postgresql":
+                        # Several processes start at once; serialize the DDL instead of racing.
+                        conn.execute(sa.text(query("lock_schema_postgresql")), {"key": C.DELAY_SCHEMA_LOCK_KEY})
+                    if self._is_mysql:
+                        with mysql_schema_lock(conn):
+                            schema_for(conn).create_all(conn, checkfirst=True)
+                    else:
+                        metadata.create_all(conn, checkfirst=True)
+            except sa.exc.OperationalError as exc:
+                # SQLite (or MySQL without its schema lock): another process created it between
+                # the check and the CREATE.
+                if not self._has_table():
+                    raise self._fail(exc) from exc
+            except sa.exc.SQLAlchemyError as exc:
+                raise self._fail(exc) from exc
+            if self._is_mysql:
+                self._check_mysql_schema()
+            self._upgrade_schema()
+            self._schema_ready = True
+
+    def _upgrade_schema(self) -> None:
+        """Add the delivery record's and the namespace's columns, and the later indexes, to a table made
+        by an earlier version. Existing rows get namespace "" (legacy): every app's sweep still claims them."""
+        try:
+            inspector = sa.inspect(self.engine)
+            names = {col["name"] for col in inspector.get_columns(C.DELAY_TABLE)}
+            missing = [col for col in added_columns() if col.name not in names]
+            indexes = {index["name"] for index in inspector.get_indexes(C.DELAY_TABLE)}
+            if not missing and all(name in indexes for name in LATER_INDEXES):
+                return
+            with self.engine.begin() as conn:
+                if self.dialect == "postgresql":
+                    conn.execute(sa.text(query("lock_schema_postgresql")), {"key": C.DELAY_SCHEMA_LOCK_KEY})
+                    names = {col["name"] for col in sa.inspect(conn).get_columns(C.DELAY_TABLE)}
+                schema = schema_for(conn).tables[C.DELAY_TABLE]
+                for col in missing:
+                    if col.name not in names:
+                        conn.execute(AddColumn(schema, schema.c[col.name]))
+                for index in schema.indexes:
+                    if index.name in LATER_INDEXES and index.name not in indexes:
+                        index.create(conn, checkfirst=True)
+            logger.warning(
+                "store %s: upgraded %s (columns added: %s; indexes added: %s)",
+                mask_url(self.url),
+                C.DELAY_TABLE,
+                ", ".join(col.name for col in missing) or "none",
+                ", ".join(name for name in LATER_INDEXES if name not in indexes) or "none",
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            if self._has_columns() and self._has_indexes():
+                return  # another process upgraded it meanwhile
+            raise self._fail(exc) from exc
+
+    def _has_columns(self) -> bool:
+        try:
+            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError:
+            return False
+        return all(col.name in names for col in added_columns())
+
+    def _has_indexes(self) -> bool:
+        try:
+            names = {index["name"] for index in sa.inspect(self.engine).get_indexes(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError:
+            return False
+        return all(name in names for name in LATER_INDEXES)
+
+    def upgrade_schema(self) -> None:
+        """Bring the table of an earlier version up to date now (``celery safe-time delays upgrade-schema``).
+
+        The same upgrade runs once per process at the store's first use; this runs it on demand, e.g.
+        from a deploy step, so that the ``CREATE INDEX`` on a big table does not happen in a worker.
+        """
+        self._schema_ready = False
+        self.ensure_schema()
+
+    def _check_mysql_schema(self) -> None:
+        """Refuse a table made without the pending-key column (e.g. by Django's migrations or an
+        older version): its idempotency key would be unique across all rows and its times whole seconds."""
+        try:
+            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
+        if C.DELAY_PENDING_KEY_COLUMN not in names:
+            raise StoreError(
+                f"store {mask_url(self.url)}: table {C.DELAY_TABLE} has no {C.DELAY_PENDING_KEY_COLUMN} column; "
+                "it was not created by this store version: move its rows elsewhere and drop it to have it recreated"
+            )
+
+    def _has_table(self) -> bool:
+        try:
+            return bool(sa.inspect(self.engine).has_table(C.DELAY_TABLE))
+        except sa.exc.SQLAlchemyError:
+            return False
+
+    def drop_schema(self) -> None:
+        """Drop the table (tests and benchmarks)."""
+        with self.engine.begin() as conn:
+            schema_for(conn).drop_all(conn, checkfirst=True)
+        self._schema_ready = False
+
+    # --- writes --------------------------------------------------------------------
+
+    def insert(self, delay: NewDelay) -> InsertResult:
+        # Fast path, one short transaction: [key lookup,] now, INSERT. A unique violation (the task
+        # id is taken, or a concurrent call won the idempotency key) takes the careful path.
+        try:
+            return self._insert(delay, careful=False)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+        return self._insert(delay, careful=True)
+
+    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
+        with self._begin() as conn:
+            return self._insert_on(conn, delay, careful=careful)
+
+    def _insert_on(
+        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None
+    ) -> InsertResult:
+        t = delays
+        if delay.idempotency_key is not None:
+            found = conn.execute(
+                sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key), self._in_scope())
+            ).first()
+            if found is not None:
+                return InsertResult(found.id, created=False, due_at=found.due_at)
+        if careful:
+            existing = conn.execute(sa.select(t.c.status).where(t.c.id == delay.id)).scalar()
+            if existing is not None:
+                if existing not in C.DELAY_REPLACEABLE_STATUSES:
+                    raise StoreError(f"task id {delay.id!r} is already stored and {existing}")
+                # retry() reuses its task id: the finished (or running) row makes room for the new one.
+                conn.execute(sa.delete(t).where(t.c.id == delay.id, t.c.status.in_(C.DELAY_REPLACEABLE_STATUSES)))
+        values = self.new_row(delay, now if now is not None else self._db_now(conn))
+        conn.execute(sa.insert(t).values(**values))
+        return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
+        if not delays:
+            return []
+        # Fast path: the keys looked up in a few queries, every row in a few multi-row INSERTs. A unique
+        # violation (a task id taken, in the store or twice in the batch; a key won meanwhile) rolls it
+        # back and takes the careful path: row by row, in one transaction again.
+        try:
+            with self._begin() as conn:
+                return self._insert_many_fast(conn, delays)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            results: list[InsertResult] = []
+            for index, delay in enumerate(delays):
+                try:
+                    results.append(self._insert_on(conn, delay, careful=True, now=now))
+                except StoreError as exc:
+                    raise refused(index, str(exc)) from exc
+            return results
+
+    def _insert_many_fast(self, conn: Connection, batch: Sequence[NewDelay]) -> list[InsertResult]:
+        t = delays
+        held: dict[str, tuple[str, datetime]] = {}
+        keys = sorted({d.idempotency_key for d in batch if d.idempotency_key is not None})
+        key_column = mysql_pending_key if self._is_mysql else t.c.idempotency_key
+        for start in range(0, len(keys), C.BULK_KEY_LOOKUP):
+            chunk = keys[start : start + C.BULK_KEY_LOOKUP]
+            query = sa.select(key_column, t.c.id, t.c.due_at).where(key_column.in_(chunk))
+            if not self._is_mysql:
+                query = query.where(status_is(C.STATUS_PENDING))
+            query = query.where(self._in_scope())
+            for key, task_id, due_at in conn.execute(query).all():
+                held[key] = (task_id, as_utc(due_at))
+        now = self._db_now(conn)
+        results: list[InsertResult] = []
+        rows: list[dict[str, Any]] = []
+        for delay in batch:
+            key = delay.idempotency_key
+            if key is not None and key in held:
+                results.append(InsertResult(held[key][0], created=False, due_at=held[key][1]))
+                continue
+            values = self.new_row(delay, now)
+            rows.append(values)
+            if key is not None:
+                held[key] = (delay.id, values["due_at"])
+            results.append(InsertResult(delay.id, created=True, due_at=values["due_at"]))
+        for start in range(0, len(rows), C.BULK_INSERT_CHUNK):
+            conn.execute(sa.insert(t), rows[start : start + C.BULK_INSERT_CHUNK])
+        return results
+
+    def _pending_key_is(self, key: str) -> sa.ColumnElement[bool]:
+        """The pending row holding ``key``, through the dialect's unique index."""
+        if self._is_mysql:
+            return mysql_pending_key == key
+        return sa.and_(delays.c.idempotency_key == key, status_is(C.STATUS_PENDING))
+
+    def bulk_insert(self, rows: Sequence[NewDelay], *, chunk: int = 5000) -> None:
+        """Insert many pending rows fast (benchmarks and tests); no idempotency handling."""
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            for start in range(0, len(rows), chunk):
+                conn.execute(sa.insert(t), [self.new_row(d, now) for d in rows[start : start + chunk]])
+
+    def cancel(self, task_id: str) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t)
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)), self._in_scope())
+                .values(status=C.STATUS_CANCELLED, claim_token=None, updated_at=now)
+            )
+            return bool(result.rowcount)
+
+    def reschedule(self, task_id: str, due_at: datetime) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t)
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)), self._in_scope())
+                .values(
+                    due_at=due_at,
+                    status=C.STATUS_PENDING,
+                    claim_token=None,
+                    delivery_token=new_delivery_token(),
+                    updated_at=now,
+                )
+            )
+            return bool(result.rowcount)
+
+    # --- the delivery record ---------------------------------------------------------
+
+    def start(
+        self,
+        task_id: str,
+        token: str,
+        run_id: str,
+        worker: str,
+        *,
+        stale_after: float,
+        prior_runs: Sequence[str] = (),
+        leeway: float = math.inf,
+    ) -> StartResult:
+        t = delays
+        worker = worker[: C.DELIVERY_WORKER_LENGTH]
+        writes = self._record_writes
+        if writes is not None:
+            # This run's own id is among the run ids it may take over: a start sent again after its
+            # reply was lost (RecordWrites) wins again, and counts once.
+            params = {
+                "task_id": task_id,
+                "token": token,
+                "run_id": run_id,
+                "worker": worker,
+                "takeover": [*prior_runs, run_id],
+            }
+
+            def build() -> sa.Update:
+                own = bind("run_id")
+                return start_update(
+                    bind("task_id"),
+                    bind("token"),
+                    own,
+                    bind("worker"),
+                    sa.func.clock_timestamp(),
+                    stale_after,
+                    takeover=t.c.started_by == sa.any_(bind("takeover", postgresql.ARRAY(sa.String))),
+                    starts=sa.case((t.c.started_by == own, t.c.starts), else_=t.c.starts + 1),
+                    leeway=leeway,
+                )
+
+            if self._record_write(writes, ("start", stale_after, leeway), build, params, durable=True) == 1:
+                return StartResult("run")
+            with self._statement_clock() as (conn, now):
+                return self._lost_start(conn, now, task_id, token, stale_after, leeway)
+        with self._statement_clock() as (conn, now):
+            takeover = t.c.started_by.in_(list(prior_runs)) if prior_runs else None
+            started = start_update(
+                task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1, leeway=leeway
+            )
+            if conn.execute(started).rowcount == 1:
+                return StartResult("run")
+            return self._lost_start(conn, now, task_id, token, stale_after, leeway)
+
+    def _lost_start(
+        self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float, leeway: float = math.inf
+    ) -> StartResult:
+        """Why a start did not win; a stale heartbeat seen here for the first time becomes a suspicion."""
+        t = delays
+        conn.execute(
+            sa.update(t)
+            .where(t.c.id == task_id, t.c.delivery_token == token, suspect(now, stale_after))
+            .values(suspected_at=now)
+        )
+        mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
+        row = None if mapping is None else DelayRow.from_mapping(mapping)
+        early = 0.0
+        if math.isfinite(leeway) and row is not None and row.status in C.DELAY_STARTABLE_STATUSES:
+            early = early_by(row, now if isinstance(now, datetime) else self._db_now(conn), leeway)
+        return StartResult(start_verdict(row, token, early), row, early)
+
+    def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
+        writes = self._record_writes
+        if writes is not None:
+            # Not flushed: a heartbeat a crash forgets is followed by the next one, lock_ttl / 3 later.
+            params = {"task_id": task_id, "token": token, "run_id": run_id}
+            return bool(self._record_write(writes, ("heartbeat",), prepared_heartbeat, params, durable=False))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(heartbeat_update(task_id, token, run_id, now)).rowcount)
+
+    def finish(
+        self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
+    ) -> bool:
+        last_error = None if error is None else truncate_error(error)
+        writes = self._record_writes
+        if writes is not None:
+            params = {"task_id": task_id, "token": token, "run_id": run_id, "outcome": outcome}
+            if last_error is not None:
+                params["last_error"] = last_error
+
+            def build() -> sa.Update:
+                error_bind = None if last_error is None else bind("last_error")
+                return finish_update(
+                    bind("task_id"),
+                    bind("token"),
+                    bind("run_id"),
+                    sa.func.clock_timestamp(),
+                    bind("outcome"),
+                    error_bind,
+                )
+
+            key = ("finish", last_error is not None)
+            return bool(self._record_write(writes, key, build, params, durable=durable))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(finish_update(task_id, token, run_id, now, outcome, last_error)).rowcount)
+
+    def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
+        writes = self._record_writes
+        if writes is not None:
+            params = {"task_id": task_id, "token": token, "run_id": run_id}
+            return bool(self._record_write(writes, ("hand_back",), prepared_hand_back, params, durable=True))
+        with self._statement_clock() as (conn, now):
+            return bool(conn.execute(hand_back_update(task_id, token, run_id, now)).rowcount)
+
+    def requeue_unstarted(self, grace: float) -> int:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            cutoff = now - timedelta(seconds=grace)
+            result = conn.execute(
+                sa.update(t)
+                .where(status_is(C.STATUS_SENT), t.c.sent_at < cutoff, t.c.due_at < cutoff, self._in_scope())
+                .values(status=C.STATUS_PENDING, updated_at=now)
+            )
+            return int(result.rowcount)
+
+    def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            query = (
+                sa.select(t)
+                .where(status_is(C.STATUS_STARTED), stale_heartbeat(now, stale_after), self._in_scope())
+                .order_by(t.c.heartbeat_at, t.c.id)
+                .limit(limit)
+            )
+            return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
+
+    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            values: dict[str, Any] = (
+                {"status": C.STATUS_PENDING, "suspected_at": None}
+                if rerun
+                else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
+            )
+            mine = sa.and_(t.c.id == task_id, t.c.delivery_token == token)
+            result = conn.execute(sa.update(t).where(mine, dead(now, stale_after)).values(updated_at=now, **values))
+            if result.rowcount:
+                return True
+            conn.execute(sa.update(t).where(mine, suspect(now, stale_after)).values(suspected_at=now))
+            return False
+
+    # --- the sweep -------------------------------------------------------------------
+
+    def claim_query(self, *, limit: int, horizon: datetime | sa.ColumnElement[Any]) -> sa.Select[Any]:
+        """The ``SELECT ... FOR UPDATE SKIP LOCKED`` that picks due rows (also used by EXPLAIN)."""
+        t = delays
+        query = (
+            sa.select(t.c.id)
+            .where(status_is(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
+            .order_by(t.c.due_at, t.c.id)
+            .limit(limit)
+        )
+        if self.dialect != "sqlite":
+            query = query.with_for_update(skip_locked=True)
+        return query
+
+    def claim_due(self, *, limit: int, lookahead: float, token: str) -> list[DelayRow]:
+        t = delays
+        with self._sweep_clock() as (conn, now):
+            ahead = timedelta(seconds=lookahead)
+            # An SQL now takes the look-ahead as an interval (bound as a timestamp it would not convert).
+            horizon = now + (sa.literal(ahead, sa.Interval()) if isinstance(now, sa.ColumnElement) else ahead)
+            picked = self.claim_query(limit=limit, horizon=horizon)
+            values = {
+                "status": C.STATUS_CLAIMED,
+                "claim_token": token,
+                "claimed_at": now,
+                "updated_at": now,
+                "attempts": t.c.attempts + 1,
+                # Rows stored before the delivery record get a token now (unique with the row's id).
+                "delivery_token": sa.func.coalesce(t.c.delivery_token, token),
+            }
+            if self.engine.dialect.update_returning:
+                # PostgreSQL, SQLite: one statement (SQLite holds its single write lock for it).
+                # The pick is a CTE, evaluated once: as an IN (subquery) PostgreSQL may re-run it
+                # per row, and with SKIP LOCKED each run can return other rows (more than LIMIT).
+                cte = picked.cte("picked")
+                result = conn.execute(
+                    sa.update(t).where(t.c.id == cte.c.id, status_is(C.STATUS_PENDING)).values(**values).returning(*t.c)
+                )
+                # Plain tuples zipped with the column names: a driver's row mapping is slow to copy, and
+                # this runs in the claim thread, whose CPU the publishing thread waits for (the GIL).
+                keys = list(result.keys())
+                rows = [DelayRow.from_mapping(dict(zip(keys, r, strict=True))) for r in result]
+            else:
+                # MySQL/MariaDB (no UPDATE ... RETURNING, and no UPDATE ... IN (SELECT ... LIMIT)):
+                # lock the ids first with SKIP LOCKED, then update and read them, same transaction.
+                ids = list(conn.execute(picked).scalars())
+                if not ids:
+                    return []
+                conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(**values))
+                rows = [DelayRow.from_mapping(m) for m in conn.execute(sa.select(t).where(t.c.id.in_(ids))).mappings()]
+        rows.sort(key=lambda r: (r.due_at, r.id))
+        return rows
+
+    def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
+        t = delays
+        # The claim's index, read up to ``limit`` entries: the count costs no more than that many rows.
+        picked = (
+            sa.select(t.c.due_at)
+            .where(status_is(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
+            .order_by(t.c.due_at, t.c.id)
+            .limit(limit)
+            .subquery()
+        )
+        query = sa.select(sa.func.count(), sa.type_coerce(sa.func.max(picked.c.due_at), UTCDateTime))
+        with self._begin() as conn:
+            count, last = conn.execute(query).one()
+        return int(count), None if last is None else as_utc(last)
+
+    def _finish(self, task_ids: Sequence[str], token: str, *, status: str, **values: Any) -> int:
+        if not task_ids:
+            return 0
+        t = delays
+        with self._sweep_clock() as (conn, now):
+            values.setdefault("updated_at", now)
+            if values.get("sent_at") is True:
+                values["sent_at"] = now
+            result = conn.execute(
+                sa.update(t)
+                .where(t.c.id.in_(list(task_ids)), status_is(C.STATUS_CLAIMED), t.c.claim_token == token)
+                .values(claim_token=None, status=status, **values)
+            )
+            return int(result.rowcount)
+
+    def reclaim_stale(self, timeout: float) -> int:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t)
+                .where(status_is(C.STATUS_CLAIMED), t.c.claimed_at < now - timedelta(seconds=timeout), self._in_scope())
+                .values(status=C.STATUS_PENDING, claim_token=None, updated_at=now)
+            )
+            return int(result.rowcount)
+
+    # --- retention ---------------------------------------------------------------------
+
+    def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
+        query = sa.select(sa.func.count()).select_from(delays).where(older(before, statuses), self._in_scope())
+        with self._begin() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def _purge(self, before: datetime, statuses: frozenset[str], limit: int) -> int:
+        t = delays
+        old = sa.and_(older(before, statuses), self._in_scope())
+        if self._is_mysql:
+            # MySQL/MariaDB refuse LIMIT inside an IN (subquery) but take DELETE ... LIMIT.
+            query = sa.delete(t).where(old).with_dialect_options(mysql_limit=limit, mariadb_limit=limit)
+        else:
+            picked = sa.select(t.c.id).where(old).limit(limit).scalar_subquery()
+            # The outer filter repeats the age and status: a row replaced meanwhile (retry() reuses
+            # its task id) must not be deleted as the finished row it was.
+            query = sa.delete(t).where(t.c.id.in_(picked), old)
+        with self._begin() as conn:
+            return int(conn.execute(query).rowcount)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> DelayRow | None:
+        with self._begin() as conn:
+            query = sa.select(delays).where(delays.c.id == task_id, self._in_scope())
+            mapping = conn.execute(query).mappings().first()
+        return None if mapping is None else DelayRow.from_mapping(mapping)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        task: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DelayRow]:
+        t = delays
+        query = sa.select(t).where(self._in_scope()).order_by(t.c.due_at, t.c.id).limit(limit)
+        if status is not None:
+            query = query.where(t.c.status == status)
+        if task is not None:
+            query = query.where(t.c.task == task)
+        if due_before is not None:
+            query = query.where(t.c.due_at <= due_before)
+        with self._begin() as conn:
+            return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
+
+    def counts(self) -> dict[str, int]:
+        counts = empty_counts()
+        with self._begin() as conn:
+            for status, count in conn.execute(
+                sa.select(delays.c.status, sa.func.count()).where(self._in_scope()).group_by(delays.c.status)
+            ).all():
+                counts[status] = int(count)
+        return counts
+
+    def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
+        with self._begin() as conn:
+            query = sa.select(sa.func.min(delays.c.due_at)).where(status_is(status), self._in_scope())
+            value = conn.execute(query).scalar()
+        # min() loses the column type on some dialects: normalise here.
+        return None if value is None else as_utc(value)

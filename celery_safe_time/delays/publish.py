@@ -1,0 +1,325 @@
+"""Publishing a claimed batch: each row sent with ``eta=due_at`` (or marked expired / failed), then marked sent.
+
+The per-row loop (:func:`publish_rows`) serves both brokers; RabbitMQ's confirm mode is in :mod:`.confirms`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from .. import constants as C
+from .. import signals
+from ..compat import BatchPublishError
+from ..config import SafeTimeConfig
+from ..exceptions import StoreError
+from ..publishing import PublishBatch, batched_publish
+from ..tracing import in_stored_context
+from .amqp_batch import BatchSender
+from .backends.base import DelayRow, DelayStore
+from .payload import decode
+
+if TYPE_CHECKING:
+    from .sweep import Marks
+
+logger = logging.getLogger(__name__)
+
+#: After a sweep published a batch but could not mark it sent, it retries ``mark_sent`` with this
+#: back-off for up to half of ``safe_time_claim_timeout`` (so no other sweeper reclaims the rows
+#: meanwhile): a store that is back within that time never sees the rows published twice.
+SWEEP_MARK_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+#: On RabbitMQ a sweep publishes a batch with publisher confirms and marks sent only the rows the
+#: broker acknowledged; it waits at most this long (and never past half the claim timeout) for the
+#: acks. Unconfirmed rows go back to pending (a memory alarm, a blocked or lost connection).
+SWEEP_CONFIRM_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass
+class SweepStats:
+    """What one sweep did."""
+
+    reclaimed: int = 0
+    claimed: int = 0
+    sent: int = 0
+    expired: int = 0
+    failed: int = 0
+    batches: int = 0
+    #: Finished rows deleted by the retention purge (``safe_time_delay_retention``).
+    purged: int = 0
+    #: Sent rows never started within ``safe_time_delivery_grace``: back to pending, published again.
+    republished: int = 0
+    #: Started rows whose heartbeat stopped: acks_late ones to run again, the others marked interrupted.
+    rerun: int = 0
+    interrupted: int = 0
+    #: Claimed rows left unpublished because this sweep's claim had grown too old to trust.
+    abandoned: int = 0
+    #: Rows published to RabbitMQ but not confirmed in time (a memory or disk alarm): back to pending.
+    unconfirmed: int = 0
+    #: Seconds ahead of their due time this sweep claimed rows (grows under a backlog due soon).
+    lookahead: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class BatchOutcome:
+    """What the publish loop of one batch did so far; filled row by row, so it is exact when the loop
+    stops on a broker error."""
+
+    #: Rows handed to the broker (on RabbitMQ: not confirmed yet).
+    published: list[DelayRow] = dataclasses.field(default_factory=list)
+    #: Ids of rows past their ``expires`` at the claim: marked expired, not sent.
+    expired: list[str] = dataclasses.field(default_factory=list)
+    #: Ids of rows the loop is done with: published, expired, failed or abandoned.
+    handled: set[str] = dataclasses.field(default_factory=set)
+
+
+def publish_rows(
+    app: Celery,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    rows: list[DelayRow],
+    token: str,
+    stats: SweepStats,
+    outcome: BatchOutcome,
+    *,
+    trusted_until: float,
+    clock: Callable[[], float],
+    producer: Any,
+    send: Callable[..., Any],
+    retry: bool | None = None,
+    broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
+    before: Callable[[DelayRow], None] | None = None,
+) -> None:
+    """Publish ``rows`` one by one into ``outcome``; a failed row is counted in ``stats`` (and marked failed).
+
+    Once ``clock()`` passes ``trusted_until`` (half the claim timeout after the claim) the rows left are
+    handed back (:func:`abandon`): another sweeper may have reclaimed them. ``before`` runs ahead of each
+    row's publish (RabbitMQ: the row its publisher confirms are numbered for). Broker errors propagate.
+    """
+    for index, row in enumerate(rows):
+        if clock() > trusted_until:
+            abandon(store, config, rows[index:], token, stats)
+            outcome.handled.update(r.id for r in rows[index:])
+            return
+        if before is not None:
+            before(row)
+        status = publish_row(
+            app, config, store, row, token, producer, retry=retry, broker_errors=broker_errors, send=send
+        )
+        outcome.handled.add(row.id)
+        if status == C.STATUS_SENT:
+            outcome.published.append(row)
+        elif status == C.STATUS_EXPIRED:
+            outcome.expired.append(row.id)
+        else:
+            stats.failed += 1
+
+
+def publish_batch(
+    app: Celery,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    rows: list[DelayRow],
+    token: str,
+    stats: SweepStats,
+    *,
+    claimed_at: float,
+    clock: Callable[[], float] = time.monotonic,
+    marks: Marks | None = None,
+) -> None:
+    outcome = BatchOutcome()
+    trusted_until = claimed_at + config.claim_timeout / 2
+    batch = PublishBatch()
+    try:
+        with _producer(app, config) as producer, batched_publish(producer, len(rows), batch):
+            # send_task's per-row work with what a batch shares looked up once (see amqp_batch).
+            send = BatchSender(app, producer).send_task
+            publish_rows(
+                app, config, store, rows, token, stats, outcome,
+                trusted_until=trusted_until, clock=clock, producer=producer, send=send,
+            )  # fmt: skip
+    except (OperationalError, BatchPublishError) as exc:
+        # The broker is down. Unbatched: what was published stays published, the rest goes back to
+        # pending now instead of waiting out the claim timeout. Batched: nothing buffered went out
+        # (the batch was discarded), or the pipeline failed and which LPUSHes Redis ran is unknown;
+        # either way the rows go back to pending and are published again, and the delivery record
+        # runs a row that arrives twice once.
+        published = [] if batch.active else outcome.published
+        done = {r.id for r in published} | set(outcome.expired)
+        rest = [r.id for r in rows if r.id not in done]
+        store.release(rest, token)
+        finish(store, published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+        if isinstance(exc, BatchPublishError):
+            raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
+        raise
+    if marks is not None:
+        marks.submit(store, outcome.published, outcome.expired, token, trusted_until)
+        return
+    finish(store, outcome.published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+
+
+def publish_wait(config: SafeTimeConfig) -> float:
+    """The longest a sweep waits for the broker on one publish (or a batch's confirms): a broker
+    that stops answering leaves the rows to be published again, not a sweep that never returns."""
+    return min(SWEEP_CONFIRM_TIMEOUT, config.claim_timeout / 4)
+
+
+@contextmanager
+def _producer(app: Celery, config: SafeTimeConfig) -> Iterator[Any]:
+    """The producer a batch is published with. On Redis a connection of its own whose socket has a
+    deadline (:func:`publish_wait`; kombu's default is none, and a connection the broker stopped
+    answering without closing it would hold the sweep for ever), unless the broker's transport
+    options set one. Elsewhere the app's pooled producer."""
+    if config.broker_kind != C.BROKER_REDIS:
+        with app.producer_or_acquire() as producer:
+            yield producer
+        return
+    options = dict(app.conf.broker_transport_options or {})
+    wait = publish_wait(config)
+    options.setdefault("socket_timeout", wait)
+    options.setdefault("socket_connect_timeout", wait)
+    conn = app.connection_for_write(transport_options=options)
+    try:
+        yield app.amqp.Producer(conn)
+    finally:
+        conn.release()
+
+
+def abandon(
+    store: DelayStore, config: SafeTimeConfig, rest_rows: list[DelayRow], token: str, stats: SweepStats
+) -> None:
+    rest = [r.id for r in rest_rows]
+    stats.abandoned += len(rest)
+    store.release(rest, token)
+    logger.warning(
+        "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
+        "back instead of racing a sweeper that may have reclaimed them",
+        config.claim_timeout,
+        len(rest),
+    )
+
+
+def finish(
+    store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, stats: SweepStats, budget: float
+) -> None:
+    stats.sent += mark_sent_retrying(store, [r.id for r in sent], token, budget=budget)
+    stats.expired += store.mark_expired(expired, token)
+    for row in sent:
+        signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)
+
+
+def mark_sent_retrying(
+    store: DelayStore,
+    ids: list[str],
+    token: str,
+    *,
+    budget: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Mark published rows sent, retrying a store error for up to ``budget`` seconds.
+
+    Rows published but not marked stay claimed and are published again after the claim timeout;
+    the delivery record's conditional start keeps that copy from running twice, and a store that is
+    back within ``budget`` (what is left of half the claim timeout, counted from the claim, so nobody
+    reclaims the rows meanwhile) never gets that far.
+    """
+    if not ids:
+        return 0
+    deadline = clock() + budget
+    waits = iter(SWEEP_MARK_RETRY_DELAYS)
+    tries = 0
+    while True:
+        try:
+            marked = store.mark_sent(ids, token)
+        except StoreError as exc:
+            wait = next(waits, SWEEP_MARK_RETRY_DELAYS[-1])
+            if clock() + wait > deadline:
+                logger.error(
+                    "sweep: published %d stored delays but could not mark them sent within %.0fs (%s); they are "
+                    "re-published after the claim timeout and the delivery record runs each once: %s%s",
+                    len(ids),
+                    budget,
+                    exc,
+                    ", ".join(ids[:10]),
+                    " ..." if len(ids) > 10 else "",
+                )
+                raise
+            if tries == 0:
+                logger.warning(
+                    "sweep: published %d stored delays but could not mark them sent (%s); retrying for up to %.0fs",
+                    len(ids),
+                    exc,
+                    budget,
+                )
+            tries += 1
+            sleep(wait)
+            continue
+        if tries:
+            logger.warning("sweep: marked %d published stored delays sent after %d retries", marked, tries)
+        return marked
+
+
+def publish_row(
+    app: Celery,
+    config: SafeTimeConfig,
+    store: DelayStore,
+    row: DelayRow,
+    token: str,
+    producer: Any,
+    *,
+    retry: bool | None = None,
+    broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
+    send: Callable[..., Any] | None = None,
+) -> str:
+    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here.
+
+    ``send``: ``app.send_task`` unless given (the RabbitMQ batch's :class:`~.amqp_batch.BatchSender`).
+    """
+    if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
+        logger.info("stored task %s[%s] expired at %s; not sent", row.task, row.id, row.expires_at.isoformat())
+        return C.STATUS_EXPIRED
+    try:
+        if row.task not in app.tasks:
+            raise LookupError(f"unknown task {row.task!r} (not registered in this app)")
+        body = decode(row.payload, row.content_type, row.content_encoding, allow_pickle=config.allow_pickle)
+        options = dict(body.get("options") or {})
+        headers = dict(options.pop("headers", None) or {})
+        headers[C.HEADER_STORED] = row.due_at.isoformat()
+        if row.delivery_token:
+            headers[C.HEADER_DELIVERY] = row.delivery_token
+        if retry is not None:
+            options["retry"] = retry
+        # Published under the caller's stored trace context (if any), so its trace continues here.
+        in_stored_context(headers, send or app.send_task)(
+            row.task,
+            args=body.get("args") or (),
+            kwargs=body.get("kwargs") or {},
+            task_id=row.id,
+            eta=row.due_at,
+            expires=row.expires_at,
+            producer=producer,
+            headers=headers,
+            add_to_parent=False,
+            **options,
+        )
+    except broker_errors:
+        raise
+    except Exception as exc:  # one bad row must not stall the rows behind it
+        # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):
+        # a row that failed once fails again, so it is parked as failed, never retried in a loop.
+        error = f"{exc.__class__.__name__}: {exc}"
+        logger.error("stored task %s[%s] cannot be published, marked failed: %s", row.task, row.id, error)
+        store.mark_failed(row.id, token, error)
+        signals.delay_failed.send(sender=store, task_id=row.id, task_name=row.task, error=error)
+        return C.STATUS_FAILED
+    return C.STATUS_SENT

@@ -11,7 +11,9 @@
 Records (JSON lists in the record Redis, or ``<kind>.<pid>.jsonl`` files): ``faults:delay`` (stored
 delays, one item per start), ``faults:delay_end`` (one item per run that reached its end),
 ``faults:periodic`` (entry, slot, epoch), ``faults:lock`` (key, start, end, fence, outcome),
-``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written).
+``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written),
+``faults:delay_given_back`` (a stored delay whose first run gave its message back: ``Reject(requeue=True)``,
+``retry()`` or ``SystemExit``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery
+from celery.exceptions import Reject
 from celery.signals import task_success
 
 from celery_safe_time import SafeTask, crontab, idempotent, install, overlap_lock
@@ -65,10 +68,29 @@ def _push(kind: str, **data: Any) -> None:
     os.write(fd, (line + "\n").encode())
 
 
-@app.task(bind=True, base=SafeTask, name="faults.delay")
+#: Stored delays whose first run gives its message back, by the delay's number modulo 40: the body
+#: raises ``Reject(requeue=True)``, calls ``retry(countdown=1)`` or raises ``SystemExit`` (the pool
+#: child exits; ``reject_on_worker_lost`` gives the message back). Each must still run to its end once.
+BODY_FAULTS = {7: "reject", 17: "retry", 27: "exit"}
+
+
+def _first_time(label: str) -> bool:
+    """True once per label across every process of the run (the record store keeps the flag)."""
+    if _record is not None:
+        return bool(_record.set(f"faults:once:{label}", 1, nx=True))
+    assert RECORD_DIR is not None
+    try:
+        os.close(os.open(RECORD_DIR / f"once.{label}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
+@app.task(bind=True, base=SafeTask, name="faults.delay", reject_on_worker_lost=True)
 def delay(self: Any, label: str) -> str:
     """A stored delay (acks_late, like every task here): records its start and, after a short body a
-    kill -9 can cut, its end. A run killed mid-body runs again (at least once), never beside itself."""
+    kill -9 can cut, its end. A run killed mid-body runs again (at least once), never beside itself.
+    Some give their first run's message back (:data:`BODY_FAULTS`)."""
     headers = self.request.headers or {}
     started = time.time()
     worker = self.request.hostname
@@ -81,6 +103,14 @@ def delay(self: Any, label: str) -> str:
         worker=worker,
     )
     time.sleep(0.15)
+    fault = BODY_FAULTS.get(int(label[1:]) % 40)
+    if fault is not None and _first_time(label):
+        _push("delay_given_back", task_id=self.request.id, fault=fault, started=started, worker=worker)
+        if fault == "reject":
+            raise Reject("given back by the fault scenario", requeue=True)
+        if fault == "retry":
+            raise self.retry(countdown=1)
+        raise SystemExit(1)
     _push("delay_end", task_id=self.request.id, started=started, ended=time.time(), worker=worker)
     return label
 

@@ -79,7 +79,7 @@ def claimed(store: MemoryStore, ids: list[str]) -> str:
 def test_mark_sent_is_retried_until_the_store_answers(caplog: pytest.LogCaptureFixture) -> None:
     store, fake = FailingMarks(failures=3), FakeTime()
     token = claimed(store, ["a", "b"])
-    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"):
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.publish"):
         marked = mark_sent_retrying(store, ["a", "b"], token, budget=150, sleep=fake.sleep, clock=fake.clock)
     assert marked == 2
     assert fake.slept == list(SWEEP_MARK_RETRY_DELAYS[:3])
@@ -93,7 +93,7 @@ def test_mark_sent_is_retried_until_the_store_answers(caplog: pytest.LogCaptureF
 def test_mark_sent_gives_up_within_the_budget_naming_the_rows(caplog: pytest.LogCaptureFixture) -> None:
     store, fake = FailingMarks(failures=None), FakeTime()
     token = claimed(store, ["row-1"])
-    with caplog.at_level(logging.ERROR, logger="celery_safe_time.delays.sweep"), pytest.raises(StoreError):
+    with caplog.at_level(logging.ERROR, logger="celery_safe_time.delays.publish"), pytest.raises(StoreError):
         mark_sent_retrying(store, ["row-1"], token, budget=20, sleep=fake.sleep, clock=fake.clock)
     assert fake.now - 1000.0 <= 20
     assert sum(fake.slept) > 10  # it did keep trying
@@ -108,7 +108,7 @@ def test_sweep_that_cannot_mark_raises_after_half_the_claim_timeout(caplog: pyte
     app = memory_app(safe_time_claim_timeout=2)  # budget 1 s: one 0.5 s retry
     store = FailingMarks(failures=None)
     store.insert(new_delay("row-1", utcnow() - timedelta(seconds=1)))
-    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"), pytest.raises(StoreError):
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.publish"), pytest.raises(StoreError):
         sweep(app, store=store)
     assert store.calls == 2
     assert "could not mark them sent within 1s" in caplog.records[-1].getMessage()
@@ -150,7 +150,7 @@ def test_postgres_cut_after_publish_marks_the_batch_sent_when_it_returns(
 
     after_task_publish.connect(on_publish, weak=False)
     try:
-        with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"):
+        with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.publish"):
             stats = sweep(app, store=store)
     finally:
         after_task_publish.disconnect(on_publish)
@@ -228,7 +228,7 @@ def test_a_background_mark_that_fails_fails_the_sweep_and_leaves_its_rows_claime
     store = BackgroundMarks(failures=None)
     for i in range(15):
         store.insert(new_delay(f"bgf-{i:02d}", utcnow() - timedelta(seconds=1)))
-    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.sweep"), pytest.raises(StoreError):
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.delays.publish"), pytest.raises(StoreError):
         sweep(app, store=store, batch=10)
     app.close()
     rows = [store.get(f"bgf-{i:02d}") for i in range(15)]

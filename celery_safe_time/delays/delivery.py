@@ -187,6 +187,9 @@ class _Heartbeat:
         self.ttl = ttl
         self._clock = clock
         self.last_ok = clock()
+        #: False once the body has ended: the run then keeps its row whatever the silence, and the
+        #: heartbeat goes on until the end is recorded (a stale row would be run again).
+        self.armed = True
         #: Why the run gave its row up (None: it did not).
         self.lost_reason: str | None = None
         self._reason = ""
@@ -221,7 +224,7 @@ class _Heartbeat:
                 self._clock() - write.sent,
             )
         silent = self._clock() - self.last_ok
-        if silent >= self.ttl:
+        if self.armed and silent >= self.ttl:
             self._reason = f"no heartbeat written for {silent:.1f}s (safe_time_lock_ttl {self.ttl:g}s)"
             self._silent = True
             return False
@@ -242,7 +245,9 @@ class _Heartbeat:
         self.interrupter.fire(LockLost)
 
     def disarm(self) -> None:
-        """The body has ended: a lost heartbeat from now on no longer interrupts it."""
+        """The body has ended: silence no longer gives the row up, nor interrupts anything; the
+        heartbeat keeps trying until the end is recorded (or the row moved on)."""
+        self.armed = False
         if self.interrupter is not None:
             self.interrupter.disarm()
 

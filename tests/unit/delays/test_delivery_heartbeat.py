@@ -91,3 +91,25 @@ def test_a_run_that_is_not_run_again_never_gives_its_row_up_for_silence(task: An
         clock.now += 100.0
         assert heartbeat.beat(3.0)
     store.release.set()
+
+
+def test_after_the_body_ended_a_silent_heartbeat_keeps_trying_until_the_end_is_recorded(task: Any) -> None:
+    """The run ended while the store was unreachable: its end is recorded in the background, and the
+    heartbeat must go on past the ttl (a row left to go stale would be run a second time)."""
+    store, clock = HangingStore(), Clock()
+    heartbeat = _Heartbeat(task, store, "tok", "run-1", ttl=3.0, clock=clock)
+    assert heartbeat.interrupter is not None
+    heartbeat.interrupter.enabled = False
+    store.hang = True
+    heartbeat.disarm()
+    for _ in range(5):
+        clock.now += 1.0
+        assert heartbeat.beat(3.0)  # 5 s of silence, past the 3 s ttl: still beating
+    assert heartbeat.lost_reason is None
+    store.hang = False
+    store.release.set()
+    clock.now += 1.0
+    assert heartbeat.beat(3.0)  # the write that hung is answered
+    clock.now += 1.0
+    assert heartbeat.beat(3.0)  # and the next one is written at once
+    assert heartbeat.last_ok == clock.now

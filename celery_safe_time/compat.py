@@ -16,6 +16,10 @@ version itself. Each fallback behaves as the newer library does where the packag
   inheriting the running one. On Celery 5.4 ``Task.__call__`` pushes a bare request (only args and
   kwargs), so a task class with its own ``__call__`` (SafeTask) runs its body with no task id, no
   retries count and no headers: ``self.retry()`` then raises instead of retrying.
+- :func:`routable_eta` / :func:`routable_countdown` (Celery 5.5+ on quorum queues): native delayed
+  delivery routes a delay by its whole seconds and raises ``ValueError`` for one under a second
+  (kombu's ``calculate_routing_key``), so a message due in 0.4 s cannot be published at all. These
+  move such a delay to the shortest one it routes: the message runs under a second late, never early.
 """
 
 from __future__ import annotations
@@ -26,7 +30,21 @@ from typing import Any
 from celery.app.task import Context
 from kombu.exceptions import KombuError
 
-__all__ = ["BatchPublishError", "detect_quorum_queues", "push_request", "subtract_datetimes"]
+__all__ = [
+    "BatchPublishError",
+    "detect_quorum_queues",
+    "native_delayed_delivery",
+    "push_request",
+    "routable_countdown",
+    "routable_eta",
+    "subtract_datetimes",
+]
+
+#: The shortest delay native delayed delivery routes: it sends ``int(countdown)`` seconds and refuses 0.
+NATIVE_DELAY_MIN = 1.0
+#: An eta is turned into a countdown again inside ``send_task``, a moment later: the margin keeps that
+#: countdown at or above :data:`NATIVE_DELAY_MIN`.
+NATIVE_DELAY_ETA_MARGIN = 0.25
 
 try:
     from kombu.exceptions import BatchPublishError
@@ -66,3 +84,26 @@ def detect_quorum_queues(app: Any, driver_type: str) -> tuple[bool, str]:
 def push_request(task: Any, *args: Any, **kwargs: Any) -> None:
     """Push a request on ``task``'s stack that inherits the running request (Celery 5.5+'s behaviour)."""
     task.request_stack.push(Context(*args, **{**task.request.__dict__, **kwargs}))
+
+
+def native_delayed_delivery(app: Any, driver_type: str) -> bool:
+    """Whether ``app.send_task`` routes a delay through the broker's delayed-delivery exchanges (quorum queues)."""
+    return detect_quorum_queues(app, driver_type)[0]
+
+
+def routable_countdown(app: Any, countdown: float) -> float:
+    """``countdown`` as ``app.send_task`` can publish it: under native delayed delivery, one under a
+    second becomes one second; otherwise (and for any other broker) unchanged."""
+    if not 0 < countdown < NATIVE_DELAY_MIN:
+        return countdown
+    driver_type = app.producer_pool.connections.connection.transport.driver_type  # as send_task finds it
+    return NATIVE_DELAY_MIN if native_delayed_delivery(app, driver_type) else countdown
+
+
+def routable_eta(eta: datetime, now: datetime) -> datetime:
+    """``eta`` as native delayed delivery can route it, seen at ``now``: one less than a second ahead moves
+    to 1.25 s ahead (late by under 1.25 s, never early); a past or farther one is unchanged."""
+    ahead = subtract_datetimes(eta, now).total_seconds()
+    if 0 < ahead < NATIVE_DELAY_MIN + NATIVE_DELAY_ETA_MARGIN:
+        return now + timedelta(seconds=NATIVE_DELAY_MIN + NATIVE_DELAY_ETA_MARGIN)
+    return eta

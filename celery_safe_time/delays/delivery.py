@@ -34,6 +34,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from .. import constants as C
 from .. import signals
+from ..compat import routable_countdown
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import LockLost, StoreError
 from ..locks.watchdog import Interrupter, Watchdog
@@ -455,7 +456,7 @@ def _requeue(task: Task, countdown: float, prior_runs: Sequence[str], exc: Excep
     request = task.request
     headers = dict(request.headers or {})
     headers[C.HEADER_PRIOR_RUNS] = list(prior_runs)[-DELIVERY_PRIOR_RUNS_KEPT:]
-    sig = task.signature_from_request(request, countdown=countdown, headers=headers)
+    sig = task.signature_from_request(request, countdown=routable_countdown(task.app, countdown), headers=headers)
     Task.apply_async(task, sig.args, sig.kwargs, **sig.options)
     raise Retry(exc=exc, when=countdown, sig=sig)
 

@@ -23,6 +23,7 @@ from celery.signals import task_postrun
 
 from .. import constants as C
 from .. import signals
+from ..compat import routable_countdown
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
 from ..redis_wire import settle_posted
@@ -245,7 +246,7 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down_sinc
         headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # Redis answered: the next outage starts over
     # The copy is a new publish (a new attempt token): say which delivery it continues.
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
-    sig = task.signature_from_request(request, countdown=countdown, headers=headers)
+    sig = task.signature_from_request(request, countdown=routable_countdown(task.app, countdown), headers=headers)
     try:
         sig.apply_async()
     except Exception as publish_error:

@@ -54,3 +54,23 @@ def test_a_request_pushed_inside_a_running_task_keeps_its_id_retries_and_headers
         t.pop_request()
     finally:
         t.pop_request()
+
+
+def test_an_eta_under_a_second_ahead_moves_to_one_native_delayed_delivery_can_route() -> None:
+    now = datetime(2026, 12, 3, 8, 0, tzinfo=timezone.utc)
+    routed = compat.routable_eta(now + timedelta(seconds=0.4), now)
+    assert routed == now + timedelta(seconds=1.25)  # late by 0.85 s, never early
+    assert int(compat.subtract_datetimes(routed, now).total_seconds()) >= 1  # what kombu's router takes
+    assert compat.routable_eta(now + timedelta(seconds=5), now) == now + timedelta(seconds=5)
+    assert compat.routable_eta(now - timedelta(seconds=3), now) == now - timedelta(seconds=3)  # past: no delay
+
+
+def test_a_countdown_under_a_second_is_one_second_on_quorum_queues_only() -> None:
+    plain = Celery("plain", broker="amqp://guest@127.0.0.1//", set_as_current=False)
+    assert compat.routable_countdown(plain, 0.3) == 0.3
+    quorum = Celery("quorum", broker="amqp://guest@127.0.0.1//", set_as_current=False)
+    quorum.conf.task_queues = [Queue("jobs", queue_arguments={"x-queue-type": "quorum"})]
+    native = compat.detect_quorum_queues(quorum, "amqp")[0]  # Celery 5.4: no native delayed delivery
+    assert compat.routable_countdown(quorum, 0.3) == (1.0 if native else 0.3)
+    assert compat.routable_countdown(quorum, 2.5) == 2.5
+    assert compat.routable_countdown(quorum, 0) == 0

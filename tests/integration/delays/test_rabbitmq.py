@@ -23,7 +23,7 @@ from celery.signals import before_task_publish
 from kombu.exceptions import OperationalError
 
 from celery_safe_time import constants as C
-from celery_safe_time import install
+from celery_safe_time import install, reschedule
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.sweep import sweep
@@ -337,7 +337,14 @@ def test_quorum_queues_with_native_delayed_delivery_run_stored_delays_and_lock_r
     for n, countdown in enumerate([8, 9]):
         tasks["record"].apply_async((f"stored-{n}",), countdown=countdown)
         due[f"stored-{n}"] = time.time() + countdown
-    assert len(store.list(limit=10)) == 2
+    # Moved to due in 0.5 s: native delayed delivery cannot route under a second (kombu raises
+    # ValueError), so the sweep publishes it due in 1.25 s, late by under a second, not failed.
+    soon = tasks["record"].apply_async(("stored-soon",), countdown=30)
+    assert reschedule(soon.id, countdown=0.5, app=app)
+    due["stored-soon"] = time.time() + 0.5
+    stats = sweep(app)  # claimed inside the look-ahead, under a second before it is due
+    assert (stats.sent, stats.failed) == (1, 0)
+    assert len(store.list(limit=10)) == 3
     tasks["plain_record"].apply_async(("native-6s",), countdown=6)
     due["native-6s"] = time.time() + 6
     tasks["locked_slow"].apply_async(("q", "holder"), {"seconds": 3.0})
@@ -353,14 +360,14 @@ def test_quorum_queues_with_native_delayed_delivery_run_stored_delays_and_lock_r
     thread = threading.Thread(target=sweeper, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: len(runs(redis_client)) >= 5, 60, interval=0.5, message="every task to run")
+        wait_for(lambda: len(runs(redis_client)) >= 6, 60, interval=0.5, message="every task to run")
         time.sleep(2)
     finally:
         stop.set()
         thread.join(10)
     by_label = {r["label"]: r for r in runs(redis_client)}
     assert sorted(r["label"] for r in runs(redis_client)) == sorted(
-        ["stored-0", "stored-1", "native-6s", "holder", "requeued"]
+        ["stored-0", "stored-1", "stored-soon", "native-6s", "holder", "requeued"]
     )
     for label, run in by_label.items():
         if run["stored_due"]:  # the store's due time, not the test's estimate of it

@@ -63,7 +63,8 @@ def deadline_args(config: SafeTimeConfig) -> dict[str, Any]:
     bounds connecting; TCP keepalives end an idle connection whose peer is gone; ``tcp_user_timeout``
     one whose data stays unacknowledged; ``statement_timeout`` (when set) a statement the server
     itself keeps waiting. A peer that acknowledges but never answers (a stuck proxy) is left to the
-    client's own wait (the lock statements' poll, and the lock watchdog's renewal deadline).
+    client's own wait: the lock statements' poll, and for every other statement the engine's answer
+    deadline (:func:`~celery_safe_time.delays.backends.sql.engine.answer_deadline_connection`).
     """
     timeout = config.coordination_io_timeout
     args: dict[str, Any] = {
@@ -107,7 +108,11 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
             if autocommit:
                 options.update(isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_reset_on_return=None)
             engine = create_engine(
-                url, pool_size=C.COORDINATION_POOL_SIZE, max_overflow=C.COORDINATION_POOL_OVERFLOW, **options
+                url,
+                pool_size=C.COORDINATION_POOL_SIZE,
+                max_overflow=C.COORDINATION_POOL_OVERFLOW,
+                answer_deadline=config.coordination_io_timeout,
+                **options,
             )
             _ENGINES[key] = engine
             logger.debug("coordination engine for pid %d", os.getpid())

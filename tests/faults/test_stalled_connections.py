@@ -3,6 +3,7 @@
 - A worker whose store connections hang while the sweep still reaches the database: its acks_late
   stored run gives the row up within ``safe_time_lock_ttl`` (``LockLost`` in the body) before the
   sweep may start it again, so the two runs are never at once.
+- A statement on a store or coordination connection that hangs ends at the client's answer deadline.
 - A sweep whose broker (Redis) connection hangs mid-publish returns within its publish deadline and
   the rows are published by a later sweep.
 """
@@ -17,12 +18,15 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.config import get_config
+from celery_safe_time.coordination import coordination_engine
 from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.backends.sql import SQLAlchemyStore
 from celery_safe_time.delays.publish import publish_wait
 from celery_safe_time.delays.sweep import sweep
 from tests.faults.proxy import TcpProxy, proxy_for
@@ -139,3 +143,49 @@ def test_a_sweep_whose_broker_connection_hangs_returns_within_its_publish_deadli
     assert all(row is not None and row.status in (C.STATUS_PENDING, C.STATUS_CLAIMED) for row in rows), rows
     proxy.close()
     store.close()
+
+
+@pytest.mark.parametrize("engine_of", ["store", "coordination"])
+def test_a_statement_on_a_connection_that_hangs_ends_at_the_clients_deadline(
+    make_app: Callable[..., Celery], postgres_url: str, engine_of: str
+) -> None:
+    """A peer that takes every byte and never answers (a hung PgBouncer or proxy): no server-side or
+    kernel timeout ends the wait, the client's answer deadline does (store: ``safe_time_store_timeout``
+    plus 2 s; coordination: ``safe_time_coordination_io_timeout``). The connection is dropped, and the
+    next call gets a new one."""
+    proxy, url = proxy_for(postgres_url)
+    if engine_of == "store":
+        store = SQLAlchemyStore(url, timeout=1.0)
+        engine, deadline = store.engine, 3.0
+    else:
+        app = make_app("stalled-coordination", safe_time_coordination_url=url, safe_time_coordination_io_timeout=2)
+        engine, deadline = coordination_engine(get_config(app)), 2.0
+    outcome: dict[str, Any] = {}
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+            assert proxy.stall() == 1
+
+            def run() -> None:
+                try:
+                    outcome["value"] = conn.execute(sa.text("SELECT 2")).scalar_one()
+                except sa.exc.OperationalError as exc:
+                    outcome["error"] = exc
+
+            began = time.monotonic()
+            caller = threading.Thread(target=run, daemon=True)
+            caller.start()
+            caller.join(30)
+            took = time.monotonic() - began
+            hung = caller.is_alive()
+            if hung:  # let it end, so that closing the connection does not wait on it
+                proxy.resume()
+                caller.join(30)
+            assert not hung, "the statement is still waiting for its answer"
+        assert "no answer from PostgreSQL within" in str(outcome.get("error")), outcome
+        assert deadline - 0.2 <= took < deadline + 3, took
+        with engine.connect() as conn:  # the hung connection is gone; a new one passes
+            assert conn.execute(sa.text("SELECT 3")).scalar_one() == 3
+    finally:
+        proxy.close()
+        engine.dispose()

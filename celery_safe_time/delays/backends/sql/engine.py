@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import math
 from datetime import datetime
 from typing import Any
@@ -15,12 +18,18 @@ from ....config import mask_url
 from ....exceptions import StoreError
 from ..base import NOW_SQL
 
+logger = logging.getLogger(__name__)
+
 #: InnoDB's default REPEATABLE READ gap-locks the claim's range scan, so concurrent SKIP LOCKED
 #: sweeps would wait on each other; READ COMMITTED locks only the rows picked, as on PostgreSQL.
 MYSQL_ISOLATION_LEVEL = "READ COMMITTED"
 #: TCP keepalive probes before a silent PostgreSQL/MySQL peer counts as gone; the first probe and the
 #: gap between probes are shares of ``safe_time_store_timeout`` so the whole count fits within it.
 STORE_KEEPALIVE_COUNT = 3
+
+#: How much longer than the server's ``statement_timeout`` the client waits for an answer: a server
+#: that is reachable cancels the statement itself first and says why.
+ANSWER_DEADLINE_MARGIN = 2.0
 
 #: URL prefixes without a driver -> the driver this package installs (extras ``postgres``, ``mysql``).
 _DEFAULT_DRIVERS = {
@@ -66,10 +75,15 @@ def deadline_args(url: str, timeout: float) -> dict[str, Any]:
     return {}
 
 
-def create_engine(url: str, *, timeout: float | None = None, **kwargs: Any) -> Engine:
+def create_engine(
+    url: str, *, timeout: float | None = None, answer_deadline: float | None = None, **kwargs: Any
+) -> Engine:
     """An engine for ``url``; ``timeout``: :func:`deadline_args` on every connection (None: none).
 
-    ``connect_args`` given here are added to the package's (libpq ``options`` are joined)."""
+    ``answer_deadline`` (PostgreSQL with psycopg 3.3+; ``timeout`` plus :data:`ANSWER_DEADLINE_MARGIN`
+    when only ``timeout`` is given): the longest any call waits for the server's answer, on the
+    client's side (:func:`answer_deadline_connection`). ``connect_args`` given here are added to the
+    package's (libpq ``options`` are joined)."""
     url = normalize_url(url)
     options: dict[str, Any] = {"pool_pre_ping": True, "future": True}
     connect: dict[str, Any] = {}
@@ -88,9 +102,56 @@ def create_engine(url: str, *, timeout: float | None = None, **kwargs: Any) -> E
     options["connect_args"] = connect
     options.update(kwargs)
     try:
-        return sa.create_engine(url, **options)
+        engine = sa.create_engine(url, **options)
     except (ImportError, sa.exc.ArgumentError) as exc:
         raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
+    if answer_deadline is None and timeout:
+        answer_deadline = timeout + ANSWER_DEADLINE_MARGIN
+    if answer_deadline and url.startswith("postgresql+psycopg:"):
+        connection_class = answer_deadline_connection(float(answer_deadline))
+        if connection_class is not None:
+
+            def connect_with_deadline(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+                return connection_class.connect(*cargs, **cparams)
+
+            sa.event.listen(engine, "do_connect", connect_with_deadline)
+    return engine
+
+
+@functools.cache
+def answer_deadline_connection(seconds: float) -> Any:
+    """A psycopg connection class whose every wait for the server ends after ``seconds``.
+
+    The server's ``statement_timeout`` and the kernel's keepalives and ``tcp_user_timeout`` cannot end
+    a wait on a peer that acknowledges every byte and never answers (a hung PgBouncer or proxy, a
+    stalled network path behind one): only the client can. Every exchange of a psycopg connection
+    (a statement, a commit, a rollback, the pool's ping) waits in ``Connection.wait``; past the
+    deadline the connection is closed, mid-exchange it is unusable, and the call raises
+    ``OperationalError``, which SQLAlchemy takes as a disconnect (the pool drops the connection).
+    None on psycopg older than 3.3, whose wait takes no timeout: the server-side deadlines only.
+    """
+    import psycopg
+
+    parameters = inspect.signature(psycopg.Connection.wait).parameters
+    if "timeout" not in parameters:
+        return None
+    default_interval = parameters["interval"].default
+
+    class AnswerDeadlineConnection(psycopg.Connection[Any]):
+        def wait(self, gen: Any, interval: Any = default_interval, timeout: float | None = None) -> Any:
+            limit = seconds if timeout is None else min(timeout, seconds)
+            try:
+                return super().wait(gen, interval, limit)
+            except psycopg.OperationalError as exc:
+                if self.closed or type(exc).__name__ != "_WaitTimeout":
+                    raise
+                self.close()
+                logger.warning("no answer from PostgreSQL within %g s; connection closed", seconds)
+                raise psycopg.OperationalError(
+                    f"no answer from PostgreSQL within {seconds:g} s (the client's deadline); connection closed"
+                ) from None
+
+    return AnswerDeadlineConnection
 
 
 def load_driver(url: str) -> Any:

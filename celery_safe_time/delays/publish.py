@@ -18,10 +18,10 @@ from kombu.exceptions import OperationalError
 
 from .. import constants as C
 from .. import signals
-from ..compat import BatchPublishError, native_delayed_delivery, routable_eta
 from ..config import SafeTimeConfig
 from ..exceptions import StoreError
-from ..publishing import PublishBatch, batched_publish
+from ..messages.compat import BatchPublishError, native_delayed_delivery, routable_eta
+from ..messages.publishing import PublishBatch, batched_publish
 from ..tracing import in_stored_context
 from .amqp_batch import BatchSender
 from .backends.base import DelayRow, DelayStore

@@ -20,12 +20,12 @@ from celery.utils import uuid
 from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
-from ..compat import push_request
 from ..config import get_config
 from ..exceptions import BulkItemError, StoreError
 from ..locks import unique as unique_tasks
 from ..locks.keys import KeySpec
 from ..locks.store import get_lock_store
+from ..messages.compat import push_request
 from ..tracing import inject_context
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay

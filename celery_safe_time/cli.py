@@ -16,7 +16,7 @@ import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
 
-from .checks import Check, run_checks, worst
+from .checks import Check, run_checks, run_probes, worst
 from .constants import DELAY_STATUSES, PURGEABLE_STATUSES
 
 _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
@@ -155,8 +155,6 @@ def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_laten
     """Beat leader, stored delays and held overlap locks; with --probe, a health verdict (exit 1 = unhealthy)."""
     app = _loaded_app(ctx)
     if probes:
-        from .probes import run_probes
-
         checks = run_probes(app, list(probes), max_lateness=max_lateness)
         overall = worst(checks)
         if as_json:

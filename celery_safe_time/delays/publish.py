@@ -22,10 +22,10 @@ from ..config import SafeTimeConfig
 from ..exceptions import StoreError
 from ..messages.compat import BatchPublishError, native_delayed_delivery, routable_eta
 from ..messages.publishing import PublishBatch, batched_publish
-from ..tracing import in_stored_context
 from .amqp_batch import BatchSender
 from .backends.base import DelayRow, DelayStore
 from .payload import decode
+from .tracing import in_stored_context
 
 if TYPE_CHECKING:
     from .sweep import Marks

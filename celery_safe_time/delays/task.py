@@ -26,13 +26,13 @@ from ..locks import unique as unique_tasks
 from ..locks.keys import KeySpec
 from ..locks.store import get_lock_store
 from ..messages.compat import push_request
-from ..tracing import inject_context
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, plan_delay
+from .tracing import inject_context
 
 logger = logging.getLogger(__name__)
 

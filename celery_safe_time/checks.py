@@ -1,5 +1,5 @@
-"""Health checks behind ``celery safe-time check``, the schedulers' startup checks, and the probes
-behind ``celery safe-time status --probe beat|sweep|store`` (:func:`run_probes`).
+"""Health checks behind ``celery safe-time check``, the schedulers' startup checks, and the verdicts
+of ``celery safe-time status --probe beat|sweep|store``.
 
 Each check and probe returns a :class:`Check`; nothing here prints, so the CLI can render a table
 or JSON and the beat can log.
@@ -369,7 +369,9 @@ def worst(checks: list[Check]) -> Status:
 # - ``store``: the store answers.
 #
 # The verdicts are pure functions of what was read (``beat_verdict``, ``sweep_verdict``) so they are
-# tested without services; the readers around them do one or two round trips and never raise.
+# tested without services; the readers around them (:func:`celery_safe_time.cli.run_probes`) do one
+# or two round trips and never raise. The readers reach into beat's backends, which import this
+# module for their startup checks: kept in the command, they tie no import cycle.
 
 PROBES = ("beat", "sweep", "store")
 
@@ -417,59 +419,3 @@ def sweep_verdict(now: datetime, oldest_due: datetime | None, max_lateness: floa
         )
     detail = "nothing pending" if oldest_due is None else f"oldest due delay {lateness:.1f}s late"
     return Check("sweep", "ok", f"{detail} (limit {max_lateness:g}s)", value=value)
-
-
-def probe_beat(app: Celery) -> Check:
-    from .beat.backends import beat_backend
-
-    config = get_config(app)
-    backend = beat_backend(config)
-    errors: tuple[type[Exception], ...] = (*backend.errors, OSError)
-    try:
-        view = backend.lease_view()
-    except errors as exc:
-        return Check(
-            "beat", "fail", f"{backend.label} {backend.where().split(' ', 1)[-1]} unreachable: {error_text(exc)}"
-        )
-    return beat_verdict(view.ttl_ms, view.info, view.epoch)
-
-
-def probe_store(app: Celery) -> Check:
-    from .delays.backends import get_store
-
-    url = mask_url(get_config(app).store_url)
-    try:
-        get_store(app).ping()
-    except Exception as exc:  # a probe reports every failure, whatever the driver raises
-        return Check("store", "fail", unreachable(url, exc))
-    return Check("store", "ok", f"{url} reachable", value=url)
-
-
-def probe_sweep(app: Celery, max_lateness: float | None = None) -> Check:
-    from .delays.backends import get_store
-
-    config = get_config(app)
-    limit = default_max_lateness(config.sweep_interval) if max_lateness is None else max_lateness
-    try:
-        store = get_store(app)
-        oldest = store.oldest_due(C.STATUS_PENDING)
-        now = store.now()
-    except Exception as exc:  # any store failure (StoreError, a driver's own) fails the probe
-        return Check("sweep", "fail", unreachable(f"store {mask_url(config.store_url)}", exc))
-    return sweep_verdict(now, oldest, limit)
-
-
-def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = None) -> list[Check]:
-    """The named probes in the given order (each once). Nothing is logged: the caller shows the
-    verdicts (the command prints each once, on stdout)."""
-    checks: list[Check] = []
-    for name in dict.fromkeys(names):
-        if name == "beat":
-            checks.append(probe_beat(app))
-        elif name == "sweep":
-            checks.append(probe_sweep(app, max_lateness))
-        elif name == "store":
-            checks.append(probe_store(app))
-        else:
-            raise ValueError(f"unknown probe {name!r}; use one of {', '.join(PROBES)}")
-    return checks

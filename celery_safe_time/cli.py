@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -95,6 +96,13 @@ class SafeTimeGroup(click.Group):
         except StoreError as exc:
             click.echo(f"error: safe_time_store_url: {_first_line(exc)}", err=True)
         ctx.exit(1)
+
+
+def _echo_table(rows: Sequence[Sequence[str]]) -> None:
+    """``rows`` (the header first) as left-aligned columns two spaces apart."""
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def _first_line(exc: BaseException) -> str:
@@ -313,9 +321,7 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
         nxt = i.next_fire.isoformat() if i.next_fire else "-"
         last = i.last_fired.isoformat() if i.last_fired else "-"
         rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _echo_table(rows)
     click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}")
 
 
@@ -541,9 +547,7 @@ def delays_list(
                 outcome,
             )
         )
-    widths = [max(len(line[col]) for line in table) for col in range(len(table[0]))]
-    for line in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    _echo_table(table)
     click.echo(f"{len(rows)} row(s)")
 
 
@@ -709,9 +713,7 @@ def locks_list(ctx: click.Context, pattern: str, as_json: bool) -> None:
         state = i.state or ("held" if i.kind == "overlap" else "?")
         pid, fence = ("-", "-") if i.kind == "unique" else (str(i.pid or "?"), str(i.fence or "?"))
         rows.append((i.key, i.task_id or "?", state, i.host or "?", pid, fence, age, ttl))
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _echo_table(rows)
 
 
 @locks_group.command(name="release", cls=CeleryCommand)

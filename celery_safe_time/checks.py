@@ -45,6 +45,16 @@ class Check:
         return dataclasses.asdict(self)
 
 
+def clock_skew(name: str, against: str, offset: float, uncertainty: float, limit: float) -> Check:
+    """``name``: this host's clock ``offset`` seconds off ``against``'s, failing beyond ``limit``."""
+    return Check(
+        name,
+        "ok" if abs(offset) <= limit else "fail",
+        f"this host vs {against}: {offset:+.4f} s (±{uncertainty:.4f}), limit {limit:g} s",
+        value=offset,
+    )
+
+
 def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> list[Check]:
     """Reachability, clock offset against this host, persistence and eviction policy."""
     url = mask_url(config.redis_url)
@@ -57,15 +67,8 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
             return [Check("redis", "fail", f"safe_time_redis_url: {hint}")]
         return [Check("redis", "fail", f"{url} unreachable: {error_text(exc)}")]
     checks = [Check("redis", "ok", f"{url} reachable (rtt {offset.rtt * 1000:.1f} ms)", value=offset.rtt)]
-    skew = abs(offset.offset)
     checks.append(
-        Check(
-            "clock_skew_redis",
-            "ok" if skew <= config.max_clock_skew else "fail",
-            f"this host vs Redis TIME: {offset.offset:+.4f} s (±{offset.uncertainty:.4f}), "
-            f"limit {config.max_clock_skew:g} s",
-            value=offset.offset,
-        )
+        clock_skew("clock_skew_redis", "Redis TIME", offset.offset, offset.uncertainty, config.max_clock_skew)
     )
     checks.extend(_redis_config_checks(client))
     return checks
@@ -83,7 +86,6 @@ def check_coordination(config: SafeTimeConfig) -> list[Check]:
         offset = backend.clock.sync()
     except backend.errors as exc:
         return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {error_text(exc)}")]
-    skew = abs(offset.offset)
     return [
         Check(
             "coordination",
@@ -91,12 +93,12 @@ def check_coordination(config: SafeTimeConfig) -> list[Check]:
             f"{where} reachable (rtt {offset.rtt * 1000:.1f} ms); beat tables present",
             value=offset.rtt,
         ),
-        Check(
+        clock_skew(
             "clock_skew_coordination",
-            "ok" if skew <= config.max_clock_skew else "fail",
-            f"this host vs the coordination database's clock: {offset.offset:+.4f} s (±{offset.uncertainty:.4f}), "
-            f"limit {config.max_clock_skew:g} s",
-            value=offset.offset,
+            "the coordination database's clock",
+            offset.offset,
+            offset.uncertainty,
+            config.max_clock_skew,
         ),
     ]
 
@@ -283,16 +285,9 @@ def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     except Exception as exc:  # driver errors must not crash the probe
         return [Check("store", "fail", unreachable(url, exc))]
     offset = db_now.timestamp() - (before + after) / 2.0
-    skew = abs(offset)
     return [
         Check("store", "ok", f"{url} reachable", value=url),
-        Check(
-            "clock_skew_store",
-            "ok" if skew <= config.max_clock_skew else "fail",
-            f"this host vs store now(): {offset:+.4f} s (±{(after - before) / 2:.4f}), "
-            f"limit {config.max_clock_skew:g} s",
-            value=offset,
-        ),
+        clock_skew("clock_skew_store", "store now()", offset, (after - before) / 2, config.max_clock_skew),
     ]
 
 

@@ -311,7 +311,7 @@ def bench_ticks(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
             time.sleep(0.005)
         out["10 Celery publishes"] = _ms(floor)
         # the same 10 in one batch, as a tick now sends the slots due together (one round trip on Redis)
-        from celery_safe_time.publishing import PublishBatch, batched_publish
+        from celery_safe_time.messages.publishing import PublishBatch, batched_publish
 
         batched = []
         for _ in range(count // 2):

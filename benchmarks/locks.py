@@ -440,7 +440,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "A lock makes two Redis calls (acquire, release); the PING rows are one and two round trips on the "
         "same worker, the goal is overlap_lock within 1.1x of two. The lock's scripts go the lean way "
-        "(`celery_safe_time/redis_wire.py`: a kept connection, no redis-py command path); the last column "
+        "(`celery_safe_time/locks/redis_wire.py`: a kept connection, no redis-py command path); the last column "
         "compares with two PINGs sent that way too, the floor of two round trips from Python. A delivered "
         "task writes its release (or commit) without waiting for the answer, which is read after the task, "
         "in Celery's task_postrun, before the delivery is acknowledged (inside the measured time: the "

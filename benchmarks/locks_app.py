@@ -21,10 +21,10 @@ from celery.signals import task_postrun, task_prerun
 from celery_safe_time import idempotent, overlap_lock
 from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends.memory import MemoryLockStore
+from celery_safe_time.locks.redis_wire import parse_reply
 from celery_safe_time.locks.runtime import HeldLock
 from celery_safe_time.locks.store import Owner, get_lock_store, use_lock_store
 from celery_safe_time.redis_client import get_redis
-from celery_safe_time.redis_wire import parse_reply
 
 BROKER = os.environ["SAFE_TIME_BENCH_BROKER_URL"]
 #: Locks and the timings: the broker itself on Redis, a private redis-server beside RabbitMQ.
@@ -196,7 +196,7 @@ _lean_conn: list[Any] = []
 
 @app.task(name="bench.ping2_lean")
 def ping2_lean(n: int) -> int:
-    """Two PINGs the way the lock's scripts are sent (``celery_safe_time.redis_wire``): written to a
+    """Two PINGs the way the lock's scripts are sent (``celery_safe_time.locks.redis_wire``): written to a
     connection this process keeps and read off its socket, none of redis-py's command path. The
     floor of two round trips from Python; ``bench.ping2`` is two through redis-py."""
     if not _lean_conn:

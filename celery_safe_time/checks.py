@@ -1,6 +1,7 @@
-"""Health checks behind ``celery safe-time check`` and the schedulers' startup checks.
+"""Health checks behind ``celery safe-time check``, the schedulers' startup checks, and the verdicts
+of ``celery safe-time status --probe beat|sweep|store``.
 
-Each check returns a :class:`Check`; nothing here prints, so the CLI can render a table
+Each check and probe returns a :class:`Check`; nothing here prints, so the CLI can render a table
 or JSON and the beat can log.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from datetime import datetime
 from typing import Any, Literal
 
 import redis
@@ -43,6 +45,16 @@ class Check:
         return dataclasses.asdict(self)
 
 
+def clock_skew(name: str, against: str, offset: float, uncertainty: float, limit: float) -> Check:
+    """``name``: this host's clock ``offset`` seconds off ``against``'s, failing beyond ``limit``."""
+    return Check(
+        name,
+        "ok" if abs(offset) <= limit else "fail",
+        f"this host vs {against}: {offset:+.4f} s (±{uncertainty:.4f}), limit {limit:g} s",
+        value=offset,
+    )
+
+
 def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> list[Check]:
     """Reachability, clock offset against this host, persistence and eviction policy."""
     url = mask_url(config.redis_url)
@@ -55,15 +67,8 @@ def check_redis(config: SafeTimeConfig, client: redis.Redis | None = None) -> li
             return [Check("redis", "fail", f"safe_time_redis_url: {hint}")]
         return [Check("redis", "fail", f"{url} unreachable: {error_text(exc)}")]
     checks = [Check("redis", "ok", f"{url} reachable (rtt {offset.rtt * 1000:.1f} ms)", value=offset.rtt)]
-    skew = abs(offset.offset)
     checks.append(
-        Check(
-            "clock_skew_redis",
-            "ok" if skew <= config.max_clock_skew else "fail",
-            f"this host vs Redis TIME: {offset.offset:+.4f} s (±{offset.uncertainty:.4f}), "
-            f"limit {config.max_clock_skew:g} s",
-            value=offset.offset,
-        )
+        clock_skew("clock_skew_redis", "Redis TIME", offset.offset, offset.uncertainty, config.max_clock_skew)
     )
     checks.extend(_redis_config_checks(client))
     return checks
@@ -81,7 +86,6 @@ def check_coordination(config: SafeTimeConfig) -> list[Check]:
         offset = backend.clock.sync()
     except backend.errors as exc:
         return [Check("coordination", "fail", f"{where} unreachable: {exc.__class__.__name__}: {error_text(exc)}")]
-    skew = abs(offset.offset)
     return [
         Check(
             "coordination",
@@ -89,12 +93,12 @@ def check_coordination(config: SafeTimeConfig) -> list[Check]:
             f"{where} reachable (rtt {offset.rtt * 1000:.1f} ms); beat tables present",
             value=offset.rtt,
         ),
-        Check(
+        clock_skew(
             "clock_skew_coordination",
-            "ok" if skew <= config.max_clock_skew else "fail",
-            f"this host vs the coordination database's clock: {offset.offset:+.4f} s (±{offset.uncertainty:.4f}), "
-            f"limit {config.max_clock_skew:g} s",
-            value=offset.offset,
+            "the coordination database's clock",
+            offset.offset,
+            offset.uncertainty,
+            config.max_clock_skew,
         ),
     ]
 
@@ -281,16 +285,9 @@ def check_store(app: Celery, config: SafeTimeConfig) -> list[Check]:
     except Exception as exc:  # driver errors must not crash the probe
         return [Check("store", "fail", unreachable(url, exc))]
     offset = db_now.timestamp() - (before + after) / 2.0
-    skew = abs(offset)
     return [
         Check("store", "ok", f"{url} reachable", value=url),
-        Check(
-            "clock_skew_store",
-            "ok" if skew <= config.max_clock_skew else "fail",
-            f"this host vs store now(): {offset:+.4f} s (±{(after - before) / 2:.4f}), "
-            f"limit {config.max_clock_skew:g} s",
-            value=offset,
-        ),
+        clock_skew("clock_skew_store", "store now()", offset, (after - before) / 2, config.max_clock_skew),
     ]
 
 
@@ -356,3 +353,64 @@ def run_checks(app: Celery) -> list[Check]:
 def worst(checks: list[Check]) -> Status:
     order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
     return max((c.status for c in checks), key=order.__getitem__, default="ok")
+
+
+# The probes behind ``celery safe-time status --probe beat|sweep|store``: one verdict each, for Kubernetes.
+#
+# - ``beat``: some beat holds the leader lease; fails when none does, or its backend is unreachable.
+# - ``sweep``: the oldest pending stored delay is at most ``max_lateness`` seconds past due (by the
+#   store's clock); fails when it is later (no sweeper is running, or it cannot keep up) or the store
+#   is unreachable.
+# - ``store``: the store answers.
+#
+# The verdicts are pure functions of what was read (``beat_verdict``, ``sweep_verdict``) so they are
+# tested without services; the readers around them (:func:`celery_safe_time.cli.run_probes`) do one
+# or two round trips and never raise. The readers reach into beat's backends, which import this
+# module for their startup checks: kept in the command, they tie no import cycle.
+
+PROBES = ("beat", "sweep", "store")
+
+#: ``--max-lateness`` default: a few sweep intervals, and never under a minute (a failover pauses sweeps).
+MIN_DEFAULT_LATENESS = 60.0
+
+
+def default_max_lateness(sweep_interval: float) -> float:
+    return max(MIN_DEFAULT_LATENESS, 3.0 * sweep_interval)
+
+
+def beat_verdict(lease_ttl_ms: int | None, leader: dict[str, Any], epoch: int | None) -> Check:
+    """``beat`` from the lease key's PTTL (None or <= 0: no lease) and the leader's info hash."""
+    if lease_ttl_ms is None or lease_ttl_ms <= 0:
+        return Check("beat", "fail", "no beat holds the leader lease", value={"epoch": epoch})
+    value = {
+        "host": leader.get("host"),
+        "pid": leader.get("pid"),
+        "epoch": leader.get("epoch", epoch),
+        "lease_left_s": round(lease_ttl_ms / 1000.0, 3),
+    }
+    return Check(
+        "beat",
+        "ok",
+        f"leader {value['host'] or '?'} pid {value['pid'] or '?'} epoch {value['epoch']}, "
+        f"lease left {value['lease_left_s']:.1f}s",
+        value=value,
+    )
+
+
+def sweep_verdict(now: datetime, oldest_due: datetime | None, max_lateness: float) -> Check:
+    """``sweep`` from the store's now and the oldest pending row's due time."""
+    lateness = max(0.0, (now - oldest_due).total_seconds()) if oldest_due is not None else 0.0
+    value = {
+        "lateness_seconds": round(lateness, 3),
+        "oldest_due": oldest_due.isoformat() if oldest_due else None,
+        "max_lateness": max_lateness,
+    }
+    if lateness > max_lateness:
+        return Check(
+            "sweep",
+            "fail",
+            f"the oldest due delay is {lateness:.1f}s late (limit {max_lateness:g}s): is a sweep running?",
+            value=value,
+        )
+    detail = "nothing pending" if oldest_due is None else f"oldest due delay {lateness:.1f}s late"
+    return Check("sweep", "ok", f"{detail} (limit {max_lateness:g}s)", value=value)

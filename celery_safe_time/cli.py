@@ -10,13 +10,26 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
 
-from .checks import Check, run_checks, worst
+from . import constants as C
+from .checks import (
+    PROBES,
+    Check,
+    beat_verdict,
+    default_max_lateness,
+    error_text,
+    run_checks,
+    sweep_verdict,
+    unreachable,
+    worst,
+)
+from .config import get_config, mask_url
 from .constants import DELAY_STATUSES, PURGEABLE_STATUSES
 
 _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
@@ -85,14 +98,19 @@ class SafeTimeGroup(click.Group):
         ctx.exit(1)
 
 
+def _echo_table(rows: Sequence[Sequence[str]]) -> None:
+    """``rows`` (the header first) as left-aligned columns two spaces apart."""
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
 
 
 def _redis_unreachable(ctx: click.Context, exc: BaseException) -> str:
-    from .config import get_config, mask_url
-
     app = _app(ctx)
     url = mask_url(get_config(app).redis_url)
     where = "safe_time_redis_url" if app.conf.get("safe_time_redis_url") else "safe_time_redis_url (unset: broker_url)"
@@ -139,7 +157,7 @@ def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
     "--probe",
     "probes",
     multiple=True,
-    type=click.Choice(["beat", "sweep", "store"]),
+    type=click.Choice(PROBES),
     help="Only check this (repeatable) and exit 1 when unhealthy: beat = a leader holds the lease, "
     "sweep = the oldest due delay is at most --max-lateness late, store = the store answers.",
 )
@@ -155,8 +173,6 @@ def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_laten
     """Beat leader, stored delays and held overlap locks; with --probe, a health verdict (exit 1 = unhealthy)."""
     app = _loaded_app(ctx)
     if probes:
-        from .probes import run_probes
-
         checks = run_probes(app, list(probes), max_lateness=max_lateness)
         overall = worst(checks)
         if as_json:
@@ -171,6 +187,66 @@ def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_laten
     for name, data in sections.items():
         click.echo(ctx.obj.style(f"[{name}]", bold=True))
         _print_tree(data, indent=2)
+
+
+# The readers behind ``status --probe``: one or two round trips each, never raising; the verdicts they
+# hand what was read to are in :mod:`.checks` (pure, tested without services).
+
+
+def probe_beat(app: Celery) -> Check:
+    from .beat.backends import beat_backend
+
+    config = get_config(app)
+    backend = beat_backend(config)
+    errors: tuple[type[Exception], ...] = (*backend.errors, OSError)
+    try:
+        view = backend.lease_view()
+    except errors as exc:
+        return Check(
+            "beat", "fail", f"{backend.label} {backend.where().split(' ', 1)[-1]} unreachable: {error_text(exc)}"
+        )
+    return beat_verdict(view.ttl_ms, view.info, view.epoch)
+
+
+def probe_store(app: Celery) -> Check:
+    from .delays.backends import get_store
+
+    url = mask_url(get_config(app).store_url)
+    try:
+        get_store(app).ping()
+    except Exception as exc:  # a probe reports every failure, whatever the driver raises
+        return Check("store", "fail", unreachable(url, exc))
+    return Check("store", "ok", f"{url} reachable", value=url)
+
+
+def probe_sweep(app: Celery, max_lateness: float | None = None) -> Check:
+    from .delays.backends import get_store
+
+    config = get_config(app)
+    limit = default_max_lateness(config.sweep_interval) if max_lateness is None else max_lateness
+    try:
+        store = get_store(app)
+        oldest = store.oldest_due(C.STATUS_PENDING)
+        now = store.now()
+    except Exception as exc:  # any store failure (StoreError, a driver's own) fails the probe
+        return Check("sweep", "fail", unreachable(f"store {mask_url(config.store_url)}", exc))
+    return sweep_verdict(now, oldest, limit)
+
+
+def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = None) -> list[Check]:
+    """The named probes in the given order (each once). Nothing is logged: the caller shows the
+    verdicts (the command prints each once, on stdout)."""
+    checks: list[Check] = []
+    for name in dict.fromkeys(names):
+        if name == "beat":
+            checks.append(probe_beat(app))
+        elif name == "sweep":
+            checks.append(probe_sweep(app, max_lateness))
+        elif name == "store":
+            checks.append(probe_store(app))
+        else:
+            raise ValueError(f"unknown probe {name!r}; use one of {', '.join(PROBES)}")
+    return checks
 
 
 def _status_sections() -> list[tuple[str, Any]]:
@@ -245,9 +321,7 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
         nxt = i.next_fire.isoformat() if i.next_fire else "-"
         last = i.last_fired.isoformat() if i.last_fired else "-"
         rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _echo_table(rows)
     click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}")
 
 
@@ -473,9 +547,7 @@ def delays_list(
                 outcome,
             )
         )
-    widths = [max(len(line[col]) for line in table) for col in range(len(table[0]))]
-    for line in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    _echo_table(table)
     click.echo(f"{len(rows)} row(s)")
 
 
@@ -590,7 +662,6 @@ def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str]
 @click.pass_context
 def delays_upgrade_schema(ctx: click.Context) -> None:
     """Add what a newer version needs to the store's table (columns, indexes) now, not at first use."""
-    from .config import mask_url
     from .delays.backends import get_store
 
     store = get_store(_app(ctx))
@@ -642,9 +713,7 @@ def locks_list(ctx: click.Context, pattern: str, as_json: bool) -> None:
         state = i.state or ("held" if i.kind == "overlap" else "?")
         pid, fence = ("-", "-") if i.kind == "unique" else (str(i.pid or "?"), str(i.fence or "?"))
         rows.append((i.key, i.task_id or "?", state, i.host or "?", pid, fence, age, ttl))
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _echo_table(rows)
 
 
 @locks_group.command(name="release", cls=CeleryCommand)

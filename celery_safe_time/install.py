@@ -1,14 +1,23 @@
-"""``install(app)``: validate settings now and register the package's own tasks."""
+"""``install(app)``: validate settings now and register the package's own tasks.
+
+Importing it (the package does) also installs the one-record traceback hook in ``celery beat`` /
+``celery worker`` processes (:func:`write_uncaught`).
+"""
 
 from __future__ import annotations
 
 import difflib
 import logging
+import sys
+import traceback
 import zoneinfo
+from types import TracebackType
+from typing import Any
 
 from celery import Celery
+from celery.signals import after_setup_logger
+from celery.utils.log import LoggingProxy
 
-from . import tracebacks  # noqa: F401 - installs the one-record traceback hook in beat/worker processes
 from .config import SafeTimeConfig, get_config
 from .exceptions import ImproperlyConfigured
 
@@ -50,3 +59,32 @@ def check_timezone(app: Celery) -> None:
     close = difflib.get_close_matches(str(name), sorted(zoneinfo.available_timezones()), n=1)
     hint = f"did you mean {close[0]!r}?" if close else "use an IANA name such as 'UTC' or 'Europe/London'"
     raise ImproperlyConfigured("timezone", f"{name!r} is not a known time zone: {hint}")
+
+
+# An uncaught exception in a ``celery beat`` / ``celery worker`` process is written as one log record.
+# Celery redirects ``sys.stderr`` into its logger (``worker_redirect_stdouts``), one record per
+# ``write()``; Python's default hook prints a traceback in hundreds of small writes, so a beat that
+# dies at startup would end in over a thousand one-token WARNING lines. The hook formats the whole
+# traceback first and writes it once. Outside a redirected stream the previous hook runs unchanged.
+
+_previous_hook = sys.excepthook
+
+
+def write_uncaught(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    """``sys.excepthook``: one ``write()`` of the formatted traceback when stderr is Celery's proxy."""
+    stream = sys.stderr
+    if isinstance(stream, LoggingProxy):
+        stream.write("".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n"))
+        return
+    _previous_hook(exc_type, exc, tb)
+
+
+def _install_hook(**_: Any) -> None:
+    global _previous_hook
+    if sys.excepthook is not write_uncaught:
+        _previous_hook = sys.excepthook
+        sys.excepthook = write_uncaught
+
+
+# Sent once Celery's logging is set up in beat and worker processes (never in plain imports).
+after_setup_logger.connect(_install_hook, weak=False, dispatch_uid="celery_safe_time.install.traceback_hook")

@@ -1,168 +1,20 @@
-"""OpenTelemetry across stored delays (``pip install celery-safe-time[otel]``).
+"""Deprecated alias of :mod:`celery_safe_time.delays.tracing`; it goes in 1.0.
 
-opentelemetry-instrumentation-celery links a worker's span to the publisher's through the message
-headers (W3C ``traceparent``/``tracestate``, ``baggage``: whatever the global propagator writes),
-injected in ``before_task_publish``. A stored delay is not published when ``apply_async`` is called,
-so nothing would carry the caller's context across the 14 days. Here:
-
-- ``SafeTask.apply_async`` injects the current context into the *stored* headers
-  (:func:`inject_context`), so it survives in the row;
-- the sweep publishes each row under the context extracted from those headers
-  (:func:`stored_context`, :func:`in_stored_context`): the instrumentation's ``apply_async/<task>``
-  producer span becomes a child of the caller's span, and the worker's ``run/<task>`` span a child
-  of that: one trace;
-- :func:`instrument` starts the Celery instrumentation (if not yet) and then adds the package's own
-  span attributes: ``safe_time.slot`` and ``safe_time.epoch`` on beat-published tasks (producer
-  and worker spans), ``safe_time.stored_due_at`` on stored deliveries.
-
-Without opentelemetry installed every function here is a no-op.
+Kept so that ``from celery_safe_time import tracing`` and ``celery_safe_time.tracing.instrument()``
+keep working; importing it warns once with :class:`DeprecationWarning`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+import warnings
 
-from celery import signals as celery_signals
+from .delays.tracing import ATTRIBUTES, in_stored_context, inject_context, instrument, stored_context, uninstrument
 
-from . import constants as C
+__all__ = ["ATTRIBUTES", "in_stored_context", "inject_context", "instrument", "stored_context", "uninstrument"]
 
-logger = logging.getLogger(__name__)
-
-R = TypeVar("R")
-
-#: Span attribute name per message header.
-ATTRIBUTES: dict[str, str] = {
-    C.HEADER_SLOT: "safe_time.slot",
-    C.HEADER_EPOCH: "safe_time.epoch",
-    C.HEADER_STORED: "safe_time.stored_due_at",
-}
-
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import propagate as otel_propagate
-    from opentelemetry import trace as otel_trace
-except ImportError:  # pragma: no cover - depends on the extra
-    otel_context = None  # type: ignore[assignment]
-    otel_propagate = None  # type: ignore[assignment]
-    otel_trace = None  # type: ignore[assignment]
-
-
-def inject_context(headers: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``headers`` plus the current trace context (as the global propagator writes it), for storing.
-
-    Returns ``headers`` unchanged (None stays None) when there is no active context or no opentelemetry.
-    """
-    if otel_propagate is None:
-        return dict(headers) if headers is not None else None
-    carrier: dict[str, Any] = {}
-    otel_propagate.inject(carrier)
-    if not carrier:
-        return dict(headers) if headers is not None else None
-    # The current context wins over a copied one (retry() copies the running request's headers).
-    return {**dict(headers or {}), **carrier}
-
-
-def _valid_stored_context(headers: Mapping[str, Any]) -> Any:
-    """The trace context stored in ``headers``, or None when there is none (or no opentelemetry)."""
-    if otel_propagate is None or otel_context is None or otel_trace is None:
-        return None
-    extracted = otel_propagate.extract(dict(headers))
-    return extracted if otel_trace.get_current_span(extracted).get_span_context().is_valid else None
-
-
-@contextlib.contextmanager
-def stored_context(headers: Mapping[str, Any]) -> Iterator[None]:
-    """Make the context stored in ``headers`` current while a stored row is published."""
-    extracted = _valid_stored_context(headers)
-    if extracted is None:
-        yield
-        return
-    assert otel_context is not None  # a context was extracted: opentelemetry is there
-    token = otel_context.attach(extracted)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
-
-
-def in_stored_context(headers: Mapping[str, Any], call: Callable[..., R]) -> Callable[..., R]:
-    """``call`` wrapped to run under the trace context stored in ``headers`` (the sweep's publish).
-
-    ``call`` itself when ``headers`` hold no valid context (most rows): the sweep calls this once per
-    row, and a wrapper with a context manager around every publish costs a few percent of its time.
-    """
-    extracted = _valid_stored_context(headers)
-    if extracted is None:
-        return call
-    assert otel_context is not None  # a context was extracted: opentelemetry is there
-    attach, detach = otel_context.attach, otel_context.detach
-
-    def wrapped(*args: Any, **kwargs: Any) -> R:
-        token = attach(extracted)
-        try:
-            return call(*args, **kwargs)
-        finally:
-            detach(token)
-
-    return wrapped
-
-
-def _set_attributes(headers: Mapping[str, Any] | None) -> None:
-    if otel_trace is None or not headers:
-        return
-    span = otel_trace.get_current_span()
-    if not span.is_recording():
-        return
-    for header, attribute in ATTRIBUTES.items():
-        value = headers.get(header)
-        if value is not None:
-            span.set_attribute(attribute, value if isinstance(value, (int, float)) else str(value))
-
-
-def _on_prerun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
-    request = getattr(task, "request", None)
-    _set_attributes(getattr(request, "headers", None) or {})
-
-
-def _on_publish(sender: Any = None, headers: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-    _set_attributes(headers)
-
-
-_connected = False
-
-
-def instrument(tracer_provider: Any = None, **kwargs: Any) -> None:
-    """Instrument Celery (opentelemetry-instrumentation-celery) and add the safe-time span attributes.
-
-    Call it where you would call ``CeleryInstrumentor().instrument()`` (``worker_process_init`` in
-    prefork workers, beat's start): the attribute receivers are connected after the instrumentation's,
-    so the current span in them is the instrumentation's. Safe to call more than once.
-    """
-    global _connected
-    try:
-        from opentelemetry.instrumentation.celery import CeleryInstrumentor
-    except ImportError as exc:
-        from .exceptions import NotInstalled
-
-        raise NotInstalled("tracing needs pip install 'celery-safe-time[otel]'") from exc
-    instrumentor = CeleryInstrumentor()  # type: ignore[no-untyped-call]
-    if not instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.instrument(tracer_provider=tracer_provider, **kwargs)
-    if not _connected:
-        celery_signals.task_prerun.connect(_on_prerun, weak=False)
-        celery_signals.before_task_publish.connect(_on_publish, weak=False)
-        _connected = True
-
-
-def uninstrument() -> None:
-    """Undo :func:`instrument` (tests)."""
-    global _connected
-    from opentelemetry.instrumentation.celery import CeleryInstrumentor
-
-    CeleryInstrumentor().uninstrument()  # type: ignore[no-untyped-call]
-    celery_signals.task_prerun.disconnect(_on_prerun)
-    celery_signals.before_task_publish.disconnect(_on_publish)
-    _connected = False
+warnings.warn(
+    "celery_safe_time.tracing is deprecated; import it from celery_safe_time.delays (from celery_safe_time.delays "
+    "import tracing)",
+    DeprecationWarning,
+    stacklevel=2,
+)

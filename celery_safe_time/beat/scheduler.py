@@ -26,7 +26,7 @@ from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
 from ..exceptions import LeaseLost
-from ..publishing import PublishBatch, batched_publish
+from ..messages.publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held

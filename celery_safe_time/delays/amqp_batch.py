@@ -32,7 +32,7 @@ from dateutil.parser import isoparse
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
 
-from ..compat import detect_quorum_queues, subtract_datetimes
+from ..messages.compat import detect_quorum_queues, subtract_datetimes
 
 logger = logging.getLogger(__name__)
 

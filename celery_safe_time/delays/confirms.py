@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -14,10 +14,7 @@ from kombu.exceptions import OperationalError
 from ..config import SafeTimeConfig
 from .amqp_batch import BatchProducer, BatchSender
 from .backends.base import DelayRow, DelayStore
-from .publish import BatchOutcome, SweepStats, finish, publish_rows, publish_wait
-
-if TYPE_CHECKING:
-    from .sweep import Marks
+from .publish import BatchOutcome, MarkSink, SweepStats, finish, publish_rows, publish_wait
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +170,7 @@ def publish_batch_confirmed(
     *,
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
-    marks: Marks | None = None,
+    marks: MarkSink | None = None,
 ) -> None:
     """Publish in confirm mode, the batch written at once; mark sent only what RabbitMQ acknowledged.
 

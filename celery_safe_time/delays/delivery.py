@@ -34,11 +34,11 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from .. import constants as C
 from .. import signals
-from ..compat import routable_countdown
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import LockLost, StoreError
 from ..locks.watchdog import Interrupter, Watchdog
-from ..requeue import jittered
+from ..messages.compat import routable_countdown
+from ..messages.requeue import jittered
 from .backends import get_store
 from .backends.base import DelayStore
 

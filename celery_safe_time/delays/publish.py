@@ -11,24 +11,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from celery import Celery
 from kombu.exceptions import OperationalError
 
 from .. import constants as C
 from .. import signals
-from ..compat import BatchPublishError, native_delayed_delivery, routable_eta
 from ..config import SafeTimeConfig
 from ..exceptions import StoreError
-from ..publishing import PublishBatch, batched_publish
-from ..tracing import in_stored_context
+from ..messages.compat import BatchPublishError, native_delayed_delivery, routable_eta
+from ..messages.publishing import PublishBatch, batched_publish
 from .amqp_batch import BatchSender
 from .backends.base import DelayRow, DelayStore
 from .payload import decode
-
-if TYPE_CHECKING:
-    from .sweep import Marks
+from .tracing import in_stored_context
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +122,15 @@ def publish_rows(
             stats.failed += 1
 
 
+class MarkSink(Protocol):
+    """Takes a published batch's rows to be marked sent (the sweep's :class:`~.sweep.Marks`, which
+    marks in a thread while the next batch is published)."""
+
+    def submit(
+        self, store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, trusted_until: float
+    ) -> None: ...
+
+
 def publish_batch(
     app: Celery,
     config: SafeTimeConfig,
@@ -135,7 +141,7 @@ def publish_batch(
     *,
     claimed_at: float,
     clock: Callable[[], float] = time.monotonic,
-    marks: Marks | None = None,
+    marks: MarkSink | None = None,
 ) -> None:
     outcome = BatchOutcome()
     trusted_until = claimed_at + config.claim_timeout / 2

@@ -20,19 +20,19 @@ from celery.utils import uuid
 from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
-from ..compat import push_request
 from ..config import get_config
 from ..exceptions import BulkItemError, StoreError
 from ..locks import unique as unique_tasks
 from ..locks.keys import KeySpec
 from ..locks.store import get_lock_store
-from ..tracing import inject_context
+from ..messages.compat import push_request
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, plan_delay
+from .tracing import inject_context
 
 logger = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from celery.signals import task_postrun
 
 from .. import constants as C
 from .. import signals
-from ..compat import routable_countdown
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
-from ..redis_wire import settle_posted
-from ..requeue import attempt_of, jittered, message_header, outage_backoff
+from ..messages.compat import routable_countdown
+from ..messages.requeue import attempt_of, jittered, message_header, outage_backoff
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
+from .redis_wire import settle_posted
 from .store import Holder, LockBackend, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 

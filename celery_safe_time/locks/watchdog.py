@@ -24,7 +24,7 @@ from collections.abc import Callable
 import redis
 
 from .. import constants as C
-from ..concurrency import green_threads
+from .concurrency import green_threads
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
-from celery_safe_time import SafeTask, install, tracing
+from celery_safe_time import SafeTask, install
+from celery_safe_time.delays import tracing
 from tests.apps.settings import configure
 
 app = configure(Celery("traced_app"))

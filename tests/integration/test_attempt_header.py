@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from celery_safe_time import constants as C
-from celery_safe_time import requeue  # noqa: F401 - connects the publish hook
+from celery_safe_time.messages import requeue  # noqa: F401 - connects the publish hook
 
 pytestmark = pytest.mark.integration
 

@@ -239,8 +239,8 @@ def test_two_beat_processes_one_leader_no_slot_twice(
 
 def test_status_probes_metrics_and_locks_list(app: Celery, lease_client: redis.Redis) -> None:
     from celery_safe_time.beat.admin import describe_beat
+    from celery_safe_time.cli import probe_beat
     from celery_safe_time.locks.admin import describe_locks, list_locks, release_lock
-    from celery_safe_time.probes import probe_beat
 
     config = get_config(app)
     lease = Lease(lease_client, config)

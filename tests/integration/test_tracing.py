@@ -17,8 +17,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_safe_time import SafeTask, reschedule, tracing
+from celery_safe_time import SafeTask, reschedule
 from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.delays import tracing
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers.processes import wait_for

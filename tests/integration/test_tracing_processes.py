@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_safe_time import SafeTask, install, reschedule, tracing
+from celery_safe_time import SafeTask, install, reschedule
+from celery_safe_time.delays import tracing
 from celery_safe_time.delays.backends import get_store
 from tests.helpers.processes import ProcessManager, wait_for
 

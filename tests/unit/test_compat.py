@@ -1,4 +1,4 @@
-"""celery_safe_time.compat behaves as the newest Celery and kombu do, whichever is installed.
+"""celery_safe_time.messages.compat behaves as the newest Celery and kombu do, whichever is installed.
 
 make compat runs these on Celery 5.4 (the fallbacks) and on Celery 5.7 (the libraries' own names).
 """
@@ -12,7 +12,8 @@ from celery import Celery
 from kombu import Queue
 from kombu.exceptions import KombuError
 
-from celery_safe_time import SafeTask, compat
+from celery_safe_time import SafeTask
+from celery_safe_time.messages import compat
 
 
 def test_subtract_datetimes_takes_a_naive_datetime_as_utc() -> None:

@@ -1,4 +1,4 @@
-"""The package's import graph, read statically: no module of beat imports itself back through others.
+"""The package's import graph, read statically: no module of the package imports itself back through others.
 
 Every ``import`` statement counts, at module level or inside a function: a deferred import that
 dodges a cycle at runtime still ties the modules together. An edge goes to the module an import
@@ -103,10 +103,17 @@ def test_a_cycle_is_found_when_two_modules_import_each_other() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_no_module_of_beat_is_in_an_import_cycle() -> None:
-    beat = f"{PACKAGE}.beat"
-    in_beat = [c for c in cycles(import_graph()) if any(m == beat or m.startswith(beat + ".") for m in c)]
-    assert in_beat == []
+#: Cycles the package still has, each sorted as :func:`cycles` reports it. Remove an entry with the cycle.
+KNOWN_CYCLES: list[list[str]] = [
+    # locks.hard_limit <-> locks.runtime: the runtime asks hard_limit.hard_deadline for a call's
+    # deadline, and hard_limit names the runtime's Call in its type hints (TYPE_CHECKING import).
+    [f"{PACKAGE}.locks.hard_limit", f"{PACKAGE}.locks.runtime"],
+]
+
+
+def test_no_module_of_the_package_is_in_an_import_cycle() -> None:
+    unexpected = [c for c in cycles(import_graph()) if c not in KNOWN_CYCLES]
+    assert unexpected == []
 
 
 def test_beat_modules_import_in_one_order_backends_then_state_and_slots_then_entries_then_scheduler() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from celery_safe_time.probes import beat_verdict, default_max_lateness, sweep_verdict
+from celery_safe_time.checks import beat_verdict, default_max_lateness, sweep_verdict
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 

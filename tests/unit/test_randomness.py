@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from celery_safe_time.randomness import uuid4_hex, uuid4_str
-from celery_safe_time.requeue import new_attempt
+from celery_safe_time.messages.randomness import uuid4_hex, uuid4_str
+from celery_safe_time.messages.requeue import new_attempt
 
 
 def test_tokens_have_the_uuid4_forms() -> None:

@@ -189,8 +189,8 @@ def gather(app: Celery, now: datetime | None = None) -> Overview:
             now = DjangoStore().now()
         except errors:
             now = datetime.now(UTC)
+    from ...checks import default_max_lateness
     from ...config import get_config
-    from ...probes import default_max_lateness
 
     view = Overview(now=now, max_lateness=default_max_lateness(get_config(app).sweep_interval))
     try:

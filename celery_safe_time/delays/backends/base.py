@@ -18,7 +18,7 @@ from typing import Any, Literal
 from ... import constants as C
 from ...clock import as_utc
 from ...exceptions import PurgeRefused, StoreError
-from .sql import query
+from .sql.named import query
 
 #: The database's current time per SQLAlchemy dialect / Django vendor, read when the statement runs
 #: (not at transaction start); the statements are in ``sql/queries.sql``.

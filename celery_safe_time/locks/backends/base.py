@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 from ... import constants as C
 from ...config import SafeTimeConfig
 from ...redis_client import as_text
-from ...redis_wire import Settle, settle_with
+from ..redis_wire import Settle, settle_with
 
 AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
 

@@ -645,7 +645,7 @@ class PostgresLockStore(LockBackend):
         """The libpq connection under the pooled DBAPI connection ``conn`` when :class:`_Call`'s fast
         path applies to this engine (psycopg 3, no green threads), else None."""
         if self._libpq is None:
-            from ...concurrency import green_threads
+            from ..concurrency import green_threads
 
             self._libpq = self.engine.dialect.driver == "psycopg" and not green_threads()
         return conn.driver_connection if self._libpq else None

@@ -22,7 +22,7 @@ import redis
 from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...redis_client import as_text, load_script
-from ...redis_wire import LeanLink, LeanScript, Settle
+from ..redis_wire import LeanLink, LeanScript, Settle
 from .base import (
     Acquired,
     Holder,

@@ -161,8 +161,7 @@ def test_one_leader_of_three_and_kill_9_failover_without_redis(
 
 def test_check_status_and_probe_on_postgres(make_app: Any, amqp_url: str, pg_coordination: dict[str, str]) -> None:
     from celery_safe_time.beat.admin import describe_beat
-    from celery_safe_time.checks import run_checks
-    from celery_safe_time.probes import probe_beat
+    from celery_safe_time.cli import probe_beat, run_checks
 
     app = make_app(broker_url=amqp_url, result_backend=None, safe_time_beat_lease=6, **pg_coordination)
     checks = {c.name: c for c in run_checks(app)}

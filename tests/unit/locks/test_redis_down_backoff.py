@@ -7,7 +7,7 @@ import pytest
 from celery_safe_time import constants as C
 from celery_safe_time.config import parse_config
 from celery_safe_time.locks.runtime import redis_down_cap
-from celery_safe_time.requeue import outage_backoff
+from celery_safe_time.messages.requeue import outage_backoff
 
 
 def test_a_fresh_outage_waits_the_base_then_half_the_outage_so_far() -> None:

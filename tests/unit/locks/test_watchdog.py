@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from celery_safe_time.locks.watchdog import Interrupter, Watchdog, renewal_ttl, retry_gap
-from celery_safe_time.requeue import jittered
+from celery_safe_time.messages.requeue import jittered
 
 
 def test_renewal_ttl_is_capped_at_the_hard_time_limit() -> None:

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_safe_time import tracing
+from celery_safe_time.delays import tracing
 from celery_safe_time.testing import SafeTimeTesting
 
 

@@ -3,18 +3,17 @@
 Modules: :mod:`.engine` (drivers, deadlines, the database's clock), :mod:`.schema` (the table),
 :mod:`.statements` (conditions and conditional writes), :mod:`.postgres` (the PostgreSQL fast path of
 the delivery record), :mod:`.store` (:class:`SQLAlchemyStore`). Raw SQL lives in ``queries.sql`` and
-``schema.sql`` beside them, read by :func:`query`.
+``schema.sql`` beside them, read by :func:`query` (:mod:`.named`).
 
 Importing this package loads neither SQLAlchemy nor a driver: the names below load on first access.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
-import re
-from importlib import resources
 from typing import TYPE_CHECKING, Any
+
+from .named import query
 
 if TYPE_CHECKING:
     from .engine import create_engine, database_now, deadline_args, load_driver, normalize_url
@@ -45,25 +44,6 @@ _LAZY = {
     "load_driver": "engine",
     "normalize_url": "engine",
 }
-
-_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-@functools.cache
-def _named(resource: str) -> dict[str, str]:
-    """The statements of ``resource`` by name: the text after each ``-- name:`` header, comments dropped."""
-    text = resources.files(__name__).joinpath(resource).read_text(encoding="utf-8")
-    parts = _HEADER.split(text)
-    named: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.splitlines() if line.strip() and not line.lstrip().startswith("--")]
-        named[name] = "\n".join(lines).strip()
-    return named
-
-
-def query(name: str, resource: str = "queries.sql") -> str:
-    """The SQL named ``name`` in ``resource`` (``queries.sql``: statements; ``schema.sql``: fragments)."""
-    return _named(resource)[name]
 
 
 def __getattr__(name: str) -> Any:

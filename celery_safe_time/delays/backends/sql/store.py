@@ -31,8 +31,8 @@ from ..base import (
     start_verdict,
     truncate_error,
 )
-from . import query
 from .engine import create_engine, database_now, now_sql
+from .named import query
 from .postgres import RecordWrites
 from .schema import (
     LATER_INDEXES,

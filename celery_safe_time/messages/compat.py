@@ -5,7 +5,7 @@ version itself. Each fallback behaves as the newer library does where the packag
 
 - :class:`BatchPublishError` (kombu 5.7): raised by kombu's Redis transport when a batched publish's
   pipeline fails. Older kombu has no batched publish (``Producer.supports_batch_publish`` is absent,
-  so :func:`~celery_safe_time.publishing.batched_publish` publishes message by message) and never
+  so :func:`~celery_safe_time.messages.publishing.batched_publish` publishes message by message) and never
   raises it; the stand-in is a :class:`~kombu.exceptions.KombuError` nothing raises, so an
   ``except`` naming it is inert there.
 - :func:`subtract_datetimes` (Celery 5.7): the time between two datetimes, naive ones taken as UTC.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from celery_safe_time.redis_wire import Incomplete, Unexpected, pack_evalsha, parse_reply
+from celery_safe_time.locks.redis_wire import Incomplete, Unexpected, pack_evalsha, parse_reply
 
 
 def test_pack_evalsha_matches_what_redis_py_packs() -> None:

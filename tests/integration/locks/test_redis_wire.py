@@ -15,9 +15,9 @@ from celery import Celery
 
 from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends.redis import SCRIPT_PACKAGE
+from celery_safe_time.locks.redis_wire import LeanScript, settle_posted
 from celery_safe_time.locks.store import LockStore, Owner
 from celery_safe_time.redis_client import load_script
-from celery_safe_time.redis_wire import LeanScript, settle_posted
 from tests.helpers import services
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """Random tokens for the per-message hot paths, from ``os.urandom`` read a few KiB at a time.
 
 Every task message published by a process with this package gets a fresh attempt token
-(:func:`celery_safe_time.requeue.new_attempt`), and on Redis kombu draws a delivery tag per message:
+(:func:`celery_safe_time.messages.requeue.new_attempt`), and on Redis kombu draws a delivery tag per message:
 each a ``uuid4``, one ``getrandom`` call. CPython releases the GIL around that call, so a thread
 publishing thousands of messages a second hands the GIL over twice per message and waits to get it
 back from whatever other thread runs (the sweep's claim thread: up to the switch interval each

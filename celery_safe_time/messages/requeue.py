@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.signals import before_task_publish
 
-from . import constants as C
+from .. import constants as C
 from .randomness import uuid4_hex
 
 
@@ -61,4 +61,4 @@ def _stamp_attempt(sender: Any = None, headers: dict[str, Any] | None = None, **
         headers[C.HEADER_ATTEMPT] = new_attempt()
 
 
-before_task_publish.connect(_stamp_attempt, weak=False, dispatch_uid="celery_safe_time.requeue.stamp_attempt")
+before_task_publish.connect(_stamp_attempt, weak=False, dispatch_uid="celery_safe_time.messages.requeue.stamp_attempt")

@@ -56,7 +56,7 @@ def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[N
     producer.maybe_declare = maybe_declare
     # kombu's delivery tag (its key in the unacked hash on Redis): the same str(uuid4()) form, drawn
     # from a block of random bytes instead of one getrandom per message, a call that lets the GIL go
-    # (see celery_safe_time.randomness).
+    # (see celery_safe_time.messages.randomness).
     channel._next_delivery_tag = uuid4_str
     state.active = True
     try:

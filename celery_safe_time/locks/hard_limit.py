@@ -24,7 +24,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_process_init
 
 from .. import constants as C
-from .store import LockBackend, get_lock_store
+from .backends import LockBackend, get_lock_backend
 
 if TYPE_CHECKING:
     from .runtime import Call
@@ -101,7 +101,7 @@ def _release_after_hard_limit(
     for lock in locks_of(sender):
         try:
             key = lock.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
-            store = get_lock_store(sender.app)
+            store = get_lock_backend(sender.app)
             record = store.holder_record(key)
         except Exception as exc:
             logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)

@@ -28,9 +28,9 @@ from ..config import SafeTimeConfig, get_config
 from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
 from ..redis_wire import settle_posted
 from ..requeue import attempt_of, jittered, message_header, outage_backoff
+from .backends import Holder, LockBackend, Owner, get_lock_backend
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
-from .store import Holder, LockBackend, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -562,7 +562,7 @@ class TaskLock:
         now = time.monotonic()
         deadline = hard_deadline(call, now)
         token = new_token()
-        store = get_lock_store(call.app)
+        store = get_lock_backend(call.app)
         first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
         earlier = call.earlier_tokens(key)
         try:

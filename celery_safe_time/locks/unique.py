@@ -42,8 +42,8 @@ from celery.signals import task_failure, task_revoked
 
 from .. import constants as C
 from ..exceptions import RedisUnavailable, StoreError, UniqueConflict
+from .backends import LockBackend, UniqueClaim, get_lock_backend
 from .keys import KeyBuilder, KeySpec
-from .store import LockBackend, UniqueClaim, get_lock_store
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def claim(
 ) -> UniqueClaim:
     """Take ``key`` for ``task_id`` (replacing a stored holder that is gone); Redis errors raise
     :class:`RedisUnavailable` at the call site: nothing was published."""
-    store = get_lock_store(app)
+    store = get_lock_backend(app)
     state = C.UNIQUE_STATE_RETRYING if own else (C.UNIQUE_STATE_STORED if stored else C.UNIQUE_STATE_QUEUED)
     gone: str | None = None
     try:
@@ -156,7 +156,7 @@ def claim(
 def repoint(app: Celery, key: str, from_task: str, to_task: str, ttl: float) -> None:
     """The store already had a pending row for the key (Redis had forgotten it): the key names that row."""
     try:
-        get_lock_store(app).unique_acquire(
+        get_lock_backend(app).unique_acquire(
             key, to_task, ttl, C.UNIQUE_STATE_STORED, stored=True, host=_HOST, gone=from_task
         )
     except (redis.RedisError, OSError) as exc:
@@ -201,7 +201,7 @@ def run_unique(task: Task, body: Callable[[], R]) -> R:
     spec = spec_of(task)
     if key is None or spec is None or spec.until == C.UNIQUE_UNTIL_EXPIRED:
         return body()
-    store = get_lock_store(task._get_app())
+    store = get_lock_backend(task._get_app())
     task_id = str(request.id)
     if spec.until == C.UNIQUE_UNTIL_EXECUTING:
         release(store, key, task_id, "started")
@@ -234,7 +234,7 @@ def _release_revoked(sender: Task | None = None, request: Any = None, expired: b
     task_id = getattr(request, "id", None)
     if not key or not task_id:
         return
-    release(get_lock_store(task._get_app()), key, str(task_id), "expired" if expired else "revoked")
+    release(get_lock_backend(task._get_app()), key, str(task_id), "expired" if expired else "revoked")
 
 
 def _release_killed(
@@ -258,7 +258,7 @@ def _release_killed(
     except TypeError as exc:
         logger.warning("cannot free the unique key of %s[%s]: %s", sender.name, task_id, exc)
         return
-    release(get_lock_store(sender._get_app()), key, task_id, exception.__class__.__name__)
+    release(get_lock_backend(sender._get_app()), key, task_id, exception.__class__.__name__)
 
 
 def _comes_back(task: Task) -> bool:
@@ -275,7 +275,7 @@ def release_stored(app: Celery, task_id: str, payload_headers: Mapping[str, Any]
     """A stored row was cancelled: free the unique key it held."""
     key = (payload_headers or {}).get(C.HEADER_UNIQUE)
     if key:
-        release(get_lock_store(app), str(key), task_id, "cancelled")
+        release(get_lock_backend(app), str(key), task_id, "cancelled")
 
 
 task_revoked.connect(_release_revoked, weak=False, dispatch_uid="celery_safe_time.unique.revoked")

@@ -21,10 +21,10 @@ rows at most every ``PG_LOCK_PURGE_INTERVAL`` seconds.
 
 Two ways to hold an overlap lock (``safe_time_coordination_locks``):
 
-- ``lease`` (the default, :class:`PostgresLockStore`): the row expires ``ttl`` after its last
+- ``lease`` (the default, :class:`PostgresLockBackend`): the row expires ``ttl`` after its last
   renewal, and the watchdog renews it as on Redis. A killed holder's lock is free when its lease runs
   out. Works behind PgBouncer in transaction mode.
-- ``session`` (:class:`PostgresSessionLockStore`): ``pg_try_advisory_lock`` on a connection held for
+- ``session`` (:class:`PostgresSessionLockBackend`): ``pg_try_advisory_lock`` on a connection held for
   the task's run; the row only describes the holder. PostgreSQL frees the lock as soon as the holder's
   connection dies (kill -9, a hard time limit), but a holder that hangs keeps it (no expiry), the run
   holds one more connection, and it does NOT work behind PgBouncer in transaction mode (the session
@@ -49,7 +49,7 @@ from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import CoordinationUnavailable
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms, renamed
 
 logger = logging.getLogger(__name__)
 
@@ -548,11 +548,11 @@ _schema_ready: set[tuple[int, str]] = set()
 _schema_lock = threading.Lock()
 
 
-class PostgresLockStore(LockBackend):
+class PostgresLockBackend(LockBackend):
     """Lease-row locks on the coordination database: see the module docstring."""
 
     kind = "postgres"
-    #: Whether overlap locks are session advisory locks (:class:`PostgresSessionLockStore`).
+    #: Whether overlap locks are session advisory locks (:class:`PostgresSessionLockBackend`).
     session = False
 
     def __init__(self, config: SafeTimeConfig, engine: sa.Engine | None = None) -> None:
@@ -1008,7 +1008,7 @@ _ADVISORY_HELD = sa.text(
 )
 
 
-class PostgresSessionLockStore(PostgresLockStore):
+class PostgresSessionLockBackend(PostgresLockBackend):
     """Overlap locks as session advisory locks (``safe_time_coordination_locks = "session"``).
 
     The acquiring call checks a connection out of the pool and keeps it until the lock is released:
@@ -1157,9 +1157,21 @@ class PostgresSessionLockStore(PostgresLockStore):
             conn.close()
 
 
-def postgres_lock_store(config: SafeTimeConfig) -> PostgresLockStore:
+def postgres_lock_backend(config: SafeTimeConfig) -> PostgresLockBackend:
     """The PostgreSQL backend ``config`` asks for (``safe_time_coordination_locks``)."""
     postgres_url(config)  # a Django store that is not PostgreSQL fails here, naming the setting
     if config.coordination_locks == C.PG_LOCK_MODE_SESSION:
-        return PostgresSessionLockStore(config)
-    return PostgresLockStore(config)
+        return PostgresSessionLockBackend(config)
+    return PostgresLockBackend(config)
+
+
+#: Names these classes had before they were called backends, as the other seams' are.
+_RENAMED = {
+    "PostgresLockStore": "PostgresLockBackend",
+    "PostgresSessionLockStore": "PostgresSessionLockBackend",
+    "postgres_lock_store": "postgres_lock_backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, _RENAMED)

@@ -16,6 +16,7 @@ so a late broker redelivery of that very message is dropped instead of run again
 from __future__ import annotations
 
 import fnmatch
+from typing import Any
 
 import redis
 
@@ -33,6 +34,7 @@ from .base import (
     UniqueClaim,
     as_int,
     as_ms,
+    renamed,
 )
 
 #: The scripts live in ``celery_safe_time/locks/lua/`` (package data of ``celery_safe_time.locks``).
@@ -45,7 +47,7 @@ def _commit_answer(reply: list[int]) -> tuple[bool, bool]:
     return bool(int(reply[0])), bool(int(reply[1]))
 
 
-class RedisLockStore(LockBackend):
+class RedisLockBackend(LockBackend):
     """The lock scripts bound to one Redis client and one app's key prefix."""
 
     kind = "redis"
@@ -324,3 +326,11 @@ class RedisLockStore(LockBackend):
         if info is not None:
             self.client.delete(self.lock_key(key))
         return info
+
+
+#: Names these classes had before they were called backends, as the other seams' are.
+_RENAMED = {"RedisLockStore": "RedisLockBackend"}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, _RENAMED)

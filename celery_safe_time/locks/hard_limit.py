@@ -155,7 +155,7 @@ def _release_when_dead(store: LockBackend, key: str, token: str, pid: int, task_
         else:
             logger.info("overlap lock %r of %s was already free after its hard time limit", key, task_id)
     except (redis.RedisError, OSError) as exc:
-        logger.warning("could not release overlap lock %r after a hard time limit: %s", key, exc)
+        logger.warning("could not release overlap lock %r on %s after a hard time limit: %s", key, store.label, exc)
 
 
 task_failure.connect(_release_after_hard_limit, weak=False, dispatch_uid="celery_safe_time.hard_limit.release")

@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple
 
 from ... import constants as C
 from ...config import SafeTimeConfig
+from ...exceptions import CoordinationUnavailable
 from ...redis_client import as_text
 from ...redis_wire import Settle, settle_with
 
@@ -134,6 +135,10 @@ class LockBackend(abc.ABC):
 
     #: A short name for messages and ``status``: ``redis``, ``postgres``, ``memory``.
     kind: str = "?"
+    #: The backend's name in log lines: ``Redis``, ``PostgreSQL``, ``memory``.
+    label: str = "?"
+    #: What a call that cannot reach this backend raises (the lock runtime wraps the driver's error).
+    unavailable: type[CoordinationUnavailable] = CoordinationUnavailable
 
     config: SafeTimeConfig
 

@@ -48,6 +48,7 @@ class MemoryLockBackend(LockBackend):
     """
 
     kind = "memory"
+    label = "memory"
 
     def __init__(self, config: SafeTimeConfig, clock: Any = time.time) -> None:
         self.config = config

@@ -155,6 +155,7 @@ class PostgresLockBackend(LockBackend):
     """Lease-row locks on the coordination database: see the module docstring."""
 
     kind = "postgres"
+    label = "PostgreSQL"
     #: Whether overlap locks are session advisory locks (:class:`PostgresSessionLockBackend`).
     session = False
 

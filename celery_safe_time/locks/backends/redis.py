@@ -22,6 +22,7 @@ import redis
 
 from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
+from ...exceptions import RedisUnavailable
 from ...redis_client import as_text, load_script
 from ...redis_wire import LeanLink, LeanScript, Settle
 from .base import (
@@ -51,6 +52,8 @@ class RedisLockBackend(LockBackend):
     """The lock scripts bound to one Redis client and one app's key prefix."""
 
     kind = "redis"
+    label = "Redis"
+    unavailable = RedisUnavailable
 
     def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
         self.client = client

@@ -15,7 +15,7 @@ from celery import Celery
 
 from celery_safe_time import idempotent, overlap_lock, signals
 from celery_safe_time.config import get_config
-from celery_safe_time.exceptions import LockConflict, LockLost, RedisUnavailable
+from celery_safe_time.exceptions import CoordinationUnavailable, LockConflict, LockLost, RedisUnavailable
 from celery_safe_time.locks.backends import LockBackend, Owner, get_lock_backend
 from celery_safe_time.locks.backends.redis import RedisLockBackend
 from tests.helpers.services import RedisServer
@@ -299,9 +299,10 @@ def test_direct_call_with_postgres_down_never_runs(
     def once(n: int) -> None:
         ran.append(n)
 
-    with pytest.raises(RedisUnavailable, match=r"PostgreSQL .*safe_time_coordination_url"):
+    with pytest.raises(CoordinationUnavailable, match=r"PostgreSQL .*safe_time_coordination_url") as raised:
         guarded(1)
-    with pytest.raises(RedisUnavailable, match="PostgreSQL"):
+    assert not isinstance(raised.value, RedisUnavailable)
+    with pytest.raises(CoordinationUnavailable, match="PostgreSQL"):
         once(1)
     assert ran == []
     # the same app on a database that answers runs them

@@ -52,3 +52,39 @@ def test_the_testing_plugin_still_hands_out_memory_lock_store_with_a_warning() -
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         memory.Nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_on_redis_error_is_a_deprecated_name_of_on_backend_error() -> None:
+    from celery_safe_time import idempotent, overlap_lock
+
+    with pytest.warns(DeprecationWarning, match=r"overlap_lock\(on_redis_error=\.\.\.\) is deprecated"):
+        lock = overlap_lock("k:{n}", on_redis_error="raise")
+    with pytest.warns(DeprecationWarning, match=r"idempotent\(on_redis_error=\.\.\.\) is deprecated"):
+        once = idempotent("k:{n}", on_redis_error="raise")
+
+    def body(n: int) -> int:
+        return n
+
+    for decorate in (lock, once):
+        (task_lock,) = decorate(body).__safe_time_locks__  # type: ignore[attr-defined]
+        assert task_lock.policy.on_backend_error == "raise"
+    (default,) = overlap_lock("k:{n}")(body).__safe_time_locks__  # type: ignore[attr-defined]
+    assert default.policy.on_backend_error == "retry"
+    with (
+        pytest.warns(DeprecationWarning, match="on_redis_error"),
+        pytest.raises(ValueError, match="on_backend_error must be one of"),
+    ):
+        overlap_lock("k:{n}", on_redis_error="ignore")  # type: ignore[arg-type]
+
+
+def test_a_redis_outage_is_still_caught_as_redis_unavailable_and_any_backend_outage_as_coordination_unavailable() -> (
+    None
+):
+    from celery_safe_time.exceptions import CoordinationUnavailable, RedisUnavailable, SafeTimeError
+
+    assert issubclass(RedisUnavailable, CoordinationUnavailable)
+    assert issubclass(CoordinationUnavailable, SafeTimeError)
+    assert issubclass(CoordinationUnavailable, ConnectionError)
+    assert redis.RedisLockBackend.unavailable is RedisUnavailable
+    assert postgres.PostgresLockBackend.unavailable is CoordinationUnavailable
+    assert (redis.RedisLockBackend.label, postgres.PostgresLockBackend.label) == ("Redis", "PostgreSQL")

@@ -752,7 +752,7 @@ def _current(app: Celery) -> Iterator[None]:
         _state._set_current_app(previous)
 
 
-#: ``MemoryLockStore``: the in-process lock backend's name before it was called a backend.
+#: Deprecated names (old -> current); each warns when used.
 _RENAMED = {"MemoryLockStore": "MemoryLockBackend"}
 
 

@@ -57,8 +57,8 @@ def hard_deadline(call: Call, now: float) -> float | None:
     return now + float(hard) if hard else None
 
 
-#: ``task_time_limit`` per app, read once: the pool took its default limit from it when it started,
-#: and an ``app.conf`` lookup cost tens of microseconds on every locked call.
+#: ``task_time_limit`` per app, read once: the pool takes its default limit from it when it starts,
+#: and an ``app.conf`` lookup on every locked call costs tens of microseconds.
 _app_limits: weakref.WeakKeyDictionary[Celery, float | None] = weakref.WeakKeyDictionary()
 
 

@@ -62,7 +62,7 @@ class Call:
         self.kwargs = kwargs
         self.app = app
         # Read once per call: ``task.request`` is a lookup in Celery's thread-local request stack, and a
-        # locked call asked for it about ten times (a tenth of the decorator's own time).
+        # locked call needs it about ten times.
         request = self.request = task.request if task is not None else None
         #: True when the call came from a message (so it can be re-queued).
         self.in_worker = bool(
@@ -272,8 +272,8 @@ class HeldLock:
     #: Whether a delivered task's release (:meth:`release_after_run`) and ``idempotent``'s commit are
     #: sent without waiting for the answer where the backend can (Redis; the others answer at once):
     #: it is read after the task, before the delivery is acknowledged (:func:`_settle_after_task`), and
-    #: a release or commit Redis did not run is run again then. The benchmark switches it off for its
-    #: before/after row.
+    #: a release or commit Redis did not run is run again then. The benchmark switches it off to
+    #: measure the waiting path.
     answer_later = True
 
     def __init__(
@@ -304,7 +304,8 @@ class HeldLock:
 
     def start(self, sender: Any, hard_deadline: float | None) -> None:
         # The interrupter is made when the lock is lost, on the renewer thread, from the task
-        # thread's id taken here: most locks are never lost, and it cost a lock and a module lookup.
+        # thread's id taken here: most locks are never lost, and making one costs a lock and a
+        # module lookup.
         thread_id = threading.get_ident()
 
         def lost(reason: str) -> None:

@@ -33,7 +33,7 @@ class Owner(NamedTuple):
     """Who asks for a lock: one delivery of one task message in one process.
 
     A named tuple, as :class:`Acquired` is: one of each is built per locked call, and a frozen
-    dataclass's ``__init__`` (``object.__setattr__`` per field) cost several times as much.
+    dataclass's ``__init__`` (``object.__setattr__`` per field) costs several times as much.
     """
 
     task_id: str

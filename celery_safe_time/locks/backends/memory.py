@@ -285,7 +285,7 @@ class MemoryLockBackend(LockBackend):
             return self._alive(self._markers, self.marker_key(key))
 
 
-#: Names these classes had before they were called backends, as the other seams' are.
+#: Deprecated names (old -> current); each warns when used.
 _RENAMED = {"MemoryLockStore": "MemoryLockBackend"}
 
 

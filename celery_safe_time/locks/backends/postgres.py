@@ -66,7 +66,7 @@ class _Call:
 
     ``libpq``: sent with ``PGconn.exec_params`` on the pooled psycopg connection, parameters and
     results as text. psycopg's ``Cursor`` around each call (a transformer, a dumper per parameter,
-    a ``Column`` per result column) cost two to three times the client CPU of the call itself, and on a
+    a ``Column`` per result column) costs two to three times the client CPU of the call itself, and on a
     loaded worker CPU time is what a lock pays for most. ``pyformat``: the same statement through the
     driver's cursor, where that fast path does not apply (another driver, or gevent/eventlet, where a
     blocking libpq call would stall every green thread; psycopg's cursor waits cooperatively there).
@@ -216,7 +216,7 @@ class PostgresLockBackend(LockBackend):
 
     def _raw_checkout(self) -> Any:
         """A pooled DBAPI connection (no SQLAlchemy ``Connection`` around it: the lock calls are one
-        statement each, and that wrapper cost about as much as the round trip)."""
+        statement each, and that wrapper costs about as much as the round trip)."""
         self.ensure_schema()
         unreachable: tuple[type[Exception], ...] = (*self._dbapi_errors()[1], *_UNREACHABLE)
         try:
@@ -731,7 +731,7 @@ def postgres_lock_backend(config: SafeTimeConfig) -> PostgresLockBackend:
     return PostgresLockBackend(config)
 
 
-#: Names these classes had before they were called backends, as the other seams' are.
+#: Deprecated names (old -> current); each warns when used.
 _RENAMED = {
     "PostgresLockStore": "PostgresLockBackend",
     "PostgresSessionLockStore": "PostgresSessionLockBackend",

@@ -65,8 +65,7 @@ def ensure_schema(engine: sa.Engine) -> bool:
             if not conn.execute(sa.text(QUERIES["schema_present"])).scalar_one():
                 conn.execute(sa.text("BEGIN"))
                 conn.execute(sa.text(QUERIES["schema_lock"]), {"key": SCHEMA_LOCK_KEY})
-                # The driver's own execute: no parameters, so no placeholder parsing of ``%ROWTYPE``
-                # or of the ``:=`` assignments in the function bodies.
+                # The driver's own execute: no parameters, so no placeholder parsing of ``%ROWTYPE``.
                 driver = conn.connection.driver_connection
                 assert driver is not None
                 for statement in SCHEMA:

@@ -192,7 +192,6 @@ class RedisLockBackend(LockBackend):
     def describe(self) -> str:
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"
 
-    # --- operator view ---------------------------------------------------------
     # --- unique task keys (one key per script call: <prefix>unique:<key>) ------------------------
     def unique_acquire(
         self,
@@ -279,6 +278,7 @@ class RedisLockBackend(LockBackend):
             self.client.delete(self.unique_key(key))
         return info
 
+    # --- operator view ---------------------------------------------------------
     def info(self, redis_key: str, now: float) -> LockInfo | None:
         """The lock stored at ``redis_key`` (a full key), or None when it is gone."""
         pipe = self.client.pipeline(transaction=False)
@@ -331,7 +331,7 @@ class RedisLockBackend(LockBackend):
         return info
 
 
-#: Names these classes had before they were called backends, as the other seams' are.
+#: Deprecated names (old -> current); each warns when used.
 _RENAMED = {"RedisLockStore": "RedisLockBackend"}
 
 

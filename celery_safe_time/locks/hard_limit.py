@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 from celery import Celery, Task
@@ -25,9 +25,6 @@ from celery.signals import task_failure, worker_process_init
 
 from .. import constants as C
 from .backends import LockBackend, get_lock_backend
-
-if TYPE_CHECKING:
-    from .runtime import Call
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +38,16 @@ def _mark_pool_child(**_: Any) -> None:
     _pool_child = True
 
 
-def hard_deadline(call: Call, now: float) -> float | None:
+class LockedCall(Protocol):
+    """What :func:`hard_deadline` reads of a locked call (``runtime.Call`` has it): the running task,
+    its request and its app. A protocol, so this module needs nothing of the runtime that imports it."""
+
+    task: Task | None
+    request: Any
+    app: Celery
+
+
+def hard_deadline(call: LockedCall, now: float) -> float | None:
     """Monotonic time at which the prefork pool kills this child (the hard time limit).
 
     Only prefork children are killed at the limit; other pools do not enforce it, and capping

@@ -264,7 +264,7 @@ def _takeover(kind: str, url: str, ttl: float, repeats: int) -> dict[str, Any]:
     """kill -9 a process holding a lock (renewing it every ttl/3, as the watchdog does) right after it
     took it; time from the kill until this process can take the lock (polled every 10 ms)."""
     from benchmarks.locks_holder import store_for
-    from celery_safe_time.locks.store import Owner
+    from celery_safe_time.locks.backends import Owner
 
     store = store_for(kind, url)
     owner = Owner(task_id="bench-taker", identity="bench-taker:0:0", host="bench", pid=os.getpid())

@@ -20,10 +20,10 @@ from celery.signals import task_postrun, task_prerun
 
 from celery_safe_time import idempotent, overlap_lock
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.backends.memory import MemoryLockStore
+from celery_safe_time.locks.backends import Owner, get_lock_backend, use_lock_backend
+from celery_safe_time.locks.backends.memory import MemoryLockBackend
 from celery_safe_time.locks.redis_wire import parse_reply
 from celery_safe_time.locks.runtime import HeldLock
-from celery_safe_time.locks.store import Owner, get_lock_store, use_lock_store
 from celery_safe_time.redis_client import get_redis
 
 BROKER = os.environ["SAFE_TIME_BENCH_BROKER_URL"]
@@ -146,15 +146,15 @@ def locked_memory(n: int) -> int:
     return n
 
 
-_MEMORY_STORE: list[MemoryLockStore] = []
+_MEMORY_STORE: list[MemoryLockBackend] = []
 
 
 def _use_memory(on: bool) -> None:
     """This app's locks on the in-process store for one ``bench.locked_memory`` run (switched outside
     the timed window, as every switch here)."""
     if not _MEMORY_STORE:
-        _MEMORY_STORE.append(MemoryLockStore(get_config(app)))
-    use_lock_store(app, _MEMORY_STORE[0] if on else None)
+        _MEMORY_STORE.append(MemoryLockBackend(get_config(app)))
+    use_lock_backend(app, _MEMORY_STORE[0] if on else None)
 
 
 #: Per task name: what its run switches on before it starts and off after it ends (outside its timing).
@@ -214,7 +214,7 @@ def scripts(self: Any, n: int) -> int:
     """The lock's two scripts (acquire, release with the finished-delivery record) called directly with
     the arguments overlap_lock passes: the round trips plus the work Redis does in them, without the
     decorator's Python around them."""
-    store = get_lock_store(app)
+    store = get_lock_backend(app)
     owner = Owner(task_id=self.request.id, identity=f"{self.request.id}:0:0", host=_HOST, pid=os.getpid())
     token = uuid.uuid4().hex
     store.acquire(f"scripts:{n}", token, 30.0, owner)
@@ -226,7 +226,7 @@ def scripts(self: Any, n: int) -> int:
 def scripts_redispy(self: Any, n: int) -> int:
     """The same two scripts through redis-py's command path (``Script``), as every lock call went
     before the lean path: the Redis lock the PostgreSQL one was first compared with."""
-    store = get_lock_store(app)
+    store = get_lock_backend(app)
     owner = Owner(task_id=self.request.id, identity=f"{self.request.id}:0:0", host=_HOST, pid=os.getpid())
     token = uuid.uuid4().hex
     key = f"scripts-redispy:{n}"
@@ -279,7 +279,7 @@ def _acquire_release(store: Any, request: Any, n: int) -> None:
 @app.task(name="bench.pg_lease", bind=True)
 def pg_lease(self: Any, n: int) -> int:
     """acquire + release on PostgreSQL lease rows (what overlap_lock does on that backend)."""
-    _acquire_release(get_lock_store(_PG_APPS["lease"]), self.request, n)
+    _acquire_release(get_lock_backend(_PG_APPS["lease"]), self.request, n)
     return n
 
 
@@ -287,14 +287,14 @@ def pg_lease(self: Any, n: int) -> int:
 def pg_lease_noflush(self: Any, n: int) -> int:
     """acquire + release on PostgreSQL lease rows with ``synchronous_commit=off`` in the URL (no WAL
     flush per acquire: a crash can forget the last moments' acquires)."""
-    _acquire_release(get_lock_store(_PG_APPS["lease_noflush"]), self.request, n)
+    _acquire_release(get_lock_backend(_PG_APPS["lease_noflush"]), self.request, n)
     return n
 
 
 @app.task(name="bench.pg_session", bind=True)
 def pg_session(self: Any, n: int) -> int:
     """acquire + release on PostgreSQL session advisory locks."""
-    _acquire_release(get_lock_store(_PG_APPS["session"]), self.request, n)
+    _acquire_release(get_lock_backend(_PG_APPS["session"]), self.request, n)
     return n
 
 
@@ -302,7 +302,7 @@ def pg_session(self: Any, n: int) -> int:
 def pg_select2(n: int) -> int:
     """Two ``SELECT 1`` round trips, each on a DBAPI connection checked out of the lock engine's pool
     as the lock's calls are: the floor of a PostgreSQL lock."""
-    engine = get_lock_store(_PG_APPS["lease"]).engine  # type: ignore[attr-defined]
+    engine = get_lock_backend(_PG_APPS["lease"]).engine  # type: ignore[attr-defined]
     for _ in range(2):
         conn = engine.raw_connection()
         try:

@@ -14,7 +14,7 @@ import uuid
 
 from celery import Celery
 
-from celery_safe_time.locks.store import LockBackend, Owner, get_lock_store
+from celery_safe_time.locks.backends import LockBackend, Owner, get_lock_backend
 
 
 def store_for(kind: str, url: str) -> LockBackend:
@@ -24,7 +24,7 @@ def store_for(kind: str, url: str) -> LockBackend:
         app.conf.update(safe_time_redis_url=url)
     else:
         app.conf.update(safe_time_coordination_url=url, safe_time_coordination_locks=kind)
-    return get_lock_store(app)
+    return get_lock_backend(app)
 
 
 def main(argv: list[str]) -> int:

@@ -298,12 +298,12 @@ def check_lock_backend(app: Celery, config: SafeTimeConfig) -> list[Check]:
 
     if not uses_postgres(config):
         return []
-    from .locks.backends.postgres import PostgresLockStore
-    from .locks.store import get_lock_store
+    from .locks.backends import get_lock_backend
+    from .locks.backends.postgres import PostgresLockBackend
 
     try:
-        store = get_lock_store(app)
-        if not isinstance(store, PostgresLockStore):
+        store = get_lock_backend(app)
+        if not isinstance(store, PostgresLockBackend):
             return []
         rtt, present, held = store.health()
     except Exception as exc:  # driver errors must not crash the probe

@@ -326,10 +326,13 @@ DEFAULT_LOCK_RETRY_JITTER: Final = 0.5
 #: ``idempotent`` remembers a successful key this long unless ``window=`` says otherwise.
 DEFAULT_IDEMPOTENT_WINDOW: Final = 86400.0
 ON_CONFLICT_POLICIES: Final = frozenset({"retry", "skip", "raise"})
-ON_REDIS_ERROR_POLICIES: Final = frozenset({"retry", "raise"})
+ON_BACKEND_ERROR_POLICIES: Final = frozenset({"retry", "raise"})
 #: The same policies as types, so mypy and editors reject ``on_conflict="explode"`` before it runs.
 OnConflict = Literal["retry", "skip", "raise"]
-OnRedisError = Literal["retry", "raise"]
+OnBackendError = Literal["retry", "raise"]
+#: The names of the ``on_backend_error`` policies from when the option was ``on_redis_error``.
+ON_REDIS_ERROR_POLICIES: Final = ON_BACKEND_ERROR_POLICIES
+OnRedisError = OnBackendError
 #: The in-progress lock of an idempotent key is the overlap lock ``idem:<key>``.
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).
@@ -340,12 +343,13 @@ LOCK_RENEWAL_THREADS: Final = 16
 #: After a hard time limit the worker's main process waits up to this long for the child to die
 #: before it releases the child's lock (compare-and-delete on the child's token).
 LOCK_KILLED_CHILD_WAIT: Final = 5.0
-#: Message header counting how often a run was re-queued by a lock conflict or Redis outage;
+#: Message header counting how often a run was re-queued by a lock conflict or a lock backend outage;
 #: these re-queues do not consume the task's ``max_retries``.
 HEADER_LOCK_REQUEUES: Final = "safe_time_requeues"
-#: When the lock Redis first failed for this delivery (epoch seconds), carried by its outage re-queues.
+#: When the lock backend (Redis or PostgreSQL) first failed for this delivery (epoch seconds), carried
+#: by its outage re-queues. The header keeps its name: messages already queued carry it.
 HEADER_LOCK_REDIS_DOWN: Final = "safe_time_redis_down_since"
-#: A locked task that finds Redis unreachable waits ``retry_after`` (at least ``..._MIN``) at first,
+#: A locked task that finds its lock backend unreachable waits ``retry_after`` (at least ``..._MIN``) at first,
 #: then this share of how long the outage has lasted so far (waits grow about 1.5x per re-queue), at
 #: most ``..._CAP`` seconds: a blip (a lost reply) costs nothing more, and a long outage does not spin
 #: every locked message through the broker every few seconds.

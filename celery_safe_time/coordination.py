@@ -85,7 +85,7 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
 
     ``autocommit``: a second engine whose connections run each statement as its own transaction, with
     no pre-ping (the locks: one statement, one round trip; they repeat a call whose pooled
-    connection broke, :meth:`~celery_safe_time.locks.backends.postgres.PostgresLockStore._run`).
+    connection broke, :meth:`~celery_safe_time.locks.backends.postgres.PostgresLockBackend._run`).
     """
     from .delays.backends.sql import create_engine, normalize_url
 

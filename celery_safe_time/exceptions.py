@@ -15,13 +15,14 @@ class ImproperlyConfigured(SafeTimeError, ValueError):
         super().__init__(f"{key}: {message}")
 
 
-class RedisUnavailable(SafeTimeError):
-    """Raised when the lease/lock Redis cannot be reached."""
-
-
 class CoordinationUnavailable(SafeTimeError, ConnectionError):
-    """Raised when the PostgreSQL coordination database (``safe_time_coordination_url``) cannot be
-    reached; a ``ConnectionError``, so code that handles an unreachable Redis handles it too."""
+    """Raised when the backend that holds leases, locks and unique keys cannot be reached: Redis
+    (:class:`RedisUnavailable`) or the PostgreSQL database of ``safe_time_coordination_url``; the
+    message names it. A ``ConnectionError``, so code that handles an unreachable server handles it too."""
+
+
+class RedisUnavailable(CoordinationUnavailable):
+    """Raised when the Redis that holds leases and locks (``safe_time_redis_url``) cannot be reached."""
 
 
 class StoreError(SafeTimeError):

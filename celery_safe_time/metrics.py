@@ -186,7 +186,7 @@ class SafeTimeCollector:
     def _redis_families(self, gauge: Any) -> list[Any]:
         from .beat.backends import beat_backend
         from .config import get_config
-        from .locks.store import get_lock_store
+        from .locks.backends import get_lock_backend
 
         config = get_config(self.app)
         view = beat_backend(config).lease_view()  # the beat backend's: Redis or PostgreSQL
@@ -203,7 +203,7 @@ class SafeTimeCollector:
             epoch_gauge.add_metric([], int(epoch))
             families.append(epoch_gauge)
         locks = gauge("safe_time_overlap_locks_held", GAUGES["safe_time_overlap_locks_held"])
-        locks.add_metric([], len(get_lock_store(self.app).scan(limit=LOCKS_COUNT_CAP)))
+        locks.add_metric([], len(get_lock_backend(self.app).scan(limit=LOCKS_COUNT_CAP)))
         families.append(locks)
         return families
 

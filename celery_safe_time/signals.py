@@ -50,7 +50,7 @@ overlap_conflict = Signal(name="overlap_conflict", providing_args={"key", "task_
 overlap_lock_lost = Signal(name="overlap_lock_lost", providing_args={"key", "task_id"})
 #: An idempotent task did not run because its key already ran. kwargs: key, task_id.
 idempotent_skipped = Signal(name="idempotent_skipped", providing_args={"key", "task_id"})
-#: An idempotent task's body returned but its marker could not be written (Redis unreachable
+#: An idempotent task's body returned but its marker could not be written (the lock backend unreachable
 #: through every commit retry): a later call of the key would run it again. kwargs: key, task_id, error.
 idempotent_unrecorded = Signal(name="idempotent_unrecorded", providing_args={"key", "task_id", "error"})
 #: A unique task was not queued because its key was held. kwargs: key, task_id (the holder), state.

@@ -19,7 +19,7 @@ What the in-process set-up covers (:func:`safe_time_testing`):
   (conditional start, outcome) runs as in a worker. ``store="sqlite"`` (or the ``safe_time_sqlite``
   fixture) puts the rows in a temporary SQLite file instead (:class:`TestSQLiteStore`: the SQL store
   of production, its table, payload encoding and claim query, with the same movable clock);
-- ``overlap_lock``, ``idempotent`` and unique tasks (``SafeTask(unique=...)``): :class:`MemoryLockStore`,
+- ``overlap_lock``, ``idempotent`` and unique tasks (``SafeTask(unique=...)``): :class:`MemoryLockBackend`,
   the Redis lock scripts' rules in Python (token-checked acquire/renew/release, fencing numbers,
   idempotency markers with their window, finished-delivery markers, unique keys by task id).
   Not covered: the hard-time-limit release (it reads Redis);
@@ -60,8 +60,9 @@ from .delays.backends.memory import MemoryStore
 from .delays.backends.sql import SQLAlchemyStore
 from .delays.install_check import sweep_not_needed
 from .delays.payload import decode
-from .locks.backends.memory import MemoryLockStore
-from .locks.store import LockInfo, use_lock_store
+from .locks.backends import LockInfo, use_lock_backend
+from .locks.backends.base import renamed
+from .locks.backends.memory import MemoryLockBackend
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 TestStoreKind = Literal["memory", "sqlite"]
 
 __all__ = [
-    "MemoryLockStore",
+    "MemoryLockBackend",
     "RunResult",
     "SafeTimeTesting",
     "StoredDelay",
@@ -229,7 +230,7 @@ def _task_name(task: Task | str | None) -> str | None:
 class SafeTimeTesting:
     """The handle of one app under test: its store, lock store and test clock."""
 
-    def __init__(self, app: Celery, store: TestStore | TestSQLiteStore, locks: MemoryLockStore) -> None:
+    def __init__(self, app: Celery, store: TestStore | TestSQLiteStore, locks: MemoryLockBackend) -> None:
         self.app = app
         self.store = store
         self.locks = locks
@@ -538,7 +539,7 @@ def safe_time_testing(
     changes: dict[str, Any] = {
         "task_always_eager": False,
         "safe_time_store_url": delays.url,
-        # Locks are in MemoryLockStore and nothing here runs beat: no coordination backend is used.
+        # Locks are in MemoryLockBackend and nothing here runs beat: no coordination backend is used.
         "safe_time_coordination_url": None,
         "safe_time_redis_url": NO_REDIS_URL,
         "broker_url": broker_url or "memory://",
@@ -554,15 +555,15 @@ def safe_time_testing(
     reset_store(app)
     set_store(app, delays)
     sweep_not_needed(app)  # run_due() publishes the due rows: no sweep to install
-    locks = MemoryLockStore(get_config(app))
-    use_lock_store(app, locks)
+    locks = MemoryLockBackend(get_config(app))
+    use_lock_backend(app, locks)
     handle = SafeTimeTesting(app, delays, locks)
     _active[app] = handle
     try:
         yield handle
     finally:
         _active.pop(app, None)
-        use_lock_store(app, None)
+        use_lock_backend(app, None)
         reset_store(app)
         delays.close()
         for key, value in saved.items():
@@ -749,3 +750,11 @@ def _current(app: Celery) -> Iterator[None]:
         yield
     finally:
         _state._set_current_app(previous)
+
+
+#: Deprecated names (old -> current); each warns when used.
+_RENAMED = {"MemoryLockStore": "MemoryLockBackend"}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, _RENAMED)

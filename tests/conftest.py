@@ -156,11 +156,11 @@ def coordination_conf(request: pytest.FixtureRequest, redis_url: str) -> dict[st
 def lock_backend(request: pytest.FixtureRequest, make_app: Callable[..., Celery]) -> Iterator[Any]:
     """One lock backend per run of the test: Redis, PostgreSQL (lease, session) and the in-memory one."""
     from celery_safe_time.config import get_config
-    from celery_safe_time.locks.store import get_lock_store
-    from celery_safe_time.testing import MemoryLockStore
+    from celery_safe_time.locks.backends import get_lock_backend
+    from celery_safe_time.testing import MemoryLockBackend
 
     if request.param == "memory":
-        yield MemoryLockStore(get_config(make_app()))
+        yield MemoryLockBackend(get_config(make_app()))
         return
     conf: dict[str, Any] = {}
     if request.param != "redis":
@@ -168,7 +168,7 @@ def lock_backend(request: pytest.FixtureRequest, make_app: Callable[..., Celery]
         url: str = request.getfixturevalue("postgres_coordination_url")
         mode = "session" if request.param == "postgres-session" else "lease"
         conf = {"safe_time_coordination_url": url, "safe_time_coordination_locks": mode}
-    store = get_lock_store(make_app(**conf))
+    store = get_lock_backend(make_app(**conf))
     yield store
     store.close()
 

@@ -23,8 +23,8 @@ from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
 from ..exceptions import BulkItemError, StoreError
 from ..locks import unique as unique_tasks
+from ..locks.backends import get_lock_backend
 from ..locks.keys import KeySpec
-from ..locks.store import get_lock_store
 from ..messages.compat import push_request
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
@@ -162,13 +162,13 @@ class SafeTask(Task):
             )
         except BaseException:
             if found.status == "acquired":
-                unique_tasks.release(get_lock_store(app), key, task_id, "not queued")
+                unique_tasks.release(get_lock_backend(app), key, task_id, "not queued")
             raise
         if result.id == task_id or created:
             return result
         if idempotency_key is not None:
             # The caller's own idempotency key matched another pending row: the result is that row's.
-            unique_tasks.release(get_lock_store(app), key, task_id, "idempotency key already pending")
+            unique_tasks.release(get_lock_backend(app), key, task_id, "idempotency key already pending")
             return result
         unique_tasks.repoint(app, key, task_id, result.id, ttl)
         return unique_tasks.conflict(self, spec, key, result.id, C.UNIQUE_STATE_STORED)

@@ -1,9 +1,10 @@
 """Per-key locks around task bodies: ``@overlap_lock`` (one run at a time per key) and ``@idempotent``
 (one successful run per key and window).
 
-:mod:`.runtime` takes, holds and releases a lock around one call; :mod:`.store` is the Redis side
-(Lua scripts in ``lua/``); :mod:`.watchdog` renews it while the body runs; :mod:`.hard_limit` frees
-it after a hard time limit; :mod:`.keys` renders key templates; :mod:`.admin` is the operator view.
+:mod:`.runtime` takes, holds and releases a lock around one call; :mod:`.backends` holds the locks
+(one module per backend: Redis with the Lua scripts in ``lua/``, PostgreSQL, in-process memory);
+:mod:`.watchdog` renews a lock while the body runs; :mod:`.hard_limit` frees it after a hard time
+limit; :mod:`.keys` renders key templates; :mod:`.admin` is the operator view.
 """
 
 from __future__ import annotations

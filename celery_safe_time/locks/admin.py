@@ -9,7 +9,7 @@ from celery import Celery
 
 from .. import constants as C
 from ..config import get_config
-from .store import LockInfo, get_lock_store
+from .backends import LockInfo, get_lock_backend
 
 __all__ = ["describe_locks", "list_locks", "release_lock"]
 
@@ -20,7 +20,7 @@ STATUS_LIMIT = 20
 def list_locks(app: Celery, pattern: str = "*") -> list[LockInfo]:
     """Held overlap locks (and idempotent in-progress locks, ``idem:...``) matching ``pattern``, then
     held unique task keys (``unique:...``, with their task id and state)."""
-    store = get_lock_store(app)
+    store = get_lock_backend(app)
     found = store.scan(pattern)
     if pattern.startswith(C.UNIQUE_LIST_PREFIX):
         found += store.scan_unique(pattern[len(C.UNIQUE_LIST_PREFIX) :])
@@ -32,7 +32,7 @@ def list_locks(app: Celery, pattern: str = "*") -> list[LockInfo]:
 def release_lock(app: Celery, key: str) -> LockInfo | None:
     """Delete a stuck lock whoever holds it; ``key`` as ``locks list`` shows it (``unique:<key>``
     for a unique task's key, when no overlap lock has that very name)."""
-    store = get_lock_store(app)
+    store = get_lock_backend(app)
     released = store.force_release(store.user_key(key))
     if released is None and key.startswith(C.UNIQUE_LIST_PREFIX):
         released = store.force_release_unique(key[len(C.UNIQUE_LIST_PREFIX) :])
@@ -47,7 +47,7 @@ def store_name(app: Celery) -> str:
 def describe_locks(app: Celery) -> dict[str, Any]:
     """The ``[locks]`` section of ``safe-time status``."""
     try:
-        store = get_lock_store(app)
+        store = get_lock_backend(app)
         locks = store.scan(limit=STATUS_LIMIT + 1)
         unique = store.scan_unique(limit=STATUS_LIMIT + 1)
     except (redis.RedisError, OSError) as exc:

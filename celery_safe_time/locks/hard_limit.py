@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 from celery import Celery, Task
@@ -24,10 +24,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_process_init
 
 from .. import constants as C
-from .store import LockBackend, get_lock_store
-
-if TYPE_CHECKING:
-    from .runtime import Call
+from .backends import LockBackend, get_lock_backend
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +38,16 @@ def _mark_pool_child(**_: Any) -> None:
     _pool_child = True
 
 
-def hard_deadline(call: Call, now: float) -> float | None:
+class LockedCall(Protocol):
+    """What :func:`hard_deadline` reads of a locked call (``runtime.Call`` has it): the running task,
+    its request and its app. A protocol, so this module needs nothing of the runtime that imports it."""
+
+    task: Task | None
+    request: Any
+    app: Celery
+
+
+def hard_deadline(call: LockedCall, now: float) -> float | None:
     """Monotonic time at which the prefork pool kills this child (the hard time limit).
 
     Only prefork children are killed at the limit; other pools do not enforce it, and capping
@@ -57,8 +63,8 @@ def hard_deadline(call: Call, now: float) -> float | None:
     return now + float(hard) if hard else None
 
 
-#: ``task_time_limit`` per app, read once: the pool took its default limit from it when it started,
-#: and an ``app.conf`` lookup cost tens of microseconds on every locked call.
+#: ``task_time_limit`` per app, read once: the pool takes its default limit from it when it starts,
+#: and an ``app.conf`` lookup on every locked call costs tens of microseconds.
 _app_limits: weakref.WeakKeyDictionary[Celery, float | None] = weakref.WeakKeyDictionary()
 
 
@@ -101,7 +107,7 @@ def _release_after_hard_limit(
     for lock in locks_of(sender):
         try:
             key = lock.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
-            store = get_lock_store(sender.app)
+            store = get_lock_backend(sender.app)
             record = store.holder_record(key)
         except Exception as exc:
             logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)
@@ -155,7 +161,7 @@ def _release_when_dead(store: LockBackend, key: str, token: str, pid: int, task_
         else:
             logger.info("overlap lock %r of %s was already free after its hard time limit", key, task_id)
     except (redis.RedisError, OSError) as exc:
-        logger.warning("could not release overlap lock %r after a hard time limit: %s", key, exc)
+        logger.warning("could not release overlap lock %r on %s after a hard time limit: %s", key, store.label, exc)
 
 
 task_failure.connect(_release_after_hard_limit, weak=False, dispatch_uid="celery_safe_time.hard_limit.release")

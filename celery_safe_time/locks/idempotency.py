@@ -10,7 +10,7 @@ A run first takes the overlap lock ``idem:<key>`` and, in the same script, check
 success marker ``<prefix>idem:<key>``. Success writes the marker (kept ``window`` seconds) and
 drops the lock in one step; a failure (exception, retry, time limit) records nothing, so a later
 call runs. A body that returned always gets its marker: even when its lock was lost meanwhile
-(the task still fails with ``LockLost`` afterwards), and through a Redis outage of up to about
+(the task still fails with ``LockLost`` afterwards), and through a lock backend outage of up to about
 30 s (``IDEMPOTENT_COMMIT_RETRY_DELAYS``). Past that the task still succeeds (failing it would
 invite a retry, a second run) but it is logged as an error and ``signals.idempotent_unrecorded``
 is sent. A call that finds the marker returns None without running and sends
@@ -35,6 +35,7 @@ from .runtime import (
     HeldLock,
     Policy,
     TaskLock,
+    backend_error_option,
     check_decorates_function,
     done_ttl,
     resolve_call,
@@ -129,19 +130,21 @@ class IdempotentLock(TaskLock):
                     return
             if pause is None:
                 logger.error(
-                    "task %s succeeded but idempotency key %r could NOT be recorded after %d attempts (%s):"
+                    "task %s succeeded but idempotency key %r could NOT be recorded after %d attempts (%s: %s):"
                     " a later call of this key will run it again",
                     call.task_id,
                     marker,
                     attempt,
+                    held.store.label,
                     error,
                 )
                 signals.idempotent_unrecorded.send(sender=call.task, key=marker, task_id=call.task_id, error=str(error))
                 return
             logger.warning(
-                "recording idempotency key %r of %s failed (attempt %d), retrying in %.1fs: %s",
+                "recording idempotency key %r of %s on %s failed (attempt %d), retrying in %.1fs: %s",
                 marker,
                 call.task_id,
+                held.store.label,
                 attempt,
                 pause,
                 error,
@@ -163,21 +166,24 @@ def idempotent(
     on_conflict: C.OnConflict = "retry",
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
-    on_redis_error: C.OnRedisError = "retry",
+    on_backend_error: C.OnBackendError = "retry",
+    on_redis_error: C.OnBackendError | None = None,
 ) -> Callable[[F], F]:
     """Run the task body at most once successfully per key within ``window`` seconds.
 
     ``key`` is a template over the task's parameters or a callable, as for
     :func:`~celery_safe_time.overlap_lock`. ``ttl`` is the in-progress lock's lease (default
     ``safe_time_lock_ttl``). ``on_conflict`` applies while another run of the same key is in
-    progress (``"retry"``, ``"skip"``, ``"raise"``); ``on_redis_error`` as for ``overlap_lock``.
+    progress (``"retry"``, ``"skip"``, ``"raise"``); ``on_backend_error`` (and its deprecated older name
+    ``on_redis_error``) as for ``overlap_lock``.
     """
     # ``@idempotent`` without arguments above ``@app.task`` passes the task as the key.
     check_decorates_function(key, "idempotent", '"my-key:{arg}"')
     if not window > 0:
         raise ValueError(f"window must be a positive number of seconds, got {window!r}")
+    backend_error = backend_error_option(on_backend_error, on_redis_error, "idempotent")
     policy = Policy(
-        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_redis_error=on_redis_error
+        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=backend_error
     )
 
     def decorate(func: F) -> F:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from .. import constants as C
 from .keys import KeyBuilder, KeySpec
-from .runtime import HeldLock, Policy, TaskLock, check_decorates_function, wrap
+from .runtime import HeldLock, Policy, TaskLock, backend_error_option, check_decorates_function, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -34,23 +34,27 @@ def overlap_lock(
     on_conflict: C.OnConflict = "retry",
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
-    on_redis_error: C.OnRedisError = "retry",
+    on_backend_error: C.OnBackendError = "retry",
+    on_redis_error: C.OnBackendError | None = None,
 ) -> Callable[[F], F]:
-    """Hold a per-key Redis lock while the task body runs; place it below ``@app.task``.
+    """Hold a per-key lock while the task body runs; place it below ``@app.task``.
 
     ``key``: a template over the task's parameters (``"sync:{account_id}"``) or a callable
     taking the task's arguments. ``ttl``: lock lease in seconds (default ``safe_time_lock_ttl``),
     renewed every ``ttl/3`` while the body runs. ``on_conflict``: ``"retry"`` re-queues the
     message after ``retry_after`` plus up to ``jitter`` seconds (default ``retry_after/2``),
     ``"skip"`` returns None without running, ``"raise"`` raises
-    :class:`~celery_safe_time.exceptions.LockConflict`. ``on_redis_error``: ``"retry"`` or
-    ``"raise"`` (:class:`~celery_safe_time.exceptions.RedisUnavailable`): the body never runs
-    without the lock.
+    :class:`~celery_safe_time.exceptions.LockConflict`. ``on_backend_error``, when the lock backend
+    (Redis, or PostgreSQL with ``safe_time_coordination_url``) cannot be reached: ``"retry"`` re-queues
+    with back-off, ``"raise"`` raises :class:`~celery_safe_time.exceptions.CoordinationUnavailable`
+    (:class:`~celery_safe_time.exceptions.RedisUnavailable` on Redis): the body never runs without the
+    lock. ``on_redis_error`` is its deprecated older name.
     """
     # ``@overlap_lock`` without arguments above ``@app.task`` passes the task as the key.
     check_decorates_function(key, "overlap_lock", '"my-key:{arg}"')
+    backend_error = backend_error_option(on_backend_error, on_redis_error, "overlap_lock")
     policy = Policy(
-        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_redis_error=on_redis_error
+        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=backend_error
     )
 
     def decorate(func: F) -> F:

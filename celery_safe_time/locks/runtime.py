@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -24,13 +25,19 @@ from celery.signals import task_postrun
 from .. import constants as C
 from .. import signals
 from ..config import SafeTimeConfig, get_config
-from ..exceptions import DecoratorOrderError, LockConflict, LockLost, RedisUnavailable, SafeTimeError
+from ..exceptions import (
+    CoordinationUnavailable,
+    DecoratorOrderError,
+    LockConflict,
+    LockLost,
+    SafeTimeError,
+)
 from ..messages.compat import routable_countdown
 from ..messages.requeue import attempt_of, jittered, message_header, outage_backoff
+from .backends import Holder, LockBackend, Owner, get_lock_backend
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder
 from .redis_wire import settle_posted
-from .store import Holder, LockBackend, Owner, get_lock_store
 from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
@@ -55,7 +62,7 @@ class Call:
         self.kwargs = kwargs
         self.app = app
         # Read once per call: ``task.request`` is a lookup in Celery's thread-local request stack, and a
-        # locked call asked for it about ten times (a tenth of the decorator's own time).
+        # locked call needs it about ten times.
         request = self.request = task.request if task is not None else None
         #: True when the call came from a message (so it can be re-queued).
         self.in_worker = bool(
@@ -118,8 +125,8 @@ def _requeues(request: Any) -> int:
         return 0
 
 
-def redis_down_since(request: Any) -> float | None:
-    """When the lock Redis first failed for this delivery (epoch seconds), or None: it answered last time."""
+def backend_down_since(request: Any) -> float | None:
+    """When the lock backend first failed for this delivery (epoch seconds), or None: it answered last time."""
     try:
         raw = message_header(request, C.HEADER_LOCK_REDIS_DOWN)
         return float(raw) if raw is not None else None
@@ -127,8 +134,8 @@ def redis_down_since(request: Any) -> float | None:
         return None
 
 
-def redis_down_cap(config: SafeTimeConfig) -> float:
-    """The longest Redis-outage re-queue countdown: ``LOCK_REDIS_DOWN_BACKOFF_CAP``, and at most half
+def backend_down_cap(config: SafeTimeConfig) -> float:
+    """The longest re-queue countdown through a lock backend outage: ``LOCK_REDIS_DOWN_BACKOFF_CAP``, and at most half
     of what makes the broker hand a held countdown out again or close the worker's channel."""
     cap = C.LOCK_REDIS_DOWN_BACKOFF_CAP
     for limit in (config.visibility_timeout, config.broker_consumer_timeout):
@@ -228,7 +235,7 @@ def done_ttl(config: SafeTimeConfig) -> float:
     return ttl
 
 
-def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down_since: float | None = None) -> NoReturn:
+def requeue(call: Call, countdown: float, exc: SafeTimeError, *, backend_down_since: float | None = None) -> NoReturn:
     """Send the same message again in ``countdown`` seconds and end this run as RETRY.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
@@ -240,10 +247,10 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError, *, redis_down_sinc
     task, request = call.task, call.request
     headers = dict(getattr(request, "headers", None) or {})
     headers[C.HEADER_LOCK_REQUEUES] = _requeues(request) + 1
-    if redis_down_since is not None:
-        headers[C.HEADER_LOCK_REDIS_DOWN] = redis_down_since
+    if backend_down_since is not None:
+        headers[C.HEADER_LOCK_REDIS_DOWN] = backend_down_since
     else:
-        headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # Redis answered: the next outage starts over
+        headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # the backend answered: the next outage starts over
     # The copy is a new publish (a new attempt token): say which delivery it continues.
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     sig = task.signature_from_request(request, countdown=routable_countdown(task.app, countdown), headers=headers)
@@ -263,9 +270,10 @@ class HeldLock:
     """
 
     #: Whether a delivered task's release (:meth:`release_after_run`) and ``idempotent``'s commit are
-    #: sent without waiting for the answer: it is read after the task, before the delivery is
-    #: acknowledged (:func:`_settle_after_task`), and a release or commit Redis did not run is run
-    #: again then. The benchmark switches it off for its before/after row.
+    #: sent without waiting for the answer where the backend can (Redis; the others answer at once):
+    #: it is read after the task, before the delivery is acknowledged (:func:`_settle_after_task`), and
+    #: a release or commit Redis did not run is run again then. The benchmark switches it off to
+    #: measure the waiting path.
     answer_later = True
 
     def __init__(
@@ -296,7 +304,8 @@ class HeldLock:
 
     def start(self, sender: Any, hard_deadline: float | None) -> None:
         # The interrupter is made when the lock is lost, on the renewer thread, from the task
-        # thread's id taken here: most locks are never lost, and it cost a lock and a module lookup.
+        # thread's id taken here: most locks are never lost, and making one costs a lock and a
+        # module lookup.
         thread_id = threading.get_ident()
 
         def lost(reason: str) -> None:
@@ -362,15 +371,23 @@ class HeldLock:
         if error is not None:
             if not isinstance(error, (redis.RedisError, OSError)):
                 raise error
-            logger.warning("could not release overlap lock %r (it expires in %.0fs): %s", self.key, self.ttl, error)
+            logger.warning(
+                "could not release overlap lock %r on %s (it expires in %.0fs): %s",
+                self.key,
+                self.store.label,
+                self.ttl,
+                error,
+            )
         elif not released:
             logger.warning(
                 "overlap lock %r had already expired or changed hands when task %s ended", self.key, self.task_id
             )
 
 
-def _unavailable(key: str, store: LockBackend, exc: BaseException) -> RedisUnavailable:
-    unavailable = RedisUnavailable(f"cannot take overlap lock {key!r} ({store.describe()}): {exc}")
+def _unavailable(key: str, store: LockBackend, exc: BaseException) -> CoordinationUnavailable:
+    """The error a locked call that could not reach ``store`` ends with: ``RedisUnavailable`` on Redis,
+    ``CoordinationUnavailable`` on the others, naming the key and the backend."""
+    unavailable = store.unavailable(f"cannot take overlap lock {key!r} ({store.describe()}): {exc}")
     unavailable.__cause__ = exc
     return unavailable
 
@@ -418,7 +435,7 @@ def run_holding(
 
 
 def _settle_after_task(**_: Any) -> None:
-    """Read the answer of a release or commit the task sent without waiting (``task_postrun``).
+    """Read the answer of a release or commit the task sent to Redis without waiting (``task_postrun``).
 
     Celery sends ``task_postrun`` in the thread (and pool child) that ran the task, after storing
     its result and before the worker acknowledges an ``acks_late`` delivery: a release or commit that
@@ -436,6 +453,17 @@ def send_conflict(call: Call, key: str, holder: str | None, action: str) -> None
     signals.overlap_conflict.send(sender=call.task, key=key, task_id=call.task_id, holder=holder, action=action)
 
 
+def backend_error_option(on_backend_error: str, on_redis_error: str | None, decorator: str) -> str:
+    """``on_backend_error``, or what the caller gave under its older name ``on_redis_error`` (it warns:
+    the policy applies to whichever backend holds the locks)."""
+    if on_redis_error is None:
+        return on_backend_error
+    warnings.warn(
+        f"{decorator}(on_redis_error=...) is deprecated; use on_backend_error=...", DeprecationWarning, stacklevel=3
+    )
+    return on_redis_error
+
+
 class Policy:
     """Validated options shared by ``overlap_lock`` and ``idempotent``."""
 
@@ -446,15 +474,15 @@ class Policy:
         on_conflict: str,
         retry_after: float,
         jitter: float | None,
-        on_redis_error: str,
+        on_backend_error: str,
     ) -> None:
         if ttl is not None and not ttl > 0:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
         if on_conflict not in C.ON_CONFLICT_POLICIES:
             raise ValueError(f"on_conflict must be one of {sorted(C.ON_CONFLICT_POLICIES)}, got {on_conflict!r}")
-        if on_redis_error not in C.ON_REDIS_ERROR_POLICIES:
+        if on_backend_error not in C.ON_BACKEND_ERROR_POLICIES:
             raise ValueError(
-                f"on_redis_error must be one of {sorted(C.ON_REDIS_ERROR_POLICIES)}, got {on_redis_error!r}"
+                f"on_backend_error must be one of {sorted(C.ON_BACKEND_ERROR_POLICIES)}, got {on_backend_error!r}"
             )
         if not retry_after >= 0:
             raise ValueError(f"retry_after must not be negative, got {retry_after!r}")
@@ -464,7 +492,7 @@ class Policy:
         self.on_conflict = on_conflict
         self.retry_after = float(retry_after)
         self.jitter = float(retry_after * C.DEFAULT_LOCK_RETRY_JITTER if jitter is None else jitter)
-        self.on_redis_error = on_redis_error
+        self.on_backend_error = on_backend_error
 
     def lock_ttl(self, call: Call) -> float:
         return self.ttl if self.ttl is not None else get_config(call.app).lock_ttl
@@ -483,20 +511,20 @@ class Policy:
         logger.info("overlap lock %r is held by %s; re-queueing %s in %.1fs", key, who, call.task_id, countdown)
         requeue(call, countdown, exc)
 
-    def redis_down(self, call: Call, exc: RedisUnavailable) -> None:
-        """Never run unguarded: re-queue (default) or raise."""
-        if self.on_redis_error == "raise":
+    def backend_down(self, call: Call, exc: CoordinationUnavailable, backend: str) -> None:
+        """The lock ``backend`` (its label) is unreachable. Never run unguarded: re-queue (default) or raise."""
+        if self.on_backend_error == "raise":
             raise exc
-        # Wall time, carried in the message: Redis TIME is what is unreachable, and a few seconds of
-        # skew between workers only shifts a back-off.
+        # Wall time, carried in the message: the backend's clock is what is unreachable, and a few
+        # seconds of skew between workers only shifts a back-off.
         now = time.time()
-        since = redis_down_since(call.request) or now
+        since = backend_down_since(call.request) or now
         base = max(self.retry_after, C.LOCK_REDIS_DOWN_BACKOFF_MIN)
-        countdown = jittered(outage_backoff(base, now - since, redis_down_cap(get_config(call.app))), self.jitter)
+        countdown = jittered(outage_backoff(base, now - since, backend_down_cap(get_config(call.app))), self.jitter)
         logger.warning(
-            "%s; re-queueing %s in %.1fs (Redis unreachable for %.1fs)", exc, call.task_id, countdown, now - since
+            "%s; re-queueing %s in %.1fs (%s unreachable for %.1fs)", exc, call.task_id, countdown, backend, now - since
         )
-        requeue(call, countdown, exc, redis_down_since=since)
+        requeue(call, countdown, exc, backend_down_since=since)
 
     def duplicate(self, call: Call, key: str, holder: Holder | None) -> NoReturn:
         """The lock is held by this very delivery: a broker redelivery of a message that is still
@@ -556,23 +584,24 @@ class TaskLock:
 
     def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
         """Acquire ``key`` for ``call``: the held lock and the hard deadline, or None when the body
-        must not run (the policy has handled a conflict, a duplicate or Redis being down)."""
+        must not run (the policy has handled a conflict, a duplicate or the backend being down)."""
         ttl = self.policy.lock_ttl(call)
         owner = call.owner()
         now = time.monotonic()
         deadline = hard_deadline(call, now)
         token = new_token()
-        store = get_lock_store(call.app)
+        store = get_lock_backend(call.app)
         first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
         earlier = call.earlier_tokens(key)
         try:
             acquired = store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier)
-        except (redis.RedisError, OSError, RedisUnavailable) as exc:
-            # A backend reports itself unreachable; a Redis error is turned into that here.
-            unavailable = exc if isinstance(exc, RedisUnavailable) else _unavailable(key, store, exc)
+        except (redis.RedisError, OSError) as exc:
+            # A driver's error, or a backend's own CoordinationUnavailable (an OSError), becomes the
+            # backend's error naming this key.
+            unavailable = _unavailable(key, store, exc)
             # The script may have run and only its reply was lost: the lock may be ours now.
             note_orphan(call, key, token)
-            self.policy.redis_down(call, unavailable)
+            self.policy.backend_down(call, unavailable, store.label)
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)

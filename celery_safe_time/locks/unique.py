@@ -5,11 +5,13 @@
     @app.task(base=SafeTask, unique="export:{user_id}", unique_until="executed", unique_ttl=3600)
     def export(user_id): ...
 
-The key is one Redis hash ``<prefix>unique:<key>`` (``task_id``, ``state``, ``stored``, ``host``,
-``created_at``, ``updated_at``, ``ttl_ms``) that expires after ``unique_ttl`` (plus the delay of a
-delayed call) unless released first. Two scripts touch it, each only that one key:
-``unique_acquire.lua`` (take it, refresh it for its own holder, or replace a holder the caller found
-gone) and ``unique_release.lua`` (delete it while a given task id holds it).
+The key ``<prefix>unique:<key>`` lives on the lock backend (:mod:`.backends`): on Redis one hash
+(``task_id``, ``state``, ``stored``, ``host``, ``created_at``, ``updated_at``, ``ttl_ms``), on
+PostgreSQL a row of ``safe_time_unique``, in memory a dict entry. It expires after ``unique_ttl``
+(plus the delay of a delayed call) unless released first. Two calls touch it, each only that one key:
+``unique_acquire`` (take it, refresh it for its own holder, or replace a holder the caller found gone)
+and ``unique_release`` (delete it while a given task id holds it); on Redis each is a script
+(``unique_acquire.lua``, ``unique_release.lua``).
 
 Who frees it, by ``unique_until``:
 
@@ -41,9 +43,9 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_revoked
 
 from .. import constants as C
-from ..exceptions import RedisUnavailable, StoreError, UniqueConflict
+from ..exceptions import StoreError, UniqueConflict
+from .backends import LockBackend, UniqueClaim, get_lock_backend
 from .keys import KeyBuilder, KeySpec
-from .store import LockBackend, UniqueClaim, get_lock_store
 
 logger = logging.getLogger(__name__)
 
@@ -135,9 +137,10 @@ def claim(
     stored: bool,
     own: bool,
 ) -> UniqueClaim:
-    """Take ``key`` for ``task_id`` (replacing a stored holder that is gone); Redis errors raise
-    :class:`RedisUnavailable` at the call site: nothing was published."""
-    store = get_lock_store(app)
+    """Take ``key`` for ``task_id`` (replacing a stored holder that is gone). A lock backend that cannot be
+    reached raises :class:`~celery_safe_time.exceptions.CoordinationUnavailable` at the call site
+    (``RedisUnavailable`` on Redis): nothing was published."""
+    store = get_lock_backend(app)
     state = C.UNIQUE_STATE_RETRYING if own else (C.UNIQUE_STATE_STORED if stored else C.UNIQUE_STATE_QUEUED)
     gone: str | None = None
     try:
@@ -150,17 +153,17 @@ def claim(
             logger.info("unique key %r: holder %s has ended in the store, taking the key over", key, found.holder)
             gone = found.holder
     except (redis.RedisError, OSError) as exc:
-        raise RedisUnavailable(f"cannot take unique key {key!r} ({store.describe()}): {exc}") from exc
+        raise store.unavailable(f"cannot take unique key {key!r} ({store.describe()}): {exc}") from exc
 
 
 def repoint(app: Celery, key: str, from_task: str, to_task: str, ttl: float) -> None:
-    """The store already had a pending row for the key (Redis had forgotten it): the key names that row."""
+    """The store already had a pending row for the key (the lock backend had forgotten it): the key names
+    that row."""
+    store = get_lock_backend(app)
     try:
-        get_lock_store(app).unique_acquire(
-            key, to_task, ttl, C.UNIQUE_STATE_STORED, stored=True, host=_HOST, gone=from_task
-        )
+        store.unique_acquire(key, to_task, ttl, C.UNIQUE_STATE_STORED, stored=True, host=_HOST, gone=from_task)
     except (redis.RedisError, OSError) as exc:
-        logger.warning("could not point unique key %r at stored task %s: %s", key, to_task, exc)
+        logger.warning("could not point unique key %r on %s at stored task %s: %s", key, store.label, to_task, exc)
 
 
 def conflict(task: Task, spec: UniqueSpec, key: str, holder: str, state: str | None) -> Any:
@@ -178,7 +181,14 @@ def release(store: LockBackend, key: str, task_id: str, why: str) -> bool:
     try:
         released = store.unique_release(key, task_id)
     except (redis.RedisError, OSError) as exc:
-        logger.warning("could not release unique key %r of %s (%s; it expires on its own): %s", key, task_id, why, exc)
+        logger.warning(
+            "could not release unique key %r of %s on %s (%s; it expires on its own): %s",
+            key,
+            task_id,
+            store.label,
+            why,
+            exc,
+        )
         return False
     if released:
         logger.debug("released unique key %r of %s: %s", key, task_id, why)
@@ -201,7 +211,7 @@ def run_unique(task: Task, body: Callable[[], R]) -> R:
     spec = spec_of(task)
     if key is None or spec is None or spec.until == C.UNIQUE_UNTIL_EXPIRED:
         return body()
-    store = get_lock_store(task._get_app())
+    store = get_lock_backend(task._get_app())
     task_id = str(request.id)
     if spec.until == C.UNIQUE_UNTIL_EXECUTING:
         release(store, key, task_id, "started")
@@ -210,7 +220,7 @@ def run_unique(task: Task, body: Callable[[], R]) -> R:
         # Counted again from the start: a kill -9 now frees the key unique_ttl later.
         store.unique_acquire(key, task_id, spec.ttl, C.UNIQUE_STATE_RUNNING, stored=None, host=_HOST, own=True)
     except (redis.RedisError, OSError) as exc:
-        logger.warning("could not mark unique key %r of %s running: %s", key, task_id, exc)
+        logger.warning("could not mark unique key %r of %s running on %s: %s", key, task_id, store.label, exc)
     keep = False
     try:
         return body()
@@ -234,7 +244,7 @@ def _release_revoked(sender: Task | None = None, request: Any = None, expired: b
     task_id = getattr(request, "id", None)
     if not key or not task_id:
         return
-    release(get_lock_store(task._get_app()), key, str(task_id), "expired" if expired else "revoked")
+    release(get_lock_backend(task._get_app()), key, str(task_id), "expired" if expired else "revoked")
 
 
 def _release_killed(
@@ -258,7 +268,7 @@ def _release_killed(
     except TypeError as exc:
         logger.warning("cannot free the unique key of %s[%s]: %s", sender.name, task_id, exc)
         return
-    release(get_lock_store(sender._get_app()), key, task_id, exception.__class__.__name__)
+    release(get_lock_backend(sender._get_app()), key, task_id, exception.__class__.__name__)
 
 
 def _comes_back(task: Task) -> bool:
@@ -275,7 +285,7 @@ def release_stored(app: Celery, task_id: str, payload_headers: Mapping[str, Any]
     """A stored row was cancelled: free the unique key it held."""
     key = (payload_headers or {}).get(C.HEADER_UNIQUE)
     if key:
-        release(get_lock_store(app), str(key), task_id, "cancelled")
+        release(get_lock_backend(app), str(key), task_id, "cancelled")
 
 
 task_revoked.connect(_release_revoked, weak=False, dispatch_uid="celery_safe_time.unique.revoked")

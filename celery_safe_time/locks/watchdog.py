@@ -205,7 +205,7 @@ class _Renewer:
         self._wake_at = math.inf
         #: With no lock to renew the thread still wakes this often: the shortest renewal interval seen
         #: here. A lock taken next is then first due after that wake-up, so taking it needs no notify:
-        #: waking this thread on every acquire cost a context switch (and the GIL) per locked task.
+        #: waking this thread on every acquire would cost a context switch (and the GIL) per locked task.
         self._idle_wait = math.inf
         self._calls = _Calls(C.LOCK_RENEWAL_THREADS)
         self._thread = threading.Thread(target=self._run, name="safe-time-lock-renewer", daemon=True)

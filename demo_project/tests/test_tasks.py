@@ -85,7 +85,7 @@ def test_monthly_invoices_fire_at_two_utc_on_the_first() -> None:
 
 
 def test_an_inventory_sync_whose_account_is_busy_is_skipped(safe_time: SafeTimeTesting, settings: object) -> None:
-    from celery_safe_time.locks.store import Owner
+    from celery_safe_time.locks.backends import Owner
 
     settings.SYNC_SECONDS = 0  # type: ignore[attr-defined]
     safe_time.locks.acquire("sync:1", "someone-else", 60, Owner("other-task", "other", "host", 1))

@@ -177,7 +177,7 @@ def guarded(self, key: str) -> str:  # type: ignore[no-untyped-def]
 
 
 @app.task(bind=True, name="locks.guarded_raise")
-@overlap_lock("guarded:{key}", ttl=TTL, on_redis_error="raise")
+@overlap_lock("guarded:{key}", ttl=TTL, on_backend_error="raise")
 def guarded_raise(self, key: str) -> str:  # type: ignore[no-untyped-def]
     record("guarded_raise", key, self.request.id, time.time())
     return "ran"

@@ -346,7 +346,7 @@ def test_wrong_redis_password_locks_raise_a_clear_error(
     install(app)
 
     @app.task(name="bad.locked", shared=False)
-    @overlap_lock("acct:{account}", on_redis_error="raise")
+    @overlap_lock("acct:{account}", on_backend_error="raise")
     def locked(account: int) -> int:
         return account
 

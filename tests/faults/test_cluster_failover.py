@@ -13,7 +13,8 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore, Owner
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis
 from tests.helpers.beat import duplicates, runs
 from tests.helpers.cluster_run import LockContenders, leader_pid, one_leader_at_a_time, settle, start_beats, wait_runs
@@ -37,7 +38,7 @@ def test_master_failover_mid_run(
     app: Celery = make_app(safe_time_redis_url=cluster.url)  # type: ignore[operator]
     config = get_config(app)
     client = create_redis(cluster.url)
-    store = LockStore(client, config)
+    store = RedisLockBackend(client, config)
     # A long lock on the beat's master, taken before the fault, and two contenders on another key.
     lease_key = config.key(C.KEY_BEAT_LEASE)
     victim = cluster.master_of(lease_key)
@@ -70,7 +71,7 @@ def test_master_failover_mid_run(
     fresh = create_redis(cluster.url)
     try:
         # The lock taken before the failover replicated: its owner still holds it, fence unchanged.
-        other = LockStore(fresh, config).acquire(held_key, "someone-else", 5, Owner("x", "x:0:0", "test", 2))
+        other = RedisLockBackend(fresh, config).acquire(held_key, "someone-else", 5, Owner("x", "x:0:0", "test", 2))
         assert other.status == "held"
         assert other.holder is not None
         assert other.holder.fence == long_lock.fence

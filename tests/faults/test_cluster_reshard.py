@@ -15,7 +15,7 @@ from redis.cluster import key_slot
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis
 from tests.helpers.beat import duplicates, runs
 from tests.helpers.cluster_run import (
@@ -75,7 +75,7 @@ def test_slot_migration_mid_run(
     app: Celery = make_app(safe_time_redis_url=cluster.url)  # type: ignore[operator]
     config = get_config(app)
     client = create_redis(cluster.url)
-    contenders = LockContenders(LockStore(client, config), "reshard:k").start()
+    contenders = LockContenders(RedisLockBackend(client, config), "reshard:k").start()
     beats = start_beats(processes, cluster.url)
     wait_for(lambda: leader_pid(client, config), 30, message="a leader")
     wait_runs(redis_client, 5)

@@ -19,7 +19,8 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore, Owner
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis
 from tests.helpers.beat import duplicates, runs
 from tests.helpers.cluster_run import LockContenders, leader_pid, one_leader_at_a_time, settle, start_beats, wait_runs
@@ -46,7 +47,7 @@ def test_master_killed_beat_resumes_with_one_leader(
     app: Celery = make_app(safe_time_redis_url=sentinel.url)  # type: ignore[operator]
     config = get_config(app)
     client = create_redis(sentinel.url)
-    store = LockStore(client, config)
+    store = RedisLockBackend(client, config)
     long_owner = Owner(task_id="long", identity="long:0:0", host="test", pid=1)
     long_lock = store.acquire("held", "long-token", 120, long_owner)
     assert long_lock.status == "acquired"
@@ -81,7 +82,7 @@ def test_master_killed_beat_resumes_with_one_leader(
     new_master = sentinel.replica.client()
     fired_after = _keys(new_master, config.key_prefix + "beat:fired:*")
     lost_markers = fired_before - fired_after
-    lock_after = LockStore(new_master, config).acquire("held", "other", 5, Owner("x", "x:0:0", "test", 3))
+    lock_after = RedisLockBackend(new_master, config).acquire("held", "other", 5, Owner("x", "x:0:0", "test", 3))
     epochs = sorted({int(r["headers"]["safe_time_epoch"]) for r in records})
     print(
         f"sentinel: promoted {promoted_after:.1f} s after the kill, runs resumed {resumed_after:.1f} s after it; "

@@ -469,7 +469,7 @@ EXPECTED_ERRORS = [
 ]
 #: Exceptions a traceback in a log may end with (all caused by the injected faults).
 EXPECTED_EXCEPTIONS = re.compile(
-    r"^(celery_safe_time\.exceptions\.(StoreError|RedisUnavailable|LockLost)|redis\.exceptions\.\w+|"
+    r"^(celery_safe_time\.exceptions\.(StoreError|RedisUnavailable|CoordinationUnavailable|LockLost)|redis\.exceptions\.\w+|"
     r"ConnectionRefusedError|ConnectionResetError|BrokenPipeError|TimeoutError|OSError|"
     r"sqlalchemy\.exc\.OperationalError|psycopg\.OperationalError|kombu\.exceptions\.OperationalError|"
     r"billiard\.exceptions\.WorkerLostError|celery_safe_time\.exceptions\.LeaseLost|"

@@ -8,7 +8,7 @@ from celery import Celery
 
 from celery_safe_time.beat.backends import BeatLease, beat_backend
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import Owner, get_lock_store
+from celery_safe_time.locks.backends import Owner, get_lock_backend
 
 #: An app at module level, for the ``SAFE_TIME_CELERY_APP = "module:attr"`` form of the setting.
 DOTTED_APP = Celery("admin-dotted", set_as_current=False)
@@ -27,6 +27,6 @@ def hold_lock(app: Celery, key: str, *, task_id: str, host: str, ttl: float = 60
     """Take overlap lock ``key`` with the worker's script; returns its token."""
     token = uuid.uuid4().hex
     owner = Owner(task_id=task_id, identity=f"{task_id}:1", host=host, pid=123)
-    acquired = get_lock_store(app).acquire(key, token, ttl, owner)
+    acquired = get_lock_backend(app).acquire(key, token, ttl, owner)
     assert acquired.status == "acquired", acquired
     return token

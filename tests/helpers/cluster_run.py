@@ -15,7 +15,8 @@ import redis
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import SafeTimeConfig
-from celery_safe_time.locks.store import LockStore, Owner
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from tests.helpers.beat import BEAT_APP, beat_env, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
@@ -70,7 +71,7 @@ class LockContenders:
     """Two threads taking one lock in turn (hold 0.2 s, release): every hold is recorded as
     (start, end) in Redis TIME so overlaps can be counted. Errors (a failover) are counted, not fatal."""
 
-    store: LockStore
+    store: RedisLockBackend
     key: str
     ttl: float = 5.0
     holds: list[tuple[float, float, str]] = field(default_factory=list)

@@ -79,9 +79,9 @@ def runs(client: redis.Redis, name: str | None = None) -> list[dict[str, Any]]:
 
 def key_state(app: Celery, key: str) -> dict[str, Any]:
     """The unique ``key``'s holder and state on the app's lock backend ({} when free)."""
-    from celery_safe_time.locks.store import get_lock_store
+    from celery_safe_time.locks.backends import get_lock_backend
 
-    info = get_lock_store(app).unique_info(key, time.time())
+    info = get_lock_backend(app).unique_info(key, time.time())
     return {} if info is None else {"task_id": info.task_id, "state": info.state}
 
 

@@ -26,7 +26,8 @@ from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.checks import check_redis
 from celery_safe_time.config import SafeTimeConfig, get_config
 from celery_safe_time.exceptions import LockConflict
-from celery_safe_time.locks.store import LockStore, Owner, get_lock_store
+from celery_safe_time.locks.backends import Owner, get_lock_backend
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis, is_cluster
 from tests.helpers.beat import BEAT_APP, beat_env, duplicates, runs
 from tests.helpers.processes import ProcessManager, wait_for
@@ -114,7 +115,7 @@ def test_lease_acquire_renew_dispatch_release(app: Celery, lease_client: redis.R
 
 @pytest.mark.parametrize("key", ["report:1", "sync:{account}", "}odd{", ""])
 def test_locks_fences_done_markers(app: Celery, lease_client: redis.Redis, key: str) -> None:
-    store = LockStore(lease_client, get_config(app))
+    store = RedisLockBackend(lease_client, get_config(app))
     first = store.acquire(key, "tok-a", 5, owner("a"))
     assert first.status == "acquired"
     held = store.acquire(key, "tok-b", 5, owner("b"))
@@ -138,7 +139,7 @@ def test_locks_fences_done_markers(app: Celery, lease_client: redis.Redis, key: 
 
 
 def test_idempotency_marker_and_commit(app: Celery, lease_client: redis.Redis) -> None:
-    store = LockStore(lease_client, get_config(app))
+    store = RedisLockBackend(lease_client, get_config(app))
     lock = C.IDEMPOTENT_LOCK_NAMESPACE + "order:7"
     assert store.acquire(lock, "t1", 5, owner("i"), marker="order:7").status == "acquired"
     assert store.commit(lock, "order:7", "t1", 60, "i", finished=("i:0:0", 60)) == (True, True)
@@ -162,7 +163,7 @@ def test_decorated_direct_calls(app: Celery) -> None:
         return n
 
     assert busy(1) == "ran"
-    get_lock_store(app).acquire("busy:2", "someone-else", 5, owner("other"))
+    get_lock_backend(app).acquire("busy:2", "someone-else", 5, owner("other"))
     with pytest.raises(LockConflict):
         busy(2)
     assert charge(3) == 3
@@ -245,7 +246,7 @@ def test_status_probes_metrics_and_locks_list(app: Celery, lease_client: redis.R
     config = get_config(app)
     lease = Lease(lease_client, config)
     assert lease.acquire(0.0) == 1
-    store = LockStore(lease_client, config)
+    store = RedisLockBackend(lease_client, config)
     for key in ("job:1", "job:2", "other:{x}", C.IDEMPOTENT_LOCK_NAMESPACE + "pay:9"):
         assert store.acquire(key, "t-" + key, 30, owner(key)).status == "acquired"
     check = probe_beat(app)

@@ -16,7 +16,7 @@ from celery_safe_time.clock import local_time
 from celery_safe_time.config import get_config
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.backends.base import NewDelay
-from celery_safe_time.locks.store import Owner, get_lock_store
+from celery_safe_time.locks.backends import Owner, get_lock_backend
 from celery_safe_time.metrics import GAUGES, register_gauges
 from celery_safe_time.redis_client import get_redis
 
@@ -82,7 +82,7 @@ def test_gauges_follow_the_store_the_lease_and_the_locks_on_scrape(make_app: Cal
     lease = Lease(get_redis(get_config(app).redis_url), get_config(app), info={"host": "beat-1", "pid": 4242})
     epoch = lease.acquire(local_time())
     assert epoch is not None
-    locks = get_lock_store(app)
+    locks = get_lock_backend(app)
     locks.acquire("sync:1", "tok1", 60, Owner("t1", "t1:1", "h", 1))
     locks.acquire("sync:2", "tok2", 60, Owner("t2", "t2:1", "h", 1))
 

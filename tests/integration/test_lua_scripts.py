@@ -9,12 +9,12 @@ import pytest
 import redis
 
 from celery_safe_time.beat import scripts as beat_scripts
-from celery_safe_time.locks import store
+from celery_safe_time.locks.backends import redis as lock_redis
 from celery_safe_time.redis_client import load_script
 
 pytestmark = pytest.mark.integration
 
-PACKAGES = {"celery_safe_time.beat": beat_scripts.SCRIPTS, "celery_safe_time.locks": store.SCRIPTS}
+PACKAGES = {"celery_safe_time.beat": beat_scripts.SCRIPTS, "celery_safe_time.locks": lock_redis.SCRIPTS}
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))

@@ -19,7 +19,8 @@ from celery_safe_time import constants as C
 from celery_safe_time.beat.lease import Lease
 from celery_safe_time.checks import check_redis
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore, Owner
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from tests.helpers import services
 from tests.helpers.processes import wait_for
 from tests.helpers.topologies import Node
@@ -82,7 +83,7 @@ def test_what_a_crash_keeps(make_app: Callable[..., Celery], server_factory: Cal
     if mode == "rdb":
         client.save()  # the last snapshot before the crash
     assert lease.dispatch(epoch, "e", 110.0, "{}", 120.0) == 1  # after the snapshot
-    store = LockStore(client, config)
+    store = RedisLockBackend(client, config)
     assert store.acquire("k", "tok", 60, Owner("t", "t:0:0", "h", 1)).status == "acquired"
 
     after = _crash_and_restart(node)

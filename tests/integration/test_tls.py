@@ -19,7 +19,8 @@ from celery_safe_time.checks import check_redis
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured
-from celery_safe_time.locks.store import LockStore, Owner
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis, is_cluster
 from tests.helpers.beat import BEAT_APP, beat_env, runs
 from tests.helpers.processes import ProcessManager, wait_for
@@ -60,7 +61,7 @@ def test_rediss_with_the_ca_runs_leases_and_locks(
     client = create_redis(config.redis_url)
     assert Lease(client, config).acquire(0.0) == 1
     owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
-    assert LockStore(client, config).acquire("k", "tok", 5, owner).status == "acquired"
+    assert RedisLockBackend(client, config).acquire("k", "tok", 5, owner).status == "acquired"
     assert {c.name: c.status for c in check_redis(config, client)}["redis"] == "ok"
 
 
@@ -139,7 +140,7 @@ def test_rediss_cluster_runs_leases_and_locks(make_app: Callable[..., Celery], t
     assert is_cluster(client)
     assert Lease(client, config).acquire(0.0) is not None
     owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
-    assert LockStore(client, config).acquire("k", "tok", 5, owner).status == "acquired"
+    assert RedisLockBackend(client, config).acquire("k", "tok", 5, owner).status == "acquired"
 
 
 def test_rediss_cluster_with_a_wrong_ca_fails_naming_the_setting(

@@ -14,7 +14,7 @@ from celery_safe_time.beat.backends.redis import EntryKeys
 from celery_safe_time.beat.lease import LeaseKeys
 from celery_safe_time.config import SafeTimeConfig, parse_config
 from celery_safe_time.exceptions import ImproperlyConfigured
-from celery_safe_time.locks.store import LockStore
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 
 CLUSTER = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"
 
@@ -29,8 +29,8 @@ class _NoClient:
         return SimpleNamespace(sha="0" * 40)
 
 
-def _store(config: SafeTimeConfig) -> LockStore:
-    return LockStore(_NoClient(), config)  # type: ignore[arg-type]
+def _store(config: SafeTimeConfig) -> RedisLockBackend:
+    return RedisLockBackend(_NoClient(), config)  # type: ignore[arg-type]
 
 
 def _slot(name: str) -> int:

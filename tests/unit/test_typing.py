@@ -29,7 +29,7 @@ app = Celery("proj", task_cls="celery_safe_time:SafeTask")
 config: SafeTimeConfig = install(app)
 
 
-@overlap_lock("sync:{account_id}", ttl=60, on_conflict="skip", on_redis_error="raise")
+@overlap_lock("sync:{account_id}", ttl=60, on_conflict="skip", on_backend_error="raise")
 def sync(account_id: int) -> int:
     return account_id
 
@@ -54,7 +54,7 @@ def sync(account_id: int) -> int:
     return account_id
 
 
-@idempotent("k", on_redis_error="ignore")
+@idempotent("k", on_backend_error="ignore")
 def once() -> None: ...
 
 
@@ -113,4 +113,6 @@ def test_type_checking_imports_match_the_lazy_exports() -> None:
 
 def test_literal_policy_types_match_the_runtime_checks() -> None:
     assert set(get_args(C.OnConflict)) == C.ON_CONFLICT_POLICIES
-    assert set(get_args(C.OnRedisError)) == C.ON_REDIS_ERROR_POLICIES
+    assert set(get_args(C.OnBackendError)) == C.ON_BACKEND_ERROR_POLICIES
+    assert C.OnRedisError is C.OnBackendError
+    assert C.ON_REDIS_ERROR_POLICIES is C.ON_BACKEND_ERROR_POLICIES

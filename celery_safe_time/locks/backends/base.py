@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import sys
+import warnings
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from ... import constants as C
 from ...config import SafeTimeConfig
+from ...exceptions import CoordinationUnavailable
 from ...redis_client import as_text
 from ..redis_wire import Settle, settle_with
 
@@ -29,7 +33,7 @@ class Owner(NamedTuple):
     """Who asks for a lock: one delivery of one task message in one process.
 
     A named tuple, as :class:`Acquired` is: one of each is built per locked call, and a frozen
-    dataclass's ``__init__`` (``object.__setattr__`` per field) cost several times as much.
+    dataclass's ``__init__`` (``object.__setattr__`` per field) costs several times as much.
     """
 
     task_id: str
@@ -112,6 +116,16 @@ def as_ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+def renamed(module: str, name: str, renames: Mapping[str, str]) -> Any:
+    """A module ``__getattr__``'s answer for ``name``: the object an old name in ``renames`` (old -> new)
+    stands for, with a :class:`DeprecationWarning`; :class:`AttributeError` for any other name."""
+    new = renames.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+    return getattr(sys.modules[module], new)
+
+
 #: What a lock's holder looks like to the hard-time-limit release: (token, task id, host, pid).
 HolderRecord = tuple[str | None, str | None, str | None, int | None]
 
@@ -121,6 +135,10 @@ class LockBackend(abc.ABC):
 
     #: A short name for messages and ``status``: ``redis``, ``postgres``, ``memory``.
     kind: str = "?"
+    #: The backend's name in log lines: ``Redis``, ``PostgreSQL``, ``memory``.
+    label: str = "?"
+    #: What a call that cannot reach this backend raises (the lock runtime wraps the driver's error).
+    unavailable: type[CoordinationUnavailable] = CoordinationUnavailable
 
     config: SafeTimeConfig
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ... import constants as C
 from ...config import SafeTimeConfig
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, renamed
 
 
 @dataclasses.dataclass
@@ -40,7 +40,7 @@ class _Unique:
     expires: float
 
 
-class MemoryLockStore(LockBackend):
+class MemoryLockBackend(LockBackend):
     """The lock scripts' rules (``locks/lua/*.lua``) on dicts in this process, for tests.
 
     Expiry follows ``clock`` (``time.time`` by default); fencing numbers start at the clock in
@@ -48,6 +48,7 @@ class MemoryLockStore(LockBackend):
     """
 
     kind = "memory"
+    label = "memory"
 
     def __init__(self, config: SafeTimeConfig, clock: Any = time.time) -> None:
         self.config = config
@@ -282,3 +283,11 @@ class MemoryLockStore(LockBackend):
         """Whether an ``idempotent`` key has run (its marker is within its window)."""
         with self._mutex:
             return self._alive(self._markers, self.marker_key(key))
+
+
+#: Deprecated names (old -> current); each warns when used.
+_RENAMED = {"MemoryLockStore": "MemoryLockBackend"}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, _RENAMED)

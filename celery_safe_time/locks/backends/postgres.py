@@ -19,12 +19,15 @@ so acquire, renew, release and commit are each one statement, one round trip, on
 connection. Expired rows are replaced when their name is taken again, and a process deletes expired
 rows at most every ``PG_LOCK_PURGE_INTERVAL`` seconds.
 
+The SQL is package data: the tables, sequence and functions in ``locks/sql/schema.sql``, every statement
+the backend runs in ``locks/sql/queries.sql`` (:mod:`.postgres_sql` reads them and installs the schema).
+
 Two ways to hold an overlap lock (``safe_time_coordination_locks``):
 
-- ``lease`` (the default, :class:`PostgresLockStore`): the row expires ``ttl`` after its last
+- ``lease`` (the default, :class:`PostgresLockBackend`): the row expires ``ttl`` after its last
   renewal, and the watchdog renews it as on Redis. A killed holder's lock is free when its lease runs
   out. Works behind PgBouncer in transaction mode.
-- ``session`` (:class:`PostgresSessionLockStore`): ``pg_try_advisory_lock`` on a connection held for
+- ``session`` (:class:`PostgresSessionLockBackend`): ``pg_try_advisory_lock`` on a connection held for
   the task's run; the row only describes the holder. PostgreSQL frees the lock as soon as the holder's
   connection dies (kill -9, a hard time limit), but a holder that hangs keeps it (no expiry), the run
   holds one more connection, and it does NOT work behind PgBouncer in transaction mode (the session
@@ -49,355 +52,13 @@ from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import CoordinationUnavailable
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms
+from . import postgres_sql
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms, renamed
+from .postgres_sql import QUERIES
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-V = C.PG_LOCK_SCHEMA_VERSION
-
-#: Serializes schema creation between processes (a transaction advisory lock, any constant key).
-_SCHEMA_LOCK_KEY = 0x5AFE7140C4
-
-_TABLES = """
-CREATE TABLE IF NOT EXISTS safe_time_lock (
-    name text PRIMARY KEY,
-    token text NOT NULL,
-    task_id text,
-    identity text,
-    host text,
-    pid integer,
-    fence bigint NOT NULL,
-    acquired_at timestamptz NOT NULL,
-    renewed_at timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS safe_time_lock_expires ON safe_time_lock (expires_at);
-CREATE TABLE IF NOT EXISTS safe_time_lock_marker (
-    name text PRIMARY KEY,
-    task_id text,
-    token text,
-    created_at timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS safe_time_lock_marker_expires ON safe_time_lock_marker (expires_at);
-CREATE TABLE IF NOT EXISTS safe_time_unique (
-    name text PRIMARY KEY,
-    task_id text NOT NULL,
-    state text,
-    stored boolean NOT NULL DEFAULT false,
-    host text,
-    created_at timestamptz NOT NULL,
-    updated_at timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS safe_time_unique_expires ON safe_time_unique (expires_at);
--- The server start time fences were last made safe for (see safe_time_lock_fence_guard_v3).
-CREATE TABLE IF NOT EXISTS safe_time_lock_boot (
-    id integer PRIMARY KEY,
-    started_at timestamptz NOT NULL
-);
-DO $$ BEGIN
-    IF to_regclass('safe_time_lock_fence') IS NULL THEN
-        EXECUTE 'CREATE SEQUENCE safe_time_lock_fence AS bigint START WITH '
-            || ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text;
-    END IF;
-END $$;
-"""
-
-# The acquire rules of acquire.lua. Returns (status, fence, own, holder task id, host, pid).
-# ``p_session``: the lock itself is a session advisory lock on this connection (taken here); the row
-# only describes its holder, and a row whose advisory lock nobody holds is stale.
-_FUNCTIONS = """
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v2(
-    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
-    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
-RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    cur safe_time_lock%ROWTYPE;
-    new_fence bigint;
-    expires timestamptz := CASE WHEN p_session THEN 'infinity'::timestamptz
-                                ELSE now() + p_ttl_ms * interval '1 millisecond' END;
-BEGIN
-    -- One acquire, commit or release of a key at a time (a transaction lock, held to the commit):
-    -- the marker checks below then see a commit or release that ended just before, as the Redis
-    -- script, which runs alone, does. Without it a run could check the markers, wait on the row the
-    -- finishing holder deletes, find it gone and run a key (or a delivery) a second time.
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
-    IF p_marker IS NOT NULL AND EXISTS (
-        SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
-        RETURN QUERY SELECT 'done'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_done AND m.expires_at > now()) THEN
-        RETURN QUERY SELECT 'finished'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    IF p_session AND NOT pg_try_advisory_lock(hashtextextended(p_name, 0)) THEN
-        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name;
-        RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
-            cur.fence, false, cur.task_id, cur.host, cur.pid;
-        RETURN;
-    END IF;
-    LOOP
-        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
-        IF FOUND THEN
-            IF p_session OR cur.expires_at > now() THEN
-                IF cur.token = p_token OR cur.token = ANY(p_earlier) THEN
-                    -- Our own token (a lost reply): nobody ran under it; take it over, same fence.
-                    UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity,
-                        host = p_host, pid = p_pid, renewed_at = now(), expires_at = expires
-                    WHERE name = p_name;
-                    RETURN QUERY SELECT 'acquired'::text, cur.fence, true, NULL::text, NULL::text, NULL::integer;
-                    RETURN;
-                END IF;
-                IF NOT p_session THEN
-                    RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
-                        cur.fence, false, cur.task_id, cur.host, cur.pid;
-                    RETURN;
-                END IF;
-            END IF;
-            -- Expired (or, in session mode, left behind by a session that ended): a new holder.
-            new_fence := nextval('safe_time_lock_fence');
-            UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
-                pid = p_pid, fence = new_fence, acquired_at = now(), renewed_at = now(), expires_at = expires
-            WHERE name = p_name;
-            RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
-            RETURN;
-        END IF;
-        new_fence := nextval('safe_time_lock_fence');
-        INSERT INTO safe_time_lock
-            (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
-        VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, new_fence, now(), now(), expires)
-        ON CONFLICT (name) DO NOTHING;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
-            RETURN;
-        END IF;
-        -- Another acquirer inserted the row meanwhile: read it (this statement sees its commit).
-    END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION safe_time_lock_commit_v2(
-    p_lock text, p_marker text, p_token text, p_window_ms bigint, p_task_id text, p_done text,
-    p_done_ms bigint, p_session boolean)
-RETURNS TABLE (recorded boolean, released boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    is_recorded boolean;
-    is_released boolean;
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 1));
-    -- The marker is written even when the lock was lost meanwhile: the body did succeed, and the
-    -- first live marker is kept. One holding our own token counts as recorded (a retried commit).
-    INSERT INTO safe_time_lock_marker (name, task_id, token, created_at, expires_at)
-    VALUES (p_marker, p_task_id, p_token, now(), now() + p_window_ms * interval '1 millisecond')
-    ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, token = EXCLUDED.token,
-        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-    WHERE safe_time_lock_marker.expires_at <= now();
-    is_recorded := FOUND;
-    IF NOT is_recorded THEN
-        SELECT m.token = p_token INTO is_recorded FROM safe_time_lock_marker m WHERE m.name = p_marker;
-    END IF;
-    IF p_done IS NOT NULL THEN
-        INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)
-        VALUES (p_done, p_task_id, now(), now() + p_done_ms * interval '1 millisecond')
-        ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,
-            expires_at = EXCLUDED.expires_at;
-    END IF;
-    DELETE FROM safe_time_lock WHERE name = p_lock AND token = p_token AND (p_session OR expires_at > now());
-    is_released := FOUND;
-    RETURN QUERY SELECT coalesce(is_recorded, false), is_released;
-END $$;
-
--- A release commits without waiting for its WAL flush (synchronous_commit off for this one
--- transaction): a crash can forget at most the last fraction of a second of releases, and a
--- forgotten release only keeps the lock until its lease runs out.
-CREATE OR REPLACE FUNCTION safe_time_lock_release_v2(
-    p_name text, p_token text, p_done text, p_task_id text, p_done_ms bigint, p_session boolean)
-RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
-    PERFORM set_config('synchronous_commit', 'off', true);
-    IF p_done IS NOT NULL THEN
-        INSERT INTO safe_time_lock_marker (name, task_id, created_at, expires_at)
-        VALUES (p_done, p_task_id, now(), now() + p_done_ms * interval '1 millisecond')
-        ON CONFLICT (name) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at,
-            expires_at = EXCLUDED.expires_at;
-    END IF;
-    DELETE FROM safe_time_lock WHERE name = p_name AND token = p_token AND (p_session OR expires_at > now());
-    RETURN FOUND;
-END $$;
-
--- Fences after a crash. An acquire commits without waiting for its WAL flush (below), so a crash can
--- forget the last acquires, and with them the sequence's WAL record that covered their fences: after
--- recovery the sequence could hand the same fences out again. The first acquire of every session
--- (every session after a restart is new) runs this: once per server start, under a transaction
--- lock, the sequence jumps to at least the database clock in microseconds (fences lag it: they grow
--- by one per acquire from the clock at creation), above every fence handed out before the restart.
--- That transaction commits synchronously.
-CREATE OR REPLACE FUNCTION safe_time_lock_fence_guard_v3() RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    seen timestamptz;
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('safe_time_lock_fence_guard', 1));
-    SELECT b.started_at INTO seen FROM safe_time_lock_boot b WHERE b.id = 1;
-    IF seen IS DISTINCT FROM pg_postmaster_start_time() THEN
-        PERFORM setval('safe_time_lock_fence', greatest(
-            (SELECT s.last_value FROM safe_time_lock_fence s),
-            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint));
-        INSERT INTO safe_time_lock_boot (id, started_at) VALUES (1, pg_postmaster_start_time())
-        ON CONFLICT (id) DO UPDATE SET started_at = EXCLUDED.started_at;
-    END IF;
-END $$;
-
--- The acquire (schema v4): acquire_v2's rules after the fence guard on a session's first call, in one
--- function (no nested call and the result set copied through it), both markers in one index probe,
--- and the row inserted first (the usual case: the key is free), so a free key costs one statement
--- less. A conflicting INSERT takes a fence it then drops: fences still come only from the sequence and
--- only grow, with gaps (as across keys already). Returns one row of OUT values.
---
--- A lease acquire commits as the server's synchronous_commit says (on by default: it waits for its WAL
--- flush, so neither a restart nor a crash forgets it). A session-mode acquire does not wait
--- (synchronous_commit off for this one transaction): any restart ends the sessions and frees their
--- advisory locks anyway. Where an operator turns synchronous_commit off for the role or in the URL, a
--- crash can forget the acquires of its last moments (at most 3 x wal_writer_delay): their holders
--- learn it at their next renewal (LockLost), and their fences stay below every later one (the guard).
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v4(
-    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
-    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean,
-    OUT status text, OUT fence bigint, OUT own boolean, OUT h_task_id text, OUT h_host text, OUT h_pid integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    cur safe_time_lock%ROWTYPE;
-    expires timestamptz;
-BEGIN
-    -- The fence guard: a session's first acquire after a server start.
-    IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
-        PERFORM safe_time_lock_fence_guard_v3();
-        PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
-    ELSIF p_session THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
-    IF EXISTS (SELECT 1 FROM safe_time_lock_marker m WHERE m.name IN (p_marker, p_done) AND m.expires_at > now()) THEN
-        IF p_marker IS NOT NULL AND EXISTS (
-            SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
-            status := 'done';
-        ELSE
-            status := 'finished';
-        END IF;
-        own := false;
-        RETURN;
-    END IF;
-    IF p_session AND NOT pg_try_advisory_lock(hashtextextended(p_name, 0)) THEN
-        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name;
-        status := CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END;
-        fence := cur.fence; own := false; h_task_id := cur.task_id; h_host := cur.host; h_pid := cur.pid;
-        RETURN;
-    END IF;
-    expires := CASE WHEN p_session THEN 'infinity'::timestamptz ELSE now() + p_ttl_ms * interval '1 millisecond' END;
-    own := false;
-    LOOP
-        -- A fence from the sequence, as in v2; the row is new, so this is a new holder.
-        INSERT INTO safe_time_lock
-            (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
-        VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, nextval('safe_time_lock_fence'),
-            now(), now(), expires)
-        ON CONFLICT (name) DO NOTHING
-        RETURNING safe_time_lock.fence INTO fence;
-        IF FOUND THEN
-            status := 'acquired';
-            RETURN;
-        END IF;
-        -- The name is taken: v2's rules on that row (or, if it went meanwhile, insert again).
-        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
-        IF FOUND THEN
-            IF p_session OR cur.expires_at > now() THEN
-                -- Our own token (a lost reply): nobody ran under it; take it over, same fence.
-                IF cur.token = p_token OR cur.token = ANY(p_earlier) THEN
-                    UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity,
-                        host = p_host, pid = p_pid, renewed_at = now(), expires_at = expires
-                    WHERE name = p_name;
-                    status := 'acquired'; fence := cur.fence; own := true;
-                    RETURN;
-                END IF;
-                IF NOT p_session THEN
-                    status := CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END;
-                    fence := cur.fence; h_task_id := cur.task_id; h_host := cur.host; h_pid := cur.pid;
-                    RETURN;
-                END IF;
-            END IF;
-            -- Expired (or, in session mode, left behind by a session that ended): a new holder.
-            UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
-                pid = p_pid, fence = nextval('safe_time_lock_fence'), acquired_at = now(), renewed_at = now(),
-                expires_at = expires
-            WHERE name = p_name
-            RETURNING safe_time_lock.fence INTO fence;
-            status := 'acquired';
-            RETURN;
-        END IF;
-    END LOOP;
-END $$;
-
--- The acquire of workers one release behind (schema v3): v4's, so a fleet mid-upgrade follows one
--- set of rules and one fence guard.
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v3(
-    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
-    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
-RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM safe_time_lock_acquire_v4(p_name, p_done, p_marker, p_token, p_ttl_ms,
-        p_task_id, p_host, p_pid, p_identity, p_earlier, p_session);
-END $$;
-
-CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v2(
-    p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
-    p_gone text, p_own boolean)
-RETURNS TABLE (status text, h_task_id text, h_state text, h_stored boolean, ms_left bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-    cur safe_time_unique%ROWTYPE;
-    expires timestamptz := now() + p_ttl_ms * interval '1 millisecond';
-BEGIN
-    LOOP
-        SELECT * INTO cur FROM safe_time_unique u WHERE u.name = p_name FOR UPDATE;
-        IF FOUND THEN
-            IF cur.expires_at > now() THEN
-                IF cur.task_id = p_task_id AND p_own THEN
-                    UPDATE safe_time_unique SET state = p_state, host = p_host, updated_at = now(),
-                        expires_at = expires, stored = coalesce(p_stored, stored)
-                    WHERE name = p_name;
-                    RETURN QUERY SELECT 'own'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
-                    RETURN;
-                END IF;
-                IF p_gone IS NULL OR cur.task_id <> p_gone THEN
-                    RETURN QUERY SELECT 'held'::text, cur.task_id, cur.state, cur.stored,
-                        (extract(epoch FROM cur.expires_at - now()) * 1000)::bigint;
-                    RETURN;
-                END IF;
-            END IF;
-            UPDATE safe_time_unique SET task_id = p_task_id, state = p_state, stored = coalesce(p_stored, false),
-                host = p_host, created_at = now(), updated_at = now(), expires_at = expires
-            WHERE name = p_name;
-            RETURN QUERY SELECT 'acquired'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
-            RETURN;
-        END IF;
-        INSERT INTO safe_time_unique (name, task_id, state, stored, host, created_at, updated_at, expires_at)
-        VALUES (p_name, p_task_id, p_state, coalesce(p_stored, false), p_host, now(), now(), expires)
-        ON CONFLICT (name) DO NOTHING;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'acquired'::text, NULL::text, NULL::text, NULL::boolean, NULL::bigint;
-            RETURN;
-        END IF;
-    END LOOP;
-END $$;
-"""
 
 
 class _Call:
@@ -405,7 +66,7 @@ class _Call:
 
     ``libpq``: sent with ``PGconn.exec_params`` on the pooled psycopg connection, parameters and
     results as text. psycopg's ``Cursor`` around each call (a transformer, a dumper per parameter,
-    a ``Column`` per result column) cost two to three times the client CPU of the call itself, and on a
+    a ``Column`` per result column) costs two to three times the client CPU of the call itself, and on a
     loaded worker CPU time is what a lock pays for most. ``pyformat``: the same statement through the
     driver's cursor, where that fast path does not apply (another driver, or gevent/eventlet, where a
     blocking libpq call would stall every green thread; psycopg's cursor waits cooperatively there).
@@ -421,78 +82,24 @@ class _Call:
         self.columns = columns
 
 
-_ACQUIRE = _Call(
-    "SELECT * FROM safe_time_lock_acquire_v4($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::text,"
-    " $7::text, $8::integer, $9::text, $10::text[], $11::boolean)",
-    "sibssi",
-)
-_RENEW = _Call(
-    "UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + $1::bigint * interval '1 millisecond'"
-    " WHERE name = $2::text AND token = $3::text AND expires_at > now()"
-)
-# A release skips its WAL flush (see safe_time_lock_release_v2). The SQL is literal text, table
-# names included: no statement here is built from strings.
-_RELEASE = _Call("SELECT safe_time_lock_release_v2($1::text, $2::text, $3::text, $4::text, $5::bigint, false)", "b")
-_COMMIT = _Call(
-    "SELECT * FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text,"
-    " $7::bigint, false)",
-    "bb",
-)
+_ACQUIRE = _Call(QUERIES["acquire"], "sibssi")
+_RENEW = _Call(QUERIES["renew"])
+_RELEASE = _Call(QUERIES["release"], "b")
+_COMMIT = _Call(QUERIES["commit"], "bb")
 
-_HOLDER = sa.text("SELECT token, task_id, host, pid FROM safe_time_lock WHERE name = :name AND expires_at > now()")
-# Columns of a held lock, as _lock_info reads them: name, task_id, host, pid, fence, age, ttl left.
-_INFO = sa.text(
-    "SELECT name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
-    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END"
-    " FROM safe_time_lock WHERE name = :name AND expires_at > now()"
-)
-_SCAN = sa.text(
-    "SELECT name, task_id, host, pid, fence, extract(epoch FROM now() - acquired_at)::float8,"
-    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END"
-    " FROM safe_time_lock WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
-)
-_FORCE_RELEASE = sa.text(
-    "DELETE FROM safe_time_lock WHERE name = :name RETURNING name, task_id, host, pid, fence,"
-    " extract(epoch FROM now() - acquired_at)::float8,"
-    " CASE WHEN expires_at = 'infinity' THEN NULL ELSE extract(epoch FROM expires_at - now())::float8 END,"
-    " expires_at > now()"
-)
-_UNIQUE_ACQUIRE = sa.text(
-    "SELECT * FROM safe_time_unique_acquire_v2(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)"
-)
-_UNIQUE_RELEASE = sa.text(
-    "DELETE FROM safe_time_unique WHERE name = :name AND task_id = :task_id AND expires_at > now()"
-)
-# Columns of a unique key, as _unique_info reads them: name, task_id, host, state, age, ttl left.
-_UNIQUE_INFO = sa.text(
-    "SELECT name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
-    " extract(epoch FROM expires_at - now())::float8 FROM safe_time_unique WHERE name = :name AND expires_at > now()"
-)
-_UNIQUE_SCAN = sa.text(
-    "SELECT name, task_id, host, state, extract(epoch FROM now() - created_at)::float8,"
-    " extract(epoch FROM expires_at - now())::float8 FROM safe_time_unique"
-    " WHERE name LIKE :like ESCAPE '!' AND expires_at > now()"
-)
-_UNIQUE_FORCE = sa.text(
-    "DELETE FROM safe_time_unique WHERE name = :name RETURNING name, task_id, host, state,"
-    " extract(epoch FROM now() - created_at)::float8, extract(epoch FROM expires_at - now())::float8,"
-    " expires_at > now()"
-)
-_MARKER_LIVE = sa.text("SELECT 1 FROM safe_time_lock_marker WHERE name = :name AND expires_at > now()")
-_PURGE = [
-    sa.text(
-        "DELETE FROM safe_time_lock_marker WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock_marker"
-        " WHERE expires_at < now() LIMIT 1000))"
-    ),
-    sa.text(
-        "DELETE FROM safe_time_unique WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_unique"
-        " WHERE expires_at < now() LIMIT 1000))"
-    ),
-    sa.text(
-        "DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock"
-        " WHERE expires_at < now() LIMIT 1000))"
-    ),
-]
+_HOLDER = sa.text(QUERIES["holder"])
+_INFO = sa.text(QUERIES["info"])
+_SCAN = sa.text(QUERIES["scan"])
+_FORCE_RELEASE = sa.text(QUERIES["force_release"])
+_UNIQUE_ACQUIRE = sa.text(QUERIES["unique_acquire"])
+_UNIQUE_RELEASE = sa.text(QUERIES["unique_release"])
+_UNIQUE_INFO = sa.text(QUERIES["unique_info"])
+_UNIQUE_SCAN = sa.text(QUERIES["unique_scan"])
+_UNIQUE_FORCE = sa.text(QUERIES["unique_force_release"])
+_MARKER_LIVE = sa.text(QUERIES["marker_live"])
+_PURGE = [sa.text(QUERIES[name]) for name in ("purge_markers", "purge_unique", "purge_locks")]
+_TABLES_PRESENT = sa.text(QUERIES["tables_present"])
+_HELD_COUNT = sa.text(QUERIES["held_count"])
 
 #: Errors that mean the database could not be reached (or the connection broke), not a bad statement.
 _UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError)
@@ -544,15 +151,12 @@ def _text_value(raw: bytes | None, kind: str, encoding: str) -> Any:
     return raw.decode(encoding)
 
 
-_schema_ready: set[tuple[int, str]] = set()
-_schema_lock = threading.Lock()
-
-
-class PostgresLockStore(LockBackend):
+class PostgresLockBackend(LockBackend):
     """Lease-row locks on the coordination database: see the module docstring."""
 
     kind = "postgres"
-    #: Whether overlap locks are session advisory locks (:class:`PostgresSessionLockStore`).
+    label = "PostgreSQL"
+    #: Whether overlap locks are session advisory locks (:class:`PostgresSessionLockBackend`).
     session = False
 
     def __init__(self, config: SafeTimeConfig, engine: sa.Engine | None = None) -> None:
@@ -574,32 +178,11 @@ class PostgresLockStore(LockBackend):
         """Create the tables, sequence and functions unless this database has them (once per process)."""
         if self._schema_checked:
             return
-        key = (id(self.engine), str(self.engine.url))
-        if key in _schema_ready:
-            self._schema_checked = True
-            return
-        with _schema_lock:
-            if key in _schema_ready:
-                return
-            try:
-                with self.engine.connect() as conn:
-                    present = conn.execute(
-                        sa.text("SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL")
-                    ).scalar_one()
-                    if not present:
-                        conn.execute(sa.text("BEGIN"))
-                        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
-                        # The driver's own execute: no parameters, so no placeholder parsing of
-                        # ``%ROWTYPE``, and several statements in one simple query.
-                        driver = conn.connection.driver_connection
-                        assert driver is not None
-                        driver.execute(_TABLES)
-                        driver.execute(_FUNCTIONS)
-                        conn.execute(sa.text("COMMIT"))
-                        logger.info("created the PostgreSQL lock tables (schema v%d)", V)
-            except _UNREACHABLE as exc:
-                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
-            _schema_ready.add(key)
+        try:
+            if postgres_sql.ensure_schema(self.engine):
+                logger.info("created the PostgreSQL lock tables (schema v%d)", C.PG_LOCK_SCHEMA_VERSION)
+        except _UNREACHABLE as exc:
+            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
         self._schema_checked = True
 
     @contextmanager
@@ -633,7 +216,7 @@ class PostgresLockStore(LockBackend):
 
     def _raw_checkout(self) -> Any:
         """A pooled DBAPI connection (no SQLAlchemy ``Connection`` around it: the lock calls are one
-        statement each, and that wrapper cost about as much as the round trip)."""
+        statement each, and that wrapper costs about as much as the round trip)."""
         self.ensure_schema()
         unreachable: tuple[type[Exception], ...] = (*self._dbapi_errors()[1], *_UNREACHABLE)
         try:
@@ -964,14 +547,12 @@ class PostgresLockStore(LockBackend):
 
     def health(self) -> tuple[float, bool, int]:
         """(round trip seconds, whether the lock tables exist, held lock rows) without creating anything."""
-        present_query = sa.text("SELECT to_regproc('safe_time_unique_acquire_v2') IS NOT NULL")
-        held_query = sa.text("SELECT count(*) FROM safe_time_lock WHERE expires_at > now()")
 
         def probe(conn: sa.Connection) -> tuple[float, bool, int]:
             started = time.perf_counter()
-            present = bool(conn.execute(present_query).scalar_one())
+            present = bool(conn.execute(_TABLES_PRESENT).scalar_one())
             rtt = time.perf_counter() - started
-            return rtt, present, int(conn.execute(held_query).scalar_one()) if present else 0
+            return rtt, present, int(conn.execute(_HELD_COUNT).scalar_one()) if present else 0
 
         for attempt in (1, 2):
             try:
@@ -987,28 +568,13 @@ class PostgresLockStore(LockBackend):
         """Nothing of its own: the engine is the process's (:func:`~celery_safe_time.coordination.dispose_engines`)."""
 
 
-_SESSION_RENEW = _Call("SELECT 1 FROM safe_time_lock WHERE name = $1::text AND token = $2::text", "i")
-_SESSION_RELEASE = _Call(
-    "SELECT safe_time_lock_release_v2($1::text, $2::text, $3::text, $4::text, $5::bigint, true),"
-    " pg_advisory_unlock_all()",
-    "bs",
-)
-_SESSION_COMMIT = _Call(
-    "SELECT recorded, released, pg_advisory_unlock_all()"
-    " FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::bigint, true)",
-    "bbs",
-)
-# Rows whose advisory lock some session holds (pg_locks shows a bigint key as classid, objid).
-_ADVISORY_HELD = sa.text(
-    "SELECT name FROM unnest(CAST(:names AS text[])) AS name WHERE EXISTS (SELECT 1 FROM pg_locks"
-    " WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND database = (SELECT oid FROM pg_database"
-    " WHERE datname = current_database())"
-    " AND classid = ((hashtextextended(name, 0) >> 32) & 4294967295)::oid"
-    " AND objid = (hashtextextended(name, 0) & 4294967295)::oid)"
-)
+_SESSION_RENEW = _Call(QUERIES["session_renew"], "i")
+_SESSION_RELEASE = _Call(QUERIES["session_release"], "bs")
+_SESSION_COMMIT = _Call(QUERIES["session_commit"], "bbs")
+_ADVISORY_HELD = sa.text(QUERIES["advisory_held"])
 
 
-class PostgresSessionLockStore(PostgresLockStore):
+class PostgresSessionLockBackend(PostgresLockBackend):
     """Overlap locks as session advisory locks (``safe_time_coordination_locks = "session"``).
 
     The acquiring call checks a connection out of the pool and keeps it until the lock is released:
@@ -1157,9 +723,21 @@ class PostgresSessionLockStore(PostgresLockStore):
             conn.close()
 
 
-def postgres_lock_store(config: SafeTimeConfig) -> PostgresLockStore:
+def postgres_lock_backend(config: SafeTimeConfig) -> PostgresLockBackend:
     """The PostgreSQL backend ``config`` asks for (``safe_time_coordination_locks``)."""
     postgres_url(config)  # a Django store that is not PostgreSQL fails here, naming the setting
     if config.coordination_locks == C.PG_LOCK_MODE_SESSION:
-        return PostgresSessionLockStore(config)
-    return PostgresLockStore(config)
+        return PostgresSessionLockBackend(config)
+    return PostgresLockBackend(config)
+
+
+#: Deprecated names (old -> current); each warns when used.
+_RENAMED = {
+    "PostgresLockStore": "PostgresLockBackend",
+    "PostgresSessionLockStore": "PostgresSessionLockBackend",
+    "postgres_lock_store": "postgres_lock_backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, _RENAMED)

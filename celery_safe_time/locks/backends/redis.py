@@ -16,11 +16,13 @@ so a late broker redelivery of that very message is dropped instead of run again
 from __future__ import annotations
 
 import fnmatch
+from typing import Any
 
 import redis
 
 from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
+from ...exceptions import RedisUnavailable
 from ...redis_client import as_text, load_script
 from ..redis_wire import LeanLink, LeanScript, Settle
 from .base import (
@@ -33,6 +35,7 @@ from .base import (
     UniqueClaim,
     as_int,
     as_ms,
+    renamed,
 )
 
 #: The scripts live in ``celery_safe_time/locks/lua/`` (package data of ``celery_safe_time.locks``).
@@ -45,10 +48,12 @@ def _commit_answer(reply: list[int]) -> tuple[bool, bool]:
     return bool(int(reply[0])), bool(int(reply[1]))
 
 
-class RedisLockStore(LockBackend):
+class RedisLockBackend(LockBackend):
     """The lock scripts bound to one Redis client and one app's key prefix."""
 
     kind = "redis"
+    label = "Redis"
+    unavailable = RedisUnavailable
 
     def __init__(self, client: redis.Redis, config: SafeTimeConfig) -> None:
         self.client = client
@@ -187,7 +192,6 @@ class RedisLockStore(LockBackend):
     def describe(self) -> str:
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"
 
-    # --- operator view ---------------------------------------------------------
     # --- unique task keys (one key per script call: <prefix>unique:<key>) ------------------------
     def unique_acquire(
         self,
@@ -274,6 +278,7 @@ class RedisLockStore(LockBackend):
             self.client.delete(self.unique_key(key))
         return info
 
+    # --- operator view ---------------------------------------------------------
     def info(self, redis_key: str, now: float) -> LockInfo | None:
         """The lock stored at ``redis_key`` (a full key), or None when it is gone."""
         pipe = self.client.pipeline(transaction=False)
@@ -324,3 +329,11 @@ class RedisLockStore(LockBackend):
         if info is not None:
             self.client.delete(self.lock_key(key))
         return info
+
+
+#: Deprecated names (old -> current); each warns when used.
+_RENAMED = {"RedisLockStore": "RedisLockBackend"}
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, _RENAMED)

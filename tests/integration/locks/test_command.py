@@ -11,7 +11,8 @@ import redis
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockBackend, LockStore, Owner, get_lock_store
+from celery_safe_time.locks.backends import LockBackend, Owner, get_lock_backend
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -29,7 +30,7 @@ def _hold(store: LockBackend, key: str, task_id: str) -> None:
 def test_locks_list_release_and_status(
     processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    store = LockStore(redis_client, get_config(make_app()))
+    store = RedisLockBackend(redis_client, get_config(make_app()))
     held_at = time.monotonic()
     _hold(store, "inventory-sync:1", "task-1")
     _hold(store, "inventory-sync:2", "task-2")
@@ -78,7 +79,7 @@ def test_locks_list_uses_scan_not_keys(
 ) -> None:
     # a Redis of our own: command statistics on the shared one count other sessions' commands
     client = redis.Redis.from_url(redis_server.url)
-    store = LockStore(client, get_config(make_app(safe_time_redis_url=redis_server.url)))
+    store = RedisLockBackend(client, get_config(make_app(safe_time_redis_url=redis_server.url)))
     for n in range(1200):
         _hold(store, f"bulk:{n}", f"t{n}")
     client.set("safe_time:lock-fence:unrelated", 1)
@@ -115,7 +116,7 @@ def test_released_holder_is_told_at_its_next_renewal(
 def test_locks_list_shows_unique_keys_with_task_id_and_state_and_release_frees_one(
     processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    store = LockStore(redis_client, get_config(make_app()))
+    store = RedisLockBackend(redis_client, get_config(make_app()))
     _hold(store, "inventory-sync:1", "task-1")
     taken = time.monotonic()
     claim = store.unique_acquire("export:7", "task-7", 600, "queued", stored=False, host="caller-host")
@@ -162,7 +163,7 @@ def test_check_and_locks_commands_on_postgres_coordination(
     """RabbitMQ broker, locks on PostgreSQL, no Redis setting: ``check`` reports the lock database (and
     no Redis check), ``locks list`` and ``locks release`` read and delete the rows."""
     conf = {"safe_time_coordination_url": postgres_coordination_url}
-    store = get_lock_store(make_app(broker_url=amqp_url, **conf))
+    store = get_lock_backend(make_app(broker_url=amqp_url, **conf))
     env = h.broker_env(amqp_url, redis_url, coordination=conf)
 
     checked = processes.command(APP, "safe-time", "check", "--json", env=env)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from celery import Celery
 
-from celery_safe_time.locks.store import LockBackend, Owner, get_lock_store
+from celery_safe_time.locks.backends import LockBackend, Owner, get_lock_backend
 from tests.helpers import services
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def _pgbouncer(postgres_coordination_url: str, pool_size: int) -> Iterator[str]:
 
 
 def _store(make_app: Callable[..., Celery], url: str, mode: str) -> LockBackend:
-    return get_lock_store(make_app(safe_time_coordination_url=url, safe_time_coordination_locks=mode))
+    return get_lock_backend(make_app(safe_time_coordination_url=url, safe_time_coordination_locks=mode))
 
 
 def test_lease_locks_work_behind_pgbouncer_transaction_mode(

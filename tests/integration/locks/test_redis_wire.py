@@ -14,9 +14,9 @@ import redis
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.backends.redis import SCRIPT_PACKAGE
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import SCRIPT_PACKAGE, RedisLockBackend
 from celery_safe_time.locks.redis_wire import LeanScript, settle_posted
-from celery_safe_time.locks.store import LockStore, Owner
 from celery_safe_time.redis_client import load_script
 from tests.helpers import services
 
@@ -286,7 +286,7 @@ def test_clients_off_the_lean_path_answer_a_post_at_once(redis_url: str) -> None
 def test_the_lock_scripts_share_one_kept_connection_per_thread(
     client: redis.Redis, make_app: Callable[..., Celery]
 ) -> None:
-    store = LockStore(client, get_config(make_app()))
+    store = RedisLockBackend(client, get_config(make_app()))
     owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
     pool = client.connection_pool
 

@@ -15,8 +15,9 @@ from celery import Celery
 
 from celery_safe_time import idempotent, overlap_lock, signals
 from celery_safe_time.config import get_config
-from celery_safe_time.exceptions import LockConflict, LockLost, RedisUnavailable
-from celery_safe_time.locks.store import LockBackend, LockStore, Owner, get_lock_store
+from celery_safe_time.exceptions import CoordinationUnavailable, LockConflict, LockLost, RedisUnavailable
+from celery_safe_time.locks.backends import LockBackend, Owner, get_lock_backend
+from celery_safe_time.locks.backends.redis import RedisLockBackend
 from tests.helpers.services import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -32,8 +33,8 @@ def store(lock_backend: LockBackend) -> LockBackend:
 
 
 @pytest.fixture
-def redis_store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> LockStore:
-    return LockStore(redis_client, get_config(make_app()))
+def redis_store(make_app: Callable[..., Celery], redis_client: redis.Redis) -> RedisLockBackend:
+    return RedisLockBackend(redis_client, get_config(make_app()))
 
 
 def _session(store: LockBackend) -> bool:
@@ -166,7 +167,7 @@ def test_idempotent_and_finished_markers_expire_with_their_windows(store: LockBa
     assert store.idempotent_done("w")
 
 
-def test_fences_stay_monotonic_across_a_redis_reset(redis_store: LockStore, redis_client: redis.Redis) -> None:
+def test_fences_stay_monotonic_across_a_redis_reset(redis_store: RedisLockBackend, redis_client: redis.Redis) -> None:
     store = redis_store
     """Issue 13 item 9: on main the counter restarted at 1 after the data was lost, below the old
     holder's 57, so a downstream "fence >= last" check let the stale holder win."""
@@ -205,7 +206,7 @@ def test_direct_calls_share_one_key_and_read_the_fence(
     @overlap_lock("report:{account}:{fmt}", ttl=5, on_conflict="raise")
     def report(self: Any, account: int, fmt: str = "pdf") -> None:
         held = self.request.safe_time_lock
-        [info] = get_lock_store(app).scan()
+        [info] = get_lock_backend(app).scan()
         seen.append((held.key, self.request.safe_time_fence, info.redis_key == "tenant-a:lock:" + held.key))
 
     report(1)
@@ -216,8 +217,8 @@ def test_direct_calls_share_one_key_and_read_the_fence(
     fences = [fence for _, fence, _ in seen]
     assert fences == sorted(set(fences)), "every holder gets a larger fence"
     assert fences[0] == first
-    assert get_lock_store(app).scan() == []
-    assert get_lock_store(other).scan() == []
+    assert get_lock_backend(app).scan() == []
+    assert get_lock_backend(other).scan() == []
 
 
 def test_fence_counter_is_per_prefix_on_redis(make_app: Callable[..., Celery], redis_client: redis.Redis) -> None:
@@ -243,7 +244,7 @@ def test_direct_call_conflict_raises(make_app: Callable[..., Celery], coordinati
     def busy(n: int) -> str:
         return "ran"
 
-    get_lock_store(app).acquire("busy:1", "someone-else", 5, owner("other"))
+    get_lock_backend(app).acquire("busy:1", "someone-else", 5, owner("other"))
     with pytest.raises(LockConflict, match="other on test-host"):
         busy(1)
     assert busy(2) == "ran"
@@ -298,9 +299,10 @@ def test_direct_call_with_postgres_down_never_runs(
     def once(n: int) -> None:
         ran.append(n)
 
-    with pytest.raises(RedisUnavailable, match=r"PostgreSQL .*safe_time_coordination_url"):
+    with pytest.raises(CoordinationUnavailable, match=r"PostgreSQL .*safe_time_coordination_url") as raised:
         guarded(1)
-    with pytest.raises(RedisUnavailable, match="PostgreSQL"):
+    assert not isinstance(raised.value, RedisUnavailable)
+    with pytest.raises(CoordinationUnavailable, match="PostgreSQL"):
         once(1)
     assert ran == []
     # the same app on a database that answers runs them
@@ -329,7 +331,7 @@ def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_m
     @idempotent("invoice:{n}", ttl=0.6)
     def invoice(self: Any, n: int) -> str:
         # The lock is taken away (an operator's `locks release`, or a pause past its lease) ...
-        get_lock_store(app).force_release("idem:invoice:" + str(n))
+        get_lock_backend(app).force_release("idem:invoice:" + str(n))
         deadline = time.monotonic() + 5
         try:
             while time.monotonic() < deadline:
@@ -344,7 +346,7 @@ def test_idempotent_body_that_returned_after_losing_its_lock_still_records_its_m
     with pytest.raises(LockLost):
         invoice(1)
     assert ran == ["told", "sent"]
-    assert get_lock_store(app).idempotent_done("invoice:1")
+    assert get_lock_backend(app).idempotent_done("invoice:1")
     assert invoice(1) is None
     assert ran == ["told", "sent"], "the body must not run a second time"
 
@@ -439,7 +441,7 @@ def test_postgres_expired_rows_are_purged_and_status_reads_the_rows(
     from celery_safe_time.locks.admin import describe_locks
 
     app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks=mode)
-    store = get_lock_store(app)
+    store = get_lock_backend(app)
     assert store.acquire("short", "t-short", 0.1, owner("a")).status == "acquired"
     if mode == "lease":
         time.sleep(0.2)  # the lease runs out
@@ -498,7 +500,7 @@ def test_postgres_lock_calls_reconnect_once_after_the_server_closed_their_connec
     """The lock calls run on pooled DBAPI connections: one the server closed fails once, is thrown away
     and the call runs again on a new one (acquire, renew and release are token-checked, so a repeat
     is safe), as the SQLAlchemy connections did."""
-    store = get_lock_store(make_app(safe_time_coordination_url=postgres_coordination_url))
+    store = get_lock_backend(make_app(safe_time_coordination_url=postgres_coordination_url))
     admin = _postgres_admin(postgres_coordination_url)
     try:
         assert store.acquire("warm", "t-warm", 5, owner("w")).status == "acquired"
@@ -524,7 +526,7 @@ def test_postgres_fences_move_past_the_clock_once_per_server_start(
     microseconds, above those; a new session of the same start does not move it again."""
     import sqlalchemy as sa
 
-    store = get_lock_store(make_app(safe_time_coordination_url=postgres_coordination_url))
+    store = get_lock_backend(make_app(safe_time_coordination_url=postgres_coordination_url))
     admin = _postgres_admin(postgres_coordination_url)
 
     def fence(key: str) -> int:
@@ -558,7 +560,7 @@ def test_postgres_lock_calls_on_both_paths(
     """The held-lock calls go through libpq directly on psycopg 3, and through the driver's cursor
     otherwise (another driver, gevent/eventlet): the same statements, the same answers on both."""
     app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks=mode)
-    store: Any = get_lock_store(app)
+    store: Any = get_lock_backend(app)
     store._libpq = path == "libpq"
     # Tokens are hex in practice; quotes, backslashes, commas and braces check the array parameter.
     odd = 'a"b\\c,{d} e'
@@ -600,7 +602,7 @@ def test_a_worker_one_schema_behind_acquires_by_the_same_rules(
     import sqlalchemy as sa
 
     app = make_app(safe_time_coordination_url=postgres_coordination_url)
-    store: Any = get_lock_store(app)
+    store: Any = get_lock_backend(app)
     mine = store.acquire("behind", "t-new", 5, owner("a"))
     assert mine.status == "acquired"
 

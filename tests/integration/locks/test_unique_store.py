@@ -1,5 +1,5 @@
 """The unique-key scripts (``unique_acquire.lua``, ``unique_release.lua``) on a real Redis, and the
-PostgreSQL backend's ``safe_time_unique`` rows and the testing plugin's ``MemoryLockStore`` following
+PostgreSQL backend's ``safe_time_unique`` rows and the testing plugin's ``MemoryLockBackend`` following
 the same rules, call for call."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import redis
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockBackend, LockStore
-from celery_safe_time.testing import MemoryLockStore
+from celery_safe_time.locks.backends import LockBackend
+from celery_safe_time.locks.backends.redis import RedisLockBackend
+from celery_safe_time.testing import MemoryLockBackend
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ def test_own_on_a_free_key_takes_it(store: LockBackend) -> None:
 def test_the_redis_key_is_one_hash_in_its_own_family(
     redis_client: redis.Redis, make_app: Callable[..., Celery]
 ) -> None:
-    store = LockStore(redis_client, get_config(make_app()))
+    store = RedisLockBackend(redis_client, get_config(make_app()))
     store.unique_acquire("export:{7}", "t1", 60, "queued", stored=False, host="h")
     assert redis_client.keys("*") == [b"safe_time:unique:export:{7}"]
     fields = {k.decode() for k in redis_client.hgetall("safe_time:unique:export:{7}")}
@@ -77,9 +78,9 @@ def test_the_redis_key_is_one_hash_in_its_own_family(
 
 
 def _now(store: LockBackend) -> float:
-    if isinstance(store, MemoryLockStore):
+    if isinstance(store, MemoryLockBackend):
         return float(store._clock())
-    if not isinstance(store, LockStore):
+    if not isinstance(store, RedisLockBackend):
         return time.time()  # PostgreSQL reads its own clock
     seconds, micros = store.client.time()
     return float(seconds) + float(micros) / 1e6

@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_safe_time.locks.store import get_lock_store
+from celery_safe_time.locks.backends import get_lock_backend
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import RedisServer
@@ -125,7 +125,7 @@ def test_kill_9_frees_the_key_within_ttl(
     advisory lock is freed by the server as soon as the killed child's connection closes."""
     ttl = 2.0
     env = h.broker_env(redis_url, redis_url, coordination=coordination_conf)
-    store = get_lock_store(make_app(**coordination_conf))
+    store = get_lock_backend(make_app(**coordination_conf))
     worker = h.start_worker(processes, ttl=ttl, concurrency=4, env=env)
     run = client_app.send_task("locks.hold", args=("crash", 60))
     _started(redis_client, run.id)
@@ -318,7 +318,7 @@ def test_idempotent_runs_each_key_once(
     assert sorted(r["key"] for r in sent) == sorted(f"{t}:{p}" for t, p in keys)
     assert len(h.signals(redis_client, "idempotent_skipped")) == 990
     if coordination_conf:
-        store = get_lock_store(make_app(**coordination_conf))
+        store = get_lock_backend(make_app(**coordination_conf))
         assert all(store.idempotent_done(f"invoice:{t}:{p}") for t, p in keys)
         client_app.close()
         return
@@ -340,7 +340,7 @@ def test_idempotent_failed_run_records_nothing(
     make_app: Callable[..., Celery],
 ) -> None:
     env = h.broker_env(redis_url, redis_url, coordination=coordination_conf)
-    store = get_lock_store(make_app(**coordination_conf))
+    store = get_lock_backend(make_app(**coordination_conf))
     h.start_worker(processes, ttl=3.0, retry_after=0.3, concurrency=4, env=env)
     failed = client_app.send_task("locks.invoice", args=(99, "2026-12"), kwargs={"fail": True})
     failed.get(timeout=30, propagate=False)

@@ -1,6 +1,6 @@
-"""MemoryLockStore (the testing plugin's in-process locks) answers as the Redis scripts do.
+"""MemoryLockBackend (the testing plugin's in-process locks) answers as the Redis scripts do.
 
-The same sequence of calls runs against the real ``LockStore`` on Redis and against the memory one;
+The same sequence of calls runs against the real ``RedisLockBackend`` on Redis and against the memory one;
 the answers must agree, so a user's test of a locked task sees what production would.
 """
 
@@ -14,8 +14,9 @@ import pytest
 from celery import Celery
 
 from celery_safe_time.config import get_config
-from celery_safe_time.locks.store import LockStore, Owner, get_lock_store
-from celery_safe_time.testing import MemoryLockStore
+from celery_safe_time.locks.backends import Owner, get_lock_backend
+from celery_safe_time.locks.backends.redis import RedisLockBackend
+from celery_safe_time.testing import MemoryLockBackend
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,7 @@ A_AGAIN = Owner("task-a", "a:1", "host", 2)  # a redelivered copy of the same de
 B = Owner("task-b", "b:1", "host", 3)
 
 
-def _scenario(store: LockStore) -> list[Any]:
+def _scenario(store: RedisLockBackend) -> list[Any]:
     out: list[Any] = []
     first = store.acquire("k", "tA", 0.5, A)
     out.append((first.status, first.took_over))
@@ -56,8 +57,8 @@ def _scenario(store: LockStore) -> list[Any]:
 
 def test_memory_lock_store_agrees_with_the_redis_scripts(make_app: Callable[..., Celery]) -> None:
     app = make_app("lock-agreement")
-    redis_answers = _scenario(get_lock_store(app))
-    memory_answers = _scenario(MemoryLockStore(get_config(app)))
+    redis_answers = _scenario(get_lock_backend(app))
+    memory_answers = _scenario(MemoryLockBackend(get_config(app)))
     assert memory_answers == redis_answers
     assert redis_answers[0] == ("acquired", False)
     assert redis_answers[1:3] == ["held", "duplicate"]

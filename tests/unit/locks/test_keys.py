@@ -91,7 +91,7 @@ def test_wrapped_function_keeps_name_and_signature() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"ttl": 0}, {"on_conflict": "wait"}, {"on_redis_error": "ignore"}, {"retry_after": -1}, {"jitter": -1}],
+    [{"ttl": 0}, {"on_conflict": "wait"}, {"on_backend_error": "ignore"}, {"retry_after": -1}, {"jitter": -1}],
 )
 def test_invalid_options_raise(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):

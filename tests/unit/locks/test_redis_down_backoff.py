@@ -6,7 +6,7 @@ import pytest
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import parse_config
-from celery_safe_time.locks.runtime import redis_down_cap
+from celery_safe_time.locks.runtime import backend_down_cap
 from celery_safe_time.messages.requeue import outage_backoff
 
 
@@ -48,4 +48,4 @@ def test_the_cap_stays_below_half_the_brokers_limits(broker: str, settings: dict
     conf: dict[str, object] = {"safe_time_redis_url": "redis://127.0.0.1:6379/0"}
     conf.update({k: v for k, v in settings.items() if k.startswith("safe_time_")})
     config = parse_config(conf.get, broker_url=broker, transport_options=transport)
-    assert redis_down_cap(config) == cap
+    assert backend_down_cap(config) == cap

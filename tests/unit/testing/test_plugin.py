@@ -208,7 +208,7 @@ def test_overlap_lock_held_during_the_run_and_free_after(safe_time: SafeTimeTest
 
 
 def test_a_lock_conflict_requeues_into_the_store_and_runs_later(safe_time: SafeTimeTesting) -> None:
-    from celery_safe_time.locks.store import Owner
+    from celery_safe_time.locks.backends import Owner
 
     app = safe_time.app
     ran: list[str] = []

@@ -1,0 +1,76 @@
+"""The PostgreSQL lock backend's SQL and its install: ``locks/sql/schema.sql`` (the tables, the fence
+sequence and the PL/pgSQL functions) and ``locks/sql/queries.sql`` (every statement the backend runs),
+named statements read once at import.
+
+:func:`ensure_schema` runs the schema on a database that lacks it, once per process and engine. The
+backend (:mod:`.postgres`) turns a database that cannot be reached into ``CoordinationUnavailable``.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib import resources
+
+import sqlalchemy as sa
+
+__all__ = ["QUERIES", "SCHEMA", "SCHEMA_LOCK_KEY", "ensure_schema", "load_sql"]
+
+#: Serialises schema creation between processes (a transaction advisory lock, any constant key).
+SCHEMA_LOCK_KEY = 0x5AFE7140C4
+
+#: What begins a named statement in a ``locks/sql/*.sql`` file.
+_NAME = "-- name: "
+
+
+def load_sql(name: str) -> dict[str, str]:
+    """The named statements of ``locks/sql/<name>.sql``, in file order.
+
+    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
+    is a comment of the file (comments inside a statement are indented and sent with it).
+    """
+    text = resources.files("celery_safe_time.locks").joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    statements: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(_NAME):
+            current = statements[line[len(_NAME) :].strip()] = []
+        elif current is not None and not line.startswith("--"):
+            current.append(line)
+    return {name: "\n".join(body).strip() for name, body in statements.items()}
+
+
+#: The tables, the sequence and the functions (``locks/sql/schema.sql``), run in order.
+SCHEMA = tuple(load_sql("schema").values())
+
+#: Every statement the backend runs (``locks/sql/queries.sql``), by name, as text: the per-task calls
+#: take ``$n`` parameters for libpq, the others ``:name`` ones for ``sqlalchemy.text``.
+QUERIES = load_sql("queries")
+
+_ready: set[tuple[int, str]] = set()
+_ready_lock = threading.Lock()
+
+
+def ensure_schema(engine: sa.Engine) -> bool:
+    """Create the tables, sequence and functions unless the database of ``engine`` has them; True when
+    this call created them. Asks the database once per process and engine; raises what the driver raises.
+    """
+    key = (id(engine), str(engine.url))
+    if key in _ready:
+        return False
+    created = False
+    with _ready_lock:
+        if key in _ready:
+            return False
+        with engine.connect() as conn:
+            if not conn.execute(sa.text(QUERIES["schema_present"])).scalar_one():
+                conn.execute(sa.text("BEGIN"))
+                conn.execute(sa.text(QUERIES["schema_lock"]), {"key": SCHEMA_LOCK_KEY})
+                # The driver's own execute: no parameters, so no placeholder parsing of ``%ROWTYPE``.
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                for statement in SCHEMA:
+                    driver.execute(statement)
+                conn.execute(sa.text("COMMIT"))
+                created = True
+        _ready.add(key)
+    return created

@@ -1,0 +1,50 @@
+"""The PostgreSQL lock backend's SQL ships as named statements in ``locks/sql/*.sql`` (no services)."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+
+from celery_safe_time.locks.backends import postgres, postgres_sql
+
+
+def test_every_sql_file_of_locks_is_read_by_the_backend() -> None:
+    shipped = {p.name for p in resources.files("celery_safe_time.locks").joinpath("sql").iterdir()}
+    assert shipped == {"schema.sql", "queries.sql"}
+
+
+def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_queries_call() -> None:
+    schema = postgres_sql.load_sql("schema")
+    assert tuple(schema.values()) == postgres_sql.SCHEMA
+    names = list(schema)
+    assert names.index("lock") < names.index("fence") < names.index("acquire_v2")
+    created = " ".join(schema.values())
+    for table in ("safe_time_lock", "safe_time_lock_marker", "safe_time_unique", "safe_time_lock_boot"):
+        assert f"CREATE TABLE IF NOT EXISTS {table} (" in created
+    called = set(re.findall(r"\b(safe_time_\w+_v\d+)\(", " ".join(postgres_sql.QUERIES.values())))
+    assert called == {
+        "safe_time_lock_acquire_v4",
+        "safe_time_lock_release_v2",
+        "safe_time_lock_commit_v2",
+        "safe_time_unique_acquire_v2",
+    }
+    for function in called:
+        assert f"CREATE OR REPLACE FUNCTION {function}(" in created
+
+
+def test_a_function_keeps_its_indented_comments_and_the_file_comments_are_dropped() -> None:
+    schema = postgres_sql.load_sql("schema")
+    assert "-- Our own token (a lost reply)" in schema["acquire_v4"]
+    assert not any(line.startswith("--") for sql in schema.values() for line in sql.splitlines())
+    assert all(sql and not sql.endswith(";") for sql in schema.values())
+
+
+def test_every_named_query_is_run_by_the_backend_and_the_backend_builds_no_sql_of_its_own() -> None:
+    backend = Path(postgres.__file__).read_text(encoding="utf-8")
+    install = Path(postgres_sql.__file__).read_text(encoding="utf-8")
+    used = set(re.findall(r'QUERIES\["(\w+)"\]', backend + install))
+    used |= set(re.findall(r'"(purge_\w+)"', backend))
+    assert used == set(postgres_sql.QUERIES)
+    assert all(sql and not sql.endswith(";") for sql in postgres_sql.QUERIES.values())
+    assert not re.search(r"\b(SELECT|DELETE|UPDATE|INSERT|CREATE)\b", backend.split('"""', 2)[2])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from importlib import resources
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,6 +25,27 @@ logger = logging.getLogger(__name__)
 
 _ENGINES: dict[tuple[int, str, bool, float, float | None], sa.Engine] = {}
 _ENGINES_LOCK = threading.Lock()
+
+
+#: What begins a named statement in a backend's ``sql/*.sql`` file.
+_SQL_NAME = "-- name: "
+
+
+def named_sql(package: str, name: str) -> dict[str, str]:
+    """The named statements of ``<package>/sql/<name>.sql`` (beat's and the locks' PostgreSQL SQL), in file order.
+
+    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
+    is a comment of the file (comments inside a statement are indented and sent with it).
+    """
+    text = resources.files(package).joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    statements: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(_SQL_NAME):
+            current = statements[line[len(_SQL_NAME) :].strip()] = []
+        elif current is not None and not line.startswith("--"):
+            current.append(line)
+    return {statement: "\n".join(body).strip() for statement, body in statements.items()}
 
 
 def uses_postgres(config: SafeTimeConfig) -> bool:

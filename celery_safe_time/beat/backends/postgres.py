@@ -44,7 +44,6 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -52,7 +51,7 @@ import sqlalchemy as sa
 from ... import constants as C
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
-from ...coordination import coordination_engine, postgres_url
+from ...coordination import coordination_engine, named_sql, postgres_url
 from ...exceptions import ImproperlyConfigured
 from ..state import identity, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
@@ -73,25 +72,10 @@ COUNTS_TABLE = "safe_time_beat_counts"
 #: The advisory lock (transaction level) that serialises table creation between beats starting together.
 _DDL_LOCK = 0x5AFE7135
 
-#: What begins a named statement in a ``beat/sql/*.sql`` file.
-_NAME = "-- name: "
-
 
 def load_sql(name: str) -> dict[str, str]:
-    """The named statements of ``beat/sql/<name>.sql``, in file order.
-
-    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
-    is a comment of the file (comments inside a statement are indented and sent with it).
-    """
-    text = resources.files("celery_safe_time.beat").joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
-    statements: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith(_NAME):
-            current = statements[line[len(_NAME) :].strip()] = []
-        elif current is not None and not line.startswith("--"):
-            current.append(line)
-    return {name: "\n".join(body).strip() for name, body in statements.items()}
+    """The named statements of ``beat/sql/<name>.sql``, in file order (:func:`.coordination.named_sql`)."""
+    return named_sql("celery_safe_time.beat", name)
 
 
 #: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.

@@ -9,34 +9,20 @@ backend (:mod:`.postgres`) turns a database that cannot be reached into ``Coordi
 from __future__ import annotations
 
 import threading
-from importlib import resources
 
 import sqlalchemy as sa
+
+from ...coordination import named_sql
 
 __all__ = ["QUERIES", "SCHEMA", "SCHEMA_LOCK_KEY", "ensure_schema", "load_sql"]
 
 #: Serialises schema creation between processes (a transaction advisory lock, any constant key).
 SCHEMA_LOCK_KEY = 0x5AFE7140C4
 
-#: What begins a named statement in a ``locks/sql/*.sql`` file.
-_NAME = "-- name: "
-
 
 def load_sql(name: str) -> dict[str, str]:
-    """The named statements of ``locks/sql/<name>.sql``, in file order.
-
-    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
-    is a comment of the file (comments inside a statement are indented and sent with it).
-    """
-    text = resources.files("celery_safe_time.locks").joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
-    statements: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith(_NAME):
-            current = statements[line[len(_NAME) :].strip()] = []
-        elif current is not None and not line.startswith("--"):
-            current.append(line)
-    return {name: "\n".join(body).strip() for name, body in statements.items()}
+    """The named statements of ``locks/sql/<name>.sql``, in file order (:func:`.coordination.named_sql`)."""
+    return named_sql("celery_safe_time.locks", name)
 
 
 #: The tables, the sequence and the functions (``locks/sql/schema.sql``), run in order.

@@ -52,8 +52,9 @@ from ..config import get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
 from ..schedules import crontab, resolve_tz
 from .backends import beat_backend
+from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
-from .state import load_state, slot_id
+from .state import load_state, slot_id, state_next
 
 __all__ = [
     "EntryInfo",
@@ -378,17 +379,25 @@ def save_entry(
     options: Mapping[str, Any] | None = None,
     enabled: bool = True,
     app: Celery | None = None,
+    jitter: float | timedelta | None = None,
+    catchup_window: float | timedelta | None = None,
 ) -> EntryInfo:
     """Create or replace the runtime entry ``name`` (idempotent: an unchanged definition changes
     nothing, its last and next fire included). Validates everything before storing anything:
-    unknown task, bad schedule or misfire policy -> :class:`ScheduleError`; arguments that are
-    not JSON -> :class:`SerializationError`. Takes effect at the beat leader's next tick."""
+    unknown task, bad schedule, misfire policy, jitter or catch-up window -> :class:`ScheduleError`;
+    arguments that are not JSON -> :class:`SerializationError`. Takes effect at the beat leader's
+    next tick.
+
+    ``jitter`` (seconds or a ``timedelta``) publishes each slot at an offset within ``[0, jitter)``
+    fixed by the entry's name and the slot; ``catchup_window`` skips slots later than that. Both are
+    stored in ``options`` (``safe_time_jitter``, ``safe_time_catchup_window``, in seconds)."""
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
     store = _Store(app)
     _conflict(store, name, task)
     spec = schedule_to_spec(schedule)
-    raw = definition_json(name, task, spec, args, kwargs or {}, options or {}, enabled)
+    options = policy_options(name, options, jitter=jitter, catchup_window=catchup_window)
+    raw = definition_json(name, task, spec, args, kwargs or {}, options, enabled)
     entry = build_entry(name, parse_definition(raw), store.app)
     try:
         plan = entry_plan(entry, store.config, store.app)  # unknown task, misfire policy, grid
@@ -483,6 +492,8 @@ def _info(
     loaded = load_state(state)
     last = loaded.get("last")
     next_score = None if score is None else float(score)
+    if next_score is not None and (options or {}).get(OPTION_JITTER) and loaded.get("next") is not None:
+        next_score = float(loaded["next"])  # the slot, not the jittered instant it is published at
     if not enabled:
         next_score = None
     # a one-off that fired is done: it reports disabled and nothing next
@@ -504,6 +515,11 @@ def _info(
 
 
 def _config_info(name: str, spec: Any, state: Any, score: Any) -> EntryInfo:
+    if isinstance(spec, Mapping):
+        try:
+            spec = config_spec(name, spec)
+        except ScheduleError:
+            pass  # shown as written; the scheduler reports the entry as broken
     get = spec.get if isinstance(spec, Mapping) else lambda key, default=None: getattr(spec, key, default)
     schedule = get("schedule")
     if isinstance(schedule, (int, float)) and not isinstance(schedule, bool):
@@ -539,11 +555,13 @@ def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:
     starts where the leader first sees the entry, up to one tick later. None when it cannot be told."""
     try:
         plan = Plan(grid=grid_for(schedule, store.app.timezone), policy=C.DEFAULT_MISFIRE)
-        # With no score, next_state always plans: the state's next slot, after its last, or the first from now.
-        planned = next_state(plan, load_state(state), None, store.backend.clock.time())
+        # With no score, next_state always plans: the state's next slot (skipping what fell while the
+        # entry was paused), after its last, or the first from now.
+        known = load_state(state)
+        planned = next_state(plan, known, None, store.backend.clock.time(), resumed=bool(known))
     except (SafeTimeError, ValueError, TypeError):
         return None
-    return None if planned is None else planned[1]
+    return None if planned is None else state_next(load_state(planned[0]))
 
 
 def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:

@@ -256,12 +256,19 @@ def test_change_pause_resume_remove(
         time.sleep(0.1)
     assert len(_fired(sent, "e")) == count
 
-    # resume: the same grid (last + 5k); the missed slot is a misfire (run_once: one catch-up)
-    set_enabled("e", True, app=app)
+    # resume: the same grid (last + 5k), at its next slot only: the slot that fell during the pause
+    # is not caught up (run_once would have published it at once)
+    resumed_at = leader.clock.time()
+    info = set_enabled("e", True, app=app)
+    assert info is not None
+    assert info.next_fire is not None
+    assert info.next_fire.timestamp() > resumed_at  # planned as the leader then plans it
     _tick_until(leader, lambda: len(_fired(sent, "e")) > count)
     resumed = _fired(sent, "e")[count:]
     assert len(resumed) == 1
     assert (resumed[0] - last) % 5 == 0
+    assert resumed[0] > resumed_at
+    assert resumed[0] == info.next_fire.timestamp()
 
     # remove: nothing more, and the state is gone
     assert delete_entry("e", app=app)

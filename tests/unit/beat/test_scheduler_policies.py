@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from prometheus_client import CollectorRegistry
 
 from celery_safe_time import signals
 from celery_safe_time.beat import base as beat_base
@@ -18,6 +19,7 @@ from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatD
 from celery_safe_time.beat.policies import beat_slots_past_catchup, jitter_offset
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.config import get_config
+from celery_safe_time.metrics import disable_metrics, enable_metrics
 
 T0 = 1_800_000_000.0  # a whole minute: the entries' first slot
 
@@ -144,6 +146,8 @@ def test_slots_later_than_the_catch_up_window_are_skipped_and_counted(
         counted.append((entry, count))
 
     beat_slots_past_catchup.connect(on_skipped, weak=False)
+    registry = CollectorRegistry()
+    enable_metrics(registry)
     a = _scheduler(tmp_path, "a", schedule)
     try:
         _run(a, clock, T0 + 2)
@@ -161,8 +165,10 @@ def test_slots_later_than_the_catch_up_window_are_skipped_and_counted(
     finally:
         b.close()
         beat_slots_past_catchup.disconnect(on_skipped)
+        disable_metrics()
     plain = sorted(s - first for e, s, _, _ in sent if e == "plain")
     windowed = sorted(s - first for e, s, _, _ in sent if e == "windowed")
     assert plain == [float(10 * k) for k in range(1, 11)]  # run_all: every missed slot
     assert windowed == [80.0, 90.0, 100.0]  # only the ones at most 25 s late
     assert counted == [("windowed", 7)]
+    assert registry.get_sample_value("safe_time_beat_slots_past_catchup_total", {"entry": "windowed"}) == 7

@@ -1,7 +1,8 @@
 """A beat app whose schedule comes from env ``SAFE_TIME_TEST_BEAT_SCHEDULE`` (JSON).
 
 Each entry: ``{"task": ..., "every": seconds}`` or ``{"task": ..., "cron": {crontab kwargs incl. tz}}``
-plus optional ``args``, ``kwargs``, ``options``, ``jitter`` and ``catchup_window``. Uses the ``tests.record`` task of ``basic``.
+plus optional ``args``, ``kwargs``, ``options``, ``jitter`` and ``catchup_window``. Uses the
+``tests.record`` task of ``basic``.
 """
 
 from __future__ import annotations

@@ -276,6 +276,10 @@ def beat_show(ctx: click.Context, name: str) -> None:
 @click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments, a JSON object.")
 @click.option("--options", "options_json", default=None, help='apply_async options, a JSON object ({"queue": "q"}).')
 @click.option("--paused", is_flag=True, help="Store it paused (resume it later).")
+@click.option("--jitter", type=float, default=None, help="Publish each slot within this many seconds of it.")
+@click.option(
+    "--catchup-window", type=float, default=None, help="Skip slots later than this many seconds, whatever the policy."
+)
 @click.pass_context
 def beat_add(
     ctx: click.Context,
@@ -289,6 +293,8 @@ def beat_add(
     kwargs_json: str | None,
     options_json: str | None,
     paused: bool,
+    jitter: float | None,
+    catchup_window: float | None,
 ) -> None:
     """Add or replace the runtime entry NAME running TASK (idempotent: the same definition changes nothing)."""
     from .beat.entries import cron_spec, describe_schedule, save_entry
@@ -308,7 +314,16 @@ def beat_add(
         else:
             schedule = {"type": "at", "at": at_}
         info = save_entry(
-            name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=not paused, app=_loaded_app(ctx)
+            name,
+            task,
+            schedule,
+            args=args,
+            kwargs=kwargs,
+            options=options,
+            enabled=not paused,
+            app=_loaded_app(ctx),
+            jitter=jitter,
+            catchup_window=catchup_window,
         )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -357,7 +372,7 @@ def beat_pause(ctx: click.Context, name: str) -> None:
 @click.argument("name")
 @click.pass_context
 def beat_resume(ctx: click.Context, name: str) -> None:
-    """Resume NAME; the slots it missed while paused follow its misfire policy."""
+    """Resume NAME at its next slot (the slots that fell while it was paused are skipped)."""
     _set_enabled(ctx, name, True)
 
 

@@ -95,7 +95,28 @@ def test_bad_input_exits_non_zero_and_stores_nothing(
     assert conflict.returncode == 1
     assert "runtime entry 'cfg'" in conflict.stderr
     assert "config entry 'cfg'" in conflict.stderr
+    bad_jitter = _beat(processes, coordination, "add", "x", "tests.record", "--every", "5", "--jitter", "5")
+    assert bad_jitter.returncode == 1
+    assert "entry 'x': safe_time_jitter (5 s) must be shorter than its interval" in bad_jitter.stderr
+    bad_window = _beat(processes, coordination, "add", "x", "tests.record", "--every", "5", "--catchup-window", "-1")
+    assert bad_window.returncode == 1
+    assert "entry 'x': safe_time_catchup_window must be above 0 seconds" in bad_window.stderr
     assert _stored(redis_url, coordination) == ({}, 0)
+
+
+def test_add_with_jitter_and_a_catch_up_window_shows_them(
+    processes: ProcessManager, coordination: dict[str, Any]
+) -> None:
+    added = _beat(
+        processes, coordination, "add", "spread", "tests.record", "--cron", "0 * * * *",
+        "--jitter", "30", "--catchup-window", "3600",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    shown = _beat(processes, coordination, "show", "spread")
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["options"] == {"safe_time_jitter": 30.0, "safe_time_catchup_window": 3600.0}
+    assert info["next_fire"].endswith(":00:00+00:00")  # the slot, not the jittered instant
 
 
 def test_six_processes_adding_the_same_entry_make_one_change(

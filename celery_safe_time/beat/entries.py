@@ -67,6 +67,8 @@ __all__ = [
     "get_entry",
     "list_entries",
     "parse_definition",
+    "pause",
+    "resume",
     "rrule",
     "run_now",
     "run_now_fired",
@@ -94,6 +96,8 @@ class EntryInfo:
     next_fire: datetime | None
     source: str  # "config" or "runtime"
     version: int | None = None  # the change log version of a runtime entry's definition
+    pause_note: str | None = None  # why a paused entry was paused (``pause(name, note=...)``)
+    paused_until: datetime | None = None  # when a paused entry resumes by itself
 
     def as_dict(self) -> dict[str, Any]:
         try:
@@ -112,6 +116,8 @@ class EntryInfo:
             "next_fire": None if self.next_fire is None else self.next_fire.isoformat(),
             "source": self.source,
             "version": self.version,
+            "pause_note": self.pause_note,
+            "paused_until": None if self.paused_until is None else self.paused_until.isoformat(),
         }
 
 
@@ -258,8 +264,11 @@ def definition_json(
     kwargs: Mapping[str, Any],
     options: Mapping[str, Any],
     enabled: bool,
+    paused: Mapping[str, Any] | None = None,
 ) -> str:
-    """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes)."""
+    """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes).
+
+    ``paused`` (a paused entry only): ``{"note": text or null, "until": ISO instant or null}``."""
     body = {
         "format": C.BEAT_ENTRY_FORMAT,
         "name": name,
@@ -270,6 +279,8 @@ def definition_json(
         "options": _json(dict(options), "options", name),
         "enabled": bool(enabled),
     }
+    if paused and not enabled:
+        body["paused"] = {"note": paused.get("note"), "until": paused.get("until")}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
@@ -288,6 +299,12 @@ def parse_definition(raw: Any) -> dict[str, Any]:
     args, kwargs, options = value.get("args") or [], value.get("kwargs") or {}, value.get("options") or {}
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(options, dict):
         raise ScheduleError("definition args must be a list, kwargs and options objects")
+    paused = value.get("paused")
+    if paused is not None:
+        if not isinstance(paused, dict) or not isinstance(paused.get("note"), (str, type(None))):
+            raise ScheduleError('definition "paused" must be an object with a text "note"')
+        if paused.get("until") is not None:
+            _aware(paused["until"], "paused until")
     return {
         "name": value.get("name"),
         "task": value["task"],
@@ -296,7 +313,16 @@ def parse_definition(raw: Any) -> dict[str, Any]:
         "kwargs": kwargs,
         "options": options,
         "enabled": bool(value.get("enabled", True)),
+        "paused": paused,
     }
+
+
+def paused_until(definition: Mapping[str, Any]) -> float | None:
+    """When a parsed paused definition resumes by itself (UNIX seconds), None when it does not."""
+    paused = definition.get("paused")
+    if definition.get("enabled") or not paused or paused.get("until") is None:
+        return None
+    return _aware(paused["until"], "paused until").timestamp()
 
 
 def spec_key(spec: Any) -> Any:
@@ -423,16 +449,26 @@ def delete_entry(name: str, app: Celery | None = None) -> bool:
     return bool(store.backend.entry_delete(name))
 
 
-def with_enabled(name: str, raw: Any, enabled: bool) -> str:
-    """The canonical definition JSON of ``raw`` with its ``enabled`` flag set (:class:`ScheduleError`
-    when ``raw`` is broken)."""
+def with_enabled(name: str, raw: Any, enabled: bool, paused: Mapping[str, Any] | None = None) -> str:
+    """The canonical definition JSON of ``raw`` with its ``enabled`` flag set, and a pause's note and
+    expiry (``paused``; a resume drops them) (:class:`ScheduleError` when ``raw`` is broken)."""
     d = parse_definition(raw)
     schedule_from_spec(d["schedule"])
-    return definition_json(name, d["task"], d["schedule"], d["args"], d["kwargs"], d["options"], enabled)
+    return definition_json(name, d["task"], d["schedule"], d["args"], d["kwargs"], d["options"], enabled, paused)
 
 
-def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInfo | None:
+def set_enabled(
+    name: str,
+    enabled: bool,
+    app: Celery | None = None,
+    *,
+    note: str | None = None,
+    until: datetime | timedelta | None = None,
+) -> EntryInfo | None:
     """Pause (False) or resume (True) a runtime entry, keeping its state; None when there is none.
+
+    A pause may carry a ``note`` (why, who) and an expiry ``until`` (an aware datetime, naive
+    means UTC, or a ``timedelta`` from now): the beat leader resumes the entry by itself then.
 
     A compare-and-set on the stored definition: a ``save_entry`` that lands between the read and
     the write makes it read again, so a pause never brings back the schedule it replaced.
@@ -440,16 +476,48 @@ def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInf
     store = _Store(app)
     if name in store.config_entries():
         raise ScheduleError(f"{name!r} is a config entry (beat_schedule); only runtime entries can be paused")
+    paused = None if enabled else _pause_of(name, note, until, store.backend.clock.time())
     for _ in range(C.BEAT_ENTRY_SWAP_ATTEMPTS):
         raw = store.backend.entry_definition(name)
         if raw is None:
             return None
-        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled)) >= 0:
+        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled, paused)) >= 0:
             return get_entry(name, app=store.app)
     raise ScheduleError(
         f"entry {name!r}: its definition changed under each of {C.BEAT_ENTRY_SWAP_ATTEMPTS} attempts to "
         f"{'resume' if enabled else 'pause'} it; try again"
     )
+
+
+def _pause_of(name: str, note: Any, until: Any, now: float) -> dict[str, Any] | None:
+    """A pause's ``paused`` JSON (None without note and expiry); :class:`ScheduleError` naming the
+    entry for a note that is not text or an expiry that is not a future instant."""
+    if note is not None and not isinstance(note, str):
+        raise ScheduleError(f"entry {name!r}: pause note must be text, got {note!r}")
+    if until is None:
+        return None if note is None else {"note": note, "until": None}
+    if isinstance(until, timedelta):
+        when = datetime.fromtimestamp(now, UTC) + until
+    elif isinstance(until, datetime):
+        when = until if until.tzinfo is not None else until.replace(tzinfo=UTC)
+    else:
+        raise ScheduleError(f"entry {name!r}: pause until must be a datetime or a timedelta, got {until!r}")
+    if when.timestamp() <= now:
+        raise ScheduleError(f"entry {name!r}: pause until {when.isoformat()} is not in the future")
+    return {"note": note, "until": when.astimezone(UTC).isoformat()}
+
+
+def pause(
+    name: str, *, note: str | None = None, until: datetime | timedelta | None = None, app: Celery | None = None
+) -> EntryInfo | None:
+    """Pause the runtime entry ``name``, with a ``note`` and an expiry ``until`` (then the leader
+    resumes it by itself, at its next slot); None when there is none. See :func:`set_enabled`."""
+    return set_enabled(name, False, app, note=note, until=until)
+
+
+def resume(name: str, app: Celery | None = None) -> EntryInfo | None:
+    """Resume the runtime entry ``name`` at its next slot; None when there is none."""
+    return set_enabled(name, True, app)
 
 
 def run_now(name: str, app: Celery | None = None) -> datetime:
@@ -542,10 +610,16 @@ def _runtime_info(
         return None
     if score is None and d["enabled"] and store is not None:
         score = _planned_next(store, schedule, state)
-    return _info(
+    info = _info(
         name, C.ENTRY_SOURCE_RUNTIME, task=d["task"], schedule=schedule, args=d["args"], kwargs=d["kwargs"],
         options=d["options"], enabled=d["enabled"], state=state, score=score, version=version,
     )  # fmt: skip
+    if info.enabled or not d["paused"]:
+        return info
+    until = paused_until(d)
+    return dataclasses.replace(
+        info, pause_note=d["paused"].get("note"), paused_until=None if until is None else _when(until)
+    )
 
 
 def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:

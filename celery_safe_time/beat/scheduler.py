@@ -30,7 +30,7 @@ from ..publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held
-from .entries import build_entry, parse_definition, spec_key, with_enabled
+from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
 from .leader import LeaseTerm
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
 from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
@@ -60,6 +60,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.runtime: dict[str, bytes] = {}
         #: paused runtime entries (not in the due set; their state is kept)
         self.paused: dict[str, ScheduleEntry] = {}
+        #: paused runtime entries with an expiry: name -> when this leader resumes them (UNIX seconds)
+        self.pause_expiry: dict[str, float] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
         #: the leader's clock when it last pruned fired-slot records (``_housekeeping``)
@@ -138,6 +140,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if due:  # the fired entries moved on: the next one due is somewhere else now
                 head = self.backend.head()
             self._housekeeping()
+            self._expire_pauses(now)
         except LeaseLost as exc:
             # Not a backend error (each backend has its own, and this one must be caught on all of
             # them): this beat was paused past its lease and another took it over.
@@ -146,6 +149,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         except self.backend_errors as exc:
             return self.backend_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+        if self.pause_expiry:
+            wait = min(wait, max(0.0, min(self.pause_expiry.values()) - self.clock.time()))
         if self.seen_version > 0:
             # runtime entries are in use: look at the change counter often, a change shows within a poll
             wait = min(wait, C.BEAT_CHANGES_POLL)
@@ -174,6 +179,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.schedule.pop(name, None)
         self.plans.pop(name, None)
         self.paused.pop(name, None)
+        self.pause_expiry.pop(name, None)
         self.broken.pop(name, None)
 
     def load_runtime(self, name: str, raw: Any) -> str:
@@ -211,6 +217,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return "broken"
         if not definition["enabled"]:
             self.paused[name] = entry
+            until = paused_until(definition)
+            if until is not None:
+                self.pause_expiry[name] = until
             return "paused"
         self.schedule[name] = entry
         self.plans[name] = plan
@@ -561,6 +570,27 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return
         for entry, slot, result in sent:
             self._sent(entry, slot, epoch, result)
+
+    def _expire_pauses(self, now: float) -> None:
+        """Resume the paused entries whose pause expired: a compare-and-set of their definition, as
+        ``resume`` does (a save made meanwhile is kept). The change counter moves, so the resume is
+        applied like any other at the next tick: the entry continues at its next slot."""
+        for name, until in list(self.pause_expiry.items()):
+            if until > now:
+                continue
+            del self.pause_expiry[name]
+            raw = self.runtime.get(name)
+            if raw is None:
+                continue
+            try:
+                verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, True))
+            except self.backend_errors:
+                raise
+            except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
+                logger.warning("beat: the pause of entry %r expired but it could not be resumed: %s", name, exc)
+                continue
+            if verdict > 0:
+                logger.info("beat: the pause of entry %r expired: resumed (version %s)", name, verdict)
 
     def _finished(self, name: str) -> None:
         """A runtime one-off has no slot left (fired, or skipped by its misfire policy): store its

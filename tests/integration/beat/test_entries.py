@@ -459,3 +459,31 @@ def test_an_entry_resumed_while_no_beat_leads_fires_at_its_next_slot_only(
     assert len(after) == 1
     assert after[0] > resumed_at  # not a catch-up of a slot that fell during the pause
     assert (after[0] - last) % 2 == 0  # the same grid
+
+
+def test_a_pause_that_expired_while_no_beat_led_is_resumed_by_the_next_leader(
+    app: Celery, tmp_path: Path, sent: list[dict[str, Any]]
+) -> None:
+    from celery_safe_time.beat.entries import pause
+
+    save_entry("p", "t.entries_noop", 2, app=app)
+    info = pause("p", note="maintenance", until=timedelta(seconds=2), app=app)
+    assert info is not None
+    assert (info.enabled, info.pause_note, info.next_fire) == (False, "maintenance", None)
+    assert info.paused_until is not None
+    assert [e.pause_note for e in list_entries(app=app)] == [None, "maintenance"]  # cfg, p
+    time.sleep(max(0.0, info.paused_until.timestamp() + 0.5 - time.time()))
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+    try:
+        wait_for(lambda: sched.keeper.is_leader, 10)
+        _tick_until(sched, lambda: _fired(sent, "p"))
+    finally:
+        sched.close()
+    assert _fired(sent, "p")[0] > info.paused_until.timestamp()
+    resumed = get_entry("p", app=app)
+    assert resumed is not None
+    assert (resumed.enabled, resumed.pause_note, resumed.paused_until) == (True, None, None)
+    with pytest.raises(ScheduleError, match="entry 'p': pause note must be text"):
+        pause("p", note=42, app=app)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match=r"entry 'p': pause until .* is not in the future"):
+        pause("p", until=timedelta(seconds=-1), app=app)

@@ -255,7 +255,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                             name,
                             to_datetime(slot).isoformat() if slot != NEVER else None,
                         )
-                    if known and due <= now:
+                    # only its jitter changed: the same slot at another instant, due as usual
+                    moved = score is not None and known.get("sig") == plan.signature
+                    if known and due <= now and not moved:
                         # Edited onto a grid whose next slot already passed: those slots fell before
                         # the edit, so none counts as on time; its misfire policy decides from now
                         # (run_once: one catch-up run).

@@ -70,3 +70,37 @@ def test_jittered_entries_fire_once_each_at_their_offsets_across_a_kill_9(
     assert len(epochs) >= 2  # both leaders published
     offsets = {round(jitter_offset(n, s, JITTER)) for n in ENTRIES for s in {_slot(r) for r in runs(redis_client, n)}}
     assert len(offsets) > 4  # spread over the window, not all at the slot
+
+
+def test_a_catch_up_window_skips_the_slots_missed_longer_ago_after_every_beat_was_down(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    every = 3
+    schedule = {
+        name: {"task": "tests.record", "every": every, "args": [name], "options": {"safe_time_misfire": "run_all"},
+               **extra}
+        for name, extra in {"windowed": {"catchup_window": 7}, "all": {}}.items()
+    }  # fmt: skip
+    env = beat_env(schedule, safe_time_beat_lease=LEASE, **coordination)
+    processes.worker(BEAT_APP, env=env, name="worker")
+    first = processes.beat(BEAT_APP, env=env, name="first")
+    wait_for(lambda: all(runs(redis_client, n) for n in schedule), 30, message="the first slot of each entry")
+    first.terminate()
+    last = max(_slot(r) for r in runs(redis_client, "all"))
+    time.sleep(max(0.0, last + 6 * every + 1 - time.time()))  # every beat down across six slots
+    second = processes.beat(BEAT_APP, env=env, name="second")
+    found = second.wait_for_log(r"entry 'windowed' skipped (\d+) slot\(s\) up to \S+: later than its catch-up", 60)
+    started = time.time()
+    wait_for(lambda: any(_slot(r) > started for r in runs(redis_client, "windowed")), 30, message="an on-time slot")
+    second.terminate()
+    time.sleep(1)
+    assert duplicates(redis_client) == {}
+    windowed = sorted(_slot(r) for r in runs(redis_client, "windowed"))
+    everything = sorted(_slot(r) for r in runs(redis_client, "all"))
+    # run_all without a window publishes every missed slot: the grid has no hole
+    assert all(b - a == every for a, b in itertools.pairwise(everything)), everything
+    # with the window, the missed slots older than 7 s when the second beat looked were skipped
+    skipped = int(found.group(1))
+    assert skipped >= 4, second.log()
+    holes = [b - a for a, b in itertools.pairwise(windowed) if b - a > every]
+    assert holes == [every * (skipped + 1)], (windowed, skipped)

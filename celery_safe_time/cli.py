@@ -350,6 +350,10 @@ def beat_show(ctx: click.Context, name: str) -> None:
 @click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments, a JSON object.")
 @click.option("--options", "options_json", default=None, help='apply_async options, a JSON object ({"queue": "q"}).')
 @click.option("--paused", is_flag=True, help="Store it paused (resume it later).")
+@click.option("--jitter", type=float, default=None, help="Publish each slot within this many seconds of it.")
+@click.option(
+    "--catchup-window", type=float, default=None, help="Skip slots later than this many seconds, whatever the policy."
+)
 @click.pass_context
 def beat_add(
     ctx: click.Context,
@@ -363,6 +367,8 @@ def beat_add(
     kwargs_json: str | None,
     options_json: str | None,
     paused: bool,
+    jitter: float | None,
+    catchup_window: float | None,
 ) -> None:
     """Add or replace the runtime entry NAME running TASK (idempotent: the same definition changes nothing)."""
     from .beat.entries import cron_spec, describe_schedule, save_entry
@@ -382,7 +388,16 @@ def beat_add(
         else:
             schedule = {"type": "at", "at": at_}
         info = save_entry(
-            name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=not paused, app=_loaded_app(ctx)
+            name,
+            task,
+            schedule,
+            args=args,
+            kwargs=kwargs,
+            options=options,
+            enabled=not paused,
+            app=_loaded_app(ctx),
+            jitter=jitter,
+            catchup_window=catchup_window,
         )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -406,32 +421,56 @@ def beat_remove(ctx: click.Context, name: str) -> None:
     click.echo(f"{name}: removed")
 
 
-def _set_enabled(ctx: click.Context, name: str, enabled: bool) -> None:
+def _set_enabled(ctx: click.Context, name: str, enabled: bool, note: str | None = None, until: Any = None) -> None:
     from .beat.entries import set_enabled
 
     try:
-        info = set_enabled(name, enabled, app=_app(ctx))
+        info = set_enabled(name, enabled, app=_app(ctx), note=note, until=until)
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if info is None:
         click.echo(f"no runtime entry {name!r}", err=True)
         sys.exit(1)
-    click.echo(f"{name}: {'resumed' if enabled else 'paused'}")
+    if enabled:
+        click.echo(f"{name}: resumed")
+    else:
+        until_text = f" until {info.paused_until.isoformat()}" if info.paused_until is not None else ""
+        click.echo(f"{name}: paused{until_text}" + (f" ({info.pause_note})" if info.pause_note else ""))
+
+
+def _until(text: str | None) -> Any:
+    """``--until``: an ISO 8601 instant (naive = UTC) or a number of seconds from now."""
+    import datetime as dt
+
+    if text is None:
+        return None
+    try:
+        return dt.timedelta(seconds=float(text))
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: an ISO 8601 instant or a number of seconds", param_hint="--until"
+        ) from None
 
 
 @beat_group.command(name="pause", cls=CeleryCommand)
 @click.argument("name")
+@click.option("--note", default=None, help="Why (and who): shown by beat show.")
+@click.option("--until", "until_text", default=None, help="Resume by itself then: ISO 8601 instant or seconds.")
 @click.pass_context
-def beat_pause(ctx: click.Context, name: str) -> None:
-    """Pause the runtime entry NAME, keeping its last and next slot."""
-    _set_enabled(ctx, name, False)
+def beat_pause(ctx: click.Context, name: str, note: str | None, until_text: str | None) -> None:
+    """Pause the runtime entry NAME, keeping its last and next slot; with --until the leader resumes it then."""
+    _set_enabled(ctx, name, False, note=note, until=_until(until_text))
 
 
 @beat_group.command(name="resume", cls=CeleryCommand)
 @click.argument("name")
 @click.pass_context
 def beat_resume(ctx: click.Context, name: str) -> None:
-    """Resume NAME; the slots it missed while paused follow its misfire policy."""
+    """Resume NAME at its next slot (the slots that fell while it was paused are skipped)."""
     _set_enabled(ctx, name, True)
 
 

@@ -21,6 +21,7 @@ from celery import Celery
 
 from . import constants as C
 from . import signals
+from .beat.policies import beat_slots_past_catchup
 from .exceptions import NotInstalled
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,12 @@ _COUNTERS: tuple[tuple[str, str, Any, str | None], ...] = (
         "safe_time_beat_slots_suppressed_total",
         "Slots not published because already fired or the lease was gone.",
         signals.beat_slot_duplicate,
+        "entry",
+    ),
+    (
+        "safe_time_beat_slots_past_catchup_total",
+        "Slots not published because they were later than their entry's catch-up window.",
+        beat_slots_past_catchup,
         "entry",
     ),
     ("safe_time_delays_stored_total", "Long delays written to the store.", signals.delay_stored, "task_name"),
@@ -92,10 +99,11 @@ def disable_metrics() -> None:
 
 def _receiver(counter: Any, label: str | None) -> Any:
     def receive(sender: Any = None, **kwargs: Any) -> None:
+        amount = kwargs.get("count", 1)  # a signal standing for several events says how many
         if label:
-            counter.labels(str(kwargs.get(label) or "unknown")).inc()
+            counter.labels(str(kwargs.get(label) or "unknown")).inc(amount)
         else:
-            counter.inc()
+            counter.inc(amount)
 
     return receive
 

@@ -52,8 +52,9 @@ from ..config import get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
 from ..schedules import crontab, resolve_tz
 from .backends import beat_backend
+from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
-from .state import load_state, slot_id
+from .state import load_state, slot_id, state_next
 
 __all__ = [
     "EntryInfo",
@@ -66,6 +67,8 @@ __all__ = [
     "get_entry",
     "list_entries",
     "parse_definition",
+    "pause",
+    "resume",
     "rrule",
     "run_now",
     "run_now_fired",
@@ -93,6 +96,8 @@ class EntryInfo:
     next_fire: datetime | None
     source: str  # "config" or "runtime"
     version: int | None = None  # the change log version of a runtime entry's definition
+    pause_note: str | None = None  # why a paused entry was paused (``pause(name, note=...)``)
+    paused_until: datetime | None = None  # when a paused entry resumes by itself
 
     def as_dict(self) -> dict[str, Any]:
         try:
@@ -111,6 +116,8 @@ class EntryInfo:
             "next_fire": None if self.next_fire is None else self.next_fire.isoformat(),
             "source": self.source,
             "version": self.version,
+            "pause_note": self.pause_note,
+            "paused_until": None if self.paused_until is None else self.paused_until.isoformat(),
         }
 
 
@@ -257,8 +264,11 @@ def definition_json(
     kwargs: Mapping[str, Any],
     options: Mapping[str, Any],
     enabled: bool,
+    paused: Mapping[str, Any] | None = None,
 ) -> str:
-    """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes)."""
+    """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes).
+
+    ``paused`` (a paused entry only): ``{"note": text or null, "until": ISO instant or null}``."""
     body = {
         "format": C.BEAT_ENTRY_FORMAT,
         "name": name,
@@ -269,6 +279,8 @@ def definition_json(
         "options": _json(dict(options), "options", name),
         "enabled": bool(enabled),
     }
+    if paused and not enabled:
+        body["paused"] = {"note": paused.get("note"), "until": paused.get("until")}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
@@ -287,6 +299,12 @@ def parse_definition(raw: Any) -> dict[str, Any]:
     args, kwargs, options = value.get("args") or [], value.get("kwargs") or {}, value.get("options") or {}
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(options, dict):
         raise ScheduleError("definition args must be a list, kwargs and options objects")
+    paused = value.get("paused")
+    if paused is not None:
+        if not isinstance(paused, dict) or not isinstance(paused.get("note"), (str, type(None))):
+            raise ScheduleError('definition "paused" must be an object with a text "note"')
+        if paused.get("until") is not None:
+            _aware(paused["until"], "paused until")
     return {
         "name": value.get("name"),
         "task": value["task"],
@@ -295,7 +313,16 @@ def parse_definition(raw: Any) -> dict[str, Any]:
         "kwargs": kwargs,
         "options": options,
         "enabled": bool(value.get("enabled", True)),
+        "paused": paused,
     }
+
+
+def paused_until(definition: Mapping[str, Any]) -> float | None:
+    """When a parsed paused definition resumes by itself (UNIX seconds), None when it does not."""
+    paused = definition.get("paused")
+    if definition.get("enabled") or not paused or paused.get("until") is None:
+        return None
+    return _aware(paused["until"], "paused until").timestamp()
 
 
 def spec_key(spec: Any) -> Any:
@@ -378,17 +405,25 @@ def save_entry(
     options: Mapping[str, Any] | None = None,
     enabled: bool = True,
     app: Celery | None = None,
+    jitter: float | timedelta | None = None,
+    catchup_window: float | timedelta | None = None,
 ) -> EntryInfo:
     """Create or replace the runtime entry ``name`` (idempotent: an unchanged definition changes
     nothing, its last and next fire included). Validates everything before storing anything:
-    unknown task, bad schedule or misfire policy -> :class:`ScheduleError`; arguments that are
-    not JSON -> :class:`SerializationError`. Takes effect at the beat leader's next tick."""
+    unknown task, bad schedule, misfire policy, jitter or catch-up window -> :class:`ScheduleError`;
+    arguments that are not JSON -> :class:`SerializationError`. Takes effect at the beat leader's
+    next tick.
+
+    ``jitter`` (seconds or a ``timedelta``) publishes each slot at an offset within ``[0, jitter)``
+    fixed by the entry's name and the slot; ``catchup_window`` skips slots later than that. Both are
+    stored in ``options`` (``safe_time_jitter``, ``safe_time_catchup_window``, in seconds)."""
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
     store = _Store(app)
     _conflict(store, name, task)
     spec = schedule_to_spec(schedule)
-    raw = definition_json(name, task, spec, args, kwargs or {}, options or {}, enabled)
+    options = policy_options(name, options, jitter=jitter, catchup_window=catchup_window)
+    raw = definition_json(name, task, spec, args, kwargs or {}, options, enabled)
     entry = build_entry(name, parse_definition(raw), store.app)
     try:
         plan = entry_plan(entry, store.config, store.app)  # unknown task, misfire policy, grid
@@ -414,16 +449,26 @@ def delete_entry(name: str, app: Celery | None = None) -> bool:
     return bool(store.backend.entry_delete(name))
 
 
-def with_enabled(name: str, raw: Any, enabled: bool) -> str:
-    """The canonical definition JSON of ``raw`` with its ``enabled`` flag set (:class:`ScheduleError`
-    when ``raw`` is broken)."""
+def with_enabled(name: str, raw: Any, enabled: bool, paused: Mapping[str, Any] | None = None) -> str:
+    """The canonical definition JSON of ``raw`` with its ``enabled`` flag set, and a pause's note and
+    expiry (``paused``; a resume drops them) (:class:`ScheduleError` when ``raw`` is broken)."""
     d = parse_definition(raw)
     schedule_from_spec(d["schedule"])
-    return definition_json(name, d["task"], d["schedule"], d["args"], d["kwargs"], d["options"], enabled)
+    return definition_json(name, d["task"], d["schedule"], d["args"], d["kwargs"], d["options"], enabled, paused)
 
 
-def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInfo | None:
+def set_enabled(
+    name: str,
+    enabled: bool,
+    app: Celery | None = None,
+    *,
+    note: str | None = None,
+    until: datetime | timedelta | None = None,
+) -> EntryInfo | None:
     """Pause (False) or resume (True) a runtime entry, keeping its state; None when there is none.
+
+    A pause may carry a ``note`` (why, who) and an expiry ``until`` (an aware datetime, naive
+    means UTC, or a ``timedelta`` from now): the beat leader resumes the entry by itself then.
 
     A compare-and-set on the stored definition: a ``save_entry`` that lands between the read and
     the write makes it read again, so a pause never brings back the schedule it replaced.
@@ -431,16 +476,48 @@ def set_enabled(name: str, enabled: bool, app: Celery | None = None) -> EntryInf
     store = _Store(app)
     if name in store.config_entries():
         raise ScheduleError(f"{name!r} is a config entry (beat_schedule); only runtime entries can be paused")
+    paused = None if enabled else _pause_of(name, note, until, store.backend.clock.time())
     for _ in range(C.BEAT_ENTRY_SWAP_ATTEMPTS):
         raw = store.backend.entry_definition(name)
         if raw is None:
             return None
-        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled)) >= 0:
+        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled, paused)) >= 0:
             return get_entry(name, app=store.app)
     raise ScheduleError(
         f"entry {name!r}: its definition changed under each of {C.BEAT_ENTRY_SWAP_ATTEMPTS} attempts to "
         f"{'resume' if enabled else 'pause'} it; try again"
     )
+
+
+def _pause_of(name: str, note: Any, until: Any, now: float) -> dict[str, Any] | None:
+    """A pause's ``paused`` JSON (None without note and expiry); :class:`ScheduleError` naming the
+    entry for a note that is not text or an expiry that is not a future instant."""
+    if note is not None and not isinstance(note, str):
+        raise ScheduleError(f"entry {name!r}: pause note must be text, got {note!r}")
+    if until is None:
+        return None if note is None else {"note": note, "until": None}
+    if isinstance(until, timedelta):
+        when = datetime.fromtimestamp(now, UTC) + until
+    elif isinstance(until, datetime):
+        when = until if until.tzinfo is not None else until.replace(tzinfo=UTC)
+    else:
+        raise ScheduleError(f"entry {name!r}: pause until must be a datetime or a timedelta, got {until!r}")
+    if when.timestamp() <= now:
+        raise ScheduleError(f"entry {name!r}: pause until {when.isoformat()} is not in the future")
+    return {"note": note, "until": when.astimezone(UTC).isoformat()}
+
+
+def pause(
+    name: str, *, note: str | None = None, until: datetime | timedelta | None = None, app: Celery | None = None
+) -> EntryInfo | None:
+    """Pause the runtime entry ``name``, with a ``note`` and an expiry ``until`` (then the leader
+    resumes it by itself, at its next slot); None when there is none. See :func:`set_enabled`."""
+    return set_enabled(name, False, app, note=note, until=until)
+
+
+def resume(name: str, app: Celery | None = None) -> EntryInfo | None:
+    """Resume the runtime entry ``name`` at its next slot; None when there is none."""
+    return set_enabled(name, True, app)
 
 
 def run_now(name: str, app: Celery | None = None) -> datetime:
@@ -483,6 +560,8 @@ def _info(
     loaded = load_state(state)
     last = loaded.get("last")
     next_score = None if score is None else float(score)
+    if next_score is not None and (options or {}).get(OPTION_JITTER) and loaded.get("next") is not None:
+        next_score = float(loaded["next"])  # the slot, not the jittered instant it is published at
     if not enabled:
         next_score = None
     # a one-off that fired is done: it reports disabled and nothing next
@@ -504,6 +583,11 @@ def _info(
 
 
 def _config_info(name: str, spec: Any, state: Any, score: Any) -> EntryInfo:
+    if isinstance(spec, Mapping):
+        try:
+            spec = config_spec(name, spec)
+        except ScheduleError:
+            pass  # shown as written; the scheduler reports the entry as broken
     get = spec.get if isinstance(spec, Mapping) else lambda key, default=None: getattr(spec, key, default)
     schedule = get("schedule")
     if isinstance(schedule, (int, float)) and not isinstance(schedule, bool):
@@ -526,10 +610,16 @@ def _runtime_info(
         return None
     if score is None and d["enabled"] and store is not None:
         score = _planned_next(store, schedule, state)
-    return _info(
+    info = _info(
         name, C.ENTRY_SOURCE_RUNTIME, task=d["task"], schedule=schedule, args=d["args"], kwargs=d["kwargs"],
         options=d["options"], enabled=d["enabled"], state=state, score=score, version=version,
     )  # fmt: skip
+    if info.enabled or not d["paused"]:
+        return info
+    until = paused_until(d)
+    return dataclasses.replace(
+        info, pause_note=d["paused"].get("note"), paused_until=None if until is None else _when(until)
+    )
 
 
 def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:
@@ -539,11 +629,13 @@ def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:
     starts where the leader first sees the entry, up to one tick later. None when it cannot be told."""
     try:
         plan = Plan(grid=grid_for(schedule, store.app.timezone), policy=C.DEFAULT_MISFIRE)
-        # With no score, next_state always plans: the state's next slot, after its last, or the first from now.
-        planned = next_state(plan, load_state(state), None, store.backend.clock.time())
+        # With no score, next_state always plans: the state's next slot (skipping what fell while the
+        # entry was paused), after its last, or the first from now.
+        known = load_state(state)
+        planned = next_state(plan, known, None, store.backend.clock.time(), resumed=bool(known))
     except (SafeTimeError, ValueError, TypeError):
         return None
-    return None if planned is None else planned[1]
+    return None if planned is None else state_next(load_state(planned[0]))
 
 
 def get_entry(name: str, app: Celery | None = None) -> EntryInfo | None:

@@ -30,10 +30,11 @@ from ..messages.publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held
-from .entries import build_entry, parse_definition, spec_key, with_enabled
+from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
 from .leader import LeaseTerm
-from .slots import NEVER, OPTION_MISFIRE, Plan, at, decide, entry_plan, next_state
-from .state import dump_state, load_state
+from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
+from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
+from .state import dump_state, load_state, state_next
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +60,16 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.runtime: dict[str, bytes] = {}
         #: paused runtime entries (not in the due set; their state is kept)
         self.paused: dict[str, ScheduleEntry] = {}
+        #: paused runtime entries with an expiry: name -> when this leader resumes them (UNIX seconds)
+        self.pause_expiry: dict[str, float] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
         #: the leader's clock when it last pruned fired-slot records (``_housekeeping``)
         self._pruned_at = float("-inf")
         #: schedule objects of runtime entries by their spec (shared: they are never mutated)
         self._schedules: dict[Any, Any] = {}
-        #: plans of runtime entries by (spec, task, misfire policy): validated once per distinct schedule
+        #: plans of runtime entries by (spec, task, misfire policy, jitter, catch-up window): validated
+        #: once per distinct schedule
         self._runtime_plans: dict[Any, Plan] = {}
         super().__init__(app, *args, **kwargs)
 
@@ -82,7 +86,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         schedule = self.schedule
         for key, spec in (b or {}).items():
             try:
-                schedule[key] = self.Entry(**dict(spec, name=key, app=self.app))
+                schedule[key] = self.Entry(**dict(config_spec(key, spec), name=key, app=self.app))
             except Exception as exc:
                 self._broken(key, f"invalid entry: {exc.__class__.__name__}: {exc}")
                 schedule.pop(key, None)
@@ -136,6 +140,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             if due:  # the fired entries moved on: the next one due is somewhere else now
                 head = self.backend.head()
             self._housekeeping()
+            self._expire_pauses(now)
         except LeaseLost as exc:
             # Not a backend error (each backend has its own, and this one must be caught on all of
             # them): this beat was paused past its lease and another took it over.
@@ -144,6 +149,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         except self.backend_errors as exc:
             return self.backend_failed(exc)
         wait = self.granularity if not head else max(0.0, min(head[0][1] - self.clock.time(), self.granularity))
+        if self.pause_expiry:
+            wait = min(wait, max(0.0, min(self.pause_expiry.values()) - self.clock.time()))
         if self.seen_version > 0:
             # runtime entries are in use: look at the change counter often, a change shows within a poll
             wait = min(wait, C.BEAT_CHANGES_POLL)
@@ -172,6 +179,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self.schedule.pop(name, None)
         self.plans.pop(name, None)
         self.paused.pop(name, None)
+        self.pause_expiry.pop(name, None)
         self.broken.pop(name, None)
 
     def load_runtime(self, name: str, raw: Any) -> str:
@@ -193,7 +201,14 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         try:
             definition = parse_definition(raw)
             entry = build_entry(name, definition, self.app, self._schedules)
-            key = (spec_key(definition["schedule"]), entry.task, entry.options.get(OPTION_MISFIRE))
+            options = entry.options
+            key = (
+                spec_key(definition["schedule"]),
+                entry.task,
+                options.get(OPTION_MISFIRE),
+                options.get(OPTION_JITTER),
+                options.get(OPTION_CATCHUP_WINDOW),
+            )
             plan = self._runtime_plans.get(key)
             if plan is None:
                 plan = self._runtime_plans[key] = entry_plan(entry, self.config, self.app)
@@ -202,6 +217,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return "broken"
         if not definition["enabled"]:
             self.paused[name] = entry
+            until = paused_until(definition)
+            if until is not None:
+                self.pause_expiry[name] = until
             return "paused"
         self.schedule[name] = entry
         self.plans[name] = plan
@@ -223,17 +241,29 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 became = self.load_runtime(name, raw)
                 if became == "active":
                     known = load_state(state)
-                    planned = next_state(self.plans[name], known, score, now)
+                    plan = self.plans[name]
+                    # out of the due set with its state kept: it was paused (or broken) and is back
+                    resumed = bool(known) and score is None and known.get("sig") == plan.signature
+                    planned = next_state(plan, known, score, now, name=name, resumed=resumed)
                     if planned is None:
                         continue
-                    written, next_fire = planned
-                    if known and next_fire <= now:
-                        # Resumed, or edited onto a grid whose next slot already passed: those slots
-                        # fell while the entry was paused or before the edit, so none counts as on
-                        # time; its misfire policy decides from now (run_once: one catch-up run).
-                        catch_up.extend((next_fire, w) for w in self.plan_entry(name, next_fire, now, on_time=0.0))
+                    written, due = planned
+                    slot = state_next(load_state(written))
+                    if resumed:
+                        logger.info(
+                            "beat: entry %r resumed; next slot %s (slots that fell while it was paused are skipped)",
+                            name,
+                            to_datetime(slot).isoformat() if slot != NEVER else None,
+                        )
+                    # only its jitter changed: the same slot at another instant, due as usual
+                    moved = score is not None and known.get("sig") == plan.signature
+                    if known and due <= now and not moved:
+                        # Edited onto a grid whose next slot already passed: those slots fell before
+                        # the edit, so none counts as on time; its misfire policy decides from now
+                        # (run_once: one catch-up run).
+                        catch_up.extend((slot, w) for w in self.plan_entry(name, slot, now, on_time=0.0))
                     else:
-                        writes.append(SlotWrite(name, written, next_fire))
+                        writes.append(SlotWrite(name, written, due))
                 elif became in ("paused", "broken"):
                     forget[True].append(name)
                 elif became == "removed":
@@ -385,7 +415,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         nexts: dict[str, float] = {}
         firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
         for name, plan in self.plans.items():
-            planned = next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts)
+            planned = next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts, name=name)
             if planned is not None:
                 states[name], nexts[name] = planned
         scheduled = set(scores)
@@ -402,6 +432,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         ``since`` only; None when the due set would not then hold exactly the planned entries (state
         lost or written by hand, a config entry removed from beat_schedule): re-plan everything."""
         changed = [name for name, _ in self.backend.change_log(since)]
+        changed_runtime = set(changed) & set(self.runtime)
         recheck = sorted(self.config_names | set(changed) | set(self.broken))
         raws, scores = self.backend.read_states(recheck)
         due_count = self.backend.due_count()
@@ -413,7 +444,9 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for name, raw, score in zip(recheck, raws, scores, strict=True):
             plan = self.plans.get(name)
             if plan is not None:
-                planned = next_state(plan, load_state(raw), score, now, firsts)
+                # a runtime entry changed with its state kept and out of the due set was resumed
+                resumed = name in changed_runtime
+                planned = next_state(plan, load_state(raw), score, now, firsts, name=name, resumed=resumed)
                 if planned is not None:
                     states[name], nexts[name] = planned
                     due_count += score is None
@@ -441,7 +474,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         allow are published: a tick with N entries due costs one backend round trip, not N.
         """
         planned: list[tuple[float, SlotWrite]] = []  # (the due slot it came from, the write)
-        for name, slot in due:
+        for name, slot in self._due_slots(due):
             try:
                 planned.extend((slot, write) for write in self.plan_entry(name, slot, now))
             except self.backend_errors:
@@ -449,6 +482,27 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             except Exception:
                 logger.exception("beat: entry %r failed; the other entries keep firing", name)
         return self.write_and_publish(planned, epoch)
+
+    def _due_slots(self, due: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """The slots of the due entries: the due score itself, except for jittered entries, whose
+        score is their slot plus its offset and whose slot is read from their state (one more round
+        trip, only in a tick where a jittered entry is due)."""
+        jittered = [name for name, _ in due if (plan := self.plans.get(name)) is not None and plan.jitter > 0]
+        if not jittered:
+            return due
+        raws, _ = self.backend.read_states(jittered)
+        slots: dict[str, float] = {}
+        for name, raw in zip(jittered, raws, strict=True):
+            state = load_state(raw)
+            if state.get("sig") == self.plans[name].signature and state.get("next") is not None:
+                slots[name] = float(state["next"])
+        out: list[tuple[str, float]] = []
+        for name, score in due:
+            slot = slots.get(name)
+            if slot is None and name in jittered:  # the state was lost: find the slot from the score
+                slot = self.plans[name].slot_at(name, score)
+            out.append((name, score if slot is None else slot))
+        return out
 
     def write_and_publish(self, planned: list[tuple[float, SlotWrite]], epoch: int) -> bool:
         """Send ``planned`` (due slot, write) pairs in one round trip and publish the slots the guard
@@ -519,6 +573,27 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         for entry, slot, result in sent:
             self._sent(entry, slot, epoch, result)
 
+    def _expire_pauses(self, now: float) -> None:
+        """Resume the paused entries whose pause expired: a compare-and-set of their definition, as
+        ``resume`` does (a save made meanwhile is kept). The change counter moves, so the resume is
+        applied like any other at the next tick: the entry continues at its next slot."""
+        for name, until in list(self.pause_expiry.items()):
+            if until > now:
+                continue
+            del self.pause_expiry[name]
+            raw = self.runtime.get(name)
+            if raw is None:
+                continue
+            try:
+                verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, True))
+            except self.backend_errors:
+                raise
+            except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
+                logger.warning("beat: the pause of entry %r expired but it could not be resumed: %s", name, exc)
+                continue
+            if verdict > 0:
+                logger.info("beat: the pause of entry %r expired: resumed (version %s)", name, verdict)
+
     def _finished(self, name: str) -> None:
         """A runtime one-off has no slot left (fired, or skipped by its misfire policy): store its
         definition as disabled, so that every reader sees it paused. A compare-and-set on the definition
@@ -548,11 +623,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self.backend.drop_due(name)
             return []
         try:
-            decision = decide(
-                plan.grid,
+            decision = plan.decide(
+                name,
                 slot,
                 now,
-                policy=plan.policy,
                 on_time=self.config.beat_lease if on_time is None else on_time,
                 grace=self.config.misfire_grace,
             )
@@ -562,17 +636,27 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self.backend.drop_due(name)
             return []
         sig = plan.signature
-        if decision.missed:
+        if decision.missed > decision.expired:
             logger.warning(
                 "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",
                 name,
-                decision.missed,
+                decision.missed - decision.expired,
                 to_datetime(decision.last_due).isoformat(),
                 plan.policy,
             )
+        if decision.expired:
+            logger.warning(
+                "beat: entry %r skipped %d slot(s) up to %s: later than its catch-up window (%g s)",
+                name,
+                decision.expired,
+                to_datetime(decision.last_due).isoformat(),
+                plan.catchup_window,
+            )
+            beat_slots_past_catchup.send(sender=self, entry=name, count=decision.expired)
+        due = plan.due_at(name, decision.next)
         if not decision.fire:
-            return [SlotWrite(name, dump_state(decision.last_due, decision.next, sig), decision.next)]
-        return [SlotWrite(name, dump_state(s, decision.next, sig), decision.next, s) for s in decision.fire]
+            return [SlotWrite(name, dump_state(decision.last_due, decision.next, sig), due)]
+        return [SlotWrite(name, dump_state(s, decision.next, sig), due, s) for s in decision.fire]
 
     def _refused(self, name: str, slot: float) -> bool:
         signals.beat_slot_duplicate.send(sender=self, entry=name, slot=to_datetime(slot), reason="not the leader")

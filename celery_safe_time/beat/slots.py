@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 from collections import deque
+from collections.abc import Callable
 from datetime import datetime, timedelta, tzinfo
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from ..clock import UTC, to_datetime
 from ..config import SafeTimeConfig
 from ..exceptions import ImproperlyConfigured, SafeTimeError, ScheduleError
 from ..schedules import crontab
+from .policies import jitter_offset, offset_function, policies_of, unjitter
 from .state import dump_state, state_next
 
 #: Per-entry misfire policy: ``options={"safe_time_misfire": ...}`` (headers JSON on django-celery-beat rows).
@@ -225,17 +227,29 @@ class Decision:
     last_due: float  # the latest slot that was due (fired or not)
     next: float  # the entry's next slot
     missed: int  # due slots that were late and not published
+    expired: int = 0  # of those, the slots later than the catch-up window
 
 
 def decide(
-    grid: Grid, slot: float, now: float, *, policy: str, on_time: float, grace: float | None, cap: int = C.RUN_ALL_CAP
+    grid: Grid,
+    slot: float,
+    now: float,
+    *,
+    policy: str,
+    on_time: float,
+    grace: float | None,
+    cap: int = C.RUN_ALL_CAP,
+    offset: Callable[[float], float] | None = None,
+    window: float | None = None,
 ) -> Decision:
     """Which of the due slots from ``slot`` up to ``now`` to publish.
 
-    A slot at most ``on_time`` seconds old is on time and always published. Older ones were
-    missed (every beat was down or stalled) and follow ``policy``: ``run_once`` publishes the
-    latest missed slot when nothing on time was published, ``run_all`` publishes every missed
-    slot (the latest ``cap``), ``skip`` none. A missed slot older than ``grace`` is never published.
+    A slot is due at its instant plus its jitter ``offset`` (none: at its instant); its lateness is
+    counted from there. A slot at most ``on_time`` seconds late is on time and published. Later ones
+    were missed (every beat was down or stalled) and follow ``policy``: ``run_once`` publishes the
+    latest missed slot when nothing on time was published, ``run_all`` publishes every missed slot
+    (the latest ``cap``), ``skip`` none. A missed slot older than ``grace`` is never published, nor
+    is any slot later than the entry's catch-up ``window`` (counted in ``expired``).
     """
     if policy not in C.MISFIRE_POLICIES:
         raise ScheduleError(f"unknown misfire policy {policy!r}")
@@ -244,14 +258,18 @@ def decide(
     due = slot
     last_due = slot
     total_due = 0
+    expired = 0
     for _ in range(C.BEAT_CATCHUP_SCAN_LIMIT):
-        if due > now:  # also a schedule with no more slots (NEVER)
+        late = now - (due if offset is None or due == NEVER else due + offset(due))
+        if late < 0:  # also a schedule with no more slots (NEVER)
             break
         last_due = due
         total_due += 1
-        if now - due <= on_time:
+        if window is not None and late > window:
+            expired += 1
+        elif late <= on_time:
             on_time_slots.append(due)
-        elif grace is None or now - due <= grace:
+        elif grace is None or late <= grace:
             recent_missed.append(due)
         due = grid.next(due)
     else:  # down for ages on a fine grid: resume from now
@@ -263,54 +281,121 @@ def decide(
     elif policy == "run_once" and missed and not on_time_slots:
         fire = missed[-1:]
     fire = sorted(fire + on_time_slots)
-    return Decision(fire=fire, last_due=last_due, next=due, missed=max(0, total_due - len(fire)))
+    return Decision(fire=fire, last_due=last_due, next=due, missed=max(0, total_due - len(fire)), expired=expired)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What the scheduler needs to fire one entry."""
+    """What the scheduler needs to fire one entry (shared by the entries of one schedule and policies)."""
 
     grid: Grid
     policy: str
+    #: seconds within which each slot is published (0: at its instant); see :mod:`.policies`
+    jitter: float = 0.0
+    #: a slot later than this many seconds is skipped whatever the policy (None: no window)
+    catchup_window: float | None = None
 
     @functools.cached_property
     def signature(self) -> str:
         """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
         return self.grid.signature()
 
+    def offset(self, name: str) -> Callable[[float], float] | None:
+        """``slot -> jitter offset`` of the entry ``name`` (None without jitter)."""
+        return offset_function(name, self.jitter)
+
+    def due_at(self, name: str, slot: float) -> float:
+        """When the entry ``name`` publishes ``slot``: its instant plus its jitter offset (its due score)."""
+        if self.jitter <= 0 or not math.isfinite(slot):
+            return slot
+        return slot + jitter_offset(name, slot, self.jitter)
+
+    def slot_at(self, name: str, due: float) -> float:
+        """The slot of a due score (see :func:`.policies.unjitter`: only when the state is lost)."""
+        return unjitter(name, due, self.jitter, self._candidates)
+
+    def _candidates(self, low: float, high: float) -> list[float]:
+        if isinstance(self.grid, IntervalGrid):  # the grid's anchor is in the lost state: whole seconds
+            return [float(s) for s in range(math.floor(low) + 1, math.floor(high) + 1)]
+        out: list[float] = []
+        slot = self.grid.next(low)
+        while slot <= high and len(out) < C.BEAT_CATCHUP_SCAN_LIMIT:
+            out.append(slot)
+            slot = self.grid.next(slot)
+        return out
+
+    def decide(
+        self, name: str, slot: float, now: float, *, on_time: float, grace: float | None, policy: str | None = None
+    ) -> Decision:
+        """:func:`decide` for the entry ``name`` with this plan's grid, jitter and catch-up window."""
+        return decide(
+            self.grid,
+            slot,
+            now,
+            policy=self.policy if policy is None else policy,
+            on_time=on_time,
+            grace=grace,
+            offset=self.offset(name),
+            window=self.catchup_window,
+        )
+
 
 def entry_plan(entry: Any, config: SafeTimeConfig, app: Any) -> Plan:
     """Validate one entry; raises :class:`SafeTimeError` with a message naming the problem."""
-    policy = (entry.options or {}).get(OPTION_MISFIRE, config.misfire)
+    options = entry.options or {}
+    policy = options.get(OPTION_MISFIRE, config.misfire)
     if policy not in C.MISFIRE_POLICIES:
         raise ImproperlyConfigured(
             f"options.{OPTION_MISFIRE}", f"must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
         )
+    policies = policies_of(options, entry.name)
     if entry.task not in app.tasks:
         raise SafeTimeError(f"unknown task {entry.task!r} (not registered in this app)")
-    return Plan(grid=grid_for(entry.schedule, app.timezone), policy=policy)
+    grid = grid_for(entry.schedule, app.timezone)
+    if isinstance(grid, IntervalGrid) and policies.jitter >= grid.seconds:
+        raise ScheduleError(
+            f"entry {entry.name!r}: safe_time_jitter ({policies.jitter:g} s) must be shorter than its "
+            f"interval ({grid.seconds:g} s)"
+        )
+    return Plan(grid=grid, policy=policy, jitter=policies.jitter, catchup_window=policies.catchup_window)
 
 
 def next_state(
-    plan: Plan, state: dict[str, Any], score: float | None, now: float, firsts: dict[str, float] | None = None
+    plan: Plan,
+    state: dict[str, Any],
+    score: float | None,
+    now: float,
+    firsts: dict[str, float] | None = None,
+    *,
+    name: str = "",
+    resumed: bool = False,
 ) -> tuple[str, float] | None:
-    """An entry's state JSON to write when (re)planning it and its next slot, None when its state
-    stands as it is.
+    """An entry's state JSON to write when (re)planning the entry ``name`` and its due score (its
+    next slot plus its jitter offset), None when its state stands as it is.
 
-    An unchanged grid keeps its last and next slot (a resumed entry continues where it paused;
-    a next slot in the past is then a misfire, handled by its policy); an edited grid continues
-    after the last fired slot; a new entry starts at its first slot from ``now``. ``firsts`` shares
-    the first slot between entries of one grid signature planned together.
+    An unchanged grid keeps its last and next slot (a next slot in the past is then a misfire,
+    handled by its policy), and moves the due score when the jitter changed; an edited grid continues
+    after the last fired slot; a new entry starts at its first slot from ``now``. A ``resumed``
+    entry (out of the due set while paused) continues its grid at its first slot not yet due: the
+    slots that fell during the pause are skipped, never caught up. ``firsts`` shares the first slot
+    between entries of one grid signature planned together.
     """
     sig = plan.signature
     if state and state.get("sig") == sig and score is not None:
-        return None
+        slot = state_next(state)
+        due = plan.due_at(name, slot)
+        if not (math.isfinite(due) and math.isfinite(score)) or abs(due - score) < _SAME_DUE:
+            return None
+        return dump_state(state.get("last"), slot, sig), due  # the jitter changed: same slot, new instant
     last = state.get("last") if state else None
     if state and state.get("sig") == sig:
         next_fire = state_next(state)
+        if resumed and not isinstance(plan.grid, OneOffGrid) and plan.due_at(name, next_fire) <= now:
+            skipped = plan.decide(name, next_fire, now, on_time=0.0, grace=None, policy="skip")
+            return dump_state(skipped.last_due, skipped.next, sig), plan.due_at(name, skipped.next)
     elif not state and score is not None:
         # the state was lost but the due set was not: keep the entry's place on its grid
-        next_fire = score
+        next_fire = plan.slot_at(name, score)
     elif last is not None:  # edited: the new grid continues after the last fired slot
         next_fire = plan.grid.next(float(last))
     elif firsts is None:
@@ -319,4 +404,8 @@ def next_state(
         if sig not in firsts:
             firsts[sig] = plan.grid.first(now)
         next_fire = firsts[sig]
-    return dump_state(last, next_fire, sig), next_fire
+    return dump_state(last, next_fire, sig), plan.due_at(name, next_fire)
+
+
+#: Two due scores closer than this are the same (scores are whole milliseconds of a slot plus an offset).
+_SAME_DUE = 0.0015

@@ -1,7 +1,8 @@
 """A beat app whose schedule comes from env ``SAFE_TIME_TEST_BEAT_SCHEDULE`` (JSON).
 
 Each entry: ``{"task": ..., "every": seconds}`` or ``{"task": ..., "cron": {crontab kwargs incl. tz}}``
-plus optional ``args``, ``kwargs`` and ``options``. Uses the ``tests.record`` task of ``basic``.
+plus optional ``args``, ``kwargs``, ``options``, ``jitter`` and ``catchup_window``. Uses the
+``tests.record`` task of ``basic``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["app", "record"]
 
 
 def _entry(spec: dict[str, Any]) -> dict[str, Any]:
-    entry = {k: v for k, v in spec.items() if k in ("task", "args", "kwargs", "options")}
+    entry = {k: v for k, v in spec.items() if k in ("task", "args", "kwargs", "options", "jitter", "catchup_window")}
     if "cron" in spec:
         entry["schedule"] = crontab(**spec["cron"])
     elif "raw" in spec:  # deliberately broken schedules for the bad-input tests

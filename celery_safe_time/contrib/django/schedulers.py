@@ -22,8 +22,10 @@ from ... import constants as C
 from ... import signals
 from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
+from ...beat.policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, seconds_option
 from ...beat.slots import GenericGrid, Grid, decide, grid_for
 from ...clock import UTC, to_datetime
+from ...exceptions import ScheduleError
 from ...schedules import crontab
 
 logger = logging.getLogger(__name__)
@@ -38,19 +40,35 @@ class SafeModelEntry(ModelEntry):
     on_time: float = C.DEFAULT_BEAT_LEASE
     grace: float | None = None
 
+    #: a slot later than this many seconds is skipped whatever the policy (a row's headers set it)
+    catchup_window: float | None = None
+
     def __init__(self, model: Any, app: Celery | None = None) -> None:
+        # No last run: never fired, or disabled since (django-celery-beat empties it on disable, and
+        # its admin's "enable" action is a bulk update that leaves date_changed as it was). Such a row
+        # starts at its next slot: the slots since date_changed are not caught up.
+        self.fresh = model.last_run_at is None and not model.start_time
         super().__init__(model, app=app)
-        # A PeriodicTask has no options field: its headers JSON carries the per-row policy (the
-        # admin can edit it), taken out so it is not published with the task's headers.
-        policy = (self.options.get("headers") or {}).pop(OPTION_MISFIRE, None)
+        # A PeriodicTask has no options field: its headers JSON carries the per-row policies (the
+        # admin can edit them), taken out so they are not published with the task's headers.
+        headers = self.options.get("headers") or {}
+        policy = headers.pop(OPTION_MISFIRE, None)
         if policy is not None:
             if policy not in C.MISFIRE_POLICIES:
-                reason = (
+                self._refuse(
                     f"headers.{OPTION_MISFIRE} must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
                 )
-                logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
-                raise ValueError(reason)  # DatabaseScheduler leaves out a row whose entry raises ValueError
             self.misfire = policy
+        window = headers.pop(OPTION_CATCHUP_WINDOW, None)
+        if window is not None:
+            try:
+                self.catchup_window = seconds_option(
+                    window, f"headers.{OPTION_CATCHUP_WINDOW}", self.name, zero_ok=False
+                )
+            except ScheduleError as exc:
+                self._refuse(str(exc).removeprefix(f"entry {self.name!r}: "))
+        if headers.pop(OPTION_JITTER, None) is not None:
+            self._refuse(f"headers.{OPTION_JITTER} is not supported by SafeDatabaseScheduler (SafeScheduler has it)")
         schedule = getattr(self, "schedule", None)
         if isinstance(schedule, celery_crontab) and getattr(model, "crontab", None) is not None:
             # the row's own timezone, with R1-R4 (django-celery-beat's TzAwareCrontab has no DST rules)
@@ -59,6 +77,10 @@ class SafeModelEntry(ModelEntry):
             self.schedule.nowfun = self.clock
         self.fire_slots: list[float] | None = None
         self.last_due: float | None = None
+
+    def _refuse(self, reason: str) -> None:
+        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
+        raise ValueError(reason)  # DatabaseScheduler leaves out a row whose entry raises ValueError
 
     def _default_now(self) -> datetime:
         if self.clock is not None:
@@ -76,22 +98,47 @@ class SafeModelEntry(ModelEntry):
         grid = self.grid()
         last = self.last_run_at
         last_ts = (last if last.tzinfo else last.replace(tzinfo=UTC)).timestamp()
+        expired = 0
+        policy = "skip" if self.fresh else self.misfire
         if isinstance(grid, GenericGrid):
             fire, last_due, missed = [float(round(now))], float(round(now)), 0
         else:
             decision = decide(
-                grid, grid.next(last_ts), now, policy=self.misfire, on_time=self.on_time, grace=self.grace
+                grid,
+                grid.next(last_ts),
+                now,
+                policy=policy,
+                on_time=self.on_time,
+                grace=self.grace,
+                window=self.catchup_window,
             )
-            fire, last_due, missed = decision.fire, decision.last_due, decision.missed
+            fire, last_due, missed, expired = decision.fire, decision.last_due, decision.missed, decision.expired
             if last_due <= last_ts:  # nothing was due after all (clock moved between checks)
-                fire, last_due = [], last_ts
-        if missed:
+                fire, last_due, missed, expired = [], last_ts, 0, 0
+        if expired:
+            logger.warning(
+                "beat: entry %r skipped %d slot(s) up to %s: later than its catch-up window (%g s)",
+                self.name,
+                expired,
+                to_datetime(last_due).isoformat(),
+                self.catchup_window,
+            )
+            beat_slots_past_catchup.send(sender=type(self), entry=self.name, count=expired)  # an entry is unhashable
+            missed -= expired
+        if missed and self.fresh:
+            logger.info(
+                "beat: entry %r starts at its next slot (no last run: new, or enabled again); %d earlier slot(s) "
+                "skipped",
+                self.name,
+                missed,
+            )
+        elif missed:
             logger.warning(
                 "beat: entry %r missed %d slot(s) up to %s (misfire policy %s)",
                 self.name,
                 missed,
                 to_datetime(last_due).isoformat(),
-                self.misfire,
+                policy,
             )
         self.fire_slots = fire
         self.last_due = last_due

@@ -103,6 +103,78 @@ def test_a_row_sets_its_own_misfire_policy_in_its_headers(make_app: Any, caplog:
     assert "entry 'bad-policy' is disabled: headers.safe_time_misfire must be one of" in caplog.text
 
 
+def test_a_row_sets_its_catch_up_window_in_its_headers(make_app: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from celery_safe_time.beat.policies import beat_slots_past_catchup
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler, SafeModelEntry
+
+    app = make_app()
+    start = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    now = start + dt.timedelta(seconds=37)  # S1..S3 (10, 20, 30 s) are 27, 17 and 7 s late
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
+    entry_cls = type("E", (SafeModelEntry,), {"clock": staticmethod(lambda: now), "misfire": "run_all", "on_time": 6.0})
+
+    def row(name: str, headers: str) -> PeriodicTask:
+        return PeriodicTask.objects.create(
+            name=name, task="tests.record", interval=every, last_run_at=start, headers=headers
+        )
+
+    counted: list[tuple[str, int]] = []
+
+    def on_skipped(sender: Any, entry: str, count: int, **kw: Any) -> None:
+        counted.append((entry, count))
+
+    beat_slots_past_catchup.connect(on_skipped, weak=False)
+    try:
+        windowed = entry_cls(row("windowed", '{"safe_time_catchup_window": 15, "x-trace": "1"}'), app=app)
+        next(windowed)
+    finally:
+        beat_slots_past_catchup.disconnect(on_skipped)
+    assert [s - start.timestamp() for s in windowed.fire_slots or []] == [30]  # run_all, within 15 s only
+    assert counted == [("windowed", 2)]
+    assert windowed.options["headers"] == {"x-trace": "1", "periodic_task_name": "windowed"}
+
+    bad = row("bad-window", '{"safe_time_catchup_window": 0}')
+    jittered = row("jittered", '{"safe_time_jitter": 30}')
+    scheduler = type(
+        "S", (), {"Entry": entry_cls, "app": app, "enabled_models": lambda self: [bad, jittered, windowed.model]}
+    )()
+    with caplog.at_level("ERROR"):
+        schedule = SafeDatabaseScheduler.all_as_schedule(scheduler)  # type: ignore[arg-type]
+    assert set(schedule) == {"windowed"}
+    assert "entry 'bad-window' is disabled: headers.safe_time_catchup_window must be above 0 seconds" in caplog.text
+    assert "entry 'jittered' is disabled: headers.safe_time_jitter is not supported by SafeDatabaseScheduler" in (
+        caplog.text
+    )
+
+
+def test_a_row_enabled_again_by_a_bulk_update_starts_at_its_next_slot(make_app: Any) -> None:
+    """django-celery-beat empties last_run_at on disable, and its admin's "enable" action is a bulk
+    update that leaves date_changed as it was: the row used to run at once, then at its next slot."""
+    from celery_safe_time.contrib.django.schedulers import SafeModelEntry
+
+    app = make_app()
+    start = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    now = start + dt.timedelta(hours=5, seconds=30)
+    hourly = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.HOURS)
+    row = PeriodicTask.objects.create(name="hourly", task="tests.record", interval=hourly, enabled=False)
+    PeriodicTask.objects.filter(pk=row.pk).update(enabled=True, date_changed=start)  # the admin action
+    row.refresh_from_db()
+    assert row.last_run_at is None
+    entry_cls = type(
+        "E", (SafeModelEntry,), {"clock": staticmethod(lambda: now), "misfire": "run_once", "on_time": 6.0}
+    )
+    entry = entry_cls(row, app=app)
+    assert entry.is_due().is_due  # django-celery-beat's rule: due since start + 1 h
+    after = next(entry)
+    assert entry.fire_slots == []  # no catch-up run (run_once would have published start + 5 h)
+    assert after.last_run_at == start + dt.timedelta(hours=5)
+    assert not after.is_due().is_due  # next: start + 6 h
+    # a row that ran keeps its misfire policy: the same gap is one catch-up run
+    ran = entry_cls(PeriodicTask.objects.create(name="ran", task="tests.record", interval=hourly, last_run_at=start))
+    next(ran)
+    assert [s - start.timestamp() for s in ran.fire_slots or []] == [5 * 3600]
+
+
 def test_safe_database_scheduler_end_to_end(
     processes: ProcessManager, redis_client: redis.Redis, django_user_model: Any, client: Any
 ) -> None:

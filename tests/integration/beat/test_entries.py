@@ -256,12 +256,19 @@ def test_change_pause_resume_remove(
         time.sleep(0.1)
     assert len(_fired(sent, "e")) == count
 
-    # resume: the same grid (last + 5k); the missed slot is a misfire (run_once: one catch-up)
-    set_enabled("e", True, app=app)
+    # resume: the same grid (last + 5k), at its next slot only: the slot that fell during the pause
+    # is not caught up (run_once would have published it at once)
+    resumed_at = leader.clock.time()
+    info = set_enabled("e", True, app=app)
+    assert info is not None
+    assert info.next_fire is not None
+    assert info.next_fire.timestamp() > resumed_at  # planned as the leader then plans it
     _tick_until(leader, lambda: len(_fired(sent, "e")) > count)
     resumed = _fired(sent, "e")[count:]
     assert len(resumed) == 1
     assert (resumed[0] - last) % 5 == 0
+    assert resumed[0] > resumed_at
+    assert resumed[0] == info.next_fire.timestamp()
 
     # remove: nothing more, and the state is gone
     assert delete_entry("e", app=app)
@@ -373,3 +380,110 @@ def test_change_takes_effect_within_one_tick_with_many_entries(
     assert info.next_fire is not None
     assert info.next_fire.timestamp() <= time.time() + 1.0
     _tick_until(leader, lambda: _fired(sent, "late"), timeout=3)
+
+
+def test_invalid_policies_fail_inside_save_entry_naming_the_entry_and_option(app: Celery, backend: BeatBackend) -> None:
+    with pytest.raises(ScheduleError, match="entry 'x': safe_time_jitter must be at least 0 seconds"):
+        save_entry("x", "reports.send", 60, jitter=-1, app=app)
+    with pytest.raises(ScheduleError, match="entry 'x': safe_time_jitter must be a number of seconds or a timedelta"):
+        save_entry("x", "reports.send", 60, options={"safe_time_jitter": "30s"}, app=app)
+    with pytest.raises(ScheduleError, match=r"entry 'x': safe_time_jitter \(60 s\) must be shorter than its interval"):
+        save_entry("x", "reports.send", 60, jitter=timedelta(minutes=1), app=app)
+    with pytest.raises(ScheduleError, match="entry 'x': safe_time_catchup_window must be above 0 seconds"):
+        save_entry("x", "reports.send", 60, catchup_window=0, app=app)
+    with pytest.raises(ScheduleError, match="entry 'x': jitter is given twice"):
+        save_entry("x", "reports.send", 60, jitter=5, options={"safe_time_jitter": 5}, app=app)
+    assert backend.entry_definitions() == {}
+
+
+def test_a_jittered_runtime_entry_keeps_its_slot_and_publishes_at_its_offset(
+    app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], backend: BeatBackend
+) -> None:
+    from celery_safe_time.beat.policies import jitter_offset
+
+    info = save_entry(
+        "jit", "t.entries_noop", 4, jitter=timedelta(seconds=3), catchup_window=timedelta(hours=1), app=app
+    )
+    assert info.options == {"safe_time_jitter": 3.0, "safe_time_catchup_window": 3600.0}  # stored as seconds
+    published: list[float] = []
+
+    def on_sent(sender: Any, entry: str, **kw: Any) -> None:
+        if entry == "jit":
+            published.append(leader.clock.time())
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    try:
+        _tick_until(leader, lambda: len(_fired(sent, "jit")) >= 3, timeout=20)
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+    slots = _fired(sent, "jit")[:3]
+    assert [b - a for a, b in itertools.pairwise(slots)] == [4.0, 4.0]  # the grid is not moved by the jitter
+    for slot, at in zip(slots, published, strict=False):
+        offset = jitter_offset("jit", slot, 3.0)
+        assert slot + offset <= at < slot + offset + 1.0  # ticks every 0.05 s here; a loaded host is slower
+    # get_entry's next_fire is the slot; the due score is that slot plus its offset
+    _, score = _scheduled(backend, "jit")
+    nxt = get_entry("jit", app=app)
+    assert nxt is not None
+    assert nxt.next_fire is not None
+    assert score == nxt.next_fire.timestamp() + jitter_offset("jit", nxt.next_fire.timestamp(), 3.0)
+    # the jitter removed: the same slot, due at its instant
+    save_entry("jit", "t.entries_noop", 4, catchup_window=3600, app=app)
+    leader.tick()
+    assert _scheduled(backend, "jit")[1] == nxt.next_fire.timestamp()
+
+
+def test_an_entry_resumed_while_no_beat_leads_fires_at_its_next_slot_only(
+    app: Celery, tmp_path: Path, sent: list[dict[str, Any]]
+) -> None:
+    save_entry("r", "t.entries_noop", 2, app=app)
+    first = SafeScheduler(app=app, schedule_filename=str(tmp_path / "1"), max_interval=1)
+    try:
+        wait_for(lambda: first.keeper.is_leader, 10)
+        _tick_until(first, lambda: _fired(sent, "r"))
+        set_enabled("r", False, app=app)
+        first.tick()
+    finally:
+        first.close()
+    last = _fired(sent, "r")[-1]
+    time.sleep(max(0.0, last + 5 - time.time()))  # two slots fall while it is paused
+    resumed_at = time.time()
+    set_enabled("r", True, app=app)  # no beat runs: the next leader applies it when it takes the lease
+    second = SafeScheduler(app=app, schedule_filename=str(tmp_path / "2"), max_interval=1)
+    try:
+        wait_for(lambda: second.keeper.is_leader, 10)
+        _tick_until(second, lambda: _fired(sent, "r")[-1] > last)
+    finally:
+        second.close()
+    after = [s for s in _fired(sent, "r") if s > last]
+    assert len(after) == 1
+    assert after[0] > resumed_at  # not a catch-up of a slot that fell during the pause
+    assert (after[0] - last) % 2 == 0  # the same grid
+
+
+def test_a_pause_that_expired_while_no_beat_led_is_resumed_by_the_next_leader(
+    app: Celery, tmp_path: Path, sent: list[dict[str, Any]]
+) -> None:
+    from celery_safe_time.beat.entries import pause
+
+    save_entry("p", "t.entries_noop", 2, app=app)
+    info = pause("p", note="maintenance", until=timedelta(seconds=2), app=app)
+    assert info is not None
+    assert (info.enabled, info.pause_note, info.next_fire) == (False, "maintenance", None)
+    assert info.paused_until is not None
+    assert [e.pause_note for e in list_entries(app=app)] == [None, "maintenance"]  # cfg, p
+    time.sleep(max(0.0, info.paused_until.timestamp() + 0.5 - time.time()))
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+    try:
+        wait_for(lambda: sched.keeper.is_leader, 10)
+        _tick_until(sched, lambda: _fired(sent, "p"))
+    finally:
+        sched.close()
+    assert _fired(sent, "p")[0] > info.paused_until.timestamp()
+    resumed = get_entry("p", app=app)
+    assert resumed is not None
+    assert (resumed.enabled, resumed.pause_note, resumed.paused_until) == (True, None, None)
+    with pytest.raises(ScheduleError, match="entry 'p': pause note must be text"):
+        pause("p", note=42, app=app)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match=r"entry 'p': pause until .* is not in the future"):
+        pause("p", until=timedelta(seconds=-1), app=app)

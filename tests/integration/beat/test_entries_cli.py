@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -18,6 +20,11 @@ from tests.helpers.beat import BEAT_APP, beat_env, holder_pid, runs
 from tests.helpers.processes import ROOT, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
+
+
+def _slot(run: dict[str, Any]) -> float:
+    return datetime.fromisoformat(run["headers"]["safe_time_slot"]).timestamp()
+
 
 CONFIG = {"cfg": {"task": "tests.record", "every": 3600, "args": ["cfg"]}}
 
@@ -95,7 +102,28 @@ def test_bad_input_exits_non_zero_and_stores_nothing(
     assert conflict.returncode == 1
     assert "runtime entry 'cfg'" in conflict.stderr
     assert "config entry 'cfg'" in conflict.stderr
+    bad_jitter = _beat(processes, coordination, "add", "x", "tests.record", "--every", "5", "--jitter", "5")
+    assert bad_jitter.returncode == 1
+    assert "entry 'x': safe_time_jitter (5 s) must be shorter than its interval" in bad_jitter.stderr
+    bad_window = _beat(processes, coordination, "add", "x", "tests.record", "--every", "5", "--catchup-window", "-1")
+    assert bad_window.returncode == 1
+    assert "entry 'x': safe_time_catchup_window must be above 0 seconds" in bad_window.stderr
     assert _stored(redis_url, coordination) == ({}, 0)
+
+
+def test_add_with_jitter_and_a_catch_up_window_shows_them(
+    processes: ProcessManager, coordination: dict[str, Any]
+) -> None:
+    added = _beat(
+        processes, coordination, "add", "spread", "tests.record", "--cron", "0 * * * *",
+        "--jitter", "30", "--catchup-window", "3600",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    shown = _beat(processes, coordination, "show", "spread")
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["options"] == {"safe_time_jitter": 30.0, "safe_time_catchup_window": 3600.0}
+    assert info["next_fire"].endswith(":00:00+00:00")  # the slot, not the jittered instant
 
 
 def test_six_processes_adding_the_same_entry_make_one_change(
@@ -129,3 +157,40 @@ def test_run_now_publishes_one_slot_through_the_guard(
     wait_for(lambda: len(runs(redis_client, "cfg")) == 2, 20, message="the run-now run")
     assert [r["headers"]["safe_time_slot"] for r in runs(redis_client, "cfg")][1] == slot
     assert _beat(processes, coordination, "run-now", "nope").returncode == 1
+
+
+def test_pause_with_a_note_and_an_expiry_resumes_by_itself_at_the_next_slot(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    env = beat_env(CONFIG, safe_time_beat_lease=6.0, **coordination)
+    processes.worker(BEAT_APP, env=env, name="worker")
+    processes.beat(BEAT_APP, env=env, name="beat")
+    wait_for(lambda: holder_pid(redis_client, coordination), 30, message="a leader")
+    added = _beat(processes, coordination, "add", "every-2", "tests.record", "--every", "2", "--args", '["e2"]')
+    assert added.returncode == 0, added.stderr
+    wait_for(lambda: runs(redis_client, "e2"), 30, message="a first run")
+
+    paused = _beat(processes, coordination, "pause", "every-2", "--note", "db migration (ops)", "--until", "8")
+    assert paused.returncode == 0, paused.stderr
+    assert "every-2: paused until " in paused.stdout
+    assert "(db migration (ops))" in paused.stdout
+    shown = json.loads(_beat(processes, coordination, "show", "every-2").stdout)
+    assert (shown["enabled"], shown["pause_note"]) == (False, "db migration (ops)")
+    until = datetime.fromisoformat(shown["paused_until"]).timestamp()
+    assert shown["next_fire"] is None
+
+    # the leader resumes it by itself at the expiry: nothing runs between, then its next slots only
+    wait_for(lambda: any(_slot(r) > until for r in runs(redis_client, "e2")), 40, message="a run after the expiry")
+    slots = sorted(_slot(r) for r in runs(redis_client, "e2"))
+    pause_took = until - 8  # when the pause was stored (the CLI's "now" plus 8 s)
+    during = [s for s in slots if pause_took + 1 < s <= until]
+    assert during == [], slots  # no slot of the pause, not even as a catch-up
+    assert all((b - a) % 2 == 0 for a, b in itertools.pairwise(slots))  # the same grid
+    resumed = json.loads(_beat(processes, coordination, "show", "every-2").stdout)
+    assert (resumed["enabled"], resumed["pause_note"], resumed["paused_until"]) == (True, None, None)
+
+    bad = _beat(processes, coordination, "pause", "every-2", "--until", "2001-01-01T00:00:00")
+    assert bad.returncode == 1
+    assert "entry 'every-2': pause until 2001-01-01T00:00:00+00:00 is not in the future" in bad.stderr
+    unparsable = _beat(processes, coordination, "pause", "every-2", "--until", "tomorrow")
+    assert unparsable.returncode == 2

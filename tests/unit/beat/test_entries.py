@@ -158,6 +158,7 @@ def test_another_language_may_omit_optional_fields() -> None:
         "kwargs": {},
         "options": {},
         "enabled": True,
+        "paused": None,
     }
     with pytest.raises(ScheduleError, match="format"):
         parse_definition('{"format": 2, "task": "x"}')

@@ -24,6 +24,7 @@ from ..base import (
     InsertResult,
     NewDelay,
     StartResult,
+    debounced_values,
     early_by,
     empty_counts,
     new_delivery_token,
@@ -328,6 +329,39 @@ class SQLAlchemyStore(DelayStore):
         values = self.new_row(delay, now if now is not None else self._db_now(conn))
         conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def debounce(self, delay: NewDelay) -> InsertResult:
+        # Two first calls of a burst both find no pending row and both insert: the loser's unique
+        # violation (or a deadlock on MySQL/MariaDB) runs its transaction again, and it then finds the
+        # winner's row to move. From the second attempt the insert checks the task id first.
+        for attempt in range(C.DEBOUNCE_ATTEMPTS):
+            try:
+                with self._begin() as conn:
+                    return self._debounce_on(conn, delay, careful=attempt > 0)
+            except StoreError as exc:
+                if attempt == C.DEBOUNCE_ATTEMPTS - 1 or not _retryable(exc.__cause__):
+                    raise
+                logger.debug("debounce %r met a concurrent call (%s); again", delay.idempotency_key, exc.__cause__)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _debounce_on(self, conn: Connection, delay: NewDelay, *, careful: bool) -> InsertResult:
+        t = delays
+        key = delay.idempotency_key
+        if key is None:
+            raise StoreError("a debounced delay needs its key in idempotency_key")
+        now = self._db_now(conn)
+        # FOR UPDATE waits for a sweep that holds the row (its SKIP LOCKED claim, one statement) and
+        # reads it again once that commits: claimed by then, it no longer matches, and this call
+        # starts a new burst. While this transaction holds the row, the sweep's claim skips it.
+        found = conn.execute(
+            sa.select(t.c.id, t.c.debounce_until).where(self._pending_key_is(key), self._in_scope()).with_for_update()
+        ).first()
+        if found is None:
+            return self._insert_on(conn, delay, careful=careful, now=now)
+        until = None if found.debounce_until is None else as_utc(found.debounce_until)
+        values = debounced_values(delay, now, until)
+        conn.execute(sa.update(t).where(t.c.id == found.id, status_is(C.STATUS_PENDING)).values(**values))
+        return InsertResult(found.id, created=False, due_at=values["due_at"])
 
     def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
         if not delays:
@@ -735,3 +769,14 @@ class SQLAlchemyStore(DelayStore):
             value = conn.execute(query).scalar()
         # min() loses the column type on some dialects: normalise here.
         return None if value is None else as_utc(value)
+
+
+def _retryable(error: BaseException | None) -> bool:
+    """A unique violation (a concurrent first call won the key) or a deadlock: run the transaction again."""
+    if isinstance(error, sa.exc.IntegrityError):
+        return True
+    if isinstance(error, sa.exc.DBAPIError):
+        # PostgreSQL's SQLSTATE 40P01 / 40001, MySQL/MariaDB's 1213 (deadlock) and 1205 (lock wait).
+        code = getattr(error.orig, "sqlstate", None) or (getattr(error.orig, "args", None) or (None,))[0]
+        return code in {"40P01", "40001", 1213, 1205}
+    return False

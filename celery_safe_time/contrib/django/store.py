@@ -140,9 +140,10 @@ class DjangoStore(DelayStore):
                 raise
         return self._atomic(lambda: self._insert(delay, careful=True))
 
-    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
+    def _insert(self, delay: NewDelay, *, careful: bool, held: bool = True) -> InsertResult:
+        """``held=False``: the key was just looked up; a row that holds it since is a unique violation."""
         objects = self._objects()
-        if delay.idempotency_key is not None:
+        if held and delay.idempotency_key is not None:
             found = (
                 objects.filter(idempotency_key=delay.idempotency_key, status=C.STATUS_PENDING)
                 .values_list("id", "due_at")
@@ -175,18 +176,30 @@ class DjangoStore(DelayStore):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _debounce(self, delay: NewDelay, *, careful: bool) -> InsertResult:
-        found = (
+        # As the SQLAlchemy store: found by its key, then locked by its primary key only (the order
+        # the sweep's claim locks in).
+        pending = (
             self._objects()
-            .select_for_update()
             .filter(idempotency_key=delay.idempotency_key, status=C.STATUS_PENDING)
-            .values_list("id", "debounce_until")
+            .values_list("id", flat=True)
             .first()
         )
+        found = None
+        if pending is not None:
+            found = (
+                self._all_objects()
+                .select_for_update()
+                .filter(id=pending, status=C.STATUS_PENDING)
+                .values_list("id", "debounce_until")
+                .first()
+            )
         if found is None:
-            return self._insert(delay, careful=careful)
+            return self._insert(delay, careful=careful, held=False)
         values = debounced_values(delay, self.now(), None if found[1] is None else as_utc(found[1]))
-        self._objects().filter(id=found[0], status=C.STATUS_PENDING).update(**values)
-        return InsertResult(found[0], created=False, due_at=values["due_at"])
+        if self._all_objects().filter(id=found[0], status=C.STATUS_PENDING).update(**values):
+            return InsertResult(found[0], created=False, due_at=values["due_at"])
+        # SQLite takes no row lock: a claim in between left nothing to move, a new burst starts.
+        return self._insert(delay, careful=careful, held=False)
 
     def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
         if not delays:

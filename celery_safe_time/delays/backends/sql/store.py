@@ -310,10 +310,11 @@ class SQLAlchemyStore(DelayStore):
             return self._insert_on(conn, delay, careful=careful)
 
     def _insert_on(
-        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None
+        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None, held: bool = True
     ) -> InsertResult:
+        """``held=False``: the key was just looked up; a row that holds it since is a unique violation."""
         t = delays
-        if delay.idempotency_key is not None:
+        if held and delay.idempotency_key is not None:
             found = conn.execute(
                 sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key), self._in_scope())
             ).first()
@@ -350,18 +351,33 @@ class SQLAlchemyStore(DelayStore):
         if key is None:
             raise StoreError("a debounced delay needs its key in idempotency_key")
         now = self._db_now(conn)
-        # FOR UPDATE waits for a sweep that holds the row (its SKIP LOCKED claim, one statement) and
-        # reads it again once that commits: claimed by then, it no longer matches, and this call
-        # starts a new burst. While this transaction holds the row, the sweep's claim skips it.
-        found = conn.execute(
-            sa.select(t.c.id, t.c.debounce_until).where(self._pending_key_is(key), self._in_scope()).with_for_update()
-        ).first()
-        if found is None:
-            return self._insert_on(conn, delay, careful=careful, now=now)
-        until = None if found.debounce_until is None else as_utc(found.debounce_until)
-        values = debounced_values(delay, now, until)
-        conn.execute(sa.update(t).where(t.c.id == found.id, status_is(C.STATUS_PENDING)).values(**values))
-        return InsertResult(found.id, created=False, due_at=values["due_at"])
+        # The key finds the row, unlocked; then the row is locked by its primary key alone, as the
+        # sweep's claim locks it. Locked through the key's index instead, a claim that already holds
+        # the row (and must update that index entry) and this call would wait for each other (an
+        # InnoDB deadlock). FOR UPDATE waits for a claim (one short statement) and reads the row again
+        # once it commits: claimed by then, it is pending no more, and this call starts a new burst.
+        # While this transaction holds the row, the claim's SKIP LOCKED passes it by.
+        pending = conn.execute(sa.select(t.c.id).where(self._pending_key_is(key), self._in_scope())).scalar()
+        found = None
+        if pending is not None:
+            found = conn.execute(
+                sa.select(t.c.id, t.c.debounce_until)
+                .where(t.c.id == pending, status_is(C.STATUS_PENDING))
+                .with_for_update()
+            ).first()
+        if found is not None:
+            until = None if found.debounce_until is None else as_utc(found.debounce_until)
+            values = debounced_values(delay, now, until)
+            moved = conn.execute(
+                sa.update(t).where(t.c.id == found.id, status_is(C.STATUS_PENDING)).values(**values)
+            ).rowcount
+            if moved:
+                return InsertResult(found.id, created=False, due_at=values["due_at"])
+            # SQLite has no FOR UPDATE and reads outside the write transaction: a claim between the
+            # read and this UPDATE left nothing to move, so the call starts a new burst.
+        # A first call that won the key meanwhile makes this INSERT a unique violation, and the next
+        # attempt merges into its row (never returns it unmerged).
+        return self._insert_on(conn, delay, careful=careful, now=now, held=False)
 
     def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
         if not delays:

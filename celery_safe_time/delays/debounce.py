@@ -102,7 +102,7 @@ def _render(task_class: type, run: Any, spec: KeySpec, args: Any, kwargs: Any, w
     builder, bound = _builder(task_class, run, spec, where)
     try:
         return builder.render(tuple(args or ()), dict(kwargs or {}), bound=bound)
-    except TypeError as exc:
+    except (TypeError, AttributeError, LookupError, ValueError) as exc:  # arguments the template cannot format
         raise DebounceError(f"{where}: debounce_key={spec!r}: {exc}") from None
 
 

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.integration
 KEY = C.DEBOUNCE_KEY_PREFIX + "tests.delays.record:index:1"
 
 
-def debounced(task_id: str, payload: bytes, *, period: float = 60.0, max_wait: float | None = 300.0, **extra: Any) -> NewDelay:
+def debounced(
+    task_id: str, payload: bytes, *, period: float = 60.0, max_wait: float | None = 300.0, **extra: Any
+) -> NewDelay:
     delay = new_delay(task_id, None, payload=payload, idempotency_key=extra.pop("key", KEY), **extra)  # type: ignore[arg-type]
     return dataclasses.replace(delay, countdown=period, debounce_max_wait=max_wait)
 
@@ -61,7 +63,8 @@ def test_a_later_call_moves_the_pending_row_and_replaces_its_arguments(any_store
 def test_a_burst_never_moves_past_the_first_call_plus_the_max_wait(any_store: DelayStore) -> None:
     any_store.debounce(debounced("cap", b"1", period=60.0, max_wait=90.0))
     row = any_store.get("cap")
-    assert row is not None and row.debounce_until is not None
+    assert row is not None
+    assert row.debounce_until is not None
     later = any_store.debounce(debounced("cap2", b"2", period=600.0))
     assert later.due_at == row.debounce_until
     capped = any_store.get("cap")
@@ -87,7 +90,8 @@ def test_keys_are_independent_and_apart_from_idempotency_keys(any_store: DelaySt
     assert plain.created
     assert any_store.counts()[C.STATUS_PENDING] == 3
     row = any_store.get("plain")
-    assert row is not None and row.debounce_key is None
+    assert row is not None
+    assert row.debounce_key is None
 
 
 def test_a_claimed_row_starts_a_new_burst(any_store: DelayStore) -> None:
@@ -101,7 +105,8 @@ def test_a_claimed_row_starts_a_new_burst(any_store: DelayStore) -> None:
     again = any_store.debounce(debounced("newer", b"newer"))
     assert (again.created, again.task_id) == (False, "new")
     old = any_store.get("old")
-    assert old is not None and old.payload == b"old"  # the claimed row keeps what it was published with
+    assert old is not None
+    assert old.payload == b"old"  # the claimed row keeps what it was published with
 
 
 def test_a_cancelled_debounced_row_is_not_moved_and_the_next_call_starts_over(any_store: DelayStore) -> None:

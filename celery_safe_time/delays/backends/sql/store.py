@@ -332,6 +332,11 @@ class SQLAlchemyStore(DelayStore):
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
     def debounce(self, delay: NewDelay) -> InsertResult:
+        if self.dialect == "postgresql" and delay.due_at is None:
+            # Most calls of a burst find their row: one autocommit UPDATE moves it (one round trip).
+            moved = self._debounce_in_place(delay)
+            if moved is not None:
+                return moved
         # Two first calls of a burst both find no pending row and both insert: the loser's unique
         # violation (or a deadlock on MySQL/MariaDB) runs its transaction again, and it then finds the
         # winner's row to move. From the second attempt the insert checks the task id first.
@@ -344,6 +349,38 @@ class SQLAlchemyStore(DelayStore):
                     raise
                 logger.debug("debounce %r met a concurrent call (%s); again", delay.idempotency_key, exc.__cause__)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _debounce_in_place(self, delay: NewDelay) -> InsertResult | None:
+        """PostgreSQL: move the pending row of the key in one statement, the server's clock inside it;
+        None when no pending row holds the key. The UPDATE waits for a claim that holds the row and
+        then reads it again: claimed by then, it matches no more (None: a new burst)."""
+        t = delays
+        key = delay.idempotency_key
+        if key is None or delay.countdown is None:
+            return None
+        with self._one_statement(sa.func.clock_timestamp()) as (conn, now):
+            due = now + sa.literal(timedelta(seconds=delay.countdown), sa.Interval())
+            capped = sa.case(
+                (sa.and_(t.c.debounce_until.is_not(None), t.c.debounce_until < due), t.c.debounce_until), else_=due
+            )
+            expires: Any = delay.expires_at
+            if expires is None and delay.expires_in is not None:
+                expires = now + sa.literal(timedelta(seconds=delay.expires_in), sa.Interval())
+            found = conn.execute(
+                sa.update(t)
+                .where(self._pending_key_is(key), self._in_scope())
+                .values(
+                    payload=delay.payload,
+                    content_type=delay.content_type,
+                    content_encoding=delay.content_encoding,
+                    due_at=capped,
+                    expires_at=expires,
+                    delivery_token=new_delivery_token(),
+                    updated_at=now,
+                )
+                .returning(t.c.id, t.c.due_at)
+            ).first()
+        return None if found is None else InsertResult(found.id, created=False, due_at=as_utc(found.due_at))
 
     def _debounce_on(self, conn: Connection, delay: NewDelay, *, careful: bool) -> InsertResult:
         t = delays

@@ -281,9 +281,25 @@ class SafeTask(Task):
                 link = options.pop("link", None)
                 link_error = options.pop("link_error", None)
                 shadow = options.pop("shadow", None)
-                plan = plan_delay(
-                    options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold
+                # A debounced call merges into its key's row, one call at a time (apply_async).
+                debounced = options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None
+                plan = (
+                    None
+                    if debounced
+                    else plan_delay(
+                        options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold
+                    )
                 )
+                if plan is None and debounced:
+                    sent.append(
+                        (
+                            index,
+                            args,
+                            kwargs,
+                            dict(options, task_id=task_id, link=link, link_error=link_error, shadow=shadow),
+                        )
+                    )
+                    continue
                 if plan is None:
                     options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
                     sent.append(

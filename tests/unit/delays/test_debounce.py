@@ -216,3 +216,12 @@ def test_debounce_call_checks_are_pure() -> None:
             {},
             sweep_interval=5.0,
         )
+
+
+def test_apply_many_merges_debounced_calls_one_by_one(st: SafeTimeTesting) -> None:
+    ran: list[Any] = []
+    index = _index_task(st, ran)
+    options = {"debounce": 30, "debounce_key": "index:{site_id}"}
+    results = index.apply_many([((1,), {"edit": e}, options) for e in range(3)] + [((2,), {}, {"countdown": 3600})])
+    assert results[0].id == results[1].id == results[2].id != results[3].id
+    assert sorted((d.args, d.kwargs) for d in st.stored_delays(index)) == [((1,), {"edit": 2}), ((2,), {})]

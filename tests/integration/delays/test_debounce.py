@@ -118,6 +118,13 @@ def test_a_cancelled_debounced_row_never_runs(
     options: dict[str, Any] = {"debounce": PERIOD, "debounce_key": "site:{x}", "debounce_max_wait": MAX_WAIT}
     doomed = add.apply_async((1, 1), **options)
     assert add.apply_async((1, 2), **options).id == doomed.id
+    env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_store_url": store_url})}
+    listed = processes.command(DELAYS_APP, "safe-time", "delays", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    header, line = listed.stdout.splitlines()[:2]
+    assert header.split()[-2:] == ["DEBOUNCE", "KEY"]
+    assert line.split()[0] == doomed.id
+    assert line.split()[-1] == "tests.delays.add:site:1"
     assert cancel(doomed.id, app=app)
     # A later burst on another key, due after the cancelled one was: once it has run, the other would have.
     witness = add.apply_async((2, 3), **options)

@@ -135,3 +135,24 @@ def test_a_cancelled_debounced_row_never_runs(
     assert row.status == C.STATUS_CANCELLED
     # The key is free again: the next call starts a new burst.
     assert add.apply_async((1, 4), **options).id != doomed.id
+
+
+def test_a_key_called_without_pause_runs_at_its_max_wait(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis, store_url: str
+) -> None:
+    fresh_sql_store(store_url).close()
+    _cluster(processes, store_url)
+    app = _app(make_app, store_url)
+    add = app.tasks["tests.delays.add"]
+    options: dict[str, Any] = {"debounce": PERIOD, "debounce_key": "site:{x}", "debounce_max_wait": 8}
+    first_call = time.time()
+    first = add.apply_async((1, 0), **options)
+    n = 0
+    # A call every half second (the input pattern, not a wait): the quiet period never comes.
+    while not runs(redis_client) and time.time() - first_call < 30:
+        n += 1
+        add.apply_async((1, n), **options)
+        time.sleep(0.5)
+    [run, *_] = runs(redis_client)
+    assert run["task_id"] == first.id
+    assert first_call + 8 - 1.0 <= run["started"] <= first_call + 8 + LATE

@@ -322,7 +322,6 @@ class DelayStore(abc.ABC):
         of the batch is stored.
         """
 
-    @abc.abstractmethod
     def debounce(self, delay: NewDelay) -> InsertResult:
         """Store a debounced call: ``delay.idempotency_key`` is its debounce key, ``delay.countdown`` its
         quiet period, ``delay.debounce_max_wait`` its cap. One transaction, atomic against concurrent
@@ -333,7 +332,11 @@ class DelayStore(abc.ABC):
         time to now plus the period, never past its ``debounce_until``, and replace its payload, with a
         new delivery token; return its id (``created=False``) and its new due time. A row the sweep has
         claimed (or sent) holds the key no more: the call starts a new burst.
+
+        Not abstract, so that a store written for an earlier version still loads; it refuses debounced
+        calls until it implements this.
         """
+        raise NotImplementedError(f"{type(self).__name__} does not store debounced calls")
 
     @abc.abstractmethod
     def cancel(self, task_id: str) -> bool:

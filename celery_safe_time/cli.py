@@ -572,20 +572,22 @@ def delays_list(
     if as_json:
         _dump(rows)
         return
-    table = [("ID", "STATUS", "DUE AT", "TASK", "ATTEMPTS", "STARTS", "OUTCOME")]
+    # Debounced rows add a column with their key (task name and rendered key); plain listings keep their shape.
+    keyed = any(row.get("debounce_key") for row in rows)
+    header: tuple[str, ...] = ("ID", "STATUS", "DUE AT", "TASK", "ATTEMPTS", "STARTS", "OUTCOME")
+    table: list[tuple[str, ...]] = [(*header, "DEBOUNCE KEY") if keyed else header]
     for row in rows:
         outcome = f"{row['outcome']} on {row['worker']}" if row.get("outcome") else "-"
-        table.append(
-            (
-                row["id"],
-                row["status"],
-                row["due_at"].isoformat(),
-                row["task"],
-                str(row["attempts"]),
-                str(row.get("starts", 0)),
-                outcome,
-            )
+        line: tuple[str, ...] = (
+            row["id"],
+            row["status"],
+            row["due_at"].isoformat(),
+            row["task"],
+            str(row["attempts"]),
+            str(row.get("starts", 0)),
+            outcome,
         )
+        table.append((*line, row.get("debounce_key") or "-") if keyed else line)
     _echo_table(table)
     click.echo(f"{len(rows)} row(s)")
 

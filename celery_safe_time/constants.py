@@ -310,6 +310,16 @@ DELAY_NAMESPACE_LENGTH: Final = 64
 
 #: apply_async option that deduplicates pending delays.
 OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
+#: apply_async options of a debounced call: the quiet period, its key template, the cap from the first call.
+OPTION_DEBOUNCE: Final = "debounce"
+OPTION_DEBOUNCE_KEY: Final = "debounce_key"
+OPTION_DEBOUNCE_MAX_WAIT: Final = "debounce_max_wait"
+#: A debounced row holds ``debounce:<task name>:<key>`` in its idempotency key: the pending-only unique
+#: key that keeps one pending row per key, apart from any caller's own idempotency key.
+DEBOUNCE_KEY_PREFIX: Final = "debounce:"
+#: A debounced call that meets a concurrent one (both found no pending row and both inserted, or a
+#: deadlock) runs its transaction again, at most this many times.
+DEBOUNCE_ATTEMPTS: Final = 5
 
 #: A delivery that finds itself running elsewhere (a redelivered copy) comes back after this share of
 #: the heartbeat timeout (``safe_time_lock_ttl``), until the run ends or its heartbeat stops.

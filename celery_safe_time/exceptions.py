@@ -89,3 +89,9 @@ class BulkItemError(SafeTimeError, ValueError):
         self.index = index
         self.error = error
         super().__init__(f"apply_many item {index}: {error.__class__.__name__}: {error}")
+
+
+class DebounceError(SafeTimeError, ValueError):
+    """Raised at the call site when a debounced call's options are wrong: no key, a key template naming
+    an argument the call lacks, a period shorter than the sweep interval, a max wait shorter than the
+    period, or an option debounce cannot be combined with."""

@@ -44,6 +44,12 @@ _COUNTERS: tuple[tuple[str, str, Any, str | None], ...] = (
         "entry",
     ),
     ("safe_time_delays_stored_total", "Long delays written to the store.", signals.delay_stored, "task_name"),
+    (
+        "safe_time_delays_debounced_total",
+        "Debounced calls merged into their key's pending row (the burst's one run takes their arguments).",
+        signals.delay_debounced,
+        "task_name",
+    ),
     ("safe_time_delays_released_total", "Stored delays published by the sweep.", signals.delay_released, "task_name"),
     ("safe_time_delays_cancelled_total", "Stored delays cancelled.", signals.delay_cancelled, None),
     ("safe_time_delays_failed_total", "Stored delays marked failed.", signals.delay_failed, "task_name"),

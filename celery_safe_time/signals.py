@@ -14,6 +14,7 @@ __all__ = [
     "beat_slot_dispatched",
     "beat_slot_duplicate",
     "delay_cancelled",
+    "delay_debounced",
     "delay_delivery_skipped",
     "delay_failed",
     "delay_released",
@@ -35,6 +36,9 @@ beat_slot_dispatched = Signal(name="beat_slot_dispatched", providing_args={"entr
 beat_slot_duplicate = Signal(name="beat_slot_duplicate", providing_args={"entry", "slot", "reason"})
 #: A long delay was written to the store instead of the broker. kwargs: task_id, task_name, due_at.
 delay_stored = Signal(name="delay_stored", providing_args={"task_id", "task_name", "due_at"})
+#: A debounced call merged into its key's pending row (moved its due time, replaced its arguments).
+#: kwargs: task_id (the row's), task_name, key, due_at (the row's new due time).
+delay_debounced = Signal(name="delay_debounced", providing_args={"task_id", "task_name", "key", "due_at"})
 #: A stored delay was published by the sweep. kwargs: task_id, task_name, due_at.
 delay_released = Signal(name="delay_released", providing_args={"task_id", "task_name", "due_at"})
 #: A stored delay was cancelled. kwargs: task_id.

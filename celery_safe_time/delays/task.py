@@ -21,13 +21,14 @@ from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import get_config
-from ..exceptions import BulkItemError, StoreError
+from ..exceptions import BulkItemError, DebounceError, StoreError
 from ..locks import unique as unique_tasks
 from ..locks.backends import get_lock_backend
 from ..locks.keys import KeySpec
 from ..messages.compat import push_request
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
+from .debounce import debounce_call
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
@@ -63,8 +64,12 @@ class StoredAsyncResult(AsyncResult):
 class SafeTask(Task):
     """Use as ``@app.task(base=SafeTask)`` or ``Celery(..., task_cls='celery_safe_time:SafeTask')``.
 
-    Extra ``apply_async`` option: ``idempotency_key=`` (stored delays only): while a pending row
-    holds the key, another call returns that row's task id and stores nothing. Extra task options:
+    Extra ``apply_async`` options: ``idempotency_key=`` (stored delays only): while a pending row
+    holds the key, another call returns that row's task id and stores nothing. ``debounce=`` (a
+    ``timedelta`` or seconds), ``debounce_key=`` (a template over the task's arguments, or a callable)
+    and ``debounce_max_wait=``: the call is stored due ``debounce`` from now; a later call with the same
+    key while that row is pending moves it to ``debounce`` from its own time, never past the first call
+    plus ``debounce_max_wait``, and replaces its arguments (one run per burst). Extra task options:
     ``unique=``, ``unique_until=``, ``unique_ttl=``, ``unique_on_conflict=`` (:mod:`..locks.unique`).
     """
 
@@ -105,6 +110,11 @@ class SafeTask(Task):
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
+        if options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None:
+            return self._apply_debounced(args, kwargs, task_id, link, link_error, shadow, options)
+        for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
+            if options.pop(name, None) is not None:
+                raise DebounceError(f"task {self.name}: {name}= needs debounce= (the quiet period)")
         idempotency_key = options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
         # retry() copies the running request's headers: a retried stored task must not
         # look like the sweep's delivery of the original, or the delivery check would skip it.
@@ -123,6 +133,49 @@ class SafeTask(Task):
         if plan is None:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         return self._store(plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options)[0]
+
+    def _apply_debounced(
+        self,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        options: dict[str, Any],
+    ) -> Any:
+        """Store the call as its key's debounced row: a new row, or the pending one moved and replaced."""
+        app = self._get_app()
+        config = get_config(app)
+        if unique_tasks.spec_of(self) is not None:
+            raise DebounceError(f"task {self.name}: a unique task cannot be debounced (both decide the one copy)")
+        call = debounce_call(
+            self.name,
+            _unique_run_attr(type(self)),
+            type(self),
+            options,
+            args,
+            kwargs,
+            sweep_interval=config.sweep_interval,
+        )
+        for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
+            options.pop(name, None)
+        options = self._strip_internal_headers(options)
+        if app.conf.task_always_eager:
+            # Eager mode runs every call at once: nothing waits, so nothing merges.
+            return super().apply_async(args, kwargs, task_id, None, link, link_error, shadow, **options)
+        plan = DelayPlan(countdown=call.period)
+        delay = self._stored_delay(
+            app, config, plan, args, kwargs, task_id, link, link_error, shadow, call.stored_key, options
+        )
+        new = dataclasses.replace(delay.new, debounce_max_wait=call.max_wait)
+        result = get_store(app).debounce(new)
+        if not result.created:
+            logger.debug("debounced %s[%s] (%s) moved to %s", self.name, result.task_id, call.key, result.due_at)
+            signals.delay_debounced.send(
+                sender=self, task_id=result.task_id, task_name=self.name, key=call.key, due_at=result.due_at
+            )
+        return self._stored_result(app, dataclasses.replace(delay, new=new), result)
 
     def _apply_unique(
         self,
@@ -228,9 +281,25 @@ class SafeTask(Task):
                 link = options.pop("link", None)
                 link_error = options.pop("link_error", None)
                 shadow = options.pop("shadow", None)
-                plan = plan_delay(
-                    options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold
+                # A debounced call merges into its key's row, one call at a time (apply_async).
+                debounced = options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None
+                plan = (
+                    None
+                    if debounced
+                    else plan_delay(
+                        options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold
+                    )
                 )
+                if plan is None and debounced:
+                    sent.append(
+                        (
+                            index,
+                            args,
+                            kwargs,
+                            dict(options, task_id=task_id, link=link, link_error=link_error, shadow=shadow),
+                        )
+                    )
+                    continue
                 if plan is None:
                     options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
                     sent.append(
@@ -341,7 +410,7 @@ class SafeTask(Task):
         if result.created:
             logger.debug("stored %s[%s] due at %s", self.name, task_id, result.due_at)
             signals.delay_stored.send(sender=self, task_id=task_id, task_name=self.name, due_at=result.due_at)
-        else:
+        elif not (delay.new.idempotency_key or "").startswith(C.DEBOUNCE_KEY_PREFIX):
             logger.debug("idempotency key %r already pending as %s", delay.new.idempotency_key, result.task_id)
         async_result = self.AsyncResult(result.task_id)
         if delay.add_to_parent and result.created:

@@ -6,6 +6,7 @@ Real PostgreSQL (pytest-django's test database) and the test's real Redis db; th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
@@ -95,6 +96,22 @@ def test_changelist_shows_the_delivery_record(admin_client: Client) -> None:
     body = admin_client.get(CHANGELIST).content.decode()
     for text in ("celery@worker-7", C.OUTCOME_SUCCEEDED, "column-started_at", "column-finished_at", "column-starts"):
         assert text in body
+
+
+def test_changelist_and_row_page_show_a_debounced_rows_key_and_cap(admin_client: Client) -> None:
+    store = DjangoStore()
+    key = C.DEBOUNCE_KEY_PREFIX + "tests.index:index:42"
+    first = dataclasses.replace(new_delay("deb-1", None, idempotency_key=key), countdown=60.0, debounce_max_wait=300.0)  # type: ignore[arg-type]
+    assert store.debounce(first).created
+    assert store.debounce(dataclasses.replace(first, id="deb-2")).task_id == "deb-1"
+    store.insert(new_delay("plain-1", store.now() + timedelta(hours=1)))
+    body = admin_client.get(CHANGELIST).content.decode()
+    assert "column-debounce" in body
+    assert "tests.index:index:42" in body
+    detail = admin_client.get(f"{CHANGELIST}deb-1/change/").content.decode()
+    assert "tests.index:index:42" in detail
+    assert "field-debounce_until" in detail
+    assert admin_client.get(CHANGELIST, {"q": "index:42"}).content.decode().count("deb-1") >= 1
 
 
 def test_filters_by_status_task_and_due_and_search_by_key(admin_client: Client) -> None:

@@ -48,3 +48,14 @@ def test_counters_follow_stored_cancelled_and_released_delays(
 def test_enable_twice_is_a_no_op(registry: CollectorRegistry) -> None:
     again = enable_metrics(registry)
     assert "safe_time_delays_stored_total" in again
+
+
+def test_debounced_calls_merged_are_counted(make_app: Callable[..., Celery], registry: CollectorRegistry) -> None:
+    app = make_app("metrics-debounce")
+    install(app)
+    task = define_tasks(app)["add"]
+    for y in range(4):
+        task.apply_async((1, y), debounce=30, debounce_key="site:{x}", debounce_max_wait=300)
+    task.apply_async((2, 0), debounce=30, debounce_key="site:{x}")
+    assert value(registry, "safe_time_delays_stored_total", task_name=task.name) == 2
+    assert value(registry, "safe_time_delays_debounced_total", task_name=task.name) == 3

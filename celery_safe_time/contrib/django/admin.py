@@ -119,6 +119,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         "status",
         "due_at",
         "arguments",
+        "debounce",
         "outcome",
         "started_at",
         "finished_at",
@@ -159,6 +160,8 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         "started_by",
         "starts",
         "suspected_at",
+        "debounce",
+        "debounce_until",
     )
     actions = ["cancel_pending", "reschedule_pending"]
 
@@ -173,6 +176,12 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     @admin.display(description="arguments")
     def arguments(self, obj: DelayedTask) -> str:
         return arguments_text(obj, ARGUMENTS_LIST_CHARS)
+
+    @admin.display(description="debounce key")
+    def debounce(self, obj: DelayedTask) -> str:
+        # A debounced row keeps its key in the pending-only unique key, behind a prefix.
+        key = obj.idempotency_key or ""
+        return key[len(C.DEBOUNCE_KEY_PREFIX) :] if key.startswith(C.DEBOUNCE_KEY_PREFIX) else "-"
 
     @admin.display(description="call (decoded payload)")
     def call(self, obj: DelayedTask) -> str:

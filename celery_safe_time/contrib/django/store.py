@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -22,6 +23,7 @@ from ...delays.backends.base import (
     InsertResult,
     NewDelay,
     StartResult,
+    debounced_values,
     early_by,
     empty_counts,
     new_delivery_token,
@@ -138,9 +140,10 @@ class DjangoStore(DelayStore):
                 raise
         return self._atomic(lambda: self._insert(delay, careful=True))
 
-    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
+    def _insert(self, delay: NewDelay, *, careful: bool, held: bool = True) -> InsertResult:
+        """``held=False``: the key was just looked up; a row that holds it since is a unique violation."""
         objects = self._objects()
-        if delay.idempotency_key is not None:
+        if held and delay.idempotency_key is not None:
             found = (
                 objects.filter(idempotency_key=delay.idempotency_key, status=C.STATUS_PENDING)
                 .values_list("id", "due_at")
@@ -159,6 +162,44 @@ class DjangoStore(DelayStore):
         # force_insert: never an UPDATE of an existing primary key (Django's save() would do that).
         self.model(**values).save(using=self.using, force_insert=True)
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def debounce(self, delay: NewDelay) -> InsertResult:
+        # As the SQLAlchemy store: the row locked (select_for_update) and moved, or a new row; a
+        # concurrent first call that won the key makes this one run its transaction again.
+        for attempt in range(C.DEBOUNCE_ATTEMPTS):
+            careful = attempt > 0
+            try:
+                return self._atomic(functools.partial(self._debounce, delay, careful=careful))
+            except StoreError as exc:
+                if attempt == C.DEBOUNCE_ATTEMPTS - 1 or not isinstance(exc.__cause__, IntegrityError):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _debounce(self, delay: NewDelay, *, careful: bool) -> InsertResult:
+        # As the SQLAlchemy store: found by its key, then locked by its primary key only (the order
+        # the sweep's claim locks in).
+        pending = (
+            self._objects()
+            .filter(idempotency_key=delay.idempotency_key, status=C.STATUS_PENDING)
+            .values_list("id", flat=True)
+            .first()
+        )
+        found = None
+        if pending is not None:
+            found = (
+                self._all_objects()
+                .select_for_update()
+                .filter(id=pending, status=C.STATUS_PENDING)
+                .values_list("id", "debounce_until")
+                .first()
+            )
+        if found is None:
+            return self._insert(delay, careful=careful, held=False)
+        values = debounced_values(delay, self.now(), None if found[1] is None else as_utc(found[1]))
+        if self._all_objects().filter(id=found[0], status=C.STATUS_PENDING).update(**values):
+            return InsertResult(found[0], created=False, due_at=values["due_at"])
+        # SQLite takes no row lock: a claim in between left nothing to move, a new burst starts.
+        return self._insert(delay, careful=careful, held=False)
 
     def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
         if not delays:

@@ -40,6 +40,7 @@ _ROW_TIMES = (
     "heartbeat_at",
     "finished_at",
     "suspected_at",
+    "debounce_until",
 )
 
 
@@ -77,6 +78,9 @@ class NewDelay:
     idempotency_key: str | None = None
     countdown: float | None = None
     expires_in: float | None = None
+    #: Debounced calls (:meth:`DelayStore.debounce`): seconds from the burst's first call after which
+    #: later calls no longer push the row back (None: no cap).
+    debounce_max_wait: float | None = None
 
     def resolve(self, now: datetime) -> tuple[datetime, datetime | None]:
         """``(due_at, expires_at)`` with the relative parts counted from ``now`` (the store's clock)."""
@@ -108,6 +112,9 @@ class NewDelay:
             "updated_at": now,
             "delivery_token": new_delivery_token(),
             "starts": 0,
+            "debounce_until": (
+                None if self.debounce_max_wait is None else now + timedelta(seconds=self.debounce_max_wait)
+            ),
         }
 
 
@@ -146,6 +153,17 @@ class DelayRow:
     suspected_at: datetime | None = None
     #: The app (``safe_time_store_namespace``) that stored it; "" for a row stored before namespaces.
     namespace: str = C.LEGACY_STORE_NAMESPACE
+    #: A debounced row: the latest due time later calls of its burst may move it to (first call plus
+    #: the max wait); None on other rows and on debounced rows without a cap.
+    debounce_until: datetime | None = None
+
+    @property
+    def debounce_key(self) -> str | None:
+        """The debounce key (``<task name>:<key>``) of a debounced row, else None."""
+        key = self.idempotency_key
+        if key is None or not key.startswith(C.DEBOUNCE_KEY_PREFIX):
+            return None
+        return key[len(C.DEBOUNCE_KEY_PREFIX) :]
 
     @classmethod
     def from_mapping(cls, values: Mapping[Any, Any]) -> DelayRow:
@@ -166,6 +184,7 @@ class DelayRow:
         data = dataclasses.asdict(self)
         data.pop("payload")
         data["payload_bytes"] = len(self.payload)
+        data["debounce_key"] = self.debounce_key
         return data
 
 
@@ -302,6 +321,22 @@ class DelayStore(abc.ABC):
         :class:`~celery_safe_time.exceptions.StoreError` with ``index`` set to its position, and no row
         of the batch is stored.
         """
+
+    def debounce(self, delay: NewDelay) -> InsertResult:
+        """Store a debounced call: ``delay.idempotency_key`` is its debounce key, ``delay.countdown`` its
+        quiet period, ``delay.debounce_max_wait`` its cap. One transaction, atomic against concurrent
+        callers and the sweep.
+
+        No pending row holds the key: store ``delay`` as a new row whose ``debounce_until`` is the
+        store's now plus the max wait (``created=True``). A pending row holds it: move that row's due
+        time to now plus the period, never past its ``debounce_until``, and replace its payload, with a
+        new delivery token; return its id (``created=False``) and its new due time. A row the sweep has
+        claimed (or sent) holds the key no more: the call starts a new burst.
+
+        Not abstract, so that a store written for an earlier version still loads; it refuses debounced
+        calls until it implements this.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not store debounced calls")
 
     @abc.abstractmethod
     def cancel(self, task_id: str) -> bool:
@@ -478,6 +513,27 @@ class DelayStore(abc.ABC):
     @abc.abstractmethod
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         """The smallest ``due_at`` among rows with ``status``."""
+
+
+def debounced_due(due_at: datetime, debounce_until: datetime | None) -> datetime:
+    """A debounced row's next due time: ``due_at`` (now plus the period), never past its cap."""
+    return due_at if debounce_until is None else min(due_at, debounce_until)
+
+
+def debounced_values(delay: NewDelay, now: datetime, debounce_until: datetime | None) -> dict[str, Any]:
+    """The columns a later call of a burst replaces in the pending row (every backend)."""
+    due_at, expires_at = delay.resolve(now)
+    return {
+        "payload": delay.payload,
+        "content_type": delay.content_type,
+        "content_encoding": delay.content_encoding,
+        "due_at": debounced_due(due_at, debounce_until),
+        "expires_at": expires_at,
+        # A copy published earlier (a claim reclaimed after its sweep died) carries the old arguments:
+        # the delivery check drops it as superseded.
+        "delivery_token": new_delivery_token(),
+        "updated_at": now,
+    }
 
 
 def check_purge(before: datetime, statuses: Collection[str], limit: int) -> frozenset[str]:

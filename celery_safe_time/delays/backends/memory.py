@@ -18,6 +18,7 @@ from .base import (
     InsertResult,
     NewDelay,
     StartResult,
+    debounced_values,
     early_by,
     empty_counts,
     new_delivery_token,
@@ -66,6 +67,15 @@ class MemoryStore(DelayStore):
             values = self.new_row(delay, self.now())
             self._rows[delay.id] = DelayRow(**values)
             return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def debounce(self, delay: NewDelay) -> InsertResult:
+        with self._lock:
+            for row in self._scoped():
+                if row.status == C.STATUS_PENDING and row.idempotency_key == delay.idempotency_key:
+                    values = debounced_values(delay, self.now(), row.debounce_until)
+                    self._rows[row.id] = dataclasses.replace(row, **values)
+                    return InsertResult(row.id, created=False, due_at=values["due_at"])
+            return self.insert(delay)
 
     def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
         with self._lock:

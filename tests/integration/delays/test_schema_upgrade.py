@@ -3,6 +3,7 @@ get a delivery token when they are claimed."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -106,4 +107,31 @@ def test_upgrade_schema_adds_the_purge_index_to_an_older_table(backend: str, req
                 )
             )
         assert C.DELAY_UPDATED_INDEX in plan, plan
+    store.close()
+
+
+@pytest.mark.parametrize("backend", sorted(URL_FIXTURES))
+def test_a_table_without_debounce_until_is_upgraded_and_debounces(backend: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(URL_FIXTURES[backend])
+    old = fresh_sql_store(url)
+    old.insert(new_delay("from-before", old.now() + timedelta(hours=1), idempotency_key="k"))
+    with old.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE {C.DELAY_TABLE} DROP COLUMN debounce_until"))
+    old.close()
+
+    store = SQLAlchemyStore(url)
+    store.ensure_schema()
+    assert "debounce_until" in {c["name"] for c in sa.inspect(store.engine).get_columns(C.DELAY_TABLE)}
+    before = store.get("from-before")
+    assert before is not None
+    assert (before.debounce_until, before.debounce_key) == (None, None)
+    key = C.DEBOUNCE_KEY_PREFIX + "t:k"
+    first = dataclasses.replace(new_delay("d1", None, idempotency_key=key), countdown=60.0, debounce_max_wait=120.0)  # type: ignore[arg-type]
+    assert store.debounce(first).created
+    second = dataclasses.replace(first, id="d2", payload=b"later")
+    assert store.debounce(second).task_id == "d1"
+    row = store.get("d1")
+    assert row is not None
+    assert row.payload == b"later"
+    assert row.debounce_until is not None
     store.close()

@@ -82,6 +82,7 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("last_error", sa.Text, nullable=True),
         *delivery_columns(),
         *_namespace_columns(),
+        *_debounce_columns(),
     ]
 
 
@@ -113,9 +114,14 @@ def _namespace_columns() -> list[sa.Column[Any]]:
     ]
 
 
+def _debounce_columns() -> list[sa.Column[Any]]:
+    """A debounced row's cap: later calls of its burst never move it past this time."""
+    return [sa.Column("debounce_until", UTCDateTime, nullable=True)]
+
+
 def added_columns() -> list[sa.Column[Any]]:
     """Columns added after the first release: :meth:`SQLAlchemyStore.ensure_schema` adds the missing ones."""
-    return [*delivery_columns(), *_namespace_columns()]
+    return [*delivery_columns(), *_namespace_columns(), *_debounce_columns()]
 
 
 # The queries of every dialect use this table; its indexes are the PostgreSQL/SQLite schema.

@@ -24,6 +24,7 @@ from ..base import (
     InsertResult,
     NewDelay,
     StartResult,
+    debounced_values,
     early_by,
     empty_counts,
     new_delivery_token,
@@ -309,10 +310,11 @@ class SQLAlchemyStore(DelayStore):
             return self._insert_on(conn, delay, careful=careful)
 
     def _insert_on(
-        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None
+        self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None, held: bool = True
     ) -> InsertResult:
+        """``held=False``: the key was just looked up; a row that holds it since is a unique violation."""
         t = delays
-        if delay.idempotency_key is not None:
+        if held and delay.idempotency_key is not None:
             found = conn.execute(
                 sa.select(t.c.id, t.c.due_at).where(self._pending_key_is(delay.idempotency_key), self._in_scope())
             ).first()
@@ -328,6 +330,91 @@ class SQLAlchemyStore(DelayStore):
         values = self.new_row(delay, now if now is not None else self._db_now(conn))
         conn.execute(sa.insert(t).values(**values))
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
+
+    def debounce(self, delay: NewDelay) -> InsertResult:
+        if self.dialect == "postgresql" and delay.due_at is None:
+            # Most calls of a burst find their row: one autocommit UPDATE moves it (one round trip).
+            moved = self._debounce_in_place(delay)
+            if moved is not None:
+                return moved
+        # Two first calls of a burst both find no pending row and both insert: the loser's unique
+        # violation (or a deadlock on MySQL/MariaDB) runs its transaction again, and it then finds the
+        # winner's row to move. From the second attempt the insert checks the task id first.
+        for attempt in range(C.DEBOUNCE_ATTEMPTS):
+            try:
+                with self._begin() as conn:
+                    return self._debounce_on(conn, delay, careful=attempt > 0)
+            except StoreError as exc:
+                if attempt == C.DEBOUNCE_ATTEMPTS - 1 or not _retryable(exc.__cause__):
+                    raise
+                logger.debug("debounce %r met a concurrent call (%s); again", delay.idempotency_key, exc.__cause__)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _debounce_in_place(self, delay: NewDelay) -> InsertResult | None:
+        """PostgreSQL: move the pending row of the key in one statement, the server's clock inside it;
+        None when no pending row holds the key. The UPDATE waits for a claim that holds the row and
+        then reads it again: claimed by then, it matches no more (None: a new burst)."""
+        t = delays
+        key = delay.idempotency_key
+        if key is None or delay.countdown is None:
+            return None
+        with self._one_statement(sa.func.clock_timestamp()) as (conn, now):
+            due = now + sa.literal(timedelta(seconds=delay.countdown), sa.Interval())
+            capped = sa.case(
+                (sa.and_(t.c.debounce_until.is_not(None), t.c.debounce_until < due), t.c.debounce_until), else_=due
+            )
+            expires: Any = delay.expires_at
+            if expires is None and delay.expires_in is not None:
+                expires = now + sa.literal(timedelta(seconds=delay.expires_in), sa.Interval())
+            found = conn.execute(
+                sa.update(t)
+                .where(self._pending_key_is(key), self._in_scope())
+                .values(
+                    payload=delay.payload,
+                    content_type=delay.content_type,
+                    content_encoding=delay.content_encoding,
+                    due_at=capped,
+                    expires_at=expires,
+                    delivery_token=new_delivery_token(),
+                    updated_at=now,
+                )
+                .returning(t.c.id, t.c.due_at)
+            ).first()
+        return None if found is None else InsertResult(found.id, created=False, due_at=as_utc(found.due_at))
+
+    def _debounce_on(self, conn: Connection, delay: NewDelay, *, careful: bool) -> InsertResult:
+        t = delays
+        key = delay.idempotency_key
+        if key is None:
+            raise StoreError("a debounced delay needs its key in idempotency_key")
+        now = self._db_now(conn)
+        # The key finds the row, unlocked; then the row is locked by its primary key alone, as the
+        # sweep's claim locks it. Locked through the key's index instead, a claim that already holds
+        # the row (and must update that index entry) and this call would wait for each other (an
+        # InnoDB deadlock). FOR UPDATE waits for a claim (one short statement) and reads the row again
+        # once it commits: claimed by then, it is pending no more, and this call starts a new burst.
+        # While this transaction holds the row, the claim's SKIP LOCKED passes it by.
+        pending = conn.execute(sa.select(t.c.id).where(self._pending_key_is(key), self._in_scope())).scalar()
+        found = None
+        if pending is not None:
+            found = conn.execute(
+                sa.select(t.c.id, t.c.debounce_until)
+                .where(t.c.id == pending, status_is(C.STATUS_PENDING))
+                .with_for_update()
+            ).first()
+        if found is not None:
+            until = None if found.debounce_until is None else as_utc(found.debounce_until)
+            values = debounced_values(delay, now, until)
+            moved = conn.execute(
+                sa.update(t).where(t.c.id == found.id, status_is(C.STATUS_PENDING)).values(**values)
+            ).rowcount
+            if moved:
+                return InsertResult(found.id, created=False, due_at=values["due_at"])
+            # SQLite has no FOR UPDATE and reads outside the write transaction: a claim between the
+            # read and this UPDATE left nothing to move, so the call starts a new burst.
+        # A first call that won the key meanwhile makes this INSERT a unique violation, and the next
+        # attempt merges into its row (never returns it unmerged).
+        return self._insert_on(conn, delay, careful=careful, now=now, held=False)
 
     def insert_many(self, delays: Sequence[NewDelay]) -> list[InsertResult]:
         if not delays:
@@ -735,3 +822,14 @@ class SQLAlchemyStore(DelayStore):
             value = conn.execute(query).scalar()
         # min() loses the column type on some dialects: normalise here.
         return None if value is None else as_utc(value)
+
+
+def _retryable(error: BaseException | None) -> bool:
+    """A unique violation (a concurrent first call won the key) or a deadlock: run the transaction again."""
+    if isinstance(error, sa.exc.IntegrityError):
+        return True
+    if isinstance(error, sa.exc.DBAPIError):
+        # PostgreSQL's SQLSTATE 40P01 / 40001, MySQL/MariaDB's 1213 (deadlock) and 1205 (lock wait).
+        code = getattr(error.orig, "sqlstate", None) or (getattr(error.orig, "args", None) or (None,))[0]
+        return code in {"40P01", "40001", 1213, 1205}
+    return False

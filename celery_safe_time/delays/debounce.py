@@ -1,0 +1,128 @@
+"""Debounced calls: their options checked at the call site, their key rendered from the call's arguments.
+
+``task.apply_async(args, kwargs, debounce=30, debounce_key="index:{site_id}", debounce_max_wait=300)``
+stores the call as a row due ``debounce`` seconds from now; a later call with the same key, while that
+row is pending, moves it to ``debounce`` seconds from its own time (never past the first call plus
+``debounce_max_wait``) and replaces its arguments. The store does that in one transaction
+(:meth:`~celery_safe_time.delays.backends.base.DelayStore.debounce`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from .. import constants as C
+from ..exceptions import DebounceError
+from ..locks.keys import KeyBuilder, KeySpec
+
+__all__ = ["DebounceCall", "debounce_call", "seconds"]
+
+#: (task class, key spec) -> its key builder: a template is checked against the signature once.
+_BUILDERS: dict[tuple[type, Any], tuple[KeyBuilder, bool]] = {}
+_BUILDERS_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class DebounceCall:
+    """One debounced call's options, checked: the row's key, its quiet period and its cap (seconds)."""
+
+    key: str
+    period: float
+    max_wait: float | None
+
+    @property
+    def stored_key(self) -> str:
+        """What the row holds in its idempotency key (the pending-only unique key)."""
+        return C.DEBOUNCE_KEY_PREFIX + self.key
+
+
+def seconds(value: Any, option: str) -> float:
+    """A ``timedelta`` or a number of seconds as a positive float; :class:`DebounceError` otherwise."""
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise DebounceError(f"{option} must be a timedelta or a number of seconds, got {value!r}")
+    if not result > 0:
+        raise DebounceError(f"{option} must be positive, got {value!r}")
+    return result
+
+
+def debounce_call(
+    task_name: str,
+    run: Any,
+    task_class: type,
+    options: Mapping[str, Any],
+    args: Any,
+    kwargs: Any,
+    *,
+    sweep_interval: float,
+) -> DebounceCall:
+    """Check one call's debounce options and render its key; raises :class:`DebounceError` naming the task.
+
+    ``run`` is the task's raw ``run`` attribute (a function, or a staticmethod when it takes no task
+    argument); ``options`` are the call's ``apply_async`` options, debounce ones included.
+    """
+    where = f"task {task_name}"
+    period = seconds(options.get(C.OPTION_DEBOUNCE), f"{where}: debounce")
+    if period < sweep_interval:
+        raise DebounceError(
+            f"{where}: debounce={period:g}s is shorter than the sweep interval ({sweep_interval:g}s, "
+            "safe_time_sweep_interval): the sweep publishes the row up to one interval late, so a shorter "
+            "period cannot be kept"
+        )
+    raw_wait = options.get(C.OPTION_DEBOUNCE_MAX_WAIT)
+    max_wait = None if raw_wait is None else seconds(raw_wait, f"{where}: debounce_max_wait")
+    if max_wait is not None and max_wait < period:
+        raise DebounceError(f"{where}: debounce_max_wait={max_wait:g}s is shorter than debounce={period:g}s")
+    spec = options.get(C.OPTION_DEBOUNCE_KEY)
+    if spec is None or spec == "":
+        raise DebounceError(
+            f"{where}: debounce needs debounce_key= (a template over the task's arguments such as "
+            "'index:{site_id}', or a callable): calls with the same key form one burst"
+        )
+    for other in (C.OPTION_IDEMPOTENCY_KEY, "countdown", "eta"):
+        if options.get(other) is not None:
+            raise DebounceError(f"{where}: debounce decides the due time and the key; {other}= cannot be given too")
+    key = f"{task_name}:{_render(task_class, run, spec, args, kwargs, where)}"
+    if len(C.DEBOUNCE_KEY_PREFIX + key) > C.DELAY_KEY_LENGTH:
+        raise DebounceError(
+            f"{where}: debounce key {key[:60]!r}... is longer than {C.DELAY_KEY_LENGTH - len(C.DEBOUNCE_KEY_PREFIX)}"
+            " characters with the task name"
+        )
+    return DebounceCall(key=key, period=period, max_wait=max_wait)
+
+
+def _render(task_class: type, run: Any, spec: KeySpec, args: Any, kwargs: Any, where: str) -> str:
+    builder, bound = _builder(task_class, run, spec, where)
+    try:
+        return builder.render(tuple(args or ()), dict(kwargs or {}), bound=bound)
+    except (TypeError, AttributeError, LookupError, ValueError) as exc:  # arguments the template cannot format
+        raise DebounceError(f"{where}: debounce_key={spec!r}: {exc}") from None
+
+
+def _builder(task_class: type, run: Any, spec: KeySpec, where: str) -> tuple[KeyBuilder, bool]:
+    cache_key = (task_class, spec)
+    try:
+        found = _BUILDERS.get(cache_key)
+    except TypeError:  # an unhashable callable: built per call
+        found, cache_key = None, None  # type: ignore[assignment]
+    if found is not None:
+        return found
+    if run is None:
+        raise DebounceError(f"{where}: debounce_key needs a task with a run function to bind its arguments")
+    bound = not isinstance(run, staticmethod)
+    func: Callable[..., Any] = run.__func__ if isinstance(run, staticmethod) else run
+    try:
+        built = (KeyBuilder(func, spec), bound)
+    except (ValueError, TypeError) as exc:
+        raise DebounceError(f"{where}: debounce_key={spec!r}: {exc}") from None
+    if cache_key is not None:
+        with _BUILDERS_LOCK:
+            _BUILDERS[cache_key] = built
+    return built

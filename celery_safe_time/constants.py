@@ -296,8 +296,11 @@ MYSQL_DIALECTS: Final = frozenset({"mysql", "mariadb"})
 #: MySQL/MariaDB only: a generated column equal to ``idempotency_key`` while the row is pending and
 #: NULL otherwise. Its UNIQUE index stands in for the partial unique index they lack.
 DELAY_PENDING_KEY_COLUMN: Final = "pending_idempotency_key"
-#: PostgreSQL advisory lock (``pg_advisory_xact_lock``) that serializes the delay table's DDL.
+#: PostgreSQL advisory locks (``pg_advisory_xact_lock``, one key per capability) that serialise
+#: creating or upgrading that capability's tables between processes starting together.
 DELAY_SCHEMA_LOCK_KEY: Final = 0x5AFE7133
+BEAT_SCHEMA_LOCK_KEY: Final = 0x5AFE7135
+LOCK_SCHEMA_LOCK_KEY: Final = 0x5AFE7140C4
 
 #: Column sizes (Django model and SQLAlchemy table agree on them).
 DELAY_ID_LENGTH: Final = 255

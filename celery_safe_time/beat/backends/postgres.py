@@ -69,9 +69,6 @@ CHANGES_TABLE = "safe_time_beat_changes"
 RUN_NOW_TABLE = "safe_time_beat_run_now"
 COUNTS_TABLE = "safe_time_beat_counts"
 
-#: The advisory lock (transaction level) that serialises table creation between beats starting together.
-_DDL_LOCK = 0x5AFE7135
-
 
 def load_sql(name: str) -> dict[str, str]:
     """The named statements of ``beat/sql/<name>.sql``, in file order (:func:`.coordination.named_sql`)."""
@@ -251,7 +248,7 @@ class PostgresBeatBackend(BeatBackend):
         if self._tables_ready:
             return
         with self.engine().begin() as conn:
-            conn.execute(_QUERIES["schema_lock"], {"key": _DDL_LOCK})
+            conn.execute(_QUERIES["schema_lock"], {"key": C.BEAT_SCHEMA_LOCK_KEY})
             for statement in DDL:
                 conn.execute(sa.text(statement))
         self._tables_ready = True

@@ -12,12 +12,13 @@ import threading
 
 import sqlalchemy as sa
 
+from ... import constants as C
 from ...coordination import named_sql
 
 __all__ = ["QUERIES", "SCHEMA", "SCHEMA_LOCK_KEY", "ensure_schema", "load_sql"]
 
-#: Serialises schema creation between processes (a transaction advisory lock, any constant key).
-SCHEMA_LOCK_KEY = 0x5AFE7140C4
+#: Serialises schema creation between processes (a transaction advisory lock).
+SCHEMA_LOCK_KEY = C.LOCK_SCHEMA_LOCK_KEY
 
 
 def load_sql(name: str) -> dict[str, str]:

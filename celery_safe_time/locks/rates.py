@@ -1,11 +1,20 @@
 """Rate strings (``"100/m"``) and the sliding-log rule every lock backend applies to them.
 
 A rate ``N/period`` admits at most ``N`` calls that start within any ``period``: a sliding log keeps
-the start time of each admitted call for one period, and a call is admitted while the log holds fewer
-than ``N`` entries. A burst of up to ``N`` at once is allowed (an idle key has its whole allowance);
-the next call then waits until the oldest entry is one period old. The Redis script
-(``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v1``) and the memory
-backend (:func:`take`) follow the same rule on the backend's own clock.
+the start time of each admitted call for one period, and a call is admitted while fewer than ``N``
+entries are in it. A burst of up to ``N`` at once is allowed (an idle key has its whole allowance).
+
+A call that does not fit gets a reservation instead of a refusal: an entry at the first instant a
+place frees after every earlier reservation (the oldest entry that must age out, plus one period),
+and the call is re-queued to that instant under the same token. Waiting calls of one key therefore
+come back one after another, each to a place of its own, rather than all at the instant the first
+place frees. A call that comes back is admitted if its window still has room (a call that started
+late is recorded at its real start, so the limit holds for real start times); if it does not, it
+gets a new reservation. An admitted entry takes a member of its own (``<token>@<start>``), so a later
+delivery carrying the same token (a retry) is a new call.
+
+The Redis script (``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v1``)
+and the memory backend (:func:`take`) follow the same rule on the backend's own clock.
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ class Rate(NamedTuple):
 
 class RateTaken(NamedTuple):
     """What a backend's ``rate_take`` answered: whether the call is admitted, and if not, in how many
-    seconds the log frees a place (``wait``); ``used`` is the log's length after the call."""
+    seconds its reservation is due (``wait``); ``used`` is the number of entries (reservations
+    included) in the log after the call."""
 
     admitted: bool
     wait: float
@@ -80,14 +90,32 @@ def parse_rate(rate: str | Rate) -> Rate:
     return Rate(limit, period)
 
 
-def take(log: list[float], now: float, rate: Rate) -> RateTaken:
-    """The sliding-log rule on ``log`` (sorted start times, changed in place) for a call at ``now``."""
-    del log[: bisect.bisect_right(log, now - rate.period)]
+def admitted_member(token: str, now: float) -> str:
+    """The log member of a call admitted at ``now``: no longer its token, which a retry carries again."""
+    return f"{token}@{now:.6f}"
+
+
+def take(log: list[tuple[float, str]], now: float, rate: Rate, token: str) -> RateTaken:
+    """The sliding-log rule on ``log`` (sorted (time, member) pairs, changed in place) for a call at
+    ``now`` carrying ``token`` (its reservation's member, if it has one)."""
+    del log[: bisect.bisect_right(log, (now - rate.period, "\uffff"))]
+    own = next((i for i, (_, member) in enumerate(log) if member == token), None)
+    if own is not None:
+        reserved = log[own][0]
+        if reserved > now:
+            return RateTaken(False, reserved - now, len(log))
+        del log[own]
+        started = bisect.bisect_right(log, (now, "\uffff")) - bisect.bisect_right(log, (now - rate.period, "\uffff"))
+        if started < rate.limit:
+            bisect.insort(log, (now, admitted_member(token, now)))
+            return RateTaken(True, 0.0, len(log))
     count = len(log)
     if count < rate.limit:
-        bisect.insort(log, now)
+        bisect.insort(log, (now, admitted_member(token, now)))
         return RateTaken(True, 0.0, count + 1)
-    # With a limit lowered since (a dynamic one), more than ``limit`` entries are live: the call waits
-    # until enough of them are a period old that fewer than ``limit`` are left.
-    frees = log[count - rate.limit] + rate.period
-    return RateTaken(False, max(frees - now, 0.0), count)
+    # The first instant a place frees after every reservation: the entry ``limit`` places from the
+    # end ages out then. (With a limit lowered since, more than ``limit`` entries are live and the
+    # place frees once enough of them aged out.)
+    due = log[count - rate.limit][0] + rate.period
+    bisect.insort(log, (due, token))
+    return RateTaken(False, due - now, count + 1)

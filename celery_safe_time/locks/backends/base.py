@@ -302,8 +302,8 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def rate_take(self, key: str, token: str, rate: Rate) -> RateTaken:
         """Admit one call of the ``rate_limit`` ``key`` under ``rate`` (:func:`..rates.take`'s sliding
-        log, on the backend's clock) or say in how many seconds a place frees; ``token`` names the
-        call's entry in the log."""
+        log, on the backend's clock), or reserve it the first free place and say in how many seconds
+        it is due; ``token`` is the call's reservation (a new one for a first attempt)."""
 
     # --- operator view ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -60,7 +60,7 @@ class MemoryLockBackend(LockBackend):
         self._markers: dict[str, tuple[float, str, str]] = {}  # marker key -> (expires, task id, token)
         self._done: dict[str, float] = {}  # finished-delivery key -> expires
         self._unique: dict[str, _Unique] = {}  # unique task key -> holder
-        self._rates: dict[str, list[float]] = {}  # rate key -> start times of the admitted calls
+        self._rates: dict[str, list[tuple[float, str]]] = {}  # rate key -> (start or due time, member)
 
     def _live(self, key: str) -> _Lock | None:
         lock = self._locks.get(key)
@@ -289,7 +289,7 @@ class MemoryLockBackend(LockBackend):
     # --- rate limits (``rate_take.lua``) ------------------------------------------------------------
     def rate_take(self, key: str, token: str, rate: Rate) -> RateTaken:
         with self._mutex:
-            return take(self._rates.setdefault(self.rate_key(key), []), self._clock(), rate)
+            return take(self._rates.setdefault(self.rate_key(key), []), self._clock(), rate, token)
 
 
 #: Deprecated names (old -> current); each warns when used.

@@ -1,22 +1,43 @@
--- KEYS: the rate key's sliding log (a sorted set: call token -> start time in seconds, Redis TIME).
+-- KEYS: the rate key's sliding log, a sorted set of members scored by time in seconds (Redis TIME):
+--       "<token>@<start>" for an admitted call, "<token>" for a reservation (a call due later).
 -- ARGV: token, limit, period in microseconds.
--- Returns {1, count, 0} when the call is admitted (its start time added), else {0, count, wait}: the
--- microseconds until enough entries are a period old for a place to free. The set expires a period
--- after its newest entry, so an idle key leaves nothing behind.
+-- Returns {1, entries, 0} when the call is admitted now, else {0, entries, wait}: the microseconds
+-- until its reservation is due (the rules: celery_safe_time/locks/rates.py). The set expires a period
+-- after its last entry, so an idle key leaves nothing behind.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local limit = tonumber(ARGV[2])
 local period = tonumber(ARGV[3]) / 1000000
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now - period))
+local floor = string.format('%.6f', now - period)
+local stamp = string.format('%.6f', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', floor)
+
+local function admit()
+  redis.call('ZADD', KEYS[1], stamp, ARGV[1] .. '@' .. stamp)
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(last[2]) + period - now) * 1000) + 1)
+  return {1, redis.call('ZCARD', KEYS[1]), 0}
+end
+
+local own = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if own then
+  own = tonumber(own)
+  if own > now then
+    return {0, redis.call('ZCARD', KEYS[1]), math.ceil((own - now) * 1000000)}
+  end
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  -- Due: admitted if fewer than limit calls started within the period before now.
+  if redis.call('ZCOUNT', KEYS[1], '(' .. floor, stamp) < limit then
+    return admit()
+  end
+end
 local count = redis.call('ZCARD', KEYS[1])
 if count < limit then
-  redis.call('ZADD', KEYS[1], string.format('%.6f', now), ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) / 1000))
-  return {1, count + 1, 0}
+  return admit()
 end
--- More live entries than the limit (a dynamic limit lowered since): wait for the one whose expiry
--- leaves limit - 1 behind.
+-- The first instant a place frees after every reservation: the entry limit places from the end ages out.
 local frees = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'WITHSCORES')
-local wait = math.ceil((tonumber(frees[2]) + period - now) * 1000000)
-if wait < 0 then wait = 0 end
-return {0, count, wait}
+local due = tonumber(frees[2]) + period
+redis.call('ZADD', KEYS[1], string.format('%.6f', due), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.ceil((due + period - now) * 1000) + 1)
+return {0, count + 1, math.ceil((due - now) * 1000000)}

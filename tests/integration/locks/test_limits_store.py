@@ -33,12 +33,17 @@ def test_a_full_log_refuses_with_the_wait_until_its_oldest_entry_ages_out(lock_b
     assert [lock_backend.rate_take(k, f"t{i}", rate).used for i in range(3)] == [1, 2, 3]
     refused = lock_backend.rate_take(k, "t3", rate)
     assert not refused.admitted
-    assert refused.used == 3
+    assert refused.used == 4  # the reservation is an entry too
     assert 0.0 < refused.wait <= 0.6
+    early = lock_backend.rate_take(k, "t3", rate)  # back before its reservation is due
+    assert not early.admitted
+    assert early.wait <= refused.wait
+    behind = lock_backend.rate_take(k, "t4", rate)
+    assert not behind.admitted
     assert lock_backend.rate_take(other, "t4", rate).admitted  # keys are independent
-    # The wait is the backend's own answer: after it (plus clock granularity) a place is free.
+    # The wait is the backend's own answer: after it (plus clock granularity) the reservation is due.
     time.sleep(refused.wait + 0.02)
-    again = lock_backend.rate_take(k, "t5", rate)
+    again = lock_backend.rate_take(k, "t3", rate)
     assert again.admitted, again
     assert time.monotonic() - first >= 0.6 - 0.05
 
@@ -49,7 +54,7 @@ def test_a_lowered_limit_refuses_until_enough_entries_age_out(lock_backend: Lock
         assert lock_backend.rate_take(k, f"t{i}", Rate(4, 0.5)).admitted
     refused = lock_backend.rate_take(k, "x", Rate(2, 0.5))
     assert not refused.admitted
-    assert refused.used == 4
+    assert refused.used == 5
 
 
 def test_concurrent_callers_never_get_more_than_the_limit(lock_backend: LockBackend) -> None:
@@ -70,7 +75,7 @@ def test_concurrent_callers_never_get_more_than_the_limit(lock_backend: LockBack
     for thread in threads:
         thread.join(30)
     assert len(admitted) == 60
-    assert sum(admitted) == 25
+    assert sum(admitted) == 25  # the other 35 hold reservations, due once the period has passed
 
 
 def test_rate_limited_direct_calls(make_app: Callable[..., Celery], coordination_conf: dict[str, Any]) -> None:

@@ -49,38 +49,72 @@ def test_malformed_rate_strings_are_refused_with_the_accepted_forms(text: str) -
         parse_rate(text)
 
 
-def test_the_sliding_log_admits_a_burst_then_waits_for_the_oldest_to_age_out() -> None:
-    log: list[float] = []
+def test_the_sliding_log_admits_a_burst_then_reserves_places_in_turn() -> None:
+    log: list[tuple[float, str]] = []
     rate = Rate(3, 10.0)
-    assert [take(log, 100.0, rate).admitted for _ in range(3)] == [True, True, True]
-    refused = take(log, 104.0, rate)
+    assert [take(log, 100.0, rate, f"t{i}").admitted for i in range(3)] == [True, True, True]
+    first = take(log, 104.0, rate, "late-1")
+    assert not first.admitted
+    assert first.wait == pytest.approx(6.0)  # the oldest entry ages out at 110
+    second = take(log, 104.0, rate, "late-2")
+    assert second.wait == pytest.approx(6.0)  # the burst's second entry also ages out at 110
+    assert [take(log, 104.0, rate, f"x{i}").wait for i in range(2)] == pytest.approx([6.0, 16.0])
+    # A reservation that comes back early is told to wait again; when due it is admitted.
+    assert take(log, 109.0, rate, "late-1").wait == pytest.approx(1.0)
+    assert take(log, 110.0, rate, "late-1").admitted
+    assert take(log, 110.5, rate, "late-2").admitted  # late, recorded at its real start
+    # A new call waits behind every reservation: x0 (due at 110, not back yet) and x1 (due at 116)
+    # hold places, so the next frees when x0's place ages out.
+    assert take(log, 110.5, rate, "new").wait == pytest.approx(9.5)
+
+
+def test_an_admitted_token_is_a_new_call_when_it_comes_again() -> None:
+    log: list[tuple[float, str]] = []
+    rate = Rate(1, 10.0)
+    assert take(log, 0.0, rate, "a").admitted
+    again = take(log, 1.0, rate, "a")  # a retry of that delivery carries the same token
+    assert not again.admitted
+    assert again.wait == pytest.approx(9.0)
+
+
+def test_a_late_reservation_is_admitted_only_if_its_window_has_room() -> None:
+    log: list[tuple[float, str]] = []
+    rate = Rate(1, 1.0)
+    assert take(log, 0.0, rate, "a").admitted
+    assert take(log, 0.5, rate, "b").wait == pytest.approx(0.5)  # due at 1.0
+    assert take(log, 0.6, rate, "c").wait == pytest.approx(1.4)  # due at 2.0
+    assert take(log, 1.9, rate, "b").admitted  # b comes 0.9 s late
+    refused = take(log, 2.0, rate, "c")  # c is due, but b started 0.1 s ago
     assert not refused.admitted
-    assert refused.wait == pytest.approx(6.0)
-    assert refused.used == 3
-    # The burst's entries are exactly one period old at 110: all three places are free again.
-    assert [take(log, 110.0, rate).admitted for _ in range(4)] == [True, True, True, False]
-    assert log == [110.0, 110.0, 110.0]
+    assert refused.wait == pytest.approx(0.9)
 
 
 def test_never_more_than_the_limit_in_any_window() -> None:
-    log: list[float] = []
+    log: list[tuple[float, str]] = []
     rate = Rate(5, 1.0)
     admitted: list[float] = []
-    now = 0.0
+    waiting: dict[str, float] = {}
+    now, n = 0.0, 0
     while now < 20.0:
-        if take(log, now, rate).admitted:
-            admitted.append(now)
-        now = round(now + 0.013, 6)
+        due = [token for token, at in waiting.items() if at <= now]
+        for token in [*due, f"new-{n}"]:
+            taken = take(log, now, rate, token)
+            waiting.pop(token, None)
+            if taken.admitted:
+                admitted.append(now)
+            else:
+                waiting[token] = now + taken.wait
+        now, n = round(now + 0.013, 6), n + 1
     for start in admitted:
         assert sum(1 for t in admitted if start <= t < start + rate.period) <= rate.limit
     assert len(admitted) == pytest.approx(100, abs=5)
 
 
 def test_a_lowered_limit_waits_until_enough_entries_age_out() -> None:
-    log: list[float] = []
-    for t in (0.0, 1.0, 2.0, 3.0):
-        assert take(log, t, Rate(4, 10.0)).admitted
-    refused = take(log, 5.0, Rate(2, 10.0))
+    log: list[tuple[float, str]] = []
+    for i, t in enumerate((0.0, 1.0, 2.0, 3.0)):
+        assert take(log, t, Rate(4, 10.0), f"t{i}").admitted
+    refused = take(log, 5.0, Rate(2, 10.0), "x")
     assert not refused.admitted
     assert refused.wait == pytest.approx(7.0)  # entries at 0, 1 and 2 must go: 2 + 10 - 5
 
@@ -97,7 +131,7 @@ def test_memory_backend_follows_its_clock() -> None:
     assert not refused.admitted
     assert refused.wait == pytest.approx(1.0)
     clock.now += 1.0
-    assert store.rate_take("k", "d", rate).admitted
+    assert store.rate_take("k", "d", rate).admitted  # its reservation is due
 
 
 # --- decorators ------------------------------------------------------------------------------------

@@ -375,11 +375,8 @@ HEADER_LOCK_ORIGIN: Final = "safe_time_lock_origin"
 #: When a ``rate_limit``ed delivery first found its limit full (epoch seconds), carried by its re-queues:
 #: the call's lateness is measured from it when the limit admits it.
 HEADER_RATE_SINCE: Final = "safe_time_rate_since"
-#: A call over its rate limit is re-queued to the instant the limit frees plus up to this share of the
-#: limit's emission interval (period / limit), at least ``RATE_JITTER_MIN`` seconds: calls waiting for
-#: one key spread out instead of arriving together.
-RATE_JITTER_SHARE: Final = 0.5
-RATE_JITTER_MIN: Final = 0.05
+#: The reservation token a ``rate_limit``ed call was re-queued with (a place of its own in the key's log).
+HEADER_RATE_TOKEN: Final = "safe_time_rate_token"
 #: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
 LOCK_ORIGIN_MAX_TOKENS: Final = 8
 #: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a

@@ -11,9 +11,9 @@
     def export(tenant_id): ...
 
 A rate limit is a sliding log on the lock backend (:mod:`.rates`): at most ``N`` calls of a key start
-within any period. A call over the limit is neither dropped nor retried in a loop: it is re-queued to
-the instant the log frees a place, plus a little jitter (a countdown past ``safe_time_threshold`` goes
-through the store, as every countdown does).
+within any period. A call over the limit is neither dropped nor retried in a loop: it reserves the
+first place that frees and is re-queued to that instant (a countdown past ``safe_time_threshold`` goes
+through the store, as every countdown does), carrying its reservation's token.
 
 A concurrency limit is ``limit`` overlap locks per key, the slots ``<key>#0`` ... ``<key>#<limit-1>``:
 a call takes the first free slot, holds it as ``@overlap_lock`` holds its lock (owner token, the
@@ -89,32 +89,31 @@ class RateLimiter:
         except ValueError as exc:
             raise ValueError(f"the rate callable of {self.builder.spec!r}: {exc}") from None
 
-    def countdown(self, wait: float, rate: Rate) -> float:
-        """Seconds to re-queue a call that waits ``wait`` seconds for a place: ``wait`` plus jitter."""
-        jitter = self.jitter
-        if jitter is None:
-            jitter = max(C.RATE_JITTER_MIN, rate.interval * C.RATE_JITTER_SHARE)
-        return wait + jitter * random.random()
+    def countdown(self, wait: float) -> float:
+        """Seconds to re-queue a call whose reservation is due in ``wait`` seconds: ``wait`` plus up to
+        ``jitter`` (none by default: a reservation is a place of its own, nobody else comes then)."""
+        return wait + (self.jitter or 0.0) * random.random()
 
     def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = resolve_call(args, kwargs)
         key = self.builder.render(call.args, call.kwargs, bound=call.bound)
         rate = self.rate_for(call)
         store = get_lock_backend(call.app)
+        token = (_header(call.request, C.HEADER_RATE_TOKEN) if call.in_worker else None) or new_token()
         try:
-            taken = store.rate_take(key, new_token(), rate)
+            taken = store.rate_take(key, token, rate, reserve=call.in_worker)
         except (redis.RedisError, OSError) as exc:
             self.policy.backend_down(call, _unavailable(key, store, exc), store.label)
             return None
         task_name = getattr(call.task, "name", None)
-        since = _rate_since(call.request) if call.in_worker else None
+        since = _as_float(_header(call.request, C.HEADER_RATE_SINCE)) if call.in_worker else None
         if taken.admitted:
             lateness = max(0.0, time.time() - since) if since is not None else 0.0
             signals.rate_limit_admitted.send(
                 sender=call.task, key=key, task_id=call.task_id, task_name=task_name, lateness=lateness
             )
             return func(*args, **kwargs)
-        countdown = self.countdown(taken.wait, rate)
+        countdown = self.countdown(taken.wait)
         signals.rate_limited.send(
             sender=call.task, key=key, task_id=call.task_id, task_name=task_name, wait=taken.wait, countdown=countdown
         )
@@ -123,13 +122,19 @@ class RateLimiter:
             call,
             countdown,
             RateLimited(key, taken.wait, str(rate)),
-            extra_headers={C.HEADER_RATE_SINCE: since if since is not None else time.time()},
+            extra_headers={
+                C.HEADER_RATE_SINCE: since if since is not None else time.time(),
+                C.HEADER_RATE_TOKEN: token,
+            },
         )
 
 
-def _rate_since(request: Any) -> float | None:
+def _header(request: Any, name: str) -> Any:
+    return message_header(request, name) if request is not None else None
+
+
+def _as_float(raw: Any) -> float | None:
     try:
-        raw = message_header(request, C.HEADER_RATE_SINCE)
         return float(raw) if raw is not None else None
     except (TypeError, ValueError):
         return None
@@ -149,9 +154,9 @@ def rate_limit(
     ``"20/s"``, ``"5/10s"``, ``"1/500ms"``, ``"1000/h"``) or a callable taking the task's arguments
     and returning one (a limit per plan or customer). At most ``count`` calls of a key start within
     any ``period`` (a sliding window; a burst of ``count`` at once is allowed). A call over the limit
-    is re-queued to the instant a place frees, plus up to ``jitter`` seconds (default: half the
-    emission interval ``period/count``, at least 50 ms); it does not use up ``max_retries``. Outside
-    a worker (a direct or eager call) it raises :class:`~celery_safe_time.exceptions.RateLimited`.
+    reserves the first place that frees and is re-queued to that instant, plus up to ``jitter``
+    seconds (default 0); it does not use up ``max_retries``. Outside a worker (a direct or eager
+    call) it raises :class:`~celery_safe_time.exceptions.RateLimited` and reserves nothing.
     ``on_backend_error``: as for ``overlap_lock`` (the body never runs unchecked).
     """
     check_decorates_function(key, "rate_limit", '"my-key:{arg}", "10/s"')

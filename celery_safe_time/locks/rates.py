@@ -95,9 +95,10 @@ def admitted_member(token: str, now: float) -> str:
     return f"{token}@{now:.6f}"
 
 
-def take(log: list[tuple[float, str]], now: float, rate: Rate, token: str) -> RateTaken:
+def take(log: list[tuple[float, str]], now: float, rate: Rate, token: str, *, reserve: bool = True) -> RateTaken:
     """The sliding-log rule on ``log`` (sorted (time, member) pairs, changed in place) for a call at
-    ``now`` carrying ``token`` (its reservation's member, if it has one)."""
+    ``now`` carrying ``token`` (its reservation's member, if it has one). Without ``reserve`` a call
+    that does not fit only learns its wait (a direct call, which cannot come back)."""
     del log[: bisect.bisect_right(log, (now - rate.period, "\uffff"))]
     own = next((i for i, (_, member) in enumerate(log) if member == token), None)
     if own is not None:
@@ -117,5 +118,7 @@ def take(log: list[tuple[float, str]], now: float, rate: Rate, token: str) -> Ra
     # end ages out then. (With a limit lowered since, more than ``limit`` entries are live and the
     # place frees once enough of them aged out.)
     due = log[count - rate.limit][0] + rate.period
+    if not reserve:
+        return RateTaken(False, due - now, count)
     bisect.insort(log, (due, token))
     return RateTaken(False, due - now, count + 1)

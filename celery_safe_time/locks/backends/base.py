@@ -300,7 +300,7 @@ class LockBackend(abc.ABC):
 
     # --- rate limits ------------------------------------------------------------------------------
     @abc.abstractmethod
-    def rate_take(self, key: str, token: str, rate: Rate) -> RateTaken:
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         """Admit one call of the ``rate_limit`` ``key`` under ``rate`` (:func:`..rates.take`'s sliding
         log, on the backend's clock), or reserve it the first free place and say in how many seconds
         it is due; ``token`` is the call's reservation (a new one for a first attempt)."""

@@ -287,9 +287,9 @@ class MemoryLockBackend(LockBackend):
             return self._alive(self._markers, self.marker_key(key))
 
     # --- rate limits (``rate_take.lua``) ------------------------------------------------------------
-    def rate_take(self, key: str, token: str, rate: Rate) -> RateTaken:
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         with self._mutex:
-            return take(self._rates.setdefault(self.rate_key(key), []), self._clock(), rate, token)
+            return take(self._rates.setdefault(self.rate_key(key), []), self._clock(), rate, token, reserve=reserve)
 
 
 #: Deprecated names (old -> current); each warns when used.

@@ -471,12 +471,13 @@ class PostgresLockBackend(LockBackend):
             ttl_left=ms_left / 1000.0 if ms_left is not None and ms_left >= 0 else None,
         )
 
-    def rate_take(self, key: str, token: str, rate: Rate) -> RateTaken:
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         params = {
             "name": self.rate_key(key),
             "token": token,
             "limit": rate.limit,
             "period_us": max(1, int(rate.period * 1_000_000)),
+            "reserve": reserve,
         }
         admitted, count, wait_us = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
         self._maybe_purge()

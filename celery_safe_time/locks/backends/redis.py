@@ -191,9 +191,9 @@ class RedisLockBackend(LockBackend):
             return None
         return token, task_id, host, as_int(pid)
 
-    def rate_take(self, key: str, token: str, rate: Rate) -> RateTaken:
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         reply = self._rate_take(
-            keys=[self.rate_key(key)], args=[token, rate.limit, max(1, int(rate.period * 1_000_000))]
+            keys=[self.rate_key(key)], args=[token, rate.limit, max(1, int(rate.period * 1_000_000)), int(reserve)]
         )
         return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]))
 

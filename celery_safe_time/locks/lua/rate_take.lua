@@ -1,6 +1,7 @@
 -- KEYS: the rate key's sliding log, a sorted set of members scored by time in seconds (Redis TIME):
 --       "<token>@<start>" for an admitted call, "<token>" for a reservation (a call due later).
--- ARGV: token, limit, period in microseconds.
+-- ARGV: token, limit, period in microseconds, 1 to reserve a place for a call that does not fit (0:
+--       a direct call, which cannot come back, only learns its wait).
 -- Returns {1, entries, 0} when the call is admitted now, else {0, entries, wait}: the microseconds
 -- until its reservation is due (the rules: celery_safe_time/locks/rates.py). The set expires a period
 -- after its last entry, so an idle key leaves nothing behind.
@@ -38,6 +39,9 @@ end
 -- The first instant a place frees after every reservation: the entry limit places from the end ages out.
 local frees = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'WITHSCORES')
 local due = tonumber(frees[2]) + period
+if ARGV[4] ~= '1' then
+  return {0, count, math.ceil((due - now) * 1000000)}
+end
 redis.call('ZADD', KEYS[1], string.format('%.6f', due), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], math.ceil((due + period - now) * 1000) + 1)
 return {0, count + 1, math.ceil((due - now) * 1000000)}

@@ -129,7 +129,7 @@ DELETE FROM safe_time_rate WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_rat
 
 -- Returns (admitted, count, wait in microseconds).
 -- name: rate_take
-SELECT * FROM safe_time_rate_take_v1(:name, :token, :limit, :period_us)
+SELECT * FROM safe_time_rate_take_v1(:name, :token, :limit, :period_us, :reserve)
 
 -- name: purge_locks
 DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock

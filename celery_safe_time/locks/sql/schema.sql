@@ -398,7 +398,7 @@ CREATE INDEX IF NOT EXISTS safe_time_rate_expires ON safe_time_rate (expires_at)
 -- the clock once it holds it. Returns (admitted, entries, wait in microseconds).
 -- name: rate_take_v1
 CREATE OR REPLACE FUNCTION safe_time_rate_take_v1(p_name text, p_token text, p_limit integer, p_period_us bigint,
-    OUT admitted boolean, OUT used integer, OUT wait_us bigint)
+    p_reserve boolean, OUT admitted boolean, OUT used integer, OUT wait_us bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     period interval := p_period_us * interval '1 microsecond';
@@ -432,8 +432,11 @@ BEGIN
     -- The first instant a place frees after every reservation: the entry p_limit places from the end ages out.
     SELECT r.at + period INTO due FROM safe_time_rate r WHERE r.name = p_name
     ORDER BY r.at OFFSET used - p_limit LIMIT 1;
+    wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
+    IF NOT p_reserve THEN
+        RETURN;
+    END IF;
     INSERT INTO safe_time_rate (name, member, at, expires_at) VALUES (p_name, p_token, due, due + period)
     ON CONFLICT (name, member) DO UPDATE SET at = EXCLUDED.at, expires_at = EXCLUDED.expires_at;
     used := used + 1;
-    wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
 END $$

@@ -48,6 +48,15 @@ def test_a_full_log_refuses_with_the_wait_until_its_oldest_entry_ages_out(lock_b
     assert time.monotonic() - first >= 0.6 - 0.05
 
 
+def test_a_direct_call_reserves_nothing(lock_backend: LockBackend) -> None:
+    k = fresh("k")
+    rate = Rate(1, 30.0)
+    assert lock_backend.rate_take(k, "a", rate).admitted
+    probes = [lock_backend.rate_take(k, f"p{i}", rate, reserve=False) for i in range(3)]
+    assert [p.used for p in probes] == [1, 1, 1]
+    assert lock_backend.rate_take(k, "q", rate).used == 2  # the first reservation
+
+
 def test_a_lowered_limit_refuses_until_enough_entries_age_out(lock_backend: LockBackend) -> None:
     k = fresh("k")
     for i in range(4):

@@ -1,4 +1,5 @@
-"""``@overlap_lock`` / ``@idempotent`` / ``@rate_limit`` / ``@concurrency_limit`` stacked above ``@app.task`` fail at decoration, naming the right order."""
+"""``@overlap_lock``, ``@idempotent``, ``@rate_limit`` and ``@concurrency_limit`` stacked above ``@app.task``
+fail at decoration, naming the right order."""
 
 from __future__ import annotations
 

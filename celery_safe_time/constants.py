@@ -377,6 +377,12 @@ HEADER_LOCK_ORIGIN: Final = "safe_time_lock_origin"
 HEADER_RATE_SINCE: Final = "safe_time_rate_since"
 #: The reservation token a ``rate_limit``ed call was re-queued with (a place of its own in the key's log).
 HEADER_RATE_TOKEN: Final = "safe_time_rate_token"
+#: A reservation is re-queued to come back this many seconds before it is due and waits out the rest in
+#: the worker: the broker's delivery delay (tens of ms) would otherwise be added to every place's cycle
+#: (a limit of 20/s would give about 18/s), as the log records a call at its real start.
+RATE_LEAD: Final = 0.15
+#: At most this many such waits in the worker per delivery before it is re-queued again.
+RATE_LEAD_TRIES: Final = 3
 #: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
 LOCK_ORIGIN_MAX_TOKENS: Final = 8
 #: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a

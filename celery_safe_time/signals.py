@@ -61,5 +61,8 @@ unique_conflict = Signal(name="unique_conflict", providing_args={"key", "task_id
 #: task_name, wait (seconds until the limit frees), countdown (the re-queue's, jitter included).
 rate_limited = Signal(name="rate_limited", providing_args={"key", "task_id", "task_name", "wait", "countdown"})
 #: A ``rate_limit``ed call was admitted. kwargs: key, task_id, task_name, lateness (seconds since it
-#: first found its limit full; 0.0 when it never did).
-rate_limit_admitted = Signal(name="rate_limit_admitted", providing_args={"key", "task_id", "task_name", "lateness"})
+#: first found its limit full; 0.0 when it never did), started_at (its start as the limit recorded it:
+#: epoch seconds on the lock backend's clock).
+rate_limit_admitted = Signal(
+    name="rate_limit_admitted", providing_args={"key", "task_id", "task_name", "lateness", "started_at"}
+)

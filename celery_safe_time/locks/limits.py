@@ -90,9 +90,9 @@ class RateLimiter:
             raise ValueError(f"the rate callable of {self.builder.spec!r}: {exc}") from None
 
     def countdown(self, wait: float) -> float:
-        """Seconds to re-queue a call whose reservation is due in ``wait`` seconds: ``wait`` plus up to
-        ``jitter`` (none by default: a reservation is a place of its own, nobody else comes then)."""
-        return wait + (self.jitter or 0.0) * random.random()
+        """Seconds to re-queue a call whose reservation is due in ``wait`` seconds: ``RATE_LEAD`` ahead
+        of it, plus up to ``jitter`` (none by default: a reservation is a place of its own)."""
+        return max(wait - C.RATE_LEAD, 0.0) + (self.jitter or 0.0) * random.random()
 
     def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = resolve_call(args, kwargs)
@@ -102,6 +102,13 @@ class RateLimiter:
         token = (_header(call.request, C.HEADER_RATE_TOKEN) if call.in_worker else None) or new_token()
         try:
             taken = store.rate_take(key, token, rate, reserve=call.in_worker)
+            for _ in range(C.RATE_LEAD_TRIES):
+                if taken.admitted or not call.in_worker or taken.wait > 2 * C.RATE_LEAD:
+                    break
+                # Back a little ahead of its reservation (see RATE_LEAD), or a call ahead started a
+                # moment late: wait here, then take it.
+                time.sleep(taken.wait)
+                taken = store.rate_take(key, token, rate)
         except (redis.RedisError, OSError) as exc:
             self.policy.backend_down(call, _unavailable(key, store, exc), store.label)
             return None
@@ -110,7 +117,12 @@ class RateLimiter:
         if taken.admitted:
             lateness = max(0.0, time.time() - since) if since is not None else 0.0
             signals.rate_limit_admitted.send(
-                sender=call.task, key=key, task_id=call.task_id, task_name=task_name, lateness=lateness
+                sender=call.task,
+                key=key,
+                task_id=call.task_id,
+                task_name=task_name,
+                lateness=lateness,
+                started_at=taken.at,
             )
             return func(*args, **kwargs)
         countdown = self.countdown(taken.wait)

@@ -9,8 +9,8 @@ place frees after every earlier reservation (the oldest entry that must age out,
 and the call is re-queued to that instant under the same token. Waiting calls of one key therefore
 come back one after another, each to a place of its own, rather than all at the instant the first
 place frees. A call that comes back is admitted if its window still has room (a call that started
-late is recorded at its real start, so the limit holds for real start times); if it does not, it
-gets a new reservation. An admitted entry takes a member of its own (``<token>@<start>``), so a later
+late is recorded at its real start, so the limit holds for real start times); if it does not, its
+reservation moves to the instant the start that blocks it ages out, keeping its place in line. An admitted entry takes a member of its own (``<token>@<start>``), so a later
 delivery carrying the same token (a retry) is a new call.
 
 The Redis script (``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v1``)
@@ -61,11 +61,13 @@ class Rate(NamedTuple):
 class RateTaken(NamedTuple):
     """What a backend's ``rate_take`` answered: whether the call is admitted, and if not, in how many
     seconds its reservation is due (``wait``); ``used`` is the number of entries (reservations
-    included) in the log after the call."""
+    included) in the log after the call; ``at`` is when the backend answered, on its clock (epoch
+    seconds): an admitted call's recorded start."""
 
     admitted: bool
     wait: float
     used: int
+    at: float = 0.0
 
 
 def parse_rate(rate: str | Rate) -> Rate:
@@ -104,21 +106,26 @@ def take(log: list[tuple[float, str]], now: float, rate: Rate, token: str, *, re
     if own is not None:
         reserved = log[own][0]
         if reserved > now:
-            return RateTaken(False, reserved - now, len(log))
+            return RateTaken(False, reserved - now, len(log), now)
         del log[own]
-        started = bisect.bisect_right(log, (now, "\uffff")) - bisect.bisect_right(log, (now - rate.period, "\uffff"))
+        started = bisect.bisect_right(log, (now, "\uffff"))
         if started < rate.limit:
             bisect.insort(log, (now, admitted_member(token, now)))
-            return RateTaken(True, 0.0, len(log))
+            return RateTaken(True, 0.0, len(log), now)
+        # Due, but a call ahead started late and its window is still full: the call keeps its place
+        # in line, due again when the start that blocks it ages out (moments away, as a rule).
+        due = log[started - rate.limit][0] + rate.period
+        bisect.insort(log, (due, token))
+        return RateTaken(False, due - now, len(log), now)
     count = len(log)
     if count < rate.limit:
         bisect.insort(log, (now, admitted_member(token, now)))
-        return RateTaken(True, 0.0, count + 1)
+        return RateTaken(True, 0.0, count + 1, now)
     # The first instant a place frees after every reservation: the entry ``limit`` places from the
     # end ages out then. (With a limit lowered since, more than ``limit`` entries are live and the
     # place frees once enough of them aged out.)
     due = log[count - rate.limit][0] + rate.period
     if not reserve:
-        return RateTaken(False, due - now, count)
+        return RateTaken(False, due - now, count, now)
     bisect.insort(log, (due, token))
-    return RateTaken(False, due - now, count + 1)
+    return RateTaken(False, due - now, count + 1, now)

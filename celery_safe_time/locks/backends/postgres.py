@@ -479,9 +479,9 @@ class PostgresLockBackend(LockBackend):
             "period_us": max(1, int(rate.period * 1_000_000)),
             "reserve": reserve,
         }
-        admitted, count, wait_us = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
+        admitted, count, wait_us, at = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
         self._maybe_purge()
-        return RateTaken(bool(admitted), int(wait_us) / 1_000_000, int(count))
+        return RateTaken(bool(admitted), int(wait_us) / 1_000_000, int(count), float(at))
 
     def unique_release(self, key: str, task_id: str) -> bool:
         params = {"name": self.unique_key(key), "task_id": task_id}

@@ -195,7 +195,7 @@ class RedisLockBackend(LockBackend):
         reply = self._rate_take(
             keys=[self.rate_key(key)], args=[token, rate.limit, max(1, int(rate.period * 1_000_000)), int(reserve)]
         )
-        return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]))
+        return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]), float(as_text(reply[3]) or 0))
 
     def describe(self) -> str:
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"

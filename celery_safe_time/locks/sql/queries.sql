@@ -127,7 +127,7 @@ DELETE FROM safe_time_unique WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_u
 DELETE FROM safe_time_rate WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_rate
     WHERE expires_at < now() LIMIT 1000))
 
--- Returns (admitted, count, wait in microseconds).
+-- Returns (admitted, entries, wait in microseconds, the database clock in epoch seconds).
 -- name: rate_take
 SELECT * FROM safe_time_rate_take_v1(:name, :token, :limit, :period_us, :reserve)
 

@@ -395,10 +395,10 @@ CREATE INDEX IF NOT EXISTS safe_time_rate_expires ON safe_time_rate (expires_at)
 -- The rules of rate_take.lua (celery_safe_time/locks/rates.py): admit the call while fewer than
 -- p_limit calls of p_name started within the last period, else reserve it the first place that frees
 -- after every earlier reservation. Calls of one key take turns on a transaction lock and each reads
--- the clock once it holds it. Returns (admitted, entries, wait in microseconds).
+-- the clock once it holds it. Returns (admitted, entries, wait in microseconds, its clock in epoch seconds).
 -- name: rate_take_v1
 CREATE OR REPLACE FUNCTION safe_time_rate_take_v1(p_name text, p_token text, p_limit integer, p_period_us bigint,
-    p_reserve boolean, OUT admitted boolean, OUT used integer, OUT wait_us bigint)
+    p_reserve boolean, OUT admitted boolean, OUT used integer, OUT wait_us bigint, OUT at_epoch double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
     period interval := p_period_us * interval '1 microsecond';
@@ -408,6 +408,7 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
     t := clock_timestamp();
+    at_epoch := extract(epoch FROM t);
     DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t - period;
     admitted := false;
     SELECT r.at INTO own FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
@@ -419,7 +420,18 @@ BEGIN
         END IF;
         DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
         -- Due: admitted if fewer than p_limit calls started within the period before now.
-        admitted := (SELECT count(*) FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t) < p_limit;
+        SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t;
+        admitted := used < p_limit;
+        IF NOT admitted THEN
+            -- A call ahead started late and the window is still full: keep the place in line, due
+            -- again when the start that blocks it ages out.
+            SELECT r.at + period INTO due FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t
+            ORDER BY r.at OFFSET used - p_limit LIMIT 1;
+            INSERT INTO safe_time_rate (name, member, at, expires_at) VALUES (p_name, p_token, due, due + period);
+            SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
+            wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
+            RETURN;
+        END IF;
     END IF;
     SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
     IF admitted OR used < p_limit THEN

@@ -86,7 +86,9 @@ def test_a_late_reservation_is_admitted_only_if_its_window_has_room() -> None:
     assert take(log, 1.9, rate, "b").admitted  # b comes 0.9 s late
     refused = take(log, 2.0, rate, "c")  # c is due, but b started 0.1 s ago
     assert not refused.admitted
-    assert refused.wait == pytest.approx(0.9)
+    assert refused.wait == pytest.approx(0.9)  # its place in line holds: due when b's start ages out
+    assert take(log, 2.5, rate, "new").wait == pytest.approx(1.4)  # behind c
+    assert take(log, 2.9, rate, "c").admitted
 
 
 def test_never_more_than_the_limit_in_any_window() -> None:

@@ -10,8 +10,9 @@ and the call is re-queued to that instant under the same token. Waiting calls of
 come back one after another, each to a place of its own, rather than all at the instant the first
 place frees. A call that comes back is admitted if its window still has room (a call that started
 late is recorded at its real start, so the limit holds for real start times); if it does not, its
-reservation moves to the instant the start that blocks it ages out, keeping its place in line. An admitted entry takes a member of its own (``<token>@<start>``), so a later
-delivery carrying the same token (a retry) is a new call.
+reservation moves to the instant the start that blocks it ages out, keeping its place in line. An
+admitted entry takes a member of its own (``<token>@<start>``), so a later delivery carrying the same
+token (a retry) is a new call.
 
 The Redis script (``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v1``)
 and the memory backend (:func:`take`) follow the same rule on the backend's own clock.

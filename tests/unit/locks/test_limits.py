@@ -269,3 +269,25 @@ def test_a_dynamic_limit_below_one_is_refused_at_the_call(app: Celery) -> None:
 
     with pytest.raises(ValueError, match=r"at least 1"):
         export(1)
+
+
+def test_metrics_count_limited_calls_and_observe_lateness() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_safe_time import signals
+    from celery_safe_time.metrics import RATE_LATENESS, disable_metrics, enable_metrics
+
+    registry = CollectorRegistry()
+    disable_metrics()
+    enable_metrics(registry)
+    try:
+        signals.rate_limited.send(sender=None, key="k", task_id="t", task_name="charge", wait=1.0, countdown=0.85)
+        for lateness in (0.0, 2.5):
+            signals.rate_limit_admitted.send(
+                sender=None, key="k", task_id="t", task_name="charge", lateness=lateness, started_at=0.0
+            )
+        assert registry.get_sample_value("safe_time_rate_limited_total", {"task_name": "charge"}) == 1
+        assert registry.get_sample_value(f"{RATE_LATENESS}_count", {"task_name": "charge"}) == 2
+        assert registry.get_sample_value(f"{RATE_LATENESS}_sum", {"task_name": "charge"}) == 2.5
+    finally:
+        disable_metrics()

@@ -134,3 +134,19 @@ def test_kill_9_frees_a_holders_slot_within_its_ttl(
     again = client_app.send_task("locks.slots", args=("crash", 0.1))
     assert again.get(timeout=30) in slots
     client_app.close()
+
+
+def test_a_hard_time_limit_frees_the_slot_long_before_its_ttl(
+    processes: ProcessManager, redis_client: redis.Redis, redis_url: str, make_app: Callable[..., Celery]
+) -> None:
+    store = get_lock_backend(make_app())
+    h.start_worker(processes, name="slots-hard", concurrency=2, ttl=60.0)
+    client_app = h.client_app(redis_url)
+    run = client_app.send_task("locks.slots", args=("hard", 60), time_limit=2)
+    wait_for(lambda: redis_client.get(f"test:locks:started:{run.id}"), 30, message="holder started")
+    slots = [f"slots:hard#{n}" for n in range(3)]
+    [held] = [slot for slot in slots if store.token_of(slot) is not None]
+    run.get(timeout=30, propagate=False)
+    assert run.state == "FAILURE"
+    wait_for(lambda: store.token_of(held) is None, 15, message="slot freed after the hard time limit")
+    client_app.close()

@@ -291,3 +291,17 @@ def test_metrics_count_limited_calls_and_observe_lateness() -> None:
         assert registry.get_sample_value(f"{RATE_LATENESS}_sum", {"task_name": "charge"}) == 2.5
     finally:
         disable_metrics()
+
+
+def test_limit_1_is_overlap_lock_on_the_same_key(app: Celery) -> None:
+    keys: list[str] = []
+
+    @app.task(name="limits.single", shared=False)
+    @concurrency_limit("export:{tenant_id}", limit=1)
+    def export(tenant_id: int) -> None:
+        held = current_lock()
+        assert held is not None
+        keys.append(held.key)
+
+    export(7)
+    assert keys == ["export:7"]

@@ -12,8 +12,9 @@
 
 A rate limit is a sliding log on the lock backend (:mod:`.rates`): at most ``N`` calls of a key start
 within any period. A call over the limit is neither dropped nor retried in a loop: it reserves the
-first place that frees and is re-queued to that instant (a countdown past ``safe_time_threshold`` goes
-through the store, as every countdown does), carrying its reservation's token.
+first place that frees and is re-queued to that instant (on a ``SafeTask``, a countdown past
+``safe_time_delay_threshold`` goes through the store, as its every countdown does), carrying its
+reservation's token.
 
 A concurrency limit is ``limit`` overlap locks per key, the slots ``<key>#0`` ... ``<key>#<limit-1>``:
 a call takes the first free slot, holds it as ``@overlap_lock`` holds its lock (owner token, the

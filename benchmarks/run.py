@@ -41,6 +41,7 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("locks", "benchmarks.locks", []),
     ("unique", "benchmarks.unique", ["enqueue"]),
     ("debounce", "benchmarks.debounce", []),
+    ("flow", "benchmarks.flow", []),
 ]
 # Counted, or timed against a lease clock rather than the CPU: these run in the background while
 # the timed modules measure.
@@ -821,6 +822,7 @@ def _details(r: dict[str, Any], img: dict[str, str]) -> list[str]:
         ("Locks", "locks", "benchmarks.locks", "markdown", ["locks"]),
         ("Unique tasks: enqueue cost", "unique", "benchmarks.unique", "markdown", []),
         ("Unique tasks: what a fault leaves behind", "unique_compare", "benchmarks.unique", "markdown", []),
+        ("Flow control: a global rate limit vs Celery's per-worker one", "flow", "benchmarks.flow", "markdown", []),
         ("Visibility timeout and 3 beats", "visibility", "benchmarks.safety", "table", []),
         ("Debounce: a burst on a few keys vs plain stored calls", "debounce", "benchmarks.debounce", "markdown", []),
     ]
@@ -1124,7 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI-sized run (a few minutes)")
     parser.add_argument(
         "--only",
-        help="comma-separated: beat,delays,locks,unique,debounce,unique_compare,visibility,duplicates,failover",
+        help="comma-separated: beat,delays,locks,unique,debounce,flow,unique_compare,visibility,duplicates,failover",
     )
     parser.add_argument("--doc-only", action="store_true", help="rebuild the doc from benchmarks/results")
     parser.add_argument("--child", help=argparse.SUPPRESS)

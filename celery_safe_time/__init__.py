@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .delays.admin import cancel, reschedule
     from .delays.task import SafeTask
     from .locks.idempotency import idempotent
+    from .locks.limits import concurrency_limit, rate_limit
     from .locks.overlap import overlap_lock
     from .schedules import crontab, next_local
 
@@ -48,6 +49,8 @@ _LAZY: dict[str, str] = {
     # locks
     "overlap_lock": ".locks.overlap",
     "idempotent": ".locks.idempotency",
+    "rate_limit": ".locks.limits",
+    "concurrency_limit": ".locks.limits",
 }
 
 __all__ = [  # noqa: RUF022 - grouped by capability, not sorted
@@ -67,6 +70,8 @@ __all__ = [  # noqa: RUF022 - grouped by capability, not sorted
     # locks
     "idempotent",
     "overlap_lock",
+    "rate_limit",
+    "concurrency_limit",
     # setup and the shared core
     "SafeTimeConfig",
     "exceptions",

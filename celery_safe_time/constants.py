@@ -88,7 +88,7 @@ PG_LOCK_TABLE: Final = "safe_time_lock"
 PG_LOCK_MARKER_TABLE: Final = "safe_time_lock_marker"
 PG_UNIQUE_TABLE: Final = "safe_time_unique"
 #: Bumped when the lock tables' functions change (they are named ``..._v<N>``).
-PG_LOCK_SCHEMA_VERSION: Final = 4
+PG_LOCK_SCHEMA_VERSION: Final = 5
 #: How PostgreSQL overlap locks are held: ``lease`` (a row with an expiry on the database clock,
 #: renewed by the watchdog; the default) or ``session`` (``pg_try_advisory_lock`` on a connection held
 #: for the run, freed by the server when that connection dies; not behind PgBouncer in transaction mode).
@@ -157,6 +157,10 @@ KEY_IDEMPOTENT: Final = "idem:{key}"
 KEY_LOCK_DONE: Final = "lock-done:{key}:{identity}"
 #: A unique task's key (``SafeTask`` option ``unique=``): hash of the holder task id, state, stored flag.
 KEY_UNIQUE: Final = "unique:{key}"
+#: A ``rate_limit`` key's sliding log: the start times of the calls admitted within the last period.
+KEY_RATE: Final = "rate:{key}"
+#: ``concurrency_limit`` slot ``n`` of a key is the overlap lock ``<key>#<n>`` (its own fence counter).
+SLOT_KEY: Final = "{key}#{slot}"
 
 #: How long a fired-slot marker is kept (seconds): 7 days.
 FIRED_SLOT_TTL: Final = 7 * 86400
@@ -381,6 +385,17 @@ HEADER_UNIQUE: Final = "safe_time_unique"
 #: ``retry()`` copies custom headers but is a new delivery) and the lock tokens earlier attempts
 #: sent whose reply was lost (so the copy recognises an orphaned lock as its own).
 HEADER_LOCK_ORIGIN: Final = "safe_time_lock_origin"
+#: When a ``rate_limit``ed delivery first found its limit full (epoch seconds), carried by its re-queues:
+#: the call's lateness is measured from it when the limit admits it.
+HEADER_RATE_SINCE: Final = "safe_time_rate_since"
+#: The reservation token a ``rate_limit``ed call was re-queued with (a place of its own in the key's log).
+HEADER_RATE_TOKEN: Final = "safe_time_rate_token"
+#: A reservation is re-queued to come back this many seconds before it is due and waits out the rest in
+#: the worker: the broker's delivery delay (tens of ms) would otherwise be added to every place's cycle
+#: (a limit of 20/s would give about 18/s), as the log records a call at its real start.
+RATE_LEAD: Final = 0.15
+#: At most this many such waits in the worker per delivery before it is re-queued again.
+RATE_LEAD_TRIES: Final = 3
 #: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
 LOCK_ORIGIN_MAX_TOKENS: Final = 8
 #: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a

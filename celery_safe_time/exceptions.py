@@ -49,6 +49,17 @@ class LockConflict(SafeTimeError):
         super().__init__(f"overlap lock {key!r} is held" + (f" by {holder}" if holder else ""))
 
 
+class RateLimited(SafeTimeError):
+    """Raised when a ``rate_limit``ed call is over its limit where it cannot be delayed (a direct or
+    eager call; in a worker the call is re-queued instead). ``wait``: seconds until the limit frees."""
+
+    def __init__(self, key: str, wait: float, rate: str) -> None:
+        self.key = key
+        self.wait = wait
+        self.rate = rate
+        super().__init__(f"rate limit {key!r} ({rate}) is full; a place frees in {wait:.3f}s")
+
+
 class UniqueConflict(SafeTimeError):
     """Raised when a unique task's key is held by another queued or running copy and
     ``unique_on_conflict="raise"``; ``holder`` is that copy's task id, ``state`` where it is."""

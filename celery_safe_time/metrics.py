@@ -67,7 +67,17 @@ _COUNTERS: tuple[tuple[str, str, Any, str | None], ...] = (
     ),
     ("safe_time_overlap_locks_lost_total", "Overlap locks lost while running.", signals.overlap_lock_lost, None),
     ("safe_time_idempotent_skipped_total", "Idempotent runs skipped.", signals.idempotent_skipped, None),
+    (
+        "safe_time_rate_limited_total",
+        "Calls re-queued to a later place because their rate limit was full.",
+        signals.rate_limited,
+        "task_name",
+    ),
 )
+
+#: How late rate-limited calls start: seconds from first finding the limit full to being admitted.
+RATE_LATENESS = "safe_time_rate_limit_lateness_seconds"
+_LATENESS_BUCKETS = (0.0, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0, 3600.0)
 
 _counters: dict[str, Any] = {}
 _receivers: list[tuple[Any, Any]] = []
@@ -91,6 +101,20 @@ def enable_metrics(registry: Any = None) -> dict[str, Any]:
         signal.connect(receiver, weak=False)
         _receivers.append((signal, receiver))
         _counters[name] = counter
+    histogram = prometheus_client.Histogram(
+        RATE_LATENESS,
+        "Seconds a rate-limited call waited for its place (0 for calls admitted at once).",
+        ["task_name"],
+        buckets=_LATENESS_BUCKETS,
+        **kwargs,
+    )
+
+    def observe(sender: Any = None, **fields: Any) -> None:
+        histogram.labels(str(fields.get("task_name") or "unknown")).observe(float(fields.get("lateness") or 0.0))
+
+    signals.rate_limit_admitted.connect(observe, weak=False)
+    _receivers.append((signals.rate_limit_admitted, observe))
+    _counters[RATE_LATENESS] = histogram
     logger.debug("celery-safe-time metrics enabled (%d counters)", len(_counters))
     return dict(_counters)
 

@@ -23,6 +23,8 @@ __all__ = [
     "idempotent_unrecorded",
     "overlap_conflict",
     "overlap_lock_lost",
+    "rate_limit_admitted",
+    "rate_limited",
     "unique_conflict",
 ]
 
@@ -59,3 +61,12 @@ idempotent_skipped = Signal(name="idempotent_skipped", providing_args={"key", "t
 idempotent_unrecorded = Signal(name="idempotent_unrecorded", providing_args={"key", "task_id", "error"})
 #: A unique task was not queued because its key was held. kwargs: key, task_id (the holder), state.
 unique_conflict = Signal(name="unique_conflict", providing_args={"key", "task_id", "state"})
+#: A ``rate_limit``ed call found its limit full and was re-queued to when it frees. kwargs: key, task_id,
+#: task_name, wait (seconds until the limit frees), countdown (the re-queue's, jitter included).
+rate_limited = Signal(name="rate_limited", providing_args={"key", "task_id", "task_name", "wait", "countdown"})
+#: A ``rate_limit``ed call was admitted. kwargs: key, task_id, task_name, lateness (seconds since it
+#: first found its limit full; 0.0 when it never did), started_at (its start as the limit recorded it:
+#: epoch seconds on the lock backend's clock).
+rate_limit_admitted = Signal(
+    name="rate_limit_admitted", providing_args={"key", "task_id", "task_name", "lateness", "started_at"}
+)

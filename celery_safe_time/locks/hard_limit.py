@@ -106,28 +106,39 @@ def _release_after_hard_limit(
     bound = inspect.ismethod(sender.run)
     for lock in locks_of(sender):
         try:
-            key = lock.lock_key_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
+            # A concurrency limit's call holds one of several slot keys: each is a lock of its own.
+            keys = lock.held_keys_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
             store = get_lock_backend(sender.app)
-            record = store.holder_record(key)
         except Exception as exc:
             logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)
             continue
-        if record is None:
-            continue
-        token, holder, host, pid = record
-        if token is None or holder != task_id or host != _HOST or pid is None or pid == os.getpid():
-            continue
-        # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).
-        with _handled_lock:
-            if token in _handled:
-                continue
-            _handled.append(token)
-        threading.Thread(
-            target=_release_when_dead,
-            args=(store, key, token, pid, task_id),
-            name="safe-time-hard-limit-release",
-            daemon=True,
-        ).start()
+        for key in keys:
+            _release_key_after_hard_limit(store, key, task_id, sender.name)
+
+
+def _release_key_after_hard_limit(store: Any, key: str, task_id: str, task_name: str) -> None:
+    """Free ``key`` once the killed child is gone, if that child (``task_id`` in this host's pool) holds it."""
+    try:
+        record = store.holder_record(key)
+    except Exception as exc:
+        logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", task_name, task_id, exc)
+        return
+    if record is None:
+        return
+    token, holder, host, pid = record
+    if token is None or holder != task_id or host != _HOST or pid is None or pid == os.getpid():
+        return
+    # Celery 5.7 sends task_failure twice for one hard time limit (pool callback and request).
+    with _handled_lock:
+        if token in _handled:
+            return
+        _handled.append(token)
+    threading.Thread(
+        target=_release_when_dead,
+        args=(store, key, token, pid, task_id),
+        name="safe-time-hard-limit-release",
+        daemon=True,
+    ).start()
 
 
 def _pid_alive(pid: int) -> bool:

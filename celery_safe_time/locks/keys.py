@@ -76,6 +76,13 @@ class KeyBuilder:
         arguments.apply_defaults()
         return arguments
 
+    def call_with(
+        self, spec: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool
+    ) -> Any:
+        """``spec`` called with one call's arguments as a key callable is (by name, defaults applied)."""
+        arguments = self.arguments(args, kwargs, bound=bound)
+        return spec(**by_name(arguments)) if self._by_name else spec(*arguments.args, **arguments.kwargs)
+
     def render(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool) -> str:
         """The key for one call; raises ``TypeError`` when the arguments do not fit the function."""
         names = self._plain_names.get(bound) if isinstance(self.spec, str) else None

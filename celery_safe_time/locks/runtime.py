@@ -235,7 +235,14 @@ def done_ttl(config: SafeTimeConfig) -> float:
     return ttl
 
 
-def requeue(call: Call, countdown: float, exc: SafeTimeError, *, backend_down_since: float | None = None) -> NoReturn:
+def requeue(
+    call: Call,
+    countdown: float,
+    exc: SafeTimeError,
+    *,
+    backend_down_since: float | None = None,
+    extra_headers: dict[str, Any] | None = None,
+) -> NoReturn:
     """Send the same message again in ``countdown`` seconds and end this run as RETRY.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
@@ -253,6 +260,8 @@ def requeue(call: Call, countdown: float, exc: SafeTimeError, *, backend_down_si
         headers.pop(C.HEADER_LOCK_REDIS_DOWN, None)  # the backend answered: the next outage starts over
     # The copy is a new publish (a new attempt token): say which delivery it continues.
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
+    if extra_headers:
+        headers.update(extra_headers)
     sig = task.signature_from_request(request, countdown=routable_countdown(task.app, countdown), headers=headers)
     try:
         sig.apply_async()
@@ -571,6 +580,11 @@ class TaskLock:
     def lock_key_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, bound: bool) -> str:
         """The lock key (without prefix) of a call; ``args`` exclude the task instance."""
         return self.namespace + self.builder.render(args, kwargs, bound=bound)
+
+    def held_keys_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, bound: bool) -> tuple[str, ...]:
+        """The lock keys a call may hold (one here; a concurrency limit's slots): the hard-time-limit
+        release looks at each."""
+        return (self.lock_key_for(args, kwargs, bound=bound),)
 
     def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = resolve_call(args, kwargs)

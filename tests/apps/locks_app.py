@@ -19,9 +19,10 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from celery_safe_time import idempotent, overlap_lock, signals
+from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit, signals
 from celery_safe_time.exceptions import LockLost
-from celery_safe_time.locks import current_fence
+from celery_safe_time.locks import current_fence, current_lock
+from celery_safe_time.messages.requeue import message_header
 from tests.apps.settings import configure
 
 app = configure(Celery("locks_app"))
@@ -61,6 +62,11 @@ def _on_signal(name: str) -> Any:
 signals.overlap_conflict.connect(_on_signal("overlap_conflict"), weak=False)
 signals.overlap_lock_lost.connect(_on_signal("overlap_lock_lost"), weak=False)
 signals.idempotent_skipped.connect(_on_signal("idempotent_skipped"), weak=False)
+signals.rate_limit_admitted.connect(_on_signal("rate_limit_admitted"), weak=False)
+signals.rate_limited.connect(_on_signal("rate_limited"), weak=False)
+
+RATE = os.environ.get("SAFE_TIME_TEST_RATE", "20/s")
+RATED = "test:locks:rated"
 
 
 @app.task(bind=True, name="locks.sync")
@@ -228,3 +234,25 @@ def forgetful_invoice(self, key: str) -> str:  # type: ignore[no-untyped-def]
     _redis.script_flush()
     record("forgetful_invoice", key, self.request.id, time.time())
     return "ran"
+
+
+@app.task(bind=True, name="locks.rated")
+@rate_limit("rated:{key}", RATE)
+def rated(self, key: str, n: int) -> int:  # type: ignore[no-untyped-def]
+    """Records its start (``test:locks:rated``) as its first act: the rate is about starts."""
+    at = time.time()
+    requeues = message_header(self.request, "safe_time_requeues") or 0
+    _redis.rpush(RATED, json.dumps({"at": at, "key": key, "n": n, "task_id": self.request.id, "requeues": requeues}))
+    return n
+
+
+@app.task(bind=True, name="locks.slots")
+@concurrency_limit("slots:{key}", limit=3, ttl=TTL, on_conflict="retry", retry_after=RETRY_AFTER)
+def slots(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    started = time.time()
+    held = current_lock()
+    assert held is not None
+    _redis.set(f"test:locks:started:{self.request.id}", started)
+    time.sleep(seconds)
+    record("slots", key, self.request.id, started, fence=held.fence, slot=held.key)
+    return held.key

@@ -24,6 +24,7 @@ from ... import constants as C
 from ...config import SafeTimeConfig
 from ...exceptions import CoordinationUnavailable
 from ...redis_client import as_text
+from ..rates import Rate, RateTaken
 from ..redis_wire import Settle, settle_with
 
 AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
@@ -157,6 +158,9 @@ class LockBackend(abc.ABC):
 
     def unique_key(self, key: str) -> str:
         return self.config.key(C.KEY_UNIQUE, key=key)
+
+    def rate_key(self, key: str) -> str:
+        return self.config.key(C.KEY_RATE, key=key)
 
     def user_key(self, redis_key: str) -> str:
         """``<prefix>lock:<key>`` (``<prefix>lock:{<key>}`` on a cluster) -> ``<key>``."""
@@ -293,6 +297,13 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def force_release_unique(self, key: str) -> LockInfo | None:
         """Delete the unique ``key`` whoever holds it (operator action); returns what was released."""
+
+    # --- rate limits ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
+        """Admit one call of the ``rate_limit`` ``key`` under ``rate`` (:func:`..rates.take`'s sliding
+        log, on the backend's clock), or reserve it the first free place and say in how many seconds
+        it is due; ``token`` is the call's reservation (a new one for a first attempt)."""
 
     # --- operator view ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 from ... import constants as C
 from ...config import SafeTimeConfig
+from ..rates import Rate, RateTaken, take
 from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, renamed
 
 
@@ -59,6 +60,7 @@ class MemoryLockBackend(LockBackend):
         self._markers: dict[str, tuple[float, str, str]] = {}  # marker key -> (expires, task id, token)
         self._done: dict[str, float] = {}  # finished-delivery key -> expires
         self._unique: dict[str, _Unique] = {}  # unique task key -> holder
+        self._rates: dict[str, list[tuple[float, str]]] = {}  # rate key -> (start or due time, member)
 
     def _live(self, key: str) -> _Lock | None:
         lock = self._locks.get(key)
@@ -283,6 +285,11 @@ class MemoryLockBackend(LockBackend):
         """Whether an ``idempotent`` key has run (its marker is within its window)."""
         with self._mutex:
             return self._alive(self._markers, self.marker_key(key))
+
+    # --- rate limits (``rate_take.lua``) ------------------------------------------------------------
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
+        with self._mutex:
+            return take(self._rates.setdefault(self.rate_key(key), []), self._clock(), rate, token, reserve=reserve)
 
 
 #: Deprecated names (old -> current); each warns when used.

@@ -52,6 +52,7 @@ from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import CoordinationUnavailable
+from ..rates import Rate, RateTaken
 from . import postgres_sql
 from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms, renamed
 from .postgres_sql import QUERIES
@@ -97,7 +98,8 @@ _UNIQUE_INFO = sa.text(QUERIES["unique_info"])
 _UNIQUE_SCAN = sa.text(QUERIES["unique_scan"])
 _UNIQUE_FORCE = sa.text(QUERIES["unique_force_release"])
 _MARKER_LIVE = sa.text(QUERIES["marker_live"])
-_PURGE = [sa.text(QUERIES[name]) for name in ("purge_markers", "purge_unique", "purge_locks")]
+_PURGE = [sa.text(QUERIES[name]) for name in ("purge_markers", "purge_unique", "purge_rates", "purge_locks")]
+_RATE_TAKE = sa.text(QUERIES["rate_take"])
 _TABLES_PRESENT = sa.text(QUERIES["tables_present"])
 _HELD_COUNT = sa.text(QUERIES["held_count"])
 
@@ -468,6 +470,18 @@ class PostgresLockBackend(LockBackend):
             stored=bool(held_stored),
             ttl_left=ms_left / 1000.0 if ms_left is not None and ms_left >= 0 else None,
         )
+
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
+        params = {
+            "name": self.rate_key(key),
+            "token": token,
+            "limit": rate.limit,
+            "period_us": max(1, int(rate.period * 1_000_000)),
+            "reserve": reserve,
+        }
+        admitted, count, wait_us, at = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
+        self._maybe_purge()
+        return RateTaken(bool(admitted), int(wait_us) / 1_000_000, int(count), float(at))
 
     def unique_release(self, key: str, task_id: str) -> bool:
         params = {"name": self.unique_key(key), "task_id": task_id}

@@ -24,6 +24,7 @@ from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import RedisUnavailable
 from ...redis_client import as_text, load_script
+from ..rates import Rate, RateTaken
 from ..redis_wire import LeanLink, LeanScript, Settle
 from .base import (
     Acquired,
@@ -39,7 +40,7 @@ from .base import (
 )
 
 #: The scripts live in ``celery_safe_time/locks/lua/`` (package data of ``celery_safe_time.locks``).
-SCRIPTS = ("acquire", "renew", "release", "commit", "unique_acquire", "unique_release")
+SCRIPTS = ("acquire", "renew", "release", "commit", "unique_acquire", "unique_release", "rate_take")
 SCRIPT_PACKAGE = "celery_safe_time.locks"
 
 
@@ -70,6 +71,7 @@ class RedisLockBackend(LockBackend):
         self._acquire = LeanScript(client, sources["acquire"], link)
         self._release = LeanScript(client, sources["release"], link)
         self._commit = LeanScript(client, sources["commit"], link)
+        self._rate_take = LeanScript(client, sources["rate_take"], link)
         plain = ("renew", "unique_acquire", "unique_release")
         scripts = {name: client.register_script(sources[name]) for name in plain}
         self._renew = scripts["renew"]
@@ -188,6 +190,12 @@ class RedisLockBackend(LockBackend):
         if token is None:
             return None
         return token, task_id, host, as_int(pid)
+
+    def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
+        reply = self._rate_take(
+            keys=[self.rate_key(key)], args=[token, rate.limit, max(1, int(rate.period * 1_000_000)), int(reserve)]
+        )
+        return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]), float(as_text(reply[3]) or 0))
 
     def describe(self) -> str:
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"

@@ -12,7 +12,7 @@
 -- Schema: whether this database has the current functions (ensure_schema creates them when not),
 -- and the transaction lock that serialises their creation between processes.
 -- name: schema_present
-SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL
+SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL AND to_regproc('safe_time_rate_take_v1') IS NOT NULL
 
 -- name: schema_lock
 SELECT pg_advisory_xact_lock(:key)
@@ -122,6 +122,14 @@ DELETE FROM safe_time_lock_marker WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_t
 -- name: purge_unique
 DELETE FROM safe_time_unique WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_unique
     WHERE expires_at < now() LIMIT 1000))
+
+-- name: purge_rates
+DELETE FROM safe_time_rate WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_rate
+    WHERE expires_at < now() LIMIT 1000))
+
+-- Returns (admitted, entries, wait in microseconds, the database clock in epoch seconds).
+-- name: rate_take
+SELECT * FROM safe_time_rate_take_v1(:name, :token, :limit, :period_us, :reserve)
 
 -- name: purge_locks
 DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock

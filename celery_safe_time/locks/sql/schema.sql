@@ -373,3 +373,82 @@ BEGIN
         END IF;
     END LOOP;
 END $$
+
+-- rate_limit's sliding logs: one row per admitted call (<prefix>rate:<key>, member "<token>@<start>")
+-- or reservation (member "<token>", a call due later) for one period after its time; the rows of a
+-- key are trimmed by its next call, the others by the purge.
+-- name: rate
+CREATE TABLE IF NOT EXISTS safe_time_rate (
+    name text NOT NULL,
+    member text NOT NULL,
+    at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (name, member)
+)
+
+-- name: rate_at
+CREATE INDEX IF NOT EXISTS safe_time_rate_at ON safe_time_rate (name, at)
+
+-- name: rate_expires
+CREATE INDEX IF NOT EXISTS safe_time_rate_expires ON safe_time_rate (expires_at)
+
+-- The rules of rate_take.lua (celery_safe_time/locks/rates.py): admit the call while fewer than
+-- p_limit calls of p_name started within the last period, else reserve it the first place that frees
+-- after every earlier reservation. Calls of one key take turns on a transaction lock and each reads
+-- the clock once it holds it. Returns (admitted, entries, wait in microseconds, its clock in epoch seconds).
+-- name: rate_take_v1
+CREATE OR REPLACE FUNCTION safe_time_rate_take_v1(p_name text, p_token text, p_limit integer, p_period_us bigint,
+    p_reserve boolean, OUT admitted boolean, OUT used integer, OUT wait_us bigint, OUT at_epoch double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    period interval := p_period_us * interval '1 microsecond';
+    t timestamptz;
+    own timestamptz;
+    due timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
+    t := clock_timestamp();
+    at_epoch := extract(epoch FROM t);
+    DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t - period;
+    admitted := false;
+    SELECT r.at INTO own FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
+    IF FOUND THEN
+        IF own > t THEN
+            SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
+            wait_us := ceil(extract(epoch FROM own - t) * 1000000)::bigint;
+            RETURN;
+        END IF;
+        DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
+        -- Due: admitted if fewer than p_limit calls started within the period before now.
+        SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t;
+        admitted := used < p_limit;
+        IF NOT admitted THEN
+            -- A call ahead started late and the window is still full: keep the place in line, due
+            -- again when the start that blocks it ages out.
+            SELECT r.at + period INTO due FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t
+            ORDER BY r.at OFFSET used - p_limit LIMIT 1;
+            INSERT INTO safe_time_rate (name, member, at, expires_at) VALUES (p_name, p_token, due, due + period);
+            SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
+            wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
+            RETURN;
+        END IF;
+    END IF;
+    SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
+    IF admitted OR used < p_limit THEN
+        INSERT INTO safe_time_rate (name, member, at, expires_at)
+        VALUES (p_name, p_token || '@' || extract(epoch FROM t)::text, t, t + period)
+        ON CONFLICT DO NOTHING;
+        admitted := true; used := used + 1; wait_us := 0;
+        RETURN;
+    END IF;
+    -- The first instant a place frees after every reservation: the entry p_limit places from the end ages out.
+    SELECT r.at + period INTO due FROM safe_time_rate r WHERE r.name = p_name
+    ORDER BY r.at OFFSET used - p_limit LIMIT 1;
+    wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
+    IF NOT p_reserve THEN
+        RETURN;
+    END IF;
+    INSERT INTO safe_time_rate (name, member, at, expires_at) VALUES (p_name, p_token, due, due + period)
+    ON CONFLICT (name, member) DO UPDATE SET at = EXCLUDED.at, expires_at = EXCLUDED.expires_at;
+    used := used + 1;
+END $$

@@ -1,4 +1,5 @@
-"""``@overlap_lock`` / ``@idempotent`` stacked above ``@app.task`` fail at decoration, naming the right order."""
+"""``@overlap_lock``, ``@idempotent``, ``@rate_limit`` and ``@concurrency_limit`` stacked above ``@app.task``
+fail at decoration, naming the right order."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_safe_time import idempotent, overlap_lock
+from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit
 from celery_safe_time.exceptions import DecoratorOrderError, SafeTimeError
 
 DECORATORS: list[tuple[str, Callable[[], Callable[[Any], Any]]]] = [
     ("overlap_lock", lambda: overlap_lock("sync:{account_id}")),
     ("idempotent", lambda: idempotent("sync:{account_id}")),
+    ("rate_limit", lambda: rate_limit("sync:{account_id}", "10/s")),
+    ("concurrency_limit", lambda: concurrency_limit("sync:{account_id}", limit=3)),
 ]
 
 

@@ -20,7 +20,14 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
     names = list(schema)
     assert names.index("lock") < names.index("fence") < names.index("acquire_v2")
     created = " ".join(schema.values())
-    for table in ("safe_time_lock", "safe_time_lock_marker", "safe_time_unique", "safe_time_lock_boot"):
+    assert names.index("rate") < names.index("rate_take_v1")
+    for table in (
+        "safe_time_lock",
+        "safe_time_lock_marker",
+        "safe_time_unique",
+        "safe_time_lock_boot",
+        "safe_time_rate",
+    ):
         assert f"CREATE TABLE IF NOT EXISTS {table} (" in created
     called = set(re.findall(r"\b(safe_time_\w+_v\d+)\(", " ".join(postgres_sql.QUERIES.values())))
     assert called == {
@@ -28,6 +35,7 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
         "safe_time_lock_release_v2",
         "safe_time_lock_commit_v2",
         "safe_time_unique_acquire_v2",
+        "safe_time_rate_take_v1",
     }
     for function in called:
         assert f"CREATE OR REPLACE FUNCTION {function}(" in created

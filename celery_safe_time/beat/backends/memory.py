@@ -299,6 +299,20 @@ class MemoryBeatBackend(BeatBackend):
     def slot_fired(self, name: str, slot: float) -> bool:
         return (name, slot_id(slot)) in self.data.fired
 
+    def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
+        d = self.data
+        with d.mutex:
+            d.check()
+            out = []
+            for slot in slots:
+                key = (name, slot_id(slot))
+                expiry = d.fired.get(key)
+                fresh = expiry is None or expiry <= d.now()
+                if fresh:
+                    d.fired[key] = d.now() + 7 * 86400
+                out.append(fresh)
+            return out
+
     def prune_fired(self, token: str) -> int:
         d = self.data
         with d.mutex:

@@ -14,8 +14,8 @@ from celery.signals import before_task_publish
 
 from celery_safe_time import constants as C
 from celery_safe_time.beat import entries as beat_entries
-from celery_safe_time.beat.backfill import backfill, backfill_slots
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.beat.backfill import backfill, backfill_slots
 from celery_safe_time.beat.slots import CronGrid, IntervalGrid
 from celery_safe_time.beat.state import dump_state
 from celery_safe_time.exceptions import ScheduleError

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 import redis
 
 from tests.helpers.beat import BEAT_APP, beat_env, duplicates, runs
-from tests.helpers.processes import ProcessManager, wait_for
+from tests.helpers.processes import ROOT, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +66,30 @@ def test_a_backfill_of_24_hourly_slots_publishes_24_then_none(
     recorded = runs(redis_client, "hourly")
     assert sorted(_slot(r) for r in recorded) == [(start + timedelta(hours=h)).timestamp() for h in range(-1, 24)]
     assert all(r["headers"]["safe_time_backfill"].startswith("backfill:") for r in recorded)
+
+
+def test_three_concurrent_backfills_of_one_range_publish_each_slot_once(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    env = beat_env(SCHEDULE, **coordination)
+    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    start = end - timedelta(hours=24)
+    cmd = [sys.executable, "-m", "celery", "-A", BEAT_APP, "safe-time", "beat", "backfill", "hourly"]
+    cmd += ["--from", start.isoformat(), "--to", end.isoformat(), "--json"]
+    full_env = {**os.environ, **processes.env, **env, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    published = [json.loads(out)["published"] for out, _ in outputs]
+    every = [slot for one in published for slot in one]
+    assert sorted(every) == [(start + timedelta(hours=h)).isoformat() for h in range(24)], published
+    processes.worker(BEAT_APP, env=env, name="worker")
+    wait_for(lambda: len(runs(redis_client, "hourly")) >= 24, 60, message="24 runs")
+    time.sleep(1)  # a duplicate would be recorded by now
+    assert len(runs(redis_client, "hourly")) == 24
+    assert duplicates(redis_client) == {}
 
 
 def test_bad_input_is_refused_with_a_clear_error(processes: ProcessManager, coordination: dict[str, Any]) -> None:

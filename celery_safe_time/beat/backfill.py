@@ -113,20 +113,22 @@ def backfill(
     """
     start, end = _aware(start, "start"), _aware(end, "end")
     if end <= start:
-        raise ScheduleError(f"backfill of {name!r}: --to {end.isoformat()} is not after --from {start.isoformat()}")
+        raise ScheduleError(
+            f"backfill of {name!r}: the end {end.isoformat()} is not after the start {start.isoformat()}"
+        )
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ScheduleError(f"backfill of {name!r}: the limit must be a positive number of slots, got {limit!r}")
     store = _Store(app)
     now = store.backend.clock.time()
     if end.timestamp() > now:
         raise ScheduleError(
-            f"backfill of {name!r}: --to {end.isoformat()} is in the future (now {to_datetime(now).isoformat()}); "
+            f"backfill of {name!r}: the end {end.isoformat()} is in the future (now {to_datetime(now).isoformat()}); "
             "backfill publishes past slots only"
         )
     oldest = now - C.BEAT_BACKFILL_HORIZON
     if start.timestamp() < oldest:
         raise ScheduleError(
-            f"backfill of {name!r}: --from {start.isoformat()} is before {to_datetime(oldest).isoformat()}: "
+            f"backfill of {name!r}: the start {start.isoformat()} is before {to_datetime(oldest).isoformat()}: "
             f"fired slots are remembered {C.FIRED_SLOT_TTL // 86400} days, so older ones cannot be told "
             "fired or not"
         )

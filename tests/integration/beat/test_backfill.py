@@ -97,7 +97,7 @@ def test_bad_input_is_refused_with_a_clear_error(processes: ProcessManager, coor
     now = datetime.now(UTC).replace(microsecond=0)
     backwards = _backfill(processes, env, "hourly", now, now - timedelta(hours=1))
     assert backwards.returncode == 1
-    assert "is not after --from" in backwards.stderr
+    assert "is not after the start" in backwards.stderr
     unknown = _backfill(processes, env, "nope", now - timedelta(hours=1), now)
     assert unknown.returncode == 1
     assert "no beat entry 'nope'" in unknown.stderr

@@ -105,7 +105,7 @@ def test_an_interval_entry_is_backfilled_on_the_grid_the_leader_planned(app: Cel
 
 def test_bad_input_is_refused_by_name(app: Celery, data: MemoryBeatData) -> None:
     hour = dt.timedelta(hours=1)
-    with pytest.raises(ScheduleError, match="is not after --from"):
+    with pytest.raises(ScheduleError, match="is not after the start"):
         backfill("hourly", NOW - hour, NOW - hour, app=app)
     with pytest.raises(ScheduleError, match="no beat entry 'nope'"):
         backfill("nope", NOW - hour, NOW, app=app)

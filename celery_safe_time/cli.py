@@ -282,7 +282,7 @@ def _print_tree(data: Any, indent: int) -> None:
 
 @safe_time.group(name="beat")
 def beat_group() -> None:
-    """Beat entries: list and show every entry; add, remove, pause, resume and run runtime ones."""
+    """Beat entries: list and show every entry; add, remove, pause, resume and run runtime ones; backfill."""
 
 
 def _entry_errors() -> tuple[type[Exception], ...]:
@@ -497,6 +497,43 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
             sys.exit(1)
         time.sleep(0.1)
     click.echo(f"{name}: published slot {slot.isoformat()}")
+
+
+def _instant(text: str, hint: str) -> Any:
+    """An ISO 8601 instant (naive = UTC) given on the command line."""
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected an ISO 8601 instant", param_hint=hint) from None
+
+
+@beat_group.command(name="backfill", cls=CeleryCommand)
+@click.argument("name")
+@click.option("--from", "start", required=True, help="First instant of the range, ISO 8601 (naive = UTC).")
+@click.option("--to", "end", required=True, help="End of the range (excluded), ISO 8601 (naive = UTC), not after now.")
+@click.option(
+    "--max", "limit", type=click.IntRange(min=1), default=C.BEAT_BACKFILL_MAX, show_default=True,
+    help="Refuse a range with more slots than this (nothing is published then).",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def beat_backfill(ctx: click.Context, name: str, start: str, end: str, limit: int, as_json: bool) -> None:
+    """Publish every slot of NAME in [--from, --to) that was not fired, each at most once (a slot the
+    leader or another backfill published is not published again)."""
+    from .beat.backfill import backfill
+
+    try:
+        published = backfill(name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit)
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        _dump({"entry": name, "published": [slot.isoformat() for slot in published]})
+        return
+    for slot in published:
+        click.echo(f"{name}: published slot {slot.isoformat()}")
+    click.echo(f"{name}: {len(published)} slot(s) published")
 
 
 @beat_group.command(name="import-redbeat", cls=CeleryCommand)

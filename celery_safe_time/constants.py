@@ -171,6 +171,8 @@ BEAT_PRUNE_INTERVAL: Final = 3600.0
 # === message headers ==========================================================
 HEADER_SLOT: Final = "safe_time_slot"
 HEADER_EPOCH: Final = "safe_time_epoch"
+#: On a slot published by ``beat backfill`` (in place of ``HEADER_EPOCH``): that backfill's id.
+HEADER_BACKFILL: Final = "safe_time_backfill"
 HEADER_STORED: Final = "safe_time_stored"
 #: The stored row's delivery token: new on every insert and reschedule, the same on every publish of it.
 HEADER_DELIVERY: Final = "safe_time_delivery"
@@ -196,6 +198,15 @@ BEAT_HEAD_WINDOW: Final = 2.0 * BEAT_TICK_CAP
 BEAT_RENEW_TIMEOUT: Final = 10.0
 #: Most slots walked through when catching up one entry after downtime.
 BEAT_CATCHUP_SCAN_LIMIT: Final = 100_000
+#: Most slots one ``backfill`` call publishes (``--max``): a wider range is refused, naming its count.
+BEAT_BACKFILL_MAX: Final = 1000
+#: Slots a backfill claims (marks fired) per round trip before publishing them: a backfill stopped
+#: half way loses at most this many claimed and unpublished slots.
+BEAT_BACKFILL_BATCH: Final = 100
+#: How far back (seconds) a backfill reaches: a fired-slot marker lives FIRED_SLOT_TTL from when it was
+#: written, so a slot within this of now still has its marker if it fired (two prune intervals to
+#: spare: the backfill's own run and PostgreSQL's prune round).
+BEAT_BACKFILL_HORIZON: Final = FIRED_SLOT_TTL - 2 * BEAT_PRUNE_INTERVAL
 #: Entries shown by ``celery safe-time status``.
 BEAT_STATUS_ENTRIES: Final = 50
 #: Format version written into every runtime entry definition (``"format": 1``).

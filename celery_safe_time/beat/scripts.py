@@ -18,7 +18,7 @@ from ..redis_client import load_script
 __all__ = ["SCRIPTS", "BeatScripts", "beat_scripts"]
 
 #: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
-#: (called by any process, not only by beats) the others.
+#: and backfills (called by any process, not only by beats) the others.
 SCRIPTS = (
     "acquire",
     "renew",
@@ -34,6 +34,7 @@ SCRIPTS = (
     "prune",
     "swap_entry",
     "mark_applied",
+    "claim_slots",
 )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...clock import ServerClock
 from ...config import SafeTimeConfig
+from ...exceptions import SafeTimeError
 
 #: (member, score) pairs: entry names and their next fire time.
 Scored = list[tuple[str, float]]
@@ -251,6 +252,13 @@ class BeatBackend(abc.ABC):
     @abc.abstractmethod
     def slot_fired(self, name: str, slot: float) -> bool:
         """Whether ``name``'s ``slot`` was published (its fired-slot record exists)."""
+
+    def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
+        """Mark ``name``'s ``slots`` fired without the lease (a backfill): per slot True when this
+        call marked it (publish it), False when it was fired already. ``marker`` is new per call and
+        written in each record: the same call run again (its reply lost) still answers True for the
+        slots it marked. Not abstract: a backend written for an earlier version still loads."""
+        raise SafeTimeError(f"the {self.label} beat backend cannot backfill (no claim_slots)")
 
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:

@@ -34,6 +34,8 @@ class MemoryBeatData:
     epoch: int = 0
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     fired: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    #: the marker a backfill claimed a fired slot with (a retried claim finds its own)
+    claimed: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     states: dict[str, str] = dataclasses.field(default_factory=dict)
     due: dict[str, float] = dataclasses.field(default_factory=dict)
     #: set True to make every call raise :class:`MemoryUnavailable` (an outage)
@@ -298,6 +300,21 @@ class MemoryBeatBackend(BeatBackend):
 
     def slot_fired(self, name: str, slot: float) -> bool:
         return (name, slot_id(slot)) in self.data.fired
+
+    def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
+        d = self.data
+        with d.mutex:
+            d.check()
+            out = []
+            for slot in slots:
+                key = (name, slot_id(slot))
+                expiry = d.fired.get(key)
+                fresh = expiry is None or expiry <= d.now()
+                if fresh:
+                    d.fired[key] = d.now() + 7 * 86400
+                    d.claimed[key] = marker
+                out.append(fresh or d.claimed.get(key) == marker)
+            return out
 
     def prune_fired(self, token: str) -> int:
         d = self.data

@@ -580,6 +580,21 @@ class PostgresBeatBackend(BeatBackend):
             ).first()
         return row is not None
 
+    def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
+        if not slots:
+            return []
+        self.ensure_tables()
+        ids = [int(slot_id(slot)) for slot in slots]
+        claimed = asked_again_if_broken(
+            self.autocommit,
+            lambda conn: {int(row[0]) for row in conn.execute(
+                _QUERIES["claim_slots"], self._p(entry=name, slots=ids, marker=marker)
+            )},
+            logging.WARNING,
+            "beat: the PostgreSQL connection broke during a backfill claim (%s); asking again",
+        )  # fmt: skip
+        return [slot_ms in claimed for slot_ms in ids]
+
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:
         """Delete fired-slot rows older than ``FIRED_SLOT_TTL`` (leader only: the lease is checked)."""

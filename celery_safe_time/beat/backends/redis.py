@@ -288,6 +288,13 @@ class RedisBeatBackend(BeatBackend):
     def slot_fired(self, name: str, slot: float) -> bool:
         return bool(self.client.exists(self.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot))))
 
+    def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
+        if not slots:
+            return []
+        keys = [self.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot)) for slot in slots]
+        reply = self.scripts["claim_slots"](keys=keys, args=[int(C.FIRED_SLOT_TTL * 1000), marker])
+        return [int(v) == 1 for v in reply]
+
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

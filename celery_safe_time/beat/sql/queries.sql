@@ -220,6 +220,21 @@ INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :ent
 -- name: slot_fired
 SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms
 
+-- A backfill's claim (no lease: epoch 0): the slots this call marked, its earlier attempts' included.
+-- name: claim_slots
+WITH w AS (SELECT DISTINCT unnest(CAST(:slots AS bigint[])) AS slot_ms),
+mine AS (
+    SELECT f.slot_ms FROM safe_time_beat_fired f
+    WHERE f.ns = :ns AND f.entry = :entry AND f.marker = :marker AND f.slot_ms IN (SELECT slot_ms FROM w)
+),
+fired AS (
+    INSERT INTO safe_time_beat_fired (ns, entry, slot_ms, epoch, marker)
+    SELECT :ns, :entry, w.slot_ms, 0, :marker FROM w
+    ON CONFLICT DO NOTHING
+    RETURNING slot_ms
+)
+SELECT slot_ms FROM fired UNION SELECT slot_ms FROM mine
+
 -- name: prune_fired
 DELETE FROM safe_time_beat_fired WHERE ns = :ns
 AND fired_at < clock_timestamp() - make_interval(secs => :ttl)

@@ -89,6 +89,24 @@ def test_guard_publishes_each_slot_once_and_only_for_the_leader(backends: Callab
     assert _states(backend, ["e"]) == (["{}"], [110.0])
 
 
+def test_a_backfill_claim_marks_slots_fired_without_the_lease(backends: Callable[..., BeatBackend]) -> None:
+    backend = backends()
+    lease = backend.make_lease()
+    epoch = lease.acquire(0.0)
+    assert epoch is not None
+    assert lease.dispatch(epoch, "e", 100.0, "{}", 110.0) == 1  # the leader fired 100
+    assert backend.claim_slots("e", [100.0, 110.0, 120.0], "backfill:a") == [False, True, True]
+    # the same call asked again (its reply lost) still answers for its own slots; another does not
+    assert backend.claim_slots("e", [110.0, 120.0, 130.0], "backfill:a") == [True, True, True]
+    assert backends().claim_slots("e", [110.0, 130.0, 140.0], "backfill:b") == [False, False, True]
+    assert backend.claim_slots("e", [], "backfill:c") == []
+    # and the leader does not publish a claimed slot
+    assert lease.dispatch(epoch, "e", 140.0, "{}", 150.0) == 0
+    assert lease.dispatch_slot(epoch, "e", 120.0) == 0
+    assert backend.slot_fired("e", 130.0)
+    assert not backend.slot_fired("other", 130.0)
+
+
 def test_write_slots_in_one_batch_same_verdicts(backends: Callable[..., BeatBackend]) -> None:
     backend = backends()
     a, b = backend.make_lease(), backends().make_lease()

@@ -1,0 +1,197 @@
+"""Backfill: publish the past slots of a beat entry that were not fired, each at most once.
+
+``backfill(name, start, end)`` (``celery safe-time beat backfill NAME --from ... --to ...``) walks
+the entry's schedule over ``[start, end)`` and publishes every slot that has no fired-slot record,
+through the same record the leader's dispatch guard writes: a slot the leader fired is not published
+again, a slot the backfill published is not published by the leader (nor by a second backfill, or
+the same one run twice). No lease is needed: the record itself is the guard.
+
+Published tasks carry the ``safe_time_slot`` header like scheduled ones, and ``safe_time_backfill``
+(the backfill's id) where a scheduled one carries the leader's ``safe_time_epoch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from datetime import datetime
+from typing import Any
+
+from celery import Celery
+
+from .. import constants as C
+from ..clock import UTC, to_datetime
+from ..exceptions import ScheduleError
+from .base import stop_signals_held
+from .entries import EntryInfo, _Store, get_entry
+from .slots import NEVER, Grid, IntervalGrid, grid_for
+from .state import load_state
+
+__all__ = ["backfill", "backfill_slots"]
+
+logger = logging.getLogger(__name__)
+
+
+def _aware(value: Any, what: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise ScheduleError(f"backfill {what} must be a datetime, got {value!r}")
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _interval_anchor(grid: IntervalGrid, state: Any) -> float | None:
+    """A slot of an interval entry's grid (its anchor is where the leader first planned it): the
+    state's next slot when the state is of this grid, else its last fired slot (an edited interval
+    continues after it); None when no leader planned the entry yet."""
+    known = load_state(state)
+    nxt, last = known.get("next"), known.get("last")
+    if known.get("sig") == grid.signature() and nxt is not None:
+        return float(nxt)
+    if last is not None:
+        return float(last)
+    return None if nxt is None else float(nxt)
+
+
+def backfill_slots(grid: Grid, start: float, end: float, limit: int, anchor: float | None = None) -> list[float]:
+    """The slots of ``grid`` in ``[start, end)`` (UNIX seconds), ascending; :class:`ScheduleError`
+    naming the count when there are more than ``limit``. An interval grid needs ``anchor`` (one of
+    its slots). Pure: no backend, no clock."""
+    out: list[float] = []
+    if isinstance(grid, IntervalGrid):
+        if anchor is None:
+            raise ScheduleError("an interval entry's slots start where the beat leader first planned it")
+        step = grid.seconds
+        k, last_k = math.ceil((start - anchor) / step), math.ceil((end - anchor) / step) - 1
+        count = max(0, last_k - k + 1)
+        if count > limit:
+            raise ScheduleError(f"{count} slots in the range, more than the limit of {limit}")
+        out = [anchor + i * step for i in range(k, last_k + 1)]
+        # a float step may put a slot a hair outside the range: the range decides
+        return [slot for slot in out if start <= slot < end]
+    slot = grid.next(start - 0.001)  # the first slot at or after start (slots are whole milliseconds)
+    while slot != NEVER and slot < end:
+        if slot >= start:
+            out.append(slot)
+            if len(out) > limit:
+                more = _count(grid, slot, end, limit)
+                raise ScheduleError(f"{more} slots in the range, more than the limit of {limit}")
+        nxt = grid.next(slot)
+        if nxt <= slot:  # a schedule that does not move forward: stop rather than loop
+            break
+        slot = nxt
+    return out
+
+
+def _count(grid: Grid, slot: float, end: float, limit: int) -> str:
+    """How many slots from ``slot`` to ``end`` (counted up to a bound; "over N" beyond it)."""
+    count = limit + 1
+    bound = C.BEAT_CATCHUP_SCAN_LIMIT
+    while count < bound:
+        slot = grid.next(slot)
+        if slot == NEVER or slot >= end:
+            return str(count)
+        count += 1
+    return f"over {bound}"
+
+
+def backfill(
+    name: str,
+    start: datetime,
+    end: datetime,
+    app: Celery | None = None,
+    *,
+    limit: int = C.BEAT_BACKFILL_MAX,
+) -> list[datetime]:
+    """Publish every slot of the entry ``name`` in ``[start, end)`` that was not fired, each at most
+    once (whoever else publishes it: the leader, another backfill). Returns the slots this call
+    published, ascending.
+
+    ``start`` and ``end`` are aware datetimes (naive means UTC); ``end`` at most now, ``start`` at
+    most ``BEAT_BACKFILL_HORIZON`` ago (fired-slot records are kept ``FIRED_SLOT_TTL``: older slots
+    cannot be told fired or not). More than ``limit`` slots in the range: :class:`ScheduleError`
+    naming the count, nothing published. A paused entry is backfilled too (as ``run_now`` runs it).
+    """
+    start, end = _aware(start, "start"), _aware(end, "end")
+    if end <= start:
+        raise ScheduleError(
+            f"backfill of {name!r}: the end {end.isoformat()} is not after the start {start.isoformat()}"
+        )
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ScheduleError(f"backfill of {name!r}: the limit must be a positive number of slots, got {limit!r}")
+    store = _Store(app)
+    now = store.backend.clock.time()
+    if end.timestamp() > now:
+        raise ScheduleError(
+            f"backfill of {name!r}: the end {end.isoformat()} is in the future (now {to_datetime(now).isoformat()}); "
+            "backfill publishes past slots only"
+        )
+    oldest = now - C.BEAT_BACKFILL_HORIZON
+    if start.timestamp() < oldest:
+        raise ScheduleError(
+            f"backfill of {name!r}: the start {start.isoformat()} is before {to_datetime(oldest).isoformat()}: "
+            f"fired slots are remembered {C.FIRED_SLOT_TTL // 86400} days, so older ones cannot be told "
+            "fired or not"
+        )
+    info = get_entry(name, app=store.app)
+    if info is None:
+        raise ScheduleError(f"no beat entry {name!r}")
+    slots = _slots(store, info, start.timestamp(), end.timestamp(), limit)
+    marker = f"backfill:{uuid.uuid4().hex[:12]}"
+    published: list[datetime] = []
+    failed = 0
+    for i in range(0, len(slots), C.BEAT_BACKFILL_BATCH):
+        batch = slots[i : i + C.BEAT_BACKFILL_BATCH]
+        # a stop signal between claiming a slot and publishing it would lose the slot: held until
+        # the batch is out, as a beat tick holds it
+        with stop_signals_held():
+            claimed = store.backend.claim_slots(name, batch, marker)
+            for slot, mine in zip(batch, claimed, strict=True):
+                if not mine:
+                    continue
+                if _publish(store.app, info, slot, marker):
+                    published.append(to_datetime(slot))
+                else:
+                    failed += 1
+    logger.info(
+        "beat: backfill %s of entry %r over [%s, %s): %d slot(s), %d published, %d fired already, %d failed",
+        marker,
+        name,
+        start.isoformat(),
+        end.isoformat(),
+        len(slots),
+        len(published),
+        len(slots) - len(published) - failed,
+        failed,
+    )
+    return published
+
+
+def _slots(store: _Store, info: EntryInfo, start: float, end: float, limit: int) -> list[float]:
+    try:
+        grid = grid_for(info.schedule, store.app.timezone)
+        anchor = None
+        if isinstance(grid, IntervalGrid):
+            (state,), _, _ = store.backend.entry_rows([info.name])
+            anchor = _interval_anchor(grid, state)
+        return backfill_slots(grid, start, end, limit, anchor)
+    except ScheduleError as exc:
+        raise ScheduleError(f"backfill of {info.name!r}: {exc}") from None
+
+
+def _publish(app: Celery, info: EntryInfo, slot: float, marker: str) -> bool:
+    """Send one slot as beat sends it (the entry's options, less ours, plus the slot header); False
+    when it could not be published (logged: the slot is marked fired, so it is not sent again)."""
+    when = to_datetime(slot)
+    options = {k: v for k, v in info.options.items() if not k.startswith("safe_time_")}
+    options["headers"] = {**(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_BACKFILL: marker}
+    try:
+        task = app.tasks.get(info.task)
+        if task is not None:
+            task.apply_async(info.args, info.kwargs, **options)
+        else:
+            app.send_task(info.task, info.args, info.kwargs, **options)
+    except Exception as exc:
+        logger.error("beat: backfill of entry %r slot %s could not be published: %s", info.name, when.isoformat(), exc)
+        return False
+    logger.info("beat: backfill %s sent entry %r (%s) slot %s", marker, info.name, info.task, when.isoformat())
+    return True

@@ -16,6 +16,7 @@ from typing import Any
 import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
+from dateutil.parser import isoparse
 
 from . import constants as C
 from .checks import (
@@ -449,7 +450,7 @@ def _until(text: str | None) -> Any:
     except ValueError:
         pass
     try:
-        return dt.datetime.fromisoformat(text)
+        return isoparse(text)  # dateutil: "Z" and the other ISO 8601 forms on every Python
     except ValueError:
         raise click.BadParameter(
             f"{text!r}: an ISO 8601 instant or a number of seconds", param_hint="--until"
@@ -501,10 +502,8 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
 
 def _instant(text: str, hint: str) -> Any:
     """An ISO 8601 instant (naive = UTC) given on the command line."""
-    import datetime as dt
-
     try:
-        return dt.datetime.fromisoformat(text)
+        return isoparse(text)
     except ValueError:
         raise click.BadParameter(f"{text!r}: expected an ISO 8601 instant", param_hint=hint) from None
 

@@ -21,7 +21,7 @@ from celery_safe_time.beat.state import dump_state
 from celery_safe_time.exceptions import ScheduleError
 from celery_safe_time.schedules import crontab
 
-UTC = dt.UTC
+UTC = dt.timezone.utc
 NOW = dt.datetime(2027, 1, 15, 12, 30, tzinfo=UTC)
 
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import shutil
+import socket
 import statistics
+import subprocess
+import tempfile
+import time
 from importlib import metadata
 from typing import Any
+
+import redis
 
 
 @dataclasses.dataclass
@@ -77,3 +84,39 @@ def machine() -> dict[str, str]:
         "celery-redbeat": version("celery-redbeat"),
         "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
+
+
+class PrivateRedis:
+    """A redis-server of one benchmark's own: a free loopback port, no persistence, a temporary directory
+    (``dir``, also a place for the benchmark's worker logs); ``close`` stops it and removes the directory."""
+
+    def __init__(self, benchmark: str) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit(f"benchmarks.{benchmark} needs redis-server (apt-get install redis-server)")
+        self.dir = tempfile.mkdtemp(prefix=f"safe-time-bench-{benchmark}-")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
+
+from benchmarks.common import PrivateRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 4
@@ -37,39 +36,12 @@ WORKERS = 2
 RATE = 20
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Services:
     """A private redis-server and two workers of ``benchmarks.flow_app``."""
 
     def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("benchmarks.flow needs redis-server (apt-get install redis-server)")
-        self.dir = tempfile.mkdtemp(prefix="safe-time-bench-flow-")
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.redis_proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self.redis = PrivateRedis("flow")
+        self.dir, self.url, self.client = self.redis.dir, self.redis.url, self.redis.client
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def start_workers(self) -> None:
@@ -103,9 +75,7 @@ class _Services:
                 worker.wait(30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(worker.pid, signal.SIGKILL)
-        self.redis_proc.terminate()
-        self.redis_proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.redis.close()
 
 
 def _most_in_window(starts: list[float], window: float) -> int:

@@ -21,58 +21,30 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
+
+from benchmarks.common import PrivateRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = 4
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Services:
     """A private redis-server (locks, timings and, unless ``amqp_url``, the broker) and one worker."""
 
     def __init__(self, amqp_url: str | None = None, pg_url: str = "") -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("benchmarks.locks needs redis-server (apt-get install redis-server)")
-        self.dir = tempfile.mkdtemp(prefix="safe-time-bench-locks-")
-        self.port = _free_port()
-        self.redis_url = f"redis://127.0.0.1:{self.port}/0"
+        self.redis = PrivateRedis("locks")
+        self.dir, self.redis_url, self.client = self.redis.dir, self.redis.url, self.redis.client
         #: The broker: the redis-server, or a RabbitMQ vhost.
         self.url = amqp_url or self.redis_url
-        self.redis_proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.client = redis.Redis.from_url(self.redis_url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         self.worker: subprocess.Popen[bytes] | None = None
         self.log = Path(self.dir) / "worker.log"
         #: The PostgreSQL coordination database of the backend rows ("" : not measured).
@@ -114,10 +86,7 @@ class _Services:
             except subprocess.TimeoutExpired:
                 self.signal_worker(signal.SIGKILL)
                 self.worker.wait(10)
-        self.client.close()
-        self.redis_proc.terminate()
-        self.redis_proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.redis.close()
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:

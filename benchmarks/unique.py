@@ -22,12 +22,10 @@ import contextlib
 import importlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,52 +34,13 @@ from typing import Any
 
 import redis
 
+from benchmarks.common import PrivateRedis
+
 ROOT = Path(__file__).resolve().parents[1]
 TTL = 15.0
 PROBE = 0.25
 LIBS = ("ours", "once", "singleton")
 LIB_NAMES = {"ours": "celery-safe-time", "once": "celery-once 3.0.1", "singleton": "celery-singleton 0.3.1"}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Redis:
-    """A private redis-server: broker, results and every library's keys."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("benchmarks.unique needs redis-server (apt-get install redis-server)")
-        self.dir = tempfile.mkdtemp(prefix="safe-time-bench-unique-")
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def close(self) -> None:
-        self.client.close()
-        self.proc.terminate()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _load_app(url: str) -> ModuleType:
@@ -94,7 +53,7 @@ def _load_app(url: str) -> ModuleType:
 
 
 def _enqueue(quick: bool) -> dict[str, Any]:
-    server = _Redis()
+    server = PrivateRedis("unique")  # broker, results and every library's keys
     try:
         mod = _load_app(server.url)
         tasks = mod.TASKS
@@ -174,7 +133,7 @@ class _Worker:
 
 
 @contextlib.contextmanager
-def _worker(server: _Redis, app: Any, log: Path) -> Iterator[_Worker]:
+def _worker(server: PrivateRedis, app: Any, log: Path) -> Iterator[_Worker]:
     worker = _Worker(server.url, log)
     try:
         worker.wait_ready(app)
@@ -222,7 +181,7 @@ def _left(client: redis.Redis, pattern: str) -> list[str]:
     return sorted(k.decode() for k in client.scan_iter(match=pattern))
 
 
-def _scenario(server: _Redis, mod: ModuleType, lib: str, scenario: str, log: Path) -> dict[str, Any]:
+def _scenario(server: PrivateRedis, mod: ModuleType, lib: str, scenario: str, log: Path) -> dict[str, Any]:
     client, app, tasks = server.client, mod.app, mod.TASKS[lib]
     pattern = mod.KEY_PATTERNS[lib]
     client.flushdb()
@@ -274,7 +233,7 @@ SCENARIOS = ("kill -9 mid-task", "revoke of a queued copy", "retry (countdown 3 
 
 
 def _compare(quick: bool) -> dict[str, Any]:
-    server = _Redis()
+    server = PrivateRedis("unique")  # broker, results and every library's keys
     try:
         mod = _load_app(server.url)
         log = Path(server.dir) / "worker.log"

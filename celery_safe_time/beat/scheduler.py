@@ -582,17 +582,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 continue
             del self.pause_expiry[name]
             raw = self.runtime.get(name)
-            if raw is None:
-                continue
-            try:
-                verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, True))
-            except self.backend_errors:
-                raise
-            except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
-                logger.warning("beat: the pause of entry %r expired but it could not be resumed: %s", name, exc)
-                continue
-            if verdict > 0:
-                logger.info("beat: the pause of entry %r expired: resumed (version %s)", name, verdict)
+            if raw is not None:
+                self._store_enabled(
+                    name, raw, True, "the pause of entry %r expired: resumed", "the pause of entry %r expired but it"
+                )
 
     def _finished(self, name: str) -> None:
         """A runtime one-off has no slot left (fired, or skipped by its misfire policy): store its
@@ -602,15 +595,23 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         entry = self.schedule.get(name)
         if raw is None or entry is None or not isinstance(entry.schedule, at):
             return
+        self._store_enabled(
+            name, raw, False, "one-off entry %r has no slot left: disabled", "one-off entry %r fired but"
+        )
+
+    def _store_enabled(self, name: str, raw: Any, enabled: bool, done: str, failed: str) -> None:
+        """Compare-and-set ``name``'s loaded definition ``raw`` to ``enabled``; log ``done`` when it changed
+        (with the new version), ``failed`` when it could not be rewritten (backend errors propagate)."""
         try:
-            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, False))
+            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, enabled))
         except self.backend_errors:
             raise
         except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
-            logger.warning("beat: one-off entry %r fired but could not be disabled: %s", name, exc)
+            action = "resumed" if enabled else "disabled"
+            logger.warning("beat: " + failed + " could not be %s: %s", name, action, exc)  # noqa: G003
             return
         if verdict > 0:
-            logger.info("beat: one-off entry %r has no slot left: disabled (version %s)", name, verdict)
+            logger.info("beat: " + done + " (version %s)", name, verdict)  # noqa: G003
 
     def plan_entry(self, name: str, slot: float, now: float, on_time: float | None = None) -> list[SlotWrite]:
         """The state writes for one due entry: a dispatch per slot to publish, else one advance.

@@ -290,18 +290,9 @@ class SafeTask(Task):
                         options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold
                     )
                 )
-                if plan is None and debounced:
-                    sent.append(
-                        (
-                            index,
-                            args,
-                            kwargs,
-                            dict(options, task_id=task_id, link=link, link_error=link_error, shadow=shadow),
-                        )
-                    )
-                    continue
                 if plan is None:
-                    options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+                    if not debounced:
+                        options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
                     sent.append(
                         (
                             index,

@@ -229,7 +229,18 @@ def test_detail_page_is_read_only(admin_client: Client) -> None:
 def test_overview_shows_leader_entries_delays_chart_and_locks(
     admin_client: Client, admin_app: Celery, redis_client: redis.Redis
 ) -> None:
+    from celery_safe_time.beat.entries import pause, save_entry
+
     admin_app.conf.beat_schedule = {"nightly": {"task": "tests.nightly", "schedule": 3600.0}}
+
+    @admin_app.task(name="tests.report", shared=False)
+    def report() -> None:
+        pass
+
+    save_entry("paused-report", "tests.report", 3600.0, app=admin_app)
+    paused = pause("paused-report", note="db migration", until=timedelta(hours=2), app=admin_app)
+    assert paused is not None
+    assert paused.paused_until is not None
     hold_lease(admin_app, host="beat-host-1", pid=4242)
     hold_lock(admin_app, "inventory-sync:3", task_id="sync-task-1", host="worker-host-2")
     store = DjangoStore()
@@ -257,6 +268,7 @@ def test_overview_shows_leader_entries_delays_chart_and_locks(
     assert re.search(r'id="leader-age">\d+\.\d s<', body)  # how long it has led, from the lease's "since"
     assert "no-leader" not in body
     assert "nightly" in body
+    assert f"paused: db migration (until {paused.paused_until.strftime('%Y-%m-%d %H:%M:%S')})" in body
     assert "db-entry" in body
     next_db = (now + timedelta(minutes=10)).strftime("%Y-%m-%d %H:%M")
     assert next_db in body  # the database entry's next fire, one interval after its last run

@@ -77,6 +77,8 @@ class EntryRow:
     enabled: bool
     last_fired: datetime | None
     next_fire: datetime | None
+    pause_note: str | None = None  # why a paused runtime entry was paused
+    paused_until: datetime | None = None  # when it resumes by itself
 
 
 @dataclass
@@ -117,7 +119,17 @@ def config_and_runtime_entries(app: Celery) -> list[EntryRow]:
     from ...beat.entries import describe_schedule, list_entries
 
     return [
-        EntryRow(i.name, i.source, i.task, describe_schedule(i.schedule), i.enabled, i.last_fired, i.next_fire)
+        EntryRow(
+            i.name,
+            i.source,
+            i.task,
+            describe_schedule(i.schedule),
+            i.enabled,
+            i.last_fired,
+            i.next_fire,
+            pause_note=i.pause_note,
+            paused_until=i.paused_until,
+        )
         for i in list_entries(app=app)
     ]
 

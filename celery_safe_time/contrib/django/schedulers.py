@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab as celery_crontab
+from celery.schedules import schedstate
 from django.db import DatabaseError, InterfaceError
 from django.db.models import F
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
@@ -22,8 +23,15 @@ from ... import constants as C
 from ... import signals
 from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
-from ...beat.policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, seconds_option
-from ...beat.slots import GenericGrid, Grid, decide, grid_for
+from ...beat.policies import (
+    OPTION_CATCHUP_WINDOW,
+    OPTION_JITTER,
+    beat_slots_past_catchup,
+    jitter_offset,
+    offset_function,
+    seconds_option,
+)
+from ...beat.slots import GenericGrid, Grid, IntervalGrid, decide, grid_for
 from ...clock import UTC, to_datetime
 from ...exceptions import ScheduleError
 from ...schedules import crontab
@@ -42,6 +50,8 @@ class SafeModelEntry(ModelEntry):
 
     #: a slot later than this many seconds is skipped whatever the policy (a row's headers set it)
     catchup_window: float | None = None
+    #: each slot is published at a deterministic offset within this many seconds (a row's headers set it)
+    jitter: float = 0.0
 
     def __init__(self, model: Any, app: Celery | None = None) -> None:
         # No last run: never fired, or disabled since (django-celery-beat empties it on disable, and
@@ -67,12 +77,21 @@ class SafeModelEntry(ModelEntry):
                 )
             except ScheduleError as exc:
                 self._refuse(str(exc).removeprefix(f"entry {self.name!r}: "))
-        if headers.pop(OPTION_JITTER, None) is not None:
-            self._refuse(f"headers.{OPTION_JITTER} is not supported by SafeDatabaseScheduler (SafeScheduler has it)")
+        jitter = headers.pop(OPTION_JITTER, None)
         schedule = getattr(self, "schedule", None)
         if isinstance(schedule, celery_crontab) and getattr(model, "crontab", None) is not None:
             # the row's own timezone, with R1-R4 (django-celery-beat's TzAwareCrontab has no DST rules)
             self.schedule = crontab.from_celery(schedule, tz=model.crontab.timezone or "UTC")
+        if jitter is not None:
+            try:
+                self.jitter = seconds_option(jitter, f"headers.{OPTION_JITTER}", self.name, zero_ok=True)
+            except ScheduleError as exc:
+                self._refuse(str(exc).removeprefix(f"entry {self.name!r}: "))
+            grid = self.grid() if schedule is not None else None
+            if isinstance(grid, IntervalGrid) and self.jitter >= grid.seconds:
+                self._refuse(f"headers.{OPTION_JITTER} ({self.jitter:g} s) must be shorter than its interval")
+            if isinstance(grid, GenericGrid):
+                self._refuse(f"headers.{OPTION_JITTER} needs an interval or crontab schedule")
         if schedule is not None and self.clock is not None:
             self.schedule.nowfun = self.clock
         self.fire_slots: list[float] | None = None
@@ -90,6 +109,19 @@ class SafeModelEntry(ModelEntry):
 
     def grid(self) -> Grid:
         return grid_for(self.schedule, self.app.timezone)
+
+    def is_due(self) -> Any:
+        state = super().is_due()
+        if self.jitter <= 0 or not state.is_due:
+            return state
+        # Jitter only ever delays a slot: the stock check says its instant has come, and the slot
+        # waits on until its offset, the same one in every beat (a hash of the row's name and slot).
+        last = self.last_run_at
+        slot = self.grid().next((last if last.tzinfo else last.replace(tzinfo=UTC)).timestamp())
+        wait = slot + jitter_offset(self.name, slot, self.jitter) - self._default_now().timestamp()
+        if wait > 0:
+            return schedstate(False, wait)
+        return state
 
     def __next__(self) -> SafeModelEntry:
         # last_run_at becomes the latest due slot, not "now": intervals stay on their grid
@@ -110,6 +142,7 @@ class SafeModelEntry(ModelEntry):
                 policy=policy,
                 on_time=self.on_time,
                 grace=self.grace,
+                offset=offset_function(self.name, self.jitter),
                 window=self.catchup_window,
             )
             fire, last_due, missed, expired = decision.fire, decision.last_due, decision.missed, decision.expired

@@ -134,7 +134,7 @@ def test_a_row_sets_its_catch_up_window_in_its_headers(make_app: Any, caplog: py
     assert windowed.options["headers"] == {"x-trace": "1", "periodic_task_name": "windowed"}
 
     bad = row("bad-window", '{"safe_time_catchup_window": 0}')
-    jittered = row("jittered", '{"safe_time_jitter": 30}')
+    jittered = row("jittered", '{"safe_time_jitter": 30}')  # not shorter than the 10 s interval
     scheduler = type(
         "S", (), {"Entry": entry_cls, "app": app, "enabled_models": lambda self: [bad, jittered, windowed.model]}
     )()
@@ -142,9 +142,47 @@ def test_a_row_sets_its_catch_up_window_in_its_headers(make_app: Any, caplog: py
         schedule = SafeDatabaseScheduler.all_as_schedule(scheduler)  # type: ignore[arg-type]
     assert set(schedule) == {"windowed"}
     assert "entry 'bad-window' is disabled: headers.safe_time_catchup_window must be above 0 seconds" in caplog.text
-    assert "entry 'jittered' is disabled: headers.safe_time_jitter is not supported by SafeDatabaseScheduler" in (
+    assert "entry 'jittered' is disabled: headers.safe_time_jitter (30 s) must be shorter than its interval" in (
         caplog.text
     )
+
+
+def test_a_row_sets_its_jitter_in_its_headers(make_app: Any) -> None:
+    """Each slot waits for its offset (a hash of the row's name and slot, the same in every beat);
+    the slot keeps its identity: the fired slot and the row's last_run_at are the slot itself."""
+    from celery_safe_time.beat.policies import jitter_offset
+    from celery_safe_time.contrib.django.schedulers import SafeModelEntry
+
+    app = make_app()
+    start = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    slot = start + dt.timedelta(minutes=1)
+    minutely = IntervalSchedule.objects.create(every=60, period=IntervalSchedule.SECONDS)
+    row = PeriodicTask.objects.create(
+        name="jittered", task="tests.record", interval=minutely, last_run_at=start, headers='{"safe_time_jitter": 30}'
+    )
+    offset = jitter_offset("jittered", slot.timestamp(), 30.0)
+    assert 0 < offset < 30
+
+    def entry_at(now: dt.datetime) -> SafeModelEntry:
+        cls = type("E", (SafeModelEntry,), {"clock": staticmethod(lambda: now), "misfire": "run_once", "on_time": 6.0})
+        return cls(row, app=app)
+
+    early = entry_at(slot + dt.timedelta(seconds=offset / 2))
+    assert early.jitter == 30.0
+    assert early.options["headers"] == {"periodic_task_name": "jittered"}  # the policy is not published
+    state = early.is_due()
+    assert not state.is_due
+    assert state.next == pytest.approx(offset / 2, abs=0.01)  # checked again at its offset
+    due = entry_at(slot + dt.timedelta(seconds=offset + 0.5))
+    assert due.is_due().is_due
+    after = next(due)
+    assert due.fire_slots == [slot.timestamp()]  # the slot, not the jittered instant
+    assert after.last_run_at == slot
+    # offsets spread over the window: 200 rows on the same minute do not share one
+    offsets = {jitter_offset(f"row-{i}", slot.timestamp(), 30.0) for i in range(200)}
+    assert len(offsets) > 190
+    assert min(offsets) < 3
+    assert max(offsets) > 27
 
 
 def test_a_row_enabled_again_by_a_bulk_update_starts_at_its_next_slot(make_app: Any) -> None:

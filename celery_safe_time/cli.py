@@ -355,6 +355,15 @@ def beat_show(ctx: click.Context, name: str) -> None:
 @click.option(
     "--catchup-window", type=float, default=None, help="Skip slots later than this many seconds, whatever the policy."
 )
+@click.option(
+    "--overlap",
+    type=click.Choice(["allow", "skip", "buffer_one", "buffer_all", "cancel_other"]),
+    default=None,
+    help="What a slot does while a run of this entry is queued or running (default: allow).",
+)
+@click.option(
+    "--overlap-ttl", type=float, default=None, help="Lease of a run in seconds (default: safe_time_lock_ttl)."
+)
 @click.pass_context
 def beat_add(
     ctx: click.Context,
@@ -370,6 +379,8 @@ def beat_add(
     paused: bool,
     jitter: float | None,
     catchup_window: float | None,
+    overlap: str | None,
+    overlap_ttl: float | None,
 ) -> None:
     """Add or replace the runtime entry NAME running TASK (idempotent: the same definition changes nothing)."""
     from .beat.entries import cron_spec, describe_schedule, save_entry
@@ -399,6 +410,8 @@ def beat_add(
             app=_loaded_app(ctx),
             jitter=jitter,
             catchup_window=catchup_window,
+            overlap=overlap,
+            overlap_ttl=overlap_ttl,
         )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None

@@ -449,6 +449,12 @@ UNIQUE_LIST_PREFIX: Final = "unique:"
 OVERLAP_POLICIES: Final = ("allow", "skip", "buffer_one", "buffer_all", "cancel_other")
 #: The run lease of a beat entry (an overlap lock) and its queued-run marker (a unique key).
 OVERLAP_ENTRY_KEY: Final = "beat-entry:{entry}"
+#: The queued marker of one ``buffer_all`` run (each waits in slot order behind the one before it).
+OVERLAP_RUN_KEY: Final = "beat-entry:{entry}:run:{task_id}"
+#: A unique key naming the last ``buffer_all`` run beat published for an entry.
+OVERLAP_LAST_KEY: Final = "beat-entry:{entry}:last"
+#: How long that name is kept (seconds): the next run only needs it while the last one may wait.
+OVERLAP_LAST_TTL: Final = 7 * 86400
 #: How often (seconds, at most) a run waiting for its entry's lease looks again (``buffer_*``,
 #: ``cancel_other``); a third of the lease's ttl when that is shorter.
 OVERLAP_RETRY_AFTER: Final = 1.0

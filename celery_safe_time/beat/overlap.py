@@ -6,7 +6,8 @@
 - ``skip``: a slot is dropped while a run of the entry is queued or running;
 - ``buffer_one``: a slot is published while nothing is queued; it waits behind the running run;
   further slots are dropped while one waits;
-- ``buffer_all``: every slot is published; the runs go one at a time (each waits for the lease);
+- ``buffer_all``: every slot is published; the runs go one at a time, in slot order (each waits
+  for the run published before it to start, then for the lease);
 - ``cancel_other``: the running run is terminated (``revoke(terminate=True)``, SIGTERM: raised as
   :class:`~celery_safe_time.exceptions.RunCancelled` in it), a queued one is revoked, and the new
   run starts once the old one has released the lease.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -35,7 +37,7 @@ from .. import constants as C
 from ..clock import to_datetime
 from ..config import SafeTimeConfig
 from ..locks.backends import LockBackend, get_lock_backend
-from ..locks.entry_runs import entry_key, retry_after
+from ..locks.entry_runs import entry_key, last_key, retry_after, run_key
 from .policies import OPTION_OVERLAP, OPTION_OVERLAP_TTL, overlap_option, seconds_option
 
 logger = logging.getLogger(__name__)
@@ -106,9 +108,12 @@ class OverlapGate:
             "task_id": task_id,
             "headers": {C.HEADER_OVERLAP: {"entry": name, "policy": overlap.policy, "ttl": overlap.ttl}},
         }
-        if overlap.policy == "buffer_all":
-            return extra
         try:
+            if overlap.policy == "buffer_all":
+                after = self._chain(name, overlap, task_id)
+                if after is not None:
+                    extra["headers"][C.HEADER_OVERLAP]["after"] = after
+                return extra
             reason = self._claim(name, overlap, task_id)
         except (redis.RedisError, OSError) as exc:
             logger.warning(
@@ -150,6 +155,19 @@ class OverlapGate:
         if not queued:
             store.unique_release(key, task_id)
         return "queued" if queued else "running"
+
+    def _chain(self, name: str, overlap: Overlap, task_id: str) -> str | None:
+        """``buffer_all``: queue ``task_id`` behind the last run published; returns that run's id."""
+        store = self.store()
+        last = last_key(name)
+        info = store.unique_info(last, time.time())
+        before = info.task_id if info is not None else None
+        marker_ttl = overlap.ttl + retry_after(overlap.ttl)
+        store.unique_acquire(run_key(name, task_id), task_id, marker_ttl, "queued", stored=False, host=_HOST)
+        store.unique_acquire(
+            last, task_id, C.OVERLAP_LAST_TTL, "queued", stored=False, host=_HOST, gone=before, own=False
+        )
+        return before
 
     def _cancel(self, store: LockBackend, name: str, key: str, task_id: str, marker_ttl: float) -> None:
         """``cancel_other``: terminate the running run, revoke a queued one, and queue ``task_id``."""

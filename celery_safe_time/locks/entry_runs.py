@@ -12,7 +12,9 @@ after a ``kill -9``. A message that finds the lease held:
 
 The queued marker (a unique key ``beat-entry:{entry}`` held by the queued run's task id) is taken
 by beat when it publishes and released here once the run holds the lease: beat reads "queued" from
-it and "running" from the lease.
+it and "running" from the lease. ``buffer_all`` gives each run a marker of its own
+(``beat-entry:{entry}:run:{task_id}``) and names the run published before it (``after``): a run
+does not try the lease while that one still waits, so the runs start in slot order.
 
 :func:`install_worker` (``worker_init``, from :mod:`..install`) wraps the ``run`` of every task of
 the app, before the worker builds its tracers: a message without the header goes straight through.
@@ -26,11 +28,13 @@ revoked message that never runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -46,7 +50,7 @@ from .runtime import Call, Policy, TaskLock, run_holding
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["entry_key", "install_worker", "on_revoked", "overlap_spec", "release_marker"]
+__all__ = ["Spec", "entry_key", "install_worker", "last_key", "on_revoked", "overlap_spec", "release_marker", "run_key"]
 
 _HOST = socket.gethostname()
 #: Marks a task whose ``run`` this module has wrapped (``install_worker`` is idempotent).
@@ -58,59 +62,83 @@ def entry_key(entry: str) -> str:
     return C.OVERLAP_ENTRY_KEY.format(entry=entry)
 
 
+def run_key(entry: str, task_id: str) -> str:
+    """The queued marker of one ``buffer_all`` run of ``entry`` (each waiting run has its own)."""
+    return C.OVERLAP_RUN_KEY.format(entry=entry, task_id=task_id)
+
+
+def last_key(entry: str) -> str:
+    """Names the last ``buffer_all`` run beat published for ``entry`` (the next one runs after it)."""
+    return C.OVERLAP_LAST_KEY.format(entry=entry)
+
+
 def retry_after(ttl: float) -> float:
     """How often a run waiting for a lease of ``ttl`` seconds looks again."""
     return min(C.OVERLAP_RETRY_AFTER, ttl / 3.0)
 
 
-def overlap_spec(request: Any) -> tuple[str, str, float] | None:
-    """(entry, policy, ttl) of the ``safe_time_overlap`` header of ``request``, or None."""
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The ``safe_time_overlap`` header of one run: its entry, policy, lease ttl, and for
+    ``buffer_all`` the task id of the run published before it (None: none waiting)."""
+
+    entry: str
+    policy: str
+    ttl: float
+    after: str | None = None
+
+    def marker(self, task_id: str) -> str:
+        """This run's queued marker: its own for ``buffer_all``, else the entry's one."""
+        return run_key(self.entry, task_id) if self.policy == "buffer_all" else entry_key(self.entry)
+
+
+def overlap_spec(request: Any) -> Spec | None:
+    """The ``safe_time_overlap`` header of ``request``, or None."""
     spec = message_header(request, C.HEADER_OVERLAP)
     if not isinstance(spec, Mapping):
         return None
-    entry, policy, ttl = spec.get("entry"), spec.get("policy"), spec.get("ttl")
+    entry, policy, ttl, after = spec.get("entry"), spec.get("policy"), spec.get("ttl"), spec.get("after")
     if not isinstance(entry, str) or policy not in C.OVERLAP_POLICIES or policy == "allow":
         return None
-    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool):
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not ttl > 0:
         return None
-    seconds = float(ttl)
-    return (entry, str(policy), seconds) if seconds > 0 else None
+    return Spec(entry, str(policy), float(ttl), after if isinstance(after, str) and after else None)
 
 
 class EntryPolicy(Policy):
     """``on_conflict`` of a beat entry's run: ``skip`` drops it, the others wait (re-queue)."""
 
-    def __init__(self, entry: str, policy: str, ttl: float) -> None:
-        wait = retry_after(ttl)
+    def __init__(self, spec: Spec, marker: str) -> None:
+        wait = retry_after(spec.ttl)
         super().__init__(
-            ttl=ttl,
-            on_conflict="skip" if policy == "skip" else "retry",
+            ttl=spec.ttl,
+            on_conflict="skip" if spec.policy == "skip" else "retry",
             retry_after=wait,
             jitter=wait / 4.0,
             on_backend_error="retry",
         )
-        self.entry = entry
-        self.policy = policy
+        self.spec = spec
+        self.marker = marker
 
     def conflict(self, call: Call, key: str, holder: Holder | None) -> None:
         store = get_lock_backend(call.app)
         task_id = call.task_id or ""
+        marker = self.marker
         if self.on_conflict == "skip":
             logger.info(
                 "beat entry %r: dropping run %s (overlap skip): a run is in progress (%s)",
-                self.entry,
+                self.spec.entry,
                 task_id,
                 holder.describe() if holder is not None else "?",
             )
-            _quietly(store, lambda: store.unique_release(key, task_id))
+            _quietly(store, lambda: store.unique_release(marker, task_id))
         else:
-            # Still waiting: keep this run counted as queued (beat's buffer_one reads the marker).
-            ttl = self.ttl or C.DEFAULT_LOCK_TTL
+            # Still waiting: keep this run counted as queued (beat reads the marker; the next
+            # buffer_all run waits for it).
+            ttl = self.spec.ttl + self.retry_after
             _quietly(
                 store,
-                lambda: store.unique_acquire(
-                    key, task_id, ttl + self.retry_after, "waiting", stored=False, host=_HOST, own=True
-                ),
+                lambda: store.unique_acquire(marker, task_id, ttl, "waiting", stored=False, host=_HOST, own=True),
             )
         super().conflict(call, key, holder)
 
@@ -118,9 +146,9 @@ class EntryPolicy(Policy):
 class EntryLock(TaskLock):
     """The run lease of one beat entry (no key template: the key is the entry's)."""
 
-    def __init__(self, entry: str, policy: str, ttl: float) -> None:
-        self.policy = EntryPolicy(entry, policy, ttl)
-        self.key = entry_key(entry)
+    def __init__(self, spec: Spec, marker: str) -> None:
+        self.policy = EntryPolicy(spec, marker)
+        self.key = entry_key(spec.entry)
 
 
 def run_gated(task: Task, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -130,20 +158,24 @@ def run_gated(task: Task, run: Callable[..., Any], args: tuple[Any, ...], kwargs
     if spec is None:
         return run(*args, **kwargs)
     call = Call(task, False, args, kwargs, task._get_app())
-    if not call.in_worker:
+    task_id = call.task_id
+    if not call.in_worker or not task_id:
         return run(*args, **kwargs)
-    entry, policy, ttl = spec
-    lock = EntryLock(entry, policy, ttl)
+    marker = spec.marker(task_id)
+    lock = EntryLock(spec, marker)
+    if spec.after is not None and _waiting(call, spec.after, spec.entry):
+        # buffer_all keeps the slots' order: the run published before this one has not started.
+        lock.policy.conflict(call, lock.key, None)
+        return None
     taken = lock.take(call, lock.key)
     if taken is None:
         return None
     held, deadline = taken
     store = held.store
-    task_id = held.task_id
     # Running now: no longer queued (beat reads "running" from the lease from here on).
-    _quietly(store, lambda: store.unique_release(lock.key, task_id))
-    logger.debug("beat entry %r: run %s holds its lease (fence %s)", entry, task_id, held.fence)
-    with cancellable(entry, task_id):
+    _quietly(store, lambda: store.unique_release(marker, task_id))
+    logger.debug("beat entry %r: run %s holds its lease (fence %s)", spec.entry, task_id, held.fence)
+    with cancellable(spec.entry, task_id):
         return run_holding(held, call, lambda: run(*args, **kwargs), deadline)
 
 
@@ -168,6 +200,16 @@ def cancellable(entry: str, task_id: str) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _waiting(call: Call, before: str, entry: str) -> bool:
+    """Whether the ``buffer_all`` run ``before`` still waits (its marker lives until it starts,
+    or expires when its message was lost). Unreachable: no (the lease then decides)."""
+    store = get_lock_backend(call.app)
+    try:
+        return store.unique_info(run_key(entry, before), time.time()) is not None
+    except (redis.RedisError, OSError):
+        return False
 
 
 def _quietly(store: LockBackend, action: Callable[[], Any]) -> None:
@@ -206,7 +248,8 @@ def release_marker(app: Celery, request: Any) -> None:
     if spec is None or not task_id:
         return
     store = get_lock_backend(app)
-    _quietly(store, lambda: store.unique_release(entry_key(spec[0]), str(task_id)))
+    marker = spec.marker(str(task_id))
+    _quietly(store, lambda: store.unique_release(marker, str(task_id)))
 
 
 def on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:

@@ -150,3 +150,19 @@ def test_a_run_killed_with_its_worker_frees_the_entry_within_its_ttl(
     # slot (1 s), the new worker's start and its pickup
     assert started - killed_at < ttl + EVERY + 6.0, started - killed_at
     assert _max_running(_events(redis_client, "killed")) >= 1
+
+
+def test_buffer_all_runs_every_slot_one_at_a_time_in_order(
+    processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    _, beat, _ = _start(processes, "everything", "buffer_all", {}, sleep=1.5)
+    wait_for(lambda: _ended(_events(redis_client, "everything")) >= 5, 40, message="five runs")
+    beat.terminate()
+    events = _events(redis_client, "everything")
+    assert _max_running(events) == 1, events
+    published = [e["task_id"] for e in events if e["event"] == "publish"]
+    started = [e["task_id"] for e in events if e["event"] == "start"]
+    # every slot published, and the runs start in the order of their slots
+    assert started == published[: len(started)], (published, started)
+    assert len(published) > len(started), (published, started)  # a 1.5 s run on a 1 s grid falls behind
+    assert "dropped (overlap" not in beat.log()

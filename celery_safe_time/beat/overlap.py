@@ -31,22 +31,17 @@ from typing import Any, Literal
 import redis
 from celery import Celery
 from celery.utils import uuid
-from celery.utils.dispatch import Signal
 
 from .. import constants as C
 from ..clock import to_datetime
 from ..config import SafeTimeConfig
 from ..locks.backends import LockBackend, get_lock_backend
 from ..locks.entry_runs import entry_key, last_key, retry_after, run_key
-from .policies import OPTION_OVERLAP, OPTION_OVERLAP_TTL, overlap_option, seconds_option
+from .policies import OPTION_OVERLAP, OPTION_OVERLAP_TTL, beat_slot_dropped, overlap_option, seconds_option
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["OverlapGate", "Verdict", "beat_slot_dropped", "decide", "overlap_of"]
-
-#: A slot was not published because of its entry's overlap policy. kwargs: entry, slot (a UTC
-#: datetime), policy, reason (``"running"`` or ``"queued"``).
-beat_slot_dropped = Signal(name="beat_slot_dropped", providing_args={"entry", "slot", "policy", "reason"})
 
 Verdict = Literal["publish", "drop", "cancel"]
 

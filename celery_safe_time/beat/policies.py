@@ -34,6 +34,7 @@ __all__ = [
     "OPTION_OVERLAP",
     "OPTION_OVERLAP_TTL",
     "Policies",
+    "beat_slot_dropped",
     "beat_slots_past_catchup",
     "config_spec",
     "jitter_offset",
@@ -57,6 +58,10 @@ _OVERLAP_ALIAS = "overlap"
 
 #: Slots were skipped because they were later than their entry's catch-up window. kwargs: entry, count.
 beat_slots_past_catchup = Signal(name="beat_slots_past_catchup", providing_args={"entry", "count"})
+
+#: A slot was not published because of its entry's overlap policy (a run of it was queued or running).
+#: kwargs: entry, slot (a UTC datetime), policy, reason (``"running"`` or ``"queued"``).
+beat_slot_dropped = Signal(name="beat_slot_dropped", providing_args={"entry", "slot", "policy", "reason"})
 
 #: The resolution of an offset (the slot ids are in milliseconds too).
 _RESOLUTION = 1000

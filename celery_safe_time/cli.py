@@ -319,6 +319,9 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
     rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
     for i in found:
         state = "enabled" if i.enabled else "paused"
+        overlap = (i.options or {}).get("safe_time_overlap")
+        if overlap not in (None, "allow"):
+            state += f"/{overlap}"
         nxt = i.next_fire.isoformat() if i.next_fire else "-"
         last = i.last_fired.isoformat() if i.last_fired else "-"
         rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))

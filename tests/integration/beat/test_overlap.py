@@ -166,3 +166,18 @@ def test_buffer_all_runs_every_slot_one_at_a_time_in_order(
     assert started == published[: len(started)], (published, started)
     assert len(published) > len(started), (published, started)  # a 1.5 s run on a 1 s grid falls behind
     assert "dropped (overlap" not in beat.log()
+
+
+def test_beat_add_takes_an_overlap_policy_and_list_and_show_give_it(processes: ProcessManager) -> None:
+    from tests.integration.beat.test_entries_cli import _beat
+
+    added = _beat(processes, {}, "add", "exports", "tests.record", "--every", "60", "--overlap", "buffer_one",
+                  "--overlap-ttl", "90")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    shown = _beat(processes, {}, "show", "exports")
+    assert json.loads(shown.stdout)["options"] == {"safe_time_overlap": "buffer_one", "safe_time_overlap_ttl": 90.0}
+    listed = _beat(processes, {}, "list")
+    assert ["exports", "runtime", "enabled/buffer_one"] in [line.split()[:3] for line in listed.stdout.splitlines()]
+    bad = _beat(processes, {}, "add", "bad", "tests.record", "--every", "60", "--overlap", "sometimes")
+    assert bad.returncode != 0
+    assert "'sometimes' is not one of 'allow', 'skip', 'buffer_one', 'buffer_all', 'cancel_other'" in bad.stderr

@@ -128,6 +128,22 @@ class OverlapGate:
         beat_slot_dropped.send(sender=self, entry=name, slot=when, policy=overlap.policy, reason=reason)
         return None
 
+    def unpublished(self, name: str, options: Mapping[str, Any]) -> None:
+        """A slot :meth:`admit` let through could not be published: free the marker it took for it
+        (else it would count as queued until it expires)."""
+        spec = (options.get("headers") or {}).get(C.HEADER_OVERLAP)
+        task_id = options.get("task_id")
+        if not isinstance(spec, Mapping) or not isinstance(task_id, str):
+            return
+        store = self.store()
+        marker = run_key(name, task_id) if spec.get("policy") == "buffer_all" else entry_key(name)
+        try:
+            store.unique_release(marker, task_id)
+        except (redis.RedisError, OSError) as exc:
+            logger.warning(
+                "beat: entry %r: could not free the queued marker of %s (it expires): %s", name, task_id, exc
+            )
+
     def _claim(self, name: str, overlap: Overlap, task_id: str) -> str | None:
         """Take the queued marker for ``task_id`` as the policy says; None: publish, else why not."""
         store = self.store()

@@ -698,6 +698,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         except Exception as exc:
             # At most once: the slot is marked fired; a lost publish is logged, not retried.
             logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
+            self.overlap_gate.unpublished(entry.name, options)
             return None
 
     def _sent(self, entry: Any, slot: float, epoch: int, result: Any) -> None:

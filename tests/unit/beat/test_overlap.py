@@ -281,3 +281,13 @@ def test_the_scheduler_drops_the_slots_of_a_skip_entry_while_its_run_is_queued(
     assert sent.count("plain") == 5
     assert sent.count("often") == 2
     assert registry.get_sample_value("safe_time_beat_slots_dropped_total", {"entry": "often"}) == 3
+
+
+def test_a_slot_that_could_not_be_published_frees_its_marker(gate: tuple[OverlapGate, MemoryLockBackend]) -> None:
+    beat, store = gate
+    options = {OPTION_OVERLAP: "skip", OPTION_OVERLAP_TTL: 10}
+    extra = beat.admit("e", options, T0)
+    assert extra is not None
+    beat.unpublished("e", extra)
+    assert store.unique_info(entry_key("e"), T0) is None
+    assert beat.admit("e", options, T0 + 1) is not None

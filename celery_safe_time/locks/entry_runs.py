@@ -30,11 +30,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import signal
 import socket
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -222,16 +224,26 @@ def _quietly(store: LockBackend, action: Callable[[], Any]) -> None:
 
 def wrap_task(task: Task) -> None:
     """Route ``task``'s runs through :func:`run_gated` (an instance attribute: ``Task.__call__`` and
-    the worker's tracer both call ``task.run``)."""
+    the worker's tracer both call ``task.run``). A bound ``run`` stays a bound method, with the
+    attributes of the function it wraps (the lock decorators' ``__safe_time_locks__``: the
+    hard-time-limit release reads them, and whether ``run`` is bound)."""
     if getattr(task, _WRAPPED_ATTR, False):
         return
     run = task.run
+    if inspect.ismethod(run):
 
-    @functools.wraps(run)
-    def gated(*args: Any, **kwargs: Any) -> Any:
-        return run_gated(task, run, args, kwargs)
+        @functools.wraps(run.__func__)
+        def gated_method(self: Task, *args: Any, **kwargs: Any) -> Any:
+            return run_gated(self, run, args, kwargs)
 
-    task.run = gated
+        task.run = types.MethodType(gated_method, task)
+    else:
+
+        @functools.wraps(run)
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            return run_gated(task, run, args, kwargs)
+
+        task.run = gated
     setattr(task, _WRAPPED_ATTR, True)
 
 

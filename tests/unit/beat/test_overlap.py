@@ -291,3 +291,30 @@ def test_a_slot_that_could_not_be_published_frees_its_marker(gate: tuple[Overlap
     beat.unpublished("e", extra)
     assert store.unique_info(entry_key("e"), T0) is None
     assert beat.admit("e", options, T0 + 1) is not None
+
+
+def test_the_worker_wrapper_keeps_run_as_it_was_for_the_lock_decorators() -> None:
+    import inspect
+
+    from celery_safe_time import overlap_lock
+    from celery_safe_time.locks.entry_runs import install_worker
+    from celery_safe_time.locks.hard_limit import locks_of
+
+    app = _app()
+
+    @app.task(bind=True, name="t.bound", shared=False)
+    @overlap_lock("bound:{x}")
+    def bound(self: Any, x: int) -> int:
+        return x + 1
+
+    @app.task(name="t.plain", shared=False)
+    def plain(x: int) -> int:
+        return x * 2
+
+    locks = locks_of(app.tasks["t.bound"])
+    install_worker(app)
+    install_worker(app)  # idempotent: wrapped once
+    assert inspect.ismethod(app.tasks["t.bound"].run)
+    assert locks_of(app.tasks["t.bound"]) == locks
+    assert len(locks) == 1
+    assert app.tasks["t.plain"].run(3) == 6  # no header: straight through

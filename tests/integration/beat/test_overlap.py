@@ -98,8 +98,10 @@ def test_skip_runs_one_at_a_time_and_drops_the_slots_meanwhile(
     assert published <= starts + 1, (published, starts)
 
 
-def test_buffer_one_keeps_at_most_one_run_waiting(processes: ProcessManager, redis_client: redis.Redis) -> None:
-    _, beat, _ = _start(processes, "buffered", "buffer_one", {})
+def test_buffer_one_keeps_at_most_one_run_waiting(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    _, beat, _ = _start(processes, "buffered", "buffer_one", coordination)
     wait_for(lambda: _ended(_events(redis_client, "buffered")) >= 4, 40, message="four runs")
     beat.terminate()
     events = _events(redis_client, "buffered")

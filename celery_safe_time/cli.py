@@ -319,6 +319,9 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
     rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
     for i in found:
         state = "enabled" if i.enabled else "paused"
+        overlap = (i.options or {}).get("safe_time_overlap")
+        if overlap not in (None, "allow"):
+            state += f"/{overlap}"
         nxt = i.next_fire.isoformat() if i.next_fire else "-"
         last = i.last_fired.isoformat() if i.last_fired else "-"
         rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))
@@ -355,6 +358,15 @@ def beat_show(ctx: click.Context, name: str) -> None:
 @click.option(
     "--catchup-window", type=float, default=None, help="Skip slots later than this many seconds, whatever the policy."
 )
+@click.option(
+    "--overlap",
+    type=click.Choice(["allow", "skip", "buffer_one", "buffer_all", "cancel_other"]),
+    default=None,
+    help="What a slot does while a run of this entry is queued or running (default: allow).",
+)
+@click.option(
+    "--overlap-ttl", type=float, default=None, help="Lease of a run in seconds (default: safe_time_lock_ttl)."
+)
 @click.pass_context
 def beat_add(
     ctx: click.Context,
@@ -370,6 +382,8 @@ def beat_add(
     paused: bool,
     jitter: float | None,
     catchup_window: float | None,
+    overlap: str | None,
+    overlap_ttl: float | None,
 ) -> None:
     """Add or replace the runtime entry NAME running TASK (idempotent: the same definition changes nothing)."""
     from .beat.entries import cron_spec, describe_schedule, save_entry
@@ -399,6 +413,8 @@ def beat_add(
             app=_loaded_app(ctx),
             jitter=jitter,
             catchup_window=catchup_window,
+            overlap=overlap,
+            overlap_ttl=overlap_ttl,
         )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None

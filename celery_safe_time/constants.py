@@ -182,6 +182,9 @@ HEADER_PRIOR_RUNS: Final = "safe_time_prior_runs"
 #: A fresh random token on every publish (``before_task_publish``): a broker redelivery of one
 #: message keeps it, a retry or re-queue gets a new one. It names one attempt of one message.
 HEADER_ATTEMPT: Final = "safe_time_attempt"
+#: On a slot of a beat entry with an overlap policy other than ``allow``: ``{"entry": name, "policy":
+#: policy, "ttl": seconds}``; the worker holds the entry's run lease while such a message runs.
+HEADER_OVERLAP: Final = "safe_time_overlap"
 
 # === beat =====================================================================
 #: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).
@@ -440,3 +443,20 @@ UNIQUE_STATE_RUNNING: Final = "running"
 UNIQUE_STATE_RETRYING: Final = "retrying"
 #: ``locks list`` shows unique keys as ``unique:<key>``; ``locks release unique:<key>`` frees one.
 UNIQUE_LIST_PREFIX: Final = "unique:"
+
+# === beat overlap policies ====================================================
+#: What a beat entry does with a slot while a run of it is queued or running (``safe_time_overlap``).
+OVERLAP_POLICIES: Final = ("allow", "skip", "buffer_one", "buffer_all", "cancel_other")
+#: The run lease of a beat entry (an overlap lock) and its queued-run marker (a unique key).
+OVERLAP_ENTRY_KEY: Final = "beat-entry:{entry}"
+#: The queued marker of one ``buffer_all`` run (each waits in slot order behind the one before it).
+OVERLAP_RUN_KEY: Final = "beat-entry:{entry}:run:{task_id}"
+#: A unique key naming the last ``buffer_all`` run beat published for an entry.
+OVERLAP_LAST_KEY: Final = "beat-entry:{entry}:last"
+#: How long that name is kept (seconds): the next run only needs it while the last one may wait.
+OVERLAP_LAST_TTL: Final = 7 * 86400
+#: How often (seconds, at most) a run waiting for its entry's lease looks again (``buffer_*``,
+#: ``cancel_other``); a third of the lease's ttl when that is shorter.
+OVERLAP_RETRY_AFTER: Final = 1.0
+#: The signal ``cancel_other`` terminates the running run with (``app.control.revoke(terminate=True)``).
+OVERLAP_CANCEL_SIGNAL: Final = "SIGTERM"

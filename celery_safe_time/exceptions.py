@@ -76,6 +76,12 @@ class LockLost(SafeTimeError):
     """Raised when an overlap lock could not be renewed while its task was running."""
 
 
+class RunCancelled(SafeTimeError):
+    """Raised in a run of a beat entry (overlap policy ``cancel_other``) when a newer slot of the
+    entry terminated it (SIGTERM to its pool process): the run unwinds, releases the entry's lease,
+    and the newer run starts."""
+
+
 class LeaseLost(SafeTimeError):
     """Raised when the beat leader discovers it no longer holds the lease."""
 

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger
+from celery.signals import after_setup_logger, task_revoked, worker_init
 from celery.utils.log import LoggingProxy
 
 from .config import SafeTimeConfig, get_config
@@ -88,3 +88,23 @@ def _install_hook(**_: Any) -> None:
 
 # Sent once Celery's logging is set up in beat and worker processes (never in plain imports).
 after_setup_logger.connect(_install_hook, weak=False, dispatch_uid="celery_safe_time.install.traceback_hook")
+
+
+def _install_entry_runs(sender: Any = None, **_: Any) -> None:
+    """``worker_init`` (main process, before the tracers are built and the pool forks): route every
+    task's runs through the beat overlap gate (a message without its header goes straight through)."""
+    app = getattr(sender, "app", None)
+    if isinstance(app, Celery):
+        from .locks.entry_runs import install_worker
+
+        install_worker(app)
+
+
+def _entry_run_revoked(**kwargs: Any) -> None:
+    from .locks.entry_runs import on_revoked
+
+    on_revoked(**kwargs)
+
+
+worker_init.connect(_install_entry_runs, weak=False, dispatch_uid="celery_safe_time.install.entry_runs")
+task_revoked.connect(_entry_run_revoked, weak=False, dispatch_uid="celery_safe_time.install.entry_run_revoked")

@@ -21,7 +21,7 @@ from celery import Celery
 
 from . import constants as C
 from . import signals
-from .beat.policies import beat_slots_past_catchup
+from .beat.policies import beat_slot_dropped, beat_slots_past_catchup
 from .exceptions import NotInstalled
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,12 @@ _COUNTERS: tuple[tuple[str, str, Any, str | None], ...] = (
         "safe_time_beat_slots_past_catchup_total",
         "Slots not published because they were later than their entry's catch-up window.",
         beat_slots_past_catchup,
+        "entry",
+    ),
+    (
+        "safe_time_beat_slots_dropped_total",
+        "Slots not published because of their entry's overlap policy (a run was queued or running).",
+        beat_slot_dropped,
         "entry",
     ),
     ("safe_time_delays_stored_total", "Long delays written to the store.", signals.delay_stored, "task_name"),

@@ -407,6 +407,8 @@ def save_entry(
     app: Celery | None = None,
     jitter: float | timedelta | None = None,
     catchup_window: float | timedelta | None = None,
+    overlap: str | None = None,
+    overlap_ttl: float | timedelta | None = None,
 ) -> EntryInfo:
     """Create or replace the runtime entry ``name`` (idempotent: an unchanged definition changes
     nothing, its last and next fire included). Validates everything before storing anything:
@@ -416,13 +418,20 @@ def save_entry(
 
     ``jitter`` (seconds or a ``timedelta``) publishes each slot at an offset within ``[0, jitter)``
     fixed by the entry's name and the slot; ``catchup_window`` skips slots later than that. Both are
-    stored in ``options`` (``safe_time_jitter``, ``safe_time_catchup_window``, in seconds)."""
+    stored in ``options`` (``safe_time_jitter``, ``safe_time_catchup_window``, in seconds).
+
+    ``overlap`` (``allow``, ``skip``, ``buffer_one``, ``buffer_all``, ``cancel_other``) says what a
+    slot does while a run of the entry is queued or running; ``overlap_ttl`` is the lease of a run in
+    seconds (a killed run frees the entry that much later). Stored as ``safe_time_overlap`` and
+    ``safe_time_overlap_ttl``."""
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
     store = _Store(app)
     _conflict(store, name, task)
     spec = schedule_to_spec(schedule)
-    options = policy_options(name, options, jitter=jitter, catchup_window=catchup_window)
+    options = policy_options(
+        name, options, jitter=jitter, catchup_window=catchup_window, overlap=overlap, overlap_ttl=overlap_ttl
+    )
     raw = definition_json(name, task, spec, args, kwargs or {}, options, enabled)
     entry = build_entry(name, parse_definition(raw), store.app)
     try:

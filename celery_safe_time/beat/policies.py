@@ -7,6 +7,10 @@
   ``safe_time_slot`` header name the slot, never the jittered instant.
 - **Catch-up window** (``options={"safe_time_catchup_window": 3600}``): a slot published more than
   this late is skipped, whatever the misfire policy.
+- **Overlap** (``options={"safe_time_overlap": "skip"}``, ``overlap=`` in ``save_entry`` and
+  ``beat_schedule``; ``options={"overlap": ...}`` is an alias): what a slot does while a run of the
+  entry is queued or running (:mod:`.overlap`). ``safe_time_overlap_ttl`` (``overlap_ttl=``) is the
+  lease of a run, in seconds (default ``safe_time_lock_ttl``).
 """
 
 from __future__ import annotations
@@ -20,16 +24,21 @@ from typing import Any
 
 from celery.utils.dispatch import Signal
 
+from .. import constants as C
 from ..exceptions import ScheduleError
 from .state import slot_id
 
 __all__ = [
     "OPTION_CATCHUP_WINDOW",
     "OPTION_JITTER",
+    "OPTION_OVERLAP",
+    "OPTION_OVERLAP_TTL",
     "Policies",
+    "beat_slot_dropped",
     "beat_slots_past_catchup",
     "config_spec",
     "jitter_offset",
+    "overlap_option",
     "policies_of",
     "policy_options",
     "seconds_option",
@@ -40,9 +49,19 @@ __all__ = [
 OPTION_JITTER = "safe_time_jitter"
 #: Per-entry catch-up window in seconds (``options``; ``catchup_window=`` in ``save_entry`` and ``beat_schedule``).
 OPTION_CATCHUP_WINDOW = "safe_time_catchup_window"
+#: Per-entry overlap policy (``options``; ``overlap=`` in ``save_entry`` and ``beat_schedule``).
+OPTION_OVERLAP = "safe_time_overlap"
+#: Per-entry lease of a run under an overlap policy, in seconds (``overlap_ttl=``).
+OPTION_OVERLAP_TTL = "safe_time_overlap_ttl"
+#: The short spelling of ``safe_time_overlap`` in ``options`` (moved to the long one, never sent).
+_OVERLAP_ALIAS = "overlap"
 
 #: Slots were skipped because they were later than their entry's catch-up window. kwargs: entry, count.
 beat_slots_past_catchup = Signal(name="beat_slots_past_catchup", providing_args={"entry", "count"})
+
+#: A slot was not published because of its entry's overlap policy (a run of it was queued or running).
+#: kwargs: entry, slot (a UTC datetime), policy, reason (``"running"`` or ``"queued"``).
+beat_slot_dropped = Signal(name="beat_slot_dropped", providing_args={"entry", "slot", "policy", "reason"})
 
 #: The resolution of an offset (the slot ids are in milliseconds too).
 _RESOLUTION = 1000
@@ -82,8 +101,22 @@ def policies_of(options: Mapping[str, Any] | None, name: str) -> Policies:
     )
 
 
+def overlap_option(value: Any, name: str) -> str:
+    """``value`` as an overlap policy; :class:`ScheduleError` naming the entry and the allowed values."""
+    if value not in C.OVERLAP_POLICIES:
+        raise ScheduleError(
+            f"entry {name!r}: {OPTION_OVERLAP} must be one of {', '.join(C.OVERLAP_POLICIES)}, got {value!r}"
+        )
+    return str(value)
+
+
 #: The keyword of each policy (``save_entry(jitter=...)``, a ``beat_schedule`` entry's key) and its option.
-KEYWORDS = {"jitter": OPTION_JITTER, "catchup_window": OPTION_CATCHUP_WINDOW}
+KEYWORDS = {
+    "jitter": OPTION_JITTER,
+    "catchup_window": OPTION_CATCHUP_WINDOW,
+    "overlap": OPTION_OVERLAP,
+    "overlap_ttl": OPTION_OVERLAP_TTL,
+}
 
 
 def policy_options(name: str, options: Mapping[str, Any] | None, **keywords: Any) -> dict[str, Any]:
@@ -92,6 +125,12 @@ def policy_options(name: str, options: Mapping[str, Any] | None, **keywords: Any
     :class:`ScheduleError` names the entry and the option when a value is not valid, or when a
     keyword and its option are both given."""
     out = dict(options or {})
+    if _OVERLAP_ALIAS in out:
+        if OPTION_OVERLAP in out:
+            raise ScheduleError(
+                f"entry {name!r}: overlap is given twice (options.overlap and options.{OPTION_OVERLAP})"
+            )
+        out[OPTION_OVERLAP] = out.pop(_OVERLAP_ALIAS)
     for keyword, value in keywords.items():
         option = KEYWORDS.get(keyword)
         if option is None:
@@ -107,14 +146,20 @@ def policy_options(name: str, options: Mapping[str, Any] | None, **keywords: Any
         out[OPTION_CATCHUP_WINDOW] = seconds_option(
             out[OPTION_CATCHUP_WINDOW], OPTION_CATCHUP_WINDOW, name, zero_ok=False
         )
+    if OPTION_OVERLAP in out:
+        out[OPTION_OVERLAP] = overlap_option(out[OPTION_OVERLAP], name)
+    if OPTION_OVERLAP_TTL in out:
+        out[OPTION_OVERLAP_TTL] = seconds_option(out[OPTION_OVERLAP_TTL], OPTION_OVERLAP_TTL, name, zero_ok=False)
     return out
 
 
 def config_spec(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``beat_schedule`` entry with its ``jitter`` / ``catchup_window`` keys moved into its options."""
+    """A ``beat_schedule`` entry with its ``jitter`` / ``catchup_window`` / ``overlap`` keys moved into
+    its options (validated, as ``save_entry`` does)."""
     spec = dict(spec)
     keywords = {keyword: spec.pop(keyword) for keyword in KEYWORDS if keyword in spec}
-    if keywords:
+    options = spec.get("options") or {}
+    if keywords or _OVERLAP_ALIAS in options or OPTION_OVERLAP in options or OPTION_OVERLAP_TTL in options:
         spec["options"] = policy_options(name, spec.get("options"), **keywords)
     return spec
 

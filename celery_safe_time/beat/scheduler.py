@@ -25,13 +25,14 @@ from celery.beat import ScheduleEntry, Scheduler
 from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
-from ..exceptions import LeaseLost
+from ..exceptions import LeaseLost, ScheduleError
 from ..messages.publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held
 from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
 from .leader import LeaseTerm
+from .overlap import OverlapGate
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
 from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
 from .state import dump_state, load_state, state_next
@@ -51,6 +52,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.init_lease(app)
+        #: the entries' overlap policies, decided at dispatch (:mod:`.overlap`)
+        self.overlap_gate = OverlapGate(app, self.config)
         self.plans: dict[str, Plan] = {}
         self.broken: dict[str, str] = {}
         self._reconciled: LeaseTerm | None = None
@@ -673,8 +676,21 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def _send(self, entry: Any, slot: float, epoch: int) -> Any:
         """Publish one slot (or buffer it, inside a batch); None when it failed (logged)."""
         when = to_datetime(slot)
+        try:
+            extra = self.overlap_gate.admit(entry.name, entry.options, slot)
+        except ScheduleError as exc:
+            logger.error("beat: entry %r slot %s not published: %s", entry.name, when.isoformat(), exc)
+            return None
+        if extra is None:  # dropped by its overlap policy (logged and signalled)
+            return None
         options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
-        options["headers"] = {**(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
+        options["headers"] = {
+            **(options.get("headers") or {}),
+            **extra.pop("headers", {}),
+            C.HEADER_SLOT: when.isoformat(),
+            C.HEADER_EPOCH: epoch,
+        }
+        options.update(extra)
         proxy = copy.copy(entry)
         proxy.options = options
         try:
@@ -682,6 +698,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         except Exception as exc:
             # At most once: the slot is marked fired; a lost publish is logged, not retried.
             logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
+            self.overlap_gate.unpublished(entry.name, options)
             return None
 
     def _sent(self, entry: Any, slot: float, epoch: int, result: Any) -> None:

@@ -38,6 +38,11 @@ def _mark_pool_child(**_: Any) -> None:
     _pool_child = True
 
 
+def in_pool_child() -> bool:
+    """Whether this process is a prefork pool process (``worker_process_init`` was sent in it)."""
+    return _pool_child
+
+
 class LockedCall(Protocol):
     """What :func:`hard_deadline` reads of a locked call (``runtime.Call`` has it): the running task,
     its request and its app. A protocol, so this module needs nothing of the runtime that imports it."""

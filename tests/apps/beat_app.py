@@ -1,24 +1,60 @@
 """A beat app whose schedule comes from env ``SAFE_TIME_TEST_BEAT_SCHEDULE`` (JSON).
 
 Each entry: ``{"task": ..., "every": seconds}`` or ``{"task": ..., "cron": {crontab kwargs incl. tz}}``
-plus optional ``args``, ``kwargs``, ``options``, ``jitter`` and ``catchup_window``. Uses the
-``tests.record`` task of ``basic``.
+plus optional ``args``, ``kwargs``, ``options``, ``jitter``, ``catchup_window``, ``overlap`` and
+``overlap_ttl``. Uses the ``tests.record`` task of ``basic``; ``tests.overlap_run`` records the start
+and the end of each run of an entry with an overlap policy (``test:overlap:<label>``), and beat's
+first publish of each of its slots.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
-from celery_safe_time import crontab
-from tests.apps.basic import app, record
+from celery.signals import before_task_publish
 
-__all__ = ["app", "record"]
+from celery_safe_time import crontab
+from tests.apps.basic import _redis, app, record
+
+__all__ = ["app", "overlap_run", "record"]
+
+
+def _event(label: str, event: str, task_id: Any, **extra: Any) -> None:
+    _redis.rpush(f"test:overlap:{label}", json.dumps({"event": event, "task_id": task_id, "at": time.time(), **extra}))
+
+
+@app.task(bind=True, name="tests.overlap_run")
+def overlap_run(self, label: str, sleep: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+    _event(label, "start", self.request.id, pid=os.getpid())
+    outcome = "done"
+    try:
+        deadline = time.time() + sleep
+        while time.time() < deadline:
+            time.sleep(0.05)
+    except BaseException as exc:
+        outcome = type(exc).__name__
+        raise
+    finally:
+        _event(label, "end", self.request.id, outcome=outcome)
+
+
+def _on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Beat's publish of a slot of an entry with an overlap policy (a worker's re-queue carries
+    ``safe_time_requeues`` and is not a new publish)."""
+    spec = (headers or {}).get("safe_time_overlap")
+    if isinstance(spec, dict) and "safe_time_requeues" not in (headers or {}):
+        _event(spec["entry"], "publish", (headers or {}).get("id"))
+
+
+before_task_publish.connect(_on_publish, weak=False)
 
 
 def _entry(spec: dict[str, Any]) -> dict[str, Any]:
-    entry = {k: v for k, v in spec.items() if k in ("task", "args", "kwargs", "options", "jitter", "catchup_window")}
+    keys = ("task", "args", "kwargs", "options", "jitter", "catchup_window", "overlap", "overlap_ttl")
+    entry = {k: v for k, v in spec.items() if k in keys}
     if "cron" in spec:
         entry["schedule"] = crontab(**spec["cron"])
     elif "raw" in spec:  # deliberately broken schedules for the bad-input tests

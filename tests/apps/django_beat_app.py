@@ -13,5 +13,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django_settings")
 django.setup()
 
 from tests.apps.basic import app, record  # noqa: E402
+from tests.apps.beat_app import overlap_run  # noqa: E402
 
-__all__ = ["app", "record"]
+__all__ = ["app", "overlap_run", "record"]

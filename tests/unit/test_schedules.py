@@ -187,7 +187,9 @@ def test_next_fire_from_any_instant(zone: str, entry: tuple[str, str], after: fl
     after=st.floats(min_value=YEAR_START, max_value=YEAR_END - 3 * 86400),
 )
 def test_next_local_follows_the_fixed_rules(zone: str, hour: int, minute: int, after: float) -> None:
-    got = next_local(dt.time(hour, minute), zone, after=dt.datetime.fromtimestamp(after, UTC))
+    when = dt.datetime.fromtimestamp(after, UTC)
+    after = when.timestamp()  # a datetime holds microseconds: compare from the instant next_local was given
+    got = next_local(dt.time(hour, minute), zone, after=when)
     assert got.tzinfo is not None
     assert got.timestamp() == crontab(str(minute), str(hour), tz=zone).next_ts(after)
 

@@ -23,12 +23,16 @@ from ... import constants as C
 from ... import signals
 from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
+from ...beat.overlap import OverlapGate
 from ...beat.policies import (
     OPTION_CATCHUP_WINDOW,
     OPTION_JITTER,
+    OPTION_OVERLAP,
+    OPTION_OVERLAP_TTL,
     beat_slots_past_catchup,
     jitter_offset,
     offset_function,
+    overlap_option,
     seconds_option,
 )
 from ...beat.slots import GenericGrid, Grid, IntervalGrid, decide, grid_for
@@ -77,6 +81,19 @@ class SafeModelEntry(ModelEntry):
                 )
             except ScheduleError as exc:
                 self._refuse(str(exc).removeprefix(f"entry {self.name!r}: "))
+        # the overlap policy (and its run lease), read by the scheduler's overlap gate at publish
+        self.overlap_options: dict[str, Any] = {}
+        try:
+            overlap = headers.pop(OPTION_OVERLAP, None)
+            if overlap is not None:
+                self.overlap_options[OPTION_OVERLAP] = overlap_option(overlap, self.name)
+            ttl = headers.pop(OPTION_OVERLAP_TTL, None)
+            if ttl is not None:
+                self.overlap_options[OPTION_OVERLAP_TTL] = seconds_option(
+                    ttl, f"headers.{OPTION_OVERLAP_TTL}", self.name, zero_ok=False
+                )
+        except ScheduleError as exc:
+            self._refuse(str(exc).removeprefix(f"entry {self.name!r}: "))
         jitter = headers.pop(OPTION_JITTER, None)
         schedule = getattr(self, "schedule", None)
         if isinstance(schedule, celery_crontab) and getattr(model, "crontab", None) is not None:
@@ -188,6 +205,8 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.init_lease(app)
+        #: the rows' overlap policies (``safe_time_overlap`` in their headers JSON), decided at publish
+        self.overlap_gate = OverlapGate(app, self.config)
         clock = self.clock
         self.Entry = type(
             "SafeModelEntry",
@@ -274,9 +293,17 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
 
     def _publish(self, entry: Any, slot: float, epoch: int, producer: Any, **kwargs: Any) -> Any:
         when = to_datetime(slot)
+        extra = self.overlap_gate.admit(entry.name, getattr(entry, "overlap_options", None), slot)
+        if extra is None:  # dropped by its overlap policy (logged and signalled)
+            return None
         original = entry.options
-        headers = {**(original.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
-        entry.options = {**original, "headers": headers}  # ModelEntry cannot be copied
+        headers = {
+            **(original.get("headers") or {}),
+            **extra.pop("headers", {}),
+            C.HEADER_SLOT: when.isoformat(),
+            C.HEADER_EPOCH: epoch,
+        }
+        entry.options = {**original, **extra, "headers": headers}  # ModelEntry cannot be copied
         try:
             result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
         finally:

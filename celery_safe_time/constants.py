@@ -137,6 +137,13 @@ KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 #: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
 #: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
 KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
+#: Run history of one entry (``beat/history.py``): hash slot ms -> the published record (JSON), and
+#: ``<slot ms>:o`` -> its outcome (JSON, written by the worker).
+KEY_BEAT_HISTORY: Final = "beat:history:{entry}"
+#: The same entry's slots in order (zset slot ms -> slot ms): what is trimmed to the history size.
+KEY_BEAT_HISTORY_SLOTS: Final = "beat:history-slots:{entry}"
+#: Change audit of one entry: a list of records (JSON), newest first, trimmed to the audit size.
+KEY_BEAT_AUDIT: Final = "beat:audit:{entry}"
 KEY_LOCK: Final = "lock:{key}"
 # On a Redis Cluster (and only there: plain Redis and Sentinel keep the names above, so a rolling
 # upgrade never renames a key) ``SafeTimeConfig.key`` adds a hash tag, so that the keys one script
@@ -182,6 +189,8 @@ HEADER_PRIOR_RUNS: Final = "safe_time_prior_runs"
 #: A fresh random token on every publish (``before_task_publish``): a broker redelivery of one
 #: message keeps it, a retry or re-queue gets a new one. It names one attempt of one message.
 HEADER_ATTEMPT: Final = "safe_time_attempt"
+#: On a slot published by beat or a backfill: the entry's name (the worker fills in its run history).
+HEADER_ENTRY: Final = "safe_time_entry"
 
 # === beat =====================================================================
 #: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).
@@ -209,6 +218,22 @@ BEAT_BACKFILL_BATCH: Final = 100
 BEAT_BACKFILL_HORIZON: Final = FIRED_SLOT_TTL - 2 * BEAT_PRUNE_INTERVAL
 #: Entries shown by ``celery safe-time status``.
 BEAT_STATUS_ENTRIES: Final = 50
+#: Runs kept per entry in its history (``safe_time_beat_history_size``; 0 keeps none).
+DEFAULT_BEAT_HISTORY_SIZE: Final = 50
+#: Changes kept per entry in its audit (``safe_time_beat_audit_size``; 0 keeps none).
+DEFAULT_BEAT_AUDIT_SIZE: Final = 50
+#: The outcomes a run's history record may show (``published`` until the worker reports).
+RUN_PUBLISHED: Final = "published"
+RUN_SUCCEEDED: Final = "succeeded"
+RUN_FAILED: Final = "failed"
+RUN_RETRIED: Final = "retried"
+RUN_REVOKED: Final = "revoked"
+#: The slot was claimed (marked fired) but its publish failed: it never reached the broker.
+RUN_NOT_PUBLISHED: Final = "not published"
+#: Audit actions (``save`` shows as ``create`` or ``update`` by whether there was a definition).
+AUDIT_ACTIONS: Final = frozenset(
+    {"create", "update", "delete", "pause", "resume", "enable", "disable", "run-now", "backfill"}
+)
 #: Format version written into every runtime entry definition (``"format": 1``).
 BEAT_ENTRY_FORMAT: Final = 1
 #: Source of an entry in ``list_entries``: the app's ``beat_schedule`` or ``save_entry``.

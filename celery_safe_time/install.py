@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger
+from celery.signals import after_setup_logger, task_postrun, task_prerun, task_revoked
 from celery.utils.log import LoggingProxy
 
 from .config import SafeTimeConfig, get_config
@@ -88,3 +88,28 @@ def _install_hook(**_: Any) -> None:
 
 # Sent once Celery's logging is set up in beat and worker processes (never in plain imports).
 after_setup_logger.connect(_install_hook, weak=False, dispatch_uid="celery_safe_time.install.traceback_hook")
+
+
+# The run history of beat entries (``beat/history.py``): the worker reports each beat-published task's
+# outcome. Connected here, with the package, so every worker reports; the module loads on first use.
+def _run_started(**kwargs: Any) -> None:
+    from .beat import history
+
+    history.on_prerun(**kwargs)
+
+
+def _run_finished(**kwargs: Any) -> None:
+    from .beat import history
+
+    history.on_postrun(**kwargs)
+
+
+def _run_revoked(**kwargs: Any) -> None:
+    from .beat import history
+
+    history.on_revoked(**kwargs)
+
+
+task_prerun.connect(_run_started, weak=False, dispatch_uid="celery_safe_time.beat.history.started")
+task_postrun.connect(_run_finished, weak=False, dispatch_uid="celery_safe_time.beat.history.finished")
+task_revoked.connect(_run_revoked, weak=False, dispatch_uid="celery_safe_time.beat.history.revoked")

@@ -28,6 +28,7 @@ from ..clock import to_datetime
 from ..exceptions import LeaseLost
 from ..messages.publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
+from . import history
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held
 from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
@@ -71,6 +72,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         #: plans of runtime entries by (spec, task, misfire policy, jitter, catch-up window): validated
         #: once per distinct schedule
         self._runtime_plans: dict[Any, Plan] = {}
+        #: task ids chosen with the run history records of the slots being published (history.py)
+        self._task_ids: dict[tuple[str, float], str] = {}
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -305,6 +308,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                     return self._refused(name, slot)
                 if verdict > 0:
                     logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
+                    self._task_ids.update(history.record_published(self.backend, name, slot, epoch, "run-now"))
                     self.publish(entry, slot, epoch)
             else:
                 logger.warning("beat: run-now of unknown entry %r dropped", name)
@@ -509,12 +513,17 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         allows; False when the lease turned out to be gone."""
         if not planned:
             return True
-        verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
+        # each slot's run record (and the task id it names) rides in the same round trip
+        writes, self._task_ids = history.stamp_writes(
+            [write for _, write in planned], epoch, self.clock.time(), self.config.beat_history_size
+        )
+        verdicts = self.lease.write_slots(epoch, writes)
         allowed: list[tuple[Any, float]] = []
         try:
             return self._allowed(planned, verdicts, allowed)
         finally:
             self.publish_many(allowed, epoch)
+            self._task_ids = {}
 
     def _allowed(
         self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]
@@ -603,7 +612,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         """Compare-and-set ``name``'s loaded definition ``raw`` to ``enabled``; log ``done`` when it changed
         (with the new version), ``failed`` when it could not be rewritten (backend errors propagate)."""
         try:
-            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, enabled))
+            audit = history.audit_meta(
+                self.config, "resume" if enabled else "disable", history.beat_changer(), self.clock.time()
+            )
+            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, enabled), audit)
         except self.backend_errors:
             raise
         except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
@@ -674,7 +686,13 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         """Publish one slot (or buffer it, inside a batch); None when it failed (logged)."""
         when = to_datetime(slot)
         options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
-        options["headers"] = {**(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
+        options["headers"] = {
+            **(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch,
+            C.HEADER_ENTRY: entry.name,
+        }  # fmt: skip
+        task_id = self._task_ids.pop((entry.name, slot), None)
+        if task_id is not None:
+            options["task_id"] = task_id  # the id its run record names
         proxy = copy.copy(entry)
         proxy.options = options
         try:
@@ -682,6 +700,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         except Exception as exc:
             # At most once: the slot is marked fired; a lost publish is logged, not retried.
             logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
+            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
             return None
 
     def _sent(self, entry: Any, slot: float, epoch: int, result: Any) -> None:

@@ -102,8 +102,11 @@ def test_each_published_slot_has_a_record_naming_its_task_id_and_the_worker_fill
     by_slot = {slot: task_id for _, slot, task_id in sent}
     for run in runs:
         assert run.task_id == by_slot[run.slot.timestamp()]  # the id the publish used
-        assert run.outcome == C.RUN_PUBLISHED and run.epoch == 1 and run.via == "beat"
-        assert run.lateness is not None and 0.0 <= run.lateness < 1.0
+        assert run.outcome == C.RUN_PUBLISHED
+        assert run.epoch == 1
+        assert run.via == "beat"
+        assert run.lateness is not None
+        assert 0.0 <= run.lateness < 1.0
     newest = runs[0]
     request = types.SimpleNamespace(
         headers={C.HEADER_ENTRY: "e", C.HEADER_SLOT: newest.slot.isoformat()}, hostname="w1@h", retries=0
@@ -112,7 +115,9 @@ def test_each_published_slot_has_a_record_naming_its_task_id_and_the_worker_fill
     history.report_outcome(app, request, "FAILURE", newest.task_id)
     after = history.entry_history("e", app=app, limit=1)[0]
     assert (after.outcome, after.worker, after.retries) == (C.RUN_FAILED, "w1@h", 0)
-    assert after.runtime is not None and after.runtime >= 0 and after.finished_at is not None
+    assert after.runtime is not None
+    assert after.runtime >= 0
+    assert after.finished_at is not None
     # a run that is not kept (trimmed away) is not brought back by its outcome
     old = types.SimpleNamespace(headers={C.HEADER_ENTRY: "e", C.HEADER_SLOT: "2000-01-01T00:00:00+00:00"})
     history.report_outcome(app, old, "SUCCESS", "x")
@@ -141,7 +146,8 @@ def test_history_size_zero_writes_no_record_and_publishes_as_before(
             sched.tick()
     finally:
         sched.close()
-    assert sent and data.history == {}
+    assert sent
+    assert data.history == {}
     assert history.entry_history("e", app=app) == []
 
 
@@ -159,14 +165,16 @@ def test_audit_records_are_capped_and_read_newest_first(data: MemoryBeatData) ->
     history.record_audit(backend, "x", "run-now", None, T0 + 2, slot="s")
     records = history.entry_audit("x", app=app)
     assert [(r.action, r.version) for r in records] == [("run-now", None), ("pause", 2)]
-    assert records[0].changed_by == history.default_changed_by() and records[0].detail == {"slot": "s"}
+    assert records[0].changed_by == history.default_changed_by()
+    assert records[0].detail == {"slot": "s"}
     assert (records[1].changed_by, records[1].old, records[1].new) == (
         "bob@h2",
         {"task": "a", "enabled": True},
         {"task": "a", "enabled": False},
     )
     first = history.audit_record("x", with_definitions(meta, None, old, 1))
-    assert first is not None and first.action == "create"  # a save with no definition before it
+    assert first is not None
+    assert first.action == "create"
     assert history.audit_meta(get_config(_app(safe_time_beat_audit_size=0)), "save", None, T0) is None
 
 

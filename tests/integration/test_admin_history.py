@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -52,8 +53,8 @@ def test_the_entry_page_shows_runs_with_outcomes_and_changes(admin_client: Clien
     request = types.SimpleNamespace(
         headers={
             C.HEADER_ENTRY: "tenant 7/report",
-            C.HEADER_SLOT: history.run_record("x", writes[1].history, None).slot.isoformat(),
-        },  # type: ignore[union-attr]
+            C.HEADER_SLOT: datetime.fromtimestamp(slots[1], timezone.utc).isoformat(),
+        },
         hostname="worker-7",
     )
     history.report_outcome(admin_app, request, "FAILURE", ids[("tenant 7/report", slots[1])])

@@ -50,27 +50,45 @@ def _round(backend: BeatBackend, lease: Any, epoch: int, batch: int, slot: float
     return elapsed
 
 
-def measure(redis_url: str, postgres_url: str | None, batch: int, rounds: int, size: int) -> float:
-    """Median milliseconds of one ``write_slots`` of ``batch`` dispatches."""
-    backend = _backend(redis_url, postgres_url, size)
-    lease = backend.make_lease()
-    epoch = lease.acquire(time.time())
-    assert epoch is not None
-    slot = 1_800_000_000.0
-    for _ in range(max(size, 1) + 5):  # fill each entry's history: every later write trims one
-        _round(backend, lease, epoch, batch, slot, size)
-        slot += 1
-    times = []
+class Bench:
+    """One backend, its lease and its next slot, each entry's history filled (every later write trims)."""
+
+    def __init__(self, redis_url: str, postgres_url: str | None, batch: int, size: int) -> None:
+        self.backend = _backend(redis_url, postgres_url, size)
+        self.lease = self.backend.make_lease()
+        epoch = self.lease.acquire(time.time())
+        assert epoch is not None
+        self.epoch, self.batch, self.size = epoch, batch, size
+        self.slot = 1_800_000_000.0
+        self.times: list[float] = []
+        for _ in range(max(size, 1) + 5):
+            self.round(keep=False)
+
+    def round(self, keep: bool = True) -> None:
+        elapsed = _round(self.backend, self.lease, self.epoch, self.batch, self.slot, self.size)
+        self.slot += 1
+        if keep:
+            self.times.append(elapsed)
+
+    def close(self) -> float:
+        """Median milliseconds of one ``write_slots``; drops what the run wrote (Redis keys)."""
+        self.lease.release()
+        client = getattr(self.backend, "client", None)
+        if client is not None:  # PostgreSQL rows stay under their own ns
+            for key in client.scan_iter(match=self.backend.config.key_prefix + "*", count=1000):
+                client.delete(key)
+        self.backend.close()
+        return statistics.median(self.times) * 1000
+
+
+def measure(redis_url: str, postgres_url: str | None, batch: int, rounds: int) -> tuple[float, float]:
+    """Median milliseconds of one ``write_slots`` of ``batch`` dispatches, history off and on (50 kept),
+    their rounds interleaved so that a load change on the machine hits both alike."""
+    off, on = Bench(redis_url, postgres_url, batch, 0), Bench(redis_url, postgres_url, batch, 50)
     for _ in range(rounds):
-        times.append(_round(backend, lease, epoch, batch, slot, size))
-        slot += 1
-    lease.release()
-    client = getattr(backend, "client", None)
-    if client is not None:  # Redis: drop this run's keys (PostgreSQL rows stay under their own ns)
-        for key in client.scan_iter(match=backend.config.key_prefix + "*", count=1000):
-            client.delete(key)
-    backend.close()
-    return statistics.median(times) * 1000
+        off.round()
+        on.round()
+    return off.close(), on.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, pg in (("Redis", None), ("PostgreSQL", args.postgres)):
         for batch in (1, 100):
             rounds = args.rounds if batch == 1 else max(args.rounds // 5, 10)
-            off = measure(args.redis, pg, batch, rounds, 0)
-            on = measure(args.redis, pg, batch, rounds, 50)
+            off, on = measure(args.redis, pg, batch, rounds)
             print(f"| {label} | {batch} | {off:.3f} | {on:.3f} | {on - off:+.3f} ms ({(on / off - 1) * 100:+.0f}%) |")
     return 0
 

@@ -66,14 +66,11 @@ recorded AS (
 -- entry recorded now, with the new one that makes history_size
 trimmed AS (
     DELETE FROM safe_time_beat_history h
-    USING (
-        SELECT entry, slot_ms FROM (
-            SELECT entry, slot_ms, row_number() OVER (PARTITION BY entry ORDER BY slot_ms DESC) AS r
-            FROM safe_time_beat_history
-            WHERE ns = :ns AND entry IN (SELECT entry FROM recorded)
-        ) ranked WHERE r >= :history_size
-    ) old
-    WHERE h.ns = :ns AND h.entry = old.entry AND h.slot_ms = old.slot_ms
+    USING (SELECT DISTINCT entry FROM recorded) r
+    WHERE h.ns = :ns AND h.entry = r.entry AND h.slot_ms <= (
+        SELECT k.slot_ms FROM safe_time_beat_history k WHERE k.ns = :ns AND k.entry = r.entry
+        ORDER BY k.slot_ms DESC OFFSET :history_size - 1 LIMIT 1
+    )
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ok) AS leader,

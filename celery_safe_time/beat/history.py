@@ -232,15 +232,20 @@ _backends_lock = threading.Lock()
 _started: dict[str, tuple[float, float]] = {}
 
 
-def _backend_of(app: Celery) -> BeatBackend | None:
+def _cached_backend(app: Celery) -> BeatBackend:
+    """The app's beat backend, made once per app (a PostgreSQL one checks its tables once)."""
     with _backends_lock:
         backend = _backends.get(app)
         if backend is None:
-            config = get_config(app)
-            if not config.beat_history_size:
-                return None
-            backend = _backends[app] = beat_backend(config)
+            backend = _backends[app] = beat_backend(get_config(app))
         return backend
+
+
+def _backend_of(app: Celery) -> BeatBackend | None:
+    """The backend the worker writes outcomes to; None when the history is off."""
+    if not get_config(app).beat_history_size:
+        return None
+    return _cached_backend(app)
 
 
 def _slot_of(request: Any) -> tuple[str, float] | None:
@@ -387,7 +392,7 @@ def _app(app: Celery | None) -> Celery:
 def entry_history(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_HISTORY_SIZE) -> list[RunRecord]:
     """The last ``limit`` runs of the beat entry ``name``, newest slot first (empty when it has none
     or the history is off)."""
-    backend = beat_backend(get_config(_app(app)))
+    backend = _cached_backend(_app(app))
     out = []
     for published, outcome in backend.history(name, limit):
         record = run_record(name, published, outcome)
@@ -398,7 +403,7 @@ def entry_history(name: str, app: Celery | None = None, limit: int = C.DEFAULT_B
 
 def entry_audit(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_AUDIT_SIZE) -> list[AuditRecord]:
     """The last ``limit`` changes of the beat entry ``name``, newest first."""
-    backend = beat_backend(get_config(_app(app)))
+    backend = _cached_backend(_app(app))
     out = []
     for raw in backend.audit(name, limit):
         record = audit_record(name, raw)

@@ -20,6 +20,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
+from ...beat import history
 from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
 from ...beat.policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, seconds_option
@@ -242,10 +243,21 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
     def _publish(self, entry: Any, slot: float, epoch: int, producer: Any, **kwargs: Any) -> Any:
         when = to_datetime(slot)
         original = entry.options
-        headers = {**(original.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch}
+        headers = {
+            **(original.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch,
+            C.HEADER_ENTRY: entry.name,
+        }  # fmt: skip
+        # its run record (one write: this scheduler's dispatch checks go one by one) names the task id
+        ids = history.record_published(self.backend, entry.name, slot, epoch, "beat")
         entry.options = {**original, "headers": headers}  # ModelEntry cannot be copied
+        task_id = ids.get((entry.name, slot))
+        if task_id is not None:
+            entry.options["task_id"] = task_id
         try:
             result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        except Exception as exc:
+            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
+            raise
         finally:
             entry.options = original
         signals.beat_slot_dispatched.send(

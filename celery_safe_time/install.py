@@ -18,6 +18,7 @@ from celery import Celery
 from celery.signals import after_setup_logger, task_postrun, task_prerun, task_revoked
 from celery.utils.log import LoggingProxy
 
+from . import constants as C
 from .config import SafeTimeConfig, get_config
 from .exceptions import ImproperlyConfigured
 
@@ -91,23 +92,40 @@ after_setup_logger.connect(_install_hook, weak=False, dispatch_uid="celery_safe_
 
 
 # The run history of beat entries (``beat/history.py``): the worker reports each beat-published task's
-# outcome. Connected here, with the package, so every worker reports; the module loads on first use.
-def _run_started(**kwargs: Any) -> None:
-    from .beat import history
+# outcome. Connected here, with the package, so every worker reports; the history module (and beat
+# with it) loads only when a task published by beat runs.
+def _from_beat(request: Any) -> bool:
+    """Whether ``request`` carries the entry header (in its headers, or set on it as Celery sets a
+    protocol 2 message's custom headers): a check of its own, so that every other task pays two
+    dict lookups and no import."""
+    if request is None:
+        return False
+    headers = getattr(request, "headers", None)
+    if headers and C.HEADER_ENTRY in headers:
+        return True
+    own = getattr(request, "__dict__", None)
+    return bool(own and own.get(C.HEADER_ENTRY))
 
-    history.on_prerun(**kwargs)
+
+def _run_started(task: Any = None, **kwargs: Any) -> None:
+    if _from_beat(getattr(task, "request", None)):
+        from .beat import history
+
+        history.on_prerun(task=task, **kwargs)
 
 
-def _run_finished(**kwargs: Any) -> None:
-    from .beat import history
+def _run_finished(task: Any = None, **kwargs: Any) -> None:
+    if _from_beat(getattr(task, "request", None)):
+        from .beat import history
 
-    history.on_postrun(**kwargs)
+        history.on_postrun(task=task, **kwargs)
 
 
-def _run_revoked(**kwargs: Any) -> None:
-    from .beat import history
+def _run_revoked(request: Any = None, **kwargs: Any) -> None:
+    if _from_beat(request):
+        from .beat import history
 
-    history.on_revoked(**kwargs)
+        history.on_revoked(request=request, **kwargs)
 
 
 task_prerun.connect(_run_started, weak=False, dispatch_uid="celery_safe_time.beat.history.started")

@@ -3,6 +3,7 @@ writes with its dispatches, the outcome a worker reports, trimming, the audit re
 
 from __future__ import annotations
 
+import importlib
 import json
 import types
 from collections.abc import Iterator
@@ -185,3 +186,26 @@ def test_sizes_must_be_whole_numbers(setting: str, value: Any) -> None:
     app.conf.update(safe_time_redis_url="redis://127.0.0.1:1/0", **{setting: value})
     with pytest.raises(ImproperlyConfigured, match=setting):
         get_config(app)
+
+
+def test_the_worker_hooks_report_beat_tasks_only(data: MemoryBeatData) -> None:
+    install = importlib.import_module("celery_safe_time.install")  # the package attribute is the function
+
+    app = _app()
+    backend = MemoryBeatBackend(get_config(app), data)
+    backend.history_record("e", T0, history.published_record(T0, T0 + 0.5, "tid", 1, "h"))
+    backend.history_record("f", T0, history.published_record(T0, T0 + 0.5, "tid2", 1, "h"))
+    headers = {C.HEADER_ENTRY: "e", C.HEADER_SLOT: "2027-01-15T08:00:00+00:00"}
+    request = types.SimpleNamespace(hostname="w@h", retries=2, **headers)  # as Celery sets protocol 2 headers
+    task = types.SimpleNamespace(request=request, _get_app=lambda: app)
+    install._run_started(task=task, task_id="tid")
+    install._run_finished(task=task, task_id="tid", state="RETRY")
+    run = history.entry_history("e", app=app)[0]
+    assert (run.outcome, run.retries, run.worker) == (C.RUN_RETRIED, 2, "w@h")
+    assert run.runtime is not None
+    revoked = types.SimpleNamespace(id="tid2", headers={C.HEADER_ENTRY: "f", C.HEADER_SLOT: "2027-01-15T08:00:00Z"})
+    install._run_revoked(sender=task, request=revoked, expired=False)
+    assert history.entry_history("f", app=app)[0].outcome == C.RUN_REVOKED
+    plain = types.SimpleNamespace(request=types.SimpleNamespace(headers={}), _get_app=lambda: app)
+    install._run_finished(task=plain, task_id="other", state="SUCCESS")  # not from beat: nothing, no error
+    assert not install._from_beat(None)

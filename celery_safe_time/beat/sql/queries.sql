@@ -69,7 +69,7 @@ trimmed AS (
     USING (SELECT DISTINCT entry FROM recorded) r
     WHERE h.ns = :ns AND h.entry = r.entry AND h.slot_ms <= (
         SELECT k.slot_ms FROM safe_time_beat_history k WHERE k.ns = :ns AND k.entry = r.entry
-        ORDER BY k.slot_ms DESC OFFSET :history_size - 1 LIMIT 1
+        ORDER BY k.slot_ms DESC OFFSET GREATEST(:history_size - 1, 0) LIMIT 1
     )
     RETURNING 1
 )

@@ -222,6 +222,9 @@ BEAT_STATUS_ENTRIES: Final = 50
 DEFAULT_BEAT_HISTORY_SIZE: Final = 50
 #: Changes kept per entry in its audit (``safe_time_beat_audit_size``; 0 keeps none).
 DEFAULT_BEAT_AUDIT_SIZE: Final = 50
+#: How long (seconds) a deleted runtime entry's runs and changes are kept (unless the name is saved
+#: again): 7 days, as fired-slot records.
+BEAT_DELETED_HISTORY_KEEP: Final = FIRED_SLOT_TTL
 #: The outcomes a run's history record may show (``published`` until the worker reports).
 RUN_PUBLISHED: Final = "published"
 RUN_SUCCEEDED: Final = "succeeded"

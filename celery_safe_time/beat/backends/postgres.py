@@ -653,10 +653,12 @@ class PostgresBeatBackend(BeatBackend):
 
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:
-        """Delete fired-slot rows older than ``FIRED_SLOT_TTL`` (leader only: the lease is checked)."""
+        """Delete fired-slot rows older than ``FIRED_SLOT_TTL``, and the runs and changes of entries
+        deleted ``BEAT_DELETED_HISTORY_KEEP`` ago (leader only: the lease is checked)."""
         with self.autocommit() as conn:
             result = conn.execute(
                 _QUERIES["prune_fired"],
                 self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),
             )
+            conn.execute(_QUERIES["prune_deleted"], self._p(token=token, keep=float(C.BEAT_DELETED_HISTORY_KEEP)))
         return int(result.rowcount or 0)

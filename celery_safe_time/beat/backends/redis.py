@@ -270,19 +270,22 @@ class RedisBeatBackend(BeatBackend):
             return None
         return self.config.key(C.KEY_BEAT_AUDIT, entry=name), audit, self.config.beat_audit_size
 
+    def _kept_keys(self, name: str) -> list[str]:
+        """The entry's audit and history keys, which a save and a delete touch."""
+        return [self.config.key(C.KEY_BEAT_AUDIT, entry=name), *history_keys(self.config, name)]
+
+    def _audit_args(self, audit: str | None) -> list[str]:
+        on = audit is not None and self.config.beat_audit_size > 0
+        return [audit if on and audit is not None else "", str(self.config.beat_audit_size)]
+
     def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
-        keys, args = self._entry_keys(), [name, raw]
-        extra = self._audit(name, audit)
-        if extra is not None:
-            keys, args = [*keys, extra[0]], [*args, extra[1], str(extra[2])]
-        return int(self.scripts["save_entry"](keys=keys, args=args))
+        keys = [*self._entry_keys(), *self._kept_keys(name)]
+        return int(self.scripts["save_entry"](keys=keys, args=[name, raw, *self._audit_args(audit)]))
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:
-        keys, args = self._entry_keys(), [name]
-        extra = self._audit(name, audit)
-        if extra is not None:
-            keys, args = [*keys, extra[0]], [*args, extra[1], str(extra[2])]
-        return int(self.scripts["delete_entry"](keys=keys, args=args))
+        keys = [*self._entry_keys(), *self._kept_keys(name)]
+        keep_ms = str(int(C.BEAT_DELETED_HISTORY_KEEP * 1000))
+        return int(self.scripts["delete_entry"](keys=keys, args=[name, *self._audit_args(audit), keep_ms]))
 
     # --- run history and change audit ---------------------------------------------------
     def history_record(self, name: str, slot: float, record: str) -> None:

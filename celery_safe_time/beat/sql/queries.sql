@@ -301,3 +301,22 @@ WHERE a.ns = :ns AND a.name = :name AND a.id = old.id AND EXISTS (SELECT 1 FROM 
 
 -- name: audit_read
 SELECT record FROM safe_time_beat_audit WHERE ns = :ns AND name = :name ORDER BY id DESC LIMIT :limit
+
+-- The runs and changes of entries deleted more than :keep seconds ago and not saved again (their
+-- latest audit record is the deletion); leader only, with prune_fired.
+-- name: prune_deleted
+WITH ok AS (SELECT 1 FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()),
+latest AS (
+    SELECT DISTINCT ON (name) name, record FROM safe_time_beat_audit WHERE ns = :ns ORDER BY name, id DESC
+),
+gone AS (
+    SELECT l.name FROM latest l, ok
+    WHERE CAST(l.record AS json) ->> 'action' = 'delete'
+      AND CAST(CAST(l.record AS json) ->> 'at' AS float8) < extract(epoch FROM clock_timestamp()) - :keep
+      AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = l.name)
+),
+runs AS (
+    DELETE FROM safe_time_beat_history h USING gone WHERE h.ns = :ns AND h.entry = gone.name RETURNING 1
+)
+DELETE FROM safe_time_beat_audit a USING gone WHERE a.ns = :ns AND a.name = gone.name

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+from celery_safe_time import constants as C
 from celery_safe_time.beat import history
 from celery_safe_time.beat.backends import BeatBackend, SlotWrite, beat_backend
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
 from celery_safe_time.beat.state import dump_state
 from celery_safe_time.config import get_config
 from tests.helpers.beat import coordination_settings
+from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -102,3 +104,38 @@ def test_definition_changes_append_their_audit_with_the_old_and_new_definitions(
     # without an audit record (a client of the scripts from before): the change alone, as before
     assert backend.entry_save("y", one) > 0
     assert backend.audit("y", 10) == []
+
+
+def test_a_deleted_entry_keeps_its_runs_and_changes_for_a_while_unless_saved_again(
+    backend: BeatBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if backend.name == "memory":
+        pytest.skip("the in-memory backend keeps no runtime entries")
+    lease = backend.make_lease()
+    epoch = lease.acquire(T0)
+    assert epoch is not None
+    one = json.dumps({"task": "t"})
+    for name in ("x", "y"):
+        backend.entry_save(name, one, history.audit_meta(backend.config, "save", "ann@h", T0))
+        assert _dispatch(lease, epoch, name, T0) == 1
+    deleted = history.audit_meta(backend.config, "delete", "ann@h", backend.clock.time())
+    assert backend.entry_delete("x", deleted) > 0
+    assert len(backend.history("x", 10)) == 1  # kept after the deletion (for a while)
+    assert [json.loads(_text(r))["action"] for r in backend.audit("x", 10)] == ["delete", "save"]
+    client = getattr(backend, "client", None)
+    if client is not None:
+        keys = [backend.config.key(C.KEY_BEAT_AUDIT, entry="x"), backend.config.key(C.KEY_BEAT_HISTORY, entry="x")]
+        assert all(0 < client.pttl(k) <= C.BEAT_DELETED_HISTORY_KEEP * 1000 for k in keys)
+        backend.entry_save("x", one)  # saved again: its runs and changes are kept for good
+        assert all(client.pttl(k) == -1 for k in keys)
+        monkeypatch.setattr(C, "BEAT_DELETED_HISTORY_KEEP", 0.05)
+        assert backend.entry_delete("x") > 0
+        wait_for(lambda: backend.history("x", 10) == [] and backend.audit("x", 10) == [], 5, interval=0.05)
+    else:
+        monkeypatch.setattr(C, "BEAT_DELETED_HISTORY_KEEP", -60.0)  # deleted "more than a while ago"
+        backend.prune_fired(lease.token)
+        assert backend.history("x", 10) == []
+        assert backend.audit("x", 10) == []
+    assert len(backend.history("y", 10)) == 1  # an entry that is not deleted keeps everything
+    assert len(backend.audit("y", 10)) == 1
+    lease.release()

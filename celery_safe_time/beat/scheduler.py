@@ -578,6 +578,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                     len(allowed),
                     exc,
                 )
+                history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
             return
         for entry, slot, result in sent:
             self._sent(entry, slot, epoch, result)

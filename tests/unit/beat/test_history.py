@@ -209,3 +209,25 @@ def test_the_worker_hooks_report_beat_tasks_only(data: MemoryBeatData) -> None:
     plain = types.SimpleNamespace(request=types.SimpleNamespace(headers={}), _get_app=lambda: app)
     install._run_finished(task=plain, task_id="other", state="SUCCESS")  # not from beat: nothing, no error
     assert not install._from_beat(None)
+
+
+def test_a_slot_whose_publish_failed_shows_not_published(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery.beat import Scheduler
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("broker down")
+
+    app = _app()
+    sched = _scheduler(tmp_path, app)
+    monkeypatch.setattr(Scheduler, "apply_async", refuse)
+    try:
+        for _ in range(2):
+            clock.now += 1.0
+            sched.tick()
+    finally:
+        sched.close()
+    runs = history.entry_history("e", app=app)
+    assert runs
+    assert {r.outcome for r in runs} == {C.RUN_NOT_PUBLISHED}

@@ -40,10 +40,10 @@ from dateutil.parser import isoparse
 
 from .. import constants as C
 from ..clock import UTC
-from ..config import get_config
+from ..config import SafeTimeConfig, get_config
 from ..messages.requeue import message_header
 from .backends import BeatBackend, SlotWrite, beat_backend
-from .state import slot_id, with_definitions
+from .state import with_definitions
 
 __all__ = [
     "AuditRecord",
@@ -139,11 +139,10 @@ def beat_changer() -> str:
     return f"beat {socket.gethostname()} pid {os.getpid()}"
 
 
-def audit_meta(config_or_size: Any, action: str, changed_by: str | None, now: float, **detail: Any) -> str | None:
+def audit_meta(config: SafeTimeConfig, action: str, changed_by: str | None, now: float, **detail: Any) -> str | None:
     """The JSON object of an audit record without its definitions (the backend adds ``old``, ``new``
     and ``version`` where it makes the change); None when the audit is off (size 0)."""
-    size = getattr(config_or_size, "beat_audit_size", config_or_size)
-    if not size:
+    if not config.beat_audit_size:
         return None
     body: dict[str, Any] = {"at": now, "by": changed_by or default_changed_by(), "action": action}
     if detail:
@@ -177,7 +176,7 @@ _HOST = socket.gethostname()
 
 
 def stamp_writes(
-    writes: list[SlotWrite], epoch: int, now: float, size: int, run_now: frozenset[tuple[str, float]] = frozenset()
+    writes: list[SlotWrite], epoch: int, now: float, size: int
 ) -> tuple[list[SlotWrite], dict[tuple[str, float], str]]:
     """Give each dispatch of ``writes`` a task id and its history record (when the history is on,
     ``size`` > 0); returns the writes and the task ids by (entry, slot), for the publish."""
@@ -191,8 +190,7 @@ def stamp_writes(
             continue
         task_id = str(uuid.uuid4())
         ids[(write.entry, write.slot)] = task_id
-        via = "run-now" if (write.entry, write.slot) in run_now else "beat"
-        record = published_record(write.slot, now, task_id, epoch, _HOST, via)
+        record = published_record(write.slot, now, task_id, epoch, _HOST)
         out.append(dataclasses.replace(write, history=record))
     return out, ids
 
@@ -228,8 +226,8 @@ def not_published(backend: BeatBackend, name: str, slot: float, now: float, erro
 
 _backends: weakref.WeakKeyDictionary[Celery, BeatBackend] = weakref.WeakKeyDictionary()
 _backends_lock = threading.Lock()
-#: task id -> (wall clock, monotonic clock) when it started, for its runtime
-_started: dict[str, tuple[float, float]] = {}
+#: task id -> when it started (``time.monotonic``), for its runtime; popped when it finishes
+_started: dict[str, float] = {}
 
 
 def _cached_backend(app: Celery) -> BeatBackend:
@@ -270,7 +268,7 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
         now = time.time()
         outcome: dict[str, Any] = {"outcome": _OUTCOMES.get(state, state.lower()), "finished": now}
         if started is not None:
-            outcome["runtime"] = round(time.monotonic() - started[1], 6)
+            outcome["runtime"] = round(time.monotonic() - started, 6)
         outcome["worker"] = getattr(request, "hostname", None) or _HOST
         retries = getattr(request, "retries", None)
         if isinstance(retries, int):
@@ -283,7 +281,7 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     try:
         if task_id and message_header(task.request, C.HEADER_ENTRY):
-            _started[task_id] = (time.time(), time.monotonic())
+            _started[task_id] = time.monotonic()
     except Exception:  # never in the way of a task
         pass
 
@@ -410,8 +408,3 @@ def entry_audit(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEA
         if record is not None:
             out.append(record)
     return out
-
-
-def history_slot_id(slot: float) -> str:
-    """The field a slot's record is stored under (the fired-slot id: whole milliseconds)."""
-    return slot_id(slot)

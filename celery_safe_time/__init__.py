@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     # What editors and mypy see for the lazy names below: one import per _LAZY entry, the same
     # module (tests/unit/test_typing.py checks they stay in step).
     from .beat.entries import EntryInfo, delete_entry, get_entry, list_entries, save_entry
+    from .beat.history import AuditRecord, RunRecord, entry_audit, entry_history
     from .beat.scheduler import SafeScheduler
     from .delays.admin import cancel, reschedule
     from .delays.task import SafeTask
@@ -40,6 +41,10 @@ _LAZY: dict[str, str] = {
     "get_entry": ".beat.entries",
     "list_entries": ".beat.entries",
     "save_entry": ".beat.entries",
+    "entry_history": ".beat.history",
+    "entry_audit": ".beat.history",
+    "RunRecord": ".beat.history",
+    "AuditRecord": ".beat.history",
     "crontab": ".schedules",
     "next_local": ".schedules",
     # delays
@@ -61,6 +66,10 @@ __all__ = [  # noqa: RUF022 - grouped by capability, not sorted
     "get_entry",
     "list_entries",
     "save_entry",
+    "entry_history",
+    "entry_audit",
+    "RunRecord",
+    "AuditRecord",
     "crontab",
     "next_local",
     # delays

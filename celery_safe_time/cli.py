@@ -331,16 +331,74 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
 
 @beat_group.command(name="show", cls=CeleryCommand)
 @click.argument("name")
+@click.option("--last", type=click.IntRange(min=0), default=10, show_default=True, help="Runs and changes shown.")
+@click.option("--history", "as_tables", is_flag=True, help="The last runs and changes as tables, not JSON.")
 @click.pass_context
-def beat_show(ctx: click.Context, name: str) -> None:
-    """One entry as JSON; exit 1 if unknown."""
+def beat_show(ctx: click.Context, name: str, last: int, as_tables: bool) -> None:
+    """One entry as JSON, with its last runs ("runs") and changes ("changes"); exit 1 if unknown."""
     from .beat.entries import get_entry
+    from .beat.history import entry_audit, entry_history
 
-    info = get_entry(name, app=_app(ctx))
+    app = _app(ctx)
+    info = get_entry(name, app=app)
     if info is None:
         click.echo(f"no beat entry {name!r}", err=True)
         sys.exit(1)
-    _dump(info.as_dict())
+    runs = entry_history(name, app=app, limit=last) if last else []
+    changes = entry_audit(name, app=app, limit=last) if last else []
+    if not as_tables:
+        _dump({**info.as_dict(), "runs": [r.as_dict() for r in runs], "changes": [c.as_dict() for c in changes]})
+        return
+    _echo_runs_and_changes(runs, changes)
+
+
+def _echo_runs_and_changes(runs: Sequence[Any], changes: Sequence[Any]) -> None:
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}s"
+
+    click.echo(f"last {len(runs)} run(s):")
+    if runs:
+        rows: list[tuple[str, ...]] = [
+            ("slot", "published", "lateness", "outcome", "runtime", "task id", "epoch", "host")
+        ]
+        for r in runs:
+            published = r.published_at.isoformat(timespec="milliseconds") if r.published_at else "-"
+            outcome = r.outcome + ("" if r.via == "beat" else f" ({r.via})")
+            rows.append((
+                r.slot.isoformat(), published, seconds(r.lateness), outcome,
+                seconds(r.runtime), r.task_id or "-", "-" if r.epoch is None else str(r.epoch), r.host or "-",
+            ))  # fmt: skip
+        _echo_table(rows)
+    click.echo(f"last {len(changes)} change(s):")
+    if changes:
+        rows = [("at", "action", "by", "version", "what")]
+        for c in changes:
+            rows.append((
+                c.at.isoformat(timespec="seconds"), c.action, c.changed_by,
+                "-" if c.version is None else str(c.version), _change_text(c),
+            ))  # fmt: skip
+        _echo_table(rows)
+
+
+def _change_text(change: Any) -> str:
+    """What changed, in one line: the differing fields of the definitions, or the detail."""
+    if change.detail:
+        return ", ".join(f"{k}={v}" for k, v in sorted(change.detail.items()))
+    old, new = change.old or {}, change.new or {}
+    fields = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "format")
+    return ", ".join(f"{k}: {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in fields)
+
+
+def _changed_by() -> str:
+    """Who a change made here is by: the OS user and host (the audit's ``changed_by``)."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "?"
+    return f"{user}@{socket.gethostname()} (safe-time cli)"
 
 
 @beat_group.command(name="add", cls=CeleryCommand)
@@ -415,6 +473,7 @@ def beat_add(
             catchup_window=catchup_window,
             overlap=overlap,
             overlap_ttl=overlap_ttl,
+            changed_by=_changed_by(),
         )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -429,7 +488,7 @@ def beat_remove(ctx: click.Context, name: str) -> None:
     from .beat.entries import delete_entry
 
     try:
-        removed = delete_entry(name, app=_app(ctx))
+        removed = delete_entry(name, app=_app(ctx), changed_by=_changed_by())
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if not removed:
@@ -442,7 +501,7 @@ def _set_enabled(ctx: click.Context, name: str, enabled: bool, note: str | None 
     from .beat.entries import set_enabled
 
     try:
-        info = set_enabled(name, enabled, app=_app(ctx), note=note, until=until)
+        info = set_enabled(name, enabled, app=_app(ctx), note=note, until=until, changed_by=_changed_by())
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if info is None:
@@ -504,7 +563,7 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
 
     app = _app(ctx)
     try:
-        slot = run_now(name, app=app)
+        slot = run_now(name, app=app, changed_by=_changed_by())
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
     deadline = time.monotonic() + wait
@@ -540,7 +599,9 @@ def beat_backfill(ctx: click.Context, name: str, start: str, end: str, limit: in
     from .beat.backfill import backfill
 
     try:
-        published = backfill(name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit)
+        published = backfill(
+            name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit, changed_by=_changed_by()
+        )
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

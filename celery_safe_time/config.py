@@ -98,6 +98,10 @@ class SafeTimeConfig:
     #: ``safe_time_coordination_statement_timeout``: the server's ``statement_timeout`` for coordination
     #: connections, in seconds (None: the server's own setting; sent as a startup option).
     coordination_statement_timeout: float | None = None
+    #: ``safe_time_beat_history_size``: runs kept per beat entry (0: no run history).
+    beat_history_size: int = C.DEFAULT_BEAT_HISTORY_SIZE
+    #: ``safe_time_beat_audit_size``: changes kept per beat entry (0: no change audit).
+    beat_audit_size: int = C.DEFAULT_BEAT_AUDIT_SIZE
 
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
@@ -426,6 +430,11 @@ def parse_config(
     if isinstance(sweep_max_ahead, bool) or not isinstance(sweep_max_ahead, int) or sweep_max_ahead <= 0:
         raise ImproperlyConfigured("safe_time_sweep_max_ahead", f"must be a positive integer, got {sweep_max_ahead!r}")
 
+    beat_history_size = _count(
+        "safe_time_beat_history_size", get("safe_time_beat_history_size"), C.DEFAULT_BEAT_HISTORY_SIZE
+    )
+    beat_audit_size = _count("safe_time_beat_audit_size", get("safe_time_beat_audit_size"), C.DEFAULT_BEAT_AUDIT_SIZE)
+
     allow_pickle = _default(get("safe_time_allow_pickle"), C.DEFAULT_ALLOW_PICKLE)
     if not isinstance(allow_pickle, bool):
         raise ImproperlyConfigured("safe_time_allow_pickle", f"must be True or False, got {allow_pickle!r}")
@@ -479,7 +488,17 @@ def parse_config(
         coordination_locks=coordination_locks,
         coordination_io_timeout=coordination_io_timeout,
         coordination_statement_timeout=coordination_statement_timeout,
+        beat_history_size=beat_history_size,
+        beat_audit_size=beat_audit_size,
     )
+
+
+def _count(name: str, raw: Any, default: int) -> int:
+    """A setting that is a count of kept records: a whole number, 0 or more."""
+    value = _default(raw, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ImproperlyConfigured(name, f"must be a whole number, 0 or more, got {value!r}")
+    return value
 
 
 def broker_kind(scheme: str) -> str:

@@ -137,6 +137,13 @@ KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 #: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
 #: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
 KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
+#: Run history of one entry (``beat/history.py``): hash slot ms -> the published record (JSON), and
+#: ``<slot ms>:o`` -> its outcome (JSON, written by the worker).
+KEY_BEAT_HISTORY: Final = "beat:history:{entry}"
+#: The same entry's slots in order (zset slot ms -> slot ms): what is trimmed to the history size.
+KEY_BEAT_HISTORY_SLOTS: Final = "beat:history-slots:{entry}"
+#: Change audit of one entry: a list of records (JSON), newest first, trimmed to the audit size.
+KEY_BEAT_AUDIT: Final = "beat:audit:{entry}"
 KEY_LOCK: Final = "lock:{key}"
 # On a Redis Cluster (and only there: plain Redis and Sentinel keep the names above, so a rolling
 # upgrade never renames a key) ``SafeTimeConfig.key`` adds a hash tag, so that the keys one script
@@ -185,6 +192,8 @@ HEADER_ATTEMPT: Final = "safe_time_attempt"
 #: On a slot of a beat entry with an overlap policy other than ``allow``: ``{"entry": name, "policy":
 #: policy, "ttl": seconds}``; the worker holds the entry's run lease while such a message runs.
 HEADER_OVERLAP: Final = "safe_time_overlap"
+#: On a slot published by beat or a backfill: the entry's name (the worker fills in its run history).
+HEADER_ENTRY: Final = "safe_time_entry"
 
 # === beat =====================================================================
 #: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).
@@ -212,6 +221,27 @@ BEAT_BACKFILL_BATCH: Final = 100
 BEAT_BACKFILL_HORIZON: Final = FIRED_SLOT_TTL - 2 * BEAT_PRUNE_INTERVAL
 #: Entries shown by ``celery safe-time status``.
 BEAT_STATUS_ENTRIES: Final = 50
+#: Runs kept per entry in its history (``safe_time_beat_history_size``; 0 keeps none).
+DEFAULT_BEAT_HISTORY_SIZE: Final = 50
+#: Changes kept per entry in its audit (``safe_time_beat_audit_size``; 0 keeps none).
+DEFAULT_BEAT_AUDIT_SIZE: Final = 50
+#: How long (seconds) a deleted runtime entry's runs and changes are kept (unless the name is saved
+#: again): 7 days, as fired-slot records.
+BEAT_DELETED_HISTORY_KEEP: Final = FIRED_SLOT_TTL
+#: The outcomes a run's history record may show (``published`` until the worker reports).
+RUN_PUBLISHED: Final = "published"
+RUN_SUCCEEDED: Final = "succeeded"
+RUN_FAILED: Final = "failed"
+RUN_RETRIED: Final = "retried"
+RUN_REVOKED: Final = "revoked"
+#: The slot was claimed (marked fired) but its publish failed: it never reached the broker.
+RUN_NOT_PUBLISHED: Final = "not published"
+#: The slot was claimed but its entry's overlap policy dropped it (a run was queued or running).
+RUN_DROPPED: Final = "dropped"
+#: Audit actions (``save`` shows as ``create`` or ``update`` by whether there was a definition).
+AUDIT_ACTIONS: Final = frozenset(
+    {"create", "update", "delete", "pause", "resume", "enable", "disable", "run-now", "backfill"}
+)
 #: Format version written into every runtime entry definition (``"format": 1``).
 BEAT_ENTRY_FORMAT: Final = 1
 #: Source of an entry in ``list_entries``: the app's ``beat_schedule`` or ``save_entry``.

@@ -15,9 +15,10 @@ from types import TracebackType
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, task_revoked, worker_init
+from celery.signals import after_setup_logger, task_postrun, task_prerun, task_revoked, worker_init
 from celery.utils.log import LoggingProxy
 
+from . import constants as C
 from .config import SafeTimeConfig, get_config
 from .exceptions import ImproperlyConfigured
 
@@ -108,3 +109,45 @@ def _entry_run_revoked(**kwargs: Any) -> None:
 
 worker_init.connect(_install_entry_runs, weak=False, dispatch_uid="celery_safe_time.install.entry_runs")
 task_revoked.connect(_entry_run_revoked, weak=False, dispatch_uid="celery_safe_time.install.entry_run_revoked")
+
+
+# The run history of beat entries (``beat/history.py``): the worker reports each beat-published task's
+# outcome. Connected here, with the package, so every worker reports; the history module (and beat
+# with it) loads only when a task published by beat runs.
+def _from_beat(request: Any) -> bool:
+    """Whether ``request`` carries the entry header (in its headers, or set on it as Celery sets a
+    protocol 2 message's custom headers): a check of its own, so that every other task pays two
+    dict lookups and no import."""
+    if request is None:
+        return False
+    headers = getattr(request, "headers", None)
+    if headers and C.HEADER_ENTRY in headers:
+        return True
+    own = getattr(request, "__dict__", None)
+    return bool(own and own.get(C.HEADER_ENTRY))
+
+
+def _run_started(task: Any = None, **kwargs: Any) -> None:
+    if _from_beat(getattr(task, "request", None)):
+        from .beat import history
+
+        history.on_prerun(task=task, **kwargs)
+
+
+def _run_finished(task: Any = None, **kwargs: Any) -> None:
+    if _from_beat(getattr(task, "request", None)):
+        from .beat import history
+
+        history.on_postrun(task=task, **kwargs)
+
+
+def _run_revoked(request: Any = None, **kwargs: Any) -> None:
+    if _from_beat(request):
+        from .beat import history
+
+        history.on_revoked(request=request, **kwargs)
+
+
+task_prerun.connect(_run_started, weak=False, dispatch_uid="celery_safe_time.beat.history.started")
+task_postrun.connect(_run_finished, weak=False, dispatch_uid="celery_safe_time.beat.history.finished")
+task_revoked.connect(_run_revoked, weak=False, dispatch_uid="celery_safe_time.beat.history.revoked")

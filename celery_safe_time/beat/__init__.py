@@ -10,6 +10,7 @@ import in one order, each only from those before it:
 - :mod:`.leader` the thread that keeps the lease, :mod:`.base` what both schedulers share (the
   contrib Django one included);
 - :mod:`.entries` the runtime entries (``save_entry``...), :mod:`.scheduler` ``SafeScheduler``;
+- :mod:`.history` the run history and change audit per entry (the worker's outcome hooks too);
 - :mod:`.backfill` publishes the unfired slots of a past range, guarded like the leader's;
 - :mod:`.redbeat` the import from celery-redbeat, :mod:`.admin` the status view.
 """

@@ -25,6 +25,7 @@ from ..clock import UTC, to_datetime
 from ..exceptions import ScheduleError
 from .base import stop_signals_held
 from .entries import EntryInfo, _Store, get_entry
+from .history import not_published, record_audit, record_published
 from .slots import NEVER, Grid, IntervalGrid, grid_for
 from .state import load_state
 
@@ -101,6 +102,7 @@ def backfill(
     app: Celery | None = None,
     *,
     limit: int = C.BEAT_BACKFILL_MAX,
+    changed_by: str | None = None,
 ) -> list[datetime]:
     """Publish every slot of the entry ``name`` in ``[start, end)`` that was not fired, each at most
     once (whoever else publishes it: the leader, another backfill). Returns the slots this call
@@ -110,6 +112,8 @@ def backfill(
     most ``BEAT_BACKFILL_HORIZON`` ago (fired-slot records are kept ``FIRED_SLOT_TTL``: older slots
     cannot be told fired or not). More than ``limit`` slots in the range: :class:`ScheduleError`
     naming the count, nothing published. A paused entry is backfilled too (as ``run_now`` runs it).
+    Each published slot goes into the entry's run history, and the backfill into its audit (as by
+    ``changed_by``, default ``user@host pid N``).
     """
     start, end = _aware(start, "start"), _aware(end, "end")
     if end <= start:
@@ -148,7 +152,7 @@ def backfill(
             for slot, mine in zip(batch, claimed, strict=True):
                 if not mine:
                     continue
-                if _publish(store.app, info, slot, marker):
+                if _publish(store, info, slot, marker):
                     published.append(to_datetime(slot))
                 else:
                     failed += 1
@@ -163,6 +167,10 @@ def backfill(
         len(slots) - len(published) - failed,
         failed,
     )
+    record_audit(
+        store.backend, name, "backfill", changed_by, now, start=start.isoformat(), end=end.isoformat(),
+        slots=len(slots), published=len(published), failed=failed, backfill=marker,
+    )  # fmt: skip
     return published
 
 
@@ -178,12 +186,19 @@ def _slots(store: _Store, info: EntryInfo, start: float, end: float, limit: int)
         raise ScheduleError(f"backfill of {info.name!r}: {exc}") from None
 
 
-def _publish(app: Celery, info: EntryInfo, slot: float, marker: str) -> bool:
+def _publish(store: _Store, info: EntryInfo, slot: float, marker: str) -> bool:
     """Send one slot as beat sends it (the entry's options, less ours, plus the slot header); False
     when it could not be published (logged: the slot is marked fired, so it is not sent again)."""
+    app = store.app
     when = to_datetime(slot)
     options = {k: v for k, v in info.options.items() if not k.startswith("safe_time_")}
-    options["headers"] = {**(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_BACKFILL: marker}
+    options["headers"] = {
+        **(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_BACKFILL: marker,
+        C.HEADER_ENTRY: info.name,
+    }  # fmt: skip
+    task_id = record_published(store.backend, info.name, slot, None, "backfill").get((info.name, slot))
+    if task_id is not None:
+        options["task_id"] = task_id
     try:
         task = app.tasks.get(info.task)
         if task is not None:
@@ -192,6 +207,7 @@ def _publish(app: Celery, info: EntryInfo, slot: float, marker: str) -> bool:
             app.send_task(info.task, info.args, info.kwargs, **options)
     except Exception as exc:
         logger.error("beat: backfill of entry %r slot %s could not be published: %s", info.name, when.isoformat(), exc)
+        not_published(store.backend, info.name, slot, store.backend.clock.time(), exc)
         return False
     logger.info("beat: backfill %s sent entry %r (%s) slot %s", marker, info.name, info.task, when.isoformat())
     return True

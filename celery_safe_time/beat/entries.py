@@ -52,6 +52,7 @@ from ..config import get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
 from ..schedules import crontab, resolve_tz
 from .backends import beat_backend
+from .history import audit_meta, record_audit
 from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
 from .state import load_state, slot_id, state_next
@@ -409,6 +410,7 @@ def save_entry(
     catchup_window: float | timedelta | None = None,
     overlap: str | None = None,
     overlap_ttl: float | timedelta | None = None,
+    changed_by: str | None = None,
 ) -> EntryInfo:
     """Create or replace the runtime entry ``name`` (idempotent: an unchanged definition changes
     nothing, its last and next fire included). Validates everything before storing anything:
@@ -423,7 +425,10 @@ def save_entry(
     ``overlap`` (``allow``, ``skip``, ``buffer_one``, ``buffer_all``, ``cancel_other``) says what a
     slot does while a run of the entry is queued or running; ``overlap_ttl`` is the lease of a run in
     seconds (a killed run frees the entry that much later). Stored as ``safe_time_overlap`` and
-    ``safe_time_overlap_ttl``."""
+    ``safe_time_overlap_ttl``.
+
+    A change is recorded in the entry's audit (:func:`entry_audit`) as by ``changed_by`` (default
+    ``user@host pid N``); so are the other functions' here."""
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
     store = _Store(app)
@@ -443,19 +448,23 @@ def save_entry(
     # a schedule with no slot left (an rrule that ended) would sit in the due set forever, unfired
     if plan.grid.first(store.backend.clock.time()) == NEVER:
         raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
-    store.backend.entry_save(name, raw)
+    store.backend.entry_save(name, raw, _audit(store, "save", changed_by))
     info = get_entry(name, app=store.app)
     assert info is not None
     return info
 
 
-def delete_entry(name: str, app: Celery | None = None) -> bool:
+def _audit(store: _Store, action: str, changed_by: str | None) -> str | None:
+    return audit_meta(store.config, action, changed_by, store.backend.clock.time())
+
+
+def delete_entry(name: str, app: Celery | None = None, *, changed_by: str | None = None) -> bool:
     """Delete the runtime entry ``name``; False when there is none. The leader stops it at its next
     tick. A ``beat_schedule`` entry cannot be deleted here (:class:`ScheduleError`)."""
     store = _Store(app)
     if name in store.config_entries():
         raise ScheduleError(f"{name!r} is a config entry (beat_schedule); remove it there")
-    return bool(store.backend.entry_delete(name))
+    return bool(store.backend.entry_delete(name, _audit(store, "delete", changed_by)))
 
 
 def with_enabled(name: str, raw: Any, enabled: bool, paused: Mapping[str, Any] | None = None) -> str:
@@ -473,6 +482,7 @@ def set_enabled(
     *,
     note: str | None = None,
     until: datetime | timedelta | None = None,
+    changed_by: str | None = None,
 ) -> EntryInfo | None:
     """Pause (False) or resume (True) a runtime entry, keeping its state; None when there is none.
 
@@ -490,7 +500,8 @@ def set_enabled(
         raw = store.backend.entry_definition(name)
         if raw is None:
             return None
-        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled, paused)) >= 0:
+        audit = _audit(store, "resume" if enabled else "pause", changed_by)
+        if store.backend.swap_definition(name, raw, with_enabled(name, raw, enabled, paused), audit) >= 0:
             return get_entry(name, app=store.app)
     raise ScheduleError(
         f"entry {name!r}: its definition changed under each of {C.BEAT_ENTRY_SWAP_ATTEMPTS} attempts to "
@@ -517,19 +528,24 @@ def _pause_of(name: str, note: Any, until: Any, now: float) -> dict[str, Any] | 
 
 
 def pause(
-    name: str, *, note: str | None = None, until: datetime | timedelta | None = None, app: Celery | None = None
+    name: str,
+    *,
+    note: str | None = None,
+    until: datetime | timedelta | None = None,
+    app: Celery | None = None,
+    changed_by: str | None = None,
 ) -> EntryInfo | None:
     """Pause the runtime entry ``name``, with a ``note`` and an expiry ``until`` (then the leader
     resumes it by itself, at its next slot); None when there is none. See :func:`set_enabled`."""
-    return set_enabled(name, False, app, note=note, until=until)
+    return set_enabled(name, False, app, note=note, until=until, changed_by=changed_by)
 
 
-def resume(name: str, app: Celery | None = None) -> EntryInfo | None:
+def resume(name: str, app: Celery | None = None, *, changed_by: str | None = None) -> EntryInfo | None:
     """Resume the runtime entry ``name`` at its next slot; None when there is none."""
-    return set_enabled(name, True, app)
+    return set_enabled(name, True, app, changed_by=changed_by)
 
 
-def run_now(name: str, app: Celery | None = None) -> datetime:
+def run_now(name: str, app: Celery | None = None, *, changed_by: str | None = None) -> datetime:
     """Ask the leader to publish one extra run of ``name`` now, through the dispatch guard (its slot
     is the request instant, so the request is published at most once). Returns that slot."""
     store = _Store(app)
@@ -537,6 +553,7 @@ def run_now(name: str, app: Celery | None = None) -> datetime:
         raise ScheduleError(f"no beat entry {name!r}")
     slot = round(store.backend.clock.time(), 3)
     store.backend.entry_run_now(name, slot_id(slot))
+    record_audit(store.backend, name, "run-now", changed_by, slot, slot=datetime.fromtimestamp(slot, UTC).isoformat())
     return datetime.fromtimestamp(slot, UTC)
 
 

@@ -28,7 +28,12 @@ from .backends.base import BeatLease, SlotWrite
 from .scripts import beat_scripts
 from .state import identity, marker_value, slot_id
 
-__all__ = ["Lease", "LeaseKeys", "SlotWrite"]
+__all__ = ["Lease", "LeaseKeys", "SlotWrite", "history_keys"]
+
+
+def history_keys(config: SafeTimeConfig, entry: str) -> list[str]:
+    """The run history keys of ``entry``: its records (hash) and its slots in order (zset)."""
+    return [config.key(C.KEY_BEAT_HISTORY, entry=entry), config.key(C.KEY_BEAT_HISTORY_SLOTS, entry=entry)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +174,10 @@ class Lease(BeatLease):
                 [self.token, epoch, write.entry, write.state, repr(write.next_fire)],
             )
         key = self.config.key(C.KEY_BEAT_FIRED, entry=write.entry, slot=slot_id(write.slot))
-        return (
-            self._dispatch,
-            [self.keys.lease, self.keys.epoch, key, self.keys.state, self.keys.due],
-            [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), marker],
-        )
+        keys = [self.keys.lease, self.keys.epoch, key, self.keys.state, self.keys.due]
+        args = [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), marker]
+        if write.history is not None and self.config.beat_history_size > 0:
+            # the run record rides in the dispatch script: no round trip of its own
+            keys += history_keys(self.config, write.entry)
+            args += [write.history, self.config.beat_history_size, slot_id(write.slot)]
+        return self._dispatch, keys, args

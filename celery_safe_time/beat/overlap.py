@@ -90,16 +90,19 @@ class OverlapGate:
     def store(self) -> LockBackend:
         return get_lock_backend(self.app)
 
-    def admit(self, name: str, options: Mapping[str, Any] | None, slot: float) -> dict[str, Any] | None:
+    def admit(
+        self, name: str, options: Mapping[str, Any] | None, slot: float, *, task_id: str | None = None
+    ) -> dict[str, Any] | None:
         """The ``apply_async`` options to add to ``name``'s ``slot`` (its task id and the
         ``safe_time_overlap`` header; nothing for ``allow``), or None: the slot is dropped (logged
-        and signalled). Never raises for the lock backend: unreachable, the slot is published with
-        the header, and the worker's lease still keeps the runs apart."""
+        and signalled). ``task_id`` is the id the slot's run record names (None: a new one). Never
+        raises for the lock backend: unreachable, the slot is published with the header, and the
+        worker's lease still keeps the runs apart."""
         overlap = overlap_of(options, name, self.config)
         if overlap.policy == "allow":
             return {}
-        task_id = uuid()
-        extra = {
+        task_id = task_id or uuid()
+        extra: dict[str, Any] = {
             "task_id": task_id,
             "headers": {C.HEADER_OVERLAP: {"entry": name, "policy": overlap.policy, "ttl": overlap.ttl}},
         }

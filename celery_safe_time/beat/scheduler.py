@@ -28,6 +28,7 @@ from ..clock import to_datetime
 from ..exceptions import LeaseLost, ScheduleError
 from ..messages.publishing import PublishBatch, batched_publish
 from ..redis_client import as_text
+from . import history
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held
 from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
@@ -74,6 +75,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         #: plans of runtime entries by (spec, task, misfire policy, jitter, catch-up window): validated
         #: once per distinct schedule
         self._runtime_plans: dict[Any, Plan] = {}
+        #: task ids chosen with the run history records of the slots being published (history.py)
+        self._task_ids: dict[tuple[str, float], str] = {}
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -308,6 +311,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                     return self._refused(name, slot)
                 if verdict > 0:
                     logger.info("beat: entry %r run now (requested slot %s)", name, to_datetime(slot).isoformat())
+                    self._task_ids.update(history.record_published(self.backend, name, slot, epoch, "run-now"))
                     self.publish(entry, slot, epoch)
             else:
                 logger.warning("beat: run-now of unknown entry %r dropped", name)
@@ -512,12 +516,17 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         allows; False when the lease turned out to be gone."""
         if not planned:
             return True
-        verdicts = self.lease.write_slots(epoch, [write for _, write in planned])
+        # each slot's run record (and the task id it names) rides in the same round trip
+        writes, self._task_ids = history.stamp_writes(
+            [write for _, write in planned], epoch, self.clock.time(), self.config.beat_history_size
+        )
+        verdicts = self.lease.write_slots(epoch, writes)
         allowed: list[tuple[Any, float]] = []
         try:
             return self._allowed(planned, verdicts, allowed)
         finally:
             self.publish_many(allowed, epoch)
+            self._task_ids = {}
 
     def _allowed(
         self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]
@@ -572,6 +581,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                     len(allowed),
                     exc,
                 )
+                history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
             return
         for entry, slot, result in sent:
             self._sent(entry, slot, epoch, result)
@@ -606,7 +616,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         """Compare-and-set ``name``'s loaded definition ``raw`` to ``enabled``; log ``done`` when it changed
         (with the new version), ``failed`` when it could not be rewritten (backend errors propagate)."""
         try:
-            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, enabled))
+            audit = history.audit_meta(
+                self.config, "resume" if enabled else "disable", history.beat_changer(), self.clock.time()
+            )
+            verdict = self.backend.swap_definition(name, raw, with_enabled(name, raw, enabled), audit)
         except self.backend_errors:
             raise
         except Exception as exc:  # a definition this leader could load is always rewritable; be safe anyway
@@ -676,12 +689,15 @@ class SafeScheduler(LeasedScheduler, Scheduler):
     def _send(self, entry: Any, slot: float, epoch: int) -> Any:
         """Publish one slot (or buffer it, inside a batch); None when it failed (logged)."""
         when = to_datetime(slot)
+        task_id = self._task_ids.pop((entry.name, slot), None)  # the id its run record names
         try:
-            extra = self.overlap_gate.admit(entry.name, entry.options, slot)
+            extra = self.overlap_gate.admit(entry.name, entry.options, slot, task_id=task_id)
         except ScheduleError as exc:
             logger.error("beat: entry %r slot %s not published: %s", entry.name, when.isoformat(), exc)
+            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
             return None
         if extra is None:  # dropped by its overlap policy (logged and signalled)
+            history.dropped(self.backend, entry.name, slot, self.clock.time())
             return None
         options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
         options["headers"] = {
@@ -689,8 +705,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             **extra.pop("headers", {}),
             C.HEADER_SLOT: when.isoformat(),
             C.HEADER_EPOCH: epoch,
+            C.HEADER_ENTRY: entry.name,
         }
         options.update(extra)
+        if task_id is not None:
+            options["task_id"] = task_id
         proxy = copy.copy(entry)
         proxy.options = options
         try:
@@ -699,6 +718,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             # At most once: the slot is marked fired; a lost publish is logged, not retried.
             logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
             self.overlap_gate.unpublished(entry.name, options)
+            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
             return None
 
     def _sent(self, entry: Any, slot: float, epoch: int, result: Any) -> None:

@@ -35,6 +35,8 @@ SCRIPTS = (
     "swap_entry",
     "mark_applied",
     "claim_slots",
+    "history_record",
+    "history_outcome",
 )
 
 

@@ -14,7 +14,7 @@ import socket
 import uuid
 from typing import Any
 
-__all__ = ["dump_state", "identity", "load_state", "marker_value", "slot_id", "state_next"]
+__all__ = ["dump_state", "identity", "load_state", "marker_value", "slot_id", "state_next", "with_definitions"]
 
 
 def identity() -> dict[str, Any]:
@@ -59,3 +59,13 @@ def state_next(state: dict[str, Any]) -> float:
     """The next slot of a state written by :func:`dump_state` (``NEVER``, infinity, for null)."""
     value = state.get("next")
     return math.inf if value is None else float(value)
+
+
+def with_definitions(meta: str, old: str | None, new: str | None, version: int | None) -> str:
+    """An audit record: ``meta`` (the text of a JSON object: when, who, action) with the old and new
+    definitions (JSON texts) and the version added. Text concatenation, as the Redis scripts do it,
+    so every backend stores the same bytes."""
+    return (
+        meta[:-1] + ',"old":' + (old or "null") + ',"new":' + (new or "null") + ',"version":'
+        + ("null" if version is None else str(int(version))) + "}"
+    )  # fmt: skip

@@ -20,7 +20,17 @@ import redis
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time import delete_entry, get_entry, idempotent, list_entries, overlap_lock, save_entry, signals
+from celery_safe_time import (
+    delete_entry,
+    entry_audit,
+    entry_history,
+    get_entry,
+    idempotent,
+    list_entries,
+    overlap_lock,
+    save_entry,
+    signals,
+)
 from celery_safe_time.beat.lease import Lease, SlotWrite
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.checks import check_redis
@@ -191,6 +201,9 @@ def test_runtime_entries_fire_from_a_leader(app: Celery, tmp_path: Path) -> None
         info = get_entry("every-second", app=app)
         assert info is not None
         assert info.last_fired is not None
+        # the run history rides in the dispatch script: its keys share the beat hash slot
+        assert len(entry_history("every-second", app=app)) >= 2
+        assert [c.action for c in entry_audit("other", app=app)] == ["delete", "create"]
     finally:
         signals.beat_slot_dispatched.disconnect(on_sent)
         sched.close()

@@ -34,6 +34,8 @@ class SlotWrite:
     state: str
     next_fire: float
     slot: float | None = None
+    #: the run history record of a dispatch (JSON, ``beat/history.py``), written with it when it is fresh
+    history: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,16 +219,20 @@ class BeatBackend(abc.ABC):
         """Drop the run-now request of ``name`` for ``slot_ms`` (a newer one stays)."""
 
     @abc.abstractmethod
-    def swap_definition(self, name: str, expected: Any, new: str) -> int:
-        """Compare-and-set of ``name``'s definition: -1 changed meanwhile, 0 unchanged, else the version."""
+    def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
+        """Compare-and-set of ``name``'s definition: -1 changed meanwhile, 0 unchanged, else the version.
+
+        ``audit`` (here and in :meth:`entry_save`, :meth:`entry_delete`): the JSON object of an audit
+        record without its definitions (``history.audit_meta``); a change appends it, with the old
+        and new definitions and the version, atomically with the change."""
 
     # --- runtime entries: the API side (``beat/entries.py``, any process) ---------------------
     @abc.abstractmethod
-    def entry_save(self, name: str, raw: str) -> int:
+    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
         """Upsert ``name``'s definition: 0 when identical (nothing changes), else the new version."""
 
     @abc.abstractmethod
-    def entry_delete(self, name: str) -> int:
+    def entry_delete(self, name: str, audit: str | None = None) -> int:
         """Delete ``name`` (its change log row stays as a tombstone): 0 when there was none, else the version."""
 
     @abc.abstractmethod
@@ -259,6 +265,29 @@ class BeatBackend(abc.ABC):
         written in each record: the same call run again (its reply lost) still answers True for the
         slots it marked. Not abstract: a backend written for an earlier version still loads."""
         raise SafeTimeError(f"the {self.label} beat backend cannot backfill (no claim_slots)")
+
+    # --- run history and change audit (``beat/history.py``) ------------------------------------
+    # Not abstract: a backend written for an earlier version still loads (and keeps neither).
+    def history_record(self, name: str, slot: float, record: str) -> None:
+        """Store the published part of a run that no dispatch wrote (a backfill's), trimmed to
+        ``beat_history_size`` runs per entry."""
+        return None
+
+    def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
+        """Set the outcome (JSON) of ``name``'s run of ``slot``; False when that run is not kept."""
+        return False
+
+    def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
+        """``name``'s last ``limit`` runs, newest slot first: (published JSON, outcome JSON or None)."""
+        return []
+
+    def audit_append(self, name: str, record: str) -> None:
+        """Append an audit record (JSON) to ``name``'s, trimmed to ``beat_audit_size``."""
+        return None
+
+    def audit(self, name: str, limit: int) -> list[Any]:
+        """``name``'s last ``limit`` audit records (JSON), newest first."""
+        return []
 
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:

@@ -38,6 +38,10 @@ class MemoryBeatData:
     claimed: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     states: dict[str, str] = dataclasses.field(default_factory=dict)
     due: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: run history: entry -> slot ms -> [published JSON, outcome JSON or None]
+    history: dict[str, dict[int, list[Any]]] = dataclasses.field(default_factory=dict)
+    #: change audit: entry -> records (JSON), oldest first
+    audit: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     #: set True to make every call raise :class:`MemoryUnavailable` (an outage)
     down: bool = False
     mutex: threading.RLock = dataclasses.field(default_factory=threading.RLock)
@@ -45,6 +49,15 @@ class MemoryBeatData:
     def check(self) -> None:
         if self.down:
             raise MemoryUnavailable("the in-memory beat backend is down")
+
+    def record(self, name: str, slot: float, record: str, size: int) -> None:
+        """Keep a run record, the entry's oldest beyond ``size`` dropped (as the Redis scripts do)."""
+        if size <= 0:
+            return
+        runs = self.history.setdefault(name, {})
+        runs[int(slot_id(slot))] = [record, None]
+        for old in sorted(runs)[: max(0, len(runs) - size)]:
+            del runs[old]
 
     def held_by(self, token: str, epoch: int | None = None) -> bool:
         live = self.token is not None and self.expires > self.now()
@@ -126,6 +139,8 @@ class MemoryLease(BeatLease):
                     fresh = expiry is None or expiry <= d.now()
                     if fresh:
                         d.fired[key] = d.now() + 7 * 86400
+                        if write.history is not None:
+                            d.record(write.entry, write.slot, write.history, self.config.beat_history_size)
                 d.states[write.entry] = write.state
                 d.due[write.entry] = write.next_fire
                 verdicts.append(1 if fresh else 0)
@@ -273,13 +288,13 @@ class MemoryBeatBackend(BeatBackend):
     def run_now_done(self, name: str, slot_ms: str) -> None:
         return None
 
-    def swap_definition(self, name: str, expected: Any, new: str) -> int:
+    def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
         return -1
 
-    def entry_save(self, name: str, raw: str) -> int:
+    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
         raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
 
-    def entry_delete(self, name: str) -> int:
+    def entry_delete(self, name: str, audit: str | None = None) -> int:
         raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
 
     def entry_run_now(self, name: str, slot_ms: str) -> int:
@@ -315,6 +330,40 @@ class MemoryBeatBackend(BeatBackend):
                     d.claimed[key] = marker
                 out.append(fresh or d.claimed.get(key) == marker)
             return out
+
+    def history_record(self, name: str, slot: float, record: str) -> None:
+        with self.data.mutex:
+            self.data.check()
+            self.data.record(name, slot, record, self.config.beat_history_size)
+
+    def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
+        with self.data.mutex:
+            self.data.check()
+            run = self.data.history.get(name, {}).get(int(slot_id(slot)))
+            if run is None:
+                return False
+            run[1] = outcome
+            return True
+
+    def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
+        with self.data.mutex:
+            self.data.check()
+            runs = self.data.history.get(name, {})
+            return [(runs[s][0], runs[s][1]) for s in sorted(runs, reverse=True)[:limit]]
+
+    def audit_append(self, name: str, record: str) -> None:
+        size = self.config.beat_audit_size
+        with self.data.mutex:
+            self.data.check()
+            if size > 0:
+                records = self.data.audit.setdefault(name, [])
+                records.append(record)
+                del records[: max(0, len(records) - size)]
+
+    def audit(self, name: str, limit: int) -> list[Any]:
+        with self.data.mutex:
+            self.data.check()
+            return list(reversed(self.data.audit.get(name, [])))[:limit]
 
     def prune_fired(self, token: str) -> int:
         d = self.data

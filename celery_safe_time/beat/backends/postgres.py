@@ -53,7 +53,7 @@ from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, named_sql, postgres_url
 from ...exceptions import ImproperlyConfigured
-from ..state import identity, marker_value, slot_id
+from ..state import identity, marker_value, slot_id, with_definitions
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ ENTRIES_TABLE = "safe_time_beat_entries"
 CHANGES_TABLE = "safe_time_beat_changes"
 RUN_NOW_TABLE = "safe_time_beat_run_now"
 COUNTS_TABLE = "safe_time_beat_counts"
+HISTORY_TABLE = "safe_time_beat_history"
+AUDIT_TABLE = "safe_time_beat_audit"
 
 
 def load_sql(name: str) -> dict[str, str]:
@@ -180,6 +182,8 @@ class PostgresLease(BeatLease):
             slots=[None if w.slot is None else int(slot_id(w.slot)) for w in writes],
             states=[w.state for w in writes],
             nexts=[w.next_fire for w in writes],
+            histories=[w.history for w in writes],
+            history_size=self.config.beat_history_size,
             marker=marker_value(epoch),
         )
         leader, mine, fresh = self._guarded(_QUERIES["write_slots"], params)
@@ -497,26 +501,39 @@ class PostgresBeatBackend(BeatBackend):
             self._p(name=name, raw=raw),
         )
 
-    def entry_save(self, name: str, raw: str) -> int:
+    def _audited(self, conn: Any, name: str, audit: str | None, old: str | None, new: str | None, version: int) -> int:
+        """Append the audit record of a change in its transaction (with the definition it replaced)."""
+        if audit is not None and self.config.beat_audit_size > 0:
+            self._append_audit(conn, name, with_definitions(audit, old, new, version))
+        return version
+
+    def _append_audit(self, conn: Any, name: str, record: str) -> None:
+        conn.execute(
+            _QUERIES["audit_append"], self._p(name=name, record=record, audit_size=self.config.beat_audit_size)
+        )
+
+    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
         with self._writing() as conn:
             version = self._locked_version(conn)
-            if self._definition(conn, name) == raw:
+            old = self._definition(conn, name)
+            if old == raw:
                 return 0
             self._put(conn, name, raw)
-            return self._bump(conn, name, version)
+            return self._audited(conn, name, audit, old, raw, self._bump(conn, name, version))
 
-    def entry_delete(self, name: str) -> int:
+    def entry_delete(self, name: str, audit: str | None = None) -> int:
         with self._writing() as conn:
             version = self._locked_version(conn)
+            old = self._definition(conn, name)
             gone = conn.execute(
                 _QUERIES["delete_definition"],
                 self._p(name=name),
             ).first()
             if gone is None:
                 return 0
-            return self._bump(conn, name, version)
+            return self._audited(conn, name, audit, old, None, self._bump(conn, name, version))
 
-    def swap_definition(self, name: str, expected: Any, new: str) -> int:
+    def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
         expected_text = expected.decode() if isinstance(expected, bytes) else expected
         with self._writing() as conn:
             version = self._locked_version(conn)
@@ -525,7 +542,46 @@ class PostgresBeatBackend(BeatBackend):
             if expected_text == new:
                 return 0
             self._put(conn, name, new)
-            return self._bump(conn, name, version)
+            return self._audited(conn, name, audit, expected_text, new, self._bump(conn, name, version))
+
+    # --- run history and change audit ---------------------------------------------------
+    def history_record(self, name: str, slot: float, record: str) -> None:
+        if self.config.beat_history_size <= 0:
+            return
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            conn.execute(
+                _QUERIES["history_record"],
+                self._p(
+                    entry=name, slot_ms=int(slot_id(slot)), record=record, history_size=self.config.beat_history_size
+                ),
+            )
+
+    def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            result = conn.execute(
+                _QUERIES["history_outcome"], self._p(entry=name, slot_ms=int(slot_id(slot)), outcome=outcome)
+            )
+        return bool(result.rowcount)
+
+    def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            rows = conn.execute(_QUERIES["history_read"], self._p(entry=name, limit=limit)).all()
+        return [(record, outcome) for record, outcome in rows]
+
+    def audit_append(self, name: str, record: str) -> None:
+        if self.config.beat_audit_size <= 0:
+            return
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            self._append_audit(conn, name, record)
+
+    def audit(self, name: str, limit: int) -> list[Any]:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            return [row[0] for row in conn.execute(_QUERIES["audit_read"], self._p(name=name, limit=limit))]
 
     def entry_run_now(self, name: str, slot_ms: str) -> int:
         with self._writing() as conn:
@@ -597,10 +653,12 @@ class PostgresBeatBackend(BeatBackend):
 
     # --- housekeeping -------------------------------------------------------------
     def prune_fired(self, token: str) -> int:
-        """Delete fired-slot rows older than ``FIRED_SLOT_TTL`` (leader only: the lease is checked)."""
+        """Delete fired-slot rows older than ``FIRED_SLOT_TTL``, and the runs and changes of entries
+        deleted ``BEAT_DELETED_HISTORY_KEEP`` ago (leader only: the lease is checked)."""
         with self.autocommit() as conn:
             result = conn.execute(
                 _QUERIES["prune_fired"],
                 self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),
             )
+            conn.execute(_QUERIES["prune_deleted"], self._p(token=token, keep=float(C.BEAT_DELETED_HISTORY_KEEP)))
         return int(result.rowcount or 0)

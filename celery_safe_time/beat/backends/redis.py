@@ -22,7 +22,7 @@ from ...clock import RedisClock
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...redis_client import as_text, get_redis, tls_hint
-from ..lease import Lease, LeaseKeys
+from ..lease import Lease, LeaseKeys, history_keys
 from ..scripts import beat_scripts
 from ..state import load_state, slot_id
 from .base import BeatBackend, DueRead, LeaseView, Scored, Snapshot
@@ -56,11 +56,22 @@ class EntryKeys:
         )
 
 
-def swap_definition(client: redis.Redis, keys: EntryKeys, name: str, expected: Any, new: str) -> int:
+def swap_definition(
+    client: redis.Redis,
+    keys: EntryKeys,
+    name: str,
+    expected: Any,
+    new: str,
+    audit: tuple[str, str, int] | None = None,
+) -> int:
     """Compare-and-set of ``name``'s definition (``lua/swap_entry.lua``): -1 when it is no longer
-    ``expected`` (changed or deleted meanwhile), 0 when ``new`` is what is stored, else the new version."""
+    ``expected`` (changed or deleted meanwhile), 0 when ``new`` is what is stored, else the new version.
+    ``audit``: (audit list key, record without definitions, audit size), appended with the change."""
     script = beat_scripts(client)["swap_entry"]
-    return int(script(keys=[keys.entries, keys.version, keys.changed], args=[name, expected, new]))
+    extra_keys, extra_args = ([audit[0]], [audit[1], audit[2]]) if audit else ([], [])
+    return int(
+        script(keys=[keys.entries, keys.version, keys.changed, *extra_keys], args=[name, expected, new, *extra_args])
+    )
 
 
 def scored(reply: Any) -> list[tuple[str, float]]:
@@ -247,18 +258,65 @@ class RedisBeatBackend(BeatBackend):
     def run_now_done(self, name: str, slot_ms: str) -> None:
         self.scripts["run_now_done"](keys=[self.entry_keys.run_now], args=[name, slot_ms])
 
-    def swap_definition(self, name: str, expected: Any, new: str) -> int:
-        return swap_definition(self.client, self.entry_keys, name, expected, new)
+    def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
+        return swap_definition(self.client, self.entry_keys, name, expected, new, self._audit(name, audit))
 
     # --- runtime entries: the API side -------------------------------------------------
     def _entry_keys(self) -> list[str]:
         return [self.entry_keys.entries, self.entry_keys.version, self.entry_keys.changed]
 
-    def entry_save(self, name: str, raw: str) -> int:
-        return int(self.scripts["save_entry"](keys=self._entry_keys(), args=[name, raw]))
+    def _audit(self, name: str, audit: str | None) -> tuple[str, str, int] | None:
+        if audit is None or self.config.beat_audit_size <= 0:
+            return None
+        return self.config.key(C.KEY_BEAT_AUDIT, entry=name), audit, self.config.beat_audit_size
 
-    def entry_delete(self, name: str) -> int:
-        return int(self.scripts["delete_entry"](keys=self._entry_keys(), args=[name]))
+    def _kept_keys(self, name: str) -> list[str]:
+        """The entry's audit and history keys, which a save and a delete touch."""
+        return [self.config.key(C.KEY_BEAT_AUDIT, entry=name), *history_keys(self.config, name)]
+
+    def _audit_args(self, audit: str | None) -> list[str]:
+        on = audit is not None and self.config.beat_audit_size > 0
+        return [audit if on and audit is not None else "", str(self.config.beat_audit_size)]
+
+    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
+        keys = [*self._entry_keys(), *self._kept_keys(name)]
+        return int(self.scripts["save_entry"](keys=keys, args=[name, raw, *self._audit_args(audit)]))
+
+    def entry_delete(self, name: str, audit: str | None = None) -> int:
+        keys = [*self._entry_keys(), *self._kept_keys(name)]
+        keep_ms = str(int(C.BEAT_DELETED_HISTORY_KEEP * 1000))
+        return int(self.scripts["delete_entry"](keys=keys, args=[name, *self._audit_args(audit), keep_ms]))
+
+    # --- run history and change audit ---------------------------------------------------
+    def history_record(self, name: str, slot: float, record: str) -> None:
+        if self.config.beat_history_size > 0:
+            self.scripts["history_record"](
+                keys=history_keys(self.config, name), args=[slot_id(slot), record, self.config.beat_history_size]
+            )
+
+    def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
+        key = self.config.key(C.KEY_BEAT_HISTORY, entry=name)
+        return bool(self.scripts["history_outcome"](keys=[key], args=[slot_id(slot), outcome]))
+
+    def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
+        records, slots = history_keys(self.config, name)
+        ids = [as_text(s) for s in self.client.zrevrange(slots, 0, max(limit, 1) - 1)]
+        if not ids:
+            return []
+        values = self.client.hmget(records, [field for s in ids for field in (s, s + ":o")])
+        return [(values[2 * i], values[2 * i + 1]) for i in range(len(ids)) if values[2 * i] is not None]
+
+    def audit_append(self, name: str, record: str) -> None:
+        size = self.config.beat_audit_size
+        if size > 0:
+            key = self.config.key(C.KEY_BEAT_AUDIT, entry=name)
+            pipe = self.client.pipeline(transaction=True)
+            pipe.lpush(key, record)
+            pipe.ltrim(key, 0, size - 1)
+            pipe.execute()
+
+    def audit(self, name: str, limit: int) -> list[Any]:
+        return list(self.client.lrange(self.config.key(C.KEY_BEAT_AUDIT, entry=name), 0, max(limit, 1) - 1))
 
     def entry_definition(self, name: str) -> Any:
         return self.client.hget(self.entry_keys.entries, name)

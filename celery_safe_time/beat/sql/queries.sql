@@ -31,8 +31,9 @@ WITH ok AS (SELECT epoch FROM safe_time_beat_lease
     WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 w AS (
     SELECT * FROM unnest(
-        CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[])
-    ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, ord)
+        CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[]),
+        CAST(:histories AS text[])
+    ) WITH ORDINALITY AS w(entry, slot_ms, state, next_fire, history, ord)
 ),
 mine AS (
     SELECT f.entry, f.slot_ms FROM safe_time_beat_fired f
@@ -49,6 +50,27 @@ written AS (
     INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
     SELECT :ns, latest.entry, latest.state, latest.next_fire FROM latest, ok
     ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
+    RETURNING 1
+),
+-- the run records of the slots to publish (history.py); :history_size 0 writes none
+recorded AS (
+    INSERT INTO safe_time_beat_history (ns, entry, slot_ms, record)
+    SELECT :ns, w.entry, w.slot_ms, w.history
+    FROM w JOIN (SELECT entry, slot_ms FROM fired UNION ALL SELECT entry, slot_ms FROM mine) f
+        ON f.entry = w.entry AND f.slot_ms = w.slot_ms
+    WHERE w.history IS NOT NULL AND :history_size > 0
+    ON CONFLICT (ns, entry, slot_ms) DO NOTHING
+    RETURNING entry
+),
+-- the statement sees the table as it was before it: keep the newest history_size - 1 old runs per
+-- entry recorded now, with the new one that makes history_size
+trimmed AS (
+    DELETE FROM safe_time_beat_history h
+    USING (SELECT DISTINCT entry FROM recorded) r
+    WHERE h.ns = :ns AND h.entry = r.entry AND h.slot_ms <= (
+        SELECT k.slot_ms FROM safe_time_beat_history k WHERE k.ns = :ns AND k.entry = r.entry
+        ORDER BY k.slot_ms DESC OFFSET GREATEST(:history_size - 1, 0) LIMIT 1
+    )
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ok) AS leader,
@@ -240,3 +262,61 @@ DELETE FROM safe_time_beat_fired WHERE ns = :ns
 AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
 AND EXISTS (SELECT 1 FROM safe_time_beat_lease
             WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
+
+-- The run history and the change audit (history.py).
+-- name: history_record
+WITH recorded AS (
+    INSERT INTO safe_time_beat_history (ns, entry, slot_ms, record) VALUES (:ns, :entry, :slot_ms, :record)
+    ON CONFLICT (ns, entry, slot_ms) DO UPDATE SET record = EXCLUDED.record
+    RETURNING 1
+)
+DELETE FROM safe_time_beat_history h
+USING (
+    SELECT slot_ms FROM (
+        SELECT slot_ms, row_number() OVER (ORDER BY slot_ms DESC) AS r
+        FROM safe_time_beat_history WHERE ns = :ns AND entry = :entry AND slot_ms <> :slot_ms
+    ) ranked WHERE r >= :history_size
+) old
+WHERE h.ns = :ns AND h.entry = :entry AND h.slot_ms = old.slot_ms AND EXISTS (SELECT 1 FROM recorded)
+
+-- name: history_outcome
+UPDATE safe_time_beat_history SET outcome = :outcome WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms
+
+-- name: history_read
+SELECT record, outcome FROM safe_time_beat_history WHERE ns = :ns AND entry = :entry
+ORDER BY slot_ms DESC LIMIT :limit
+
+-- name: audit_append
+WITH added AS (
+    INSERT INTO safe_time_beat_audit (ns, name, record) VALUES (:ns, :name, :record) RETURNING id
+)
+DELETE FROM safe_time_beat_audit a
+USING (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (ORDER BY id DESC) AS r
+        FROM safe_time_beat_audit WHERE ns = :ns AND name = :name
+    ) ranked WHERE r >= :audit_size
+) old
+WHERE a.ns = :ns AND a.name = :name AND a.id = old.id AND EXISTS (SELECT 1 FROM added)
+
+-- name: audit_read
+SELECT record FROM safe_time_beat_audit WHERE ns = :ns AND name = :name ORDER BY id DESC LIMIT :limit
+
+-- The runs and changes of entries deleted more than :keep seconds ago and not saved again (their
+-- latest audit record is the deletion); leader only, with prune_fired.
+-- name: prune_deleted
+WITH ok AS (SELECT 1 FROM safe_time_beat_lease
+    WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()),
+latest AS (
+    SELECT DISTINCT ON (name) name, record FROM safe_time_beat_audit WHERE ns = :ns ORDER BY name, id DESC
+),
+gone AS (
+    SELECT l.name FROM latest l, ok
+    WHERE CAST(l.record AS json) ->> 'action' = 'delete'
+      AND CAST(CAST(l.record AS json) ->> 'at' AS float8) < extract(epoch FROM clock_timestamp()) - :keep
+      AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = l.name)
+),
+runs AS (
+    DELETE FROM safe_time_beat_history h USING gone WHERE h.ns = :ns AND h.entry = gone.name RETURNING 1
+)
+DELETE FROM safe_time_beat_audit a USING gone WHERE a.ns = :ns AND a.name = gone.name

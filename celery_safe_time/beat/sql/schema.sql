@@ -149,3 +149,23 @@ CREATE TABLE IF NOT EXISTS safe_time_beat_run_now (
         slot_ms text NOT NULL,
         PRIMARY KEY (ns, name)
     )
+
+-- the run history (the last runs of each entry) and the change audit, pruned per entry (history.py)
+-- name: history
+CREATE TABLE IF NOT EXISTS safe_time_beat_history (
+        ns text NOT NULL,
+        entry text NOT NULL,
+        slot_ms bigint NOT NULL,
+        record text NOT NULL,
+        outcome text,
+        PRIMARY KEY (ns, entry, slot_ms)
+    )
+
+-- name: audit
+CREATE TABLE IF NOT EXISTS safe_time_beat_audit (
+        ns text NOT NULL,
+        name text NOT NULL,
+        id bigserial NOT NULL,
+        record text NOT NULL,
+        PRIMARY KEY (ns, name, id)
+    )

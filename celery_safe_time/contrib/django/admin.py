@@ -263,7 +263,32 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         overview = path("overview/", self.admin_site.admin_view(self.overview_view), name="celery_safe_time_overview")
-        return [overview, *super().get_urls()]
+        entry = path(
+            "overview/entry/<path:name>/",
+            self.admin_site.admin_view(self.entry_view),
+            name="celery_safe_time_entry",
+        )
+        return [overview, entry, *super().get_urls()]
+
+    def entry_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        """One beat entry's last runs and changes (read-only: ``entry_history``, ``entry_audit``)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        from .overview import celery_app, entry_page
+
+        try:
+            page, app_error = entry_page(celery_app(), name), None
+        except (ImportError, AttributeError, TypeError, SafeTimeError) as exc:
+            page, app_error = None, f"{exc.__class__.__name__}: {exc}"
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Beat entry {name}",
+            "opts": self.model._meta,
+            "name": name,
+            "page": page,
+            "app_error": app_error,
+        }
+        return TemplateResponse(request, "admin/celery_safe_time/entry.html", context)
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):

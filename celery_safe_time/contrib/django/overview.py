@@ -9,6 +9,7 @@ database turns one box red and never the whole page into a 500.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -108,6 +109,43 @@ class Overview:
     def leader(self) -> dict[str, Any] | None:
         leader = self.beat.get("leader")
         return leader if isinstance(leader, dict) else None
+
+
+@dataclass
+class EntryPage:
+    """One beat entry's page: its last runs and changes; a part that could not be read has its error."""
+
+    runs: list[Any] = field(default_factory=list)
+    runs_error: str | None = None
+    changes: list[Any] = field(default_factory=list)
+    changes_error: str | None = None
+
+
+def entry_page(app: Celery, name: str) -> EntryPage:
+    """The runs and changes of the beat entry ``name`` (empty for an entry that has none, such as a
+    django-celery-beat row: ``SafeDatabaseScheduler`` keeps no history)."""
+    from django.db import Error as DjangoDbError
+
+    from ...beat.history import entry_audit, entry_history
+
+    errors = (*SECTION_ERRORS, DjangoDbError)
+    page = EntryPage()
+    try:
+        page.runs = entry_history(name, app=app)
+    except errors as exc:
+        page.runs_error = _failed("run history", exc)
+    try:
+        page.changes = [
+            {"record": c, "old": _json_text(c.old), "new": _json_text(c.detail or c.new)}
+            for c in entry_audit(name, app=app)
+        ]
+    except errors as exc:
+        page.changes_error = _failed("change audit", exc)
+    return page
+
+
+def _json_text(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, indent=1, sort_keys=True)
 
 
 def _failed(section: str, exc: BaseException) -> str:

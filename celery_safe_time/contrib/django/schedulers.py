@@ -21,6 +21,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
 from ... import signals
+from ...beat import history
 from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
 from ...beat.overlap import OverlapGate
@@ -293,8 +294,11 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
 
     def _publish(self, entry: Any, slot: float, epoch: int, producer: Any, **kwargs: Any) -> Any:
         when = to_datetime(slot)
-        extra = self.overlap_gate.admit(entry.name, getattr(entry, "overlap_options", None), slot)
+        # its run record (one write: this scheduler's dispatch checks go one by one) names the task id
+        task_id = history.record_published(self.backend, entry.name, slot, epoch, "beat").get((entry.name, slot))
+        extra = self.overlap_gate.admit(entry.name, getattr(entry, "overlap_options", None), slot, task_id=task_id)
         if extra is None:  # dropped by its overlap policy (logged and signalled)
+            history.dropped(self.backend, entry.name, slot, self.clock.time())
             return None
         original = entry.options
         headers = {
@@ -302,10 +306,16 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             **extra.pop("headers", {}),
             C.HEADER_SLOT: when.isoformat(),
             C.HEADER_EPOCH: epoch,
+            C.HEADER_ENTRY: entry.name,
         }
         entry.options = {**original, **extra, "headers": headers}  # ModelEntry cannot be copied
+        if task_id is not None:
+            entry.options["task_id"] = task_id
         try:
             result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        except Exception as exc:
+            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
+            raise
         finally:
             entry.options = original
         signals.beat_slot_dispatched.send(

@@ -214,7 +214,7 @@ def test_a_row_enabled_again_by_a_bulk_update_starts_at_its_next_slot(make_app: 
 
 
 def test_safe_database_scheduler_end_to_end(
-    processes: ProcessManager, redis_client: redis.Redis, django_user_model: Any, client: Any
+    processes: ProcessManager, redis_client: redis.Redis, django_user_model: Any, client: Any, redis_url: str
 ) -> None:
     every = IntervalSchedule.objects.create(every=2, period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.create(name="dj-fast", task="tests.record", interval=every, args='["dj-fast"]')
@@ -259,6 +259,20 @@ def test_safe_database_scheduler_end_to_end(
     assert row.total_run_count == len(fast)
     assert row.last_run_at.timestamp() == pytest.approx(fast[-1])
     assert PeriodicTask.objects.get(name="dj-cron").total_run_count == 1
+    # each run is in the row's run history, under the task id it ran as, its outcome filled in
+    from celery import Celery
+
+    from celery_safe_time import entry_history
+
+    reader = Celery("reader", set_as_current=False)
+    reader.conf.update(broker_url=redis_url, safe_time_redis_url=redis_url)
+    recorded = {r["task_id"] for r in runs(redis_client, "dj-fast")}
+    history = entry_history("dj-fast", app=reader)
+    assert history
+    assert {r.task_id for r in history} <= recorded
+    outcomes = {r.outcome for r in history}
+    assert "succeeded" in outcomes
+    assert outcomes <= {"succeeded", "published"}  # the last one may not have been reported yet
 
     admin = django_user_model.objects.create_superuser("admin", "a@example.com", "pw")
     client.force_login(admin)

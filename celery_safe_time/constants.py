@@ -335,6 +335,13 @@ OPTION_DEBOUNCE_MAX_WAIT: Final = "debounce_max_wait"
 #: A debounced row holds ``debounce:<task name>:<key>`` in its idempotency key: the pending-only unique
 #: key that keeps one pending row per key, apart from any caller's own idempotency key.
 DEBOUNCE_KEY_PREFIX: Final = "debounce:"
+#: Task options (``@app.task(base=SafeTask, ...)``) of per-key flow control: the rate (``"100/m"``) and
+#: its key template, the concurrency limit and its key template. A limit without a key is one key for
+#: the whole task: its name.
+OPTION_RATE_LIMIT: Final = "safe_time_rate_limit"
+OPTION_RATE_KEY: Final = "safe_time_rate_key"
+OPTION_CONCURRENCY_LIMIT: Final = "safe_time_concurrency_limit"
+OPTION_CONCURRENCY_KEY: Final = "safe_time_concurrency_key"
 #: A debounced call that meets a concurrent one (both found no pending row and both inserted, or a
 #: deadlock) runs its transaction again, at most this many times.
 DEBOUNCE_ATTEMPTS: Final = 5

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import sys
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -304,6 +305,11 @@ class LockBackend(abc.ABC):
         """Admit one call of the ``rate_limit`` ``key`` under ``rate`` (:func:`..rates.take`'s sliding
         log, on the backend's clock), or reserve it the first free place and say in how many seconds
         it is due; ``token`` is the call's reservation (a new one for a first attempt)."""
+
+    def rate_wait(self, seconds: float) -> None:
+        """Wait out the last ``seconds`` before a reservation is due (a call re-queued to come back a
+        little early, ``RATE_LEAD``), on the clock ``rate_take`` reads: the real one but in tests."""
+        time.sleep(seconds)
 
     # --- operator view ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -396,6 +396,11 @@ REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
+#: The flow-control view (``status``, the admin) looks at most at this many rate-limit keys.
+RATE_SCAN_KEYS: Final = 200
+#: A delay store without a count query of its own reads at most this many pending rows to count the
+#: debounced ones.
+DEBOUNCE_COUNT_LIMIT: Final = 10_000
 #: Message header carrying a unique task's rendered key, so the worker frees the key it was queued under.
 HEADER_UNIQUE: Final = "safe_time_unique"
 #: Message header our own re-queues carry: the identity of the delivery they continue (so a copy

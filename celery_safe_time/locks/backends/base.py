@@ -94,6 +94,15 @@ class LockInfo:
 UniqueStatus = Literal["acquired", "own", "held"]
 
 
+class RateCount(NamedTuple):
+    """One ``rate_limit`` key as an operator sees it: calls started within its last period
+    (``started``) and calls re-queued to a place still ahead, waiting for the limit (``waiting``)."""
+
+    key: str
+    started: int
+    waiting: int
+
+
 @dataclasses.dataclass(frozen=True)
 class UniqueClaim:
     """Result of :meth:`LockBackend.unique_acquire`; ``holder`` and the rest are set when ``"held"``."""
@@ -305,6 +314,12 @@ class LockBackend(abc.ABC):
         """Admit one call of the ``rate_limit`` ``key`` under ``rate`` (:func:`..rates.take`'s sliding
         log, on the backend's clock), or reserve it the first free place and say in how many seconds
         it is due; ``token`` is the call's reservation (a new one for a first attempt)."""
+
+    @abc.abstractmethod
+    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
+        """``rate_limit`` keys matching ``pattern`` (glob) with calls in their window or waiting, by key;
+        at most ``limit`` of them (the operator view: SCAN with a cap on Redis, one bounded query on
+        PostgreSQL)."""
 
     def rate_wait(self, seconds: float) -> None:
         """Wait out the last ``seconds`` before a reservation is due (a call re-queued to come back a

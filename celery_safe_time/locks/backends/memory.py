@@ -17,7 +17,7 @@ from typing import Any
 from ... import constants as C
 from ...config import SafeTimeConfig
 from ..rates import Rate, RateTaken, take
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, renamed
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim, renamed
 
 
 @dataclasses.dataclass
@@ -309,11 +309,9 @@ class MemoryLockBackend(LockBackend):
     def rate_wait(self, seconds: float) -> None:
         self._rate_sleep(seconds)
 
-    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[tuple[str, int, int]]:
-        """``(key, started, waiting)`` per rate-limit key matching ``pattern``: calls started within
-        the key's last period and reservations still ahead (the log keeps one period)."""
+    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
         now = self._rate_clock()
-        found: list[tuple[str, int, int]] = []
+        found: list[RateCount] = []
         with self._mutex:
             head = self.rate_key("")
             for redis_key, log in sorted(self._rates.items()):
@@ -324,7 +322,7 @@ class MemoryLockBackend(LockBackend):
                 started = sum(1 for at, member in log if since < at <= now and "@" in member)
                 waiting = sum(1 for _, member in log if "@" not in member)
                 if started or waiting:
-                    found.append((key, started, waiting))
+                    found.append(RateCount(key, started, waiting))
         return found[:limit] if limit is not None else found
 
 

@@ -290,8 +290,8 @@ def test_overview_shows_flow_control(admin_client: Client, admin_app: Celery) ->
     body = admin_client.get(OVERVIEW).content.decode()
     assert 'id="flow"' in body
     assert re.search(r'id="flow-slots">[1-9]\d*<', body)
-    assert f"<td>{prefix}-export:7</td><td class=\"num\">2</td>" in body
-    assert f"<td>{prefix}-stripe:1</td><td class=\"num\">2</td><td class=\"num\">1</td>" in body
+    assert f'<td>{prefix}-export:7</td><td class="num">2</td>' in body
+    assert f'<td>{prefix}-stripe:1</td><td class="num">2</td><td class="num">1</td>' in body
     assert re.search(r'id="flow-waiting">[1-9]\d*<', body)
     assert 'id="delays-debounced">1<' in body
     assert 'id="flow-debounced">1<' in body

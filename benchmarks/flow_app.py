@@ -47,3 +47,20 @@ def limited(n: int) -> None:
 @app.task(name="flow.celery", rate_limit=f"{PER_WORKER}/s")
 def celery_limited(n: int) -> None:
     _redis.rpush(STARTS, f"celery {time.time()}")
+
+
+# The beat producer (``python -m benchmarks.flow --producer beat``): one entry a second, fired by the
+# leader of the SafeScheduler beats, fans out this many calls of the task being measured.
+FANOUT_TASK = os.environ.get("SAFE_TIME_BENCH_FLOW_FANOUT_TASK")
+FANOUT_PER_SECOND = int(os.environ.get("SAFE_TIME_BENCH_FLOW_FANOUT_PER_SECOND", "30"))
+if FANOUT_TASK:
+    app.conf.beat_schedule = {
+        "flow-fanout": {"task": "flow.fanout", "schedule": 1.0, "args": (FANOUT_TASK, FANOUT_PER_SECOND)}
+    }
+
+
+@app.task(name="flow.fanout")
+def fanout(task: str, count: int) -> None:
+    with app.producer_or_acquire() as producer:
+        for n in range(count):
+            app.send_task(task, args=(n,), producer=producer)

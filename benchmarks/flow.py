@@ -21,6 +21,7 @@ prefork workers (concurrency 4 each, the same two for both kinds), in one run:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import statistics
@@ -53,8 +54,8 @@ class _Services:
         env = self.env()
         for n in range(WORKERS):
             args = [sys.executable, "-m", "celery", "-A", "benchmarks.flow_app", "worker", "-l", "WARNING",
-                    "-n", f"flow{n}@%h", "-c", str(CONCURRENCY), "-P", "prefork", "--without-gossip",
-                    "--without-mingle", "--without-heartbeat"]  # fmt: skip
+                    "-n", f"flow{n}@%h", "-c", str(CONCURRENCY), "-P", "prefork", "-Q", "celery,flow-fanout",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
             with open(Path(self.dir) / f"worker{n}.log", "ab") as log:
                 worker = subprocess.Popen(
                     args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir
@@ -127,7 +128,7 @@ def _most_in_window(starts: list[float], window: float) -> int:
 
 def _accuracy(services: _Services, kind: str, task: str, seconds: float, producer: str = "client") -> dict[str, Any]:
     """Send 1.5 x RATE calls per second for ``seconds`` + 2 s; count the starts of the first ``seconds``."""
-    services.client.delete("bench:flow:starts")
+    services.client.delete("bench:flow:starts", "bench:flow:fanouts")
     if producer == "beat":
         beats = services.start_beats(task)
         try:
@@ -173,6 +174,12 @@ def _accuracy(services: _Services, kind: str, task: str, seconds: float, produce
         "error_pct": (achieved - RATE) / RATE * 100,
         "most_in_1s": _most_in_window(ran[: in_window + RATE], 1.0),
     }
+    if producer == "beat":
+        raw: list[bytes] = services.client.lrange("bench:flow:fanouts", 0, -1)  # type: ignore[assignment]
+        fired = sorted(float(r.split()[0]) for r in raw)
+        result["fanouts"] = len(fired)
+        result["fanout_gaps_max"] = max((b - a for a, b in itertools.pairwise(fired)), default=0.0)
+        result["produced_in_window"] = int(RATE * 1.5) * sum(1 for f in fired if first <= f < first + seconds)
     if kind == "global":
         admitted = sorted(starts("admitted"))
         result["most_in_1s_backend_clock"] = _most_in_window(admitted, 1.0)
@@ -265,6 +272,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"{c['total_error_pct']:+.1f}% | {c['achieved_per_s']:.2f}/s | {c['most_in_1s']} |",
         "",
     ]
+    if "fanouts" in g:
+        lines += [
+            "Calls produced within each window by the beats' fan-outs (the limit needs at least the expected "
+            f"total): global {g['produced_in_window']} ({g['fanouts']} fan-outs in all, largest gap "
+            f"{g['fanout_gaps_max']:.1f} s), Celery {c['produced_in_window']} ({c['fanouts']} fan-outs, largest "
+            f"gap {c['fanout_gaps_max']:.1f} s).",
+            "",
+        ]
     cost = result["cost"]
     lines += [
         "Cost per call, direct calls in one process, one key, median of 5 rounds:",

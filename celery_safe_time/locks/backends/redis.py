@@ -203,25 +203,27 @@ class RedisLockBackend(LockBackend):
 
         The log does not store its period: it is read back from the key's expiry, which the script
         sets to its last entry plus the period (``rate_take.lua``)."""
-        head = self.rate_key("")
-        match = (
-            self.config.key_prefix + C.KEY_RATE.format(key="*") if self.config.redis_cluster else self.rate_key(pattern)
-        )
+        head = self.config.key_prefix + C.KEY_RATE.format(key="")
+        cluster = self.config.redis_cluster
+        match = head + "*" if cluster else self.rate_key(pattern)
         found: list[RateCount] = []
         for looked, raw in enumerate(self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="zset")):
             if looked >= C.RATE_SCAN_KEYS or (limit is not None and len(found) >= limit):
                 break
             redis_key = as_text(raw) or ""
             key = redis_key[len(head) :] if redis_key.startswith(head) else redis_key
-            if self.config.redis_cluster:
+            if cluster:  # rate:{<key>}, a key that would make an empty tag escaped with "~"
                 key = key[1:-1] if key.startswith("{") and key.endswith("}") else key
+                if key[:1] == C.CLUSTER_TAG_ESCAPE and key[1:2] in ("", *C.CLUSTER_TAG_ESCAPED):
+                    key = key[1:]
                 if not fnmatch.fnmatchcase(key, pattern):
                     continue
-            pipe = self.client.pipeline(transaction=True)
-            pipe.time()
+            # TIME names no key (a cluster pipeline could not place it): read it apart, just before.
+            seconds, micros = self.client.time()
+            pipe = self.client.pipeline(transaction=False)
             pipe.pttl(redis_key)
             pipe.zrange(redis_key, -1, -1, withscores=True)
-            (seconds, micros), pttl, last = pipe.execute()
+            pttl, last = pipe.execute()
             if not last or pttl is None or pttl < 0:
                 continue
             now = float(seconds) + float(micros) / 1e6

@@ -171,7 +171,7 @@ def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
 )
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_lateness: float | None) -> None:
-    """Beat leader, stored delays and held overlap locks; with --probe, a health verdict (exit 1 = unhealthy)."""
+    """Beat leader, stored delays, held locks and flow control; with --probe, a health verdict (exit 1 = unhealthy)."""
     app = _loaded_app(ctx)
     if probes:
         checks = run_probes(app, list(probes), max_lateness=max_lateness)
@@ -254,9 +254,9 @@ def _status_sections() -> list[tuple[str, Any]]:
     """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
     from .beat.admin import describe_beat
     from .delays.admin import describe_delays
-    from .locks.admin import describe_locks
+    from .locks.admin import describe_flow, describe_locks
 
-    return [("beat", describe_beat), ("delays", describe_delays), ("locks", describe_locks)]
+    return [("beat", describe_beat), ("delays", describe_delays), ("locks", describe_locks), ("flow", describe_flow)]
 
 
 def _print_tree(data: Any, indent: int) -> None:

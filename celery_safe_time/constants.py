@@ -368,6 +368,13 @@ OPTION_DEBOUNCE_MAX_WAIT: Final = "debounce_max_wait"
 #: A debounced row holds ``debounce:<task name>:<key>`` in its idempotency key: the pending-only unique
 #: key that keeps one pending row per key, apart from any caller's own idempotency key.
 DEBOUNCE_KEY_PREFIX: Final = "debounce:"
+#: Task options (``@app.task(base=SafeTask, ...)``) of per-key flow control: the rate (``"100/m"``) and
+#: its key template, the concurrency limit and its key template. A limit without a key is one key for
+#: the whole task: its name.
+OPTION_RATE_LIMIT: Final = "safe_time_rate_limit"
+OPTION_RATE_KEY: Final = "safe_time_rate_key"
+OPTION_CONCURRENCY_LIMIT: Final = "safe_time_concurrency_limit"
+OPTION_CONCURRENCY_KEY: Final = "safe_time_concurrency_key"
 #: A debounced call that meets a concurrent one (both found no pending row and both inserted, or a
 #: deadlock) runs its transaction again, at most this many times.
 DEBOUNCE_ATTEMPTS: Final = 5
@@ -422,6 +429,11 @@ REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
+#: The flow-control view (``status``, the admin) looks at most at this many rate-limit keys.
+RATE_SCAN_KEYS: Final = 200
+#: A delay store without a count query of its own reads at most this many pending rows to count the
+#: debounced ones.
+DEBOUNCE_COUNT_LIMIT: Final = 10_000
 #: Message header carrying a unique task's rendered key, so the worker frees the key it was queued under.
 HEADER_UNIQUE: Final = "safe_time_unique"
 #: Message header our own re-queues carry: the identity of the delivery they continue (so a copy

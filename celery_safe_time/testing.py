@@ -19,10 +19,13 @@ What the in-process set-up covers (:func:`safe_time_testing`):
   (conditional start, outcome) runs as in a worker. ``store="sqlite"`` (or the ``safe_time_sqlite``
   fixture) puts the rows in a temporary SQLite file instead (:class:`TestSQLiteStore`: the SQL store
   of production, its table, payload encoding and claim query, with the same movable clock);
-- ``overlap_lock``, ``idempotent`` and unique tasks (``SafeTask(unique=...)``): :class:`MemoryLockBackend`,
-  the Redis lock scripts' rules in Python (token-checked acquire/renew/release, fencing numbers,
-  idempotency markers with their window, finished-delivery markers, unique keys by task id).
-  Not covered: the hard-time-limit release (it reads Redis);
+- ``overlap_lock``, ``idempotent``, unique tasks (``SafeTask(unique=...)``), ``rate_limit`` and
+  ``concurrency_limit``: :class:`MemoryLockBackend`, the Redis lock scripts' rules in Python
+  (token-checked acquire/renew/release, fencing numbers, idempotency markers with their window,
+  finished-delivery markers, unique keys by task id, the rate limit's sliding log). Rate-limit
+  windows follow the test clock; :meth:`SafeTimeTesting.deliver` runs a call as a worker does, and
+  :meth:`SafeTimeTesting.assert_rate_limited` says which calls a limit delayed. Not covered: the
+  hard-time-limit release (it reads Redis);
 - no Redis, no database and no broker, whatever the app's production settings: the block unsets
   ``safe_time_coordination_url``, gives the app a ``memory://`` broker and a ``cache+memory://``
   result backend, and a placeholder ``safe_time_redis_url`` that names itself if anything still
@@ -52,6 +55,7 @@ from celery import Celery, Task
 from celery.app.trace import build_tracer
 
 from . import constants as C
+from . import signals
 from .clock import as_utc, local_time, to_datetime
 from .config import SafeTimeConfig, get_config, reset_config
 from .delays.backends import reset_store, set_store
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
 TestStoreKind = Literal["memory", "sqlite"]
 
 __all__ = [
+    "LimitedCall",
     "MemoryLockBackend",
     "RunResult",
     "SafeTimeTesting",
@@ -80,9 +85,12 @@ __all__ = [
     "assert_idempotent_done",
     "assert_lock_free",
     "assert_lock_held",
+    "assert_not_rate_limited",
+    "assert_rate_limited",
     "assert_stored",
     "assert_unique_free",
     "assert_unique_held",
+    "deliver",
     "next_fires",
     "run_due",
     "safe_time_testing",
@@ -206,6 +214,25 @@ class RunResult:
     result: Any = None
 
 
+@dataclasses.dataclass(frozen=True)
+class LimitedCall:
+    """One call a limit delayed (re-queued) or refused, as the test saw it.
+
+    ``kind``: ``"rate"`` (a ``rate_limit`` over its window: ``wait`` is the seconds until its place) or
+    ``"lock"`` (a full ``concurrency_limit`` or a held ``overlap_lock``: ``holder`` says who holds it,
+    ``action`` what the call did: ``retry``, ``skip``, ``raise``). ``at``: the test clock then.
+    """
+
+    kind: str
+    task: str | None
+    task_id: str | None
+    key: str
+    at: datetime
+    wait: float | None = None
+    holder: str | None = None
+    action: str | None = None
+
+
 def _decode_row(row: DelayRow, config: SafeTimeConfig) -> StoredDelay:
     body = decode(row.payload, row.content_type, row.content_encoding, allow_pickle=config.allow_pickle)
     return StoredDelay(
@@ -234,6 +261,8 @@ class SafeTimeTesting:
         self.app = app
         self.store = store
         self.locks = locks
+        #: Every call a limit delayed or refused in the block, in order (see :meth:`assert_rate_limited`).
+        self.limited: list[LimitedCall] = []
 
     # --- time ---------------------------------------------------------------------------------
     def now(self) -> datetime:
@@ -388,6 +417,29 @@ class SafeTimeTesting:
             return self._publish_and_wait(row, call, options, headers, timeout)
         return self._execute(task, row, call, options, headers, propagate)
 
+    def deliver(
+        self,
+        task: Task | str,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        propagate: bool = True,
+    ) -> RunResult:
+        """Run one call now as a worker runs a message of it, in this thread.
+
+        Not ``apply()``'s eager run: a ``rate_limit`` over its window, a full ``concurrency_limit``
+        or a held ``overlap_lock`` re-queues the call as on a worker, into the test store (the
+        block's threshold of 0 stores every countdown), where :meth:`run_due` runs it when its
+        place comes; ``state`` is ``RETRY`` then. ``retry()`` goes to the store the same way.
+        """
+        name = _task_name(task)
+        found = self.app.tasks.get(name) if name is not None else None
+        if found is None:
+            raise LookupError(f"unknown task {name!r} (not registered in this app)")
+        task_id = task_id or uuid.uuid4().hex
+        return self._trace(found, task_id, tuple(args or ()), dict(kwargs or {}), {}, {}, propagate, self.now())
+
     def _execute(
         self,
         task: Task,
@@ -397,19 +449,32 @@ class SafeTimeTesting:
         headers: dict[str, Any],
         propagate: bool,
     ) -> RunResult:
+        return self._trace(task, row.id, call.args, call.kwargs, options, headers, propagate, row.due_at)
+
+    def _trace(
+        self,
+        task: Task,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        headers: dict[str, Any],
+        propagate: bool,
+        due_at: datetime,
+    ) -> RunResult:
         # A worker-like request, not apply()'s eager one: with is_eager False, retry() and a lock
         # conflict's re-queue go through apply_async (so into the store) instead of re-running at once.
         request: dict[str, Any] = {**headers}
         request.update(
-            id=row.id,
-            task=row.task,
-            args=list(call.args),
-            kwargs=dict(call.kwargs),
+            id=task_id,
+            task=task.name,
+            args=list(args),
+            kwargs=dict(kwargs),
             retries=int(options.get("retries") or 0),
             is_eager=False,
             hostname=_HOST,
             headers=headers,
-            root_id=options.get("root_id") or row.id,
+            root_id=options.get("root_id") or task_id,
             parent_id=options.get("parent_id"),
             callbacks=options.get("link"),
             errbacks=options.get("link_error"),
@@ -423,7 +488,7 @@ class SafeTimeTesting:
         )
         # propagate=False: Celery's tracer would raise Retry too; only a failure is raised, below.
         tracer = build_tracer(task.name, task, eager=True, propagate=False, app=self.app)
-        traced = tracer(row.id, list(call.args), dict(call.kwargs), request)
+        traced = tracer(task_id, list(args), dict(kwargs), request)
         retval = traced.retval
         exception = getattr(retval, "exception", None)
         if isinstance(exception, ExceptionWithTraceback):
@@ -431,7 +496,7 @@ class SafeTimeTesting:
         state = traced.info.state if traced.info is not None else "SUCCESS"
         if propagate and state == "FAILURE" and isinstance(exception, BaseException):
             raise exception
-        return RunResult(row.id, row.task, row.due_at, state, exception if exception is not None else retval)
+        return RunResult(task_id, task.name, due_at, state, exception if exception is not None else retval)
 
     def _publish_and_wait(
         self, row: DelayRow, call: StoredDelay, options: dict[str, Any], headers: dict[str, Any], timeout: float
@@ -456,6 +521,90 @@ class SafeTimeTesting:
                 return RunResult(row.id, row.task, row.due_at, (outcome or "gone").upper(), error)
             time.sleep(0.01)
         raise AssertionError(f"stored task {row.task}[{row.id}] did not finish within {timeout}s on the worker")
+
+    # --- flow control ---------------------------------------------------------------------------
+    def rate_limited(self, task: Task | str | None = None, *, key: str | None = None) -> list[LimitedCall]:
+        """The calls (of ``task``, on rate-limit ``key``) a ``rate_limit`` delayed or refused, in order."""
+        name = _task_name(task)
+        return [
+            c
+            for c in self.limited
+            if c.kind == "rate" and (name is None or c.task == name) and (key is None or c.key == key)
+        ]
+
+    def assert_rate_limited(
+        self,
+        task: Task | str | None = None,
+        *,
+        key: str | None = None,
+        count: int | None = None,
+        wait_at_least: timedelta | float | None = None,
+    ) -> list[LimitedCall]:
+        """Assert a ``rate_limit`` delayed (in a worker: re-queued to its place, stored here) or refused
+        (a direct call: ``RateLimited``) calls of ``task`` on ``key`` (as rendered, ``"stripe:42"``);
+        ``count``: exactly that many; ``wait_at_least``: each waited at least that long for its place.
+        Returns them. The message lists what the limits did delay."""
+        if count == 0:
+            raise ValueError("assert_rate_limited(count=0) asserts nothing: use assert_not_rate_limited()")
+        matches = self.rate_limited(task, key=key)
+        if wait_at_least is not None:
+            least = wait_at_least.total_seconds() if isinstance(wait_at_least, timedelta) else float(wait_at_least)
+            matches = [c for c in matches if c.wait is not None and c.wait >= least - 1e-6]
+        wanted = f"{_task_name(task) or 'any task'} on key {key!r}" if key is not None else _task_name(task) or "any"
+        if wait_at_least is not None:
+            wanted += f" waiting at least {wait_at_least}"
+        if count is not None and len(matches) != count:
+            raise AssertionError(
+                f"expected {count} rate-limited calls of {wanted}, found {len(matches)}; {self._limits()}"
+            )
+        if not matches:
+            raise AssertionError(f"no rate-limited call of {wanted}; {self._limits()}")
+        return matches
+
+    def assert_not_rate_limited(self, task: Task | str | None = None, *, key: str | None = None) -> None:
+        """Assert no call (of ``task``, on ``key``) was delayed or refused by a ``rate_limit``."""
+        found = self.rate_limited(task, key=key)
+        if found:
+            raise AssertionError(f"expected no rate-limited call; {self._limits(found)}")
+
+    def rate_window(self, key: str) -> tuple[int, int]:
+        """``(started, waiting)`` of the rate-limit ``key``: calls started within its last period on
+        the test clock, and calls re-queued to a place still ahead."""
+        for found, started, waiting in self.locks.rate_counts(key):
+            if found == key:
+                return started, waiting
+        return 0, 0
+
+    def _limits(self, found: Sequence[LimitedCall] | None = None) -> str:
+        calls = self.limited if found is None else found
+        if not calls:
+            return "no call was limited"
+        shown = ", ".join(
+            f"{c.task}[{c.task_id}] on {c.key!r}"
+            + (f" waiting {c.wait:.3f}s" if c.wait is not None else f" ({c.action})")
+            for c in calls[:10]
+        )
+        return f"limited: {shown}{' ...' if len(calls) > 10 else ''}"
+
+    def _record(self, kind: str, sender: Any, **fields: Any) -> None:
+        try:
+            mine = sender is None or sender._get_app() is self.app
+        except AttributeError:
+            mine = True
+        if not mine:
+            return
+        self.limited.append(
+            LimitedCall(
+                kind=kind,
+                task=getattr(sender, "name", None) or fields.get("task_name"),
+                task_id=fields.get("task_id"),
+                key=str(fields.get("key")),
+                at=self.now(),
+                wait=fields.get("wait"),
+                holder=fields.get("holder"),
+                action=fields.get("action"),
+            )
+        )
 
     # --- locks --------------------------------------------------------------------------------
     def assert_lock_held(self, key: str) -> LockInfo:
@@ -555,13 +704,28 @@ def safe_time_testing(
     reset_store(app)
     set_store(app, delays)
     sweep_not_needed(app)  # run_due() publishes the due rows: no sweep to install
-    locks = MemoryLockBackend(get_config(app))
+    # Rate-limit windows follow the test clock (lock expiry stays on the real one: a lock lives while
+    # its task runs); the last moments before a reserved place pass on it too, without sleeping.
+    locks = MemoryLockBackend(
+        get_config(app), rate_clock=lambda: time.time() + delays.offset, rate_sleep=lambda s: _advance(delays, s)
+    )
     use_lock_backend(app, locks)
     handle = SafeTimeTesting(app, delays, locks)
+
+    def on_rate_limited(sender: Any = None, **fields: Any) -> None:
+        handle._record("rate", sender, **fields)
+
+    def on_conflict(sender: Any = None, **fields: Any) -> None:
+        handle._record("lock", sender, **fields)
+
+    signals.rate_limited.connect(on_rate_limited, weak=False)
+    signals.overlap_conflict.connect(on_conflict, weak=False)
     _active[app] = handle
     try:
         yield handle
     finally:
+        signals.rate_limited.disconnect(on_rate_limited)
+        signals.overlap_conflict.disconnect(on_conflict)
         _active.pop(app, None)
         use_lock_backend(app, None)
         reset_store(app)
@@ -574,6 +738,10 @@ def safe_time_testing(
                 app.conf[key] = value
         _forget_connections(app)
         reset_config(app)
+
+
+def _advance(store: TestStore | TestSQLiteStore, seconds: float) -> None:
+    store.advance(max(0.0, seconds))
 
 
 def _forget_connections(app: Celery) -> None:
@@ -630,6 +798,37 @@ def run_due(
 ) -> list[RunResult]:
     """See :meth:`SafeTimeTesting.run_due`."""
     return _handle(app).run_due(advance, worker=worker, propagate=propagate)
+
+
+def deliver(
+    task: Task | str,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    app: Celery | None = None,
+    propagate: bool = True,
+) -> RunResult:
+    """See :meth:`SafeTimeTesting.deliver`."""
+    return _handle(app, task).deliver(task, args, kwargs, propagate=propagate)
+
+
+def assert_rate_limited(
+    task: Task | str | None = None,
+    *,
+    key: str | None = None,
+    count: int | None = None,
+    wait_at_least: timedelta | float | None = None,
+    app: Celery | None = None,
+) -> list[LimitedCall]:
+    """See :meth:`SafeTimeTesting.assert_rate_limited`."""
+    return _handle(app, task).assert_rate_limited(task, key=key, count=count, wait_at_least=wait_at_least)
+
+
+def assert_not_rate_limited(
+    task: Task | str | None = None, *, key: str | None = None, app: Celery | None = None
+) -> None:
+    """See :meth:`SafeTimeTesting.assert_not_rate_limited`."""
+    _handle(app, task).assert_not_rate_limited(task, key=key)
 
 
 def assert_lock_held(key: str, app: Celery | None = None) -> LockInfo:

@@ -155,6 +155,10 @@ def describe_delays(app: Celery) -> dict[str, Any]:
     info["claimed"] = counts[C.STATUS_CLAIMED]
     info["running"] = counts[C.STATUS_STARTED]
     info["failed"] = counts[C.STATUS_FAILED]
+    try:
+        info["debounced"] = store.pending_debounced()
+    except SafeTimeError as exc:
+        info["debounced"] = f"unknown: {exc}"
     info["oldest_due"] = oldest.isoformat() if oldest else None
     # Lateness: how far past due the oldest pending row is (0 when nothing is overdue).
     info["lateness_seconds"] = round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else 0.0

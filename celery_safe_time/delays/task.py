@@ -25,6 +25,8 @@ from ..exceptions import BulkItemError, DebounceError, StoreError
 from ..locks import unique as unique_tasks
 from ..locks.backends import get_lock_backend
 from ..locks.keys import KeySpec
+from ..locks.limits import LimitSpec, RateSpec
+from ..locks.task_options import apply_flow_options, original_run
 from ..messages.compat import push_request
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
@@ -70,7 +72,9 @@ class SafeTask(Task):
     and ``debounce_max_wait=``: the call is stored due ``debounce`` from now; a later call with the same
     key while that row is pending moves it to ``debounce`` from its own time, never past the first call
     plus ``debounce_max_wait``, and replaces its arguments (one run per burst). Extra task options:
-    ``unique=``, ``unique_until=``, ``unique_ttl=``, ``unique_on_conflict=`` (:mod:`..locks.unique`).
+    ``unique=``, ``unique_until=``, ``unique_ttl=``, ``unique_on_conflict=`` (:mod:`..locks.unique`);
+    ``safe_time_rate_limit=``, ``safe_time_rate_key=``, ``safe_time_concurrency_limit=``,
+    ``safe_time_concurrency_key=`` (:mod:`..locks.task_options`).
     """
 
     #: Unique tasks (``@app.task(base=SafeTask, unique="export:{user_id}")``): a key template over the
@@ -82,6 +86,16 @@ class SafeTask(Task):
     #: Seconds the key outlives a holder that never frees it (kill -9, a lost message).
     unique_ttl: float = C.DEFAULT_UNIQUE_TTL
     unique_on_conflict: str = C.DEFAULT_UNIQUE_ON_CONFLICT
+    #: Flow control across every worker (``rate_limit`` and ``concurrency_limit`` as task options): a
+    #: rate such as ``"100/m"`` (or a callable of the task's arguments returning one), per key of
+    #: ``safe_time_rate_key`` (a template over the task's parameters, or a callable; default: one key,
+    #: the task's name). Unlike Celery's ``rate_limit`` it holds across workers, not in each one.
+    safe_time_rate_limit: RateSpec | None = None
+    safe_time_rate_key: KeySpec | None = None
+    #: At most this many calls per key of ``safe_time_concurrency_key`` run at once (an int of at
+    #: least 1, or a callable of the task's arguments returning one).
+    safe_time_concurrency_limit: LimitSpec | None = None
+    safe_time_concurrency_key: KeySpec | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery builds the task class from the decorator's options: a bad unique= fails here,
@@ -90,10 +104,12 @@ class SafeTask(Task):
         run = _unique_run_attr(cls)
         spec = None
         if run is not None:
-            name = cls.__dict__.get("name") or cls.__qualname__
+            name = str(cls.__dict__.get("name") or f"{cls.__module__}.{cls.__qualname__}")
+            # The unique key binds the task's own function (a flow option's wrapper keeps its signature).
             spec = unique_tasks.unique_spec(
-                str(name), run, cls.unique, cls.unique_until, cls.unique_ttl, cls.unique_on_conflict
+                name, original_run(run), cls.unique, cls.unique_until, cls.unique_ttl, cls.unique_on_conflict
             )
+            apply_flow_options(cls, name, run)
         setattr(cls, unique_tasks.SPEC_ATTR, spec)
 
     def AsyncResult(self, task_id: str, **kwargs: Any) -> StoredAsyncResult:

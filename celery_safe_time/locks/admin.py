@@ -11,7 +11,7 @@ from .. import constants as C
 from ..config import get_config
 from .backends import LockInfo, get_lock_backend
 
-__all__ = ["describe_locks", "list_locks", "release_lock"]
+__all__ = ["describe_flow", "describe_locks", "list_locks", "release_lock"]
 
 #: ``status`` lists at most this many locks (``locks list`` shows them all).
 STATUS_LIMIT = 20
@@ -63,4 +63,32 @@ def describe_locks(app: Celery) -> dict[str, Any]:
             {"key": i.key, "task_id": i.task_id, "state": i.state, "age": i.age, "ttl_left": i.ttl_left}
             for i in unique[:STATUS_LIMIT]
         ],
+    }
+
+
+def describe_flow(app: Celery) -> dict[str, Any]:
+    """The ``[flow]`` section of ``safe-time status``: held ``concurrency_limit`` slots per key, and
+    ``rate_limit`` keys with the calls started in their window and the calls waiting for a place
+    (delayed by the limit). Bounded: at most ``RATE_SCAN_KEYS`` keys of each are looked at."""
+    try:
+        store = get_lock_backend(app)
+        slots = store.scan("*#*", limit=C.RATE_SCAN_KEYS)
+        rates = store.rate_counts(limit=C.RATE_SCAN_KEYS)
+    except (redis.RedisError, OSError) as exc:
+        return {"error": f"{store_name(app)} unreachable: {exc}"}
+    by_key: dict[str, list[str]] = {}
+    for info in slots:
+        key, _, slot = info.key.rpartition("#")
+        if key and slot.isdigit():
+            by_key.setdefault(key, []).append(info.key)
+    capped = len(slots) >= C.RATE_SCAN_KEYS or len(rates) >= C.RATE_SCAN_KEYS
+    return {
+        "slots_held": sum(len(held) for held in by_key.values()),
+        "concurrency": [{"key": key, "held": len(held), "slots": held} for key, held in sorted(by_key.items())][
+            :STATUS_LIMIT
+        ],
+        "rate_keys": len(rates),
+        "waiting": sum(c.waiting for c in rates),
+        "rates": [{"key": c.key, "started": c.started, "waiting": c.waiting} for c in rates[:STATUS_LIMIT]],
+        "capped": capped,
     }

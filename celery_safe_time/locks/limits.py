@@ -108,7 +108,7 @@ class RateLimiter:
                     break
                 # Back a little ahead of its reservation (see RATE_LEAD), or a call ahead started a
                 # moment late: wait here, then take it.
-                time.sleep(taken.wait)
+                store.rate_wait(taken.wait)
                 taken = store.rate_take(key, token, rate)
         except (redis.RedisError, OSError) as exc:
             self.policy.backend_down(call, _unavailable(key, store, exc), store.label)

@@ -19,7 +19,7 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit, signals
+from celery_safe_time import SafeTask, concurrency_limit, idempotent, overlap_lock, rate_limit, signals
 from celery_safe_time.exceptions import LockLost
 from celery_safe_time.locks import current_fence, current_lock
 from celery_safe_time.messages.requeue import message_header
@@ -255,4 +255,34 @@ def slots(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def
     _redis.set(f"test:locks:started:{self.request.id}", started)
     time.sleep(seconds)
     record("slots", key, self.request.id, started, fence=held.fence, slot=held.key)
+    return held.key
+
+
+# The same limits as SafeTask options (checked when the worker creates the task classes).
+@app.task(
+    bind=True,
+    base=SafeTask,
+    name="locks.rated_option",
+    safe_time_rate_limit=RATE,
+    safe_time_rate_key="rated-option:{key}",
+)
+def rated_option(self, key: str, n: int) -> int:  # type: ignore[no-untyped-def]
+    at = time.time()
+    requeues = message_header(self.request, "safe_time_requeues") or 0
+    _redis.rpush(RATED, json.dumps({"at": at, "key": key, "n": n, "task_id": self.request.id, "requeues": requeues}))
+    return n
+
+
+@app.task(
+    bind=True,
+    base=SafeTask,
+    name="locks.slots_option",
+    safe_time_concurrency_limit=3,
+    safe_time_concurrency_key="slots-option:{key}",
+)
+def slots_option(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    held = current_lock()
+    assert held is not None
+    _redis.set(f"test:locks:started:{self.request.id}", time.time())
+    time.sleep(seconds)
     return held.key

@@ -92,6 +92,10 @@ def test_keys_are_independent_and_apart_from_idempotency_keys(any_store: DelaySt
     row = any_store.get("plain")
     assert row is not None
     assert row.debounce_key is None
+    # The operator view counts pending bursts only (not plain rows, not a claimed burst).
+    assert any_store.pending_debounced() == 2
+    any_store.claim_due(limit=10, lookahead=3600, token="sweep")
+    assert any_store.pending_debounced() == 0
 
 
 def test_a_claimed_row_starts_a_new_burst(any_store: DelayStore) -> None:

@@ -284,11 +284,37 @@ def test_overview_shows_leader_entries_delays_chart_and_locks(
     assert "worker-host-2" in body
 
 
+def test_overview_shows_flow_control(admin_client: Client, admin_app: Celery) -> None:
+    from celery_safe_time.locks.backends import get_lock_backend
+    from celery_safe_time.locks.rates import Rate
+
+    prefix = f"flow-{uuid.uuid4().hex[:8]}"
+    hold_lock(admin_app, f"{prefix}-export:7#0", task_id="slot-a", host="w1")
+    hold_lock(admin_app, f"{prefix}-export:7#2", task_id="slot-b", host="w2")
+    backend = get_lock_backend(admin_app)
+    for n in range(3):
+        backend.rate_take(f"{prefix}-stripe:1", f"t{n}", Rate(2, 60.0))
+    store = DjangoStore()
+    key = C.DEBOUNCE_KEY_PREFIX + "tests.index:index:7"
+    burst = dataclasses.replace(new_delay("flow-deb", None, idempotency_key=key), countdown=60.0)  # type: ignore[arg-type]
+    assert store.debounce(burst).created
+    store.insert(new_delay("flow-plain", store.now() + timedelta(hours=1)))
+    body = admin_client.get(OVERVIEW).content.decode()
+    assert 'id="flow"' in body
+    assert re.search(r'id="flow-slots">[1-9]\d*<', body)
+    assert f'<td>{prefix}-export:7</td><td class="num">2</td>' in body
+    assert f'<td>{prefix}-stripe:1</td><td class="num">2</td><td class="num">1</td>' in body
+    assert re.search(r'id="flow-waiting">[1-9]\d*<', body)
+    assert 'id="delays-debounced">1<' in body
+    assert 'id="flow-debounced">1<' in body
+
+
 def test_overview_without_a_leader_says_so_in_red(admin_client: Client, admin_app: Celery) -> None:
     body = admin_client.get(OVERVIEW).content.decode()
     assert 'class="bad" id="no-leader"' in body
     assert 'id="chart-empty"' in body
     assert "No locks held." in body
+    assert "No concurrency slot held." in body
 
 
 def test_overview_with_redis_down_is_a_red_message_not_a_500(

@@ -148,6 +148,19 @@ def test_locks_fences_done_markers(app: Celery, lease_client: redis.Redis, key: 
     assert store.scan() == []
 
 
+def test_rate_counts_read_every_master(app: Celery, lease_client: redis.Redis) -> None:
+    from celery_safe_time.locks.backends import RateCount
+    from celery_safe_time.locks.rates import Rate
+
+    store = RedisLockBackend(lease_client, get_config(app))
+    keys = ["stripe:1", "stripe:2", "}odd{", "~tilde", ""]
+    for key in keys:
+        for n in range(3):
+            store.rate_take(key, f"t{n}", Rate(2, 30.0))
+    assert store.rate_counts() == sorted((RateCount(key, 2, 1) for key in keys), key=lambda c: c.key)
+    assert store.rate_counts("stripe:*") == [RateCount("stripe:1", 2, 1), RateCount("stripe:2", 2, 1)]
+
+
 def test_idempotency_marker_and_commit(app: Celery, lease_client: redis.Redis) -> None:
     store = RedisLockBackend(lease_client, get_config(app))
     lock = C.IDEMPOTENT_LOCK_NAMESPACE + "order:7"

@@ -1,8 +1,8 @@
 """What the admin's "Safe time" overview page shows, read with the CLI's own status functions.
 
-Beat (``describe_beat``, ``list_entries``), delays (``describe_delays``) and locks
-(``describe_locks``) are the sections of ``celery safe-time status``; this module only adds what
-a page needs beside them: django-celery-beat rows (when that app is installed), the per-hour due
+Beat (``describe_beat``, ``list_entries``), delays (``describe_delays``), locks (``describe_locks``)
+and flow control (``describe_flow``) are the sections of ``celery safe-time status``; this module only
+adds what a page needs beside them: django-celery-beat rows (when that app is installed), the per-hour due
 counts of the chart, and an error per section instead of an exception, so an unreachable Redis or
 database turns one box red and never the whole page into a 500.
 """
@@ -100,6 +100,8 @@ class Overview:
     chart_error: str | None = None
     locks: dict[str, Any] = field(default_factory=dict)
     locks_error: str | None = None
+    flow: dict[str, Any] = field(default_factory=dict)
+    flow_error: str | None = None
 
     @property
     def chart_total(self) -> int:
@@ -229,7 +231,7 @@ def gather(app: Celery, now: datetime | None = None) -> Overview:
 
     from ...beat.admin import describe_beat
     from ...delays.admin import describe_delays
-    from ...locks.admin import describe_locks
+    from ...locks.admin import describe_flow, describe_locks
 
     errors = (*SECTION_ERRORS, DjangoDbError)
     if now is None:
@@ -273,4 +275,9 @@ def gather(app: Celery, now: datetime | None = None) -> Overview:
         view.locks_error = view.locks.get("error")
     except errors as exc:
         view.locks_error = _failed("locks", exc)
+    try:
+        view.flow = describe_flow(app)
+        view.flow_error = view.flow.get("error")
+    except errors as exc:
+        view.flow_error = _failed("flow control", exc)
     return view

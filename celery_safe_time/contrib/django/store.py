@@ -478,6 +478,11 @@ class DjangoStore(DelayStore):
                 counts[item["status"]] = int(item["n"])
         return counts
 
+    def pending_debounced(self) -> int:
+        with self._errors():
+            found = self._objects().filter(status=C.STATUS_PENDING, idempotency_key__startswith=C.DEBOUNCE_KEY_PREFIX)
+            return int(found.count())
+
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         from django.db.models import Min
 

@@ -514,6 +514,14 @@ class DelayStore(abc.ABC):
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         """The smallest ``due_at`` among rows with ``status``."""
 
+    def pending_debounced(self) -> int:
+        """How many pending rows are debounced bursts (their idempotency key starts ``debounce:``).
+
+        This default reads at most ``C.DEBOUNCE_COUNT_LIMIT`` pending rows; the stores count in one query.
+        """
+        rows = self.list(status=C.STATUS_PENDING, limit=C.DEBOUNCE_COUNT_LIMIT)
+        return sum(1 for r in rows if (r.idempotency_key or "").startswith(C.DEBOUNCE_KEY_PREFIX))
+
 
 def debounced_due(due_at: datetime, debounce_until: datetime | None) -> datetime:
     """A debounced row's next due time: ``due_at`` (now plus the period), never past its cap."""

@@ -284,6 +284,14 @@ class MemoryStore(DelayStore):
                 counts[row.status] += 1
         return counts
 
+    def pending_debounced(self) -> int:
+        with self._lock:
+            return sum(
+                1
+                for r in self._scoped()
+                if r.status == C.STATUS_PENDING and (r.idempotency_key or "").startswith(C.DEBOUNCE_KEY_PREFIX)
+            )
+
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         with self._lock:
             dues = [r.due_at for r in self._scoped() if r.status == status]

@@ -25,6 +25,7 @@ from .base import (
     LockBackend,
     LockInfo,
     Owner,
+    RateCount,
     UniqueClaim,
     UniqueStatus,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "LockBackend",
     "LockInfo",
     "Owner",
+    "RateCount",
     "UniqueClaim",
     "UniqueStatus",
     "create_lock_backend",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import sys
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -91,6 +92,15 @@ class LockInfo:
 
 
 UniqueStatus = Literal["acquired", "own", "held"]
+
+
+class RateCount(NamedTuple):
+    """One ``rate_limit`` key as an operator sees it: calls started within its last period
+    (``started``) and calls re-queued to a place still ahead, waiting for the limit (``waiting``)."""
+
+    key: str
+    started: int
+    waiting: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +314,17 @@ class LockBackend(abc.ABC):
         """Admit one call of the ``rate_limit`` ``key`` under ``rate`` (:func:`..rates.take`'s sliding
         log, on the backend's clock), or reserve it the first free place and say in how many seconds
         it is due; ``token`` is the call's reservation (a new one for a first attempt)."""
+
+    @abc.abstractmethod
+    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
+        """``rate_limit`` keys matching ``pattern`` (glob) with calls in their window or waiting, by key;
+        at most ``limit`` of them (the operator view: SCAN with a cap on Redis, one bounded query on
+        PostgreSQL)."""
+
+    def rate_wait(self, seconds: float) -> None:
+        """Wait out the last ``seconds`` before a reservation is due (a call re-queued to come back a
+        little early, ``RATE_LEAD``), on the clock ``rate_take`` reads: the real one but in tests."""
+        time.sleep(seconds)
 
     # --- operator view ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -11,12 +11,13 @@ import dataclasses
 import fnmatch
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ... import constants as C
 from ...config import SafeTimeConfig
 from ..rates import Rate, RateTaken, take
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, renamed
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim, renamed
 
 
 @dataclasses.dataclass
@@ -45,15 +46,26 @@ class MemoryLockBackend(LockBackend):
     """The lock scripts' rules (``locks/lua/*.lua``) on dicts in this process, for tests.
 
     Expiry follows ``clock`` (``time.time`` by default); fencing numbers start at the clock in
-    microseconds, as the acquire script seeds them.
+    microseconds, as the acquire script seeds them. Rate-limit windows follow ``rate_clock`` (default:
+    ``clock``), and a call waiting out its last moments before its place (``rate_wait``) calls
+    ``rate_sleep`` (default: ``time.sleep``): the testing kit moves both with its test clock.
     """
 
     kind = "memory"
     label = "memory"
 
-    def __init__(self, config: SafeTimeConfig, clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        config: SafeTimeConfig,
+        clock: Any = time.time,
+        *,
+        rate_clock: Callable[[], float] | None = None,
+        rate_sleep: Callable[[float], None] | None = None,
+    ) -> None:
         self.config = config
         self._clock = clock
+        self._rate_clock: Callable[[], float] = rate_clock or (lambda: self._clock())
+        self._rate_sleep: Callable[[float], None] = rate_sleep or time.sleep
         self._mutex = threading.RLock()
         self._locks: dict[str, _Lock] = {}
         self._fences: dict[str, int] = {}
@@ -61,6 +73,7 @@ class MemoryLockBackend(LockBackend):
         self._done: dict[str, float] = {}  # finished-delivery key -> expires
         self._unique: dict[str, _Unique] = {}  # unique task key -> holder
         self._rates: dict[str, list[tuple[float, str]]] = {}  # rate key -> (start or due time, member)
+        self._periods: dict[str, float] = {}  # rate key -> the period its last call was taken with
 
     def _live(self, key: str) -> _Lock | None:
         lock = self._locks.get(key)
@@ -289,7 +302,28 @@ class MemoryLockBackend(LockBackend):
     # --- rate limits (``rate_take.lua``) ------------------------------------------------------------
     def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         with self._mutex:
-            return take(self._rates.setdefault(self.rate_key(key), []), self._clock(), rate, token, reserve=reserve)
+            log = self._rates.setdefault(self.rate_key(key), [])
+            self._periods[self.rate_key(key)] = rate.period
+            return take(log, self._rate_clock(), rate, token, reserve=reserve)
+
+    def rate_wait(self, seconds: float) -> None:
+        self._rate_sleep(seconds)
+
+    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
+        now = self._rate_clock()
+        found: list[RateCount] = []
+        with self._mutex:
+            head = self.rate_key("")
+            for redis_key, log in sorted(self._rates.items()):
+                key = redis_key[len(head) :] if redis_key.startswith(head) else redis_key
+                if not fnmatch.fnmatchcase(key, pattern):
+                    continue
+                since = now - self._periods.get(redis_key, 0.0)
+                started = sum(1 for at, member in log if since < at <= now and "@" in member)
+                waiting = sum(1 for _, member in log if "@" not in member)
+                if started or waiting:
+                    found.append(RateCount(key, started, waiting))
+        return found[:limit] if limit is not None else found
 
 
 #: Deprecated names (old -> current); each warns when used.

@@ -54,7 +54,18 @@ from ...coordination import coordination_engine, postgres_url
 from ...exceptions import CoordinationUnavailable
 from ..rates import Rate, RateTaken
 from . import postgres_sql
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, UniqueClaim, as_ms, renamed
+from .base import (
+    Acquired,
+    Holder,
+    HolderRecord,
+    LockBackend,
+    LockInfo,
+    Owner,
+    RateCount,
+    UniqueClaim,
+    as_ms,
+    renamed,
+)
 from .postgres_sql import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -100,6 +111,7 @@ _UNIQUE_FORCE = sa.text(QUERIES["unique_force_release"])
 _MARKER_LIVE = sa.text(QUERIES["marker_live"])
 _PURGE = [sa.text(QUERIES[name]) for name in ("purge_markers", "purge_unique", "purge_rates", "purge_locks")]
 _RATE_TAKE = sa.text(QUERIES["rate_take"])
+_RATE_COUNTS = sa.text(QUERIES["rate_counts"])
 _TABLES_PRESENT = sa.text(QUERIES["tables_present"])
 _HELD_COUNT = sa.text(QUERIES["held_count"])
 
@@ -482,6 +494,19 @@ class PostgresLockBackend(LockBackend):
         admitted, count, wait_us, at = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
         self._maybe_purge()
         return RateTaken(bool(admitted), int(wait_us) / 1_000_000, int(count), float(at))
+
+    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
+        """One query over ``safe_time_rate`` (its rows hold their own expiry: start plus period),
+        bounded to ``C.RATE_SCAN_KEYS`` keys."""
+        head = self.rate_key("")
+        params = {"like": _like_prefix(head + pattern), "keys": C.RATE_SCAN_KEYS}
+        rows = self._run(lambda conn: list(conn.execute(_RATE_COUNTS, params).all()))
+        found = [
+            RateCount(name[len(head) :], int(started), int(waiting))
+            for name, started, waiting in rows
+            if fnmatch.fnmatchcase(name[len(head) :], pattern) and (started or waiting)
+        ]
+        return found[:limit] if limit is not None else found
 
     def unique_release(self, key: str, task_id: str) -> bool:
         params = {"name": self.unique_key(key), "task_id": task_id}

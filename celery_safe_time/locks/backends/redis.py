@@ -33,6 +33,7 @@ from .base import (
     LockBackend,
     LockInfo,
     Owner,
+    RateCount,
     UniqueClaim,
     as_int,
     as_ms,
@@ -196,6 +197,43 @@ class RedisLockBackend(LockBackend):
             keys=[self.rate_key(key)], args=[token, rate.limit, max(1, int(rate.period * 1_000_000)), int(reserve)]
         )
         return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]), float(as_text(reply[3]) or 0))
+
+    def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
+        """Found with SCAN (at most ``C.RATE_SCAN_KEYS`` keys looked at), one pipeline per key.
+
+        The log does not store its period: it is read back from the key's expiry, which the script
+        sets to its last entry plus the period (``rate_take.lua``)."""
+        head = self.config.key_prefix + C.KEY_RATE.format(key="")
+        cluster = self.config.redis_cluster
+        match = head + "*" if cluster else self.rate_key(pattern)
+        found: list[RateCount] = []
+        for looked, raw in enumerate(self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="zset")):
+            if looked >= C.RATE_SCAN_KEYS or (limit is not None and len(found) >= limit):
+                break
+            redis_key = as_text(raw) or ""
+            key = redis_key[len(head) :] if redis_key.startswith(head) else redis_key
+            if cluster:  # rate:{<key>}, a key that would make an empty tag escaped with "~"
+                key = key[1:-1] if key.startswith("{") and key.endswith("}") else key
+                if key[:1] == C.CLUSTER_TAG_ESCAPE and key[1:2] in ("", *C.CLUSTER_TAG_ESCAPED):
+                    key = key[1:]
+                if not fnmatch.fnmatchcase(key, pattern):
+                    continue
+            # TIME names no key (a cluster pipeline could not place it): read it apart, just before.
+            seconds, micros = self.client.time()
+            pipe = self.client.pipeline(transaction=False)
+            pipe.pttl(redis_key)
+            pipe.zrange(redis_key, -1, -1, withscores=True)
+            pttl, last = pipe.execute()
+            if not last or pttl is None or pttl < 0:
+                continue
+            now = float(seconds) + float(micros) / 1e6
+            period = pttl / 1000.0 + now - float(last[0][1])
+            started = int(self.client.zcount(redis_key, f"({now - period:.6f}", f"{now:.6f}"))
+            waiting = int(self.client.zcount(redis_key, f"({now:.6f}", "+inf"))
+            if started or waiting:
+                found.append(RateCount(key, started, waiting))
+        found.sort(key=lambda c: c.key)
+        return found
 
     def describe(self) -> str:
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"

@@ -13,10 +13,15 @@ local floor = string.format('%.6f', now - period)
 local stamp = string.format('%.6f', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', floor)
 
-local function admit()
-  redis.call('ZADD', KEYS[1], stamp, ARGV[1] .. '@' .. stamp)
+-- The set lives a period past its last entry (the operator view reads the period back from it).
+local function expire()
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(last[2]) + period - now) * 1000) + 1)
+end
+
+local function admit()
+  redis.call('ZADD', KEYS[1], stamp, ARGV[1] .. '@' .. stamp)
+  expire()
   return {1, redis.call('ZCARD', KEYS[1]), 0, stamp}
 end
 
@@ -37,7 +42,7 @@ if own then
   local block = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. floor, stamp, 'WITHSCORES', 'LIMIT', started - limit, 1)
   local again = tonumber(block[2]) + period
   redis.call('ZADD', KEYS[1], string.format('%.6f', again), ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], math.ceil((again + period - now) * 1000) + 1)
+  expire()
   return {0, redis.call('ZCARD', KEYS[1]), math.ceil((again - now) * 1000000), stamp}
 end
 local count = redis.call('ZCARD', KEYS[1])
@@ -51,5 +56,5 @@ if ARGV[4] ~= '1' then
   return {0, count, math.ceil((due - now) * 1000000), stamp}
 end
 redis.call('ZADD', KEYS[1], string.format('%.6f', due), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], math.ceil((due + period - now) * 1000) + 1)
+expire()
 return {0, count + 1, math.ceil((due - now) * 1000000), stamp}

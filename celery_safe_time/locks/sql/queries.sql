@@ -131,6 +131,15 @@ DELETE FROM safe_time_rate WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_rat
 -- name: rate_take
 SELECT * FROM safe_time_rate_take_v1(:name, :token, :limit, :period_us, :reserve)
 
+-- The operator view of rate limits: per key, calls started within their period (admitted members
+-- hold "@") and reservations still ahead; at most :keys keys.
+-- name: rate_counts
+SELECT name,
+    count(*) FILTER (WHERE member LIKE '%@%' AND at <= now() AND expires_at > now()),
+    count(*) FILTER (WHERE at > now())
+FROM safe_time_rate WHERE name LIKE :like ESCAPE '!' AND expires_at > now()
+GROUP BY name ORDER BY name LIMIT :keys
+
 -- name: purge_locks
 DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock
     WHERE expires_at < now() LIMIT 1000))

@@ -15,7 +15,7 @@ from celery import Celery
 from celery_safe_time import concurrency_limit, rate_limit
 from celery_safe_time.exceptions import LockConflict, RateLimited
 from celery_safe_time.locks import current_lock
-from celery_safe_time.locks.backends import LockBackend
+from celery_safe_time.locks.backends import LockBackend, RateCount
 from celery_safe_time.locks.rates import Rate
 
 pytestmark = pytest.mark.integration
@@ -132,3 +132,81 @@ def test_concurrency_limit_slots(make_app: Callable[..., Celery], coordination_c
     export(1)
     [(key, fence)] = held
     assert fence > before[key], "each slot's fence grows with its holders"
+
+
+def test_rate_counts_show_calls_started_in_the_window_and_calls_waiting(lock_backend: LockBackend) -> None:
+    k, other = fresh("count"), fresh("count-other")
+    rate = Rate(2, 30.0)
+    assert [lock_backend.rate_take(k, f"t{i}", rate).admitted for i in range(4)] == [True, True, False, False]
+    assert lock_backend.rate_take(other, "o", rate).admitted
+    assert lock_backend.rate_take(k, "probe", rate, reserve=False).used == 4  # a direct call adds nothing
+    assert lock_backend.rate_counts(k) == [RateCount(k, 2, 2)]
+    found = lock_backend.rate_counts("count*")
+    assert RateCount(k, 2, 2) in found
+    assert RateCount(other, 1, 0) in found
+    assert lock_backend.rate_counts("count*", limit=1) == found[:1]
+    assert lock_backend.rate_counts(fresh("nothing")) == []
+
+
+def test_rate_counts_forget_calls_older_than_the_period(lock_backend: LockBackend) -> None:
+    k = fresh("aged")
+    rate = Rate(3, 0.3)
+    assert lock_backend.rate_take(k, "a", rate).admitted
+    assert lock_backend.rate_counts(k) == [RateCount(k, 1, 0)]
+    time.sleep(0.35)
+    assert lock_backend.rate_counts(k) == []  # gone from the window (Redis: the set expired too)
+
+
+def test_the_flow_section_shows_slots_and_rate_keys(
+    make_app: Callable[..., Celery], coordination_conf: dict[str, Any]
+) -> None:
+    from celery_safe_time.locks.admin import describe_flow
+
+    app = make_app(safe_time_key_prefix=fresh("p") + ":", **coordination_conf)
+    release = threading.Event()
+    inside = threading.Semaphore(0)
+
+    @app.task(shared=False)
+    @concurrency_limit("export:{tenant_id}", limit=3, ttl=5)
+    def export(tenant_id: int) -> None:
+        inside.release()
+        release.wait(10)
+
+    @app.task(shared=False)
+    @rate_limit("stripe:{account_id}", "2/m")
+    def charge(account_id: int) -> int:
+        return account_id
+
+    assert describe_flow(app) == {
+        "slots_held": 0,
+        "concurrency": [],
+        "rate_keys": 0,
+        "waiting": 0,
+        "rates": [],
+        "capped": False,
+    }
+    threads = [threading.Thread(target=export, args=(7,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert inside.acquire(timeout=10)
+    charge(1)
+    charge(1)
+    charge(2)
+    try:
+        flow = describe_flow(app)
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(10)
+    assert flow["slots_held"] == 2
+    [slots] = flow["concurrency"]
+    assert slots["key"] == "export:7"
+    assert slots["held"] == 2
+    assert set(slots["slots"]) <= {"export:7#0", "export:7#1", "export:7#2"}
+    assert flow["rates"] == [
+        {"key": "stripe:1", "started": 2, "waiting": 0},
+        {"key": "stripe:2", "started": 1, "waiting": 0},
+    ]
+    assert flow["rate_keys"] == 2
+    assert describe_flow(app)["slots_held"] == 0

@@ -816,6 +816,15 @@ class SQLAlchemyStore(DelayStore):
                 counts[status] = int(count)
         return counts
 
+    def pending_debounced(self) -> int:
+        query = sa.select(sa.func.count()).where(
+            status_is(C.STATUS_PENDING),
+            delays.c.idempotency_key.like(C.DEBOUNCE_KEY_PREFIX + "%"),
+            self._in_scope(),
+        )
+        with self._begin() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
     def oldest_due(self, status: str = C.STATUS_PENDING) -> datetime | None:
         with self._begin() as conn:
             query = sa.select(sa.func.min(delays.c.due_at)).where(status_is(status), self._in_scope())

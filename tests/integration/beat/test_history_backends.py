@@ -25,6 +25,16 @@ T0 = 1_800_000_000.0
 
 @pytest.fixture(params=["redis", "postgres", "memory"])
 def backend(request: pytest.FixtureRequest, make_app: Any) -> BeatBackend:
+    return _backend(request, make_app)
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def stored_backend(request: pytest.FixtureRequest, make_app: Any) -> BeatBackend:
+    """A backend that keeps runtime entries (the in-memory one keeps none)."""
+    return _backend(request, make_app)
+
+
+def _backend(request: pytest.FixtureRequest, make_app: Any) -> BeatBackend:
     sizes = {"safe_time_beat_lease": 6, "safe_time_beat_history_size": 3, "safe_time_beat_audit_size": 2}
     if request.param == "memory":
         return MemoryBeatBackend(get_config(make_app(**sizes)), MemoryBeatData())
@@ -81,9 +91,8 @@ def test_audit_append_keeps_the_newest_records(backend: BeatBackend) -> None:
     assert [r.detail for r in records if r] == [{"n": 3}, {"n": 2}]
 
 
-def test_definition_changes_append_their_audit_with_the_old_and_new_definitions(backend: BeatBackend) -> None:
-    if backend.name == "memory":
-        pytest.skip("the in-memory backend keeps no runtime entries")
+def test_definition_changes_append_their_audit_with_the_old_and_new_definitions(stored_backend: BeatBackend) -> None:
+    backend = stored_backend
     one = json.dumps({"task": "t", "enabled": True})
     two = json.dumps({"task": "t", "enabled": False})
     meta = history.audit_meta(backend.config, "save", "ann@h", T0)
@@ -107,10 +116,9 @@ def test_definition_changes_append_their_audit_with_the_old_and_new_definitions(
 
 
 def test_a_deleted_entry_keeps_its_runs_and_changes_for_a_while_unless_saved_again(
-    backend: BeatBackend, monkeypatch: pytest.MonkeyPatch
+    stored_backend: BeatBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if backend.name == "memory":
-        pytest.skip("the in-memory backend keeps no runtime entries")
+    backend = stored_backend
     lease = backend.make_lease()
     epoch = lease.acquire(T0)
     assert epoch is not None

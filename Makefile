@@ -44,7 +44,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # The fast feedback loop: lint, types, the unit tests and the store contract (real databases).
 check: lint type

@@ -374,7 +374,10 @@ def test_quorum_queues_with_native_delayed_delivery_run_stored_delays_and_lock_r
             due[label] = datetime.fromisoformat(run["stored_due"]).timestamp()
     lateness = {label: round(by_label[label]["started"] - due[label], 3) for label in due}
     print(f"quorum queues, native delayed delivery: lateness (s) {lateness}")
-    assert all(-0.2 <= late <= 1.5 for late in lateness.values()), lateness
+    # The row due in 0.5 s went out due in 1.25 s (its eta moved, see routable_eta): up to 1.25 s more
+    # on top of the delivery latency the others have.
+    bounds = {label: 1.5 + (1.25 if label == "stored-soon" else 0.0) for label in lateness}
+    assert all(-0.2 <= late <= bounds[label] for label, late in lateness.items()), lateness
     ends = {json.loads(raw)["task_id"]: json.loads(raw)["ended"] for raw in redis_client.lrange("test:ends", 0, -1)}
     assert by_label["requeued"]["started"] >= ends[by_label["holder"]["task_id"]]  # never beside the holder
     assert by_label["requeued"]["retries"] == 0  # a lock re-queue, not a retry

@@ -144,7 +144,10 @@ def test_rate_counts_show_calls_started_in_the_window_and_calls_waiting(lock_bac
     found = lock_backend.rate_counts("count*")
     assert RateCount(k, 2, 2) in found
     assert RateCount(other, 1, 0) in found
-    assert lock_backend.rate_counts("count*", limit=1) == found[:1]
+    # at most `limit` keys, whichever the scan meets first (SCAN's order is not the keys' order)
+    limited = lock_backend.rate_counts("count*", limit=1)
+    assert len(limited) == 1
+    assert limited[0].key.startswith("count")
     assert lock_backend.rate_counts(fresh("nothing")) == []
 
 

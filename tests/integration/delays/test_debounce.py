@@ -115,7 +115,13 @@ def test_a_cancelled_debounced_row_never_runs(
     _cluster(processes, store_url)
     app = _app(make_app, store_url)
     add = app.tasks["tests.delays.add"]
-    options: dict[str, Any] = {"debounce": PERIOD, "debounce_key": "site:{x}", "debounce_max_wait": MAX_WAIT}
+    # A longer period than the other tests': the row must still be pending after the CLI (a process of
+    # its own, several seconds on a loaded machine) has listed it.
+    options: dict[str, Any] = {
+        "debounce": timedelta(seconds=15),
+        "debounce_key": "site:{x}",
+        "debounce_max_wait": MAX_WAIT,
+    }
     doomed = add.apply_async((1, 1), **options)
     assert add.apply_async((1, 2), **options).id == doomed.id
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_store_url": store_url})}

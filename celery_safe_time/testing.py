@@ -45,7 +45,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -317,19 +317,31 @@ class SafeTimeTesting:
             wanted += f" due within {due_within}"
         if due_after is not None:
             wanted += f" due after {due_after}"
-        if count is not None and len(matches) != count:
-            raise AssertionError(
-                f"expected {count} stored {wanted}, found {len(matches)}; {self._describe(candidates)}"
-            )
-        if not matches:
-            raise AssertionError(f"no stored {wanted}; {self._describe(candidates)}")
+        self._expect(matches, count, lambda: self._describe(candidates), wanted=f"stored {wanted}")
         return matches[0]
 
     def assert_not_stored(self, task: Task | str | None = None) -> None:
         """Assert no pending stored call (of ``task``) exists."""
         found = self.stored_delays(task)
-        if found:
-            raise AssertionError(f"expected nothing stored; {self._describe(found)}")
+        self._expect(found, 0, lambda: self._describe(found), wanted="nothing stored")
+
+    @staticmethod
+    def _expect(
+        found: Sized, count: int | None, context: Callable[[], str], *, wanted: str, counted: str | None = None
+    ) -> None:
+        """Fail an ``assert_*`` unless ``found`` holds ``count`` items (``None``: at least one; ``0``: none).
+
+        The message reads "no <wanted>" (nothing found), "expected <count> <counted>, found <n>" (a count
+        missed; ``counted`` defaults to ``wanted``) or "expected <wanted>" (``count=0``: something found),
+        then what there was: ``context()``, worked out only for a failure.
+        """
+        if count == 0:
+            if len(found):
+                raise AssertionError(f"expected {wanted}; {context()}")
+        elif count is not None and len(found) != count:
+            raise AssertionError(f"expected {count} {counted or wanted}, found {len(found)}; {context()}")
+        elif not len(found):
+            raise AssertionError(f"no {wanted}; {context()}")
 
     def _describe(self, delays: Sequence[StoredDelay]) -> str:
         if not delays:
@@ -553,19 +565,19 @@ class SafeTimeTesting:
         wanted = f"{_task_name(task) or 'any task'} on key {key!r}" if key is not None else _task_name(task) or "any"
         if wait_at_least is not None:
             wanted += f" waiting at least {wait_at_least}"
-        if count is not None and len(matches) != count:
-            raise AssertionError(
-                f"expected {count} rate-limited calls of {wanted}, found {len(matches)}; {self._limits()}"
-            )
-        if not matches:
-            raise AssertionError(f"no rate-limited call of {wanted}; {self._limits()}")
+        self._expect(
+            matches,
+            count,
+            self._limits,
+            wanted=f"rate-limited call of {wanted}",
+            counted=f"rate-limited calls of {wanted}",
+        )
         return matches
 
     def assert_not_rate_limited(self, task: Task | str | None = None, *, key: str | None = None) -> None:
         """Assert no call (of ``task``, on ``key``) was delayed or refused by a ``rate_limit``."""
         found = self.rate_limited(task, key=key)
-        if found:
-            raise AssertionError(f"expected no rate-limited call; {self._limits(found)}")
+        self._expect(found, 0, lambda: self._limits(found), wanted="no rate-limited call")
 
     def rate_window(self, key: str) -> tuple[int, int]:
         """``(started, waiting)`` of the rate-limit ``key``: calls started within its last period on

@@ -17,16 +17,29 @@ pytestmark = pytest.mark.integration
 PACKAGES = {"celery_safe_time.beat": beat_scripts.SCRIPTS, "celery_safe_time.locks": lock_redis.SCRIPTS}
 
 
-@pytest.mark.parametrize("package", sorted(PACKAGES))
-def test_every_lua_file_is_a_loaded_script_and_every_script_has_a_file(package: str) -> None:
-    shipped = {
+def _shipped(package: str) -> set[str]:
+    return {
         p.name[: -len(".lua")] for p in resources.files(package).joinpath("lua").iterdir() if p.name.endswith(".lua")
     }
-    assert shipped == set(PACKAGES[package])
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_every_lua_file_is_a_loaded_script_and_every_script_has_a_file(package: str) -> None:
+    # A ``_`` file is shared Lua, put before the scripts that call it rather than run on its own.
+    scripts = {name for name in _shipped(package) if not name.startswith("_")}
+    assert scripts == set(PACKAGES[package])
+
+
+def test_every_shared_beat_file_is_a_prelude_and_every_prelude_has_a_file() -> None:
+    shared = {name for name in _shipped("celery_safe_time.beat") if name.startswith("_")}
+    preludes = {part for parts in beat_scripts.PRELUDES.values() for part in parts}
+    assert shared == preludes
+    assert set(beat_scripts.PRELUDES) <= set(beat_scripts.SCRIPTS)
 
 
 def _run(client: redis.Redis, package: str, name: str, keys: list[str], args: list[object]) -> object:
-    return client.register_script(load_script(package, name))(keys=keys, args=args)
+    source = beat_scripts.script_source(name) if package == "celery_safe_time.beat" else load_script(package, name)
+    return client.register_script(source)(keys=keys, args=args)
 
 
 def test_beat_scripts_run(redis_client: redis.Redis) -> None:
@@ -51,6 +64,21 @@ def test_beat_scripts_run(redis_client: redis.Redis) -> None:
     assert _run(redis_client, beat, "release", ["t:lease", "t:info"], ["other"]) == 0
     assert _run(redis_client, beat, "release", ["t:lease", "t:info"], ["tok"]) == 1
     assert redis_client.exists("t:lease", "t:info") == 0
+
+
+def test_beat_history_writes_a_run_and_drops_the_oldest_beyond_the_size(redis_client: redis.Redis) -> None:
+    beat = "celery_safe_time.beat"
+    redis_client.set("t:lease", "tok")
+    redis_client.set("t:epoch", 1)
+    history = ["t:hist", "t:slots"]
+    for slot in (1000, 2000):
+        keys = ["t:lease", "t:epoch", f"t:fired:{slot}", "t:state", "t:due", *history]
+        args = ["tok", 1, 60000, "entry", "{}", "30.0", "1:a", f"run-{slot}", 2, slot]
+        assert _run(redis_client, beat, "dispatch", keys, args) == 1
+    redis_client.hset("t:hist", "1000:o", "outcome")
+    assert _run(redis_client, beat, "history_record", history, [3000, "run-3000", 2]) == 1
+    assert redis_client.hgetall("t:hist") == {b"2000": b"run-2000", b"3000": b"run-3000"}
+    assert redis_client.zrange("t:slots", 0, -1) == [b"2000", b"3000"]
 
 
 def test_lock_scripts_run(redis_client: redis.Redis) -> None:

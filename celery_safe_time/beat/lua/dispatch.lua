@@ -5,22 +5,12 @@
 -- The marker value is new per call ("epoch:nonce"): the same call run again (a client retrying a
 -- command whose reply was lost) finds its own marker and still publishes, which a later call does not.
 -- With the history keys, a slot to publish gets its run record, and the entry's oldest runs beyond
--- the history size are dropped (history.py).
+-- the history size are dropped (record_history, from _history.lua).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
 local fresh = redis.call('SET', KEYS[3], ARGV[7], 'NX', 'PX', ARGV[3])
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
 redis.call('ZADD', KEYS[5], ARGV[6], ARGV[4])
 if not fresh and redis.call('GET', KEYS[3]) ~= ARGV[7] then return 0 end
-if KEYS[6] then
-  redis.call('HSET', KEYS[6], ARGV[10], ARGV[8])
-  redis.call('ZADD', KEYS[7], ARGV[10], ARGV[10])
-  local extra = redis.call('ZCARD', KEYS[7]) - tonumber(ARGV[9])
-  if extra > 0 then
-    for _, old in ipairs(redis.call('ZRANGE', KEYS[7], 0, extra - 1)) do
-      redis.call('HDEL', KEYS[6], old, old .. ':o')
-    end
-    redis.call('ZREMRANGEBYRANK', KEYS[7], 0, extra - 1)
-  end
-end
+if KEYS[6] then record_history(KEYS[6], KEYS[7], ARGV[10], ARGV[8], ARGV[9]) end
 return 1

@@ -7,7 +7,6 @@ import importlib
 import json
 import logging
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,50 +14,24 @@ import pytest
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time import signals
-from celery_safe_time.beat import base as beat_base
 from celery_safe_time.beat import history
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.beat.state import with_definitions
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured
-
-T0 = 1_800_000_000.0
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.beat.conftest import T0, FakeTime, OnDispatched, memory_app
 
 
 @pytest.fixture
-def clock() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-def data(clock: FakeTime, monkeypatch: pytest.MonkeyPatch) -> MemoryBeatData:
-    shared = MemoryBeatData(now=clock)
-    monkeypatch.setattr(beat_base, "beat_backend", lambda config: MemoryBeatBackend(config, shared))
-    monkeypatch.setattr(history, "beat_backend", lambda config: MemoryBeatBackend(config, shared))
-    history._backends.clear()
-    return shared
-
-
-@pytest.fixture
-def sent() -> Iterator[list[tuple[str, float, Any]]]:
+def sent(on_dispatched: OnDispatched) -> list[tuple[str, float, Any]]:
     out: list[tuple[str, float, Any]] = []
 
     def on_sent(sender: Any, entry: str, slot: Any, epoch: int, task_id: Any = None, **kw: Any) -> None:
         out.append((entry, slot.timestamp(), task_id))
 
-    signals.beat_slot_dispatched.connect(on_sent, weak=False)
-    yield out
-    signals.beat_slot_dispatched.disconnect(on_sent)
+    on_dispatched(on_sent)
+    return out
 
 
 def _noop() -> None:
@@ -66,16 +39,7 @@ def _noop() -> None:
 
 
 def _app(**conf: Any) -> Celery:
-    app = Celery("memory-history", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        safe_time_redis_url="redis://127.0.0.1:1/0",  # never connected: the backend is in memory
-        safe_time_store_url="memory://",
-        safe_time_beat_lease=30,
-        timezone="UTC",
-        beat_schedule={"e": {"task": "t.history_noop", "schedule": 1.0}},
-        **conf,
-    )
+    app = memory_app("memory-history", beat_schedule={"e": {"task": "t.history_noop", "schedule": 1.0}}, **conf)
     app.task(name="t.history_noop", shared=False)(_noop)
     get_config(app)
     return app

@@ -14,8 +14,7 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 
 from celery_safe_time import constants as C
-from celery_safe_time.beat import base as beat_base
-from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.beat.backends.memory import MemoryBeatData
 from celery_safe_time.beat.overlap import OverlapGate, decide, overlap_of
 from celery_safe_time.beat.policies import (
     OPTION_OVERLAP,
@@ -31,16 +30,7 @@ from celery_safe_time.locks.backends import Owner, use_lock_backend
 from celery_safe_time.locks.backends.memory import MemoryLockBackend
 from celery_safe_time.locks.entry_runs import entry_key, overlap_spec, run_key
 from celery_safe_time.metrics import disable_metrics, enable_metrics
-
-T0 = 1_800_000_000.0
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.beat.conftest import T0, FakeTime, memory_app
 
 
 # --- the decision ---------------------------------------------------------------------------------
@@ -119,20 +109,7 @@ def test_the_worker_reads_only_a_well_formed_header() -> None:
 
 # --- beat's gate on the memory backend, time injected --------------------------------------------------
 def _app() -> Celery:
-    app = Celery("overlap-unit", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        safe_time_redis_url="redis://127.0.0.1:1/0",  # never connected: the backends are in memory
-        safe_time_store_url="memory://",
-        safe_time_beat_lease=30,
-        timezone="UTC",
-    )
-    return app
-
-
-@pytest.fixture
-def clock() -> FakeTime:
-    return FakeTime()
+    return memory_app("overlap-unit")
 
 
 @pytest.fixture
@@ -248,10 +225,8 @@ def _noop() -> None:
 
 # --- SafeScheduler ----------------------------------------------------------------------------------------
 def test_the_scheduler_drops_the_slots_of_a_skip_entry_while_its_run_is_queued(
-    tmp_path: Path, clock: FakeTime, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shared = MemoryBeatData(now=clock)
-    monkeypatch.setattr(beat_base, "beat_backend", lambda config: MemoryBeatBackend(config, shared))
     app = _app()
     app.conf.beat_schedule = {
         "often": {"task": "t.overlap_noop", "schedule": 10.0, "overlap": "skip", "overlap_ttl": 25},

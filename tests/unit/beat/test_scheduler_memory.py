@@ -9,54 +9,28 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
 from celery.signals import before_task_publish
 
-from celery_safe_time import signals
 from celery_safe_time.beat import base as beat_base
-from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.beat.backends.memory import MemoryBeatData
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.config import get_config
-
-T0 = 1_800_000_000.0  # a whole second: the 1 s grid is anchored here
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.beat.conftest import T0, FakeTime, OnDispatched, memory_app
 
 
 @pytest.fixture
-def clock() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-def data(clock: FakeTime, monkeypatch: pytest.MonkeyPatch) -> MemoryBeatData:
-    """One shared in-memory backend for every scheduler this test makes."""
-    shared = MemoryBeatData(now=clock)
-    monkeypatch.setattr(beat_base, "beat_backend", lambda config: MemoryBeatBackend(config, shared))
-    return shared
-
-
-@pytest.fixture
-def sent() -> Iterator[list[tuple[str, float, int]]]:
+def sent(on_dispatched: OnDispatched) -> list[tuple[str, float, int]]:
     out: list[tuple[str, float, int]] = []
 
     def on_sent(sender: Any, entry: str, slot: Any, epoch: int, **kw: Any) -> None:
         out.append((entry, slot.timestamp(), epoch))
 
-    signals.beat_slot_dispatched.connect(on_sent, weak=False)
-    yield out
-    signals.beat_slot_dispatched.disconnect(on_sent)
+    on_dispatched(on_sent)
+    return out
 
 
 def _noop() -> None:
@@ -64,15 +38,8 @@ def _noop() -> None:
 
 
 def _scheduler(tmp_path: Path, name: str, entries: tuple[str, ...] = ("e",)) -> SafeScheduler:
-    app = Celery("memory-beat", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        safe_time_redis_url="redis://127.0.0.1:1/0",  # never connected: the backend is in memory
-        safe_time_store_url="memory://",
-        safe_time_beat_lease=30,
-        timezone="UTC",
-        beat_schedule={entry: {"task": "t.memory_beat_noop", "schedule": 1.0} for entry in entries},
-    )
+    schedule = {entry: {"task": "t.memory_beat_noop", "schedule": 1.0} for entry in entries}
+    app = memory_app("memory-beat", beat_schedule=schedule)
     app.task(name="t.memory_beat_noop", shared=False)(_noop)
     get_config(app)
     sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / name), max_interval=1)

@@ -5,56 +5,30 @@ than the catch-up window are skipped and counted."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
 from prometheus_client import CollectorRegistry
 
-from celery_safe_time import signals
-from celery_safe_time.beat import base as beat_base
-from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.beat.backends.memory import MemoryBeatData
 from celery_safe_time.beat.policies import beat_slots_past_catchup, jitter_offset
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.config import get_config
 from celery_safe_time.metrics import disable_metrics, enable_metrics
-
-T0 = 1_800_000_000.0  # a whole minute: the entries' first slot
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.beat.conftest import T0, FakeTime, OnDispatched, memory_app
 
 
 @pytest.fixture
-def clock() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-def data(clock: FakeTime, monkeypatch: pytest.MonkeyPatch) -> MemoryBeatData:
-    shared = MemoryBeatData(now=clock)
-    monkeypatch.setattr(beat_base, "beat_backend", lambda config: MemoryBeatBackend(config, shared))
-    return shared
-
-
-@pytest.fixture
-def sent(clock: FakeTime) -> Iterator[list[tuple[str, float, float, int]]]:
+def sent(clock: FakeTime, on_dispatched: OnDispatched) -> list[tuple[str, float, float, int]]:
     """(entry, slot, the clock when published, epoch) of every publish."""
     out: list[tuple[str, float, float, int]] = []
 
     def on_sent(sender: Any, entry: str, slot: Any, epoch: int, **kw: Any) -> None:
         out.append((entry, slot.timestamp(), clock.now, epoch))
 
-    signals.beat_slot_dispatched.connect(on_sent, weak=False)
-    yield out
-    signals.beat_slot_dispatched.disconnect(on_sent)
+    on_dispatched(on_sent)
+    return out
 
 
 def _noop() -> None:
@@ -62,15 +36,7 @@ def _noop() -> None:
 
 
 def _scheduler(tmp_path: Path, name: str, schedule: dict[str, Any]) -> SafeScheduler:
-    app = Celery("memory-beat-policies", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        safe_time_redis_url="redis://127.0.0.1:1/0",  # never connected: the backend is in memory
-        safe_time_store_url="memory://",
-        safe_time_beat_lease=30,
-        timezone="UTC",
-        beat_schedule=schedule,
-    )
+    app = memory_app("memory-beat-policies", beat_schedule=schedule)
     app.task(name="t.policies_noop", shared=False)(_noop)
     get_config(app)
     sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / name), max_interval=1)

@@ -12,7 +12,8 @@ and swallowed. A slot that was claimed but could not be published shows ``not pu
 disabling itself, ``run_now``, ``backfill``) appends a record: when, who (``changed_by``, by default
 ``user@host pid N``), the action, and the old and new definitions (JSON). The definition changes
 write it atomically with the change itself, with the definition they replaced. Kept per entry, the
-newest ``safe_time_beat_audit_size`` (50 by default).
+newest ``safe_time_beat_audit_size`` (50 by default). django-celery-beat's rows are audited by the
+Django app (``celery_safe_time.contrib.django.audit``), after their change is committed.
 
 Records are JSON, stored by the app's beat backend (Redis: a hash and a sorted set per entry for
 the history, a list for the audit; PostgreSQL: ``safe_time_beat_history`` and ``safe_time_beat_audit``).
@@ -49,6 +50,7 @@ __all__ = [
     "AuditRecord",
     "RunRecord",
     "audit_meta",
+    "cached_backend",
     "default_changed_by",
     "entry_audit",
     "entry_history",
@@ -243,7 +245,7 @@ _backends_lock = threading.Lock()
 _started: dict[str, float] = {}
 
 
-def _cached_backend(app: Celery) -> BeatBackend:
+def cached_backend(app: Celery) -> BeatBackend:
     """The app's beat backend, made once per app (a PostgreSQL one checks its tables once)."""
     with _backends_lock:
         backend = _backends.get(app)
@@ -256,7 +258,7 @@ def _backend_of(app: Celery) -> BeatBackend | None:
     """The backend the worker writes outcomes to; None when the history is off."""
     if not get_config(app).beat_history_size:
         return None
-    return _cached_backend(app)
+    return cached_backend(app)
 
 
 def _slot_of(request: Any) -> tuple[str, float] | None:
@@ -403,7 +405,7 @@ def _app(app: Celery | None) -> Celery:
 def entry_history(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_HISTORY_SIZE) -> list[RunRecord]:
     """The last ``limit`` runs of the beat entry ``name``, newest slot first (empty when it has none
     or the history is off)."""
-    backend = _cached_backend(_app(app))
+    backend = cached_backend(_app(app))
     out = []
     for published, outcome in backend.history(name, limit):
         record = run_record(name, published, outcome)
@@ -414,7 +416,7 @@ def entry_history(name: str, app: Celery | None = None, limit: int = C.DEFAULT_B
 
 def entry_audit(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_AUDIT_SIZE) -> list[AuditRecord]:
     """The last ``limit`` changes of the beat entry ``name``, newest first."""
-    backend = _cached_backend(_app(app))
+    backend = cached_backend(_app(app))
     out = []
     for raw in backend.audit(name, limit):
         record = audit_record(name, raw)

@@ -124,8 +124,8 @@ class EntryPage:
 
 
 def entry_page(app: Celery, name: str) -> EntryPage:
-    """The runs and changes of the beat entry ``name`` (empty for an entry that has none, such as a
-    django-celery-beat row: ``SafeDatabaseScheduler`` keeps no history)."""
+    """The runs and changes of the beat entry ``name`` (a config or runtime entry, or a
+    django-celery-beat row fired by ``SafeDatabaseScheduler``; empty for an entry that has none)."""
     from django.db import Error as DjangoDbError
 
     from ...beat.history import entry_audit, entry_history
@@ -180,23 +180,20 @@ def database_entries(app: Celery, now: datetime) -> list[EntryRow]:
 
     if not apps.is_installed("django_celery_beat"):
         return []
-    from celery.schedules import crontab as celery_crontab
     from django_celery_beat.models import PeriodicTask
 
     from ...beat.slots import grid_for
-    from ...schedules import crontab
+    from .rows import row_schedule
 
     rows = []
     for task in PeriodicTask.objects.order_by("name"):
         try:
-            schedule = task.schedule
-            describe = str(getattr(task, "crontab", None) or getattr(task, "interval", None) or schedule)
+            # the row's own timezone with the DST rules, as SafeModelEntry fires it
+            schedule = row_schedule(task)
+            describe = str(getattr(task, "crontab", None) or getattr(task, "interval", None) or task.schedule)
         except Exception as exc:  # a row with no schedule left (its schedule row deleted)
             rows.append(EntryRow(task.name, "database", task.task, f"broken: {exc}", False, None, None))
             continue
-        if isinstance(schedule, celery_crontab) and getattr(task, "crontab", None) is not None:
-            # the row's own timezone with the DST rules, as SafeModelEntry fires it
-            schedule = crontab.from_celery(schedule, tz=task.crontab.timezone or "UTC")
         last = as_utc(task.last_run_at) if task.last_run_at else None
         next_fire: datetime | None = None
         if task.enabled and not (task.one_off and task.total_run_count):

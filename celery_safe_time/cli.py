@@ -418,7 +418,7 @@ def _changed_by() -> str:
 )
 @click.option(
     "--overlap",
-    type=click.Choice(["allow", "skip", "buffer_one", "buffer_all", "cancel_other"]),
+    type=click.Choice(list(C.OVERLAP_POLICIES)),
     default=None,
     help="What a slot does while a run of this entry is queued or running (default: allow).",
 )
@@ -591,25 +591,42 @@ def _instant(text: str, hint: str) -> Any:
     "--max", "limit", type=click.IntRange(min=1), default=C.BEAT_BACKFILL_MAX, show_default=True,
     help="Refuse a range with more slots than this (nothing is published then).",
 )  # fmt: skip
+@click.option(
+    "--overlap",
+    type=click.Choice(list(C.OVERLAP_POLICIES)),
+    default=None,
+    help="The overlap policy the backfilled slots go through (default: the entry's own).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def beat_backfill(ctx: click.Context, name: str, start: str, end: str, limit: int, as_json: bool) -> None:
+def beat_backfill(
+    ctx: click.Context, name: str, start: str, end: str, limit: int, overlap: str | None, as_json: bool
+) -> None:
     """Publish every slot of NAME in [--from, --to) that was not fired, each at most once (a slot the
     leader or another backfill published is not published again)."""
-    from .beat.backfill import backfill
+    from .beat.backfill import run_backfill
 
     try:
-        published = backfill(
-            name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit, changed_by=_changed_by()
-        )
+        result = run_backfill(
+            name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit,
+            changed_by=_changed_by(), overlap=overlap,
+        )  # fmt: skip
     except _entry_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        _dump({"entry": name, "published": [slot.isoformat() for slot in published]})
+        _dump(
+            {
+                "entry": name,
+                "published": [slot.isoformat() for slot in result.published],
+                "dropped": [slot.isoformat() for slot in result.dropped],
+            }
+        )
         return
-    for slot in published:
+    for slot in result.published:
         click.echo(f"{name}: published slot {slot.isoformat()}")
-    click.echo(f"{name}: {len(published)} slot(s) published")
+    for slot in result.dropped:
+        click.echo(f"{name}: dropped slot {slot.isoformat()} (overlap policy)")
+    click.echo(f"{name}: {len(result.published)} slot(s) published")
 
 
 @beat_group.command(name="import-redbeat", cls=CeleryCommand)

@@ -8,10 +8,20 @@ the same one run twice). No lease is needed: the record itself is the guard.
 
 Published tasks carry the ``safe_time_slot`` header like scheduled ones, and ``safe_time_backfill``
 (the backfill's id) where a scheduled one carries the leader's ``safe_time_epoch``.
+
+A backfill goes through the entry's overlap gate as beat's slots do (:mod:`.overlap`), with the
+entry's own policy or the one the backfill names (``overlap=``, ``--overlap``). The slots of a
+backfill are published in one go, so the policies read as: ``allow`` publishes every slot and the
+runs may overlap; ``buffer_all`` publishes every slot and runs them one at a time in slot order;
+``skip`` publishes the first slot only when no run of the entry is queued or running (then drops
+the rest); ``buffer_one`` publishes the first slot and drops the rest while it waits;
+``cancel_other`` leaves the last slot's run (each slot revokes the one before). A dropped slot stays
+fired: it shows as ``dropped`` in the run history and is not published by a later backfill.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import uuid
@@ -25,11 +35,13 @@ from ..clock import UTC, to_datetime
 from ..exceptions import ScheduleError
 from .base import stop_signals_held
 from .entries import EntryInfo, _Store, get_entry
-from .history import not_published, record_audit, record_published
+from .history import dropped, not_published, record_audit, record_published
+from .overlap import OverlapGate
+from .policies import OPTION_OVERLAP, overlap_option
 from .slots import NEVER, Grid, IntervalGrid, grid_for
 from .state import load_state
 
-__all__ = ["backfill", "backfill_slots"]
+__all__ = ["BackfillResult", "backfill", "backfill_slots", "run_backfill"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,18 +115,43 @@ def backfill(
     *,
     limit: int = C.BEAT_BACKFILL_MAX,
     changed_by: str | None = None,
+    overlap: str | None = None,
 ) -> list[datetime]:
     """Publish every slot of the entry ``name`` in ``[start, end)`` that was not fired, each at most
     once (whoever else publishes it: the leader, another backfill). Returns the slots this call
-    published, ascending.
+    published, ascending (:func:`run_backfill` also gives the slots the overlap policy dropped).
 
     ``start`` and ``end`` are aware datetimes (naive means UTC); ``end`` at most now, ``start`` at
     most ``BEAT_BACKFILL_HORIZON`` ago (fired-slot records are kept ``FIRED_SLOT_TTL``: older slots
     cannot be told fired or not). More than ``limit`` slots in the range: :class:`ScheduleError`
     naming the count, nothing published. A paused entry is backfilled too (as ``run_now`` runs it).
     Each published slot goes into the entry's run history, and the backfill into its audit (as by
-    ``changed_by``, default ``user@host pid N``).
+    ``changed_by``, default ``user@host pid N``). ``overlap`` is the overlap policy the slots go
+    through (None: the entry's own); a bad one raises :class:`ScheduleError`, nothing published.
     """
+    return run_backfill(name, start, end, app, limit=limit, changed_by=changed_by, overlap=overlap).published
+
+
+@dataclasses.dataclass(frozen=True)
+class BackfillResult:
+    """What one backfill did: the slots it published and the slots the overlap policy dropped
+    (both ascending; slots fired before are in neither)."""
+
+    published: list[datetime]
+    dropped: list[datetime]
+
+
+def run_backfill(
+    name: str,
+    start: datetime,
+    end: datetime,
+    app: Celery | None = None,
+    *,
+    limit: int = C.BEAT_BACKFILL_MAX,
+    changed_by: str | None = None,
+    overlap: str | None = None,
+) -> BackfillResult:
+    """:func:`backfill`, returning the dropped slots too."""
     start, end = _aware(start, "start"), _aware(end, "end")
     if end <= start:
         raise ScheduleError(
@@ -139,9 +176,14 @@ def backfill(
     info = get_entry(name, app=store.app)
     if info is None:
         raise ScheduleError(f"no beat entry {name!r}")
+    options = dict(info.options)
+    if overlap is not None:
+        options[OPTION_OVERLAP] = overlap_option(overlap, name)
     slots = _slots(store, info, start.timestamp(), end.timestamp(), limit)
     marker = f"backfill:{uuid.uuid4().hex[:12]}"
+    gate = OverlapGate(store.app, store.backend.config)
     published: list[datetime] = []
+    skipped: list[datetime] = []
     failed = 0
     for i in range(0, len(slots), C.BEAT_BACKFILL_BATCH):
         batch = slots[i : i + C.BEAT_BACKFILL_BATCH]
@@ -152,26 +194,32 @@ def backfill(
             for slot, mine in zip(batch, claimed, strict=True):
                 if not mine:
                     continue
-                if _publish(store, info, slot, marker):
+                outcome = _publish(store, gate, info, options, slot, marker)
+                if outcome == "published":
                     published.append(to_datetime(slot))
+                elif outcome == "dropped":
+                    skipped.append(to_datetime(slot))
                 else:
                     failed += 1
     logger.info(
-        "beat: backfill %s of entry %r over [%s, %s): %d slot(s), %d published, %d fired already, %d failed",
+        "beat: backfill %s of entry %r over [%s, %s): %d slot(s), %d published, %d dropped by its overlap policy, "
+        "%d fired already, %d failed",
         marker,
         name,
         start.isoformat(),
         end.isoformat(),
         len(slots),
         len(published),
-        len(slots) - len(published) - failed,
+        len(skipped),
+        len(slots) - len(published) - len(skipped) - failed,
         failed,
     )
     record_audit(
         store.backend, name, "backfill", changed_by, now, start=start.isoformat(), end=end.isoformat(),
-        slots=len(slots), published=len(published), failed=failed, backfill=marker,
+        slots=len(slots), published=len(published), dropped=len(skipped), failed=failed, backfill=marker,
+        overlap=options.get(OPTION_OVERLAP, "allow"),
     )  # fmt: skip
-    return published
+    return BackfillResult(published, skipped)
 
 
 def _slots(store: _Store, info: EntryInfo, start: float, end: float, limit: int) -> list[float]:
@@ -186,17 +234,30 @@ def _slots(store: _Store, info: EntryInfo, start: float, end: float, limit: int)
         raise ScheduleError(f"backfill of {info.name!r}: {exc}") from None
 
 
-def _publish(store: _Store, info: EntryInfo, slot: float, marker: str) -> bool:
-    """Send one slot as beat sends it (the entry's options, less ours, plus the slot header); False
-    when it could not be published (logged: the slot is marked fired, so it is not sent again)."""
+def _publish(
+    store: _Store, gate: OverlapGate, info: EntryInfo, entry_options: dict[str, Any], slot: float, marker: str
+) -> str:
+    """Send one slot as beat sends it (the entry's options, less ours, plus the slot header, through
+    the overlap gate): ``published``, ``dropped`` (by the overlap policy: logged and signalled by the
+    gate) or ``failed`` (logged). Either way the slot stays marked fired, so it is not sent again."""
     app = store.app
     when = to_datetime(slot)
-    options = {k: v for k, v in info.options.items() if not k.startswith("safe_time_")}
-    options["headers"] = {
-        **(options.get("headers") or {}), C.HEADER_SLOT: when.isoformat(), C.HEADER_BACKFILL: marker,
-        C.HEADER_ENTRY: info.name,
-    }  # fmt: skip
     task_id = record_published(store.backend, info.name, slot, None, "backfill").get((info.name, slot))
+    try:
+        extra = gate.admit(info.name, entry_options, slot, task_id=task_id)
+    except ScheduleError as exc:
+        logger.error("beat: backfill of entry %r slot %s not published: %s", info.name, when.isoformat(), exc)
+        not_published(store.backend, info.name, slot, store.backend.clock.time(), exc)
+        return "failed"
+    if extra is None:
+        dropped(store.backend, info.name, slot, store.backend.clock.time())
+        return "dropped"
+    options = {k: v for k, v in entry_options.items() if not k.startswith("safe_time_")}
+    options["headers"] = {
+        **(options.get("headers") or {}), **extra.pop("headers", {}), C.HEADER_SLOT: when.isoformat(),
+        C.HEADER_BACKFILL: marker, C.HEADER_ENTRY: info.name,
+    }  # fmt: skip
+    options.update(extra)
     if task_id is not None:
         options["task_id"] = task_id
     try:
@@ -207,7 +268,8 @@ def _publish(store: _Store, info: EntryInfo, slot: float, marker: str) -> bool:
             app.send_task(info.task, info.args, info.kwargs, **options)
     except Exception as exc:
         logger.error("beat: backfill of entry %r slot %s could not be published: %s", info.name, when.isoformat(), exc)
+        gate.unpublished(info.name, options)
         not_published(store.backend, info.name, slot, store.backend.clock.time(), exc)
-        return False
+        return "failed"
     logger.info("beat: backfill %s sent entry %r (%s) slot %s", marker, info.name, info.task, when.isoformat())
-    return True
+    return "published"

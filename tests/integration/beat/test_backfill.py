@@ -26,6 +26,9 @@ EVERY = 2
 SCHEDULE = {
     "hourly": {"task": "tests.record", "cron": {"minute": "0"}, "args": ["hourly"], "options": {"queue": "celery"}},
     "fast": {"task": "tests.record", "every": EVERY, "args": ["fast"], "options": {"safe_time_misfire": "run_all"}},
+    # a 1 s task on an hourly grid: a backfill publishes its slots at once, so runs would overlap
+    "chained": {"task": "tests.overlap_run", "cron": {"minute": "0"}, "args": ["chained", 1.0]},
+    "skipped": {"task": "tests.overlap_run", "cron": {"minute": "0"}, "args": ["skipped", 1.0], "overlap": "skip"},
 }
 
 
@@ -149,3 +152,47 @@ def test_a_leader_does_not_publish_a_backfilled_slot_again(
         r["headers"]["safe_time_slot"] for r in runs(redis_client, "fast") if "safe_time_backfill" in r["headers"]
     }
     assert set(backfilled) <= from_backfill
+
+
+def test_a_backfill_runs_its_slots_through_an_overlap_policy(
+    processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
+) -> None:
+    from tests.integration.beat.test_overlap import _ended, _events, _max_running
+
+    env = beat_env(SCHEDULE, **coordination)
+    processes.worker(BEAT_APP, env=env, name="worker", concurrency=2)
+    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    start = end - timedelta(hours=6)
+    chained = _backfill(processes, env, "chained", start, end, "--overlap", "buffer_all", "--json")
+    assert chained.returncode == 0, chained.stderr
+    assert json.loads(chained.stdout) == {
+        "entry": "chained",
+        "published": [(start + timedelta(hours=h)).isoformat() for h in range(6)],
+        "dropped": [],
+    }
+    # the entry's own policy (skip): the first slot runs, the other five are dropped while it is queued
+    skipped = _backfill(processes, env, "skipped", start, end)
+    assert skipped.returncode == 0, skipped.stderr
+    lines = skipped.stdout.splitlines()
+    assert lines[0] == f"skipped: published slot {start.isoformat()}", lines
+    assert lines[-1] == "skipped: 1 slot(s) published", lines
+    assert sum("(overlap policy)" in line for line in lines) == 5, lines
+    wait_for(lambda: _ended(_events(redis_client, "chained")) >= 6, 90, message="six chained runs")
+    events = _events(redis_client, "chained")
+    assert _max_running(events) == 1, events
+    published = [e["task_id"] for e in events if e["event"] == "publish"]
+    started = [e["task_id"] for e in events if e["event"] == "start"]
+    assert len(published) == 6
+    assert started == published, (published, started)  # one at a time, in slot order
+    wait_for(lambda: _ended(_events(redis_client, "skipped")) >= 1, 30, message="the skipped entry's run")
+    # the run history shows the dropped slots; a second backfill publishes none of them
+    again = _backfill(processes, env, "skipped", start, end, "--json")
+    assert json.loads(again.stdout) == {"entry": "skipped", "published": [], "dropped": []}, again.stderr
+
+    def outcomes() -> list[str]:
+        shown = processes.command(BEAT_APP, "safe-time", "beat", "show", "skipped", env=env)
+        assert shown.returncode == 0, shown.stderr
+        return sorted(run["outcome"] for run in json.loads(shown.stdout)["runs"])
+
+    # the worker writes the run's outcome just after its end
+    wait_for(lambda: outcomes() == ["dropped"] * 5 + ["succeeded"], 30, message="the outcomes in the run history")

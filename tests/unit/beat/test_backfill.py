@@ -15,10 +15,13 @@ from celery.signals import before_task_publish
 from celery_safe_time import constants as C
 from celery_safe_time.beat import entries as beat_entries
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
-from celery_safe_time.beat.backfill import backfill, backfill_slots
+from celery_safe_time.beat.backfill import backfill, backfill_slots, run_backfill
 from celery_safe_time.beat.slots import CronGrid, IntervalGrid
 from celery_safe_time.beat.state import dump_state
+from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ScheduleError
+from celery_safe_time.locks.backends import use_lock_backend
+from celery_safe_time.locks.backends.memory import MemoryLockBackend
 from celery_safe_time.schedules import crontab
 
 UTC = dt.timezone.utc
@@ -40,6 +43,7 @@ def app(data: MemoryBeatData) -> Celery:
     app.conf.beat_schedule = {
         "hourly": {"task": task, "schedule": crontab(minute="0"), "args": [1], "options": {"queue": "q"}},
         "every-10": {"task": task, "schedule": 10.0},
+        "nightly": {"task": task, "schedule": crontab(minute="0"), "options": {"safe_time_overlap": "skip"}},
     }
 
     @app.task(name=task)
@@ -120,3 +124,63 @@ def test_bad_input_is_refused_by_name(app: Celery, data: MemoryBeatData) -> None
     naive = (NOW - 2 * hour).replace(tzinfo=None)  # naive means UTC
     assert len(backfill("hourly", naive, NOW, app=app)) == 2
     assert data.fired
+
+
+@pytest.fixture
+def locks(app: Celery) -> Iterator[MemoryLockBackend]:
+    store = MemoryLockBackend(get_config(app), clock=lambda: NOW.timestamp())
+    use_lock_backend(app, store)
+    yield store
+    use_lock_backend(app, None)
+
+
+SIX_HOURS = (NOW - dt.timedelta(hours=6, minutes=30), NOW - dt.timedelta(minutes=30))
+
+
+@pytest.mark.parametrize(
+    ("overlap", "published_slots"),
+    [
+        # every slot, the runs may overlap: no overlap header, no id chosen for them
+        ("allow", [0, 1, 2, 3, 4, 5]),
+        # every slot, each run chained behind the one before
+        ("buffer_all", [0, 1, 2, 3, 4, 5]),
+        # the first slot, then the rest find it queued
+        ("skip", [0]),
+        ("buffer_one", [0]),
+        # each slot revokes the one before (the revokes go to the broker: the memory one here)
+        ("cancel_other", [0, 1, 2, 3, 4, 5]),
+    ],
+)
+def test_a_backfill_goes_through_the_overlap_policy_it_names(
+    app: Celery,
+    data: MemoryBeatData,
+    locks: MemoryLockBackend,
+    published: list[dict[str, Any]],
+    overlap: str,
+    published_slots: list[int],
+) -> None:
+    result = run_backfill("hourly", *SIX_HOURS, app=app, overlap=overlap)
+    first = dt.datetime(2027, 1, 15, 6, tzinfo=UTC)
+    assert result.published == [first + dt.timedelta(hours=h) for h in published_slots]
+    assert len(result.published) + len(result.dropped) == 6
+    headers = [p.get(C.HEADER_OVERLAP) for p in published]
+    if overlap == "allow":
+        assert headers == [None] * 6
+        return
+    assert all(h is not None and h["policy"] == overlap for h in headers), headers
+    if overlap == "buffer_all":
+        ids = [p["id"] for p in published]
+        assert [h.get("after") for h in headers] == [None, *ids[:-1]]
+    # a dropped slot stays fired: a second backfill publishes nothing
+    assert run_backfill("hourly", *SIX_HOURS, app=app, overlap=overlap).published == []
+
+
+def test_a_backfill_takes_the_entrys_own_policy_unless_it_names_one(
+    app: Celery, data: MemoryBeatData, locks: MemoryLockBackend, published: list[dict[str, Any]]
+) -> None:
+    assert len(run_backfill("nightly", *SIX_HOURS, app=app).published) == 1
+    assert len(published) == 1
+    with pytest.raises(ScheduleError, match="must be one of allow, skip, buffer_one, buffer_all, cancel_other"):
+        run_backfill("hourly", *SIX_HOURS, app=app, overlap="sometimes")
+    assert len(published) == 1  # refused before any slot was claimed
+    assert run_backfill("hourly", *SIX_HOURS, app=app, overlap="allow").published != []

@@ -164,8 +164,11 @@ KEY_IDEMPOTENT: Final = "idem:{key}"
 KEY_LOCK_DONE: Final = "lock-done:{key}:{identity}"
 #: A unique task's key (``SafeTask`` option ``unique=``): hash of the holder task id, state, stored flag.
 KEY_UNIQUE: Final = "unique:{key}"
-#: A ``rate_limit`` key's sliding log: the start times of the calls admitted within the last period.
+#: A ``rate_limit`` key's line: its reservations and the places of the calls admitted within the last
+#: period (``locks/rates.py``).
 KEY_RATE: Final = "rate:{key}"
+#: A ``rate_limit`` key's starts: the real start times of the calls admitted within the last period.
+KEY_RATE_STARTS: Final = "rate-starts:{key}"
 #: ``concurrency_limit`` slot ``n`` of a key is the overlap lock ``<key>#<n>`` (its own fence counter).
 SLOT_KEY: Final = "{key}#{slot}"
 

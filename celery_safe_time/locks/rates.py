@@ -4,17 +4,25 @@ A rate ``N/period`` admits at most ``N`` calls that start within any ``period``:
 the start time of each admitted call for one period, and a call is admitted while fewer than ``N``
 entries are in it. A burst of up to ``N`` at once is allowed (an idle key has its whole allowance).
 
-A call that does not fit gets a reservation instead of a refusal: an entry at the first instant a
-place frees after every earlier reservation (the oldest entry that must age out, plus one period),
-and the call is re-queued to that instant under the same token. Waiting calls of one key therefore
-come back one after another, each to a place of its own, rather than all at the instant the first
-place frees. A call that comes back is admitted if its window still has room (a call that started
-late is recorded at its real start, so the limit holds for real start times); if it does not, its
-reservation moves to the instant the start that blocks it ages out, keeping its place in line. An
-admitted entry takes a member of its own (``<token>@<start>``), so a later delivery carrying the same
-token (a retry) is a new call.
+A call that does not fit gets a reservation instead of a refusal: a place in line at the first
+instant a place frees after every earlier reservation, and the call is re-queued to that instant
+under the same token. Waiting calls of one key therefore come back one after another, each to a place
+of its own, rather than all at the instant the first place frees.
 
-The Redis script (``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v1``)
+Two logs per key keep the two promises apart. The *starts* log holds the real start of every call
+admitted within the last period: a call is admitted only while it holds fewer than ``N``, so the limit
+holds for real start times. The *line* holds the places: a reservation at its due instant, an
+admitted call at the place it was given (its reservation's instant, or its start when it did not
+wait). New places are counted on the line, so a call that comes back a little late (a re-queue goes
+through the broker and a worker's pool) does not push the places behind it later: were places
+counted from real starts, every round of waiting calls would start one delivery latency later than
+the round before, and a key kept full would run ``N`` calls per ``period + latency``, not per
+``period``. A call that comes back to a window still full of real starts waits for the start that
+blocks it to age out, keeping its place (its position on the line does not move). An admitted entry
+takes a member of its own (``<token>@<start>``), so a later delivery carrying the same token (a
+retry) is a new call.
+
+The Redis script (``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v2``)
 and the memory backend (:func:`take`) follow the same rule on the backend's own clock.
 """
 
@@ -98,35 +106,51 @@ def admitted_member(token: str, now: float) -> str:
     return f"{token}@{now:.6f}"
 
 
-def take(log: list[tuple[float, str]], now: float, rate: Rate, token: str, *, reserve: bool = True) -> RateTaken:
-    """The sliding-log rule on ``log`` (sorted (time, member) pairs, changed in place) for a call at
-    ``now`` carrying ``token`` (its reservation's member, if it has one). Without ``reserve`` a call
-    that does not fit only learns its wait (a direct call, which cannot come back)."""
-    del log[: bisect.bisect_right(log, (now - rate.period, "\uffff"))]
-    own = next((i for i, (_, member) in enumerate(log) if member == token), None)
+def take(
+    line: list[tuple[float, str]],
+    starts: list[tuple[float, str]],
+    now: float,
+    rate: Rate,
+    token: str,
+    *,
+    reserve: bool = True,
+) -> RateTaken:
+    """The rule on one key's ``line`` and ``starts`` (sorted (time, member) pairs, changed in place)
+    for a call at ``now`` carrying ``token`` (its reservation's member, if it has one). Without
+    ``reserve`` a call that does not fit only learns its wait (a direct call, which cannot come back)."""
+    floor = (now - rate.period, "\uffff")
+    del line[: bisect.bisect_right(line, floor)]
+    del starts[: bisect.bisect_right(starts, floor)]
+    started = len(starts)  # no start is ahead of now
+    own = next((i for i, (_, member) in enumerate(line) if member == token), None)
     if own is not None:
-        reserved = log[own][0]
-        if reserved > now:
-            return RateTaken(False, reserved - now, len(log), now)
-        del log[own]
-        started = bisect.bisect_right(log, (now, "\uffff"))
+        placed = line[own][0]
+        if placed > now:
+            return RateTaken(False, placed - now, len(line), now)
         if started < rate.limit:
-            bisect.insort(log, (now, admitted_member(token, now)))
-            return RateTaken(True, 0.0, len(log), now)
-        # Due, but a call ahead started late and its window is still full: the call keeps its place
-        # in line, due again when the start that blocks it ages out (moments away, as a rule).
-        due = log[started - rate.limit][0] + rate.period
-        bisect.insort(log, (due, token))
-        return RateTaken(False, due - now, len(log), now)
-    count = len(log)
-    if count < rate.limit:
-        bisect.insort(log, (now, admitted_member(token, now)))
+            member = admitted_member(token, now)
+            del line[own]
+            bisect.insort(line, (placed, member))
+            bisect.insort(starts, (now, member))
+            return RateTaken(True, 0.0, len(line), now)
+        # Due, but the window of real starts is still full (a call ahead started late): the call
+        # keeps its place and is due again when the start that blocks it ages out (moments away).
+        return RateTaken(False, starts[started - rate.limit][0] + rate.period - now, len(line), now)
+    count = len(line)
+    if count < rate.limit and started < rate.limit:
+        member = admitted_member(token, now)
+        bisect.insort(line, (now, member))
+        bisect.insort(starts, (now, member))
         return RateTaken(True, 0.0, count + 1, now)
-    # The first instant a place frees after every reservation: the entry ``limit`` places from the
-    # end ages out then. (With a limit lowered since, more than ``limit`` entries are live and the
-    # place frees once enough of them aged out.)
-    due = log[count - rate.limit][0] + rate.period
+    # The first instant a place frees after every reservation (the entry ``limit`` places from the
+    # end of the line ages out then), and no sooner than the real starts allow. (With a limit
+    # lowered since, more than ``limit`` entries are live and the place frees once enough aged out.)
+    due = now
+    if count >= rate.limit:
+        due = max(due, line[count - rate.limit][0] + rate.period)
+    if started >= rate.limit:
+        due = max(due, starts[started - rate.limit][0] + rate.period)
     if not reserve:
         return RateTaken(False, due - now, count, now)
-    bisect.insort(log, (due, token))
+    bisect.insort(line, (due, token))
     return RateTaken(False, due - now, count + 1, now)

@@ -172,6 +172,9 @@ class LockBackend(abc.ABC):
     def rate_key(self, key: str) -> str:
         return self.config.key(C.KEY_RATE, key=key)
 
+    def rate_starts_key(self, key: str) -> str:
+        return self.config.key(C.KEY_RATE_STARTS, key=key)
+
     def user_key(self, redis_key: str) -> str:
         """``<prefix>lock:<key>`` (``<prefix>lock:{<key>}`` on a cluster) -> ``<key>``."""
         head = self.config.key_prefix + C.KEY_LOCK.format(key="")

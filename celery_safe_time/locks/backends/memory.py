@@ -72,7 +72,8 @@ class MemoryLockBackend(LockBackend):
         self._markers: dict[str, tuple[float, str, str]] = {}  # marker key -> (expires, task id, token)
         self._done: dict[str, float] = {}  # finished-delivery key -> expires
         self._unique: dict[str, _Unique] = {}  # unique task key -> holder
-        self._rates: dict[str, list[tuple[float, str]]] = {}  # rate key -> (start or due time, member)
+        self._rates: dict[str, list[tuple[float, str]]] = {}  # rate key -> its line: (place, member)
+        self._rate_starts: dict[str, list[tuple[float, str]]] = {}  # rate key -> (real start, member)
         self._periods: dict[str, float] = {}  # rate key -> the period its last call was taken with
 
     def _live(self, key: str) -> _Lock | None:
@@ -302,9 +303,10 @@ class MemoryLockBackend(LockBackend):
     # --- rate limits (``rate_take.lua``) ------------------------------------------------------------
     def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         with self._mutex:
-            log = self._rates.setdefault(self.rate_key(key), [])
+            line = self._rates.setdefault(self.rate_key(key), [])
+            starts = self._rate_starts.setdefault(self.rate_key(key), [])
             self._periods[self.rate_key(key)] = rate.period
-            return take(log, self._rate_clock(), rate, token, reserve=reserve)
+            return take(line, starts, self._rate_clock(), rate, token, reserve=reserve)
 
     def rate_wait(self, seconds: float) -> None:
         self._rate_sleep(seconds)
@@ -319,7 +321,7 @@ class MemoryLockBackend(LockBackend):
                 if not fnmatch.fnmatchcase(key, pattern):
                     continue
                 since = now - self._periods.get(redis_key, 0.0)
-                started = sum(1 for at, member in log if since < at <= now and "@" in member)
+                started = sum(1 for at, _ in self._rate_starts.get(redis_key, ()) if since < at <= now)
                 waiting = sum(1 for _, member in log if "@" not in member)
                 if started or waiting:
                     found.append(RateCount(key, started, waiting))

@@ -194,7 +194,8 @@ class RedisLockBackend(LockBackend):
 
     def rate_take(self, key: str, token: str, rate: Rate, *, reserve: bool = True) -> RateTaken:
         reply = self._rate_take(
-            keys=[self.rate_key(key)], args=[token, rate.limit, max(1, int(rate.period * 1_000_000)), int(reserve)]
+            keys=[self.rate_key(key), self.rate_starts_key(key)],
+            args=[token, rate.limit, max(1, int(rate.period * 1_000_000)), int(reserve)],
         )
         return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]), float(as_text(reply[3]) or 0))
 
@@ -228,7 +229,8 @@ class RedisLockBackend(LockBackend):
                 continue
             now = float(seconds) + float(micros) / 1e6
             period = pttl / 1000.0 + now - float(last[0][1])
-            started = int(self.client.zcount(redis_key, f"({now - period:.6f}", f"{now:.6f}"))
+            starts_key = self.rate_starts_key(key)
+            started = int(self.client.zcount(starts_key, f"({now - period:.6f}", f"{now:.6f}"))
             waiting = int(self.client.zcount(redis_key, f"({now:.6f}", "+inf"))
             if started or waiting:
                 found.append(RateCount(key, started, waiting))

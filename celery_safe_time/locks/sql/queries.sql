@@ -12,7 +12,7 @@
 -- Schema: whether this database has the current functions (ensure_schema creates them when not),
 -- and the transaction lock that serialises their creation between processes.
 -- name: schema_present
-SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL AND to_regproc('safe_time_rate_take_v1') IS NOT NULL
+SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL AND to_regproc('safe_time_rate_take_v2') IS NOT NULL
 
 -- name: schema_lock
 SELECT pg_advisory_xact_lock(:key)
@@ -129,13 +129,13 @@ DELETE FROM safe_time_rate WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_rat
 
 -- Returns (admitted, entries, wait in microseconds, the database clock in epoch seconds).
 -- name: rate_take
-SELECT * FROM safe_time_rate_take_v1(:name, :token, :limit, :period_us, :reserve)
+SELECT * FROM safe_time_rate_take_v2(:name, :token, :limit, :period_us, :reserve)
 
--- The operator view of rate limits: per key, calls started within their period (admitted members
--- hold "@") and reservations still ahead; at most :keys keys.
+-- The operator view of rate limits: per key, calls started within their period (an admitted row
+-- expires a period after its start) and reservations still ahead; at most :keys keys.
 -- name: rate_counts
 SELECT name,
-    count(*) FILTER (WHERE member LIKE '%@%' AND at <= now() AND expires_at > now()),
+    count(*) FILTER (WHERE started IS NOT NULL AND started <= now() AND expires_at > now()),
     count(*) FILTER (WHERE at > now())
 FROM safe_time_rate WHERE name LIKE :like ESCAPE '!' AND expires_at > now()
 GROUP BY name ORDER BY name LIMIT :keys

@@ -383,8 +383,12 @@ CREATE TABLE IF NOT EXISTS safe_time_rate (
     member text NOT NULL,
     at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL,
+    started timestamptz,
     PRIMARY KEY (name, member)
 )
+
+-- name: rate_started
+ALTER TABLE safe_time_rate ADD COLUMN IF NOT EXISTS started timestamptz
 
 -- name: rate_at
 CREATE INDEX IF NOT EXISTS safe_time_rate_at ON safe_time_rate (name, at)
@@ -392,63 +396,81 @@ CREATE INDEX IF NOT EXISTS safe_time_rate_at ON safe_time_rate (name, at)
 -- name: rate_expires
 CREATE INDEX IF NOT EXISTS safe_time_rate_expires ON safe_time_rate (expires_at)
 
--- The rules of rate_take.lua (celery_safe_time/locks/rates.py): admit the call while fewer than
--- p_limit calls of p_name started within the last period, else reserve it the first place that frees
--- after every earlier reservation. Calls of one key take turns on a transaction lock and each reads
--- the clock once it holds it. Returns (admitted, entries, wait in microseconds, its clock in epoch seconds).
--- name: rate_take_v1
-CREATE OR REPLACE FUNCTION safe_time_rate_take_v1(p_name text, p_token text, p_limit integer, p_period_us bigint,
+-- The rules of rate_take.lua (celery_safe_time/locks/rates.py). One row per entry of the key's line:
+-- a reservation (member = token, at = its due instant, started null) or an admitted call (member =
+-- "<token>@<start>", at = the place it was given, started = its real start). A call is admitted while
+-- fewer than p_limit calls really started within the last period; new places are counted on the
+-- line. Calls of one key take turns on a transaction lock and each reads the clock once it holds it.
+-- Returns (admitted, entries on the line, wait in microseconds, its clock in epoch seconds).
+-- name: rate_take_v2
+CREATE OR REPLACE FUNCTION safe_time_rate_take_v2(p_name text, p_token text, p_limit integer, p_period_us bigint,
     p_reserve boolean, OUT admitted boolean, OUT used integer, OUT wait_us bigint, OUT at_epoch double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
     period interval := p_period_us * interval '1 microsecond';
     t timestamptz;
+    floor_t timestamptz;
     own timestamptz;
     due timestamptz;
+    started_n integer;
+    frees timestamptz;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
     t := clock_timestamp();
+    floor_t := t - period;
     at_epoch := extract(epoch FROM t);
-    DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t - period;
     admitted := false;
-    SELECT r.at INTO own FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
-    IF FOUND THEN
-        IF own > t THEN
-            SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
-            wait_us := ceil(extract(epoch FROM own - t) * 1000000)::bigint;
-            RETURN;
-        END IF;
-        DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
-        -- Due: admitted if fewer than p_limit calls started within the period before now.
-        SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t;
-        admitted := used < p_limit;
-        IF NOT admitted THEN
-            -- A call ahead started late and the window is still full: keep the place in line, due
-            -- again when the start that blocks it ages out.
-            SELECT r.at + period INTO due FROM safe_time_rate r WHERE r.name = p_name AND r.at <= t
-            ORDER BY r.at OFFSET used - p_limit LIMIT 1;
-            INSERT INTO safe_time_rate (name, member, at, expires_at) VALUES (p_name, p_token, due, due + period);
-            SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
-            wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
-            RETURN;
-        END IF;
+    -- A row goes once neither its place nor its start is within the period.
+    DELETE FROM safe_time_rate r WHERE r.name = p_name AND r.at <= floor_t
+        AND (r.started IS NULL OR r.started <= floor_t);
+    SELECT count(*) INTO started_n FROM safe_time_rate r WHERE r.name = p_name AND r.started > floor_t;
+    IF started_n >= p_limit THEN
+        SELECT r.started + period INTO frees FROM safe_time_rate r WHERE r.name = p_name AND r.started > floor_t
+        ORDER BY r.started OFFSET started_n - p_limit LIMIT 1;
     END IF;
-    SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name;
-    IF admitted OR used < p_limit THEN
-        INSERT INTO safe_time_rate (name, member, at, expires_at)
-        VALUES (p_name, p_token || '@' || extract(epoch FROM t)::text, t, t + period)
+    SELECT r.at INTO own FROM safe_time_rate r WHERE r.name = p_name AND r.member = p_token;
+    IF FOUND AND own > floor_t THEN
+        SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name AND r.at > floor_t;
+        IF own > t THEN
+            wait_us := greatest(1, ceil(extract(epoch FROM own - t) * 1000000))::bigint;
+            RETURN;
+        END IF;
+        IF started_n < p_limit THEN
+            -- Admitted at its place: the place stays where it was given, the start is now.
+            UPDATE safe_time_rate r SET member = p_token || '@' || extract(epoch FROM t)::text, started = t,
+                expires_at = t + period
+            WHERE r.name = p_name AND r.member = p_token;
+            admitted := true; wait_us := 0;
+            RETURN;
+        END IF;
+        -- Due, but a call ahead started late and the window of real starts is still full: the call
+        -- keeps its place, due again when the start that blocks it ages out.
+        wait_us := greatest(1, ceil(extract(epoch FROM frees - t) * 1000000))::bigint;
+        RETURN;
+    END IF;
+    SELECT count(*) INTO used FROM safe_time_rate r WHERE r.name = p_name AND r.at > floor_t;
+    IF used < p_limit AND started_n < p_limit THEN
+        INSERT INTO safe_time_rate (name, member, at, expires_at, started)
+        VALUES (p_name, p_token || '@' || extract(epoch FROM t)::text, t, t + period, t)
         ON CONFLICT DO NOTHING;
         admitted := true; used := used + 1; wait_us := 0;
         RETURN;
     END IF;
-    -- The first instant a place frees after every reservation: the entry p_limit places from the end ages out.
-    SELECT r.at + period INTO due FROM safe_time_rate r WHERE r.name = p_name
-    ORDER BY r.at OFFSET used - p_limit LIMIT 1;
-    wait_us := ceil(extract(epoch FROM due - t) * 1000000)::bigint;
+    -- The first instant a place frees after every reservation (the entry p_limit places from the end
+    -- of the line ages out), and no sooner than the real starts allow.
+    due := t;
+    IF used >= p_limit THEN
+        SELECT greatest(due, r.at + period) INTO due FROM safe_time_rate r WHERE r.name = p_name AND r.at > floor_t
+        ORDER BY r.at OFFSET used - p_limit LIMIT 1;
+    END IF;
+    IF started_n >= p_limit THEN
+        due := greatest(due, frees);
+    END IF;
+    wait_us := greatest(1, ceil(extract(epoch FROM due - t) * 1000000))::bigint;
     IF NOT p_reserve THEN
         RETURN;
     END IF;
     INSERT INTO safe_time_rate (name, member, at, expires_at) VALUES (p_name, p_token, due, due + period)
-    ON CONFLICT (name, member) DO UPDATE SET at = EXCLUDED.at, expires_at = EXCLUDED.expires_at;
+    ON CONFLICT (name, member) DO UPDATE SET at = EXCLUDED.at, expires_at = EXCLUDED.expires_at, started = NULL;
     used := used + 1;
 END $$

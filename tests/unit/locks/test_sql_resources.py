@@ -20,7 +20,7 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
     names = list(schema)
     assert names.index("lock") < names.index("fence") < names.index("acquire_v2")
     created = " ".join(schema.values())
-    assert names.index("rate") < names.index("rate_take_v1")
+    assert names.index("rate") < names.index("rate_started") < names.index("rate_take_v2")
     for table in (
         "safe_time_lock",
         "safe_time_lock_marker",
@@ -35,7 +35,7 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
         "safe_time_lock_release_v2",
         "safe_time_lock_commit_v2",
         "safe_time_unique_acquire_v2",
-        "safe_time_rate_take_v1",
+        "safe_time_rate_take_v2",
     }
     for function in called:
         assert f"CREATE OR REPLACE FUNCTION {function}(" in created

@@ -335,19 +335,28 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
 @click.option("--history", "as_tables", is_flag=True, help="The last runs and changes as tables, not JSON.")
 @click.pass_context
 def beat_show(ctx: click.Context, name: str, last: int, as_tables: bool) -> None:
-    """One entry as JSON, with its last runs ("runs") and changes ("changes"); exit 1 if unknown."""
+    """One entry as JSON, with its last runs ("runs") and changes ("changes"). A name that is no
+    config or runtime entry but has runs or changes on record (a removed entry, a django-celery-beat
+    row) shows those, with "source": null; exit 1 if nothing is known of it."""
     from .beat.entries import get_entry
     from .beat.history import entry_audit, entry_history
 
     app = _app(ctx)
     info = get_entry(name, app=app)
-    if info is None:
+    runs = entry_history(name, app=app, limit=max(last, 1))
+    changes = entry_audit(name, app=app, limit=max(last, 1))
+    if info is None and not runs and not changes:
         click.echo(f"no beat entry {name!r}", err=True)
         sys.exit(1)
-    runs = entry_history(name, app=app, limit=last) if last else []
-    changes = entry_audit(name, app=app, limit=last) if last else []
+    runs, changes = (runs, changes) if last else ([], [])
+    if info is None:
+        click.echo(
+            f"{name!r} is no config or runtime entry (removed, or a django-celery-beat row): its records only",
+            err=True,
+        )
     if not as_tables:
-        _dump({**info.as_dict(), "runs": [r.as_dict() for r in runs], "changes": [c.as_dict() for c in changes]})
+        head = info.as_dict() if info is not None else {"name": name, "source": None}
+        _dump({**head, "runs": [r.as_dict() for r in runs], "changes": [c.as_dict() for c in changes]})
         return
     _echo_runs_and_changes(runs, changes)
 

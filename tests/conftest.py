@@ -32,6 +32,21 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"SAFE_TIME_TEST_INSTALLED is set but celery_safe_time comes from {imported}")
 
 
+#: Seconds each long test took in a whole run (``scripts/test_durations.py`` writes it).
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest first, when pytest-xdist hands tests out as workers free up (``make test``): a long
+    test started near the end would hold the run's tail while the other workers idle. Every worker
+    sorts the same way, so their collections still agree; a test not in the file counts as short
+    and keeps its place among the short ones."""
+    if not getattr(config.option, "numprocesses", None) or not DURATIONS.exists():
+        return
+    seconds: dict[str, float] = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
+
+
 def _redis_claim() -> services.RedisDbClaim:
     if "redis" not in _state:
         _state["redis"] = services.RedisDbClaim(services.resolve_redis_base())

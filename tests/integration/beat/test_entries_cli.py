@@ -81,7 +81,14 @@ def test_add_list_show_pause_resume_remove(processes: ProcessManager, coordinati
     missing = _beat(processes, coordination, "remove", "every-5")
     assert missing.returncode == 1
     assert "no runtime entry 'every-5'" in missing.stderr
-    assert _beat(processes, coordination, "show", "every-5").returncode == 1
+    # a removed entry: its records remain, and show who removed it
+    removed = _beat(processes, coordination, "show", "every-5")
+    assert removed.returncode == 0, removed.stderr
+    shown = json.loads(removed.stdout)
+    assert shown["source"] is None
+    assert shown["changes"][0]["action"] == "delete"
+    assert "no config or runtime entry" in removed.stderr
+    assert _beat(processes, coordination, "show", "never-was").returncode == 1
 
 
 def test_bad_input_exits_non_zero_and_stores_nothing(

@@ -41,7 +41,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test started near the end would hold the run's tail while the other workers idle. Every worker
     sorts the same way, so their collections still agree; a test not in the file counts as short
     and keeps its place among the short ones."""
-    if not getattr(config.option, "numprocesses", None) or not DURATIONS.exists():
+    # xdist's workers collect (the controller only hands out their items); a worker has workerinput
+    if not hasattr(config, "workerinput") or not DURATIONS.exists():
         return
     seconds: dict[str, float] = json.loads(DURATIONS.read_text(encoding="utf-8"))
     items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))

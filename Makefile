@@ -16,7 +16,7 @@ COORD ?= redis
 # --maxschedchunk 1: a worker holds at most two tests ahead), so no long test starts last and holds
 # the run's tail. Every test brings its own throwaway servers where it restarts one, so nothing needs
 # to run alone.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 5
 
 # make compat: the unit and contract tests against the built wheel (not the checkout) on the oldest and
 # the newest supported combination (tox.ini says why tox). tox finds python3.10/python3.13 on PATH;

@@ -87,19 +87,25 @@ def third_party_imports(module: str) -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n not in (own, "__future__")}
 
 
-def import_providers() -> dict[str, list[str]]:
-    """Top-level import name -> the distributions that install it.
+def import_providers(names: set[str]) -> dict[str, list[str]]:
+    """Top-level import name -> the distributions that install it, for ``names``.
 
     ``packages_distributions`` reads only ``top_level.txt`` on Python 3.10, which wheels built without
-    setuptools (redis-py's) lack: there the names come from the files each distribution installed.
+    setuptools (redis-py's) lack: a name it does not know comes from the files each distribution
+    installed (a walk over every installed file: seconds of CPU, so only when needed).
     """
-    providers = {name: list(dists) for name, dists in importlib.metadata.packages_distributions().items()}
+    providers = {
+        name: list(dists) for name, dists in importlib.metadata.packages_distributions().items() if name in names
+    }
+    unknown = names - providers.keys()
+    if not unknown:
+        return providers
     for dist in importlib.metadata.distributions():
         for file in dist.files or []:
             top = file.parts[0]
             if file.suffix == ".py" or (len(file.parts) > 1 and not top.endswith((".dist-info", ".data", ".."))):
                 name = top.removesuffix(".py")
-                if dist.metadata["Name"] not in providers.setdefault(name, []):
+                if name in unknown and dist.metadata["Name"] not in providers.setdefault(name, []):
                     providers[name].append(dist.metadata["Name"])
     return providers
 
@@ -107,9 +113,10 @@ def import_providers() -> dict[str, list[str]]:
 @pytest.mark.parametrize("module", REDIS_PATH_MODULES)
 def test_declared_requirements_cover_the_redis_path_imports(module: str) -> None:
     installed = closure(declared())
-    providers = import_providers()
+    imported = third_party_imports(module)
+    providers = import_providers(imported)
     missing = {}
-    for name in sorted(third_party_imports(module)):
+    for name in sorted(imported):
         dists = {canonicalize_name(d) for d in providers.get(name, [])}
         if name in ("celery", "kombu", "celery_safe_time"):
             continue

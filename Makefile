@@ -10,12 +10,12 @@ BROKER ?= redis
 # make demo COORD=postgres: leases, fired slots, locks, idempotency (and the store) in a throwaway
 # database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
 COORD ?= redis
-# Most tests wait on real processes (leases, ttls, workers starting), not on the CPU: a whole run
-# keeps about one of the two cores busy with four pytest workers, so six. Tests go out longest first
-# (tests/durations.json, sorted in tests/conftest.py), one by one as workers free up (--dist load
-# --maxschedchunk 1: a worker holds at most two tests ahead), so no long test starts last and holds
-# the run's tail. Every test brings its own throwaway servers where it restarts one, so nothing needs
-# to run alone.
+# Most tests wait on real processes (leases, ttls, workers starting); the whole run keeps the two
+# cores busy all the same, so more pytest workers only stretch every test. Five, handed tests one at
+# a time as they free up, longest first (tests/durations.json, sorted in tests/conftest.py), so no
+# long test starts last and holds the run's tail; the heaviest (the soak runs, the demos: a dozen
+# processes each) go one after another in an xdist_group each (--dist loadgroup). Every test brings
+# its own throwaway servers where it restarts one, so nothing else needs to run alone.
 TEST_WORKERS ?= 5
 
 # make compat: the unit and contract tests against the built wheel (not the checkout) on the oldest and
@@ -46,7 +46,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The fast feedback loop: lint, types, the unit tests and the store contract (real databases).
 check: lint type

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+(\S+)")
+LINE = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+(\S+?)(?:@[\w-]+)?$")
 OUT = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 
 

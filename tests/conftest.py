@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,18 +35,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: Seconds each long test took in a whole run (``scripts/test_durations.py`` writes it).
 DURATIONS = Path(__file__).with_name("durations.json")
+#: ``--dist loadgroup`` names a test of an ``xdist_group`` ``<nodeid>@<group>``.
+GROUP_SUFFIX = re.compile(r"@[\w-]+$")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest first, when pytest-xdist hands tests out as workers free up (``make test``): a long
     test started near the end would hold the run's tail while the other workers idle. Every worker
     sorts the same way, so their collections still agree; a test not in the file counts as short
-    and keeps its place among the short ones."""
+    and keeps its place among the short ones. (The ``xdist_group`` groups go out before all of
+    these: loadgroup puts its larger units first.)"""
     # xdist's workers collect (the controller only hands out their items); a worker has workerinput
     if not hasattr(config, "workerinput") or not DURATIONS.exists():
         return
     seconds: dict[str, float] = json.loads(DURATIONS.read_text(encoding="utf-8"))
-    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
+    items.sort(key=lambda item: -seconds.get(GROUP_SUFFIX.sub("", item.nodeid), 0.0))
 
 
 def _redis_claim() -> services.RedisDbClaim:

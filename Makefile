@@ -10,13 +10,12 @@ BROKER ?= redis
 # make demo COORD=postgres: leases, fired slots, locks, idempotency (and the store) in a throwaway
 # database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
 COORD ?= redis
-# Most tests wait on real processes (leases, ttls, workers starting); the whole run keeps the two
-# cores busy all the same, so more pytest workers only stretch every test. Five, handed tests one at
-# a time as they free up, longest first (tests/durations.json, sorted in tests/conftest.py), so no
-# long test starts last and holds the run's tail; the heaviest (the soak runs, the demos: a dozen
-# processes each) go one after another in an xdist_group each (--dist loadgroup). Every test brings
-# its own throwaway servers where it restarts one, so nothing else needs to run alone.
-TEST_WORKERS ?= 5
+# Most tests wait on real processes (leases, ttls, workers starting), and between them the run keeps
+# both cores busy: six pytest workers on two cores. Tests go out longest first (tests/durations.json,
+# sorted in tests/conftest.py), one at a time as workers free up (--dist load --maxschedchunk 1: a
+# worker holds at most two ahead), so no long test starts last and holds the run's tail. Every test
+# brings its own throwaway servers where it restarts one, so nothing needs to run alone.
+TEST_WORKERS ?= 6
 
 # make compat: the unit and contract tests against the built wheel (not the checkout) on the oldest and
 # the newest supported combination (tox.ini says why tox). tox finds python3.10/python3.13 on PATH;
@@ -46,7 +45,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
 
 # The fast feedback loop: lint, types, the unit tests and the store contract (real databases).
 check: lint type

@@ -43,8 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Longest first, when pytest-xdist hands tests out as workers free up (``make test``): a long
     test started near the end would hold the run's tail while the other workers idle. Every worker
     sorts the same way, so their collections still agree; a test not in the file counts as short
-    and keeps its place among the short ones. (The ``xdist_group`` groups go out before all of
-    these: loadgroup puts its larger units first.)"""
+    and keeps its place among the short ones."""
     # xdist's workers collect (the controller only hands out their items); a worker has workerinput
     if not hasattr(config, "workerinput") or not DURATIONS.exists():
         return

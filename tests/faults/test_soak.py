@@ -59,9 +59,7 @@ from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, ProcessManager, managed_processes, wait_for
 from tests.helpers.services import PostgresServer, RedisServer, RedisWatch
 
-# The three runs go one after another on one pytest worker (make test: --dist loadgroup): each is
-# a dozen processes busy for a minute and a half, and side by side they starved each other.
-pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.xdist_group("soak")]
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 SOAK = bool(os.environ.get("SAFE_TIME_SOAK"))
 #: Stored delays whose first run gives its message back (tests/apps/faults_app.py BODY_FAULTS): in the

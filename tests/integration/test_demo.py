@@ -22,8 +22,7 @@ from demo_project.run import Demo, Timeline
 from tests.helpers import services
 from tests.helpers.processes import ROOT
 
-# One after another on one pytest worker (make test: --dist loadgroup): each demo is a dozen processes.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("demo")]
+pytestmark = pytest.mark.integration
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -257,18 +257,13 @@ def audit_admin(admin_class: type) -> None:
     middleware in the project's settings; django-celery-beat's admin stays as it is, unforked."""
     if admin_class.__dict__.get("_safe_time_audited"):
         return
-    for name in _ADMIN_VIEWS:
-        method = getattr(admin_class, name, None)
-        if method is not None and not getattr(method, "_safe_time_audited", False):
-            wrapped = _view(method)
-            wrapped._safe_time_audited = True  # type: ignore[attr-defined]
-            setattr(admin_class, name, wrapped)
-    for name in BULK_ACTIONS:
-        method = getattr(admin_class, name, None)
-        if method is not None and not getattr(method, "_safe_time_audited", False):
-            wrapped = _bulk(method)
-            wrapped._safe_time_audited = True  # type: ignore[attr-defined]
-            setattr(admin_class, name, wrapped)
+    for names, wrap in ((_ADMIN_VIEWS, _view), (BULK_ACTIONS, _bulk)):
+        for name in names:
+            method = getattr(admin_class, name, None)
+            if method is not None and not getattr(method, "_safe_time_audited", False):
+                wrapped = wrap(method)
+                wrapped._safe_time_audited = True  # type: ignore[attr-defined]
+                setattr(admin_class, name, wrapped)
     admin_class._safe_time_audited = True  # type: ignore[attr-defined]
 
 

@@ -90,10 +90,10 @@ def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
         raise ImproperlyConfigured("safe_time_redis_url", f"a sentinel:// URL needs ?master=<name> ({mask_url(url)})")
     db = int(parts.path.strip("/") or 0)
     options = {k: v for k, v in options.items() if k != "health_check_interval"}
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8
         hosts, sentinel_kwargs={"password": password} if password else None, **options
     )
-    client: redis.Redis = sentinel.master_for(master, db=db, password=password)  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(master, db=db, password=password)  # type: ignore[no-untyped-call,unused-ignore]
     return client
 
 

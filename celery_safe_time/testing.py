@@ -414,7 +414,7 @@ class SafeTimeTesting:
         """Move the clock forward by ``advance``, running every stored delay that comes due, in due order.
 
         Each row runs when the clock reaches its ``due_at``, and the clock stands still while it runs
-        (real time does not move it: see :meth:`_MovableClock.held`), so what it stores (a retry, a
+        (real time does not move it; docs/testing.md, "The test clock"), so what it stores (a retry, a
         follow-up reminder) counts from there and runs too if due by the end. Eagerly in this thread by
         default (``propagate``: a task's exception is raised here); ``worker=True`` starts a real
         in-process worker (``celery.contrib.testing.worker.start_worker``) for the call,

@@ -113,28 +113,73 @@ _HOST = socket.gethostname()
 
 
 class _MovableClock:
-    """The forward-only clock offset both test stores share; ``now()`` adds ``offset`` to the store's."""
+    """The forward-only test clock both test stores share: the store's own clock plus ``offset``,
+    held still while the kit runs a call (:meth:`held`)."""
 
     offset: float = 0.0
+    #: While held: the clock's reading (epoch seconds), which real time does not move.
+    _held_at: float | None = None
+    _holds: int = 0
 
     if TYPE_CHECKING:  # the store's own clock plus ``offset``; the mixin must not shadow it at runtime
 
         def now(self) -> datetime: ...
+
+    def _own_time(self) -> float:
+        """The store's own clock (epoch seconds), without the offset."""
+        raise NotImplementedError
+
+    def time(self) -> float:
+        """The test clock as epoch seconds: the rate-limit windows' clock."""
+        held = self._held_at
+        return held if held is not None else local_time() + self.offset
+
+    def _moved_now(self, own: datetime) -> datetime:
+        """``now()`` of a store whose own clock reads ``own``: the held reading while held."""
+        held = self._held_at
+        return to_datetime(held) if held is not None else own + timedelta(seconds=self.offset)
 
     def advance(self, delta: timedelta | float) -> datetime:
         """Move the clock ``delta`` forward; returns the new now."""
         seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
         if seconds < 0:
             raise ValueError(f"the test clock only moves forward, got {delta!r}")
-        self.offset += seconds
+        if self._held_at is not None:
+            self._held_at += seconds
+        else:
+            self.offset += seconds
         return self.now()
 
     def advance_to(self, when: datetime) -> datetime:
         """Move the clock to ``when`` if that is later than now."""
+        if self._held_at is not None:
+            # Exactly ``when``: a due row is claimed at its due instant, not a rounding before it.
+            self._held_at = max(self._held_at, as_utc(when).timestamp())
+            return self.now()
         gap = (as_utc(when) - self.now()).total_seconds()
         if gap > 0:
             self.offset += gap
         return self.now()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[datetime]:
+        """Hold the clock still for the block: only ``advance``/``advance_to`` move it, not real time.
+
+        The kit runs every call in such a block, so a call happens at one instant of the test clock
+        (its due time, or the instant ``deliver`` was called) however long the machine takes to run
+        it: what a rate limit decides, and the due time of what the call stores, are the same on a
+        loaded machine as on an idle one. After the block the clock runs on from where it stood.
+        """
+        if self._holds == 0:
+            self._held_at = self.now().timestamp()
+        self._holds += 1
+        try:
+            yield self.now()
+        finally:
+            self._holds -= 1
+            if self._holds == 0 and self._held_at is not None:
+                self.offset = self._held_at - self._own_time()
+                self._held_at = None
 
 
 class TestStore(_MovableClock, MemoryStore):
@@ -146,8 +191,11 @@ class TestStore(_MovableClock, MemoryStore):
         super().__init__(url)
         self.offset = 0.0
 
+    def _own_time(self) -> float:
+        return local_time()
+
     def now(self) -> datetime:
-        return to_datetime(local_time() + self.offset)
+        return self._moved_now(to_datetime(local_time()))
 
     def rows(self) -> list[DelayRow]:
         with self._lock:
@@ -170,11 +218,14 @@ class TestSQLiteStore(_MovableClock, SQLAlchemyStore):
         super().__init__(f"sqlite:///{Path(self.directory) / 'delays.sqlite3'}")
         self.offset = 0.0
 
+    def _own_time(self) -> float:
+        return super().now().timestamp()
+
     def now(self) -> datetime:
-        return super().now() + timedelta(seconds=self.offset)
+        return self._moved_now(super().now())
 
     def _db_now(self, conn: Connection) -> datetime:
-        return super()._db_now(conn) + timedelta(seconds=self.offset)
+        return self._moved_now(super()._db_now(conn))
 
     def rows(self) -> list[DelayRow]:
         return self.list(limit=1_000_000)
@@ -266,7 +317,8 @@ class SafeTimeTesting:
 
     # --- time ---------------------------------------------------------------------------------
     def now(self) -> datetime:
-        """The store's clock (what "due" is measured with): real time plus every advance."""
+        """The store's clock (what "due" is measured with): real time plus every advance, held still
+        while :meth:`deliver` or :meth:`run_due` runs a call."""
         return self.store.now()
 
     def advance(self, delta: timedelta | float) -> datetime:
@@ -361,8 +413,9 @@ class SafeTimeTesting:
     ) -> list[RunResult]:
         """Move the clock forward by ``advance``, running every stored delay that comes due, in due order.
 
-        Each row runs when the clock reaches its ``due_at``, so what it stores (a retry, a follow-up
-        reminder) counts from there and runs too if due by the end. Eagerly in this thread by
+        Each row runs when the clock reaches its ``due_at``, and the clock stands still while it runs
+        (real time does not move it; docs/testing.md, "The test clock"), so what it stores (a retry, a
+        follow-up reminder) counts from there and runs too if due by the end. Eagerly in this thread by
         default (``propagate``: a task's exception is raised here); ``worker=True`` starts a real
         in-process worker (``celery.contrib.testing.worker.start_worker``) for the call,
         ``worker=<WorkController>`` (Celery's ``celery_worker`` fixture) uses a running one: each row is
@@ -371,14 +424,15 @@ class SafeTimeTesting:
         seconds = advance.total_seconds() if isinstance(advance, timedelta) else float(advance)
         if seconds < 0:
             raise ValueError(f"run_due cannot go back in time, got {advance!r}")
-        target = self.now() + timedelta(seconds=seconds)
-        if worker is True:
-            from celery.contrib.testing.worker import start_worker
+        with self.store.held() as now:
+            target = now + timedelta(seconds=seconds)
+            if worker is True:
+                from celery.contrib.testing.worker import start_worker
 
-            with start_worker(self.app, perform_ping_check=False, pool="solo", shutdown_timeout=timeout):
-                return self._run_until(target, publish=True, propagate=propagate, timeout=timeout)
-        publish = worker is not None and worker is not False
-        return self._run_until(target, publish=publish, propagate=propagate, timeout=timeout)
+                with start_worker(self.app, perform_ping_check=False, pool="solo", shutdown_timeout=timeout):
+                    return self._run_until(target, publish=True, propagate=propagate, timeout=timeout)
+            publish = worker is not None and worker is not False
+            return self._run_until(target, publish=publish, propagate=propagate, timeout=timeout)
 
     def _run_until(self, target: datetime, *, publish: bool, propagate: bool, timeout: float) -> list[RunResult]:
         results: list[RunResult] = []
@@ -438,7 +492,8 @@ class SafeTimeTesting:
         task_id: str | None = None,
         propagate: bool = True,
     ) -> RunResult:
-        """Run one call now as a worker runs a message of it, in this thread.
+        """Run one call now as a worker runs a message of it, in this thread, at one instant of the
+        test clock (held still while the call runs).
 
         Not ``apply()``'s eager run: a ``rate_limit`` over its window, a full ``concurrency_limit``
         or a held ``overlap_lock`` re-queues the call as on a worker, into the test store (the
@@ -450,7 +505,8 @@ class SafeTimeTesting:
         if found is None:
             raise LookupError(f"unknown task {name!r} (not registered in this app)")
         task_id = task_id or uuid.uuid4().hex
-        return self._trace(found, task_id, tuple(args or ()), dict(kwargs or {}), {}, {}, propagate, self.now())
+        with self.store.held() as now:
+            return self._trace(found, task_id, tuple(args or ()), dict(kwargs or {}), {}, {}, propagate, now)
 
     def _execute(
         self,
@@ -718,9 +774,7 @@ def safe_time_testing(
     sweep_not_needed(app)  # run_due() publishes the due rows: no sweep to install
     # Rate-limit windows follow the test clock (lock expiry stays on the real one: a lock lives while
     # its task runs); the last moments before a reserved place pass on it too, without sleeping.
-    locks = MemoryLockBackend(
-        get_config(app), rate_clock=lambda: time.time() + delays.offset, rate_sleep=lambda s: _advance(delays, s)
-    )
+    locks = MemoryLockBackend(get_config(app), rate_clock=delays.time, rate_sleep=lambda s: _advance(delays, s))
     use_lock_backend(app, locks)
     handle = SafeTimeTesting(app, delays, locks)
 

@@ -3,10 +3,13 @@ test clock, and ``assert_rate_limited`` / ``assert_not_rate_limited`` say what a
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from celery import Celery
+from celery.signals import task_prerun
 
 from celery_safe_time import SafeTask, rate_limit
 from celery_safe_time.testing import SafeTimeTesting, assert_not_rate_limited, assert_rate_limited, deliver
@@ -92,3 +95,54 @@ def test_a_safe_task_option_through_run_due(st: SafeTimeTesting) -> None:
     assert [r.state for r in results] == ["SUCCESS", "RETRY"]
     assert [r.state for r in st.run_due(advance=1)] == ["SUCCESS"]
     st.assert_rate_limited(mail, key="kit.mail", count=1)
+
+
+def test_a_slow_run_does_not_move_the_rate_places(st: SafeTimeTesting) -> None:
+    # A loaded machine, made certain: the first re-queued call to come back takes a real second
+    # between the clock reaching its due time and its rate limit deciding (in its prerun). The kit's
+    # answer stays the one of an idle machine: each call starts at its place, and the last one is
+    # not re-queued a second time behind a start that real time made late.
+    ran: list[int] = []
+
+    @st.app.task(name="kit.slow_sync", shared=False)
+    @rate_limit("slow:{account}", "2/h")
+    def sync(account: int, n: int) -> None:
+        ran.append(n)
+
+    starts: list[int] = []
+
+    def slow_start(sender: Any = None, args: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == "kit.slow_sync":
+            starts.append(args[1])
+            if len(starts) == 6:  # the first call to come back from the store
+                time.sleep(1.0)
+
+    task_prerun.connect(slow_start, weak=False)
+    try:
+        for n in range(5):
+            deliver(sync, (1, n))
+        assert_rate_limited(sync, key="slow:1", count=3)
+        assert [r.state for r in st.run_due(advance=timedelta(hours=1, seconds=1))] == ["SUCCESS", "SUCCESS"]
+        assert [r.state for r in st.run_due(advance=timedelta(hours=1))] == ["SUCCESS"]
+    finally:
+        task_prerun.disconnect(slow_start)
+    assert sorted(ran) == [0, 1, 2, 3, 4]
+    assert_rate_limited(sync, key="slow:1", count=3)
+
+
+def test_the_clock_stands_still_while_the_kit_runs_a_call(st: SafeTimeTesting) -> None:
+    seen: list[tuple[datetime, datetime]] = []
+
+    @st.app.task(base=SafeTask, name="kit.slow", shared=False)
+    def slow() -> None:
+        before = st.now()
+        time.sleep(0.2)
+        seen.append((before, st.now()))
+
+    start = st.now()
+    deliver(slow)
+    slow.apply_async(countdown=60)
+    [result] = st.run_due(advance=120)
+    assert seen[0][0] == seen[0][1] >= start  # delivered at one instant
+    assert seen[1][0] == seen[1][1] == result.due_at  # run at the instant it was due
+    assert st.now() >= start + timedelta(seconds=120)  # and real time moves the clock again after

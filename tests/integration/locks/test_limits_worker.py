@@ -106,7 +106,7 @@ def test_limit_3_never_has_4_running(
     for r in done:
         if r["key"] == "tenant":
             by_slot.setdefault(r["slot"], []).append((r["started"], r["fence"]))
-    assert set(by_slot) <= {"slots:tenant#0", "slots:tenant#1", "slots:tenant#2"}
+    assert set(by_slot) <= {"slot:slots:tenant#0", "slot:slots:tenant#1", "slot:slots:tenant#2"}
     for slot, held in by_slot.items():
         fences = [fence for _, fence in sorted(held)]
         assert fences == sorted(set(fences)), f"slot {slot}: fences grow with its holders"

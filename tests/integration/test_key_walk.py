@@ -1,6 +1,6 @@
 """Every Redis key the package writes in one scenario (beat, history, audit, delays, locks, limits,
-unique, debounce; then real beat and worker processes) has a TTL or is on the documented list of permanent keys (docs/operations.md,
-"Security"), on a plain Redis and on a Redis Cluster."""
+unique, debounce; then real beat and worker processes) has a TTL or is on the documented list of
+permanent keys (docs/operations.md, "Security"), on a plain Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 

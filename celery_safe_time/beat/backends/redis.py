@@ -318,8 +318,9 @@ class RedisBeatBackend(BeatBackend):
         pipe = self.client.pipeline(transaction=True)
         pipe.lpush(key, record)
         pipe.ltrim(key, 0, size - 1)
+        deleted = _action_of(record) == "delete"
         for kept in self._kept_keys(name):
-            if _action_of(record) == "delete":
+            if deleted:
                 pipe.pexpire(kept, int(C.BEAT_DELETED_HISTORY_KEEP * 1000))
             else:
                 pipe.persist(kept)

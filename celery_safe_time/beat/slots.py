@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import functools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta, tzinfo
@@ -132,13 +133,15 @@ class at(BaseSchedule):  # a schedule, named like celery's ``crontab`` and ``sol
 #: ``list_entries`` (``status``, the admin). Bounded: the oldest answers are dropped first.
 _RRULE_ENDED: dict[tuple[str, str], float] = {}
 _RRULE_ENDED_SIZE = 1024
+_RRULE_ENDED_LOCK = threading.Lock()
 
 
 def _remember_ended(rule_id: tuple[str, str], after: float) -> None:
-    known = _RRULE_ENDED.get(rule_id)
-    if known is None and len(_RRULE_ENDED) >= _RRULE_ENDED_SIZE:
-        _RRULE_ENDED.pop(next(iter(_RRULE_ENDED)))
-    _RRULE_ENDED[rule_id] = after if known is None else min(known, after)
+    with _RRULE_ENDED_LOCK:
+        known = _RRULE_ENDED.get(rule_id)
+        if known is None and len(_RRULE_ENDED) >= _RRULE_ENDED_SIZE:
+            _RRULE_ENDED.pop(next(iter(_RRULE_ENDED)))
+        _RRULE_ENDED[rule_id] = after if known is None else min(known, after)
 
 
 class rrule(BaseSchedule):  # named like redbeat's rrule schedule

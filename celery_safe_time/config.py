@@ -180,16 +180,38 @@ def cluster_key_name(template: str, parts: dict[str, Any]) -> str:
     return template.format(**parts)
 
 
+#: Query parameters whose value is a secret: redis-py and libpq read passwords from the query string
+#: (``?password=``, ``?sentinel_password=``, ``?sslpassword=``) as well as from ``user:pass@``.
+_SECRET_QUERY_NAME = re.compile(r"pass|pwd|secret|token|credential|auth", re.IGNORECASE)
+
+
 def mask_url(url: str | None) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and banners)."""
+    """Return ``url`` with any password replaced by ``***`` (safe for logs and banners).
+
+    Both places a URL carries a password are masked: ``user:pass@`` and query parameters named like
+    a secret (``?password=...``).
+    """
     if not url:
         return ""
     parts = urlsplit(url)
-    if parts.password is None:
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = _mask_query(parts.query)
+    if netloc == parts.netloc and query == parts.query:
         return url
-    hostinfo = parts.netloc.rpartition("@")[2]
-    netloc = f"{parts.username or ''}:***@{hostinfo}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _mask_query(query: str) -> str:
+    """``query`` with the value of every secret-named parameter replaced by ``***`` (order kept)."""
+    if not query:
+        return query
+    pairs = []
+    for pair in query.split("&"):
+        name, sep, value = pair.partition("=")
+        pairs.append(f"{name}=***" if sep and value and _SECRET_QUERY_NAME.search(name) else pair)
+    return "&".join(pairs)
 
 
 def get_config(app: Celery) -> SafeTimeConfig:

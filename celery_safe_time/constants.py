@@ -169,8 +169,10 @@ KEY_UNIQUE: Final = "unique:{key}"
 KEY_RATE: Final = "rate:{key}"
 #: A ``rate_limit`` key's starts: the real start times of the calls admitted within the last period.
 KEY_RATE_STARTS: Final = "rate-starts:{key}"
-#: ``concurrency_limit`` slot ``n`` of a key is the overlap lock ``<key>#<n>`` (its own fence counter).
-SLOT_KEY: Final = "{key}#{slot}"
+#: ``concurrency_limit`` slot ``n`` of a key is the overlap lock ``slot:<key>#<n>`` (its own fence
+#: counter): a namespace no overlap lock's key begins with (``locks/keys.py`` escapes such keys).
+SLOT_KEY: Final = "slot:{key}#{slot}"
+SLOT_NAMESPACE: Final = "slot:"
 
 #: How long a fired-slot marker is kept (seconds): 7 days.
 FIRED_SLOT_TTL: Final = 7 * 86400

@@ -194,3 +194,11 @@ def as_text(value: Any) -> str | None:
 def load_script(package: str, name: str) -> str:
     """The Lua source ``<package>/lua/<name>.lua``, shipped as package data."""
     return resources.files(package).joinpath("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis ``MATCH`` glob: ``*``, ``?``, ``[``, ``]`` and ``\\`` escaped.
+
+    A key prefix (``safe_time_key_prefix``) or an entry name holding one of them would otherwise
+    match other apps' keys in a SCAN."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

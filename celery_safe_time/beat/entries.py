@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
@@ -386,6 +387,18 @@ class _Store:
         return dict(self.app.conf.beat_schedule or {})
 
 
+def check_entry_name(name: Any) -> None:
+    """Raise :class:`ScheduleError` unless ``name`` is a non-empty string without control characters.
+
+    A name is shown in logs, ``status`` and the admin, and is part of the entry page's URL: a newline
+    or another control character would forge log lines and break that URL."""
+    if not isinstance(name, str) or not name:
+        raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
+    bad = next((c for c in name if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ScheduleError(f"entry name {name!r} holds the control character {bad!r}; names are single-line text")
+
+
 def _conflict(store: _Store, name: str, task: str) -> None:
     spec = store.config_entries().get(name)
     if spec is not None:
@@ -429,8 +442,7 @@ def save_entry(
 
     A change is recorded in the entry's audit (:func:`entry_audit`) as by ``changed_by`` (default
     ``user@host pid N``); so are the other functions' here."""
-    if not isinstance(name, str) or not name:
-        raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
+    check_entry_name(name)
     store = _Store(app)
     _conflict(store, name, task)
     spec = schedule_to_spec(schedule)

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import functools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta, tzinfo
@@ -126,6 +127,23 @@ class at(BaseSchedule):  # a schedule, named like celery's ``crontab`` and ``sol
         return hash(self.ts)
 
 
+#: rrule (text, dtstart) -> a time after which it has no occurrence. dateutil finds "none" only by
+#: walking every period up to the year 9999 (seconds for ``FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30``); the
+#: answer holds for every later time, so each process pays that walk once per rule, not on every
+#: ``list_entries`` (``status``, the admin). Bounded: the oldest answers are dropped first.
+_RRULE_ENDED: dict[tuple[str, str], float] = {}
+_RRULE_ENDED_SIZE = 1024
+_RRULE_ENDED_LOCK = threading.Lock()
+
+
+def _remember_ended(rule_id: tuple[str, str], after: float) -> None:
+    with _RRULE_ENDED_LOCK:
+        known = _RRULE_ENDED.get(rule_id)
+        if known is None and len(_RRULE_ENDED) >= _RRULE_ENDED_SIZE:
+            _RRULE_ENDED.pop(next(iter(_RRULE_ENDED)))
+        _RRULE_ENDED[rule_id] = after if known is None else min(known, after)
+
+
 class rrule(BaseSchedule):  # named like redbeat's rrule schedule
     """A ``dateutil.rrule.rrule`` as a celery schedule (redbeat has one too). A naive ``dtstart``
     means UTC; an aware one keeps its zone (occurrences follow dateutil's wall-clock rules)."""
@@ -138,11 +156,16 @@ class rrule(BaseSchedule):  # named like redbeat's rrule schedule
 
     def next_ts(self, after: float) -> float:
         start = self.rule._dtstart
+        rule_id = (str(self.rule), repr(start))
+        ended = _RRULE_ENDED.get(rule_id)
+        if ended is not None and after >= ended:
+            return NEVER
         moment = datetime.fromtimestamp(after, UTC)
         if start is None or start.tzinfo is None:
             moment = moment.replace(tzinfo=None)
         found = self.rule.after(moment, inc=False)
         if found is None:
+            _remember_ended(rule_id, after)
             return NEVER
         if found.tzinfo is None:
             found = found.replace(tzinfo=UTC)

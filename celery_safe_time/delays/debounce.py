@@ -19,7 +19,7 @@ from .. import constants as C
 from ..exceptions import DebounceError
 from ..locks.keys import KeyBuilder, KeySpec
 
-__all__ = ["DebounceCall", "debounce_call", "seconds"]
+__all__ = ["RESERVED_KEY_PREFIXES", "DebounceCall", "caller_idempotency_key", "debounce_call", "seconds"]
 
 #: (task class, key spec) -> its key builder: a template is checked against the signature once.
 _BUILDERS: dict[tuple[type, Any], tuple[KeyBuilder, bool]] = {}
@@ -38,6 +38,30 @@ class DebounceCall:
     def stored_key(self) -> str:
         """What the row holds in its idempotency key (the pending-only unique key)."""
         return C.DEBOUNCE_KEY_PREFIX + self.key
+
+
+#: Idempotency-key prefixes the package writes itself: a caller's key may not begin with one, or it
+#: could match (and take over) another task's debounced row.
+RESERVED_KEY_PREFIXES: tuple[str, ...] = (C.DEBOUNCE_KEY_PREFIX,)
+
+
+def caller_idempotency_key(task_name: str, value: Any) -> str | None:
+    """A caller's ``idempotency_key=`` checked: None, or a non-empty string outside the reserved prefixes.
+
+    Raises ``ValueError`` naming the option: an API that passes a client's ``Idempotency-Key`` header
+    through must not reach the keys of debounced rows.
+    """
+    if value is None:
+        return None
+    where = f"task {task_name}: {C.OPTION_IDEMPOTENCY_KEY}"
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where} must be a non-empty string, got {value!r}")
+    for prefix in RESERVED_KEY_PREFIXES:
+        if value.startswith(prefix):
+            raise ValueError(f"{where}={value[:60]!r} begins with {prefix!r}, a prefix reserved for debounced calls")
+    if len(value) > C.DELAY_KEY_LENGTH:
+        raise ValueError(f"{where} is longer than {C.DELAY_KEY_LENGTH} characters ({value[:60]!r}...)")
+    return value
 
 
 def seconds(value: Any, option: str) -> float:

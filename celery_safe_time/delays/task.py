@@ -30,7 +30,7 @@ from ..locks.task_options import apply_flow_options, original_run
 from ..messages.compat import push_request
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
-from .debounce import debounce_call
+from .debounce import caller_idempotency_key, debounce_call
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
@@ -131,7 +131,7 @@ class SafeTask(Task):
         for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
             if options.pop(name, None) is not None:
                 raise DebounceError(f"task {self.name}: {name}= needs debounce= (the quiet period)")
-        idempotency_key = options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+        idempotency_key = caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
         # retry() copies the running request's headers: a retried stored task must not
         # look like the sweep's delivery of the original, or the delivery check would skip it.
         options = self._strip_internal_headers(options)
@@ -308,7 +308,7 @@ class SafeTask(Task):
                 )
                 if plan is None:
                     if not debounced:
-                        options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+                        caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
                     sent.append(
                         (
                             index,
@@ -319,7 +319,7 @@ class SafeTask(Task):
                     )
                     continue
                 options = self._strip_internal_headers(options)
-                idempotency_key = options.pop(C.OPTION_IDEMPOTENCY_KEY, None)
+                idempotency_key = caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
                 delay = self._stored_delay(
                     app, config, plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options
                 )

@@ -72,13 +72,13 @@ def describe_flow(app: Celery) -> dict[str, Any]:
     (delayed by the limit). Bounded: at most ``RATE_SCAN_KEYS`` keys of each are looked at."""
     try:
         store = get_lock_backend(app)
-        slots = store.scan("*#*", limit=C.RATE_SCAN_KEYS)
+        slots = store.scan(C.SLOT_NAMESPACE + "*#*", limit=C.RATE_SCAN_KEYS)
         rates = store.rate_counts(limit=C.RATE_SCAN_KEYS)
     except (redis.RedisError, OSError) as exc:
         return {"error": f"{store_name(app)} unreachable: {exc}"}
     by_key: dict[str, list[str]] = {}
     for info in slots:
-        key, _, slot = info.key.rpartition("#")
+        key, _, slot = info.key.removeprefix(C.SLOT_NAMESPACE).rpartition("#")
         if key and slot.isdigit():
             by_key.setdefault(key, []).append(info.key)
     capped = len(slots) >= C.RATE_SCAN_KEYS or len(rates) >= C.RATE_SCAN_KEYS

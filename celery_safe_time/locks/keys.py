@@ -4,6 +4,14 @@ Both decorators bind the call's arguments with :func:`inspect.signature` and app
 defaults before rendering, so ``f(1)``, ``f(a=1)`` and ``f(a=1, b=<default>)`` give the
 same key. A template naming a parameter the function does not have fails at decoration
 time, not on the first call in production.
+
+Each argument value is escaped as it fills the template (``%`` -> ``%25``, ``:`` -> ``%3A``,
+``#`` -> ``%23``), so values holding the separators never make two argument tuples share a key:
+``invoice:{tenant}:{period}`` gives ``invoice:acme:x%3A2026-01`` for ``("acme", "x:2026-01")`` and
+``invoice:acme%3Ax:2026-01`` for ``("acme:x", "2026-01")``. A key (rendered or returned by a callable)
+that begins with a namespace the package keeps for itself (``idem:``, ``slot:``) or with ``~`` gets
+a ``~`` in front, so an overlap lock never shares a name with an idempotent key's lock or a
+concurrency slot.
 """
 
 from __future__ import annotations
@@ -14,6 +22,36 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 KeySpec = str | Callable[..., Any]
+
+#: Characters escaped in argument values: the separators of key templates, and the escape itself.
+_VALUE_ESCAPES = str.maketrans({"%": "%25", ":": "%3A", "#": "%23"})
+#: Lock-key namespaces of the package's own locks: the in-progress lock of an idempotent key and the
+#: slots of a concurrency limit (``constants.IDEMPOTENT_LOCK_NAMESPACE``, ``constants.SLOT_KEY``).
+RESERVED_NAMESPACES: tuple[str, ...] = ("idem:", "slot:")
+#: Put in front of a key that begins with a reserved namespace (or with itself, to stay one-to-one).
+RESERVED_ESCAPE = "~"
+
+
+def escape_value(text: str) -> str:
+    """``text`` with ``%``, ``:`` and ``#`` percent-escaped: one argument value inside a key."""
+    return text.translate(_VALUE_ESCAPES)
+
+
+def outside_reserved(key: str) -> str:
+    """``key``, or ``~`` + ``key`` when it begins with a reserved namespace or ``~`` (one-to-one)."""
+    if key.startswith(RESERVED_ESCAPE) or key.startswith(RESERVED_NAMESPACES):
+        return RESERVED_ESCAPE + key
+    return key
+
+
+class _EscapingFormatter(string.Formatter):
+    """``str.format`` whose every replacement field is escaped once formatted."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return escape_value(format(value, format_spec))
+
+
+_FORMATTER = _EscapingFormatter()
 
 
 class KeyBuilder:
@@ -95,12 +133,12 @@ class KeyBuilder:
         key = self.spec(**values) if self._by_name else self.spec(*arguments.args, **arguments.kwargs)
         if not isinstance(key, str) or not key:
             raise TypeError(f"key callable {self.spec!r} returned {key!r}; it must return a non-empty string")
-        return key
+        return outside_reserved(key)
 
     def _format(self, values: Mapping[str, Any]) -> str:
         assert isinstance(self.spec, str)
         try:
-            return self.spec.format(**values)
+            return outside_reserved(_FORMATTER.format(self.spec, **values))
         except KeyError as exc:
             raise TypeError(f"key template {self.spec!r}: no argument {exc.args[0]!r} in this call") from None
 

@@ -289,8 +289,8 @@ def test_overview_shows_flow_control(admin_client: Client, admin_app: Celery) ->
     from celery_safe_time.locks.rates import Rate
 
     prefix = f"flow-{uuid.uuid4().hex[:8]}"
-    hold_lock(admin_app, f"{prefix}-export:7#0", task_id="slot-a", host="w1")
-    hold_lock(admin_app, f"{prefix}-export:7#2", task_id="slot-b", host="w2")
+    hold_lock(admin_app, f"slot:{prefix}-export:7#0", task_id="slot-a", host="w1")
+    hold_lock(admin_app, f"slot:{prefix}-export:7#2", task_id="slot-b", host="w2")
     backend = get_lock_backend(admin_app)
     for n in range(3):
         backend.rate_take(f"{prefix}-stripe:1", f"t{n}", Rate(2, 60.0))

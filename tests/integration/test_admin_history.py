@@ -76,3 +76,40 @@ def test_the_entry_page_shows_runs_with_outcomes_and_changes(admin_client: Clien
     empty = admin_client.get(OVERVIEW + "entry/nothing-here/").content.decode()
     assert "No runs recorded." in empty
     assert "No changes recorded." in empty
+
+
+def _dcb_row(name: str, args: str) -> Any:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every, _ = IntervalSchedule.objects.get_or_create(every=60, period=IntervalSchedule.SECONDS)
+    return PeriodicTask.objects.create(name=name, task="tests.report", interval=every, args=args)
+
+
+def test_beat_entry_pages_need_django_celery_beat_view_permission(client: Client, admin_app: Celery) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    _dcb_row("payroll", '["acct-secret-991"]')
+    staff = User.objects.create_user("staff-dcb", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_delayedtask"))
+    client.force_login(staff)
+    overview = client.get(OVERVIEW)
+    assert overview.status_code == 200
+    assert "payroll" not in overview.content.decode()
+    assert "Can view periodic task" in overview.content.decode()
+    assert client.get(OVERVIEW + "entry/payroll/").status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_periodictask"))
+    staff = User.objects.get(pk=staff.pk)  # permissions are cached per user object
+    client.force_login(staff)
+    assert 'href="/admin/celery_safe_time/delayedtask/overview/entry/payroll/"' in client.get(OVERVIEW).content.decode()
+    assert client.get(OVERVIEW + "entry/payroll/").status_code == 200
+
+
+def test_the_overview_lists_any_stored_name(admin_client: Client, admin_app: Celery) -> None:
+    _dcb_row("", "[]")
+    _dcb_row("two\nlines", "[]")
+    overview = admin_client.get(OVERVIEW)
+    assert overview.status_code == 200
+    body = overview.content.decode()
+    assert "(no name)" in body
+    assert 'href="/admin/celery_safe_time/delayedtask/overview/entry/two%0Alines/"' in body
+    assert admin_client.get(OVERVIEW + "entry/two%0Alines/").status_code == 200

@@ -290,3 +290,33 @@ def test_status_probes_metrics_and_locks_list(app: Celery, lease_client: redis.R
 
     families = {f.name: f for f in SafeTimeCollector(app).collect()}
     assert families["safe_time_overlap_locks_held"].samples[0].value == 3
+
+
+def test_unique_keys_are_listed_whole_and_a_prefix_is_a_literal_in_scan(
+    make_app: Callable[..., Celery], topology: str, lease_client: redis.Redis
+) -> None:
+    from celery_safe_time.locks.rates import Rate
+
+    store = RedisLockBackend(lease_client, get_config(make_app(safe_time_redis_url=topology)))
+    keys = ["order:42", "}odd{", "~tilde", ""]
+    for key in keys:
+        claim = store.unique_acquire(key, "t-" + key, 30, C.UNIQUE_STATE_QUEUED, stored=False, host="h")
+        assert claim.status == "acquired"
+    listed = C.UNIQUE_LIST_PREFIX  # ``locks list`` shows unique keys as ``unique:<key>``
+    assert [i.key for i in store.scan_unique()] == sorted(listed + key for key in keys)
+    assert [i.key for i in store.scan_unique("order:*")] == [listed + "order:42"]
+    # A prefix holding glob characters matches only itself, not another app's keys.
+    other = RedisLockBackend(
+        lease_client, get_config(make_app(safe_time_redis_url=topology, safe_time_key_prefix="gx:"))
+    )
+    assert other.acquire("job:1", "t", 30, owner("x")).status == "acquired"
+    assert other.unique_acquire("job:1", "t", 30, C.UNIQUE_STATE_QUEUED, stored=False, host="h").status == "acquired"
+    other.rate_take("job:1", "t", Rate(2, 30.0))
+    for prefix in ("g*:", "g?:", "g[x]:"):
+        globbed = RedisLockBackend(
+            lease_client, get_config(make_app(safe_time_redis_url=topology, safe_time_key_prefix=prefix))
+        )
+        assert globbed.scan() == []
+        assert globbed.scan_unique() == []
+        assert globbed.rate_counts() == []
+    assert [i.key for i in other.scan()] == ["job:1"]

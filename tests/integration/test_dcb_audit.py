@@ -248,3 +248,26 @@ def test_a_projects_admin_overriding_an_action_records_each_change_once(dcb_app:
     changes = _changes("own-admin", dcb_app)
     assert [c.action for c in changes] == ["create", "disable"]
     assert changes[1].changed_by == "bob (django admin)"
+
+
+def test_a_deleted_rows_runs_and_changes_expire_on_redis_and_a_recreated_one_keeps_them(dcb_app: Celery) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    from celery_safe_time import constants as C
+    from celery_safe_time.beat.backends import beat_backend
+    from celery_safe_time.beat.lease import history_keys
+    from celery_safe_time.config import get_config
+
+    config = get_config(dcb_app)
+    backend = beat_backend(config)
+    backend.history_record("tenant-9", 60.0, '{"id":"run-1"}')
+    row = PeriodicTask.objects.create(name="tenant-9", task="reports.send", interval=_every(5))
+    kept = [config.key(C.KEY_BEAT_AUDIT, entry="tenant-9"), *history_keys(config, "tenant-9")]
+    client = backend.client  # type: ignore[attr-defined]
+    assert [client.ttl(k) for k in kept] == [-1, -1, -1]  # a live entry's: bounded by size, no expiry
+    row.delete()
+    ttls = [client.ttl(k) for k in kept]
+    assert all(0 < t <= C.BEAT_DELETED_HISTORY_KEEP for t in ttls), ttls
+    PeriodicTask.objects.create(name="tenant-9", task="reports.send", interval=_every(5))
+    assert [client.ttl(k) for k in kept] == [-1, -1, -1]
+    assert [c.action for c in _changes("tenant-9", dcb_app)] == ["create", "delete", "create"]

@@ -15,6 +15,16 @@ from celery_safe_time.redis_client import create_redis, mask_url
         ("postgresql://app:hunter2@db/prod", "postgresql://app:***@db/prod"),
         ("sentinel://:pw@a:1,b:2/0?master=m", "sentinel://:***@a:1,b:2/0?master=m"),
         ("", ""),
+        ("redis://h:6379/0?password=hunter2", "redis://h:6379/0?password=***"),
+        (
+            "postgresql://app@db/prod?sslmode=require&password=s3&x=1",
+            "postgresql://app@db/prod?sslmode=require&password=***&x=1",
+        ),
+        (
+            "sentinel://a:1/0?master=m&sentinel_password=pw&PASSWORD=p2",
+            "sentinel://a:1/0?master=m&sentinel_password=***&PASSWORD=***",
+        ),
+        ("redis://:pw@h/0?password=pw2", "redis://:***@h/0?password=***"),
     ],
 )
 def test_mask_url(url: str, masked: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import logging
 from operator import itemgetter
 from typing import Any
@@ -21,7 +22,7 @@ from ...checks import check_redis
 from ...clock import RedisClock
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
-from ...redis_client import as_text, get_redis, tls_hint
+from ...redis_client import as_text, get_redis, glob_escape, tls_hint
 from ..lease import Lease, LeaseKeys, history_keys
 from ..scripts import beat_scripts
 from ..state import load_state, slot_id
@@ -307,13 +308,23 @@ class RedisBeatBackend(BeatBackend):
         return [(values[2 * i], values[2 * i + 1]) for i in range(len(ids)) if values[2 * i] is not None]
 
     def audit_append(self, name: str, record: str) -> None:
+        """Append ``record``; a ``delete`` record (a django-celery-beat row deleted: ``entry_delete``
+        does its own) sets the entry's runs and changes to expire ``BEAT_DELETED_HISTORY_KEEP`` later,
+        as PostgreSQL's prune deletes them, and any other record keeps them again (a name re-created)."""
         size = self.config.beat_audit_size
-        if size > 0:
-            key = self.config.key(C.KEY_BEAT_AUDIT, entry=name)
-            pipe = self.client.pipeline(transaction=True)
-            pipe.lpush(key, record)
-            pipe.ltrim(key, 0, size - 1)
-            pipe.execute()
+        if size <= 0:
+            return
+        key = self.config.key(C.KEY_BEAT_AUDIT, entry=name)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lpush(key, record)
+        pipe.ltrim(key, 0, size - 1)
+        deleted = _action_of(record) == "delete"
+        for kept in self._kept_keys(name):
+            if deleted:
+                pipe.pexpire(kept, int(C.BEAT_DELETED_HISTORY_KEEP * 1000))
+            else:
+                pipe.persist(kept)
+        pipe.execute()
 
     def audit(self, name: str, limit: int) -> list[Any]:
         return list(self.client.lrange(self.config.key(C.KEY_BEAT_AUDIT, entry=name), 0, max(limit, 1) - 1))
@@ -322,7 +333,7 @@ class RedisBeatBackend(BeatBackend):
         return self.client.hget(self.entry_keys.entries, name)
 
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
-        match = None if not prefix else _glob_escape(prefix) + "*"
+        match = None if not prefix else glob_escape(prefix) + "*"
         return {as_text(k): v for k, v in self.client.hscan_iter(self.entry_keys.entries, match=match, count=1000)}
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
@@ -354,5 +365,10 @@ class RedisBeatBackend(BeatBackend):
         return [int(v) == 1 for v in reply]
 
 
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+def _action_of(record: str) -> str | None:
+    """The ``action`` of an audit record (JSON), None when it has none."""
+    try:
+        action = json.loads(record).get("action")
+    except (ValueError, AttributeError):
+        return None
+    return action if isinstance(action, str) else None

@@ -19,7 +19,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import NoReverseMatch, URLPattern, path, re_path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
@@ -31,6 +31,9 @@ from ...exceptions import SafeTimeError, SerializationError
 from .chart import due_chart_svg
 from .models import DelayedTask
 from .store import DjangoStore
+
+#: django-celery-beat's permission to see its periodic tasks; beat entry pages need it too.
+DCB_VIEW_PERMISSION = "django_celery_beat.view_periodictask"
 
 #: The changelist's arguments column is cut to this many characters (the detail page shows all).
 ARGUMENTS_LIST_CHARS = 80
@@ -263,16 +266,31 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         overview = path("overview/", self.admin_site.admin_view(self.overview_view), name="celery_safe_time_overview")
-        entry = path(
-            "overview/entry/<path:name>/",
+        # Any stored name has a page: ``[\s\S]`` takes newlines too (django-celery-beat rows are not
+        # checked as ``save_entry`` checks names); an empty name has none and is listed unlinked.
+        entry = re_path(
+            r"^overview/entry/(?P<name>[\s\S]+)/$",
             self.admin_site.admin_view(self.entry_view),
             name="celery_safe_time_entry",
         )
         return [overview, entry, *super().get_urls()]
 
+    def can_view_entries(self, request: HttpRequest) -> bool:
+        """Whether the user may see beat entries' definitions, runs and changes (args, kwargs, headers).
+
+        With django-celery-beat installed that takes its ``view_periodictask`` permission as well as
+        ours, so a staff user refused its admin is not shown the same rows here."""
+        from django.apps import apps
+
+        if not self.has_view_permission(request):
+            return False
+        if not apps.is_installed("django_celery_beat"):
+            return True
+        return bool(request.user.has_perm(DCB_VIEW_PERMISSION))
+
     def entry_view(self, request: HttpRequest, name: str) -> HttpResponse:
         """One beat entry's last runs and changes (read-only: ``entry_history``, ``entry_audit``)."""
-        if not self.has_view_permission(request):
+        if not self.can_view_entries(request):
             raise PermissionDenied
         from .overview import celery_app, entry_page
 
@@ -297,7 +315,10 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
         try:
             app = celery_app()
-            view = gather(app)
+            entries = self.can_view_entries(request)
+            view = gather(app, database_entries=entries)
+            for entry in view.entries:
+                entry.url = _entry_url(entry.name) if entries else None
             app_error = None
         except (ImportError, AttributeError, TypeError, SafeTimeError) as exc:  # no app, or its settings are wrong
             view, app_error = None, f"{exc.__class__.__name__}: {exc}"
@@ -310,3 +331,11 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             "chart": mark_safe(due_chart_svg(view.buckets)) if view and view.buckets else "",
         }
         return TemplateResponse(request, "admin/celery_safe_time/overview.html", context)
+
+
+def _entry_url(name: str) -> str | None:
+    """The entry page of ``name``, or None for a name no URL can hold (an empty one)."""
+    try:
+        return str(reverse("admin:celery_safe_time_entry", kwargs={"name": name}))
+    except NoReverseMatch:
+        return None

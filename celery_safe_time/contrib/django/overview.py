@@ -80,6 +80,7 @@ class EntryRow:
     next_fire: datetime | None
     pause_note: str | None = None  # why a paused runtime entry was paused
     paused_until: datetime | None = None  # when it resumes by itself
+    url: str | None = None  # its page, when the user may open it and the name fits in a URL
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Overview:
     beat_error: str | None = None
     entries: list[EntryRow] = field(default_factory=list)
     entries_error: str | None = None
+    #: django-celery-beat's rows were left out: the user lacks its view permission
+    database_entries_hidden: bool = False
     delays: dict[str, Any] = field(default_factory=dict)
     delays_error: str | None = None
     buckets: list[HourBucket] = field(default_factory=list)
@@ -174,7 +177,7 @@ def config_and_runtime_entries(app: Celery) -> list[EntryRow]:
     ]
 
 
-def database_entries(app: Celery, now: datetime) -> list[EntryRow]:
+def database_rows(app: Celery, now: datetime) -> list[EntryRow]:
     """django-celery-beat's rows (what ``SafeDatabaseScheduler`` fires), next fire on its grid."""
     from django.apps import apps
 
@@ -222,8 +225,11 @@ def due_counts(now: datetime, hours: int = CHART_HOURS) -> tuple[dict[datetime, 
     return counts, overdue
 
 
-def gather(app: Celery, now: datetime | None = None) -> Overview:
-    """Read every section; ``now`` defaults to the store's clock (the one lateness is measured on)."""
+def gather(app: Celery, now: datetime | None = None, *, database_entries: bool = True) -> Overview:
+    """Read every section; ``now`` defaults to the store's clock (the one lateness is measured on).
+
+    ``database_entries=False`` leaves django-celery-beat's rows out (a user without its view
+    permission)."""
     from django.db import Error as DjangoDbError
 
     from ...beat.admin import describe_beat
@@ -253,7 +259,10 @@ def gather(app: Celery, now: datetime | None = None) -> Overview:
     except errors as exc:
         view.entries_error = _failed("beat entries", exc)
     try:
-        entries += database_entries(app, now)
+        if database_entries:
+            entries += database_rows(app, now)
+        else:
+            view.database_entries_hidden = True
     except errors as exc:
         view.entries_error = _failed("django-celery-beat entries", exc)
     view.entries = entries

@@ -175,9 +175,10 @@ class LockBackend(abc.ABC):
     def rate_starts_key(self, key: str) -> str:
         return self.config.key(C.KEY_RATE_STARTS, key=key)
 
-    def user_key(self, redis_key: str) -> str:
-        """``<prefix>lock:<key>`` (``<prefix>lock:{<key>}`` on a cluster) -> ``<key>``."""
-        head = self.config.key_prefix + C.KEY_LOCK.format(key="")
+    def user_key(self, redis_key: str, template: str = C.KEY_LOCK) -> str:
+        """``<prefix>lock:<key>`` (``<prefix>lock:{<key>}`` on a cluster) -> ``<key>``; likewise for
+        another single-key ``template`` (``unique:{key}``)."""
+        head = self.config.key_prefix + template.format(key="")
         if not redis_key.startswith(head):
             return redis_key
         rest = redis_key[len(head) :]

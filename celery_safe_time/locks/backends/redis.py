@@ -5,9 +5,10 @@ A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random per acquir
 shown), ``task_id``, ``identity`` (one delivery of one message: its ``safe_time_attempt`` header,
 kept across our re-queues), ``host``, ``pid``, ``fence``, ``acquired_at``, ``renewed_at`` (Redis
 ``TIME``) and ``ttl_ms``; the hash expires after the lock's ttl unless renewed. The fencing number
-comes from ``INCR`` on ``<prefix>lock-fence:<key>``, which never expires; a missing counter (a new
-key, or a Redis that lost its data) is first seeded with Redis ``TIME`` in microseconds, so fences
-keep increasing across holders and across a Redis reset. Every write that assumes ownership checks
+comes from ``INCR`` on ``<prefix>lock-fence:<key>``, which expires with the lock's ttl (so a key
+nobody locks again leaves nothing behind); a missing counter (a new or expired key, or a Redis that
+lost its data) is first seeded with Redis ``TIME`` in microseconds, so fences keep increasing across
+holders, across the counter's expiry and across a Redis reset. Every write that assumes ownership checks
 the token inside the script, so a holder whose lock expired can never renew or delete the next
 holder's lock. When a delivery ends, ``<prefix>lock-done:<key>:<identity>`` records it for a while,
 so a late broker redelivery of that very message is dropped instead of run again.
@@ -23,7 +24,7 @@ import redis
 from ... import constants as C
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import RedisUnavailable
-from ...redis_client import as_text, load_script
+from ...redis_client import as_text, glob_escape, load_script
 from ..rates import Rate, RateTaken
 from ..redis_wire import LeanLink, LeanScript, Settle
 from .base import (
@@ -206,7 +207,7 @@ class RedisLockBackend(LockBackend):
         sets to its last entry plus the period (``rate_take.lua``)."""
         head = self.config.key_prefix + C.KEY_RATE.format(key="")
         cluster = self.config.redis_cluster
-        match = head + "*" if cluster else self.rate_key(pattern)
+        match = glob_escape(head) + ("*" if cluster else pattern)
         found: list[RateCount] = []
         for looked, raw in enumerate(self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="zset")):
             if looked >= C.RATE_SCAN_KEYS or (limit is not None and len(found) >= limit):
@@ -307,10 +308,17 @@ class RedisLockBackend(LockBackend):
         """Held unique keys matching ``pattern`` (glob over the key without ``unique:``), by SCAN."""
         seconds, micros = self.client.time()
         now = float(seconds) + float(micros) / 1e6
-        head = self.unique_key("")
         found: list[LockInfo] = []
-        for raw in self.client.scan_iter(match=self.unique_key(pattern), count=C.LOCK_SCAN_COUNT, _type="hash"):
-            info = self.unique_info((as_text(raw) or "")[len(head) :], now)
+        # On a cluster the key part is braced (``unique:{k}``): SCAN every unique key and match the
+        # pattern against the user's key, as :meth:`scan` does for locks.
+        head = glob_escape(self.config.key_prefix) + C.KEY_UNIQUE.format(key="")
+        cluster = self.config.redis_cluster
+        match = head + "*" if cluster else head + pattern
+        for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
+            key = self.user_key(as_text(raw) or "", C.KEY_UNIQUE)
+            if cluster and not fnmatch.fnmatchcase(key, pattern):
+                continue
+            info = self.unique_info(key, now)
             if info is not None:
                 found.append(info)
                 if limit is not None and len(found) >= limit:
@@ -355,9 +363,8 @@ class RedisLockBackend(LockBackend):
         found: list[LockInfo] = []
         # On a cluster the key part is braced (``lock:{k}``, ``lock:idem:{k}``): SCAN every lock there
         # and match the pattern against the user's key (Redis glob and fnmatch agree on * ? [...]).
-        match = (
-            self.config.key_prefix + C.KEY_LOCK.format(key="*") if self.config.redis_cluster else self.lock_key(pattern)
-        )
+        head = glob_escape(self.config.key_prefix) + C.KEY_LOCK.format(key="")
+        match = head + "*" if self.config.redis_cluster else head + pattern
         for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
             redis_key = as_text(raw) or ""
             if self.config.redis_cluster and not fnmatch.fnmatchcase(self.user_key(redis_key), pattern):

@@ -33,14 +33,17 @@ if cur[1] then
   if cur[2] == ARGV[6] then status = 'duplicate' end
   return {status, cur[3], cur[4], cur[5], cur[6]}
 end
--- A missing counter (new key, or a Redis that lost its data) starts at Redis TIME in microseconds,
--- above every fence handed out before (those are at most one per microsecond past their own seed).
--- INCR makes a missing counter 1, and a seeded one is never 1: that is the test, one call when seeded.
+-- A missing counter (new key, expired, or a Redis that lost its data) starts at Redis TIME in
+-- microseconds, above every fence handed out before (those are at most one per microsecond past their
+-- own seed). INCR makes a missing counter 1, and a seeded one is never 1: that is the test, one call
+-- when seeded. The counter expires with the lock's ttl, so a key nobody locks again leaves nothing
+-- behind; the seed keeps the fence increasing across that expiry.
 local fence = redis.call('INCR', KEYS[2])
 if fence == 1 then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
   fence = redis.call('INCR', KEYS[2])
 end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
   'identity', ARGV[6], 'fence', fence, 'acquired_at', now, 'renewed_at', now, 'ttl_ms', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

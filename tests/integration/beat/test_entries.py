@@ -179,6 +179,9 @@ def test_invalid_input_fails_inside_save_entry_and_stores_nothing(app: Celery, b
         save_entry("x", "reports.send", ended, app=app)
     with pytest.raises(SerializationError, match="args"):
         save_entry("x", "reports.send", 60, args=(object(),), app=app)
+    for name in ("two\nlines", "tab\there", "nul\x00", "bell\x07"):
+        with pytest.raises(ScheduleError, match="control character"):
+            save_entry(name, "reports.send", 60, app=app)
     with pytest.raises(ScheduleError, match="safe_time_misfire"):
         save_entry("x", "reports.send", 60, options={"safe_time_misfire": "sometimes"}, app=app)
     # named like the config entry: refused, naming both

@@ -80,8 +80,8 @@ def test_status_shows_flow_control(
     from celery_safe_time.locks.rates import Rate
 
     store = RedisLockBackend(redis_client, get_config(make_app()))
-    _hold(store, "export:3#0", "task-a")
-    _hold(store, "export:3#2", "task-b")
+    _hold(store, "slot:export:3#0", "task-a")
+    _hold(store, "slot:export:3#2", "task-b")
     _hold(store, "report:9", "task-9")  # a plain lock is not a slot
     for n in range(3):
         store.rate_take("stripe:5", f"t{n}", Rate(2, 60.0))
@@ -89,7 +89,7 @@ def test_status_shows_flow_control(
     assert status.returncode == 0, status.stderr
     flow = json.loads(status.stdout)["flow"]
     assert flow["slots_held"] == 2
-    assert flow["concurrency"] == [{"key": "export:3", "held": 2, "slots": ["export:3#0", "export:3#2"]}]
+    assert flow["concurrency"] == [{"key": "export:3", "held": 2, "slots": ["slot:export:3#0", "slot:export:3#2"]}]
     assert flow["rates"] == [{"key": "stripe:5", "started": 2, "waiting": 1}]
     assert flow["waiting"] == 1
     text = processes.command(APP, "safe-time", "status")

@@ -68,7 +68,7 @@ def test_the_concurrency_option_conflicts_when_full_and_a_kill_9_frees_its_slots
 
     wait_for(conflicts, 30, message="the fourth call found every slot taken")
     assert len(started()) == 3
-    slots = [f"slots-option:crash#{n}" for n in range(3)]
+    slots = [f"slot:slots-option:crash#{n}" for n in range(3)]
     assert {store.holder_record(slot)[1] for slot in slots} == {run.id for run in started()}  # type: ignore[index]
     killed = time.monotonic()
     worker.kill()

@@ -126,7 +126,7 @@ def test_concurrency_limit_slots(make_app: Callable[..., Celery], coordination_c
     release.set()
     for thread in threads:
         thread.join(10)
-    assert sorted(key for key, _ in held) == ["export:1#0", "export:1#1"]
+    assert sorted(key for key, _ in held) == ["slot:export:1#0", "slot:export:1#1"]
     before = dict(held)
     held.clear()
     export(1)
@@ -206,7 +206,7 @@ def test_the_flow_section_shows_slots_and_rate_keys(
     [slots] = flow["concurrency"]
     assert slots["key"] == "export:7"
     assert slots["held"] == 2
-    assert set(slots["slots"]) <= {"export:7#0", "export:7#1", "export:7#2"}
+    assert set(slots["slots"]) <= {"slot:export:7#0", "slot:export:7#1", "slot:export:7#2"}
     assert flow["rates"] == [
         {"key": "stripe:1", "started": 2, "waiting": 0},
         {"key": "stripe:2", "started": 1, "waiting": 0},

@@ -92,8 +92,8 @@ def test_limit_3_never_has_4_running(
     results = [client_app.send_task("locks.slots", args=("tenant", 1.0)) for _ in range(12)]
     other = client_app.send_task("locks.slots", args=("other", 0.1))
     done = h.wait_runs(redis_client, "slots", 13, timeout=120)
-    assert all(r.get(timeout=30).startswith("slots:tenant#") for r in results)
-    assert other.get(timeout=30).startswith("slots:other#")  # another key has slots of its own
+    assert all(r.get(timeout=30).startswith("slot:slots:tenant#") for r in results)
+    assert other.get(timeout=30).startswith("slot:slots:other#")  # another key has slots of its own
     intervals = [(r["started"], r["finished"]) for r in done if r["key"] == "tenant"]
     assert len(intervals) == 12
     events = sorted([(s, 1) for s, _ in intervals] + [(f, -1) for _, f in intervals])
@@ -106,7 +106,7 @@ def test_limit_3_never_has_4_running(
     for r in done:
         if r["key"] == "tenant":
             by_slot.setdefault(r["slot"], []).append((r["started"], r["fence"]))
-    assert set(by_slot) <= {"slots:tenant#0", "slots:tenant#1", "slots:tenant#2"}
+    assert set(by_slot) <= {"slot:slots:tenant#0", "slot:slots:tenant#1", "slot:slots:tenant#2"}
     for slot, held in by_slot.items():
         fences = [fence for _, fence in sorted(held)]
         assert fences == sorted(set(fences)), f"slot {slot}: fences grow with its holders"
@@ -129,7 +129,7 @@ def test_kill_9_frees_a_holders_slot_within_its_ttl(
     holders = [client_app.send_task("locks.slots", args=("crash", 60)) for _ in range(3)]
     for run in holders:
         wait_for(lambda run=run: redis_client.get(f"test:locks:started:{run.id}"), 30, message="holder started")
-    slots = [f"slots:crash#{n}" for n in range(3)]
+    slots = [f"slot:slots:crash#{n}" for n in range(3)]
     assert {store.holder_record(slot)[1] for slot in slots} == {run.id for run in holders}  # type: ignore[index]
     killed = time.monotonic()
     worker.kill()
@@ -149,7 +149,7 @@ def test_a_hard_time_limit_frees_the_slot_long_before_its_ttl(
     client_app = h.client_app(redis_url)
     run = client_app.send_task("locks.slots", args=("hard", 60), time_limit=2)
     wait_for(lambda: redis_client.get(f"test:locks:started:{run.id}"), 30, message="holder started")
-    slots = [f"slots:hard#{n}" for n in range(3)]
+    slots = [f"slot:slots:hard#{n}" for n in range(3)]
     [held] = [slot for slot in slots if store.token_of(slot) is not None]
     run.get(timeout=30, propagate=False)
     assert run.state == "FAILURE"

@@ -225,3 +225,22 @@ def test_apply_many_merges_debounced_calls_one_by_one(st: SafeTimeTesting) -> No
     results = index.apply_many([((1,), {"edit": e}, options) for e in range(3)] + [((2,), {}, {"countdown": 3600})])
     assert results[0].id == results[1].id == results[2].id != results[3].id
     assert sorted((d.args, d.kwargs) for d in st.stored_delays(index)) == [((1,), {"edit": 2}), ((2,), {})]
+
+
+def test_a_caller_idempotency_key_cannot_reach_a_debounced_row(st: SafeTimeTesting) -> None:
+    ran: list[Any] = []
+    index = _index_task(st, ran)
+
+    @st.app.task(base=SafeTask, shared=False, name="tests.debounce.refund")
+    def refund(order: str) -> None:
+        ran.append(order)
+
+    stolen = C.DEBOUNCE_KEY_PREFIX + "tests.debounce.index:index:42"
+    with pytest.raises(ValueError, match=r"idempotency_key.*reserved"):
+        refund.apply_async(["order-1"], countdown=3600, idempotency_key=stolen)
+    with pytest.raises(ValueError, match=r"idempotency_key.*reserved"):
+        refund.apply_many([(("order-1",), {}, {"countdown": 3600, "idempotency_key": stolen})])
+    assert st.stored_delays(refund) == []
+    debounced = _call(index, 42, 1)
+    [row] = st.stored_delays(index)
+    assert (row.id, row.task, row.args) == (debounced.id, "tests.debounce.index", (42,))

@@ -197,9 +197,9 @@ def test_the_concurrency_option_takes_a_slot_per_call(st: SafeTimeTesting) -> No
         return lock.key
 
     assert export.delay  # still a task
-    assert st.deliver(export, (7,)).result in {"export:7#0", "export:7#1"}
-    st.assert_lock_free("export:7#0")
-    st.assert_lock_free("export:7#1")
+    assert st.deliver(export, (7,)).result in {"slot:export:7#0", "slot:export:7#1"}
+    st.assert_lock_free("slot:export:7#0")
+    st.assert_lock_free("slot:export:7#1")
 
 
 def test_both_options_check_the_rate_first(st: SafeTimeTesting) -> None:

@@ -98,3 +98,34 @@ def test_invalid_options_raise(options: dict[str, Any]) -> None:
         overlap_lock("sync:{account_id}", **options)
     with pytest.raises(ValueError):
         idempotent("i:{account_id}", window=0)
+
+
+def invoice(tenant: str, period: str) -> None: ...
+
+
+def test_values_holding_separators_never_share_a_key() -> None:
+    builder = KeyBuilder(invoice, "invoice:{tenant}:{period}")
+    calls = [("acme", "x:2026-01"), ("acme:x", "2026-01"), ("acme%3Ax", "2026-01"), ("a#1", "p"), ("a%231", "p")]
+    keys = [builder.render(call, {}, bound=False) for call in calls]
+    assert len(set(keys)) == len(calls), keys
+    assert keys[0] == "invoice:acme:x%3A2026-01"
+    assert builder.render(("acme", "2026-01"), {}, bound=False) == "invoice:acme:2026-01"  # plain values as before
+
+
+def test_lock_keys_stay_out_of_the_idempotency_and_slot_namespaces() -> None:
+    from celery_safe_time import constants as C
+    from celery_safe_time.locks.limits import slot_key
+
+    builder = KeyBuilder(invoice, "{tenant}:{period}")
+    by_callable = KeyBuilder(invoice, lambda tenant, period: tenant)
+    user_keys = {
+        builder.render(("idem", "x"), {}, bound=False),
+        builder.render(("slot", "k#0"), {}, bound=False),
+        by_callable.render(("slot:k#0", "p"), {}, bound=False),
+        by_callable.render(("idem:y", "p"), {}, bound=False),
+        by_callable.render(("~idem:x", "p"), {}, bound=False),
+    }
+    assert len(user_keys) == 5
+    own = {C.IDEMPOTENT_LOCK_NAMESPACE + v for v in ("x", "y")} | {slot_key("k", 0), slot_key("k%230", 0)}
+    assert slot_key("k", 0) == "slot:k#0"
+    assert not user_keys & own, user_keys

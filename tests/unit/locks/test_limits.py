@@ -285,7 +285,11 @@ def test_concurrency_limit_holds_at_most_limit_slots_each_with_its_fence(app: Ce
     release.set()
     for thread in [*threads, export_other]:
         thread.join(5)
-    assert sorted(k for k, _ in seen if k.startswith("export:7")) == ["export:7#0", "export:7#1", "export:7#2"]
+    assert sorted(k for k, _ in seen if k.startswith("slot:export:7")) == [
+        "slot:export:7#0",
+        "slot:export:7#1",
+        "slot:export:7#2",
+    ]
     assert all(fence is not None for _, fence in seen)
     export(7)  # every slot was released
 

@@ -1,0 +1,39 @@
+"""Per-key counters on real Redis: they expire, and the fence keeps increasing across that expiry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+from celery import Celery
+
+from celery_safe_time.config import get_config
+from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends.redis import RedisLockBackend
+from tests.helpers.processes import wait_for
+
+KEYS = 300
+
+
+def test_fence_counters_expire_and_the_fence_keeps_increasing(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    config = get_config(make_app(safe_time_key_prefix="bounds-fence:"))
+    store = RedisLockBackend(redis_client, config)
+    owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
+    fences: dict[int, int] = {}
+    for n in range(KEYS):  # high-cardinality keys: one account each
+        taken = store.acquire(f"sync:{n}", f"tok-{n}", 1.0, owner)
+        assert taken.status == "acquired"
+        assert taken.fence is not None
+        fences[n] = taken.fence
+        assert store.release(f"sync:{n}", f"tok-{n}")
+    counters = list(redis_client.scan_iter(match="bounds-fence:lock-fence:*", count=1000))
+    assert len(counters) == KEYS
+    assert all(0 < redis_client.pttl(k) <= 1000 for k in counters)  # each expires with its lock's ttl
+    wait_for(lambda: not list(redis_client.scan_iter(match="bounds-fence:lock-fence:*")), timeout=10)
+    # The counter is gone: the next holder's fence is seeded from the server clock, above the last one.
+    again = store.acquire("sync:0", "tok-again", 1.0, owner)
+    assert again.status == "acquired"
+    assert again.fence is not None
+    assert again.fence > max(fences.values())

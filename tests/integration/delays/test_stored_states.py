@@ -49,7 +49,7 @@ def _run_of(client: redis.Redis, label: str) -> dict[str, Any]:
     return found
 
 
-def test_expired_stored_calls_are_revoked_their_chord_fails_and_roots_are_the_callers(
+def test_an_expired_stored_call_is_revoked_and_its_chord_fails_as_celerys(
     processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
     _start_cluster(processes)
@@ -59,8 +59,6 @@ def test_expired_stored_calls_are_revoked_their_chord_fails_and_roots_are_the_ca
     expired = record.apply_async(("expired",), countdown=4, expires=2)
     header = [add.s(1, 1).set(countdown=4, expires=2), add.s(2, 2)]
     chorded = chord(header)(record.s())
-    rooted = record.apply_async(("rooted",), countdown=3)
-    chained = chain(add.s(5, 5).set(countdown=3), record.si("after-chain")).apply_async()
     assert get_store(app).get(expired.id) is not None  # stored, not sent
 
     # Plain Celery: TaskRevokedError('expired'), and the chord's callback fails naming the dependency.
@@ -73,6 +71,18 @@ def test_expired_stored_calls_are_revoked_their_chord_fails_and_roots_are_the_ca
     with pytest.raises(ChordError, match=r"Dependency \S+ raised TaskRevokedError\('expired'\)"):
         callback.get(timeout=60)
     assert callback.state == states.FAILURE
+    assert not [r for r in runs(redis_client) if r["label"] == "expired"]
+
+
+def test_a_stored_call_and_a_stored_chain_head_keep_the_callers_root(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    _start_cluster(processes)
+    app = _app(make_app)
+    record, add = app.tasks["tests.delays.record"], app.tasks["tests.delays.add"]
+    rooted = record.apply_async(("rooted",), countdown=3)
+    chained = chain(add.s(5, 5).set(countdown=3), record.si("after-chain")).apply_async()
+    assert get_store(app).get(rooted.id) is not None
 
     # Each workflow is its own root, as Celery gives it without the store (not the sweep task's id).
     run = _run_of(redis_client, "rooted")
@@ -82,7 +92,6 @@ def test_expired_stored_calls_are_revoked_their_chord_fails_and_roots_are_the_ca
     assert (head["root_id"], head["parent_id"]) == (head["task_id"], None)
     assert (after["root_id"], after["parent_id"]) == (head["task_id"], head["task_id"])
     assert after["task_id"] == chained.id
-    assert not [r for r in runs(redis_client) if r["label"] == "expired"]
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])

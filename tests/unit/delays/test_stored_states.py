@@ -107,3 +107,11 @@ def test_a_published_call_whose_expiry_passed_is_closed_without_waiting_for_the_
     assert row.status == C.STATUS_EXPIRED
     assert stats.expired == 1
     assert result.state == states.REVOKED
+
+
+def test_run_due_of_the_testing_kit_reports_an_expired_call_revoked(st: SafeTimeTesting) -> None:
+    add, _ = _tasks(st.app)
+    result = add.apply_async((1, 2), countdown=HOUR, expires=60)
+    [ran] = st.run_due(advance=HOUR + 1)
+    assert ran.state == "EXPIRED"
+    assert result.state == states.REVOKED

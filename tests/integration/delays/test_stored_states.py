@@ -97,11 +97,18 @@ def test_a_stored_call_and_a_stored_chain_head_keep_the_callers_root(
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
 def test_a_row_whose_message_expires_in_the_broker_is_closed_without_waiting_for_the_grace(
     store_kind: str,
+    broker_url: str,
+    redis_url: str,
     request: pytest.FixtureRequest,
     make_app: Callable[..., Celery],
-    redis_client: redis.Redis,
 ) -> None:
-    conf: dict[str, Any] = {}
+    """On Redis the message waits in the broker; RabbitMQ drops it at its TTL (no worker ever sees it)."""
+    # The threshold is set: on RabbitMQ it would be half the consumer timeout.
+    conf: dict[str, Any] = {
+        "broker_url": broker_url,
+        "safe_time_delay_threshold": 1.5,
+        "safe_time_redis_url": redis_url,
+    }
     if store_kind == "postgresql":
         conf["safe_time_store_url"] = request.getfixturevalue("postgres_url")
     app = _app(make_app, **conf)

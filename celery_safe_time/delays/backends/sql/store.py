@@ -638,9 +638,9 @@ class SQLAlchemyStore(DelayStore):
 
     def expired_unstarted(self, limit: int) -> list[DelayRow]:
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
-            # The sent rows are few (published, not started yet): the partial index on them holds them.
+        # One round trip per sweep on PostgreSQL. The sent rows are few (published, not started yet):
+        # the partial index on them holds them.
+        with self._sweep_clock() as (conn, now):
             query = (
                 sa.select(t)
                 .where(status_is(C.STATUS_SENT), t.c.expires_at < now, self._in_scope())
@@ -651,8 +651,7 @@ class SQLAlchemyStore(DelayStore):
 
     def end_expired(self, task_id: str, token: str) -> bool:
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
+        with self._sweep_clock() as (conn, now):
             result = conn.execute(
                 sa.update(t)
                 .where(

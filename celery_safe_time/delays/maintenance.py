@@ -99,7 +99,8 @@ def close_expired_unstarted(app: Celery, store: DelayStore, stats: SweepStats, *
         return
     stats.expired += len(closed)
     logger.info("%d published stored delays expired before they started: closed as expired", len(closed))
-    report_revoked(app, closed, REASON_EXPIRED, expired=True)
+    # A worker that got the message after its expiry (Redis) discarded it and reported it already.
+    report_revoked(app, closed, REASON_EXPIRED, expired=True, unless_recorded=True)
 
 
 #: Per store object (so per process): the ``clock()`` time before which its next purge pass waits.

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
 from celery.app.task import Context
 from celery.signals import task_revoked
 
@@ -66,11 +66,15 @@ def stored_request(app: Celery, row: DelayRow) -> Context:
     )
 
 
-def report_revoked(app: Celery, rows: Iterable[DelayRow], reason: str, *, expired: bool = False) -> int:
+def report_revoked(
+    app: Celery, rows: Iterable[DelayRow], reason: str, *, expired: bool = False, unless_recorded: bool = False
+) -> int:
     """Mark each row's task ``REVOKED`` with ``reason`` in its result backend, as Celery's worker does
     with a message it discards; a chord member also counts as a failed part of its chord.
 
     Call it once per row, after the store closed the row (so two processes never report one row).
+    ``unless_recorded``: skip a row whose task already has a finished state (a published row whose
+    expired message a worker discarded, and reported, itself): a chord must count each part once.
     A result backend that fails is logged, never raised: the row is closed either way. Returns how
     many rows were reported.
     """
@@ -78,6 +82,8 @@ def report_revoked(app: Celery, rows: Iterable[DelayRow], reason: str, *, expire
     for row in rows:
         task = app.tasks.get(row.task)
         backend = task.backend if task is not None else app.backend
+        if unless_recorded and _recorded(backend, row.id):
+            continue
         try:
             request = stored_request(app, row)
             store_result = not request.ignore_result or bool(getattr(task, "store_errors_even_if_ignored", False))
@@ -99,3 +105,11 @@ def report_revoked(app: Celery, rows: Iterable[DelayRow], reason: str, *, expire
         if task is not None:
             task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=expired)
     return reported
+
+
+def _recorded(backend: Any, task_id: str) -> bool:
+    """Whether the result backend already holds a finished state for ``task_id`` (False when unsure)."""
+    try:
+        return backend.get_state(task_id) in states.READY_STATES
+    except Exception:  # a backend without results (DisabledBackend) or one that is down: report
+        return False

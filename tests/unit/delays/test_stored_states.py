@@ -115,3 +115,18 @@ def test_run_due_of_the_testing_kit_reports_an_expired_call_revoked(st: SafeTime
     [ran] = st.run_due(advance=HOUR + 1)
     assert ran.state == "EXPIRED"
     assert result.state == states.REVOKED
+
+
+def test_a_published_call_a_worker_already_discarded_as_expired_is_not_reported_twice(st: SafeTimeTesting) -> None:
+    """The worker's own report counted the chord part: the sweep that closes the row adds none."""
+    add, _ = _tasks(st.app)
+    result = add.apply_async((1, 2), countdown=HOUR, expires=HOUR + 30)
+    st.advance(HOUR - 1)
+    sweep(st.app, lookahead=5)
+    st.advance(60)
+    st.app.backend.mark_as_revoked(result.id, "expired by the worker")  # what the worker did
+    assert sweep(st.app).expired == 1
+    row = get_store(st.app).get(result.id)
+    assert row is not None
+    assert row.status == C.STATUS_EXPIRED
+    assert str(result.result) == "expired by the worker"

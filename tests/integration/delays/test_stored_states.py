@@ -129,3 +129,22 @@ def test_a_row_whose_message_expires_in_the_broker_is_closed_without_waiting_for
     assert result.state == states.REVOKED
     with pytest.raises(TaskRevokedError, match="expired"):
         result.get(timeout=5)
+
+
+def test_revoking_a_published_stored_call_records_revoked_once(
+    processes: ProcessManager, make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    """The worker holds the row's eta message: the store drops it, no second REVOKED from the worker."""
+    _start_cluster(processes)
+    app = _app(make_app)
+    result = app.tasks["tests.delays.record"].apply_async(("revoked",), countdown=6)
+    store = get_store(app)
+    wait_for(lambda: store.get(result.id).status == C.STATUS_SENT, timeout=30, message="published")  # type: ignore[union-attr]
+    result.revoke()
+    assert result.state == states.REVOKED
+    worker = processes.procs[0]
+    worker.wait_for_log(r"skipping a stale delivery of stored task tests\.delays\.record\[" + result.id, timeout=60)
+    assert f"Discarding revoked task: tests.delays.record[{result.id}]" not in worker.log()
+    with pytest.raises(TaskRevokedError, match="revoked"):
+        result.get(timeout=5)
+    assert not [r for r in runs(redis_client) if r["label"] == "revoked"]

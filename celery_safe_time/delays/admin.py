@@ -16,13 +16,21 @@ from ..clock import as_utc
 from ..config import get_config, mask_url
 from ..exceptions import SafeTimeError
 from .backends import get_store
-from .backends.base import DelayRow
+from .backends.base import DelayRow, DelayStore
 from .payload import decode
 from .revoked import REASON_REVOKED, report_revoked
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cancel", "describe_delays", "list_delays", "purge_delays", "reschedule", "show_delay"]
+__all__ = [
+    "cancel",
+    "describe_delays",
+    "list_delays",
+    "purge_delays",
+    "report_cancelled",
+    "reschedule",
+    "show_delay",
+]
 
 
 def _app(app: Celery | None) -> Celery:
@@ -39,15 +47,21 @@ def cancel(task_id: str, *, app: Celery | None = None) -> bool:
     if changed:
         logger.info("cancelled stored task %s", task_id)
         signals.delay_cancelled.send(sender=store, task_id=task_id)
-        try:
-            row = store.get(task_id)
-        except SafeTimeError as exc:
-            logger.warning("cancelled stored task %s; cannot read it back to report it revoked: %s", task_id, exc)
-            return changed
-        if row is not None:
-            report_revoked(app, [row], REASON_REVOKED)
-            _release_unique(app, row)
+        report_cancelled(app, store, task_id)
     return changed
+
+
+def report_cancelled(app: Celery, store: DelayStore, task_id: str) -> None:
+    """What follows a row's cancel, wherever it was cancelled (``cancel``, the Django admin): its
+    task reports ``REVOKED`` and a unique task's key is freed."""
+    try:
+        row = store.get(task_id)
+    except SafeTimeError as exc:
+        logger.warning("cancelled stored task %s; cannot read it back to report it revoked: %s", task_id, exc)
+        return
+    if row is not None:
+        report_revoked(app, [row], REASON_REVOKED)
+        _release_unique(app, row)
 
 
 def _release_unique(app: Celery, row: DelayRow) -> None:

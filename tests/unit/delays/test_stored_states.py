@@ -130,3 +130,16 @@ def test_a_published_call_a_worker_already_discarded_as_expired_is_not_reported_
     assert row is not None
     assert row.status == C.STATUS_EXPIRED
     assert str(result.result) == "expired by the worker"
+
+
+def test_an_expired_stored_unique_call_frees_its_key_when_the_sweep_closes_it(st: SafeTimeTesting) -> None:
+    @st.app.task(base=SafeTask, shared=False, name="tests.states.export", unique="export:{user}")
+    def export(user: int) -> int:
+        return user
+
+    first = export.apply_async((7,), countdown=HOUR, expires=60)
+    assert export.apply_async((7,), countdown=HOUR).id == first.id  # the key is held
+    st.advance(HOUR + 1)
+    assert sweep(st.app).expired == 1
+    assert first.state == states.REVOKED
+    assert export.apply_async((7,), countdown=HOUR).id != first.id  # freed with the REVOKED report

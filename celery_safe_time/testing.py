@@ -64,6 +64,7 @@ from .delays.backends.memory import MemoryStore
 from .delays.backends.sql import SQLAlchemyStore
 from .delays.install_check import sweep_not_needed
 from .delays.payload import decode
+from .delays.revoked import REASON_EXPIRED, report_revoked
 from .locks.backends import LockInfo, use_lock_backend
 from .locks.backends.base import renamed
 from .locks.backends.memory import MemoryLockBackend
@@ -462,7 +463,8 @@ class SafeTimeTesting:
         self, row: DelayRow, token: str, config: SafeTimeConfig, *, publish: bool, propagate: bool, timeout: float
     ) -> RunResult:
         if row.expires_at is not None and row.claimed_at is not None and row.expires_at <= row.claimed_at:
-            self.store.mark_expired([row.id], token)
+            if self.store.mark_expired([row.id], token):
+                report_revoked(self.app, [row], REASON_EXPIRED, expired=True)  # as the sweep does
             return RunResult(row.id, row.task, row.due_at, "EXPIRED")
         task = self.app.tasks.get(row.task)
         if task is None:

@@ -16,11 +16,21 @@ from ..clock import as_utc
 from ..config import get_config, mask_url
 from ..exceptions import SafeTimeError
 from .backends import get_store
+from .backends.base import DelayRow, DelayStore
 from .payload import decode
+from .revoked import REASON_REVOKED, report_revoked
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cancel", "describe_delays", "list_delays", "purge_delays", "reschedule", "show_delay"]
+__all__ = [
+    "cancel",
+    "describe_delays",
+    "list_delays",
+    "purge_delays",
+    "report_cancelled",
+    "reschedule",
+    "show_delay",
+]
 
 
 def _app(app: Celery | None) -> Celery:
@@ -28,25 +38,38 @@ def _app(app: Celery | None) -> Celery:
 
 
 def cancel(task_id: str, *, app: Celery | None = None) -> bool:
-    """Cancel a pending stored task: it will never be published. True when a pending row changed."""
+    """Cancel a stored task that has not started: it will never run, and its result reports
+    ``REVOKED`` (``TaskRevokedError('revoked')``; a chord it belongs to fails), as a revoked Celery
+    task does. True when a row changed (a second cancel changes and reports nothing)."""
     app = _app(app)
     store = get_store(app)
     changed = store.cancel(task_id)
     if changed:
         logger.info("cancelled stored task %s", task_id)
         signals.delay_cancelled.send(sender=store, task_id=task_id)
-        _release_unique(app, task_id)
+        report_cancelled(app, store, task_id)
     return changed
 
 
-def _release_unique(app: Celery, task_id: str) -> None:
+def report_cancelled(app: Celery, store: DelayStore, task_id: str) -> None:
+    """What follows a row's cancel, wherever it was cancelled (``cancel``, the Django admin): its
+    task reports ``REVOKED`` and a unique task's key is freed."""
+    try:
+        row = store.get(task_id)
+    except SafeTimeError as exc:
+        logger.warning("cancelled stored task %s; cannot read it back to report it revoked: %s", task_id, exc)
+        return
+    if row is not None:
+        report_revoked(app, [row], REASON_REVOKED)
+        _release_unique(app, row)
+
+
+def _release_unique(app: Celery, row: DelayRow) -> None:
     """A cancelled row of a unique task frees its key now (a later caller would see it gone anyway)."""
     from ..locks.unique import release_stored
 
+    task_id = row.id
     try:
-        row = get_store(app).get(task_id)
-        if row is None:
-            return
         body = decode(row.payload, row.content_type, row.content_encoding, allow_pickle=get_config(app).allow_pickle)
         headers = (body.get("options") or {}).get("headers")
         release_stored(app, task_id, headers if isinstance(headers, dict) else None)

@@ -232,7 +232,7 @@ def publish_batch_confirmed(
     if marks is not None and error is None:
         marks.submit(store, sent, outcome.expired, token, trusted_until)
     else:
-        finish(store, sent, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+        finish(app, store, sent, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
     if error is not None:
         # As on Redis: the broker is gone, the sweep fails (its rows are safe in the store).
         raise OperationalError(f"publishing stored delays: {error.__class__.__name__}: {error}") from error

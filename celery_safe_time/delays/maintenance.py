@@ -18,6 +18,7 @@ from ..exceptions import StoreError
 from .backends.base import DelayStore
 from .delivery import reruns_when_stale
 from .publish import SweepStats
+from .revoked import REASON_EXPIRED, report_revoked
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ def confirm_deliveries(
     an ``acks_late`` task runs again (at least once, as acks_late promises), any other task is
     marked ``interrupted`` and not run again (at most once).
     """
+    # First: a row whose message expired is closed now, not published again after the grace.
+    close_expired_unstarted(app, store, stats, limit=limit)
     try:
         stats.republished = store.requeue_unstarted(config.delivery_grace)
         if stats.republished:
@@ -77,6 +80,27 @@ def confirm_deliveries(
                 row.id,
                 row.worker,
             )
+
+
+def close_expired_unstarted(app: Celery, store: DelayStore, stats: SweepStats, *, limit: int) -> None:
+    """Rows published but not started whose ``expires`` has passed become ``expired`` now, and their
+    tasks report ``REVOKED`` (``TaskRevokedError('expired')``), as Celery's worker reports a message it
+    discards as expired. A broker that drops an expired message (RabbitMQ's per-message TTL) never
+    shows it to a worker, and without this the row would wait out ``safe_time_delivery_grace`` and
+    be published again only to expire then.
+    """
+    try:
+        found = store.expired_unstarted(limit)
+        closed = [row for row in found if store.end_expired(row.id, row.delivery_token or "")]
+    except StoreError as exc:
+        logger.warning("closing expired published delays skipped this sweep: %s", exc)
+        return
+    if not closed:
+        return
+    stats.expired += len(closed)
+    logger.info("%d published stored delays expired before they started: closed as expired", len(closed))
+    # A worker that got the message after its expiry (Redis) discarded it and reported it already.
+    report_revoked(app, closed, REASON_EXPIRED, expired=True, unless_recorded=True)
 
 
 #: Per store object (so per process): the ``clock()`` time before which its next purge pass waits.

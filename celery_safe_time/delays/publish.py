@@ -25,6 +25,7 @@ from ..messages.publishing import PublishBatch, batched_publish
 from .amqp_batch import BatchSender
 from .backends.base import DelayRow, DelayStore
 from .payload import decode
+from .revoked import REASON_EXPIRED, report_revoked
 from .tracing import in_stored_context
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ class BatchOutcome:
 
     #: Rows handed to the broker (on RabbitMQ: not confirmed yet).
     published: list[DelayRow] = dataclasses.field(default_factory=list)
-    #: Ids of rows past their ``expires`` at the claim: marked expired, not sent.
-    expired: list[str] = dataclasses.field(default_factory=list)
+    #: Rows past their ``expires`` at the claim: marked expired (and reported revoked), not sent.
+    expired: list[DelayRow] = dataclasses.field(default_factory=list)
     #: Ids of rows the loop is done with: published, expired, failed or abandoned.
     handled: set[str] = dataclasses.field(default_factory=set)
 
@@ -117,7 +118,7 @@ def publish_rows(
         if status == C.STATUS_SENT:
             outcome.published.append(row)
         elif status == C.STATUS_EXPIRED:
-            outcome.expired.append(row.id)
+            outcome.expired.append(row)
         else:
             stats.failed += 1
 
@@ -127,7 +128,7 @@ class MarkSink(Protocol):
     marks in a thread while the next batch is published)."""
 
     def submit(
-        self, store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, trusted_until: float
+        self, store: DelayStore, sent: list[DelayRow], expired: list[DelayRow], token: str, trusted_until: float
     ) -> None: ...
 
 
@@ -161,17 +162,17 @@ def publish_batch(
         # either way the rows go back to pending and are published again, and the delivery record
         # runs a row that arrives twice once.
         published = [] if batch.active else outcome.published
-        done = {r.id for r in published} | set(outcome.expired)
+        done = {r.id for r in published} | {r.id for r in outcome.expired}
         rest = [r.id for r in rows if r.id not in done]
         store.release(rest, token)
-        finish(store, published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+        finish(app, store, published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
         if isinstance(exc, BatchPublishError):
             raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
     if marks is not None:
         marks.submit(store, outcome.published, outcome.expired, token, trusted_until)
         return
-    finish(store, outcome.published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+    finish(app, store, outcome.published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
 
 
 def publish_wait(config: SafeTimeConfig) -> float:
@@ -216,12 +217,30 @@ def abandon(
 
 
 def finish(
-    store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, stats: SweepStats, budget: float
+    app: Celery,
+    store: DelayStore,
+    sent: list[DelayRow],
+    expired: list[DelayRow],
+    token: str,
+    stats: SweepStats,
+    budget: float,
 ) -> None:
     stats.sent += mark_sent_retrying(store, [r.id for r in sent], token, budget=budget)
-    stats.expired += store.mark_expired(expired, token)
+    closed = close_expired(store, expired, token)
+    stats.expired += len(closed)
     for row in sent:
         signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)
+    report_revoked(app, closed, REASON_EXPIRED, expired=True)
+
+
+def close_expired(store: DelayStore, expired: list[DelayRow], token: str) -> list[DelayRow]:
+    """Mark claimed rows expired, one conditional update each; returns the rows this claim closed.
+
+    Row by row, so that exactly the rows this sweep closed are reported revoked: a row another
+    sweeper reclaimed meanwhile is that sweeper's to close and report. A chord counts each report as
+    one part of its header, so a row must never be reported twice.
+    """
+    return [row for row in expired if store.mark_expired([row.id], token)]
 
 
 def mark_sent_retrying(

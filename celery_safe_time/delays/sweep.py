@@ -11,12 +11,14 @@ import dataclasses
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery import Celery, Task
+from celery._state import _task_stack
 from celery.utils import uuid
 
 from .. import constants as C
@@ -28,7 +30,8 @@ from .backends.base import DelayRow, DelayStore
 from .confirms import ConfirmSession, publish_batch_confirmed
 from .maintenance import confirm_deliveries, purge_retained
 from .plan import adaptive_lookahead
-from .publish import SweepStats, mark_sent_retrying, publish_batch
+from .publish import SweepStats, close_expired, mark_sent_retrying, publish_batch
+from .revoked import REASON_EXPIRED, report_revoked
 
 __all__ = ["SweepStats", "plan_lookahead", "register", "sweep"]
 
@@ -59,6 +62,40 @@ def sweep(
     With ``safe_time_delay_retention`` set, finally purge old finished rows when this process's purge
     is due by ``clock`` (monotonic seconds; tests pass their own).
     """
+    with _outside_worker_task():
+        return _sweep(app, store=store, batch=batch, lookahead=lookahead, max_batches=max_batches, clock=clock)
+
+
+@contextmanager
+def _outside_worker_task() -> Iterator[None]:
+    """Publish each row as its caller would have: outside the worker task that runs this sweep.
+
+    ``send_task`` fills a message's missing ``root_id`` and ``parent_id`` (and, with
+    ``task_inherit_parent_priority``, its priority) from the worker task it runs in: in the sweep
+    task, the sweep's own id, so every workflow stored from outside a task would share that root.
+    A call Celery publishes from outside a task is its own root, with no parent; a call made in a
+    task has those ids stored with it. Celery has no way to publish "as no task", so this thread's
+    task stack is set aside for the sweep and put back after it.
+    """
+    hidden: list[Any] = []
+    while _task_stack.top is not None:
+        hidden.append(_task_stack.pop())
+    try:
+        yield
+    finally:
+        while hidden:
+            _task_stack.push(hidden.pop())
+
+
+def _sweep(
+    app: Celery,
+    *,
+    store: DelayStore | None,
+    batch: int | None,
+    lookahead: float | None,
+    max_batches: int | None,
+    clock: Callable[[], float],
+) -> SweepStats:
     config = get_config(app)
     store = store if store is not None else get_store(app)
     batch = batch or config.sweep_batch
@@ -73,7 +110,7 @@ def sweep(
     # On RabbitMQ the batches of this sweep share one connection in confirm mode (opened at the first).
     session = ConfirmSession(app, config) if config.broker_kind == C.BROKER_AMQP else None
     claims = _Claims(store, batch, lookahead, clock)
-    marks = Marks(claims, stats, clock)
+    marks = Marks(app, claims, stats, clock)
     try:
         claim = claims.make() if max_batches is None or max_batches > 0 else _Claim([], "", clock())
         while claim.rows:
@@ -221,22 +258,23 @@ class Marks:
     mark in line.
     """
 
-    def __init__(self, claims: _Claims, stats: SweepStats, clock: Callable[[], float]) -> None:
+    def __init__(self, app: Celery, claims: _Claims, stats: SweepStats, clock: Callable[[], float]) -> None:
+        self.app = app
         self.claims = claims
         self.stats = stats
         self.clock = clock
-        self._pending: tuple[Future[tuple[int, int]], list[DelayRow]] | None = None
+        self._pending: tuple[Future[tuple[int, list[DelayRow]]], list[DelayRow]] | None = None
 
     def submit(
-        self, store: DelayStore, sent: list[DelayRow], expired: list[str], token: str, trusted_until: float
+        self, store: DelayStore, sent: list[DelayRow], expired: list[DelayRow], token: str, trusted_until: float
     ) -> None:
         """Mark a published batch's rows; its retry budget is what is left of its claim's trust when it runs."""
         clock = self.clock
         ids = [r.id for r in sent]
 
-        def work() -> tuple[int, int]:
+        def work() -> tuple[int, list[DelayRow]]:
             marked = mark_sent_retrying(store, ids, token, budget=max(0.0, trusted_until - clock()))
-            return marked, store.mark_expired(expired, token)
+            return marked, close_expired(store, expired, token)
 
         marking = self.claims.run(work)
         if not store.claims_in_background:
@@ -258,12 +296,14 @@ class Marks:
                 raise
             logger.warning("sweep: marking the last published batch failed: %s", exc)
 
-    def _settle(self, marking: Future[tuple[int, int]], sent: list[DelayRow]) -> None:
+    def _settle(self, marking: Future[tuple[int, list[DelayRow]]], sent: list[DelayRow]) -> None:
         marked, expired = marking.result()
         self.stats.sent += marked
-        self.stats.expired += expired
+        self.stats.expired += len(expired)
         for row in sent:
             signals.delay_released.send(sender=self.claims.store, task_id=row.id, task_name=row.task, due_at=row.due_at)
+        # From the sweep's own thread, as the signals: the app's result backend is per thread.
+        report_revoked(self.app, expired, REASON_EXPIRED, expired=True)
 
 
 #: Per store object (so per process): the rows per second its recent sweeps claimed and published.

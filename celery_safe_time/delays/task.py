@@ -46,7 +46,7 @@ _INTERNAL_HEADERS = frozenset({C.HEADER_STORED, C.HEADER_DELIVERY, C.HEADER_PRIO
 
 
 class StoredAsyncResult(AsyncResult):
-    """An ``AsyncResult`` whose ``revoke()`` also cancels the stored row (durably)."""
+    """An ``AsyncResult`` whose ``revoke()`` cancels the stored row (durably) when it has not started."""
 
     def revoke(
         self,
@@ -58,8 +58,12 @@ class StoredAsyncResult(AsyncResult):
     ) -> None:
         from .admin import cancel
 
-        cancel(self.id, app=self.app)
-        # Still broadcast: the row may have been published already (inside the sweep's look-ahead).
+        if cancel(self.id, app=self.app):
+            # Cancelled before it started, and recorded REVOKED: a message already out for it is
+            # dropped by the delivery check wherever it arrives. A broadcast would make the worker
+            # that holds it record it (and count its chord part) a second time.
+            return
+        # Not a stored call, or one that has started: Celery's revoke (terminate= reaches a running one).
         super().revoke(connection=connection, terminate=terminate, signal=signal, wait=wait, timeout=timeout)
 
 

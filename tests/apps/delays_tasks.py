@@ -43,6 +43,7 @@ def define_tasks(app: Celery) -> dict[str, Task]:
                     "priority": delivery.get("priority"),
                     "custom": headers.get("x_custom"),
                     "parent_id": task.request.parent_id,
+                    "root_id": task.request.root_id,
                 }
             ),
         )

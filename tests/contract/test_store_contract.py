@@ -345,6 +345,28 @@ def test_delivery_confirmation_requeues_unstarted_and_ends_stale_rows(any_store:
     assert (interrupted.status, interrupted.outcome) == (C.STATUS_FINISHED, C.OUTCOME_INTERRUPTED)
 
 
+def test_a_sent_row_past_its_expiry_is_closed_once(any_store: DelayStore) -> None:
+    now = any_store.now()
+    # Published, then its expiry passed (the sweep claims by due time only; no clock race to wait out).
+    any_store.insert(new_delay("past", now - timedelta(seconds=2), expires_at=now - timedelta(seconds=1)))
+    any_store.insert(new_delay("later", now - timedelta(seconds=1), expires_at=now + timedelta(hours=1)))
+    any_store.insert(new_delay("never", now - timedelta(seconds=1)))
+    any_store.insert(new_delay("pending", now + timedelta(hours=1), expires_at=now - timedelta(seconds=1)))
+    any_store.claim_due(limit=10, lookahead=0, token="c1")
+    assert any_store.mark_sent(["past", "later", "never"], "c1") == 3
+    [found] = any_store.expired_unstarted(limit=10)  # only sent rows: a pending one is the claim's
+    assert found.id == "past"
+    assert found.delivery_token is not None
+    assert not any_store.end_expired("past", "wrong-token")
+    assert not any_store.end_expired("later", any_store.get("later").delivery_token or "")  # type: ignore[union-attr]
+    assert any_store.end_expired("past", found.delivery_token)
+    assert not any_store.end_expired("past", found.delivery_token)  # closed once, whoever asks again
+    row = any_store.get("past")
+    assert row is not None
+    assert row.status == C.STATUS_EXPIRED
+    assert any_store.expired_unstarted(limit=10) == []
+
+
 def test_list_counts_and_oldest_due(any_store: DelayStore) -> None:
     now = any_store.now()
     assert any_store.oldest_due() is None

@@ -134,7 +134,7 @@ def test_filters_by_status_task_and_due_and_search_by_key(admin_client: Client) 
     assert ids(q="f-later") == {"f-later"}
 
 
-def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_client: Client) -> None:
+def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_client: Client, admin_app: Celery) -> None:
     store = DjangoStore()
     now = store.now()
     store.insert(new_delay("c-1", now + timedelta(hours=1)))
@@ -151,6 +151,9 @@ def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_cli
     assert "Cancelled 1 delayed task(s) that had not started" in done.content.decode()
     assert DelayedTask.objects.get(id="c-1").status == C.STATUS_CANCELLED
     assert DelayedTask.objects.get(id="c-2").status == C.STATUS_STARTED
+    # As cancel(): the cancelled call reports REVOKED, as a revoked Celery task.
+    assert admin_app.AsyncResult("c-1").state == "REVOKED"
+    assert admin_app.AsyncResult("c-2").state == "PENDING"
 
 
 def test_select_all_is_confirmed_with_a_short_list_and_carried_on(admin_client: Client, monkeypatch: Any) -> None:

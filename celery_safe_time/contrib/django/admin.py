@@ -229,13 +229,18 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     def cancel_pending(self, request: Any, queryset: Any) -> TemplateResponse | None:
         if request.POST.get("post") != "yes":
             return self._confirm(request, queryset, "cancel_pending", "Cancel delayed tasks?")
+        from ...delays.admin import report_cancelled
+        from .overview import celery_app
+
         store = DjangoStore(using=queryset.db)
         ids = list(queryset.filter(status__in=sorted(C.DELAY_CANCELLABLE_STATUSES)).values_list("id", flat=True))
+        app = celery_app()
         cancelled = 0
         for task_id in ids:
             if store.cancel(task_id):
                 cancelled += 1
                 signals.delay_cancelled.send(sender=store, task_id=task_id)
+                report_cancelled(app, store, task_id)  # REVOKED, as cancel() reports it
         self.message_user(request, f"Cancelled {cancelled} delayed task(s) that had not started.", messages.SUCCESS)
         return None
 

@@ -345,6 +345,23 @@ class DjangoStore(DelayStore):
 
         return self._atomic(run)
 
+    def expired_unstarted(self, limit: int) -> list[DelayRow]:
+        with self._errors():
+            expired = self._objects().filter(status=C.STATUS_SENT, expires_at__lt=self.now())
+            return [_row(o) for o in expired.order_by("expires_at", "id")[:limit]]
+
+    def end_expired(self, task_id: str, token: str) -> bool:
+        def run() -> bool:
+            now = self.now()
+            changed = (
+                self._objects()
+                .filter(id=task_id, status=C.STATUS_SENT, delivery_token=token, expires_at__lt=now)
+                .update(status=C.STATUS_EXPIRED, updated_at=now)
+            )
+            return bool(changed)
+
+        return self._atomic(run)
+
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         with self._errors():
             stale = self._objects().filter(_stale_heartbeat(self.now(), stale_after), status=C.STATUS_STARTED)

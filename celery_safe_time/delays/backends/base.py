@@ -403,6 +403,17 @@ class DelayStore(abc.ABC):
         back to pending with the same token: their message was lost, the sweep publishes them again."""
 
     @abc.abstractmethod
+    def expired_unstarted(self, limit: int) -> list[DelayRow]:
+        """Up to ``limit`` rows ``sent`` and not started whose ``expires_at`` has passed by the store's
+        clock: their message expires in the broker (or is discarded by the worker that takes it), so
+        they never start. Ordered by ``(expires_at, id)``."""
+
+    @abc.abstractmethod
+    def end_expired(self, task_id: str, token: str) -> bool:
+        """Close a row found by :meth:`expired_unstarted`: still ``sent`` with ``token`` and past its
+        ``expires_at`` -> ``expired``. True when it changed (once per row, whoever asks)."""
+
+    @abc.abstractmethod
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         """Rows ``started`` whose heartbeat is older than ``stale_after`` seconds (their worker died)."""
 

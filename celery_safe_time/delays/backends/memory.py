@@ -177,6 +177,22 @@ class MemoryStore(DelayStore):
                 self._replace(row, status=C.STATUS_PENDING)
             return len(lost)
 
+    def expired_unstarted(self, limit: int) -> list[DelayRow]:
+        with self._lock:
+            now = self.now()
+            expired = [r for r in self._scoped() if r.status == C.STATUS_SENT and _expired(r, now)]
+        return sorted(expired, key=lambda r: (r.expires_at, r.id))[:limit]
+
+    def end_expired(self, task_id: str, token: str) -> bool:
+        with self._lock:
+            row = self._rows.get(task_id)
+            if row is None or not self._mine(row) or row.status != C.STATUS_SENT or row.delivery_token != token:
+                return False
+            if not _expired(row, self.now()):
+                return False
+            self._replace(row, status=C.STATUS_EXPIRED)
+            return True
+
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         with self._lock:
             cutoff = self.now() - timedelta(seconds=stale_after)
@@ -324,3 +340,7 @@ def _startable(row: DelayRow, now: datetime, stale_after: float, prior_runs: Seq
     if row.status != C.STATUS_STARTED:
         return False
     return (row.started_by is not None and row.started_by in prior_runs) or _dead(row, now, stale_after)
+
+
+def _expired(row: DelayRow, now: datetime) -> bool:
+    return row.expires_at is not None and row.expires_at < now

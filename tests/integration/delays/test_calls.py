@@ -189,6 +189,7 @@ def test_result_tracking_and_revoke_cancels_the_row(app: Celery) -> None:
     assert result.id == tasks(app)["record"].AsyncResult(result.id).id
     result.revoke()
     assert get_store(app).get(result.id).status == C.STATUS_CANCELLED  # type: ignore[union-attr]
+    assert result.state == "REVOKED"
     assert not cancel(result.id, app=app)
 
 

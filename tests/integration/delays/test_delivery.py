@@ -181,6 +181,8 @@ def test_revoking_a_claimed_or_sent_row_stops_its_delivery(
     worker.wait_for_log(r"skipping a stale delivery of stored task tests\.delays\.record\[" + sent.id, timeout=30)
     time.sleep(1)
     assert runs(redis_client) == []
+    # As a revoked Celery task: REVOKED in the result backend, the claimed row's and the published one's.
+    assert [setup.app.AsyncResult(i).state for i in (claimed.id, sent.id)] == ["REVOKED", "REVOKED"]
 
 
 def test_retry_with_a_long_countdown_while_the_row_is_still_claimed_is_stored(

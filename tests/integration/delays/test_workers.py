@@ -180,6 +180,10 @@ def test_cancel_revoke_reschedule_retry_signatures_chains_and_expires(
     assert store.get(revoked.id).status == C.STATUS_CANCELLED  # type: ignore[union-attr]
     assert store.get(later.id).status == C.STATUS_PENDING  # type: ignore[union-attr]
     assert not cancel(cancelled.id, app=app)
+    # What Celery's worker records for a message it discards: REVOKED, with its reason.
+    assert [r.state for r in (cancelled, revoked, expired, later)] == ["REVOKED", "REVOKED", "REVOKED", "PENDING"]
+    assert str(expired.result) == "expired"
+    assert str(cancelled.result) == "revoked"
 
 
 # --- sweepers on PostgreSQL ---------------------------------------------------------

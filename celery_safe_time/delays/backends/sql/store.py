@@ -636,6 +636,35 @@ class SQLAlchemyStore(DelayStore):
             )
             return int(result.rowcount)
 
+    def expired_unstarted(self, limit: int) -> list[DelayRow]:
+        t = delays
+        # One round trip per sweep on PostgreSQL. The sent rows are few (published, not started yet):
+        # the partial index on them holds them.
+        with self._sweep_clock() as (conn, now):
+            query = (
+                sa.select(t)
+                .where(status_is(C.STATUS_SENT), t.c.expires_at < now, self._in_scope())
+                .order_by(t.c.expires_at, t.c.id)
+                .limit(limit)
+            )
+            return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
+
+    def end_expired(self, task_id: str, token: str) -> bool:
+        t = delays
+        with self._sweep_clock() as (conn, now):
+            result = conn.execute(
+                sa.update(t)
+                .where(
+                    t.c.id == task_id,
+                    status_is(C.STATUS_SENT),
+                    t.c.delivery_token == token,
+                    t.c.expires_at < now,
+                    self._in_scope(),
+                )
+                .values(status=C.STATUS_EXPIRED, updated_at=now)
+            )
+            return bool(result.rowcount)
+
     def stale_started(self, stale_after: float, limit: int) -> list[DelayRow]:
         t = delays
         with self._begin() as conn:

@@ -430,6 +430,14 @@ LOCK_REDIS_DOWN_BACKOFF_CAP: Final = 60.0
 #: ``Task.request`` attributes set while a lock is held.
 REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"
+#: ``Task.request`` attribute naming how a gate ended this delivery without running its body
+#: (``ADMISSION_WAITING`` or ``ADMISSION_DUPLICATE``); absent while the body may run. Every gate a
+#: delivery passes reads it on the way out: a hold around a body that never ran is released as not run.
+REQUEST_ADMISSION_ATTR: Final = "safe_time_admission"
+#: A gate re-queued the delivery (it comes back as the same delivery): no gate records it as finished.
+ADMISSION_WAITING: Final = "waiting"
+#: A gate dropped the delivery as a copy of one that runs or ran (the run history says ``dropped``).
+ADMISSION_DUPLICATE: Final = "duplicate"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
 #: The flow-control view (``status``, the admin) looks at most at this many rate-limit keys.

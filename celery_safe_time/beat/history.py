@@ -281,7 +281,11 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
             return
         entry, slot = found
         now = time.time()
-        outcome: dict[str, Any] = {"outcome": _OUTCOMES.get(state, state.lower()), "finished": now}
+        label = _OUTCOMES.get(state, state.lower())
+        if state == "IGNORED" and getattr(request, C.REQUEST_ADMISSION_ATTR, None) == C.ADMISSION_DUPLICATE:
+            # A gate dropped this copy of a run that runs or ran elsewhere: it did not succeed here.
+            label = C.RUN_DROPPED
+        outcome: dict[str, Any] = {"outcome": label, "finished": now}
         if started is not None:
             outcome["runtime"] = round(time.monotonic() - started, 6)
         outcome["worker"] = getattr(request, "hostname", None) or _HOST

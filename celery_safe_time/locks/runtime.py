@@ -224,6 +224,20 @@ def origin_header(request: Any) -> dict[str, Any]:
     }
 
 
+def note_admission(request: Any, outcome: str) -> None:
+    """Say on ``request`` that a gate ended this delivery without running its body (``outcome``:
+    ``ADMISSION_WAITING`` or ``ADMISSION_DUPLICATE``): the gates taken before it release their holds as
+    not run (:func:`run_holding`), and the run history reads it."""
+    if request is not None:
+        setattr(request, C.REQUEST_ADMISSION_ATTR, outcome)
+
+
+def admission_of(request: Any) -> str | None:
+    """How a gate ended this delivery without running its body (:func:`note_admission`), or None."""
+    own = getattr(request, "__dict__", None) if request is not None else None
+    return own.get(C.REQUEST_ADMISSION_ATTR) if own is not None else None
+
+
 def done_ttl(config: SafeTimeConfig) -> float:
     """How long a finished delivery is remembered: longer than the broker can take to redeliver it."""
     ttl = C.LOCK_DONE_TTL
@@ -267,6 +281,8 @@ def requeue(
         sig.apply_async()
     except Exception as publish_error:
         raise exc from publish_error
+    # The delivery goes on in the copy: no gate taken before this one may record it as finished.
+    note_admission(request, C.ADMISSION_WAITING)
     raise Retry(exc=exc, when=countdown, sig=sig)
 
 
@@ -440,6 +456,10 @@ def run_holding(
         return result
     finally:
         if not committed:
+            # A gate inside this one re-queued the delivery: the body never ran and the delivery goes
+            # on in the copy, so this hold ends as not run (the copy takes it again).
+            if finished and admission_of(request) == C.ADMISSION_WAITING:
+                finished = False
             held.release_after_run(finished=finished)
 
 
@@ -558,6 +578,7 @@ class Policy:
                 raise
             # The re-queue could not be published (broker trouble): failing would ack the only
             # copy under acks_late; hand this message back to the broker instead.
+            note_admission(call.request, C.ADMISSION_WAITING)
             raise Reject(exc, requeue=True) from exc
 
     @staticmethod
@@ -565,6 +586,8 @@ class Policy:
         """This delivery already ran to its end (a late redelivery, or a re-queued copy of it)."""
         logger.warning("dropping a redelivered copy of %s: that delivery already ran under %r", call.task_id, key)
         send_conflict(call, key, None, "finished")
+        if call.in_worker:
+            note_admission(call.request, C.ADMISSION_DUPLICATE)
         raise Ignore()
 
 

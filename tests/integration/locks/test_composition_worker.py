@@ -5,6 +5,7 @@ tests/unit/locks/test_composition.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -46,7 +47,7 @@ def test_an_outer_gate_over_a_rate_limit_runs_every_call(
         assert sorted(r["n"] for r in runs) == [0, 1, 2, 3]
         starts = sorted(r["started"] for r in runs)
         # 1/3s: the limit holds across the re-queues (a little slack for the clocks of two processes)
-        assert all(b - a > 2.5 for a, b in zip(starts, starts[1:])), starts
+        assert all(b - a > 2.5 for a, b in itertools.pairwise(starts)), starts
         assert not [s for s in h.signals(redis_client, "overlap_conflict") if s["action"] == "finished"]
         assert "dropping a redelivered copy" not in worker.log()
     finally:

@@ -1,7 +1,8 @@
 """Gates that compose (issue 38), on the memory backend, each delivery traced as a worker traces it.
 
 The matrix is generated from :data:`GATES`: every pair, in both orders where the order is a choice
-(a beat entry's run lease always wraps the task from outside), under every fault of :data:`FAULTS`.
+(a beat entry's run lease always wraps the task from outside; a stored delay, ``unique=`` and debounce
+act at the publish, before any decorator), under every fault of :data:`FAULTS`.
 A gate joins the matrix by joining the list. Whatever the stacking and the fault, each call's body
 completes once, never beside a copy of itself, and no lock is left held.
 (Real workers on Redis and PostgreSQL: tests/integration/locks/test_composition_worker.py.)
@@ -24,6 +25,7 @@ from celery.exceptions import Reject
 
 from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit
 from celery_safe_time import constants as C
+from celery_safe_time.exceptions import DebounceError
 from celery_safe_time.locks.backends import Owner
 from celery_safe_time.locks.entry_runs import wrap_task
 from celery_safe_time.locks.limits import slot_key
@@ -40,6 +42,11 @@ class Gate:
     name: str
     decorator: Callable[[], Decorator] | None = None
     entry: str | None = None
+    #: ``SafeTask`` options of the task (``unique=``)
+    task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``apply_async`` options of each call (a countdown: the stored delay; debounce): the calls are
+    #: published, stored in the test store, and run by ``run_due`` with the sweep's delivery record
+    send_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 GATES = [
@@ -48,7 +55,13 @@ GATES = [
     Gate("concurrency_limit", lambda: concurrency_limit("cl", limit=2, ttl=60, retry_after=5)),
     Gate("rate_limit", lambda: rate_limit("rl", "1/10s")),
     Gate("idempotent", lambda: idempotent("idem:{n}", ttl=60, retry_after=5)),
+    Gate("stored_delay", send_options={"countdown": 5}),
+    Gate("unique", task_options={"unique": "u:{n}"}, send_options={"countdown": 1}),
+    Gate("debounce", send_options={"debounce": 10, "debounce_key": "d:{n}"}),
 ]
+
+#: Pairs refused at the call, with the error that names why.
+REFUSED: dict[frozenset[str], type[Exception]] = {frozenset({"unique", "debounce"}): DebounceError}
 
 #: none; the broker hands the message out again while it runs (acks_late past the visibility timeout);
 #: the body calls retry() once; the body raises Reject(requeue=True) once (the broker delivers it again).
@@ -58,9 +71,11 @@ FAULTS = ["none", "redelivery", "retry", "reject_requeue"]
 def _pairs() -> list[tuple[Gate, Gate]]:
     pairs: list[tuple[Gate, Gate]] = []
     for first, second in itertools.permutations(GATES, 2):
-        if second.entry is not None:
-            continue  # the entry's lease is outermost whatever the decorators say
+        if second.entry is not None or second.decorator is None:
+            continue  # the entry's lease and the publish options are outermost whatever the decorators say
         pairs.append((first, second))
+    publish = [g for g in GATES if g.decorator is None and g.entry is None]
+    pairs += list(itertools.combinations(publish, 2))
     return pairs
 
 
@@ -143,7 +158,8 @@ def _make_task(st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: s
     wrapped: Callable[..., Any] = body
     for gate in reversed([g for g in gates if g.decorator is not None]):
         wrapped = gate.decorator()(wrapped)  # type: ignore[misc]  # the first gate in the list is outermost
-    task = st.app.task(name=name, bind=True, shared=False, acks_late=True)(wrapped)
+    options = {k: v for g in gates for k, v in g.task_options.items()}
+    task = st.app.task(name=name, bind=True, shared=False, acks_late=True, **options)(wrapped)
     if any(g.entry is not None for g in gates):
         wrap_task(task)
     task.pending_copies = copies
@@ -156,11 +172,24 @@ def test_stacked_gates_run_each_call_once(safe_time: SafeTimeTesting, outer: Gat
     runs = Runs()
     task = _make_task(safe_time, f"compose.{outer.name}.{inner.name}.{fault}", (outer, inner), fault, runs)
     entry = outer.entry or inner.entry
+    refused = REFUSED.get(frozenset({outer.name, inner.name}))
+    if refused is not None:
+        with pytest.raises(refused):
+            task.apply_async((0,), **{**outer.send_options, **inner.send_options})
+        return
     for n in range(CALLS):
         headers: dict[str, Any] = {}
         if entry is not None:
             headers[C.HEADER_OVERLAP] = {"entry": "compose", "policy": entry, "ttl": 60}
-        deliver_message(safe_time, task, (n,), task_id=uuid.uuid4().hex, attempt=uuid.uuid4().hex, headers=headers)
+        send = {**outer.send_options, **inner.send_options}
+        if send or outer.task_options or inner.task_options:
+            if "debounce" in send:
+                send.pop("countdown", None)  # a debounced call is stored: debounce gives its due time
+            else:
+                send.setdefault("countdown", 1)
+            task.apply_async((n,), headers=headers, **send)
+        else:
+            deliver_message(safe_time, task, (n,), task_id=uuid.uuid4().hex, attempt=uuid.uuid4().hex, headers=headers)
         while task.pending_copies:
             task.pending_copies.pop(0)()
     for _ in range(20):

@@ -457,6 +457,8 @@ HEADER_LOCK_ORIGIN: Final = "safe_time_lock_origin"
 HEADER_RATE_SINCE: Final = "safe_time_rate_since"
 #: The reservation token a ``rate_limit``ed call was re-queued with (a place of its own in the key's log).
 HEADER_RATE_TOKEN: Final = "safe_time_rate_token"
+#: The ``rate_limit`` key (rendered) that reservation is on: a gate that drops the call frees its place.
+HEADER_RATE_KEY: Final = "safe_time_rate_key"
 #: A reservation is re-queued to come back this many seconds before it is due and waits out the rest in
 #: the worker: the broker's delivery delay (tens of ms) would otherwise be added to every place's cycle
 #: (a limit of 20/s would give about 18/s), as the log records a call at its real start.

@@ -138,6 +138,7 @@ class RateLimiter:
             extra_headers={
                 C.HEADER_RATE_SINCE: since if since is not None else time.time(),
                 C.HEADER_RATE_TOKEN: token,
+                C.HEADER_RATE_KEY: key,
             },
         )
 

@@ -232,6 +232,25 @@ def note_admission(request: Any, outcome: str) -> None:
         setattr(request, C.REQUEST_ADMISSION_ATTR, outcome)
 
 
+def give_up_reservation(call: Call) -> None:
+    """A gate drops ``call``: free the place an inner ``rate_limit`` reserved for it on an earlier
+    attempt (carried in its headers), or the calls behind it wait for a call that never comes."""
+    if not call.in_worker:
+        return
+    token = message_header(call.request, C.HEADER_RATE_TOKEN)
+    key = message_header(call.request, C.HEADER_RATE_KEY)
+    if not token or not key:
+        return
+    store = get_lock_backend(call.app)
+    try:
+        if store.rate_release(str(key), str(token)):
+            logger.info("gave up the rate limit place of dropped call %s on %r", call.task_id, key)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning(
+            "could not give up the rate limit place of dropped call %s on %r (it ages out): %s", call.task_id, key, exc
+        )
+
+
 def admission_of(request: Any) -> str | None:
     """How a gate ended this delivery without running its body (:func:`note_admission`), or None."""
     own = getattr(request, "__dict__", None) if request is not None else None
@@ -532,6 +551,7 @@ class Policy:
         send_conflict(call, key, who, self.on_conflict)
         if self.on_conflict == "skip":
             logger.info("skipping %s: overlap lock %r is held by %s", call.task_id, key, who)
+            give_up_reservation(call)
             return
         exc = LockConflict(key, who)
         if self.on_conflict == "raise":
@@ -588,6 +608,7 @@ class Policy:
         send_conflict(call, key, None, "finished")
         if call.in_worker:
             note_admission(call.request, C.ADMISSION_DUPLICATE)
+            give_up_reservation(call)
         raise Ignore()
 
 
@@ -642,6 +663,7 @@ class TaskLock:
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)
+            give_up_reservation(call)
             return None
         if acquired.status == "finished":
             self.policy.finished(call, key)

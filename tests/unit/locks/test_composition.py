@@ -233,3 +233,28 @@ def test_a_redelivered_copy_finds_the_slot_its_original_holds(safe_time: SafeTim
     # A late copy (the broker restored the message again) is dropped too, from whichever slot it asks.
     assert deliver_message(safe_time, export, (0,), task_id=task_id, attempt=attempt, redelivered=True) == "IGNORED"
     assert runs.completed == {0: 1}
+
+
+def test_a_call_an_outer_gate_drops_gives_up_its_rate_place(safe_time: SafeTimeTesting) -> None:
+    """overlap_lock(on_conflict="skip") above rate_limit("1/h"): a call the rate made wait, skipped by
+    the lock when it comes back, frees its place at once instead of holding it for the hour."""
+    ran: list[int] = []
+
+    @safe_time.app.task(name="compose.skip_over_rate", bind=True, shared=False)
+    @overlap_lock("skip-over-rate", ttl=60, on_conflict="skip")
+    @rate_limit("skip-rate", "1/h")
+    def sync(self: Task, n: int) -> None:
+        ran.append(n)
+
+    deliver_message(safe_time, sync, (0,), task_id="t0", attempt="a0")
+    assert deliver_message(safe_time, sync, (1,), task_id="t1", attempt="a1") == "RETRY"
+    assert safe_time.rate_window("skip-rate") == (1, 1)  # call 1 waits for its place
+    holder = Owner(task_id="other", identity="other", host="h", pid=1)
+    assert safe_time.locks.acquire("skip-over-rate", "other-token", 7200, holder).status == "acquired"
+    states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+    assert states == ["SUCCESS"]  # skipped: the lock is held when it comes back
+    assert ran == [0]
+    # Its place is free again: the next call starts now, not a period after the dropped call's place.
+    safe_time.locks.release("skip-over-rate", "other-token")
+    assert deliver_message(safe_time, sync, (2,), task_id="t2", attempt="a2") == "SUCCESS"
+    assert ran == [0, 2]

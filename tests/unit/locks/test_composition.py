@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_l
 from celery_safe_time import constants as C
 from celery_safe_time.exceptions import DebounceError
 from celery_safe_time.locks.backends import Owner
-from celery_safe_time.locks.entry_runs import wrap_task
+from celery_safe_time.locks.entry_runs import entry_key, wrap_task
 from celery_safe_time.locks.limits import slot_key
 from celery_safe_time.testing import SafeTimeTesting
 
@@ -258,3 +259,21 @@ def test_a_call_an_outer_gate_drops_gives_up_its_rate_place(safe_time: SafeTimeT
     safe_time.locks.release("skip-over-rate", "other-token")
     assert deliver_message(safe_time, sync, (2,), task_id="t2", attempt="a2") == "SUCCESS"
     assert ran == [0, 2]
+
+
+def test_an_entry_run_a_rate_limit_re_queues_is_queued_again(safe_time: SafeTimeTesting) -> None:
+    """buffer_one over rate_limit: the run the rate sends back still counts as the entry's queued run
+    (beat reads it from the marker and publishes no second waiting run beside it)."""
+
+    @safe_time.app.task(name="compose.entry_rate", bind=True, shared=False)
+    @rate_limit("entry-rate", "1/h")
+    def report(self: Task) -> None: ...
+
+    wrap_task(report)
+    spec = {C.HEADER_OVERLAP: {"entry": "nightly", "policy": "buffer_one", "ttl": 60}}
+    assert deliver_message(safe_time, report, (), task_id="r0", attempt="a0", headers=spec) == "SUCCESS"
+    assert deliver_message(safe_time, report, (), task_id="r1", attempt="a1", headers=spec) == "RETRY"
+    queued = safe_time.locks.unique_info(entry_key("nightly"), time.time())
+    assert queued is not None
+    assert queued.task_id == "r1"
+    assert safe_time.locks.token_of(entry_key("nightly")) is None  # the lease is free meanwhile

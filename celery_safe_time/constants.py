@@ -438,6 +438,9 @@ REQUEST_ADMISSION_ATTR: Final = "safe_time_admission"
 ADMISSION_WAITING: Final = "waiting"
 #: A gate dropped the delivery as a copy of one that runs or ran (the run history says ``dropped``).
 ADMISSION_DUPLICATE: Final = "duplicate"
+#: A gate ended the delivery without its body by its own rule (``on_conflict="skip"``, an ``idempotent``
+#: key already recorded): the delivery is over, but no outer gate records the work as done.
+ADMISSION_SKIPPED: Final = "skipped"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
 #: The flow-control view (``status``, the admin) looks at most at this many rate-limit keys.

@@ -282,8 +282,10 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
         entry, slot = found
         now = time.time()
         label = _OUTCOMES.get(state, state.lower())
-        if state == "IGNORED" and getattr(request, C.REQUEST_ADMISSION_ATTR, None) == C.ADMISSION_DUPLICATE:
-            # A gate dropped this copy of a run that runs or ran elsewhere: it did not succeed here.
+        admission = getattr(request, C.REQUEST_ADMISSION_ATTR, None)
+        if state in ("IGNORED", "SUCCESS") and admission in (C.ADMISSION_DUPLICATE, C.ADMISSION_SKIPPED):
+            # A gate dropped this run (a copy of one that runs or ran, or skipped by its rule): its
+            # body did not run here.
             label = C.RUN_DROPPED
         outcome: dict[str, Any] = {"outcome": label, "finished": now}
         if started is not None:

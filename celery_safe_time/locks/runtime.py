@@ -226,8 +226,8 @@ def origin_header(request: Any) -> dict[str, Any]:
 
 def note_admission(request: Any, outcome: str) -> None:
     """Say on ``request`` that a gate ended this delivery without running its body (``outcome``:
-    ``ADMISSION_WAITING`` or ``ADMISSION_DUPLICATE``): the gates taken before it release their holds as
-    not run (:func:`run_holding`), and the run history reads it."""
+    ``ADMISSION_WAITING``, ``ADMISSION_DUPLICATE`` or ``ADMISSION_SKIPPED``): the gates taken before it
+    release their holds as not run (:func:`run_holding`), and the run history reads it."""
     if request is not None:
         setattr(request, C.REQUEST_ADMISSION_ATTR, outcome)
 
@@ -466,9 +466,10 @@ def run_holding(
             # Reject(requeue=True) hands this very message back to the broker to run again.
             finished = not exc.requeue
             raise
-        if on_success is not None:
+        if on_success is not None and admission_of(request) is None:
             # The body returned, so its effect happened: record it even if the lock was lost
             # meanwhile (check() below still fails the task), or a later call would run it again.
+            # (An inner gate that skipped the body returns too: nothing happened, nothing is recorded.)
             on_success(result)
             committed = True
         held.check()
@@ -551,6 +552,8 @@ class Policy:
         send_conflict(call, key, who, self.on_conflict)
         if self.on_conflict == "skip":
             logger.info("skipping %s: overlap lock %r is held by %s", call.task_id, key, who)
+            if call.in_worker:
+                note_admission(call.request, C.ADMISSION_SKIPPED)
             give_up_reservation(call)
             return
         exc = LockConflict(key, who)
@@ -663,6 +666,8 @@ class TaskLock:
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)
+            if call.in_worker:
+                note_admission(call.request, C.ADMISSION_SKIPPED)
             give_up_reservation(call)
             return None
         if acquired.status == "finished":

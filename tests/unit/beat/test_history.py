@@ -107,6 +107,11 @@ def test_a_copy_a_gate_dropped_is_recorded_as_dropped_not_succeeded(
     setattr(dropped, C.REQUEST_ADMISSION_ATTR, C.ADMISSION_DUPLICATE)
     history.report_outcome(app, dropped, "IGNORED", run.task_id)
     assert history.entry_history("e", app=app, limit=1)[0].outcome == C.RUN_DROPPED
+    # a run the worker skipped by a gate's rule (overlap skip, an idempotent key already recorded)
+    skipped = types.SimpleNamespace(headers=headers, hostname="w1@h", retries=0)
+    setattr(skipped, C.REQUEST_ADMISSION_ATTR, C.ADMISSION_SKIPPED)
+    history.report_outcome(app, skipped, "SUCCESS", run.task_id)
+    assert history.entry_history("e", app=app, limit=1)[0].outcome == C.RUN_DROPPED
     # a body that raises Ignore itself ran: succeeded, as before
     history.report_outcome(app, types.SimpleNamespace(headers=headers), "IGNORED", run.task_id)
     assert history.entry_history("e", app=app, limit=1)[0].outcome == C.RUN_SUCCEEDED

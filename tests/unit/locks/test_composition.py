@@ -277,3 +277,27 @@ def test_an_entry_run_a_rate_limit_re_queues_is_queued_again(safe_time: SafeTime
     assert queued is not None
     assert queued.task_id == "r1"
     assert safe_time.locks.token_of(entry_key("nightly")) is None  # the lease is free meanwhile
+
+
+def test_an_outer_idempotent_key_is_not_recorded_when_an_inner_gate_skipped_the_body(
+    safe_time: SafeTimeTesting,
+) -> None:
+    """idempotent above overlap_lock(on_conflict="skip"): a call the lock skips did not do the work, so
+    its idempotency key stays unrecorded and the next call of the key runs."""
+    ran: list[int] = []
+
+    @safe_time.app.task(name="compose.idem_over_skip", bind=True, shared=False)
+    @idempotent("invoice:{n}", ttl=60)
+    @overlap_lock("busy", ttl=60, on_conflict="skip")
+    def invoice(self: Task, n: int) -> None:
+        ran.append(n)
+
+    holder = Owner(task_id="other", identity="other", host="h", pid=1)
+    assert safe_time.locks.acquire("busy", "other-token", 60, holder).status == "acquired"
+    assert deliver_message(safe_time, invoice, (1,), task_id="i1", attempt="a1") == "SUCCESS"
+    assert ran == []
+    assert not safe_time.locks.idempotent_done("invoice:1")
+    safe_time.locks.release("busy", "other-token")
+    assert deliver_message(safe_time, invoice, (1,), task_id="i2", attempt="a2") == "SUCCESS"
+    assert ran == [1]
+    assert safe_time.locks.idempotent_done("invoice:1")

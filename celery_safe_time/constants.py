@@ -432,6 +432,17 @@ LOCK_REDIS_DOWN_BACKOFF_CAP: Final = 60.0
 #: ``Task.request`` attributes set while a lock is held.
 REQUEST_FENCE_ATTR: Final = "safe_time_fence"
 REQUEST_LOCK_ATTR: Final = "safe_time_lock"
+#: ``Task.request`` attribute naming how a gate ended this delivery without running its body
+#: (``ADMISSION_WAITING`` or ``ADMISSION_DUPLICATE``); absent while the body may run. Every gate a
+#: delivery passes reads it on the way out: a hold around a body that never ran is released as not run.
+REQUEST_ADMISSION_ATTR: Final = "safe_time_admission"
+#: A gate re-queued the delivery (it comes back as the same delivery): no gate records it as finished.
+ADMISSION_WAITING: Final = "waiting"
+#: A gate dropped the delivery as a copy of one that runs or ran (the run history says ``dropped``).
+ADMISSION_DUPLICATE: Final = "duplicate"
+#: A gate ended the delivery without its body by its own rule (``on_conflict="skip"``, an ``idempotent``
+#: key already recorded): the delivery is over, but no outer gate records the work as done.
+ADMISSION_SKIPPED: Final = "skipped"
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT: Final = 500
 #: The flow-control view (``status``, the admin) looks at most at this many rate-limit keys.
@@ -451,6 +462,8 @@ HEADER_LOCK_ORIGIN: Final = "safe_time_lock_origin"
 HEADER_RATE_SINCE: Final = "safe_time_rate_since"
 #: The reservation token a ``rate_limit``ed call was re-queued with (a place of its own in the key's log).
 HEADER_RATE_TOKEN: Final = "safe_time_rate_token"
+#: The ``rate_limit`` key (rendered) that reservation is on: a gate that drops the call frees its place.
+HEADER_RATE_KEY: Final = "safe_time_rate_key"
 #: A reservation is re-queued to come back this many seconds before it is due and waits out the rest in
 #: the worker: the broker's delivery delay (tens of ms) would otherwise be added to every place's cycle
 #: (a limit of 20/s would give about 18/s), as the log records a call at its real start.

@@ -68,6 +68,7 @@ from .delays.revoked import REASON_EXPIRED, report_revoked
 from .locks.backends import LockInfo, use_lock_backend
 from .locks.backends.base import renamed
 from .locks.backends.memory import MemoryLockBackend
+from .messages.requeue import new_attempt
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -478,6 +479,8 @@ class SafeTimeTesting:
         headers = dict(options.pop("headers", None) or {})
         # What the sweep adds to every copy it publishes: the delivery record runs as in a worker.
         headers[C.HEADER_STORED] = row.due_at.isoformat()
+        # A publish stamps a new attempt: a stored retry() is a new delivery, as on a worker.
+        headers[C.HEADER_ATTEMPT] = new_attempt()
         if row.delivery_token:
             headers[C.HEADER_DELIVERY] = row.delivery_token
         self.store.mark_sent([row.id], token)

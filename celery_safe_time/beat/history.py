@@ -281,7 +281,13 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
             return
         entry, slot = found
         now = time.time()
-        outcome: dict[str, Any] = {"outcome": _OUTCOMES.get(state, state.lower()), "finished": now}
+        label = _OUTCOMES.get(state, state.lower())
+        admission = getattr(request, C.REQUEST_ADMISSION_ATTR, None)
+        if state in ("IGNORED", "SUCCESS") and admission in (C.ADMISSION_DUPLICATE, C.ADMISSION_SKIPPED):
+            # A gate dropped this run (a copy of one that runs or ran, or skipped by its rule): its
+            # body did not run here.
+            label = C.RUN_DROPPED
+        outcome: dict[str, Any] = {"outcome": label, "finished": now}
         if started is not None:
             outcome["runtime"] = round(time.monotonic() - started, 6)
         outcome["worker"] = getattr(request, "hostname", None) or _HOST

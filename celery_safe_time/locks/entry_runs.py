@@ -48,7 +48,7 @@ from ..exceptions import RunCancelled
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
 from .hard_limit import in_pool_child
-from .runtime import Call, Policy, TaskLock, run_holding
+from .runtime import Call, Policy, TaskLock, admission_of, run_holding
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +177,18 @@ def run_gated(task: Task, run: Callable[..., Any], args: tuple[Any, ...], kwargs
     # Running now: no longer queued (beat reads "running" from the lease from here on).
     _quietly(store, lambda: store.unique_release(marker, task_id))
     logger.debug("beat entry %r: run %s holds its lease (fence %s)", spec.entry, task_id, held.fence)
-    with cancellable(spec.entry, task_id):
-        return run_holding(held, call, lambda: run(*args, **kwargs), deadline)
+    try:
+        with cancellable(spec.entry, task_id):
+            return run_holding(held, call, lambda: run(*args, **kwargs), deadline)
+    finally:
+        if admission_of(call.request) == C.ADMISSION_WAITING:
+            # A gate inside re-queued the run before its body ran: it is queued again (beat reads
+            # "queued" from the marker; buffer_one publishes no second waiting run beside it).
+            ttl = spec.ttl + lock.policy.retry_after
+            _quietly(
+                store,
+                lambda: store.unique_acquire(marker, task_id, ttl, "waiting", stored=False, host=_HOST, own=True),
+            )
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ from .. import constants as C
 from .. import signals
 from ..exceptions import RateLimited
 from ..messages.requeue import message_header
-from .backends import Holder, get_lock_backend
+from .backends import Holder, LockBackend, get_lock_backend
 from .hard_limit import hard_deadline
 from .keys import KeyBuilder, KeySpec
 from .overlap import overlap_lock
@@ -138,6 +138,7 @@ class RateLimiter:
             extra_headers={
                 C.HEADER_RATE_SINCE: since if since is not None else time.time(),
                 C.HEADER_RATE_TOKEN: token,
+                C.HEADER_RATE_KEY: key,
             },
         )
 
@@ -230,9 +231,12 @@ class SlotLock(TaskLock):
         """The first free slot of ``key`` for ``call`` (and the hard deadline), or None when the body
         must not run (the policy has handled a full key, a duplicate or the backend being down).
 
-        A delivery tries the slots from one that its identity picks, so a broker redelivery of it
-        looks first at the slot it held (where its finished marker is) and callers spread over the
-        slots instead of all asking slot 0 first.
+        A delivery tries the slots from one that its identity picks (its home slot), so callers
+        spread over the slots instead of all asking slot 0 first. A delivery that ends on another
+        slot records itself finished on its home slot too, where a copy of it looks first. A copy
+        (a broker redelivery, or our re-queue of this delivery) first looks for the slot its
+        delivery holds, whichever it is: one whose original still runs is a duplicate there, never
+        admitted to a free slot beside it.
         """
         ttl = self.policy.lock_ttl(call)
         owner = call.owner()
@@ -240,10 +244,18 @@ class SlotLock(TaskLock):
         deadline = hard_deadline(call, now)
         store = get_lock_backend(call.app)
         first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
-        start = zlib.crc32(owner.identity.encode()) % limit
+        home = zlib.crc32(owner.identity.encode()) % limit
+        order = [(home + step) % limit for step in range(limit)]
         holder: Holder | None = None
-        for step in range(limit):
-            slot = slot_key(key, (start + step) % limit)
+        try:
+            if may_be_copy(call):
+                mine = [n for n in order if _held_by(store, slot_key(key, n), owner.task_id)]
+                order = mine + [n for n in order if n not in mine]
+        except (redis.RedisError, OSError) as exc:
+            self.policy.backend_down(call, _unavailable(key, store, exc), store.label)
+            return None
+        for number in order:
+            slot = slot_key(key, number)
             token = new_token()
             try:
                 acquired = store.acquire(slot, token, first_ttl, owner, earlier_tokens=call.earlier_tokens(slot))
@@ -257,10 +269,57 @@ class SlotLock(TaskLock):
                 self.policy.duplicate(call, slot, acquired.holder)
             if acquired.status == "acquired" and acquired.fence is not None:
                 identity = owner.identity if call.in_worker else None
-                return HeldLock(store, slot, token, acquired.fence, ttl, owner.task_id, identity), deadline
+                held = SlotHeld(store, slot, token, acquired.fence, ttl, owner.task_id, identity)
+                held.home = slot_key(key, home) if number != home else None
+                return held, deadline
             holder = holder or acquired.holder
         self.policy.conflict(call, key, holder)
         return None
+
+
+class SlotHeld(HeldLock):
+    """A held slot that also records its delivery finished on the delivery's home slot (the one a
+    copy of it tries first) when it holds another."""
+
+    home: str | None = None
+
+    def release(self, finished: bool = True) -> bool:
+        self._finish_at_home(finished)
+        return super().release(finished)
+
+    def release_after_run(self, finished: bool = True) -> None:
+        self._finish_at_home(finished)
+        super().release_after_run(finished)
+
+    def _finish_at_home(self, finished: bool) -> None:
+        record = self.finished_record() if finished else None
+        if record is None or self.home is None:
+            return
+        # An empty token never holds a lock: only the finished marker is written.
+        self.store.release_later(self.home, "", record, _home_recorded)
+
+
+def _home_recorded(released: bool | None, error: BaseException | None) -> None:
+    if error is not None:
+        if not isinstance(error, (redis.RedisError, OSError)):
+            raise error
+        logger.warning("could not record a finished delivery on its home slot (a late copy may run again): %s", error)
+
+
+def may_be_copy(call: Call) -> bool:
+    """Whether this delivery may already hold a gate: a broker redelivery (the broker handed the
+    message out again) or our re-queue of an earlier attempt of this delivery."""
+    if not call.in_worker or call.request is None:
+        return False
+    if call.origin is not None:
+        return True
+    info = getattr(call.request, "delivery_info", None)
+    return bool(isinstance(info, dict) and info.get("redelivered"))
+
+
+def _held_by(store: LockBackend, slot: str, task_id: str | None) -> bool:
+    record = store.holder_record(slot)
+    return record is not None and task_id is not None and record[1] == task_id
 
 
 def slot_key(key: str, slot: int) -> str:

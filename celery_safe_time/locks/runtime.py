@@ -224,6 +224,39 @@ def origin_header(request: Any) -> dict[str, Any]:
     }
 
 
+def note_admission(request: Any, outcome: str) -> None:
+    """Say on ``request`` that a gate ended this delivery without running its body (``outcome``:
+    ``ADMISSION_WAITING``, ``ADMISSION_DUPLICATE`` or ``ADMISSION_SKIPPED``): the gates taken before it
+    release their holds as not run (:func:`run_holding`), and the run history reads it."""
+    if request is not None:
+        setattr(request, C.REQUEST_ADMISSION_ATTR, outcome)
+
+
+def give_up_reservation(call: Call) -> None:
+    """A gate drops ``call``: free the place an inner ``rate_limit`` reserved for it on an earlier
+    attempt (carried in its headers), or the calls behind it wait for a call that never comes."""
+    if not call.in_worker:
+        return
+    token = message_header(call.request, C.HEADER_RATE_TOKEN)
+    key = message_header(call.request, C.HEADER_RATE_KEY)
+    if not token or not key:
+        return
+    store = get_lock_backend(call.app)
+    try:
+        if store.rate_release(str(key), str(token)):
+            logger.info("gave up the rate limit place of dropped call %s on %r", call.task_id, key)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning(
+            "could not give up the rate limit place of dropped call %s on %r (it ages out): %s", call.task_id, key, exc
+        )
+
+
+def admission_of(request: Any) -> str | None:
+    """How a gate ended this delivery without running its body (:func:`note_admission`), or None."""
+    own = getattr(request, "__dict__", None) if request is not None else None
+    return own.get(C.REQUEST_ADMISSION_ATTR) if own is not None else None
+
+
 def done_ttl(config: SafeTimeConfig) -> float:
     """How long a finished delivery is remembered: longer than the broker can take to redeliver it."""
     ttl = C.LOCK_DONE_TTL
@@ -267,6 +300,8 @@ def requeue(
         sig.apply_async()
     except Exception as publish_error:
         raise exc from publish_error
+    # The delivery goes on in the copy: no gate taken before this one may record it as finished.
+    note_admission(request, C.ADMISSION_WAITING)
     raise Retry(exc=exc, when=countdown, sig=sig)
 
 
@@ -431,15 +466,20 @@ def run_holding(
             # Reject(requeue=True) hands this very message back to the broker to run again.
             finished = not exc.requeue
             raise
-        if on_success is not None:
+        if on_success is not None and admission_of(request) is None:
             # The body returned, so its effect happened: record it even if the lock was lost
             # meanwhile (check() below still fails the task), or a later call would run it again.
+            # (An inner gate that skipped the body returns too: nothing happened, nothing is recorded.)
             on_success(result)
             committed = True
         held.check()
         return result
     finally:
         if not committed:
+            # A gate inside this one re-queued the delivery: the body never ran and the delivery goes
+            # on in the copy, so this hold ends as not run (the copy takes it again).
+            if finished and admission_of(request) == C.ADMISSION_WAITING:
+                finished = False
             held.release_after_run(finished=finished)
 
 
@@ -512,6 +552,9 @@ class Policy:
         send_conflict(call, key, who, self.on_conflict)
         if self.on_conflict == "skip":
             logger.info("skipping %s: overlap lock %r is held by %s", call.task_id, key, who)
+            if call.in_worker:
+                note_admission(call.request, C.ADMISSION_SKIPPED)
+            give_up_reservation(call)
             return
         exc = LockConflict(key, who)
         if self.on_conflict == "raise":
@@ -558,6 +601,7 @@ class Policy:
                 raise
             # The re-queue could not be published (broker trouble): failing would ack the only
             # copy under acks_late; hand this message back to the broker instead.
+            note_admission(call.request, C.ADMISSION_WAITING)
             raise Reject(exc, requeue=True) from exc
 
     @staticmethod
@@ -565,6 +609,9 @@ class Policy:
         """This delivery already ran to its end (a late redelivery, or a re-queued copy of it)."""
         logger.warning("dropping a redelivered copy of %s: that delivery already ran under %r", call.task_id, key)
         send_conflict(call, key, None, "finished")
+        if call.in_worker:
+            note_admission(call.request, C.ADMISSION_DUPLICATE)
+            give_up_reservation(call)
         raise Ignore()
 
 
@@ -619,6 +666,9 @@ class TaskLock:
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)
+            if call.in_worker:
+                note_admission(call.request, C.ADMISSION_SKIPPED)
+            give_up_reservation(call)
             return None
         if acquired.status == "finished":
             self.policy.finished(call, key)

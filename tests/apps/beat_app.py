@@ -16,10 +16,10 @@ from typing import Any
 
 from celery.signals import before_task_publish
 
-from celery_safe_time import crontab
+from celery_safe_time import crontab, rate_limit
 from tests.apps.basic import _redis, app, record
 
-__all__ = ["app", "overlap_run", "record"]
+__all__ = ["app", "overlap_run", "rated_run", "record"]
 
 
 def _event(label: str, event: str, task_id: Any, **extra: Any) -> None:
@@ -39,6 +39,14 @@ def overlap_run(self, label: str, sleep: float = 0.0) -> None:  # type: ignore[n
         raise
     finally:
         _event(label, "end", self.request.id, outcome=outcome)
+
+
+@app.task(bind=True, name="tests.rated_run")
+@rate_limit("entry-rate:{label}", os.environ.get("SAFE_TIME_TEST_ENTRY_RATE", "1/4s"))
+def rated_run(self, label: str) -> None:  # type: ignore[no-untyped-def]
+    """A beat entry's task under a rate limit (issue 38): records its start and end as ``overlap_run``."""
+    _event(label, "start", self.request.id, pid=os.getpid())
+    _event(label, "end", self.request.id, outcome="done")
 
 
 def _on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:

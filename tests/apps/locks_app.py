@@ -286,3 +286,38 @@ def slots_option(self, key: str, seconds: float) -> str:  # type: ignore[no-unty
     _redis.set(f"test:locks:started:{self.request.id}", time.time())
     time.sleep(seconds)
     return held.key
+
+
+# Stacked gates (issue 38): an outer gate around an inner rate limit, and a long acks_late body under
+# a concurrency limit of 2 (a Redis broker hands it out again past its visibility timeout).
+STACKED_RATE = os.environ.get("SAFE_TIME_TEST_STACKED_RATE", "1/3s")
+
+
+@app.task(bind=True, name="locks.lock_over_rate")
+@overlap_lock("lock-over-rate:{key}", ttl=TTL, retry_after=RETRY_AFTER)
+@rate_limit("lock-over-rate-line:{key}", STACKED_RATE)
+def lock_over_rate(self, key: str, n: int) -> int:  # type: ignore[no-untyped-def]
+    started = time.time()
+    record("lock_over_rate", key, self.request.id, started, n=n)
+    return n
+
+
+@app.task(bind=True, name="locks.slots_over_rate")
+@concurrency_limit("slots-over-rate:{key}", limit=2, ttl=TTL, retry_after=RETRY_AFTER)
+@rate_limit("slots-over-rate-line:{key}", STACKED_RATE)
+def slots_over_rate(self, key: str, n: int) -> int:  # type: ignore[no-untyped-def]
+    started = time.time()
+    record("slots_over_rate", key, self.request.id, started, n=n)
+    return n
+
+
+@app.task(bind=True, name="locks.long_slot", acks_late=True)
+@concurrency_limit("long-slot:{key}", limit=2, ttl=TTL, retry_after=RETRY_AFTER)
+def long_slot(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    started = time.time()
+    held = current_lock()
+    assert held is not None
+    _redis.rpush(STARTS, json.dumps({"task_id": self.request.id, "at": started, "slot": held.key}))
+    time.sleep(seconds)
+    record("long_slot", key, self.request.id, started, slot=held.key)
+    return held.key

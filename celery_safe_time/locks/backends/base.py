@@ -320,6 +320,12 @@ class LockBackend(abc.ABC):
         it is due; ``token`` is the call's reservation (a new one for a first attempt)."""
 
     @abc.abstractmethod
+    def rate_release(self, key: str, token: str) -> bool:
+        """Give up the reservation ``token`` holds on the ``rate_limit`` ``key``'s line (a call dropped
+        before it used its place), so the places behind it are not kept waiting for a call that never
+        comes; an admitted call's entry is never touched. Returns whether there was one."""
+
+    @abc.abstractmethod
     def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
         """``rate_limit`` keys matching ``pattern`` (glob) with calls in their window or waiting, by key;
         at most ``limit`` of them (the operator view: SCAN with a cap on Redis, one bounded query on

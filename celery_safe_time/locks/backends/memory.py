@@ -308,6 +308,14 @@ class MemoryLockBackend(LockBackend):
             self._periods[self.rate_key(key)] = rate.period
             return take(line, starts, self._rate_clock(), rate, token, reserve=reserve)
 
+    def rate_release(self, key: str, token: str) -> bool:
+        with self._mutex:
+            line = self._rates.get(self.rate_key(key), [])
+            kept = [entry for entry in line if entry[1] != token]
+            found = len(kept) != len(line)
+            line[:] = kept
+            return found
+
     def rate_wait(self, seconds: float) -> None:
         self._rate_sleep(seconds)
 

@@ -112,6 +112,7 @@ _MARKER_LIVE = sa.text(QUERIES["marker_live"])
 _PURGE = [sa.text(QUERIES[name]) for name in ("purge_markers", "purge_unique", "purge_rates", "purge_locks")]
 _RATE_TAKE = sa.text(QUERIES["rate_take"])
 _RATE_COUNTS = sa.text(QUERIES["rate_counts"])
+_RATE_RELEASE = sa.text(QUERIES["rate_release"])
 _TABLES_PRESENT = sa.text(QUERIES["tables_present"])
 _HELD_COUNT = sa.text(QUERIES["held_count"])
 
@@ -494,6 +495,10 @@ class PostgresLockBackend(LockBackend):
         admitted, count, wait_us, at = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
         self._maybe_purge()
         return RateTaken(bool(admitted), int(wait_us) / 1_000_000, int(count), float(at))
+
+    def rate_release(self, key: str, token: str) -> bool:
+        params = {"name": self.rate_key(key), "token": token}
+        return bool(self._run(lambda conn: conn.execute(_RATE_RELEASE, params).rowcount))
 
     def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
         """One query over ``safe_time_rate`` (its rows hold their own expiry: start plus period),

@@ -200,6 +200,10 @@ class RedisLockBackend(LockBackend):
         )
         return RateTaken(bool(int(reply[0])), int(reply[2]) / 1_000_000, int(reply[1]), float(as_text(reply[3]) or 0))
 
+    def rate_release(self, key: str, token: str) -> bool:
+        # A reservation's member is the bare token; an admitted call's is "<token>@<start>".
+        return bool(self.client.zrem(self.rate_key(key), token))
+
     def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
         """Found with SCAN (at most ``C.RATE_SCAN_KEYS`` keys looked at), one pipeline per key.
 

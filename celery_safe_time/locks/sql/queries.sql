@@ -140,6 +140,10 @@ SELECT name,
 FROM safe_time_rate WHERE name LIKE :like ESCAPE '!' AND expires_at > now()
 GROUP BY name ORDER BY name LIMIT :keys
 
+-- A reservation given up (its call was dropped): the bare token's row, never an admitted call's.
+-- name: rate_release
+DELETE FROM safe_time_rate WHERE name = :name AND member = :token AND started IS NULL
+
 -- name: purge_locks
 DELETE FROM safe_time_lock WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_lock
     WHERE expires_at < now() LIMIT 1000))

@@ -48,6 +48,20 @@ def test_a_full_log_refuses_with_the_wait_until_its_oldest_entry_ages_out(lock_b
     assert time.monotonic() - first >= 0.6 - 0.05
 
 
+def test_a_given_up_reservation_frees_its_place_and_never_an_admitted_call(lock_backend: LockBackend) -> None:
+    k = fresh("k")
+    rate = Rate(1, 30.0)
+    assert lock_backend.rate_take(k, "a", rate).admitted
+    assert not lock_backend.rate_take(k, "b", rate).admitted  # b reserves the place at +30 s
+    assert not lock_backend.rate_release(k, "a")  # an admitted call's entry stays: the limit holds
+    assert lock_backend.rate_release(k, "b")
+    assert not lock_backend.rate_release(k, "b")
+    waiting = lock_backend.rate_take(k, "c", rate)
+    assert not waiting.admitted
+    assert waiting.used == 2  # a and c: b's place is gone
+    assert 0.0 < waiting.wait <= 30.0
+
+
 def test_a_direct_call_reserves_nothing(lock_backend: LockBackend) -> None:
     k = fresh("k")
     rate = Rate(1, 30.0)

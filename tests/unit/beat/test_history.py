@@ -90,6 +90,33 @@ def test_each_published_slot_has_a_record_naming_its_task_id_and_the_worker_fill
     assert len(history.entry_history("e", app=app)) == 3
 
 
+def test_a_copy_a_gate_dropped_is_recorded_as_dropped_not_succeeded(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData
+) -> None:
+    app = _app(safe_time_beat_history_size=3)
+    sched = _scheduler(tmp_path, app)
+    try:
+        for _ in range(3):
+            clock.now += 1.0
+            sched.tick()
+    finally:
+        sched.close()
+    run = history.entry_history("e", app=app, limit=1)[0]
+    headers = {C.HEADER_ENTRY: "e", C.HEADER_SLOT: run.slot.isoformat()}
+    dropped = types.SimpleNamespace(headers=headers, hostname="w1@h", retries=0)
+    setattr(dropped, C.REQUEST_ADMISSION_ATTR, C.ADMISSION_DUPLICATE)
+    history.report_outcome(app, dropped, "IGNORED", run.task_id)
+    assert history.entry_history("e", app=app, limit=1)[0].outcome == C.RUN_DROPPED
+    # a run the worker skipped by a gate's rule (overlap skip, an idempotent key already recorded)
+    skipped = types.SimpleNamespace(headers=headers, hostname="w1@h", retries=0)
+    setattr(skipped, C.REQUEST_ADMISSION_ATTR, C.ADMISSION_SKIPPED)
+    history.report_outcome(app, skipped, "SUCCESS", run.task_id)
+    assert history.entry_history("e", app=app, limit=1)[0].outcome == C.RUN_DROPPED
+    # a body that raises Ignore itself ran: succeeded, as before
+    history.report_outcome(app, types.SimpleNamespace(headers=headers), "IGNORED", run.task_id)
+    assert history.entry_history("e", app=app, limit=1)[0].outcome == C.RUN_SUCCEEDED
+
+
 def test_the_worker_side_never_raises(data: MemoryBeatData, caplog: pytest.LogCaptureFixture) -> None:
     app = _app()
     data.down = True

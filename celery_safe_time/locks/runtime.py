@@ -32,7 +32,6 @@ from ..exceptions import (
     LockLost,
     SafeTimeError,
 )
-from ..messages.compat import routable_countdown
 from ..messages.requeue import attempt_of, jittered, message_header, outage_backoff
 from .backends import Holder, LockBackend, Owner, get_lock_backend
 from .hard_limit import hard_deadline
@@ -243,7 +242,8 @@ def requeue(
     backend_down_since: float | None = None,
     extra_headers: dict[str, Any] | None = None,
 ) -> NoReturn:
-    """Send the same message again in ``countdown`` seconds and end this run as RETRY.
+    """Send the same message again in ``countdown`` seconds and end this run as RETRY: every gate's
+    wait goes through here, to the broker or (beyond the delay threshold) to the store.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
     so waiting for a lock never uses up the task's own ``max_retries``. Outside a worker
@@ -262,9 +262,12 @@ def requeue(
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     if extra_headers:
         headers.update(extra_headers)
-    sig = task.signature_from_request(request, countdown=routable_countdown(task.app, countdown), headers=headers)
+    from ..delays.waits import send_later  # deferred: delays (SafeTask) imports locks
+
+    sig = task.signature_from_request(request, headers=headers)
     try:
-        sig.apply_async()
+        # The broker for a short wait, the store beyond the delay threshold (see send_later).
+        send_later(task, sig, countdown)
     except Exception as publish_error:
         raise exc from publish_error
     raise Retry(exc=exc, when=countdown, sig=sig)
@@ -668,7 +671,11 @@ def wrap(func: F, lock: TaskLock) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return lock(func, args, kwargs)
+        # A stored wait's delivery is checked before its first gate (see checked_delivery); a
+        # deferred import, as delays (SafeTask) imports locks.
+        from ..delays.waits import checked_delivery
+
+        return checked_delivery(lambda: lock(func, args, kwargs))
 
     # Celery checks call arguments against the task's signature; keep the real one.
     wrapper.__signature__ = lock.builder.signature  # type: ignore[attr-defined]

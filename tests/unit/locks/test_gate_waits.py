@@ -1,0 +1,77 @@
+"""One way to wait (issue 38 part 3): a gate's re-queue goes to the broker only at or below the delay
+threshold, to the store beyond it, for plain tasks too; the stored copy keeps its place in the limit
+and runs once. In this process, on the testing kit's store and lock backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_safe_time import constants as C
+from celery_safe_time import rate_limit
+from celery_safe_time.messages.requeue import wait_route
+from celery_safe_time.testing import SafeTimeTesting, safe_time_testing
+
+THRESHOLD = 10.0
+
+
+@pytest.mark.parametrize(
+    ("countdown", "threshold", "route"),
+    [(0.0, 0.0, "broker"), (9.99, 10.0, "broker"), (10.0, 10.0, "broker"), (10.01, 10.0, "store"), (3600, 2, "store")],
+)
+def test_a_wait_goes_to_the_broker_only_up_to_the_threshold(countdown: float, threshold: float, route: str) -> None:
+    assert wait_route(countdown, threshold) == route
+
+
+@pytest.fixture
+def st() -> Iterator[SafeTimeTesting]:
+    app = Celery("gate-waits-unit", broker="memory://", set_as_current=False)
+    with safe_time_testing(app, threshold=THRESHOLD) as handle:
+        yield handle
+
+
+def _rated(st: SafeTimeTesting, rate: str, ran: list[Any]) -> Any:
+    @st.app.task(shared=False, name="tests.gate_waits.rated")
+    @rate_limit("gate-waits:{key}", rate)
+    def rated(key: str, n: int) -> int:
+        ran.append(n)
+        return n
+
+    return rated
+
+
+def test_a_plain_task_waiting_past_the_threshold_is_stored_and_runs_once_in_its_place(st: SafeTimeTesting) -> None:
+    """Before: the limiter sent the 60 s wait of a plain task through the broker (nothing stored)."""
+    ran: list[int] = []
+    rated = _rated(st, "1/m", ran)
+    assert st.deliver(rated, ("a", 0)).state == "SUCCESS"
+    assert st.deliver(rated, ("a", 1), task_id="second").state == "RETRY"
+
+    [row] = st.stored_delays(rated)
+    assert row.id == "second"
+    assert row.args == ("a", 1)
+    headers = row.options["headers"]
+    # It keeps its place: its reservation's token travels with it, and it continues its delivery.
+    assert headers[C.HEADER_RATE_TOKEN]
+    assert C.HEADER_LOCK_ORIGIN in headers
+    assert (row.due_at - st.now()).total_seconds() == pytest.approx(60 - C.RATE_LEAD, abs=1)
+
+    assert st.run_due(advance=30) == []
+    [result] = st.run_due(advance=31)
+    assert result.state == "SUCCESS"
+    assert ran == [0, 1]
+    # The delivery record was checked and closed: a copy published again would not run.
+    stored = st.store.get("second")
+    assert stored is not None
+    assert (stored.status, stored.outcome) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED)
+
+
+def test_a_wait_at_or_below_the_threshold_stays_in_the_broker(st: SafeTimeTesting) -> None:
+    ran: list[int] = []
+    rated = _rated(st, "1/5s", ran)
+    assert st.deliver(rated, ("b", 0)).state == "SUCCESS"
+    assert st.deliver(rated, ("b", 1)).state == "RETRY"
+    assert st.stored_delays(rated) == []

@@ -262,7 +262,9 @@ class SlotLock(TaskLock):
                 self.policy.duplicate(call, slot, acquired.holder)
             if acquired.status == "acquired" and acquired.fence is not None:
                 identity = owner.identity if call.in_worker else None
-                return HeldLock(store, slot, token, acquired.fence, ttl, owner.task_id, identity), deadline
+                return HeldLock(
+                    store, slot, token, acquired.fence, ttl, owner.task_id, identity, acquired.sent_at
+                ), deadline
             holder = holder or acquired.holder
         self.policy.conflict(call, key, holder)
         return None

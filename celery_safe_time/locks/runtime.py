@@ -297,6 +297,7 @@ class HeldLock:
         ttl: float,
         task_id: str,
         identity: str | None = None,
+        leased_at: float | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -306,6 +307,8 @@ class HeldLock:
         self.task_id = task_id
         #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
         self.identity = identity
+        #: When the acquire was sent (``store.lease_clock``): the lease, and so the watchdog, runs from there.
+        self.leased_at = leased_at
         self.lost: str | None = None
         self._watchdog: Watchdog | None = None
         self._interrupter: Interrupter | None = None
@@ -336,7 +339,8 @@ class HeldLock:
             interval=self.ttl / 3.0,
             hard_deadline=hard_deadline,
             margin=C.LOCK_HARD_LIMIT_MARGIN,
-        ).start()
+            clock=self.store.lease_clock,
+        ).start(self.leased_at)
 
     def stop(self) -> None:
         """Stop renewing and cancel a pending interrupt (the body has returned)."""
@@ -638,7 +642,7 @@ class TaskLock:
                 acquired.fence,
             )
         identity = owner.identity if call.in_worker else None
-        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id, identity), deadline
+        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id, identity, acquired.sent_at), deadline
 
     def already_done(self, call: Call, marker: str) -> None:
         """The key's marker says it already ran (only locks that pass a marker get here)."""

@@ -258,6 +258,18 @@ def slots(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def
     return held.key
 
 
+@app.task(bind=True, name="locks.pair")
+@concurrency_limit("pair:{key}", limit=2, ttl=TTL, on_conflict="retry", retry_after=RETRY_AFTER)
+def pair(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    """Two at once per key: records each run's interval (``test:locks:runs``) to check for a third."""
+    started = time.time()
+    held = current_lock()
+    assert held is not None
+    time.sleep(seconds)
+    record("pair", key, self.request.id, started, slot=held.key)
+    return held.key
+
+
 # The same limits as SafeTask options (checked when the worker creates the task classes).
 @app.task(
     bind=True,

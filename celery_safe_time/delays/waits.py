@@ -4,7 +4,9 @@ A gate (``overlap_lock``, ``concurrency_limit``, ``rate_limit``, an outage backo
 a delivery now sends the same message again later (:func:`~celery_safe_time.locks.runtime.requeue`).
 :func:`send_later` routes that copy by :func:`~celery_safe_time.messages.requeue.wait_route`: at or
 below ``safe_time_delay_threshold`` it is a broker countdown; beyond it, a row of the durable store,
-as a ``SafeTask``'s long countdown is, for a plain task too. The copy keeps the task id, the retry
+as a ``SafeTask``'s long countdown is, for a plain task too (an app without the sweep,
+``install(app)``, gets a broker countdown of the threshold instead, and waits again from there). The
+copy keeps the task id, the retry
 count and the headers (a rate reservation's token, the delivery it continues), so it is the same
 call, never a new one.
 
@@ -17,6 +19,7 @@ after its grace, then runs once.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -34,6 +37,7 @@ from ..messages.requeue import wait_route
 from .backends import get_store
 from .backends.base import NewDelay
 from .delivery import delivery_token, run_delivery
+from .install_check import not_installed_message, rows_are_sent
 from .payload import clean_options, encode
 
 logger = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ R = TypeVar("R")
 
 #: Headers of one delivery of a stored row: the copy is another delivery and gets its own.
 _DELIVERY_HEADERS = frozenset({C.HEADER_STORED, C.HEADER_DELIVERY, C.HEADER_PRIOR_RUNS})
+#: Apps told once that their long waits hop through the broker (no sweep installed).
+_warned_no_sweep: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Set on a request once its delivery token was checked, so a second gate of the same delivery runs on.
 _CHECKED_ATTR = "_safe_time_delivery_checked"
 
@@ -57,12 +63,31 @@ def send_later(task: Task, sig: Signature, countdown: float) -> None:
         # The copy is another delivery: the stored row's token it came with is spent once this run
         # ends (a SafeTask's apply_async strips them too).
         sig.options["headers"] = {k: v for k, v in headers.items() if k not in _DELIVERY_HEADERS}
-    if wait_route(countdown, get_config(app).delay_threshold) == "broker" or stores_its_delays(task):
+    threshold = get_config(app).delay_threshold
+    if wait_route(countdown, threshold) == "broker" or stores_its_delays(task):
         # A SafeTask's own apply_async sends a countdown beyond the threshold to the store, with its
         # unique key and its options: the same rule, already applied.
         sig.apply_async(countdown=routable_countdown(app, countdown))
         return
+    if not rows_are_sent(app):
+        # Nothing would ever send a stored row: come back at the threshold instead, and wait again
+        # from there (the gate keeps the call's place: a rate reservation's token travels with it).
+        _warn_no_sweep(app, task.name)
+        sig.apply_async(countdown=routable_countdown(app, threshold))
+        return
     store_call(task, sig, countdown)
+
+
+def _warn_no_sweep(app: Any, task_name: str) -> None:
+    if app in _warned_no_sweep:
+        return
+    _warned_no_sweep.add(app)
+    logger.warning(
+        "%s waits longer than safe_time_delay_threshold, which belongs in the store, but %s; it comes back "
+        "after the threshold and waits again, one broker round trip per threshold",
+        task_name,
+        not_installed_message(app),
+    )
 
 
 def stores_its_delays(task: Any) -> bool:

@@ -4,6 +4,7 @@ and runs once. In this process, on the testing kit's store and lock backend."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time import rate_limit
+from celery_safe_time.clock import as_utc
 from celery_safe_time.messages.requeue import wait_route
 from celery_safe_time.testing import SafeTimeTesting, safe_time_testing
 
@@ -75,3 +77,30 @@ def test_a_wait_at_or_below_the_threshold_stays_in_the_broker(st: SafeTimeTestin
     assert st.deliver(rated, ("b", 0)).state == "SUCCESS"
     assert st.deliver(rated, ("b", 1)).state == "RETRY"
     assert st.stored_delays(rated) == []
+
+
+def test_without_the_sweep_a_long_wait_comes_back_at_the_threshold_and_waits_again(st: SafeTimeTesting) -> None:
+    """An app without ``install(app)`` would never send a stored row: the call comes back from the
+    broker after the threshold (never later) and waits again from there, keeping its place."""
+    from celery.signals import before_task_publish
+
+    from celery_safe_time.delays import install_check
+
+    install_check._run_otherwise.discard(st.app)
+    etas: list[tuple[float, str]] = []
+
+    def sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if headers and headers.get("eta"):
+            etas.append((time.time(), str(headers["eta"])))
+
+    before_task_publish.connect(sent, weak=False)
+    try:
+        ran: list[int] = []
+        rated = _rated(st, "1/m", ran)
+        assert st.deliver(rated, ("c", 0)).state == "SUCCESS"
+        assert st.deliver(rated, ("c", 1)).state == "RETRY"
+    finally:
+        before_task_publish.disconnect(sent)
+    assert st.stored_delays(rated) == []
+    [(at, eta)] = etas
+    assert as_utc(eta).timestamp() - at == pytest.approx(THRESHOLD, abs=2.0)

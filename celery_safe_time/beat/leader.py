@@ -137,7 +137,9 @@ class LeaderKeeper:
                         self._lost("lease expired or taken over")
                 else:
                     sent_at = self.lease_clock()
+                    self.lease.sent_at = None
                     epoch = self.lease.acquire(self.clock.time())
+                    sent_at = max(sent_at, self.lease.sent_at or sent_at)  # after the backend's preparation
                     if epoch is not None and self._answered_late(epoch, self.lease_clock() - sent_at):
                         epoch = None
                     if epoch is not None:

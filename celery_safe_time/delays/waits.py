@@ -32,6 +32,7 @@ from celery.utils import uuid
 from .. import constants as C
 from ..clock import as_utc
 from ..config import get_config
+from ..exceptions import StoreError
 from ..messages.compat import routable_countdown
 from ..messages.requeue import wait_route
 from .backends import get_store
@@ -75,7 +76,20 @@ def send_later(task: Task, sig: Signature, countdown: float) -> None:
         _warn_no_sweep(app, task.name)
         sig.apply_async(countdown=routable_countdown(app, threshold))
         return
-    store_call(task, sig, countdown)
+    try:
+        store_call(task, sig, countdown)
+    except StoreError as exc:
+        # The store is down: the call must not be lost with it. It comes back at the threshold and
+        # waits again from there, as without the sweep.
+        logger.warning(
+            "could not store the %.1fs wait of %s[%s] (%s); it comes back in %.1fs instead",
+            countdown,
+            task.name,
+            sig.options.get("task_id"),
+            exc,
+            threshold,
+        )
+        sig.apply_async(countdown=routable_countdown(app, threshold))
 
 
 def _warn_no_sweep(app: Any, task_name: str) -> None:

@@ -104,3 +104,21 @@ def test_without_the_sweep_a_long_wait_comes_back_at_the_threshold_and_waits_aga
     assert st.stored_delays(rated) == []
     [(at, eta)] = etas
     assert as_utc(eta).timestamp() - at == pytest.approx(THRESHOLD, abs=2.0)
+
+
+def test_a_store_that_cannot_take_the_wait_does_not_lose_the_call(
+    st: SafeTimeTesting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the row (down): the call comes back from the broker at the threshold instead
+    of failing with the gate's error."""
+    from celery_safe_time.exceptions import StoreError
+
+    def down(*_: Any, **__: Any) -> Any:
+        raise StoreError("store memory://testing: OperationalError: the store is down")
+
+    ran: list[int] = []
+    rated = _rated(st, "1/m", ran)
+    assert st.deliver(rated, ("d", 0)).state == "SUCCESS"
+    monkeypatch.setattr(st.store, "insert", down)
+    assert st.deliver(rated, ("d", 1)).state == "RETRY"
+    assert st.stored_delays(rated) == []

@@ -12,8 +12,9 @@ import pytest
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time import rate_limit
+from celery_safe_time import overlap_lock, rate_limit
 from celery_safe_time.clock import as_utc
+from celery_safe_time.locks.backends import Owner
 from celery_safe_time.messages.requeue import wait_route
 from celery_safe_time.testing import SafeTimeTesting, safe_time_testing
 
@@ -122,3 +123,22 @@ def test_a_store_that_cannot_take_the_wait_does_not_lose_the_call(
     monkeypatch.setattr(st.store, "insert", down)
     assert st.deliver(rated, ("d", 1)).state == "RETRY"
     assert st.stored_delays(rated) == []
+
+
+def test_an_overlap_lock_conflict_waiting_past_the_threshold_is_stored_too(st: SafeTimeTesting) -> None:
+    """Every gate's re-queue follows the rule, not only the rate limiter's: here ``retry_after``."""
+    ran: list[str] = []
+
+    @st.app.task(shared=False, name="tests.gate_waits.locked")
+    @overlap_lock("gate-waits-lock:{key}", retry_after=30, jitter=0)
+    def locked(key: str) -> str:
+        ran.append(key)
+        return key
+
+    holder = Owner(task_id="elsewhere", identity="elsewhere", host="h", pid=1)
+    assert st.locks.acquire("gate-waits-lock:e", "held-elsewhere", 600, holder).status == "acquired"
+    assert st.deliver(locked, ("e",), task_id="waiting").state == "RETRY"
+    [row] = st.stored_delays(locked)
+    assert row.id == "waiting"
+    assert (row.due_at - st.now()).total_seconds() == pytest.approx(30, abs=1)
+    assert ran == []

@@ -410,6 +410,11 @@ OnRedisError = OnBackendError
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).
 LOCK_HARD_LIMIT_MARGIN: Final = 1.0
+#: A lease (lock, concurrency slot, beat's leader lease) runs from when its acquire was sent: the server
+#: dates it from when the request arrived, which the holder cannot see. An acquire answered more than
+#: this share of the lease after it was sent counts as failed and is released: the holder's first
+#: renewal (a third of the lease in) must still land before the lease, dated from the send, ends.
+LEASE_LATE_REPLY_SHARE: Final = 1 / 3
 #: At most this many lock renewals of one process run at once, each on a daemon thread of its own
 #: (started when needed, kept idle after): a renewal that hangs holds up only itself.
 LOCK_RENEWAL_THREADS: Final = 16

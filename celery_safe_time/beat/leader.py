@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis
@@ -51,6 +53,8 @@ class LeaderKeeper:
         what: str = "Redis",
     ) -> None:
         self.lease = lease
+        #: The clock an acquire is timed on (tests replace it to make an answer late).
+        self.lease_clock: Callable[[], float] = time.monotonic
         #: what the backend raises when it fails (Redis's by default)
         self.errors = errors
         #: the backend's name in log lines
@@ -132,7 +136,12 @@ class LeaderKeeper:
                     if not self.lease.renew():
                         self._lost("lease expired or taken over")
                 else:
+                    sent_at = self.lease_clock()
+                    self.lease.sent_at = None
                     epoch = self.lease.acquire(self.clock.time())
+                    sent_at = max(sent_at, self.lease.sent_at or sent_at)  # after the backend's preparation
+                    if epoch is not None and self._answered_late(epoch, self.lease_clock() - sent_at):
+                        epoch = None
                     if epoch is not None:
                         self._generation += 1
                         self._term = LeaseTerm(self._generation, epoch)
@@ -154,6 +163,28 @@ class LeaderKeeper:
                 logger.warning("beat: %s reachable again", self.what)
                 self._backend_down = False
             return True
+
+    def _answered_late(self, epoch: int, waited: float) -> bool:
+        """Whether the lease just taken (``epoch``) was answered too late to hold: it runs from when the
+        acquire was sent, and an answer past ``LEASE_LATE_REPLY_SHARE`` of it may come after the lease
+        ended (another beat took over) or leave no time for the first renewal. Such a lease is released."""
+        lease = self.config.beat_lease
+        if waited <= lease * C.LEASE_LATE_REPLY_SHARE:
+            return False
+        logger.warning(
+            "beat: the leader lease (epoch %s) was answered %.2fs after it was asked for, more than %.0f%% of "
+            "its %gs: not taking it (released), trying again later",
+            epoch,
+            waited,
+            C.LEASE_LATE_REPLY_SHARE * 100,
+            lease,
+        )
+        try:
+            self.lease.release()
+        except self.errors as exc:
+            logger.warning("beat: could not release the late lease (it expires by itself): %s", exc)
+        self.lease.epoch = None
+        return True
 
     def _lost(self, reason: str) -> None:
         term, self._term = self._term, None

@@ -18,6 +18,8 @@ from .. import constants as C
 logger = logging.getLogger(__name__)
 
 _warned: weakref.WeakSet[Celery] = weakref.WeakSet()
+#: Apps whose stored rows are run some other way (:func:`sweep_not_needed`).
+_run_otherwise: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
 def sweep_installed(app: Celery) -> bool:
@@ -35,6 +37,12 @@ def not_installed_message(app: Celery) -> str:
 def sweep_not_needed(app: Celery) -> None:
     """Never warn for ``app``: its stored delays are run some other way (the testing plugin's ``run_due``)."""
     _warned.add(app)
+    _run_otherwise.add(app)
+
+
+def rows_are_sent(app: Celery) -> bool:
+    """Whether something sends ``app``'s stored rows: the sweep (``install(app)``), or :func:`sweep_not_needed`."""
+    return app in _run_otherwise or sweep_installed(app)
 
 
 def warn_once_if_not_installed(app: Celery) -> None:

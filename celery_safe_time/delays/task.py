@@ -100,6 +100,9 @@ class SafeTask(Task):
     #: least 1, or a callable of the task's arguments returning one).
     safe_time_concurrency_limit: LimitSpec | None = None
     safe_time_concurrency_key: KeySpec | None = None
+    #: Its long countdowns go to the store and its stored deliveries are checked in ``__call__``: a
+    #: gate's long wait is one of its own countdowns (:mod:`.waits`).
+    safe_time_stores_delays: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery builds the task class from the decorator's options: a bad unique= fails here,

@@ -12,9 +12,10 @@
 
 A rate limit is a sliding log on the lock backend (:mod:`.rates`): at most ``N`` calls of a key start
 within any period. A call over the limit is neither dropped nor retried in a loop: it reserves the
-first place that frees and is re-queued to that instant (on a ``SafeTask``, a countdown past
-``safe_time_delay_threshold`` goes through the store, as its every countdown does), carrying its
-reservation's token.
+first place that frees and is re-queued to that instant, carrying its reservation's token: through
+the broker when that is at most ``safe_time_delay_threshold`` away, else through the store (for
+every task, as a ``SafeTask``'s long countdown), so the broker never holds it long enough to hand it
+out again as a new call.
 
 A concurrency limit is ``limit`` overlap locks per key, the slots ``<key>#0`` ... ``<key>#<limit-1>``:
 a call takes the first free slot, holds it as ``@overlap_lock`` holds its lock (owner token, the
@@ -187,7 +188,11 @@ def rate_limit(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return limiter(func, args, kwargs)
+            # A stored wait's delivery is checked before its first gate (see checked_delivery); a
+            # deferred import, as delays (SafeTask) imports locks.
+            from ..delays.waits import checked_delivery
+
+            return checked_delivery(lambda: limiter(func, args, kwargs))
 
         # Celery checks call arguments against the task's signature; keep the real one.
         wrapper.__signature__ = limiter.builder.signature  # type: ignore[attr-defined]
@@ -269,7 +274,7 @@ class SlotLock(TaskLock):
                 self.policy.duplicate(call, slot, acquired.holder)
             if acquired.status == "acquired" and acquired.fence is not None:
                 identity = owner.identity if call.in_worker else None
-                held = SlotHeld(store, slot, token, acquired.fence, ttl, owner.task_id, identity)
+                held = SlotHeld(store, slot, token, acquired.fence, ttl, owner.task_id, identity, acquired.sent_at)
                 held.home = slot_key(key, home) if number != home else None
                 return held, deadline
             holder = holder or acquired.holder

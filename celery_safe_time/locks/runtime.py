@@ -32,7 +32,6 @@ from ..exceptions import (
     LockLost,
     SafeTimeError,
 )
-from ..messages.compat import routable_countdown
 from ..messages.requeue import attempt_of, jittered, message_header, outage_backoff
 from .backends import Holder, LockBackend, Owner, get_lock_backend
 from .hard_limit import hard_deadline
@@ -276,7 +275,8 @@ def requeue(
     backend_down_since: float | None = None,
     extra_headers: dict[str, Any] | None = None,
 ) -> NoReturn:
-    """Send the same message again in ``countdown`` seconds and end this run as RETRY.
+    """Send the same message again in ``countdown`` seconds and end this run as RETRY: every gate's
+    wait goes through here, to the broker or (beyond the delay threshold) to the store.
 
     Unlike ``Task.retry`` the retry count stays as it is (a header counts re-queues instead),
     so waiting for a lock never uses up the task's own ``max_retries``. Outside a worker
@@ -295,9 +295,12 @@ def requeue(
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     if extra_headers:
         headers.update(extra_headers)
-    sig = task.signature_from_request(request, countdown=routable_countdown(task.app, countdown), headers=headers)
+    from ..delays.waits import send_later  # deferred: delays (SafeTask) imports locks
+
+    sig = task.signature_from_request(request, headers=headers)
     try:
-        sig.apply_async()
+        # The broker for a short wait, the store beyond the delay threshold (see send_later).
+        send_later(task, sig, countdown)
     except Exception as publish_error:
         raise exc from publish_error
     # The delivery goes on in the copy: no gate taken before this one may record it as finished.
@@ -329,6 +332,7 @@ class HeldLock:
         ttl: float,
         task_id: str,
         identity: str | None = None,
+        leased_at: float | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -338,6 +342,8 @@ class HeldLock:
         self.task_id = task_id
         #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
         self.identity = identity
+        #: When the acquire was sent (``store.lease_clock``): the lease, and so the watchdog, runs from there.
+        self.leased_at = leased_at
         self.lost: str | None = None
         self._watchdog: Watchdog | None = None
         self._interrupter: Interrupter | None = None
@@ -368,7 +374,8 @@ class HeldLock:
             interval=self.ttl / 3.0,
             hard_deadline=hard_deadline,
             margin=C.LOCK_HARD_LIMIT_MARGIN,
-        ).start()
+            clock=self.store.lease_clock,
+        ).start(self.leased_at)
 
     def stop(self) -> None:
         """Stop renewing and cancel a pending interrupt (the body has returned)."""
@@ -685,7 +692,7 @@ class TaskLock:
                 acquired.fence,
             )
         identity = owner.identity if call.in_worker else None
-        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id, identity), deadline
+        return HeldLock(store, key, token, acquired.fence, ttl, owner.task_id, identity, acquired.sent_at), deadline
 
     def already_done(self, call: Call, marker: str) -> None:
         """The key's marker says it already ran (only locks that pass a marker get here)."""
@@ -718,7 +725,11 @@ def wrap(func: F, lock: TaskLock) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return lock(func, args, kwargs)
+        # A stored wait's delivery is checked before its first gate (see checked_delivery); a
+        # deferred import, as delays (SafeTask) imports locks.
+        from ..delays.waits import checked_delivery
+
+        return checked_delivery(lambda: lock(func, args, kwargs))
 
     # Celery checks call arguments against the task's signature; keep the real one.
     wrapper.__signature__ = lock.builder.signature  # type: ignore[attr-defined]

@@ -87,8 +87,10 @@ class Watchdog:
         can take the lock."""
         return self.last_ok + self.ttl - retry_gap(self.ttl, self.interval)
 
-    def start(self) -> Watchdog:
-        self.last_ok = self._clock()
+    def start(self, leased_at: float | None = None) -> Watchdog:
+        """Start renewing a lease taken at ``leased_at`` (on ``clock``: when its acquire was sent,
+        which the lease runs from), or now."""
+        self.last_ok = self._clock() if leased_at is None else leased_at
         self.due = self.last_ok + self.interval
         self._renewer = _renewer()
         self._renewer.add(self)

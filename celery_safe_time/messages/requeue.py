@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from celery.signals import before_task_publish
 
@@ -29,6 +29,19 @@ def outage_backoff(base: float, outage_age: float, cap: float) -> float:
     seconds: ``base`` at first, then ``LOCK_REDIS_DOWN_BACKOFF_SHARE`` of the outage so far, at most
     ``cap`` (and never below ``base``)."""
     return max(base, min(cap, max(outage_age, 0.0) * C.LOCK_REDIS_DOWN_BACKOFF_SHARE))
+
+
+#: Where a call that must wait goes: back to the broker with a countdown, or into the durable store.
+WaitRoute = Literal["broker", "store"]
+
+
+def wait_route(countdown: float, threshold: float) -> WaitRoute:
+    """Where a re-queue of ``countdown`` seconds goes: the broker only at or below ``threshold``
+    (``safe_time_delay_threshold``, below the visibility timeout and the consumer timeout), the
+    store beyond it. A broker holds a countdown as an unacknowledged message: a longer one is handed
+    out again (Redis, SQS) or closes the worker's channel (RabbitMQ), and its copy is a new call.
+    The rule is ``SafeTask``'s for its own countdowns, so a wait routes the same for every task."""
+    return "broker" if countdown <= threshold else "store"
 
 
 def new_attempt() -> str:

@@ -19,13 +19,16 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from celery_safe_time import SafeTask, concurrency_limit, idempotent, overlap_lock, rate_limit, signals
+from celery_safe_time import SafeTask, concurrency_limit, idempotent, install, overlap_lock, rate_limit, signals
 from celery_safe_time.exceptions import LockLost
 from celery_safe_time.locks import current_fence, current_lock
 from celery_safe_time.messages.requeue import message_header
 from tests.apps.settings import configure
 
 app = configure(Celery("locks_app"))
+if os.environ.get("SAFE_TIME_TEST_INSTALL"):
+    # The sweep task and its entry: a gate's long wait then goes through the store.
+    install(app)
 _redis = redis.Redis.from_url(os.environ.get("SAFE_TIME_TEST_REDIS_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"])
 
 TTL = float(os.environ.get("SAFE_TIME_TEST_LOCK_TTL", "3"))
@@ -255,6 +258,18 @@ def slots(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def
     _redis.set(f"test:locks:started:{self.request.id}", started)
     time.sleep(seconds)
     record("slots", key, self.request.id, started, fence=held.fence, slot=held.key)
+    return held.key
+
+
+@app.task(bind=True, name="locks.pair")
+@concurrency_limit("pair:{key}", limit=2, ttl=TTL, on_conflict="retry", retry_after=RETRY_AFTER)
+def pair(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    """Two at once per key: records each run's interval (``test:locks:runs``) to check for a third."""
+    started = time.time()
+    held = current_lock()
+    assert held is not None
+    time.sleep(seconds)
+    record("pair", key, self.request.id, started, slot=held.key)
     return held.key
 
 

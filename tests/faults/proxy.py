@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.helpers.services import free_port
@@ -37,6 +38,10 @@ class TcpProxy:
         self._lose: tuple[bytes, bool] | None = None
         #: how many statements :meth:`lose_reply` caught
         self.replies_lost = 0
+        #: armed by :meth:`delay_reply`: (the bytes to wait for, how long to hold the reply)
+        self._delay: tuple[bytes, float] | None = None
+        #: how many replies :meth:`delay_reply` held
+        self.replies_delayed = 0
         self.restore()
 
     # --- control ------------------------------------------------------------------------
@@ -101,6 +106,12 @@ class TcpProxy:
         with self._lock:
             self._lose = (needle, server_gets_it)
 
+    def delay_reply(self, needle: bytes, seconds: float) -> None:
+        """Hold the reply to the next client message containing ``needle`` (once) for ``seconds``:
+        the server gets the message at once and answers; the answer reaches the client late."""
+        with self._lock:
+            self._delay = (needle, seconds)
+
     @property
     def is_up(self) -> bool:
         return self._listener is not None
@@ -149,6 +160,11 @@ class TcpProxy:
                     if caught:
                         self._lose = None
                         self.replies_lost += 1
+                    delay = self._delay
+                    if delay is not None and delay[0] in data:
+                        self._delay = None
+                        self.replies_delayed += 1
+                        link.hold_until = time.monotonic() + delay[1]
                 if caught and lose is not None:
                     if not lose[1]:
                         break  # dropped before the server saw it
@@ -174,6 +190,10 @@ class TcpProxy:
                         break  # the whole reply is in: never deliver it
                     continue
                 link.flowing.wait()
+                if link.hold_until:
+                    # The held reply and whatever follows it on this connection wait together.
+                    time.sleep(max(0.0, link.hold_until - time.monotonic()))
+                    link.hold_until = 0.0
                 link.client.sendall(data)
         except OSError:
             pass
@@ -206,6 +226,8 @@ class _Link:
         #: cleared while the connection is stalled: the pumps hold what they read
         self.flowing = threading.Event()
         self.flowing.set()
+        #: when a held reply (:meth:`TcpProxy.delay_reply`) may go on (monotonic), or 0
+        self.hold_until = 0.0
 
 
 def proxy_for(url: str) -> tuple[TcpProxy, str]:

@@ -85,6 +85,10 @@ class BeatLease(abc.ABC):
 
     token: str
     epoch: int | None
+    #: When the last :meth:`acquire` sent its request (``time.monotonic``), set by a backend whose
+    #: acquire first prepares (creates its tables): the lease runs from the request, not the preparation.
+    #: None: from when ``acquire`` was called.
+    sent_at: float | None = None
 
     @abc.abstractmethod
     def acquire(self, now: float) -> int | None:

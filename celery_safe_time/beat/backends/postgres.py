@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -139,6 +140,7 @@ class PostgresLease(BeatLease):
         self.backend.ensure_tables()
         info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
         with self.backend.autocommit() as conn:
+            self.sent_at = time.monotonic()
             epoch = conn.execute(_QUERIES["acquire"], self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
         self.epoch = int(epoch) if epoch is not None else None
         return self.epoch

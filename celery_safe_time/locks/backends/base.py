@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
 from ... import constants as C
@@ -27,6 +28,8 @@ from ...exceptions import CoordinationUnavailable
 from ...redis_client import as_text
 from ..rates import Rate, RateTaken
 from ..redis_wire import Settle, settle_with
+
+logger = logging.getLogger(__name__)
 
 AcquireStatus = Literal["acquired", "held", "duplicate", "done", "finished"]
 
@@ -61,13 +64,15 @@ class Acquired(NamedTuple):
     """Result of :meth:`LockBackend.acquire`; ``fence`` is set when ``status == "acquired"``.
 
     ``took_over`` is True when the lock was already ours (a token of this delivery whose reply was
-    lost): the caller now holds it with the fence that attempt was given.
+    lost): the caller now holds it with the fence that attempt was given. ``sent_at`` (set when
+    acquired, on :attr:`LockBackend.lease_clock`) is when the request left: the lease runs from there.
     """
 
     status: AcquireStatus
     fence: int | None = None
     holder: Holder | None = None
     took_over: bool = False
+    sent_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +201,10 @@ class LockBackend(abc.ABC):
         return self.kind
 
     # --- ownership ------------------------------------------------------------------------------
-    @abc.abstractmethod
+    #: The clock a lease is dated by on this side (the watchdog's): when an acquire was sent, when
+    #: its answer came. Tests replace it to make a reply late.
+    lease_clock: Callable[[], float] = staticmethod(time.monotonic)
+
     def acquire(
         self,
         key: str,
@@ -213,7 +221,41 @@ class LockBackend(abc.ABC):
         when the lock is held by that same delivery (a redelivered copy of a running message), and
         ``"acquired"`` also when the lock holds ``token`` or one of ``earlier_tokens`` (attempts of
         this delivery whose reply was lost): the lock is taken over with its fence.
+
+        The lease counts from when the request was sent (``sent_at``), as every renewal's does: an
+        answer that comes later than ``LEASE_LATE_REPLY_SHARE`` of ``ttl`` after it was sent may
+        describe a lease that has ended, or will before the first renewal; the lock is released and
+        :attr:`unavailable` raised, as for a backend that did not answer.
         """
+        sent_at = self.lease_clock()
+        acquired = self._acquire_lease(key, token, ttl, owner, marker=marker, earlier_tokens=earlier_tokens)
+        if acquired.status != "acquired":
+            return acquired
+        waited = self.lease_clock() - sent_at
+        if waited <= ttl * C.LEASE_LATE_REPLY_SHARE:
+            return acquired._replace(sent_at=sent_at)
+        try:
+            self.release(key, token)
+        except Exception as exc:  # it expires by itself, if it has not already
+            logger.warning("could not release lock %r after its late acquire on %s: %s", key, self.label, exc)
+        raise self.unavailable(
+            f"the acquire of lock {key!r} was answered {waited:.2f}s after it was sent, more than "
+            f"{C.LEASE_LATE_REPLY_SHARE:.0%} of its {ttl:g}s lease: the lock may have expired on {self.label} "
+            "meanwhile, so it is not held (released)"
+        )
+
+    @abc.abstractmethod
+    def _acquire_lease(
+        self,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: Owner,
+        *,
+        marker: str | None = None,
+        earlier_tokens: tuple[str, ...] = (),
+    ) -> Acquired:
+        """The backend's own acquire, which :meth:`acquire` dates from the send."""
 
     @abc.abstractmethod
     def renew(self, key: str, token: str, ttl: float) -> bool:

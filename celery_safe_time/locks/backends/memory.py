@@ -93,7 +93,7 @@ class MemoryLockBackend(LockBackend):
             return False
         return True
 
-    def acquire(
+    def _acquire_lease(
         self,
         key: str,
         token: str,

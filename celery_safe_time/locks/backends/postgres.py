@@ -383,7 +383,7 @@ class PostgresLockBackend(LockBackend):
         holder = Holder(task_id=task_id, host=host, pid=pid, fence=fence)
         return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
 
-    def acquire(
+    def _acquire_lease(
         self,
         key: str,
         token: str,
@@ -645,7 +645,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
                 f" ({C.COORDINATION_POOL_SIZE + C.COORDINATION_POOL_OVERFLOW} held by this process): {exc}"
             ) from exc
 
-    def acquire(
+    def _acquire_lease(
         self,
         key: str,
         token: str,

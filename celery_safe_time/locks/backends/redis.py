@@ -81,7 +81,7 @@ class RedisLockBackend(LockBackend):
         self._unique_release = scripts["unique_release"]
 
     # --- ownership scripts -----------------------------------------------------
-    def acquire(
+    def _acquire_lease(
         self,
         key: str,
         token: str,

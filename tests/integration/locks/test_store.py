@@ -43,14 +43,16 @@ def _session(store: LockBackend) -> bool:
 
 
 def test_expired_holder_cannot_renew_or_release_the_next_holders_lock(store: LockBackend) -> None:
-    first = store.acquire("k", "token-a", 0.2, owner("a"))
+    # A lease counts from the acquire's send and is not held if answered a third of it later: long
+    # enough for a first call that also connects, on a loaded machine.
+    first = store.acquire("k", "token-a", 1.5, owner("a"))
     assert first.status == "acquired"
     assert first.fence is not None
     held = store.acquire("k", "token-b", 5, owner("b"))
     assert held.status == "held"
     assert held.holder is not None
     assert held.holder.task_id == "a"
-    time.sleep(0.3)  # a's lease runs out while "a" is paused
+    time.sleep(1.6)  # a's lease runs out while "a" is paused
     if _session(store):
         # no lease: a paused holder keeps its lock while its connection lives
         assert store.acquire("k", "token-b", 5, owner("b")).status == "held"
@@ -442,9 +444,10 @@ def test_postgres_expired_rows_are_purged_and_status_reads_the_rows(
 
     app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks=mode)
     store = get_lock_backend(app)
-    assert store.acquire("short", "t-short", 0.1, owner("a")).status == "acquired"
+    # Not under a second: a lease counts from the acquire's send, and this first call also connects.
+    assert store.acquire("short", "t-short", 1.5, owner("a")).status == "acquired"
     if mode == "lease":
-        time.sleep(0.2)  # the lease runs out
+        time.sleep(1.6)  # the lease runs out
     else:
         assert store.release("short", "t-short")
     assert store.acquire("idem:m", "t-m", 5, owner("b"), marker="m").status == "acquired"

@@ -11,15 +11,18 @@ import difflib
 import functools
 import logging
 import math
+import numbers
 import re
 import weakref
 from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
 
 from . import constants as C
+from .clock import as_utc
 from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
@@ -575,6 +578,45 @@ def _number(key: str, value: Any, *, positive: bool = True) -> float:
     if not positive and number < 0:
         raise ImproperlyConfigured(key, f"must not be negative, got {value!r}")
     return number
+
+
+def seconds_argument(name: str, value: Any, *, positive: bool = False, durations: bool = False) -> float:
+    """``value`` of the call's parameter ``name`` as seconds, or a ``TypeError``/``ValueError`` naming it.
+
+    An int or a float, as Celery takes ``countdown`` (a string such as ``"10"`` is refused here rather
+    than deep in Celery or in the store); ``durations`` also takes a ``timedelta``. Never a bool, never
+    NaN or infinite; ``positive`` refuses zero and negatives.
+    """
+    if durations and isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kinds = "an int, a float or a timedelta" if durations else "an int or a float"
+        raise TypeError(f"{name} must be a number of seconds ({kinds}), got {value!r} ({type(value).__name__})")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if positive and seconds <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def instant_argument(name: str, value: Any) -> datetime:
+    """``value`` of the call's parameter ``name`` (a datetime or an ISO 8601 string, as Celery takes
+    ``eta``) as an aware UTC datetime, or a ``TypeError``/``ValueError`` naming it."""
+    if not isinstance(value, (datetime, str)):
+        raise TypeError(f"{name} must be a datetime or an ISO 8601 string, got {value!r} ({type(value).__name__})")
+    try:
+        return as_utc(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a datetime or an ISO 8601 string, got {value!r}") from None
+
+
+def expires_argument(value: Any) -> float | datetime:
+    """``expires`` as Celery takes it: seconds from now (an int or a float) or an instant (a datetime
+    or an ISO 8601 string); a ``TypeError``/``ValueError`` naming ``expires`` otherwise."""
+    if isinstance(value, (datetime, str)):
+        return instant_argument("expires", value)
+    return seconds_argument("expires", value)
 
 
 _DURATION = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]?)")

@@ -13,7 +13,7 @@ from celery import Celery, current_app
 from .. import constants as C
 from .. import signals
 from ..clock import as_utc
-from ..config import get_config, mask_url
+from ..config import get_config, instant_argument, mask_url, seconds_argument
 from ..exceptions import SafeTimeError
 from .backends import get_store
 from .payload import decode
@@ -68,8 +68,11 @@ def reschedule(
     """
     if (eta is None) == (countdown is None):
         raise TypeError("reschedule() takes exactly one of eta= or countdown=")
+    # Checked before the store is asked: a bad value names its parameter and changes nothing.
+    when = instant_argument("eta", eta) if eta is not None else None
+    seconds = seconds_argument("countdown", countdown) if countdown is not None else 0.0
     store = get_store(_app(app))
-    due_at = as_utc(eta) if eta is not None else store.now() + timedelta(seconds=float(countdown or 0))
+    due_at = when if when is not None else store.now() + timedelta(seconds=seconds)
     changed = store.reschedule(task_id, due_at)
     if changed:
         logger.info("rescheduled stored task %s to %s", task_id, due_at.isoformat())

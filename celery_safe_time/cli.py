@@ -691,7 +691,7 @@ def beat_import_redbeat(
 
 @safe_time.group(cls=click.Group)
 def delays() -> None:
-    """Stored delayed tasks: list, show, cancel, reschedule, purge."""
+    """Stored delayed tasks: list, show, cancel, reschedule, rerun, purge."""
 
 
 @delays.command(name="list", cls=CeleryCommand)
@@ -777,7 +777,40 @@ def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdo
     _unchanged(app, task_id, "reschedulable")
 
 
-def _unchanged(app: Celery, task_id: str, what: str) -> None:
+@delays.command(name="rerun", cls=CeleryCommand)
+@click.argument("task_ids", metavar="ID...", nargs=-1)
+@click.option("--failed", "all_failed", is_flag=True, help="Every failed stored delay (with --task: of that task).")
+@click.option("--task", "task_name", default=None, help="With --failed: only this task's rows.")
+@click.pass_context
+def delays_rerun(ctx: click.Context, task_ids: tuple[str, ...], all_failed: bool, task_name: str | None) -> None:
+    """Run failed or expired stored delays again: pending, due now, with a new delivery token (each runs
+    once). Exit 1 when a given ID changed nothing."""
+    from .delays.admin import rerun, rerun_failed
+
+    if all_failed == bool(task_ids):
+        raise click.UsageError("give task ids or --failed (not both)")
+    if task_name is not None and not all_failed:
+        raise click.UsageError("--task goes with --failed")
+    app = _loaded_app(ctx)
+    if all_failed:
+        done = rerun_failed(app, task=task_name)
+        for task_id in done:
+            click.echo(f"{task_id}: pending again, due now")
+        click.echo(f"{len(done)} failed delays rerun" + (f" (task {task_name})" if task_name else ""))
+        return
+    unchanged = []
+    for task_id in task_ids:
+        if rerun(task_id, app=app):
+            click.echo(f"{task_id}: pending again, due now")
+        else:
+            unchanged.append(task_id)
+    for task_id in unchanged:
+        _unchanged(app, task_id, "failed or expired", exit_code=None)
+    if unchanged:
+        sys.exit(1)
+
+
+def _unchanged(app: Celery, task_id: str, what: str, *, exit_code: int | None = 1) -> None:
     """Say why a cancel or reschedule changed nothing (an unknown id is not a finished row), exit 1."""
     from .delays.backends import get_store
 
@@ -785,8 +818,12 @@ def _unchanged(app: Celery, task_id: str, what: str) -> None:
     if row is None:
         click.echo(f"{task_id}: no such delay", err=True)
     else:
-        click.echo(f"{task_id}: {row.status}, not {what}, unchanged", err=True)
-    sys.exit(1)
+        hint = ""
+        if row.status in C.DELAY_RERUNNABLE_STATUSES and what == "reschedulable":
+            hint = f"; run it again with: celery safe-time delays rerun {task_id}"
+        click.echo(f"{task_id}: {row.status}, not {what}, unchanged{hint}", err=True)
+    if exit_code is not None:
+        sys.exit(exit_code)
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:

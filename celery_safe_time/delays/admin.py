@@ -20,7 +20,16 @@ from .payload import decode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cancel", "describe_delays", "list_delays", "purge_delays", "reschedule", "show_delay"]
+__all__ = [
+    "cancel",
+    "describe_delays",
+    "list_delays",
+    "purge_delays",
+    "rerun",
+    "rerun_failed",
+    "reschedule",
+    "show_delay",
+]
 
 
 def _app(app: Celery | None) -> Celery:
@@ -77,6 +86,32 @@ def reschedule(
     if changed:
         logger.info("rescheduled stored task %s to %s", task_id, due_at.isoformat())
     return changed
+
+
+def rerun(task_id: str, app: Celery | None = None) -> bool:
+    """Run a failed or expired stored task again: its row goes back to pending, due now, with a new
+    delivery token and no expiry, and the sweep publishes it once. True when a row changed."""
+    store = get_store(_app(app))
+    changed = store.rerun(task_id)
+    if changed:
+        logger.info("stored task %s is pending again, due now", task_id)
+    return changed
+
+
+def rerun_failed(app: Celery, *, task: str | None = None, batch: int = C.PURGE_BATCH) -> list[str]:
+    """:func:`rerun` every failed row (of ``task`` only, when given); returns the ids that changed."""
+    store = get_store(app)
+    done: list[str] = []
+    while True:
+        rows = store.list(status=C.STATUS_FAILED, task=task, limit=batch)
+        changed = [row.id for row in rows if store.rerun(row.id)]
+        done.extend(changed)
+        # Rerun rows leave the failed ones; a batch that changed nothing (raced away) ends it too.
+        if len(rows) < batch or not changed:
+            break
+    if done:
+        logger.info("%d failed stored tasks are pending again, due now", len(done))
+    return done
 
 
 def list_delays(

@@ -153,6 +153,30 @@ def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_cli
     assert DelayedTask.objects.get(id="c-2").status == C.STATUS_STARTED
 
 
+def test_rerun_asks_for_confirmation_then_sends_failed_and_expired_rows_back_to_pending(admin_client: Client) -> None:
+    store = DjangoStore()
+    past = store.now() - timedelta(seconds=1)
+    for task_id in ("f-1", "x-1", "p-1"):
+        store.insert(new_delay(task_id, past))
+    DelayedTask.objects.filter(id="p-1").update(due_at=past + timedelta(hours=1))
+    store.claim_due(limit=10, lookahead=0, token="t")
+    assert store.mark_failed("f-1", "t", "NotRegistered: tests.delays.record")
+    assert store.mark_expired(["x-1"], "t") == 1
+    selected = {"action": "rerun_failed", "_selected_action": ["f-1", "x-1", "p-1"]}
+    page = admin_client.post(CHANGELIST, selected)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "Run delayed tasks again?" in body
+    assert body.count("(left as is)") == 1  # p-1 is pending: listed, and will not change
+    assert DelayedTask.objects.get(id="f-1").status == C.STATUS_FAILED  # nothing changed yet
+    done = admin_client.post(CHANGELIST, {**selected, "post": "yes"}, follow=True)
+    assert "2 failed or expired delayed task(s) are pending again, due now" in done.content.decode()
+    assert {row.id: row.status for row in DelayedTask.objects.all()} == dict.fromkeys(
+        ("f-1", "x-1", "p-1"), C.STATUS_PENDING
+    )
+    assert sorted(row.id for row in store.claim_due(limit=10, lookahead=0, token="u")) == ["f-1", "x-1"]
+
+
 def test_select_all_is_confirmed_with_a_short_list_and_carried_on(admin_client: Client, monkeypatch: Any) -> None:
     from celery_safe_time.contrib.django import admin as admin_module
 

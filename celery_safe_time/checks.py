@@ -18,7 +18,7 @@ from celery import Celery
 
 from . import constants as C
 from .clock import local_time, measure_redis_offset
-from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, unknown_settings
+from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, setting_warnings
 from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
@@ -336,8 +336,9 @@ def run_checks(app: Celery) -> list[Check]:
         config = get_config(app)
     except SafeTimeError as exc:
         return [Check("settings", "fail", str(exc))]
-    # A misspelt key is ignored (its default is used): valid settings, but not the ones meant.
-    unknown = [Check("settings", "warn", message) for message in unknown_settings(app)]
+    # A misspelt key, or one outside the app's namespace, is ignored (its default is used): valid
+    # settings, but not the ones meant.
+    unknown = [Check("settings", "warn", message) for message in setting_warnings(app)]
     checks = unknown or [Check("settings", "ok", "all safe_time_* settings valid")]
     checks.append(check_broker(config, app))
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis

@@ -134,7 +134,14 @@ def safe_time(ctx: click.Context, **kwargs: Any) -> None:
 @click.pass_context
 def check(ctx: click.Context, as_json: bool) -> None:
     """Check clocks, Redis and the store; exit 1 on any failure (usable as a probe)."""
-    checks = run_checks(_loaded_app(ctx))
+    from .config import log_setting_warnings
+
+    # The settings warnings are rows of the report here, not log lines beside it.
+    log_setting_warnings(False)
+    try:
+        checks = run_checks(_loaded_app(ctx))
+    finally:
+        log_setting_warnings(True)
     overall = worst(checks)
     if as_json:
         _dump({"status": overall, "checks": [c.as_dict() for c in checks]})

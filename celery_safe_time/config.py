@@ -211,9 +211,35 @@ def get_config(app: Celery) -> SafeTimeConfig:
             raise
         raise ImproperlyConfigured(exc.key, f"{str(exc).removeprefix(exc.key + ': ')}; {hint}") from None
     _CACHE[app] = config
-    for message in unknown_setting_warnings(_setting_names(app), known_setting_names()):
-        logger.warning("%s", message)
+    if _LOG_SETTING_WARNINGS:
+        for message in setting_warnings(app):
+            logger.warning("%s", message)
     return config
+
+
+#: Whether :func:`get_config` logs :func:`setting_warnings`; ``safe-time check`` shows them as rows instead.
+_LOG_SETTING_WARNINGS = True
+
+
+def log_setting_warnings(enabled: bool) -> None:
+    """Have :func:`get_config` log the settings warnings (the default) or not (a command that reports
+    them itself, ``safe-time check``, so they are not said twice)."""
+    global _LOG_SETTING_WARNINGS
+    _LOG_SETTING_WARNINGS = enabled
+
+
+def setting_warnings(app: Celery) -> list[str]:
+    """Every warning about how ``app`` is configured: misspelt ``safe_time_*`` keys, ``SAFE_TIME_*``
+    keys outside the app's namespace (never read), and a Django project's store falling back to a
+    SQLite file in the current directory."""
+    messages = unknown_settings(app) + _outside_namespace(app)
+    if app.conf.get("safe_time_store_url") is None and _reads_django_settings(app):
+        prefix = _namespace_prefix(app)
+        messages.append(
+            f"{prefix}SAFE_TIME_STORE_URL is not set: stored delays go to {C.DEFAULT_STORE_URL}, a file in the "
+            f"current directory; set {prefix}SAFE_TIME_STORE_URL = 'django' to keep them in the project's database"
+        )
+    return messages
 
 
 @functools.cache
@@ -251,13 +277,50 @@ def near_miss_hint(app: Celery, error: ImproperlyConfigured) -> str | None:
     return "; ".join(hints) or None
 
 
+def _namespace_prefix(app: Celery) -> str:
+    """What the app's setting names start with: ``"CELERY_"`` for ``namespace="CELERY"``, else ``""``."""
+    return str(app.conf.prefix or "")
+
+
+def _reads_django_settings(app: Celery) -> bool:
+    """Whether ``app`` is configured from Django's settings (``config_from_object("django.conf:settings")``)."""
+    source = getattr(app, "_config_source", None)
+    if isinstance(source, str):
+        return source.partition(":")[0] == "django.conf"
+    return type(source).__module__ == "django.conf"
+
+
+def _unread(key: str, prefix: str) -> bool:
+    """A ``SAFE_TIME_*`` key set outside the app's namespace, in capitals (Django's settings): Celery
+    reads ``<prefix>SAFE_TIME_*`` and the lowercase key, never this one."""
+    return (
+        key.lower().startswith(C.SETTING_PREFIX)
+        and key != key.lower()
+        and not (prefix and key.upper().startswith(prefix.upper()))
+        and key != C.DJANGO_APP_SETTING
+    )
+
+
+def _outside_namespace(app: Celery) -> list[str]:
+    """One message per ``SAFE_TIME_*`` key ``app``'s configuration holds that is never read, naming
+    the key and the name it needs (``SAFE_TIME_STORE_URL`` under ``namespace="CELERY"``)."""
+    prefix = _namespace_prefix(app)
+    messages = []
+    for key in sorted({k for k in app.conf.without_defaults() if isinstance(k, str) and _unread(k, prefix)}):
+        wanted = f"{prefix.upper()}{key.upper()}" if prefix else key.lower()
+        where = f"the app reads its settings with the {prefix!r} prefix" if prefix else "the app reads lowercase keys"
+        messages.append(f"setting {key!r} is ignored: {where}; name it {wanted!r}")
+    return messages
+
+
 def _setting_names(app: Celery) -> list[str]:
-    """The keys set on ``app.conf`` (not Celery's defaults), lowercased and without the Django
-    namespace prefix (``CELERY_SAFE_TIME_BEAT_LEASE`` -> ``safe_time_beat_lease``)."""
+    """The keys set on ``app.conf`` (not Celery's defaults) that Celery reads, lowercased and without
+    the Django namespace prefix (``CELERY_SAFE_TIME_BEAT_LEASE`` -> ``safe_time_beat_lease``)."""
     namespace = (app.conf.prefix or "").lower()
+    prefix = _namespace_prefix(app)
     names = []
     for key in app.conf.without_defaults():
-        if not isinstance(key, str):
+        if not isinstance(key, str) or _unread(key, prefix):
             continue
         name = key.lower()
         if namespace and name.startswith(namespace):

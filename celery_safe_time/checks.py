@@ -330,6 +330,29 @@ def check_sweep(app: Celery) -> Check:
     return Check("sweep", "warn", detail, value=waiting)
 
 
+def version_pairing(celery_version: str, kombu_version: str) -> Check:
+    """Celery and kombu of the same minor series (5.4 with 5.4, ..., 5.7 with 5.7) are the tested pairs;
+    pip may install a newer kombu beside an older Celery (Celery only asks for kombu below 6)."""
+    celery_series = ".".join(celery_version.split(".")[:2])
+    kombu_series = ".".join(kombu_version.split(".")[:2])
+    pair = f"celery {celery_version}, kombu {kombu_version}"
+    if celery_series == kombu_series:
+        return Check("versions", "ok", f"{pair} (a tested pair)")
+    return Check(
+        "versions",
+        "warn",
+        f"{pair}: not a tested pair (Celery and kombu of the same series are); "
+        f"pip install 'kombu=={celery_series}.*' (or 'celery=={kombu_series}.*')",
+    )
+
+
+def installed_versions() -> Check:
+    """:func:`version_pairing` of the installed Celery and kombu."""
+    from importlib.metadata import version
+
+    return version_pairing(version("celery"), version("kombu"))
+
+
 def run_checks(app: Celery) -> list[Check]:
     """All checks for ``app``; settings errors surface as one failed check."""
     try:
@@ -340,6 +363,7 @@ def run_checks(app: Celery) -> list[Check]:
     # settings, but not the ones meant.
     unknown = [Check("settings", "warn", message) for message in setting_warnings(app)]
     checks = unknown or [Check("settings", "ok", "all safe_time_* settings valid")]
+    checks.append(installed_versions())
     checks.append(check_broker(config, app))
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
         checks.extend(check_redis(config))

@@ -353,6 +353,27 @@ def installed_versions() -> Check:
     return version_pairing(version("celery"), version("kombu"))
 
 
+def worker_startup_problems(app: Celery) -> list[str]:
+    """What a worker of ``app`` checks before it says "ready", as beat does: its settings, its
+    coordination backend (Redis, or PostgreSQL) and its store answer. One line per problem, naming the
+    setting; empty when all is well. Warnings (persistence, clock skew) are ``check``'s, not here."""
+    try:
+        config = get_config(app)
+    except SafeTimeError as exc:
+        return [str(exc)]
+    problems = []
+    if config.coordination == C.COORDINATION_POSTGRES:
+        failed = [c for c in check_coordination(config) if c.status == "fail"]
+        problems += [f"safe_time_coordination_url: {c.detail}" for c in failed]
+    elif config.redis_url:
+        failed = [c for c in check_redis(config)[:1] if c.status == "fail"]
+        problems += [
+            c.detail if c.detail.startswith("safe_time_") else f"safe_time_redis_url: {c.detail}" for c in failed
+        ]
+    problems += [f"safe_time_store_url: {c.detail}" for c in check_store(app, config)[:1] if c.status == "fail"]
+    return problems
+
+
 def run_checks(app: Celery) -> list[Check]:
     """All checks for ``app``; settings errors surface as one failed check."""
     try:

@@ -195,6 +195,31 @@ def mask_url(url: str | None) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+#: Database URL schemes -> the extra that installs the driver the package uses, that driver, a URL.
+_DRIVER_EXTRAS = {
+    "postgresql": ("postgres", "psycopg", "postgresql://user:password@host:5432/dbname"),
+    "postgres": ("postgres", "psycopg", "postgresql://user:password@host:5432/dbname"),
+    "mysql": ("mysql", "pymysql", "mysql://user:password@host:3306/dbname"),
+    "mariadb": ("mysql", "pymysql", "mariadb://user:password@host:3306/dbname"),
+}
+
+
+def missing_driver_message(url: str, exc: BaseException) -> str:
+    """What to install (the extra) and which URL form to use when ``url``'s database driver is missing:
+    a bare ``No module named 'psycopg2'`` says neither."""
+    scheme = url.partition(":")[0].lower()
+    base, _, driver = scheme.partition("+")
+    known = _DRIVER_EXTRAS.get(base)
+    where = f"the database driver for {mask_url(url)} is not installed ({exc})"
+    if known is None:
+        return where
+    extra, package_driver, form = known
+    message = f"{where}: pip install 'celery-safe-time[{extra}]'"
+    if driver and driver != package_driver:
+        return f"{message}, which brings {package_driver}: write the URL without '+{driver}', as {form}"
+    return f"{message} (URL form: {form})"
+
+
 def get_config(app: Celery) -> SafeTimeConfig:
     """Return the app's parsed settings, parsing and validating them on first use."""
     try:

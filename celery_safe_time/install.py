@@ -39,7 +39,30 @@ def install(app: Celery) -> SafeTimeConfig:
 
     sweep.register(app, config)
     install_idle_sweep_filter()
+    # Connected here, after the app (and Celery's Django fixup, which sets Django up on the same
+    # signal) exists: the check of a Django store needs the ORM ready.
+    worker_init.connect(check_worker_startup, weak=False, dispatch_uid="celery_safe_time.install.worker_checks")
     return config
+
+
+def check_worker_startup(sender: Any = None, **_: Any) -> None:
+    """``worker_init``: a worker whose store or coordination backend cannot be reached stops here, with
+    one CRITICAL line per problem naming the setting, instead of saying "ready" and failing at its
+    first locked or stored call. ``SystemExit``: Celery logs (and swallows) any other exception a
+    signal handler raises, traceback and all."""
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    from .checks import worker_startup_problems
+    from .delays.backends import reset_store
+
+    problems = worker_startup_problems(app)
+    # The pool forks next: its children open their own connections, none shared with this process.
+    reset_store(app)
+    for problem in problems:
+        logger.critical("worker: %s", problem)
+    if problems:
+        raise SystemExit(1)
 
 
 def check_timezone(app: Celery) -> None:

@@ -206,6 +206,14 @@ def database_entries(app: Celery, now: datetime) -> list[EntryRow]:
     return rows
 
 
+def merged_entries(entries: list[EntryRow], database: list[EntryRow]) -> list[EntryRow]:
+    """``entries`` and django-celery-beat's rows, each name once: ``SafeDatabaseScheduler`` copies the
+    ``beat_schedule`` entries (the sweep's among them) into its table and fires those rows, so a
+    config entry of the same name is the copy that never fires."""
+    names = {row.name for row in database}
+    return [row for row in entries if not (row.source == "config" and row.name in names)] + database
+
+
 def due_counts(now: datetime, hours: int = CHART_HOURS) -> tuple[dict[datetime, int], int]:
     """Pending delays per hour for ``hours`` from ``now``'s hour, and how many are due before it."""
     from django.db.models import Count
@@ -253,7 +261,7 @@ def gather(app: Celery, now: datetime | None = None) -> Overview:
     except errors as exc:
         view.entries_error = _failed("beat entries", exc)
     try:
-        entries += database_entries(app, now)
+        entries = merged_entries(entries, database_entries(app, now))
     except errors as exc:
         view.entries_error = _failed("django-celery-beat entries", exc)
     view.entries = entries

@@ -9,6 +9,7 @@ once through the dispatch check, Redis ``TIME`` as "now", intervals on a fixed g
 from __future__ import annotations
 
 import logging
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,11 @@ from ...exceptions import ScheduleError
 from ...schedules import crontab
 
 logger = logging.getLogger(__name__)
+
+#: Per app, the rows found invalid and the reason last logged for each: django-celery-beat rebuilds
+#: every row's entry on each schedule reload (several times a second while rows change), and an
+#: invalid row is logged once per change of its reason, not once per rebuild.
+_REFUSED: weakref.WeakKeyDictionary[Celery, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 class SafeModelEntry(ModelEntry):
@@ -114,9 +120,16 @@ class SafeModelEntry(ModelEntry):
             self.schedule.nowfun = self.clock
         self.fire_slots: list[float] | None = None
         self.last_due: float | None = None
+        # Valid (again): a later breakage is a change, logged anew.
+        _REFUSED.get(self.app, {}).pop(self.name, None)
 
     def _refuse(self, reason: str) -> None:
-        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
+        refused = _REFUSED.setdefault(self.app, {})
+        if refused.get(self.name) != reason:
+            refused[self.name] = reason
+            logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
+        else:
+            logger.debug("beat: entry %r is still disabled: %s", self.name, reason)
         raise ValueError(reason)  # DatabaseScheduler leaves out a row whose entry raises ValueError
 
     def _default_now(self) -> datetime:

@@ -142,6 +142,8 @@ def check(ctx: click.Context, as_json: bool) -> None:
         checks = run_checks(_loaded_app(ctx))
     finally:
         log_setting_warnings(True)
+    if not any(c.name == "settings" and c.status == "fail" for c in checks):
+        checks.extend(_entry_checks(_app(ctx)))
     overall = worst(checks)
     if as_json:
         _dump({"status": overall, "checks": [c.as_dict() for c in checks]})
@@ -150,6 +152,36 @@ def check(ctx: click.Context, as_json: bool) -> None:
         label, color = _MARK[overall]
         click.echo("overall: " + ctx.obj.style(label, fg=color, bold=True))
     sys.exit(1 if overall == "fail" else 0)
+
+
+def _invalid_entries(app: Celery) -> tuple[dict[str, str], str | None]:
+    """Every invalid beat entry (config, runtime and, under Django, django-celery-beat rows) with
+    its reason, and why the entries could not be read (or None)."""
+    from .beat.entries import invalid_entries
+    from .contrib.django.status import django_beat_in_use
+
+    try:
+        problems = invalid_entries(app)
+    except Exception as exc:  # the beat backend unreachable: the other rows of check say why
+        return {}, f"beat entries unreadable: {exc.__class__.__name__}: {_first_line(exc)}"
+    if django_beat_in_use():
+        from .contrib.django.schedulers import invalid_rows
+
+        try:
+            problems.update(invalid_rows(app))
+        except Exception as exc:  # django-celery-beat installed but its tables not migrated here
+            return problems, f"django-celery-beat rows unreadable: {exc.__class__.__name__}: {_first_line(exc)}"
+    return problems, None
+
+
+def _entry_checks(app: Celery) -> list[Check]:
+    """``check``'s rows for the beat entries: each invalid one named with its reason (the leader
+    disables it; the others fire), or one OK row."""
+    problems, unreadable = _invalid_entries(app)
+    checks = [Check("entries", "warn", f"{name}: {reason}") for name, reason in sorted(problems.items())]
+    if unreadable is not None:
+        checks.append(Check("entries", "warn", unreadable))
+    return checks or [Check("entries", "ok", "every beat entry valid")]
 
 
 def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
@@ -327,8 +359,12 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
         # config entry of the same name is a copy that never fires.
         names = {row.name for row in database}
         found = [i for i in found if not (i.source == "config" and i.name in names)]
+    problems, _ = _invalid_entries(app)
     if as_json:
-        _dump([info.as_dict() for info in found] + [_database_dict(row) for row in database])
+        listed = [info.as_dict() for info in found] + [_database_dict(row) for row in database]
+        for item in listed:
+            item["invalid"] = problems.get(item["name"])
+        _dump(listed)
         return
     rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
     for i in found:
@@ -344,9 +380,13 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
         nxt = row.next_fire.isoformat() if row.next_fire else "-"
         last = row.last_fired.isoformat() if row.last_fired else "-"
         rows.append((row.name, row.source, state, row.schedule, nxt, last, row.task))
+    # The leader disables an invalid entry (the others fire): shown so, with the reason below.
+    rows = [rows[0], *((r[0], r[1], "invalid" if r[0] in problems else r[2], *r[3:]) for r in rows[1:])]
     _echo_table([rows[0], *sorted(rows[1:], key=lambda r: r[0])])
     count = len(rows) - 1
     click.echo(f"{count} entr{'y' if count == 1 else 'ies'}")
+    for name in sorted(problems):
+        click.echo(f"invalid: {name}: {problems[name]}")
 
 
 def _database_entries(ctx: click.Context, prefix: str | None) -> list[Any]:

@@ -698,6 +698,30 @@ def list_entries(app: Celery | None = None, prefix: str | None = None) -> list[E
     return out
 
 
+def invalid_entries(app: Celery | None = None) -> dict[str, str]:
+    """Entry name -> why the leader disables it, for the ``beat_schedule`` entries and the runtime ones,
+    checked as ``SafeScheduler`` checks them (its options, its task registered in ``app``, its
+    schedule), without a leader: ``safe-time check`` and ``beat list`` name them."""
+    store = _Store(app)
+    config_entries = store.config_entries()
+    problems: dict[str, str] = {}
+    for name, spec in config_entries.items():
+        try:
+            entry = ScheduleEntry(**dict(config_spec(name, spec), name=name, app=store.app))
+            entry_plan(entry, store.config, store.app)
+        except Exception as exc:  # the leader disables any entry it cannot build, whatever the error
+            problems[name] = f"invalid entry: {exc.__class__.__name__}: {exc}"
+    for name, raw in store.backend.entry_definitions(None).items():
+        if name in config_entries:
+            continue
+        try:
+            entry = build_entry(name, parse_definition(raw), store.app)
+            entry_plan(entry, store.config, store.app)
+        except Exception as exc:
+            problems[name] = f"invalid runtime entry: {exc}"
+    return problems
+
+
 def describe_schedule(schedule: Any) -> str:
     """A one-line text of a schedule for the command line (``cron 0 9 * * * tz=Europe/Berlin``)."""
     try:

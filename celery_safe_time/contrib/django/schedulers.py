@@ -347,3 +347,24 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
     def sync(self) -> None:
         # last_run_at/total_run_count are written per run; a standby must never write stale ones
         self._dirty.clear()
+
+
+def invalid_rows(app: Celery) -> dict[str, str]:
+    """Enabled django-celery-beat row name -> why ``SafeDatabaseScheduler`` leaves it out, checked as
+    it builds each row's entry, without logging (``safe-time check`` and ``beat list`` show them)."""
+    from django_celery_beat.models import PeriodicTask
+
+    problems: dict[str, str] = {}
+    # Neither logged nor remembered as logged: a leader in this process still says each one once.
+    quiet, logger.disabled = logger.disabled, True
+    refused = dict(_REFUSED.get(app, {}))
+    try:
+        for model in PeriodicTask.objects.filter(enabled=True).order_by("name"):
+            try:
+                SafeModelEntry(model, app=app)
+            except Exception as exc:  # a row django-celery-beat or this scheduler cannot build
+                problems[model.name] = str(exc) or exc.__class__.__name__
+    finally:
+        logger.disabled = quiet
+        _REFUSED[app] = refused
+    return problems

@@ -63,7 +63,7 @@ def test_an_invalid_row_is_logged_once_per_change_not_per_reload(
     make_app: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Issue 40, trap 4: the leader logged the same ERROR five times within 0.5 s (one per reload).
-    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler, SafeModelEntry
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler, SafeModelEntry, invalid_rows
 
     app = make_app()
     every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
@@ -71,6 +71,8 @@ def test_an_invalid_row_is_logged_once_per_change_not_per_reload(
         name="typo", task="tests.record", interval=every, headers='{"safe_time_overlap": "sikp"}'
     )
     scheduler = type("S", (), {"Entry": SafeModelEntry, "app": app, "enabled_models": lambda self: [bad]})()
+    # check and beat list name it without logging, and without hiding it from the leader's log
+    assert list(invalid_rows(app)) == ["typo"]
 
     def reloads(count: int) -> int:
         caplog.clear()

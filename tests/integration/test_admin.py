@@ -250,6 +250,26 @@ def test_detail_page_is_read_only(admin_client: Client) -> None:
     assert DelayedTask.objects.get(id="ro-1").status == C.STATUS_PENDING
 
 
+def test_overview_shows_an_invalid_entry_with_its_reason_not_a_next_fire(
+    admin_client: Client, admin_app: Celery
+) -> None:
+    # Issue 40, trap 4: the overview showed a next fire time for an entry the leader disables.
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    admin_app.conf.beat_schedule = {
+        "typo": {"task": "tests.nightly", "schedule": 3600.0, "options": {"overlap": "sikp"}},
+        "nightly": {"task": "tests.nightly", "schedule": 3600.0},
+    }
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.MINUTES)
+    PeriodicTask.objects.create(name="db-typo", task="tests.db", interval=every, headers='{"safe_time_overlap": "x"}')
+    body = admin_client.get(OVERVIEW).content.decode()
+    assert body.count("invalid: ") == 2, body
+    assert "invalid: invalid entry: ScheduleError: entry &#x27;typo&#x27;: safe_time_overlap must be one of" in body
+    assert "invalid: safe_time_overlap must be one of" in body  # the django-celery-beat row
+    nightly = body[body.index(">nightly<") :].split("</tr>")[0]
+    assert "invalid" not in nightly  # its task is the worker's to know, not the web server's
+
+
 def test_overview_shows_leader_entries_delays_chart_and_locks(
     admin_client: Client, admin_app: Celery, redis_client: redis.Redis
 ) -> None:

@@ -80,6 +80,7 @@ class EntryRow:
     next_fire: datetime | None
     pause_note: str | None = None  # why a paused runtime entry was paused
     paused_until: datetime | None = None  # when it resumes by itself
+    invalid: str | None = None  # why the leader disables it (it never fires), else None
 
 
 @dataclass
@@ -214,6 +215,25 @@ def merged_entries(entries: list[EntryRow], database: list[EntryRow]) -> list[En
     return [row for row in entries if not (row.source == "config" and row.name in names)] + database
 
 
+def mark_invalid(app: Celery, entries: list[EntryRow]) -> None:
+    """Set ``invalid`` on the entries the leader disables (as ``safe-time check`` finds them): an
+    invalid entry never fires, so it shows its reason, not a next fire time."""
+    from django.apps import apps
+
+    from ...beat.entries import invalid_entries
+
+    # The web process need not import the worker's tasks: an unknown task is check's to say.
+    problems = invalid_entries(app, tasks=False)
+    if apps.is_installed("django_celery_beat"):
+        from .schedulers import invalid_rows
+
+        problems.update(invalid_rows(app))
+    for row in entries:
+        row.invalid = problems.get(row.name)
+        if row.invalid is not None:
+            row.next_fire = None
+
+
 def due_counts(now: datetime, hours: int = CHART_HOURS) -> tuple[dict[datetime, int], int]:
     """Pending delays per hour for ``hours`` from ``now``'s hour, and how many are due before it."""
     from django.db.models import Count
@@ -264,6 +284,10 @@ def gather(app: Celery, now: datetime | None = None) -> Overview:
         entries = merged_entries(entries, database_entries(app, now))
     except errors as exc:
         view.entries_error = _failed("django-celery-beat entries", exc)
+    try:
+        mark_invalid(app, entries)
+    except errors as exc:
+        view.entries_error = _failed("entry checks", exc)
     view.entries = entries
     try:
         view.delays = describe_delays(app)

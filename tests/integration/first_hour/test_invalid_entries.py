@@ -42,3 +42,9 @@ def test_check_and_beat_list_name_each_invalid_entry(processes: ProcessManager) 
         "ghost": True,
         "typo": True,
     }
+
+    status = json.loads(processes.command("tests.apps.basic", "safe-time", "status", "--json", env=env).stdout)
+    invalid = status["beat"]["invalid_entries"]
+    assert isinstance(invalid, dict), invalid
+    assert sorted(invalid) == ["ghost", "typo"]
+    assert "unknown task 'tests.no_such_task'" in invalid["ghost"]

@@ -20,7 +20,7 @@ from celery.utils.log import LoggingProxy
 
 from . import constants as C
 from .config import SafeTimeConfig, get_config
-from .exceptions import ImproperlyConfigured
+from .exceptions import ImproperlyConfigured, SafeTimeError
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +95,32 @@ _previous_hook = sys.excepthook
 
 
 def write_uncaught(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-    """``sys.excepthook``: one ``write()`` of the formatted traceback when stderr is Celery's proxy."""
+    """``sys.excepthook``: one ``write()`` of the formatted traceback when stderr is Celery's proxy.
+
+    One of this package's own errors (an unreachable Redis at beat's start) already says what and
+    where: one line, not the frames of the command line and of the driver under it."""
     stream = sys.stderr
     if isinstance(stream, LoggingProxy):
+        if isinstance(exc, SafeTimeError):
+            stream.write(f"{exc_type.__name__}: {exc}")
+            return
         stream.write("".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n"))
         return
     _previous_hook(exc_type, exc, tb)
+
+
+class OwnErrorsInOneLine(logging.Filter):
+    """On Celery's "beat raised exception" CRITICAL: no traceback when the exception is one of this
+    package's own, whose message names the setting, the (masked) URL and the cause."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], SafeTimeError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_ONE_LINE = OwnErrorsInOneLine()
 
 
 def _install_hook(**_: Any) -> None:
@@ -108,6 +128,9 @@ def _install_hook(**_: Any) -> None:
     if sys.excepthook is not write_uncaught:
         _previous_hook = sys.excepthook
         sys.excepthook = write_uncaught
+    beat_logger = logging.getLogger("celery.beat")  # celery/apps/beat.py logs its CRITICAL there
+    if _ONE_LINE not in beat_logger.filters:
+        beat_logger.addFilter(_ONE_LINE)
 
 
 # Sent once Celery's logging is set up in beat and worker processes (never in plain imports).

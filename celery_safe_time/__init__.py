@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .beat.entries import EntryInfo, delete_entry, get_entry, list_entries, save_entry
     from .beat.history import AuditRecord, RunRecord, entry_audit, entry_history
     from .beat.scheduler import SafeScheduler
-    from .delays.admin import cancel, reschedule
+    from .delays.admin import cancel, rerun, reschedule
     from .delays.task import SafeTask
     from .locks.idempotency import idempotent
     from .locks.limits import concurrency_limit, rate_limit
@@ -51,6 +51,7 @@ _LAZY: dict[str, str] = {
     "SafeTask": ".delays.task",
     "cancel": ".delays.admin",
     "reschedule": ".delays.admin",
+    "rerun": ".delays.admin",
     # locks
     "overlap_lock": ".locks.overlap",
     "idempotent": ".locks.idempotency",
@@ -76,6 +77,7 @@ __all__ = [  # noqa: RUF022 - grouped by capability, not sorted
     "SafeTask",
     "cancel",
     "reschedule",
+    "rerun",
     # locks
     "idempotent",
     "overlap_lock",

@@ -18,7 +18,7 @@ from celery import Celery
 
 from . import constants as C
 from .clock import local_time, measure_redis_offset
-from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, unknown_settings
+from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, setting_warnings
 from .exceptions import ImproperlyConfigured, RedisUnavailable, SafeTimeError
 from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
@@ -330,15 +330,61 @@ def check_sweep(app: Celery) -> Check:
     return Check("sweep", "warn", detail, value=waiting)
 
 
+def version_pairing(celery_version: str, kombu_version: str) -> Check:
+    """Celery and kombu of the same minor series (5.4 with 5.4, ..., 5.7 with 5.7) are the tested pairs;
+    pip may install a newer kombu beside an older Celery (Celery only asks for kombu below 6)."""
+    celery_series = ".".join(celery_version.split(".")[:2])
+    kombu_series = ".".join(kombu_version.split(".")[:2])
+    pair = f"celery {celery_version}, kombu {kombu_version}"
+    if celery_series == kombu_series:
+        return Check("versions", "ok", f"{pair} (a tested pair)")
+    return Check(
+        "versions",
+        "warn",
+        f"{pair}: not a tested pair (Celery and kombu of the same series are); "
+        f"pip install 'kombu=={celery_series}.*' (or 'celery=={kombu_series}.*')",
+    )
+
+
+def installed_versions() -> Check:
+    """:func:`version_pairing` of the installed Celery and kombu."""
+    from importlib.metadata import version
+
+    return version_pairing(version("celery"), version("kombu"))
+
+
+def worker_startup_problems(app: Celery) -> list[str]:
+    """What a worker of ``app`` checks before it says "ready", as beat does: its settings, its
+    coordination backend (Redis, or PostgreSQL) and its store answer. One line per problem, naming the
+    setting; empty when all is well. Warnings (persistence, clock skew) are ``check``'s, not here."""
+    try:
+        config = get_config(app)
+    except SafeTimeError as exc:
+        return [str(exc)]
+    problems = []
+    if config.coordination == C.COORDINATION_POSTGRES:
+        failed = [c for c in check_coordination(config) if c.status == "fail"]
+        problems += [f"safe_time_coordination_url: {c.detail}" for c in failed]
+    elif config.redis_url:
+        failed = [c for c in check_redis(config)[:1] if c.status == "fail"]
+        problems += [
+            c.detail if c.detail.startswith("safe_time_") else f"safe_time_redis_url: {c.detail}" for c in failed
+        ]
+    problems += [f"safe_time_store_url: {c.detail}" for c in check_store(app, config)[:1] if c.status == "fail"]
+    return problems
+
+
 def run_checks(app: Celery) -> list[Check]:
     """All checks for ``app``; settings errors surface as one failed check."""
     try:
         config = get_config(app)
     except SafeTimeError as exc:
         return [Check("settings", "fail", str(exc))]
-    # A misspelt key is ignored (its default is used): valid settings, but not the ones meant.
-    unknown = [Check("settings", "warn", message) for message in unknown_settings(app)]
+    # A misspelt key, or one outside the app's namespace, is ignored (its default is used): valid
+    # settings, but not the ones meant.
+    unknown = [Check("settings", "warn", message) for message in setting_warnings(app)]
     checks = unknown or [Check("settings", "ok", "all safe_time_* settings valid")]
+    checks.append(installed_versions())
     checks.append(check_broker(config, app))
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
         checks.extend(check_redis(config))

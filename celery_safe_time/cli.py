@@ -134,7 +134,16 @@ def safe_time(ctx: click.Context, **kwargs: Any) -> None:
 @click.pass_context
 def check(ctx: click.Context, as_json: bool) -> None:
     """Check clocks, Redis and the store; exit 1 on any failure (usable as a probe)."""
-    checks = run_checks(_loaded_app(ctx))
+    from .config import log_setting_warnings
+
+    # The settings warnings are rows of the report here, not log lines beside it.
+    log_setting_warnings(False)
+    try:
+        checks = run_checks(_loaded_app(ctx))
+    finally:
+        log_setting_warnings(True)
+    if not any(c.name == "settings" and c.status == "fail" for c in checks):
+        checks.extend(_entry_checks(_app(ctx)))
     overall = worst(checks)
     if as_json:
         _dump({"status": overall, "checks": [c.as_dict() for c in checks]})
@@ -143,6 +152,36 @@ def check(ctx: click.Context, as_json: bool) -> None:
         label, color = _MARK[overall]
         click.echo("overall: " + ctx.obj.style(label, fg=color, bold=True))
     sys.exit(1 if overall == "fail" else 0)
+
+
+def _invalid_entries(app: Celery) -> tuple[dict[str, str], str | None]:
+    """Every invalid beat entry (config, runtime and, under Django, django-celery-beat rows) with
+    its reason, and why the entries could not be read (or None)."""
+    from .beat.entries import invalid_entries
+    from .contrib.django.status import django_beat_in_use
+
+    try:
+        problems = invalid_entries(app)
+    except Exception as exc:  # the beat backend unreachable: the other rows of check say why
+        return {}, f"beat entries unreadable: {exc.__class__.__name__}: {_first_line(exc)}"
+    if django_beat_in_use():
+        from .contrib.django.schedulers import invalid_rows
+
+        try:
+            problems.update(invalid_rows(app))
+        except Exception as exc:  # django-celery-beat installed but its tables not migrated here
+            return problems, f"django-celery-beat rows unreadable: {exc.__class__.__name__}: {_first_line(exc)}"
+    return problems, None
+
+
+def _entry_checks(app: Celery) -> list[Check]:
+    """``check``'s rows for the beat entries: each invalid one named with its reason (the leader
+    disables it; the others fire), or one OK row."""
+    problems, unreadable = _invalid_entries(app)
+    checks = [Check("entries", "warn", f"{name}: {reason}") for name, reason in sorted(problems.items())]
+    if unreadable is not None:
+        checks.append(Check("entries", "warn", unreadable))
+    return checks or [Check("entries", "ok", "every beat entry valid")]
 
 
 def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
@@ -312,9 +351,20 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
     """Every entry: beat_schedule ones (source config) and runtime ones, with their last and next fire."""
     from .beat.entries import describe_schedule, list_entries
 
-    found = list_entries(app=_app(ctx), prefix=prefix)
+    app = _app(ctx)
+    found = list_entries(app=app, prefix=prefix)
+    database = _database_entries(ctx, prefix)
+    if database:
+        # SafeDatabaseScheduler fires its table's rows, the beat_schedule copies among them: the
+        # config entry of the same name is a copy that never fires.
+        names = {row.name for row in database}
+        found = [i for i in found if not (i.source == "config" and i.name in names)]
+    problems, _ = _invalid_entries(app)
     if as_json:
-        _dump([info.as_dict() for info in found])
+        listed = [info.as_dict() for info in found] + [_database_dict(row) for row in database]
+        for item in listed:
+            item["invalid"] = problems.get(item["name"])
+        _dump(listed)
         return
     rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
     for i in found:
@@ -325,8 +375,48 @@ def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
         nxt = i.next_fire.isoformat() if i.next_fire else "-"
         last = i.last_fired.isoformat() if i.last_fired else "-"
         rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))
-    _echo_table(rows)
-    click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}")
+    for row in database:
+        state = "enabled" if row.enabled else "paused"
+        nxt = row.next_fire.isoformat() if row.next_fire else "-"
+        last = row.last_fired.isoformat() if row.last_fired else "-"
+        rows.append((row.name, row.source, state, row.schedule, nxt, last, row.task))
+    # The leader disables an invalid entry (the others fire): shown so, with the reason below.
+    rows = [rows[0], *((r[0], r[1], "invalid" if r[0] in problems else r[2], *r[3:]) for r in rows[1:])]
+    _echo_table([rows[0], *sorted(rows[1:], key=lambda r: r[0])])
+    count = len(rows) - 1
+    click.echo(f"{count} entr{'y' if count == 1 else 'ies'}")
+    for name in sorted(problems):
+        click.echo(f"invalid: {name}: {problems[name]}")
+
+
+def _database_entries(ctx: click.Context, prefix: str | None) -> list[Any]:
+    """django-celery-beat's rows (``SafeDatabaseScheduler``'s entries), when Django runs with it."""
+    app = _loaded_app(ctx)
+    from .contrib.django.status import django_beat_in_use
+
+    if not django_beat_in_use():
+        return []
+    from .clock import local_time, to_datetime
+    from .contrib.django.overview import database_rows
+
+    try:
+        rows = database_rows(app, to_datetime(local_time()))
+    except Exception as exc:  # django-celery-beat installed but its tables not migrated here (as status)
+        click.echo(f"django-celery-beat entries unreadable: {exc.__class__.__name__}: {_first_line(exc)}", err=True)
+        return []
+    return [row for row in rows if prefix is None or row.name.startswith(prefix)]
+
+
+def _database_dict(row: Any) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "source": row.source,
+        "task": row.task,
+        "schedule": row.schedule,
+        "enabled": row.enabled,
+        "last_fired": row.last_fired.isoformat() if row.last_fired else None,
+        "next_fire": row.next_fire.isoformat() if row.next_fire else None,
+    }
 
 
 @beat_group.command(name="show", cls=CeleryCommand)
@@ -691,7 +781,7 @@ def beat_import_redbeat(
 
 @safe_time.group(cls=click.Group)
 def delays() -> None:
-    """Stored delayed tasks: list, show, cancel, reschedule, purge."""
+    """Stored delayed tasks: list, show, cancel, reschedule, rerun, purge."""
 
 
 @delays.command(name="list", cls=CeleryCommand)
@@ -777,7 +867,40 @@ def delays_reschedule(ctx: click.Context, task_id: str, eta: str | None, countdo
     _unchanged(app, task_id, "reschedulable")
 
 
-def _unchanged(app: Celery, task_id: str, what: str) -> None:
+@delays.command(name="rerun", cls=CeleryCommand)
+@click.argument("task_ids", metavar="ID...", nargs=-1)
+@click.option("--failed", "all_failed", is_flag=True, help="Every failed stored delay (with --task: of that task).")
+@click.option("--task", "task_name", default=None, help="With --failed: only this task's rows.")
+@click.pass_context
+def delays_rerun(ctx: click.Context, task_ids: tuple[str, ...], all_failed: bool, task_name: str | None) -> None:
+    """Run failed or expired stored delays again: pending, due now, with a new delivery token (each runs
+    once). Exit 1 when a given ID changed nothing."""
+    from .delays.admin import rerun, rerun_failed
+
+    if all_failed == bool(task_ids):
+        raise click.UsageError("give task ids or --failed (not both)")
+    if task_name is not None and not all_failed:
+        raise click.UsageError("--task goes with --failed")
+    app = _loaded_app(ctx)
+    if all_failed:
+        done = rerun_failed(app, task=task_name)
+        for task_id in done:
+            click.echo(f"{task_id}: pending again, due now")
+        click.echo(f"{len(done)} failed delays rerun" + (f" (task {task_name})" if task_name else ""))
+        return
+    unchanged = []
+    for task_id in task_ids:
+        if rerun(task_id, app=app):
+            click.echo(f"{task_id}: pending again, due now")
+        else:
+            unchanged.append(task_id)
+    for task_id in unchanged:
+        _unchanged(app, task_id, "failed or expired", exit_code=None)
+    if unchanged:
+        sys.exit(1)
+
+
+def _unchanged(app: Celery, task_id: str, what: str, *, exit_code: int | None = 1) -> None:
     """Say why a cancel or reschedule changed nothing (an unknown id is not a finished row), exit 1."""
     from .delays.backends import get_store
 
@@ -785,8 +908,12 @@ def _unchanged(app: Celery, task_id: str, what: str) -> None:
     if row is None:
         click.echo(f"{task_id}: no such delay", err=True)
     else:
-        click.echo(f"{task_id}: {row.status}, not {what}, unchanged", err=True)
-    sys.exit(1)
+        hint = ""
+        if row.status in C.DELAY_RERUNNABLE_STATUSES and what == "reschedulable":
+            hint = f"; run it again with: celery safe-time delays rerun {task_id}"
+        click.echo(f"{task_id}: {row.status}, not {what}, unchanged{hint}", err=True)
+    if exit_code is not None:
+        sys.exit(exit_code)
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:

@@ -11,15 +11,18 @@ import difflib
 import functools
 import logging
 import math
+import numbers
 import re
 import weakref
 from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
 
 from . import constants as C
+from .clock import as_utc
 from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
@@ -214,6 +217,31 @@ def _mask_query(query: str) -> str:
     return "&".join(pairs)
 
 
+#: Database URL schemes -> the extra that installs the driver the package uses, that driver, a URL.
+_DRIVER_EXTRAS = {
+    "postgresql": ("postgres", "psycopg", "postgresql://user:password@host:5432/dbname"),
+    "postgres": ("postgres", "psycopg", "postgresql://user:password@host:5432/dbname"),
+    "mysql": ("mysql", "pymysql", "mysql://user:password@host:3306/dbname"),
+    "mariadb": ("mysql", "pymysql", "mariadb://user:password@host:3306/dbname"),
+}
+
+
+def missing_driver_message(url: str, exc: BaseException) -> str:
+    """What to install (the extra) and which URL form to use when ``url``'s database driver is missing:
+    a bare ``No module named 'psycopg2'`` says neither."""
+    scheme = url.partition(":")[0].lower()
+    base, _, driver = scheme.partition("+")
+    known = _DRIVER_EXTRAS.get(base)
+    where = f"the database driver for {mask_url(url)} is not installed ({exc})"
+    if known is None:
+        return where
+    extra, package_driver, form = known
+    message = f"{where}: pip install 'celery-safe-time[{extra}]'"
+    if driver and driver != package_driver:
+        return f"{message}, which brings {package_driver}: write the URL without '+{driver}', as {form}"
+    return f"{message} (URL form: {form})"
+
+
 def get_config(app: Celery) -> SafeTimeConfig:
     """Return the app's parsed settings, parsing and validating them on first use."""
     try:
@@ -230,9 +258,35 @@ def get_config(app: Celery) -> SafeTimeConfig:
             raise
         raise ImproperlyConfigured(exc.key, f"{str(exc).removeprefix(exc.key + ': ')}; {hint}") from None
     _CACHE[app] = config
-    for message in unknown_setting_warnings(_setting_names(app), known_setting_names()):
-        logger.warning("%s", message)
+    if _LOG_SETTING_WARNINGS:
+        for message in setting_warnings(app):
+            logger.warning("%s", message)
     return config
+
+
+#: Whether :func:`get_config` logs :func:`setting_warnings`; ``safe-time check`` shows them as rows instead.
+_LOG_SETTING_WARNINGS = True
+
+
+def log_setting_warnings(enabled: bool) -> None:
+    """Have :func:`get_config` log the settings warnings (the default) or not (a command that reports
+    them itself, ``safe-time check``, so they are not said twice)."""
+    global _LOG_SETTING_WARNINGS
+    _LOG_SETTING_WARNINGS = enabled
+
+
+def setting_warnings(app: Celery) -> list[str]:
+    """Every warning about how ``app`` is configured: misspelt ``safe_time_*`` keys, ``SAFE_TIME_*``
+    keys outside the app's namespace (never read), and a Django project's store falling back to a
+    SQLite file in the current directory."""
+    messages = unknown_settings(app) + _outside_namespace(app)
+    if app.conf.get("safe_time_store_url") is None and _reads_django_settings(app):
+        prefix = _namespace_prefix(app)
+        messages.append(
+            f"{prefix}SAFE_TIME_STORE_URL is not set: stored delays go to {C.DEFAULT_STORE_URL}, a file in the "
+            f"current directory; set {prefix}SAFE_TIME_STORE_URL = 'django' to keep them in the project's database"
+        )
+    return messages
 
 
 @functools.cache
@@ -270,13 +324,50 @@ def near_miss_hint(app: Celery, error: ImproperlyConfigured) -> str | None:
     return "; ".join(hints) or None
 
 
+def _namespace_prefix(app: Celery) -> str:
+    """What the app's setting names start with: ``"CELERY_"`` for ``namespace="CELERY"``, else ``""``."""
+    return str(app.conf.prefix or "")
+
+
+def _reads_django_settings(app: Celery) -> bool:
+    """Whether ``app`` is configured from Django's settings (``config_from_object("django.conf:settings")``)."""
+    source = getattr(app, "_config_source", None)
+    if isinstance(source, str):
+        return source.partition(":")[0] == "django.conf"
+    return type(source).__module__ == "django.conf"
+
+
+def _unread(key: str, prefix: str) -> bool:
+    """A ``SAFE_TIME_*`` key set outside the app's namespace, in capitals (Django's settings): Celery
+    reads ``<prefix>SAFE_TIME_*`` and the lowercase key, never this one."""
+    return (
+        key.lower().startswith(C.SETTING_PREFIX)
+        and key != key.lower()
+        and not (prefix and key.upper().startswith(prefix.upper()))
+        and key != C.DJANGO_APP_SETTING
+    )
+
+
+def _outside_namespace(app: Celery) -> list[str]:
+    """One message per ``SAFE_TIME_*`` key ``app``'s configuration holds that is never read, naming
+    the key and the name it needs (``SAFE_TIME_STORE_URL`` under ``namespace="CELERY"``)."""
+    prefix = _namespace_prefix(app)
+    messages = []
+    for key in sorted({k for k in app.conf.without_defaults() if isinstance(k, str) and _unread(k, prefix)}):
+        wanted = f"{prefix.upper()}{key.upper()}" if prefix else key.lower()
+        where = f"the app reads its settings with the {prefix!r} prefix" if prefix else "the app reads lowercase keys"
+        messages.append(f"setting {key!r} is ignored: {where}; name it {wanted!r}")
+    return messages
+
+
 def _setting_names(app: Celery) -> list[str]:
-    """The keys set on ``app.conf`` (not Celery's defaults), lowercased and without the Django
-    namespace prefix (``CELERY_SAFE_TIME_BEAT_LEASE`` -> ``safe_time_beat_lease``)."""
+    """The keys set on ``app.conf`` (not Celery's defaults) that Celery reads, lowercased and without
+    the Django namespace prefix (``CELERY_SAFE_TIME_BEAT_LEASE`` -> ``safe_time_beat_lease``)."""
     namespace = (app.conf.prefix or "").lower()
+    prefix = _namespace_prefix(app)
     names = []
     for key in app.conf.without_defaults():
-        if not isinstance(key, str):
+        if not isinstance(key, str) or _unread(key, prefix):
             continue
         name = key.lower()
         if namespace and name.startswith(namespace):
@@ -597,6 +688,45 @@ def _number(key: str, value: Any, *, positive: bool = True) -> float:
     if not positive and number < 0:
         raise ImproperlyConfigured(key, f"must not be negative, got {value!r}")
     return number
+
+
+def seconds_argument(name: str, value: Any, *, positive: bool = False, durations: bool = False) -> float:
+    """``value`` of the call's parameter ``name`` as seconds, or a ``TypeError``/``ValueError`` naming it.
+
+    An int or a float, as Celery takes ``countdown`` (a string such as ``"10"`` is refused here rather
+    than deep in Celery or in the store); ``durations`` also takes a ``timedelta``. Never a bool, never
+    NaN or infinite; ``positive`` refuses zero and negatives.
+    """
+    if durations and isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kinds = "an int, a float or a timedelta" if durations else "an int or a float"
+        raise TypeError(f"{name} must be a number of seconds ({kinds}), got {value!r} ({type(value).__name__})")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if positive and seconds <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def instant_argument(name: str, value: Any) -> datetime:
+    """``value`` of the call's parameter ``name`` (a datetime or an ISO 8601 string, as Celery takes
+    ``eta``) as an aware UTC datetime, or a ``TypeError``/``ValueError`` naming it."""
+    if not isinstance(value, (datetime, str)):
+        raise TypeError(f"{name} must be a datetime or an ISO 8601 string, got {value!r} ({type(value).__name__})")
+    try:
+        return as_utc(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a datetime or an ISO 8601 string, got {value!r}") from None
+
+
+def expires_argument(value: Any) -> float | datetime:
+    """``expires`` as Celery takes it: seconds from now (an int or a float) or an instant (a datetime
+    or an ISO 8601 string); a ``TypeError``/``ValueError`` naming ``expires`` otherwise."""
+    if isinstance(value, (datetime, str)):
+        return instant_argument("expires", value)
+    return seconds_argument("expires", value)
 
 
 _DURATION = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]?)")

@@ -313,6 +313,8 @@ DELAY_REPLACEABLE_STATUSES: Final = DELAY_FINISHED_STATUSES | {STATUS_STARTED}
 DELAY_STARTABLE_STATUSES: Final = frozenset({STATUS_PENDING, STATUS_CLAIMED, STATUS_SENT})
 #: States ``cancel`` stops: not started yet, whether or not a message is already out.
 DELAY_CANCELLABLE_STATUSES: Final = DELAY_STARTABLE_STATUSES
+#: States ``rerun`` sends back to pending: the rows that ended without their task running.
+DELAY_RERUNNABLE_STATUSES: Final = frozenset({STATUS_FAILED, STATUS_EXPIRED})
 
 #: ``outcome`` of a finished delivery.
 OUTCOME_SUCCEEDED: Final = "succeeded"

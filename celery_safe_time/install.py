@@ -20,7 +20,7 @@ from celery.utils.log import LoggingProxy
 
 from . import constants as C
 from .config import SafeTimeConfig, get_config
-from .exceptions import ImproperlyConfigured
+from .exceptions import ImproperlyConfigured, SafeTimeError
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,30 @@ def install(app: Celery) -> SafeTimeConfig:
 
     sweep.register(app, config)
     install_idle_sweep_filter()
+    # Connected here, after the app (and Celery's Django fixup, which sets Django up on the same
+    # signal) exists: the check of a Django store needs the ORM ready.
+    worker_init.connect(check_worker_startup, weak=False, dispatch_uid="celery_safe_time.install.worker_checks")
     return config
+
+
+def check_worker_startup(sender: Any = None, **_: Any) -> None:
+    """``worker_init``: a worker whose store or coordination backend cannot be reached stops here, with
+    one CRITICAL line per problem naming the setting, instead of saying "ready" and failing at its
+    first locked or stored call. ``SystemExit``: Celery logs (and swallows) any other exception a
+    signal handler raises, traceback and all."""
+    app = getattr(sender, "app", None)
+    if not isinstance(app, Celery):
+        return
+    from .checks import worker_startup_problems
+    from .delays.backends import reset_store
+
+    problems = worker_startup_problems(app)
+    # The pool forks next: its children open their own connections, none shared with this process.
+    reset_store(app)
+    for problem in problems:
+        logger.critical("worker: %s", problem)
+    if problems:
+        raise SystemExit(1)
 
 
 def check_timezone(app: Celery) -> None:
@@ -72,12 +95,32 @@ _previous_hook = sys.excepthook
 
 
 def write_uncaught(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-    """``sys.excepthook``: one ``write()`` of the formatted traceback when stderr is Celery's proxy."""
+    """``sys.excepthook``: one ``write()`` of the formatted traceback when stderr is Celery's proxy.
+
+    One of this package's own errors (an unreachable Redis at beat's start) already says what and
+    where: one line, not the frames of the command line and of the driver under it."""
     stream = sys.stderr
     if isinstance(stream, LoggingProxy):
+        if isinstance(exc, SafeTimeError):
+            stream.write(f"{exc_type.__name__}: {exc}")
+            return
         stream.write("".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n"))
         return
     _previous_hook(exc_type, exc, tb)
+
+
+class OwnErrorsInOneLine(logging.Filter):
+    """On Celery's "beat raised exception" CRITICAL: no traceback when the exception is one of this
+    package's own, whose message names the setting, the (masked) URL and the cause."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], SafeTimeError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_ONE_LINE = OwnErrorsInOneLine()
 
 
 def _install_hook(**_: Any) -> None:
@@ -85,6 +128,9 @@ def _install_hook(**_: Any) -> None:
     if sys.excepthook is not write_uncaught:
         _previous_hook = sys.excepthook
         sys.excepthook = write_uncaught
+    beat_logger = logging.getLogger("celery.beat")  # celery/apps/beat.py logs its CRITICAL there
+    if _ONE_LINE not in beat_logger.filters:
+        beat_logger.addFilter(_ONE_LINE)
 
 
 # Sent once Celery's logging is set up in beat and worker processes (never in plain imports).

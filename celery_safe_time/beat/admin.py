@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,8 @@ from ..config import get_config, mask_url
 from ..contrib.django.status import describe_django_entries, django_beat_in_use
 from .backends import beat_backend
 from .state import load_state
+
+logger = logging.getLogger(__name__)
 
 
 def describe_beat(app: Celery) -> dict[str, Any]:
@@ -63,7 +66,26 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         "backend": backend.where(),
         "entries_total": total,
         "entries": entries,
+        "invalid_entries": _invalid(app),
     }
+
+
+def _invalid(app: Celery) -> dict[str, str] | str:
+    """The entries the leader disables, with why (as ``safe-time check`` names them)."""
+    from .entries import invalid_entries
+
+    try:
+        problems = invalid_entries(app)
+    except Exception as exc:  # a section that cannot be read says so; the others still show
+        return f"unreadable: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if django_beat_in_use():
+        from ..contrib.django.schedulers import invalid_rows
+
+        try:
+            problems.update(invalid_rows(app))
+        except Exception:  # tables not migrated here: the entries above already say it
+            logger.debug("django-celery-beat rows not checked", exc_info=True)
+    return problems
 
 
 def _age(since: Any, now: float) -> float | None:

@@ -13,7 +13,7 @@ from celery import Celery, current_app
 from .. import constants as C
 from .. import signals
 from ..clock import as_utc
-from ..config import get_config, mask_url
+from ..config import get_config, instant_argument, mask_url, seconds_argument
 from ..exceptions import SafeTimeError
 from .backends import get_store
 from .backends.base import DelayRow, DelayStore
@@ -28,6 +28,8 @@ __all__ = [
     "list_delays",
     "purge_delays",
     "report_cancelled",
+    "rerun",
+    "rerun_failed",
     "reschedule",
     "show_delay",
 ]
@@ -91,12 +93,41 @@ def reschedule(
     """
     if (eta is None) == (countdown is None):
         raise TypeError("reschedule() takes exactly one of eta= or countdown=")
+    # Checked before the store is asked: a bad value names its parameter and changes nothing.
+    when = instant_argument("eta", eta) if eta is not None else None
+    seconds = seconds_argument("countdown", countdown) if countdown is not None else 0.0
     store = get_store(_app(app))
-    due_at = as_utc(eta) if eta is not None else store.now() + timedelta(seconds=float(countdown or 0))
+    due_at = when if when is not None else store.now() + timedelta(seconds=seconds)
     changed = store.reschedule(task_id, due_at)
     if changed:
         logger.info("rescheduled stored task %s to %s", task_id, due_at.isoformat())
     return changed
+
+
+def rerun(task_id: str, app: Celery | None = None) -> bool:
+    """Run a failed or expired stored task again: its row goes back to pending, due now, with a new
+    delivery token and no expiry, and the sweep publishes it once. True when a row changed."""
+    store = get_store(_app(app))
+    changed = store.rerun(task_id)
+    if changed:
+        logger.info("stored task %s is pending again, due now", task_id)
+    return changed
+
+
+def rerun_failed(app: Celery, *, task: str | None = None, batch: int = C.PURGE_BATCH) -> list[str]:
+    """:func:`rerun` every failed row (of ``task`` only, when given); returns the ids that changed."""
+    store = get_store(app)
+    done: list[str] = []
+    while True:
+        rows = store.list(status=C.STATUS_FAILED, task=task, limit=batch)
+        changed = [row.id for row in rows if store.rerun(row.id)]
+        done.extend(changed)
+        # Rerun rows leave the failed ones; a batch that changed nothing (raced away) ends it too.
+        if len(rows) < batch or not changed:
+            break
+    if done:
+        logger.info("%d failed stored tasks are pending again, due now", len(done))
+    return done
 
 
 def list_delays(

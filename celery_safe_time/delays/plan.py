@@ -6,7 +6,7 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from ..clock import as_utc
+from ..config import expires_argument, instant_argument, seconds_argument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,17 +17,29 @@ class DelayPlan:
     eta: datetime | None = None
 
 
+def check_call_times(countdown: Any, eta: Any, expires: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``countdown``, ``eta`` or ``expires`` when Celery
+    would refuse it (or refuse it only later, in the worker or on a short delay)."""
+    if countdown is not None:
+        seconds_argument("countdown", countdown)
+    if eta is not None:
+        instant_argument("eta", eta)
+    if expires is not None:
+        expires_argument(expires)
+
+
 def plan_delay(countdown: Any, eta: Any, *, now: datetime, threshold: float) -> DelayPlan | None:
     """Return a plan when the delay is beyond ``threshold`` seconds, else None (go to the broker).
 
     As in Celery, ``countdown`` wins over ``eta``; a past eta or a short delay returns None so
-    the broker gets the call exactly as plain Celery would send it.
+    the broker gets the call exactly as plain Celery would send it. A ``countdown`` or ``eta`` Celery
+    would refuse raises ``TypeError``/``ValueError`` naming it, before anything is stored or sent.
     """
-    if countdown is not None:
-        seconds = float(countdown)
+    seconds = None if countdown is None else seconds_argument("countdown", countdown)
+    when = None if eta is None else instant_argument("eta", eta)
+    if seconds is not None:
         return DelayPlan(countdown=seconds) if seconds > threshold else None
-    if eta is not None:
-        when = as_utc(eta)
+    if when is not None:
         return DelayPlan(eta=when) if (when - now).total_seconds() > threshold else None
     return None
 

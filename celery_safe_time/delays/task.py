@@ -20,7 +20,7 @@ from celery.utils import uuid
 from .. import constants as C
 from .. import signals
 from ..clock import as_utc, local_time, to_datetime
-from ..config import get_config
+from ..config import expires_argument, get_config
 from ..exceptions import BulkItemError, DebounceError, StoreError
 from ..locks import unique as unique_tasks
 from ..locks.backends import get_lock_backend
@@ -34,7 +34,7 @@ from .debounce import caller_idempotency_key, debounce_call
 from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
-from .plan import DelayPlan, plan_delay
+from .plan import DelayPlan, check_call_times, plan_delay
 from .tracing import inject_context
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,8 @@ class SafeTask(Task):
         # look like the sweep's delivery of the original, or the delivery check would skip it.
         options = self._strip_internal_headers(options)
         app = self._get_app()
+        # Checked in eager mode too: a bad countdown fails in tests as it would in production.
+        check_call_times(options.get("countdown"), options.get("eta"), options.get("expires"))
         if app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         config = get_config(app)
@@ -287,6 +289,8 @@ class SafeTask(Task):
         for index, call in enumerate(items):
             try:
                 prepared.append(_unpack_call(call))
+                options = prepared[-1][2]
+                check_call_times(options.get("countdown"), options.get("eta"), options.get("expires"))
             except (TypeError, ValueError) as exc:
                 raise _at_index(exc, index) from exc
         if app.conf.task_always_eager or unique_tasks.spec_of(self) is not None:
@@ -402,7 +406,8 @@ class SafeTask(Task):
         encoded = encode(body, serializer, allow_pickle=config.allow_pickle)
 
         expires = options.get("expires")
-        expires_in = float(expires) if isinstance(expires, (int, float)) and not isinstance(expires, bool) else None
+        expires_at = None if expires is None else expires_argument(expires)
+        expires_in = expires_at if isinstance(expires_at, float) else None
         new = NewDelay(
             id=task_id or uuid(),
             task=self.name,
@@ -412,7 +417,7 @@ class SafeTask(Task):
             due_at=plan.eta,
             countdown=plan.countdown,
             # Relative expires counts from the call, on the store's clock like the countdown.
-            expires_at=None if expires is None or expires_in is not None else as_utc(expires),
+            expires_at=expires_at if isinstance(expires_at, datetime) else None,
             expires_in=expires_in,
             idempotency_key=idempotency_key,
         )

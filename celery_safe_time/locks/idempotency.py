@@ -29,6 +29,7 @@ import redis
 
 from .. import constants as C
 from .. import signals
+from ..config import seconds_argument
 from .keys import KeyBuilder, KeySpec
 from .runtime import (
     Call,
@@ -179,8 +180,7 @@ def idempotent(
     """
     # ``@idempotent`` without arguments above ``@app.task`` passes the task as the key.
     check_decorates_function(key, "idempotent", '"my-key:{arg}"')
-    if not window > 0:
-        raise ValueError(f"window must be a positive number of seconds, got {window!r}")
+    window_seconds = seconds_argument("window", window, positive=True, durations=True)
     backend_error = backend_error_option(on_backend_error, on_redis_error, "idempotent")
     policy = Policy(
         ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=backend_error
@@ -188,6 +188,6 @@ def idempotent(
 
     def decorate(func: F) -> F:
         check_decorates_function(func, "idempotent", repr(key) if isinstance(key, str) else "key")
-        return wrap(func, IdempotentLock(KeyBuilder(func, key), policy, float(window)))
+        return wrap(func, IdempotentLock(KeyBuilder(func, key), policy, window_seconds))
 
     return decorate

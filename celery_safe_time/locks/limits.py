@@ -175,6 +175,8 @@ def rate_limit(
     ``on_backend_error``: as for ``overlap_lock`` (the body never runs unchecked).
     """
     check_decorates_function(key, "rate_limit", '"my-key:{arg}", "10/s"')
+    # The order fix shows the call as written, the rate included.
+    example = f"{key!r}, {rate!r}" if isinstance(key, str) and isinstance(rate, str) else "key, rate"
     if not callable(rate):
         rate = parse_rate(rate)
     if jitter is not None and not jitter >= 0:
@@ -183,7 +185,7 @@ def rate_limit(
     spec = rate
 
     def decorate(func: F) -> F:
-        check_decorates_function(func, "rate_limit", repr(key) if isinstance(key, str) else "key")
+        check_decorates_function(func, "rate_limit", example)
         limiter = RateLimiter(KeyBuilder(func, key), spec, policy, jitter)
 
         @functools.wraps(func)
@@ -379,7 +381,11 @@ def concurrency_limit(
     )
 
     def decorate(func: F) -> F:
-        check_decorates_function(func, "concurrency_limit", repr(key) if isinstance(key, str) else "key")
+        check_decorates_function(
+            func,
+            "concurrency_limit",
+            f"{key!r}, limit={limit!r}" if isinstance(key, str) and isinstance(limit, int) else "key, limit=...",
+        )
         return wrap(func, SlotLock(KeyBuilder(func, key), policy, limit))
 
     return decorate

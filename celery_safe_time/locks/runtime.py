@@ -24,7 +24,7 @@ from celery.signals import task_postrun
 
 from .. import constants as C
 from .. import signals
-from ..config import SafeTimeConfig, get_config
+from ..config import SafeTimeConfig, get_config, seconds_argument
 from ..exceptions import (
     CoordinationUnavailable,
     DecoratorOrderError,
@@ -532,8 +532,7 @@ class Policy:
         jitter: float | None,
         on_backend_error: str,
     ) -> None:
-        if ttl is not None and not ttl > 0:
-            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        ttl = None if ttl is None else seconds_argument("ttl", ttl, positive=True, durations=True)
         if on_conflict not in C.ON_CONFLICT_POLICIES:
             raise ValueError(f"on_conflict must be one of {sorted(C.ON_CONFLICT_POLICIES)}, got {on_conflict!r}")
         if on_backend_error not in C.ON_BACKEND_ERROR_POLICIES:

@@ -168,6 +168,36 @@ def test_cancel_and_reschedule_return_whether_an_unstarted_row_changed(any_store
     assert row.claim_token is None
 
 
+def test_rerun_sends_a_failed_or_expired_row_back_to_pending_due_now_once(any_store: DelayStore) -> None:
+    now = any_store.now()
+    expired_at = now - timedelta(seconds=1)
+    any_store.insert(new_delay("f", now - timedelta(seconds=2), idempotency_key="k"))
+    any_store.insert(new_delay("x", now - timedelta(seconds=1), expires_at=expired_at))
+    any_store.insert(new_delay("p", now + timedelta(hours=1)))
+    claimed = {row.id: row for row in any_store.claim_due(limit=10, lookahead=0, token="t")}
+    assert set(claimed) == {"f", "x"}
+    assert any_store.mark_failed("f", "t", "NotRegistered: tests.delays.record")
+    assert any_store.mark_expired(["x"], "t") == 1
+    # A later call holds the failed row's key: the rerun row gives it up rather than clash.
+    assert any_store.insert(new_delay("f2", now + timedelta(hours=1), idempotency_key="k")).created
+    assert not any_store.rerun("p")  # pending: not rerunnable
+    assert not any_store.rerun("nope")
+    assert any_store.rerun("f")
+    assert any_store.rerun("x")
+    assert not any_store.rerun("f")  # pending again: a second rerun changes nothing
+    for task_id in ("f", "x"):
+        row = any_store.get(task_id)
+        assert row is not None
+        assert row.status == C.STATUS_PENDING
+        assert row.expires_at is None
+        assert row.claim_token is None
+        assert row.delivery_token != claimed[task_id].delivery_token
+        assert abs((row.due_at - any_store.now()).total_seconds()) < 5
+    again = any_store.claim_due(limit=10, lookahead=0, token="t2")
+    assert sorted(row.id for row in again) == ["f", "x"]
+    assert any_store.claim_due(limit=10, lookahead=0, token="t3") == []
+
+
 def _started(store: DelayStore, task_id: str, run_id: str = "run-1") -> str:
     """Insert ``task_id`` due now, claim and start it; returns its delivery token."""
     store.insert(new_delay(task_id, store.now() - timedelta(seconds=1)))

@@ -156,6 +156,30 @@ def test_cancel_asks_for_confirmation_then_cancels_only_unstarted_rows(admin_cli
     assert admin_app.AsyncResult("c-2").state == "PENDING"
 
 
+def test_rerun_asks_for_confirmation_then_sends_failed_and_expired_rows_back_to_pending(admin_client: Client) -> None:
+    store = DjangoStore()
+    past = store.now() - timedelta(seconds=1)
+    for task_id in ("f-1", "x-1", "p-1"):
+        store.insert(new_delay(task_id, past))
+    DelayedTask.objects.filter(id="p-1").update(due_at=past + timedelta(hours=1))
+    store.claim_due(limit=10, lookahead=0, token="t")
+    assert store.mark_failed("f-1", "t", "NotRegistered: tests.delays.record")
+    assert store.mark_expired(["x-1"], "t") == 1
+    selected = {"action": "rerun_failed", "_selected_action": ["f-1", "x-1", "p-1"]}
+    page = admin_client.post(CHANGELIST, selected)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "Run delayed tasks again?" in body
+    assert body.count("(left as is)") == 1  # p-1 is pending: listed, and will not change
+    assert DelayedTask.objects.get(id="f-1").status == C.STATUS_FAILED  # nothing changed yet
+    done = admin_client.post(CHANGELIST, {**selected, "post": "yes"}, follow=True)
+    assert "2 failed or expired delayed task(s) are pending again, due now" in done.content.decode()
+    assert {row.id: row.status for row in DelayedTask.objects.all()} == dict.fromkeys(
+        ("f-1", "x-1", "p-1"), C.STATUS_PENDING
+    )
+    assert sorted(row.id for row in store.claim_due(limit=10, lookahead=0, token="u")) == ["f-1", "x-1"]
+
+
 def test_select_all_is_confirmed_with_a_short_list_and_carried_on(admin_client: Client, monkeypatch: Any) -> None:
     from celery_safe_time.contrib.django import admin as admin_module
 
@@ -227,6 +251,26 @@ def test_detail_page_is_read_only(admin_client: Client) -> None:
     posted = admin_client.post(f"{CHANGELIST}ro-1/change/", {"status": C.STATUS_CANCELLED})
     assert posted.status_code == 403
     assert DelayedTask.objects.get(id="ro-1").status == C.STATUS_PENDING
+
+
+def test_overview_shows_an_invalid_entry_with_its_reason_not_a_next_fire(
+    admin_client: Client, admin_app: Celery
+) -> None:
+    # Issue 40, trap 4: the overview showed a next fire time for an entry the leader disables.
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    admin_app.conf.beat_schedule = {
+        "typo": {"task": "tests.nightly", "schedule": 3600.0, "options": {"overlap": "sikp"}},
+        "nightly": {"task": "tests.nightly", "schedule": 3600.0},
+    }
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.MINUTES)
+    PeriodicTask.objects.create(name="db-typo", task="tests.db", interval=every, headers='{"safe_time_overlap": "x"}')
+    body = admin_client.get(OVERVIEW).content.decode()
+    assert body.count("invalid: ") == 2, body
+    assert "invalid: invalid entry: ScheduleError: entry &#x27;typo&#x27;: safe_time_overlap must be one of" in body
+    assert "invalid: safe_time_overlap must be one of" in body  # the django-celery-beat row
+    nightly = body[body.index(">nightly<") :].split("</tr>")[0]
+    assert "invalid" not in nightly  # its task is the worker's to know, not the web server's
 
 
 def test_overview_shows_leader_entries_delays_chart_and_locks(

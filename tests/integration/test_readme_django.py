@@ -81,3 +81,27 @@ def test_status_counts_django_celery_beat_entries(project: Path) -> None:
     beat = status["beat"]
     assert beat["entries_total"] == 1
     assert [entry["entry"] for entry in beat["entries"]] == ["report"]
+
+
+SHELL_SWEEP_COPY = """
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+every, _ = IntervalSchedule.objects.get_or_create(every=10, period=IntervalSchedule.SECONDS)
+PeriodicTask.objects.create(name="report", task="proj.report", interval=every)
+# What SafeDatabaseScheduler writes at its start: the beat_schedule entries as rows of its table.
+PeriodicTask.objects.create(name="celery_safe_time.sweep", task="celery_safe_time.sweep", interval=every)
+"""
+
+
+def test_beat_list_shows_django_celery_beat_rows_and_the_sweep_once(project: Path) -> None:
+    # Issue 40, trap 5: beat list showed only the sweep's config entry, not the table's rows.
+    _shell(project, SHELL_SWEEP_COPY)
+    listing = json.loads(_ok(readme.celery(project, "safe-time", "beat", "list", "--json")))
+    assert [(e["name"], e["source"]) for e in listing] == [
+        ("celery_safe_time.sweep", "database"),
+        ("report", "database"),
+    ]
+    table = _ok(readme.celery(project, "safe-time", "beat", "list"))
+    names = [line.split()[0] for line in table.splitlines()[1:-1]]
+    assert names == ["celery_safe_time.sweep", "report"]
+    assert table.splitlines()[-1] == "2 entries"

@@ -133,3 +133,25 @@ def test_readme_install_section_names_only_real_extras() -> None:
     assert set(README_EXTRAS) <= extras
     assert extras <= set(_setup_cfg()["options.extras_require"])
     assert "" in lines  # the plain install (Redis or RabbitMQ broker) has its own line
+
+
+def test_check_warns_about_a_celery_and_kombu_pair_of_different_series() -> None:
+    # Issue 40, trap 8: pip put kombu 5.7 beside Celery 5.4; the tested pairs are of one series.
+    from celery_safe_time.checks import version_pairing
+
+    assert version_pairing("5.4.0", "5.4.3").status == "ok"
+    mixed = version_pairing("5.4.0", "5.7.0")
+    assert mixed.status == "warn"
+    assert mixed.name == "versions"
+    assert "pip install 'kombu==5.4.*'" in mixed.detail
+
+
+def test_readme_names_the_tested_pairs_and_the_pin_tox_uses() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert '"celery==5.4.*" "kombu==5.4.*"' in readme
+    tox = (ROOT / "tox.ini").read_text()
+    for series in ("5.4", "5.5", "5.6", "5.7"):
+        factor = "celery" + series.replace(".", "")
+        upper = f"{series.split('.')[0]}.{int(series.split('.')[1]) + 1}"
+        assert f"{factor}: celery>={series},<{upper}" in tox
+        assert f"{factor}: kombu>={series},<{upper}" in tox

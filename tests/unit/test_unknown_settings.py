@@ -100,3 +100,56 @@ def test_the_error_about_a_missing_setting_names_the_misspelt_key_the_app_set() 
 
 def test_every_setting_parse_config_reads_is_known() -> None:
     assert {"safe_time_redis_url", "safe_time_coordination_url", "safe_time_celery_app"} <= known_setting_names()
+
+
+def test_a_safe_time_key_outside_the_namespace_is_named_with_the_prefix_it_needs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 40, trap 2: Django's SAFE_TIME_STORE_URL beside namespace="CELERY" was ignored silently.
+    class Settings:
+        CELERY_BROKER_URL = REDIS
+        SAFE_TIME_STORE_URL = "django"
+        SAFE_TIME_CELERY_APP = "proj.celery:app"  # the admin's own setting: no namespace, read as is
+
+    app = Celery("django-like", set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.config"):
+        config = get_config(app)
+    assert config.store_url != "django"
+    assert [r.getMessage() for r in caplog.records] == [
+        "setting 'SAFE_TIME_STORE_URL' is ignored: the app reads its settings with the 'CELERY_' prefix; "
+        "name it 'CELERY_SAFE_TIME_STORE_URL'"
+    ]
+
+
+def test_a_django_project_is_told_its_delays_go_to_a_sqlite_file(caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("django-project", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.update(broker_url=REDIS)
+    from django.conf import settings
+
+    assert settings.configured
+    assert app.conf.get("safe_time_store_url") is None  # tests/django_settings.py sets no store
+    with caplog.at_level(logging.WARNING, logger="celery_safe_time.config"):
+        get_config(app)
+    messages = [r.getMessage() for r in caplog.records]
+    assert (
+        "CELERY_SAFE_TIME_STORE_URL is not set: stored delays go to sqlite:///celery_safe_time.sqlite3, a file in the "
+        "current directory; set CELERY_SAFE_TIME_STORE_URL = 'django' to keep them in the project's database"
+    ) in messages
+
+
+def test_setting_warnings_are_not_logged_while_a_command_reports_them(caplog: pytest.LogCaptureFixture) -> None:
+    from celery_safe_time.config import log_setting_warnings, setting_warnings
+
+    app = _app(safe_time_beat_leese=12)
+    log_setting_warnings(False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_safe_time.config"):
+            get_config(app)
+    finally:
+        log_setting_warnings(True)
+    assert caplog.records == []
+    assert setting_warnings(app) == [
+        "unknown setting 'safe_time_beat_leese' is ignored: did you mean 'safe_time_beat_lease'?"
+    ]

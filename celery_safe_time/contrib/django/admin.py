@@ -2,7 +2,7 @@
 
 The changelist shows which call a row is (its decoded arguments; a pickled payload is never
 decoded here) and its delivery record; filters by status, outcome, task and due time; search by
-id and idempotency key; cancel and reschedule actions, each behind a confirmation page. The
+id and idempotency key; cancel, reschedule and rerun actions, each behind a confirmation page. The
 detail page is read-only: rows come from ``SafeTask.apply_async`` and change through the store.
 The overview (``overview/``, linked from the changelist and the app index) is
 ``celery safe-time status`` as a page (see ``overview.py``).
@@ -166,7 +166,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         "debounce",
         "debounce_until",
     )
-    actions = ["cancel_pending", "reschedule_pending"]
+    actions = ["cancel_pending", "reschedule_pending", "rerun_failed"]
 
     def has_add_permission(self, request: Any) -> bool:
         # Rows come from SafeTask.apply_async; a hand-made payload would be a corrupt call.
@@ -201,7 +201,13 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     # --- actions, each behind a confirmation page ----------------------------------------
 
     def _confirm(
-        self, request: Any, queryset: Any, action: str, title: str, form: forms.Form | None = None
+        self,
+        request: Any,
+        queryset: Any,
+        action: str,
+        title: str,
+        form: forms.Form | None = None,
+        changes: frozenset[str] = C.DELAY_CANCELLABLE_STATUSES,
     ) -> TemplateResponse:
         # "Select all N" hands the whole filtered table here: list the first rows, carry the choice on.
         select_across = request.POST.get("select_across") == "1"
@@ -219,7 +225,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             "select_across": select_across,
             "total": total,
             "more": total - len(rows),
-            "unchanged": [row for row in rows if row.status not in C.DELAY_CANCELLABLE_STATUSES],
+            "unchanged": [row for row in rows if row.status not in changes],
             "form": form,
             "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
         }
@@ -264,6 +270,20 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             request,
             f"Rescheduled {moved} delayed task(s) that had not started to {due_at:%Y-%m-%d %H:%M:%S} UTC.",
             messages.SUCCESS,
+        )
+        return None
+
+    @admin.action(description="Run selected failed or expired delayed tasks again", permissions=["change"])
+    def rerun_failed(self, request: Any, queryset: Any) -> TemplateResponse | None:
+        if request.POST.get("post") != "yes":
+            return self._confirm(
+                request, queryset, "rerun_failed", "Run delayed tasks again?", changes=C.DELAY_RERUNNABLE_STATUSES
+            )
+        store = DjangoStore(using=queryset.db)
+        ids = list(queryset.filter(status__in=sorted(C.DELAY_RERUNNABLE_STATUSES)).values_list("id", flat=True))
+        rerun = sum(1 for task_id in ids if store.rerun(task_id))
+        self.message_user(
+            request, f"{rerun} failed or expired delayed task(s) are pending again, due now.", messages.SUCCESS
         )
         return None
 

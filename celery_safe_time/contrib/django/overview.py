@@ -81,6 +81,7 @@ class EntryRow:
     pause_note: str | None = None  # why a paused runtime entry was paused
     paused_until: datetime | None = None  # when it resumes by itself
     url: str | None = None  # its page, when the user may open it and the name fits in a URL
+    invalid: str | None = None  # why the leader disables it (it never fires), else None
 
 
 @dataclass
@@ -209,6 +210,33 @@ def database_rows(app: Celery, now: datetime) -> list[EntryRow]:
     return rows
 
 
+def merged_entries(entries: list[EntryRow], database: list[EntryRow]) -> list[EntryRow]:
+    """``entries`` and django-celery-beat's rows, each name once: ``SafeDatabaseScheduler`` copies the
+    ``beat_schedule`` entries (the sweep's among them) into its table and fires those rows, so a
+    config entry of the same name is the copy that never fires."""
+    names = {row.name for row in database}
+    return [row for row in entries if not (row.source == "config" and row.name in names)] + database
+
+
+def mark_invalid(app: Celery, entries: list[EntryRow]) -> None:
+    """Set ``invalid`` on the entries the leader disables (as ``safe-time check`` finds them): an
+    invalid entry never fires, so it shows its reason, not a next fire time."""
+    from django.apps import apps
+
+    from ...beat.entries import invalid_entries
+
+    # The web process need not import the worker's tasks: an unknown task is check's to say.
+    problems = invalid_entries(app, tasks=False)
+    if apps.is_installed("django_celery_beat"):
+        from .schedulers import invalid_rows
+
+        problems.update(invalid_rows(app))
+    for row in entries:
+        row.invalid = problems.get(row.name)
+        if row.invalid is not None:
+            row.next_fire = None
+
+
 def due_counts(now: datetime, hours: int = CHART_HOURS) -> tuple[dict[datetime, int], int]:
     """Pending delays per hour for ``hours`` from ``now``'s hour, and how many are due before it."""
     from django.db.models import Count
@@ -260,11 +288,15 @@ def gather(app: Celery, now: datetime | None = None, *, database_entries: bool =
         view.entries_error = _failed("beat entries", exc)
     try:
         if database_entries:
-            entries += database_rows(app, now)
+            entries = merged_entries(entries, database_rows(app, now))
         else:
             view.database_entries_hidden = True
     except errors as exc:
         view.entries_error = _failed("django-celery-beat entries", exc)
+    try:
+        mark_invalid(app, entries)
+    except errors as exc:
+        view.entries_error = _failed("entry checks", exc)
     view.entries = entries
     try:
         view.delays = describe_delays(app)

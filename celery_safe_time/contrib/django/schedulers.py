@@ -9,6 +9,7 @@ once through the dispatch check, Redis ``TIME`` as "now", intervals on a fixed g
 from __future__ import annotations
 
 import logging
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,11 @@ from ...exceptions import ScheduleError
 from ...schedules import crontab
 
 logger = logging.getLogger(__name__)
+
+#: Per app, the rows found invalid and the reason last logged for each: django-celery-beat rebuilds
+#: every row's entry on each schedule reload (several times a second while rows change), and an
+#: invalid row is logged once per change of its reason, not once per rebuild.
+_REFUSED: weakref.WeakKeyDictionary[Celery, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 class SafeModelEntry(ModelEntry):
@@ -114,9 +120,16 @@ class SafeModelEntry(ModelEntry):
             self.schedule.nowfun = self.clock
         self.fire_slots: list[float] | None = None
         self.last_due: float | None = None
+        # Valid (again): a later breakage is a change, logged anew.
+        _REFUSED.get(self.app, {}).pop(self.name, None)
 
     def _refuse(self, reason: str) -> None:
-        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
+        refused = _REFUSED.setdefault(self.app, {})
+        if refused.get(self.name) != reason:
+            refused[self.name] = reason
+            logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", self.name, reason)
+        else:
+            logger.debug("beat: entry %r is still disabled: %s", self.name, reason)
         raise ValueError(reason)  # DatabaseScheduler leaves out a row whose entry raises ValueError
 
     def _default_now(self) -> datetime:
@@ -334,3 +347,24 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
     def sync(self) -> None:
         # last_run_at/total_run_count are written per run; a standby must never write stale ones
         self._dirty.clear()
+
+
+def invalid_rows(app: Celery) -> dict[str, str]:
+    """Enabled django-celery-beat row name -> why ``SafeDatabaseScheduler`` leaves it out, checked as
+    it builds each row's entry, without logging (``safe-time check`` and ``beat list`` show them)."""
+    from django_celery_beat.models import PeriodicTask
+
+    problems: dict[str, str] = {}
+    # Neither logged nor remembered as logged: a leader in this process still says each one once.
+    quiet, logger.disabled = logger.disabled, True
+    refused = dict(_REFUSED.get(app, {}))
+    try:
+        for model in PeriodicTask.objects.filter(enabled=True).order_by("name"):
+            try:
+                SafeModelEntry(model, app=app)
+            except Exception as exc:  # a row django-celery-beat or this scheduler cannot build
+                problems[model.name] = str(exc) or exc.__class__.__name__
+    finally:
+        logger.disabled = quiet
+        _REFUSED[app] = refused
+    return problems

@@ -267,6 +267,27 @@ class DjangoStore(DelayStore):
             task_id, due_at=due_at, status=C.STATUS_PENDING, delivery_token=new_delivery_token()
         )
 
+    def rerun(self, task_id: str) -> bool:
+        def run() -> bool:
+            now = self.now()
+            changed = (
+                self._objects()
+                .filter(id=task_id, status__in=sorted(C.DELAY_RERUNNABLE_STATUSES))
+                .update(
+                    due_at=now,
+                    expires_at=None,
+                    idempotency_key=None,
+                    debounce_until=None,
+                    status=C.STATUS_PENDING,
+                    claim_token=None,
+                    delivery_token=new_delivery_token(),
+                    updated_at=now,
+                )
+            )
+            return bool(changed)
+
+        return self._atomic(run)
+
     # --- the delivery record ---------------------------------------------------------
 
     def start(

@@ -350,6 +350,12 @@ class DelayStore(abc.ABC):
         """Move a row that has not started yet to ``due_at``, pending, with a new delivery token;
         True when one changed. A message already published for it is stale from now on."""
 
+    @abc.abstractmethod
+    def rerun(self, task_id: str) -> bool:
+        """Send a failed or expired row back to pending, due at the store's now, with a new delivery
+        token and no expiry; True when one changed. It gives up its idempotency key, which a later
+        call may hold by now (the row runs once, at once: there is nothing to merge into it)."""
+
     # --- the delivery record (worker side) --------------------------------------------
 
     @abc.abstractmethod

@@ -110,6 +110,23 @@ class MemoryStore(DelayStore):
             )
             return True
 
+    def rerun(self, task_id: str) -> bool:
+        with self._lock:
+            row = self._rows.get(task_id)
+            if row is None or not self._mine(row) or row.status not in C.DELAY_RERUNNABLE_STATUSES:
+                return False
+            self._replace(
+                row,
+                due_at=self.now(),
+                expires_at=None,
+                idempotency_key=None,
+                debounce_until=None,
+                status=C.STATUS_PENDING,
+                claim_token=None,
+                delivery_token=new_delivery_token(),
+            )
+            return True
+
     def start(
         self,
         task_id: str,

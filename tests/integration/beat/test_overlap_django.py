@@ -57,3 +57,35 @@ def test_a_skip_row_runs_one_at_a_time(processes: ProcessManager, redis_client: 
     starts = sum(e["event"] == "start" for e in events)
     dropped = beat.log().count("dropped (overlap skip")
     assert dropped >= starts - 1, (dropped, starts)
+
+
+def test_an_invalid_row_is_logged_once_per_change_not_per_reload(
+    make_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 40, trap 4: the leader logged the same ERROR five times within 0.5 s (one per reload).
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler, SafeModelEntry, invalid_rows
+
+    app = make_app()
+    every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
+    bad = PeriodicTask.objects.create(
+        name="typo", task="tests.record", interval=every, headers='{"safe_time_overlap": "sikp"}'
+    )
+    scheduler = type("S", (), {"Entry": SafeModelEntry, "app": app, "enabled_models": lambda self: [bad]})()
+    # check and beat list name it without logging, and without hiding it from the leader's log
+    assert list(invalid_rows(app)) == ["typo"]
+
+    def reloads(count: int) -> int:
+        caplog.clear()
+        with caplog.at_level("ERROR"):
+            for _ in range(count):
+                SafeDatabaseScheduler.all_as_schedule(scheduler)  # type: ignore[arg-type]
+        return sum("entry 'typo' is disabled" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+
+    assert reloads(5) == 1
+    bad.headers = '{"safe_time_overlap": "bufer_one"}'  # another mistake: a change, logged
+    assert reloads(5) == 1
+    bad.headers = '{"safe_time_overlap": "skip"}'  # fixed
+    assert reloads(1) == 0
+    assert set(SafeDatabaseScheduler.all_as_schedule(scheduler)) == {"typo"}  # type: ignore[arg-type]
+    bad.headers = '{"safe_time_overlap": "sikp"}'  # broken again: logged again
+    assert reloads(3) == 1

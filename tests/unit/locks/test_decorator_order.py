@@ -46,6 +46,26 @@ def test_above_app_task_is_refused_with_the_right_order(
     assert isinstance(info.value, TypeError)
 
 
+@pytest.mark.parametrize(
+    ("make", "call"),
+    [
+        (lambda: rate_limit("api:{account_id}", "10/s"), "@rate_limit('api:{account_id}', '10/s')"),
+        (lambda: concurrency_limit("api:{account_id}", limit=3), "@concurrency_limit('api:{account_id}', limit=3)"),
+        (lambda: overlap_lock("api:{account_id}"), "@overlap_lock('api:{account_id}')"),
+    ],
+    ids=["rate_limit", "concurrency_limit", "overlap_lock"],
+)
+def test_the_suggested_order_keeps_every_argument(app: Celery, make: Callable[[], Any], call: str) -> None:
+    # Issue 40, trap 8: the fix suggested for @rate_limit dropped its rate.
+    with pytest.raises(DecoratorOrderError) as info:
+
+        @make()
+        @app.task(name="order.api", shared=False)
+        def api(account_id: int) -> None: ...
+
+    assert f"    @app.task\n    {call}\n" in str(info.value)
+
+
 @pytest.mark.parametrize("decorator", [overlap_lock, idempotent], ids=["overlap_lock", "idempotent"])
 def test_without_arguments_above_app_task_is_refused(app: Celery, decorator: Callable[..., Any]) -> None:
     def body(account_id: int) -> None: ...

@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from celery_safe_time.contrib.django import adopt
+
 
 class Migration(migrations.Migration):
 
@@ -11,7 +13,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.CreateModel(
+        adopt.CreateModel(
             name='DelayedTask',
             fields=[
                 ('id', models.CharField(max_length=255, primary_key=True, serialize=False)),

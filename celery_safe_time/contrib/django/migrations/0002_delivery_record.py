@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from celery_safe_time.contrib.django import adopt
+
 
 class Migration(migrations.Migration):
 
@@ -10,47 +12,47 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='delivery_token',
             field=models.CharField(blank=True, max_length=64, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='finished_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='heartbeat_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='outcome',
             field=models.CharField(blank=True, choices=[('succeeded', 'succeeded'), ('failed', 'failed'), ('retried', 'retried'), ('ignored', 'ignored'), ('interrupted', 'interrupted')], max_length=16, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='started_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='started_by',
             field=models.CharField(blank=True, max_length=64, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='starts',
             field=models.IntegerField(default=0),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='suspected_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='worker',
             field=models.CharField(blank=True, max_length=255, null=True),
@@ -60,11 +62,11 @@ class Migration(migrations.Migration):
             name='status',
             field=models.CharField(choices=[('pending', 'pending'), ('claimed', 'claimed'), ('sent', 'sent'), ('started', 'started'), ('finished', 'finished'), ('cancelled', 'cancelled'), ('expired', 'expired'), ('failed', 'failed')], default='pending', max_length=16),
         ),
-        migrations.AddIndex(
+        adopt.AddIndex(
             model_name='delayedtask',
             index=models.Index(condition=models.Q(('status', 'sent')), fields=['sent_at'], name='cst_delay_sent'),
         ),
-        migrations.AddIndex(
+        adopt.AddIndex(
             model_name='delayedtask',
             index=models.Index(condition=models.Q(('status', 'started')), fields=['heartbeat_at'], name='cst_delay_started'),
         ),

@@ -3,6 +3,8 @@
 
 from django.db import migrations, models
 
+from celery_safe_time.contrib.django import adopt
+
 
 class Migration(migrations.Migration):
 
@@ -11,7 +13,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='namespace',
             field=models.CharField(blank=True, default='', max_length=64),

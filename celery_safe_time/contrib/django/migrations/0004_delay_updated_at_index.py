@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from celery_safe_time.contrib.django import adopt
+
 
 class Migration(migrations.Migration):
 
@@ -10,7 +12,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddIndex(
+        adopt.AddIndex(
             model_name='delayedtask',
             index=models.Index(condition=models.Q(('status__in', ['cancelled', 'expired', 'failed', 'finished', 'sent'])), fields=['updated_at'], name='cst_delay_updated'),
         ),

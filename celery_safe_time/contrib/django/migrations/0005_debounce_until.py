@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from celery_safe_time.contrib.django import adopt
+
 
 class Migration(migrations.Migration):
 
@@ -10,7 +12,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(
+        adopt.AddField(
             model_name='delayedtask',
             name='debounce_until',
             field=models.DateTimeField(blank=True, null=True),

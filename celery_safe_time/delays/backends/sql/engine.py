@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from .... import constants as C
 from ....clock import as_utc
-from ....config import mask_url
+from ....config import mask_url, missing_driver_message
 from ....exceptions import StoreError
 from ..base import NOW_SQL
 
@@ -103,7 +103,9 @@ def create_engine(
     options.update(kwargs)
     try:
         engine = sa.create_engine(url, **options)
-    except (ImportError, sa.exc.ArgumentError) as exc:
+    except ImportError as exc:
+        raise StoreError(missing_driver_message(url, exc)) from exc
+    except sa.exc.ArgumentError as exc:
         raise StoreError(f"cannot create a store engine for {mask_url(url)}: {exc}") from exc
     if answer_deadline is None and timeout:
         answer_deadline = timeout + ANSWER_DEADLINE_MARGIN

@@ -510,6 +510,26 @@ class SQLAlchemyStore(DelayStore):
             )
             return bool(result.rowcount)
 
+    def rerun(self, task_id: str) -> bool:
+        t = delays
+        with self._begin() as conn:
+            now = self._db_now(conn)
+            result = conn.execute(
+                sa.update(t)
+                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_RERUNNABLE_STATUSES)), self._in_scope())
+                .values(
+                    due_at=now,
+                    expires_at=None,
+                    idempotency_key=None,
+                    debounce_until=None,
+                    status=C.STATUS_PENDING,
+                    claim_token=None,
+                    delivery_token=new_delivery_token(),
+                    updated_at=now,
+                )
+            )
+            return bool(result.rowcount)
+
     # --- the delivery record ---------------------------------------------------------
 
     def start(

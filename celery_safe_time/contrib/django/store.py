@@ -28,6 +28,7 @@ from ...delays.backends.base import (
     empty_counts,
     new_delivery_token,
     refused,
+    rerun_values,
     start_verdict,
     started_values,
     truncate_error,
@@ -273,16 +274,7 @@ class DjangoStore(DelayStore):
             changed = (
                 self._objects()
                 .filter(id=task_id, status__in=sorted(C.DELAY_RERUNNABLE_STATUSES))
-                .update(
-                    due_at=now,
-                    expires_at=None,
-                    idempotency_key=None,
-                    debounce_until=None,
-                    status=C.STATUS_PENDING,
-                    claim_token=None,
-                    delivery_token=new_delivery_token(),
-                    updated_at=now,
-                )
+                .update(**rerun_values(now), updated_at=now)
             )
             return bool(changed)
 

@@ -226,6 +226,21 @@ def started_values(now: Any, worker: Any, run_id: Any) -> dict[str, Any]:
     }
 
 
+def rerun_values(now: Any) -> dict[str, Any]:
+    """The columns ``rerun`` sets on a failed or expired row, in every backend: pending, due ``now``,
+    a new delivery token, no expiry; its idempotency and debounce keys are given up (a newer call may
+    hold them). Each backend adds its own ``updated_at``."""
+    return {
+        "due_at": now,
+        "expires_at": None,
+        "idempotency_key": None,
+        "debounce_until": None,
+        "status": C.STATUS_PENDING,
+        "claim_token": None,
+        "delivery_token": new_delivery_token(),
+    }
+
+
 def early_by(row: DelayRow | None, now: datetime, leeway: float) -> float:
     """Seconds by which a start at ``now`` (the store's clock) comes before ``row`` is due, beyond
     ``leeway``; 0 when it does not (or there is no row)."""

@@ -23,6 +23,7 @@ from .base import (
     empty_counts,
     new_delivery_token,
     refused,
+    rerun_values,
     start_verdict,
     started_values,
     truncate_error,
@@ -115,16 +116,7 @@ class MemoryStore(DelayStore):
             row = self._rows.get(task_id)
             if row is None or not self._mine(row) or row.status not in C.DELAY_RERUNNABLE_STATUSES:
                 return False
-            self._replace(
-                row,
-                due_at=self.now(),
-                expires_at=None,
-                idempotency_key=None,
-                debounce_until=None,
-                status=C.STATUS_PENDING,
-                claim_token=None,
-                delivery_token=new_delivery_token(),
-            )
+            self._replace(row, **rerun_values(self.now()))
             return True
 
     def start(

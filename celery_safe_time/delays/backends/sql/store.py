@@ -29,6 +29,7 @@ from ..base import (
     empty_counts,
     new_delivery_token,
     refused,
+    rerun_values,
     start_verdict,
     truncate_error,
 )
@@ -517,16 +518,7 @@ class SQLAlchemyStore(DelayStore):
             result = conn.execute(
                 sa.update(t)
                 .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_RERUNNABLE_STATUSES)), self._in_scope())
-                .values(
-                    due_at=now,
-                    expires_at=None,
-                    idempotency_key=None,
-                    debounce_until=None,
-                    status=C.STATUS_PENDING,
-                    claim_token=None,
-                    delivery_token=new_delivery_token(),
-                    updated_at=now,
-                )
+                .values(**rerun_values(now), updated_at=now)
             )
             return bool(result.rowcount)
 

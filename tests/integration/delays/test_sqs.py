@@ -1,0 +1,124 @@
+"""SQS (issue 42): stored delays, workers and beat on a local SQS-compatible endpoint (moto's server
+mode, ``sqs_endpoint``), with a 10 s visibility timeout.
+
+A message a worker holds unacknowledged past the visibility timeout is handed out again: a plain
+countdown past it runs more than once, a SafeTask's stays in the store until it is due and runs once.
+Runs, results, locks and leases stay on the test's Redis db; queues are kept apart per test by a
+queue name prefix of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_safe_time import install
+from celery_safe_time.delays.backends import get_store
+from celery_safe_time.delays.sweep import sweep
+from celery_safe_time.exceptions import ImproperlyConfigured
+from tests.apps.delays_tasks import define_tasks
+from tests.helpers import beat as beat_helpers
+from tests.helpers.delays import DELAYS_APP, runs
+from tests.helpers.processes import ProcessManager, wait_for
+from tests.helpers.services import SqsEndpoint, sqs_transport_options
+
+pytestmark = pytest.mark.integration
+
+#: Below half the 10 s visibility timeout (the package refuses more): longer countdowns are stored.
+THRESHOLD = 4
+
+
+@pytest.fixture
+def sqs(sqs_endpoint: SqsEndpoint) -> dict[str, Any]:
+    """Broker settings of this test's own on the shared endpoint."""
+    prefix = f"t{uuid.uuid4().hex[:10]}-"
+    return {"broker_url": sqs_endpoint.url, "broker_transport_options": sqs_transport_options(prefix)}
+
+
+def _conf(sqs: dict[str, Any], redis_url: str, postgres_url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        **sqs,
+        "result_backend": redis_url,
+        "safe_time_redis_url": redis_url,
+        "safe_time_store_url": postgres_url,
+        "safe_time_delay_threshold": THRESHOLD,
+        **extra,
+    }
+
+
+def _env(conf: dict[str, Any], redis_url: str) -> dict[str, str]:
+    return {
+        "SAFE_TIME_TEST_BROKER_URL": conf["broker_url"],
+        "SAFE_TIME_TEST_RECORD_URL": redis_url,
+        "SAFE_TIME_TEST_STORE_URL": conf["safe_time_store_url"],
+        "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
+    }
+
+
+class Sweeper:
+    """Beat's sweep entry in the test process: a sweep every half second."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            sweep(self.app)
+            self.stop_event.wait(0.5)
+
+    def __enter__(self) -> Sweeper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def conf(sqs: dict[str, Any], redis_url: str, postgres_url: str) -> dict[str, Any]:
+    """The client's and the workers' settings."""
+    return _conf(sqs, redis_url, postgres_url)
+
+
+@pytest.fixture
+def safe_app(make_app: Callable[..., Celery], conf: dict[str, Any]) -> Iterator[Celery]:
+    app = make_app("sqs-client", **conf)
+    install(app)
+    define_tasks(app)
+    yield app
+
+
+def test_a_countdown_past_the_visibility_timeout_runs_once_as_a_safe_task_and_more_than_once_plain(
+    safe_app: Celery, conf: dict[str, Any], redis_url: str, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """Side by side on one worker: a plain 20 s countdown is held unacknowledged by the worker, SQS
+    hands it out again after the 10 s visibility timeout, and it runs more than once (celery#3270);
+    the SafeTask's 20 s countdown waits in the store, reaches the worker just before it is due and
+    runs once."""
+    tasks = safe_app.tasks
+    worker = processes.worker(DELAYS_APP, name="w", env=_env(conf, redis_url))
+    worker.wait_for_log(r"ready\.", timeout=90)
+    tasks["tests.delays.plain_record"].apply_async(("plain",), countdown=20)
+    tasks["tests.delays.record"].apply_async(("safe",), countdown=20)
+    assert len(get_store(safe_app).list(limit=10)) == 1  # the SafeTask's call is stored, not published
+    with Sweeper(safe_app):
+        wait_for(lambda: {r["label"] for r in runs(redis_client)} >= {"plain", "safe"}, 60, message="both to run")
+        # a plain duplicate comes once the worker's held copy is handed out again: every 10 s
+        wait_for(lambda: Counter(r["label"] for r in runs(redis_client))["plain"] > 1, 30, message="a plain duplicate")
+        time.sleep(3)
+    count = Counter(r["label"] for r in runs(redis_client))
+    print(f"20 s countdown, 10 s visibility timeout: plain ran {count['plain']} times, SafeTask {count['safe']}")
+    assert count["plain"] > 1
+    assert count["safe"] == 1

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,9 +24,9 @@ from celery import Celery
 from celery_safe_time import install
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
-from celery_safe_time.exceptions import ImproperlyConfigured
 from tests.apps.delays_tasks import define_tasks
-from tests.helpers import beat as beat_helpers
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates
+from tests.helpers.beat import runs as beat_runs
 from tests.helpers.delays import DELAYS_APP, runs
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import SqsEndpoint, sqs_transport_options
@@ -93,11 +93,11 @@ def conf(sqs: dict[str, Any], redis_url: str, postgres_url: str) -> dict[str, An
 
 
 @pytest.fixture
-def safe_app(make_app: Callable[..., Celery], conf: dict[str, Any]) -> Iterator[Celery]:
+def safe_app(make_app: Callable[..., Celery], conf: dict[str, Any]) -> Celery:
     app = make_app("sqs-client", **conf)
     install(app)
     define_tasks(app)
-    yield app
+    return app
 
 
 def test_a_countdown_past_the_visibility_timeout_runs_once_as_a_safe_task_and_more_than_once_plain(
@@ -122,3 +122,60 @@ def test_a_countdown_past_the_visibility_timeout_runs_once_as_a_safe_task_and_mo
     print(f"20 s countdown, 10 s visibility timeout: plain ran {count['plain']} times, SafeTask {count['safe']}")
     assert count["plain"] > 1
     assert count["safe"] == 1
+
+
+def test_twenty_stored_calls_on_two_workers_each_run_once(
+    safe_app: Celery, conf: dict[str, Any], redis_url: str, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """20 countdowns past the threshold go to the store; the sweep publishes each when it is due and
+    two workers share the queue: every call runs exactly once."""
+    env = _env(conf, redis_url)
+    workers = [processes.worker(DELAYS_APP, name=f"w{i}", env=env, concurrency=2) for i in range(2)]
+    for worker in workers:
+        worker.wait_for_log(r"ready\.", timeout=90)
+    labels = [f"call-{i:02d}" for i in range(20)]
+    for n, label in enumerate(labels):
+        safe_app.tasks["tests.delays.record"].apply_async((label,), countdown=THRESHOLD + 2 + n % 3)
+    assert len(get_store(safe_app).list(limit=50)) == len(labels)
+    with Sweeper(safe_app):
+        wait_for(lambda: len(runs(redis_client)) >= len(labels), 60, message="every call to run")
+        time.sleep(3)  # a second copy would come now, not later: the sweep is done with every row
+    count = Counter(r["label"] for r in runs(redis_client))
+    assert count == Counter(labels)
+    print(f"20 stored calls on 2 workers: {len({r['hostname'] for r in runs(redis_client)})} workers ran them")
+
+
+def test_two_safe_beats_on_sqs_publish_each_slot_at_most_once(
+    sqs: dict[str, Any], redis_url: str, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """Two SafeScheduler beats (the lease on the test's Redis db) and a worker, every task message on
+    SQS: each 1 s slot runs at most once."""
+    env = {
+        "SAFE_TIME_TEST_BROKER_URL": sqs["broker_url"],
+        "SAFE_TIME_TEST_RECORD_URL": redis_url,
+        **beat_env(
+            {"fast": {"task": "tests.record", "every": 1, "args": ["fast"]}},
+            broker_transport_options=sqs["broker_transport_options"],
+            result_backend=redis_url,
+            safe_time_redis_url=redis_url,
+            safe_time_beat_lease=6,
+        ),
+    }
+    processes.worker(BEAT_APP, env=env, name="worker")
+    beats = [processes.beat(BEAT_APP, env=env, name=f"beat{i}") for i in range(2)]
+    wait_for(lambda: len(beat_runs(redis_client, "fast")) >= 8, 90, message="eight slots to run")
+    assert all(b.alive() for b in beats)
+    assert duplicates(redis_client) == {}
+
+
+def test_a_threshold_above_sqs_longest_delay_is_refused_naming_the_setting(
+    conf: dict[str, Any], redis_url: str, processes: ProcessManager
+) -> None:
+    """A worker told a threshold past SQS's 900 s DelaySeconds (with a visibility timeout long enough
+    for it) refuses to start, naming the setting."""
+    transport = {**conf["broker_transport_options"], "visibility_timeout": 43200}
+    bad = {**conf, "broker_transport_options": transport, "safe_time_delay_threshold": 1000}
+    worker = processes.worker(DELAYS_APP, name="bad", env=_env(bad, redis_url))
+    assert worker.wait(60) != 0
+    assert "safe_time_delay_threshold" in worker.log()
+    assert "DelaySeconds at most 900 s" in worker.log()

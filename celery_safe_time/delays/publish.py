@@ -25,6 +25,7 @@ from ..messages.publishing import PublishBatch, batched_publish
 from .amqp_batch import BatchSender
 from .backends.base import DelayRow, DelayStore
 from .payload import decode
+from .sqs import fifo_properties
 from .tracing import in_stored_context
 
 logger = logging.getLogger(__name__)
@@ -306,6 +307,9 @@ def publish_row(
             headers[C.HEADER_DELIVERY] = row.delivery_token
         if retry is not None:
             options["retry"] = retry
+        if config.broker_kind == C.BROKER_SQS and row.delivery_token:
+            call = (body.get("args") or (), body.get("kwargs") or {})
+            options.update(fifo_properties(app, row.task, options, call, row.id, row.delivery_token))
         # Published under the caller's stored trace context (if any), so its trace continues here.
         in_stored_context(headers, send or app.send_task)(
             row.task,

@@ -9,6 +9,7 @@ queue name prefix of its own.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -24,10 +25,11 @@ from celery import Celery
 from celery_safe_time import install
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
+from celery_safe_time.exceptions import SerializationError
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.beat import BEAT_APP, beat_env, duplicates
 from tests.helpers.beat import runs as beat_runs
-from tests.helpers.delays import DELAYS_APP, runs
+from tests.helpers.delays import DELAYS_APP, fresh_sql_store, runs
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import SqsEndpoint, sqs_transport_options
 
@@ -88,7 +90,8 @@ class Sweeper:
 
 @pytest.fixture
 def conf(sqs: dict[str, Any], redis_url: str, postgres_url: str) -> dict[str, Any]:
-    """The client's and the workers' settings."""
+    """The client's and the workers' settings (on an empty store)."""
+    fresh_sql_store(postgres_url).close()
     return _conf(sqs, redis_url, postgres_url)
 
 
@@ -179,3 +182,71 @@ def test_a_threshold_above_sqs_longest_delay_is_refused_naming_the_setting(
     assert worker.wait(60) != 0
     assert "safe_time_delay_threshold" in worker.log()
     assert "DelaySeconds at most 900 s" in worker.log()
+
+
+def _queue_messages(endpoint: SqsEndpoint, name: str) -> list[dict[str, Any]]:
+    """Every message in the SQS queue ``name`` (received and deleted)."""
+    client = endpoint.client()
+    url = client.get_queue_url(QueueName=name)["QueueUrl"]
+    out: list[dict[str, Any]] = []
+    while True:
+        got = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["All"], VisibilityTimeout=30
+        ).get("Messages", [])
+        if not got:
+            return out
+        out.extend(got)
+        for message in got:
+            client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def test_a_fifo_queue_gets_each_stored_row_once_when_the_sweep_publishes_it_again(
+    make_app: Callable[..., Celery], conf: dict[str, Any], sqs_endpoint: SqsEndpoint
+) -> None:
+    """Stored calls routed to a ``.fifo`` queue, no worker: the first sweep publishes each row, a later
+    sweep publishes each again (never started within the 1 s delivery grace: the message looks lost).
+    The second copies carry the same ``MessageDeduplicationId`` (from the row's delivery token), so SQS
+    drops them: the queue holds each row once, each in a message group of its own."""
+    app = make_app("sqs-fifo", **{**conf, "task_default_queue": "celery.fifo", "safe_time_delivery_grace": 1})
+    install(app)
+    define_tasks(app)
+    labels = [f"fifo-{i}" for i in range(3)]
+    ids = [app.tasks["tests.delays.record"].apply_async((label,), countdown=THRESHOLD + 1).id for label in labels]
+    time.sleep(THRESHOLD + 1)
+    assert sweep(app).sent == len(ids)
+    time.sleep(1.5)
+    again = sweep(app)
+    assert (again.republished, again.sent) == (len(ids), len(ids))
+    prefix = conf["broker_transport_options"]["queue_name_prefix"]
+    messages = _queue_messages(sqs_endpoint, f"{prefix}celery.fifo")
+    task_ids = [json.loads(base64.b64decode(m["Body"]))["headers"]["id"] for m in messages]
+    assert sorted(task_ids) == sorted(ids)
+    assert {m["Attributes"]["MessageGroupId"] for m in messages} == set(ids)
+
+
+#: The queues' MaximumMessageSize: SQS's default before it took 1 MiB, and what the check assumes.
+SMALL_QUEUES = {"sqs-creation-attributes": {"MaximumMessageSize": "262144"}}
+
+
+def test_a_stored_call_too_large_for_sqs_is_refused_at_the_call_site_and_one_just_below_is_delivered(
+    make_app: Callable[..., Celery], conf: dict[str, Any], sqs_endpoint: SqsEndpoint
+) -> None:
+    """A stored call whose message would pass SQS's 256 KiB is refused when it is made (nothing
+    stored), not by SQS in a sweep long after the caller is gone; one just below the check's estimate
+    goes through the sweep into the queue (the estimate is not lax)."""
+    transport = {**conf["broker_transport_options"], **SMALL_QUEUES}
+    app = make_app("sqs-size", **{**conf, "broker_transport_options": transport})
+    install(app)
+    define_tasks(app)
+    record = app.tasks["tests.delays.record"]
+    with pytest.raises(SerializationError, match=r"above the SQS message size limit \(262144 bytes"):
+        record.apply_async(("x" * 150_000,), countdown=THRESHOLD + 1)
+    assert get_store(app).list(limit=10) == []
+    # The largest payload the estimate lets through is about 145 900 bytes.
+    fits = record.apply_async(("x" * 145_000,), countdown=THRESHOLD + 1)
+    time.sleep(THRESHOLD + 1)
+    stats = sweep(app)
+    assert (stats.sent, stats.failed) == (1, 0)
+    messages = _queue_messages(sqs_endpoint, f"{transport['queue_name_prefix']}celery")
+    assert [json.loads(base64.b64decode(m["Body"]))["headers"]["id"] for m in messages] == [fits.id]
+    print(f"a 145 000-byte argument: a {len(messages[0]['Body'])}-byte SQS message (limit 262144)")

@@ -169,10 +169,24 @@ def publish_batch(
         if isinstance(exc, BatchPublishError):
             raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
+    if batch.refused:
+        outcome.published = [r for r in outcome.published if r.id not in batch.refused]
+        for task_id, error in batch.refused.items():
+            refuse(store, rows, task_id, token, error)
+            stats.failed += 1
     if marks is not None:
         marks.submit(store, outcome.published, outcome.expired, token, trusted_until)
         return
     finish(store, outcome.published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+
+
+def refuse(store: DelayStore, rows: list[DelayRow], task_id: str, token: str, error: str) -> None:
+    """Mark failed a row whose message the broker refused for good in a batch (as :func:`publish_row`
+    marks one whose single publish is refused)."""
+    task = next((r.task for r in rows if r.id == task_id), "")
+    logger.error("stored task %s[%s] cannot be published, marked failed: %s", task, task_id, error)
+    store.mark_failed(task_id, token, error)
+    signals.delay_failed.send(sender=store, task_id=task_id, task_name=task, error=error)
 
 
 def publish_wait(config: SafeTimeConfig) -> float:

@@ -10,7 +10,9 @@ queue name prefix of its own.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
@@ -22,6 +24,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
@@ -29,7 +32,7 @@ from celery_safe_time.exceptions import SerializationError
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.beat import BEAT_APP, beat_env, duplicates
 from tests.helpers.beat import runs as beat_runs
-from tests.helpers.delays import DELAYS_APP, fresh_sql_store, runs
+from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs, seconds
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.services import SqsEndpoint, sqs_transport_options
 
@@ -250,3 +253,60 @@ def test_a_stored_call_too_large_for_sqs_is_refused_at_the_call_site_and_one_jus
     messages = _queue_messages(sqs_endpoint, f"{transport['queue_name_prefix']}celery")
     assert [json.loads(base64.b64decode(m["Body"]))["headers"]["id"] for m in messages] == [fits.id]
     print(f"a 145 000-byte argument: a {len(messages[0]['Body'])}-byte SQS message (limit 262144)")
+
+
+def _due_rows(app: Celery, n: int, prefix: str) -> list[str]:
+    store = get_store(app)
+    now = store.now()
+    ids = [f"{prefix}-{i:02d}" for i in range(n)]
+    for i, task_id in enumerate(ids):
+        store.insert(new_delay(task_id, now - seconds(60) + seconds(i * 0.001)))
+    return ids
+
+
+def test_the_sweep_publishes_to_sqs_in_batches_of_ten_and_each_row_arrives_once(
+    make_app: Callable[..., Celery], conf: dict[str, Any], sqs_endpoint: SqsEndpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    """25 due rows: one claim, three ``SendMessageBatch`` calls (10, 10, 5) instead of 25
+    ``SendMessage``; every row is marked sent and its message is in the queue once, with its headers."""
+    app = make_app("sqs-batch", **conf)
+    install(app)
+    define_tasks(app)
+    ids = _due_rows(app, 25, "batch")
+    with caplog.at_level(logging.DEBUG, logger="celery_safe_time.messages.sqs_batch"):
+        stats = sweep(app)
+    assert (stats.sent, stats.failed) == (25, 0)
+    assert "published 25 messages to SQS in 3 SendMessageBatch calls" in caplog.text
+    prefix = conf["broker_transport_options"]["queue_name_prefix"]
+    bodies = [json.loads(base64.b64decode(m["Body"])) for m in _queue_messages(sqs_endpoint, f"{prefix}celery")]
+    assert sorted(b["headers"]["id"] for b in bodies) == ids
+    assert all(b["headers"]["task"] == "tests.delays.record" for b in bodies)
+    assert all(b["headers"].get(C.HEADER_STORED) for b in bodies)
+
+
+def test_a_row_sqs_refuses_in_a_batch_is_marked_failed_and_the_rest_of_the_batch_is_sent(
+    make_app: Callable[..., Celery], conf: dict[str, Any], sqs_endpoint: SqsEndpoint
+) -> None:
+    """A queue that takes 4 KiB messages and a batch of 5 rows, one of them larger (written to the
+    store directly, past the call-site check): SQS refuses that entry as the sender's fault. The row
+    is marked failed with SQS's reason, as a row whose single publish is refused; the other four are
+    sent and in the queue once; the sweep goes on."""
+    transport = {**conf["broker_transport_options"], "sqs-creation-attributes": {"MaximumMessageSize": "4096"}}
+    app = make_app("sqs-batch-refused", **{**conf, "broker_transport_options": transport})
+    install(app)
+    define_tasks(app)
+    store = get_store(app)
+    ids = _due_rows(app, 4, "small")
+    big = new_delay("big", store.now() - seconds(30))
+    store.insert(dataclasses.replace(big, payload=json.dumps({"args": ["x" * 4000], "kwargs": {}}).encode()))
+    stats = sweep(app)
+    assert (stats.sent, stats.failed) == (4, 1)
+    failed = store.get("big")
+    assert failed is not None
+    assert failed.status == C.STATUS_FAILED
+    assert "shorter than 4096 bytes" in (failed.last_error or ""), failed.last_error
+    bodies = [
+        json.loads(base64.b64decode(m["Body"]))
+        for m in _queue_messages(sqs_endpoint, f"{transport['queue_name_prefix']}celery")
+    ]
+    assert sorted(b["headers"]["id"] for b in bodies) == ids

@@ -17,6 +17,7 @@ from celery_safe_time.delays.sqs import (
     message_limit,
 )
 from celery_safe_time.exceptions import SerializationError
+from celery_safe_time.messages.sqs_batch import chunks, task_id_of
 
 
 def test_the_estimate_covers_kombus_two_base64_layers() -> None:
@@ -73,3 +74,17 @@ def test_fifo_properties_follow_the_route_of_the_message(
     else:
         assert props["MessageGroupId"] == expected_group
     json.dumps(props)
+
+
+def test_batches_hold_at_most_ten_entries_and_one_message_of_payload() -> None:
+    requests = [{"MessageBody": "x" * 100} for _ in range(25)]
+    assert [len(b) for b in chunks(requests)] == [10, 10, 5]
+    big = [{"MessageBody": "x" * 100_000} for _ in range(5)]
+    assert [len(b) for b in chunks(big)] == [2, 2, 1]
+    assert [len(b) for b in chunks([{"MessageBody": "x" * 300_000}, {"MessageBody": "y"}])] == [1, 1]
+
+
+def test_the_task_id_is_read_from_a_message_body_base64_or_not() -> None:
+    message = json.dumps({"body": "", "headers": {"id": "task-9"}})
+    assert task_id_of(message) == "task-9"
+    assert task_id_of(base64.b64encode(message.encode()).decode()) == "task-9"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import json
 import logging
 import threading
@@ -310,3 +311,25 @@ def test_a_row_sqs_refuses_in_a_batch_is_marked_failed_and_the_rest_of_the_batch
         for m in _queue_messages(sqs_endpoint, f"{transport['queue_name_prefix']}celery")
     ]
     assert sorted(b["headers"]["id"] for b in bodies) == ids
+
+
+def test_an_overlap_lock_on_sqs_runs_one_key_at_a_time_and_each_call_once(
+    safe_app: Celery, conf: dict[str, Any], redis_url: str, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """Three 2 s calls of one lock key on two workers: the calls that meet the held lock are re-queued
+    (2 s countdowns on SQS, below the visibility timeout) and run after the holder, never beside it;
+    each runs once."""
+    env = _env(conf, redis_url)
+    for i in range(2):
+        processes.worker(DELAYS_APP, name=f"w{i}", env=env, concurrency=2).wait_for_log(r"ready\.", timeout=90)
+    calls = [safe_app.tasks["tests.delays.locked_slow"].delay("k", f"lock-{i}", 2.0) for i in range(3)]
+    with Sweeper(safe_app):
+        wait_for(lambda: redis_client.llen("test:ends") >= len(calls), 90, message="every call to end")
+        time.sleep(2)
+    started = {r["task_id"]: r["started"] for r in runs(redis_client)}
+    ended = {e["task_id"]: e["ended"] for e in map(json.loads, redis_client.lrange("test:ends", 0, -1))}
+    assert sorted(started) == sorted(c.id for c in calls)
+    assert len(runs(redis_client)) == len(calls)
+    spans = sorted((started[i], ended[i]) for i in started)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end - 0.05, spans  # the next run starts after the previous one ended

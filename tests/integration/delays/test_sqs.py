@@ -333,3 +333,22 @@ def test_an_overlap_lock_on_sqs_runs_one_key_at_a_time_and_each_call_once(
     spans = sorted((started[i], ended[i]) for i in started)
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end - 0.05, spans  # the next run starts after the previous one ended
+
+
+def test_an_acks_late_run_longer_than_the_visibility_timeout_runs_once(
+    safe_app: Celery, conf: dict[str, Any], redis_url: str, processes: ProcessManager, redis_client: redis.Redis
+) -> None:
+    """A stored acks_late call whose run (14 s) outlasts the 10 s visibility timeout: SQS hands its
+    message out again while it runs, and the delivery record drops that copy instead of running it
+    beside the first."""
+    env = _env(conf, redis_url)
+    workers = [processes.worker(DELAYS_APP, name=f"w{i}", env=env, concurrency=2) for i in range(2)]
+    for worker in workers:
+        worker.wait_for_log(r"ready\.", timeout=90)
+    call = safe_app.tasks["tests.delays.slow"].apply_async(("long",), {"seconds": 14.0}, countdown=THRESHOLD + 1)
+    with Sweeper(safe_app):
+        wait_for(lambda: redis_client.llen("test:ends") >= 1, 60, message="the run to end")
+        time.sleep(6)  # a copy handed out at 10 s would have started by now
+    assert [r["task_id"] for r in runs(redis_client)] == [call.id]
+    logs = "".join(w.log() for w in workers)
+    assert f"[{call.id}] is running on" in logs, "SQS never handed the message out again: nothing was shown"

@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 ARGS ?=
 # make demo BROKER=amqp: the demo on a throwaway RabbitMQ node (leases and locks stay on Redis).
+# make demo BROKER=sqs: the demo on a local SQS-compatible endpoint it starts (moto, from the dev extra).
 BROKER ?= redis
 # make demo COORD=postgres: leases, fired slots, locks, idempotency (and the store) in a throwaway
 # database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
@@ -29,6 +30,7 @@ COMPAT_ENVS ?= py310-celery54-django42,py313-celery57-django52
 help:
 	@echo "make demo   - run the live demo (three beats, two workers, a kill -9, a Redis flush)"
 	@echo "             BROKER=amqp: the same on a throwaway RabbitMQ node; DEMO_REDIS_URL: lend it a Redis (README)"
+	@echo "             BROKER=sqs: the same on a local SQS-compatible endpoint (moto) it starts"
 	@echo "             COORD=postgres: coordination in PostgreSQL (with BROKER=amqp: no Redis at all)"
 	@echo "make test   - run the whole test suite against the local services"
 	@echo "make check  - lint, types, unit tests and the store contract (under two minutes)"

@@ -37,28 +37,37 @@ from tests.helpers.processes import CeleryProcess, wait_for
 # --- 1. countdown longer than visibility_timeout ------------------------------------------
 
 
-def bench_visibility(quick: bool) -> dict[str, Any]:
+def bench_visibility(quick: bool, broker: str = "redis") -> dict[str, Any]:
+    """``broker="sqs"``: the same on a local SQS-compatible endpoint (moto's server mode) this run
+    starts; SQS hands an unacknowledged message out again by itself once its visibility timeout passes."""
     vt = 3.0 if quick else 5.0
     countdown = 10.0 if quick else 30.0
     n = 10 if quick else 20
     env = Env()
+    endpoint: services.SqsEndpoint | None = None
     try:
         env.store().close()
-        conf = env.conf(
-            broker_transport_options={
-                "visibility_timeout": vt,
-                # kombu restores expired unacked messages at most this often (defaults 60 s / 60 s)
-                "unacked_restore_interval": 1,
-                "unacked_restore_throttle": 1,
-            },
-            safe_time_sweep_interval=1,
-        )
+        if broker == "sqs":
+            endpoint = services.SqsEndpoint().start()
+            transport = services.sqs_transport_options("bench-", visibility_timeout=vt)
+            conf = env.conf(broker=endpoint.url, broker_transport_options=transport, safe_time_sweep_interval=1)
+        else:
+            conf = env.conf(
+                broker_transport_options={
+                    "visibility_timeout": vt,
+                    # kombu restores expired unacked messages at most this often (defaults 60 s / 60 s)
+                    "unacked_restore_interval": 1,
+                    "unacked_restore_throttle": 1,
+                },
+                safe_time_sweep_interval=1,
+            )
         # two workers: a redelivered message may go to either, as in a real deployment
         env.worker("vis-a", conf, concurrency=2)
         env.worker("vis-b", conf, concurrency=2)
         beat_args = ["beat", "-l", "WARNING", "-S", "celery.beat:PersistentScheduler", "-s", str(env.tmp / "vis-beat")]
         env.spawn("vis-beat", beat_args, conf)  # runs the sweep every second
-        app = env.app(**{k: v for k, v in conf.items() if k.startswith(("broker_transport", "safe_time"))})
+        keep = ("broker_transport", "safe_time")
+        app = env.app(conf.get("broker_url"), **{k: v for k, v in conf.items() if k.startswith(keep)})
         for i in range(n):
             app.tasks["tests.delays.record"].apply_async((f"safe-{i}",), countdown=countdown)
             app.tasks["tests.delays.plain_record"].apply_async((f"plain-{i}",), countdown=countdown)
@@ -71,6 +80,7 @@ def bench_visibility(quick: bool) -> dict[str, Any]:
         safe = [counts.get(f"safe-{i}", 0) for i in range(n)]
         plain = [counts.get(f"plain-{i}", 0) for i in range(n)]
         return {
+            "broker": broker,
             "visibility_timeout_s": vt,
             "countdown_s": countdown,
             "tasks": n,
@@ -85,6 +95,8 @@ def bench_visibility(quick: bool) -> dict[str, Any]:
         }
     finally:
         env.close()
+        if endpoint is not None:
+            endpoint.stop()
 
 
 # --- 2. duplicate slots with 3 beats ----------------------------------------------------------
@@ -251,6 +263,8 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         results["visibility"] = bench_visibility(quick)
     if only in (None, "duplicates"):
         results["duplicates"] = bench_duplicates(quick)
+    if only == "visibility-sqs":  # not in the default run: it starts an SQS endpoint of its own
+        results["visibility"] = bench_visibility(quick, broker="sqs")
     return results
 
 
@@ -259,7 +273,7 @@ def table(results: dict[str, Any]) -> str:
     v = results.get("visibility")
     if v:
         lines.append(
-            f"| executions per task, countdown {v['countdown_s']:g} s "
+            f"| executions per task{' on SQS' if v.get('broker') == 'sqs' else ''}, countdown {v['countdown_s']:g} s "
             f"> visibility_timeout {v['visibility_timeout_s']:g} s "
             f"({v['tasks']} tasks each) | mean {v['safe_mean']:.2f}, max {v['safe_max']} (SafeTask) "
             f"| mean {v['plain_mean']:.2f}, max {v['plain_max']} |"
@@ -285,7 +299,7 @@ def table(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["visibility", "duplicates"])
+    parser.add_argument("--only", choices=["visibility", "duplicates", "visibility-sqs"])
     args = parser.parse_args(argv)
     results = run(args.quick, args.only)
     print(table(results))

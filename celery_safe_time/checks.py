@@ -187,7 +187,7 @@ def _node_config_checks(client: redis.Redis, name: str) -> list[Check]:
 _BROKER_NAMES = {
     C.BROKER_AMQP: "RabbitMQ (AMQP)",
     C.BROKER_REDIS: "Redis",
-    C.BROKER_SQS: "SQS (untested here: limits enforced on paper)",
+    C.BROKER_SQS: "SQS",
     C.BROKER_OTHER: "other",
 }
 

@@ -63,6 +63,11 @@ DEFAULT_AMQP_CONSUMER_TIMEOUT: Final = 1800.0
 #: SQS limits: a message's ``DelaySeconds`` is at most 15 minutes, a visibility timeout at most 12 hours.
 SQS_MAX_DELAY_SECONDS: Final = 900.0
 SQS_MAX_VISIBILITY_TIMEOUT: Final = 43200.0
+#: SQS's message size limit (a queue's default ``MaximumMessageSize``): a larger message is refused at publish.
+SQS_MAX_MESSAGE_BYTES: Final = 262144
+#: What kombu wraps around a task's body on SQS (headers, properties, delivery info), allowed for when
+#: a stored call's message size is checked at the call site.
+SQS_ENVELOPE_BYTES: Final = 2048
 
 MISFIRE_POLICIES: Final = frozenset({"run_once", "skip", "run_all"})
 #: run_all never fires more than this many catch-up slots for one entry.

@@ -35,6 +35,18 @@ app.conf.update(
         # so it sweeps every second (what hours of a real deployment would show).
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # `make demo BROKER=sqs`: the demo's local SQS endpoint, queues apart from the safe side's
+        **(
+            {
+                "region": "us-east-1",
+                "is_secure": False,
+                "queue_name_prefix": os.environ["DEMO_PLAIN_SQS_QUEUE_PREFIX"],
+                "wait_time_seconds": 1,
+                "polling_interval": 0.2,
+            }
+            if os.environ.get("DEMO_PLAIN_SQS_QUEUE_PREFIX")
+            else {}
+        ),
     },
     beat_schedule={
         "monthly-invoices": {

@@ -42,7 +42,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from kombu import Connection
 
 from celery_safe_time.config import mask_url
 from tests.helpers.services import REDIS_DEFAULT_PORT, RedisWatch
@@ -137,6 +136,8 @@ class Demo:
     #: ``--broker amqp``: the demo's own RabbitMQ node and its two vhosts (safe side, plain side).
     rabbit: Any = None
     amqp_urls: dict[str, str] = field(default_factory=dict)
+    #: ``--broker sqs``: the demo's own local SQS-compatible endpoint (both sides, queue prefixes apart).
+    sqs: Any = None
     dbs: list[int] = field(default_factory=list)
     claim_token: str = field(default_factory=lambda: uuid.uuid4().hex)
     procs: list[Proc] = field(default_factory=list)
@@ -150,10 +151,14 @@ class Demo:
 
     @property
     def broker_url(self) -> str:
+        if self.sqs is not None:
+            return str(self.sqs.url)
         return self.amqp_urls["safe"] if self.rabbit else self.url(self.dbs[0])
 
     @property
     def plain_broker_url(self) -> str:
+        if self.sqs is not None:
+            return str(self.sqs.url)
         return self.amqp_urls["plain"] if self.rabbit else self.plain_url
 
     @property
@@ -199,6 +204,9 @@ class Demo:
         }
         if self.rabbit:
             env["DEMO_CONSUMER_TIMEOUT"] = str(tl.consumer_timeout)
+        if self.sqs is not None:
+            env["DEMO_SQS_QUEUE_PREFIX"] = "demo-safe-"
+            env["DEMO_PLAIN_SQS_QUEUE_PREFIX"] = "demo-plain-"
         if self.postgres is not None:
             env["DATABASE_URL"] = self.postgres.url
             env["DEMO_COORDINATION_URL"] = "store"  # the Django database: one PostgreSQL for everything
@@ -304,6 +312,8 @@ class Demo:
             self.owned_redis.terminate()
         if self.rabbit is not None:
             self.rabbit.stop()
+        if self.sqs is not None:
+            self.sqs.stop()
         if self.postgres is not None:
             self.postgres.drop()
 
@@ -417,6 +427,18 @@ def start_rabbit(demo: Demo) -> None:
     print(
         f"started a throwaway RabbitMQ node on 127.0.0.1:{node.port} with consumer_timeout {tl.consumer_timeout:g}s "
         "(30 min in production); the machine's RabbitMQ is not touched"
+    )
+
+
+def start_sqs(demo: Demo) -> None:
+    """``--broker sqs``: a local SQS-compatible endpoint of the demo's own (moto's server mode, from
+    the ``dev`` extra) on a free loopback port; both sides on it, their queues apart by name prefix."""
+    from tests.helpers.services import SqsEndpoint
+
+    demo.sqs = SqsEndpoint().start()
+    print(
+        f"started a local SQS-compatible endpoint (moto) on {demo.sqs.endpoint}; visibility_timeout "
+        f"{demo.timeline.visibility_timeout:g}s (plain side: {demo.timeline.plain_visibility_timeout:g}s)"
     )
 
 
@@ -565,9 +587,9 @@ def scenario(demo: Demo) -> int:
             demo.say(f"standby {_name_of(demo, pid)} took over after {demo.facts['failover']:.1f}s")
         if not phase["flush"] and now >= tl.flush_broker_at:
             phase["flush"] = True
-            if demo.rabbit:
-                with Connection(demo.broker_url) as conn:
-                    purged = conn.default_channel.queue_purge("celery")
+            if demo.rabbit or demo.sqs is not None:
+                with app.connection_for_write() as conn:
+                    purged = conn.default_channel.queue_purge(app.conf.task_default_queue)
                 demo.say(f"purged the broker's queue ({purged} messages) while trial emails and nudges are pending")
             else:
                 redis.Redis.from_url(demo.broker_url).flushdb()
@@ -735,7 +757,7 @@ def report(demo: Demo, app: Any) -> int:
     nudge_keys = Counter(Email.objects.filter(kind="nudge").values_list("key", flat=True))
     lost = len(demo.facts["nudge_due"]) - len(nudge_keys)
     row(
-        f"  delayed emails lost (broker {'queue purged' if demo.rabbit else 'flushed'} mid-way)",
+        f"  delayed emails lost (broker {'flushed' if demo.args.broker == 'redis' else 'queue purged'} mid-way)",
         "0",
         lost + len(expected_trials - set(trials)),
         lost == 0 and not expected_trials - set(trials),
@@ -930,9 +952,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--broker",
-        choices=["redis", "amqp"],
+        choices=["redis", "amqp", "sqs"],
         default="redis",
-        help="amqp: the same story on a throwaway RabbitMQ node (make demo BROKER=amqp); leases, locks on Redis",
+        help="amqp: the same story on a throwaway RabbitMQ node (make demo BROKER=amqp); sqs: on a local "
+        "SQS-compatible endpoint (make demo BROKER=sqs); leases, locks on Redis",
     )
     args = parser.parse_args(argv)
     var = Path(tempfile.mkdtemp(prefix="safe-time-demo-"))
@@ -960,6 +983,8 @@ def main(argv: list[str] | None = None) -> int:
             start_postgres(demo)
         if args.broker == "amqp":
             start_rabbit(demo)
+        if args.broker == "sqs":
+            start_sqs(demo)
         code = serve(demo) if args.serve else scenario(demo)
     finally:
         demo.release()

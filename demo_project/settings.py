@@ -97,6 +97,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": int(os.environ.get("DEMO_RESTORE_INTERVAL", 10)),
     "unacked_restore_throttle": int(os.environ.get("DEMO_RESTORE_THROTTLE", 10)),
 }
+if os.environ.get("DEMO_SQS_QUEUE_PREFIX"):  # `make demo BROKER=sqs`: the demo's local SQS endpoint
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(
+        region="us-east-1",
+        is_secure=False,
+        queue_name_prefix=os.environ["DEMO_SQS_QUEUE_PREFIX"],
+        wait_time_seconds=1,
+        polling_interval=0.2,
+    )
 
 # --- celery-safe-time ----------------------------------------------------------------
 if os.environ.get("DEMO_COORDINATION_URL"):

@@ -127,6 +127,15 @@ def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def sqs_endpoint() -> Iterator[services.SqsEndpoint]:
+    """A local SQS-compatible endpoint (moto's server mode) for the session: ``sqs_endpoint.url`` is the
+    broker URL; each test keeps its queues apart with ``services.sqs_transport_options(prefix)``."""
+    endpoint = services.SqsEndpoint().start()
+    yield endpoint
+    endpoint.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this session (SQLAlchemy URL, psycopg 3), dropped afterwards."""
     db = services.PostgresDatabase(services.resolve_postgres_admin_url())

@@ -26,6 +26,7 @@ from .amqp_batch import BatchSender
 from .backends.base import DelayRow, DelayStore
 from .payload import decode
 from .revoked import REASON_EXPIRED, report_revoked
+from .sqs import fifo_properties
 from .tracing import in_stored_context
 
 logger = logging.getLogger(__name__)
@@ -169,10 +170,24 @@ def publish_batch(
         if isinstance(exc, BatchPublishError):
             raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
+    if batch.refused:
+        outcome.published = [r for r in outcome.published if r.id not in batch.refused]
+        for task_id, error in batch.refused.items():
+            refuse(store, rows, task_id, token, error)
+            stats.failed += 1
     if marks is not None:
         marks.submit(store, outcome.published, outcome.expired, token, trusted_until)
         return
     finish(app, store, outcome.published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+
+
+def refuse(store: DelayStore, rows: list[DelayRow], task_id: str, token: str, error: str) -> None:
+    """Mark failed a row whose message the broker refused for good in a batch (as :func:`publish_row`
+    marks one whose single publish is refused)."""
+    task = next((r.task for r in rows if r.id == task_id), "")
+    logger.error("stored task %s[%s] cannot be published, marked failed: %s", task, task_id, error)
+    store.mark_failed(task_id, token, error)
+    signals.delay_failed.send(sender=store, task_id=task_id, task_name=task, error=error)
 
 
 def publish_wait(config: SafeTimeConfig) -> float:
@@ -325,6 +340,9 @@ def publish_row(
             headers[C.HEADER_DELIVERY] = row.delivery_token
         if retry is not None:
             options["retry"] = retry
+        if config.broker_kind == C.BROKER_SQS and row.delivery_token:
+            call = (body.get("args") or (), body.get("kwargs") or {})
+            options.update(fifo_properties(app, row.task, options, call, row.id, row.delivery_token))
         # Published under the caller's stored trace context (if any), so its trace continues here.
         in_stored_context(headers, send or app.send_task)(
             row.task,

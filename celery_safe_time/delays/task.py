@@ -35,6 +35,7 @@ from .delivery import delivery_token, run_delivery
 from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, check_call_times, plan_delay
+from .sqs import check_message_size
 from .tracing import inject_context
 
 logger = logging.getLogger(__name__)
@@ -404,6 +405,8 @@ class SafeTask(Task):
             "options": clean_options(options, _INTERNAL_HEADERS),
         }
         encoded = encode(body, serializer, allow_pickle=config.allow_pickle)
+        if config.broker_kind == C.BROKER_SQS:
+            check_message_size(app, self.name, len(encoded.payload))
 
         expires = options.get("expires")
         expires_at = None if expires is None else expires_argument(expires)

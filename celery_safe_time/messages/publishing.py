@@ -1,7 +1,8 @@
 """Publishing many messages at once through Celery: the sweep's batches and a beat tick's due slots.
 
-On Redis, kombu's ``Producer.batch`` sends the publishes of a block in one pipeline round trip;
-every message still goes through Celery's ``send_task``. Other transports publish one by one.
+On Redis, kombu's ``Producer.batch`` sends the publishes of a block in one pipeline round trip; on
+SQS, :mod:`.sqs_batch` sends them in ``SendMessageBatch`` calls of 10; every message still goes
+through Celery's ``send_task``. Other transports publish one by one.
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ from contextlib import contextmanager
 from typing import Any
 
 from .randomness import uuid4_str
+from .sqs_batch import is_sqs, sqs_batched_publish
 
 
 class PublishBatch:
     """Whether this batch's publishes are buffered (sent at the end) or went out one by one."""
 
     active = False
+
+    def __init__(self) -> None:
+        #: Task id -> error, for the messages the broker refused for good (SQS: a sender fault, such
+        #: as a message larger than the queue takes); the rest of the batch went out.
+        self.refused: dict[str, str] = {}
 
 
 @contextmanager
@@ -29,6 +36,11 @@ def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[N
     SMEMBERS per message on Redis) is read, and each queue declared, once per batch. Other transports
     publish each message on its own.
     """
+    if is_sqs(producer):
+        state.active = True
+        with sqs_batched_publish(producer, state.refused):
+            yield
+        return
     if not getattr(producer, "supports_batch_publish", False):
         yield
         return

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -20,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -626,3 +628,84 @@ def _tcp_remote_ports() -> dict[str, int]:
             if len(fields) > 9:
                 ports[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
     return ports
+
+
+# --- SQS ------------------------------------------------------------------------------------
+
+
+class SqsEndpoint:
+    """A local SQS-compatible endpoint (moto's server mode) on a free loopback port, owned by the
+    session; queues of one test are kept apart by a ``queue_name_prefix`` of its own."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The broker URL: kombu takes the endpoint from its host and port (``is_secure`` False: http)."""
+        return f"sqs://test:test@127.0.0.1:{self.port}"
+
+    def start(self) -> SqsEndpoint:
+        binary = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+        if binary is None:
+            unavailable("moto_server", "(pip) moto[server], in the dev extra", "binary not found")
+        assert binary is not None
+        self.proc = subprocess.Popen(
+            [binary, "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                self.client().list_queues()
+                return self
+            except Exception:
+                time.sleep(0.1)
+        self.stop()
+        unavailable("moto_server", "(pip) moto[server], in the dev extra", f"no answer on {self.endpoint}")
+        return self
+
+    def client(self) -> Any:
+        """A boto3 SQS client on the endpoint."""
+        import boto3
+
+        return boto3.client(
+            "sqs",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+
+def sqs_transport_options(prefix: str, **extra: Any) -> dict[str, Any]:
+    """kombu's SQS transport options for the local endpoint: a 10 s visibility timeout, short polls,
+    and a queue name prefix of the test's own."""
+    return {
+        "region": "us-east-1",
+        "is_secure": False,
+        "visibility_timeout": 10,
+        "wait_time_seconds": 1,
+        "polling_interval": 0.2,
+        "queue_name_prefix": prefix,
+        **extra,
+    }

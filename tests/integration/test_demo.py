@@ -88,6 +88,18 @@ def test_quick_demo_on_rabbitmq_shows_the_consumer_timeout_crash_beside_safe_tas
     assert "exited (PRECONDITION_FAILED); restarted" in output
 
 
+def test_quick_demo_on_sqs_meets_every_expectation_and_shows_plain_duplicates(tmp_path: Path) -> None:
+    """`make demo BROKER=sqs`: the same story on a local SQS-compatible endpoint the demo starts; the
+    queue purge loses no stored delay, and plain Celery's countdowns past the 4 s visibility timeout
+    run more than once each."""
+    output = _run_demo(tmp_path, "--broker", "sqs")
+    assert "started a local SQS-compatible endpoint (moto) on http://127.0.0.1:" in output
+    assert "purged the broker's queue" in output
+    row = _report_row(output, "countdown 10s > visibility_timeout 4s: runs per email")
+    runs, emails = (int(n) for n in re.findall(r"(\d+) runs for (\d+) emails", row)[0])
+    assert runs > emails, row
+
+
 def test_quick_demo_on_postgres_and_rabbitmq_runs_with_no_redis_at_all(tmp_path: Path, redis_db_url: str) -> None:
     """`make demo COORD=postgres BROKER=amqp`: leases, fired slots, locks, idempotency markers and the
     store in a PostgreSQL database of the demo's own, RabbitMQ as the broker; the same expectations

@@ -353,25 +353,56 @@ def installed_versions() -> Check:
     return version_pairing(version("celery"), version("kombu"))
 
 
-def worker_startup_problems(app: Celery) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class StartupProblem:
+    """One thing a worker found wrong at startup: ``fatal`` when it cannot heal by itself (a setting, a
+    missing driver), so the worker stops; else a backend that does not answer now (it may in a moment:
+    a database failing over, a worker restarted during an outage)."""
+
+    detail: str
+    fatal: bool
+
+
+def worker_startup_problems(app: Celery) -> list[StartupProblem]:
     """What a worker of ``app`` checks before it says "ready", as beat does: its settings, its
-    coordination backend (Redis, or PostgreSQL) and its store answer. One line per problem, naming the
-    setting; empty when all is well. Warnings (persistence, clock skew) are ``check``'s, not here."""
+    coordination backend (Redis, or PostgreSQL) and its store answer. One problem per backend, naming
+    the setting; empty when all is well. Warnings (persistence, clock skew: the backends' clocks are the
+    authority, a host's skew is harmless) are ``check``'s, not here."""
     try:
         config = get_config(app)
     except SafeTimeError as exc:
-        return [str(exc)]
+        return [StartupProblem(str(exc), fatal=True)]
     problems = []
     if config.coordination == C.COORDINATION_POSTGRES:
-        failed = [c for c in check_coordination(config) if c.status == "fail"]
-        problems += [f"safe_time_coordination_url: {c.detail}" for c in failed]
+        failed = [c for c in check_coordination(config)[:1] if c.status == "fail"]
+        problems += [StartupProblem(f"safe_time_coordination_url: {c.detail}", fatal=False) for c in failed]
     elif config.redis_url:
         failed = [c for c in check_redis(config)[:1] if c.status == "fail"]
         problems += [
-            c.detail if c.detail.startswith("safe_time_") else f"safe_time_redis_url: {c.detail}" for c in failed
+            StartupProblem(
+                c.detail if c.detail.startswith("safe_time_") else f"safe_time_redis_url: {c.detail}", fatal=False
+            )
+            for c in failed
         ]
-    problems += [f"safe_time_store_url: {c.detail}" for c in check_store(app, config)[:1] if c.status == "fail"]
+    from .delays.backends import get_store
+
+    try:
+        get_store(app).now()
+    except Exception as exc:  # a driver's own error class: reported, never raised
+        problems.append(
+            StartupProblem(f"safe_time_store_url: {unreachable(mask_url(config.store_url), exc)}", _missing_driver(exc))
+        )
     return problems
+
+
+def _missing_driver(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a database driver that is not installed."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ImportError):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def run_checks(app: Celery) -> list[Check]:

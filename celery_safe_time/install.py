@@ -46,22 +46,28 @@ def install(app: Celery) -> SafeTimeConfig:
 
 
 def check_worker_startup(sender: Any = None, **_: Any) -> None:
-    """``worker_init``: a worker whose store or coordination backend cannot be reached stops here, with
-    one CRITICAL line per problem naming the setting, instead of saying "ready" and failing at its
-    first locked or stored call. ``SystemExit``: Celery logs (and swallows) any other exception a
-    signal handler raises, traceback and all."""
+    """``worker_init``: a worker says what is wrong with its store or coordination backend before it
+    says "ready", one line per problem naming the setting, instead of failing at its first locked or
+    stored call. A setting or a missing driver cannot heal: CRITICAL, and the worker stops
+    (``SystemExit``: Celery logs and swallows any other exception a signal handler raises, traceback
+    and all). A backend that does not answer now may in a moment (a failover, a restart during an
+    outage): ERROR, and the worker starts, as Celery's does while its broker is away; each locked or
+    stored call then waits for the backend as it always does."""
     app = getattr(sender, "app", None)
     if not isinstance(app, Celery):
         return
     from .checks import worker_startup_problems
-    from .delays.backends import reset_store
+    from .delays.backends import close_before_fork
 
     problems = worker_startup_problems(app)
     # The pool forks next: its children open their own connections, none shared with this process.
-    reset_store(app)
+    close_before_fork(app)
     for problem in problems:
-        logger.critical("worker: %s", problem)
-    if problems:
+        if problem.fatal:
+            logger.critical("worker: %s", problem.detail)
+        else:
+            logger.error("worker: %s (starting anyway: calls that need it wait for it)", problem.detail)
+    if any(problem.fatal for problem in problems):
         raise SystemExit(1)
 
 

@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+#: Apps whose store was given with :func:`set_store` rather than made from their settings.
+_given: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
 def create_store(url: str, *, namespace: str | None = None, timeout: float | None = None) -> DelayStore:
@@ -65,11 +67,21 @@ def set_store(app: Celery, store: DelayStore) -> None:
     """Make ``store`` the app's store in this process (``celery_safe_time.testing``; tests)."""
     with _lock:
         _stores[app] = (os.getpid(), store)
+        _given.add(app)
+
+
+def close_before_fork(app: Celery) -> None:
+    """Close the store ``app``'s process opened (a worker's startup check) before its pool forks, so no
+    child inherits a connection. A store given with :func:`set_store` (the testing kit's) is the
+    caller's: it stays open."""
+    if app not in _given:
+        reset_store(app)
 
 
 def reset_store(app: Celery) -> None:
     """Drop the cached store of ``app`` (tests)."""
     cached = _stores.pop(app, None)
+    _given.discard(app)
     if cached is not None and cached[0] == os.getpid():
         cached[1].close()
 

@@ -137,8 +137,6 @@ def test_a_backend_error_during_a_tick_stands_by_and_the_log_names_the_backend(
         assert wait == a.granularity
         assert not a.keeper.is_leader
         assert "beat: memory error during tick, standing by: connection refused" in caplog.messages
-        with pytest.deprecated_call(match="backend_failed"):
-            a.redis_failed(ConnectionError("again"))  # the deprecated name does the same
     finally:
         a.close()
 

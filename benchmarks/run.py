@@ -808,7 +808,6 @@ def write_doc(r: dict[str, Any]) -> str:
         ]
     out += _details(r, img)
     out += _analysis(r)
-    out += ["", "Earlier measurements and fault-scenario runs, by date: [history.md](history.md)."]
     text = "\n".join(out) + "\n"
     DOC.write_text(text)
     return text

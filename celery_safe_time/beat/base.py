@@ -25,13 +25,10 @@ from ..clock import RedisClock
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import ImproperlyConfigured
 from .backends import BeatBackend, beat_backend
-from .backends.redis import REDIS_ERRORS, RedisBeatBackend
+from .backends.redis import RedisBeatBackend
 from .leader import LeaderKeeper
-from .slots import OPTION_MISFIRE
 
 __all__ = [
-    "OPTION_MISFIRE",
-    "REDIS_ERRORS",
     "LeasedScheduler",
     "beat_info",
     "check_lease",

@@ -808,7 +808,6 @@ def write_doc(r: dict[str, Any]) -> str:
         ]
     out += _details(r, img)
     out += _analysis(r)
-    out += ["", "Earlier measurements and fault-scenario runs, by date: [history.md](history.md)."]
     text = "\n".join(out) + "\n"
     DOC.write_text(text)
     return text
@@ -869,11 +868,11 @@ def _analysis(r: dict[str, Any]) -> list[str]:
             "py-spy (wall clock, waits included) of one sweeper, 20,000 due rows, batch 500, PostgreSQL store,",
             "Redis broker, taken on this VM on 2026-12-01 at load 4-8 (other sessions' benches; the shares are",
             "what matters; rerun with `py-spy record --idle --threads` around `celery_safe_time.delays.sweep.sweep`",
-            "in a `benchmarks.delays.Env`). In an earlier version the batch's `mark_sent` took 17% of the",
+            "in a `benchmarks.delays.Env`). Without the measures below, `mark_sent` takes 17% of the",
             "sweep's wall time (the publishing thread waiting for PostgreSQL to update 500 rows), `os.urandom`",
             "10% (two `uuid4` per message, the attempt token and kombu's delivery tag: CPython lets the GIL go",
             "around `getrandom`, and the publishing thread then waits for the claim thread to give it back) and",
-            "the trace-context wrapper 4%. Since: a batch is marked sent in a thread of the sweep's own while the",
+            "the trace-context wrapper 4%. So: a batch is marked sent in a thread of the sweep's own while the",
             "next one publishes (the publishing thread waits for that thread or the claim ahead under 2% of the",
             "time), tokens come from `os.urandom` read 4 KiB at a time, the wrapper is skipped for rows without a",
             "stored trace context, and the claim builds its rows from plain tuples. What is left: Celery's",

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .locks.overlap import overlap_lock
     from .schedules import crontab, next_local
 
-# 0.x until the public API (DESIGN.md) is frozen; CHANGES.md says what each version changes for users.
+# 0.x until the public API is frozen; CHANGES.md says what each version changes for users.
 __version__ = "0.9.0"
 
 _LAZY: dict[str, str] = {

@@ -410,9 +410,6 @@ ON_BACKEND_ERROR_POLICIES: Final = frozenset({"retry", "raise"})
 #: The same policies as types, so mypy and editors reject ``on_conflict="explode"`` before it runs.
 OnConflict = Literal["retry", "skip", "raise"]
 OnBackendError = Literal["retry", "raise"]
-#: The names of the ``on_backend_error`` policies from when the option was ``on_redis_error``.
-ON_REDIS_ERROR_POLICIES: Final = ON_BACKEND_ERROR_POLICIES
-OnRedisError = OnBackendError
 #: The in-progress lock of an idempotent key is the overlap lock ``idem:<key>``.
 IDEMPOTENT_LOCK_NAMESPACE: Final = "idem:"
 #: A lock never outlives its task's hard time limit by more than this (the pool kills the child).

@@ -1,4 +1,4 @@
-"""DST-correct ``crontab`` and ``next_local`` (DESIGN section 5).
+"""DST-correct ``crontab`` and ``next_local``.
 
 Fire instants are computed in UTC from the wall clock of a timezone with cron's rules:
 

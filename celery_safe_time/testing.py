@@ -66,7 +66,6 @@ from .delays.install_check import sweep_not_needed
 from .delays.payload import decode
 from .delays.revoked import REASON_EXPIRED, report_revoked
 from .locks.backends import LockInfo, use_lock_backend
-from .locks.backends.base import renamed
 from .locks.backends.memory import MemoryLockBackend
 from .messages.requeue import new_attempt
 
@@ -1020,11 +1019,3 @@ def _current(app: Celery) -> Iterator[None]:
         yield
     finally:
         _state._set_current_app(previous)
-
-
-#: Deprecated names (old -> current); each warns when used.
-_RENAMED = {"MemoryLockStore": "MemoryLockBackend"}
-
-
-def __getattr__(name: str) -> Any:
-    return renamed(__name__, name, _RENAMED)

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import threading
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -26,13 +25,10 @@ from ..clock import RedisClock
 from ..config import SafeTimeConfig, get_config
 from ..exceptions import ImproperlyConfigured
 from .backends import BeatBackend, beat_backend
-from .backends.redis import REDIS_ERRORS, RedisBeatBackend
+from .backends.redis import RedisBeatBackend
 from .leader import LeaderKeeper
-from .slots import OPTION_MISFIRE
 
 __all__ = [
-    "OPTION_MISFIRE",
-    "REDIS_ERRORS",
     "LeasedScheduler",
     "beat_info",
     "check_lease",
@@ -149,13 +145,6 @@ class LeasedScheduler:
         logger.error("beat: %s error during tick, standing by: %s", what, exc)
         self.keeper.step_down(f"{what} error during tick: {exc}")
         return self.granularity
-
-    def redis_failed(self, exc: Exception) -> float:
-        """Deprecated alias of :meth:`backend_failed` (it handles every backend, not only Redis)."""
-        warnings.warn(
-            "LeasedScheduler.redis_failed is deprecated; use backend_failed", DeprecationWarning, stacklevel=2
-        )
-        return self.backend_failed(exc)
 
 
 #: The signals beat stops on (``celery beat`` installs a handler for both that raises SystemExit).

@@ -36,7 +36,6 @@ from .runtime import (
     HeldLock,
     Policy,
     TaskLock,
-    backend_error_option,
     check_decorates_function,
     done_ttl,
     resolve_call,
@@ -168,22 +167,19 @@ def idempotent(
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
     on_backend_error: C.OnBackendError = "retry",
-    on_redis_error: C.OnBackendError | None = None,
 ) -> Callable[[F], F]:
     """Run the task body at most once successfully per key within ``window`` seconds.
 
     ``key`` is a template over the task's parameters or a callable, as for
     :func:`~celery_safe_time.overlap_lock`. ``ttl`` is the in-progress lock's lease (default
     ``safe_time_lock_ttl``). ``on_conflict`` applies while another run of the same key is in
-    progress (``"retry"``, ``"skip"``, ``"raise"``); ``on_backend_error`` (and its deprecated older name
-    ``on_redis_error``) as for ``overlap_lock``.
+    progress (``"retry"``, ``"skip"``, ``"raise"``); ``on_backend_error`` as for ``overlap_lock``.
     """
     # ``@idempotent`` without arguments above ``@app.task`` passes the task as the key.
     check_decorates_function(key, "idempotent", '"my-key:{arg}"')
     window_seconds = seconds_argument("window", window, positive=True, durations=True)
-    backend_error = backend_error_option(on_backend_error, on_redis_error, "idempotent")
     policy = Policy(
-        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=backend_error
+        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=on_backend_error
     )
 
     def decorate(func: F) -> F:

@@ -50,7 +50,6 @@ from .runtime import (
     Policy,
     TaskLock,
     _unavailable,
-    backend_error_option,
     check_decorates_function,
     new_token,
     note_orphan,
@@ -375,9 +374,8 @@ def concurrency_limit(
                 jitter=jitter,
                 on_backend_error=on_backend_error,
             )
-    backend_error = backend_error_option(on_backend_error, None, "concurrency_limit")
     policy = Policy(
-        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=backend_error
+        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=on_backend_error
     )
 
     def decorate(func: F) -> F:

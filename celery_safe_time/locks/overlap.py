@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from .. import constants as C
 from .keys import KeyBuilder, KeySpec
-from .runtime import HeldLock, Policy, TaskLock, backend_error_option, check_decorates_function, wrap
+from .runtime import HeldLock, Policy, TaskLock, check_decorates_function, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,6 @@ def overlap_lock(
     retry_after: float = C.DEFAULT_LOCK_RETRY_AFTER,
     jitter: float | None = None,
     on_backend_error: C.OnBackendError = "retry",
-    on_redis_error: C.OnBackendError | None = None,
 ) -> Callable[[F], F]:
     """Hold a per-key lock while the task body runs; place it below ``@app.task``.
 
@@ -48,13 +47,12 @@ def overlap_lock(
     (Redis, or PostgreSQL with ``safe_time_coordination_url``) cannot be reached: ``"retry"`` re-queues
     with back-off, ``"raise"`` raises :class:`~celery_safe_time.exceptions.CoordinationUnavailable`
     (:class:`~celery_safe_time.exceptions.RedisUnavailable` on Redis): the body never runs without the
-    lock. ``on_redis_error`` is its deprecated older name.
+    lock.
     """
     # ``@overlap_lock`` without arguments above ``@app.task`` passes the task as the key.
     check_decorates_function(key, "overlap_lock", '"my-key:{arg}"')
-    backend_error = backend_error_option(on_backend_error, on_redis_error, "overlap_lock")
     policy = Policy(
-        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=backend_error
+        ttl=ttl, on_conflict=on_conflict, retry_after=retry_after, jitter=jitter, on_backend_error=on_backend_error
     )
 
     def decorate(func: F) -> F:

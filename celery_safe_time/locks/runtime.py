@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -507,17 +506,6 @@ task_postrun.connect(_settle_after_task, weak=False, dispatch_uid="celery_safe_t
 
 def send_conflict(call: Call, key: str, holder: str | None, action: str) -> None:
     signals.overlap_conflict.send(sender=call.task, key=key, task_id=call.task_id, holder=holder, action=action)
-
-
-def backend_error_option(on_backend_error: str, on_redis_error: str | None, decorator: str) -> str:
-    """``on_backend_error``, or what the caller gave under its older name ``on_redis_error`` (it warns:
-    the policy applies to whichever backend holds the locks)."""
-    if on_redis_error is None:
-        return on_backend_error
-    warnings.warn(
-        f"{decorator}(on_redis_error=...) is deprecated; use on_backend_error=...", DeprecationWarning, stacklevel=3
-    )
-    return on_redis_error
 
 
 class Policy:

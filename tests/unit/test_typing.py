@@ -114,5 +114,3 @@ def test_type_checking_imports_match_the_lazy_exports() -> None:
 def test_literal_policy_types_match_the_runtime_checks() -> None:
     assert set(get_args(C.OnConflict)) == C.ON_CONFLICT_POLICIES
     assert set(get_args(C.OnBackendError)) == C.ON_BACKEND_ERROR_POLICIES
-    assert C.OnRedisError is C.OnBackendError
-    assert C.ON_REDIS_ERROR_POLICIES is C.ON_BACKEND_ERROR_POLICIES

@@ -267,11 +267,11 @@ class BeatBackend(abc.ABC):
         """Mark ``name``'s ``slots`` fired without the lease (a backfill): per slot True when this
         call marked it (publish it), False when it was fired already. ``marker`` is new per call and
         written in each record: the same call run again (its reply lost) still answers True for the
-        slots it marked. Not abstract: a backend written for an earlier version still loads."""
+        slots it marked. Not abstract: a backend without it still loads, and refuses a backfill."""
         raise SafeTimeError(f"the {self.label} beat backend cannot backfill (no claim_slots)")
 
     # --- run history and change audit (``beat/history.py``) ------------------------------------
-    # Not abstract: a backend written for an earlier version still loads (and keeps neither).
+    # Not abstract: a backend without them still loads (and keeps neither).
     def history_record(self, name: str, slot: float, record: str) -> None:
         """Store the published part of a run that no dispatch wrote (a backfill's), trimmed to
         ``beat_history_size`` runs per entry."""

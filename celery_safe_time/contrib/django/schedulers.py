@@ -23,7 +23,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 from ... import constants as C
 from ... import signals
 from ...beat import history
-from ...beat.base import OPTION_MISFIRE, LeasedScheduler, stop_signals_held, tick_granularity
+from ...beat.base import LeasedScheduler, stop_signals_held, tick_granularity
 from ...beat.leader import LeaseTerm
 from ...beat.overlap import OverlapGate
 from ...beat.policies import (
@@ -37,7 +37,7 @@ from ...beat.policies import (
     overlap_option,
     seconds_option,
 )
-from ...beat.slots import GenericGrid, Grid, IntervalGrid, decide, grid_for
+from ...beat.slots import OPTION_MISFIRE, GenericGrid, Grid, IntervalGrid, decide, grid_for
 from ...clock import UTC, to_datetime
 from ...exceptions import ScheduleError
 from ...schedules import crontab

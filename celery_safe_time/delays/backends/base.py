@@ -348,8 +348,7 @@ class DelayStore(abc.ABC):
         new delivery token; return its id (``created=False``) and its new due time. A row the sweep has
         claimed (or sent) holds the key no more: the call starts a new burst.
 
-        Not abstract, so that a store written for an earlier version still loads; it refuses debounced
-        calls until it implements this.
+        Not abstract: a store that does not implement it still loads, and refuses debounced calls.
         """
         raise NotImplementedError(f"{type(self).__name__} does not store debounced calls")
 

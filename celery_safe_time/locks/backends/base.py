@@ -16,10 +16,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import sys
 import time
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 from ... import constants as C
@@ -130,16 +128,6 @@ def as_int(value: Any) -> int | None:
 
 def as_ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
-
-
-def renamed(module: str, name: str, renames: Mapping[str, str]) -> Any:
-    """A module ``__getattr__``'s answer for ``name``: the object an old name in ``renames`` (old -> new)
-    stands for, with a :class:`DeprecationWarning`; :class:`AttributeError` for any other name."""
-    new = renames.get(name)
-    if new is None:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    warnings.warn(f"{module}.{name} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
-    return getattr(sys.modules[module], new)
 
 
 #: What a lock's holder looks like to the hard-time-limit release: (token, task id, host, pid).

@@ -17,7 +17,7 @@ from typing import Any
 from ... import constants as C
 from ...config import SafeTimeConfig
 from ..rates import Rate, RateTaken, take
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim, renamed
+from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim
 
 
 @dataclasses.dataclass
@@ -334,11 +334,3 @@ class MemoryLockBackend(LockBackend):
                 if started or waiting:
                     found.append(RateCount(key, started, waiting))
         return found[:limit] if limit is not None else found
-
-
-#: Deprecated names (old -> current); each warns when used.
-_RENAMED = {"MemoryLockStore": "MemoryLockBackend"}
-
-
-def __getattr__(name: str) -> Any:
-    return renamed(__name__, name, _RENAMED)

@@ -64,7 +64,6 @@ from .base import (
     RateCount,
     UniqueClaim,
     as_ms,
-    renamed,
 )
 from .postgres_sql import QUERIES
 
@@ -773,15 +772,3 @@ def postgres_lock_backend(config: SafeTimeConfig) -> PostgresLockBackend:
     if config.coordination_locks == C.PG_LOCK_MODE_SESSION:
         return PostgresSessionLockBackend(config)
     return PostgresLockBackend(config)
-
-
-#: Deprecated names (old -> current); each warns when used.
-_RENAMED = {
-    "PostgresLockStore": "PostgresLockBackend",
-    "PostgresSessionLockStore": "PostgresSessionLockBackend",
-    "postgres_lock_store": "postgres_lock_backend",
-}
-
-
-def __getattr__(name: str) -> Any:
-    return renamed(__name__, name, _RENAMED)

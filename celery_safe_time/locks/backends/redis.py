@@ -17,7 +17,6 @@ so a late broker redelivery of that very message is dropped instead of run again
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
 
 import redis
 
@@ -38,7 +37,6 @@ from .base import (
     UniqueClaim,
     as_int,
     as_ms,
-    renamed,
 )
 
 #: The scripts live in ``celery_safe_time/locks/lua/`` (package data of ``celery_safe_time.locks``).
@@ -388,11 +386,3 @@ class RedisLockBackend(LockBackend):
         if info is not None:
             self.client.delete(self.lock_key(key))
         return info
-
-
-#: Deprecated names (old -> current); each warns when used.
-_RENAMED = {"RedisLockStore": "RedisLockBackend"}
-
-
-def __getattr__(name: str) -> Any:
-    return renamed(__name__, name, _RENAMED)

@@ -1,9 +1,9 @@
 -- The PostgreSQL lock backend's schema: tables, the fence sequence and the PL/pgSQL functions that
 -- hold the Lua scripts' rules (locks/lua/*.lua), run in this order by postgres_sql.ensure_schema in one
 -- transaction under a transaction-level advisory lock. Every statement is idempotent (IF NOT EXISTS,
--- CREATE OR REPLACE, or a DO block that looks first), so processes starting together and databases
--- made by an earlier release need nothing else. A function keeps its _v<N> name while workers of an
--- earlier release may still call it; a change of its rules is a new name.
+-- CREATE OR REPLACE, or a DO block that looks first), so processes starting together need nothing
+-- else. A change of a function's rules is a new _v<N> name, so workers of two releases side by side
+-- each call the rules they know.
 --
 -- A line starting with "-- name:" begins a statement; other lines starting with "--" at column 0 are
 -- comments of this file (comments inside a function body are indented and sent with it).
@@ -71,80 +71,6 @@ DO $$ BEGIN
         EXECUTE 'CREATE SEQUENCE safe_time_lock_fence AS bigint START WITH '
             || ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint)::text;
     END IF;
-END $$
-
--- The acquire rules of acquire.lua. Returns (status, fence, own, holder task id, host, pid).
--- p_session: the lock itself is a session advisory lock on this connection (taken here); the row
--- only describes its holder, and a row whose advisory lock nobody holds is stale.
--- name: acquire_v2
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v2(
-    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
-    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
-RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    cur safe_time_lock%ROWTYPE;
-    new_fence bigint;
-    expires timestamptz := CASE WHEN p_session THEN 'infinity'::timestamptz
-                                ELSE now() + p_ttl_ms * interval '1 millisecond' END;
-BEGIN
-    -- One acquire, commit or release of a key at a time (a transaction lock, held to the commit):
-    -- the marker checks below then see a commit or release that ended just before, as the Redis
-    -- script, which runs alone, does. Without it a run could check the markers, wait on the row the
-    -- finishing holder deletes, find it gone and run a key (or a delivery) a second time.
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 1));
-    IF p_marker IS NOT NULL AND EXISTS (
-        SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_marker AND m.expires_at > now()) THEN
-        RETURN QUERY SELECT 'done'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT 1 FROM safe_time_lock_marker m WHERE m.name = p_done AND m.expires_at > now()) THEN
-        RETURN QUERY SELECT 'finished'::text, NULL::bigint, false, NULL::text, NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    IF p_session AND NOT pg_try_advisory_lock(hashtextextended(p_name, 0)) THEN
-        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name;
-        RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
-            cur.fence, false, cur.task_id, cur.host, cur.pid;
-        RETURN;
-    END IF;
-    LOOP
-        SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
-        IF FOUND THEN
-            IF p_session OR cur.expires_at > now() THEN
-                IF cur.token = p_token OR cur.token = ANY(p_earlier) THEN
-                    -- Our own token (a lost reply): nobody ran under it; take it over, same fence.
-                    UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity,
-                        host = p_host, pid = p_pid, renewed_at = now(), expires_at = expires
-                    WHERE name = p_name;
-                    RETURN QUERY SELECT 'acquired'::text, cur.fence, true, NULL::text, NULL::text, NULL::integer;
-                    RETURN;
-                END IF;
-                IF NOT p_session THEN
-                    RETURN QUERY SELECT CASE WHEN cur.identity = p_identity THEN 'duplicate' ELSE 'held' END,
-                        cur.fence, false, cur.task_id, cur.host, cur.pid;
-                    RETURN;
-                END IF;
-            END IF;
-            -- Expired (or, in session mode, left behind by a session that ended): a new holder.
-            new_fence := nextval('safe_time_lock_fence');
-            UPDATE safe_time_lock SET token = p_token, task_id = p_task_id, identity = p_identity, host = p_host,
-                pid = p_pid, fence = new_fence, acquired_at = now(), renewed_at = now(), expires_at = expires
-            WHERE name = p_name;
-            RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
-            RETURN;
-        END IF;
-        new_fence := nextval('safe_time_lock_fence');
-        INSERT INTO safe_time_lock
-            (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
-        VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, new_fence, now(), now(), expires)
-        ON CONFLICT (name) DO NOTHING;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'acquired'::text, new_fence, false, NULL::text, NULL::text, NULL::integer;
-            RETURN;
-        END IF;
-        -- Another acquirer inserted the row meanwhile: read it (this statement sees its commit).
-    END LOOP;
 END $$
 
 -- The commit rules of commit.lua: the idempotency marker, the finished-delivery marker and the
@@ -227,11 +153,17 @@ BEGIN
     END IF;
 END $$
 
--- The acquire (schema v4): acquire_v2's rules after the fence guard on a session's first call, in one
--- function (no nested call and the result set copied through it), both markers in one index probe,
--- and the row inserted first (the usual case: the key is free), so a free key costs one statement
--- less. A conflicting INSERT takes a fence it then drops: fences still come only from the sequence and
--- only grow, with gaps (as across keys already). Returns one row of OUT values.
+-- The acquire rules of acquire.lua, after the fence guard on a session's first call. Returns one row of
+-- OUT values (status, fence, own, holder task id, host, pid). p_session: the lock itself is a session
+-- advisory lock on this connection (taken here); the row only describes its holder, and a row whose
+-- advisory lock nobody holds is stale.
+--
+-- One acquire, commit or release of a key runs at a time (a transaction advisory lock, held to the
+-- commit): the marker checks then see a commit or release that ended just before, as the Redis script,
+-- which runs alone, does. Without it a run could check the markers, wait on the row the finishing holder
+-- deletes, find it gone and run a key (or a delivery) a second time. Both markers are read in one index
+-- probe, and the row is inserted first (the usual case: the key is free). A conflicting INSERT takes a
+-- fence it then drops: fences come only from the sequence and only grow, with gaps (as across keys).
 --
 -- A lease acquire commits as the server's synchronous_commit says (on by default: it waits for its WAL
 -- flush, so neither a restart nor a crash forgets it). A session-mode acquire does not wait
@@ -276,7 +208,7 @@ BEGIN
     expires := CASE WHEN p_session THEN 'infinity'::timestamptz ELSE now() + p_ttl_ms * interval '1 millisecond' END;
     own := false;
     LOOP
-        -- A fence from the sequence, as in v2; the row is new, so this is a new holder.
+        -- A fence from the sequence; the row is new, so this is a new holder.
         INSERT INTO safe_time_lock
             (name, token, task_id, identity, host, pid, fence, acquired_at, renewed_at, expires_at)
         VALUES (p_name, p_token, p_task_id, p_identity, p_host, p_pid, nextval('safe_time_lock_fence'),
@@ -287,7 +219,7 @@ BEGIN
             status := 'acquired';
             RETURN;
         END IF;
-        -- The name is taken: v2's rules on that row (or, if it went meanwhile, insert again).
+        -- The name is taken: the rules on that row (or, if it went meanwhile, insert again).
         SELECT * INTO cur FROM safe_time_lock l WHERE l.name = p_name FOR UPDATE;
         IF FOUND THEN
             IF p_session OR cur.expires_at > now() THEN
@@ -315,19 +247,6 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
-END $$
-
--- The acquire of workers one release behind (schema v3): v4's, so a fleet mid-upgrade follows one
--- set of rules and one fence guard.
--- name: acquire_v3
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v3(
-    p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
-    p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean)
-RETURNS TABLE (status text, fence bigint, own boolean, h_task_id text, h_host text, h_pid integer)
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM safe_time_lock_acquire_v4(p_name, p_done, p_marker, p_token, p_ttl_ms,
-        p_task_id, p_host, p_pid, p_identity, p_earlier, p_session);
 END $$
 
 -- The rules of unique_acquire.lua. Returns (status, holder task id, state, stored, ms left).

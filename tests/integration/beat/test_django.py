@@ -187,7 +187,7 @@ def test_a_row_sets_its_jitter_in_its_headers(make_app: Any) -> None:
 
 def test_a_row_enabled_again_by_a_bulk_update_starts_at_its_next_slot(make_app: Any) -> None:
     """django-celery-beat empties last_run_at on disable, and its admin's "enable" action is a bulk
-    update that leaves date_changed as it was: the row used to run at once, then at its next slot."""
+    update that leaves date_changed as it was: the row runs at its next slot, not at once as well."""
     from celery_safe_time.contrib.django.schedulers import SafeModelEntry
 
     app = make_app()

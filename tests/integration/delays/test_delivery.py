@@ -188,9 +188,9 @@ def test_revoking_a_claimed_or_sent_row_stops_its_delivery(
 def test_retry_with_a_long_countdown_while_the_row_is_still_claimed_is_stored(
     setup: Setup, processes: ProcessManager, redis_client: redis.Redis
 ) -> None:
-    """Issue 13 item 5: the sweep publishes a batch before it marks it sent; a task that starts in
-    between and retries beyond the threshold used to hit "already stored and claimed" (StoreError,
-    turned into Reject by retry(): lost). The start moves the row to started, the retry replaces it."""
+    """The sweep publishes a batch before it marks it sent; a task that starts in between and retries
+    beyond the threshold must not hit "already stored and claimed" (StoreError, turned into Reject by
+    retry(): lost). The start moves the row to started, the retry replaces it."""
     store = get_store(setup.app)
     config = get_config(setup.app)
     call = json.dumps({"args": ["retry-me", 30], "kwargs": {}, "options": {}}).encode()

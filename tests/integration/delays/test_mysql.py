@@ -109,7 +109,7 @@ def test_urls_without_a_driver_use_pymysql(store: SQLAlchemyStore, mysql_url: st
 
 def test_a_table_without_the_pending_key_column_is_refused(store: SQLAlchemyStore, mysql_url: str) -> None:
     store.drop_schema()
-    # The PostgreSQL/SQLite DDL on MySQL: what an older version (or Django's migration) created.
+    # The PostgreSQL/SQLite DDL on MySQL, as Django's migration creates it.
     metadata.create_all(store.engine)
     try:
         with pytest.raises(StoreError, match=C.DELAY_PENDING_KEY_COLUMN):

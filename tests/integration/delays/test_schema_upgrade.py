@@ -20,7 +20,7 @@ URL_FIXTURES = {"sqlite": "sqlite_url", "postgresql": "postgres_url", "mysql": "
 
 
 def _downgrade(store: SQLAlchemyStore) -> None:
-    """Turn the table back into the pre-delivery-record schema (what an earlier version created)."""
+    """Turn the table back into the pre-delivery-record schema (a table made without the delivery record)."""
     with store.engine.begin() as conn:
         for index in (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX):
             if store.dialect in C.MYSQL_DIALECTS:

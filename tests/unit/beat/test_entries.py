@@ -172,5 +172,5 @@ def test_state_of_a_schedule_with_no_slot_left_is_valid_json() -> None:
     assert json.loads(raw)["next"] is None
     assert state_next(load_state(raw)) == NEVER
     assert state_next(load_state(dump_state(None, 5.0, "every 5s"))) == 5.0
-    # a state written before this change (``Infinity``) still reads as no slot left
+    # a state holding ``Infinity`` reads as no slot left
     assert state_next(load_state('{"last": 1.0, "next": Infinity, "sig": "x"}')) == NEVER

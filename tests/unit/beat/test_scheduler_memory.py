@@ -100,9 +100,8 @@ def test_a_leader_that_loses_its_lease_before_its_first_reconcile_stands_by_and_
     tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, int]]
 ) -> None:
     """A beat paused (SIGSTOP, GC, VM freeze) right after taking the lease wakes up to find another
-    beat holding it: its plan write is refused and it stands by. It used to raise ``RedisUnavailable``
-    out of ``tick``, which only the Redis backend's errors include: on PostgreSQL (and here) the beat
-    process died (found by the fault scenario's run on PostgreSQL coordination)."""
+    beat holding it: its plan write is refused and it stands by: nothing escapes ``tick`` (an error only the Redis
+    backend's errors include would end the beat process on PostgreSQL, and here)."""
     a = _scheduler(tmp_path, "a")
     b = _scheduler(tmp_path, "b")
     try:
@@ -137,8 +136,6 @@ def test_a_backend_error_during_a_tick_stands_by_and_the_log_names_the_backend(
         assert wait == a.granularity
         assert not a.keeper.is_leader
         assert "beat: memory error during tick, standing by: connection refused" in caplog.messages
-        with pytest.deprecated_call(match="backend_failed"):
-            a.redis_failed(ConnectionError("again"))  # the deprecated name does the same
     finally:
         a.close()
 

@@ -18,7 +18,7 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
     schema = postgres_sql.load_sql("schema")
     assert tuple(schema.values()) == postgres_sql.SCHEMA
     names = list(schema)
-    assert names.index("lock") < names.index("fence") < names.index("acquire_v2")
+    assert names.index("lock") < names.index("fence") < names.index("acquire_v4")
     created = " ".join(schema.values())
     assert names.index("rate") < names.index("rate_started") < names.index("rate_take_v2")
     for table in (
@@ -39,6 +39,14 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
     }
     for function in called:
         assert f"CREATE OR REPLACE FUNCTION {function}(" in created
+
+
+def test_the_schema_creates_only_functions_that_a_query_or_another_function_calls() -> None:
+    schema = " ".join(postgres_sql.load_sql("schema").values())
+    created = set(re.findall(r"CREATE OR REPLACE FUNCTION (safe_time_\w+)\(", schema))
+    queries = " ".join(postgres_sql.QUERIES.values())
+    called = {name for name in created if re.search(rf"\b{name}\(", queries) or re.search(rf"PERFORM {name}\(", schema)}
+    assert created == called
 
 
 def test_a_function_keeps_its_indented_comments_and_the_file_comments_are_dropped() -> None:

@@ -148,7 +148,7 @@ sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED
 # An expression, not text: the DDL compiler renders its values inline (the index's predicate).
 _FINISHED_SQL = delays.c.status.in_(sorted(C.PURGEABLE_STATUSES))
 sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
-#: Indexes an earlier version's table may lack; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
+#: Indexes a table made without them lacks; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
 LATER_INDEXES = (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX, C.DELAY_UPDATED_INDEX)
 
 # MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a

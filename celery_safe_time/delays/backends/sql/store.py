@@ -214,8 +214,8 @@ class SQLAlchemyStore(DelayStore):
             self._schema_ready = True
 
     def _upgrade_schema(self) -> None:
-        """Add the delivery record's and the namespace's columns, and the later indexes, to a table made
-        by an earlier version. Existing rows get namespace "" (legacy): every app's sweep still claims them."""
+        """Add the delivery record's and the namespace's columns, and the later indexes, to a table that
+        lacks them. Existing rows get namespace "" (legacy): every app's sweep claims them."""
         try:
             inspector = sa.inspect(self.engine)
             names = {col["name"] for col in inspector.get_columns(C.DELAY_TABLE)}
@@ -261,7 +261,7 @@ class SQLAlchemyStore(DelayStore):
         return all(name in names for name in LATER_INDEXES)
 
     def upgrade_schema(self) -> None:
-        """Bring the table of an earlier version up to date now (``celery safe-time delays upgrade-schema``).
+        """Bring a table that lacks columns or indexes up to date now (``celery safe-time delays upgrade-schema``).
 
         The same upgrade runs once per process at the store's first use; this runs it on demand, e.g.
         from a deploy step, so that the ``CREATE INDEX`` on a big table does not happen in a worker.
@@ -270,8 +270,8 @@ class SQLAlchemyStore(DelayStore):
         self.ensure_schema()
 
     def _check_mysql_schema(self) -> None:
-        """Refuse a table made without the pending-key column (e.g. by Django's migrations or an
-        older version): its idempotency key would be unique across all rows and its times whole seconds."""
+        """Refuse a table made without the pending-key column (e.g. by Django's migrations): its
+        idempotency key would be unique across all rows and its times whole seconds."""
         try:
             names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
         except sa.exc.SQLAlchemyError as exc:

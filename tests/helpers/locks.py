@@ -89,6 +89,21 @@ def wait_runs(client: redis.Redis, name: str, count: int, timeout: float = 60.0)
     return runs(client, name)
 
 
+def most_in_any_window(starts: list[float], window: float) -> int:
+    """The largest number of ``starts`` (epoch seconds on the backend's clock) inside one window
+    ``[s, s + window)``, as the rate rule counts them: a start exactly ``window`` old has aged out
+    (the backends drop starts at or before ``now - period``). Counted in whole microseconds, the
+    backends' resolution, so float rounding cannot move a start across the window's edge."""
+    ticks = sorted(round(s * 1_000_000) for s in starts)
+    width = round(window * 1_000_000)
+    best, j = 0, 0
+    for i, tick in enumerate(ticks):
+        while ticks[j] <= tick - width:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
 def overlaps(intervals: list[tuple[float, float]]) -> list[tuple[tuple[float, float], tuple[float, float]]]:
     """Pairs of intervals that overlap (sorted by start)."""
     ordered = sorted(intervals)

@@ -15,7 +15,6 @@ from celery import Celery
 from celery_safe_time.locks.backends import get_lock_backend
 from tests.helpers import locks as h
 from tests.helpers.processes import ProcessManager, wait_for
-from tests.integration.locks.test_limits_worker import most_in_any_window
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +38,7 @@ def test_the_rate_option_holds_across_two_prefork_workers(
     assert len(admitted) == total
     # The safety bound on the backend's clock, where the limit decides; the rate it reaches is the
     # benchmark's business (benchmarks/flow.py).
-    assert most_in_any_window([s["started_at"] for s in admitted], 1.0) <= 10
+    assert h.most_in_any_window([s["started_at"] for s in admitted], 1.0) <= 10
     limited = [s for s in h.signals(redis_client, "rate_limited") if s["key"] == "rated-option:burst"]
     assert len(limited) >= total - 10
     client_app.close()

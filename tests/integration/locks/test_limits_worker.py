@@ -25,17 +25,6 @@ def _rated(client: redis.Redis) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in client.lrange("test:locks:rated", 0, -1)]
 
 
-def most_in_any_window(starts: list[float], window: float) -> int:
-    """The largest number of ``starts`` inside one half-open window ``[s, s + window)``."""
-    ordered = sorted(starts)
-    best, j = 0, 0
-    for i, start in enumerate(ordered):
-        while ordered[j] < start - window + 1e-9 and j < i:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
-
-
 @REDIS_AND_POSTGRES
 def test_a_global_rate_across_two_prefork_workers(
     processes: ProcessManager, redis_client: redis.Redis, redis_url: str, coordination_conf: dict[str, Any]
@@ -68,7 +57,7 @@ def test_a_global_rate_across_two_prefork_workers(
     in_ten_seconds = sum(1 for s in starts if s < starts[0] + 10.0)
     print(f"starts in the first 10 s: {in_ten_seconds} (limit 20/s)")
     assert in_ten_seconds <= 200, in_ten_seconds
-    assert most_in_any_window(starts, 1.0) <= 20
+    assert h.most_in_any_window(starts, 1.0) <= 20
     assert len({r["task_id"] for r in runs}) == total
     lateness = [s["lateness"] for s in admitted]
     assert len(lateness) == total

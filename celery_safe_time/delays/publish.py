@@ -120,7 +120,7 @@ def publish_rows(
             outcome.published.append(row)
         elif status == C.STATUS_EXPIRED:
             outcome.expired.append(row)
-        else:
+        elif status == C.STATUS_FAILED:
             stats.failed += 1
 
 
@@ -322,7 +322,8 @@ def publish_row(
     broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
     send: Callable[..., Any] | None = None,
 ) -> str:
-    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here.
+    """Publish one claimed row; returns the status it should get. Bad rows are marked failed here; a
+    row whose publish met a warning raised as an error goes back to pending here.
 
     ``send``: ``app.send_task`` unless given (the RabbitMQ batch's :class:`~.amqp_batch.BatchSender`).
     """
@@ -358,6 +359,20 @@ def publish_row(
         )
     except broker_errors:
         raise
+    except Warning as exc:
+        # A warning this process's filters raise as an error (``-W error``), such as Celery's
+        # DuplicateTaskNameWarning when the lookup above finalizes the app: a fault of the process,
+        # not of the row. The row goes back to pending for the next sweep; nothing is marked failed.
+        # Should its message have gone out before the warning, the delivery record runs it once.
+        logger.error(
+            "stored task %s[%s] not published, back to pending: a warning raised as an error: %s: %s",
+            row.task,
+            row.id,
+            exc.__class__.__name__,
+            exc,
+        )
+        store.release([row.id], token)
+        return C.STATUS_PENDING
     except Exception as exc:  # one bad row must not stall the rows behind it
         # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):
         # a row that failed once fails again, so it is parked as failed, never retried in a loop.

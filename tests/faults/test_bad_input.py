@@ -12,6 +12,7 @@ parameterized throughout.
 | huge payload | 1 MB argument | stored, published and run intact (no size limit of our own) |
 | unknown task in a row | a row naming an unregistered task | row ``failed`` naming the task; others sent |
 | corrupt rows | garbage payload, pickle without opt-in, wrong shape | row ``failed``; others sent |
+| warning as error | ``-W error``, two callables under one name, at publish | row back to pending; next sweep sends it |
 | lock key template | ``{acount}`` for parameter ``account`` | ``ValueError`` at decoration naming both |
 | wrong Redis password | locks, beat, ``safe-time check`` | clear auth error; password never printed |
 | missing database | store URL to a database that does not exist | ``StoreError`` / ``check`` FAIL naming it |
@@ -542,3 +543,27 @@ def test_celery_report_masks_the_safe_time_urls() -> None:
     assert "safe_time_store_url" in text
     no_secret(text)
     app.close()
+
+
+def test_a_warning_raised_as_an_error_while_publishing_fails_no_row(make_app: Callable[..., Celery]) -> None:
+    """Under ``-W error`` (this suite's filter) a warning is an exception. Two callables under one name
+    make the app's first task lookup (in the sweep's publish) raise Celery's DuplicateTaskNameWarning:
+    that is the process's, not the row's; the row goes back to pending and the next sweep sends it."""
+    app = make_app("bad-input-warning")
+    install(app)
+
+    @app.task(name="dup.name", shared=False)
+    def first() -> None: ...
+
+    @app.task(name="dup.name", shared=False)
+    def second() -> None: ...
+
+    _insert_rows(app, new_delay("warned-1", utcnow() - timedelta(seconds=5), task="dup.name"))
+    stats = sweep(app)
+    assert stats.failed == 0
+    row = get_store(app).get("warned-1")
+    assert row is not None
+    assert row.status == C.STATUS_PENDING, row.last_error
+    stats = sweep(app)  # Celery warns once per name
+    assert (stats.sent, stats.failed) == (1, 0)
+    assert get_store(app).get("warned-1").status == C.STATUS_SENT  # type: ignore[union-attr]

@@ -74,7 +74,9 @@ def test_rate_limit_waits_past_the_visibility_timeout_run_each_call_once(
     h.start_worker(processes, name="waits", concurrency=2, env=env)
     app = make_app("gate-waits", broker_url=broker_url, **conf)
 
-    @app.task(name="locks.rated")
+    # shared=False: a shared task joins every app finalized later in the session, and this test's
+    # parameters would each add another callable under one name (DuplicateTaskNameWarning).
+    @app.task(name="locks.rated", shared=False)
     def rated(key: str, n: int) -> None:  # the sweep publishes by name: it only needs to know it
         raise AssertionError("runs on the worker")
 

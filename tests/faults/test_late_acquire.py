@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 #: (lease, reply delay) per backend: the delay under its io timeout (Redis: 5 s socket timeout;
 #: PostgreSQL: the 10 s safe_time_coordination_io_timeout), the lease shorter than the delay.
 TIMINGS = {"redis": (3.0, 4.0), "postgres": (6.0, 8.0)}
-#: Every statement or script call of ``locks.pair``'s slots names the lock; the acquire comes first.
-NEEDLE = b"lock:pair:"
+#: Every statement or script call of ``locks.pair``'s slots names the slot's lock
+#: (``<prefix>lock:slot:pair:k#<n>``); the acquire comes first.
+NEEDLE = b"slot:pair:"
 
 
 def most_at_once(intervals: list[tuple[float, float]]) -> int:

@@ -5,13 +5,14 @@ A lock is a hash ``<prefix>lock:<key>`` with fields ``token`` (random per acquir
 shown), ``task_id``, ``identity`` (one delivery of one message: its ``safe_time_attempt`` header,
 kept across our re-queues), ``host``, ``pid``, ``fence``, ``acquired_at``, ``renewed_at`` (Redis
 ``TIME``) and ``ttl_ms``; the hash expires after the lock's ttl unless renewed. The fencing number
-comes from ``INCR`` on ``<prefix>lock-fence:<key>``, which expires with the lock's ttl (so a key
-nobody locks again leaves nothing behind); a missing counter (a new or expired key, or a Redis that
-lost its data) is first seeded with Redis ``TIME`` in microseconds, so fences keep increasing across
-holders, across the counter's expiry and across a Redis reset. Every write that assumes ownership checks
-the token inside the script, so a holder whose lock expired can never renew or delete the next
-holder's lock. When a delivery ends, ``<prefix>lock-done:<key>:<identity>`` records it for a while,
-so a late broker redelivery of that very message is dropped instead of run again.
+comes from ``INCR`` on ``<prefix>lock-fence:<key>``, which expires with the lock's ttl and is
+extended by each renewal, as the lock is (so a key nobody locks again leaves nothing behind); a
+missing counter (a new or expired key, or a Redis that lost its data) is first seeded with Redis
+``TIME`` in microseconds, so fences keep increasing across holders, across the counter's expiry and
+across a Redis reset. Every write that assumes ownership checks the token inside the script, so a
+holder whose lock expired can never renew or delete the next holder's lock. When a delivery ends,
+``<prefix>lock-done:<key>:<identity>`` records it for a while, so a late broker redelivery of that
+very message is dropped instead of run again.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class RedisLockBackend(LockBackend):
 
     def renew(self, key: str, token: str, ttl: float) -> bool:
         """Extend the lock to ``ttl`` from now if ``token`` still owns it."""
-        return bool(self._renew(keys=[self.lock_key(key)], args=[token, as_ms(ttl)]))
+        keys = [self._lock_name(key=key), self._fence_name(key=key)]
+        return bool(self._renew(keys=keys, args=[token, as_ms(ttl)]))
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
         """Delete the lock if ``token`` still owns it; False when it expired or has another owner.

@@ -27,6 +27,11 @@ if cur[1] then
     redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
       'identity', ARGV[6], 'renewed_at', now, 'ttl_ms', ARGV[2])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    -- The counter lives at least as long as the lock, as renew.lua keeps it.
+    local left = redis.call('PTTL', KEYS[2])
+    if left >= 0 and left < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    end
     return {'acquired', cur[6], 'own'}
   end
   local status = 'held'
@@ -36,8 +41,8 @@ end
 -- A missing counter (new key, expired, or a Redis that lost its data) starts at Redis TIME in
 -- microseconds, above every fence handed out before (those are at most one per microsecond past their
 -- own seed). INCR makes a missing counter 1, and a seeded one is never 1: that is the test, one call
--- when seeded. The counter expires with the lock's ttl, so a key nobody locks again leaves nothing
--- behind; the seed keeps the fence increasing across that expiry.
+-- when seeded. The counter expires with the lock's ttl (renew.lua extends both), so a key nobody
+-- locks again leaves nothing behind; the seed keeps the fence increasing across that expiry.
 local fence = redis.call('INCR', KEYS[2])
 if fence == 1 then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import redis
@@ -37,3 +38,26 @@ def test_fence_counters_expire_and_the_fence_keeps_increasing(
     assert again.status == "acquired"
     assert again.fence is not None
     assert again.fence > max(fences.values())
+
+
+def test_a_held_lock_that_is_renewed_keeps_its_fence_counter(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    """A holder renews a 0.6 s lock for three times its ttl: the counter lives as long as the lock, so
+    the next holder's fence is the next integer, not a fresh seed from the server clock."""
+    config = get_config(make_app(safe_time_key_prefix="bounds-renew:"))
+    store = RedisLockBackend(redis_client, config)
+    owner = Owner(task_id="t", identity="t:0:0", host="h", pid=1)
+    first = store.acquire("sync:held", "tok-1", 0.6, owner)
+    assert first.status == "acquired"
+    assert first.fence is not None
+    counter = "bounds-renew:lock-fence:sync:held"
+    renewed_until = time.monotonic() + 1.8
+    while time.monotonic() < renewed_until:
+        time.sleep(0.15)
+        assert store.renew("sync:held", "tok-1", 0.6)
+        assert redis_client.exists(counter), "the counter expired under a held, renewed lock"
+    assert store.release("sync:held", "tok-1")
+    second = store.acquire("sync:held", "tok-2", 0.6, owner)
+    assert second.status == "acquired"
+    assert second.fence == first.fence + 1

@@ -98,8 +98,9 @@ def test_lock_scripts_run(redis_client: redis.Redis) -> None:
     # A copy carrying the token its earlier attempt set (a lost reply) takes the lock over, same fence.
     own = _run(redis_client, locks, "acquire", keys, ["tok4", 5000, "id", "h", 4, "id:0:0", "tok"])
     assert own == [b"acquired", str(fence).encode(), b"own"]
-    assert _run(redis_client, locks, "renew", ["t:lock"], ["tok4", 9000]) == 1
-    assert _run(redis_client, locks, "renew", ["t:lock"], ["tok2", 9000]) == 0
+    assert _run(redis_client, locks, "renew", ["t:lock", "t:fence"], ["tok4", 9000]) == 1
+    assert redis_client.pttl("t:fence") > 5000  # the counter lives as long as the renewed lock
+    assert _run(redis_client, locks, "renew", ["t:lock", "t:fence"], ["tok2", 9000]) == 0
     assert _run(redis_client, locks, "release", ["t:lock"], ["tok2"]) == 0
     assert _run(redis_client, locks, "release", ["t:lock", "t:done:id:0:0"], ["tok4", 60000, "id"]) == 1
     assert _run(redis_client, locks, "acquire", keys, ["tok5", 5000, "id", "h", 5, "id:0:0"]) == [b"finished"]

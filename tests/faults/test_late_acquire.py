@@ -59,6 +59,10 @@ def late_conf(request: pytest.FixtureRequest, redis_url: str) -> Iterator[LateCo
     dispose_engines()
 
 
+# In make soak, not make test: in a whole fresh-clone make test the [redis] case once found the late
+# worker's task run undelayed (4.0 s), so the proxy held back some other reply matching the slot's
+# name, not the acquire's; until its trigger picks the acquire alone it runs where it is watched.
+@pytest.mark.slow
 def test_a_slot_whose_acquire_was_answered_after_its_lease_ended_is_not_run_in(
     processes: ProcessManager,
     redis_url: str,

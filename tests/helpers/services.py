@@ -106,13 +106,7 @@ class RedisServer:
         raise RuntimeError(f"redis-server on port {self.port} did not start")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
     def restart(self) -> None:
@@ -687,13 +681,7 @@ class SqsEndpoint:
         )
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
 
@@ -709,3 +697,15 @@ def sqs_transport_options(prefix: str, **extra: Any) -> dict[str, Any]:
         "queue_name_prefix": prefix,
         **extra,
     }
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """Terminate a server this module started (killed after 10 s), if it still runs."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

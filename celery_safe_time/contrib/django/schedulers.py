@@ -8,15 +8,17 @@ once through the dispatch check, Redis ``TIME`` as "now", intervals on a fixed g
 
 from __future__ import annotations
 
+import heapq
 import logging
+import time
 import weakref
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab as celery_crontab
 from celery.schedules import schedstate
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, InterfaceError, close_old_connections, transaction
 from django.db.models import F
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
@@ -212,10 +214,40 @@ class SafeModelEntry(ModelEntry):
         return self.__class__(self.model)
 
 
-class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
-    """``DatabaseScheduler`` that fires only while holding the Redis lease, each slot at most once."""
+#: The columns the due index reads per row: enough to place the row on its grid, not to fire it.
+_INDEX_COLUMNS = (
+    "id",
+    "enabled",
+    "interval_id",
+    "crontab_id",
+    "solar_id",
+    "clocked_id",
+    "last_run_at",
+    "start_time",
+    "date_changed",
+)
+#: the schedule foreign keys of a row, in the order django-celery-beat's ``PeriodicTask.scheduler`` reads them
+_KINDS = ("interval", "crontab", "solar", "clocked")
+#: rows fetched per round trip while the index is read
+_CHUNK = 5000
+#: how often (seconds) the change marker is read between ticks' other work
+_POLL = 0.5
+#: a saved row's ``date_changed`` is its writer's clock at save time, committed later: rows changed
+#: this long before the newest one seen are read again, and the ones already applied are skipped
+_CHANGE_SLACK = timedelta(seconds=60)
+#: the whole index is read again this often (seconds) with no change marked, like django-celery-beat's
+#: own forced sync: it catches what no change marker reports (a bulk enable, an edit that fired no signal)
+_RECONCILE = 300.0
 
-    _heap_invalidated: bool = False
+
+class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
+    """``DatabaseScheduler`` that fires only while holding the Redis lease, each slot at most once.
+
+    It keeps a due index, not the table's entries: each enabled row's earliest due time in a heap,
+    read from a few columns when a lease starts. A row is built into an entry only when it comes
+    due, from the row as it is then; a saved row is read again alone (``date_changed`` after the
+    newest one seen) when django-celery-beat's change marker moves.
+    """
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.init_lease(app)
@@ -233,31 +265,59 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             },
         )
         self._loaded: LeaseTerm | None = None
-        self._heap_source: Any = None
+        #: row id -> its due time in the heap; a heap item whose time differs is stale and skipped
+        self._due: dict[int, float] = {}
+        self._due_heap: list[tuple[float, int]] = []
+        #: row id -> its date_changed as last applied (enabled or not)
+        self._versions: dict[int, datetime | None] = {}
+        self._seen: datetime | None = None  # the newest date_changed applied
+        self._mark: datetime | None = None  # django-celery-beat's change marker as last read
+        self._next_poll = 0.0
+        self._reconcile_at = 0.0
+        #: (kind, schedule row id) -> its grid (None: evaluated by the entry at due time)
+        self._grids: dict[tuple[str, int], Grid | None] = {}
+        #: index reads: how many times the whole index was read (tests and the benchmark count them)
+        self.index_reads = 0
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
         self.check_startup(tick_granularity(self.max_interval or self.app.conf.beat_max_loop_interval or 300))
-        super().setup_schedule()
+        # The beat_schedule entries (and celery's cleanup entry) are written as rows; the rows are
+        # not read into entries here: a lease reads the due index at its first tick.
+        self._initial_read = False
+        self._schedule: dict[str, Any] = {}
+        self.install_default_entries(self._schedule)
+        self.update_from_dict(self.app.conf.beat_schedule)
+        self._schedule = {}  # the rows are fired from the index, built afresh when due
         self.start_lease()
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """Entries built by this process outside the index (``update_from_dict``); the rows it fires
+        are in the due index."""
+        if self._schedule is None:
+            self._schedule = {}
+        schedule: dict[str, Any] = self._schedule
+        return schedule
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         with stop_signals_held():  # beat stops between ticks, never inside one (see stop_signals_held)
-            return self._tick(*args, **kwargs)
+            return self._tick()
 
-    def _tick(self, *args: Any, **kwargs: Any) -> float:
+    def _tick(self) -> float:
         term = self.keeper.term
         if term is None:
             return self.granularity
-        if self._loaded != term:
-            # A new lease reads the tables afresh: last_run_at as the previous leader left it, and
-            # edits that fired no signal. Keyed on the term, not the epoch: epochs restart after a
-            # Redis reset, so a new lease can have an epoch number this beat had before.
-            self._initial_read = True
-            self._heap = None
-            self._loaded = term
         try:
-            interval = float(super().tick(*args, **kwargs))
+            if self._loaded != term:
+                # A new lease reads the tables afresh: last_run_at as the previous leader left it, and
+                # edits that fired no signal. Keyed on the term, not the epoch: epochs restart after a
+                # Redis reset, so a new lease can have an epoch number this beat had before.
+                self._read_index()
+                self._loaded = term
+            else:
+                self._poll_changes()
+            interval = self._fire_next()
         except (DatabaseError, InterfaceError) as exc:
             logger.error("beat: database error during tick: %s", exc)
             return self.granularity
@@ -265,16 +325,182 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             return self.backend_failed(exc)
         return min(interval, self.granularity)
 
-    def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:
-        # The stock comparison walks every entry on every tick (45 ms at 10,000 tasks). The
-        # schedule dict is replaced whenever the tables are re-read, so identity says enough.
-        if getattr(self, "_heap_invalidated", False):
-            self._heap_invalidated = False
-            return False
-        current = self._schedule
-        same = current is not None and current is self._heap_source
-        self._heap_source = current
-        return same
+    # --- the due index ------------------------------------------------------------------
+
+    def _change_mark(self) -> datetime | None:
+        mark: datetime | None = self.Changes.last_change()
+        return mark
+
+    def _read_index(self) -> None:
+        """Every enabled row's earliest due time, from a few columns read in chunks."""
+        now = self.clock.time()
+        self._mark = self._change_mark()  # read first: a change during the read is seen at the next poll
+        self._grids = {}
+        self._load_grids()
+        self._due, self._versions, self._seen = {}, {}, None
+        heap: list[tuple[float, int]] = []
+        rows = self.Model.objects.filter(enabled=True).values_list(*_INDEX_COLUMNS)
+        for row in rows.iterator(chunk_size=_CHUNK):
+            due = self._apply_row(row, now)
+            if due is not None:
+                heap.append((due, row[0]))
+        heapq.heapify(heap)
+        self._due_heap = heap
+        self._next_poll = time.monotonic() + _POLL
+        self._reconcile_at = time.monotonic() + _RECONCILE
+        self.index_reads += 1
+        logger.debug("beat: due index read: %d enabled row(s)", len(self._due))
+
+    def _apply_row(self, row: tuple[Any, ...], now: float) -> float | None:
+        """Record a row's version and due time; None (and out of the index) when it is disabled."""
+        pk, enabled, *fks, last_run_at, start_time, date_changed = row
+        self._versions[pk] = date_changed
+        if date_changed is not None and (self._seen is None or date_changed > self._seen):
+            self._seen = date_changed
+        if not enabled:
+            self._due.pop(pk, None)
+            return None
+        due = now
+        for kind, sid in zip(_KINDS, fks, strict=True):
+            if sid is not None:
+                due = self._first_due(kind, sid, last_run_at, start_time, date_changed, now)
+                break
+        self._due[pk] = due
+        return due
+
+    def _first_due(
+        self,
+        kind: str,
+        sid: int,
+        last_run_at: datetime | None,
+        start_time: datetime | None,
+        date_changed: datetime | None,
+        now: float,
+    ) -> float:
+        # The earliest the row's entry can say it is due: its entry decides at that time (jitter,
+        # start and end times, one-off rows and the misfire policy only ever move it later).
+        if last_run_at is None:
+            if start_time is not None:
+                return start_time.timestamp()
+            if date_changed is None:
+                return now
+            last_run_at = date_changed  # django-celery-beat's ModelEntry counts a new row from here
+        grid = self._grid(kind, sid)
+        if grid is None:
+            return now
+        try:
+            return grid.next(last_run_at.timestamp())
+        except Exception:  # a schedule the entry itself reports when due (its is_due check logs it)
+            return now
+
+    def _grid(self, kind: str, sid: int) -> Grid | None:
+        key = (kind, sid)
+        if key not in self._grids:
+            model = getattr(self.Model, kind).field.related_model
+            self._grids[key] = self._grid_of(kind, model.objects.filter(pk=sid).first())
+        return self._grids[key]
+
+    def _load_grids(self) -> None:
+        # interval and crontab rows are shared by many tasks: each is turned into a grid once
+        for kind in ("interval", "crontab"):
+            model = getattr(self.Model, kind).field.related_model
+            for schedule_row in model.objects.all().iterator(chunk_size=_CHUNK):
+                self._grids[(kind, schedule_row.pk)] = self._grid_of(kind, schedule_row)
+
+    def _grid_of(self, kind: str, schedule_row: Any) -> Grid | None:
+        if schedule_row is None or kind not in ("interval", "crontab"):
+            return None  # solar and clocked rows are asked by their entry when they come due
+        try:
+            schedule = schedule_row.schedule
+            if kind == "crontab":
+                schedule = crontab.from_celery(schedule, tz=schedule_row.timezone or "UTC")
+            return grid_for(schedule, self.app.timezone)
+        except Exception:  # left to the entry, which refuses the row with its reason when it comes due
+            return None
+
+    def _push(self, pk: int, due: float) -> None:
+        self._due[pk] = due
+        heapq.heappush(self._due_heap, (due, pk))
+
+    def _poll_changes(self) -> None:
+        """Apply the rows saved since the last poll, when django-celery-beat's change marker moved."""
+        if time.monotonic() < self._next_poll:
+            return
+        self._next_poll = time.monotonic() + _POLL
+        close_old_connections()
+        try:  # see django-celery-beat's schedule_changed: a REPEATABLE-READ transaction hides changes
+            transaction.commit()
+        except transaction.TransactionManagementError:
+            pass
+        mark = self._change_mark()
+        if mark == self._mark:
+            if time.monotonic() >= self._reconcile_at:
+                self._read_index()
+            return
+        self._mark = mark
+        since = self._seen - _CHANGE_SLACK if self._seen is not None else None
+        rows = self.Model.objects.values_list(*_INDEX_COLUMNS)
+        if since is not None:
+            rows = rows.filter(date_changed__gte=since)
+        changed = [row for row in rows if self._versions.get(row[0], 0) != row[-1]]
+        if not changed:
+            # A delete, a bulk update (the admin's enable and disable actions) or a schedule edit:
+            # the marker moved and no saved row says which, so the whole index is read again.
+            self._read_index()
+            return
+        now = self.clock.time()
+        for row in changed:
+            if row[2] is not None:  # its interval row may be new or edited: built again
+                self._grids.pop(("interval", row[2]), None)
+            if row[3] is not None:
+                self._grids.pop(("crontab", row[3]), None)
+            due = self._apply_row(row, now)
+            if due is not None:
+                heapq.heappush(self._due_heap, (due, row[0]))
+        logger.debug("beat: %d changed row(s) applied to the due index", len(changed))
+        if len(self._due_heap) > 2 * len(self._due) + 1000:  # stale items of rows changed many times
+            self._due_heap = [(due, pk) for pk, due in self._due.items()]
+            heapq.heapify(self._due_heap)
+
+    def _fire_next(self) -> float:
+        """Fire the row at the top of the due index if it is due; the seconds until the next one."""
+        heap, due_of = self._due_heap, self._due
+        while heap and due_of.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # a row changed, disabled or deleted since this item was pushed
+        if not heap:
+            return self.granularity
+        now = self.clock.time()
+        due, pk = heap[0]
+        if due > now:
+            return due - now
+        heapq.heappop(heap)
+        # Until it is placed anew below: a failed fire is tried again at the next tick.
+        self._push(pk, now + self.granularity)
+        model = self.Model.objects.select_related(*_KINDS).filter(pk=pk, enabled=True).first()
+        if model is None:  # deleted or disabled since the index read
+            self._due.pop(pk, None)
+            return 0.0
+        try:
+            entry = self.Entry(model, app=self.app)
+        except ValueError:  # refused (logged with its reason): left out until the row changes
+            self._due.pop(pk, None)
+            return 0.0
+        try:
+            is_due, next_time_to_run = self.is_due(entry)
+        except Exception:
+            is_due, next_time_to_run = self._is_due_failed(entry)
+        if not is_due:
+            self._push(pk, now + max(float(next_time_to_run), 0.0))
+            return 0.0
+        self.reserve(entry)
+        self.apply_entry(entry, producer=self.producer)
+        following = None
+        kind = next((k for k in _KINDS if getattr(model, f"{k}_id") is not None), None)
+        grid = self._grid(kind, getattr(model, f"{kind}_id")) if kind is not None else None
+        if grid is not None and entry.last_due is not None:
+            following = grid.next(entry.last_due)  # its next slot on the grid, not "now + interval"
+        self._push(pk, following if following is not None else now + max(float(next_time_to_run), 0.0))
+        return 0.0
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
         """Publish ``entry``'s due slots that the dispatch check lets through (this leader, not fired yet)."""
@@ -292,7 +518,7 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             if verdict < 0:
                 signals.beat_slot_duplicate.send(sender=self, entry=entry.name, slot=when, reason="not the leader")
                 self.keeper.step_down("the dispatch check refused: another beat holds the lease")
-                self._initial_read = True
+                self._loaded = None
                 return None
             if verdict == 0:
                 logger.warning("beat: entry %r slot %s was already fired; not publishing it again", entry.name, when)

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from django.db import connection
-from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask, PeriodicTasks
 
 from tests.helpers.beat import beat_env, duplicates, holder_pid, leader_pid, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
@@ -385,3 +385,124 @@ def test_safe_database_scheduler_on_postgres_coordination_fails_over_without_a_s
     assert all(slot < new_first for slot in marked - set(published)), sorted(marked - set(published))
     # counted per tick after its slots are marked, before they are published
     assert len(published) <= row.total_run_count <= len(marked)
+
+
+def _ticks(sched: Any, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(max(float(sched.tick()), 0.01), 0.2))
+
+
+def test_a_row_fired_by_a_new_leaders_first_tick_is_not_reported_fired_twice(
+    make_app: Any, redis_client: redis.Redis
+) -> None:
+    """The row fired by the first tick of a lease is fired once: the ticks after it raise no
+    "already fired" alarm (a false one used to come from the table's entry as it was before the run)."""
+    from celery_safe_time import signals
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler
+
+    sent: list[str] = []
+    alarms: list[tuple[str, str]] = []
+
+    def on_sent(sender: Any, **kw: Any) -> None:
+        sent.append(kw["entry"])
+
+    def on_duplicate(sender: Any, **kw: Any) -> None:
+        alarms.append((kw["entry"], kw["reason"]))
+
+    hourly = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.HOURS)
+    ran = dt.datetime.now(UTC) - dt.timedelta(hours=1, seconds=2)  # its next slot is 2 s late
+    PeriodicTask.objects.create(name="dj-due", task="tests.record", interval=hourly, last_run_at=ran)
+    app = make_app(safe_time_beat_lease=3)
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    signals.beat_slot_duplicate.connect(on_duplicate, weak=False)
+    try:
+        sched = SafeDatabaseScheduler(app=app, max_interval=1)
+        try:
+            wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+            _ticks(sched, 2.0)
+        finally:
+            sched.close()
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+        signals.beat_slot_duplicate.disconnect(on_duplicate)
+    assert sent.count("dj-due") == 1
+    assert alarms == []
+    assert PeriodicTask.objects.get(name="dj-due").total_run_count == 1
+
+
+def test_a_saved_row_fires_on_its_new_schedule_without_reading_the_table_again(make_app: Any) -> None:
+    from celery_safe_time import signals
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler
+
+    sent: list[tuple[str, float]] = []
+
+    def on_sent(sender: Any, **kw: Any) -> None:
+        sent.append((kw["entry"], time.time()))
+
+    hourly = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.HOURS)
+    now = dt.datetime.now(UTC)
+    PeriodicTask.objects.bulk_create(
+        [PeriodicTask(name=f"dj-idle-{i}", task="tests.record", interval=hourly, last_run_at=now) for i in range(50)]
+    )
+    PeriodicTask.objects.create(name="dj-edited", task="tests.record", interval=hourly, last_run_at=now)
+    app = make_app(safe_time_beat_lease=3)
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    try:
+        sched = SafeDatabaseScheduler(app=app, max_interval=1)
+        try:
+            wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+            _ticks(sched, 1.0)
+            assert sched.index_reads == 1
+            assert sent == []
+            # an edit as the admin's change form makes it: the row saved with a new schedule
+            row = PeriodicTask.objects.get(name="dj-edited")
+            row.interval = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+            row.save()
+            saved_at = time.time()
+            _ticks(sched, 3.0)
+            reads = sched.index_reads
+        finally:
+            sched.close()
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+    fired = [at for name, at in sent if name == "dj-edited"]
+    assert fired
+    assert fired[0] - saved_at <= 2.0
+    assert len(fired) >= 2  # then on its 1 s grid
+    assert {name for name, _ in sent} == {"dj-edited"}
+    assert reads == 1  # picked up alone, the table not read again
+
+
+def test_a_deleted_row_and_a_bulk_disable_stop_firing(make_app: Any) -> None:
+    """Changes that no saved row reports (a delete, the admin's bulk actions) still reach the index."""
+    from celery_safe_time import signals
+    from celery_safe_time.contrib.django.schedulers import SafeDatabaseScheduler
+
+    sent: list[tuple[str, float]] = []
+
+    def on_sent(sender: Any, **kw: Any) -> None:
+        sent.append((kw["entry"], time.time()))
+
+    every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    for name in ("dj-deleted", "dj-disabled", "dj-kept"):
+        PeriodicTask.objects.create(name=name, task="tests.record", interval=every)
+    app = make_app(safe_time_beat_lease=3)
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    try:
+        sched = SafeDatabaseScheduler(app=app, max_interval=1)
+        try:
+            wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+            _ticks(sched, 2.5)
+            assert {name for name, _ in sent} == {"dj-deleted", "dj-disabled", "dj-kept"}
+            PeriodicTask.objects.get(name="dj-deleted").delete()
+            PeriodicTask.objects.filter(name="dj-disabled").update(enabled=False)
+            PeriodicTasks.update_changed()  # what the admin's disable action does after its update
+            changed_at = time.time()
+            _ticks(sched, 3.0)
+        finally:
+            sched.close()
+    finally:
+        signals.beat_slot_dispatched.disconnect(on_sent)
+    after = {name for name, at in sent if at > changed_at + 1.0}
+    assert after == {"dj-kept"}

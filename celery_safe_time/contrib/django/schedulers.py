@@ -12,14 +12,18 @@ import heapq
 import logging
 import time
 import weakref
-from datetime import datetime, timedelta
+from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab as celery_crontab
 from celery.schedules import schedstate
-from django.db import DatabaseError, InterfaceError, close_old_connections, transaction
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections, router, transaction
 from django.db.models import F
+from django.db.models.expressions import RawSQL
+from django.utils import timezone as django_timezone
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from ... import constants as C
@@ -234,7 +238,7 @@ _CHUNK = 5000
 _POLL = 0.5
 #: a saved row's ``date_changed`` is its writer's clock at save time, committed later: rows changed
 #: this long before the newest one seen are read again, and the ones already applied are skipped
-_CHANGE_SLACK = timedelta(seconds=60)
+_CHANGE_SLACK = 60.0
 #: the whole index is read again this often (seconds) with no change marked, like django-celery-beat's
 #: own forced sync: it catches what no change marker reports (a bulk enable, an edit that fired no signal)
 _RECONCILE = 300.0
@@ -268,14 +272,16 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         #: row id -> its due time in the heap; a heap item whose time differs is stale and skipped
         self._due: dict[int, float] = {}
         self._due_heap: list[tuple[float, int]] = []
-        #: row id -> its date_changed as last applied (enabled or not)
-        self._versions: dict[int, datetime | None] = {}
-        self._seen: datetime | None = None  # the newest date_changed applied
+        #: row id -> its date_changed (POSIX seconds) as last applied (enabled or not)
+        self._versions: dict[int, float | None] = {}
+        self._seen: float | None = None  # the newest date_changed applied
         self._mark: datetime | None = None  # django-celery-beat's change marker as last read
         self._next_poll = 0.0
         self._reconcile_at = 0.0
         #: (kind, schedule row id) -> its grid (None: evaluated by the entry at due time)
         self._grids: dict[tuple[str, int], Grid | None] = {}
+        #: (kind, schedule row id, last run) -> the next slot on that grid
+        self._next_slots: dict[tuple[str, int, float], float] = {}
         #: index reads: how many times the whole index was read (tests and the benchmark count them)
         self.index_reads = 0
         super().__init__(app, *args, **kwargs)
@@ -336,11 +342,11 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         now = self.clock.time()
         self._mark = self._change_mark()  # read first: a change during the read is seen at the next poll
         self._grids = {}
+        self._next_slots = {}
         self._load_grids()
         self._due, self._versions, self._seen = {}, {}, None
         heap: list[tuple[float, int]] = []
-        rows = self.Model.objects.filter(enabled=True).values_list(*_INDEX_COLUMNS)
-        for row in rows.iterator(chunk_size=_CHUNK):
+        for row in self._rows(self.Model.objects.filter(enabled=True)):
             due = self._apply_row(row, now)
             if due is not None:
                 heap.append((due, row[0]))
@@ -350,6 +356,49 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         self._reconcile_at = time.monotonic() + _RECONCILE
         self.index_reads += 1
         logger.debug("beat: due index read: %d enabled row(s)", len(self._due))
+
+    def _rows(self, queryset: Any) -> Iterator[tuple[Any, ...]]:
+        """The index columns of ``queryset``'s rows, times as POSIX seconds, fetched in chunks through
+        a plain cursor: the ORM's per-value conversion costs as much as the read itself at 100,000
+        rows, and so does parsing timestamps (PostgreSQL gives them as seconds instead)."""
+        connection = connections[router.db_for_read(self.Model)]
+        columns = list(_INDEX_COLUMNS)
+        epoch = connection.vendor == "postgresql" and settings.USE_TZ  # timestamptz columns
+        if epoch:
+            table = connection.ops.quote_name(self.Model._meta.db_table)
+            for i, name in enumerate(_INDEX_COLUMNS[-3:], start=len(_INDEX_COLUMNS) - 3):
+                column = connection.ops.quote_name(self.Model._meta.get_field(name).column)
+                queryset = queryset.annotate(**{f"{name}_ts": RawSQL(f"EXTRACT(EPOCH FROM {table}.{column})", ())})
+                columns[i] = f"{name}_ts"
+        sql, params = queryset.values_list(*columns).query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            while chunk := cursor.fetchmany(_CHUNK):
+                for pk, enabled, i, c, s, k, last_run_at, start_time, date_changed in chunk:
+                    if epoch:
+                        yield (
+                            pk,
+                            bool(enabled),
+                            i,
+                            c,
+                            s,
+                            k,
+                            _float(last_run_at),
+                            _float(start_time),
+                            _float(date_changed),
+                        )
+                    else:
+                        yield (
+                            pk,
+                            bool(enabled),
+                            i,
+                            c,
+                            s,
+                            k,
+                            _epoch(last_run_at),
+                            _epoch(start_time),
+                            _epoch(date_changed),
+                        )
 
     def _apply_row(self, row: tuple[Any, ...], now: float) -> float | None:
         """Record a row's version and due time; None (and out of the index) when it is disabled."""
@@ -372,26 +421,33 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         self,
         kind: str,
         sid: int,
-        last_run_at: datetime | None,
-        start_time: datetime | None,
-        date_changed: datetime | None,
+        last_run_at: float | None,
+        start_time: float | None,
+        date_changed: float | None,
         now: float,
     ) -> float:
         # The earliest the row's entry can say it is due: its entry decides at that time (jitter,
         # start and end times, one-off rows and the misfire policy only ever move it later).
         if last_run_at is None:
             if start_time is not None:
-                return start_time.timestamp()
+                return start_time
             if date_changed is None:
                 return now
             last_run_at = date_changed  # django-celery-beat's ModelEntry counts a new row from here
+        key = (kind, sid, last_run_at)
+        due = self._next_slots.get(key)
+        if due is not None:
+            return due
         grid = self._grid(kind, sid)
         if grid is None:
             return now
         try:
-            return grid.next(last_run_at.timestamp())
+            due = grid.next(last_run_at)
         except Exception:  # a schedule the entry itself reports when due (its is_due check logs it)
             return now
+        # Rows share their schedule and, once they run, their last slot: each pair is computed once.
+        self._next_slots[key] = due
+        return due
 
     def _grid(self, kind: str, sid: int) -> Grid | None:
         key = (kind, sid)
@@ -438,11 +494,9 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
                 self._read_index()
             return
         self._mark = mark
-        since = self._seen - _CHANGE_SLACK if self._seen is not None else None
-        rows = self.Model.objects.values_list(*_INDEX_COLUMNS)
-        if since is not None:
-            rows = rows.filter(date_changed__gte=since)
-        changed = [row for row in rows if self._versions.get(row[0], 0) != row[-1]]
+        since = to_datetime(self._seen - _CHANGE_SLACK) if self._seen is not None else None
+        rows = self.Model.objects.all() if since is None else self.Model.objects.filter(date_changed__gte=since)
+        changed = [row for row in self._rows(rows) if self._versions.get(row[0], -1.0) != row[-1]]
         if not changed:
             # A delete, a bulk update (the admin's enable and disable actions) or a schedule edit:
             # the marker moved and no saved row says which, so the whole index is read again.
@@ -450,10 +504,10 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             return
         now = self.clock.time()
         for row in changed:
-            if row[2] is not None:  # its interval row may be new or edited: built again
+            if row[2] is not None or row[3] is not None:  # its schedule row may be new or edited: built again
                 self._grids.pop(("interval", row[2]), None)
-            if row[3] is not None:
                 self._grids.pop(("crontab", row[3]), None)
+                self._next_slots = {}
             due = self._apply_row(row, now)
             if due is not None:
                 heapq.heappush(self._due_heap, (due, row[0]))
@@ -573,6 +627,23 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
     def sync(self) -> None:
         # last_run_at/total_run_count are written per run; a standby must never write stale ones
         self._dirty.clear()
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _epoch(value: Any) -> float | None:
+    """A datetime column as a plain cursor reads it, as POSIX seconds (MySQL and SQLite give naive
+    datetimes, in UTC with ``USE_TZ``, else in ``TIME_ZONE``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC) if settings.USE_TZ else django_timezone.make_aware(value)
+    seconds: float = value.timestamp()
+    return seconds
 
 
 def invalid_rows(app: Celery) -> dict[str, str]:

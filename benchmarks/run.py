@@ -42,6 +42,8 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("unique", "benchmarks.unique", ["enqueue"]),
     ("debounce", "benchmarks.debounce", []),
     ("flow", "benchmarks.flow", []),
+    # SafeDatabaseScheduler vs DatabaseScheduler at 10,000 and 100,000 rows (quick: 10,000)
+    ("dcb-scale", "benchmarks.dcb_scale", []),
 ]
 # Counted, or timed against a lease clock rather than the CPU: these run in the background while
 # the timed modules measure.
@@ -824,6 +826,7 @@ def _details(r: dict[str, Any], img: dict[str, str]) -> list[str]:
         ("Flow control: a global rate limit vs Celery's per-worker one", "flow", "benchmarks.flow", "markdown", []),
         ("Visibility timeout and 3 beats", "visibility", "benchmarks.safety", "table", []),
         ("Debounce: a burst on a few keys vs plain stored calls", "debounce", "benchmarks.debounce", "markdown", []),
+        ("django-celery-beat rows at scale", "dcb-scale", "benchmarks.dcb_scale", "markdown", []),
     ]
     for title, key, module, fn, pics in sections:
         if key not in r:
@@ -1125,7 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI-sized run (a few minutes)")
     parser.add_argument(
         "--only",
-        help="comma-separated: beat,delays,locks,unique,debounce,flow,unique_compare,visibility,duplicates,failover",
+        help="comma-separated: beat,delays,locks,unique,debounce,flow,dcb-scale,unique_compare,visibility,duplicates,"
+        "failover",
     )
     parser.add_argument("--doc-only", action="store_true", help="rebuild the doc from benchmarks/results")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -496,7 +496,12 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         self._mark = mark
         since = to_datetime(self._seen - _CHANGE_SLACK) if self._seen is not None else None
         rows = self.Model.objects.all() if since is None else self.Model.objects.filter(date_changed__gte=since)
-        changed = [row for row in self._rows(rows) if self._versions.get(row[0], -1.0) != row[-1]]
+        # A disabled row the index never held is no change to it (the index reads enabled rows only).
+        changed = [
+            row
+            for row in self._rows(rows)
+            if self._versions.get(row[0], -1.0) != row[-1] and (row[1] or row[0] in self._due)
+        ]
         if not changed:
             # A delete, a bulk update (the admin's enable and disable actions) or a schedule edit:
             # the marker moved and no saved row says which, so the whole index is read again.

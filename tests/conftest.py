@@ -98,6 +98,19 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.fixture(autouse=True)
+def _django_db_pools_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a Django-database test, closes this process's pooled coordination connections: once a
+    test has made an app with the Django store, django-celery-beat's row audit (written on every row
+    save) goes through that app's backend, and a connection left in its pool keeps the test
+    database from being dropped at the end of the session."""
+    yield
+    if request.node.get_closest_marker("django_db") is not None:
+        from celery_safe_time.coordination import dispose_engines
+
+        dispose_engines()
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[services.RedisServer]:
     """A redis-server owned by this test, for restart/stop/flush faults."""

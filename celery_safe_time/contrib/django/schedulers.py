@@ -234,7 +234,7 @@ _INDEX_COLUMNS = (
 _KINDS = ("interval", "crontab", "solar", "clocked")
 #: rows fetched per round trip while the index is read
 _CHUNK = 5000
-#: how often (seconds) the change marker is read between ticks' other work
+#: how often (seconds) a tick reads django-celery-beat's change marker (PeriodicTasks.last_update)
 _POLL = 0.5
 #: a saved row's ``date_changed`` is its writer's clock at save time, committed later: rows changed
 #: this long before the newest one seen are read again, and the ones already applied are skipped

@@ -26,18 +26,6 @@ LEASE = 6.0
 UTC = dt.timezone.utc
 
 
-@pytest.fixture(autouse=True)
-def _no_pooled_connection_left() -> Iterator[None]:
-    """Closes this process's pooled coordination connections after each test: once the
-    store-coordination test has run, django-celery-beat's row audit (written on every row save)
-    goes through its app's backend, and a connection left in that pool keeps the test database
-    from being dropped at the end of the session."""
-    yield
-    from celery_safe_time.coordination import dispose_engines
-
-    dispose_engines()
-
-
 def _db_url() -> str:
     s = connection.settings_dict
     return f"postgresql://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"

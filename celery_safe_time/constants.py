@@ -377,9 +377,14 @@ OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
 OPTION_DEBOUNCE: Final = "debounce"
 OPTION_DEBOUNCE_KEY: Final = "debounce_key"
 OPTION_DEBOUNCE_MAX_WAIT: Final = "debounce_max_wait"
-#: A debounced row holds ``debounce:<task name>:<key>`` in its idempotency key: the pending-only unique
-#: key that keeps one pending row per key, apart from any caller's own idempotency key.
+#: What a stored row holds in its idempotency key (the pending-only unique key of the store), one prefix
+#: per kind so that no kind can match another's: a debounced row ``debounce:<task name>:<key>``, a
+#: caller's ``idempotency_key=`` ``caller:<task name>:<key>``, a stored unique task ``unique:<key>``
+#: (unique keys are global, as on the lock backend). The task name is escaped like a key value
+#: (``%``, ``:``, ``#``), so the task's part ends at the first ``:`` and two tasks never share a key.
 DEBOUNCE_KEY_PREFIX: Final = "debounce:"
+CALLER_KEY_PREFIX: Final = "caller:"
+UNIQUE_ROW_KEY_PREFIX: Final = "unique:"
 #: Task options (``@app.task(base=SafeTask, ...)``) of per-key flow control: the rate (``"100/m"``) and
 #: its key template, the concurrency limit and its key template. A limit without a key is one key for
 #: the whole task: its name.

@@ -42,8 +42,9 @@ def test_a_rule_that_never_fires_is_never_after_a_bounded_search(text: str, zone
     began = time.thread_time()  # CPU time of this thread: what the search costs, whatever the load
     assert schedule.next_ts(NOW) == NEVER
     spent = time.thread_time() - began
-    # dateutil's own walk to the year 9999: 2.9 s of CPU for the daily rule; the bounded one ~0.3 s.
-    assert spent < 1.0, f"{text}: {spent:.2f} s"
+    # dateutil's own walk to the year 9999: 2.9 s of CPU for the daily rule, 5.4 s for the hourly one;
+    # the bounded one 0.3 s and 0.5 s.
+    assert spent < 1.5, f"{text}: {spent:.2f} s"
 
 
 @pytest.mark.parametrize(

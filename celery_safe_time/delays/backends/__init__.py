@@ -13,6 +13,7 @@ from celery.signals import worker_init
 
 from ... import constants as C
 from ...config import get_config
+from ...exceptions import ImproperlyConfigured
 from .base import DelayStore
 
 __all__ = ["DelayStore", "create_store", "get_store", "set_store"]
@@ -23,6 +24,8 @@ _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.Wea
 _lock = threading.Lock()
 #: Apps whose store was given with :func:`set_store` rather than made from their settings.
 _given: weakref.WeakSet[Celery] = weakref.WeakSet()
+#: The entry-point group of stores an add-on installs under a whole ``safe_time_store_url``.
+STORE_ENTRY_POINTS = "celery_safe_time.stores"
 
 
 def create_store(url: str, *, namespace: str | None = None, timeout: float | None = None) -> DelayStore:
@@ -32,9 +35,7 @@ def create_store(url: str, *, namespace: str | None = None, timeout: float | Non
     drivers' own, which wait for ever on a hung connection)."""
     store: DelayStore
     if url == C.DJANGO_STORE:
-        from ...contrib.django.store import DjangoStore
-
-        store = DjangoStore()
+        store = _installed_store(url)
     elif url.startswith("memory:"):
         from .memory import MemoryStore
 
@@ -44,6 +45,22 @@ def create_store(url: str, *, namespace: str | None = None, timeout: float | Non
 
         store = SQLAlchemyStore(url, timeout=timeout)
     store.namespace = namespace
+    return store
+
+
+def _installed_store(url: str) -> DelayStore:
+    """The store an installed add-on names ``url`` in the :data:`STORE_ENTRY_POINTS` group (the Django
+    add-on's ``"django"``): found by name, so this factory never imports the add-on itself."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=STORE_ENTRY_POINTS, name=url)
+    if not found:
+        raise ImproperlyConfigured(
+            "safe_time_store_url", f"no store {url!r} is installed (entry point group {STORE_ENTRY_POINTS!r})"
+        )
+    store = next(iter(found)).load()()
+    if not isinstance(store, DelayStore):
+        raise ImproperlyConfigured("safe_time_store_url", f"the store installed as {url!r} is no DelayStore")
     return store
 
 

@@ -291,11 +291,16 @@ def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = No
 
 def _status_sections() -> list[tuple[str, Any]]:
     """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
-    from .beat.admin import describe_beat
+    from .contrib.django.status import describe_beat_with_django
     from .delays.admin import describe_delays
     from .locks.admin import describe_flow, describe_locks
 
-    return [("beat", describe_beat), ("delays", describe_delays), ("locks", describe_locks), ("flow", describe_flow)]
+    return [
+        ("beat", describe_beat_with_django),
+        ("delays", describe_delays),
+        ("locks", describe_locks),
+        ("flow", describe_flow),
+    ]
 
 
 def _print_tree(data: Any, indent: int) -> None:

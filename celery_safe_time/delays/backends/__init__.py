@@ -13,7 +13,7 @@ from celery.signals import worker_init
 
 from ... import constants as C
 from ...config import get_config
-from ...exceptions import ImproperlyConfigured
+from ...exceptions import ImproperlyConfigured, StoreError
 from .base import DelayStore
 
 __all__ = ["DelayStore", "create_store", "get_store", "set_store"]
@@ -78,6 +78,21 @@ def get_store(app: Celery) -> DelayStore:
             _stores[app] = (pid, store)
             cached = _stores[app]
     return cached[1]
+
+
+#: Row states that say a stored task will never run (again).
+_ENDED_STATUSES = frozenset({C.STATUS_FINISHED, C.STATUS_CANCELLED, C.STATUS_EXPIRED, C.STATUS_FAILED})
+
+
+def stored_run_ended(app: Celery, task_id: str) -> bool:
+    """Whether ``task_id``'s row in the app's store says it will never run (again): gone, or ended (a
+    unique key its task still holds is then a ghost). A store that cannot be read counts it alive."""
+    try:
+        row = get_store(app).get(task_id)
+    except StoreError as exc:
+        logger.warning("cannot check unique key holder %s in the store, counting it alive: %s", task_id, exc)
+        return False
+    return row is None or row.status in _ENDED_STATUSES
 
 
 def set_store(app: Celery, store: DelayStore) -> None:

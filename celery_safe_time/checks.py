@@ -318,7 +318,7 @@ def check_sweep(app: Celery) -> Check:
     a failure: ``check`` is also a probe, and a process may rightly leave the sweep to others; the
     detail says how many rows wait meanwhile."""
     from .delays.backends import get_store
-    from .delays.install_check import not_installed_message, sweep_installed
+    from .install_check import not_installed_message, sweep_installed
 
     if sweep_installed(app):
         return Check("sweep", "ok", f"{C.SWEEP_TASK_NAME} task and beat entry installed")

@@ -19,19 +19,10 @@ from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
 from dateutil.parser import isoparse
 
 from . import constants as C
-from .checks import (
-    PROBES,
-    Check,
-    beat_verdict,
-    default_max_lateness,
-    error_text,
-    run_checks,
-    sweep_verdict,
-    unreachable,
-    worst,
-)
+from .checks import PROBES, beat_verdict, default_max_lateness, run_checks, sweep_verdict, unreachable, worst
 from .config import get_config, mask_url
 from .constants import DELAY_STATUSES, PURGEABLE_STATUSES
+from .health import Check, error_text
 
 _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 

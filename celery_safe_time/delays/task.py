@@ -22,6 +22,7 @@ from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import expires_argument, get_config
 from ..exceptions import BulkItemError, DebounceError, StoreError
+from ..install_check import warn_once_if_not_installed
 from ..locks import unique as unique_tasks
 from ..locks.backends import get_lock_backend
 from ..locks.keys import KeySpec
@@ -32,7 +33,6 @@ from .backends import get_store
 from .backends.base import InsertResult, NewDelay
 from .debounce import caller_idempotency_key, debounce_call, unique_row_key
 from .delivery import delivery_token, run_delivery
-from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, check_call_times, plan_delay
 from .sqs import check_message_size

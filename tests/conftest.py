@@ -266,6 +266,33 @@ def processes(
         yield manager
 
 
+#: ``SAFE_TIME_TEST_CPU_LOG=<file>``: each test's CPU seconds (the pytest process and every process it
+#: started and reaped: workers, beats, their pool children) appended as JSON lines, to find where a
+#: whole run's CPU goes (``scripts/cpu_report.py`` sums them by module).
+CPU_LOG = os.environ.get("SAFE_TIME_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    if not CPU_LOG:
+        return (yield)
+    before = os.times()
+    try:
+        return (yield)
+    finally:
+        after = os.times()
+        own = (after.user - before.user) + (after.system - before.system)
+        children = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        record = {
+            "test": item.nodeid,
+            "own": round(own, 3),
+            "children": round(children, 3),
+            "wall": round(after.elapsed - before.elapsed, 3),
+        }
+        with open(CPU_LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps(record) + "\n")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     rep = yield

@@ -728,6 +728,44 @@ def beat_backfill(
     click.echo(f"{name}: {len(result.published)} slot(s) published")
 
 
+#: ``beat show --json`` fields that describe an entry's state, not its definition: an import leaves them out.
+_SHOWN_ONLY = ("last_fired", "next_fire", "source", "version", "pause_note", "paused_until", "runs", "changes")
+
+
+@beat_group.command(name="import", cls=CeleryCommand)
+@click.argument("file", type=click.File("r"))
+@click.pass_context
+def beat_import(ctx: click.Context, file: Any) -> None:
+    """Create or replace runtime entries from FILE ("-": standard input), one JSON object per line in
+    the ``beat show --json`` shape (what describes the state, such as next_fire, is ignored; config
+    entries are skipped). Idempotent; entries are stored in chunks, each validated whole first."""
+    from .beat.entries import save_entries
+
+    skipped = 0
+
+    def items() -> Any:
+        nonlocal skipped
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError as exc:
+                raise click.ClickException(f"{file.name}: line {number} is not JSON: {exc}") from None
+            if not isinstance(item, dict):
+                raise click.ClickException(f"{file.name}: line {number} must be a JSON object")
+            if item.get("source") == C.ENTRY_SOURCE_CONFIG:
+                skipped += 1  # beat_schedule's: defined in code, not stored
+                continue
+            yield {k: v for k, v in item.items() if k not in _SHOWN_ONLY}
+
+    try:
+        changed = save_entries(items(), app=_loaded_app(ctx), changed_by=_changed_by())
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{changed} entries created or changed" + (f", {skipped} config entries skipped" if skipped else ""))
+
+
 @beat_group.command(name="import-redbeat", cls=CeleryCommand)
 @click.option(
     "--prefix",

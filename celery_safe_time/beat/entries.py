@@ -479,19 +479,25 @@ def _validated(
     check_entry_name(name)
     if config_entries is None or name in config_entries:
         _conflict(store, name, task)
-    spec = schedule_to_spec(schedule)
+    if schedules is not None and isinstance(schedule, Mapping):
+        # a written spec: validated once per distinct spec (building a crontab is the costly part)
+        spec = dict(schedule)
+        known = spec_key(spec)
+        if known not in schedules:
+            schedules[known] = schedule_from_spec(spec)
+    else:
+        spec = schedule_to_spec(schedule)
     options = policy_options(
         name, options, jitter=jitter, catchup_window=catchup_window, overlap=overlap, overlap_ttl=overlap_ttl
     )
     raw = definition_json(name, task, spec, args, kwargs or {}, options, enabled)
-    definition = parse_definition(raw)
     key = None
     if checked is not None:
         policies = tuple(sorted((k, repr(v)) for k, v in options.items() if k.startswith("safe_")))
         key = (spec_key(spec), task, policies)
         if key in checked:
             return raw
-    entry = build_entry(name, definition, store.app, schedules)
+    entry = build_entry(name, parse_definition(raw), store.app, schedules)
     try:
         plan = entry_plan(entry, store.config, store.app)  # unknown task, misfire policy, grid
     except ScheduleError:

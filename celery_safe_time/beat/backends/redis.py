@@ -352,13 +352,13 @@ class RedisBeatBackend(BeatBackend):
     def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
         if not items:
             return []
-        # one pipeline of the same script a single save runs: each entry stays atomic on its own
-        script = self.scripts["save_entry"]
-        entry_keys, audit_args = self._entry_keys(), self._audit_args(audit)
-        pipe = self.client.pipeline(transaction=False)
+        # one script call for the chunk (lua/save_entries.lua: save_entry.lua's steps, entry by entry)
+        keys = self._entry_keys()
+        args = self._audit_args(audit)
         for name, raw in items:
-            script(keys=[*entry_keys, *self._kept_keys(name)], args=[name, raw, *audit_args], client=pipe)
-        return [int(v) for v in pipe.execute()]
+            keys += self._kept_keys(name)
+            args += [name, raw]
+        return [int(v) for v in self.scripts["save_entries"](keys=keys, args=args)]
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:
         keys = [*self._entry_keys(), *self._kept_keys(name)]

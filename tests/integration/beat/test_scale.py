@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time import delete_entry, get_entry, save_entries, save_entry, signals
+from celery_safe_time import delete_entry, entry_audit, get_entry, save_entries, save_entry, signals
 from celery_safe_time.beat.backends import BeatBackend, beat_backend
 from celery_safe_time.beat.entries import pause
 from celery_safe_time.beat.scheduler import SafeScheduler
@@ -191,6 +191,11 @@ def test_save_entries_is_idempotent_and_counts_changes(
     assert info is not None
     assert info.args == (-1,)
     assert len(beat_backend(get_config(app)).entry_definitions()) == 35
+    # audited as save_entry audits: the same actions, by the given changer
+    save_entries(entries[:1], app=app, changed_by="importer")
+    assert [r.action for r in entry_audit("tenant-0", app=app)] == ["update", "create"]
+    assert save_entries([{**entries[0], "args": [-2]}], app=app, changed_by="importer") == 1
+    assert entry_audit("tenant-0", app=app)[0].changed_by == "importer"
 
 
 @pytest.mark.parametrize(

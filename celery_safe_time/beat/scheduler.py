@@ -143,7 +143,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 # The due set or the state hash lost entries while the lease survived (eviction,
                 # a DEL by hand): nothing would ever be due again, silently. Rebuild it now.
                 logger.warning("beat: %s; reconciling the schedule", lost)
-                self.reconcile(epoch, now)
+                self.reconcile(epoch, now, full=True)
                 due, _, _, head = self._read_due(now)
             if self.lazy:  # the definitions of the due entries, where this leader has not built them
                 self._load([n for n, _ in due if n not in self.runtime and n not in self.config_names])
@@ -374,9 +374,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return None
         return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
 
-    def reconcile(self, epoch: int, now: float) -> None:
+    def reconcile(self, epoch: int, now: float, *, full: bool = False) -> None:
         """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones (with ``lazy_threshold`` runtime entries or more: :meth:`reconcile_lazy`).
+        drop removed ones (with ``lazy_threshold`` runtime entries or more: :meth:`reconcile_lazy`;
+        ``full`` makes that one plan every entry, as this one does when the due set does not add up).
 
         When the previous leader recorded the version its state reflects, only the config entries and
         the runtime entries changed after it are re-planned (their state read with HMGET); every other
@@ -384,7 +385,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         no usable marker, re-plans everything from a full read of the state.
         """
         if self.backend.reads_due_only and self.backend.definition_count() >= self.lazy_threshold:
-            self.reconcile_lazy(epoch, now)
+            self.reconcile_lazy(epoch, now, full=full)
             return
         self.lazy = False
         snapshot = self.backend.snapshot()
@@ -469,20 +470,21 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         if len(self._schedules) > C.BEAT_LAZY_CACHE or len(self._runtime_plans) > C.BEAT_LAZY_CACHE:
             self._schedules, self._runtime_plans = {}, {}
 
-    def reconcile_lazy(self, epoch: int, now: float) -> None:
+    def reconcile_lazy(self, epoch: int, now: float, *, full: bool = False) -> None:
         """:meth:`reconcile` for a leader with many runtime entries: nothing is loaded for good.
 
         With the previous leader's marker, only the config entries and the runtime entries changed
         after it are read and re-planned (the due set already holds every other entry's next fire);
         without one, every definition is read and planned a chunk at a time (HSCAN) and forgotten
         again, so memory stays flat. From then on a tick reads the definitions of the entries it fires.
+        ``full``: plan every entry whatever the marker says (the due set lost entries).
         """
         meta = self.backend.snapshot_meta()
         version, requests, marker = meta.version, meta.requests, meta.marker
         self._evict(force=True)
         self.lazy = True
         self.pause_expiry = {}
-        since = self._applied_since(marker, version)
+        since = None if full else self._applied_since(marker, version)
         if since is None:
             counts = self._replan_streaming(now, version)
             mode = "every entry, a chunk at a time"

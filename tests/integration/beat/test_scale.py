@@ -251,3 +251,23 @@ def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_pa
     failed = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert failed.returncode != 0
     assert "entry #0 ('broken')" in failed.stderr
+
+
+def test_a_due_set_lost_under_such_a_leader_is_planned_again_in_full(
+    app: Celery, tmp_path: Path, sent: list[tuple[str, float]]
+) -> None:
+    assert save_entries(_tenants(300), app=app) == 305
+    leader = _leader(app, tmp_path, "lost")
+    try:
+        _tick_until(leader, lambda: _fired(sent, "busy-0"))
+        backend = beat_backend(get_config(app))
+        assert backend.due_count() == 306  # with cfg
+        assert leader.lazy
+        reads = Reads(leader.backend)
+        leader.client.delete(get_config(app).key(C.KEY_BEAT_DUE))  # evicted, or a DEL by hand
+        _tick_until(leader, lambda: backend.due_count() == 306)
+        assert "scan_definitions" in reads.full  # it could not know which entries it lost: all read
+        fired = len(_fired(sent, "busy-0"))
+        _tick_until(leader, lambda: len(_fired(sent, "busy-0")) > fired)
+    finally:
+        leader.close()

@@ -519,38 +519,20 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         )
 
     def _replan_streaming(self, now: float, version: int) -> tuple[int, int]:
-        """Re-plan every entry without holding them all: the config entries, then each chunk of runtime
-        definitions (planned, written, forgotten), then the states and due scores left by entries that
-        no longer exist. Returns (entries planned, entries removed)."""
+        """Re-plan every entry without holding them all: drop the states and due scores left by entries
+        that no longer exist, then plan the config entries, then each chunk of runtime definitions
+        (planned, written, forgotten). Returns (entries planned, entries removed)."""
         token = self.lease.token
         firsts: dict[str, float] = {}
         planned = removed = 0
         collecting = gc.isenabled()
         gc.disable()  # each chunk's objects are freed by their reference counts
         try:
-            for defs in self._definition_chunks():
-                # the config chunk's values are None; a runtime entry named like a config one is ignored
-                names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
-                for name in names:
-                    if defs[name] is not None:
-                        self.load_runtime(name, defs[name])
-                raws, scores = self.backend.read_states(names)
-                states: dict[str, str] = {}
-                nexts: dict[str, float] = {}
-                idle: list[str] = []
-                for name, raw, score in zip(names, raws, scores, strict=True):
-                    plan = self.plans.get(name)
-                    if plan is not None:
-                        made = next_state(plan, load_state(raw), score, now, firsts, name=name)
-                        if made is not None:
-                            states[name], nexts[name] = made
-                    elif name in self.runtime and score is not None:
-                        idle.append(name)
-                if not self.backend.write_plan(token, states, nexts, [], idle):
-                    raise LeaseLost("another beat holds the lease: the plan write was refused")
-                planned += len(states)
-                self._evict(force=True)
+            # first what the state holds for entries that no longer exist (before this plan adds to it:
+            # a fresh leader finds nothing to read there)
+            stored = False  # whether the state and the due set hold anything (else nothing to read there)
             for names in self.backend.scan_planned(C.BEAT_LAZY_CHUNK):
+                stored = True
                 candidates = [n for n in names if n not in self.plans]
                 defs_of = self.backend.definitions(candidates)
                 gone = [n for n, raw in zip(candidates, defs_of, strict=True) if raw is None]
@@ -558,12 +540,53 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                     if not self.backend.write_plan(token, {}, {}, gone, []):
                         raise LeaseLost("another beat holds the lease: the plan write was refused")
                     removed += len(gone)
+            for defs in self._definition_chunks():
+                # the config chunk's values are None; a runtime entry named like a config one is ignored
+                names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
+                plans = [self.plans.get(n) if defs[n] is None else self._stream_plan(n, defs[n]) for n in names]
+                raws, scores = self.backend.read_states(names) if stored else ([None] * len(names), [None] * len(names))
+                states: dict[str, str] = {}
+                nexts: dict[str, float] = {}
+                idle: list[str] = []
+                for name, plan, raw, score in zip(names, plans, raws, scores, strict=True):
+                    if plan is not None:
+                        made = next_state(plan, load_state(raw), score, now, firsts, name=name)
+                        if made is not None:
+                            states[name], nexts[name] = made
+                    elif defs[name] is not None and score is not None:
+                        idle.append(name)  # paused or broken: out of the due set, state kept
+                if not self.backend.write_plan(token, states, nexts, [], idle):
+                    raise LeaseLost("another beat holds the lease: the plan write was refused")
+                planned += len(states)
+                self._evict(force=True)
         finally:
             if collecting:
                 gc.enable()
         self.backend.set_pause_expiries(dict(self.pause_expiry), [], replace=True)
         self._prune_tombstones(version)
         return planned, removed
+
+    def _stream_plan(self, name: str, raw: Any) -> Plan | None:
+        """The plan of one runtime definition for :meth:`_replan_streaming`, which keeps no entry: the
+        plan made for an earlier entry of the same schedule, task and policies when there is one (no
+        entry built), else through :meth:`load_runtime`. None when it is paused or broken."""
+        try:
+            definition = parse_definition(raw)
+            options = definition["options"]
+            key = (
+                spec_key(definition["schedule"]),
+                definition["task"],
+                options.get(OPTION_MISFIRE),
+                options.get(OPTION_JITTER),
+                options.get(OPTION_CATCHUP_WINDOW),
+            )
+            plan = self._runtime_plans.get(key) if definition["enabled"] else None
+        except (ScheduleError, TypeError):
+            plan = None
+        if plan is not None:
+            return plan
+        became = self.load_runtime(name, raw)
+        return self.plans.get(name) if became == "active" else None
 
     def _definition_chunks(self) -> Iterator[dict[str, Any]]:
         """The config entries (as a chunk of names), then the runtime definitions a chunk at a time."""

@@ -225,14 +225,14 @@ def test_save_entries_validates_each_entry_and_stores_nothing_of_a_bad_chunk(
     assert set(beat_backend(get_config(app)).entry_definitions()) == {"ok-0", "ok-1", "ok-2"}
 
 
-def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_path: Path) -> None:
+def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_path: Path, redis_url: str) -> None:
     env = beat_env({"cfg": {"task": "tests.record", "every": 3600, "args": ["cfg"]}})
     added = processes.command(BEAT_APP, "safe-time", "beat", "add", "model", "tests.record", "--every", "30", env=env)
     assert added.returncode == 0, added.stderr
     shown = processes.command(BEAT_APP, "safe-time", "beat", "show", "model", env=env)
     assert shown.returncode == 0, shown.stderr
     model = json.loads(shown.stdout)
-    config = json.loads(processes.command(BEAT_APP, "safe-time", "beat", "show", "cfg", env=env).stdout)
+    config = {**model, "name": "cfg", "source": "config"}  # a beat_schedule entry, as show prints it
     lines = [{**model, "name": f"imported-{i}", "args": [i]} for i in range(3)] + [config]
     path = tmp_path / "entries.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
@@ -242,10 +242,12 @@ def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_pa
     assert "3 entries created or changed, 1 config entries skipped" in imported.stdout
     again = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert "0 entries created or changed" in again.stdout
-    listed = json.loads(processes.command(BEAT_APP, "safe-time", "beat", "list", "--json", env=env).stdout)
-    by_name = {row["name"]: row for row in listed}
-    assert by_name["imported-2"]["args"] == [2]
-    assert by_name["imported-2"]["schedule"] == model["schedule"]
+    reader = Celery("reader", set_as_current=False)
+    reader.conf.update(broker_url=redis_url)
+    stored = beat_backend(get_config(reader)).entry_definitions()
+    assert set(stored) == {"model", "imported-0", "imported-1", "imported-2"}
+    definition = json.loads(stored["imported-2"])
+    assert (definition["args"], definition["schedule"]) == ([2], model["schedule"])
 
     path.write_text(json.dumps({**model, "name": "broken", "schedule": {"type": "weekly"}}) + "\n")
     failed = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)

@@ -9,6 +9,8 @@ entries that are due and a new leader resumes exactly where the old one stopped.
 
 Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader
 loads all of them once per lease term and then, when the change counter moved, only the changed ones.
+With ``BEAT_LAZY_ENTRIES`` runtime entries or more on a backend that can (Redis), it keeps none of
+them: it reads the definitions of the entries that fall due and of those that change (``reconcile_lazy``).
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_pa
 
     imported = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert imported.returncode == 0, imported.stderr
-    assert "3 entries created or changed, 1 config entries skipped" in imported.stdout
+    assert "3 entries created or changed, 1 not runtime entries skipped" in imported.stdout
     again = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert "0 entries created or changed" in again.stdout
     reader = Celery("reader", set_as_current=False)
@@ -248,6 +248,14 @@ def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_pa
     assert set(stored) == {"model", "imported-0", "imported-1", "imported-2"}
     definition = json.loads(stored["imported-2"])
     assert (definition["args"], definition["schedule"]) == ([2], model["schedule"])
+
+    # what beat list --json prints works too: a JSON array (the config entry in it skipped)
+    listed = processes.command(BEAT_APP, "safe-time", "beat", "list", "--json", env=env)
+    rows = [{**row, "name": "copy-" + row["name"]} for row in json.loads(listed.stdout)]
+    path.write_text(json.dumps(rows, indent=1))
+    copied = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    assert "4 entries created or changed, 1 not runtime entries skipped" in copied.stdout, copied.stderr
+    assert "copy-imported-1" in beat_backend(get_config(reader)).entry_definitions()
 
     path.write_text(json.dumps({**model, "name": "broken", "schedule": {"type": "weekly"}}) + "\n")
     failed = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)

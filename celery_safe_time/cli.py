@@ -20,19 +20,10 @@ from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
 from dateutil.parser import isoparse
 
 from . import constants as C
-from .checks import (
-    PROBES,
-    Check,
-    beat_verdict,
-    default_max_lateness,
-    error_text,
-    run_checks,
-    sweep_verdict,
-    unreachable,
-    worst,
-)
+from .checks import PROBES, beat_verdict, default_max_lateness, run_checks, sweep_verdict, unreachable, worst
 from .config import get_config, mask_url
 from .constants import DELAY_STATUSES, PURGEABLE_STATUSES
+from .health import Check, error_text
 
 _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 
@@ -292,11 +283,16 @@ def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = No
 
 def _status_sections() -> list[tuple[str, Any]]:
     """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
-    from .beat.admin import describe_beat
+    from .contrib.django.status import describe_beat_with_django
     from .delays.admin import describe_delays
     from .locks.admin import describe_flow, describe_locks
 
-    return [("beat", describe_beat), ("delays", describe_delays), ("locks", describe_locks), ("flow", describe_flow)]
+    return [
+        ("beat", describe_beat_with_django),
+        ("delays", describe_delays),
+        ("locks", describe_locks),
+        ("flow", describe_flow),
+    ]
 
 
 def _print_tree(data: Any, indent: int) -> None:

@@ -281,6 +281,17 @@ BEAT_LAZY_CACHE: Final = 10_000
 BEAT_SAVE_CHUNK: Final = 1000
 #: Definitions read (HSCAN) and planned per round when such a leader re-plans every entry.
 BEAT_LAZY_CHUNK: Final = 5_000
+#: The next-occurrence search of an rrule schedule covers this many years after the time asked about
+#: (or after the rule's start, when later), up to one Gregorian cycle more, then answers "never fires
+#: again". The calendar repeats every 400 years (leap years, weekdays: 146097 days are 20871 weeks), so
+#: a rule with no occurrence in 400 years has none later, unless its INTERVAL spans centuries
+#: (``FREQ=YEARLY;INTERVAL=1000``: an occurrence past the horizon counts as none). dateutil alone walks
+#: every period to the year 9999 before it says "none": 2.9 s of CPU for
+#: ``FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30``, 0.3 s within this bound. ``BYEASTER`` rules (Easter does not
+#: repeat with the calendar) are searched as dateutil does.
+RRULE_SEARCH_YEARS: Final = 400
+#: The Gregorian cycle: an rrule moved by a whole number of them has the same occurrences, moved.
+GREGORIAN_CYCLE_YEARS: Final = 400
 
 
 # === delays ===================================================================
@@ -390,9 +401,14 @@ OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
 OPTION_DEBOUNCE: Final = "debounce"
 OPTION_DEBOUNCE_KEY: Final = "debounce_key"
 OPTION_DEBOUNCE_MAX_WAIT: Final = "debounce_max_wait"
-#: A debounced row holds ``debounce:<task name>:<key>`` in its idempotency key: the pending-only unique
-#: key that keeps one pending row per key, apart from any caller's own idempotency key.
+#: What a stored row holds in its idempotency key (the pending-only unique key of the store), one prefix
+#: per kind so that no kind can match another's: a debounced row ``debounce:<task name>:<key>``, a
+#: caller's ``idempotency_key=`` ``caller:<task name>:<key>``, a stored unique task ``unique:<key>``
+#: (unique keys are global, as on the lock backend). The task name is escaped like a key value
+#: (``%``, ``:``, ``#``), so the task's part ends at the first ``:`` and two tasks never share a key.
 DEBOUNCE_KEY_PREFIX: Final = "debounce:"
+CALLER_KEY_PREFIX: Final = "caller:"
+UNIQUE_ROW_KEY_PREFIX: Final = "unique:"
 #: Task options (``@app.task(base=SafeTask, ...)``) of per-key flow control: the rate (``"100/m"``) and
 #: its key template, the concurrency limit and its key template. A limit without a key is one key for
 #: the whole task: its name.

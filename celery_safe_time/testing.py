@@ -62,9 +62,9 @@ from .delays.backends import reset_store, set_store
 from .delays.backends.base import DelayRow
 from .delays.backends.memory import MemoryStore
 from .delays.backends.sql import SQLAlchemyStore
-from .delays.install_check import sweep_not_needed
 from .delays.payload import decode
 from .delays.revoked import REASON_EXPIRED, report_revoked
+from .install_check import sweep_not_needed
 from .locks.backends import LockInfo, use_lock_backend
 from .locks.backends.memory import MemoryLockBackend
 from .messages.requeue import new_attempt

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,17 @@ def amqp_url() -> Iterator[str]:
 @pytest.fixture(params=["redis", "amqp"])
 def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
     """Each test that takes it runs twice: on the test's Redis db and on a RabbitMQ vhost of its own
-    (leases, locks and delivery checks stay on the Redis db either way)."""
+    (leases, locks and delivery checks stay on the Redis db either way).
+
+    A test parametrised with ``"sqs"`` (``indirect``) runs on the session's local SQS endpoint too, its
+    queues apart by a name prefix of its own carried in the URL: ``services.broker_conf(broker_url)``
+    gives the transport options it needs (the endpoint is CPU-heavy, so only the tests whose
+    behaviour depends on the broker take it)."""
     if request.param == "redis":
         return redis_url
+    if request.param == "sqs":
+        endpoint: services.SqsEndpoint = request.getfixturevalue("sqs_endpoint")
+        return services.sqs_broker_url(endpoint, f"t{uuid.uuid4().hex[:10]}-")
     url: str = request.getfixturevalue("amqp_url")
     return url
 

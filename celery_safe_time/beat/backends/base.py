@@ -161,6 +161,9 @@ class BeatBackend(abc.ABC):
     def startup_checks(self, who: str) -> None:
         """Fail loudly when unreachable; warn about what would make the guard unsafe."""
 
+    def ensure_tables(self) -> None:  # noqa: B027 (only a database backend has tables to make)
+        """Make what the backend keeps its state in, where that is made (PostgreSQL's tables)."""
+
     # --- ticks --------------------------------------------------------------------
     @abc.abstractmethod
     def read_due(self, now: float, limit: int) -> DueRead:

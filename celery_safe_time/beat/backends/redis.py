@@ -19,10 +19,10 @@ from typing import Any, cast
 import redis
 
 from ... import constants as C
-from ...checks import check_redis
 from ...clock import RedisClock
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
+from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, tls_hint
 from ..lease import Lease, LeaseKeys, history_keys
 from ..scripts import beat_scripts

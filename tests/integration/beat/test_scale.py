@@ -17,11 +17,12 @@ from celery import Celery
 from celery_safe_time import constants as C
 from celery_safe_time import delete_entry, entry_audit, get_entry, save_entries, save_entry, signals
 from celery_safe_time.beat.backends import BeatBackend, beat_backend
+from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
 from celery_safe_time.beat.entries import pause
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ScheduleError, SerializationError
-from tests.helpers.beat import BEAT_APP, beat_env
+from tests.helpers.beat import BEAT_APP, beat_env, coordination_settings
 from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -281,3 +282,34 @@ def test_a_due_set_lost_under_such_a_leader_is_planned_again_in_full(
         _tick_until(leader, lambda: len(_fired(sent, "busy-0")) > fired)
     finally:
         leader.close()
+
+
+def test_the_backend_defaults_serve_a_reads_only_due_leader_on_postgresql(
+    make_app: Callable[..., Celery],
+    postgres_url: str,
+    tmp_path: Path,
+    sent: list[tuple[str, float]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PostgreSQL loads every entry at takeover; the whole-read defaults of the backend seam must still
+    # be right should it read only what is due (the seam a PostgreSQL version of this mode fills in)
+    app = make_app(
+        safe_time_beat_lease=3,
+        beat_schedule={"cfg": {"task": "t.scale_noop", "schedule": 1.0}},
+        **coordination_settings(postgres_url),
+    )
+    app.task(name="t.scale_noop", shared=False)(_noop)
+    assert save_entries(_tenants(200), app=app) == 205
+    monkeypatch.setattr(PostgresBeatBackend, "reads_due_only", True)
+    leader = _leader(app, tmp_path, "pg")
+    try:
+        _tick_until(leader, lambda: all(len(_fired(sent, n)) >= 2 for n in [*BUSY, "cfg"]))
+        assert leader.lazy
+        assert len(leader.runtime) <= len(BUSY)
+        assert {entry for entry, _ in sent} == {*BUSY, "cfg"}
+        assert beat_backend(get_config(app)).due_count() == 206
+    finally:
+        leader.close()
+    for name in {entry for entry, _ in sent}:
+        slots = _fired(sent, name)
+        assert len(slots) == len(set(slots)), name

@@ -37,6 +37,7 @@ IMG = ROOT / "docs" / "img"
 # (name, module, extra args); "duplicates" runs in the background for the whole suite.
 JOBS: list[tuple[str, str, list[str]]] = [
     ("beat", "benchmarks.beat", ["timed"]),
+    ("beat_scale", "benchmarks.beat_scale", []),
     ("delays", "benchmarks.delays", []),
     ("locks", "benchmarks.locks", []),
     ("unique", "benchmarks.unique", ["enqueue"]),
@@ -865,6 +866,7 @@ def _details(r: dict[str, Any], img: dict[str, str]) -> list[str]:
     sections = [
         ("Durable delays", "delays", "benchmarks.delays", "table", ["rss", "sweep", "lateness"]),
         ("Beat", "beat", "benchmarks.beat", "markdown", ["ticks"]),
+        ("Beat at scale: one leader, many runtime entries", "beat_scale", "benchmarks.beat_scale", "markdown", []),
         ("Locks", "locks", "benchmarks.locks", "markdown", ["locks"]),
         ("Unique tasks: enqueue cost", "unique", "benchmarks.unique", "markdown", []),
         ("Unique tasks: what a fault leaves behind", "unique_compare", "benchmarks.unique", "markdown", []),

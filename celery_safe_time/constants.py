@@ -142,6 +142,9 @@ KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 #: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
 #: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
 KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
+#: Paused runtime entries with an expiry: zset name -> when the leader resumes them (UNIX seconds),
+#: written by the leader as it applies pauses, so a new leader knows them without reading every entry.
+KEY_BEAT_PAUSE_EXPIRY: Final = "beat:entries:paused-until"
 #: Run history of one entry (``beat/history.py``): hash slot ms -> the published record (JSON), and
 #: ``<slot ms>:o`` -> its outcome (JSON, written by the worker).
 KEY_BEAT_HISTORY: Final = "beat:history:{entry}"
@@ -268,6 +271,16 @@ BEAT_ENTRY_SWAP_ATTEMPTS: Final = 20
 #: A leader that loaded at least this many entries moves them out of the cyclic collector's sight
 #: (``gc.freeze``): a full collection walking 100,000 entries would stall one tick for tens of ms.
 BEAT_GC_FREEZE_ENTRIES: Final = 10_000
+#: From this many runtime entries on (Redis), a leader reads definitions only for the entries that
+#: fall due (and those that change), not every entry at takeover: memory and takeover time stop
+#: growing with the number of entries. Below it, loading all is cheap and keeps the stricter checks.
+BEAT_LAZY_ENTRIES: Final = 10_000
+#: Runtime entries a reading-what-is-due leader keeps built between ticks (then it forgets them all).
+BEAT_LAZY_CACHE: Final = 10_000
+#: Entries ``save_entries`` validates and then stores in one round trip (a bad entry stores none of its chunk).
+BEAT_SAVE_CHUNK: Final = 1000
+#: Definitions read (HSCAN) and planned per round when such a leader re-plans every entry.
+BEAT_LAZY_CHUNK: Final = 5_000
 #: The next-occurrence search of an rrule schedule covers this many years after the time asked about
 #: (or after the rule's start, when later), up to one Gregorian cycle more, then answers "never fires
 #: again". The calendar repeats every 400 years (leap years, weekdays: 146097 days are 20871 weeks), so

@@ -291,17 +291,9 @@ def setting_warnings(app: Celery) -> list[str]:
 
 @functools.cache
 def known_setting_names() -> frozenset[str]:
-    """Every ``safe_time_*`` key there is: the ones :func:`parse_config` reads (so a setting added
-    there is known here too), and the Django admin's app setting."""
-    read: set[str] = set()
-
-    def get(key: str) -> Any:
-        read.add(key)
-        return None
-
-    # Every key is read whatever the values; a Redis broker makes the defaults valid.
-    parse_config(get, broker_url="redis://localhost")
-    return frozenset(read | {C.DJANGO_APP_SETTING.lower()})
+    """Every ``safe_time_*`` key there is: the rows of :data:`_SETTINGS` (so a setting added there is
+    known here too), and the Django admin's app setting."""
+    return frozenset({C.SETTING_PREFIX + row.field for row in _SETTINGS} | {C.DJANGO_APP_SETTING.lower()})
 
 
 def unknown_settings(app: Celery) -> list[str]:
@@ -450,7 +442,6 @@ def parse_config(
         "_redis_broker_url": broker_url if scheme in ("redis", "rediss") else None,
         "_app_name": app_name,
     }
-    threshold_set = False
     for row in _SETTINGS:
         key = C.SETTING_PREFIX + row.field
         raw = get(key)
@@ -459,9 +450,10 @@ def parse_config(
         else:
             value = raw if row.parse is None else row.parse(key, raw)
         values[row.field] = value if row.rule is None else row.rule(key, value, values)
-        threshold_set = threshold_set or (row.field == "delay_threshold" and raw is not None)
     values["delay_threshold_reason"] = (
-        "set explicitly (safe_time_delay_threshold)" if threshold_set else _default_threshold(values)[1]
+        "set explicitly (safe_time_delay_threshold)"
+        if get("safe_time_delay_threshold") is not None
+        else _default_threshold(values)[1]
     )
     values["coordination"] = C.COORDINATION_POSTGRES if values["coordination_url"] else C.COORDINATION_REDIS
     values["redis_cluster"] = _on_cluster(values["redis_url"])

@@ -37,11 +37,14 @@ IMG = ROOT / "docs" / "img"
 # (name, module, extra args); "duplicates" runs in the background for the whole suite.
 JOBS: list[tuple[str, str, list[str]]] = [
     ("beat", "benchmarks.beat", ["timed"]),
+    ("beat_scale", "benchmarks.beat_scale", []),
     ("delays", "benchmarks.delays", []),
     ("locks", "benchmarks.locks", []),
     ("unique", "benchmarks.unique", ["enqueue"]),
     ("debounce", "benchmarks.debounce", []),
     ("flow", "benchmarks.flow", []),
+    # starts a local SQS-compatible endpoint (moto) of its own: visibility timeout, sweep rate, lateness
+    ("sqs", "benchmarks.sqs", []),
     # SafeDatabaseScheduler vs DatabaseScheduler at 10,000 and 100,000 rows (quick: 10,000)
     ("dcb-scale", "benchmarks.dcb_scale", []),
 ]
@@ -202,6 +205,50 @@ def _postgres_beat_rows(r: dict[str, Any], f: dict[str, Any] | None) -> list[Hea
                     ratio is not None and ratio <= 2.0,
                 )
             )
+    return rows
+
+
+def _sqs_rows(q: dict[str, Any] | None) -> list[Head]:
+    """The SQS rows (``benchmarks.sqs``, on a local SQS-compatible endpoint the module starts)."""
+    if not q:
+        return []
+    rows: list[Head] = []
+    v = q.get("visibility")
+    if v:
+        rows.append(
+            Head(
+                f"executions of a countdown ({v['countdown_s']:g} s) longer than the visibility timeout "
+                f"({v['visibility_timeout_s']:g} s) on SQS (local endpoint), {v['tasks']} tasks",
+                f"{v['safe_mean']:.2f} per task (max {v['safe_max']}, {v['safe_missing']} lost)",
+                f"plain Celery: {v['plain_mean']:.2f} per task (max {v['plain_max']})",
+                "1 vs >1",
+                _div(v["safe_mean"], v["plain_mean"]),
+                v["safe_max"] == 1 and v["safe_missing"] == 0 and v["plain_mean"] > 1,
+            )
+        )
+        if v.get("lateness_p99_s") is not None:
+            rows.append(
+                Head(
+                    f"stored-call lateness p50/p99 on SQS (local endpoint), {v['lateness_samples']} calls",
+                    f"{v['lateness_p50_s'] * 1000:.0f} / {v['lateness_p99_s'] * 1000:.0f} ms",
+                    "-",
+                    "p99 <= 1 s",
+                    None,
+                    v["lateness_p99_s"] <= 1.0,
+                )
+            )
+    s = q.get("sweep")
+    if s:
+        rows.append(
+            Head(
+                f"sweep publish to SQS (local endpoint), {s['rows']:,} due rows",
+                f"{s['sweep_per_s']:,.0f} rows/s",
+                f"raw kombu publish, same endpoint: {s['raw_kombu_per_s']:,.0f} msg/s",
+                ">= raw kombu",
+                _div(s["sweep_per_s"], s["raw_kombu_per_s"]),
+                s["sweep_per_s"] >= s["raw_kombu_per_s"],
+            )
+        )
     return rows
 
 
@@ -423,6 +470,7 @@ def headline(r: dict[str, Any]) -> list[Head]:
                 st["p99"] <= 1.0,
             )
         )
+    rows += _sqs_rows(r.get("sqs"))
     locks = r.get("locks", {})
     for broker, lo in (("", locks.get("overhead")), (", RabbitMQ broker", locks.get("overhead_amqp"))):
         if not lo or "missing" in lo:
@@ -820,11 +868,13 @@ def _details(r: dict[str, Any], img: dict[str, str]) -> list[str]:
     sections = [
         ("Durable delays", "delays", "benchmarks.delays", "table", ["rss", "sweep", "lateness"]),
         ("Beat", "beat", "benchmarks.beat", "markdown", ["ticks"]),
+        ("Beat at scale: one leader, many runtime entries", "beat_scale", "benchmarks.beat_scale", "markdown", []),
         ("Locks", "locks", "benchmarks.locks", "markdown", ["locks"]),
         ("Unique tasks: enqueue cost", "unique", "benchmarks.unique", "markdown", []),
         ("Unique tasks: what a fault leaves behind", "unique_compare", "benchmarks.unique", "markdown", []),
         ("Flow control: a global rate limit vs Celery's per-worker one", "flow", "benchmarks.flow", "markdown", []),
         ("Visibility timeout and 3 beats", "visibility", "benchmarks.safety", "table", []),
+        ("SQS (a local SQS-compatible endpoint)", "sqs", "benchmarks.sqs", "table", []),
         ("Debounce: a burst on a few keys vs plain stored calls", "debounce", "benchmarks.debounce", "markdown", []),
         ("django-celery-beat rows at scale", "dcb-scale", "benchmarks.dcb_scale", "markdown", []),
     ]
@@ -1128,8 +1178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI-sized run (a few minutes)")
     parser.add_argument(
         "--only",
-        help="comma-separated: beat,delays,locks,unique,debounce,flow,dcb-scale,unique_compare,visibility,duplicates,"
-        "failover",
+        help="comma-separated: beat,delays,locks,unique,debounce,flow,sqs,dcb-scale,unique_compare,visibility,"
+        "duplicates,failover",
     )
     parser.add_argument("--doc-only", action="store_true", help="rebuild the doc from benchmarks/results")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.common import percentile
 from benchmarks.delays import Env
 from tests.helpers import services
 from tests.helpers.beat import BEAT_APP, leader_pid
@@ -37,18 +38,22 @@ from tests.helpers.processes import CeleryProcess, wait_for
 # --- 1. countdown longer than visibility_timeout ------------------------------------------
 
 
-def bench_visibility(quick: bool, broker: str = "redis") -> dict[str, Any]:
-    """``broker="sqs"``: the same on a local SQS-compatible endpoint (moto's server mode) this run
-    starts; SQS hands an unacknowledged message out again by itself once its visibility timeout passes."""
+def bench_visibility(
+    quick: bool, broker: str = "redis", endpoint: services.SqsEndpoint | None = None, spread: int = 0
+) -> dict[str, Any]:
+    """``broker="sqs"``: the same on ``endpoint``, a local SQS-compatible endpoint (moto's server mode,
+    started by ``benchmarks.sqs``); SQS hands an unacknowledged message out again by itself once its
+    visibility timeout passes. ``spread``: that many more SafeTask calls, due one by one between the
+    visibility timeout and the countdown, whose lateness (start minus due time) is measured."""
     vt = 3.0 if quick else 5.0
     countdown = 10.0 if quick else 30.0
     n = 10 if quick else 20
     env = Env()
-    endpoint: services.SqsEndpoint | None = None
     try:
         env.store().close()
         if broker == "sqs":
-            endpoint = services.SqsEndpoint().start()
+            if endpoint is None:
+                raise ValueError("endpoint: required with broker='sqs'")
             transport = services.sqs_transport_options("bench-", visibility_timeout=vt)
             conf = env.conf(broker=endpoint.url, broker_transport_options=transport, safe_time_sweep_interval=1)
         else:
@@ -71,6 +76,9 @@ def bench_visibility(quick: bool, broker: str = "redis") -> dict[str, Any]:
         for i in range(n):
             app.tasks["tests.delays.record"].apply_async((f"safe-{i}",), countdown=countdown)
             app.tasks["tests.delays.plain_record"].apply_async((f"plain-{i}",), countdown=countdown)
+        for i in range(spread):
+            due_in = vt + 1 + (countdown - vt - 1) * i / max(1, spread - 1)
+            app.tasks["tests.delays.record"].apply_async((f"spread-{i}",), countdown=due_in)
         settle = countdown + 2 * vt + 8  # the last redelivered copies fire at ~countdown; then the sweep, margin
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline:
@@ -79,6 +87,12 @@ def bench_visibility(quick: bool, broker: str = "redis") -> dict[str, Any]:
         counts = collections.Counter(r["label"] for r in runs)
         safe = [counts.get(f"safe-{i}", 0) for i in range(n)]
         plain = [counts.get(f"plain-{i}", 0) for i in range(n)]
+        lateness = sorted(
+            r["started"] - datetime.fromisoformat(r["stored_due"]).timestamp()
+            for r in runs
+            if str(r["label"]).startswith(("safe-", "spread-")) and r.get("stored_due")
+        )
+        spread_runs = [counts.get(f"spread-{i}", 0) for i in range(spread)]
         return {
             "broker": broker,
             "visibility_timeout_s": vt,
@@ -92,11 +106,17 @@ def bench_visibility(quick: bool, broker: str = "redis") -> dict[str, Any]:
             "safe_max": max(safe),
             "plain_max": max(plain),
             "safe_missing": sum(1 for c in safe if c == 0),
+            "spread_tasks": spread,
+            "spread_max": max(spread_runs, default=0),
+            "spread_missing": sum(1 for c in spread_runs if c == 0),
+            # every stored call's start minus its due time: the burst of n due at once and the spread
+            "lateness_samples": len(lateness),
+            "lateness_p50_s": percentile(lateness, 50) if lateness else None,
+            "lateness_p99_s": percentile(lateness, 99) if lateness else None,
+            "lateness_max_s": lateness[-1] if lateness else None,
         }
     finally:
         env.close()
-        if endpoint is not None:
-            endpoint.stop()
 
 
 # --- 2. duplicate slots with 3 beats ----------------------------------------------------------
@@ -263,8 +283,6 @@ def run(quick: bool, only: str | None = None) -> dict[str, Any]:
         results["visibility"] = bench_visibility(quick)
     if only in (None, "duplicates"):
         results["duplicates"] = bench_duplicates(quick)
-    if only == "visibility-sqs":  # not in the default run: it starts an SQS endpoint of its own
-        results["visibility"] = bench_visibility(quick, broker="sqs")
     return results
 
 
@@ -299,7 +317,7 @@ def table(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["visibility", "duplicates", "visibility-sqs"])
+    parser.add_argument("--only", choices=["visibility", "duplicates"])
     args = parser.parse_args(argv)
     results = run(args.quick, args.only)
     print(table(results))

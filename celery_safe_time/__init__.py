@@ -20,7 +20,7 @@ from .install import install
 if TYPE_CHECKING:
     # What editors and mypy see for the lazy names below: one import per _LAZY entry, the same
     # module (tests/unit/test_typing.py checks they stay in step).
-    from .beat.entries import EntryInfo, delete_entry, get_entry, list_entries, save_entry
+    from .beat.entries import EntryInfo, delete_entry, get_entry, list_entries, save_entries, save_entry
     from .beat.history import AuditRecord, RunRecord, entry_audit, entry_history
     from .beat.scheduler import SafeScheduler
     from .delays.admin import cancel, rerun, reschedule
@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     "get_entry": ".beat.entries",
     "list_entries": ".beat.entries",
     "save_entry": ".beat.entries",
+    "save_entries": ".beat.entries",
     "entry_history": ".beat.history",
     "entry_audit": ".beat.history",
     "RunRecord": ".beat.history",
@@ -67,6 +68,7 @@ __all__ = [  # noqa: RUF022 - grouped by capability, not sorted
     "get_entry",
     "list_entries",
     "save_entry",
+    "save_entries",
     "entry_history",
     "entry_audit",
     "RunRecord",

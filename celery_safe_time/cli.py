@@ -7,6 +7,7 @@ Each command imports its capability lazily, so ``celery --help`` stays fast and 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -19,19 +20,10 @@ from celery.bin.base import CeleryCommand, CLIContext, handle_preload_options
 from dateutil.parser import isoparse
 
 from . import constants as C
-from .checks import (
-    PROBES,
-    Check,
-    beat_verdict,
-    default_max_lateness,
-    error_text,
-    run_checks,
-    sweep_verdict,
-    unreachable,
-    worst,
-)
+from .checks import PROBES, beat_verdict, default_max_lateness, run_checks, sweep_verdict, unreachable, worst
 from .config import get_config, mask_url
 from .constants import DELAY_STATUSES, PURGEABLE_STATUSES
+from .health import Check, error_text
 
 _MARK = {"ok": ("OK", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 
@@ -291,11 +283,16 @@ def run_probes(app: Celery, names: list[str], *, max_lateness: float | None = No
 
 def _status_sections() -> list[tuple[str, Any]]:
     """(title, describe(app) -> dict) pairs, one per feature, imported lazily."""
-    from .beat.admin import describe_beat
+    from .contrib.django.status import describe_beat_with_django
     from .delays.admin import describe_delays
     from .locks.admin import describe_flow, describe_locks
 
-    return [("beat", describe_beat), ("delays", describe_delays), ("locks", describe_locks), ("flow", describe_flow)]
+    return [
+        ("beat", describe_beat_with_django),
+        ("delays", describe_delays),
+        ("locks", describe_locks),
+        ("flow", describe_flow),
+    ]
 
 
 def _print_tree(data: Any, indent: int) -> None:
@@ -726,6 +723,69 @@ def beat_backfill(
     for slot in result.dropped:
         click.echo(f"{name}: dropped slot {slot.isoformat()} (overlap policy)")
     click.echo(f"{name}: {len(result.published)} slot(s) published")
+
+
+#: ``beat show --json`` fields that describe an entry's state, not its definition: an import leaves them out.
+_SHOWN_ONLY = (
+    "last_fired",
+    "next_fire",
+    "source",
+    "version",
+    "pause_note",
+    "paused_until",
+    "runs",
+    "changes",
+    "invalid",
+)
+
+
+@beat_group.command(name="import", cls=CeleryCommand)
+@click.argument("file", type=click.File("r"))
+@click.pass_context
+def beat_import(ctx: click.Context, file: Any) -> None:
+    """Create or replace runtime entries from FILE ("-": standard input): one JSON object per line in
+    the ``beat show`` shape, or the JSON array ``beat list --json`` prints. What describes the state
+    (next_fire, version, ...) is ignored, and entries that are not runtime ones (config, database)
+    are skipped. Idempotent; entries are stored in chunks, each validated whole first."""
+    from .beat.entries import save_entries
+
+    skipped = 0
+
+    def rows() -> Any:
+        head = file.read(1)
+        while head.isspace():
+            head = file.read(1)
+        if head == "[":  # beat list --json
+            try:
+                listed = json.loads(head + file.read())
+            except ValueError as exc:
+                raise click.ClickException(f"{file.name}: not a JSON array: {exc}") from None
+            yield from enumerate(listed, start=1)
+            return
+        for number, line in enumerate(itertools.chain([head + file.readline()], file), start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except ValueError as exc:
+                raise click.ClickException(f"{file.name}: line {number} is not JSON: {exc}") from None
+
+    def items() -> Any:
+        nonlocal skipped
+        for number, item in rows():
+            if not isinstance(item, dict):
+                raise click.ClickException(f"{file.name}: item {number} must be a JSON object")
+            if "source" in item and item["source"] != C.ENTRY_SOURCE_RUNTIME:
+                skipped += 1  # beat_schedule's or a database row: not stored as runtime entries
+                continue
+            yield {k: v for k, v in item.items() if k not in _SHOWN_ONLY}
+
+    try:
+        changed = save_entries(items(), app=_loaded_app(ctx), changed_by=_changed_by())
+    except _entry_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    note = f", {skipped} not runtime entries skipped" if skipped else ""
+    click.echo(f"{changed} entries created or changed{note}")
 
 
 @beat_group.command(name="import-redbeat", cls=CeleryCommand)

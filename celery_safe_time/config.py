@@ -14,7 +14,7 @@ import math
 import numbers
 import re
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -291,17 +291,9 @@ def setting_warnings(app: Celery) -> list[str]:
 
 @functools.cache
 def known_setting_names() -> frozenset[str]:
-    """Every ``safe_time_*`` key there is: the ones :func:`parse_config` reads (so a setting added
-    there is known here too), and the Django admin's app setting."""
-    read: set[str] = set()
-
-    def get(key: str) -> Any:
-        read.add(key)
-        return None
-
-    # Every key is read whatever the values; a Redis broker makes the defaults valid.
-    parse_config(get, broker_url="redis://localhost")
-    return frozenset(read | {C.DJANGO_APP_SETTING.lower()})
+    """Every ``safe_time_*`` key there is: the rows of :data:`_SETTINGS` (so a setting added there is
+    known here too), and the Django admin's app setting."""
+    return frozenset({C.SETTING_PREFIX + row.field for row in _SETTINGS} | {C.DJANGO_APP_SETTING.lower()})
 
 
 def unknown_settings(app: Celery) -> list[str]:
@@ -415,6 +407,21 @@ def _transport_options(app: Celery) -> dict[str, Any]:
     return dict(app.conf.broker_transport_options or {})
 
 
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    """One row of :data:`_SETTINGS`: the ``safe_time_<field>`` key and what becomes of its value.
+
+    ``default`` is the value of an unset key, or a function of the values read so far; ``parse``
+    turns a set value into the field's (raising :class:`ImproperlyConfigured` naming the key), and
+    ``rule`` checks the resulting value against the broker and the settings read before it.
+    """
+
+    field: str
+    default: Any = None
+    parse: Callable[[str, Any], Any] | None = None
+    rule: Callable[[str, Any, dict[str, Any]], Any] | None = None
+
+
 def parse_config(
     get: Callable[[str], Any],
     *,
@@ -424,251 +431,50 @@ def parse_config(
 ) -> SafeTimeConfig:
     """Validate raw settings read through ``get(key)`` and build a :class:`SafeTimeConfig`.
 
-    Pure: takes the lookup function so tests can pass a dict's ``get``.
+    Pure: takes the lookup function so tests can pass a dict's ``get``. Each row of :data:`_SETTINGS`
+    reads one key, in order, so a rule sees the settings of the rows above it.
     """
-    transport_options = transport_options or {}
     scheme = urlsplit(broker_url).scheme.split("+")[0].lower() if broker_url else ""
     kind = broker_kind(scheme)
-
-    visibility_timeout: float | None = None
-    if scheme in C.VISIBILITY_TIMEOUT_SCHEMES:
-        sqs = kind == C.BROKER_SQS
-        default_vt = C.KOMBU_SQS_DEFAULT_VISIBILITY_TIMEOUT if sqs else C.KOMBU_DEFAULT_VISIBILITY_TIMEOUT
-        visibility_timeout = _number(
-            "broker_transport_options.visibility_timeout",
-            transport_options.get("visibility_timeout", default_vt),
-            positive=True,
-        )
-        if kind == C.BROKER_SQS and visibility_timeout > C.SQS_MAX_VISIBILITY_TIMEOUT:
-            raise ImproperlyConfigured(
-                "broker_transport_options.visibility_timeout",
-                f"{visibility_timeout:g} s is above SQS's maximum visibility timeout "
-                f"({C.SQS_MAX_VISIBILITY_TIMEOUT:g} s, 12 h): SQS refuses it",
-            )
-
-    consumer_timeout_raw = get("safe_time_broker_consumer_timeout")
-    consumer_timeout: float | None
-    if consumer_timeout_raw is None:
-        consumer_timeout = C.DEFAULT_AMQP_CONSUMER_TIMEOUT if kind == C.BROKER_AMQP else None
-    else:
-        # Honoured on any broker when set: a failover list or a proxy may hide RabbitMQ behind another URL.
-        consumer_timeout = _number("safe_time_broker_consumer_timeout", consumer_timeout_raw, positive=True)
-
-    store_url = _default(get("safe_time_store_url"), C.DEFAULT_STORE_URL)
-    store_url = _store_url("safe_time_store_url", store_url)
-    coordination, coordination_url = _coordination(get("safe_time_coordination_url"), store_url)
-    coordination_locks = _default(get("safe_time_coordination_locks"), C.PG_LOCK_MODE_LEASE)
-    if coordination_locks not in C.PG_LOCK_MODES:
-        raise ImproperlyConfigured(
-            "safe_time_coordination_locks", f"must be one of {', '.join(C.PG_LOCK_MODES)}, got {coordination_locks!r}"
-        )
-
-    coordination_io_timeout = _number(
-        "safe_time_coordination_io_timeout",
-        _default(get("safe_time_coordination_io_timeout"), C.DEFAULT_COORDINATION_IO_TIMEOUT),
-    )
-    statement_timeout_raw = get("safe_time_coordination_statement_timeout")
-    coordination_statement_timeout = (
-        None
-        if statement_timeout_raw is None
-        else _number("safe_time_coordination_statement_timeout", statement_timeout_raw, positive=True)
-    )
-
-    redis_url = get("safe_time_redis_url")
-    if redis_url is None:
-        if scheme in ("redis", "rediss"):
-            redis_url = broker_url
-        elif coordination == C.COORDINATION_POSTGRES:
-            redis_url = ""  # nothing of this package talks to Redis
+    values: dict[str, Any] = {
+        "broker_kind": kind,
+        "visibility_timeout": _visibility_timeout(scheme, kind, transport_options or {}),
+        "_redis_broker_url": broker_url if scheme in ("redis", "rediss") else None,
+        "_app_name": app_name,
+    }
+    for row in _SETTINGS:
+        key = C.SETTING_PREFIX + row.field
+        raw = get(key)
+        if raw is None:
+            value = row.default(values) if callable(row.default) else row.default
         else:
-            raise ImproperlyConfigured(
-                "safe_time_redis_url",
-                "is required when broker_url is not a redis:// or rediss:// URL "
-                "(or set safe_time_coordination_url to a PostgreSQL database)",
-            )
-    if redis_url or coordination == C.COORDINATION_REDIS:
-        redis_url = _redis_url("safe_time_redis_url", redis_url)
-
-    key_prefix = get("safe_time_key_prefix")
-    if key_prefix is None:
-        key_prefix = C.DEFAULT_KEY_PREFIX
-    if not isinstance(key_prefix, str) or not key_prefix:
-        raise ImproperlyConfigured("safe_time_key_prefix", f"must be a non-empty string, got {key_prefix!r}")
-    redis_cluster = bool(redis_url) and urlsplit(redis_url).scheme.lower() in C.REDIS_CLUSTER_SCHEMES
-    if redis_cluster and ("{" in key_prefix or "}" in key_prefix):
-        raise ImproperlyConfigured(
-            "safe_time_key_prefix",
-            f"{key_prefix!r} holds a brace; on a Redis Cluster celery-safe-time places the hash tags itself "
-            "(a prefix tag would put every key in one slot, a lone brace would split a script's keys)",
-        )
-
-    misfire = _default(get("safe_time_misfire"), C.DEFAULT_MISFIRE)
-    if misfire not in C.MISFIRE_POLICIES:
-        raise ImproperlyConfigured(
-            "safe_time_misfire",
-            f"must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {misfire!r}",
-        )
-
-    misfire_grace_raw = get("safe_time_misfire_grace")
-    misfire_grace = (
-        None if misfire_grace_raw is None else _number("safe_time_misfire_grace", misfire_grace_raw, positive=True)
+            value = raw if row.parse is None else row.parse(key, raw)
+        values[row.field] = value if row.rule is None else row.rule(key, value, values)
+    values["delay_threshold_reason"] = (
+        "set explicitly (safe_time_delay_threshold)"
+        if get("safe_time_delay_threshold") is not None
+        else _default_threshold(values)[1]
     )
+    values["coordination"] = C.COORDINATION_POSTGRES if values["coordination_url"] else C.COORDINATION_REDIS
+    values["redis_cluster"] = _on_cluster(values["redis_url"])
+    fields = {field.name for field in dataclasses.fields(SafeTimeConfig)}
+    return SafeTimeConfig(**{name: value for name, value in values.items() if name in fields})
 
-    delay_threshold, threshold_reason = _delay_threshold(
-        get("safe_time_delay_threshold"), kind, visibility_timeout, consumer_timeout
-    )
 
-    lock_ttl = _number("safe_time_lock_ttl", _default(get("safe_time_lock_ttl"), C.DEFAULT_LOCK_TTL))
-    # A delivery that finds its run alive elsewhere comes back within lock_ttl / 2 as a broker
-    # countdown, which a worker holds unacked: it must stay below the consumer timeout too.
-    recheck = lock_ttl * C.DELIVERY_RUNNING_RECHECK * 1.5
-    if consumer_timeout is not None and recheck >= consumer_timeout:
+def _visibility_timeout(scheme: str, kind: str, transport_options: dict[str, Any]) -> float | None:
+    """The broker's visibility timeout (kombu's default unless set), or None on a broker without one."""
+    if scheme not in C.VISIBILITY_TIMEOUT_SCHEMES:
+        return None
+    key = "broker_transport_options.visibility_timeout"
+    default = C.KOMBU_SQS_DEFAULT_VISIBILITY_TIMEOUT if kind == C.BROKER_SQS else C.KOMBU_DEFAULT_VISIBILITY_TIMEOUT
+    timeout = _number(key, transport_options.get("visibility_timeout", default), positive=True)
+    if kind == C.BROKER_SQS and timeout > C.SQS_MAX_VISIBILITY_TIMEOUT:
         raise ImproperlyConfigured(
-            "safe_time_lock_ttl",
-            f"{lock_ttl:g} s makes re-queued deliveries wait up to {recheck:g} s in a worker, at or above "
-            f"safe_time_broker_consumer_timeout ({consumer_timeout:g} s): RabbitMQ would close the worker's channel",
+            key,
+            f"{timeout:g} s is above SQS's maximum visibility timeout "
+            f"({C.SQS_MAX_VISIBILITY_TIMEOUT:g} s, 12 h): SQS refuses it",
         )
-
-    store_namespace = _store_namespace(get("safe_time_store_namespace"), app_name)
-
-    sweep_queue = get("safe_time_sweep_queue")
-    if sweep_queue is not None and (not isinstance(sweep_queue, str) or not sweep_queue):
-        raise ImproperlyConfigured("safe_time_sweep_queue", f"must be a queue name or None, got {sweep_queue!r}")
-
-    sweep_batch = _default(get("safe_time_sweep_batch"), C.DEFAULT_SWEEP_BATCH)
-    if isinstance(sweep_batch, bool) or not isinstance(sweep_batch, int) or sweep_batch <= 0:
-        raise ImproperlyConfigured("safe_time_sweep_batch", f"must be a positive integer, got {sweep_batch!r}")
-
-    sweep_max_ahead = _default(get("safe_time_sweep_max_ahead"), C.DEFAULT_SWEEP_MAX_AHEAD)
-    if isinstance(sweep_max_ahead, bool) or not isinstance(sweep_max_ahead, int) or sweep_max_ahead <= 0:
-        raise ImproperlyConfigured("safe_time_sweep_max_ahead", f"must be a positive integer, got {sweep_max_ahead!r}")
-
-    beat_history_size = _count(
-        "safe_time_beat_history_size", get("safe_time_beat_history_size"), C.DEFAULT_BEAT_HISTORY_SIZE
-    )
-    beat_audit_size = _count("safe_time_beat_audit_size", get("safe_time_beat_audit_size"), C.DEFAULT_BEAT_AUDIT_SIZE)
-
-    allow_pickle = _default(get("safe_time_allow_pickle"), C.DEFAULT_ALLOW_PICKLE)
-    if not isinstance(allow_pickle, bool):
-        raise ImproperlyConfigured("safe_time_allow_pickle", f"must be True or False, got {allow_pickle!r}")
-
-    max_clock_skew = _number(
-        "safe_time_max_clock_skew", _default(get("safe_time_max_clock_skew"), C.DEFAULT_MAX_CLOCK_SKEW), positive=False
-    )
-
-    retention_raw = _default(get("safe_time_delay_retention"), C.DEFAULT_DELAY_RETENTION)
-    delay_retention = (
-        None if retention_raw is None else _number("safe_time_delay_retention", retention_raw, positive=True)
-    )
-
-    return SafeTimeConfig(
-        redis_url=redis_url,
-        key_prefix=key_prefix,
-        beat_lease=_number("safe_time_beat_lease", _default(get("safe_time_beat_lease"), C.DEFAULT_BEAT_LEASE)),
-        misfire=misfire,
-        misfire_grace=misfire_grace,
-        delay_threshold=delay_threshold,
-        store_url=store_url,
-        store_namespace=store_namespace,
-        sweep_interval=_number(
-            "safe_time_sweep_interval", _default(get("safe_time_sweep_interval"), C.DEFAULT_SWEEP_INTERVAL)
-        ),
-        sweep_batch=sweep_batch,
-        sweep_queue=sweep_queue,
-        allow_pickle=allow_pickle,
-        claim_timeout=_number(
-            "safe_time_claim_timeout", _default(get("safe_time_claim_timeout"), C.DEFAULT_CLAIM_TIMEOUT)
-        ),
-        lock_ttl=lock_ttl,
-        store_timeout=_number(
-            "safe_time_store_timeout",
-            _default(get("safe_time_store_timeout"), C.DEFAULT_STORE_TIMEOUT),
-            positive=False,
-        ),
-        max_clock_skew=max_clock_skew,
-        delay_retention=delay_retention,
-        delivery_grace=_number(
-            "safe_time_delivery_grace", _default(get("safe_time_delivery_grace"), C.DEFAULT_DELIVERY_GRACE)
-        ),
-        visibility_timeout=visibility_timeout,
-        broker_kind=kind,
-        broker_consumer_timeout=consumer_timeout,
-        delay_threshold_reason=threshold_reason,
-        redis_cluster=redis_cluster,
-        sweep_max_ahead=sweep_max_ahead,
-        coordination=coordination,
-        coordination_url=coordination_url,
-        coordination_locks=coordination_locks,
-        coordination_io_timeout=coordination_io_timeout,
-        coordination_statement_timeout=coordination_statement_timeout,
-        beat_history_size=beat_history_size,
-        beat_audit_size=beat_audit_size,
-    )
-
-
-def _count(name: str, raw: Any, default: int) -> int:
-    """A setting that is a count of kept records: a whole number, 0 or more."""
-    value = _default(raw, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ImproperlyConfigured(name, f"must be a whole number, 0 or more, got {value!r}")
-    return value
-
-
-def broker_kind(scheme: str) -> str:
-    """``amqp``, ``redis``, ``sqs`` or ``other`` for a broker_url scheme (without its ``+driver`` part)."""
-    if scheme in C.AMQP_SCHEMES:
-        return C.BROKER_AMQP
-    if scheme in C.REDIS_BROKER_SCHEMES:
-        return C.BROKER_REDIS
-    if scheme == "sqs":
-        return C.BROKER_SQS
-    return C.BROKER_OTHER
-
-
-def _delay_threshold(
-    raw: Any, kind: str, visibility_timeout: float | None, consumer_timeout: float | None
-) -> tuple[float, str]:
-    """The threshold and the reason for it: every countdown at or below it stays in the broker, so it
-    must stay below whatever makes the broker hand a held message out again (visibility timeout) or
-    close the worker's channel (RabbitMQ's consumer timeout), and within SQS's longest delay."""
-    if raw is None:
-        limits = [f"{C.DEFAULT_DELAY_THRESHOLD_CAP:g}"]
-        threshold = C.DEFAULT_DELAY_THRESHOLD_CAP
-        if visibility_timeout is not None:
-            threshold = min(threshold, visibility_timeout / 2.0)
-            limits.append(f"visibility_timeout {visibility_timeout:g} s / 2")
-        if consumer_timeout is not None:
-            threshold = min(threshold, consumer_timeout / 2.0)
-            limits.append(f"safe_time_broker_consumer_timeout {consumer_timeout:g} s / 2")
-        if kind == C.BROKER_SQS:
-            limits.append(f"SQS DelaySeconds max {C.SQS_MAX_DELAY_SECONDS:g} s")
-        return threshold, f"default: min({', '.join(limits)})"
-
-    threshold = _number("safe_time_delay_threshold", raw, positive=False)
-    if visibility_timeout is not None and threshold >= visibility_timeout:
-        raise ImproperlyConfigured(
-            "safe_time_delay_threshold",
-            f"{threshold:g} s is at or above the broker's visibility_timeout "
-            f"({visibility_timeout:g} s): such countdowns would be redelivered and run twice",
-        )
-    if consumer_timeout is not None and threshold >= consumer_timeout:
-        raise ImproperlyConfigured(
-            "safe_time_delay_threshold",
-            f"{threshold:g} s is at or above safe_time_broker_consumer_timeout ({consumer_timeout:g} s): a worker "
-            "holding such a countdown unacked would have its channel closed by RabbitMQ (PRECONDITION_FAILED) "
-            "and exit; lower the threshold, or raise consumer_timeout on the server and in that setting",
-        )
-    if kind == C.BROKER_SQS and threshold > C.SQS_MAX_DELAY_SECONDS:
-        raise ImproperlyConfigured(
-            "safe_time_delay_threshold",
-            f"{threshold:g} s is above SQS's longest message delay (DelaySeconds at most "
-            f"{C.SQS_MAX_DELAY_SECONDS:g} s): longer delays belong in the store",
-        )
-    return threshold, "set explicitly (safe_time_delay_threshold)"
-
-
-def _default(value: Any, default: Any) -> Any:
-    return default if value is None else value
+    return timeout
 
 
 def _number(key: str, value: Any, *, positive: bool = True) -> float:
@@ -688,6 +494,244 @@ def _number(key: str, value: Any, *, positive: bool = True) -> float:
     if not positive and number < 0:
         raise ImproperlyConfigured(key, f"must not be negative, got {value!r}")
     return number
+
+
+def _seconds(*, positive: bool = True) -> Callable[[str, Any], float]:
+    return functools.partial(_number, positive=positive)
+
+
+def _choice(options: Sequence[str]) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        if value not in options:
+            raise ImproperlyConfigured(key, f"must be one of {', '.join(options)}, got {value!r}")
+        return str(value)
+
+    return parse
+
+
+def _whole(minimum: int, wanted: str) -> Callable[[str, Any], int]:
+    def parse(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ImproperlyConfigured(key, f"must be {wanted}, got {value!r}")
+        return value
+
+    return parse
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(key, f"must be True or False, got {value!r}")
+    return value
+
+
+def _text(wanted: str) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise ImproperlyConfigured(key, f"must be {wanted}, got {value!r}")
+        return value
+
+    return parse
+
+
+def _consumer_timeout(values: dict[str, Any]) -> float | None:
+    # Set, it is honoured on any broker: a failover list or a proxy may hide RabbitMQ behind another URL.
+    return float(C.DEFAULT_AMQP_CONSUMER_TIMEOUT) if values["broker_kind"] == C.BROKER_AMQP else None
+
+
+def _default_redis_url(values: dict[str, Any]) -> str:
+    if values["_redis_broker_url"] is not None:
+        return str(values["_redis_broker_url"])
+    if values["coordination_url"]:
+        return ""  # nothing of this package talks to Redis
+    raise ImproperlyConfigured(
+        "safe_time_redis_url",
+        "is required when broker_url is not a redis:// or rediss:// URL "
+        "(or set safe_time_coordination_url to a PostgreSQL database)",
+    )
+
+
+def _redis_url(key: str, url: Any, values: dict[str, Any]) -> str:
+    if url == "" and values["coordination_url"]:
+        return ""
+    if not isinstance(url, str) or not url:
+        raise ImproperlyConfigured(key, f"must be a URL string, got {type(url).__name__}")
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in C.REDIS_URL_SCHEMES:
+        raise ImproperlyConfigured(
+            key,
+            f"unknown scheme {scheme!r}; use one of {', '.join(sorted(s + '://' for s in C.REDIS_URL_SCHEMES))}",
+        )
+    return url
+
+
+def _on_cluster(redis_url: str) -> bool:
+    return bool(redis_url) and urlsplit(redis_url).scheme.lower() in C.REDIS_CLUSTER_SCHEMES
+
+
+def _key_prefix_rule(key: str, prefix: str, values: dict[str, Any]) -> str:
+    if _on_cluster(values["redis_url"]) and ("{" in prefix or "}" in prefix):
+        raise ImproperlyConfigured(
+            key,
+            f"{prefix!r} holds a brace; on a Redis Cluster celery-safe-time places the hash tags itself "
+            "(a prefix tag would put every key in one slot, a lone brace would split a script's keys)",
+        )
+    return prefix
+
+
+def _default_threshold(values: dict[str, Any]) -> tuple[float, str]:
+    """The threshold of an unset ``safe_time_delay_threshold`` and the reason for it: every countdown
+    at or below it stays in the broker, so it stays below whatever makes the broker hand a held
+    message out again (visibility timeout) or close the worker's channel (RabbitMQ's consumer
+    timeout), and within SQS's longest delay."""
+    visibility_timeout, consumer_timeout = values["visibility_timeout"], values["broker_consumer_timeout"]
+    limits = [f"{C.DEFAULT_DELAY_THRESHOLD_CAP:g}"]
+    threshold = C.DEFAULT_DELAY_THRESHOLD_CAP
+    if visibility_timeout is not None:
+        threshold = min(threshold, visibility_timeout / 2.0)
+        limits.append(f"visibility_timeout {visibility_timeout:g} s / 2")
+    if consumer_timeout is not None:
+        threshold = min(threshold, consumer_timeout / 2.0)
+        limits.append(f"safe_time_broker_consumer_timeout {consumer_timeout:g} s / 2")
+    if values["broker_kind"] == C.BROKER_SQS:
+        limits.append(f"SQS DelaySeconds max {C.SQS_MAX_DELAY_SECONDS:g} s")
+    return threshold, f"default: min({', '.join(limits)})"
+
+
+def _threshold_rule(key: str, threshold: float, values: dict[str, Any]) -> float:
+    visibility_timeout, consumer_timeout = values["visibility_timeout"], values["broker_consumer_timeout"]
+    if visibility_timeout is not None and threshold >= visibility_timeout:
+        raise ImproperlyConfigured(
+            key,
+            f"{threshold:g} s is at or above the broker's visibility_timeout "
+            f"({visibility_timeout:g} s): such countdowns would be redelivered and run twice",
+        )
+    if consumer_timeout is not None and threshold >= consumer_timeout:
+        raise ImproperlyConfigured(
+            key,
+            f"{threshold:g} s is at or above safe_time_broker_consumer_timeout ({consumer_timeout:g} s): a worker "
+            "holding such a countdown unacked would have its channel closed by RabbitMQ (PRECONDITION_FAILED) "
+            "and exit; lower the threshold, or raise consumer_timeout on the server and in that setting",
+        )
+    if values["broker_kind"] == C.BROKER_SQS and threshold > C.SQS_MAX_DELAY_SECONDS:
+        raise ImproperlyConfigured(
+            key,
+            f"{threshold:g} s is above SQS's longest message delay (DelaySeconds at most "
+            f"{C.SQS_MAX_DELAY_SECONDS:g} s): longer delays belong in the store",
+        )
+    return threshold
+
+
+def _lock_ttl_rule(key: str, lock_ttl: float, values: dict[str, Any]) -> float:
+    # A delivery that finds its run alive elsewhere comes back within lock_ttl / 2 as a broker
+    # countdown, which a worker holds unacked: it must stay below the consumer timeout too.
+    recheck = lock_ttl * C.DELIVERY_RUNNING_RECHECK * 1.5
+    consumer_timeout = values["broker_consumer_timeout"]
+    if consumer_timeout is not None and recheck >= consumer_timeout:
+        raise ImproperlyConfigured(
+            key,
+            f"{lock_ttl:g} s makes re-queued deliveries wait up to {recheck:g} s in a worker, at or above "
+            f"safe_time_broker_consumer_timeout ({consumer_timeout:g} s): RabbitMQ would close the worker's channel",
+        )
+    return lock_ttl
+
+
+def _store_url(key: str, url: Any) -> str:
+    if not isinstance(url, str) or not url:
+        raise ImproperlyConfigured(key, f"must be a URL string or 'django', got {url!r}")
+    if url == C.DJANGO_STORE:
+        return url
+    scheme = urlsplit(url).scheme.lower().split("+")[0]
+    if scheme not in C.STORE_URL_SCHEMES:
+        raise ImproperlyConfigured(
+            key,
+            f"unknown scheme {scheme!r}; use 'django' or a SQLAlchemy URL ({', '.join(sorted(C.STORE_URL_SCHEMES))})",
+        )
+    return url
+
+
+def _coordination_url(key: str, value: Any, values: dict[str, Any]) -> str:
+    """``safe_time_coordination_url``: unset -> Redis (""); ``"store"`` -> the store's PostgreSQL
+    database (``"django"`` for a Django store); a ``postgresql://`` URL.
+
+    MySQL/MariaDB are refused at startup rather than half supported: ``GET_LOCK`` is per session as
+    PostgreSQL's advisory locks are, but the backend is built on ``INSERT ... ON CONFLICT ... RETURNING``
+    and sequences for fencing numbers, which MySQL lacks. The delay store works on MySQL/MariaDB.
+    """
+    if value is None or value == C.COORDINATION_REDIS:
+        return ""
+    if not isinstance(value, str) or not value:
+        raise ImproperlyConfigured(key, f"must be 'store' or a postgresql:// URL, got {value!r}")
+    store_url = values["store_url"]
+    if value == C.COORDINATION_STORE and store_url == C.DJANGO_STORE:
+        return str(C.DJANGO_STORE)
+    url = store_url if value == C.COORDINATION_STORE else value
+    scheme = urlsplit(url).scheme.lower().split("+")[0]
+    if scheme in C.COORDINATION_POSTGRES_SCHEMES:
+        return str(url)
+    where = f"the store ({scheme}://)" if value == C.COORDINATION_STORE else f"{scheme}://"
+    where += " is not PostgreSQL"
+    if scheme in ("mysql", "mariadb"):
+        where += " (MySQL/MariaDB cannot coordinate: use Redis or a PostgreSQL database)"
+    raise ImproperlyConfigured(key, f"{where}; use 'store' with a PostgreSQL store, or a postgresql:// URL")
+
+
+def _default_store_namespace(values: dict[str, Any]) -> str:
+    # Celery("proj") -> "proj"; a name longer than the column keeps its end (the module path's tail).
+    return str(values["_app_name"] or C.DEFAULT_STORE_NAMESPACE)[-C.DELAY_NAMESPACE_LENGTH :]
+
+
+def _store_namespace(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > C.DELAY_NAMESPACE_LENGTH:
+        raise ImproperlyConfigured(
+            key, f"must be a non-empty string of at most {C.DELAY_NAMESPACE_LENGTH} characters, got {value!r}"
+        )
+    return value
+
+
+_POSITIVE_INT = _whole(1, "a positive integer")
+_KEPT_COUNT = _whole(0, "a whole number, 0 or more")
+_NOT_NEGATIVE = _seconds(positive=False)
+
+#: Every ``safe_time_*`` setting, in the order read: a row's rule and default see the rows above it.
+_SETTINGS = (
+    _Setting("broker_consumer_timeout", _consumer_timeout, _seconds()),
+    _Setting("store_url", C.DEFAULT_STORE_URL, _store_url),
+    _Setting("coordination_url", None, None, _coordination_url),
+    _Setting("coordination_locks", C.PG_LOCK_MODE_LEASE, _choice(C.PG_LOCK_MODES)),
+    _Setting("coordination_io_timeout", C.DEFAULT_COORDINATION_IO_TIMEOUT, _seconds()),
+    _Setting("coordination_statement_timeout", None, _seconds()),
+    _Setting("redis_url", _default_redis_url, None, _redis_url),
+    _Setting("key_prefix", C.DEFAULT_KEY_PREFIX, _text("a non-empty string"), _key_prefix_rule),
+    _Setting("misfire", C.DEFAULT_MISFIRE, _choice(sorted(C.MISFIRE_POLICIES))),
+    _Setting("misfire_grace", C.DEFAULT_MISFIRE_GRACE, _seconds()),
+    _Setting("delay_threshold", lambda values: _default_threshold(values)[0], _NOT_NEGATIVE, _threshold_rule),
+    _Setting("lock_ttl", C.DEFAULT_LOCK_TTL, _seconds(), _lock_ttl_rule),
+    _Setting("store_namespace", _default_store_namespace, _store_namespace),
+    _Setting("sweep_queue", C.DEFAULT_SWEEP_QUEUE, _text("a queue name or None")),
+    _Setting("sweep_batch", C.DEFAULT_SWEEP_BATCH, _POSITIVE_INT),
+    _Setting("sweep_max_ahead", C.DEFAULT_SWEEP_MAX_AHEAD, _POSITIVE_INT),
+    _Setting("beat_history_size", C.DEFAULT_BEAT_HISTORY_SIZE, _KEPT_COUNT),
+    _Setting("beat_audit_size", C.DEFAULT_BEAT_AUDIT_SIZE, _KEPT_COUNT),
+    _Setting("allow_pickle", C.DEFAULT_ALLOW_PICKLE, _flag),
+    _Setting("max_clock_skew", C.DEFAULT_MAX_CLOCK_SKEW, _NOT_NEGATIVE),
+    _Setting("delay_retention", C.DEFAULT_DELAY_RETENTION, _seconds()),
+    _Setting("beat_lease", C.DEFAULT_BEAT_LEASE, _seconds()),
+    _Setting("sweep_interval", C.DEFAULT_SWEEP_INTERVAL, _seconds()),
+    _Setting("claim_timeout", C.DEFAULT_CLAIM_TIMEOUT, _seconds()),
+    _Setting("store_timeout", C.DEFAULT_STORE_TIMEOUT, _NOT_NEGATIVE),
+    _Setting("delivery_grace", C.DEFAULT_DELIVERY_GRACE, _seconds()),
+)
+
+
+def broker_kind(scheme: str) -> str:
+    """``amqp``, ``redis``, ``sqs`` or ``other`` for a broker_url scheme (without its ``+driver`` part)."""
+    if scheme in C.AMQP_SCHEMES:
+        return C.BROKER_AMQP
+    if scheme in C.REDIS_BROKER_SCHEMES:
+        return C.BROKER_REDIS
+    if scheme == "sqs":
+        return C.BROKER_SQS
+    return C.BROKER_OTHER
 
 
 def seconds_argument(name: str, value: Any, *, positive: bool = False, durations: bool = False) -> float:
@@ -746,74 +790,3 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
     return seconds
-
-
-def _redis_url(key: str, url: Any) -> str:
-    if not isinstance(url, str) or not url:
-        raise ImproperlyConfigured(key, f"must be a URL string, got {type(url).__name__}")
-    scheme = urlsplit(url).scheme.lower()
-    if scheme not in C.REDIS_URL_SCHEMES:
-        raise ImproperlyConfigured(
-            key,
-            f"unknown scheme {scheme!r}; use one of {', '.join(sorted(s + '://' for s in C.REDIS_URL_SCHEMES))}",
-        )
-    return url
-
-
-def _store_url(key: str, url: Any) -> str:
-    if not isinstance(url, str) or not url:
-        raise ImproperlyConfigured(key, f"must be a URL string or 'django', got {url!r}")
-    if url == C.DJANGO_STORE:
-        return url
-    scheme = urlsplit(url).scheme.lower().split("+")[0]
-    if scheme not in C.STORE_URL_SCHEMES:
-        raise ImproperlyConfigured(
-            key,
-            f"unknown scheme {scheme!r}; use 'django' or a SQLAlchemy URL ({', '.join(sorted(C.STORE_URL_SCHEMES))})",
-        )
-    return url
-
-
-def _coordination(value: Any, store_url: str) -> tuple[str, str]:
-    """``safe_time_coordination_url``: unset -> Redis; ``"store"`` -> the store's PostgreSQL database;
-    a ``postgresql://`` URL.
-
-    MySQL/MariaDB are refused at startup rather than half supported: ``GET_LOCK`` is per session as
-    PostgreSQL's advisory locks are, but the backend is built on ``INSERT ... ON CONFLICT ... RETURNING``
-    and sequences for fencing numbers, which MySQL lacks. The delay store works on MySQL/MariaDB.
-    """
-    key = "safe_time_coordination_url"
-    if value is None or value == C.COORDINATION_REDIS:
-        return C.COORDINATION_REDIS, ""
-    if not isinstance(value, str) or not value:
-        raise ImproperlyConfigured(key, f"must be 'store' or a postgresql:// URL, got {value!r}")
-    url = value
-    if value == C.COORDINATION_STORE:
-        if store_url == C.DJANGO_STORE:
-            return C.COORDINATION_POSTGRES, C.DJANGO_STORE
-        url = store_url
-    scheme = urlsplit(url).scheme.lower().split("+")[0]
-    if scheme in C.COORDINATION_POSTGRES_SCHEMES:
-        return C.COORDINATION_POSTGRES, url
-    where = (
-        f"the store ({scheme}://) is not PostgreSQL"
-        if value == C.COORDINATION_STORE
-        else f"{scheme}:// is not PostgreSQL"
-    )
-    if scheme in ("mysql", "mariadb"):
-        where += " (MySQL/MariaDB cannot coordinate: use Redis or a PostgreSQL database)"
-    raise ImproperlyConfigured(key, f"{where}; use 'store' with a PostgreSQL store, or a postgresql:// URL")
-
-
-def _store_namespace(value: Any, app_name: str | None) -> str:
-    """``safe_time_store_namespace``: set, or the app's main name, or ``"celery"``."""
-    if value is None:
-        value = app_name or C.DEFAULT_STORE_NAMESPACE
-        # Celery("proj") -> "proj"; a name longer than the column keeps its end (the module path's tail).
-        return str(value)[-C.DELAY_NAMESPACE_LENGTH :]
-    if not isinstance(value, str) or not value.strip() or len(value) > C.DELAY_NAMESPACE_LENGTH:
-        raise ImproperlyConfigured(
-            "safe_time_store_namespace",
-            f"must be a non-empty string of at most {C.DELAY_NAMESPACE_LENGTH} characters, got {value!r}",
-        )
-    return value

@@ -142,6 +142,9 @@ KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 #: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
 #: a new leader re-plans only what changed after it (``beat/scheduler.py`` reconcile).
 KEY_BEAT_ENTRIES_APPLIED: Final = "beat:entries:applied"
+#: Paused runtime entries with an expiry: zset name -> when the leader resumes them (UNIX seconds),
+#: written by the leader as it applies pauses, so a new leader knows them without reading every entry.
+KEY_BEAT_PAUSE_EXPIRY: Final = "beat:entries:paused-until"
 #: Run history of one entry (``beat/history.py``): hash slot ms -> the published record (JSON), and
 #: ``<slot ms>:o`` -> its outcome (JSON, written by the worker).
 KEY_BEAT_HISTORY: Final = "beat:history:{entry}"
@@ -268,6 +271,27 @@ BEAT_ENTRY_SWAP_ATTEMPTS: Final = 20
 #: A leader that loaded at least this many entries moves them out of the cyclic collector's sight
 #: (``gc.freeze``): a full collection walking 100,000 entries would stall one tick for tens of ms.
 BEAT_GC_FREEZE_ENTRIES: Final = 10_000
+#: From this many runtime entries on (Redis), a leader reads definitions only for the entries that
+#: fall due (and those that change), not every entry at takeover: memory and takeover time stop
+#: growing with the number of entries. Below it, loading all is cheap and keeps the stricter checks.
+BEAT_LAZY_ENTRIES: Final = 10_000
+#: Runtime entries a reading-what-is-due leader keeps built between ticks (then it forgets them all).
+BEAT_LAZY_CACHE: Final = 10_000
+#: Entries ``save_entries`` validates and then stores in one round trip (a bad entry stores none of its chunk).
+BEAT_SAVE_CHUNK: Final = 1000
+#: Definitions read (HSCAN) and planned per round when such a leader re-plans every entry.
+BEAT_LAZY_CHUNK: Final = 5_000
+#: The next-occurrence search of an rrule schedule covers this many years after the time asked about
+#: (or after the rule's start, when later), up to one Gregorian cycle more, then answers "never fires
+#: again". The calendar repeats every 400 years (leap years, weekdays: 146097 days are 20871 weeks), so
+#: a rule with no occurrence in 400 years has none later, unless its INTERVAL spans centuries
+#: (``FREQ=YEARLY;INTERVAL=1000``: an occurrence past the horizon counts as none). dateutil alone walks
+#: every period to the year 9999 before it says "none": 2.9 s of CPU for
+#: ``FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30``, 0.3 s within this bound. ``BYEASTER`` rules (Easter does not
+#: repeat with the calendar) are searched as dateutil does.
+RRULE_SEARCH_YEARS: Final = 400
+#: The Gregorian cycle: an rrule moved by a whole number of them has the same occurrences, moved.
+GREGORIAN_CYCLE_YEARS: Final = 400
 
 
 # === delays ===================================================================
@@ -377,9 +401,14 @@ OPTION_IDEMPOTENCY_KEY: Final = "idempotency_key"
 OPTION_DEBOUNCE: Final = "debounce"
 OPTION_DEBOUNCE_KEY: Final = "debounce_key"
 OPTION_DEBOUNCE_MAX_WAIT: Final = "debounce_max_wait"
-#: A debounced row holds ``debounce:<task name>:<key>`` in its idempotency key: the pending-only unique
-#: key that keeps one pending row per key, apart from any caller's own idempotency key.
+#: What a stored row holds in its idempotency key (the pending-only unique key of the store), one prefix
+#: per kind so that no kind can match another's: a debounced row ``debounce:<task name>:<key>``, a
+#: caller's ``idempotency_key=`` ``caller:<task name>:<key>``, a stored unique task ``unique:<key>``
+#: (unique keys are global, as on the lock backend). The task name is escaped like a key value
+#: (``%``, ``:``, ``#``), so the task's part ends at the first ``:`` and two tasks never share a key.
 DEBOUNCE_KEY_PREFIX: Final = "debounce:"
+CALLER_KEY_PREFIX: Final = "caller:"
+UNIQUE_ROW_KEY_PREFIX: Final = "unique:"
 #: Task options (``@app.task(base=SafeTask, ...)``) of per-key flow control: the rate (``"100/m"``) and
 #: its key template, the concurrency limit and its key template. A limit without a key is one key for
 #: the whole task: its name.

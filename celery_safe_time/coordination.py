@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from importlib import resources
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,32 +19,12 @@ import sqlalchemy as sa
 from . import constants as C
 from .config import SafeTimeConfig
 from .exceptions import ImproperlyConfigured
+from .sql.engine import create_engine, normalize_url
 
 logger = logging.getLogger(__name__)
 
 _ENGINES: dict[tuple[int, str, bool, float, float | None], sa.Engine] = {}
 _ENGINES_LOCK = threading.Lock()
-
-
-#: What begins a named statement in a backend's ``sql/*.sql`` file.
-_SQL_NAME = "-- name: "
-
-
-def named_sql(package: str, name: str) -> dict[str, str]:
-    """The named statements of ``<package>/sql/<name>.sql`` (beat's and the locks' PostgreSQL SQL), in file order.
-
-    A line ``-- name: <name>`` begins a statement; any other line starting with ``--`` at column 0
-    is a comment of the file (comments inside a statement are indented and sent with it).
-    """
-    text = resources.files(package).joinpath("sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
-    statements: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith(_SQL_NAME):
-            current = statements[line[len(_SQL_NAME) :].strip()] = []
-        elif current is not None and not line.startswith("--"):
-            current.append(line)
-    return {statement: "\n".join(body).strip() for statement, body in statements.items()}
 
 
 def uses_postgres(config: SafeTimeConfig) -> bool:
@@ -86,7 +65,7 @@ def deadline_args(config: SafeTimeConfig) -> dict[str, Any]:
     one whose data stays unacknowledged; ``statement_timeout`` (when set) a statement the server
     itself keeps waiting. A peer that acknowledges but never answers (a stuck proxy) is left to the
     client's own wait: the lock statements' poll, and for every other statement the engine's answer
-    deadline (:func:`~celery_safe_time.delays.backends.sql.engine.answer_deadline_connection`).
+    deadline (:func:`~celery_safe_time.sql.engine.answer_deadline_connection`).
     """
     timeout = config.coordination_io_timeout
     args: dict[str, Any] = {
@@ -109,8 +88,6 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
     no pre-ping (the locks: one statement, one round trip; they repeat a call whose pooled
     connection broke, :meth:`~celery_safe_time.locks.backends.postgres.PostgresLockBackend._run`).
     """
-    from .delays.backends.sql import create_engine, normalize_url
-
     url = postgres_url(config)
     key = (os.getpid(), url, autocommit, config.coordination_io_timeout, config.coordination_statement_timeout)
     engine = _ENGINES.get(key)

@@ -1,7 +1,8 @@
 """``install(app)``: validate settings now and register the package's own tasks.
 
 Importing it (the package does) also installs the one-record traceback hook in ``celery beat`` /
-``celery worker`` processes (:func:`write_uncaught`).
+``celery worker`` processes (:func:`write_uncaught`), and gives the locks the store's side of their
+hand-offs (:mod:`.handoff`), loaded on first use.
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ from celery.signals import after_setup_logger, task_postrun, task_prerun, task_r
 from celery.utils.log import LoggingProxy
 
 from . import constants as C
+from . import handoff
 from .config import SafeTimeConfig, get_config
 from .exceptions import ImproperlyConfigured, SafeTimeError
 
 logger = logging.getLogger(__name__)
+
+
+def _store_side() -> handoff.StoreSide:
+    from .delays.backends import stored_run_ended
+    from .delays.waits import checked_delivery, send_later
+
+    return handoff.StoreSide(send_later, checked_delivery, stored_run_ended)
+
+
+handoff.provide(_store_side)
 
 
 def install(app: Celery) -> SafeTimeConfig:

@@ -51,6 +51,9 @@ UTC = timezone.utc
 CLAIM_KEY = "safe_time_test:db:{db}"  # the same claim keys as the test suite, so runs never collide
 #: ``--coord postgres``: the PostgreSQL the demo makes its throwaway database on (the maintenance db).
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: Seconds between the sweeps the leader beat sends (``DEMO_SWEEP_INTERVAL``): a new leader's first
+#: sweep comes at most this long after it takes over.
+SWEEP_INTERVAL = 1.0
 
 
 @dataclass
@@ -193,7 +196,7 @@ class Demo:
             "DEMO_DELAY_THRESHOLD": str(tl.threshold),
             "DEMO_VISIBILITY_TIMEOUT": str(tl.visibility_timeout),
             "DEMO_PLAIN_VISIBILITY_TIMEOUT": str(tl.plain_visibility_timeout),
-            "DEMO_SWEEP_INTERVAL": "1",
+            "DEMO_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
             "DEMO_TRIAL_SECONDS": str(tl.trial_seconds),
             "DEMO_SYNC_SECONDS": str(tl.sync_seconds),
             "DEMO_SYNC_EVERY": str(tl.sync_every),
@@ -581,9 +584,11 @@ def scenario(demo: Demo) -> int:
             if victim is not None:
                 victim.signal(signal.SIGKILL)
                 kill_at, killed_pid = time.monotonic(), pid
+                demo.facts["killed_at"] = time.time()  # wall clock, as the nudges' due times
                 demo.say(f"kill -9 leader {victim.name} (pid {pid})")
         if kill_at is not None and "failover" not in demo.facts and pid and pid != killed_pid:
             demo.facts["failover"] = time.monotonic() - kill_at
+            demo.facts["took_over_at"] = time.time()
             demo.say(f"standby {_name_of(demo, pid)} took over after {demo.facts['failover']:.1f}s")
         if not phase["flush"] and now >= tl.flush_broker_at:
             phase["flush"] = True
@@ -828,12 +833,27 @@ def report(demo: Demo, app: Any) -> int:
             no_redis,
         )
 
-    lateness = []
+    # No leader, no sweep: the nudges due from the kill -9 until the new leader's first sweep (one sweep
+    # interval after it took over) wait for that sweep, up to lease + lease/3; the p99 row holds them to
+    # it. The p50 row is the lateness while a leader sweeps (published ahead with their eta: on time).
+    # The quick timeline's nudges are due over 17 s and the failover takes up to 8 s of them, so with
+    # them in, the p50 says how long the failover took under load, not how late the sweep delivers.
+    paused_from = demo.facts.get("killed_at", float("inf"))
+    paused_until = demo.facts.get("took_over_at", float("inf")) + SWEEP_INTERVAL
+    lateness, steady = [], []
     for key, sent_at in Email.objects.filter(kind="nudge").values_list("key", "sent_at"):
-        lateness.append(sent_at.timestamp() - float(key))
-    p50, p99 = _percentile(lateness, 50), _percentile(lateness, 99)
-    row("stored-delay lateness p50", "<= 1s", f"{p50:.2f}s", p50 <= 1.0)
-    row("stored-delay lateness p99", f"<= {limit + 1:g}s (a failover pauses sweeps)", f"{p99:.2f}s", p99 <= limit + 1)
+        late = sent_at.timestamp() - float(key)
+        lateness.append(late)
+        if not paused_from <= float(key) <= paused_until:
+            steady.append(late)
+    p50, p99 = _percentile(steady, 50), _percentile(lateness, 99)
+    row(f"stored-delay lateness p50 (the {len(steady)} due while a leader swept)", "<= 1s", f"{p50:.2f}s", p50 <= 1.0)
+    row(
+        f"stored-delay lateness p99 (all {len(lateness)})",
+        f"<= {limit + 1:g}s (a failover pauses sweeps)",
+        f"{p99:.2f}s",
+        p99 <= limit + 1,
+    )
 
     # --- plain Celery, same scenario ---
     from demo_project.plain_app import records

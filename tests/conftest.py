@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,17 @@ def amqp_url() -> Iterator[str]:
 @pytest.fixture(params=["redis", "amqp"])
 def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
     """Each test that takes it runs twice: on the test's Redis db and on a RabbitMQ vhost of its own
-    (leases, locks and delivery checks stay on the Redis db either way)."""
+    (leases, locks and delivery checks stay on the Redis db either way).
+
+    A test parametrised with ``"sqs"`` (``indirect``) runs on the session's local SQS endpoint too, its
+    queues apart by a name prefix of its own carried in the URL: ``services.broker_conf(broker_url)``
+    gives the transport options it needs (the endpoint is CPU-heavy, so only the tests whose
+    behaviour depends on the broker take it)."""
     if request.param == "redis":
         return redis_url
+    if request.param == "sqs":
+        endpoint: services.SqsEndpoint = request.getfixturevalue("sqs_endpoint")
+        return services.sqs_broker_url(endpoint, f"t{uuid.uuid4().hex[:10]}-")
     url: str = request.getfixturevalue("amqp_url")
     return url
 
@@ -268,6 +277,33 @@ def processes(
     }
     with managed_processes(request, tmp_path, env) as manager:
         yield manager
+
+
+#: ``SAFE_TIME_TEST_CPU_LOG=<file>``: each test's CPU seconds (the pytest process and every process it
+#: started and reaped: workers, beats, their pool children) appended as JSON lines, to find where a
+#: whole run's CPU goes (``scripts/cpu_report.py`` sums them by module).
+CPU_LOG = os.environ.get("SAFE_TIME_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    if not CPU_LOG:
+        return (yield)
+    before = os.times()
+    try:
+        return (yield)
+    finally:
+        after = os.times()
+        own = (after.user - before.user) + (after.system - before.system)
+        children = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        record = {
+            "test": item.nodeid,
+            "own": round(own, 3),
+            "children": round(children, 3),
+            "wall": round(after.elapsed - before.elapsed, 3),
+        }
+        with open(CPU_LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps(record) + "\n")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -1,5 +1,6 @@
 """The ``[beat]`` section of ``celery safe-time status``: the leader and each entry's last/next slot
-(on the beat backend of the app: Redis or PostgreSQL)."""
+(on the beat backend of the app: Redis or PostgreSQL). Under Django the add-on adds django-celery-beat's
+rows (:func:`celery_safe_time.contrib.django.status.describe_beat_with_django`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from celery import Celery
 from .. import constants as C
 from ..clock import UTC
 from ..config import get_config, mask_url
-from ..contrib.django.status import describe_django_entries, django_beat_in_use
 from .backends import beat_backend
 from .state import load_state
 
@@ -44,11 +44,6 @@ def describe_beat(app: Celery) -> dict[str, Any]:
                 "next_slot": _iso(float(score)),
             }
         )
-    if not total and django_beat_in_use():
-        try:
-            total, entries = describe_django_entries()
-        except Exception as exc:  # django-celery-beat installed but its tables not migrated here
-            entries = [{"django_celery_beat": f"unreadable: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"}]
     return {
         "leader": {
             "host": info.get("host"),
@@ -78,13 +73,6 @@ def _invalid(app: Celery) -> dict[str, str] | str:
         problems = invalid_entries(app)
     except Exception as exc:  # a section that cannot be read says so; the others still show
         return f"unreadable: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    if django_beat_in_use():
-        from ..contrib.django.schedulers import invalid_rows
-
-        try:
-            problems.update(invalid_rows(app))
-        except Exception:  # tables not migrated here: the entries above already say it
-            logger.debug("django-celery-beat rows not checked", exc_info=True)
     return problems
 
 

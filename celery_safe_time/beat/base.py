@@ -115,7 +115,7 @@ class LeasedScheduler:
         self.backend.startup_checks("beat")
         # Imported here, once per start: the delays package (its store and task classes) is not
         # loaded by importing the scheduler.
-        from ..delays.install_check import not_installed_message, sweep_installed
+        from ..install_check import not_installed_message, sweep_installed
 
         if not sweep_installed(self.app):
             logger.error("beat: %s", not_installed_message(self.app))

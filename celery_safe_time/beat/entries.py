@@ -74,6 +74,7 @@ __all__ = [
     "rrule",
     "run_now",
     "run_now_fired",
+    "save_entries",
     "save_entry",
     "schedule_from_spec",
     "schedule_to_spec",
@@ -442,15 +443,61 @@ def save_entry(
 
     A change is recorded in the entry's audit (:func:`entry_audit`) as by ``changed_by`` (default
     ``user@host pid N``); so are the other functions' here."""
-    check_entry_name(name)
     store = _Store(app)
-    _conflict(store, name, task)
-    spec = schedule_to_spec(schedule)
+    raw = _validated(
+        store, name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=enabled,
+        jitter=jitter, catchup_window=catchup_window, overlap=overlap, overlap_ttl=overlap_ttl,
+    )  # fmt: skip
+    store.backend.entry_save(name, raw, _audit(store, "save", changed_by))
+    info = get_entry(name, app=store.app)
+    assert info is not None
+    return info
+
+
+def _validated(
+    store: _Store,
+    name: str,
+    task: str,
+    schedule: Any,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    enabled: bool = True,
+    jitter: float | timedelta | None = None,
+    catchup_window: float | timedelta | None = None,
+    overlap: str | None = None,
+    overlap_ttl: float | timedelta | None = None,
+    config_entries: Mapping[str, Any] | None = None,
+    checked: dict[Any, bool] | None = None,
+    schedules: dict[Any, Any] | None = None,
+) -> str:
+    """The definition JSON of one entry, validated as the leader will load it (see :func:`save_entry`).
+
+    ``checked`` remembers the (schedule, task, policies) found valid, ``schedules`` the schedule
+    objects, so that many entries sharing a schedule (a bulk save) are checked once per schedule."""
+    check_entry_name(name)
+    if config_entries is None or name in config_entries:
+        _conflict(store, name, task)
+    if schedules is not None and isinstance(schedule, Mapping):
+        # a written spec: validated once per distinct spec (building a crontab is the costly part)
+        spec = dict(schedule)
+        known = spec_key(spec)
+        if known not in schedules:
+            schedules[known] = schedule_from_spec(spec)
+    else:
+        spec = schedule_to_spec(schedule)
     options = policy_options(
         name, options, jitter=jitter, catchup_window=catchup_window, overlap=overlap, overlap_ttl=overlap_ttl
     )
     raw = definition_json(name, task, spec, args, kwargs or {}, options, enabled)
-    entry = build_entry(name, parse_definition(raw), store.app)
+    key = None
+    if checked is not None:
+        policies = tuple(sorted((k, repr(v)) for k, v in options.items() if k.startswith("safe_")))
+        key = (spec_key(spec), task, policies)
+        if key in checked:
+            return raw
+    entry = build_entry(name, parse_definition(raw), store.app, schedules)
     try:
         plan = entry_plan(entry, store.config, store.app)  # unknown task, misfire policy, grid
     except ScheduleError:
@@ -460,10 +507,85 @@ def save_entry(
     # a schedule with no slot left (an rrule that ended) would sit in the due set forever, unfired
     if plan.grid.first(store.backend.clock.time()) == NEVER:
         raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
-    store.backend.entry_save(name, raw, _audit(store, "save", changed_by))
-    info = get_entry(name, app=store.app)
-    assert info is not None
-    return info
+    if checked is not None:
+        checked[key] = True
+    return raw
+
+
+#: The keys of one ``save_entries`` item: ``save_entry``'s parameters (``name``, ``task`` and
+#: ``schedule`` required).
+_SAVE_KEYS = frozenset(
+    {"name", "task", "schedule", "args", "kwargs", "options", "enabled", "jitter", "catchup_window", "overlap",
+     "overlap_ttl"}
+)  # fmt: skip
+
+
+def save_entries(
+    entries: Iterable[Mapping[str, Any]], app: Celery | None = None, *, changed_by: str | None = None
+) -> int:
+    """Create or replace many runtime entries: each item a mapping of :func:`save_entry`'s parameters
+    (``name``, ``task``, ``schedule``; optional ``args``, ``kwargs``, ``options``, ``enabled``,
+    ``jitter``, ``catchup_window``, ``overlap``, ``overlap_ttl``). Returns how many changed
+    (idempotent: an unchanged definition changes nothing, as with ``save_entry``).
+
+    Entries go ``BEAT_SAVE_CHUNK`` at a time, each chunk validated whole before any of it is stored
+    and then sent in one pipelined round trip: a bad entry raises :class:`ScheduleError` (or
+    :class:`SerializationError`) naming the entry and the parameter, and nothing of its chunk is
+    stored (earlier chunks are). A leader applies them through its change log, like single saves.
+    """
+    store = _Store(app)
+    config_entries = store.config_entries()
+    checked: dict[Any, bool] = {}
+    schedules: dict[Any, Any] = {}
+    changed = 0
+    chunk: list[tuple[str, str]] = []
+    for index, item in enumerate(entries):
+        chunk.append(_item(store, index, item, config_entries, checked, schedules))
+        if len(chunk) >= C.BEAT_SAVE_CHUNK:
+            changed += _store_chunk(store, chunk, changed_by)
+            chunk = []
+    if chunk:
+        changed += _store_chunk(store, chunk, changed_by)
+    return changed
+
+
+def _item(
+    store: _Store,
+    index: int,
+    item: Any,
+    config_entries: Mapping[str, Any],
+    checked: dict[Any, bool],
+    schedules: dict[Any, Any],
+) -> tuple[str, str]:
+    """(name, definition JSON) of the ``index``-th item of ``save_entries``, validated."""
+    if not isinstance(item, Mapping):
+        raise ScheduleError(f"save_entries: entry #{index} must be a mapping of save_entry's parameters, got {item!r}")
+    name = item.get("name")
+    unknown = sorted(str(k) for k in item if k not in _SAVE_KEYS)
+    if unknown:
+        raise ScheduleError(
+            f"save_entries: entry #{index} ({name!r}): unknown parameter {unknown[0]!r} "
+            f"(expected {', '.join(sorted(_SAVE_KEYS))})"
+        )
+    for required in ("name", "task", "schedule"):
+        if item.get(required) is None:
+            raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter {required!r} is missing")
+    if not isinstance(item["task"], str) or not item["task"]:
+        raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter 'task' must be a task name")
+    params = {k: v for k, v in item.items() if k not in ("name", "task", "schedule")}
+    try:
+        raw = _validated(
+            store, item["name"], item["task"], item["schedule"], **params,
+            config_entries=config_entries, checked=checked, schedules=schedules,
+        )  # fmt: skip
+    except (ScheduleError, SerializationError) as exc:
+        raise type(exc)(f"save_entries: entry #{index} ({name!r}): {exc}") from None
+    return item["name"], raw
+
+
+def _store_chunk(store: _Store, chunk: list[tuple[str, str]], changed_by: str | None) -> int:
+    versions = store.backend.entry_save_many(chunk, _audit(store, "save", changed_by))
+    return sum(1 for v in versions if v > 0)
 
 
 def _audit(store: _Store, action: str, changed_by: str | None) -> str | None:

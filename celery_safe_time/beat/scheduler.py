@@ -9,6 +9,8 @@ entries that are due and a new leader resumes exactly where the old one stopped.
 
 Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader
 loads all of them once per lease term and then, when the change counter moved, only the changed ones.
+With ``BEAT_LAZY_ENTRIES`` runtime entries or more on a backend that can (Redis), it keeps none of
+them: it reads the definitions of the entries that fall due and of those that change (``reconcile_lazy``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import celery
@@ -77,6 +80,11 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         self._runtime_plans: dict[Any, Plan] = {}
         #: task ids chosen with the run history records of the slots being published (history.py)
         self._task_ids: dict[tuple[str, float], str] = {}
+        #: True while this leader reads definitions only for the entries that fall due or change (it
+        #: holds at least ``lazy_threshold`` runtime entries): ``runtime`` is then a cache, not all
+        self.lazy = False
+        #: how many runtime entries make a leader read only what is due (decided at each takeover)
+        self.lazy_threshold = C.BEAT_LAZY_ENTRIES
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -137,14 +145,18 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 # The due set or the state hash lost entries while the lease survived (eviction,
                 # a DEL by hand): nothing would ever be due again, silently. Rebuild it now.
                 logger.warning("beat: %s; reconciling the schedule", lost)
-                self.reconcile(epoch, now)
+                self.reconcile(epoch, now, full=True)
                 due, _, _, head = self._read_due(now)
+            if self.lazy:  # the definitions of the due entries, where this leader has not built them
+                self._load([n for n, _ in due if n not in self.runtime and n not in self.config_names])
             if not self.fire_due(due, now, epoch):
                 return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
             if due:  # the fired entries moved on: the next one due is somewhere else now
                 head = self.backend.head()
+            if self.lazy:
+                self._evict()
             self._housekeeping()
             self._expire_pauses(now)
         except LeaseLost as exc:
@@ -173,6 +185,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         """
         read = self.backend.read_due(now, C.BEAT_DUE_BATCH)
         planned = len(self.plans)
+        if self.lazy:
+            # only the config entries are known to be planned (the runtime ones are not all loaded): a
+            # lower bound, counted only when the counts fall below it
+            planned = 0
+            if min(read.due_count, read.state_count) < len(self.config_names):
+                planned = sum(1 for name in self.config_names if name in self.plans)
         lost = None
         if read.due_count < planned:
             lost = f"{self.backend.due_name} has {read.due_count} of {planned} entries (evicted or deleted?)"
@@ -241,10 +259,12 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         writes: list[SlotWrite] = []
         catch_up: list[tuple[float, SlotWrite]] = []
         forget: dict[bool, list[str]] = {True: [], False: []}  # keep_state -> names
+        expiring: dict[str, float | None] = {}  # the changed names' pause expiries (None: none)
         if names:
             raws, states, scores = self.backend.read_changed(names)
             for name, raw, state, score in zip(names, raws, states, scores, strict=True):
                 became = self.load_runtime(name, raw)
+                expiring[name] = self.pause_expiry.get(name)
                 if became == "active":
                     known = load_state(state)
                     plan = self.plans[name]
@@ -292,6 +312,10 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return False
         if forget[False]:  # applied: the tombstones have done their job (a name saved again is kept)
             self.backend.prune(version, forget[False])
+        if expiring:  # a next leader finds the pauses to expire without reading every definition
+            self.backend.set_pause_expiries(
+                {n: t for n, t in expiring.items() if t is not None}, [n for n, t in expiring.items() if t is None]
+            )
         if len(names) == C.BEAT_CHANGES_BATCH:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
@@ -302,6 +326,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
 
     def run_requested(self, epoch: int, requests: dict[str, str]) -> bool:
         """Publish the ``beat run-now`` requests: one slot each (the request instant), guarded."""
+        if self.lazy:
+            self._load([n for n in requests if n not in self.runtime and n not in self.config_names])
         for name, slot_ms in requests.items():
             entry = self.schedule.get(name) or self.paused.get(name)
             slot = int(slot_ms) / 1000.0
@@ -350,15 +376,20 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             return None
         return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
 
-    def reconcile(self, epoch: int, now: float) -> None:
+    def reconcile(self, epoch: int, now: float, *, full: bool = False) -> None:
         """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones.
+        drop removed ones (with ``lazy_threshold`` runtime entries or more: :meth:`reconcile_lazy`;
+        ``full`` makes that one plan every entry, as this one does when the due set does not add up).
 
         When the previous leader recorded the version its state reflects, only the config entries and
         the runtime entries changed after it are re-planned (their state read with HMGET); every other
         entry's state is already right in the backend. A due-set count that does not add up afterwards, or
         no usable marker, re-plans everything from a full read of the state.
         """
+        if self.backend.reads_due_only and self.backend.definition_count() >= self.lazy_threshold:
+            self.reconcile_lazy(epoch, now, full=full)
+            return
+        self.lazy = False
         snapshot = self.backend.snapshot()
         version, definitions, requests, marker = (
             snapshot.version,
@@ -398,6 +429,8 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             raise LeaseLost("another beat holds the lease: the plan write was refused")
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
             self.backend.prune(version, tombstones)
+        # the pauses to expire, for a next leader that reads only what is due
+        self.backend.set_pause_expiries(dict(self.pause_expiry), [], replace=True)
         self.seen_version = version
         self._mark_applied()
         # run-now requests made while no beat led: their counter bump is already behind us
@@ -414,6 +447,170 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             len(gone),
             len(self.broken),
         )
+
+    # --- reading only what is due (many runtime entries) ----------------------------------------
+    def _load(self, names: list[str]) -> None:
+        """Build the runtime entries ``names`` from their definitions (one read per chunk); a name
+        without one (deleted: the change log tells the rest) is left out."""
+        for i in range(0, len(names), C.BEAT_LAZY_CHUNK):
+            chunk = names[i : i + C.BEAT_LAZY_CHUNK]
+            for name, raw in zip(chunk, self.backend.definitions(chunk), strict=True):
+                if raw is not None:
+                    self.load_runtime(name, raw)
+
+    def _evict(self, force: bool = False) -> None:
+        """Forget the built runtime entries once there are more than ``BEAT_LAZY_CACHE`` (``force``:
+        whatever their number); their pause expiries stay (this leader resumes them)."""
+        if not force and len(self.runtime) <= C.BEAT_LAZY_CACHE:
+            return
+        for name in self.runtime:
+            self.schedule.pop(name, None)
+            self.plans.pop(name, None)
+            self.paused.pop(name, None)
+            self.broken.pop(name, None)
+        self.runtime = {}
+        if len(self._schedules) > C.BEAT_LAZY_CACHE or len(self._runtime_plans) > C.BEAT_LAZY_CACHE:
+            self._schedules, self._runtime_plans = {}, {}
+
+    def reconcile_lazy(self, epoch: int, now: float, *, full: bool = False) -> None:
+        """:meth:`reconcile` for a leader with many runtime entries: nothing is loaded for good.
+
+        With the previous leader's marker, only the config entries and the runtime entries changed
+        after it are read and re-planned (the due set already holds every other entry's next fire);
+        without one, every definition is read and planned a chunk at a time (HSCAN) and forgotten
+        again, so memory stays flat. From then on a tick reads the definitions of the entries it fires.
+        ``full``: plan every entry whatever the marker says (the due set lost entries).
+        """
+        meta = self.backend.snapshot_meta()
+        version, requests, marker = meta.version, meta.requests, meta.marker
+        self._evict(force=True)
+        self.lazy = True
+        self.pause_expiry = {}
+        since = None if full else self._applied_since(marker, version)
+        if since is None:
+            counts = self._replan_streaming(now, version)
+            mode = "every entry, a chunk at a time"
+        else:
+            changed = [name for name, _ in self.backend.change_log(since)]
+            self._load(changed)
+            plan = self._replan_changed(now, since)
+            assert plan is not None  # a leader reading only what is due does not count the due set
+            states, nexts, gone, idle, tombstones = plan
+            if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
+                raise LeaseLost("another beat holds the lease: the plan write was refused")
+            if tombstones:
+                self.backend.prune(version, tombstones)
+            expiries = {n: t for n, t in self.backend.pause_expiries().items() if n not in set(changed)}
+            mine = {n: self.pause_expiry[n] for n in changed if n in self.pause_expiry}
+            self.backend.set_pause_expiries(mine, [n for n in changed if n not in mine])
+            self.pause_expiry = {**expiries, **mine}
+            counts = (len(states), len(gone))
+            mode = f"changes after version {since}"
+        self.seen_version = version
+        self._mark_applied()
+        self.run_requested(epoch, requests)
+        self._evict()
+        logger.info(
+            "beat: leader with epoch %s reading only due entries: %d config entries, %d runtime; re-planned "
+            "%s: %d new or edited, %d removed",
+            epoch,
+            len(self.config_names),
+            self.backend.definition_count(),
+            mode,
+            *counts,
+        )
+
+    def _replan_streaming(self, now: float, version: int) -> tuple[int, int]:
+        """Re-plan every entry without holding them all: drop the states and due scores left by entries
+        that no longer exist, then plan the config entries, then each chunk of runtime definitions
+        (planned, written, forgotten). Returns (entries planned, entries removed)."""
+        token = self.lease.token
+        firsts: dict[str, float] = {}
+        planned = removed = 0
+        collecting = gc.isenabled()
+        gc.disable()  # each chunk's objects are freed by their reference counts
+        try:
+            # first what the state holds for entries that no longer exist (before this plan adds to it:
+            # a fresh leader finds nothing to read there)
+            stored = False  # whether the state and the due set hold anything (else nothing to read there)
+            for names in self.backend.scan_planned(C.BEAT_LAZY_CHUNK):
+                stored = True
+                candidates = [n for n in names if n not in self.plans]
+                defs_of = self.backend.definitions(candidates)
+                gone = [n for n, raw in zip(candidates, defs_of, strict=True) if raw is None]
+                if gone:
+                    if not self.backend.write_plan(token, {}, {}, gone, []):
+                        raise LeaseLost("another beat holds the lease: the plan write was refused")
+                    removed += len(gone)
+            for defs in self._definition_chunks():
+                # the config chunk's values are None; a runtime entry named like a config one is ignored
+                names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
+                plans = [self.plans.get(n) if defs[n] is None else self._stream_plan(n, defs[n]) for n in names]
+                raws, scores = self.backend.read_states(names) if stored else ([None] * len(names), [None] * len(names))
+                states: dict[str, str] = {}
+                nexts: dict[str, float] = {}
+                idle: list[str] = []
+                for name, plan, raw, score in zip(names, plans, raws, scores, strict=True):
+                    if plan is not None:
+                        made = next_state(plan, load_state(raw), score, now, firsts, name=name)
+                        if made is not None:
+                            states[name], nexts[name] = made
+                    elif defs[name] is not None and score is not None:
+                        idle.append(name)  # paused or broken: out of the due set, state kept
+                if not self.backend.write_plan(token, states, nexts, [], idle):
+                    raise LeaseLost("another beat holds the lease: the plan write was refused")
+                planned += len(states)
+                self._evict(force=True)
+        finally:
+            if collecting:
+                gc.enable()
+        self.backend.set_pause_expiries(dict(self.pause_expiry), [], replace=True)
+        self._prune_tombstones(version)
+        return planned, removed
+
+    def _stream_plan(self, name: str, raw: Any) -> Plan | None:
+        """The plan of one runtime definition for :meth:`_replan_streaming`, which keeps no entry: the
+        plan made for an earlier entry of the same schedule, task and policies when there is one (no
+        entry built), else through :meth:`load_runtime`. None when it is paused or broken."""
+        try:
+            definition = parse_definition(raw)
+            options = definition["options"]
+            key = (
+                spec_key(definition["schedule"]),
+                definition["task"],
+                options.get(OPTION_MISFIRE),
+                options.get(OPTION_JITTER),
+                options.get(OPTION_CATCHUP_WINDOW),
+            )
+            plan = self._runtime_plans.get(key) if definition["enabled"] else None
+        except (ScheduleError, TypeError):
+            plan = None
+        if plan is not None:
+            return plan
+        became = self.load_runtime(name, raw)
+        return self.plans.get(name) if became == "active" else None
+
+    def _definition_chunks(self) -> Iterator[dict[str, Any]]:
+        """The config entries (as a chunk of names), then the runtime definitions a chunk at a time."""
+        yield {name: None for name in self.config_names if name in self.plans}
+        yield from self.backend.scan_definitions(C.BEAT_LAZY_CHUNK)
+
+    def _prune_tombstones(self, version: int) -> None:
+        """Drop the change log's tombstones (names without a definition), a page at a time; only when
+        the log holds more names than there are definitions (else it holds none)."""
+        if self.backend.change_count() <= self.backend.definition_count():
+            return
+        since: int | None = None
+        while True:
+            page = self.backend.change_log(since, C.BEAT_LAZY_CHUNK)
+            if not page:
+                return
+            names = [name for name, _ in page]
+            dead = [n for n, raw in zip(names, self.backend.definitions(names), strict=True) if raw is None]
+            self.backend.prune(version, dead)
+            if len(page) < C.BEAT_LAZY_CHUNK:
+                return
+            since = int(page[-1][1])
 
     def _replan_all(self, now: float) -> Replan:
         """(states, nexts, gone, idle, tombstones) from a full read of the state hash and the due set."""
@@ -464,7 +661,7 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             elif raw is not None or score is not None:
                 gone.append(name)
                 due_count -= score is not None
-        if due_count != len(self.plans):
+        if not self.lazy and due_count != len(self.plans):
             logger.info(
                 "beat: the due set would hold %d entries for %d planned; re-planning every entry",
                 due_count,
@@ -595,6 +792,15 @@ class SafeScheduler(LeasedScheduler, Scheduler):
                 continue
             del self.pause_expiry[name]
             raw = self.runtime.get(name)
+            if raw is None and self.lazy:
+                # not built here: read it, and resume it only if it is still paused until then
+                (raw,) = self.backend.definitions([name])
+                try:
+                    stored_until = None if raw is None else paused_until(parse_definition(raw))
+                    if stored_until is None or abs(stored_until - until) > 0.001:
+                        continue
+                except ScheduleError:
+                    continue
             if raw is not None:
                 self._store_enabled(
                     name, raw, True, "the pause of entry %r expired: resumed", "the pause of entry %r expired but it"

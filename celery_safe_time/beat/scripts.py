@@ -32,6 +32,7 @@ SCRIPTS = (
     "advance",
     "forget",
     "save_entry",
+    "save_entries",
     "delete_entry",
     "run_now",
     "run_now_done",

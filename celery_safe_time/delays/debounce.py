@@ -17,9 +17,17 @@ from typing import Any
 
 from .. import constants as C
 from ..exceptions import DebounceError
-from ..locks.keys import KeyBuilder, KeySpec
+from ..locks.keys import KeyBuilder, KeySpec, escape_value
 
-__all__ = ["RESERVED_KEY_PREFIXES", "DebounceCall", "caller_idempotency_key", "debounce_call", "seconds"]
+__all__ = [
+    "RESERVED_KEY_PREFIXES",
+    "DebounceCall",
+    "caller_idempotency_key",
+    "debounce_call",
+    "seconds",
+    "task_key",
+    "unique_row_key",
+]
 
 #: (task class, key spec) -> its key builder: a template is checked against the signature once.
 _BUILDERS: dict[tuple[type, Any], tuple[KeyBuilder, bool]] = {}
@@ -40,16 +48,28 @@ class DebounceCall:
         return C.DEBOUNCE_KEY_PREFIX + self.key
 
 
-#: Idempotency-key prefixes the package writes itself: a caller's key may not begin with one, or it
-#: could match (and take over) another task's debounced row.
-RESERVED_KEY_PREFIXES: tuple[str, ...] = (C.DEBOUNCE_KEY_PREFIX,)
+#: The prefixes of what the package writes in a row's idempotency key (constants.DEBOUNCE_KEY_PREFIX and
+#: its neighbours): a caller's key may not begin with one, so a key read back names its kind.
+RESERVED_KEY_PREFIXES: tuple[str, ...] = (C.DEBOUNCE_KEY_PREFIX, C.CALLER_KEY_PREFIX, C.UNIQUE_ROW_KEY_PREFIX)
+
+
+def task_key(prefix: str, task_name: str, key: str) -> str:
+    """``<prefix><task name>:<key>``, the task name escaped like a key value: no other task's key equals it."""
+    return f"{prefix}{escape_value(task_name)}:{key}"
+
+
+def unique_row_key(key: str) -> str:
+    """What a stored unique task's row holds: ``unique:<key>``, global like the key on the lock backend."""
+    return C.UNIQUE_ROW_KEY_PREFIX + key
 
 
 def caller_idempotency_key(task_name: str, value: Any) -> str | None:
-    """A caller's ``idempotency_key=`` checked: None, or a non-empty string outside the reserved prefixes.
+    """A caller's ``idempotency_key=`` checked, as its row stores it: None, or ``caller:<task>:<key>``.
 
-    Raises ``ValueError`` naming the option: an API that passes a client's ``Idempotency-Key`` header
-    through must not reach the keys of debounced rows.
+    Raises ``ValueError`` naming the option for a key that is not a non-empty string, begins with a
+    reserved prefix or is too long with the task's name. Stored under the task's name, a key passed
+    through from a client (an ``Idempotency-Key`` header) matches that task's own pending rows only:
+    never another task's call, debounced burst or unique row.
     """
     if value is None:
         return None
@@ -58,10 +78,12 @@ def caller_idempotency_key(task_name: str, value: Any) -> str | None:
         raise ValueError(f"{where} must be a non-empty string, got {value!r}")
     for prefix in RESERVED_KEY_PREFIXES:
         if value.startswith(prefix):
-            raise ValueError(f"{where}={value[:60]!r} begins with {prefix!r}, a prefix reserved for debounced calls")
-    if len(value) > C.DELAY_KEY_LENGTH:
-        raise ValueError(f"{where} is longer than {C.DELAY_KEY_LENGTH} characters ({value[:60]!r}...)")
-    return value
+            raise ValueError(f"{where}={value[:60]!r} begins with {prefix!r}, a prefix reserved for the package's keys")
+    stored = task_key(C.CALLER_KEY_PREFIX, task_name, value)
+    if len(stored) > C.DELAY_KEY_LENGTH:
+        room = C.DELAY_KEY_LENGTH - (len(stored) - len(value))
+        raise ValueError(f"{where} is longer than {room} characters with the task's name ({value[:60]!r}...)")
+    return stored
 
 
 def seconds(value: Any, option: str) -> float:
@@ -113,7 +135,7 @@ def debounce_call(
     for other in (C.OPTION_IDEMPOTENCY_KEY, "countdown", "eta"):
         if options.get(other) is not None:
             raise DebounceError(f"{where}: debounce decides the due time and the key; {other}= cannot be given too")
-    key = f"{task_name}:{_render(task_class, run, spec, args, kwargs, where)}"
+    key = task_key("", task_name, _render(task_class, run, spec, args, kwargs, where))
     if len(C.DEBOUNCE_KEY_PREFIX + key) > C.DELAY_KEY_LENGTH:
         raise DebounceError(
             f"{where}: debounce key {key[:60]!r}... is longer than {C.DELAY_KEY_LENGTH - len(C.DEBOUNCE_KEY_PREFIX)}"

@@ -22,6 +22,7 @@ from .. import signals
 from ..clock import as_utc, local_time, to_datetime
 from ..config import expires_argument, get_config
 from ..exceptions import BulkItemError, DebounceError, StoreError
+from ..install_check import warn_once_if_not_installed
 from ..locks import unique as unique_tasks
 from ..locks.backends import get_lock_backend
 from ..locks.keys import KeySpec
@@ -30,9 +31,8 @@ from ..locks.task_options import apply_flow_options, original_run
 from ..messages.compat import push_request
 from .backends import get_store
 from .backends.base import InsertResult, NewDelay
-from .debounce import caller_idempotency_key, debounce_call
+from .debounce import caller_idempotency_key, debounce_call, unique_row_key
 from .delivery import delivery_token, run_delivery
-from .install_check import warn_once_if_not_installed
 from .payload import clean_options, encode
 from .plan import DelayPlan, check_call_times, plan_delay
 from .sqs import check_message_size
@@ -71,8 +71,9 @@ class StoredAsyncResult(AsyncResult):
 class SafeTask(Task):
     """Use as ``@app.task(base=SafeTask)`` or ``Celery(..., task_cls='celery_safe_time:SafeTask')``.
 
-    Extra ``apply_async`` options: ``idempotency_key=`` (stored delays only): while a pending row
-    holds the key, another call returns that row's task id and stores nothing. ``debounce=`` (a
+    Extra ``apply_async`` options: ``idempotency_key=`` (stored delays only): while a pending row of
+    the same task holds the key, another call returns that row's task id and stores nothing (the row
+    holds ``caller:<task>:<key>``). ``debounce=`` (a
     ``timedelta`` or seconds), ``debounce_key=`` (a template over the task's arguments, or a callable)
     and ``debounce_max_wait=``: the call is stored due ``debounce`` from now; a later call with the same
     key while that row is pending moves it to ``debounce`` from its own time, never past the first call
@@ -234,10 +235,11 @@ class SafeTask(Task):
         try:
             if plan is None:
                 return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-            # Stored: the unique key is also the row's idempotency key, so the store itself refuses a
-            # second pending row for it even if Redis forgot the key.
+            # Stored: the unique key is also the row's idempotency key (in its own prefix, out of
+            # callers' reach), so the store itself refuses a second pending row for it even if the lock
+            # backend forgot the key.
             result, created = self._store(
-                plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key or key, options
+                plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key or unique_row_key(key), options
             )
         except BaseException:
             if found.status == "acquired":

@@ -33,12 +33,12 @@ from .. import constants as C
 from ..clock import as_utc
 from ..config import get_config
 from ..exceptions import StoreError
+from ..install_check import not_installed_message, rows_are_sent
 from ..messages.compat import routable_countdown
 from ..messages.requeue import wait_route
 from .backends import get_store
 from .backends.base import NewDelay
 from .delivery import delivery_token, run_delivery
-from .install_check import not_installed_message, rows_are_sent
 from .payload import clean_options, encode
 
 logger = logging.getLogger(__name__)

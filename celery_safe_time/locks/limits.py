@@ -36,7 +36,7 @@ from typing import Any, TypeVar, cast
 import redis
 
 from .. import constants as C
-from .. import signals
+from .. import handoff, signals
 from ..exceptions import RateLimited
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
@@ -189,11 +189,8 @@ def rate_limit(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # A stored wait's delivery is checked before its first gate (see checked_delivery); a
-            # deferred import, as delays (SafeTask) imports locks.
-            from ..delays.waits import checked_delivery
-
-            return checked_delivery(lambda: limiter(func, args, kwargs))
+            # A stored wait's delivery is checked before its first gate (see handoff.checked_delivery).
+            return handoff.checked_delivery(lambda: limiter(func, args, kwargs))
 
         # Celery checks call arguments against the task's signature; keep the real one.
         wrapper.__signature__ = limiter.builder.signature  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_postrun
 
 from .. import constants as C
-from .. import signals
+from .. import handoff, signals
 from ..config import SafeTimeConfig, get_config, seconds_argument
 from ..exceptions import (
     CoordinationUnavailable,
@@ -294,12 +294,10 @@ def requeue(
     headers[C.HEADER_LOCK_ORIGIN] = origin_header(request)
     if extra_headers:
         headers.update(extra_headers)
-    from ..delays.waits import send_later  # deferred: delays (SafeTask) imports locks
-
     sig = task.signature_from_request(request, headers=headers)
     try:
         # The broker for a short wait, the store beyond the delay threshold (see send_later).
-        send_later(task, sig, countdown)
+        handoff.send_later(task, sig, countdown)
     except Exception as publish_error:
         raise exc from publish_error
     # The delivery goes on in the copy: no gate taken before this one may record it as finished.
@@ -712,11 +710,8 @@ def wrap(func: F, lock: TaskLock) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # A stored wait's delivery is checked before its first gate (see checked_delivery); a
-        # deferred import, as delays (SafeTask) imports locks.
-        from ..delays.waits import checked_delivery
-
-        return checked_delivery(lambda: lock(func, args, kwargs))
+        # A stored wait's delivery is checked before its first gate (see handoff.checked_delivery).
+        return handoff.checked_delivery(lambda: lock(func, args, kwargs))
 
     # Celery checks call arguments against the task's signature; keep the real one.
     wrapper.__signature__ = lock.builder.signature  # type: ignore[attr-defined]

@@ -43,7 +43,8 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_revoked
 
 from .. import constants as C
-from ..exceptions import StoreError, UniqueConflict
+from .. import handoff
+from ..exceptions import UniqueConflict
 from .backends import LockBackend, UniqueClaim, get_lock_backend
 from .keys import KeyBuilder, KeySpec
 
@@ -54,9 +55,6 @@ R = TypeVar("R")
 __all__ = ["UniqueSpec", "release_stored", "run_unique", "unique_spec"]
 
 _HOST = socket.gethostname()
-
-#: Row states that say a stored holder will never run (again): its key is a ghost.
-_GONE_STATUSES = frozenset({C.STATUS_FINISHED, C.STATUS_CANCELLED, C.STATUS_EXPIRED, C.STATUS_FAILED})
 
 #: The class attribute a SafeTask subclass keeps its bound unique spec in.
 SPEC_ATTR = "_safe_time_unique"
@@ -118,14 +116,7 @@ def _holder_gone(app: Celery, claim: UniqueClaim) -> bool:
     """Whether a held key's holder can be seen to be gone: only a stored holder's row can say so."""
     if not claim.stored or claim.holder is None:
         return False
-    from ..delays.backends import get_store
-
-    try:
-        row = get_store(app).get(claim.holder)
-    except StoreError as exc:
-        logger.warning("cannot check unique key holder %s in the store, counting it alive: %s", claim.holder, exc)
-        return False
-    return row is None or row.status in _GONE_STATUSES
+    return handoff.stored_run_ended(app, claim.holder)
 
 
 def claim(

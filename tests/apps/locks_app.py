@@ -10,6 +10,7 @@ every body start of ``locks.durable`` is appended to ``test:locks:starts``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -24,6 +25,7 @@ from celery_safe_time.exceptions import LockLost
 from celery_safe_time.locks import current_fence, current_lock
 from celery_safe_time.messages.requeue import message_header
 from tests.apps.settings import configure
+from tests.apps.stack_gates import STACK_GATES
 
 app = configure(Celery("locks_app"))
 if os.environ.get("SAFE_TIME_TEST_INSTALL"):
@@ -336,3 +338,23 @@ def long_slot(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped
     time.sleep(seconds)
     record("long_slot", key, self.request.id, started, slot=held.key)
     return held.key
+
+
+# Every ordered pair of STACK_GATES as one acks_late task ``locks.stack.<outer>.<inner>`` (the first
+# gate outermost), for tests/faults/test_composition_faults.py. Each body records its start
+# (``test:locks:starts``) and its end (a run, with its fence).
+def _stacked(outer: str, inner: str) -> None:
+    def body(self, key: str, n: int, seconds: float) -> int:  # type: ignore[no-untyped-def]
+        started = time.time()
+        _redis.rpush(STARTS, json.dumps({"task_id": self.request.id, "n": n, "at": started, "pid": os.getpid()}))
+        time.sleep(seconds)
+        record("stack", key, self.request.id, started, n=n, pair=f"{outer}.{inner}", fence=current_fence())
+        return n
+
+    body.__name__ = f"stack_{outer}_{inner}"
+    wrapped = STACK_GATES[outer][1](TTL, RETRY_AFTER)(STACK_GATES[inner][1](TTL, RETRY_AFTER)(body))
+    app.task(bind=True, name=f"locks.stack.{outer}.{inner}", acks_late=True)(wrapped)
+
+
+for _outer, _inner in itertools.permutations(STACK_GATES, 2):
+    _stacked(_outer, _inner)

@@ -38,8 +38,9 @@ class TcpProxy:
         self._lose: tuple[bytes, bool] | None = None
         #: how many statements :meth:`lose_reply` caught
         self.replies_lost = 0
-        #: armed by :meth:`delay_reply`: (the bytes to wait for, how long to hold the reply)
-        self._delay: tuple[bytes, float] | None = None
+        #: armed by :meth:`delay_reply`: (the bytes to wait for, how long to hold the reply, the start
+        #: of a reply that is passed at once and leaves the trigger armed)
+        self._delay: tuple[bytes, float, bytes | None] | None = None
         #: how many replies :meth:`delay_reply` held
         self.replies_delayed = 0
         self.restore()
@@ -106,11 +107,17 @@ class TcpProxy:
         with self._lock:
             self._lose = (needle, server_gets_it)
 
-    def delay_reply(self, needle: bytes, seconds: float) -> None:
+    def delay_reply(self, needle: bytes, seconds: float, *, unless_reply: bytes | None = None) -> None:
         """Hold the reply to the next client message containing ``needle`` (once) for ``seconds``:
-        the server gets the message at once and answers; the answer reaches the client late."""
+        the server gets the message at once and answers; the answer reaches the client late.
+
+        ``unless_reply``: a reply starting with these bytes is passed at once and the trigger stays
+        armed for the next such message (Redis: ``b"-NOSCRIPT"``, the answer to a script call on a
+        server whose script cache another client flushed; the client loads the script and sends the
+        call again, and that call's reply is the one held).
+        """
         with self._lock:
-            self._delay = (needle, seconds)
+            self._delay = (needle, seconds, unless_reply)
 
     @property
     def is_up(self) -> bool:
@@ -165,6 +172,7 @@ class TcpProxy:
                         self._delay = None
                         self.replies_delayed += 1
                         link.hold_until = time.monotonic() + delay[1]
+                        link.held = delay
                 if caught and lose is not None:
                     if not lose[1]:
                         break  # dropped before the server saw it
@@ -190,10 +198,16 @@ class TcpProxy:
                         break  # the whole reply is in: never deliver it
                     continue
                 link.flowing.wait()
+                if link.hold_until and link.held is not None and link.held[2] and data.startswith(link.held[2]):
+                    with self._lock:  # not the reply to hold: pass it, and wait for the next call
+                        if self._delay is None:
+                            self._delay = link.held
+                            self.replies_delayed -= 1
+                    link.hold_until, link.held = 0.0, None
                 if link.hold_until:
                     # The held reply and whatever follows it on this connection wait together.
                     time.sleep(max(0.0, link.hold_until - time.monotonic()))
-                    link.hold_until = 0.0
+                    link.hold_until, link.held = 0.0, None
                 link.client.sendall(data)
         except OSError:
             pass
@@ -228,6 +242,8 @@ class _Link:
         self.flowing.set()
         #: when a held reply (:meth:`TcpProxy.delay_reply`) may go on (monotonic), or 0
         self.hold_until = 0.0
+        #: the :meth:`TcpProxy.delay_reply` trigger that set ``hold_until``
+        self.held: tuple[bytes, float, bytes | None] | None = None
 
 
 def proxy_for(url: str) -> tuple[TcpProxy, str]:

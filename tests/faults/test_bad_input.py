@@ -515,7 +515,7 @@ def test_sql_metacharacters_are_stored_as_data(
         row = get_store(app).get(task_id)
         assert row is not None
         assert json.loads(row.payload)["args"] == [evil]
-        assert row.idempotency_key == f"key:{evil_text}"
+        assert row.idempotency_key == f"caller:bad.record:key:{evil_text}"
         # the same key again: found as data, not as SQL
         again = app.tasks["bad.record"].apply_async((evil,), countdown=3600, idempotency_key=f"key:{evil_text}")
         assert again.id == task_id

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from tests.helpers import services
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 from tests.helpers.services import free_port
 
@@ -50,7 +51,7 @@ def broker_env(
     coordination: dict[str, Any] | None = None,
     **conf: Any,
 ) -> dict[str, str]:
-    """Worker env for ``broker_url`` (Redis or RabbitMQ) with locks, results and records on ``redis_url``.
+    """Worker env for ``broker_url`` (Redis, RabbitMQ or SQS) with locks, results and records on ``redis_url``.
 
     ``coordination``: the ``coordination_conf`` fixture's settings; with a PostgreSQL one the locks are
     there and the app has no ``safe_time_redis_url`` (results and the test's records stay on Redis).
@@ -61,6 +62,9 @@ def broker_env(
         options.update(coordination)
     if broker_url.startswith("redis") and visibility_timeout is not None:
         options["broker_transport_options"] = {"visibility_timeout": visibility_timeout, **FAST_RESTORE}
+    if broker_url.startswith("sqs"):
+        extra = {} if visibility_timeout is None else {"visibility_timeout": visibility_timeout}
+        options.update(services.broker_conf(broker_url, **extra))
     return {
         "SAFE_TIME_TEST_BROKER_URL": broker_url,
         "SAFE_TIME_TEST_REDIS_URL": redis_url,
@@ -69,8 +73,9 @@ def broker_env(
 
 
 def client_app(redis_url: str, broker_url: str | None = None, **conf: Any) -> Celery:
-    app = Celery("locks-client", broker=broker_url or redis_url, backend=redis_url, set_as_current=False)
-    app.conf.update(broker_connection_retry_on_startup=True, **conf)
+    broker = broker_url or redis_url
+    app = Celery("locks-client", broker=broker, backend=redis_url, set_as_current=False)
+    app.conf.update(broker_connection_retry_on_startup=True, **{**services.broker_conf(broker), **conf})
     return app
 
 

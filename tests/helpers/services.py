@@ -699,6 +699,23 @@ def sqs_transport_options(prefix: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def sqs_broker_url(endpoint: SqsEndpoint, prefix: str) -> str:
+    """A broker URL on ``endpoint`` for queues named ``prefix...``: the prefix rides in the URL's path
+    (kombu's SQS transport ignores the virtual host), so a test taking a broker URL alone can build
+    the transport options it needs with :func:`broker_conf`."""
+    return f"{endpoint.url}/{prefix}"
+
+
+def broker_conf(broker_url: str, **transport: Any) -> dict[str, Any]:
+    """The app settings a test's ``broker_url`` needs besides the URL: on SQS the transport options of
+    :func:`sqs_transport_options` (the queue name prefix from the URL's path, ``transport`` on top);
+    on Redis and RabbitMQ none."""
+    if not broker_url.startswith("sqs://"):
+        return {}
+    prefix = urlsplit(broker_url).path.lstrip("/")
+    return {"broker_transport_options": sqs_transport_options(prefix, **transport)}
+
+
 def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
     """Terminate a server this module started (killed after 10 s), if it still runs."""
     if proc is None or proc.poll() is not None:

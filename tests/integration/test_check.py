@@ -8,10 +8,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_safe_time.checks import check_redis, run_checks, worst
+from celery_safe_time.checks import run_checks, worst
 from celery_safe_time.clock import RedisClock, local_time, measure_redis_offset
 from celery_safe_time.config import get_config
 from celery_safe_time.delays.backends import get_store
+from celery_safe_time.health import check_redis
 from tests.helpers.processes import ProcessManager
 from tests.helpers.services import RedisServer, free_port
 

@@ -33,9 +33,9 @@ from celery_safe_time import (
 )
 from celery_safe_time.beat.lease import Lease, SlotWrite
 from celery_safe_time.beat.scheduler import SafeScheduler
-from celery_safe_time.checks import check_redis
 from celery_safe_time.config import SafeTimeConfig, get_config
 from celery_safe_time.exceptions import LockConflict
+from celery_safe_time.health import check_redis
 from celery_safe_time.locks.backends import Owner, get_lock_backend
 from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis, is_cluster

@@ -88,10 +88,6 @@ def test_quick_demo_on_rabbitmq_shows_the_consumer_timeout_crash_beside_safe_tas
     assert "exited (PRECONDITION_FAILED); restarted" in output
 
 
-# Not in make test: beside four busy test workers, the local SQS endpoint (moto, in Python) delivered
-# the demo's stored delays 2.9 s late at p50 against its 1 s expectation (0.03 s on a quiet machine).
-# make soak runs it; the SQS behaviour itself is tested in make test by tests/integration/delays/test_sqs.py.
-@pytest.mark.slow
 def test_quick_demo_on_sqs_meets_every_expectation_and_shows_plain_duplicates(tmp_path: Path) -> None:
     """`make demo BROKER=sqs`: the same story on a local SQS-compatible endpoint the demo starts; the
     queue purge loses no stored delay, and plain Celery's countdowns past the 4 s visibility timeout

@@ -17,8 +17,8 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time.beat.lease import Lease
-from celery_safe_time.checks import check_redis
 from celery_safe_time.config import get_config
+from celery_safe_time.health import check_redis
 from celery_safe_time.locks.backends import Owner
 from celery_safe_time.locks.backends.redis import RedisLockBackend
 from tests.helpers import services

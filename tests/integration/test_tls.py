@@ -15,10 +15,10 @@ from celery import Celery
 
 from celery_safe_time.beat.base import startup_checks
 from celery_safe_time.beat.lease import Lease
-from celery_safe_time.checks import check_redis
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured
+from celery_safe_time.health import check_redis
 from celery_safe_time.locks.backends import Owner
 from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis, is_cluster

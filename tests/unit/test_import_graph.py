@@ -1,5 +1,6 @@
 """The package's import graph, read statically: no module of the package imports itself back through
-others (:func:`cycles_touching` names the cycles through one part of it).
+others (:func:`cycles_touching` names the cycles through one part of it), and every import runs down
+the layers (:data:`LAYERS`, :func:`against_the_layers`).
 
 Every ``import`` statement counts, at module level or inside a function: a deferred import that
 dodges a cycle at runtime still ties the modules together. An edge goes to the module an import
@@ -105,6 +106,45 @@ def cycles_touching(part: str, graph: dict[str, set[str]] | None = None) -> list
     return [c for c in cycles(import_graph() if graph is None else graph) if any(inside(m) for m in c)]
 
 
+#: The layers, lowest first. A module imports modules of its own part, or of a part on a lower layer;
+#: two parts on one layer never import each other. What no entry names is core (``clock``, ``config``,
+#: ``sql``, ``handoff``, ``health``, ``messages``: the Celery message plumbing every capability uses).
+#: ``locks`` is the lowest capability: the store's ``SafeTask`` and beat's overlap guard build on the
+#: locks, and the locks reach the store only through the core seam ``handoff``. The integrations wire
+#: the capabilities into an app: the package's face, ``install``, ``checks``, ``metrics``, ``testing``,
+#: the CLI and the Django add-on.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("locks",),
+    ("delays", "beat"),
+    ("", "install", "checks", "metrics", "testing", "cli", "contrib"),
+)
+
+
+def part_of(module: str) -> tuple[int, str]:
+    """(layer, part) of a module of the package: layer 0 is core, the parts' layers follow in :data:`LAYERS`."""
+    inside = module.removeprefix(PACKAGE).removeprefix(".")
+    for layer, parts in enumerate(LAYERS, start=1):
+        for part in parts:
+            if inside == part or (part and inside.startswith(part + ".")):
+                return layer, part
+    return 0, "core"
+
+
+def against_the_layers(graph: dict[str, set[str]]) -> list[str]:
+    """Every edge that runs up the layers, or sideways between two capabilities of one layer (the
+    integrations, on the top layer, may import each other), as "importer -> imported (why)"."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        layer, part = part_of(module)
+        for target in sorted(imported):
+            target_layer, target_part = part_of(target)
+            sideways = target_layer == layer and 0 < layer < len(LAYERS) and target_part != part
+            if target_layer > layer or sideways:
+                way = "up" if target_layer > layer else "sideways"
+                found.append(f"{module} -> {target} ({way}: {part} imports {target_part})")
+    return found
+
+
 def test_the_graph_sees_function_level_and_relative_imports() -> None:
     graph = import_graph()
     assert "celery_safe_time.beat.backends.postgres" in graph["celery_safe_time.beat.backends"]
@@ -136,3 +176,35 @@ def test_beat_modules_import_in_one_order_backends_then_state_and_slots_then_ent
     for backend in ("redis", "postgres", "memory"):
         imported = graph[f"{beat}backends.{backend}"]
         assert not {beat + m for m in ("slots", "entries", "scheduler", "base")} & imported, backend
+
+
+def test_a_part_is_named_by_its_longest_path_and_the_rest_is_core() -> None:
+    assert part_of(PACKAGE) == (3, "")
+    assert part_of(f"{PACKAGE}.contrib.django.store") == (3, "contrib")
+    assert part_of(f"{PACKAGE}.delays.backends.sql.store") == (2, "delays")
+    assert part_of(f"{PACKAGE}.locks") == (1, "locks")
+    assert part_of(f"{PACKAGE}.sql.engine") == (0, "core")
+    assert part_of(f"{PACKAGE}.messages.requeue") == (0, "core")
+    assert part_of(f"{PACKAGE}.installer") == (0, "core")  # a part is a whole name, not a prefix of one
+
+
+def test_an_edge_up_or_sideways_between_capabilities_is_named() -> None:
+    core, locks, delays, beat, cli = (f"{PACKAGE}.{m}" for m in ("clock", "locks.a", "delays.b", "beat.c", "cli"))
+    graph = {core: {locks}, locks: {delays, core}, delays: {beat, locks}, beat: {locks}, cli: {beat, core}}
+    graph[cli].add(f"{PACKAGE}.install")  # the integrations may import each other
+    assert against_the_layers(graph) == [
+        f"{core} -> {locks} (up: core imports locks)",
+        f"{delays} -> {beat} (sideways: delays imports beat)",
+        f"{locks} -> {delays} (up: locks imports delays)",
+    ]
+
+
+def test_every_import_of_the_package_runs_down_the_layers() -> None:
+    edges = against_the_layers(import_graph())
+    assert not edges, "imports against the layers:\n" + "\n".join(edges)
+
+
+def test_checks_ask_each_backend_through_its_seam() -> None:
+    reached = import_graph()[f"{PACKAGE}.checks"]
+    backends = [m for m in reached if ".backends." in m]
+    assert backends == [], f"checks imports a backend module instead of its package's seam: {backends}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from ...clock import ServerClock
@@ -160,6 +161,9 @@ class BeatBackend(abc.ABC):
     def startup_checks(self, who: str) -> None:
         """Fail loudly when unreachable; warn about what would make the guard unsafe."""
 
+    def ensure_tables(self) -> None:  # noqa: B027 (only a database backend has tables to make)
+        """Make what the backend keeps its state in, where that is made (PostgreSQL's tables)."""
+
     # --- ticks --------------------------------------------------------------------
     @abc.abstractmethod
     def read_due(self, now: float, limit: int) -> DueRead:
@@ -235,6 +239,10 @@ class BeatBackend(abc.ABC):
     def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
         """Upsert ``name``'s definition: 0 when identical (nothing changes), else the new version."""
 
+    def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
+        """:meth:`entry_save` of each (name, definition JSON), in one round trip where the backend can."""
+        return [self.entry_save(name, raw, audit) for name, raw in items]
+
     @abc.abstractmethod
     def entry_delete(self, name: str, audit: str | None = None) -> int:
         """Delete ``name`` (its change log row stays as a tombstone): 0 when there was none, else the version."""
@@ -269,6 +277,47 @@ class BeatBackend(abc.ABC):
         written in each record: the same call run again (its reply lost) still answers True for the
         slots it marked. Not abstract: a backend without it still loads, and refuses a backfill."""
         raise SafeTimeError(f"the {self.label} beat backend cannot backfill (no claim_slots)")
+
+    # --- reading what is due (a leader with many runtime entries, ``SafeScheduler``) --------------
+    # Not abstract: the defaults answer from the methods above (a whole read), so a backend without
+    # a cheaper way still works; ``reads_due_only`` says whether the leader should use them at scale.
+    #: True when the leader may read definitions per due entry rather than load them all at takeover
+    reads_due_only: bool = False
+
+    def definition_count(self) -> int:
+        """How many runtime definitions are stored."""
+        return len(self.entry_definitions())
+
+    def change_count(self) -> int:
+        """How many names the change log holds (tombstones included)."""
+        return len(self.change_log())
+
+    def definitions(self, names: list[str]) -> list[Any]:
+        """The stored definitions of ``names`` (None where there is none), in one round trip."""
+        return [self.entry_definition(name) for name in names]
+
+    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+        """Every runtime definition, about ``chunk`` at a time (a name may come twice)."""
+        yield self.entry_definitions()
+
+    def scan_planned(self, chunk: int) -> Iterator[list[str]]:
+        """The names that have a state or a due score, about ``chunk`` at a time (a name may come twice)."""
+        stored, scores, _ = self.read_all()
+        yield sorted(set(stored) | set(scores))
+
+    def snapshot_meta(self) -> Snapshot:
+        """:meth:`snapshot` without the definitions (``definitions`` is empty)."""
+        snapshot = self.snapshot()
+        return dataclasses.replace(snapshot, definitions={})
+
+    def pause_expiries(self) -> dict[str, float]:
+        """Paused runtime entries with an expiry, as the leader recorded them: name -> when it resumes them."""
+        return {}
+
+    def set_pause_expiries(self, add: dict[str, float], remove: list[str], *, replace: bool = False) -> None:
+        """Record pause expiries (the leader does): add ``add``, drop ``remove``; ``replace`` drops all
+        others. A hint only: the leader checks the definition itself before it resumes an entry."""
+        return None
 
     # --- run history and change audit (``beat/history.py``) ------------------------------------
     # Not abstract: a backend without them still loads (and keeps neither).

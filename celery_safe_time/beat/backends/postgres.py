@@ -34,7 +34,7 @@ in order; the leader reads the counter with every tick's due read and, when it m
 changed names.
 
 The table definitions are ``beat/sql/schema.sql`` and every statement the backend runs
-``beat/sql/queries.sql``, named statements read once at import (:func:`load_sql`).
+``beat/sql/queries.sql``, named statements read once at import (:func:`~celery_safe_time.sql.named.named_statements`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ import sqlalchemy as sa
 from ... import constants as C
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
-from ...coordination import coordination_engine, named_sql, postgres_url
+from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
+from ...sql.named import named_statements
 from ..state import identity, marker_value, slot_id, with_definitions
 from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
@@ -72,17 +73,11 @@ COUNTS_TABLE = "safe_time_beat_counts"
 HISTORY_TABLE = "safe_time_beat_history"
 AUDIT_TABLE = "safe_time_beat_audit"
 
-
-def load_sql(name: str) -> dict[str, str]:
-    """The named statements of ``beat/sql/<name>.sql``, in file order (:func:`.coordination.named_sql`)."""
-    return named_sql("celery_safe_time.beat", name)
-
-
 #: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.
-DDL = tuple(load_sql("schema").values())
+DDL = tuple(named_statements("celery_safe_time.beat", "sql/schema.sql").values())
 
 #: Every statement the backend runs (``beat/sql/queries.sql``), by name.
-_QUERIES = {name: sa.text(sql) for name, sql in load_sql("queries").items()}
+_QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
 
 
 def _float(value: Any) -> float:

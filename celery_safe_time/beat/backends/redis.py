@@ -12,16 +12,17 @@ import bisect
 import dataclasses
 import json
 import logging
+from collections.abc import Iterator
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from ... import constants as C
-from ...checks import check_redis
 from ...clock import RedisClock
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
+from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, tls_hint
 from ..lease import Lease, LeaseKeys, history_keys
 from ..scripts import beat_scripts
@@ -45,6 +46,7 @@ class EntryKeys:
     changed: str
     run_now: str
     applied: str
+    pause_expiry: str
 
     @classmethod
     def for_config(cls, config: SafeTimeConfig) -> EntryKeys:
@@ -54,6 +56,7 @@ class EntryKeys:
             changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
             run_now=config.key(C.KEY_BEAT_RUN_NOW),
             applied=config.key(C.KEY_BEAT_ENTRIES_APPLIED),
+            pause_expiry=config.key(C.KEY_BEAT_PAUSE_EXPIRY),
         )
 
 
@@ -185,6 +188,69 @@ class RedisBeatBackend(BeatBackend):
             marker=as_text(marker) if marker else None,
         )
 
+    # --- reading what is due --------------------------------------------------------
+    reads_due_only = True
+
+    def definition_count(self) -> int:
+        return int(self.client.hlen(self.entry_keys.entries))
+
+    def change_count(self) -> int:
+        return int(self.client.zcard(self.entry_keys.changed))
+
+    def definitions(self, names: list[str]) -> list[Any]:
+        return list(self.client.hmget(self.entry_keys.entries, names)) if names else []
+
+    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+        cursor = 0
+        while True:
+            cursor, found = self.client.hscan(self.entry_keys.entries, cursor, count=chunk)
+            if found:
+                yield {as_text(k): v for k, v in cast("dict[Any, Any]", found).items()}
+            if int(cursor) == 0:
+                return
+
+    def scan_planned(self, chunk: int) -> Iterator[list[str]]:
+        cursor = 0
+        while True:  # the state hash's names, then the due set's
+            cursor, fields = self.client.hscan(self.keys.state, cursor, count=chunk)
+            if fields:
+                yield [as_text(k) for k in fields]
+            if int(cursor) == 0:
+                break
+        while True:
+            cursor, members = self.client.zscan(self.keys.due, cursor, count=chunk)
+            if members:
+                yield [as_text(member) for member, _ in members]
+            if int(cursor) == 0:
+                return
+
+    def snapshot_meta(self) -> Snapshot:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(self.entry_keys.version)
+        pipe.hgetall(self.entry_keys.run_now)
+        pipe.get(self.entry_keys.applied)
+        version_raw, requests, marker = pipe.execute()
+        return Snapshot(
+            version=int(version_raw or 0),
+            definitions={},
+            requests={as_text(k): as_text(v) for k, v in requests.items()},
+            marker=as_text(marker) if marker else None,
+        )
+
+    def pause_expiries(self) -> dict[str, float]:
+        return dict(scored(self.client.zrange(self.entry_keys.pause_expiry, 0, -1, withscores=True)))
+
+    def set_pause_expiries(self, add: dict[str, float], remove: list[str], *, replace: bool = False) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        if replace:
+            pipe.delete(self.entry_keys.pause_expiry)
+        if remove:
+            pipe.zrem(self.entry_keys.pause_expiry, *remove)
+        if add:
+            pipe.zadd(self.entry_keys.pause_expiry, add)
+        if len(pipe):
+            pipe.execute()
+
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.state)
@@ -282,6 +348,17 @@ class RedisBeatBackend(BeatBackend):
     def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
         keys = [*self._entry_keys(), *self._kept_keys(name)]
         return int(self.scripts["save_entry"](keys=keys, args=[name, raw, *self._audit_args(audit)]))
+
+    def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
+        if not items:
+            return []
+        # one script call for the chunk (lua/save_entries.lua: save_entry.lua's steps, entry by entry)
+        keys = self._entry_keys()
+        args = self._audit_args(audit)
+        for name, raw in items:
+            keys += self._kept_keys(name)
+            args += [name, raw]
+        return [int(v) for v in self.scripts["save_entries"](keys=keys, args=args)]
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:
         keys = [*self._entry_keys(), *self._kept_keys(name)]

@@ -260,9 +260,9 @@ def gather(app: Celery, now: datetime | None = None, *, database_entries: bool =
     permission)."""
     from django.db import Error as DjangoDbError
 
-    from ...beat.admin import describe_beat
     from ...delays.admin import describe_delays
     from ...locks.admin import describe_flow, describe_locks
+    from .status import describe_beat_with_django
 
     errors = (*SECTION_ERRORS, DjangoDbError)
     if now is None:
@@ -277,7 +277,7 @@ def gather(app: Celery, now: datetime | None = None, *, database_entries: bool =
 
     view = Overview(now=now, max_lateness=default_max_lateness(get_config(app).sweep_interval))
     try:
-        view.beat = describe_beat(app)
+        view.beat = describe_beat_with_django(app)
         view.beat_error = view.beat.get("error")
     except errors as exc:
         view.beat_error = _failed("beat", exc)

@@ -13,6 +13,7 @@ from celery.signals import worker_init
 
 from ... import constants as C
 from ...config import get_config
+from ...exceptions import ImproperlyConfigured, StoreError
 from .base import DelayStore
 
 __all__ = ["DelayStore", "create_store", "get_store", "set_store"]
@@ -23,6 +24,8 @@ _stores: weakref.WeakKeyDictionary[Celery, tuple[int, DelayStore]] = weakref.Wea
 _lock = threading.Lock()
 #: Apps whose store was given with :func:`set_store` rather than made from their settings.
 _given: weakref.WeakSet[Celery] = weakref.WeakSet()
+#: The entry-point group of stores an add-on installs under a whole ``safe_time_store_url``.
+STORE_ENTRY_POINTS = "celery_safe_time.stores"
 
 
 def create_store(url: str, *, namespace: str | None = None, timeout: float | None = None) -> DelayStore:
@@ -32,9 +35,7 @@ def create_store(url: str, *, namespace: str | None = None, timeout: float | Non
     drivers' own, which wait for ever on a hung connection)."""
     store: DelayStore
     if url == C.DJANGO_STORE:
-        from ...contrib.django.store import DjangoStore
-
-        store = DjangoStore()
+        store = _installed_store(url)
     elif url.startswith("memory:"):
         from .memory import MemoryStore
 
@@ -44,6 +45,22 @@ def create_store(url: str, *, namespace: str | None = None, timeout: float | Non
 
         store = SQLAlchemyStore(url, timeout=timeout)
     store.namespace = namespace
+    return store
+
+
+def _installed_store(url: str) -> DelayStore:
+    """The store an installed add-on names ``url`` in the :data:`STORE_ENTRY_POINTS` group (the Django
+    add-on's ``"django"``): found by name, so this factory never imports the add-on itself."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=STORE_ENTRY_POINTS, name=url)
+    if not found:
+        raise ImproperlyConfigured(
+            "safe_time_store_url", f"no store {url!r} is installed (entry point group {STORE_ENTRY_POINTS!r})"
+        )
+    store = next(iter(found)).load()()
+    if not isinstance(store, DelayStore):
+        raise ImproperlyConfigured("safe_time_store_url", f"the store installed as {url!r} is no DelayStore")
     return store
 
 
@@ -61,6 +78,21 @@ def get_store(app: Celery) -> DelayStore:
             _stores[app] = (pid, store)
             cached = _stores[app]
     return cached[1]
+
+
+#: Row states that say a stored task will never run (again).
+_ENDED_STATUSES = frozenset({C.STATUS_FINISHED, C.STATUS_CANCELLED, C.STATUS_EXPIRED, C.STATUS_FAILED})
+
+
+def stored_run_ended(app: Celery, task_id: str) -> bool:
+    """Whether ``task_id``'s row in the app's store says it will never run (again): gone, or ended (a
+    unique key its task still holds is then a ghost). A store that cannot be read counts it alive."""
+    try:
+        row = get_store(app).get(task_id)
+    except StoreError as exc:
+        logger.warning("cannot check unique key holder %s in the store, counting it alive: %s", task_id, exc)
+        return False
+    return row is None or row.status in _ENDED_STATUSES
 
 
 def set_store(app: Celery, store: DelayStore) -> None:

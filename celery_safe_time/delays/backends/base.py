@@ -18,7 +18,14 @@ from typing import Any, Literal
 from ... import constants as C
 from ...clock import as_utc
 from ...exceptions import PurgeRefused, StoreError
-from .sql.named import query
+from ...sql.named import named_statements
+
+
+def query(name: str, resource: str = "queries.sql") -> str:
+    """The SQL store's statement ``name`` in ``resource`` (``queries.sql``: statements; ``schema.sql``:
+    fragments), files of the ``sql`` package beside this module."""
+    return named_statements(f"{__package__}.sql", resource)[name]
+
 
 #: The database's current time per SQLAlchemy dialect / Django vendor, read when the statement runs
 #: (not at transaction start); the statements are in ``sql/queries.sql``.

@@ -188,6 +188,11 @@ class LockBackend(abc.ABC):
         """Where the locks live, for error messages: the backend, its URL (masked) and its setting."""
         return self.kind
 
+    def health(self) -> tuple[float, bool, int] | None:
+        """(round trip seconds, whether the lock tables exist, held lock rows) of a backend with tables
+        of its own, without creating anything; None for one whose server ``check_redis`` covers."""
+        return None
+
     # --- ownership ------------------------------------------------------------------------------
     #: The clock a lease is dated by on this side (the watchdog's): when an acquire was sent, when
     #: its answer came. Tests replace it to make a reply late.

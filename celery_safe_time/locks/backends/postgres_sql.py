@@ -13,25 +13,20 @@ import threading
 import sqlalchemy as sa
 
 from ... import constants as C
-from ...coordination import named_sql
+from ...sql.named import named_statements
 
-__all__ = ["QUERIES", "SCHEMA", "SCHEMA_LOCK_KEY", "ensure_schema", "load_sql"]
+__all__ = ["QUERIES", "SCHEMA", "SCHEMA_LOCK_KEY", "ensure_schema"]
 
 #: Serialises schema creation between processes (a transaction advisory lock).
 SCHEMA_LOCK_KEY = C.LOCK_SCHEMA_LOCK_KEY
 
 
-def load_sql(name: str) -> dict[str, str]:
-    """The named statements of ``locks/sql/<name>.sql``, in file order (:func:`.coordination.named_sql`)."""
-    return named_sql("celery_safe_time.locks", name)
-
-
 #: The tables, the sequence and the functions (``locks/sql/schema.sql``), run in order.
-SCHEMA = tuple(load_sql("schema").values())
+SCHEMA = tuple(named_statements("celery_safe_time.locks", "sql/schema.sql").values())
 
 #: Every statement the backend runs (``locks/sql/queries.sql``), by name, as text: the per-task calls
 #: take ``$n`` parameters for libpq, the others ``:name`` ones for ``sqlalchemy.text``.
-QUERIES = load_sql("queries")
+QUERIES = named_statements("celery_safe_time.locks", "sql/queries.sql")
 
 _ready: set[tuple[int, str]] = set()
 _ready_lock = threading.Lock()

@@ -337,6 +337,22 @@ def test_one_off_fires_once_then_reports_disabled(
     assert len(_fired(sent, "once")) == 1
 
 
+def test_rrule_searches_are_bounded_on_save_and_list(app: Celery, backend: BeatBackend) -> None:
+    never = {"type": "rrule", "rule": "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30", "dtstart": "2026-01-01T09:00:07"}
+    began = time.thread_time()  # CPU time: what the search costs, whatever the load
+    with pytest.raises(ScheduleError, match="never fires again"):
+        save_entry("feb30", "reports.send", never, app=app)
+    # dateutil alone walks to the year 9999 first: 2.9 s of CPU; the bounded search ~0.3 s.
+    assert time.thread_time() - began < 1.5
+    far = {"type": "rrule", "rule": "FREQ=YEARLY;BYMONTH=6", "dtstart": "3500-06-01T09:00:00"}
+    save_entry("far", "reports.send", far, app=app)
+    info = get_entry("far", app=app)
+    assert info is not None
+    assert info.next_fire == datetime(3500, 6, 1, 9, tzinfo=UTC)
+    assert [e.next_fire for e in list_entries(app=app) if e.name == "far"] == [info.next_fire]
+    assert backend.entry_definitions().keys() == {"far"}
+
+
 def test_rrule_and_run_now(app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]) -> None:
     start = datetime.fromtimestamp(int(time.time()) + 1, UTC)
     save_entry("rr", "t.entries_noop", dateutil_rrule(SECONDLY, interval=2, dtstart=start, count=2), app=app)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.helpers import services
 from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
@@ -111,7 +112,12 @@ def _on_broker(broker_url: str, redis_url: str) -> dict[str, str]:
     """Env for beats and worker publishing to ``broker_url``; lease, results and run records stay on Redis."""
     if broker_url == redis_url:
         return {}
-    conf = {"safe_time_beat_lease": LEASE, "safe_time_redis_url": redis_url, "result_backend": redis_url}
+    conf = {
+        "safe_time_beat_lease": LEASE,
+        "safe_time_redis_url": redis_url,
+        "result_backend": redis_url,
+        **services.broker_conf(broker_url),
+    }
     return {
         "SAFE_TIME_TEST_BROKER_URL": broker_url,
         "SAFE_TIME_TEST_RECORD_URL": redis_url,
@@ -119,10 +125,11 @@ def _on_broker(broker_url: str, redis_url: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.parametrize("broker_url", ["redis", "amqp", "sqs"], indirect=True)
 def test_failover_after_kill_9_keeps_the_grid(
     processes: ProcessManager, redis_client: redis.Redis, broker_url: str, redis_url: str
 ) -> None:
-    """On Redis and on RabbitMQ: the beats publish to the broker, the lease and slot guard live in Redis."""
+    """On Redis, RabbitMQ and SQS: the beats publish to the broker, the lease and slot guard live in Redis."""
     beats = _start(processes, 2, SCHEDULE, broker=_on_broker(broker_url, redis_url))
     leader = _leader(redis_client, beats)
     wait_for(lambda: len(runs(redis_client, "five")) >= 2, 30, message="two 'five' runs")

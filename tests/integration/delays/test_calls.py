@@ -237,8 +237,32 @@ def test_idempotency_key_1000_calls_over_10_keys(
         first.setdefault(key, task_id)
         assert first[key] == task_id
     rows = store.list(status=C.STATUS_PENDING)
-    assert {r.idempotency_key for r in rows} == {f"key-{i}" for i in range(10)}
+    assert {r.idempotency_key for r in rows} == {f"caller:tests.delays.record:key-{i}" for i in range(10)}
     assert {r.id for r in rows} == set(first.values())
+
+
+@pytest.mark.parametrize("database_url", ["postgres_url", "mysql_url"])
+def test_a_caller_key_matches_its_own_task_only(
+    make_app: Callable[..., Celery], database_url: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue(database_url)
+    fresh_sql_store(url).close()
+    app = make_app("idem-task", safe_time_store_url=url, safe_time_delay_threshold=60)
+    define_tasks(app)
+    record, add = app.tasks["tests.delays.record"], app.tasks["tests.delays.add"]
+    first = record.apply_async(("a",), countdown=3600, idempotency_key="order-1")
+    other = add.apply_async((1, 2), countdown=3600, idempotency_key="order-1")
+    assert other.id != first.id  # same key, another task: a row of its own
+    assert record.apply_async(("b",), countdown=3600, idempotency_key="order-1").id == first.id
+    [many] = add.apply_many([((3, 4), {}, {"countdown": 3600, "idempotency_key": "order-1"})])
+    assert many.id == other.id
+    store = get_store(app)
+    rows = {r.id: r for r in store.list(status=C.STATUS_PENDING)}
+    assert set(rows) == {first.id, other.id}
+    assert rows[first.id].idempotency_key == "caller:tests.delays.record:order-1"
+    assert json.loads(rows[other.id].payload)["args"] == [1, 2]  # never replaced by the other task's call
+    with pytest.raises(ValueError, match="idempotency_key"):
+        add.apply_async((1, 2), countdown=3600, idempotency_key="caller:tests.delays.record:order-1")
 
 
 # --- bad input ------------------------------------------------------------------

@@ -26,24 +26,30 @@ from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.publish import publish_row
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
+from tests.helpers import services
 from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
 
-#: Short heartbeat timeout so a killed run counts as dead within seconds; Redis redelivers unacked
+#: Short heartbeat timeout so a killed run counts as dead within seconds; Redis and SQS redeliver unacked
 #: messages after 5 s.
 LOCK_TTL = 4.0
+VISIBILITY_TIMEOUT = 5
 BASE_CONF: dict[str, Any] = {
     "safe_time_delay_threshold": 1,
     "safe_time_lock_ttl": LOCK_TTL,
     "safe_time_delivery_grace": 3,
-    "broker_transport_options": {"visibility_timeout": 5, "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
+    "broker_transport_options": {
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
 }
 
 
 class Setup:
-    """One test's broker (Redis db or RabbitMQ vhost), store, worker env and in-process app."""
+    """One test's broker (Redis db, RabbitMQ vhost or SQS queue prefix), store, worker env and in-process app."""
 
     def __init__(self, make_app: Callable[..., Celery], broker_url: str, redis_url: str, store_url: str, **conf: Any):
         self.conf = {
@@ -51,6 +57,8 @@ class Setup:
             "result_backend": redis_url,
             "safe_time_redis_url": redis_url,
             "safe_time_store_url": store_url,
+            # on SQS: the endpoint's transport options, the same visibility timeout
+            **services.broker_conf(broker_url, visibility_timeout=VISIBILITY_TIMEOUT),
             **conf,
         }
         self.env = {
@@ -117,12 +125,13 @@ def _kill_mid_run(setup: Setup, processes: ProcessManager, redis_client: redis.R
     return str(result.id)
 
 
+@pytest.mark.parametrize("broker_url", ["redis", "amqp", "sqs"], indirect=True)
 def test_acks_late_stored_task_killed_mid_run_runs_again_once_never_beside_itself(
     each_broker: Setup, processes: ProcessManager, redis_client: redis.Redis
 ) -> None:
-    """Issue 13 "acks_late kept honest", on Redis (redelivery after visibility_timeout) and RabbitMQ
-    (redelivery at once, while the dead run's heartbeat still looks fresh: the copy re-queues itself
-    until it is stale, then takes over)."""
+    """Issue 13 "acks_late kept honest", on Redis and SQS (redelivery after visibility_timeout) and
+    RabbitMQ (redelivery at once, while the dead run's heartbeat still looks fresh: the copy re-queues
+    itself until it is stale, then takes over)."""
     setup = each_broker
     task_id = _kill_mid_run(setup, processes, redis_client, "slow")
     setup.worker(processes, "rescuer")

@@ -14,8 +14,8 @@ from celery_safe_time import constants as C
 from celery_safe_time import install
 from celery_safe_time.delays.backends import get_store, reset_store
 from celery_safe_time.delays.backends.sql import SQLAlchemyStore, create_engine
-from celery_safe_time.delays.backends.sql.engine import STORE_KEEPALIVE_COUNT
 from celery_safe_time.exceptions import StoreError
+from celery_safe_time.sql.engine import STORE_KEEPALIVE_COUNT
 from tests.helpers.delays import fresh_sql_store, new_delay, utcnow
 
 pytestmark = pytest.mark.integration

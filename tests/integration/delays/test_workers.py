@@ -22,7 +22,7 @@ from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import proxy_for
 from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
-from tests.helpers.services import RedisServer
+from tests.helpers.services import RedisServer, broker_conf
 
 pytestmark = pytest.mark.integration
 
@@ -121,14 +121,22 @@ def test_flushall_while_pending_loses_nothing(
 
 
 def on_broker(broker_url: str, redis_url: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """Settings and worker env for ``broker_url``: on RabbitMQ the record, results and locks stay on
-    the test's Redis db, and the threshold is set (no visibility timeout to derive it from)."""
+    """Settings and worker env for ``broker_url``: on RabbitMQ and SQS the record, results and locks stay
+    on the test's Redis db, and the threshold is set (on RabbitMQ no visibility timeout to derive it
+    from; SQS's 10 s one would give 5 s)."""
     if broker_url == redis_url:
         return CONF, {}
-    conf = {**CONF, "safe_time_delay_threshold": 1.5, "safe_time_redis_url": redis_url, "result_backend": redis_url}
+    conf = {
+        **CONF,
+        "safe_time_delay_threshold": 1.5,
+        "safe_time_redis_url": redis_url,
+        "result_backend": redis_url,
+        **broker_conf(broker_url),
+    }
     return conf, {"SAFE_TIME_TEST_BROKER_URL": broker_url, "SAFE_TIME_TEST_RECORD_URL": redis_url}
 
 
+@pytest.mark.parametrize("broker_url", ["redis", "amqp", "sqs"], indirect=True)
 def test_cancel_revoke_reschedule_retry_signatures_chains_and_expires(
     processes: ProcessManager,
     make_app: Callable[..., Celery],
@@ -136,10 +144,12 @@ def test_cancel_revoke_reschedule_retry_signatures_chains_and_expires(
     broker_url: str,
     redis_url: str,
 ) -> None:
-    """On Redis and on RabbitMQ (the sweep publishes with publisher confirms there)."""
+    """On Redis, on RabbitMQ (the sweep publishes with publisher confirms there) and on SQS (in
+    ``SendMessageBatch`` calls)."""
     conf, env = on_broker(broker_url, redis_url)
     start_cluster(processes, conf, **env)
-    app = test_app(make_app, broker_url=broker_url, **{k: v for k, v in conf.items() if k not in CONF})
+    # the settings on_broker adds or replaces (on SQS the transport options too)
+    app = test_app(make_app, broker_url=broker_url, **{k: v for k, v in conf.items() if CONF.get(k) != v})
     record = app.tasks["tests.delays.record"]
     add = app.tasks["tests.delays.add"]
     store = get_store(app)

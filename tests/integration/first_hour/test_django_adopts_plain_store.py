@@ -58,7 +58,7 @@ def test_migrate_adopts_the_plain_stores_table_and_rows(tmp_path: Path, redis_ur
     )
     migrated = readme.run(project, "django", "migrate", "--settings=proj.settings")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr  # was: relation ... already exists
-    assert "Applying celery_safe_time.0005_debounce_until... OK" in migrated.stdout
+    assert "Applying celery_safe_time.0001_initial... OK" in migrated.stdout
 
     listing = readme.celery(project, "safe-time", "delays", "list", "--json")
     assert listing.returncode == 0, listing.stdout + listing.stderr

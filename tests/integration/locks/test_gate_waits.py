@@ -1,7 +1,7 @@
 """Issue 38 part 3, one way to wait: a gate's re-queue goes to the broker only with a countdown below
 the delay threshold; a longer wait goes through the durable store, for plain tasks too, and keeps its
 place in the limit. Real prefork workers, a Redis broker with a short visibility timeout (and
-RabbitMQ), the sweep of the store run by this process."""
+RabbitMQ, and the local SQS endpoint), the sweep of the store run by this process."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from celery import Celery
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers import locks as h
+from tests.helpers import services
 from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,9 @@ def _rated(client: redis.Redis) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("broker_url", "installed"), [("redis", True), ("redis", False), ("amqp", True)], indirect=["broker_url"]
+    ("broker_url", "installed"),
+    [("redis", True), ("redis", False), ("amqp", True), ("sqs", True)],
+    indirect=["broker_url"],
 )
 def test_rate_limit_waits_past_the_visibility_timeout_run_each_call_once(
     processes: ProcessManager,
@@ -57,6 +60,9 @@ def test_rate_limit_waits_past_the_visibility_timeout_run_each_call_once(
     }
     if broker_url.startswith("redis"):
         conf["broker_transport_options"] = {"visibility_timeout": VISIBILITY_TIMEOUT, **h.FAST_RESTORE}
+    elif broker_url.startswith("sqs"):
+        # SQS hands a message held past its visibility timeout out again by itself
+        conf.update(services.broker_conf(broker_url, visibility_timeout=VISIBILITY_TIMEOUT))
     else:
         # RabbitMQ closes the channel of a consumer holding a message past its consumer timeout: the
         # same rule (the threshold is half of it).

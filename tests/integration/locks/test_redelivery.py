@@ -1,6 +1,6 @@
 """Issue 13, locks: a redelivered copy is re-queued (never dropped), a finished delivery is
 recognised, and a lost reply to the acquire script is recognised as our own. Real workers, real
-brokers (Redis and RabbitMQ), a real kill -9 of the whole worker process group."""
+brokers (Redis, RabbitMQ and the local SQS endpoint), a real kill -9 of the whole worker process group."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _holder(workers: dict[str, CeleryProcess], start: dict[str, object]) -> Cele
 
 @pytest.mark.parametrize(
     ("broker_url", "coordination_conf"),
-    [("redis", "redis"), ("amqp", "redis"), ("amqp", "postgres"), ("amqp", "postgres-session")],
+    [("redis", "redis"), ("amqp", "redis"), ("amqp", "postgres"), ("amqp", "postgres-session"), ("sqs", "redis")],
     indirect=True,
 )
 def test_killed_acks_late_holder_runs_again_once_its_lock_expires(
@@ -84,14 +84,15 @@ def test_killed_acks_late_holder_runs_again_once_its_lock_expires(
         client.close()
 
 
+@pytest.mark.parametrize("broker_url", ["redis", "sqs"], indirect=True)
 def test_redelivery_while_running_is_requeued_then_dropped_when_the_holder_finishes(
-    processes: ProcessManager, redis_url: str, redis_client: redis.Redis
+    processes: ProcessManager, broker_url: str, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """A Redis broker redelivers a message still running after ``visibility_timeout``: the copy
+    """Redis and SQS hand out again a message still running after ``visibility_timeout``: the copy
     is re-queued while the holder runs and dropped once it finished (its identity is remembered)."""
-    env = h.broker_env(redis_url, redis_url, visibility_timeout=2)
+    env = h.broker_env(broker_url, redis_url, visibility_timeout=2)
     worker = h.start_worker(processes, ttl=3.0, retry_after=0.5, concurrency=4, env=env)
-    client = h.client_app(redis_url)
+    client = h.client_app(redis_url, broker_url)
     try:
         result = client.send_task("locks.durable", args=("r", 6.0))
         assert result.get(timeout=40) == "ran"

@@ -62,11 +62,12 @@ def test_grids() -> None:
     assert GRID.first(100.2) == 101.0
 
 
-def test_a_never_firing_rrule_is_walked_once_per_process() -> None:
+def test_a_never_firing_rrule_is_walked_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import datetime
 
     from dateutil.rrule import rrulestr
 
+    from celery_safe_time.beat import slots
     from celery_safe_time.beat.slots import NEVER, rrule
 
     text = "RRULE:FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30"  # no 30 February: never fires
@@ -75,10 +76,10 @@ def test_a_never_firing_rrule_is_walked_once_per_process() -> None:
     walks: list[datetime] = []
     again = rrule(rrulestr(text, dtstart=start))  # as every list_entries builds it from its JSON
 
-    def walk(moment: datetime, inc: bool = False) -> None:
+    def walk(rule: object, moment: datetime, probes: object = None) -> None:
         walks.append(moment)
 
-    again.rule.after = walk  # type: ignore[method-assign]
+    monkeypatch.setattr(slots, "bounded_after", walk)
     assert again.next_ts(1_800_000_100.0) == NEVER
     assert walks == []
     assert again.next_ts(1_700_000_000.0) == NEVER  # earlier than what was walked: asked again

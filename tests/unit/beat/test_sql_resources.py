@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from celery_safe_time.beat.backends import postgres
+from celery_safe_time.sql.named import named_statements
 
 
 def test_every_sql_file_of_beat_is_read_by_the_backend() -> None:
@@ -15,7 +16,7 @@ def test_every_sql_file_of_beat_is_read_by_the_backend() -> None:
 
 
 def test_the_schema_creates_every_table_the_backend_names_in_order_lease_first() -> None:
-    schema = postgres.load_sql("schema")
+    schema = named_statements("celery_safe_time.beat", "sql/schema.sql")
     assert next(iter(schema)) == "lease"
     tables = [getattr(postgres, name) for name in dir(postgres) if name.endswith("_TABLE")]
     created = " ".join(schema.values())
@@ -25,13 +26,13 @@ def test_the_schema_creates_every_table_the_backend_names_in_order_lease_first()
 
 
 def test_a_named_statement_keeps_its_indented_comments_and_drops_the_files() -> None:
-    schema = postgres.load_sql("schema")
+    schema = named_statements("celery_safe_time.beat", "sql/schema.sql")
     assert "-- most updates" in schema["counts_function"]
     assert not any(line.startswith("--") for sql in schema.values() for line in sql.splitlines())
 
 
 def test_every_query_the_backend_runs_is_named_in_queries_sql_and_every_named_one_is_run() -> None:
-    queries = postgres.load_sql("queries")
+    queries = named_statements("celery_safe_time.beat", "sql/queries.sql")
     source = Path(postgres.__file__).read_text(encoding="utf-8")
     used = set(re.findall(r'_QUERIES\["(\w+)"\]', source))
     assert used == set(queries)

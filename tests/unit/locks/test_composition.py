@@ -4,30 +4,36 @@ The matrix is generated from :data:`GATES`: every pair, in both orders where the
 (a beat entry's run lease always wraps the task from outside; a stored delay, ``unique=`` and debounce
 act at the publish, before any decorator), under every fault of :data:`FAULTS`.
 A gate joins the matrix by joining the list. Whatever the stacking and the fault, each call's body
-completes once, never beside a copy of itself, and no lock is left held.
+completes once, never beside a copy of itself, and nothing is left held or unfinished: no lock, no
+unique claim, no stored row short of an end. Lock expiry follows the test clock here, so a killed
+holder's lease runs out when the test moves the clock past its ttl.
 (Real workers on Redis and PostgreSQL: tests/integration/locks/test_composition_worker.py.)
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import time
 import uuid
 import zlib
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from celery import Task
 from celery.app.trace import build_tracer
 from celery.exceptions import Reject
+from celery.signals import before_task_publish
 
 from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit
 from celery_safe_time import constants as C
+from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import DebounceError
-from celery_safe_time.locks.backends import Owner
+from celery_safe_time.locks.backends import Owner, use_lock_backend
+from celery_safe_time.locks.backends.memory import MemoryLockBackend
 from celery_safe_time.locks.entry_runs import entry_key, wrap_task
 from celery_safe_time.locks.limits import slot_key
 from celery_safe_time.testing import SafeTimeTesting
@@ -64,9 +70,53 @@ GATES = [
 #: Pairs refused at the call, with the error that names why.
 REFUSED: dict[frozenset[str], type[Exception]] = {frozenset({"unique", "debounce"}): DebounceError}
 
-#: none; the broker hands the message out again while it runs (acks_late past the visibility timeout);
-#: the body calls retry() once; the body raises Reject(requeue=True) once (the broker delivers it again).
-FAULTS = ["none", "redelivery", "retry", "reject_requeue"]
+#: What happens to each call's first run:
+#: ``none``; ``redelivery``: the broker hands the message out again while it runs (acks_late past the
+#: visibility timeout); ``late_redelivery``: that copy arrives only after the run ended; ``retry``: the
+#: body calls retry() once; ``reject_requeue``: the body raises Reject(requeue=True) once (the broker
+#: delivers it again); ``worker_killed``: the worker dies mid-body (kill -9: nothing it held is given
+#: back, nothing after that instant happens) and the broker delivers the unacknowledged message again
+#: at once (as RabbitMQ does when the connection drops; Redis after its visibility timeout, later).
+FAULTS = ["none", "redelivery", "late_redelivery", "retry", "reject_requeue", "worker_killed"]
+
+
+class WorkerKilled(BaseException):
+    """The worker's process died here: raised past every ``except Exception``, and what the gates'
+    ``finally`` blocks then give back is put back as it was (:func:`frozen`)."""
+
+
+def frozen(*backends: object) -> Callable[[], bool]:
+    """A function putting the state (every dict, list and set attribute) of ``backends`` back as it
+    is now: what a killed process held stays held, whatever its ``finally`` blocks did since. It
+    returns whether anything had changed (a run killed inside a gate always leaves one held)."""
+    saved = [
+        (backend, {k: copy.deepcopy(v) for k, v in vars(backend).items() if isinstance(v, (dict, list, set))})
+        for backend in backends
+    ]
+
+    def restore() -> bool:
+        changed = False
+        for backend, attrs in saved:
+            for name, value in attrs.items():
+                changed = changed or getattr(backend, name) != value
+                setattr(backend, name, value)
+        return changed
+
+    return restore
+
+
+def clock_locks(st: SafeTimeTesting) -> MemoryLockBackend:
+    """Lock expiry on the test clock too (the kit keeps it on the real one), so the matrix can move
+    past a dead holder's ttl."""
+    store = st.store
+
+    def pass_time(seconds: float) -> None:
+        store.advance(max(0.0, seconds))
+
+    locks = MemoryLockBackend(get_config(st.app), clock=store.time, rate_clock=store.time, rate_sleep=pass_time)
+    use_lock_backend(st.app, locks)
+    st.locks = locks
+    return locks
 
 
 def _pairs() -> list[tuple[Gate, Gate]]:
@@ -81,6 +131,8 @@ def _pairs() -> list[tuple[Gate, Gate]]:
 
 
 CALLS = 4
+#: Rounds of 15 s of test clock the matrix runs at most (20 minutes).
+ROUNDS = 80
 
 
 class Runs:
@@ -102,6 +154,7 @@ def deliver_message(
     attempt: str,
     headers: dict[str, Any] | None = None,
     redelivered: bool = False,
+    retries: int = 0,
 ) -> str:
     """Trace one message of ``task`` as a worker does (not eager: re-queues go to the test store); a
     broker redelivery is the same message (``attempt``) with the ``redelivered`` flag. Returns the state."""
@@ -112,7 +165,7 @@ def deliver_message(
         "task": task.name,
         "args": list(args),
         "kwargs": {},
-        "retries": 0,
+        "retries": retries,
         "is_eager": False,
         "hostname": "composition@test",
         "headers": message_headers,
@@ -120,8 +173,57 @@ def deliver_message(
         "delivery_info": {"is_eager": False, "redelivered": redelivered},
     }
     tracer = build_tracer(task.name, task, eager=True, propagate=False, app=st.app)
-    traced = tracer(task_id, list(args), {}, request)
+    try:
+        traced = tracer(task_id, list(args), {}, request)
+    except WorkerKilled:
+        return "KILLED"
     return traced.info.state if traced.info is not None else "SUCCESS"
+
+
+#: What Celery itself puts in a message's headers (protocol 2); the rest are the package's own.
+_CELERY_HEADERS = frozenset(
+    {
+        *("lang", "task", "id", "shadow", "eta", "expires", "group", "group_index", "retries", "timelimit"),
+        *("root_id", "parent_id", "argsrepr", "kwargsrepr", "origin", "ignore_result", "replaced_task_nesting"),
+        *("stamped_headers", "stamps"),
+    }
+)
+
+
+class Broker:
+    """The matrix's broker: what the task publishes to the broker (not into the store: a re-queue of
+    the delivery record, for one), delivered when its countdown has passed on the test clock."""
+
+    def __init__(self, st: SafeTimeTesting, task_name: str) -> None:
+        self.st = st
+        self.task_name = task_name
+        #: (due on the test clock, message headers, body)
+        self.waiting: list[tuple[float, dict[str, Any], Any]] = []
+
+    def on_publish(self, sender: Any = None, body: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if sender != self.task_name or headers is None:
+            return
+        eta = headers.get("eta")
+        wait = (datetime.fromisoformat(eta) - datetime.now(timezone.utc)).total_seconds() if eta else 0.0
+        self.waiting.append((self.st.store.time() + max(0.0, wait), dict(headers), body))
+
+    def deliver_due(self, task: Task) -> int:
+        """Deliver every message due by the test clock; how many."""
+        now = self.st.store.time()
+        due = [w for w in self.waiting if w[0] <= now]
+        self.waiting = [w for w in self.waiting if w[0] > now]
+        for _, headers, body in sorted(due, key=lambda w: w[0]):
+            args = tuple(body[0]) if isinstance(body, (list, tuple)) else ()
+            deliver_message(
+                self.st,
+                task,
+                args,
+                task_id=str(headers["id"]),
+                attempt=str(headers.get(C.HEADER_ATTEMPT)),
+                headers={k: v for k, v in headers.items() if k not in _CELERY_HEADERS and k != C.HEADER_ATTEMPT},
+                retries=int(headers.get("retries") or 0),
+            )
+        return len(due)
 
 
 def _make_task(st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: str, runs: Runs) -> Task:
@@ -141,9 +243,25 @@ def _make_task(st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: s
                     raise Reject("again", requeue=True)
                 if fault == "redelivery":
                     redeliver(self.request.id, self.request.headers, n)
+                if fault == "late_redelivery":
+                    task_id, headers = self.request.id, dict(self.request.headers or {})
+                    copies.append(lambda: redeliver(task_id, headers, n))
+                if fault == "worker_killed":
+                    task_id, headers = self.request.id, dict(self.request.headers or {})
+                    restore = frozen(st.locks, st.store)
+                    copies.append(lambda: revive(restore, task_id, headers, n))
+                    raise WorkerKilled
             runs.completed[n] = runs.completed.get(n, 0) + 1
         finally:
             runs.running[n] -= 1
+
+    def revive(restore: Callable[[], bool], task_id: str, headers: dict[str, Any], n: int) -> None:
+        assert restore(), "the killed run held nothing its finally blocks gave back"
+        # Rows the dead run's sweep had claimed beside it are published by the sweep, not the worker.
+        for row in st.store.rows():
+            if row.status == C.STATUS_CLAIMED and row.claim_token is not None:
+                st.store.release([row.id], row.claim_token)
+        redeliver(task_id, headers, n)
 
     def redeliver(task_id: str, headers: dict[str, Any] | None, n: int) -> None:
         deliver_message(
@@ -170,18 +288,42 @@ def _make_task(st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: s
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize(("outer", "inner"), _pairs(), ids=lambda g: g.name)
 def test_stacked_gates_run_each_call_once(safe_time: SafeTimeTesting, outer: Gate, inner: Gate, fault: str) -> None:
+    locks = clock_locks(safe_time)
     runs = Runs()
     task = _make_task(safe_time, f"compose.{outer.name}.{inner.name}.{fault}", (outer, inner), fault, runs)
-    entry = outer.entry or inner.entry
     refused = REFUSED.get(frozenset({outer.name, inner.name}))
     if refused is not None:
         with pytest.raises(refused):
             task.apply_async((0,), **{**outer.send_options, **inner.send_options})
         return
+    broker = Broker(safe_time, task.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        _run_matrix_case(safe_time, task, runs, broker, outer, inner)
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+        with safe_time.app.connection_for_write() as conn:  # the memory broker is the process's
+            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
+    assert runs.completed == dict.fromkeys(range(CALLS), 1)
+    assert max(runs.most_at_once.values()) == 1  # a copy never runs beside its original
+    # Nothing held or unfinished once every call ran (a dead holder's lease has run out).
+    assert locks.scan() == []
+    assert locks.scan_unique() == []
+    assert [(r.id, r.status) for r in safe_time.store.rows() if r.status not in C.DELAY_FINISHED_STATUSES] == []
+    assert broker.waiting == []
+
+
+def _run_matrix_case(
+    safe_time: SafeTimeTesting, task: Task, runs: Runs, broker: Broker, outer: Gate, inner: Gate
+) -> None:
+    """Send the calls, then run the test clock forward until every call ran and nothing waits."""
+    entry = outer.entry or inner.entry
     for n in range(CALLS):
         headers: dict[str, Any] = {}
         if entry is not None:
-            headers[C.HEADER_OVERLAP] = {"entry": "compose", "policy": entry, "ttl": 60}
+            # A short lease: a waiting run looks again every second, so a dead holder's 60 s would
+            # cost the matrix a few hundred deliveries per call.
+            headers[C.HEADER_OVERLAP] = {"entry": "compose", "policy": entry, "ttl": 15}
         send = {**outer.send_options, **inner.send_options}
         if send or outer.task_options or inner.task_options:
             if "debounce" in send:
@@ -193,13 +335,18 @@ def test_stacked_gates_run_each_call_once(safe_time: SafeTimeTesting, outer: Gat
             deliver_message(safe_time, task, (n,), task_id=uuid.uuid4().hex, attempt=uuid.uuid4().hex, headers=headers)
         while task.pending_copies:
             task.pending_copies.pop(0)()
-    for _ in range(20):
-        safe_time.run_due(advance=timedelta(seconds=15), propagate=False)
-        while task.pending_copies:
-            task.pending_copies.pop(0)()
-    assert runs.completed == dict.fromkeys(range(CALLS), 1)
-    assert max(runs.most_at_once.values()) == 1  # a copy never runs beside its original
-    assert safe_time.locks.scan() == []  # nothing held once every call ran
+    # Until every call ran and nothing waits (a killed run's stored row is taken over once its
+    # heartbeat stays stale for a lock ttl: several minutes of test clock per killed call).
+    for _ in range(ROUNDS):
+        try:
+            safe_time.run_due(advance=timedelta(seconds=15), propagate=False)
+        except WorkerKilled:
+            pass  # the run_due "worker" died mid-row; its copy comes below
+        while task.pending_copies or broker.deliver_due(task):
+            while task.pending_copies:
+                task.pending_copies.pop(0)()
+        if len(runs.completed) == CALLS and not safe_time.stored_delays() and not broker.waiting:
+            break
 
 
 def test_a_redelivered_copy_finds_the_slot_its_original_holds(safe_time: SafeTimeTesting) -> None:

@@ -85,7 +85,7 @@ def test_without_the_sweep_a_long_wait_comes_back_at_the_threshold_and_waits_aga
     broker after the threshold (never later) and waits again from there, keeping its place."""
     from celery.signals import before_task_publish
 
-    from celery_safe_time.delays import install_check
+    from celery_safe_time import install_check
 
     install_check._run_otherwise.discard(st.app)
     etas: list[tuple[float, str]] = []

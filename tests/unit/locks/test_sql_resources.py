@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from celery_safe_time.locks.backends import postgres, postgres_sql
+from celery_safe_time.sql.named import named_statements
 
 
 def test_every_sql_file_of_locks_is_read_by_the_backend() -> None:
@@ -15,7 +16,7 @@ def test_every_sql_file_of_locks_is_read_by_the_backend() -> None:
 
 
 def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_queries_call() -> None:
-    schema = postgres_sql.load_sql("schema")
+    schema = named_statements("celery_safe_time.locks", "sql/schema.sql")
     assert tuple(schema.values()) == postgres_sql.SCHEMA
     names = list(schema)
     assert names.index("lock") < names.index("fence") < names.index("acquire_v4")
@@ -42,7 +43,7 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
 
 
 def test_the_schema_creates_only_functions_that_a_query_or_another_function_calls() -> None:
-    schema = " ".join(postgres_sql.load_sql("schema").values())
+    schema = " ".join(named_statements("celery_safe_time.locks", "sql/schema.sql").values())
     created = set(re.findall(r"CREATE OR REPLACE FUNCTION (safe_time_\w+)\(", schema))
     queries = " ".join(postgres_sql.QUERIES.values())
     called = {name for name in created if re.search(rf"\b{name}\(", queries) or re.search(rf"PERFORM {name}\(", schema)}
@@ -50,7 +51,7 @@ def test_the_schema_creates_only_functions_that_a_query_or_another_function_call
 
 
 def test_a_function_keeps_its_indented_comments_and_the_file_comments_are_dropped() -> None:
-    schema = postgres_sql.load_sql("schema")
+    schema = named_statements("celery_safe_time.locks", "sql/schema.sql")
     assert "-- Our own token (a lost reply)" in schema["acquire_v4"]
     assert not any(line.startswith("--") for sql in schema.values() for line in sql.splitlines())
     assert all(sql and not sql.endswith(";") for sql in schema.values())

@@ -1,9 +1,10 @@
 """The SQL store (SQLAlchemy Core): PostgreSQL, SQLite and MySQL/MariaDB.
 
-Modules: :mod:`.engine` (drivers, deadlines, the database's clock), :mod:`.schema` (the table),
-:mod:`.statements` (conditions and conditional writes), :mod:`.postgres` (the PostgreSQL fast path of
-the delivery record), :mod:`.store` (:class:`SQLAlchemyStore`). Raw SQL lives in ``queries.sql`` and
-``schema.sql`` beside them, read by :func:`query` (:mod:`.named`).
+Modules: :mod:`.clock` (the database's clock), :mod:`.schema` (the table), :mod:`.statements`
+(conditions and conditional writes), :mod:`.postgres` (the PostgreSQL fast path of the delivery
+record), :mod:`.store` (:class:`SQLAlchemyStore`); engines, drivers and deadlines are the package's
+SQL toolkit (:mod:`celery_safe_time.sql`). Raw SQL lives in ``queries.sql`` and ``schema.sql`` beside
+them, read by :func:`~celery_safe_time.delays.backends.base.query`.
 
 Importing this package loads neither SQLAlchemy nor a driver: the names below load on first access.
 """
@@ -13,10 +14,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .named import query
-
 if TYPE_CHECKING:
-    from .engine import create_engine, database_now, deadline_args, load_driver, normalize_url
+    from ....sql.engine import create_engine, deadline_args, load_driver, normalize_url
+    from .clock import database_now
     from .schema import UTCDateTime, delays, metadata
     from .store import SQLAlchemyStore
 
@@ -30,19 +30,18 @@ __all__ = [
     "load_driver",
     "metadata",
     "normalize_url",
-    "query",
 ]
 
 _LAZY = {
-    "SQLAlchemyStore": "store",
-    "UTCDateTime": "schema",
-    "delays": "schema",
-    "metadata": "schema",
-    "create_engine": "engine",
-    "database_now": "engine",
-    "deadline_args": "engine",
-    "load_driver": "engine",
-    "normalize_url": "engine",
+    "SQLAlchemyStore": ".store",
+    "UTCDateTime": ".schema",
+    "delays": ".schema",
+    "metadata": ".schema",
+    "database_now": ".clock",
+    "create_engine": "....sql.engine",
+    "deadline_args": "....sql.engine",
+    "load_driver": "....sql.engine",
+    "normalize_url": "....sql.engine",
 }
 
 
@@ -50,4 +49,4 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    return getattr(importlib.import_module(module, __name__), name)

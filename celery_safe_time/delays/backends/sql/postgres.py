@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine.interfaces import DBAPIModule
 
-from .engine import create_engine
+from ....sql.engine import create_engine
 
 logger = logging.getLogger(__name__)
 

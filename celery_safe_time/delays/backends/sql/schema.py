@@ -16,7 +16,7 @@ from sqlalchemy.ext.compiler import compiles
 from .... import constants as C
 from ....clock import UTC, as_utc
 from ....exceptions import StoreError
-from .named import query
+from ..base import query
 
 logger = logging.getLogger(__name__)
 

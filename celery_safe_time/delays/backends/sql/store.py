@@ -18,6 +18,7 @@ from .... import constants as C
 from ....clock import as_utc
 from ....config import mask_url
 from ....exceptions import StoreError
+from ....sql.engine import create_engine
 from ..base import (
     DelayRow,
     DelayStore,
@@ -28,13 +29,13 @@ from ..base import (
     early_by,
     empty_counts,
     new_delivery_token,
+    query,
     refused,
     rerun_values,
     start_verdict,
     truncate_error,
 )
-from .engine import create_engine, database_now, now_sql
-from .named import query
+from .clock import database_now, now_sql
 from .postgres import RecordWrites
 from .schema import (
     LATER_INDEXES,

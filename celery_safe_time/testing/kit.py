@@ -1,104 +1,36 @@
-"""Test helpers for code that uses celery-safe-time: a pytest plugin, usable without pytest too.
-
-``task_always_eager`` runs everything at once and ignores countdowns, so it bypasses the store: a
-test of "remind in 14 days" proves nothing. Here the delays go through the real ``SafeTask`` path
-into an in-memory store whose clock the test moves forward:
-
-```python
-def test_trial_reminder(safe_time):
-    start_trial.delay(user_id=42)
-    safe_time.assert_stored(send_reminder, kwargs={"user_id": 42}, due_within=timedelta(days=14, minutes=1))
-    ran = safe_time.run_due(advance=timedelta(days=14))
-    assert [r.task for r in ran] == [send_reminder.name]
-```
-
-What the in-process set-up covers (:func:`safe_time_testing`):
-
-- stored delays: an in-memory store (:class:`TestStore`) with the same contract as the database
-  stores and a clock that :meth:`SafeTimeTesting.run_due` moves forward; the delivery record
-  (conditional start, outcome) runs as in a worker. ``store="sqlite"`` (or the ``safe_time_sqlite``
-  fixture) puts the rows in a temporary SQLite file instead (:class:`TestSQLiteStore`: the SQL store
-  of production, its table, payload encoding and claim query, with the same movable clock);
-- ``overlap_lock``, ``idempotent``, unique tasks (``SafeTask(unique=...)``), ``rate_limit`` and
-  ``concurrency_limit``: :class:`MemoryLockBackend`, the Redis lock scripts' rules in Python
-  (token-checked acquire/renew/release, fencing numbers, idempotency markers with their window,
-  finished-delivery markers, unique keys by task id, the rate limit's sliding log). Rate-limit
-  windows follow the test clock; :meth:`SafeTimeTesting.deliver` runs a call as a worker does, and
-  :meth:`SafeTimeTesting.assert_rate_limited` says which calls a limit delayed. Not covered: the
-  hard-time-limit release (it reads Redis);
-- no Redis, no database and no broker, whatever the app's production settings: the block unsets
-  ``safe_time_coordination_url``, gives the app a ``memory://`` broker and a ``cache+memory://``
-  result backend, and a placeholder ``safe_time_redis_url`` that names itself if anything still
-  reaches for Redis (``SafeScheduler`` does: beat needs Redis; test schedules with :func:`next_fires`).
-
-Production validation is unchanged outside the block: a real app without ``safe_time_redis_url``,
-with a non-Redis broker and no ``safe_time_coordination_url`` still fails at startup.
-"""
+"""The handle of an app under test (:class:`SafeTimeTesting`), what it reads, and the block that sets it up
+(:func:`safe_time_testing`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import shutil
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
-from datetime import datetime, timedelta, timezone, tzinfo
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
 from celery.app.trace import build_tracer
 
-from . import constants as C
-from . import signals
-from .clock import as_utc, local_time, to_datetime
-from .config import SafeTimeConfig, get_config, reset_config
-from .delays.backends import reset_store, set_store
-from .delays.backends.base import DelayRow
-from .delays.backends.memory import MemoryStore
-from .delays.backends.sql import SQLAlchemyStore
-from .delays.install_check import sweep_not_needed
-from .delays.payload import decode
-from .delays.revoked import REASON_EXPIRED, report_revoked
-from .locks.backends import LockInfo, use_lock_backend
-from .locks.backends.memory import MemoryLockBackend
-from .messages.requeue import new_attempt
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
+from .. import constants as C
+from .. import signals
+from ..config import SafeTimeConfig, get_config, reset_config
+from ..delays.backends import reset_store, set_store
+from ..delays.backends.base import DelayRow
+from ..delays.payload import decode
+from ..delays.revoked import REASON_EXPIRED, report_revoked
+from ..install_check import sweep_not_needed
+from ..locks.backends import LockInfo, use_lock_backend
+from ..locks.backends.memory import MemoryLockBackend
+from ..messages.requeue import new_attempt
+from .stores import TestSQLiteStore, TestStore
 
 #: The stores a test can ask for (``safe_time_testing(store=...)``).
 TestStoreKind = Literal["memory", "sqlite"]
-
-__all__ = [
-    "LimitedCall",
-    "MemoryLockBackend",
-    "RunResult",
-    "SafeTimeTesting",
-    "StoredDelay",
-    "TestSQLiteStore",
-    "TestStore",
-    "assert_idempotent_done",
-    "assert_lock_free",
-    "assert_lock_held",
-    "assert_not_rate_limited",
-    "assert_rate_limited",
-    "assert_stored",
-    "assert_unique_free",
-    "assert_unique_held",
-    "deliver",
-    "next_fires",
-    "run_due",
-    "safe_time_testing",
-    "stored_delays",
-]
-
-UTC = timezone.utc
 
 #: ``safe_time_redis_url`` of a testing app: a socket that cannot exist, named so that the error of
 #: anything that still tries Redis (beat, ``safe-time check``) says why.
@@ -108,135 +40,6 @@ NO_REDIS_URL = "unix:///nonexistent/celery-safe-time-testing-has-no-redis.sock"
 MAX_RUNS = 10_000
 
 _HOST = socket.gethostname()
-
-
-# --- the in-process backends ---------------------------------------------------------------------
-
-
-class _MovableClock:
-    """The forward-only test clock both test stores share: the store's own clock plus ``offset``,
-    held still while the kit runs a call (:meth:`held`)."""
-
-    offset: float = 0.0
-    #: While held: the clock's reading (epoch seconds), which real time does not move.
-    _held_at: float | None = None
-    _holds: int = 0
-
-    if TYPE_CHECKING:  # the store's own clock plus ``offset``; the mixin must not shadow it at runtime
-
-        def now(self) -> datetime: ...
-
-    def _own_time(self) -> float:
-        """The store's own clock (epoch seconds), without the offset."""
-        raise NotImplementedError
-
-    def time(self) -> float:
-        """The test clock as epoch seconds: the rate-limit windows' clock."""
-        held = self._held_at
-        return held if held is not None else local_time() + self.offset
-
-    def _moved_now(self, own: datetime) -> datetime:
-        """``now()`` of a store whose own clock reads ``own``: the held reading while held."""
-        held = self._held_at
-        return to_datetime(held) if held is not None else own + timedelta(seconds=self.offset)
-
-    def advance(self, delta: timedelta | float) -> datetime:
-        """Move the clock ``delta`` forward; returns the new now."""
-        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
-        if seconds < 0:
-            raise ValueError(f"the test clock only moves forward, got {delta!r}")
-        if self._held_at is not None:
-            self._held_at += seconds
-        else:
-            self.offset += seconds
-        return self.now()
-
-    def advance_to(self, when: datetime) -> datetime:
-        """Move the clock to ``when`` if that is later than now."""
-        if self._held_at is not None:
-            # Exactly ``when``: a due row is claimed at its due instant, not a rounding before it.
-            self._held_at = max(self._held_at, as_utc(when).timestamp())
-            return self.now()
-        gap = (as_utc(when) - self.now()).total_seconds()
-        if gap > 0:
-            self.offset += gap
-        return self.now()
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[datetime]:
-        """Hold the clock still for the block: only ``advance``/``advance_to`` move it, not real time.
-
-        The kit runs every call in such a block, so a call happens at one instant of the test clock
-        (its due time, or the instant ``deliver`` was called) however long the machine takes to run
-        it: what a rate limit decides, and the due time of what the call stores, are the same on a
-        loaded machine as on an idle one. After the block the clock runs on from where it stood.
-        """
-        if self._holds == 0:
-            self._held_at = self.now().timestamp()
-        self._holds += 1
-        try:
-            yield self.now()
-        finally:
-            self._holds -= 1
-            if self._holds == 0 and self._held_at is not None:
-                self.offset = self._held_at - self._own_time()
-                self._held_at = None
-
-
-class TestStore(_MovableClock, MemoryStore):
-    """The memory store with a clock a test moves forward (``advance``); it never moves back."""
-
-    __test__ = False  # not a pytest test class
-
-    def __init__(self, url: str = "memory://testing") -> None:
-        super().__init__(url)
-        self.offset = 0.0
-
-    def _own_time(self) -> float:
-        return local_time()
-
-    def now(self) -> datetime:
-        return self._moved_now(to_datetime(local_time()))
-
-    def rows(self) -> list[DelayRow]:
-        with self._lock:
-            return sorted(self._rows.values(), key=lambda r: (r.due_at, r.id))
-
-
-class TestSQLiteStore(_MovableClock, SQLAlchemyStore):
-    """The SQL store on a temporary SQLite file, with a clock a test moves forward (``advance``).
-
-    Every "now" of the store (claims, the delivery record's start and end, ``requeue_unstarted``) is
-    SQLite's clock plus the offset, so due rows are found by the production claim query. ``close``
-    deletes the file.
-    """
-
-    __test__ = False  # not a pytest test class
-
-    def __init__(self, directory: str | None = None) -> None:
-        self.directory = directory or tempfile.mkdtemp(prefix="safe-time-testing-")
-        Path(self.directory).mkdir(parents=True, exist_ok=True)
-        super().__init__(f"sqlite:///{Path(self.directory) / 'delays.sqlite3'}")
-        self.offset = 0.0
-
-    def _own_time(self) -> float:
-        return super().now().timestamp()
-
-    def now(self) -> datetime:
-        return self._moved_now(super().now())
-
-    def _db_now(self, conn: Connection) -> datetime:
-        return self._moved_now(super()._db_now(conn))
-
-    def rows(self) -> list[DelayRow]:
-        return self.list(limit=1_000_000)
-
-    def close(self) -> None:
-        super().close()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-# --- what a test reads ----------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -823,199 +626,3 @@ def _forget_connections(app: Celery) -> None:
         amqp._producer_pool = None
     app._backend_cache = None
     app._local.__dict__.pop("backend", None)
-
-
-def _handle(app: Celery | None, task: Task | str | None = None) -> SafeTimeTesting:
-    if app is None and isinstance(task, Task):
-        app = task._get_app()
-    if app is not None:
-        handle = _active.get(app)
-        if handle is None:
-            raise RuntimeError(f"{app!r} is not under safe_time_testing() (use the safe_time fixture)")
-        return handle
-    if len(_active) == 1:
-        return next(iter(_active.values()))
-    raise RuntimeError(
-        f"{len(_active)} apps are under safe_time_testing(): pass app=" if _active else "no app is under test"
-    )
-
-
-def stored_delays(task: Task | str | None = None, app: Celery | None = None) -> list[StoredDelay]:
-    """The pending stored calls (of ``task``) of the app under test, by due time."""
-    return _handle(app, task).stored_delays(task)
-
-
-def assert_stored(
-    task: Task | str,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    due_within: timedelta | None = None,
-    due_after: timedelta | None = None,
-    count: int | None = None,
-    app: Celery | None = None,
-) -> StoredDelay:
-    """See :meth:`SafeTimeTesting.assert_stored`."""
-    return _handle(app, task).assert_stored(task, args, kwargs, due_within=due_within, due_after=due_after, count=count)
-
-
-def run_due(
-    advance: timedelta | float = timedelta(0),
-    app: Celery | None = None,
-    *,
-    worker: Any = None,
-    propagate: bool = True,
-) -> list[RunResult]:
-    """See :meth:`SafeTimeTesting.run_due`."""
-    return _handle(app).run_due(advance, worker=worker, propagate=propagate)
-
-
-def deliver(
-    task: Task | str,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    app: Celery | None = None,
-    propagate: bool = True,
-) -> RunResult:
-    """See :meth:`SafeTimeTesting.deliver`."""
-    return _handle(app, task).deliver(task, args, kwargs, propagate=propagate)
-
-
-def assert_rate_limited(
-    task: Task | str | None = None,
-    *,
-    key: str | None = None,
-    count: int | None = None,
-    wait_at_least: timedelta | float | None = None,
-    app: Celery | None = None,
-) -> list[LimitedCall]:
-    """See :meth:`SafeTimeTesting.assert_rate_limited`."""
-    return _handle(app, task).assert_rate_limited(task, key=key, count=count, wait_at_least=wait_at_least)
-
-
-def assert_not_rate_limited(
-    task: Task | str | None = None, *, key: str | None = None, app: Celery | None = None
-) -> None:
-    """See :meth:`SafeTimeTesting.assert_not_rate_limited`."""
-    _handle(app, task).assert_not_rate_limited(task, key=key)
-
-
-def assert_lock_held(key: str, app: Celery | None = None) -> LockInfo:
-    return _handle(app).assert_lock_held(key)
-
-
-def assert_lock_free(key: str, app: Celery | None = None) -> None:
-    _handle(app).assert_lock_free(key)
-
-
-def assert_idempotent_done(key: str, app: Celery | None = None) -> None:
-    _handle(app).assert_idempotent_done(key)
-
-
-def assert_unique_held(
-    key: str, app: Celery | None = None, *, task_id: str | None = None, state: str | None = None
-) -> LockInfo:
-    """See :meth:`SafeTimeTesting.assert_unique_held`."""
-    return _handle(app).assert_unique_held(key, task_id=task_id, state=state)
-
-
-def assert_unique_free(key: str, app: Celery | None = None) -> None:
-    """See :meth:`SafeTimeTesting.assert_unique_free`."""
-    _handle(app).assert_unique_free(key)
-
-
-# --- schedules ------------------------------------------------------------------------------------
-
-
-def next_fires(
-    schedule_or_entry: Any,
-    n: int = 5,
-    after: datetime | None = None,
-    *,
-    app: Celery | None = None,
-    tz: str | tzinfo | None = None,
-) -> list[datetime]:
-    """The next ``n`` instants (aware UTC) at which beat fires this schedule or entry, DST rules included.
-
-    Takes a schedule (``celery_safe_time.crontab``, Celery's ``crontab``, a number of seconds, a
-    ``timedelta``, a ``schedule``), a ``beat_schedule`` dict entry, or anything with ``.schedule``.
-    A plain Celery crontab is read in ``tz``, else ``app.timezone``, else UTC, as beat reads it in
-    the app's timezone. ``after`` (naive = UTC) defaults to now. An interval's grid starts where beat
-    first sees the entry: the first fire is ``after`` (rounded up to a second), then every interval.
-    """
-    from .beat.slots import grid_for
-    from .schedules import resolve_tz
-
-    schedule = schedule_or_entry
-    if isinstance(schedule, Mapping):
-        schedule = schedule["schedule"]
-    elif hasattr(schedule, "schedule") and not hasattr(schedule, "remaining_estimate"):
-        schedule = schedule.schedule
-    if tz is not None:
-        zone = resolve_tz(tz)
-    elif app is not None:
-        zone = app.timezone
-    else:
-        zone = UTC
-    start = as_utc(after).timestamp() if after is not None else local_time()
-    grid = grid_for(schedule, zone)
-    fires: list[datetime] = []
-    slot = grid.first(start)
-    for _ in range(n):
-        if not math.isfinite(slot):
-            break
-        fires.append(to_datetime(slot))
-        slot = grid.next(slot)
-    return fires
-
-
-# --- the pytest plugin (entry point ``pytest11``: celery_safe_time = celery_safe_time.testing) -----
-
-try:
-    import pytest
-except ImportError:  # pragma: no cover - usable without pytest
-    pytest = None  # type: ignore[assignment]
-
-if pytest is not None:
-
-    @pytest.fixture
-    def safe_time_app() -> Iterator[Celery]:
-        """The app under test. Override it in your conftest.py to return your own app
-        (or Celery's ``celery_app`` fixture); the default is a fresh app, current for the test."""
-        app = Celery("safe_time_test", broker="memory://", task_cls="celery_safe_time:SafeTask", set_as_current=False)
-        try:
-            with _current(app):
-                yield app
-        finally:
-            app.close()
-
-    @pytest.fixture
-    def safe_time_options() -> dict[str, Any]:
-        """Keyword arguments of :func:`safe_time_testing` (override: ``{"broker_url": "memory://"}``)."""
-        return {}
-
-    @pytest.fixture
-    def safe_time(safe_time_app: Celery, safe_time_options: dict[str, Any]) -> Iterator[SafeTimeTesting]:
-        """``safe_time_app`` with the in-memory store, lock store and test clock (:class:`SafeTimeTesting`)."""
-        with safe_time_testing(safe_time_app, **safe_time_options) as handle:
-            yield handle
-
-    @pytest.fixture
-    def safe_time_sqlite(safe_time_app: Celery, safe_time_options: dict[str, Any]) -> Iterator[SafeTimeTesting]:
-        """As ``safe_time``, with the stored delays in a temporary SQLite file (the SQL store)."""
-        with safe_time_testing(safe_time_app, **{**safe_time_options, "store": "sqlite"}) as handle:
-            yield handle
-
-
-@contextlib.contextmanager
-def _current(app: Celery) -> Iterator[None]:
-    """Make ``app`` the current (and default) app for the block, so ``@shared_task`` binds to it."""
-    from celery import _state
-
-    previous = _state.get_current_app()
-    app.set_current()
-    try:
-        yield
-    finally:
-        _state._set_current_app(previous)

@@ -13,7 +13,7 @@ import weakref
 
 from celery import Celery
 
-from .. import constants as C
+from . import constants as C
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Engines for the SQL store: the drivers this package installs, per-call deadlines, the database's clock."""
+"""Engines for the SQL store and the coordination database: the drivers this package installs, per-call deadlines."""
 
 from __future__ import annotations
 
@@ -6,17 +6,14 @@ import functools
 import inspect
 import logging
 import math
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .... import constants as C
-from ....clock import as_utc
-from ....config import mask_url, missing_driver_message
-from ....exceptions import StoreError
-from ..base import NOW_SQL
+from .. import constants as C
+from ..config import mask_url, missing_driver_message
+from ..exceptions import StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -159,21 +156,3 @@ def answer_deadline_connection(seconds: float) -> Any:
 def load_driver(url: str) -> Any:
     """Import the DBAPI module ``url`` uses (psycopg, PyMySQL, sqlite3) without connecting."""
     return sa.engine.make_url(normalize_url(url)).get_dialect().import_dbapi()
-
-
-def now_sql(dialect: str) -> sa.TextClause:
-    query = NOW_SQL.get(dialect)
-    if query is None:  # pragma: no cover - guarded by the settings check
-        raise StoreError(f"unsupported store dialect {dialect!r}")
-    return sa.text(query)
-
-
-def database_now(engine: Engine) -> datetime:
-    """The database server's clock, as an aware UTC datetime."""
-    query = now_sql(engine.dialect.name)
-    try:
-        with engine.connect() as conn:
-            value = conn.execute(query).scalar_one()
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"store {mask_url(str(engine.url))} unreachable: {exc.__class__.__name__}: {exc}") from exc
-    return as_utc(value)

@@ -1,0 +1,151 @@
+"""Stacked gates under the faults a process cannot show (issue 38): real prefork workers, the broker
+on Redis with a 4 s visibility timeout, the locks on a redis-server of the test's own behind a proxy.
+
+The cases are generated: every ordered pair of ``tests/apps/stack_gates.STACK_GATES`` with a bound
+on how many run at once is a candidate, and each fault takes pairs spread over them (the in-process
+matrix, tests/unit/locks/test_composition.py, runs every pair under the faults it can simulate).
+Three calls of one key, each a 2 s body (4 s under a restart or a stall):
+
+- ``worker_killed``: kill -9 of the worker while a body runs; a second worker gets the unacknowledged
+  message once the broker restores it, and runs it once the dead holder's lease has run out.
+- ``redis_restart``: the locks' Redis restarts without persistence while a body runs (every key, the
+  script cache and every connection gone).
+- ``stalled_connection``: every open connection to the locks' Redis stops forwarding for 6 s.
+
+Whatever the fault: a call's body completes at most once (exactly once after a kill: acks_late runs
+it again); a call that does not complete was told its lock was lost (its run ends as failed, as Celery
+ends a failed acks_late task: acknowledged, not run again); the bodies that complete never exceed the
+pair's bound at once; and one ttl after the last call nothing is held.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlunsplit
+
+import pytest
+import redis
+
+from tests.apps.stack_gates import STACK_GATES
+from tests.faults.proxy import TcpProxy
+from tests.faults.redis_faults import restart_cold
+from tests.helpers import locks as h
+from tests.helpers.processes import ProcessManager, wait_for
+from tests.helpers.services import RedisServer
+
+pytestmark = pytest.mark.integration
+
+TTL = 3.0
+CALLS = 3
+#: Each body's length: past the lease under a stall, so the stalled holder's renewals matter; under a
+#: restart long enough that a renewal (every ttl/3) falls after the restart inside the body, however
+#: late the restart comes on a loaded machine (a body ending before it would complete unaware).
+BODY = {"worker_killed": 2.0, "redis_restart": 4.0, "stalled_connection": 4.0}
+
+
+def bound(pair: tuple[str, str]) -> int | None:
+    """How many calls of one key the pair lets run at once (the tighter gate's bound)."""
+    limits = [limit for limit in (STACK_GATES[pair[0]][0], STACK_GATES[pair[1]][0]) if limit is not None]
+    return min(limits) if limits else None
+
+
+FAULTS = ["worker_killed", "redis_restart", "stalled_connection"]
+BOUNDED = [pair for pair in itertools.permutations(STACK_GATES, 2) if bound(pair) is not None]
+#: One pair per fault, spread over the bounded pairs (a new gate shifts which ones).
+CASES = [(fault, BOUNDED[i * len(BOUNDED) // len(FAULTS)]) for i, fault in enumerate(FAULTS)]
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    best = running = 0
+    for _, step in events:
+        running += step
+        best = max(best, running)
+    return best
+
+
+@pytest.fixture
+def locks_path(redis_server: RedisServer) -> Iterator[tuple[TcpProxy, str]]:
+    """A proxy in front of the test's redis-server, and its URL through the proxy."""
+    proxy = TcpProxy("127.0.0.1", redis_server.port)
+    yield proxy, urlunsplit(("redis", f"127.0.0.1:{proxy.port}", "/0", "", ""))
+    proxy.close()
+
+
+@pytest.mark.parametrize(("fault", "pair"), CASES, ids=[f"{f}-{p[0]}.{p[1]}" for f, p in CASES])
+def test_stacked_gates_keep_their_promises_through_a_fault(
+    processes: ProcessManager,
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_server: RedisServer,
+    locks_path: tuple[TcpProxy, str],
+    fault: str,
+    pair: tuple[str, str],
+) -> None:
+    proxy, locks_url = locks_path
+    env = h.broker_env(redis_url, redis_url, visibility_timeout=4, coordination={"safe_time_redis_url": locks_url})
+    first = h.start_worker(processes, name="first", concurrency=3, ttl=TTL, retry_after=0.5, env=env)
+    client = h.client_app(redis_url)
+    task = f"locks.stack.{pair[0]}.{pair[1]}"
+    try:
+        results = [client.send_task(task, args=("k", n, BODY[fault])) for n in range(CALLS)]
+        wait_for(lambda: redis_client.llen(h.STARTS) >= 1, 60, message="a body to start")
+        killed_at = None
+        if fault == "worker_killed":
+            first.kill()
+            killed_at = time.time()
+            h.start_worker(processes, name="second", concurrency=3, ttl=TTL, retry_after=0.5, env=env)
+        elif fault == "redis_restart":
+            restart_cold(redis_server)
+        else:
+            proxy.stall()
+            time.sleep(6.0)
+            proxy.resume()
+        outcomes = _outcomes(results)
+    finally:
+        client.close()
+
+    runs = h.runs(redis_client, "stack")
+    completed = {r["task_id"]: sum(1 for x in runs if x["task_id"] == r["task_id"]) for r in runs}
+    assert all(count == 1 for count in completed.values()), runs
+    for result in results:
+        if fault == "worker_killed":
+            assert outcomes[result.id] == "SUCCESS", (outcomes, runs)
+            assert completed.get(result.id) == 1, runs
+        elif outcomes[result.id] != "SUCCESS":
+            assert "lost" in outcomes[result.id].lower(), (outcomes, runs)
+            assert result.id not in completed, runs
+    # The bodies that completed, and a killed one until the kill, never beyond the pair's bound.
+    intervals = [(float(r["started"]), float(r["finished"])) for r in runs]
+    if killed_at is not None:
+        starts = [json.loads(raw) for raw in redis_client.lrange(h.STARTS, 0, -1)]
+        ended = {(r["task_id"], r["pid"]) for r in runs}
+        cut = [(s["at"], killed_at) for s in starts if (s["task_id"], s["pid"]) not in ended]
+        assert cut, "the kill cut no body short"
+        intervals += cut
+    limit = bound(pair)
+    assert limit is not None
+    assert most_at_once(intervals) <= limit, sorted(intervals)
+    # Nothing held one ttl after the last call ended.
+    locks = redis.Redis.from_url(redis_server.url)
+    try:
+        wait_for(lambda: not list(locks.scan_iter("safe_time:lock:*")), TTL + 2, message="every lock to be free")
+    finally:
+        locks.close()
+
+
+def _outcomes(results: list[Any]) -> dict[str, str]:
+    """Each call's final state (waits for all of them)."""
+    outcomes: dict[str, str] = {}
+    for result in results:
+        try:
+            result.get(timeout=90)
+        except Exception as exc:  # a run told its lock was lost fails; the assertions look at why
+            outcomes[result.id] = f"{type(exc).__name__}: {exc}"
+            continue
+        outcomes[result.id] = "SUCCESS"
+    return outcomes

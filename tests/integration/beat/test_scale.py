@@ -1,0 +1,315 @@
+"""Many runtime entries on Redis: a leader that reads only the definitions of what falls due (and
+what changes), ``save_entries`` and ``celery safe-time beat import``. Small sizes (2,000 entries)
+with the leader's threshold lowered, so the behaviour at scale is what runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_safe_time import constants as C
+from celery_safe_time import delete_entry, entry_audit, get_entry, save_entries, save_entry, signals
+from celery_safe_time.beat.backends import BeatBackend, beat_backend
+from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
+from celery_safe_time.beat.entries import pause
+from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.config import get_config
+from celery_safe_time.exceptions import ScheduleError, SerializationError
+from tests.helpers.beat import BEAT_APP, beat_env, coordination_settings
+from tests.helpers.processes import ProcessManager, wait_for
+
+pytestmark = pytest.mark.integration
+
+UTC = timezone.utc
+TENANTS = 2000
+BUSY = [f"busy-{i}" for i in range(5)]
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def app(make_app: Callable[..., Celery]) -> Celery:
+    app = make_app(
+        safe_time_beat_lease=3,
+        beat_schedule={"cfg": {"task": "t.scale_noop", "schedule": 1.0}},
+    )
+    app.task(name="t.scale_noop", shared=False)(_noop)
+    return app
+
+
+@pytest.fixture
+def sent() -> Iterator[list[tuple[str, float]]]:
+    """(entry, slot) of every slot published in this test."""
+    out: list[tuple[str, float]] = []
+
+    def on_sent(sender: Any, entry: str, slot: datetime, **kw: Any) -> None:
+        out.append((entry, slot.timestamp()))
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    yield out
+    signals.beat_slot_dispatched.disconnect(on_sent)
+
+
+def _tenants(n: int) -> list[dict[str, Any]]:
+    """``n`` tenants daily, twelve hours from now (never due in a test), and the busy ones every second."""
+    hour = (datetime.now(UTC).hour + 12) % 24
+    out: list[dict[str, Any]] = [
+        {"name": f"tenant-{i}", "task": "t.scale_noop", "schedule": {
+            "type": "crontab", "minute": str(i % 60), "hour": str(hour), "day_of_week": "*",
+            "day_of_month": "*", "month_of_year": "*", "tz": ("Europe/Berlin", "Asia/Tokyo", None)[i % 3]},
+         "args": [i]}
+        for i in range(n)
+    ]  # fmt: skip
+    out += [{"name": name, "task": "t.scale_noop", "schedule": 1.0} for name in BUSY]
+    return out
+
+
+class Reads:
+    """Counts what a leader's backend reads of the runtime definitions (wrapping its own methods)."""
+
+    def __init__(self, backend: BeatBackend) -> None:
+        self.names: list[str] = []
+        self.full: list[str] = []  # whole reads: snapshot (every definition), scans, entry_definitions
+        for method in ("definitions", "read_changed"):
+            self._count(backend, method)
+        for method in ("snapshot", "scan_definitions", "entry_definitions"):
+            self._whole(backend, method)
+
+    def _count(self, backend: BeatBackend, method: str) -> None:
+        inner = getattr(backend, method)
+
+        def wrapped(names: list[str]) -> Any:
+            self.names.extend(names)
+            return inner(names)
+
+        setattr(backend, method, wrapped)
+
+    def _whole(self, backend: BeatBackend, method: str) -> None:
+        inner = getattr(backend, method)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.full.append(method)
+            return inner(*args, **kwargs)
+
+        setattr(backend, method, wrapped)
+
+
+def _leader(app: Celery, tmp_path: Path, label: str) -> SafeScheduler:
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / label), max_interval=1)
+    sched.lazy_threshold = 100  # as a leader with 10,000 entries or more
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    return sched
+
+
+def _fired(sent: list[tuple[str, float]], name: str) -> list[float]:
+    return [slot for entry, slot in sent if entry == name]
+
+
+def _tick_until(sched: SafeScheduler, predicate: Callable[[], Any], timeout: float = 15) -> Any:
+    return wait_for(lambda: (sched.tick(), predicate())[1], timeout, interval=0.05)
+
+
+def _tick_for(sched: SafeScheduler, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sched.tick()
+        time.sleep(0.05)
+
+
+def test_a_leader_with_many_entries_reads_only_the_due_ones_and_applies_changes_from_the_log(
+    app: Celery, tmp_path: Path, sent: list[tuple[str, float]]
+) -> None:
+    assert save_entries(_tenants(TENANTS), app=app) == TENANTS + len(BUSY)
+    first = _leader(app, tmp_path, "first")
+    try:
+        # a fresh leader (no marker): it plans every entry, a chunk at a time, and keeps none
+        _tick_until(first, lambda: all(_fired(sent, name) for name in [*BUSY, "cfg"]))
+        assert first.lazy
+        assert len(first.runtime) <= len(BUSY) + 1
+        # a pause with an expiry, applied by this leader, expires under the next one
+        pause("busy-3", until=timedelta(seconds=3), app=app)
+        _tick_for(first, 0.5)
+    finally:
+        first.close()
+    backend = beat_backend(get_config(app))
+    assert backend.due_count() >= TENANTS + len(BUSY) - 1
+
+    second = _leader(app, tmp_path, "second")
+    reads = Reads(second.backend)
+    try:
+        paused_at = time.time()
+        _tick_until(second, lambda: all(len(_fired(sent, n)) >= 3 for n in ["busy-0", "busy-1", "busy-2", "cfg"]))
+        # the takeover read the definitions of the due entries only: none of the 2,000 tenants
+        assert reads.full == []
+        assert set(reads.names) <= set(BUSY)
+        assert second.lazy
+
+        # changes reach it through the change log, without reading everything again
+        save_entry("late", "t.scale_noop", 1, app=app)
+        save_entry("tenant-7", "t.scale_noop", 1, app=app)  # moved onto a one-second grid
+        _tick_until(second, lambda: _fired(sent, "late") and _fired(sent, "tenant-7"))
+        pause("busy-0", app=app)
+        assert delete_entry("busy-1", app=app)
+        # applied: both out of the due set (the leader takes them out as it applies the change)
+        _tick_until(second, lambda: backend.read_states(["busy-0", "busy-1"])[1] == [None, None])
+        counts = len(_fired(sent, "busy-0")), len(_fired(sent, "busy-1"))
+        _tick_for(second, 2.5)
+        assert (len(_fired(sent, "busy-0")), len(_fired(sent, "busy-1"))) == counts
+        # the pause made under the first leader expired: this one resumed it without having loaded it
+        _tick_until(second, lambda: [s for s in _fired(sent, "busy-3") if s > paused_at + 3])
+        assert reads.full == []
+        assert set(reads.names) <= {*BUSY, "late", "tenant-7"}
+    finally:
+        second.close()
+    for name in {entry for entry, _ in sent}:
+        slots = _fired(sent, name)
+        assert len(slots) == len(set(slots)), name  # every slot at most once, across the takeover
+    info = get_entry("busy-3", app=app)
+    assert info is not None
+    assert info.enabled
+
+
+def test_save_entries_is_idempotent_and_counts_changes(
+    make_app: Callable[..., Celery], coordination: dict[str, Any]
+) -> None:
+    app = make_app(**coordination)
+    app.task(name="t.scale_noop", shared=False)(_noop)
+    entries = _tenants(30)
+    assert save_entries(entries, app=app) == 35
+    assert save_entries(entries, app=app) == 0
+    entries[0] = {**entries[0], "args": [-1]}
+    assert save_entries(iter(entries), app=app) == 1
+    info = get_entry("tenant-0", app=app)
+    assert info is not None
+    assert info.args == (-1,)
+    assert len(beat_backend(get_config(app)).entry_definitions()) == 35
+    # audited as save_entry audits: the same actions, by the given changer
+    save_entries(entries[:1], app=app, changed_by="importer")
+    assert [r.action for r in entry_audit("tenant-0", app=app)] == ["update", "create"]
+    assert save_entries([{**entries[0], "args": [-2]}], app=app, changed_by="importer") == 1
+    assert entry_audit("tenant-0", app=app)[0].changed_by == "importer"
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ({"schedule": {"type": "weekly"}}, "unknown schedule type 'weekly'"),
+        ({"jitter": -1}, "jitter"),
+        ({"task": "t.unknown"}, "unknown task 't.unknown'"),
+        ({"args": [object()]}, "args must be JSON-serialisable"),
+        ({"colour": "red"}, "unknown parameter 'colour'"),
+        ({"task": None}, "parameter 'task' is missing"),
+    ],
+)
+def test_save_entries_validates_each_entry_and_stores_nothing_of_a_bad_chunk(
+    make_app: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch, bad: dict[str, Any], named: str
+) -> None:
+    app = make_app()
+    app.task(name="t.scale_noop", shared=False)(_noop)
+    monkeypatch.setattr(C, "BEAT_SAVE_CHUNK", 3)
+    good = [{"name": f"ok-{i}", "task": "t.scale_noop", "schedule": 60} for i in range(4)]
+    entries = [*good[:3], good[3], {"name": "bad-one", "task": "t.scale_noop", "schedule": 60, **bad}]
+    with pytest.raises((ScheduleError, SerializationError)) as raised:
+        save_entries(entries, app=app)
+    assert "entry #4 ('bad-one')" in str(raised.value)
+    assert named in str(raised.value)
+    # the first chunk was stored; the bad entry's chunk (ok-3 with it) was not
+    assert set(beat_backend(get_config(app)).entry_definitions()) == {"ok-0", "ok-1", "ok-2"}
+
+
+def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_path: Path, redis_url: str) -> None:
+    env = beat_env({"cfg": {"task": "tests.record", "every": 3600, "args": ["cfg"]}})
+    added = processes.command(BEAT_APP, "safe-time", "beat", "add", "model", "tests.record", "--every", "30", env=env)
+    assert added.returncode == 0, added.stderr
+    shown = processes.command(BEAT_APP, "safe-time", "beat", "show", "model", env=env)
+    assert shown.returncode == 0, shown.stderr
+    model = json.loads(shown.stdout)
+    config = {**model, "name": "cfg", "source": "config"}  # a beat_schedule entry, as show prints it
+    lines = [{**model, "name": f"imported-{i}", "args": [i]} for i in range(3)] + [config]
+    path = tmp_path / "entries.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+
+    imported = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    assert imported.returncode == 0, imported.stderr
+    assert "3 entries created or changed, 1 not runtime entries skipped" in imported.stdout
+    again = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    assert "0 entries created or changed" in again.stdout
+    reader = Celery("reader", set_as_current=False)
+    reader.conf.update(broker_url=redis_url)
+    stored = beat_backend(get_config(reader)).entry_definitions()
+    assert set(stored) == {"model", "imported-0", "imported-1", "imported-2"}
+    definition = json.loads(stored["imported-2"])
+    assert (definition["args"], definition["schedule"]) == ([2], model["schedule"])
+
+    # what beat list --json prints works too: a JSON array (the config entry in it skipped)
+    listed = processes.command(BEAT_APP, "safe-time", "beat", "list", "--json", env=env)
+    rows = [{**row, "name": "copy-" + row["name"]} for row in json.loads(listed.stdout)]
+    path.write_text(json.dumps(rows, indent=1))
+    copied = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    assert "4 entries created or changed, 1 not runtime entries skipped" in copied.stdout, copied.stderr
+    assert "copy-imported-1" in beat_backend(get_config(reader)).entry_definitions()
+
+    path.write_text(json.dumps({**model, "name": "broken", "schedule": {"type": "weekly"}}) + "\n")
+    failed = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    assert failed.returncode != 0
+    assert "entry #0 ('broken')" in failed.stderr
+
+
+def test_a_due_set_lost_under_such_a_leader_is_planned_again_in_full(
+    app: Celery, tmp_path: Path, sent: list[tuple[str, float]]
+) -> None:
+    assert save_entries(_tenants(300), app=app) == 305
+    leader = _leader(app, tmp_path, "lost")
+    try:
+        _tick_until(leader, lambda: _fired(sent, "busy-0"))
+        backend = beat_backend(get_config(app))
+        assert backend.due_count() == 306  # with cfg
+        assert leader.lazy
+        reads = Reads(leader.backend)
+        leader.client.delete(get_config(app).key(C.KEY_BEAT_DUE))  # evicted, or a DEL by hand
+        _tick_until(leader, lambda: backend.due_count() == 306)
+        assert "scan_definitions" in reads.full  # it could not know which entries it lost: all read
+        fired = len(_fired(sent, "busy-0"))
+        _tick_until(leader, lambda: len(_fired(sent, "busy-0")) > fired)
+    finally:
+        leader.close()
+
+
+def test_the_backend_defaults_serve_a_reads_only_due_leader_on_postgresql(
+    make_app: Callable[..., Celery],
+    postgres_url: str,
+    tmp_path: Path,
+    sent: list[tuple[str, float]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PostgreSQL loads every entry at takeover; the whole-read defaults of the backend seam must still
+    # be right should it read only what is due (the seam a PostgreSQL version of this mode fills in)
+    app = make_app(
+        safe_time_beat_lease=3,
+        beat_schedule={"cfg": {"task": "t.scale_noop", "schedule": 1.0}},
+        **coordination_settings(postgres_url),
+    )
+    app.task(name="t.scale_noop", shared=False)(_noop)
+    assert save_entries(_tenants(200), app=app) == 205
+    monkeypatch.setattr(PostgresBeatBackend, "reads_due_only", True)
+    leader = _leader(app, tmp_path, "pg")
+    try:
+        _tick_until(leader, lambda: all(len(_fired(sent, n)) >= 2 for n in [*BUSY, "cfg"]))
+        assert leader.lazy
+        assert len(leader.runtime) <= len(BUSY)
+        assert {entry for entry, _ in sent} == {*BUSY, "cfg"}
+        assert beat_backend(get_config(app)).due_count() == 206
+    finally:
+        leader.close()
+    for name in {entry for entry, _ in sent}:
+        slots = _fired(sent, name)
+        assert len(slots) == len(set(slots)), name

@@ -373,32 +373,20 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
         sql, params = queryset.values_list(*columns).query.sql_with_params()
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
+            seconds = _float if epoch else _epoch
             while chunk := cursor.fetchmany(_CHUNK):
                 for pk, enabled, i, c, s, k, last_run_at, start_time, date_changed in chunk:
-                    if epoch:
-                        yield (
-                            pk,
-                            bool(enabled),
-                            i,
-                            c,
-                            s,
-                            k,
-                            _float(last_run_at),
-                            _float(start_time),
-                            _float(date_changed),
-                        )
-                    else:
-                        yield (
-                            pk,
-                            bool(enabled),
-                            i,
-                            c,
-                            s,
-                            k,
-                            _epoch(last_run_at),
-                            _epoch(start_time),
-                            _epoch(date_changed),
-                        )
+                    yield (
+                        pk,
+                        bool(enabled),
+                        i,
+                        c,
+                        s,
+                        k,
+                        seconds(last_run_at),
+                        seconds(start_time),
+                        seconds(date_changed),
+                    )
 
     def _apply_row(self, row: tuple[Any, ...], now: float) -> float | None:
         """Record a row's version and due time; None (and out of the index) when it is disabled."""

@@ -135,111 +135,95 @@ class SafeTask(Task):
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
+        call = _Call(args, kwargs, options, task_id, producer, link, link_error, shadow)
         if options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None:
-            return self._apply_debounced(args, kwargs, task_id, link, link_error, shadow, options)
+            return self._apply_debounced(call)
         for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
             if options.pop(name, None) is not None:
                 raise DebounceError(f"task {self.name}: {name}= needs debounce= (the quiet period)")
         idempotency_key = caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
         # retry() copies the running request's headers: a retried stored task must not
         # look like the sweep's delivery of the original, or the delivery check would skip it.
-        options = self._strip_internal_headers(options)
+        call = dataclasses.replace(call, options=self._strip_internal_headers(options), idempotency_key=idempotency_key)
         app = self._get_app()
         # Checked in eager mode too: a bad countdown fails in tests as it would in production.
         check_call_times(options.get("countdown"), options.get("eta"), options.get("expires"))
         if app.conf.task_always_eager:
-            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+            return self._publish(call)
         config = get_config(app)
         now = to_datetime(local_time())
         plan = plan_delay(options.get("countdown"), options.get("eta"), now=now, threshold=config.delay_threshold)
         spec = unique_tasks.spec_of(self)
         if spec is not None:
-            return self._apply_unique(
-                spec, plan, now, args, kwargs, task_id, producer, link, link_error, shadow, idempotency_key, options
-            )
+            return self._apply_unique(spec, plan, now, call)
         if plan is None:
-            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        return self._store(plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options)[0]
+            return self._publish(call)
+        return self._store(call, plan)[0]
 
-    def _apply_debounced(
-        self,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        link: Any,
-        link_error: Any,
-        shadow: str | None,
-        options: dict[str, Any],
-    ) -> Any:
+    def _publish(self, call: _Call) -> Any:
+        """Celery's own ``apply_async`` of the call: the broker, or eager mode's run in place."""
+        return super().apply_async(
+            call.args, call.kwargs, call.task_id, call.producer, call.link, call.link_error, call.shadow, **call.options
+        )
+
+    def _apply_debounced(self, call: _Call) -> Any:
         """Store the call as its key's debounced row: a new row, or the pending one moved and replaced."""
         app = self._get_app()
         config = get_config(app)
         if unique_tasks.spec_of(self) is not None:
             raise DebounceError(f"task {self.name}: a unique task cannot be debounced (both decide the one copy)")
-        call = debounce_call(
+        options = call.options
+        debounce = debounce_call(
             self.name,
             _unique_run_attr(type(self)),
             type(self),
             options,
-            args,
-            kwargs,
+            call.args,
+            call.kwargs,
             sweep_interval=config.sweep_interval,
         )
         for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
             options.pop(name, None)
-        options = self._strip_internal_headers(options)
+        call = dataclasses.replace(
+            call, options=self._strip_internal_headers(options), idempotency_key=debounce.stored_key
+        )
         if app.conf.task_always_eager:
             # Eager mode runs every call at once: nothing waits, so nothing merges.
-            return super().apply_async(args, kwargs, task_id, None, link, link_error, shadow, **options)
-        plan = DelayPlan(countdown=call.period)
-        delay = self._stored_delay(
-            app, config, plan, args, kwargs, task_id, link, link_error, shadow, call.stored_key, options
-        )
-        new = dataclasses.replace(delay.new, debounce_max_wait=call.max_wait)
+            return self._publish(call)
+        delay = self._stored_delay(app, config, call, DelayPlan(countdown=debounce.period))
+        new = dataclasses.replace(delay.new, debounce_max_wait=debounce.max_wait)
         result = get_store(app).debounce(new)
         if not result.created:
-            logger.debug("debounced %s[%s] (%s) moved to %s", self.name, result.task_id, call.key, result.due_at)
+            logger.debug("debounced %s[%s] (%s) moved to %s", self.name, result.task_id, debounce.key, result.due_at)
             signals.delay_debounced.send(
-                sender=self, task_id=result.task_id, task_name=self.name, key=call.key, due_at=result.due_at
+                sender=self, task_id=result.task_id, task_name=self.name, key=debounce.key, due_at=result.due_at
             )
         return self._stored_result(app, dataclasses.replace(delay, new=new), result)
 
-    def _apply_unique(
-        self,
-        spec: unique_tasks.UniqueSpec,
-        plan: DelayPlan | None,
-        now: datetime,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        producer: Any,
-        link: Any,
-        link_error: Any,
-        shadow: str | None,
-        idempotency_key: str | None,
-        options: dict[str, Any],
-    ) -> Any:
+    def _apply_unique(self, spec: unique_tasks.UniqueSpec, plan: DelayPlan | None, now: datetime, call: _Call) -> Any:
         """Take the task's unique key, then publish or store; a held key hands back its holder."""
         app = self._get_app()
-        key = spec.render(args, kwargs)
-        task_id = task_id or uuid()
+        key = spec.render(call.args, call.kwargs)
+        task_id = call.task_id or uuid()
         parent = app.current_worker_task
         # retry() (and a lock re-queue) publishes under the running task's own id: that is the
         # holder continuing, never a conflict.
         own = parent is not None and parent.request.id == task_id
-        ttl = spec.ttl + _delay_seconds(plan, options, now)
+        ttl = spec.ttl + _delay_seconds(plan, call.options, now)
         found = unique_tasks.claim(app, key, task_id, ttl, stored=plan is not None, own=own)
         if found.status == "held":
             return unique_tasks.conflict(self, spec, key, found.holder or task_id, found.state)
+        options = call.options
         options["headers"] = {**(options.get("headers") or {}), C.HEADER_UNIQUE: key}
         try:
             if plan is None:
-                return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+                return self._publish(dataclasses.replace(call, task_id=task_id))
             # Stored: the unique key is also the row's idempotency key (in its own prefix, out of
             # callers' reach), so the store itself refuses a second pending row for it even if the lock
             # backend forgot the key.
             result, created = self._store(
-                plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key or unique_row_key(key), options
+                dataclasses.replace(call, task_id=task_id, idempotency_key=call.idempotency_key or unique_row_key(key)),
+                plan,
             )
         except BaseException:
             if found.status == "acquired":
@@ -247,30 +231,17 @@ class SafeTask(Task):
             raise
         if result.id == task_id or created:
             return result
-        if idempotency_key is not None:
+        if call.idempotency_key is not None:
             # The caller's own idempotency key matched another pending row: the result is that row's.
             unique_tasks.release(get_lock_backend(app), key, task_id, "idempotency key already pending")
             return result
         unique_tasks.repoint(app, key, task_id, result.id, ttl)
         return unique_tasks.conflict(self, spec, key, result.id, C.UNIQUE_STATE_STORED)
 
-    def _store(
-        self,
-        plan: DelayPlan,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        link: Any,
-        link_error: Any,
-        shadow: str | None,
-        idempotency_key: str | None,
-        options: dict[str, Any],
-    ) -> tuple[StoredAsyncResult, bool]:
+    def _store(self, call: _Call, plan: DelayPlan) -> tuple[StoredAsyncResult, bool]:
         """Write the call as one row of the store; returns its AsyncResult and whether it is new."""
         app = self._get_app()
-        delay = self._stored_delay(
-            app, get_config(app), plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options
-        )
+        delay = self._stored_delay(app, get_config(app), call, plan)
         result = get_store(app).insert(delay.new)
         return self._stored_result(app, delay, result), result.created
 
@@ -289,9 +260,9 @@ class SafeTask(Task):
         app = self._get_app()
         items = list(calls)
         prepared: list[tuple[Any, Any, dict[str, Any]]] = []
-        for index, call in enumerate(items):
+        for index, item in enumerate(items):
             try:
-                prepared.append(_unpack_call(call))
+                prepared.append(_unpack_call(item))
                 options = prepared[-1][2]
                 check_call_times(options.get("countdown"), options.get("eta"), options.get("expires"))
             except (TypeError, ValueError) as exc:
@@ -307,10 +278,6 @@ class SafeTask(Task):
         for index, (args, kwargs, options) in enumerate(prepared):
             options = dict(options)
             try:
-                task_id = options.pop("task_id", None)
-                link = options.pop("link", None)
-                link_error = options.pop("link_error", None)
-                shadow = options.pop("shadow", None)
                 # A debounced call merges into its key's row, one call at a time (apply_async).
                 debounced = options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None
                 plan = (
@@ -323,19 +290,20 @@ class SafeTask(Task):
                 if plan is None:
                     if not debounced:
                         caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
-                    sent.append(
-                        (
-                            index,
-                            args,
-                            kwargs,
-                            dict(options, task_id=task_id, link=link, link_error=link_error, shadow=shadow),
-                        )
-                    )
+                    sent.append((index, args, kwargs, options))
                     continue
-                options = self._strip_internal_headers(options)
-                idempotency_key = caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
+                call = _Call(
+                    args,
+                    kwargs,
+                    options,
+                    task_id=options.pop("task_id", None),
+                    link=options.pop("link", None),
+                    link_error=options.pop("link_error", None),
+                    shadow=options.pop("shadow", None),
+                    idempotency_key=caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None)),
+                )
                 delay = self._stored_delay(
-                    app, config, plan, args, kwargs, task_id, link, link_error, shadow, idempotency_key, options
+                    app, config, dataclasses.replace(call, options=self._strip_internal_headers(options)), plan
                 )
             except (TypeError, ValueError) as exc:  # SerializationError is a TypeError
                 raise _at_index(exc, index) from exc
@@ -365,27 +333,15 @@ class SafeTask(Task):
             options["headers"] = {k: v for k, v in headers.items() if k not in _INTERNAL_HEADERS}
         return options
 
-    def _stored_delay(
-        self,
-        app: Any,
-        config: Any,
-        plan: Any,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        link: Any,
-        link_error: Any,
-        shadow: str | None,
-        idempotency_key: str | None,
-        options: dict[str, Any],
-    ) -> _StoredDelay:
+    def _stored_delay(self, app: Any, config: Any, call: _Call, plan: DelayPlan) -> _StoredDelay:
         """The row of one long-delayed call: the argument checks and option merging plain apply_async does."""
+        args, kwargs = call.args, call.kwargs
         if self.typing:
             header = getattr(self, "__header__", None)
             if header is not None:
                 header(*(args or ()), **(kwargs or {}))
-        shadow = shadow or self.shadow_name(args, kwargs, options)
-        options = dict(self._get_exec_options(), **options)
+        shadow = call.shadow or self.shadow_name(args, kwargs, call.options)
+        options = dict(self._get_exec_options(), **call.options)
         options.setdefault("ignore_result", self.ignore_result)
         add_to_parent = options.get("add_to_parent", True)
         parent = app.current_worker_task
@@ -394,10 +350,10 @@ class SafeTask(Task):
             options.setdefault("parent_id", parent.request.id)
         if shadow:
             options["shadow"] = shadow
-        if link:
-            options["link"] = [dict(s) for s in _as_list(link)]
-        if link_error:
-            options["link_error"] = [dict(s) for s in _as_list(link_error)]
+        if call.link:
+            options["link"] = [dict(s) for s in _as_list(call.link)]
+        if call.link_error:
+            options["link_error"] = [dict(s) for s in _as_list(call.link_error)]
         # Nothing is published now, so no publish hook carries the caller's trace: the row must.
         options["headers"] = inject_context(options.get("headers"))
         serializer = options.get("serializer") or self.serializer or app.conf.task_serializer
@@ -414,7 +370,7 @@ class SafeTask(Task):
         expires_at = None if expires is None else expires_argument(expires)
         expires_in = expires_at if isinstance(expires_at, float) else None
         new = NewDelay(
-            id=task_id or uuid(),
+            id=call.task_id or uuid(),
             task=self.name,
             payload=encoded.payload,
             content_type=encoded.content_type,
@@ -424,7 +380,7 @@ class SafeTask(Task):
             # Relative expires counts from the call, on the store's clock like the countdown.
             expires_at=expires_at if isinstance(expires_at, datetime) else None,
             expires_in=expires_in,
-            idempotency_key=idempotency_key,
+            idempotency_key=call.idempotency_key,
         )
         return _StoredDelay(new, add_to_parent and parent is not None, parent)
 
@@ -459,6 +415,26 @@ class SafeTask(Task):
             if unique_tasks.spec_of(self) is not None:
                 return unique_tasks.run_unique(self, lambda: call(*args, **kwargs))
         return super().__call__(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One ``apply_async`` call as its paths hand it on: built once where the call arrives.
+
+    ``options`` holds the call's remaining options (the dict is the call's own, so a path may add a
+    header to it); ``idempotency_key`` is what a stored row would hold (``caller:<task>:<key>``,
+    ``unique:<key>`` or a debounce key), set once the path has decided it.
+    """
+
+    args: Any
+    kwargs: Any
+    options: dict[str, Any]
+    task_id: str | None = None
+    producer: Any = None
+    link: Any = None
+    link_error: Any = None
+    shadow: str | None = None
+    idempotency_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """One combined fault scenario with real processes: 3 beats, 2 workers, a sweeper, stored delays,
-periodic entries, locked and idempotent tasks, while a seeded RNG kills (-9), pauses
+periodic entries, locked and idempotent tasks, gates stacked as users stack them (``overlap_lock`` and
+``concurrency_limit(limit=2)`` above ``rate_limit``, a ``buffer_all`` entry whose task has a
+``rate_limit``), while a seeded RNG kills (-9), pauses
 (SIGSTOP/SIGCONT) and restarts them, restarts and flushes the lease/lock Redis, cuts PostgreSQL
 off (through a TCP proxy) and runs one beat, one worker and the sweeper with a local clock 5
 minutes off. At the end the invariants are checked and the counts printed as a table.
@@ -673,7 +675,7 @@ def check_stacked(
                 f"stacked {kind}: calls run",
                 len(calls & expected),
                 f"of {len(expected)}"
-                + (" published" if kind == "entry_over_rate" else "")
+                + (" published during the faults" if kind == "entry_over_rate" else "")
                 + f", {len(mine)} runs, {told} told LockLost, {lost_fetch} lost in the Redis broker's fetch window",
             ),
             (
@@ -1080,12 +1082,20 @@ def test_combined_faults_nothing_lost_nothing_twice(
     def drained() -> bool:
         counts = direct.counts()
         now = direct.now()
-        # every row due before the far ones (a day out) ran to its end: none pending, claimed, sent, started
+        # every row due before the far ones (a day out) ran to its end: none pending, claimed, sent, started;
+        # a slot of the stacked entry published after the faults may still wait in the store for its
+        # rate place (a wait past the delay threshold is a stored row): beat keeps publishing
+        later_slots = {
+            str(r["task_id"])
+            for r in scenario.records("stacked_published")
+            if r["entry"] == STACKED_ENTRY and r["at"] >= fault_end_wall
+        }
         open_rows = [
             r
             for r in direct.list(limit=1_000_000)
             if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED, C.STATUS_SENT, C.STATUS_STARTED)
             and r.due_at <= now + timedelta(hours=1)
+            and r.id not in later_slots
         ]
         locked_done = {r["n"] for r in scenario.records("lock") if r["outcome"] == "finished"}
         missing = set(range(SIZES.locked)) - locked_done

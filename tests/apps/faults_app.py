@@ -13,7 +13,8 @@ delays, one item per start), ``faults:delay_end`` (one item per run that reached
 ``faults:periodic`` (entry, slot, epoch), ``faults:lock`` (key, start, end, fence, outcome),
 ``faults:idem`` (key, start), ``faults:idem_ok`` (task id, after its marker was written),
 ``faults:delay_given_back`` (a stored delay whose first run gave its message back: ``Reject(requeue=True)``,
-``retry()`` or ``SystemExit``).
+``retry()`` or ``SystemExit``), ``faults:stacked`` (a run of a task with stacked gates: task, key, call,
+start, end, outcome), ``faults:stacked_published`` (beat's publish of a slot of the stacked entry).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from urllib.parse import unquote, urlsplit
 import redis
 from celery import Celery
 from celery.exceptions import Reject
-from celery.signals import task_success
+from celery.signals import after_task_publish, beat_init, task_success
 
-from celery_safe_time import SafeTask, crontab, idempotent, install, overlap_lock
+from celery_safe_time import SafeTask, concurrency_limit, crontab, idempotent, install, overlap_lock, rate_limit
 from celery_safe_time import constants as C
 from celery_safe_time.exceptions import LockLost
+from celery_safe_time.locks.overlap import current_lock
 from tests.apps.settings import configure
 
 app = configure(Celery("faults_app"))
@@ -173,9 +175,100 @@ def _idem_done(sender: Any = None, **kwargs: Any) -> None:
     _push("idem_ok", task_id=sender.request.id, at=time.time())
 
 
+# --- stacked gates (docs/locks.md, "Stacking gates"): as users stack them --------------------------
+
+#: The rates of the stacked tasks (tests/faults/test_soak.py checks the starts against them).
+LOCK_OVER_RATE = "2/2s"
+SLOTS_OVER_RATE = "3/2s"
+ENTRY_RATE = "1/1500ms"
+
+
+def _stacked(self: Any, kind: str, key: Any, call: Any, seconds: float) -> None:
+    """A body that records one run of a stacked task: its start, its end, and whether the lock it
+    ran under (the innermost one) was still held before its "critical write"."""
+    started = time.time()
+    held = current_lock()
+    outcome = "finished"
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        if held is not None:
+            held.check()
+    except LockLost:
+        outcome = "lost"
+        raise
+    finally:
+        _push(
+            "stacked",
+            task=kind,
+            key=key,
+            call=call,
+            task_id=self.request.id,
+            started=started,
+            ended=time.time(),
+            outcome=outcome,
+            lock=held.key if held is not None else None,
+            worker=self.request.hostname,
+        )
+
+
+@app.task(bind=True, name="faults.lock_over_rate")
+@overlap_lock("fault-lr:{key}", ttl=LOCK_TTL, retry_after=0.5, jitter=0.5)
+@rate_limit("fault-lr-rate:{key}", LOCK_OVER_RATE)
+def lock_over_rate(self: Any, key: int, n: int, seconds: float) -> int:
+    """``overlap_lock`` above ``rate_limit``: one run of a key at a time, at most 2 starts in 2 s."""
+    _stacked(self, "lock_over_rate", key, n, seconds)
+    return n
+
+
+@app.task(bind=True, name="faults.slots_over_rate")
+@concurrency_limit("fault-sr:{key}", limit=2, ttl=LOCK_TTL, retry_after=0.5, jitter=0.5)
+@rate_limit("fault-sr-rate:{key}", SLOTS_OVER_RATE)
+def slots_over_rate(self: Any, key: int, n: int, seconds: float) -> int:
+    """``concurrency_limit(limit=2)`` above ``rate_limit``: 2 runs of a key at once, 3 starts in 2 s."""
+    _stacked(self, "slots_over_rate", key, n, seconds)
+    return n
+
+
+@app.task(bind=True, name="faults.entry_over_rate")
+@rate_limit("fault-entry-rate:{entry}", ENTRY_RATE)
+def entry_over_rate(self: Any, entry: str) -> str:
+    """The task of a beat entry with an overlap policy (its run lease is the outer gate) under a rate."""
+    _stacked(self, "entry_over_rate", entry, str((self.request.headers or {}).get(C.HEADER_SLOT)), 0.1)
+    return entry
+
+
+_in_beat = False
+
+
+@beat_init.connect
+def _beat_started(**_: Any) -> None:
+    global _in_beat
+    _in_beat = True
+
+
+@after_task_publish.connect
+def _published(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Beat's publish of a slot of an entry with an overlap policy (handed to the broker). A gate's
+    re-queue (``safe_time_requeues``) and a sweep's publish of a stored wait are the same call."""
+    headers = headers or {}
+    spec = headers.get(C.HEADER_OVERLAP)
+    if _in_beat and isinstance(spec, dict) and C.HEADER_LOCK_REQUEUES not in headers:
+        _push(
+            "stacked_published",
+            entry=spec.get("entry"),
+            task_id=headers.get("id"),
+            slot=headers.get(C.HEADER_SLOT),
+            at=time.time(),
+        )
+
+
 def _entry(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     schedule: Any = crontab(**spec["cron"]) if "cron" in spec else float(spec["every"])
-    return {"task": "faults.periodic", "schedule": schedule, "args": [name]}
+    entry = {"task": spec.get("task", "faults.periodic"), "schedule": schedule, "args": [name]}
+    entry.update({k: spec[k] for k in ("overlap", "overlap_ttl") if k in spec})
+    return entry
 
 
 app.conf.beat_schedule = {

@@ -34,7 +34,8 @@ from ..redis_client import as_text
 from . import history
 from .backends.base import SlotWrite
 from .base import LeasedScheduler, stop_signals_held
-from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
+from .definitions import build_entry, parse_definition, paused_until, spec_key
+from .entries import with_enabled
 from .leader import LeaseTerm
 from .overlap import OverlapGate
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec

@@ -480,7 +480,7 @@ def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
 
     from celery_safe_time import save_entry, signals
-    from celery_safe_time.beat.backends.redis import EntryKeys
+    from celery_safe_time.beat.backends.redis import BeatKeys
     from celery_safe_time.beat.entries import _Store, definition_json, schedule_to_spec
     from celery_safe_time.beat.scheduler import SafeScheduler
     from celery_safe_time.clock import UTC
@@ -505,7 +505,7 @@ def bench_runtime(redis_url: str, quick: bool, tmp: Path) -> dict[str, Any]:
     # the rest through the same script, pipelined (save_entry's validation costs CPU, not Redis)
     store = _Store(app)
     script = client.register_script(load_script("celery_safe_time.beat", "save_entry"))
-    keys = EntryKeys.for_config(store.config)
+    keys = BeatKeys.for_config(store.config)
     pipe = client.pipeline(transaction=False)
     for i, (name, schedule) in enumerate(specs[sample:]):
         raw = definition_json(name, "bench.noop", schedule_to_spec(schedule), (), {}, {}, True)

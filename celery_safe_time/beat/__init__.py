@@ -5,7 +5,7 @@ Redis by default, PostgreSQL with ``safe_time_coordination_url``, memory for tes
 import in one order, each only from those before it:
 
 - :mod:`.state` the state JSON and the slot and marker ids every backend writes;
-- :mod:`.backends` the backends (:mod:`.lease` and :mod:`.scripts`: Redis's lease and Lua scripts);
+- :mod:`.backends` the backends (:mod:`.backends.redis` holds the Redis lease and its Lua scripts);
 - :mod:`.slots` the slot grids, entry plans and misfire rules;
 - :mod:`.leader` the thread that keeps the lease, :mod:`.base` what both schedulers share (the
   contrib Django one included);

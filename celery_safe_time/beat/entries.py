@@ -32,27 +32,30 @@ and a pause keeps it for the resume.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery, current_app
 from celery.beat import ScheduleEntry
-from celery.schedules import crontab as celery_crontab
 from celery.schedules import schedule as celery_interval
-from celery.schedules import solar
-from dateutil.rrule import rrule as dateutil_rrule
-from dateutil.rrule import rrulestr
 
 from .. import constants as C
 from ..clock import UTC
 from ..config import get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
-from ..schedules import crontab, resolve_tz
 from .backends import beat_backend
+from .definitions import (
+    build_entry,
+    definition_json,
+    parse_definition,
+    paused_until,
+    schedule_from_spec,
+    schedule_to_spec,
+    spec_key,
+)
 from .history import audit_meta, record_audit
 from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
@@ -122,255 +125,6 @@ class EntryInfo:
             "pause_note": self.pause_note,
             "paused_until": None if self.paused_until is None else self.paused_until.isoformat(),
         }
-
-
-# --- schedule <-> JSON --------------------------------------------------------------------------
-
-
-def _field(value: Any) -> str:
-    """A crontab field as cron text (the JSON keeps what was written: ``"*/15"``, ``"1-5"``, ``"0"``)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, Iterable):
-        return ",".join(str(v) for v in sorted(value))
-    raise ScheduleError(f"crontab field {value!r} cannot be written as cron text")
-
-
-def _tz_name(tz: tzinfo | str | None) -> str | None:
-    if tz is None or isinstance(tz, str):
-        return tz
-    key = getattr(tz, "key", None)
-    if isinstance(key, str):
-        return key
-    if tz is UTC or tz.utcoffset(None) == timedelta(0):
-        return "UTC"
-    raise ScheduleError(f"timezone {tz!r} has no IANA name; use a zoneinfo.ZoneInfo")
-
-
-def schedule_to_spec(schedule: Any) -> dict[str, Any]:
-    """The JSON form of a schedule: interval (number, timedelta, ``celery.schedules.schedule``),
-    ``crontab`` (ours or celery's), ``solar``, ``rrule`` (dateutil's, redbeat's or ours), a
-    datetime or :class:`at` (one-off), or an already written spec dict (validated)."""
-    if isinstance(schedule, Mapping):
-        spec = dict(schedule)
-        schedule_from_spec(spec)  # validates
-        return spec
-    if isinstance(schedule, bool):
-        raise ScheduleError(f"unsupported schedule {schedule!r}")
-    if isinstance(schedule, (int, float)):
-        return _interval(float(schedule))
-    if isinstance(schedule, timedelta):
-        return _interval(schedule.total_seconds())
-    if isinstance(schedule, datetime):
-        return schedule_to_spec(at(schedule))
-    if isinstance(schedule, at):
-        return {"type": "at", "at": schedule.when.isoformat()}
-    if isinstance(schedule, celery_crontab):
-        tz = schedule._tz_arg if isinstance(schedule, crontab) else None
-        return {
-            "type": "crontab",
-            "minute": _field(schedule._orig_minute),
-            "hour": _field(schedule._orig_hour),
-            "day_of_week": _field(schedule._orig_day_of_week),
-            "day_of_month": _field(schedule._orig_day_of_month),
-            "month_of_year": _field(schedule._orig_month_of_year),
-            "tz": _tz_name(tz),
-        }
-    if isinstance(schedule, solar):
-        return {"type": "solar", "event": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
-    if isinstance(schedule, celery_interval):
-        return _interval(schedule.run_every.total_seconds())
-    rule = schedule.rule if isinstance(schedule, rrule) else schedule
-    rule = getattr(rule, "rrule", rule)  # redbeat.schedules.rrule wraps a dateutil rrule
-    if isinstance(rule, dateutil_rrule):
-        lines = [line for line in str(rule).splitlines() if line.startswith("RRULE:")]
-        start: datetime = rule._dtstart
-        tz = start.tzinfo
-        name = getattr(tz, "key", None)
-        return {
-            "type": "rrule",
-            "rule": lines[0][len("RRULE:") :] if lines else "",
-            # a named zone keeps the wall time and its name (DST moves the instant); else the offset
-            "dtstart": start.replace(tzinfo=None).isoformat() if name else start.isoformat(),
-            "tz": name,
-        }
-    raise ScheduleError(f"unsupported schedule {schedule!r}")
-
-
-def _interval(seconds: float) -> dict[str, Any]:
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ScheduleError(f"interval must be a positive number of seconds, got {seconds!r}")
-    return {"type": "interval", "every": seconds}
-
-
-def _aware(text: Any, what: str) -> datetime:
-    if not isinstance(text, str):
-        raise ScheduleError(f"{what}: expected an ISO 8601 string, got {text!r}")
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise ScheduleError(f"{what}: {exc}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def schedule_from_spec(spec: Any) -> Any:
-    """The schedule object of a JSON spec; :class:`ScheduleError` naming the problem otherwise."""
-    if not isinstance(spec, Mapping):
-        raise ScheduleError(f"schedule spec must be an object, got {spec!r}")
-    kind = spec.get("type")
-    try:
-        if kind == "interval":
-            every = spec.get("every")
-            if not isinstance(every, (int, float)) or isinstance(every, bool):
-                raise ScheduleError(f"interval every: expected seconds, got {every!r}")
-            return celery_interval(timedelta(seconds=_interval(float(every))["every"]))
-        if kind == "crontab":
-            fields = {f: spec.get(f, "*") for f in ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")}
-            return crontab(**fields, tz=spec.get("tz"))
-        if kind == "solar":
-            return solar(spec["event"], float(spec["lat"]), float(spec["lon"]))
-        if kind == "at":
-            return at(_aware(spec.get("at"), "at"))
-        if kind == "rrule":
-            tz = spec.get("tz")
-            start = datetime.fromisoformat(str(spec["dtstart"]))
-            if tz:
-                start = start.replace(tzinfo=resolve_tz(tz, what="rrule tz"))
-            made = rrulestr("RRULE:" + str(spec["rule"]), dtstart=start)
-            if not isinstance(made, dateutil_rrule):
-                raise ScheduleError(f"rrule {spec['rule']!r}: one RRULE expected")
-            return rrule(made)
-    except ScheduleError:
-        raise
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ScheduleError(f"{kind} schedule {dict(spec)!r}: {exc.__class__.__name__}: {exc}") from None
-    raise ScheduleError(f"unknown schedule type {kind!r} (interval, crontab, solar, rrule, at)")
-
-
-# --- definitions --------------------------------------------------------------------------------
-
-
-def _json(value: Any, what: str, name: str) -> Any:
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise SerializationError(f"entry {name!r}: {what} must be JSON-serialisable: {exc}") from None
-
-
-def definition_json(
-    name: str,
-    task: str,
-    spec: dict[str, Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    options: Mapping[str, Any],
-    enabled: bool,
-    paused: Mapping[str, Any] | None = None,
-) -> str:
-    """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes).
-
-    ``paused`` (a paused entry only): ``{"note": text or null, "until": ISO instant or null}``."""
-    body = {
-        "format": C.BEAT_ENTRY_FORMAT,
-        "name": name,
-        "task": task,
-        "schedule": spec,
-        "args": _json(list(args), "args", name),
-        "kwargs": _json(dict(kwargs), "kwargs", name),
-        "options": _json(dict(options), "options", name),
-        "enabled": bool(enabled),
-    }
-    if paused and not enabled:
-        body["paused"] = {"note": paused.get("note"), "until": paused.get("until")}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def parse_definition(raw: Any) -> dict[str, Any]:
-    """A stored definition as a dict with every field present; :class:`ScheduleError` when broken."""
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        raise ScheduleError(f"definition is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ScheduleError("definition must be a JSON object")
-    if value.get("format", C.BEAT_ENTRY_FORMAT) != C.BEAT_ENTRY_FORMAT:
-        raise ScheduleError(f"definition format {value.get('format')!r} is not {C.BEAT_ENTRY_FORMAT}")
-    if not isinstance(value.get("task"), str) or not value["task"]:
-        raise ScheduleError("definition has no task")
-    args, kwargs, options = value.get("args") or [], value.get("kwargs") or {}, value.get("options") or {}
-    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(options, dict):
-        raise ScheduleError("definition args must be a list, kwargs and options objects")
-    paused = value.get("paused")
-    if paused is not None:
-        if not isinstance(paused, dict) or not isinstance(paused.get("note"), (str, type(None))):
-            raise ScheduleError('definition "paused" must be an object with a text "note"')
-        if paused.get("until") is not None:
-            _aware(paused["until"], "paused until")
-    return {
-        "name": value.get("name"),
-        "task": value["task"],
-        "schedule": value.get("schedule"),
-        "args": args,
-        "kwargs": kwargs,
-        "options": options,
-        "enabled": bool(value.get("enabled", True)),
-        "paused": paused,
-    }
-
-
-def paused_until(definition: Mapping[str, Any]) -> float | None:
-    """When a parsed paused definition resumes by itself (UNIX seconds), None when it does not."""
-    paused = definition.get("paused")
-    if definition.get("enabled") or not paused or paused.get("until") is None:
-        return None
-    return _aware(paused["until"], "paused until").timestamp()
-
-
-def spec_key(spec: Any) -> Any:
-    """A hashable key of a schedule spec, for caches: specs are flat objects of strings and numbers,
-    so a sorted item tuple is enough (``json.dumps`` per entry cost more than the rest of the load)."""
-    if isinstance(spec, Mapping):
-        try:
-            key = tuple(sorted(spec.items()))
-            hash(key)
-            return key
-        except TypeError:
-            pass
-    return json.dumps(spec, sort_keys=True, default=repr)
-
-
-def build_entry(
-    name: str, definition: Mapping[str, Any], app: Celery, schedules: dict[Any, Any] | None = None
-) -> ScheduleEntry:
-    """A celery ``ScheduleEntry`` for a parsed definition (raises :class:`ScheduleError`).
-
-    ``schedules`` caches schedule objects by :func:`spec_key`: thousands of tenants share a handful
-    of schedules ("09:00 in Europe/Berlin"), and building a crontab is the costly part of loading one.
-    """
-    if schedules is None:
-        schedule = schedule_from_spec(definition["schedule"])
-    else:
-        key = spec_key(definition["schedule"])
-        schedule = schedules.get(key)
-        if schedule is None:
-            schedule = schedules[key] = schedule_from_spec(definition["schedule"])
-    return ScheduleEntry(
-        name=name,
-        task=definition["task"],
-        # the scheduler keeps the last run in its backend; passing one skips celery's app.now() per entry
-        last_run_at=_NEVER_RAN,
-        schedule=schedule,
-        args=tuple(definition["args"]),
-        kwargs=dict(definition["kwargs"]),
-        options=dict(definition["options"]),
-        app=app,
-    )
-
-
-#: ``last_run_at`` of a freshly built entry (the real last fired slot is in the backend's state).
-_NEVER_RAN = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # --- the API ------------------------------------------------------------------------------------

@@ -16,12 +16,9 @@ them: it reads the definitions of the entries that fall due and of those that ch
 from __future__ import annotations
 
 import copy
-import gc
 import logging
-from collections.abc import Iterator
 from typing import Any
 
-import celery
 from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 
@@ -30,26 +27,24 @@ from .. import signals
 from ..clock import to_datetime
 from ..exceptions import LeaseLost, ScheduleError
 from ..messages.publishing import PublishBatch, batched_publish
-from ..redis_client import as_text
 from . import history
 from .backends.base import SlotWrite
-from .base import LeasedScheduler, stop_signals_held
-from .entries import build_entry, parse_definition, paused_until, spec_key, with_enabled
+from .base import stop_signals_held
+from .definitions import build_entry, parse_definition, paused_until, spec_key
+from .entries import with_enabled
 from .leader import LeaseTerm
 from .overlap import OverlapGate
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
+from .replan import ReplanningScheduler
 from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
 from .state import dump_state, load_state, state_next
 
 logger = logging.getLogger(__name__)
 
-#: What a reconcile writes: (state JSON by name, next slot by name, gone, idle, tombstones to prune).
-Replan = tuple[dict[str, str], dict[str, float], list[str], list[str], list[str]]
-
 __all__ = ["SafeScheduler"]
 
 
-class SafeScheduler(LeasedScheduler, Scheduler):
+class SafeScheduler(ReplanningScheduler, Scheduler):
     """A beat that fires only while it holds the lease (Redis or PostgreSQL), each slot at most once."""
 
     Entry = ScheduleEntry
@@ -344,15 +339,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
             self.backend.run_now_done(name, slot_ms)
         return True
 
-    def fingerprint(self) -> str:
-        """What an entry's state depends on besides its definition (a plain crontab's grid follows the
-        app timezone): a leader with another fingerprint re-plans every entry."""
-        return f"format={C.BEAT_ENTRY_FORMAT};celery={celery.__version__};tz={self.app.timezone}"
-
-    def _mark_applied(self) -> None:
-        """Record that the state and due set reflect every change up to ``seen_version`` (leader only)."""
-        self.backend.mark_applied(self.lease.token, f"{self.seen_version} {self.fingerprint()}")
-
     def _housekeeping(self) -> None:
         """Prune old fired-slot records where they do not expire by themselves (PostgreSQL), every
         ``BEAT_PRUNE_INTERVAL`` seconds of the leader's clock."""
@@ -363,313 +349,6 @@ class SafeScheduler(LeasedScheduler, Scheduler):
         pruned = self.backend.prune_fired(self.lease.token)
         if pruned:
             logger.info("beat: pruned %d fired-slot record(s) older than %d s", pruned, C.FIRED_SLOT_TTL)
-
-    def _applied_since(self, marker: Any, version: int) -> int | None:
-        """The version a previous leader's state reflects, None when it cannot be trusted (no marker,
-        another fingerprint, or a counter that went backwards: the backend was reset)."""
-        if not marker:
-            return None
-        applied, _, fingerprint = as_text(marker).partition(" ")
-        try:
-            since = int(applied)
-        except ValueError:
-            return None
-        return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
-
-    def reconcile(self, epoch: int, now: float, *, full: bool = False) -> None:
-        """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones (with ``lazy_threshold`` runtime entries or more: :meth:`reconcile_lazy`;
-        ``full`` makes that one plan every entry, as this one does when the due set does not add up).
-
-        When the previous leader recorded the version its state reflects, only the config entries and
-        the runtime entries changed after it are re-planned (their state read with HMGET); every other
-        entry's state is already right in the backend. A due-set count that does not add up afterwards, or
-        no usable marker, re-plans everything from a full read of the state.
-        """
-        if self.backend.reads_due_only and self.backend.definition_count() >= self.lazy_threshold:
-            self.reconcile_lazy(epoch, now, full=full)
-            return
-        self.lazy = False
-        snapshot = self.backend.snapshot()
-        version, definitions, requests, marker = (
-            snapshot.version,
-            snapshot.definitions,
-            snapshot.requests,
-            snapshot.marker,
-        )
-        del snapshot
-        # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
-        # collector would walk the growing heap again and again while they are built.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            for name in list(self.runtime):
-                self._drop(name)
-            self.runtime = {}
-            for key, raw in definitions.items():
-                self.load_runtime(key, raw)
-            del definitions
-            since = self._applied_since(marker, version)
-            plan = None if since is None else self._replan_changed(now, since)
-            mode = f"changes after version {since}"
-            if plan is None:
-                plan = self._replan_all(now)
-                mode = "full"
-        finally:
-            if collecting:
-                gc.enable()
-        if len(self.schedule) + len(self.paused) >= C.BEAT_GC_FREEZE_ENTRIES:
-            # The entries live for the whole term and hold no reference cycles (a replaced one is freed
-            # by its reference count): keep the collector's full passes from walking them in a tick.
-            gc.freeze()
-        states, nexts, gone, idle, tombstones = plan
-        # Only the lease holder may rewrite the schedule (paused and broken runtime entries keep their
-        # state: a resume or a fix continues the grid).
-        if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
-            raise LeaseLost("another beat holds the lease: the plan write was refused")
-        if tombstones:  # deletions this leader has applied; a name saved again since is kept
-            self.backend.prune(version, tombstones)
-        # the pauses to expire, for a next leader that reads only what is due
-        self.backend.set_pause_expiries(dict(self.pause_expiry), [], replace=True)
-        self.seen_version = version
-        self._mark_applied()
-        # run-now requests made while no beat led: their counter bump is already behind us
-        self.run_requested(epoch, requests)
-        logger.info(
-            "beat: leader with epoch %s: %d entries (%d runtime, %d paused; re-planned %s: %d new or edited, "
-            "%d removed, %d disabled)",
-            epoch,
-            len(self.plans),
-            len(self.runtime),
-            len(self.paused),
-            mode,
-            len(states),
-            len(gone),
-            len(self.broken),
-        )
-
-    # --- reading only what is due (many runtime entries) ----------------------------------------
-    def _load(self, names: list[str]) -> None:
-        """Build the runtime entries ``names`` from their definitions (one read per chunk); a name
-        without one (deleted: the change log tells the rest) is left out."""
-        for i in range(0, len(names), C.BEAT_LAZY_CHUNK):
-            chunk = names[i : i + C.BEAT_LAZY_CHUNK]
-            for name, raw in zip(chunk, self.backend.definitions(chunk), strict=True):
-                if raw is not None:
-                    self.load_runtime(name, raw)
-
-    def _evict(self, force: bool = False) -> None:
-        """Forget the built runtime entries once there are more than ``BEAT_LAZY_CACHE`` (``force``:
-        whatever their number); their pause expiries stay (this leader resumes them)."""
-        if not force and len(self.runtime) <= C.BEAT_LAZY_CACHE:
-            return
-        for name in self.runtime:
-            self.schedule.pop(name, None)
-            self.plans.pop(name, None)
-            self.paused.pop(name, None)
-            self.broken.pop(name, None)
-        self.runtime = {}
-        if len(self._schedules) > C.BEAT_LAZY_CACHE or len(self._runtime_plans) > C.BEAT_LAZY_CACHE:
-            self._schedules, self._runtime_plans = {}, {}
-
-    def reconcile_lazy(self, epoch: int, now: float, *, full: bool = False) -> None:
-        """:meth:`reconcile` for a leader with many runtime entries: nothing is loaded for good.
-
-        With the previous leader's marker, only the config entries and the runtime entries changed
-        after it are read and re-planned (the due set already holds every other entry's next fire);
-        without one, every definition is read and planned a chunk at a time (HSCAN) and forgotten
-        again, so memory stays flat. From then on a tick reads the definitions of the entries it fires.
-        ``full``: plan every entry whatever the marker says (the due set lost entries).
-        """
-        meta = self.backend.snapshot_meta()
-        version, requests, marker = meta.version, meta.requests, meta.marker
-        self._evict(force=True)
-        self.lazy = True
-        self.pause_expiry = {}
-        since = None if full else self._applied_since(marker, version)
-        if since is None:
-            counts = self._replan_streaming(now, version)
-            mode = "every entry, a chunk at a time"
-        else:
-            changed = [name for name, _ in self.backend.change_log(since)]
-            self._load(changed)
-            plan = self._replan_changed(now, since)
-            assert plan is not None  # a leader reading only what is due does not count the due set
-            states, nexts, gone, idle, tombstones = plan
-            if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
-                raise LeaseLost("another beat holds the lease: the plan write was refused")
-            if tombstones:
-                self.backend.prune(version, tombstones)
-            expiries = {n: t for n, t in self.backend.pause_expiries().items() if n not in set(changed)}
-            mine = {n: self.pause_expiry[n] for n in changed if n in self.pause_expiry}
-            self.backend.set_pause_expiries(mine, [n for n in changed if n not in mine])
-            self.pause_expiry = {**expiries, **mine}
-            counts = (len(states), len(gone))
-            mode = f"changes after version {since}"
-        self.seen_version = version
-        self._mark_applied()
-        self.run_requested(epoch, requests)
-        self._evict()
-        logger.info(
-            "beat: leader with epoch %s reading only due entries: %d config entries, %d runtime; re-planned "
-            "%s: %d new or edited, %d removed",
-            epoch,
-            len(self.config_names),
-            self.backend.definition_count(),
-            mode,
-            *counts,
-        )
-
-    def _replan_streaming(self, now: float, version: int) -> tuple[int, int]:
-        """Re-plan every entry without holding them all: drop the states and due scores left by entries
-        that no longer exist, then plan the config entries, then each chunk of runtime definitions
-        (planned, written, forgotten). Returns (entries planned, entries removed)."""
-        token = self.lease.token
-        firsts: dict[str, float] = {}
-        planned = removed = 0
-        collecting = gc.isenabled()
-        gc.disable()  # each chunk's objects are freed by their reference counts
-        try:
-            # first what the state holds for entries that no longer exist (before this plan adds to it:
-            # a fresh leader finds nothing to read there)
-            stored = False  # whether the state and the due set hold anything (else nothing to read there)
-            for names in self.backend.scan_planned(C.BEAT_LAZY_CHUNK):
-                stored = True
-                candidates = [n for n in names if n not in self.plans]
-                defs_of = self.backend.definitions(candidates)
-                gone = [n for n, raw in zip(candidates, defs_of, strict=True) if raw is None]
-                if gone:
-                    if not self.backend.write_plan(token, {}, {}, gone, []):
-                        raise LeaseLost("another beat holds the lease: the plan write was refused")
-                    removed += len(gone)
-            for defs in self._definition_chunks():
-                # the config chunk's values are None; a runtime entry named like a config one is ignored
-                names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
-                plans = [self.plans.get(n) if defs[n] is None else self._stream_plan(n, defs[n]) for n in names]
-                raws, scores = self.backend.read_states(names) if stored else ([None] * len(names), [None] * len(names))
-                states: dict[str, str] = {}
-                nexts: dict[str, float] = {}
-                idle: list[str] = []
-                for name, plan, raw, score in zip(names, plans, raws, scores, strict=True):
-                    if plan is not None:
-                        made = next_state(plan, load_state(raw), score, now, firsts, name=name)
-                        if made is not None:
-                            states[name], nexts[name] = made
-                    elif defs[name] is not None and score is not None:
-                        idle.append(name)  # paused or broken: out of the due set, state kept
-                if not self.backend.write_plan(token, states, nexts, [], idle):
-                    raise LeaseLost("another beat holds the lease: the plan write was refused")
-                planned += len(states)
-                self._evict(force=True)
-        finally:
-            if collecting:
-                gc.enable()
-        self.backend.set_pause_expiries(dict(self.pause_expiry), [], replace=True)
-        self._prune_tombstones(version)
-        return planned, removed
-
-    def _stream_plan(self, name: str, raw: Any) -> Plan | None:
-        """The plan of one runtime definition for :meth:`_replan_streaming`, which keeps no entry: the
-        plan made for an earlier entry of the same schedule, task and policies when there is one (no
-        entry built), else through :meth:`load_runtime`. None when it is paused or broken."""
-        try:
-            definition = parse_definition(raw)
-            options = definition["options"]
-            key = (
-                spec_key(definition["schedule"]),
-                definition["task"],
-                options.get(OPTION_MISFIRE),
-                options.get(OPTION_JITTER),
-                options.get(OPTION_CATCHUP_WINDOW),
-            )
-            plan = self._runtime_plans.get(key) if definition["enabled"] else None
-        except (ScheduleError, TypeError):
-            plan = None
-        if plan is not None:
-            return plan
-        became = self.load_runtime(name, raw)
-        return self.plans.get(name) if became == "active" else None
-
-    def _definition_chunks(self) -> Iterator[dict[str, Any]]:
-        """The config entries (as a chunk of names), then the runtime definitions a chunk at a time."""
-        yield {name: None for name in self.config_names if name in self.plans}
-        yield from self.backend.scan_definitions(C.BEAT_LAZY_CHUNK)
-
-    def _prune_tombstones(self, version: int) -> None:
-        """Drop the change log's tombstones (names without a definition), a page at a time; only when
-        the log holds more names than there are definitions (else it holds none)."""
-        if self.backend.change_count() <= self.backend.definition_count():
-            return
-        since: int | None = None
-        while True:
-            page = self.backend.change_log(since, C.BEAT_LAZY_CHUNK)
-            if not page:
-                return
-            names = [name for name, _ in page]
-            dead = [n for n, raw in zip(names, self.backend.definitions(names), strict=True) if raw is None]
-            self.backend.prune(version, dead)
-            if len(page) < C.BEAT_LAZY_CHUNK:
-                return
-            since = int(page[-1][1])
-
-    def _replan_all(self, now: float) -> Replan:
-        """(states, nexts, gone, idle, tombstones) from a full read of the state hash and the due set."""
-        stored, scores, logged = self.backend.read_all()
-        states: dict[str, str] = {}
-        nexts: dict[str, float] = {}
-        firsts: dict[str, float] = {}  # first slot by grid signature: many entries share a schedule
-        for name, plan in self.plans.items():
-            planned = next_state(plan, load_state(stored.get(name)), scores.get(name), now, firsts, name=name)
-            if planned is not None:
-                states[name], nexts[name] = planned
-        scheduled = set(scores)
-        gone = sorted((scheduled | set(stored)) - set(self.plans) - set(self.runtime))
-        idle = sorted(scheduled & (set(self.runtime) - set(self.plans)))
-        tombstones: list[str] = []
-        if int(logged) > len(self.runtime):  # the log holds deletions: read it (else it is one per entry)
-            log = self.backend.change_log()
-            tombstones = [name for name, _ in log if name not in self.runtime]
-        return states, nexts, gone, idle, tombstones
-
-    def _replan_changed(self, now: float, since: int) -> Replan | None:
-        """Like :meth:`_replan_all` for the config entries and the runtime entries changed after
-        ``since`` only; None when the due set would not then hold exactly the planned entries (state
-        lost or written by hand, a config entry removed from beat_schedule): re-plan everything."""
-        changed = [name for name, _ in self.backend.change_log(since)]
-        changed_runtime = set(changed) & set(self.runtime)
-        recheck = sorted(self.config_names | set(changed) | set(self.broken))
-        raws, scores = self.backend.read_states(recheck)
-        due_count = self.backend.due_count()
-        states: dict[str, str] = {}
-        nexts: dict[str, float] = {}
-        gone: list[str] = []
-        idle: list[str] = []
-        firsts: dict[str, float] = {}
-        for name, raw, score in zip(recheck, raws, scores, strict=True):
-            plan = self.plans.get(name)
-            if plan is not None:
-                # a runtime entry changed with its state kept and out of the due set was resumed
-                resumed = name in changed_runtime
-                planned = next_state(plan, load_state(raw), score, now, firsts, name=name, resumed=resumed)
-                if planned is not None:
-                    states[name], nexts[name] = planned
-                    due_count += score is None
-            elif name in self.runtime:
-                if score is not None:
-                    idle.append(name)
-                    due_count -= 1
-            elif raw is not None or score is not None:
-                gone.append(name)
-                due_count -= score is not None
-        if not self.lazy and due_count != len(self.plans):
-            logger.info(
-                "beat: the due set would hold %d entries for %d planned; re-planning every entry",
-                due_count,
-                len(self.plans),
-            )
-            return None
-        tombstones = [name for name in changed if name not in self.runtime]
-        return states, nexts, gone, idle, tombstones
 
     def fire_due(self, due: list[tuple[str, float]], now: float, epoch: int) -> bool:
         """Guard and publish the due entries; False when the lease turned out to be gone.

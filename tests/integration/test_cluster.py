@@ -31,7 +31,8 @@ from celery_safe_time import (
     save_entry,
     signals,
 )
-from celery_safe_time.beat.lease import Lease, SlotWrite
+from celery_safe_time.beat.backends.base import SlotWrite
+from celery_safe_time.beat.backends.redis import Lease
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.config import SafeTimeConfig, get_config
 from celery_safe_time.exceptions import LockConflict

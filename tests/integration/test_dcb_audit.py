@@ -255,7 +255,7 @@ def test_a_deleted_rows_runs_and_changes_expire_on_redis_and_a_recreated_one_kee
 
     from celery_safe_time import constants as C
     from celery_safe_time.beat.backends import beat_backend
-    from celery_safe_time.beat.lease import history_keys
+    from celery_safe_time.beat.backends.redis import history_keys
     from celery_safe_time.config import get_config
 
     config = get_config(dcb_app)

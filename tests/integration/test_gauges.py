@@ -11,7 +11,7 @@ from celery import Celery
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_safe_time.beat.lease import Lease
+from celery_safe_time.beat.backends.redis import Lease
 from celery_safe_time.clock import local_time
 from celery_safe_time.config import get_config
 from celery_safe_time.delays.backends import get_store

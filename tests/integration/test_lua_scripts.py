@@ -8,13 +8,13 @@ from importlib import resources
 import pytest
 import redis
 
-from celery_safe_time.beat import scripts as beat_scripts
+from celery_safe_time.beat.backends import redis as beat_redis
 from celery_safe_time.locks.backends import redis as lock_redis
 from celery_safe_time.redis_client import load_script
 
 pytestmark = pytest.mark.integration
 
-PACKAGES = {"celery_safe_time.beat": beat_scripts.SCRIPTS, "celery_safe_time.locks": lock_redis.SCRIPTS}
+PACKAGES = {"celery_safe_time.beat": beat_redis.SCRIPTS, "celery_safe_time.locks": lock_redis.SCRIPTS}
 
 
 def _shipped(package: str) -> set[str]:
@@ -32,13 +32,13 @@ def test_every_lua_file_is_a_loaded_script_and_every_script_has_a_file(package: 
 
 def test_every_shared_beat_file_is_a_prelude_and_every_prelude_has_a_file() -> None:
     shared = {name for name in _shipped("celery_safe_time.beat") if name.startswith("_")}
-    preludes = {part for parts in beat_scripts.PRELUDES.values() for part in parts}
+    preludes = {part for parts in beat_redis.PRELUDES.values() for part in parts}
     assert shared == preludes
-    assert set(beat_scripts.PRELUDES) <= set(beat_scripts.SCRIPTS)
+    assert set(beat_redis.PRELUDES) <= set(beat_redis.SCRIPTS)
 
 
 def _run(client: redis.Redis, package: str, name: str, keys: list[str], args: list[object]) -> object:
-    source = beat_scripts.script_source(name) if package == "celery_safe_time.beat" else load_script(package, name)
+    source = beat_redis.script_source(name) if package == "celery_safe_time.beat" else load_script(package, name)
     return client.register_script(source)(keys=keys, args=args)
 
 

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time.beat.lease import Lease
+from celery_safe_time.beat.backends.redis import Lease
 from celery_safe_time.config import get_config
 from celery_safe_time.health import check_redis
 from celery_safe_time.locks.backends import Owner

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from celery_safe_time.beat.backends.redis import Lease
 from celery_safe_time.beat.base import startup_checks
-from celery_safe_time.beat.lease import Lease
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured

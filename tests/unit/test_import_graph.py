@@ -148,7 +148,7 @@ def against_the_layers(graph: dict[str, set[str]]) -> list[str]:
 def test_the_graph_sees_function_level_and_relative_imports() -> None:
     graph = import_graph()
     assert "celery_safe_time.beat.backends.postgres" in graph["celery_safe_time.beat.backends"]
-    assert "celery_safe_time.beat.state" in graph["celery_safe_time.beat.lease"]
+    assert "celery_safe_time.beat.state" in graph["celery_safe_time.beat.backends.redis"]
 
 
 def test_a_cycle_is_found_when_two_modules_import_each_other() -> None:

@@ -10,8 +10,7 @@ import pytest
 from redis.cluster import key_slot
 
 from celery_safe_time import constants as C
-from celery_safe_time.beat.backends.redis import EntryKeys
-from celery_safe_time.beat.lease import LeaseKeys
+from celery_safe_time.beat.backends.redis import BeatKeys
 from celery_safe_time.config import SafeTimeConfig, parse_config
 from celery_safe_time.exceptions import ImproperlyConfigured
 from celery_safe_time.locks.backends.redis import RedisLockBackend
@@ -87,10 +86,9 @@ def test_cluster_names_carry_the_hash_tags_of_the_key_table() -> None:
 
 def test_every_beat_key_shares_one_slot_on_a_cluster() -> None:
     config = parse(CLUSTER, safe_time_key_prefix="app1:")
-    lease = LeaseKeys.for_config(config)
-    entries = EntryKeys.for_config(config)
-    names = [lease.lease, lease.epoch, lease.info, lease.state, lease.due, entries.entries, entries.version]
-    names += [entries.changed, entries.run_now]
+    keys = BeatKeys.for_config(config)
+    names = [keys.lease, keys.epoch, keys.info, keys.state, keys.due, keys.entries, keys.version]
+    names += [keys.changed, keys.run_now, keys.applied, keys.pause_expiry]
     names += [config.key(C.KEY_BEAT_FIRED, entry=e, slot=s) for e in ("a", "x{y}", "}{", "") for s in (0, 17)]
     assert len({_slot(n) for n in names}) == 1
     # Every template under the beat namespace, including ones added later, follows the tag.

@@ -1,17 +1,40 @@
-"""The Redis beat backend (the default): the lease of :mod:`..lease`, the runtime entries' keys and
-the Lua scripts of :mod:`..scripts`.
+"""The Redis beat backend (the default): the leader lease, the guarded dispatch and the runtime
+entries as Lua scripts (``beat/lua/*.lua``), and the keys they use.
 
-Keys under ``safe_time_key_prefix``: ``beat:lease``, ``beat:epoch``, ``beat:leader``, ``beat:state``
-(hash), ``beat:due`` (sorted set), ``beat:fired:<entry>:<slot ms>`` (markers with a TTL) and the
-runtime entries' ``beat:entries*`` (:class:`EntryKeys`).
+- acquire: ``SET lease token NX PX`` and ``INCR epoch`` in one script, so every lease has a
+  new epoch and the leader info (host, pid, epoch) is written with it.
+- renew: compare-and-pexpire; release: compare-and-delete. A beat never touches a lease it
+  does not hold.
+- dispatch: before a slot is published, check token and epoch and ``SET NX`` the slot marker,
+  and record the entry's new state, all in one round trip. ``dispatch_slot`` is the same check
+  for a scheduler whose state lives elsewhere; ``advance`` moves an entry on without publishing.
+
+The entry state the scripts write is a JSON object per entry in the ``beat:state`` hash
+(:func:`..state.dump_state`) plus its next fire time in the ``beat:due`` sorted set.
+
+Every caller (the lease, the backend, the runtime entries API) takes its scripts from
+:func:`beat_scripts`: one registry, so each script's source is read once per process and each
+client registers it once. Registering computes the SHA1 locally; Redis loads a script on the first
+``EVALSHA`` that answers NOSCRIPT (redis-py's ``Script.__call__``). Lua that several scripts share
+lives once, in a ``lua/_*.lua`` file of local functions (Redis runs one script per call, with no way
+to load a library beside it): :func:`script_source` puts that file before the source of each script
+listed in :data:`PRELUDES`.
+
+Keys under ``safe_time_key_prefix`` (:class:`BeatKeys`): ``beat:lease``, ``beat:epoch``,
+``beat:leader``, ``beat:state`` (hash), ``beat:due`` (sorted set), ``beat:fired:<entry>:<slot ms>``
+(markers with a TTL) and the runtime entries' ``beat:entries*``.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 import logging
+import threading
+import uuid
+import weakref
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any, cast
@@ -23,13 +46,23 @@ from ...clock import RedisClock
 from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...health import check_redis
-from ...redis_client import as_text, get_redis, glob_escape, tls_hint
-from ..lease import Lease, LeaseKeys, history_keys
-from ..scripts import beat_scripts
-from ..state import load_state, slot_id
-from .base import BeatBackend, DueRead, LeaseView, Scored, Snapshot
+from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
+from ..state import identity, load_state, marker_value, slot_id
+from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
 
-__all__ = ["REDIS_ERRORS", "EntryKeys", "RedisBeatBackend", "swap_definition"]
+__all__ = [
+    "PRELUDES",
+    "REDIS_ERRORS",
+    "SCRIPTS",
+    "BeatKeys",
+    "BeatScripts",
+    "Lease",
+    "RedisBeatBackend",
+    "beat_scripts",
+    "history_keys",
+    "script_source",
+    "swap_definition",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +70,84 @@ logger = logging.getLogger(__name__)
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable)
 
 
-@dataclasses.dataclass(frozen=True)
-class EntryKeys:
-    """The runtime entries' keys: definitions, change counter and log, run-now requests, applied marker."""
+# --- scripts ------------------------------------------------------------------------------------
 
+#: The package whose ``lua/`` folder holds the beat scripts.
+LUA_PACKAGE = "celery_safe_time.beat"
+
+#: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
+#: and backfills (called by any process, not only by beats) the others.
+SCRIPTS = (
+    "acquire",
+    "renew",
+    "release",
+    "dispatch",
+    "dispatch_slot",
+    "advance",
+    "forget",
+    "save_entry",
+    "save_entries",
+    "delete_entry",
+    "run_now",
+    "run_now_done",
+    "prune",
+    "swap_entry",
+    "mark_applied",
+    "claim_slots",
+    "history_record",
+    "history_outcome",
+)
+
+
+#: The shared files (``lua/<name>.lua``, no script on their own) that go before a script's source.
+PRELUDES: dict[str, tuple[str, ...]] = {
+    "dispatch": ("_history",),
+    "history_record": ("_history",),
+}
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The Lua source of the beat script ``name`` as Redis runs it: its preludes, then its own file."""
+    return "".join(load_script(LUA_PACKAGE, part) for part in (*PRELUDES.get(name, ()), name))
+
+
+class BeatScripts:
+    """The beat scripts registered on one client: ``scripts["dispatch"](keys=..., args=...)``."""
+
+    def __init__(self, client: Any) -> None:
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+
+    def __getitem__(self, name: str) -> Any:
+        return self._scripts[name]
+
+
+_registered: weakref.WeakKeyDictionary[Any, BeatScripts] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def beat_scripts(client: Any) -> BeatScripts:
+    """The beat scripts of ``client`` (a ``redis.Redis`` or ``RedisCluster``), registered on first use."""
+    with _lock:
+        scripts = _registered.get(client)
+        if scripts is None:
+            scripts = _registered[client] = BeatScripts(client)
+        return scripts
+
+
+# --- keys and the lease --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatKeys:
+    """The beat's Redis keys: the lease's (lease, epoch, leader info, state hash, due set) and the runtime
+    entries' (definitions, change counter and log, run-now requests, applied marker, pause expiries)."""
+
+    lease: str
+    epoch: str
+    info: str
+    state: str
+    due: str
     entries: str
     version: str
     changed: str
@@ -49,8 +156,13 @@ class EntryKeys:
     pause_expiry: str
 
     @classmethod
-    def for_config(cls, config: SafeTimeConfig) -> EntryKeys:
+    def for_config(cls, config: SafeTimeConfig) -> BeatKeys:
         return cls(
+            lease=config.key(C.KEY_BEAT_LEASE),
+            epoch=config.key(C.KEY_BEAT_EPOCH),
+            info=config.key(C.KEY_BEAT_LEADER_INFO),
+            state=config.key(C.KEY_BEAT_STATE),
+            due=config.key(C.KEY_BEAT_DUE),
             entries=config.key(C.KEY_BEAT_ENTRIES),
             version=config.key(C.KEY_BEAT_ENTRIES_VERSION),
             changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
@@ -60,9 +172,145 @@ class EntryKeys:
         )
 
 
+def history_keys(config: SafeTimeConfig, entry: str) -> list[str]:
+    """The run history keys of ``entry``: its records (hash) and its slots in order (zset)."""
+    return [config.key(C.KEY_BEAT_HISTORY, entry=entry), config.key(C.KEY_BEAT_HISTORY_SLOTS, entry=entry)]
+
+
+class Lease(BeatLease):
+    """One beat's handle on the leader lease. Not thread-safe by itself: the scheduler's
+    lease thread is its only caller, except the dispatch methods, which only read the token."""
+
+    def __init__(self, client: redis.Redis, config: SafeTimeConfig, *, info: dict[str, Any] | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.keys = BeatKeys.for_config(config)
+        self.token = uuid.uuid4().hex
+        self.ttl_ms = int(config.beat_lease * 1000)
+        self.info = dict(info or identity())
+        self.epoch: int | None = None
+        scripts = beat_scripts(client)
+        self._acquire = scripts["acquire"]
+        self._renew = scripts["renew"]
+        self._release = scripts["release"]
+        self._dispatch = scripts["dispatch"]
+        self._advance = scripts["advance"]
+        self._dispatch_slot = scripts["dispatch_slot"]
+        self._forget = scripts["forget"]
+
+    def acquire(self, now: float) -> int | None:
+        """Take (or keep) the lease; return the epoch, or None while another beat holds it."""
+        info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
+        result = int(
+            self._acquire(keys=[self.keys.lease, self.keys.epoch, self.keys.info], args=[self.token, self.ttl_ms, info])
+        )
+        self.epoch = result if result > 0 else None
+        return self.epoch
+
+    def renew(self) -> bool:
+        if self.epoch is None:
+            return False
+        ok = bool(
+            self._renew(
+                keys=[self.keys.lease, self.keys.epoch, self.keys.info], args=[self.token, self.ttl_ms, self.epoch]
+            )
+        )
+        if not ok:
+            self.epoch = None
+        return ok
+
+    def release(self) -> bool:
+        self.epoch = None
+        return bool(self._release(keys=[self.keys.lease, self.keys.info], args=[self.token]))
+
+    def dispatch(self, epoch: int, entry: str, slot: float, state: str, next_fire: float) -> int:
+        """Check the lease and mark ``entry``'s ``slot`` fired, recording its new state.
+
+        1: publish it; 0: already fired by someone (do not publish); -1: not the leader.
+        """
+        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire, slot), marker_value(epoch))
+        return int(script(keys=keys, args=args))
+
+    def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
+        """Like :meth:`dispatch` for a scheduler whose state lives elsewhere: 1, 0 or -1."""
+        marker = self.config.key(C.KEY_BEAT_FIRED, entry=entry, slot=slot_id(slot))
+        return int(
+            self._dispatch_slot(
+                keys=[self.keys.lease, self.keys.epoch, marker],
+                args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, marker_value(epoch)],
+            )
+        )
+
+    def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
+        """Run a tick's dispatches and advances in one round trip; per write 1, 0 or -1 as :meth:`dispatch`
+        (an advance gives 1 or -1).
+
+        The scripts are not atomic together: if the lease expires half way, the writes after it
+        answer -1 and those before stand, as they would one by one.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        scripts = []
+        for write in writes:
+            script, keys, args = self._write_call(epoch, write, marker_value(epoch))
+            scripts.append((script, keys, args))
+            # evalsha without SCRIPT EXISTS first: a script Redis lost is loaded on NOSCRIPT below.
+            # Sent as a raw command: redis-py's cluster pipeline refuses its evalsha() method, but
+            # routes a raw EVALSHA by its keys (all beat keys share one slot there).
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        replies = pipe.execute(raise_on_error=False)
+        verdicts = []
+        for (script, keys, args), reply in zip(scripts, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = script(keys=keys, args=args)  # registers and retries this one
+            elif isinstance(reply, Exception):
+                raise reply
+            verdicts.append(int(reply))
+        return verdicts
+
+    def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
+        """Take ``names`` out of the due set (and, unless ``keep_state``, the state hash) in one round
+        trip; False when this beat is not the leader (nothing after the refusal is changed)."""
+        if not names:
+            return True
+        keys = [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due]
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "EVALSHA", self._forget.sha, len(keys), *keys, self.token, epoch, name, "1" if keep_state else "0"
+            )
+        replies = pipe.execute(raise_on_error=False)
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = self._forget(keys=keys, args=[self.token, epoch, name, "1" if keep_state else "0"])
+            elif isinstance(reply, Exception):
+                raise reply
+            if int(reply) < 0:
+                return False
+        return True
+
+    def _write_call(self, epoch: int, write: SlotWrite, marker: str) -> tuple[Any, list[str], list[Any]]:
+        if write.slot is None:
+            return (
+                self._advance,
+                [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due],
+                [self.token, epoch, write.entry, write.state, repr(write.next_fire)],
+            )
+        key = self.config.key(C.KEY_BEAT_FIRED, entry=write.entry, slot=slot_id(write.slot))
+        keys = [self.keys.lease, self.keys.epoch, key, self.keys.state, self.keys.due]
+        args = [self.token, epoch, C.FIRED_SLOT_TTL * 1000, write.entry, write.state, repr(write.next_fire), marker]
+        if write.history is not None and self.config.beat_history_size > 0:
+            # the run record rides in the dispatch script: no round trip of its own
+            keys += history_keys(self.config, write.entry)
+            args += [write.history, self.config.beat_history_size, slot_id(write.slot)]
+        return self._dispatch, keys, args
+
+
+# --- the backend ----------------------------------------------------------------------------------
+
+
 def swap_definition(
     client: redis.Redis,
-    keys: EntryKeys,
+    keys: BeatKeys,
     name: str,
     expected: Any,
     new: str,
@@ -92,8 +340,7 @@ class RedisBeatBackend(BeatBackend):
         super().__init__(config)
         self.client = client if client is not None else get_redis(config.redis_url)
         self.clock = RedisClock(self.client)
-        self.keys = LeaseKeys.for_config(config)
-        self.entry_keys = EntryKeys.for_config(config)
+        self.keys = BeatKeys.for_config(config)
         self.due_name = self.keys.due
         self.state_name = self.keys.state
         self.scripts = beat_scripts(self.client)
@@ -160,7 +407,7 @@ class RedisBeatBackend(BeatBackend):
         pipe.zrangebyscore(self.keys.due, "-inf", now + C.BEAT_HEAD_WINDOW, start=0, num=limit, withscores=True)
         pipe.zcard(self.keys.due)
         pipe.hlen(self.keys.state)
-        pipe.get(self.entry_keys.version)
+        pipe.get(self.keys.version)
         reply, due_count, state_count, version = pipe.execute()
         ahead = scored(reply)
         due = ahead[: bisect.bisect_right(ahead, now, key=itemgetter(1))]
@@ -176,10 +423,10 @@ class RedisBeatBackend(BeatBackend):
     def snapshot(self) -> Snapshot:
         # one snapshot: the counter matches the definitions and the marker the state
         pipe = self.client.pipeline(transaction=True)
-        pipe.get(self.entry_keys.version)
-        pipe.hgetall(self.entry_keys.entries)
-        pipe.hgetall(self.entry_keys.run_now)
-        pipe.get(self.entry_keys.applied)
+        pipe.get(self.keys.version)
+        pipe.hgetall(self.keys.entries)
+        pipe.hgetall(self.keys.run_now)
+        pipe.get(self.keys.applied)
         version_raw, definitions, requests, marker = pipe.execute()
         return Snapshot(
             version=int(version_raw or 0),
@@ -192,18 +439,18 @@ class RedisBeatBackend(BeatBackend):
     reads_due_only = True
 
     def definition_count(self) -> int:
-        return int(self.client.hlen(self.entry_keys.entries))
+        return int(self.client.hlen(self.keys.entries))
 
     def change_count(self) -> int:
-        return int(self.client.zcard(self.entry_keys.changed))
+        return int(self.client.zcard(self.keys.changed))
 
     def definitions(self, names: list[str]) -> list[Any]:
-        return list(self.client.hmget(self.entry_keys.entries, names)) if names else []
+        return list(self.client.hmget(self.keys.entries, names)) if names else []
 
     def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
         cursor = 0
         while True:
-            cursor, found = self.client.hscan(self.entry_keys.entries, cursor, count=chunk)
+            cursor, found = self.client.hscan(self.keys.entries, cursor, count=chunk)
             if found:
                 yield {as_text(k): v for k, v in cast("dict[Any, Any]", found).items()}
             if int(cursor) == 0:
@@ -226,9 +473,9 @@ class RedisBeatBackend(BeatBackend):
 
     def snapshot_meta(self) -> Snapshot:
         pipe = self.client.pipeline(transaction=True)
-        pipe.get(self.entry_keys.version)
-        pipe.hgetall(self.entry_keys.run_now)
-        pipe.get(self.entry_keys.applied)
+        pipe.get(self.keys.version)
+        pipe.hgetall(self.keys.run_now)
+        pipe.get(self.keys.applied)
         version_raw, requests, marker = pipe.execute()
         return Snapshot(
             version=int(version_raw or 0),
@@ -238,16 +485,16 @@ class RedisBeatBackend(BeatBackend):
         )
 
     def pause_expiries(self) -> dict[str, float]:
-        return dict(scored(self.client.zrange(self.entry_keys.pause_expiry, 0, -1, withscores=True)))
+        return dict(scored(self.client.zrange(self.keys.pause_expiry, 0, -1, withscores=True)))
 
     def set_pause_expiries(self, add: dict[str, float], remove: list[str], *, replace: bool = False) -> None:
         pipe = self.client.pipeline(transaction=True)
         if replace:
-            pipe.delete(self.entry_keys.pause_expiry)
+            pipe.delete(self.keys.pause_expiry)
         if remove:
-            pipe.zrem(self.entry_keys.pause_expiry, *remove)
+            pipe.zrem(self.keys.pause_expiry, *remove)
         if add:
-            pipe.zadd(self.entry_keys.pause_expiry, add)
+            pipe.zadd(self.keys.pause_expiry, add)
         if len(pipe):
             pipe.execute()
 
@@ -255,7 +502,7 @@ class RedisBeatBackend(BeatBackend):
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.state)
         pipe.zrange(self.keys.due, 0, -1, withscores=True)
-        pipe.zcard(self.entry_keys.changed)
+        pipe.zcard(self.keys.changed)
         stored_raw, due, logged = pipe.execute()
         return {as_text(k): v for k, v in stored_raw.items()}, dict(scored(due)), int(logged)
 
@@ -296,20 +543,18 @@ class RedisBeatBackend(BeatBackend):
     # --- runtime entries ----------------------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
         if since is None and limit is None:
-            return scored(self.client.zrange(self.entry_keys.changed, 0, -1, withscores=True))
+            return scored(self.client.zrange(self.keys.changed, 0, -1, withscores=True))
         low = "-inf" if since is None else f"({since}"
         if limit is None:
-            return scored(self.client.zrangebyscore(self.entry_keys.changed, low, "+inf", withscores=True))
-        return scored(
-            self.client.zrangebyscore(self.entry_keys.changed, low, "+inf", start=0, num=limit, withscores=True)
-        )
+            return scored(self.client.zrangebyscore(self.keys.changed, low, "+inf", withscores=True))
+        return scored(self.client.zrangebyscore(self.keys.changed, low, "+inf", start=0, num=limit, withscores=True))
 
     def run_now_requests(self) -> dict[str, str]:
-        return {as_text(k): as_text(v) for k, v in self.client.hgetall(self.entry_keys.run_now).items()}
+        return {as_text(k): as_text(v) for k, v in self.client.hgetall(self.keys.run_now).items()}
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.entry_keys.entries, names)
+        pipe.hmget(self.keys.entries, names)
         pipe.hmget(self.keys.state, names)
         pipe.zmscore(self.keys.due, names)
         raws, states, scores = pipe.execute()
@@ -317,20 +562,20 @@ class RedisBeatBackend(BeatBackend):
 
     def prune(self, version: int, names: list[str]) -> None:
         if names:
-            self.scripts["prune"](keys=[self.entry_keys.entries, self.entry_keys.changed], args=[version, *names])
+            self.scripts["prune"](keys=[self.keys.entries, self.keys.changed], args=[version, *names])
 
     def mark_applied(self, token: str, marker: str) -> None:
-        self.scripts["mark_applied"](keys=[self.keys.lease, self.entry_keys.applied], args=[token, marker])
+        self.scripts["mark_applied"](keys=[self.keys.lease, self.keys.applied], args=[token, marker])
 
     def run_now_done(self, name: str, slot_ms: str) -> None:
-        self.scripts["run_now_done"](keys=[self.entry_keys.run_now], args=[name, slot_ms])
+        self.scripts["run_now_done"](keys=[self.keys.run_now], args=[name, slot_ms])
 
     def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
-        return swap_definition(self.client, self.entry_keys, name, expected, new, self._audit(name, audit))
+        return swap_definition(self.client, self.keys, name, expected, new, self._audit(name, audit))
 
     # --- runtime entries: the API side -------------------------------------------------
     def _entry_keys(self) -> list[str]:
-        return [self.entry_keys.entries, self.entry_keys.version, self.entry_keys.changed]
+        return [self.keys.entries, self.keys.version, self.keys.changed]
 
     def _audit(self, name: str, audit: str | None) -> tuple[str, str, int] | None:
         if audit is None or self.config.beat_audit_size <= 0:
@@ -407,11 +652,11 @@ class RedisBeatBackend(BeatBackend):
         return list(self.client.lrange(self.config.key(C.KEY_BEAT_AUDIT, entry=name), 0, max(limit, 1) - 1))
 
     def entry_definition(self, name: str) -> Any:
-        return self.client.hget(self.entry_keys.entries, name)
+        return self.client.hget(self.keys.entries, name)
 
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
         match = None if not prefix else glob_escape(prefix) + "*"
-        return {as_text(k): v for k, v in self.client.hscan_iter(self.entry_keys.entries, match=match, count=1000)}
+        return {as_text(k): v for k, v in self.client.hscan_iter(self.keys.entries, match=match, count=1000)}
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         if not names:
@@ -419,14 +664,12 @@ class RedisBeatBackend(BeatBackend):
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(self.keys.state, names)
         pipe.zmscore(self.keys.due, names)
-        pipe.zmscore(self.entry_keys.changed, names)
+        pipe.zmscore(self.keys.changed, names)
         states, scores, versions = pipe.execute()
         return list(states), list(scores), list(versions)
 
     def entry_run_now(self, name: str, slot_ms: str) -> int:
-        return int(
-            self.scripts["run_now"](keys=[self.entry_keys.run_now, self.entry_keys.version], args=[name, slot_ms])
-        )
+        return int(self.scripts["run_now"](keys=[self.keys.run_now, self.keys.version], args=[name, slot_ms]))
 
     def entry_seed_state(self, name: str, state: str) -> None:
         self.client.hsetnx(self.keys.state, name, state)

@@ -1,4 +1,4 @@
--- Shared by the scripts that write a run record (dispatch.lua, history_record.lua): scripts.py puts
+-- Shared by the scripts that write a run record (dispatch.lua, history_record.lua): backends/redis.py puts
 -- this file before their own source when it loads them. Writes the run record of slot `slot` (ms) and
 -- drops the entry's oldest runs beyond `size`, with their outcomes (history.py).
 local function record_history(hash, slots, slot, record, size)

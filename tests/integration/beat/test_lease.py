@@ -8,8 +8,9 @@ import pytest
 import redis
 
 from celery_safe_time import signals
+from celery_safe_time.beat.backends.base import SlotWrite
+from celery_safe_time.beat.backends.redis import Lease
 from celery_safe_time.beat.leader import LeaderKeeper
-from celery_safe_time.beat.lease import Lease, SlotWrite
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from tests.helpers.processes import wait_for

@@ -1,10 +1,10 @@
 """The SQL store (SQLAlchemy Core): PostgreSQL, SQLite and MySQL/MariaDB.
 
-Modules: :mod:`.clock` (the database's clock), :mod:`.schema` (the table), :mod:`.statements`
-(conditions and conditional writes), :mod:`.postgres` (the PostgreSQL fast path of the delivery
-record), :mod:`.store` (:class:`SQLAlchemyStore`); engines, drivers and deadlines are the package's
-SQL toolkit (:mod:`celery_safe_time.sql`). Raw SQL lives in ``queries.sql`` and ``schema.sql`` beside
-them, read by :func:`~celery_safe_time.delays.backends.base.query`.
+Modules: :mod:`.clock` (the database's clock), :mod:`.schema` (the table), :mod:`.ddl` (creating and
+upgrading it), :mod:`.statements` (conditions and conditional writes), :mod:`.postgres` (the
+PostgreSQL fast path of the delivery record), :mod:`.store` (:class:`SQLAlchemyStore`); engines,
+drivers and deadlines are the package's SQL toolkit (:mod:`celery_safe_time.sql`). Raw SQL lives in
+``queries.sql`` and ``schema.sql`` beside them, read by :func:`~celery_safe_time.delays.backends.base.query`.
 
 Importing this package loads neither SQLAlchemy nor a driver: the names below load on first access.
 """

@@ -16,7 +16,6 @@ from sqlalchemy.engine import Connection, Engine
 
 from .... import constants as C
 from ....clock import as_utc
-from ....config import mask_url
 from ....exceptions import StoreError
 from ....sql.engine import create_engine
 from ..base import (
@@ -29,24 +28,18 @@ from ..base import (
     early_by,
     empty_counts,
     new_delivery_token,
-    query,
     refused,
     rerun_values,
     start_verdict,
     truncate_error,
 )
 from .clock import database_now, now_sql
+from .ddl import StoreSchema
 from .postgres import RecordWrites
 from .schema import (
-    LATER_INDEXES,
-    AddColumn,
     UTCDateTime,
-    added_columns,
     delays,
-    metadata,
     mysql_pending_key,
-    mysql_schema_lock,
-    schema_for,
     status_is,
 )
 from .statements import (
@@ -67,7 +60,7 @@ from .statements import (
 logger = logging.getLogger(__name__)
 
 
-class SQLAlchemyStore(DelayStore):
+class SQLAlchemyStore(StoreSchema, DelayStore):
     """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it.
 
     The table is created on first use (``CREATE TABLE``/``CREATE INDEX`` if missing); Django
@@ -109,9 +102,6 @@ class SQLAlchemyStore(DelayStore):
         self.engine.dispose()
         if self._record_writes is not None:
             self._record_writes.dispose()
-
-    def _fail(self, exc: Exception) -> StoreError:
-        return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
 
     @contextmanager
     def _begin(self) -> Iterator[Connection]:
@@ -180,120 +170,6 @@ class SQLAlchemyStore(DelayStore):
         """Rows of this store's namespace and legacy ones (every row for a store without one)."""
         scope = self.scope
         return sa.true() if scope is None else delays.c.namespace.in_(scope)
-
-    @property
-    def _is_mysql(self) -> bool:
-        return self.dialect in C.MYSQL_DIALECTS
-
-    def ensure_schema(self) -> None:
-        """Create the table and its indexes if they are missing (once per process)."""
-        if self._schema_ready:
-            return
-        with self._schema_lock:
-            if self._schema_ready:
-                return
-            try:
-                with self.engine.begin() as conn:
-                    if self.dialect == "postgresql":
-                        # Several processes start at once; serialize the DDL instead of racing.
-                        conn.execute(sa.text(query("lock_schema_postgresql")), {"key": C.DELAY_SCHEMA_LOCK_KEY})
-                    if self._is_mysql:
-                        with mysql_schema_lock(conn):
-                            schema_for(conn).create_all(conn, checkfirst=True)
-                    else:
-                        metadata.create_all(conn, checkfirst=True)
-            except sa.exc.OperationalError as exc:
-                # SQLite (or MySQL without its schema lock): another process created it between
-                # the check and the CREATE.
-                if not self._has_table():
-                    raise self._fail(exc) from exc
-            except sa.exc.SQLAlchemyError as exc:
-                raise self._fail(exc) from exc
-            if self._is_mysql:
-                self._check_mysql_schema()
-            self._upgrade_schema()
-            self._schema_ready = True
-
-    def _upgrade_schema(self) -> None:
-        """Add the delivery record's and the namespace's columns, and the later indexes, to a table that
-        lacks them. Existing rows get namespace "" (legacy): every app's sweep claims them."""
-        try:
-            inspector = sa.inspect(self.engine)
-            names = {col["name"] for col in inspector.get_columns(C.DELAY_TABLE)}
-            missing = [col for col in added_columns() if col.name not in names]
-            indexes = {index["name"] for index in inspector.get_indexes(C.DELAY_TABLE)}
-            if not missing and all(name in indexes for name in LATER_INDEXES):
-                return
-            with self.engine.begin() as conn:
-                if self.dialect == "postgresql":
-                    conn.execute(sa.text(query("lock_schema_postgresql")), {"key": C.DELAY_SCHEMA_LOCK_KEY})
-                    names = {col["name"] for col in sa.inspect(conn).get_columns(C.DELAY_TABLE)}
-                schema = schema_for(conn).tables[C.DELAY_TABLE]
-                for col in missing:
-                    if col.name not in names:
-                        conn.execute(AddColumn(schema, schema.c[col.name]))
-                for index in schema.indexes:
-                    if index.name in LATER_INDEXES and index.name not in indexes:
-                        index.create(conn, checkfirst=True)
-            logger.warning(
-                "store %s: upgraded %s (columns added: %s; indexes added: %s)",
-                mask_url(self.url),
-                C.DELAY_TABLE,
-                ", ".join(col.name for col in missing) or "none",
-                ", ".join(name for name in LATER_INDEXES if name not in indexes) or "none",
-            )
-        except sa.exc.SQLAlchemyError as exc:
-            if self._has_columns() and self._has_indexes():
-                return  # another process upgraded it meanwhile
-            raise self._fail(exc) from exc
-
-    def _has_columns(self) -> bool:
-        try:
-            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
-        except sa.exc.SQLAlchemyError:
-            return False
-        return all(col.name in names for col in added_columns())
-
-    def _has_indexes(self) -> bool:
-        try:
-            names = {index["name"] for index in sa.inspect(self.engine).get_indexes(C.DELAY_TABLE)}
-        except sa.exc.SQLAlchemyError:
-            return False
-        return all(name in names for name in LATER_INDEXES)
-
-    def upgrade_schema(self) -> None:
-        """Bring a table that lacks columns or indexes up to date now (``celery safe-time delays upgrade-schema``).
-
-        The same upgrade runs once per process at the store's first use; this runs it on demand, e.g.
-        from a deploy step, so that the ``CREATE INDEX`` on a big table does not happen in a worker.
-        """
-        self._schema_ready = False
-        self.ensure_schema()
-
-    def _check_mysql_schema(self) -> None:
-        """Refuse a table made without the pending-key column (e.g. by Django's migrations): its
-        idempotency key would be unique across all rows and its times whole seconds."""
-        try:
-            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
-        except sa.exc.SQLAlchemyError as exc:
-            raise self._fail(exc) from exc
-        if C.DELAY_PENDING_KEY_COLUMN not in names:
-            raise StoreError(
-                f"store {mask_url(self.url)}: table {C.DELAY_TABLE} has no {C.DELAY_PENDING_KEY_COLUMN} column; "
-                "it was not created by this store version: move its rows elsewhere and drop it to have it recreated"
-            )
-
-    def _has_table(self) -> bool:
-        try:
-            return bool(sa.inspect(self.engine).has_table(C.DELAY_TABLE))
-        except sa.exc.SQLAlchemyError:
-            return False
-
-    def drop_schema(self) -> None:
-        """Drop the table (tests and benchmarks)."""
-        with self.engine.begin() as conn:
-            schema_for(conn).drop_all(conn, checkfirst=True)
-        self._schema_ready = False
 
     # --- writes --------------------------------------------------------------------
 

@@ -28,6 +28,16 @@ PURGE_INTERVAL = 3600.0
 PURGE_SWEEP_MAX_BATCHES = 5
 
 
+def suspicion_look_gap(config: SafeTimeConfig) -> float:
+    """The longest gap between two sweeps' looks at a suspected run that still counts as the store
+    answering throughout: a longer one (an outage, or no sweep) starts the suspicion over.
+
+    Half the lock ttl leaves a run's heartbeat (every third of it) at least one write while the
+    store answers, whatever outage shorter than the gap went unseen; twice the sweep interval keeps
+    sweeps that look on time from starting it over (which would never take over a dead run)."""
+    return max(config.lock_ttl / 2.0, 2.0 * config.sweep_interval)
+
+
 def confirm_deliveries(
     app: Celery, config: SafeTimeConfig, store: DelayStore, stats: SweepStats, *, limit: int
 ) -> None:
@@ -38,7 +48,9 @@ def confirm_deliveries(
     goes back to pending with the same token and is published again; the conditional start keeps it
     to one run. A row ``started`` whose heartbeat is older than ``safe_time_lock_ttl`` lost its worker:
     an ``acks_late`` task runs again (at least once, as acks_late promises), any other task is
-    marked ``interrupted`` and not run again (at most once).
+    marked ``interrupted`` and not run again (at most once). It is taken over only once it stayed
+    silent for another ``safe_time_lock_ttl`` while the store answered the sweeps' looks: time the
+    store was unreachable (no heartbeat could be written) does not count.
     """
     # First: a row whose message expired is closed now, not published again after the grace.
     close_expired_unstarted(app, store, stats, limit=limit)
@@ -54,11 +66,14 @@ def confirm_deliveries(
     except StoreError as exc:
         logger.warning("delivery confirmation skipped this sweep: %s", exc)
         return
+    looked_within = suspicion_look_gap(config)
     for row in stale:
         task = app.tasks.get(row.task)
         rerun = reruns_when_stale(task)
         try:
-            changed = store.end_stale(row.id, row.delivery_token or "", config.lock_ttl, rerun=rerun)
+            changed = store.end_stale(
+                row.id, row.delivery_token or "", config.lock_ttl, rerun=rerun, looked_within=looked_within
+            )
         except StoreError as exc:
             logger.warning("delivery confirmation of %s[%s] skipped: %s", row.task, row.id, exc)
             continue

@@ -316,6 +316,29 @@ def test_a_heartbeat_after_the_suspicion_clears_it(any_store: DelayStore) -> Non
     assert (row.status, row.started_by) == (C.STATUS_STARTED, "run-1")
 
 
+def test_a_suspicion_not_looked_at_for_a_while_starts_over(any_store: DelayStore) -> None:
+    token = _started(any_store, "cut")
+    time.sleep(0.3)
+    assert not any_store.end_stale("cut", token, 0.1, rerun=True, looked_within=2.0)  # suspected
+    first = any_store.get("cut")
+    assert first is not None
+    assert first.suspected_at is not None
+    # No look for longer than looked_within (the store was unreachable): suspected anew, not taken over.
+    time.sleep(2.3)
+    assert not any_store.end_stale("cut", token, 0.1, rerun=True, looked_within=2.0)
+    again = any_store.get("cut")
+    assert again is not None
+    assert again.status == C.STATUS_STARTED
+    assert again.suspected_at is not None
+    assert again.suspected_at > first.suspected_at
+    # Looked at again within the window (1.7 s to spare for a loaded machine), silent since: taken over.
+    time.sleep(0.3)
+    assert any_store.end_stale("cut", token, 0.1, rerun=True, looked_within=2.0)
+    taken = any_store.get("cut")
+    assert taken is not None
+    assert taken.status == C.STATUS_PENDING
+
+
 def test_a_start_whose_reply_was_lost_is_recognised_by_its_run_id(any_store: DelayStore) -> None:
     token = _started(any_store, "lost", run_id="first-run")
     assert any_store.start("lost", token, "copy", "h", stale_after=60).verdict == "running"

@@ -58,6 +58,19 @@ def _dead(now: datetime, stale_after: float) -> Q:
     return Q(status=C.STATUS_STARTED, suspected_at__lt=now - timedelta(seconds=stale_after)) & quiet
 
 
+def _looked_away(now: datetime, looked_within: float) -> Q:
+    """Suspected, no heartbeat since, and not looked at for ``looked_within`` seconds: the store (or
+    every sweep) was out of reach meanwhile, so the suspicion starts over."""
+    if not math.isfinite(looked_within):
+        return Q(pk__in=[])
+    quiet = Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lte=F("suspected_at"))
+    return (
+        Q(status=C.STATUS_STARTED, suspected_at__isnull=False)
+        & quiet
+        & Q(updated_at__lt=now - timedelta(seconds=looked_within))
+    )
+
+
 class DjangoStore(DelayStore):
     """Rows in the ``celery_safe_time`` app's table through the ORM, on database alias ``using``."""
 
@@ -380,7 +393,9 @@ class DjangoStore(DelayStore):
             stale = self._objects().filter(_stale_heartbeat(self.now(), stale_after), status=C.STATUS_STARTED)
             return [_row(o) for o in stale.order_by("heartbeat_at", "id")[:limit]]
 
-    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+    def end_stale(
+        self, task_id: str, token: str, stale_after: float, *, rerun: bool, looked_within: float = math.inf
+    ) -> bool:
         def run() -> bool:
             now = self.now()
             values: dict[str, Any] = (
@@ -389,9 +404,13 @@ class DjangoStore(DelayStore):
                 else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
             )
             mine = self._all_objects().filter(id=task_id, delivery_token=token)
-            if mine.filter(_dead(now, stale_after)).update(updated_at=now, **values):
+            away = _looked_away(now, looked_within)
+            if mine.filter(_dead(now, stale_after)).exclude(away).update(updated_at=now, **values):
                 return True
-            mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
+            if mine.filter(_suspect(now, stale_after) | away).update(suspected_at=now, updated_at=now):
+                return False
+            # Still suspected: this look is recorded (updated_at), so the next one knows the store answered.
+            mine.filter(status=C.STATUS_STARTED, suspected_at__isnull=False).update(updated_at=now)
             return False
 
         return self._atomic(run)

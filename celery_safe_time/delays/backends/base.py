@@ -157,6 +157,8 @@ class DelayRow:
     #: When a sweep or a redelivered copy first found the heartbeat stale. The run counts as dead only
     #: once it stays stale for another ``safe_time_lock_ttl`` after that (a heartbeat since clears it):
     #: a store outage stops every heartbeat at once, and the first look after it must not take over.
+    #: Each later look records itself in ``updated_at``; the sweep starts the suspicion over when its
+    #: previous look is too old (the store was unreachable between them: see ``end_stale``).
     suspected_at: datetime | None = None
     #: The app (``safe_time_store_namespace``) that stored it; "" for a row stored before namespaces.
     namespace: str = C.LEGACY_STORE_NAMESPACE
@@ -445,10 +447,18 @@ class DelayStore(abc.ABC):
         """Rows ``started`` whose heartbeat is older than ``stale_after`` seconds (their worker died)."""
 
     @abc.abstractmethod
-    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+    def end_stale(
+        self, task_id: str, token: str, stale_after: float, *, rerun: bool, looked_within: float = math.inf
+    ) -> bool:
         """A dead started row (see :meth:`start`): back to pending with the same token (``rerun``,
         acks_late tasks) or finished with outcome ``interrupted``; True when it changed. A row only
-        found stale gets ``suspected_at`` and False."""
+        found stale gets ``suspected_at`` and False.
+
+        ``looked_within``: each look at a suspected row records itself (``updated_at``); a row last
+        looked at more than ``looked_within`` seconds ago is suspected anew instead of taken over.
+        The gap means the store (or every sweep) was unreachable meanwhile, and a run's heartbeat
+        cannot be written while the store is down: only a silence of ``stale_after`` seconds while the
+        store answered shows the run is dead."""
 
     # --- the sweep -------------------------------------------------------------
 

@@ -208,15 +208,20 @@ class MemoryStore(DelayStore):
             stale = [r for r in self._scoped() if r.status == C.STATUS_STARTED and _heartbeat_before(r, cutoff)]
         return sorted(stale, key=lambda r: (r.heartbeat_at or r.updated_at, r.id))[:limit]
 
-    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+    def end_stale(
+        self, task_id: str, token: str, stale_after: float, *, rerun: bool, looked_within: float = math.inf
+    ) -> bool:
         with self._lock:
             row = self._rows.get(task_id)
             now = self.now()
             if row is None or row.status != C.STATUS_STARTED or row.delivery_token != token:
                 return False
-            if not _dead(row, now, stale_after):
-                if _suspect(row, now, stale_after):
+            away = _looked_away(row, now, looked_within)
+            if away or not _dead(row, now, stale_after):
+                if away or _suspect(row, now, stale_after):
                     self._replace(row, suspected_at=now)
+                elif row.suspected_at is not None:
+                    self._replace(row)  # this look is recorded (updated_at): the store answered
                 return False
             if rerun:
                 self._replace(row, status=C.STATUS_PENDING, suspected_at=None)
@@ -341,6 +346,15 @@ def _dead(row: DelayRow, now: datetime, stale_after: float) -> bool:
     if row.suspected_at >= now - timedelta(seconds=stale_after):
         return False
     return row.heartbeat_at is None or row.heartbeat_at <= row.suspected_at
+
+
+def _looked_away(row: DelayRow, now: datetime, looked_within: float) -> bool:
+    """Suspected, no heartbeat since, and not looked at for ``looked_within`` seconds: start over."""
+    if not math.isfinite(looked_within) or row.status != C.STATUS_STARTED or row.suspected_at is None:
+        return False
+    if row.heartbeat_at is not None and row.heartbeat_at > row.suspected_at:
+        return False
+    return row.updated_at < now - timedelta(seconds=looked_within)
 
 
 def _startable(row: DelayRow, now: datetime, stale_after: float, prior_runs: Sequence[str]) -> bool:

@@ -462,3 +462,62 @@ def test_an_end_recorded_after_a_store_outage_longer_than_the_claim_timeout_runs
     finally:
         proxy.close()
         store.close()
+
+
+def test_a_run_suspected_between_two_store_outages_is_not_run_again(
+    processes: ProcessManager,
+    postgres_url: str,
+    redis_client: redis.Redis,
+    make_app: Callable[..., Celery],
+) -> None:
+    """Soak seed 117620 (amqp): a stored run started as the database went down; it came back for about
+    a second, long enough for a sweep to find the heartbeat stale and suspect the run, then went
+    down again for longer than the lock ttl. The first sweep after that took the run over and ran it
+    again, though its worker was alive and still trying to record its end: the suspicion had
+    counted time in which no heartbeat could be written. Now that sweep suspects the run anew, and
+    the worker's end lands while the store answers; one run."""
+    lock_ttl = 3.0
+    # Sweeps every second: a look more than 2 s after the previous one starts the suspicion over.
+    conf = {"safe_time_lock_ttl": lock_ttl, "safe_time_sweep_interval": 1}
+    store = fresh_sql_store(postgres_url)
+    proxy, proxied_url = proxy_for(postgres_url)
+    try:
+        worker = processes.worker(DELAYS_APP, name="w", env=env_for({**conf, "safe_time_store_url": proxied_url}))
+        worker.wait_for_log(r"ready\.", timeout=90)
+        payload = json.dumps({"args": ["twice-cut", 1.0], "kwargs": {}, "options": {}}).encode()
+        store.bulk_insert(
+            [new_delay("twice-cut-1", store.now() - timedelta(seconds=1), task="tests.delays.slow", payload=payload)]
+        )
+        # The sweeps go to the database directly, and only while the store is up for everyone.
+        app = test_app(make_app, safe_time_store_url=postgres_url, **conf)
+        assert sweep(app).sent == 1
+        wait_for(lambda: runs(redis_client), timeout=60, message="the run to start")
+        proxy.cut()
+        worker.wait_for_log(r"the store is unreachable, recording it in the background", timeout=30)
+        started = store.get("twice-cut-1")
+        assert started is not None
+        assert started.heartbeat_at is not None
+        # The short recovery: a sweep finds the heartbeat stale and suspects the run (the worker's
+        # writes do not land in it).
+        time.sleep(max(0.0, lock_ttl + 0.5 - (store.now() - started.heartbeat_at).total_seconds()))
+        assert sweep(app).rerun == 0
+        suspected = store.get("twice-cut-1")
+        assert suspected is not None
+        assert suspected.suspected_at is not None
+        # Down again for longer than the lock ttl: nobody looks, nothing is written.
+        time.sleep(lock_ttl + 2)
+        proxy.restore()
+        assert sweep(app).rerun == 0  # suspected anew: the outage does not count as silence
+
+        def ended() -> bool:
+            sweep(app)
+            row = store.get("twice-cut-1")
+            return row is not None and row.status != C.STATUS_STARTED
+
+        wait_for(ended, timeout=lock_ttl * 3, interval=0.3, message="the run's end to be recorded")
+        assert [r["label"] for r in runs(redis_client)] == ["twice-cut"]
+        row = finished_row(store, "twice-cut-1")
+        assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
+    finally:
+        proxy.close()
+        store.close()

@@ -47,6 +47,20 @@ def dead(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
     )
 
 
+def looked_away(now: Now, looked_within: float) -> sa.ColumnElement[bool]:
+    """Suspected, with no heartbeat since, and not looked at for ``looked_within`` seconds: the store
+    (or every sweep) was out of reach meanwhile, so the suspicion starts over (see ``DelayStore.end_stale``)."""
+    t = delays
+    if not math.isfinite(looked_within):
+        return sa.false()
+    return sa.and_(
+        status_is(C.STATUS_STARTED),
+        t.c.suspected_at.is_not(None),
+        sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at <= t.c.suspected_at),
+        t.c.updated_at < _ago(now, looked_within),
+    )
+
+
 def older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]:
     """Rows of ``statuses`` last changed before ``before``: what a purge deletes."""
     # Inlined statuses, as in status_is(): PostgreSQL then proves the partial index's predicate.

@@ -49,6 +49,7 @@ from .statements import (
     finish_update,
     hand_back_update,
     heartbeat_update,
+    looked_away,
     older,
     prepared_hand_back,
     prepared_heartbeat,
@@ -566,7 +567,9 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
             )
             return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
 
-    def end_stale(self, task_id: str, token: str, stale_after: float, *, rerun: bool) -> bool:
+    def end_stale(
+        self, task_id: str, token: str, stale_after: float, *, rerun: bool, looked_within: float = math.inf
+    ) -> bool:
         t = delays
         with self._begin() as conn:
             now = self._db_now(conn)
@@ -576,10 +579,16 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
                 else {"status": C.STATUS_FINISHED, "outcome": C.OUTCOME_INTERRUPTED, "finished_at": now}
             )
             mine = sa.and_(t.c.id == task_id, t.c.delivery_token == token)
-            result = conn.execute(sa.update(t).where(mine, dead(now, stale_after)).values(updated_at=now, **values))
+            gone = sa.and_(dead(now, stale_after), sa.not_(looked_away(now, looked_within)))
+            result = conn.execute(sa.update(t).where(mine, gone).values(updated_at=now, **values))
             if result.rowcount:
                 return True
-            conn.execute(sa.update(t).where(mine, suspect(now, stale_after)).values(suspected_at=now))
+            restart = sa.or_(suspect(now, stale_after), looked_away(now, looked_within))
+            if conn.execute(sa.update(t).where(mine, restart).values(suspected_at=now, updated_at=now)).rowcount:
+                return False
+            # Still suspected: this look is recorded (updated_at), so the next one knows the store answered.
+            looked = sa.and_(status_is(C.STATUS_STARTED), t.c.suspected_at.is_not(None))
+            conn.execute(sa.update(t).where(mine, looked).values(updated_at=now))
             return False
 
     # --- the sweep -------------------------------------------------------------------

@@ -326,6 +326,38 @@ def test_stacked_gates_run_each_call_once(safe_time: SafeTimeTesting, outer: Gat
     assert broker.waiting == []
 
 
+def _plain_pairs() -> list[tuple[Gate, Gate]]:
+    """The pairs a plain task (not a ``SafeTask``) can stack: the decorators and the entry's lease."""
+    return [(o, i) for o, i in _pairs() if not (o.send_options or o.task_options or i.send_options or i.task_options)]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize(("outer", "inner"), _plain_pairs(), ids=lambda g: g.name)
+def test_stacked_gates_on_a_plain_task_run_each_call_once(
+    safe_time: SafeTimeTesting, outer: Gate, inner: Gate, fault: str
+) -> None:
+    """The matrix on a plain ``Task``: its stored waits are checked against their rows by the first
+    gate the delivery meets (``checked_delivery``), not by ``SafeTask``, and every row still ends."""
+    locks = clock_locks(safe_time)
+    runs = Runs()
+    name = f"compose.plain.{outer.name}.{inner.name}.{fault}"
+    task = _make_task(safe_time, name, (outer, inner), fault, runs, base=Task)
+    broker = Broker(safe_time, task.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        _run_matrix_case(safe_time, task, runs, broker, outer, inner)
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+        with safe_time.app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
+    assert runs.completed == dict.fromkeys(range(CALLS), 1)
+    assert max(runs.most_at_once.values()) == 1
+    assert locks.scan() == []
+    assert locks.scan_unique() == []
+    assert _open_rows(safe_time) == []
+    assert broker.waiting == []
+
+
 def _run_matrix_case(
     safe_time: SafeTimeTesting, task: Task, runs: Runs, broker: Broker, outer: Gate, inner: Gate
 ) -> None:
@@ -541,3 +573,36 @@ def test_a_stored_wait_whose_entry_run_already_ran_closes_its_row(short_waits_in
     assert safe_time.store.requeue_unstarted(get_config(safe_time.app).delivery_grace) == 0
     assert safe_time.run_due(advance=timedelta(seconds=1), propagate=False) == []
     assert ran == ["r0"]
+
+
+def test_a_retry_from_a_stored_wait_is_a_new_delivery(short_waits_in_broker: SafeTimeTesting) -> None:
+    """A plain task's ``self.retry()`` in the run of a stored wait: the retried message carries no
+    delivery token of that row (``retry()`` copies the request's headers), so it runs, instead of
+    being dropped as the row's finished delivery."""
+    safe_time = short_waits_in_broker
+    clock_locks(safe_time)
+    ran: list[str] = []
+
+    @safe_time.app.task(name="compose.retry_from_stored_wait", bind=True, shared=False, base=Task)
+    @rate_limit("retry-stored-rate", "1/h")
+    def sync(self: Task) -> None:
+        ran.append(f"{self.request.id}:{self.request.retries}")
+        if self.request.id == "r1" and not self.request.retries:
+            raise self.retry(countdown=1)
+
+    assert deliver_message(safe_time, sync, (), task_id="r0", attempt="a0") == "SUCCESS"
+    assert deliver_message(safe_time, sync, (), task_id="r1", attempt="a1") == "RETRY"
+    broker = Broker(safe_time, sync.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+        assert states == ["RETRY"]  # the body ran and called retry()
+        assert [h.get(C.HEADER_DELIVERY) for _, h, _ in broker.waiting] == [None]
+        safe_time.advance(5)
+        assert broker.deliver_due(sync) == 1  # a new call through the rate: it waits for the next place
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+    states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+    assert states == ["SUCCESS"]
+    assert ran == ["r0:0", "r1:0", "r1:1"]
+    assert _open_rows(safe_time) == []

@@ -157,4 +157,14 @@ def checked_delivery(body: Callable[[], R]) -> R:
     if token is None:
         return body()
     setattr(request, _CHECKED_ATTR, True)
-    return run_delivery(task, token, body)
+
+    def started() -> R:
+        # The row's delivery has started: whatever the body publishes from its request is a new
+        # delivery (``retry()`` copies the request's headers), never this row's, which ends with this
+        # run; with the token the retried message would be dropped as this finished delivery.
+        headers = getattr(request, "headers", None)
+        if headers and not _DELIVERY_HEADERS.isdisjoint(headers):
+            request.headers = {k: v for k, v in headers.items() if k not in _DELIVERY_HEADERS}
+        return body()
+
+    return run_delivery(task, token, started)

@@ -44,6 +44,7 @@ import redis
 from celery import Celery, Task
 
 from .. import constants as C
+from .. import handoff
 from ..exceptions import RunCancelled
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
@@ -163,6 +164,16 @@ def run_gated(task: Task, run: Callable[..., Any], args: tuple[Any, ...], kwargs
     task_id = call.task_id
     if not call.in_worker or not task_id:
         return run(*args, **kwargs)
+    # The entry's lease is the delivery's first gate: a stored wait's delivery (a row an inner gate
+    # stored) is checked against its row before it, so whatever the lease does with the copy (sends
+    # it back, drops it as already run) ends the row too (see handoff.checked_delivery).
+    return handoff.checked_delivery(lambda: _run_leased(call, spec, task_id, run, args, kwargs))
+
+
+def _run_leased(
+    call: Call, spec: Spec, task_id: str, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """:func:`run_gated` once the delivery may start: ``run`` under the entry's lease, or not at all."""
     marker = spec.marker(task_id)
     lock = EntryLock(spec, marker)
     if spec.after is not None and _waiting(call, spec.after, spec.entry):

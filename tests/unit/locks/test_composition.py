@@ -30,7 +30,7 @@ from celery.signals import before_task_publish
 
 from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit
 from celery_safe_time import constants as C
-from celery_safe_time.config import get_config
+from celery_safe_time.config import get_config, reset_config
 from celery_safe_time.exceptions import DebounceError
 from celery_safe_time.locks.backends import Owner, use_lock_backend
 from celery_safe_time.locks.backends.memory import MemoryLockBackend
@@ -135,6 +135,15 @@ CALLS = 4
 ROUNDS = 80
 
 
+#: Rows still short of an end: ``sent`` too (the store may replace a sent row, but its delivery has
+#: not ended: the sweep publishes it again after its grace).
+_OPEN_STATUSES = frozenset({C.STATUS_PENDING, C.STATUS_CLAIMED, C.STATUS_SENT, C.STATUS_STARTED})
+
+
+def _open_rows(st: SafeTimeTesting) -> list[tuple[str, str]]:
+    return [(r.id, r.status) for r in st.store.rows() if r.status in _OPEN_STATUSES]
+
+
 class Runs:
     """What the bodies did: completed runs per call, and how many copies of a call ran at once."""
 
@@ -226,7 +235,9 @@ class Broker:
         return len(due)
 
 
-def _make_task(st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: str, runs: Runs) -> Task:
+def _make_task(
+    st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: str, runs: Runs, base: type[Task] | None = None
+) -> Task:
     copies: list[Callable[[], None]] = []
 
     def body(self: Task, n: int) -> None:
@@ -277,7 +288,9 @@ def _make_task(st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: s
     wrapped: Callable[..., Any] = body
     for gate in reversed([g for g in gates if g.decorator is not None]):
         wrapped = gate.decorator()(wrapped)  # type: ignore[misc]  # the first gate in the list is outermost
-    options = {k: v for g in gates for k, v in g.task_options.items()}
+    options: dict[str, Any] = {k: v for g in gates for k, v in g.task_options.items()}
+    if base is not None:
+        options["base"] = base
     task = st.app.task(name=name, bind=True, shared=False, acks_late=True, **options)(wrapped)
     if any(g.entry is not None for g in gates):
         wrap_task(task)
@@ -309,7 +322,39 @@ def test_stacked_gates_run_each_call_once(safe_time: SafeTimeTesting, outer: Gat
     # Nothing held or unfinished once every call ran (a dead holder's lease has run out).
     assert locks.scan() == []
     assert locks.scan_unique() == []
-    assert [(r.id, r.status) for r in safe_time.store.rows() if r.status not in C.DELAY_FINISHED_STATUSES] == []
+    assert _open_rows(safe_time) == []
+    assert broker.waiting == []
+
+
+def _plain_pairs() -> list[tuple[Gate, Gate]]:
+    """The pairs a plain task (not a ``SafeTask``) can stack: the decorators and the entry's lease."""
+    return [(o, i) for o, i in _pairs() if not (o.send_options or o.task_options or i.send_options or i.task_options)]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize(("outer", "inner"), _plain_pairs(), ids=lambda g: g.name)
+def test_stacked_gates_on_a_plain_task_run_each_call_once(
+    safe_time: SafeTimeTesting, outer: Gate, inner: Gate, fault: str
+) -> None:
+    """The matrix on a plain ``Task``: its stored waits are checked against their rows by the first
+    gate the delivery meets (``checked_delivery``), not by ``SafeTask``, and every row still ends."""
+    locks = clock_locks(safe_time)
+    runs = Runs()
+    name = f"compose.plain.{outer.name}.{inner.name}.{fault}"
+    task = _make_task(safe_time, name, (outer, inner), fault, runs, base=Task)
+    broker = Broker(safe_time, task.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        _run_matrix_case(safe_time, task, runs, broker, outer, inner)
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+        with safe_time.app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
+    assert runs.completed == dict.fromkeys(range(CALLS), 1)
+    assert max(runs.most_at_once.values()) == 1
+    assert locks.scan() == []
+    assert locks.scan_unique() == []
+    assert _open_rows(safe_time) == []
     assert broker.waiting == []
 
 
@@ -448,3 +493,116 @@ def test_an_outer_idempotent_key_is_not_recorded_when_an_inner_gate_skipped_the_
     assert deliver_message(safe_time, invoice, (1,), task_id="i2", attempt="a2") == "SUCCESS"
     assert ran == [1]
     assert safe_time.locks.idempotent_done("invoice:1")
+
+
+@pytest.fixture
+def short_waits_in_broker(safe_time: SafeTimeTesting) -> SafeTimeTesting:
+    """The kit with a delay threshold of 10 s: a gate's short wait goes to the broker, as in production
+    (the kit stores every wait by default). The kit restores the threshold when it ends."""
+    safe_time.app.conf.safe_time_delay_threshold = 10.0
+    reset_config(safe_time.app)
+    return safe_time
+
+
+def test_a_stored_wait_the_entry_lease_sends_back_closes_its_row(short_waits_in_broker: SafeTimeTesting) -> None:
+    """buffer_all over rate_limit: a run the rate made wait in the store, sent back by the entry's
+    lease when its row comes due (another run holds it), ends that row (the copy goes on without its
+    token, so nothing else would ever end it) and runs once, later."""
+    safe_time = short_waits_in_broker
+    clock_locks(safe_time)
+    ran: list[str] = []
+
+    @safe_time.app.task(name="compose.entry_lease_over_stored_rate", bind=True, shared=False, base=Task)
+    @rate_limit("entry-stored-rate", "1/h")
+    def report(self: Task) -> None:
+        ran.append(self.request.id)
+
+    wrap_task(report)
+    spec = {C.HEADER_OVERLAP: {"entry": "hourly", "policy": "buffer_all", "ttl": 60}}
+    assert deliver_message(safe_time, report, (), task_id="r0", attempt="a0", headers=spec) == "SUCCESS"
+    assert deliver_message(safe_time, report, (), task_id="r1", attempt="a1", headers=spec) == "RETRY"
+    assert _open_rows(safe_time) == [("r1", C.STATUS_PENDING)]  # the rate's wait is in the store
+    holder = Owner(task_id="r2", identity="r2", host="h", pid=1)
+    assert safe_time.locks.acquire(entry_key("hourly"), "other-token", 7200, holder).status == "acquired"
+    broker = Broker(safe_time, report.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+        assert states == ["RETRY"]  # the lease is held: the run waits on, in the broker
+        assert ran == ["r0"]
+        assert _open_rows(safe_time) == []
+        assert len(broker.waiting) == 1
+        safe_time.locks.release(entry_key("hourly"), "other-token")
+        safe_time.advance(5)
+        assert broker.deliver_due(report) == 1
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+    assert ran == ["r0", "r1"]  # in its rate place, once
+    assert broker.waiting == []
+    assert _open_rows(safe_time) == []
+
+
+def test_a_stored_wait_whose_entry_run_already_ran_closes_its_row(short_waits_in_broker: SafeTimeTesting) -> None:
+    """A stored row's delivery the entry lease drops as already run (its delivery finished under the
+    lease) ends the row: it is not left ``sent`` for the sweep to publish again (and run again)."""
+    safe_time = short_waits_in_broker
+    clock_locks(safe_time)
+    ran: list[str] = []
+
+    @safe_time.app.task(name="compose.entry_lease_drops_stored", bind=True, shared=False, base=Task)
+    @rate_limit("entry-dropped-rate", "1/h")
+    def report(self: Task) -> None:
+        ran.append(self.request.id)
+
+    wrap_task(report)
+    spec = {C.HEADER_OVERLAP: {"entry": "daily", "policy": "buffer_all", "ttl": 60}}
+    assert deliver_message(safe_time, report, (), task_id="r0", attempt="a0", headers=spec) == "SUCCESS"
+    assert deliver_message(safe_time, report, (), task_id="r1", attempt="a1", headers=spec) == "RETRY"
+    # The same delivery ran to its end meanwhile (a broker copy of the wait, say): its lease says so.
+    owner = Owner(task_id="r1", identity="a1", host="h", pid=1)
+    taken = safe_time.locks.acquire(entry_key("daily"), "r1-token", 60, owner)
+    assert taken.status == "acquired"
+    safe_time.locks.release(entry_key("daily"), "r1-token", finished=("a1", 3600.0, "r1"))
+    states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+    assert states == ["IGNORED"]
+    assert ran == ["r0"]
+    assert _open_rows(safe_time) == []
+    # A row left sent would be published again after the grace, and run a second time once the
+    # lease's record of the finished delivery had expired.
+    safe_time.advance(3600 + get_config(safe_time.app).delivery_grace)
+    assert safe_time.store.requeue_unstarted(get_config(safe_time.app).delivery_grace) == 0
+    assert safe_time.run_due(advance=timedelta(seconds=1), propagate=False) == []
+    assert ran == ["r0"]
+
+
+def test_a_retry_from_a_stored_wait_is_a_new_delivery(short_waits_in_broker: SafeTimeTesting) -> None:
+    """A plain task's ``self.retry()`` in the run of a stored wait: the retried message carries no
+    delivery token of that row (``retry()`` copies the request's headers), so it runs, instead of
+    being dropped as the row's finished delivery."""
+    safe_time = short_waits_in_broker
+    clock_locks(safe_time)
+    ran: list[str] = []
+
+    @safe_time.app.task(name="compose.retry_from_stored_wait", bind=True, shared=False, base=Task)
+    @rate_limit("retry-stored-rate", "1/h")
+    def sync(self: Task) -> None:
+        ran.append(f"{self.request.id}:{self.request.retries}")
+        if self.request.id == "r1" and not self.request.retries:
+            raise self.retry(countdown=1)
+
+    assert deliver_message(safe_time, sync, (), task_id="r0", attempt="a0") == "SUCCESS"
+    assert deliver_message(safe_time, sync, (), task_id="r1", attempt="a1") == "RETRY"
+    broker = Broker(safe_time, sync.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+        assert states == ["RETRY"]  # the body ran and called retry()
+        assert [h.get(C.HEADER_DELIVERY) for _, h, _ in broker.waiting] == [None]
+        safe_time.advance(5)
+        assert broker.deliver_due(sync) == 1  # a new call through the rate: it waits for the next place
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+    states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
+    assert states == ["SUCCESS"]
+    assert ran == ["r0:0", "r1:0", "r1:1"]
+    assert _open_rows(safe_time) == []

@@ -121,24 +121,15 @@ LONG = Sizes(
 SIZES = LONG if SOAK else SHORT
 
 STACKED_ENTRY = "stacked-every-2s"
-#: The stacked beat entry runs with SAFE_TIME_SOAK_STACKED_ENTRY=1 only: on [postgres-amqp] one of its
-#: stored rate waits can stay ``sent`` after its slot ran (the drain then times out), not yet fixed.
-STACKED_ENTRY_ON = bool(os.environ.get("SAFE_TIME_SOAK_STACKED_ENTRY"))
 SCHEDULE: dict[str, dict[str, Any]] = {
     "every-1s": {"every": 1},
     "every-2s": {"every": 2},
     "every-3s": {"every": 3},
     "cron-utc": {"cron": {"minute": "*"}},
     "cron-berlin": {"cron": {"minute": "*", "tz": "Europe/Berlin"}},
-}
-if STACKED_ENTRY_ON:
     # Stacked gates: the entry's run lease (buffer_all) around a rate limit on its task.
-    SCHEDULE[STACKED_ENTRY] = {
-        "every": 2,
-        "task": "faults.entry_over_rate",
-        "overlap": "buffer_all",
-        "overlap_ttl": LOCK_TTL,
-    }
+    STACKED_ENTRY: {"every": 2, "task": "faults.entry_over_rate", "overlap": "buffer_all", "overlap_ttl": LOCK_TTL},
+}
 
 
 # --- the cluster -------------------------------------------------------------------------

@@ -257,7 +257,7 @@ def test_a_new_leader_replans_only_what_changed_after_the_last_leader(
 
     assert delete_entry("day-1", app=app)
     save_entry("new", "t.state_noop", 2, app=app)
-    caplog.set_level("INFO", logger="celery_safe_time.beat.scheduler")
+    caplog.set_level("INFO", logger="celery_safe_time.beat.replan")
     second = _leader(app, tmp_path / "2")
     try:
         second.tick()
@@ -292,7 +292,7 @@ def test_a_new_leader_replans_everything_when_the_due_set_does_not_add_up(
         first.close()
     # an entry's due member lost while no beat ran (eviction, a DEL by hand)
     redis_client.zrem("safe_time:beat:due", "e-3")
-    caplog.set_level("INFO", logger="celery_safe_time.beat.scheduler")
+    caplog.set_level("INFO", logger="celery_safe_time.beat.replan")
     second = _leader(app, tmp_path / "2")
     try:
         second.tick()

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -48,7 +48,7 @@ def test_a_backfill_of_24_hourly_slots_publishes_24_then_none(
 ) -> None:
     env = beat_env(SCHEDULE, **coordination)
     processes.worker(BEAT_APP, env=env, name="worker")
-    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    end = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     start = end - timedelta(hours=24)
     first = _backfill(processes, env, "hourly", start, end, "--json")
     assert first.returncode == 0, first.stderr
@@ -75,7 +75,7 @@ def test_three_concurrent_backfills_of_one_range_publish_each_slot_once(
     processes: ProcessManager, redis_client: redis.Redis, coordination: dict[str, Any]
 ) -> None:
     env = beat_env(SCHEDULE, **coordination)
-    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    end = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     start = end - timedelta(hours=24)
     cmd = [sys.executable, "-m", "celery", "-A", BEAT_APP, "safe-time", "beat", "backfill", "hourly"]
     cmd += ["--from", start.isoformat(), "--to", end.isoformat(), "--json"]
@@ -97,7 +97,7 @@ def test_three_concurrent_backfills_of_one_range_publish_each_slot_once(
 
 def test_bad_input_is_refused_with_a_clear_error(processes: ProcessManager, coordination: dict[str, Any]) -> None:
     env = beat_env(SCHEDULE, **coordination)
-    now = datetime.now(UTC).replace(microsecond=0)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
     backwards = _backfill(processes, env, "hourly", now, now - timedelta(hours=1))
     assert backwards.returncode == 1
     assert "is not after the start" in backwards.stderr
@@ -127,8 +127,8 @@ def test_a_leader_does_not_publish_a_backfilled_slot_again(
     first.terminate()
     last = max(_slot(r) for r in runs(redis_client, "fast"))
     time.sleep(max(0.0, last + 4 * EVERY + 0.5 - time.time()))  # no beat across four slots
-    end = datetime.now(UTC)
-    filled = _backfill(processes, env, "fast", datetime.fromtimestamp(last, UTC), end, "--json")
+    end = datetime.now(timezone.utc)
+    filled = _backfill(processes, env, "fast", datetime.fromtimestamp(last, timezone.utc), end, "--json")
     assert filled.returncode == 0, filled.stderr
     backfilled = json.loads(filled.stdout)["published"]
     assert len(backfilled) >= 4, filled.stdout  # the missed slots; the last fired one is not among them
@@ -137,7 +137,7 @@ def test_a_leader_does_not_publish_a_backfilled_slot_again(
     second.wait_for_log(r"entry 'fast' slot \S+ was already fired; not publishing it again", 60)
     # and backfills racing the leader on its latest slots publish each slot once between them
     for _ in range(3):
-        now = datetime.now(UTC)
+        now = datetime.now(timezone.utc)
         raced = _backfill(processes, env, "fast", now - timedelta(seconds=6), now)
         assert raced.returncode == 0, raced.stderr
     stopped = time.time()
@@ -161,7 +161,7 @@ def test_a_backfill_runs_its_slots_through_an_overlap_policy(
 
     env = beat_env(SCHEDULE, **coordination)
     processes.worker(BEAT_APP, env=env, name="worker", concurrency=2)
-    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    end = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     start = end - timedelta(hours=6)
     chained = _backfill(processes, env, "chained", start, end, "--overlap", "buffer_all", "--json")
     assert chained.returncode == 0, chained.stderr

@@ -7,7 +7,7 @@ taken over right after the second cut, while its run was alive and recording its
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery import Celery
@@ -20,7 +20,7 @@ from celery_safe_time.delays.publish import SweepStats
 from tests.helpers.delays import new_delay
 
 TTL = 6.0
-T0 = datetime(2026, 12, 5, 1, 0, tzinfo=UTC)
+T0 = datetime(2026, 12, 5, 1, 0, tzinfo=timezone.utc)
 
 
 class ClockedStore(MemoryStore):

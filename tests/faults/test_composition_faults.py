@@ -59,15 +59,6 @@ BOUNDED = [pair for pair in itertools.permutations(STACK_GATES, 2) if bound(pair
 CASES = [(fault, BOUNDED[i * len(BOUNDED) // len(FAULTS)]) for i, fault in enumerate(FAULTS)]
 
 
-def most_at_once(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    best = running = 0
-    for _, step in events:
-        running += step
-        best = max(best, running)
-    return best
-
-
 @pytest.fixture
 def locks_path(redis_server: RedisServer) -> Iterator[tuple[TcpProxy, str]]:
     """A proxy in front of the test's redis-server, and its URL through the proxy."""
@@ -129,7 +120,7 @@ def test_stacked_gates_keep_their_promises_through_a_fault(
         intervals += cut
     limit = bound(pair)
     assert limit is not None
-    assert most_at_once(intervals) <= limit, sorted(intervals)
+    assert h.most_at_once(intervals) <= limit, sorted(intervals)
     # Nothing held one ttl after the last call ended.
     locks = redis.Redis.from_url(redis_server.url)
     try:

@@ -39,16 +39,6 @@ NEEDLES = {
 PASSED = {"redis": b"-NOSCRIPT", "postgres": None}
 
 
-def most_at_once(intervals: list[tuple[float, float]]) -> int:
-    """The most intervals open at one instant."""
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    best = running = 0
-    for _, step in events:
-        running += step
-        best = max(best, running)
-    return best
-
-
 LateConf = tuple[TcpProxy, dict[str, Any], dict[str, Any], tuple[float, float], str]
 
 
@@ -113,5 +103,5 @@ def test_a_slot_whose_acquire_was_answered_after_its_lease_ended_is_not_run_in(
     runs = h.runs(redis_client, "pair")
     assert sorted(r["task_id"] for r in runs) == sorted([late_call.id, *(r.id for r in others)]), runs
     intervals = [(float(r["started"]), float(r["finished"])) for r in runs]
-    assert most_at_once(intervals) <= 2, sorted(intervals)
+    assert h.most_at_once(intervals) <= 2, sorted(intervals)
     assert "was answered" in late_worker.log(), "the late answer was seen as late, not run in"

@@ -211,3 +211,13 @@ def reset_postgres_locks(url: str) -> None:
                     conn.execute(sa.text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most of ``intervals`` (start, end) open at one instant: how many ran at once at the peak."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    best = running = 0
+    for _, step in events:
+        running += step
+        best = max(best, running)
+    return best

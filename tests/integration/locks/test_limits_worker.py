@@ -85,11 +85,7 @@ def test_limit_3_never_has_4_running(
     assert other.get(timeout=30).startswith("slot:slots:other#")  # another key has slots of its own
     intervals = [(r["started"], r["finished"]) for r in done if r["key"] == "tenant"]
     assert len(intervals) == 12
-    events = sorted([(s, 1) for s, _ in intervals] + [(f, -1) for _, f in intervals])
-    running, most = 0, 0
-    for _, delta in events:
-        running += delta
-        most = max(most, running)
+    most = h.most_at_once(intervals)
     assert most == 3, f"at most 3 at once (and 3 reached), saw {most}"
     by_slot: dict[str, list[tuple[float, int]]] = {}
     for r in done:

@@ -122,12 +122,20 @@ def redis_server(tmp_path: Path) -> Iterator[services.RedisServer]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def rabbit_vhosts() -> Iterator[services.RabbitVhosts]:
+    """This session's vhosts on the machine's RabbitMQ, made ahead and deleted behind the tests."""
+    vhosts = services.RabbitVhosts(services.resolve_amqp_base())
+    yield vhosts
+    vhosts.close()
+
+
 @pytest.fixture
-def amqp_url() -> Iterator[str]:
+def amqp_url(rabbit_vhosts: services.RabbitVhosts) -> Iterator[str]:
     """A RabbitMQ vhost of this test's own (``amqp://guest:guest@127.0.0.1:5672/<vhost>``), deleted after it."""
-    vhost = services.RabbitVhost(services.resolve_amqp_base()).create()
+    vhost = rabbit_vhosts.take()
     yield vhost.url
-    vhost.delete()
+    rabbit_vhosts.give_back(vhost)
 
 
 @pytest.fixture(params=["redis", "amqp"])

@@ -17,12 +17,11 @@ from celery_safe_time import constants as C
 from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis
-from tests.helpers.beat import duplicates, runs
+from tests.helpers.beat import duplicates, runs, settle
 from tests.helpers.cluster_run import (
     LockContenders,
     leader_pid,
     one_leader_at_a_time,
-    settle,
     start_beats,
     wait_runs,
 )

@@ -22,8 +22,8 @@ from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends import Owner
 from celery_safe_time.locks.backends.redis import RedisLockBackend
 from celery_safe_time.redis_client import create_redis
-from tests.helpers.beat import duplicates, runs
-from tests.helpers.cluster_run import LockContenders, leader_pid, one_leader_at_a_time, settle, start_beats, wait_runs
+from tests.helpers.beat import duplicates, runs, settle
+from tests.helpers.cluster_run import LockContenders, leader_pid, one_leader_at_a_time, start_beats, wait_runs
 from tests.helpers.processes import ProcessManager, wait_for
 from tests.helpers.topologies import SentinelSetup
 

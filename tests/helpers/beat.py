@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 import uuid
 from typing import Any
 
@@ -23,6 +24,19 @@ def runs(client: redis.Redis, label: str | None = None) -> list[dict[str, Any]]:
     """Executions recorded by ``tests.record`` (in order), optionally for one label."""
     out = [json.loads(raw) for raw in client.lrange("test:runs", 0, -1)]
     return [r for r in out if label is None or r["label"] == label]
+
+
+def settle(client: redis.Redis, quiet: float = 2.0) -> list[dict[str, Any]]:
+    """Wait until the worker has drained what was published (no new run recorded for ``quiet``
+    seconds), then return the runs. Looked at often, so it returns once the quiet time has passed
+    rather than at the next multiple of it."""
+    count, changed = client.llen("test:runs"), time.monotonic()
+    while time.monotonic() - changed < quiet:
+        time.sleep(0.2)
+        now = client.llen("test:runs")
+        if now != count:
+            count, changed = now, time.monotonic()
+    return runs(client)
 
 
 def slots(client: redis.Redis, label: str) -> list[str]:

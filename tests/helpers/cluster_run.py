@@ -42,17 +42,6 @@ def leader_pid(client: redis.Redis, config: SafeTimeConfig) -> int | None:
     return int(json.loads(raw)["pid"]) if raw else None
 
 
-def settle(client: redis.Redis) -> list[dict[str, Any]]:
-    """Wait until the worker has drained what was published, then return the runs."""
-    last = -1
-    while True:
-        time.sleep(2)
-        now = len(runs(client))
-        if now == last:
-            return runs(client)
-        last = now
-
-
 def _epoch(run: dict[str, Any]) -> int:
     return int(run["headers"]["safe_time_epoch"])
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.helpers import services
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, runs
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, runs, settle
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -51,17 +51,6 @@ def _leader(
     return next(b for b in beats if b.pid == pid)
 
 
-def _settle(client: redis.Redis) -> list[dict[str, object]]:
-    """Wait until the worker has drained what was published, then return the runs."""
-    last = -1
-    while True:
-        time.sleep(2)
-        now = len(runs(client))
-        if now == last:
-            return runs(client)
-        last = now
-
-
 def _assert_contiguous(client: redis.Redis, label: str, step: float) -> list[float]:
     slots = sorted(_slot(r) for r in runs(client, label))
     gaps = [b - a for a, b in itertools.pairwise(slots)]
@@ -97,7 +86,7 @@ def _one_leader(processes: ProcessManager, redis_client: redis.Redis, minutes: i
     for beat in [b for b in beats if b is not leader] + [leader]:
         assert beat.alive()
         beat.terminate()
-    _settle(redis_client)
+    settle(redis_client)
     assert duplicates(redis_client) == {}
     assert len(_epochs(redis_client)) == 1, "more than one leader published"
     fast = _assert_contiguous(redis_client, "fast", 1.0)
@@ -147,7 +136,7 @@ def test_failover_after_kill_9_keeps_the_grid(
     assert float(first["started"]) - killed_at <= LEASE + LEASE / 3 + 3.0
     time.sleep(6)
     standby.terminate()
-    _settle(redis_client)
+    settle(redis_client)
     assert duplicates(redis_client) == {}
     # shared state: the new leader continues the same 5 s grid, never early, never repeating a slot
     five = sorted(_slot(r) for r in runs(redis_client, "five"))
@@ -177,7 +166,7 @@ def test_sigterm_hands_over_within_one_poll(
     started = wait_for(takeover, 30, message="a run from the new leader")
     assert started - stopped_at <= LEASE / 3 + 3.0
     standby.terminate()
-    _settle(redis_client)
+    settle(redis_client)
     assert duplicates(redis_client) == {}
 
 
@@ -204,7 +193,7 @@ def test_paused_leader_resumes_as_standby(
     # still running, rightly takes it (a new epoch) before it is stopped in turn.
     for beat in (leader, standby):
         beat.terminate()
-    _settle(redis_client)
+    settle(redis_client)
     assert duplicates(redis_client) == {}
     # Slots after the resume, by slot time: a worker's backlog may start an old leader's earlier slot
     # late, which says nothing about who published after the resume.

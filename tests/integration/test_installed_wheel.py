@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -327,7 +326,6 @@ def test_a_slice_of_the_unit_tests_passes_against_the_installed_wheel(installed:
     suite = installed.base / "suite"
     _suite_copy().copy_suite(ROOT, suite)
     assert not (suite / PACKAGE).exists()
-    started = time.monotonic()
     result = installed.run(
         suite,
         "-m",
@@ -343,4 +341,3 @@ def test_a_slice_of_the_unit_tests_passes_against_the_installed_wheel(installed:
     tail = result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 0, tail
     assert re.search(r"\d+ passed", tail), tail
-    assert time.monotonic() - started < 120, tail

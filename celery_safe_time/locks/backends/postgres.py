@@ -443,7 +443,6 @@ class PostgresLockBackend(LockBackend):
         return record[0] if record is not None else None
 
     def idempotent_done(self, key: str) -> bool:
-        """Whether an ``idempotent`` key has run (its marker is within its window)."""
         name = self.marker_key(key)
         return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None
 

@@ -707,13 +707,20 @@ def check_decorates_function(func: Any, decorator: str, example: str) -> None:
 
 def wrap(func: F, lock: TaskLock) -> F:
     """Wrap ``func`` so every call runs through ``lock``; keeps its name and signature."""
+    return gate_calls(func, lock, __safe_time_locks__=(*getattr(func, "__safe_time_locks__", ()), lock))
+
+
+def gate_calls(func: F, gate: Any, **marks: Any) -> F:
+    """Wrap ``func`` so every call runs as ``gate(func, args, kwargs)`` (a lock, a rate limiter), with
+    its name and signature; ``marks`` are set on the wrapper (what the task's options find)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # A stored wait's delivery is checked before its first gate (see handoff.checked_delivery).
-        return handoff.checked_delivery(lambda: lock(func, args, kwargs))
+        return handoff.checked_delivery(lambda: gate(func, args, kwargs))
 
     # Celery checks call arguments against the task's signature; keep the real one.
-    wrapper.__signature__ = lock.builder.signature  # type: ignore[attr-defined]
-    wrapper.__safe_time_locks__ = (*getattr(func, "__safe_time_locks__", ()), lock)  # type: ignore[attr-defined]
+    wrapper.__signature__ = gate.builder.signature  # type: ignore[attr-defined]
+    for name, value in marks.items():
+        setattr(wrapper, name, value)
     return cast(F, wrapper)

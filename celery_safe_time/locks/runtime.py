@@ -5,6 +5,7 @@ fencing number, ``LockLost``) and re-queueing on a conflict.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -305,6 +306,7 @@ def requeue(
     raise Retry(exc=exc, when=countdown, sig=sig)
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class HeldLock:
     """A lock this process holds around one task body.
 
@@ -320,30 +322,19 @@ class HeldLock:
     #: measure the waiting path.
     answer_later = True
 
-    def __init__(
-        self,
-        store: LockBackend,
-        key: str,
-        token: str,
-        fence: int,
-        ttl: float,
-        task_id: str,
-        identity: str | None = None,
-        leased_at: float | None = None,
-    ) -> None:
-        self.store = store
-        self.key = key
-        self.token = token
-        self.fence = fence
-        self.ttl = ttl
-        self.task_id = task_id
-        #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
-        self.identity = identity
-        #: When the acquire was sent (``store.lease_clock``): the lease, and so the watchdog, runs from there.
-        self.leased_at = leased_at
-        self.lost: str | None = None
-        self._watchdog: Watchdog | None = None
-        self._interrupter: Interrupter | None = None
+    store: LockBackend
+    key: str
+    token: str
+    fence: int
+    ttl: float
+    task_id: str
+    #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
+    identity: str | None = None
+    #: When the acquire was sent (``store.lease_clock``): the lease, and so the watchdog, runs from there.
+    leased_at: float | None = None
+    lost: str | None = dataclasses.field(default=None, init=False)
+    _watchdog: Watchdog | None = dataclasses.field(default=None, init=False)
+    _interrupter: Interrupter | None = dataclasses.field(default=None, init=False)
 
     def check(self) -> None:
         if self.lost is not None:

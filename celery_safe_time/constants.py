@@ -251,10 +251,6 @@ RUN_REVOKED: Final = "revoked"
 RUN_NOT_PUBLISHED: Final = "not published"
 #: The slot was claimed but its entry's overlap policy dropped it (a run was queued or running).
 RUN_DROPPED: Final = "dropped"
-#: Audit actions (``save`` shows as ``create`` or ``update`` by whether there was a definition).
-AUDIT_ACTIONS: Final = frozenset(
-    {"create", "update", "delete", "pause", "resume", "enable", "disable", "run-now", "backfill"}
-)
 #: Format version written into every runtime entry definition (``"format": 1``).
 BEAT_ENTRY_FORMAT: Final = 1
 #: Source of an entry in ``list_entries``: the app's ``beat_schedule`` or ``save_entry``.

@@ -94,10 +94,7 @@ def enable_metrics(registry: Any = None) -> dict[str, Any]:
 
     Returns the counters by metric name. Calling it again is a no-op returning the same counters.
     """
-    try:
-        import prometheus_client
-    except ImportError as exc:  # pragma: no cover - depends on the extra
-        raise NotInstalled("metrics need prometheus-client: pip install 'celery-safe-time[metrics]'") from exc
+    prometheus_client = _prometheus()
     if _counters:
         return dict(_counters)
     kwargs: dict[str, Any] = {} if registry is None else {"registry": registry}
@@ -184,25 +181,17 @@ class SafeTimeCollector:
         started = self._clock()
         up = GaugeMetricFamily("safe_time_gauge_source_up", GAUGES["safe_time_gauge_source_up"], labels=["source"])
         families: list[Any] = []
-        try:
-            families.extend(self._store_families(GaugeMetricFamily))
-            up.add_metric(["store"], 1)
-        except Exception as exc:  # a scrape reports a down store, it does not fail
-            logger.warning("metrics: stored-delay gauges unavailable: %s", exc)
-            up.add_metric(["store"], 0)
-        try:
-            families.extend(self._redis_families(GaugeMetricFamily))
-            up.add_metric(["redis"], 1)
-        except Exception as exc:  # same for Redis
-            logger.warning("metrics: beat and lock gauges unavailable: %s", exc)
-            up.add_metric(["redis"], 0)
+        sources = (("store", "stored-delay", self._store_families), ("redis", "beat and lock", self._redis_families))
+        for source, what, read in sources:
+            try:
+                families.extend(read(GaugeMetricFamily))
+                up.add_metric([source], 1)
+            except Exception as exc:  # a scrape reports a down source, it does not fail
+                logger.warning("metrics: %s gauges unavailable: %s", what, exc)
+                up.add_metric([source], 0)
         yield from families
         yield up
-        duration = GaugeMetricFamily(
-            "safe_time_gauge_scrape_duration_seconds", GAUGES["safe_time_gauge_scrape_duration_seconds"]
-        )
-        duration.add_metric([], self._clock() - started)
-        yield duration
+        yield _gauge(GaugeMetricFamily, "safe_time_gauge_scrape_duration_seconds", self._clock() - started)
 
     def _store_families(self, gauge: Any) -> list[Any]:
         from .delays.backends import get_store
@@ -214,17 +203,10 @@ class SafeTimeCollector:
         delays = gauge("safe_time_delays", GAUGES["safe_time_delays"], labels=["status"])
         for status in C.DELAY_STATUSES:
             delays.add_metric([status], counts.get(status, 0))
-        lateness = gauge(
-            "safe_time_delay_oldest_due_lateness_seconds", GAUGES["safe_time_delay_oldest_due_lateness_seconds"]
-        )
-        lateness.add_metric([], max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0)
-        families = [delays, lateness]
+        lateness = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        families = [delays, _gauge(gauge, "safe_time_delay_oldest_due_lateness_seconds", lateness)]
         if oldest is not None:
-            due = gauge(
-                "safe_time_delay_oldest_due_timestamp_seconds", GAUGES["safe_time_delay_oldest_due_timestamp_seconds"]
-            )
-            due.add_metric([], oldest.timestamp())
-            families.append(due)
+            families.append(_gauge(gauge, "safe_time_delay_oldest_due_timestamp_seconds", oldest.timestamp()))
         return families
 
     def _redis_families(self, gauge: Any) -> list[Any]:
@@ -239,25 +221,33 @@ class SafeTimeCollector:
         info = view.info if held else {}
         leader = gauge("safe_time_beat_leader", GAUGES["safe_time_beat_leader"], labels=["host", "pid"])
         leader.add_metric([str(info.get("host") or ""), str(info.get("pid") or "")], 1 if held else 0)
-        remaining = gauge("safe_time_beat_lease_remaining_seconds", GAUGES["safe_time_beat_lease_remaining_seconds"])
-        remaining.add_metric([], ttl_ms / 1000.0 if ttl_ms is not None and held else 0.0)
-        families = [leader, remaining]
+        remaining = ttl_ms / 1000.0 if ttl_ms is not None and held else 0.0
+        families = [leader, _gauge(gauge, "safe_time_beat_lease_remaining_seconds", remaining)]
         if epoch:
-            epoch_gauge = gauge("safe_time_beat_epoch", GAUGES["safe_time_beat_epoch"])
-            epoch_gauge.add_metric([], int(epoch))
-            families.append(epoch_gauge)
-        locks = gauge("safe_time_overlap_locks_held", GAUGES["safe_time_overlap_locks_held"])
-        locks.add_metric([], len(get_lock_backend(self.app).scan(limit=LOCKS_COUNT_CAP)))
-        families.append(locks)
+            families.append(_gauge(gauge, "safe_time_beat_epoch", int(epoch)))
+        held_locks = len(get_lock_backend(self.app).scan(limit=LOCKS_COUNT_CAP))
+        families.append(_gauge(gauge, "safe_time_overlap_locks_held", held_locks))
         return families
+
+
+def _gauge(gauge: Any, name: str, value: float) -> Any:
+    """The unlabelled gauge ``name`` (help from :data:`GAUGES`) holding ``value``."""
+    family = gauge(name, GAUGES[name])
+    family.add_metric([], value)
+    return family
 
 
 def register_gauges(app: Celery, registry: Any = None) -> SafeTimeCollector:
     """Register the gauges of ``app`` in ``registry`` (default: prometheus_client's); returns the collector."""
+    prometheus_client = _prometheus()
+    collector = SafeTimeCollector(app)
+    (registry if registry is not None else prometheus_client.REGISTRY).register(collector)
+    return collector
+
+
+def _prometheus() -> Any:
     try:
         import prometheus_client
     except ImportError as exc:  # pragma: no cover - depends on the extra
         raise NotInstalled("metrics need prometheus-client: pip install 'celery-safe-time[metrics]'") from exc
-    collector = SafeTimeCollector(app)
-    (registry if registry is not None else prometheus_client.REGISTRY).register(collector)
-    return collector
+    return prometheus_client

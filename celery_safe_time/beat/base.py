@@ -135,6 +135,13 @@ class LeasedScheduler:
     def info(self) -> str:
         return beat_info(self.config, self.keeper, self.backend, started=self._started)
 
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        with stop_signals_held():  # beat stops between ticks, never inside one (see stop_signals_held)
+            return self._tick()
+
+    def _tick(self) -> float:
+        raise NotImplementedError
+
     def backend_failed(self, exc: Exception) -> float:
         """A tick hit a backend (Redis, PostgreSQL) error: stand by until the keeper takes the lease again.
 

@@ -29,7 +29,6 @@ from ..exceptions import LeaseLost, ScheduleError
 from ..messages.publishing import PublishBatch, batched_publish
 from . import history
 from .backends.base import SlotWrite
-from .base import stop_signals_held
 from .definitions import build_entry, parse_definition, paused_until, spec_key
 from .entries import with_enabled
 from .leader import LeaseTerm
@@ -114,10 +113,6 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", name, reason)
 
     # --- the loop -----------------------------------------------------------------
-    def tick(self, *args: Any, **kwargs: Any) -> float:
-        with stop_signals_held():  # beat stops between ticks, never inside one (see stop_signals_held)
-            return self._tick()
-
     def _tick(self) -> float:
         term = self.keeper.term
         if term is None:

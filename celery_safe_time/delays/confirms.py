@@ -142,22 +142,19 @@ class ConfirmSession:
 
     def drop(self) -> None:
         """Forget the connection without a close handshake (a broken or blocked one never answers it)."""
-        conn, self.conn = self.conn, None
-        self._parts = None
-        if conn is not None:
-            try:
-                conn.collect()
-            except Exception:  # closing a dead connection must not hide what happened to the rows
-                logger.debug("sweep: dropping the publishing connection failed", exc_info=True)
+        self._let_go("dropping", lambda conn: conn.collect())
 
     def close(self) -> None:
+        self._let_go("closing", lambda conn: conn.release())
+
+    def _let_go(self, how: str, end: Callable[[Any], object]) -> None:
         conn, self.conn = self.conn, None
         self._parts = None
         if conn is not None:
             try:
-                conn.release()
-            except Exception:
-                logger.debug("sweep: closing the publishing connection failed", exc_info=True)
+                end(conn)
+            except Exception:  # closing a dead connection must not hide what happened to the rows
+                logger.debug("sweep: %s the publishing connection failed", how, exc_info=True)
 
 
 def publish_batch_confirmed(

@@ -8,7 +8,7 @@ so nothing would carry the caller's context across the 14 days. Here:
 - ``SafeTask.apply_async`` injects the current context into the *stored* headers
   (:func:`inject_context`), so it survives in the row;
 - the sweep publishes each row under the context extracted from those headers
-  (:func:`stored_context`, :func:`in_stored_context`): the instrumentation's ``apply_async/<task>``
+  (:func:`in_stored_context`): the instrumentation's ``apply_async/<task>``
   producer span becomes a child of the caller's span, and the worker's ``run/<task>`` span a child
   of that: one trace;
 - :func:`instrument` starts the Celery instrumentation (if not yet) and then adds the package's own
@@ -20,9 +20,8 @@ Without opentelemetry installed every function here is a no-op.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from celery import signals as celery_signals
@@ -71,21 +70,6 @@ def _valid_stored_context(headers: Mapping[str, Any]) -> Any:
         return None
     extracted = otel_propagate.extract(dict(headers))
     return extracted if otel_trace.get_current_span(extracted).get_span_context().is_valid else None
-
-
-@contextlib.contextmanager
-def stored_context(headers: Mapping[str, Any]) -> Iterator[None]:
-    """Make the context stored in ``headers`` current while a stored row is published."""
-    extracted = _valid_stored_context(headers)
-    if extracted is None:
-        yield
-        return
-    assert otel_context is not None  # a context was extracted: opentelemetry is there
-    token = otel_context.attach(extracted)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
 
 
 def in_stored_context(headers: Mapping[str, Any], call: Callable[..., R]) -> Callable[..., R]:

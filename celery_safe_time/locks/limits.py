@@ -25,18 +25,17 @@ and meets a full key with the same ``on_conflict`` choices.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 
 from .. import constants as C
-from .. import handoff, signals
+from .. import signals
 from ..exceptions import RateLimited
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
@@ -51,6 +50,7 @@ from .runtime import (
     TaskLock,
     _unavailable,
     check_decorates_function,
+    gate_calls,
     new_token,
     note_orphan,
     requeue,
@@ -186,16 +186,7 @@ def rate_limit(
     def decorate(func: F) -> F:
         check_decorates_function(func, "rate_limit", example)
         limiter = RateLimiter(KeyBuilder(func, key), spec, policy, jitter)
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # A stored wait's delivery is checked before its first gate (see handoff.checked_delivery).
-            return handoff.checked_delivery(lambda: limiter(func, args, kwargs))
-
-        # Celery checks call arguments against the task's signature; keep the real one.
-        wrapper.__signature__ = limiter.builder.signature  # type: ignore[attr-defined]
-        wrapper.__safe_time_rate_limit__ = limiter  # type: ignore[attr-defined]
-        return cast(F, wrapper)
+        return gate_calls(func, limiter, __safe_time_rate_limit__=limiter)
 
     return decorate
 

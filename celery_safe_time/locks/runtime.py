@@ -5,6 +5,7 @@ fencing number, ``LockLost``) and re-queueing on a conflict.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -305,6 +306,7 @@ def requeue(
     raise Retry(exc=exc, when=countdown, sig=sig)
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class HeldLock:
     """A lock this process holds around one task body.
 
@@ -320,30 +322,19 @@ class HeldLock:
     #: measure the waiting path.
     answer_later = True
 
-    def __init__(
-        self,
-        store: LockBackend,
-        key: str,
-        token: str,
-        fence: int,
-        ttl: float,
-        task_id: str,
-        identity: str | None = None,
-        leased_at: float | None = None,
-    ) -> None:
-        self.store = store
-        self.key = key
-        self.token = token
-        self.fence = fence
-        self.ttl = ttl
-        self.task_id = task_id
-        #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
-        self.identity = identity
-        #: When the acquire was sent (``store.lease_clock``): the lease, and so the watchdog, runs from there.
-        self.leased_at = leased_at
-        self.lost: str | None = None
-        self._watchdog: Watchdog | None = None
-        self._interrupter: Interrupter | None = None
+    store: LockBackend
+    key: str
+    token: str
+    fence: int
+    ttl: float
+    task_id: str
+    #: The delivery holding the lock; recorded as finished on release (None: nothing recorded).
+    identity: str | None = None
+    #: When the acquire was sent (``store.lease_clock``): the lease, and so the watchdog, runs from there.
+    leased_at: float | None = None
+    lost: str | None = dataclasses.field(default=None, init=False)
+    _watchdog: Watchdog | None = dataclasses.field(default=None, init=False)
+    _interrupter: Interrupter | None = dataclasses.field(default=None, init=False)
 
     def check(self) -> None:
         if self.lost is not None:
@@ -707,13 +698,20 @@ def check_decorates_function(func: Any, decorator: str, example: str) -> None:
 
 def wrap(func: F, lock: TaskLock) -> F:
     """Wrap ``func`` so every call runs through ``lock``; keeps its name and signature."""
+    return gate_calls(func, lock, __safe_time_locks__=(*getattr(func, "__safe_time_locks__", ()), lock))
+
+
+def gate_calls(func: F, gate: Any, **marks: Any) -> F:
+    """Wrap ``func`` so every call runs as ``gate(func, args, kwargs)`` (a lock, a rate limiter), with
+    its name and signature; ``marks`` are set on the wrapper (what the task's options find)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # A stored wait's delivery is checked before its first gate (see handoff.checked_delivery).
-        return handoff.checked_delivery(lambda: lock(func, args, kwargs))
+        return handoff.checked_delivery(lambda: gate(func, args, kwargs))
 
     # Celery checks call arguments against the task's signature; keep the real one.
-    wrapper.__signature__ = lock.builder.signature  # type: ignore[attr-defined]
-    wrapper.__safe_time_locks__ = (*getattr(func, "__safe_time_locks__", ()), lock)  # type: ignore[attr-defined]
+    wrapper.__signature__ = gate.builder.signature  # type: ignore[attr-defined]
+    for name, value in marks.items():
+        setattr(wrapper, name, value)
     return cast(F, wrapper)

@@ -199,7 +199,6 @@ class Lease(BeatLease):
         self._forget = scripts["forget"]
 
     def acquire(self, now: float) -> int | None:
-        """Take (or keep) the lease; return the epoch, or None while another beat holds it."""
         info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
         result = int(
             self._acquire(keys=[self.keys.lease, self.keys.epoch, self.keys.info], args=[self.token, self.ttl_ms, info])
@@ -232,7 +231,6 @@ class Lease(BeatLease):
         return int(script(keys=keys, args=args))
 
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
-        """Like :meth:`dispatch` for a scheduler whose state lives elsewhere: 1, 0 or -1."""
         marker = self.config.key(C.KEY_BEAT_FIRED, entry=entry, slot=slot_id(slot))
         return int(
             self._dispatch_slot(

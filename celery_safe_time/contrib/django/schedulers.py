@@ -29,7 +29,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 from ... import constants as C
 from ... import signals
 from ...beat import history
-from ...beat.base import LeasedScheduler, stop_signals_held, tick_granularity
+from ...beat.base import LeasedScheduler, tick_granularity
 from ...beat.leader import LeaseTerm
 from ...beat.overlap import OverlapGate
 from ...beat.policies import (
@@ -305,10 +305,6 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             self._schedule = {}
         schedule: dict[str, Any] = self._schedule
         return schedule
-
-    def tick(self, *args: Any, **kwargs: Any) -> float:
-        with stop_signals_held():  # beat stops between ticks, never inside one (see stop_signals_held)
-            return self._tick()
 
     def _tick(self) -> float:
         term = self.keeper.term

@@ -296,7 +296,6 @@ class MemoryLockBackend(LockBackend):
             return info
 
     def idempotent_done(self, key: str) -> bool:
-        """Whether an ``idempotent`` key has run (its marker is within its window)."""
         with self._mutex:
             return self._alive(self._markers, self.marker_key(key))
 

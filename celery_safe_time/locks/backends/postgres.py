@@ -443,7 +443,6 @@ class PostgresLockBackend(LockBackend):
         return record[0] if record is not None else None
 
     def idempotent_done(self, key: str) -> bool:
-        """Whether an ``idempotent`` key has run (its marker is within its window)."""
         name = self.marker_key(key)
         return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None
 
@@ -666,13 +665,11 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         unreachable = self._dbapi_errors()[1]
         try:
             acquired = self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens)
-        except unreachable as exc:
-            conn.invalidate()
-            conn.close()
-            raise self._unreachable(exc) from exc
-        except BaseException:
+        except BaseException as exc:
             conn.invalidate()  # whatever it holds dies with the session
             conn.close()
+            if isinstance(exc, unreachable):
+                raise self._unreachable(exc) from exc
             raise
         if acquired.status != "acquired":
             if mine is not None:
@@ -720,12 +717,11 @@ class PostgresSessionLockBackend(PostgresLockBackend):
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
         params = self._release_params(key, token, finished)
-        return self._finish(
-            key,
-            token,
-            lambda conn: bool(self._fetch(conn, _SESSION_RELEASE, params)[0]),
-            lambda: bool(self._run_raw(lambda conn: self._fetch(conn, _SESSION_RELEASE, params)[0])),
-        )
+
+        def work(conn: Any) -> bool:
+            return bool(self._fetch(conn, _SESSION_RELEASE, params)[0])
+
+        return self._finish(key, token, work, lambda: self._run_raw(work))
 
     def commit(
         self,

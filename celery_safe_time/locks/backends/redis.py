@@ -18,6 +18,7 @@ very message is dropped instead of run again.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 
 import redis
 
@@ -100,7 +101,7 @@ class RedisLockBackend(LockBackend):
         keys = [self._lock_name(key=key), self._fence_name(key=key), self._done_name(key=key, identity=owner.identity)]
         if marker is not None:
             keys.append(self.marker_key(marker))
-        args: list[str | int] = [token, max(1, int(ttl * 1000)), owner.task_id, owner.host, owner.pid, owner.identity]
+        args: list[str | int] = [token, as_ms(ttl), owner.task_id, owner.host, owner.pid, owner.identity]
         args += earlier_tokens
         reply = self._acquire(keys=keys, args=args)
         status = as_text(reply[0])
@@ -112,16 +113,10 @@ class RedisLockBackend(LockBackend):
         return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
 
     def renew(self, key: str, token: str, ttl: float) -> bool:
-        """Extend the lock to ``ttl`` from now if ``token`` still owns it."""
         keys = [self._lock_name(key=key), self._fence_name(key=key)]
         return bool(self._renew(keys=keys, args=[token, as_ms(ttl)]))
 
     def release(self, key: str, token: str, finished: tuple[str, float, str] | None = None) -> bool:
-        """Delete the lock if ``token`` still owns it; False when it expired or has another owner.
-
-        ``finished`` = (identity, ttl, task id) also records that delivery as ended for ``ttl``
-        seconds, whether or not the lock was still ours.
-        """
         return bool(self._release(*self._release_call(key, token, finished)))
 
     def release_later(self, key: str, token: str, finished: tuple[str, float, str] | None, settle: Settle) -> None:
@@ -137,7 +132,7 @@ class RedisLockBackend(LockBackend):
             return [self._lock_name(key=key)], [token]
         identity, ttl, task_id = finished
         keys = [self._lock_name(key=key), self._done_name(key=key, identity=identity)]
-        return keys, [token, max(1, int(ttl * 1000)), task_id]
+        return keys, [token, as_ms(ttl), task_id]
 
     def commit(
         self,
@@ -148,11 +143,6 @@ class RedisLockBackend(LockBackend):
         task_id: str,
         finished: tuple[str, float] | None = None,
     ) -> tuple[bool, bool]:
-        """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released).
-
-        ``finished`` = (identity, ttl) records the delivery as ended, as :meth:`release` does.
-        ``recorded`` is also True when the marker already holds ``token`` (a retry of this commit).
-        """
         return _commit_answer(self._commit(*self._commit_call(lock, marker, token, window, task_id, finished)))
 
     def commit_later(
@@ -217,22 +207,17 @@ class RedisLockBackend(LockBackend):
             if looked >= C.RATE_SCAN_KEYS or (limit is not None and len(found) >= limit):
                 break
             redis_key = as_text(raw) or ""
-            key = redis_key[len(head) :] if redis_key.startswith(head) else redis_key
-            if cluster:  # rate:{<key>}, a key that would make an empty tag escaped with "~"
-                key = key[1:-1] if key.startswith("{") and key.endswith("}") else key
-                if key[:1] == C.CLUSTER_TAG_ESCAPE and key[1:2] in ("", *C.CLUSTER_TAG_ESCAPED):
-                    key = key[1:]
-                if not fnmatch.fnmatchcase(key, pattern):
-                    continue
+            key = self.user_key(redis_key, C.KEY_RATE)
+            if cluster and not fnmatch.fnmatchcase(key, pattern):
+                continue
             # TIME names no key (a cluster pipeline could not place it): read it apart, just before.
-            seconds, micros = self.client.time()
+            now = self._server_now()
             pipe = self.client.pipeline(transaction=False)
             pipe.pttl(redis_key)
             pipe.zrange(redis_key, -1, -1, withscores=True)
             pttl, last = pipe.execute()
             if not last or pttl is None or pttl < 0:
                 continue
-            now = float(seconds) + float(micros) / 1e6
             period = pttl / 1000.0 + now - float(last[0][1])
             starts_key = self.rate_starts_key(key)
             started = int(self.client.zcount(starts_key, f"({now - period:.6f}", f"{now:.6f}"))
@@ -241,6 +226,10 @@ class RedisLockBackend(LockBackend):
                 found.append(RateCount(key, started, waiting))
         found.sort(key=lambda c: c.key)
         return found
+
+    def _server_now(self) -> float:
+        seconds, micros = self.client.time()
+        return float(seconds) + float(micros) / 1e6
 
     def describe(self) -> str:
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"
@@ -258,12 +247,6 @@ class RedisLockBackend(LockBackend):
         gone: str | None = None,
         own: bool = False,
     ) -> UniqueClaim:
-        """Take the unique ``key`` for ``task_id`` unless another task holds it.
-
-        ``gone``: a holder the caller found gone (its stored row ended): replaced if it still holds
-        the key. ``own``: ``task_id`` is the caller itself (its retry, or its run starting): a key it
-        holds is refreshed (``state``, ``ttl``; ``stored`` unless None) instead of conflicting.
-        """
         flag = "" if stored is None else ("1" if stored else "0")
         args: list[str | int] = [task_id, as_ms(ttl), state, flag, host, gone or "", "1" if own else "0"]
         reply = self._unique_acquire(keys=[self.unique_key(key)], args=args)
@@ -282,11 +265,9 @@ class RedisLockBackend(LockBackend):
         )
 
     def unique_release(self, key: str, task_id: str) -> bool:
-        """Delete the unique ``key`` if ``task_id`` holds it."""
         return bool(self._unique_release(keys=[self.unique_key(key)], args=[task_id]))
 
     def unique_info(self, key: str, now: float) -> LockInfo | None:
-        """The unique ``key``'s holder as ``locks list`` shows it, or None when it is free."""
         redis_key = self.unique_key(key)
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(redis_key, ["task_id", "host", "state", "created_at"])
@@ -309,38 +290,18 @@ class RedisLockBackend(LockBackend):
         )
 
     def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
-        """Held unique keys matching ``pattern`` (glob over the key without ``unique:``), by SCAN."""
-        seconds, micros = self.client.time()
-        now = float(seconds) + float(micros) / 1e6
-        found: list[LockInfo] = []
-        # On a cluster the key part is braced (``unique:{k}``): SCAN every unique key and match the
-        # pattern against the user's key, as :meth:`scan` does for locks.
-        head = glob_escape(self.config.key_prefix) + C.KEY_UNIQUE.format(key="")
-        cluster = self.config.redis_cluster
-        match = head + "*" if cluster else head + pattern
-        for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
-            key = self.user_key(as_text(raw) or "", C.KEY_UNIQUE)
-            if cluster and not fnmatch.fnmatchcase(key, pattern):
-                continue
-            info = self.unique_info(key, now)
-            if info is not None:
-                found.append(info)
-                if limit is not None and len(found) >= limit:
-                    break
-        found.sort(key=lambda i: i.key)
-        return found
+        return self._scan_hashes(
+            C.KEY_UNIQUE, pattern, limit, lambda raw, now: self.unique_info(self.user_key(raw, C.KEY_UNIQUE), now)
+        )
 
     def force_release_unique(self, key: str) -> LockInfo | None:
-        """Delete the unique ``key`` whoever holds it (operator action); returns what was released."""
-        seconds, micros = self.client.time()
-        info = self.unique_info(key, float(seconds) + float(micros) / 1e6)
+        info = self.unique_info(key, self._server_now())
         if info is not None:
             self.client.delete(self.unique_key(key))
         return info
 
     # --- operator view ---------------------------------------------------------
     def info(self, redis_key: str, now: float) -> LockInfo | None:
-        """The lock stored at ``redis_key`` (a full key), or None when it is gone."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(redis_key, ["task_id", "host", "pid", "fence", "acquired_at"])
         pipe.pttl(redis_key)
@@ -361,30 +322,35 @@ class RedisLockBackend(LockBackend):
         )
 
     def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
-        """Held locks whose key matches ``pattern`` (glob), found with SCAN, never KEYS."""
-        seconds, micros = self.client.time()
-        now = float(seconds) + float(micros) / 1e6
+        """Found with SCAN, never KEYS."""
+        return self._scan_hashes(C.KEY_LOCK, pattern, limit, self.info)
+
+    def _scan_hashes(
+        self, template: str, pattern: str, limit: int | None, info: Callable[[str, float], LockInfo | None]
+    ) -> list[LockInfo]:
+        """The hashes under ``template`` whose user key matches ``pattern``, read by ``info``, sorted."""
+        now = self._server_now()
         found: list[LockInfo] = []
-        # On a cluster the key part is braced (``lock:{k}``, ``lock:idem:{k}``): SCAN every lock there
-        # and match the pattern against the user's key (Redis glob and fnmatch agree on * ? [...]).
-        head = glob_escape(self.config.key_prefix) + C.KEY_LOCK.format(key="")
-        match = head + "*" if self.config.redis_cluster else head + pattern
+        # On a cluster the key part is braced (``lock:{k}``, ``lock:idem:{k}``, ``unique:{k}``): SCAN
+        # every key there and match the pattern against the user's key (Redis glob and fnmatch agree
+        # on * ? [...]).
+        head = glob_escape(self.config.key_prefix) + template.format(key="")
+        cluster = self.config.redis_cluster
+        match = head + "*" if cluster else head + pattern
         for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
             redis_key = as_text(raw) or ""
-            if self.config.redis_cluster and not fnmatch.fnmatchcase(self.user_key(redis_key), pattern):
+            if cluster and not fnmatch.fnmatchcase(self.user_key(redis_key, template), pattern):
                 continue
-            info = self.info(redis_key, now)
-            if info is not None:
-                found.append(info)
+            held = info(redis_key, now)
+            if held is not None:
+                found.append(held)
                 if limit is not None and len(found) >= limit:
                     break
         found.sort(key=lambda i: i.key)
         return found
 
     def force_release(self, key: str) -> LockInfo | None:
-        """Delete ``key``'s lock whoever holds it (operator action); returns what was released."""
-        seconds, micros = self.client.time()
-        info = self.info(self.lock_key(key), float(seconds) + float(micros) / 1e6)
+        info = self.info(self.lock_key(key), self._server_now())
         if info is not None:
             self.client.delete(self.lock_key(key))
         return info

@@ -747,8 +747,9 @@ def _page(
     cursor = after
     while True:
         room = limit - len(out)
-        # a filter reads chunks of at least 1,000 (it keeps only some), and stops at the scan budget
-        chunk = room if state is None else max(room, min(1000, scan - scanned))
+        # One name more than the page needs tells whether another page follows. A filter keeps only
+        # some: it reads chunks of at least 1,000, within what is left of its scan budget.
+        chunk = room + 1 if state is None else max(1, min(max(room + 1, 1000), scan - scanned))
         read = store.backend.entry_page(cursor, chunk, prefix) if chunk > 0 else []
         scanned += len(read)
         full = bool(read) and len(read) >= chunk

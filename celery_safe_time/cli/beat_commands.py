@@ -115,9 +115,8 @@ def beat_list(
     count = len(rows) - 1
     counts = count_entries(app=app, soon=soon)
     click.echo(
-        f"{count} entr{'y' if count == 1 else 'ies'} listed; {counts['config']} config and "
-        f"{counts['runtime']} runtime entries stored, {counts['scheduled']} scheduled, "
-        f"{counts['due_soon']} due within {soon:g}s"
+        f"{count} entr{'y' if count == 1 else 'ies'} (of {counts['config']} config and {counts['runtime']} "
+        f"runtime stored; {counts['scheduled']} scheduled, {counts['due_soon']} due within {soon:g}s)"
     )
     for name in sorted(problems):
         click.echo(f"invalid: {name}: {problems[name]}")

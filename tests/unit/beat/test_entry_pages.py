@@ -77,10 +77,12 @@ def test_pages_follow_name_order_across_config_and_runtime_entries(
 def test_the_cursor_at_the_end_gives_an_empty_last_page(app: Celery, data: MemoryBeatData, task: str) -> None:
     _store(data, "x-1", task)
     page = page_entries(app=app, after="x-1", limit=5)
-    assert page.entries == [] and page.after is None
+    assert page.entries == []
+    assert page.after is None
     # a page that ends exactly on the last name says there is none after it
     whole = page_entries(app=app, limit=2)
-    assert _names(whole) == ["b-config", "x-1"] and whole.after is None
+    assert _names(whole) == ["b-config", "x-1"]
+    assert whole.after is None
 
 
 def test_a_prefix_keeps_its_names_only(app: Celery, data: MemoryBeatData, task: str) -> None:
@@ -116,7 +118,9 @@ def test_a_filter_stops_at_its_scan_budget_and_names_where_to_go_on(
     for i in range(30):
         _store(data, f"n-{i:02d}", task, enabled=i != 25)
     page = page_entries(app=app, state="paused", scan=10)
-    assert page.entries == [] and page.scanned >= 10 and page.after is not None
+    assert page.entries == []
+    assert page.scanned >= 10
+    assert page.after is not None
     found: list[str] = []
     after = page.after
     while after is not None:

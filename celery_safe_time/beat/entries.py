@@ -519,11 +519,24 @@ def _config_info(name: str, spec: Any, state: Any, score: Any) -> EntryInfo:
 
 
 def _runtime_info(
-    name: str, raw: Any, state: Any, score: Any, version: Any, store: _Store | None = None
+    name: str,
+    raw: Any,
+    state: Any,
+    score: Any,
+    version: Any,
+    store: _Store | None = None,
+    schedules: dict[Any, Any] | None = None,
 ) -> EntryInfo | None:
+    """``schedules``: schedule objects by :func:`spec_key`, shared by the entries of a page."""
     try:
         d = parse_definition(raw)
-        schedule = schedule_from_spec(d["schedule"])
+        if schedules is None:
+            schedule = schedule_from_spec(d["schedule"])
+        else:
+            key = spec_key(d["schedule"])
+            schedule = schedules.get(key)
+            if schedule is None:
+                schedule = schedules[key] = schedule_from_spec(d["schedule"])
     except ScheduleError:
         return None
     if score is None and d["enabled"] and store is not None:
@@ -641,10 +654,29 @@ def _config_problem(store: _Store, name: str, spec: Any, plan_app: Any) -> str |
     return None
 
 
-def _runtime_problem(store: _Store, name: str, raw: Any, plan_app: Any) -> str | None:
+@dataclasses.dataclass
+class _Checked:
+    """What the entries of one page share: schedule objects by :func:`spec_key`, and the (schedule,
+    task, policies) found valid; thousands of tenants share a handful of schedules, and building a
+    crontab is the costly part of checking one."""
+
+    schedules: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    valid: set[Any] = dataclasses.field(default_factory=set)
+
+
+def _runtime_problem(store: _Store, name: str, raw: Any, plan_app: Any, checked: _Checked | None = None) -> str | None:
     try:
-        entry = build_entry(name, parse_definition(raw), store.app)
+        d = parse_definition(raw)
+        key = None
+        if checked is not None:
+            policies = tuple(sorted((k, repr(v)) for k, v in d["options"].items() if k.startswith("safe_")))
+            key = (spec_key(d["schedule"]), d["task"], policies)
+            if key in checked.valid:
+                return None
+        entry = build_entry(name, d, store.app, None if checked is None else checked.schedules)
         entry_plan(entry, store.config, plan_app)
+        if checked is not None:
+            checked.valid.add(key)
     except Exception as exc:  # as _config_problem
         return f"invalid runtime entry: {exc}"
     return None
@@ -739,8 +771,9 @@ def _page(
     config_all = store.config_entries()
     config = sorted(n for n in config_all if (not prefix or n.startswith(prefix)) and (after is None or n > after))
     plan_app = _plan_app(store, tasks)
+    checked = _Checked()
     if state == "due-soon":
-        return _due_soon_page(store, config_all, after, limit, prefix, soon, plan_app)
+        return _due_soon_page(store, config_all, after, limit, prefix, soon, plan_app, checked)
     out: list[EntryInfo] = []
     invalid: dict[str, str] = {}
     scanned = 0
@@ -760,7 +793,7 @@ def _page(
         candidates = sorted([(n, None) for n in names] + runtime, key=lambda item: item[0])
         rows = store.backend.entry_rows([n for n, _ in candidates]) if candidates else ([], [], [])
         for index, ((name, raw), st, score, version) in enumerate(zip(candidates, *rows, strict=True)):
-            info, problem = _entry_and_problem(store, name, raw, config_all, st, score, version, plan_app)
+            info, problem = _entry_and_problem(store, name, raw, config_all, st, score, version, plan_app, checked)
             cursor = name
             if state is None or _state_of(info, problem) == state:
                 if info is not None:
@@ -786,12 +819,13 @@ def _entry_and_problem(
     score: Any,
     version: Any,
     plan_app: Any,
+    checked: _Checked,
 ) -> tuple[EntryInfo | None, str | None]:
     if name in config_all:
         spec = config_all[name]
         return _config_info(name, spec, state, score), _config_problem(store, name, spec, plan_app)
-    problem = _runtime_problem(store, name, raw, plan_app)
-    return _runtime_info(name, raw, state, score, version, store), problem
+    problem = _runtime_problem(store, name, raw, plan_app, checked)
+    return _runtime_info(name, raw, state, score, version, store, checked.schedules), problem
 
 
 def _state_of(info: EntryInfo | None, problem: str | None) -> str:
@@ -808,6 +842,7 @@ def _due_soon_page(
     prefix: str | None,
     soon: float,
     plan_app: Any,
+    checked: _Checked,
 ) -> EntriesPage:
     """The entries of the due set whose next fire is within ``soon`` seconds, in name order: read
     from the due set by score (at most ``BEAT_LIST_DUE_MAX``), never from the definitions."""
@@ -823,7 +858,7 @@ def _due_soon_page(
         raw = raw_of.get(name)
         if name not in config_all and raw is None:
             continue  # a name the due set still holds, deleted meanwhile
-        info, problem = _entry_and_problem(store, name, raw, config_all, st, score, version, plan_app)
+        info, problem = _entry_and_problem(store, name, raw, config_all, st, score, version, plan_app, checked)
         if info is not None and problem is None:
             out.append(info)
     return EntriesPage(out, invalid, page[-1] if rest else None, len(page))

@@ -49,6 +49,7 @@ from ..exceptions import SafeTimeError, ScheduleError, SerializationError
 from .backends import beat_backend
 from .definitions import (
     build_entry,
+    cached_schedule,
     definition_json,
     parse_definition,
     paused_until,
@@ -530,13 +531,7 @@ def _runtime_info(
     """``schedules``: schedule objects by :func:`spec_key`, shared by the entries of a page."""
     try:
         d = parse_definition(raw)
-        if schedules is None:
-            schedule = schedule_from_spec(d["schedule"])
-        else:
-            key = spec_key(d["schedule"])
-            schedule = schedules.get(key)
-            if schedule is None:
-                schedule = schedules[key] = schedule_from_spec(d["schedule"])
+        schedule = cached_schedule(d["schedule"], schedules)
     except ScheduleError:
         return None
     if score is None and d["enabled"] and store is not None:

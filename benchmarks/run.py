@@ -41,6 +41,8 @@ IMG = ROOT / "docs" / "img"
 JOBS: list[tuple[str, str, list[str]]] = [
     ("beat", "benchmarks.beat", ["timed"]),
     ("beat_scale", "benchmarks.beat_scale", []),
+    # beat list / counts / status at 100,000 and 1,000,000 runtime entries, Redis and PostgreSQL (quick: 10,000)
+    ("beat_views", "benchmarks.beat_views", []),
     ("delays", "benchmarks.delays", []),
     ("locks", "benchmarks.locks", []),
     ("unique", "benchmarks.unique", ["enqueue"]),
@@ -880,6 +882,7 @@ def _details(r: dict[str, Any], img: dict[str, str]) -> list[str]:
         ("Durable delays", "delays", "benchmarks.delays", "table", ["rss", "sweep", "lateness"]),
         ("Beat", "beat", "benchmarks.beat", "markdown", ["ticks"]),
         ("Beat at scale: one leader, many runtime entries", "beat_scale", "benchmarks.beat_scale", "markdown", []),
+        ("Beat at scale: the operator views", "beat_views", "benchmarks.beat_views", "markdown", []),
         ("Locks", "locks", "benchmarks.locks", "markdown", ["locks"]),
         ("Unique tasks: enqueue cost", "unique", "benchmarks.unique", "markdown", []),
         ("Unique tasks: what a fault leaves behind", "unique_compare", "benchmarks.unique", "markdown", []),

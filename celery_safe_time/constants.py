@@ -137,6 +137,11 @@ KEY_BEAT_ENTRIES: Final = "beat:entries"
 KEY_BEAT_ENTRIES_VERSION: Final = "beat:entries:version"
 #: Change log: zset name -> the version of its last change (a deletion stays as a tombstone).
 KEY_BEAT_ENTRIES_CHANGED: Final = "beat:entries:changed"
+#: Name index of the runtime entries: zset, every stored name at score 0, so ``beat list`` pages with
+#: ZRANGEBYLEX. Kept by the readers from the change log, not by the writers' scripts.
+KEY_BEAT_ENTRIES_NAMES: Final = "beat:entries:names"
+#: The change log version the name index reflects (the readers bring it up to date first).
+KEY_BEAT_ENTRIES_NAMES_VERSION: Final = "beat:entries:names:version"
 #: ``beat run-now`` requests: hash name -> requested slot (ms); the leader publishes and clears them.
 KEY_BEAT_RUN_NOW: Final = "beat:entries:run-now"
 #: "<version> <planning fingerprint>": the change counter the leader's state and due set reflect, so
@@ -234,6 +239,18 @@ BEAT_BACKFILL_BATCH: Final = 100
 BEAT_BACKFILL_HORIZON: Final = FIRED_SLOT_TTL - 2 * BEAT_PRUNE_INTERVAL
 #: Entries shown by ``celery safe-time status``.
 BEAT_STATUS_ENTRIES: Final = 50
+#: ``status`` checks every runtime entry (``invalid_entries``) up to this many; above, it says how to
+#: page through them (``beat list --state invalid``) instead of reading them all.
+BEAT_STATUS_CHECK_MAX: Final = 10_000
+#: ``beat list``'s page size by default, and the admin overview's.
+BEAT_LIST_LIMIT: Final = 1000
+#: ``beat list --state``: most runtime definitions one call reads looking for matches; it stops there
+#: and names the cursor to go on from (a filter never reads a million entries in one call).
+BEAT_LIST_SCAN: Final = 20_000
+#: ``beat list --state due-soon``: most due-set members read (the entries due within the window).
+BEAT_LIST_DUE_MAX: Final = 100_000
+#: ``beat list --state due-soon``: the window in seconds by default.
+BEAT_LIST_SOON: Final = 300.0
 #: Runs kept per entry in its history (``safe_time_beat_history_size``; 0 keeps none).
 DEFAULT_BEAT_HISTORY_SIZE: Final = 50
 #: Changes kept per entry in its audit (``safe_time_beat_audit_size``; 0 keeps none).

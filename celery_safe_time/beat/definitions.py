@@ -238,6 +238,17 @@ def spec_key(spec: Any) -> Any:
     return json.dumps(spec, sort_keys=True, default=repr)
 
 
+def cached_schedule(spec: Any, schedules: dict[Any, Any] | None) -> Any:
+    """:func:`schedule_from_spec`, each distinct spec built once per ``schedules`` (None: no cache)."""
+    if schedules is None:
+        return schedule_from_spec(spec)
+    key = spec_key(spec)
+    schedule = schedules.get(key)
+    if schedule is None:
+        schedule = schedules[key] = schedule_from_spec(spec)
+    return schedule
+
+
 def build_entry(
     name: str, definition: Mapping[str, Any], app: Celery, schedules: dict[Any, Any] | None = None
 ) -> ScheduleEntry:
@@ -246,13 +257,7 @@ def build_entry(
     ``schedules`` caches schedule objects by :func:`spec_key`: thousands of tenants share a handful
     of schedules ("09:00 in Europe/Berlin"), and building a crontab is the costly part of loading one.
     """
-    if schedules is None:
-        schedule = schedule_from_spec(definition["schedule"])
-    else:
-        key = spec_key(definition["schedule"])
-        schedule = schedules.get(key)
-        if schedule is None:
-            schedule = schedules[key] = schedule_from_spec(definition["schedule"])
+    schedule = cached_schedule(definition["schedule"], schedules)
     return ScheduleEntry(
         name=name,
         task=definition["task"],

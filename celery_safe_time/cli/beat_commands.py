@@ -14,7 +14,6 @@ from dateutil.parser import isoparse
 
 from .. import constants as C
 from .base import _app, _dump, _echo_table, _first_line, _loaded_app, safe_time
-from .status_commands import _invalid_entries
 
 
 @safe_time.group(name="beat")
@@ -42,66 +41,120 @@ def _json_arg(value: str | None, what: str, kind: type) -> Any:
 
 @beat_group.command(name="list", cls=CeleryCommand)
 @click.option("--prefix", default=None, help="Only entries whose name starts with this.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=C.BEAT_LIST_LIMIT, show_default=True, help="Entries per page."
+)
+@click.option("--after", default=None, help="Start after this name (the cursor the previous page printed).")
+@click.option(
+    "--state",
+    type=click.Choice(["active", "paused", "invalid", "due-soon"]),
+    default=None,
+    help="Only entries in this state: active (enabled), paused, invalid (the leader disables them), "
+    "due-soon (next fire within --soon).",
+)
+@click.option(
+    "--soon", type=float, default=C.BEAT_LIST_SOON, show_default=True, help="Seconds ahead for --state due-soon."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def beat_list(ctx: click.Context, prefix: str | None, as_json: bool) -> None:
-    """Every entry: beat_schedule ones (source config) and runtime ones, with their last and next fire."""
-    from ..beat.entries import describe_schedule, list_entries
+def beat_list(
+    ctx: click.Context,
+    prefix: str | None,
+    limit: int,
+    after: str | None,
+    state: str | None,
+    soon: float,
+    as_json: bool,
+) -> None:
+    """Entries by name, a page at a time: beat_schedule ones (source config) and runtime ones, with
+    their last and next fire. Reads one page of the name index, not every entry; the counts come
+    from the indexes. When more entries follow, the last line names the --after to go on with
+    (on standard error with --json)."""
+    from ..beat.entries import count_entries, describe_schedule, merge_pages, page_entries
 
     app = _app(ctx)
-    found = list_entries(app=app, prefix=prefix)
-    database = _database_entries(ctx, prefix)
+    page = page_entries(app=app, after=after, limit=limit, prefix=prefix, state=state, soon=soon)
+    found, problems, cursor = page.entries, dict(page.invalid), page.after
+    database = _database_entries(ctx, prefix, after, limit, state)
     if database:
         # SafeDatabaseScheduler fires its table's rows, the beat_schedule copies among them: the
         # config entry of the same name is a copy that never fires.
         names = {row.name for row in database}
         found = [i for i in found if not (i.source == "config" and i.name in names)]
-    problems, _ = _invalid_entries(app)
+        problems.update(_database_problems(ctx, [row.name for row in database]))
+        merged, cursor = merge_pages([(i.name, i) for i in found], cursor, [(r.name, r) for r in database], limit)
+        kept = {name for name, _ in merged}
+        found = [i for i in found if i.name in kept]
+        database = [row for row in database if row.name in kept]
     if as_json:
         listed = [info.as_dict() for info in found] + [_database_dict(row) for row in database]
+        listed.sort(key=lambda item: item["name"])
         for item in listed:
             item["invalid"] = problems.get(item["name"])
         _dump(listed)
+        if cursor is not None:
+            click.echo(f"more entries: --after {cursor}", err=True)
         return
     rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
     for i in found:
-        state = "enabled" if i.enabled else "paused"
+        shown = "enabled" if i.enabled else "paused"
         overlap = (i.options or {}).get("safe_time_overlap")
         if overlap not in (None, "allow"):
-            state += f"/{overlap}"
+            shown += f"/{overlap}"
         nxt = i.next_fire.isoformat() if i.next_fire else "-"
         last = i.last_fired.isoformat() if i.last_fired else "-"
-        rows.append((i.name, i.source, state, describe_schedule(i.schedule), nxt, last, i.task))
+        rows.append((i.name, i.source, shown, describe_schedule(i.schedule), nxt, last, i.task))
     for row in database:
-        state = "enabled" if row.enabled else "paused"
+        shown = "enabled" if row.enabled else "paused"
         nxt = row.next_fire.isoformat() if row.next_fire else "-"
         last = row.last_fired.isoformat() if row.last_fired else "-"
-        rows.append((row.name, row.source, state, row.schedule, nxt, last, row.task))
+        rows.append((row.name, row.source, shown, row.schedule, nxt, last, row.task))
     # The leader disables an invalid entry (the others fire): shown so, with the reason below.
     rows = [rows[0], *((r[0], r[1], "invalid" if r[0] in problems else r[2], *r[3:]) for r in rows[1:])]
     _echo_table([rows[0], *sorted(rows[1:], key=lambda r: r[0])])
     count = len(rows) - 1
-    click.echo(f"{count} entr{'y' if count == 1 else 'ies'}")
+    counts = count_entries(app=app, soon=soon)
+    click.echo(
+        f"{count} entr{'y' if count == 1 else 'ies'} (of {counts['config']} config and {counts['runtime']} "
+        f"runtime stored; {counts['scheduled']} scheduled, {counts['due_soon']} due within {soon:g}s)"
+    )
     for name in sorted(problems):
         click.echo(f"invalid: {name}: {problems[name]}")
+    if cursor is not None:
+        click.echo(f"more entries: --after {cursor}")
 
 
-def _database_entries(ctx: click.Context, prefix: str | None) -> list[Any]:
-    """django-celery-beat's rows (``SafeDatabaseScheduler``'s entries), when Django runs with it."""
+def _database_entries(
+    ctx: click.Context, prefix: str | None, after: str | None = None, limit: int | None = None, state: str | None = None
+) -> list[Any]:
+    """django-celery-beat's rows (``SafeDatabaseScheduler``'s entries), when Django runs with it:
+    those after ``after`` starting with ``prefix``, the first ``limit`` of them in name order."""
     app = _loaded_app(ctx)
     from ..contrib.django.status import django_beat_in_use
 
-    if not django_beat_in_use():
+    if not django_beat_in_use() or state in ("invalid", "due-soon"):
         return []
     from ..clock import local_time, to_datetime
     from ..contrib.django.overview import database_rows
 
+    enabled = None if state is None else state == "active"
     try:
-        rows = database_rows(app, to_datetime(local_time()))
+        rows = database_rows(app, to_datetime(local_time()), after=after, prefix=prefix, limit=limit, enabled=enabled)
     except Exception as exc:  # django-celery-beat installed but its tables not migrated here (as status)
         click.echo(f"django-celery-beat entries unreadable: {exc.__class__.__name__}: {_first_line(exc)}", err=True)
         return []
-    return [row for row in rows if prefix is None or row.name.startswith(prefix)]
+    return rows
+
+
+def _database_problems(ctx: click.Context, names: list[str]) -> dict[str, str]:
+    """Why ``SafeDatabaseScheduler`` leaves out these django-celery-beat rows (those it does)."""
+    from ..contrib.django.schedulers import invalid_rows
+
+    try:
+        return invalid_rows(_loaded_app(ctx), names=names)
+    except Exception as exc:  # as _database_entries
+        click.echo(f"django-celery-beat rows unreadable: {exc.__class__.__name__}: {_first_line(exc)}", err=True)
+        return {}
 
 
 def _database_dict(row: Any) -> dict[str, Any]:

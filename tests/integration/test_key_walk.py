@@ -44,6 +44,8 @@ PERMANENT = (
     "beat:entries",
     "beat:entries:version",
     "beat:entries:changed",
+    "beat:entries:names",
+    "beat:entries:names:version",
     "beat:entries:applied",
     "beat:entries:run-now",
     "beat:history:*",

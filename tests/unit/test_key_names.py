@@ -47,6 +47,8 @@ PLAIN_NAMES = {
     (C.KEY_BEAT_ENTRIES, ()): "safe_time:beat:entries",
     (C.KEY_BEAT_ENTRIES_VERSION, ()): "safe_time:beat:entries:version",
     (C.KEY_BEAT_ENTRIES_CHANGED, ()): "safe_time:beat:entries:changed",
+    (C.KEY_BEAT_ENTRIES_NAMES, ()): "safe_time:beat:entries:names",
+    (C.KEY_BEAT_ENTRIES_NAMES_VERSION, ()): "safe_time:beat:entries:names:version",
     (C.KEY_BEAT_RUN_NOW, ()): "safe_time:beat:entries:run-now",
     (C.KEY_LOCK, (("key", "k"),)): "safe_time:lock:k",
     (C.KEY_LOCK_FENCE, (("key", "k"),)): "safe_time:lock-fence:k",

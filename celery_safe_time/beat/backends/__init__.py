@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ... import constants as C
 from ...config import SafeTimeConfig
-from .base import BeatBackend, BeatLease, DueRead, LeaseView, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, SlotWrite, Snapshot
 
-__all__ = ["BeatBackend", "BeatLease", "DueRead", "LeaseView", "SlotWrite", "Snapshot", "beat_backend"]
+__all__ = ["BeatBackend", "BeatLease", "DueRead", "EntryCounts", "LeaseView", "SlotWrite", "Snapshot", "beat_backend"]
 
 
 def beat_backend(config: SafeTimeConfig) -> BeatBackend:

@@ -64,6 +64,18 @@ class Snapshot:
 
 
 @dataclasses.dataclass(frozen=True)
+class EntryCounts:
+    """The sizes the operator views show, each read from an index (never by reading every entry)."""
+
+    #: runtime definitions stored
+    definitions: int
+    #: entries in the due set (config and runtime ones the leader schedules)
+    scheduled: int
+    #: entries of the due set whose next fire is at or before the ``soon`` asked for
+    due_soon: int
+
+
+@dataclasses.dataclass(frozen=True)
 class LeaseView:
     """The lease as ``status``, probes and metrics see it."""
 
@@ -304,6 +316,25 @@ class BeatBackend(abc.ABC):
         """The names that have a state or a due score, about ``chunk`` at a time (a name may come twice)."""
         stored, scores, _ = self.read_all()
         yield sorted(set(stored) | set(scores))
+
+    # --- operator views (``beat list``, ``status``, the admin): pages and counts, not whole reads ------
+    # Not abstract: the defaults answer from a whole read (:meth:`entry_definitions`), so a backend
+    # without an index still works; Redis and PostgreSQL answer from their indexes.
+    def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
+        """Up to ``limit`` runtime (name, definition) pairs in name order (code point order, as
+        Python sorts ``str``): the names after ``after`` (None: from the first) starting with ``prefix``."""
+        found = self.entry_definitions(prefix)
+        names = sorted(n for n in found if after is None or n > after)[: max(limit, 0)]
+        return [(name, found[name]) for name in names]
+
+    def entry_counts(self, soon: float) -> EntryCounts:
+        """How many runtime definitions, scheduled entries and entries due by ``soon`` (UNIX seconds)."""
+        _, scores, _ = self.read_all()
+        return EntryCounts(
+            definitions=self.definition_count(),
+            scheduled=len(scores),
+            due_soon=sum(1 for score in scores.values() if score <= soon),
+        )
 
     def snapshot_meta(self) -> Snapshot:
         """:meth:`snapshot` without the definitions (``definitions`` is empty)."""

@@ -17,7 +17,7 @@ from typing import Any
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig
 from ..state import identity, slot_id
-from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
 
 
 class MemoryUnavailable(Exception):
@@ -42,6 +42,9 @@ class MemoryBeatData:
     history: dict[str, dict[int, list[Any]]] = dataclasses.field(default_factory=dict)
     #: change audit: entry -> records (JSON), oldest first
     audit: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: runtime definitions (name -> JSON) the readers see; a test puts them here (``entry_save``
+    #: is not kept by this backend)
+    definitions: dict[str, str] = dataclasses.field(default_factory=dict)
     #: set True to make every call raise :class:`MemoryUnavailable` (an outage)
     down: bool = False
     mutex: threading.RLock = dataclasses.field(default_factory=threading.RLock)
@@ -301,10 +304,33 @@ class MemoryBeatBackend(BeatBackend):
         raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
 
     def entry_definition(self, name: str) -> Any:
-        return None
+        with self.data.mutex:
+            self.data.check()
+            return self.data.definitions.get(name)
 
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
-        return {}
+        with self.data.mutex:
+            self.data.check()
+            return {k: v for k, v in self.data.definitions.items() if not prefix or k.startswith(prefix)}
+
+    def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
+        with self.data.mutex:
+            self.data.check()
+            names = sorted(
+                n
+                for n in self.data.definitions
+                if (after is None or n > after) and (not prefix or n.startswith(prefix))
+            )
+            return [(n, self.data.definitions[n]) for n in names[: max(limit, 0)]]
+
+    def entry_counts(self, soon: float) -> EntryCounts:
+        with self.data.mutex:
+            self.data.check()
+            return EntryCounts(
+                definitions=len(self.data.definitions),
+                scheduled=len(self.data.due),
+                due_soon=sum(1 for score in self.data.due.values() if score <= soon),
+            )
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         states, scores = self.read_states(names)

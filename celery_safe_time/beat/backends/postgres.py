@@ -56,7 +56,7 @@ from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
 from ...sql.named import named_statements
 from ..state import identity, marker_value, slot_id, with_definitions
-from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,20 @@ DDL = tuple(named_statements("celery_safe_time.beat", "sql/schema.sql").values()
 
 #: Every statement the backend runs (``beat/sql/queries.sql``), by name.
 _QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The first string after every string starting with ``prefix`` in code point order (its last
+    character the next one), None when there is none (every character the last code point)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if 0xD800 <= code <= 0xDFFF:  # surrogates are no characters UTF-8 can store: step over them
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return "".join(chars[:-1]) + chr(code)
+        chars.pop()
+    return None
 
 
 def _float(value: Any) -> float:
@@ -602,6 +616,36 @@ class PostgresBeatBackend(BeatBackend):
                 self._p(prefix=prefix or ""),
             ).all()
         return dict(rows)
+
+    # --- operator views ---------------------------------------------------------------
+    def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
+        if limit <= 0:
+            return []
+        self.ensure_tables()
+        # COLLATE "C" (the index safe_time_beat_entries_by_name): code point order, as Redis and Python
+        # order names, whatever the database's collation; a prefix is a range of that index.
+        high = prefix_end(prefix) if prefix else None
+        if prefix and high is not None:
+            query, params = (
+                _QUERIES["entry_page_prefix"],
+                self._p(after=after or "", low=prefix, high=high, limit=limit),
+            )
+        else:
+            query, params = _QUERIES["entry_page"], self._p(after=max(after or "", prefix or ""), limit=limit)
+        with self.autocommit() as conn:
+            rows = conn.execute(query, params).all()
+        return [(name, raw) for name, raw in rows if not prefix or name.startswith(prefix)]
+
+    def entry_counts(self, soon: float) -> EntryCounts:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            definitions, scheduled, due_soon = conn.execute(_QUERIES["entry_counts"], self._p(soon=soon)).one()
+        return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
+
+    def definition_count(self) -> int:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            return int(conn.execute(_QUERIES["definition_count"], self._p()).scalar_one())
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         if not names:

@@ -48,7 +48,7 @@ from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
 from ..state import identity, load_state, marker_value, slot_id
-from .base import BeatBackend, BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
 
 __all__ = [
     "PRELUDES",
@@ -77,6 +77,10 @@ LUA_PACKAGE = "celery_safe_time.beat"
 
 #: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
 #: and backfills (called by any process, not only by beats) the others.
+#: Change log members the name index takes in per script call (and definitions per HSCAN when it is
+#: built from the hash): about 10 ms of Redis each.
+NAMES_SYNC_CHUNK = 10_000
+
 SCRIPTS = (
     "acquire",
     "renew",
@@ -96,6 +100,8 @@ SCRIPTS = (
     "claim_slots",
     "history_record",
     "history_outcome",
+    "sync_names",
+    "drop_names",
 )
 
 
@@ -154,6 +160,8 @@ class BeatKeys:
     run_now: str
     applied: str
     pause_expiry: str
+    names: str
+    names_version: str
 
     @classmethod
     def for_config(cls, config: SafeTimeConfig) -> BeatKeys:
@@ -169,6 +177,8 @@ class BeatKeys:
             run_now=config.key(C.KEY_BEAT_RUN_NOW),
             applied=config.key(C.KEY_BEAT_ENTRIES_APPLIED),
             pause_expiry=config.key(C.KEY_BEAT_PAUSE_EXPIRY),
+            names=config.key(C.KEY_BEAT_ENTRIES_NAMES),
+            names_version=config.key(C.KEY_BEAT_ENTRIES_NAMES_VERSION),
         )
 
 
@@ -655,6 +665,63 @@ class RedisBeatBackend(BeatBackend):
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
         match = None if not prefix else glob_escape(prefix) + "*"
         return {as_text(k): v for k, v in self.client.hscan_iter(self.keys.entries, match=match, count=1000)}
+
+    # --- operator views ---------------------------------------------------------------
+    def _sync_names(self) -> None:
+        """Bring the name index up to the change log (lua/sync_names.lua), a chunk per call; when it
+        still holds fewer names than the definitions (written around the scripts), add every
+        definition's name once."""
+        keys = [self.keys.entries, self.keys.changed, self.keys.names, self.keys.names_version, self.keys.version]
+        while True:
+            _applied, more, indexed, stored = self.scripts["sync_names"](keys=keys, args=[NAMES_SYNC_CHUNK])
+            if not int(more):
+                break
+        if int(indexed) >= int(stored):
+            return
+        logger.info("beat: the name index holds %s of %s runtime entries; adding every name", indexed, stored)
+        cursor = 0
+        while True:
+            cursor, fields = self.client.hscan(self.keys.entries, cursor, count=NAMES_SYNC_CHUNK)
+            if fields:
+                self.client.zadd(self.keys.names, dict.fromkeys((as_text(field) for field in fields), 0))
+            if int(cursor) == 0:
+                return
+
+    def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
+        if limit <= 0:
+            return []
+        self._sync_names()
+        # ZRANGEBYLEX compares bytes: UTF-8's byte order is the code points' order, and no UTF-8
+        # name holds the byte 0xff, so prefix + 0xff is past every name starting with prefix.
+        low, high = b"-", b"+"
+        if prefix:
+            low, high = b"[" + prefix.encode(), b"(" + prefix.encode() + b"\xff"
+        if after is not None and (not prefix or after >= prefix):
+            low = b"(" + after.encode()
+        out: list[tuple[str, Any]] = []
+        while len(out) < limit:
+            want = limit - len(out)
+            names = self.client.zrangebylex(self.keys.names, low, high, start=0, num=want)
+            if not names:
+                break
+            raws = self.client.hmget(self.keys.entries, names)
+            gone = [name for name, raw in zip(names, raws, strict=True) if raw is None]
+            out += [(as_text(name), raw) for name, raw in zip(names, raws, strict=True) if raw is not None]
+            if gone:
+                self.scripts["drop_names"](keys=[self.keys.entries, self.keys.names], args=gone)
+            if len(names) < want:
+                break
+            last = names[-1]
+            low = b"(" + (last if isinstance(last, bytes) else str(last).encode())
+        return out
+
+    def entry_counts(self, soon: float) -> EntryCounts:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hlen(self.keys.entries)
+        pipe.zcard(self.keys.due)
+        pipe.zcount(self.keys.due, "-inf", soon)
+        definitions, scheduled, due_soon = pipe.execute()
+        return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         if not names:

@@ -233,6 +233,26 @@ ON CONFLICT (ns, name) DO UPDATE SET slot_ms = EXCLUDED.slot_ms
 -- name: definitions
 SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND left(name, length(:prefix)) = :prefix
 
+-- The operator views' pages and counts (beat list, status, the admin), each on an index.
+-- name: entry_page
+SELECT name, definition FROM safe_time_beat_entries
+WHERE ns = :ns AND name COLLATE "C" > :after
+ORDER BY name COLLATE "C" LIMIT :limit
+
+-- name: entry_page_prefix
+SELECT name, definition FROM safe_time_beat_entries
+WHERE ns = :ns AND name COLLATE "C" > :after AND name COLLATE "C" >= :low AND name COLLATE "C" < :high
+    AND starts_with(name, :low)
+ORDER BY name COLLATE "C" LIMIT :limit
+
+-- name: definition_count
+SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns
+
+-- name: entry_counts
+SELECT (SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns),
+    coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 0),
+    (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :soon)
+
 -- name: change_versions
 SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
 

@@ -131,6 +131,11 @@ CREATE TABLE IF NOT EXISTS safe_time_beat_entries (
         PRIMARY KEY (ns, name)
     )
 
+-- The operator views page the entries in code point order (beat list --after, --prefix), as Redis
+-- and Python order names, whatever the database's collation: an index in that order.
+-- name: entries_by_name
+CREATE INDEX IF NOT EXISTS safe_time_beat_entries_by_name ON safe_time_beat_entries (ns, name COLLATE "C")
+
 -- name: changes
 CREATE TABLE IF NOT EXISTS safe_time_beat_changes (
         ns text NOT NULL,

@@ -341,7 +341,13 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         try:
             app = celery_app()
             entries = self.can_view_entries(request)
-            view = gather(app, database_entries=entries)
+            # one page of entries at a time (?after=NAME&prefix=P): a schedule may hold a million
+            view = gather(
+                app,
+                database_entries=entries,
+                after=request.GET.get("after") or None,
+                prefix=request.GET.get("prefix") or None,
+            )
             for entry in view.entries:
                 entry.url = _entry_url(entry.name) if entries else None
             app_error = None

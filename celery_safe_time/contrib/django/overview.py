@@ -95,6 +95,13 @@ class Overview:
     beat_error: str | None = None
     entries: list[EntryRow] = field(default_factory=list)
     entries_error: str | None = None
+    #: the page of entries shown starts after this name and keeps the names starting with the prefix
+    entries_from: str | None = None
+    entries_prefix: str | None = None
+    #: where the next page starts (None: this is the last)
+    entries_after: str | None = None
+    #: the sizes of the schedule, from the indexes (``count_entries``)
+    entries_counts: dict[str, Any] = field(default_factory=dict)
     #: django-celery-beat's rows were left out: the user lacks its view permission
     database_entries_hidden: bool = False
     delays: dict[str, Any] = field(default_factory=dict)
@@ -159,10 +166,16 @@ def _failed(section: str, exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {exc}"
 
 
-def config_and_runtime_entries(app: Celery) -> list[EntryRow]:
-    from ...beat.entries import describe_schedule, list_entries
+def config_and_runtime_entries(
+    app: Celery, *, after: str | None = None, prefix: str | None = None, limit: int = C.BEAT_LIST_LIMIT
+) -> tuple[list[EntryRow], str | None]:
+    """One page of the config and runtime entries (``page_entries``: never every entry), the invalid
+    ones marked, and where the next page starts (None: the last page)."""
+    from ...beat.entries import describe_schedule, page_entries
 
-    return [
+    # The web process need not import the worker's tasks: an unknown task is check's to say.
+    page = page_entries(app=app, after=after, prefix=prefix, limit=limit, tasks=False)
+    rows = [
         EntryRow(
             i.name,
             i.source,
@@ -173,13 +186,28 @@ def config_and_runtime_entries(app: Celery) -> list[EntryRow]:
             i.next_fire,
             pause_note=i.pause_note,
             paused_until=i.paused_until,
+            invalid=page.invalid.get(i.name),
         )
-        for i in list_entries(app=app)
+        for i in page.entries
     ]
+    for row in rows:
+        if row.invalid is not None:
+            row.next_fire = None
+    return rows, page.after
 
 
-def database_rows(app: Celery, now: datetime) -> list[EntryRow]:
-    """django-celery-beat's rows (what ``SafeDatabaseScheduler`` fires), next fire on its grid."""
+def database_rows(
+    app: Celery,
+    now: datetime,
+    *,
+    after: str | None = None,
+    prefix: str | None = None,
+    limit: int | None = None,
+    enabled: bool | None = None,
+) -> list[EntryRow]:
+    """django-celery-beat's rows (what ``SafeDatabaseScheduler`` fires), next fire on its grid, in
+    name order: those after ``after``, starting with ``prefix``, ``enabled`` (None: either), the
+    first ``limit`` (None: all); the filters are the query's, so a page reads only its rows."""
     from django.apps import apps
 
     if not apps.is_installed("django_celery_beat"):
@@ -189,8 +217,15 @@ def database_rows(app: Celery, now: datetime) -> list[EntryRow]:
     from ...beat.slots import grid_for
     from .rows import row_schedule
 
+    query = PeriodicTask.objects.order_by("name")
+    if after is not None:
+        query = query.filter(name__gt=after)
+    if prefix:
+        query = query.filter(name__startswith=prefix)
+    if enabled is not None:
+        query = query.filter(enabled=enabled)
     rows = []
-    for task in PeriodicTask.objects.order_by("name"):
+    for task in query if limit is None else query[:limit]:
         try:
             # the row's own timezone with the DST rules, as SafeModelEntry fires it
             schedule = row_schedule(task)
@@ -202,8 +237,8 @@ def database_rows(app: Celery, now: datetime) -> list[EntryRow]:
         next_fire: datetime | None = None
         if task.enabled and not (task.one_off and task.total_run_count):
             try:
-                after = (last or now).timestamp()
-                next_fire = to_datetime(grid_for(schedule, app.timezone).next(after))
+                since = (last or now).timestamp()
+                next_fire = to_datetime(grid_for(schedule, app.timezone).next(since))
             except Exception:  # a schedule the grid cannot step (clocked, custom): leave it blank
                 next_fire = None
         rows.append(EntryRow(task.name, "database", task.task, describe, task.enabled, last, next_fire))
@@ -219,21 +254,20 @@ def merged_entries(entries: list[EntryRow], database: list[EntryRow]) -> list[En
 
 
 def mark_invalid(app: Celery, entries: list[EntryRow]) -> None:
-    """Set ``invalid`` on the entries the leader disables (as ``safe-time check`` finds them): an
-    invalid entry never fires, so it shows its reason, not a next fire time."""
+    """Set ``invalid`` on the django-celery-beat rows of ``entries`` that ``SafeDatabaseScheduler``
+    leaves out (the config and runtime ones come marked from their page): an invalid entry never
+    fires, so it shows its reason, not a next fire time."""
     from django.apps import apps
 
-    from ...beat.entries import invalid_entries
+    database = [row.name for row in entries if row.source == "database"]
+    if not database or not apps.is_installed("django_celery_beat"):
+        return
+    from .schedulers import invalid_rows
 
-    # The web process need not import the worker's tasks: an unknown task is check's to say.
-    problems = invalid_entries(app, tasks=False)
-    if apps.is_installed("django_celery_beat"):
-        from .schedulers import invalid_rows
-
-        problems.update(invalid_rows(app))
+    problems = invalid_rows(app, names=database)
     for row in entries:
-        row.invalid = problems.get(row.name)
-        if row.invalid is not None:
+        if row.source == "database" and row.name in problems:
+            row.invalid = problems[row.name]
             row.next_fire = None
 
 
@@ -253,11 +287,19 @@ def due_counts(now: datetime, hours: int = CHART_HOURS) -> tuple[dict[datetime, 
     return counts, overdue
 
 
-def gather(app: Celery, now: datetime | None = None, *, database_entries: bool = True) -> Overview:
+def gather(
+    app: Celery,
+    now: datetime | None = None,
+    *,
+    database_entries: bool = True,
+    after: str | None = None,
+    prefix: str | None = None,
+    limit: int = C.BEAT_LIST_LIMIT,
+) -> Overview:
     """Read every section; ``now`` defaults to the store's clock (the one lateness is measured on).
 
     ``database_entries=False`` leaves django-celery-beat's rows out (a user without its view
-    permission)."""
+    permission). The entries are one page: ``limit`` names after ``after`` starting with ``prefix``."""
     from django.db import Error as DjangoDbError
 
     from ...delays.admin import describe_delays
@@ -281,14 +323,27 @@ def gather(app: Celery, now: datetime | None = None, *, database_entries: bool =
         view.beat_error = view.beat.get("error")
     except errors as exc:
         view.beat_error = _failed("beat", exc)
+    from ...beat.entries import count_entries, merge_pages
+
+    view.entries_from, view.entries_prefix = after, prefix
     entries: list[EntryRow] = []
+    cursor: str | None = None
     try:
-        entries += config_and_runtime_entries(app)
+        entries, cursor = config_and_runtime_entries(app, after=after, prefix=prefix, limit=limit)
+        view.entries_counts = count_entries(app)
     except errors as exc:
         view.entries_error = _failed("beat entries", exc)
     try:
         if database_entries:
-            entries = merged_entries(entries, database_rows(app, now))
+            database = database_rows(app, now, after=after, prefix=prefix, limit=limit)
+            if database:
+                page, cursor = merge_pages(
+                    [(r.name, r) for r in entries], cursor, [(r.name, r) for r in database], limit
+                )
+                entries = merged_entries(
+                    [r for _, r in page if r.source != "database"], [r for _, r in page if r.source == "database"]
+                )
+                entries.sort(key=lambda row: row.name)
         else:
             view.database_entries_hidden = True
     except errors as exc:
@@ -297,6 +352,7 @@ def gather(app: Celery, now: datetime | None = None, *, database_entries: bool =
         mark_invalid(app, entries)
     except errors as exc:
         view.entries_error = _failed("entry checks", exc)
+    view.entries_after = cursor
     view.entries = entries
     try:
         view.delays = describe_delays(app)

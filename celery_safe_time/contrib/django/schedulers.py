@@ -635,9 +635,10 @@ def _epoch(value: Any) -> float | None:
     return seconds
 
 
-def invalid_rows(app: Celery) -> dict[str, str]:
+def invalid_rows(app: Celery, names: list[str] | None = None) -> dict[str, str]:
     """Enabled django-celery-beat row name -> why ``SafeDatabaseScheduler`` leaves it out, checked as
-    it builds each row's entry, without logging (``safe-time check`` and ``beat list`` show them)."""
+    it builds each row's entry, without logging (``safe-time check`` and ``beat list`` show them);
+    ``names``: only those rows (a page), else every row."""
     from django_celery_beat.models import PeriodicTask
 
     problems: dict[str, str] = {}
@@ -645,7 +646,8 @@ def invalid_rows(app: Celery) -> dict[str, str]:
     quiet, logger.disabled = logger.disabled, True
     refused = dict(_REFUSED.get(app, {}))
     try:
-        for model in PeriodicTask.objects.filter(enabled=True).order_by("name"):
+        query = PeriodicTask.objects.filter(enabled=True).order_by("name")
+        for model in query if names is None else query.filter(name__in=names):
             try:
                 SafeModelEntry(model, app=app)
             except Exception as exc:  # a row django-celery-beat or this scheduler cannot build

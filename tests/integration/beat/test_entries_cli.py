@@ -62,7 +62,7 @@ def test_add_list_show_pause_resume_remove(processes: ProcessManager, coordinati
         ["once", "runtime", "enabled"],
         ["tenant-42-report", "runtime", "enabled"],
     ]
-    assert lines[-1] == "4 entries"
+    assert lines[-1].startswith("4 entries (of 1 config and 3 runtime stored;")
 
     shown = _beat(processes, coordination, "show", "tenant-42-report")
     assert shown.returncode == 0, shown.stderr

@@ -88,26 +88,6 @@ def _prior_runs(request: Any) -> list[str]:
     return [str(run) for run in runs] if isinstance(runs, (list, tuple)) else []
 
 
-def suspicion_look_gap(config: SafeTimeConfig) -> float:
-    """The longest gap between two looks at a suspected run (a sweep's, or a copy's start) that still
-    counts as the store answering throughout: a longer one (an outage, or nobody looking) starts the
-    suspicion over, for the sweep's takeover and a copy's alike.
-
-    Half the lock ttl leaves a run's heartbeat (every third of it) at least one write while the
-    store answers, whatever outage shorter than the gap went unseen; twice the sweep interval keeps
-    sweeps that look on time from starting it over (which would never take over a dead run). A copy
-    that finds the run alive looks again within :func:`running_recheck`'s longest wait, inside the gap."""
-    return max(config.lock_ttl / 2.0, 2.0 * config.sweep_interval)
-
-
-def running_recheck(config: SafeTimeConfig) -> float:
-    """When a copy that found its delivery running elsewhere looks again: a third of the lock ttl plus
-    up to a quarter of that (at most 5/12 of the ttl, within :func:`suspicion_look_gap` with room
-    for the broker's latency, so a copy's own looks keep a suspicion going when no sweep looks)."""
-    recheck = config.lock_ttl * C.DELIVERY_RUNNING_RECHECK
-    return jittered(recheck, recheck / 4)
-
-
 def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
     """Run ``body`` if this message wins its delivery's conditional start; raise ``Ignore`` or
     ``Retry`` (a re-queued copy) otherwise. Records the start, a heartbeat and the outcome."""
@@ -127,9 +107,6 @@ def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
             stale_after=config.lock_ttl,
             prior_runs=prior,
             leeway=config.max_clock_skew,
-            # A suspicion nobody looked at for a while spans a store outage: the run could not write
-            # its heartbeat (nor its end) meanwhile, so this copy does not take it over yet.
-            looked_within=suspicion_look_gap(config),
         )
     except StoreError as exc:
         # The start may have been written and only its reply lost: the copy carries this run id, so
@@ -151,7 +128,8 @@ def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
         _requeue(task, started.early_by, prior)
     if started.verdict == "running":
         row = started.row
-        countdown = running_recheck(config)
+        recheck = config.lock_ttl * C.DELIVERY_RUNNING_RECHECK
+        countdown = jittered(recheck, recheck / 2)
         logger.warning(
             "stored task %s[%s] is running on %s (heartbeat %s): re-queueing this copy in %.1fs",
             task.name,

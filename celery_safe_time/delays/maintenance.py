@@ -16,7 +16,7 @@ from .. import constants as C
 from ..config import SafeTimeConfig
 from ..exceptions import StoreError
 from .backends.base import DelayStore
-from .delivery import reruns_when_stale, suspicion_look_gap
+from .delivery import reruns_when_stale
 from .publish import SweepStats
 from .revoked import REASON_EXPIRED, report_revoked
 
@@ -26,6 +26,16 @@ logger = logging.getLogger(__name__)
 PURGE_INTERVAL = 3600.0
 #: ...and deletes at most this many batches per sweep, so a sweep never stalls behind a big purge.
 PURGE_SWEEP_MAX_BATCHES = 5
+
+
+def suspicion_look_gap(config: SafeTimeConfig) -> float:
+    """The longest gap between two sweeps' looks at a suspected run that still counts as the store
+    answering throughout: a longer one (an outage, or no sweep) starts the suspicion over.
+
+    Half the lock ttl leaves a run's heartbeat (every third of it) at least one write while the
+    store answers, whatever outage shorter than the gap went unseen; twice the sweep interval keeps
+    sweeps that look on time from starting it over (which would never take over a dead run)."""
+    return max(config.lock_ttl / 2.0, 2.0 * config.sweep_interval)
 
 
 def confirm_deliveries(

@@ -339,52 +339,6 @@ def test_a_suspicion_not_looked_at_for_a_while_starts_over(any_store: DelayStore
     assert taken.status == C.STATUS_PENDING
 
 
-def test_a_copy_does_not_take_over_a_suspicion_nobody_looked_at_for_a_while(any_store: DelayStore) -> None:
-    """A copy's start after a store outage: the run was suspected before it, nobody could look (nor
-    the run write its heartbeat or its end) during it, so the suspicion starts over; the copy takes
-    the run over only after a silence while the store answered, its own looks counting as the sweep's."""
-    token = _started(any_store, "copy-cut")
-    time.sleep(0.3)
-    assert any_store.start("copy-cut", token, "copy", "h", stale_after=0.1, looked_within=2.0).verdict == "running"
-    first = any_store.get("copy-cut")
-    assert first is not None
-    assert first.suspected_at is not None
-    # No look for longer than looked_within (the store was unreachable): suspected anew, not taken over.
-    time.sleep(2.3)
-    assert any_store.start("copy-cut", token, "copy", "h", stale_after=0.1, looked_within=2.0).verdict == "running"
-    again = any_store.get("copy-cut")
-    assert again is not None
-    assert (again.status, again.started_by, again.starts) == (C.STATUS_STARTED, "run-1", 1)
-    assert again.suspected_at is not None
-    assert again.suspected_at > first.suspected_at
-    # A sweep's look within the window is recorded for the copy too (1.7 s to spare on a loaded machine)...
-    time.sleep(0.3)
-    assert not any_store.end_stale("copy-cut", token, 10.0, rerun=True, looked_within=2.0)
-    # ...and a copy's look for the sweep: looked at on time, silent since: the copy takes the run over.
-    time.sleep(0.3)
-    taken = any_store.start("copy-cut", token, "copy", "h", stale_after=0.1, looked_within=2.0)
-    assert taken.verdict == "run"
-    row = any_store.get("copy-cut")
-    assert row is not None
-    assert (row.started_by, row.starts) == ("copy", 2)
-
-
-def test_a_copys_look_keeps_a_suspicion_going_for_the_sweep(any_store: DelayStore) -> None:
-    token = _started(any_store, "copy-look")
-    time.sleep(0.3)
-    assert not any_store.end_stale("copy-look", token, 0.1, rerun=True, looked_within=2.0)  # suspected
-    # Only copies look now (the sweep's side cannot reach the store); each look is recorded.
-    for _ in range(2):
-        time.sleep(1.2)
-        verdict = any_store.start("copy-look", token, "copy", "h", stale_after=60, looked_within=2.0).verdict
-        assert verdict == "running"
-    # 2.4 s after the sweep's own look, within 1.2 s of the copy's: a takeover, not a new suspicion.
-    assert any_store.end_stale("copy-look", token, 0.1, rerun=True, looked_within=2.0)
-    row = any_store.get("copy-look")
-    assert row is not None
-    assert row.status == C.STATUS_PENDING
-
-
 def test_a_start_whose_reply_was_lost_is_recognised_by_its_run_id(any_store: DelayStore) -> None:
     token = _started(any_store, "lost", run_id="first-run")
     assert any_store.start("lost", token, "copy", "h", stale_after=60).verdict == "running"

@@ -58,18 +58,17 @@ def _dead(now: datetime, stale_after: float) -> Q:
     return Q(status=C.STATUS_STARTED, suspected_at__lt=now - timedelta(seconds=stale_after)) & quiet
 
 
-def _quiet_suspect() -> Q:
-    """Started and suspected, with no heartbeat since the suspicion."""
-    quiet = Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lte=F("suspected_at"))
-    return Q(status=C.STATUS_STARTED, suspected_at__isnull=False) & quiet
-
-
 def _looked_away(now: datetime, looked_within: float) -> Q:
     """Suspected, no heartbeat since, and not looked at for ``looked_within`` seconds: the store (or
-    every sweep and copy) was out of reach meanwhile, so the suspicion starts over."""
+    every sweep) was out of reach meanwhile, so the suspicion starts over."""
     if not math.isfinite(looked_within):
         return Q(pk__in=[])
-    return _quiet_suspect() & Q(updated_at__lt=now - timedelta(seconds=looked_within))
+    quiet = Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lte=F("suspected_at"))
+    return (
+        Q(status=C.STATUS_STARTED, suspected_at__isnull=False)
+        & quiet
+        & Q(updated_at__lt=now - timedelta(seconds=looked_within))
+    )
 
 
 class DjangoStore(DelayStore):
@@ -306,12 +305,10 @@ class DjangoStore(DelayStore):
         stale_after: float,
         prior_runs: Sequence[str] = (),
         leeway: float = math.inf,
-        looked_within: float = math.inf,
     ) -> StartResult:
         def run() -> StartResult:
             now = self.now()
-            away = _looked_away(now, looked_within)
-            taken_over = _dead(now, stale_after) & ~away if math.isfinite(looked_within) else _dead(now, stale_after)
+            taken_over = _dead(now, stale_after)
             if prior_runs:
                 taken_over |= Q(started_by__in=list(prior_runs))
             unstarted = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES))
@@ -327,10 +324,7 @@ class DjangoStore(DelayStore):
             )
             if won:
                 return StartResult("run")
-            suspected = mine.filter(_suspect(now, stale_after) | away).update(suspected_at=now, updated_at=now)
-            if not suspected and math.isfinite(looked_within):
-                # Still suspected: this look is recorded (updated_at), so the next one knows the store answered.
-                mine.filter(_quiet_suspect()).update(updated_at=now)
+            mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
             obj = objects.filter(id=task_id).first()
             row = None if obj is None else _row(obj)
             early = early_by(row, now, leeway)

@@ -157,9 +157,8 @@ class DelayRow:
     #: When a sweep or a redelivered copy first found the heartbeat stale. The run counts as dead only
     #: once it stays stale for another ``safe_time_lock_ttl`` after that (a heartbeat since clears it):
     #: a store outage stops every heartbeat at once, and the first look after it must not take over.
-    #: Each later look (a sweep's or a copy's) records itself in ``updated_at``; a sweep or a copy
-    #: starts the suspicion over when the previous look is too old (the store was unreachable between
-    #: them: see ``end_stale`` and ``start``).
+    #: Each later look records itself in ``updated_at``; the sweep starts the suspicion over when its
+    #: previous look is too old (the store was unreachable between them: see ``end_stale``).
     suspected_at: datetime | None = None
     #: The app (``safe_time_store_namespace``) that stored it; "" for a row stored before namespaces.
     namespace: str = C.LEGACY_STORE_NAMESPACE
@@ -393,7 +392,6 @@ class DelayStore(abc.ABC):
         stale_after: float,
         prior_runs: Sequence[str] = (),
         leeway: float = math.inf,
-        looked_within: float = math.inf,
     ) -> StartResult:
         """The conditional start of one delivery, one short transaction.
 
@@ -406,11 +404,6 @@ class DelayStore(abc.ABC):
         reply was lost). A first look at a stale heartbeat only sets ``suspected_at``. Winning sets
         ``started``, ``started_at``, ``heartbeat_at``, ``worker``, ``started_by=run_id`` and one more
         ``starts``. Otherwise the row is read to say why (:func:`start_verdict`).
-
-        ``looked_within``: as in :meth:`end_stale`, and the looks are shared: a suspected row that no
-        sweep and no copy looked at for more than ``looked_within`` seconds is suspected anew, not
-        taken over (the store was unreachable meanwhile, for the run's heartbeat too), and a start
-        that finds the row still suspected records its look (``updated_at``).
         """
 
     @abc.abstractmethod

@@ -129,26 +129,17 @@ class MemoryStore(DelayStore):
         stale_after: float,
         prior_runs: Sequence[str] = (),
         leeway: float = math.inf,
-        looked_within: float = math.inf,
     ) -> StartResult:
         with self._lock:
             now = self.now()
             row = self._rows.get(task_id)
             early = early_by(row, now, leeway)
             mine = row is not None and row.delivery_token == token
-            away = row is not None and _looked_away(row, now, looked_within)
-            if (
-                row is not None
-                and mine
-                and not early
-                and _startable(row, now, stale_after, prior_runs, looked_away=away)
-            ):
+            if row is not None and mine and not early and _startable(row, now, stale_after, prior_runs):
                 started = self._replace(row, **started_values(now, worker, run_id), starts=row.starts + 1)
                 return StartResult("run", started)
-            if row is not None and mine and (away or _suspect(row, now, stale_after)):
+            if row is not None and mine and _suspect(row, now, stale_after):
                 row = self._replace(row, suspected_at=now)
-            elif row is not None and mine and _quiet_suspect(row) and math.isfinite(looked_within):
-                row = self._replace(row)  # this look is recorded (updated_at): the store answered
             return StartResult(start_verdict(row, token, early), row, early)
 
     def _running(self, task_id: str, token: str, run_id: str) -> DelayRow | None:
@@ -359,28 +350,19 @@ def _dead(row: DelayRow, now: datetime, stale_after: float) -> bool:
 
 def _looked_away(row: DelayRow, now: datetime, looked_within: float) -> bool:
     """Suspected, no heartbeat since, and not looked at for ``looked_within`` seconds: start over."""
-    if not math.isfinite(looked_within) or not _quiet_suspect(row):
+    if not math.isfinite(looked_within) or row.status != C.STATUS_STARTED or row.suspected_at is None:
+        return False
+    if row.heartbeat_at is not None and row.heartbeat_at > row.suspected_at:
         return False
     return row.updated_at < now - timedelta(seconds=looked_within)
 
 
-def _quiet_suspect(row: DelayRow) -> bool:
-    """Started and suspected, with no heartbeat since the suspicion."""
-    if row.status != C.STATUS_STARTED or row.suspected_at is None:
-        return False
-    return row.heartbeat_at is None or row.heartbeat_at <= row.suspected_at
-
-
-def _startable(
-    row: DelayRow, now: datetime, stale_after: float, prior_runs: Sequence[str], *, looked_away: bool = False
-) -> bool:
+def _startable(row: DelayRow, now: datetime, stale_after: float, prior_runs: Sequence[str]) -> bool:
     if row.status in C.DELAY_STARTABLE_STATUSES:
         return True
     if row.status != C.STATUS_STARTED:
         return False
-    if row.started_by is not None and row.started_by in prior_runs:
-        return True
-    return not looked_away and _dead(row, now, stale_after)
+    return (row.started_by is not None and row.started_by in prior_runs) or _dead(row, now, stale_after)
 
 
 def _expired(row: DelayRow, now: datetime) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -17,11 +16,10 @@ from celery import Celery, chain
 from celery_safe_time import cancel, install, reschedule
 from celery_safe_time import constants as C
 from celery_safe_time.delays.backends import get_store
-from celery_safe_time.delays.backends.base import DelayRow
 from celery_safe_time.delays.backends.sql import SQLAlchemyStore, delays
 from celery_safe_time.delays.sweep import sweep
 from tests.apps.delays_tasks import define_tasks
-from tests.faults.proxy import TcpProxy, proxy_for
+from tests.faults.proxy import proxy_for
 from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
 from tests.helpers.services import RedisServer, broker_conf
@@ -466,51 +464,6 @@ def test_an_end_recorded_after_a_store_outage_longer_than_the_claim_timeout_runs
         store.close()
 
 
-#: The two tests below: a lock ttl of 3 s, and sweeps every second (a look more than 2 s after the
-#: previous one starts the suspicion over).
-TWICE_CUT_CONF: dict[str, Any] = {"safe_time_lock_ttl": 3.0, "safe_time_sweep_interval": 1}
-
-
-def _suspected_then_cut(
-    processes: ProcessManager,
-    redis_client: redis.Redis,
-    store: SQLAlchemyStore,
-    proxy: TcpProxy,
-    proxied_url: str,
-    app: Celery,
-    label: str,
-) -> DelayRow:
-    """A worker on the proxied store runs the stored ``tests.delays.slow`` row ``<label>-1``; the store
-    is cut as its body ends (its end goes on in the background); a short recovery for the sweeps
-    (straight to the database), one of which suspects the run; then the store is down again for
-    longer than the lock ttl (nobody looks, nothing is written) and stays cut. Returns the row as
-    it was started."""
-    lock_ttl = TWICE_CUT_CONF["safe_time_lock_ttl"]
-    worker = processes.worker(DELAYS_APP, name="w", env=env_for({**TWICE_CUT_CONF, "safe_time_store_url": proxied_url}))
-    worker.wait_for_log(r"ready\.", timeout=90)
-    payload = json.dumps({"args": [label, 1.0], "kwargs": {}, "options": {}}).encode()
-    store.bulk_insert(
-        [new_delay(f"{label}-1", store.now() - timedelta(seconds=1), task="tests.delays.slow", payload=payload)]
-    )
-    assert sweep(app).sent == 1
-    wait_for(lambda: runs(redis_client), timeout=60, message="the run to start")
-    proxy.cut()
-    worker.wait_for_log(r"the store is unreachable, recording it in the background", timeout=30)
-    started = store.get(f"{label}-1")
-    assert started is not None
-    assert started.heartbeat_at is not None
-    # The short recovery: a sweep finds the heartbeat stale and suspects the run (the worker's
-    # writes do not land in it).
-    time.sleep(max(0.0, lock_ttl + 0.5 - (store.now() - started.heartbeat_at).total_seconds()))
-    assert sweep(app).rerun == 0
-    suspected = store.get(f"{label}-1")
-    assert suspected is not None
-    assert suspected.suspected_at is not None
-    # Down again for longer than the lock ttl: nobody looks, nothing is written.
-    time.sleep(lock_ttl + 2)
-    return started
-
-
 def test_a_run_suspected_between_two_store_outages_is_not_run_again(
     processes: ProcessManager,
     postgres_url: str,
@@ -523,12 +476,36 @@ def test_a_run_suspected_between_two_store_outages_is_not_run_again(
     again, though its worker was alive and still trying to record its end: the suspicion had
     counted time in which no heartbeat could be written. Now that sweep suspects the run anew, and
     the worker's end lands while the store answers; one run."""
+    lock_ttl = 3.0
+    # Sweeps every second: a look more than 2 s after the previous one starts the suspicion over.
+    conf = {"safe_time_lock_ttl": lock_ttl, "safe_time_sweep_interval": 1}
     store = fresh_sql_store(postgres_url)
     proxy, proxied_url = proxy_for(postgres_url)
     try:
+        worker = processes.worker(DELAYS_APP, name="w", env=env_for({**conf, "safe_time_store_url": proxied_url}))
+        worker.wait_for_log(r"ready\.", timeout=90)
+        payload = json.dumps({"args": ["twice-cut", 1.0], "kwargs": {}, "options": {}}).encode()
+        store.bulk_insert(
+            [new_delay("twice-cut-1", store.now() - timedelta(seconds=1), task="tests.delays.slow", payload=payload)]
+        )
         # The sweeps go to the database directly, and only while the store is up for everyone.
-        app = test_app(make_app, safe_time_store_url=postgres_url, **TWICE_CUT_CONF)
-        _suspected_then_cut(processes, redis_client, store, proxy, proxied_url, app, "twice-cut")
+        app = test_app(make_app, safe_time_store_url=postgres_url, **conf)
+        assert sweep(app).sent == 1
+        wait_for(lambda: runs(redis_client), timeout=60, message="the run to start")
+        proxy.cut()
+        worker.wait_for_log(r"the store is unreachable, recording it in the background", timeout=30)
+        started = store.get("twice-cut-1")
+        assert started is not None
+        assert started.heartbeat_at is not None
+        # The short recovery: a sweep finds the heartbeat stale and suspects the run (the worker's
+        # writes do not land in it).
+        time.sleep(max(0.0, lock_ttl + 0.5 - (store.now() - started.heartbeat_at).total_seconds()))
+        assert sweep(app).rerun == 0
+        suspected = store.get("twice-cut-1")
+        assert suspected is not None
+        assert suspected.suspected_at is not None
+        # Down again for longer than the lock ttl: nobody looks, nothing is written.
+        time.sleep(lock_ttl + 2)
         proxy.restore()
         assert sweep(app).rerun == 0  # suspected anew: the outage does not count as silence
 
@@ -537,60 +514,9 @@ def test_a_run_suspected_between_two_store_outages_is_not_run_again(
             row = store.get("twice-cut-1")
             return row is not None and row.status != C.STATUS_STARTED
 
-        wait_for(ended, timeout=TWICE_CUT_CONF["safe_time_lock_ttl"] * 3, interval=0.3, message="the run's end")
+        wait_for(ended, timeout=lock_ttl * 3, interval=0.3, message="the run's end to be recorded")
         assert [r["label"] for r in runs(redis_client)] == ["twice-cut"]
         row = finished_row(store, "twice-cut-1")
-        assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
-    finally:
-        proxy.close()
-        store.close()
-
-
-def test_a_copy_arriving_after_a_store_outage_does_not_run_a_suspected_run_again(
-    processes: ProcessManager,
-    postgres_url: str,
-    redis_client: redis.Redis,
-    make_app: Callable[..., Celery],
-) -> None:
-    """The start path's side of the test above: a copy of the run's message (as a broker hands an
-    unacknowledged message out again) reaches another worker right after the second cut. Its start
-    used to take the suspected run over at once and run it a second time; now it suspects the run
-    anew and re-queues itself, the first worker's end lands once its store answers, and the copy is
-    dropped: one run."""
-    store = fresh_sql_store(postgres_url)
-    proxy, proxied_url = proxy_for(postgres_url)
-    try:
-        # The copy's worker reaches the database directly, and takes only the copy's queue.
-        copies = processes.worker(
-            DELAYS_APP,
-            "-Q",
-            "copies",
-            name="copies",
-            env=env_for({**TWICE_CUT_CONF, "safe_time_store_url": postgres_url}),
-        )
-        copies.wait_for_log(r"ready\.", timeout=90)
-        app = test_app(make_app, safe_time_store_url=postgres_url, **TWICE_CUT_CONF)
-        started = _suspected_then_cut(processes, redis_client, store, proxy, proxied_url, app, "copy-cut")
-        assert started.delivery_token
-        app.send_task(
-            "tests.delays.slow",
-            args=["copy-cut", 1.0],
-            task_id="copy-cut-1",
-            headers={C.HEADER_DELIVERY: started.delivery_token},
-            queue="copies",
-        )
-        # The copy's start decides: re-queued (the run is suspected anew), or the body runs again.
-        requeued = r"stored task tests\.delays\.slow\[copy-cut-1\] is running on"
-        wait_for(
-            lambda: re.search(requeued, copies.log()) or len(runs(redis_client)) > 1,
-            timeout=30,
-            message="the copy's start",
-        )
-        assert [r["label"] for r in runs(redis_client)] == ["copy-cut"], "the copy ran the suspected run again"
-        proxy.restore()
-        copies.wait_for_log(r"skipping a stale delivery of stored task tests\.delays\.slow\[copy-cut-1\]", timeout=30)
-        assert [r["label"] for r in runs(redis_client)] == ["copy-cut"]
-        row = finished_row(store, "copy-cut-1")
         assert (row.status, row.outcome, row.starts) == (C.STATUS_FINISHED, C.OUTCOME_SUCCEEDED, 1)
     finally:
         proxy.close()

@@ -1,5 +1,4 @@
-"""The sweep, or a copy of the run's message, takes a started run over only after it stayed silent
-while the store answered.
+"""The sweep takes a started run over only after it stayed silent while the store answered.
 
 A store outage stops every heartbeat, so time the store was unreachable must not count towards a
 run's staleness (fault soak, amqp seed 117620: a row suspected in a 1 s window between two cuts was
@@ -8,18 +7,14 @@ taken over right after the second cut, while its run was alive and recording its
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery import Celery
-from celery.exceptions import Ignore
 
 from celery_safe_time import constants as C
 from celery_safe_time.config import SafeTimeConfig
-from celery_safe_time.delays import delivery
 from celery_safe_time.delays.backends.memory import MemoryStore
-from celery_safe_time.delays.delivery import running_recheck
 from celery_safe_time.delays.maintenance import confirm_deliveries, suspicion_look_gap
 from celery_safe_time.delays.publish import SweepStats
 from tests.helpers.delays import new_delay
@@ -139,61 +134,3 @@ def test_the_look_gap_covers_the_sweep_interval_and_half_the_ttl() -> None:
     assert suspicion_look_gap(SafeTimeConfig(redis_url="redis://unused", lock_ttl=60.0, sweep_interval=5.0)) == 30.0
     # A sweep interval long against the ttl still lets sweeps on time take a dead run over.
     assert suspicion_look_gap(SafeTimeConfig(redis_url="redis://unused", lock_ttl=10.0, sweep_interval=8.0)) == 16.0
-
-
-def test_the_look_gap_holds_a_copys_longest_recheck() -> None:
-    """A copy that finds the run alive comes back within the gap, with room for the broker: its
-    own looks keep a suspicion going when no sweep looks (a copy alone can take a dead run over)."""
-    for ttl, interval in ((60.0, 5.0), (3.0, 1.0), (10.0, 8.0)):
-        config = SafeTimeConfig(redis_url="redis://unused", lock_ttl=ttl, sweep_interval=interval)
-        longest = max(running_recheck(config) for _ in range(200))
-        assert ttl / 3 <= longest <= ttl * 5 / 12 < suspicion_look_gap(config)
-
-
-@pytest.fixture
-def copy_of(app: Celery, monkeypatch: pytest.MonkeyPatch) -> Callable[[ClockedStore, str], bool]:
-    """A redelivered copy of the run's message through ``run_delivery``: True when its body ran."""
-    app.conf.update(safe_time_lock_ttl=TTL, safe_time_sweep_interval=1.0, safe_time_redis_url="redis://unused")
-    task = app.tasks["tests.delays.record"]
-
-    def copy(store: ClockedStore, token: str) -> bool:
-        monkeypatch.setattr(delivery, "get_store", lambda _app: store)
-        monkeypatch.setattr(delivery, "_requeue", lambda *args, **kwargs: None)  # the copy's re-queue
-        ran: list[bool] = []
-        task.push_request(id="run", headers={C.HEADER_DELIVERY: token}, hostname="copy-host")
-        try:
-            delivery.run_delivery(task, token, lambda: ran.append(True))
-        except Ignore:
-            pass
-        finally:
-            task.pop_request()
-        return bool(ran)
-
-    return copy
-
-
-def test_a_copy_after_a_store_outage_does_not_take_the_run_over(
-    copy_of: Callable[[ClockedStore, str], bool],
-) -> None:
-    """The start path follows the sweep's rule: a run suspected before an outage (by a sweep or a
-    copy) is not taken over by the first copy after it, which would run it beside its live worker
-    still recording its end; only a ttl of silence while the store answers the copies' looks does."""
-    store = ClockedStore()
-    token = _started(store)
-    store.advance(TTL + 1)
-    assert not copy_of(store, token)  # suspected
-    store.advance(TTL * 2)  # the store is unreachable: nobody looks, nothing is written
-    assert not copy_of(store, token)  # suspected anew, not taken over
-    row = store.get("run")
-    assert row is not None
-    assert (row.status, row.started_by, row.suspected_at) == (C.STATUS_STARTED, "run-1", store.now())
-    # Copies alone, each back at its longest recheck: the dead run is taken over one ttl later.
-    waited = 0.0
-    while not copy_of(store, token):
-        store.advance(TTL * 5 / 12)
-        waited += TTL * 5 / 12
-        assert waited <= TTL * 1.5, "copies that look on time must take a dead run over"
-    assert waited > TTL
-    row = store.get("run")
-    assert row is not None
-    assert (row.started_by != "run-1", row.starts) == (True, 2)

@@ -47,23 +47,18 @@ def dead(now: Now, stale_after: float) -> sa.ColumnElement[bool]:
     )
 
 
-def quiet_suspect() -> sa.ColumnElement[bool]:
-    """Started and suspected, with no heartbeat since the suspicion."""
+def looked_away(now: Now, looked_within: float) -> sa.ColumnElement[bool]:
+    """Suspected, with no heartbeat since, and not looked at for ``looked_within`` seconds: the store
+    (or every sweep) was out of reach meanwhile, so the suspicion starts over (see ``DelayStore.end_stale``)."""
     t = delays
+    if not math.isfinite(looked_within):
+        return sa.false()
     return sa.and_(
         status_is(C.STATUS_STARTED),
         t.c.suspected_at.is_not(None),
         sa.or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at <= t.c.suspected_at),
+        t.c.updated_at < _ago(now, looked_within),
     )
-
-
-def looked_away(now: Now, looked_within: float) -> sa.ColumnElement[bool]:
-    """Suspected, with no heartbeat since, and not looked at for ``looked_within`` seconds: the store
-    (or every sweep and copy) was out of reach meanwhile, so the suspicion starts over (see
-    ``DelayStore.end_stale`` and ``DelayStore.start``)."""
-    if not math.isfinite(looked_within):
-        return sa.false()
-    return sa.and_(quiet_suspect(), delays.c.updated_at < _ago(now, looked_within))
 
 
 def older(before: datetime, statuses: frozenset[str]) -> sa.ColumnElement[bool]:
@@ -88,20 +83,15 @@ def start_update(
     takeover: sa.ColumnElement[bool] | None,
     starts: sa.ColumnElement[Any],
     leeway: float = math.inf,
-    looked_within: float = math.inf,
 ) -> sa.Update:
     """The conditional start that decides the one run: a row not started yet, or a started one whose run
-    is dead (and was looked at within ``looked_within`` seconds: see ``DelayStore.start``) or matches
-    ``takeover`` (run ids of this delivery's earlier copies).
+    is dead or matches ``takeover`` (run ids of this delivery's earlier copies).
 
     Values are Python values or binds (:func:`bind`). ``starts`` is the new start count: MySQL applies
     SET assignments left to right, so an expression there that reads ``started_by`` would see the new one.
     """
     t = delays
-    gone = dead(now, stale_after)
-    if math.isfinite(looked_within):
-        gone = sa.and_(gone, sa.not_(looked_away(now, looked_within)))
-    taken_over = sa.or_(gone, *([takeover] if takeover is not None else []))
+    taken_over = sa.or_(dead(now, stale_after), *([takeover] if takeover is not None else []))
     unstarted: sa.ColumnElement[bool] = t.c.status.in_(sorted(C.DELAY_STARTABLE_STATUSES))
     if math.isfinite(leeway):
         # Not before it is due by the store's clock: a message published ahead with its eta reaches

@@ -53,7 +53,6 @@ from .statements import (
     older,
     prepared_hand_back,
     prepared_heartbeat,
-    quiet_suspect,
     stale_heartbeat,
     start_update,
     suspect,
@@ -413,7 +412,6 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
         stale_after: float,
         prior_runs: Sequence[str] = (),
         leeway: float = math.inf,
-        looked_within: float = math.inf,
     ) -> StartResult:
         t = delays
         worker = worker[: C.DELIVERY_WORKER_LENGTH]
@@ -441,51 +439,31 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
                     takeover=t.c.started_by == sa.any_(bind("takeover", postgresql.ARRAY(sa.String))),
                     starts=sa.case((t.c.started_by == own, t.c.starts), else_=t.c.starts + 1),
                     leeway=leeway,
-                    looked_within=looked_within,
                 )
 
-            key = ("start", stale_after, leeway, looked_within)
-            if self._record_write(writes, key, build, params, durable=True) == 1:
+            if self._record_write(writes, ("start", stale_after, leeway), build, params, durable=True) == 1:
                 return StartResult("run")
             with self._statement_clock() as (conn, now):
-                return self._lost_start(conn, now, task_id, token, stale_after, leeway, looked_within)
+                return self._lost_start(conn, now, task_id, token, stale_after, leeway)
         with self._statement_clock() as (conn, now):
             takeover = t.c.started_by.in_(list(prior_runs)) if prior_runs else None
             started = start_update(
-                task_id,
-                token,
-                run_id,
-                worker,
-                now,
-                stale_after,
-                takeover,
-                t.c.starts + 1,
-                leeway=leeway,
-                looked_within=looked_within,
+                task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1, leeway=leeway
             )
             if conn.execute(started).rowcount == 1:
                 return StartResult("run")
-            return self._lost_start(conn, now, task_id, token, stale_after, leeway, looked_within)
+            return self._lost_start(conn, now, task_id, token, stale_after, leeway)
 
     def _lost_start(
-        self,
-        conn: Connection,
-        now: Now,
-        task_id: str,
-        token: str,
-        stale_after: float,
-        leeway: float = math.inf,
-        looked_within: float = math.inf,
+        self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float, leeway: float = math.inf
     ) -> StartResult:
-        """Why a start did not win; a stale heartbeat seen here for the first time becomes a suspicion,
-        as does a suspicion nobody looked at for ``looked_within`` seconds; a suspicion still standing
-        gets this look recorded (``updated_at``)."""
+        """Why a start did not win; a stale heartbeat seen here for the first time becomes a suspicion."""
         t = delays
-        mine = sa.and_(t.c.id == task_id, t.c.delivery_token == token)
-        restart = sa.or_(suspect(now, stale_after), looked_away(now, looked_within))
-        suspected = conn.execute(sa.update(t).where(mine, restart).values(suspected_at=now, updated_at=now)).rowcount
-        if not suspected and math.isfinite(looked_within):
-            conn.execute(sa.update(t).where(mine, quiet_suspect()).values(updated_at=now))
+        conn.execute(
+            sa.update(t)
+            .where(t.c.id == task_id, t.c.delivery_token == token, suspect(now, stale_after))
+            .values(suspected_at=now)
+        )
         mapping = conn.execute(sa.select(t).where(t.c.id == task_id)).mappings().first()
         row = None if mapping is None else DelayRow.from_mapping(mapping)
         early = 0.0

@@ -532,6 +532,8 @@ LOCK_DONE_TTL_MARGIN: Final = 60.0
 #: A body that returned gets its idempotency marker recorded: the commit is retried after each
 #: of these pauses (about 30 s in all) before the failure is reported (log + signal).
 IDEMPOTENT_COMMIT_RETRY_DELAYS: Final = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 8.0, 10.0)
+#: The shortest pause between commit attempts near the end of the in-progress lease.
+IDEMPOTENT_COMMIT_MIN_PAUSE: Final = 0.1
 
 
 # === unique tasks (``SafeTask`` options ``unique=``, ``unique_until=``, ``unique_ttl=``) ==========

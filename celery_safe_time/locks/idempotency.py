@@ -111,13 +111,22 @@ class IdempotentLock(TaskLock):
         finished: tuple[str, float] | None,
         failed: BaseException | None = None,
     ) -> None:
-        """Commit, trying again through an outage; ``failed``: the first try already failed so."""
+        """Commit, trying again through an outage; ``failed``: the first try already failed so.
+
+        The pauses follow ``commit_delays`` (their sum is the budget) but stay under a third of what
+        is left of the lease: the body's renewals stopped when it returned, and once the lease ends
+        another call may take the key and run it. A backend back before then is tried again in time.
+        """
         # The body has had its effect. Failing the task now would invite a retry (a second run),
         # so keep trying to write the marker through an outage; the commit is safe to repeat (a
         # marker holding our token counts as ours). The in-progress lock blocks others meanwhile.
         error = failed
-        pauses = (*self.commit_delays, None)
-        for attempt, pause in enumerate(pauses, start=1):
+        budget = sum(self.commit_delays)
+        scheduled = iter(self.commit_delays)
+        paused = 0.0
+        attempt = 0
+        while True:
+            attempt += 1
             if error is None:
                 try:
                     recorded, _released = held.store.commit(
@@ -128,6 +137,10 @@ class IdempotentLock(TaskLock):
                 else:
                     self._recorded(recorded, marker, call)
                     return
+            lease_left = held.lease_ends_at() - held.store.lease_clock()
+            pause = commit_pause(
+                next(scheduled, self.commit_delays[-1] if self.commit_delays else 0.0), budget - paused, lease_left
+            )
             if pause is None:
                 logger.error(
                     "task %s succeeded but idempotency key %r could NOT be recorded after %d attempts (%s: %s):"
@@ -150,12 +163,31 @@ class IdempotentLock(TaskLock):
                 error,
             )
             self.sleep(pause)
+            paused += pause
             error = None
 
     @staticmethod
     def _recorded(recorded: bool, marker: str, call: Call) -> None:
         if not recorded:
             logger.warning("idempotency key %r was already recorded when %s finished", marker, call.task_id)
+
+
+def commit_pause(scheduled: float, budget_left: float, lease_left: float) -> float | None:
+    """The pause before the next commit attempt, or None to give up.
+
+    ``scheduled``: the next of ``commit_delays`` (the last one again once they are used up and budget
+    is left: pauses cut short by the lease leave some). ``lease_left``: seconds until the in-progress
+    lease ends; while it runs the pause stays under a third of it (at least
+    ``IDEMPOTENT_COMMIT_MIN_PAUSE``), so attempts come closer together as it nears its end instead of
+    one long pause passing it.
+    """
+    if budget_left <= 1e-9:
+        return None
+    # (a scheduled pause that fits the budget is kept as written: no float drift from the subtraction)
+    pause = scheduled if scheduled <= budget_left + 1e-9 else budget_left
+    if lease_left > 0:
+        pause = min(pause, max(C.IDEMPOTENT_COMMIT_MIN_PAUSE, lease_left / 3.0))
+    return pause
 
 
 def idempotent(

@@ -365,6 +365,12 @@ class HeldLock:
             clock=self.store.lease_clock,
         ).start(self.leased_at)
 
+    def lease_ends_at(self) -> float:
+        """When the lease the last successful renewal (or the acquire) asked for ends, on ``store.lease_clock``."""
+        if self._watchdog is not None:
+            return self._watchdog.last_ok + self.ttl
+        return (self.store.lease_clock() if self.leased_at is None else self.leased_at) + self.ttl
+
     def stop(self) -> None:
         """Stop renewing and cancel a pending interrupt (the body has returned)."""
         if self._watchdog is not None:

@@ -219,9 +219,10 @@ def bench_burst(redis_url: str, n: int) -> dict[str, Any]:
 
     client = redis.Redis.from_url(redis_url)
     out: dict[str, Any] = {"entries": n, "load average": os.getloadavg()[0]}
+    app = _app(redis_url)
     for mode in ("batched", "unbatched"):
         client.flushdb()
-        save_entries(_burst_specs(n), app=_app(redis_url))
+        save_entries(_burst_specs(n), app=app)
         out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"))
         if "error" not in out[mode]:
             out[mode].update(_count_once(client, n))
@@ -317,7 +318,11 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {int(key):,} | {label} | {f['s']} / {f['cpu_s']} | {t['s']} / {t['cpu_s']} "
                 f"| +{m['rss after takeover MB']} | {rate} |"
             )
-    lines += ["", burst_markdown(results.get("burst", {}))]
+    if len(lines) == 2:  # only the burst was measured (--burst-only)
+        lines = []
+    else:
+        lines.append("")
+    lines.append(burst_markdown(results.get("burst", {})))
     return "\n".join(lines)
 
 

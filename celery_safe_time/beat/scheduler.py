@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -43,6 +45,24 @@ from .state import dump_state, load_state, state_next
 logger = logging.getLogger(__name__)
 
 __all__ = ["SafeScheduler"]
+
+
+@contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """The cyclic garbage collector off for the block when ``pause`` (and it was on).
+
+    A chunk of a burst (up to BEAT_DUE_BATCH entries due at once) builds its entries and publishes
+    their messages: thousands of short-lived objects, freed by their reference counts, over which the
+    collector's passes cost a tenth of the tick's CPU. It runs again once the chunk is out.
+    """
+    collecting = pause and gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class SafeScheduler(ReplanningScheduler, Scheduler):
@@ -143,10 +163,11 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
                 logger.warning("beat: %s; reconciling the schedule", lost)
                 self.reconcile(epoch, now, full=True)
                 due, _, _, head = self._read_due(now)
-            if self.lazy:  # the definitions of the due entries, where this leader has not built them
-                self._load([n for n, _ in due if n not in self.runtime and n not in self.config_names])
-            if not self.fire_due(due, now, epoch):
-                return self.granularity
+            with _collector_paused(len(due) >= C.BEAT_BURST_NO_GC):
+                if self.lazy:  # the definitions of the due entries, where this leader has not built them
+                    self._load([n for n, _ in due if n not in self.runtime and n not in self.config_names])
+                if not self.fire_due(due, now, epoch):
+                    return self.granularity
             if len(due) == C.BEAT_DUE_BATCH:
                 return 0.0
             if due:  # the fired entries moved on: the next one due is somewhere else now
@@ -358,24 +379,14 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         allow are published: a tick with N entries due costs one backend round trip, not N.
         """
         planned: list[tuple[float, SlotWrite]] = []  # (the due slot it came from, the write)
-        # A chunk of a burst (BEAT_DUE_BATCH entries due at once) makes thousands of short-lived objects
-        # per tick, freed by their reference counts: the cyclic collector's passes over them cost a
-        # tenth of the tick's CPU. It runs again once the chunk is out.
-        collecting = len(due) >= C.BEAT_BURST_NO_GC and gc.isenabled()
-        if collecting:
-            gc.disable()
-        try:
-            for name, slot in self._due_slots(due):
-                try:
-                    planned.extend((slot, write) for write in self.plan_entry(name, slot, now))
-                except self.backend_errors:
-                    raise
-                except Exception:
-                    logger.exception("beat: entry %r failed; the other entries keep firing", name)
-            return self.write_and_publish(planned, epoch)
-        finally:
-            if collecting:
-                gc.enable()
+        for name, slot in self._due_slots(due):
+            try:
+                planned.extend((slot, write) for write in self.plan_entry(name, slot, now))
+            except self.backend_errors:
+                raise
+            except Exception:
+                logger.exception("beat: entry %r failed; the other entries keep firing", name)
+        return self.write_and_publish(planned, epoch)
 
     def _due_slots(self, due: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """The slots of the due entries: the due score itself, except for jittered entries, whose

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,20 @@ def run(quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = 
     return results
 
 
+def _measured(
+    key: str, r: dict[str, Any], fields: tuple[tuple[str, str], ...], lines: list[str]
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(row label, field, measurement) of the fields ``r`` holds; a failed one is an error row in ``lines``."""
+    for label, field in fields:
+        m = r.get(field)
+        if not m:
+            continue
+        if "error" in m:
+            lines.append(f"| {int(key):,} | {label} | error | | | |")
+            continue
+        yield label, field, m
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "| entries | leader | fresh leader's first tick, wall / CPU (s) | takeover's first tick, wall / CPU (s) "
@@ -303,13 +318,9 @@ def markdown(results: dict[str, Any]) -> str:
     for key, r in results.items():
         if not key.isdigit():
             continue
-        for label, field in (("reads only due", "reads only due"), ("loads all (before)", "loads all")):
-            m = r.get(field)
-            if not m:
-                continue
-            if "error" in m:
-                lines.append(f"| {int(key):,} | {label} | error | | | |")
-                continue
+        for label, field, m in _measured(
+            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines
+        ):
             f, t = m["fresh"], m["takeover"]
             rate = ""
             if field == "reads only due":
@@ -334,13 +345,9 @@ def burst_markdown(bursts: dict[str, Any]) -> str:
         "|---:|---|---:|---:|---:|---:|",
     ]
     for key, r in bursts.items():
-        for label, field in (("a chunk per round trip", "batched"), ("one round trip per slot", "unbatched")):
-            m = r.get(field)
-            if not m:
-                continue
-            if "error" in m:
-                lines.append(f"| {int(key):,} | {label} | error | | | |")
-                continue
+        for label, _, m in _measured(
+            key, r, (("a chunk per round trip", "batched"), ("one round trip per slot", "unbatched")), lines
+        ):
             lines.append(
                 f"| {int(key):,} | {label} | {m['to last publish s']} | {m['per s']:,} | {m['cpu_s']} "
                 f"| {m['once']:,} / {m['twice or more']} / {m['missing']} |"

@@ -1,4 +1,4 @@
-"""The 09:00 burst on Redis: every tenant's entry due in the same minute, fired by one leader that
+"""The 09:00 burst (Redis broker; Redis and PostgreSQL coordination): every tenant's entry due in the same minute, fired by one leader that
 reads only what is due, a chunk at a time (one guard round trip and one broker round trip per chunk),
 each slot exactly once; a leader that loses its lease half way publishes none of the rest. Small
 size (2,000 entries) with the leader's threshold lowered, so the behaviour at scale is what runs;
@@ -54,9 +54,9 @@ def _nine(now: float) -> float:
     return nine.timestamp()
 
 
-@pytest.fixture
-def app(make_app: Callable[..., Celery]) -> Celery:
-    app = make_app(safe_time_beat_lease=3, beat_schedule={})
+def _burst_app(make_app: Callable[..., Celery], **conf: Any) -> Celery:
+    """An app with ``TENANTS`` runtime entries, all daily at 09:00 in ``ZONE``."""
+    app = make_app(safe_time_beat_lease=3, beat_schedule={}, **conf)
     app.task(name="t.burst_noop", shared=False)(_noop)
     cron = {
         "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
@@ -65,6 +65,11 @@ def app(make_app: Callable[..., Celery]) -> Celery:
     entries = [{"name": f"tenant-{i}", "task": "t.burst_noop", "schedule": cron, "args": [i]} for i in range(TENANTS)]
     assert save_entries(entries, app=app) == TENANTS
     return app
+
+
+@pytest.fixture
+def app(make_app: Callable[..., Celery]) -> Celery:
+    return _burst_app(make_app)
 
 
 def _leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
@@ -77,7 +82,7 @@ def _leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
     clock = _ShiftedClock(real, nine - 600 - real.time())
     sched.clock = clock
     wait_for(lambda: (sched.tick(), sched._reconciled is not None)[1], 30, interval=0.05, message="the plan")
-    assert sched.lazy
+    assert sched.lazy == sched.backend.reads_due_only  # PostgreSQL coordination loads every entry
     assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
     clock.shift = nine - 0.1 - real.time()
     return sched, nine
@@ -101,8 +106,13 @@ def _batches(caplog: pytest.LogCaptureFixture) -> list[int]:
 
 
 def test_a_burst_is_published_in_chunks_each_slot_exactly_once(
-    app: Celery, tmp_path: Path, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+    make_app: Callable[..., Celery],
+    coordination: dict[str, Any],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    app = _burst_app(make_app, **coordination)
     caplog.set_level(logging.DEBUG, logger="celery_safe_time.beat.scheduler")
     sched, nine = _leader_at_nine(app, tmp_path)
     try:

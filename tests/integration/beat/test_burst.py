@@ -1,8 +1,9 @@
-"""The 09:00 burst (Redis broker; Redis and PostgreSQL coordination): every tenant's entry due in the same minute, fired by one leader that
-reads only what is due, a chunk at a time (one guard round trip and one broker round trip per chunk),
-each slot exactly once; a leader that loses its lease half way publishes none of the rest. Small
-size (2,000 entries) with the leader's threshold lowered, so the behaviour at scale is what runs;
-the leader's clock is moved to just before 09:00 instead of waiting for it."""
+"""The 09:00 burst (Redis broker; Redis and PostgreSQL coordination): every tenant's entry due in the
+same minute, fired by one leader a chunk at a time (one guard round trip and one broker round trip
+per chunk; on Redis it reads only what is due), each slot exactly once; a leader that loses its lease
+half way publishes none of the rest. Small size (2,000 entries) with the leader's threshold lowered,
+so the behaviour at scale is what runs; the leader's clock is moved to just before 09:00 instead of
+waiting for it."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ And the 09:00 burst (100,000 entries; ``--quick``: 2,000): every entry daily at 
 fresh leader plans them, its clock is moved to just before 09:00 (no waiting for it), and it ticks until
 every slot is published: the time from 09:00 to the last publish, the slots per second, the leader's
 CPU, and each entry's messages counted in the broker queue (exactly once). Beside it, the same burst
-published with one broker round trip per slot (what a transport without batches gets).
+published with one broker round trip per slot (what a transport without batches gets), and the
+batched burst on PostgreSQL coordination (a fresh database; the broker stays Redis).
 
 ``python -m benchmarks.beat_scale [--quick] [--sizes 10000,100000,1000000] [--burst-only 100000]``;
 needs the local Redis.
@@ -45,13 +46,15 @@ _ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney",
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _app(redis_url: str) -> Any:
+def _app(redis_url: str, coordination: str | None = None) -> Any:
     from celery import Celery
 
     app = Celery("bench", set_as_current=False)
     app.conf.update(
         broker_url=redis_url, timezone="UTC", beat_max_loop_interval=1, safe_time_beat_lease=6, beat_schedule={}
     )
+    if coordination:  # PostgreSQL coordination (the broker stays Redis)
+        app.conf.update(safe_time_coordination_url=coordination, safe_time_key_prefix="bench-burst:")
 
     @app.task(name="bench.noop")
     def noop(*args: Any) -> None:  # pragma: no cover - never executed, only published
@@ -150,12 +153,12 @@ def _next_nine(now: float) -> float:
     return nine.timestamp()
 
 
-def burst_child(redis_url: str, n: int, unbatched: bool) -> dict[str, Any]:
+def burst_child(redis_url: str, n: int, unbatched: bool, coordination: str | None = None) -> dict[str, Any]:
     """In a process of its own: plan ``n`` entries due at 09:00, move the leader's clock to just
     before it, and tick until every slot is published; time from 09:00 to the last publish."""
     from celery_safe_time.beat.scheduler import SafeScheduler
 
-    app = _app(redis_url)
+    app = _app(redis_url, coordination)
     out: dict[str, Any] = {"entries": n}
     with tempfile.TemporaryDirectory() as tmp:
         sched = SafeScheduler(app=app, schedule_filename=str(Path(tmp) / "burst"), max_interval=1)
@@ -215,16 +218,18 @@ def _count_once(client: redis.Redis, n: int) -> dict[str, int]:
     }
 
 
-def bench_burst(redis_url: str, n: int) -> dict[str, Any]:
+def bench_burst(redis_url: str, n: int, postgres_url: str | None = None) -> dict[str, Any]:
+    """The burst batched and one round trip per slot on Redis coordination, and batched on PostgreSQL
+    coordination when ``postgres_url`` is given (a fresh database: nothing else under its prefix)."""
     from celery_safe_time import save_entries
 
     client = redis.Redis.from_url(redis_url)
     out: dict[str, Any] = {"entries": n, "load average": os.getloadavg()[0]}
-    app = _app(redis_url)
-    for mode in ("batched", "unbatched"):
+    modes = [("batched", None), ("unbatched", None)] + ([("postgres", postgres_url)] if postgres_url else [])
+    for mode, coordination in modes:
         client.flushdb()
-        save_entries(_burst_specs(n), app=app)
-        out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"))
+        save_entries(_burst_specs(n), app=_app(redis_url, coordination))
+        out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"), coordination=coordination)
         if "error" not in out[mode]:
             out[mode].update(_count_once(client, n))
     client.flushdb()
@@ -239,13 +244,17 @@ def _reset_schedule(client: redis.Redis, prefix: str) -> None:
         client.delete(key)
 
 
-def _child(redis_url: str, lazy: bool, burst: tuple[int, bool] | None = None) -> dict[str, Any]:
+def _child(
+    redis_url: str, lazy: bool, burst: tuple[int, bool] | None = None, coordination: str | None = None
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url]
     if not lazy:
         args.append("--load-all")
     if burst is not None:
         args += ["--burst", str(burst[0])] + (["--unbatched"] if burst[1] else [])
+    if coordination:
+        args += ["--coordination", coordination]
     done = subprocess.run(args, capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=3600, check=False)
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
@@ -288,7 +297,12 @@ def run(quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = 
             # the load-all leader beside it up to 100,000 (at a million it takes half a minute and 2 GB)
             results[str(n)] = bench_size(claim.url, n, baseline=n <= 100_000)
         burst_sizes = bursts or (BURST_SIZES_QUICK if quick else BURST_SIZES)
-        results["burst"] = {str(n): bench_burst(claim.url, n) for n in burst_sizes}
+        db = services.PostgresDatabase(services.resolve_postgres_admin_url())
+        try:
+            postgres_url = db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+            results["burst"] = {str(n): bench_burst(claim.url, n, postgres_url) for n in burst_sizes}
+        finally:
+            db.drop()
     finally:
         redis.Redis.from_url(claim.url).flushdb()
         claim.release()
@@ -337,6 +351,13 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_BURST_ROWS = (
+    ("a chunk per round trip", "batched"),
+    ("one round trip per slot", "unbatched"),
+    ("a chunk per round trip, PostgreSQL coordination", "postgres"),
+)
+
+
 def burst_markdown(bursts: dict[str, Any]) -> str:
     """The 09:00 burst table: batched (this release) beside one publish round trip per slot."""
     lines = [
@@ -345,9 +366,7 @@ def burst_markdown(bursts: dict[str, Any]) -> str:
         "|---:|---|---:|---:|---:|---:|",
     ]
     for key, r in bursts.items():
-        for label, _, m in _measured(
-            key, r, (("a chunk per round trip", "batched"), ("one round trip per slot", "unbatched")), lines
-        ):
+        for label, _, m in _measured(key, r, _BURST_ROWS, lines):
             lines.append(
                 f"| {int(key):,} | {label} | {m['to last publish s']} | {m['per s']:,} | {m['cpu_s']} "
                 f"| {m['once']:,} / {m['twice or more']} / {m['missing']} |"
@@ -363,10 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-all", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--burst", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--unbatched", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--coordination", default=None, help=argparse.SUPPRESS)  # the child: PostgreSQL URL
     parser.add_argument("--burst-only", default=None, help="Only the 09:00 burst, of these sizes (comma-separated).")
     args = parser.parse_args(argv)
     if args.leader and args.burst:
-        print(json.dumps(burst_child(args.leader, args.burst, args.unbatched)))
+        print(json.dumps(burst_child(args.leader, args.burst, args.unbatched, args.coordination)))
         return 0
     if args.leader:
         print(json.dumps(leader_child(args.leader, lazy=not args.load_all)))

@@ -11,7 +11,15 @@ Per size, in the same run and on the same stored entries:
   ``BEAT_LAZY_ENTRIES`` runtime entries on) and one that loads every entry (``lazy_threshold``
   raised past the count: what every leader did before), each in a process of its own so RSS is its own.
 
-``python -m benchmarks.beat_scale [--quick] [--sizes 10000,100000,1000000]``; needs the local Redis.
+And the 09:00 burst (100,000 entries; ``--quick``: 2,000): every entry daily at 09:00 in one zone, a
+fresh leader plans them, its clock is moved to just before 09:00 (no waiting for it), and it ticks until
+every slot is published: the time from 09:00 to the last publish, the slots per second, the leader's
+CPU, and each entry's messages counted in the broker queue (exactly once). Beside it, the same burst
+published with one broker round trip per slot (what a transport without batches gets), and the
+batched burst on PostgreSQL coordination (a fresh database; the broker stays Redis).
+
+``python -m benchmarks.beat_scale [--quick] [--sizes 10000,100000,1000000] [--burst-only 100000]``;
+needs the local Redis.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +46,18 @@ _ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney",
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _app(redis_url: str) -> Any:
+def _app(redis_url: str, coordination: str | None = None) -> Any:
     from celery import Celery
 
     app = Celery("bench", set_as_current=False)
     app.conf.update(
         broker_url=redis_url, timezone="UTC", beat_max_loop_interval=1, safe_time_beat_lease=6, beat_schedule={}
     )
+    if coordination:  # PostgreSQL coordination (the broker stays Redis)
+        app.conf.update(safe_time_coordination_url=coordination, safe_time_key_prefix="bench-burst:")
 
     @app.task(name="bench.noop")
-    def noop() -> None:  # pragma: no cover - never executed, only published
+    def noop(*args: Any) -> None:  # pragma: no cover - never executed, only published
         return None
 
     return app
@@ -98,6 +109,133 @@ def leader_child(redis_url: str, lazy: bool) -> dict[str, Any]:
     return out
 
 
+BURST_SIZES = (100_000,)
+BURST_SIZES_QUICK = (2_000,)
+BURST_ZONE = "Europe/Berlin"
+#: how long before 09:00 the leader is planned, and how long before it the firing loop starts
+BURST_PLAN_AHEAD = 300.0
+BURST_LEAD = 1.0
+#: how long after 09:00 the benchmark stops waiting for the rest of the slots
+BURST_GIVE_UP = 300.0
+
+
+def _burst_specs(n: int) -> list[dict[str, Any]]:
+    """``n`` tenants, all daily at 09:00 in one zone: one minute with every entry due."""
+    cron = {
+        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
+        "month_of_year": "*", "tz": BURST_ZONE,
+    }  # fmt: skip
+    return [{"name": f"tenant-{i}", "task": "bench.noop", "schedule": cron, "args": [i]} for i in range(n)]
+
+
+class _ShiftedClock:
+    """The scheduler's clock moved by ``shift`` seconds: 09:00 comes when the benchmark wants it."""
+
+    def __init__(self, clock: Any, shift: float) -> None:
+        self.clock, self.shift = clock, shift
+
+    def time(self) -> float:
+        return float(self.clock.time()) + self.shift
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.clock, name)
+
+
+def _next_nine(now: float) -> float:
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(BURST_ZONE)
+    local = datetime.fromtimestamp(now, zone)
+    nine = local.replace(hour=9, minute=0, second=0, microsecond=0)
+    if nine.timestamp() <= now + BURST_PLAN_AHEAD:
+        nine = (nine + timedelta(days=1)).replace(hour=9)
+    return nine.timestamp()
+
+
+def burst_child(redis_url: str, n: int, unbatched: bool, coordination: str | None = None) -> dict[str, Any]:
+    """In a process of its own: plan ``n`` entries due at 09:00, move the leader's clock to just
+    before it, and tick until every slot is published; time from 09:00 to the last publish."""
+    from celery_safe_time.beat.scheduler import SafeScheduler
+
+    app = _app(redis_url, coordination)
+    out: dict[str, Any] = {"entries": n}
+    with tempfile.TemporaryDirectory() as tmp:
+        sched = SafeScheduler(app=app, schedule_filename=str(Path(tmp) / "burst"), max_interval=1)
+        sched.lazy_threshold = min(sched.lazy_threshold, n // 2)  # a small run reads only due entries too
+        if unbatched:  # one publish round trip per slot (what a broker without batches gets)
+
+            def one_by_one(allowed: list[tuple[Any, float]], epoch: int) -> None:
+                for entry, slot in allowed:
+                    sched.publish(entry, slot, epoch)
+
+            sched.publish_many = one_by_one  # type: ignore[method-assign]
+        deadline = time.monotonic() + 30
+        while sched.keeper.epoch is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        real = sched.clock
+        nine = _next_nine(real.time())
+        clock = _ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
+        sched.clock = clock
+        out["plan"] = _timed(sched.tick)  # a fresh leader plans every entry: next slot 09:00
+        out["reads only due"] = sched.lazy
+        clock.shift = nine - BURST_LEAD - real.time()
+        client = redis.Redis.from_url(redis_url)
+        queued = client.llen("celery")
+        cpu = time.process_time()
+        ticks = 0
+        last = nine
+        while clock.time() < nine + BURST_GIVE_UP:
+            sent_before = client.llen("celery")
+            wait = sched.tick()
+            ticks += 1
+            sched_sent = client.llen("celery")
+            if sched_sent > sent_before:
+                last = clock.time()
+            if sched_sent - queued >= n and clock.time() > nine:
+                break
+            if wait > 0:
+                time.sleep(min(wait, 0.05))
+        out["cpu_s"] = round(time.process_time() - cpu, 3)
+        out["ticks"] = ticks
+        out["to last publish s"] = round(last - nine, 3)
+        out["published"] = client.llen("celery") - queued
+        out["per s"] = round(out["published"] / max(last - nine, 1e-6))
+        sched.close()
+    return out
+
+
+def _count_once(client: redis.Redis, n: int) -> dict[str, int]:
+    """How many of the ``n`` entries' 09:00 slots the queue holds once, and how many more than once."""
+    seen: dict[str, int] = {}
+    for raw in client.lrange("celery", 0, -1):
+        name = json.loads(raw)["headers"].get("safe_time_entry")
+        seen[name] = seen.get(name, 0) + 1
+    return {
+        "once": sum(1 for c in seen.values() if c == 1),
+        "twice or more": sum(1 for c in seen.values() if c > 1),
+        "missing": n - len(seen),
+    }
+
+
+def bench_burst(redis_url: str, n: int, postgres_url: str | None = None) -> dict[str, Any]:
+    """The burst batched and one round trip per slot on Redis coordination, and batched on PostgreSQL
+    coordination when ``postgres_url`` is given (a fresh database: nothing else under its prefix)."""
+    from celery_safe_time import save_entries
+
+    client = redis.Redis.from_url(redis_url)
+    out: dict[str, Any] = {"entries": n, "load average": os.getloadavg()[0]}
+    modes = [("batched", None), ("unbatched", None)] + ([("postgres", postgres_url)] if postgres_url else [])
+    for mode, coordination in modes:
+        client.flushdb()
+        save_entries(_burst_specs(n), app=_app(redis_url, coordination))
+        out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"), coordination=coordination)
+        if "error" not in out[mode]:
+            out[mode].update(_count_once(client, n))
+    client.flushdb()
+    return out
+
+
 def _reset_schedule(client: redis.Redis, prefix: str) -> None:
     """Drop the schedule state (not the definitions): the next leader is a fresh one."""
     keys = [f"{prefix}beat:{k}" for k in ("state", "due", "entries:applied", "lease", "entries:paused-until")]
@@ -106,11 +244,17 @@ def _reset_schedule(client: redis.Redis, prefix: str) -> None:
         client.delete(key)
 
 
-def _child(redis_url: str, lazy: bool) -> dict[str, Any]:
+def _child(
+    redis_url: str, lazy: bool, burst: tuple[int, bool] | None = None, coordination: str | None = None
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url]
     if not lazy:
         args.append("--load-all")
+    if burst is not None:
+        args += ["--burst", str(burst[0])] + (["--unbatched"] if burst[1] else [])
+    if coordination:
+        args += ["--coordination", coordination]
     done = subprocess.run(args, capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=3600, check=False)
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
@@ -145,17 +289,38 @@ def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
     return out
 
 
-def run(quick: bool, sizes: list[int] | None = None) -> dict[str, Any]:
+def run(quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = None) -> dict[str, Any]:
     claim = services.RedisDbClaim(services.resolve_redis_base())
     results: dict[str, Any] = {"quick": quick}
     try:
-        for n in sizes or (SIZES_QUICK if quick else SIZES):
+        for n in [] if bursts and sizes is None else sizes or (SIZES_QUICK if quick else SIZES):
             # the load-all leader beside it up to 100,000 (at a million it takes half a minute and 2 GB)
             results[str(n)] = bench_size(claim.url, n, baseline=n <= 100_000)
+        burst_sizes = bursts or (BURST_SIZES_QUICK if quick else BURST_SIZES)
+        db = services.PostgresDatabase(services.resolve_postgres_admin_url())
+        try:
+            postgres_url = db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+            results["burst"] = {str(n): bench_burst(claim.url, n, postgres_url) for n in burst_sizes}
+        finally:
+            db.drop()
     finally:
         redis.Redis.from_url(claim.url).flushdb()
         claim.release()
     return results
+
+
+def _measured(
+    key: str, r: dict[str, Any], fields: tuple[tuple[str, str], ...], lines: list[str]
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(row label, field, measurement) of the fields ``r`` holds; a failed one is an error row in ``lines``."""
+    for label, field in fields:
+        m = r.get(field)
+        if not m:
+            continue
+        if "error" in m:
+            lines.append(f"| {int(key):,} | {label} | error | | | |")
+            continue
+        yield label, field, m
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -167,13 +332,9 @@ def markdown(results: dict[str, Any]) -> str:
     for key, r in results.items():
         if not key.isdigit():
             continue
-        for label, field in (("reads only due", "reads only due"), ("loads all (before)", "loads all")):
-            m = r.get(field)
-            if not m:
-                continue
-            if "error" in m:
-                lines.append(f"| {int(key):,} | {label} | error | | | |")
-                continue
+        for label, field, m in _measured(
+            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines
+        ):
             f, t = m["fresh"], m["takeover"]
             rate = ""
             if field == "reads only due":
@@ -181,6 +342,34 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {int(key):,} | {label} | {f['s']} / {f['cpu_s']} | {t['s']} / {t['cpu_s']} "
                 f"| +{m['rss after takeover MB']} | {rate} |"
+            )
+    if len(lines) == 2:  # only the burst was measured (--burst-only)
+        lines = []
+    else:
+        lines.append("")
+    lines.append(burst_markdown(results.get("burst", {})))
+    return "\n".join(lines)
+
+
+_BURST_ROWS = (
+    ("a chunk per round trip", "batched"),
+    ("one round trip per slot", "unbatched"),
+    ("a chunk per round trip, PostgreSQL coordination", "postgres"),
+)
+
+
+def burst_markdown(bursts: dict[str, Any]) -> str:
+    """The 09:00 burst table: batched (this release) beside one publish round trip per slot."""
+    lines = [
+        "| entries due at 09:00 | publishing | 09:00 to the last publish (s) | slots/s | beat CPU (s) "
+        "| published exactly once / twice or more / missing |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for key, r in bursts.items():
+        for label, _, m in _measured(key, r, _BURST_ROWS, lines):
+            lines.append(
+                f"| {int(key):,} | {label} | {m['to last publish s']} | {m['per s']:,} | {m['cpu_s']} "
+                f"| {m['once']:,} / {m['twice or more']} / {m['missing']} |"
             )
     return "\n".join(lines)
 
@@ -191,12 +380,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=None, help="Entry counts, comma-separated (default 10000,100000).")
     parser.add_argument("--leader", default=None, help=argparse.SUPPRESS)  # the child: a Redis URL
     parser.add_argument("--load-all", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--burst", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--unbatched", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--coordination", default=None, help=argparse.SUPPRESS)  # the child: PostgreSQL URL
+    parser.add_argument("--burst-only", default=None, help="Only the 09:00 burst, of these sizes (comma-separated).")
     args = parser.parse_args(argv)
+    if args.leader and args.burst:
+        print(json.dumps(burst_child(args.leader, args.burst, args.unbatched, args.coordination)))
+        return 0
     if args.leader:
         print(json.dumps(leader_child(args.leader, lazy=not args.load_all)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    results = run(args.quick, sizes)
+    bursts = [int(s) for s in args.burst_only.split(",")] if args.burst_only else None
+    results = run(args.quick, sizes, bursts)
     print(markdown(results))
     print()
     print(json.dumps(results, indent=2))

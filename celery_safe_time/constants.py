@@ -220,6 +220,9 @@ BEAT_TICK_CAP: Final = 1.0
 BEAT_MIN_LEASE_TICKS: Final = 3
 #: Due entries handled per tick; the next tick follows at once when more are due.
 BEAT_DUE_BATCH: Final = 500
+#: A tick with at least this many entries due (a burst) keeps the cyclic garbage collector off while it
+#: fires them (their objects are freed by their reference counts).
+BEAT_BURST_NO_GC: Final = 100
 #: How far past "now" a tick's due read looks for the next entry (the head, how long to sleep): beyond
 #: it the tick sleeps its whole granularity anyway (at most BEAT_TICK_CAP; twice that leaves a slow
 #: tick's own length of margin). On Redis the due read then also gives the head (no fifth command).

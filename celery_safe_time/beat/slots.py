@@ -392,17 +392,32 @@ class Plan:
     def decide(
         self, name: str, slot: float, now: float, *, on_time: float, grace: float | None, policy: str | None = None
     ) -> Decision:
-        """:func:`decide` for the entry ``name`` with this plan's grid, jitter and catch-up window."""
-        return decide(
-            self.grid,
-            slot,
-            now,
-            policy=self.policy if policy is None else policy,
-            on_time=on_time,
-            grace=grace,
-            offset=self.offset(name),
-            window=self.catchup_window,
-        )
+        """:func:`decide` for the entry ``name`` with this plan's grid, jitter and catch-up window.
+
+        Without jitter the decision does not depend on the entry: the last one is kept and given again
+        for the same slot and instant, so the entries of a burst (100,000 tenants due at the same 09:00,
+        one plan, one tick's ``now``) walk the grid once, not once each.
+        """
+        policy = self.policy if policy is None else policy
+        if self.jitter > 0:
+            return decide(
+                self.grid,
+                slot,
+                now,
+                policy=policy,
+                on_time=on_time,
+                grace=grace,
+                offset=self.offset(name),
+                window=self.catchup_window,
+            )
+        key = (slot, now, policy, on_time, grace)
+        last = self.__dict__.get("_last_decision")
+        if last is not None and last[0] == key:
+            return last[1]  # type: ignore[no-any-return]
+        made = decide(self.grid, slot, now, policy=policy, on_time=on_time, grace=grace, window=self.catchup_window)
+        # a frozen dataclass: the cache goes in the instance dict, as a cached_property's value does
+        self.__dict__["_last_decision"] = (key, made)
+        return made
 
 
 def entry_plan(entry: Any, config: SafeTimeConfig, app: Any) -> Plan:

@@ -9,7 +9,7 @@ from celery.schedules import crontab as plain_crontab
 from celery.schedules import schedule as interval
 
 from celery_safe_time import crontab
-from celery_safe_time.beat.slots import CronGrid, IntervalGrid, decide, grid_for
+from celery_safe_time.beat.slots import CronGrid, IntervalGrid, Plan, decide, grid_for
 from celery_safe_time.exceptions import ScheduleError
 
 UTC = dt.timezone.utc
@@ -84,3 +84,32 @@ def test_a_never_firing_rrule_is_walked_once_per_process(monkeypatch: pytest.Mon
     assert walks == []
     assert again.next_ts(1_700_000_000.0) == NEVER  # earlier than what was walked: asked again
     assert len(walks) == 1
+
+
+class _CountingGrid(IntervalGrid):
+    """An interval grid that counts its ``next`` calls (how often a decision walks it)."""
+
+    calls = 0
+
+    def next(self, after: float) -> float:
+        self.calls += 1
+        return super().next(after)
+
+
+def test_a_plan_without_jitter_decides_a_burst_once_for_every_entry() -> None:
+    grid = _CountingGrid(10.0)
+    plan = Plan(grid=grid, policy="run_once")
+    decisions = [plan.decide(f"tenant-{i}", 100.0, 101.0, on_time=6, grace=None) for i in range(1000)]
+    assert grid.calls == 1  # the 1,000 entries due at the same slot and instant share one walk
+    assert all(d == decide(GRID, 100.0, 101.0, policy="run_once", on_time=6, grace=None) for d in decisions)
+    # another slot, instant, policy or on-time bound is decided afresh
+    assert plan.decide("tenant-0", 100.0, 125.0, on_time=6, grace=None).fire == [120.0]
+    assert plan.decide("tenant-0", 100.0, 125.0, on_time=6, grace=None, policy="run_all").fire == [100.0, 110.0, 120.0]
+    assert plan.decide("tenant-0", 100.0, 125.0, on_time=30, grace=None).fire == [100.0, 110.0, 120.0]
+    assert plan.decide("tenant-0", 110.0, 125.0, on_time=6, grace=None).fire == [120.0]
+
+
+def test_a_jittered_plan_decides_each_entry_on_its_own_offset() -> None:
+    plan = Plan(grid=IntervalGrid(60.0), policy="run_once", jitter=30.0)
+    fired = {plan.decide(f"tenant-{i}", 60.0, 75.0, on_time=6, grace=None).fire == [60.0] for i in range(50)}
+    assert fired == {True, False}  # some entries' offsets are past 75 s, some are not

@@ -1,0 +1,154 @@
+"""The 09:00 burst (Redis broker; Redis and PostgreSQL coordination): every tenant's entry due in the
+same minute, fired by one leader a chunk at a time (one guard round trip and one broker round trip
+per chunk; on Redis it reads only what is due), each slot exactly once; a leader that loses its lease
+half way publishes none of the rest. Small size (2,000 entries) with the leader's threshold lowered,
+so the behaviour at scale is what runs; the leader's clock is moved to just before 09:00 instead of
+waiting for it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_safe_time import constants as C
+from celery_safe_time import save_entries
+from celery_safe_time.beat.scheduler import SafeScheduler
+from tests.helpers.processes import wait_for
+
+pytestmark = pytest.mark.integration
+
+TENANTS = 2000
+ZONE = "Europe/Berlin"
+BATCH_LINE = "published %d due slot(s) in one broker round trip"
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _ShiftedClock:
+    """The leader's clock moved by ``shift`` seconds (09:00 comes when the test wants it)."""
+
+    def __init__(self, clock: Any, shift: float) -> None:
+        self.clock, self.shift = clock, shift
+
+    def time(self) -> float:
+        return float(self.clock.time()) + self.shift
+
+
+def _nine(now: float) -> float:
+    """The next 09:00 in ``ZONE`` at least an hour after ``now``."""
+    local = datetime.fromtimestamp(now + 3600, ZoneInfo(ZONE))
+    nine = local.replace(hour=9, minute=0, second=0, microsecond=0)
+    if nine.timestamp() <= now + 3600:
+        nine = (nine + timedelta(days=1)).replace(hour=9)
+    return nine.timestamp()
+
+
+def _burst_app(make_app: Callable[..., Celery], **conf: Any) -> Celery:
+    """An app with ``TENANTS`` runtime entries, all daily at 09:00 in ``ZONE``."""
+    app = make_app(safe_time_beat_lease=3, beat_schedule={}, **conf)
+    app.task(name="t.burst_noop", shared=False)(_noop)
+    cron = {
+        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
+        "month_of_year": "*", "tz": ZONE,
+    }  # fmt: skip
+    entries = [{"name": f"tenant-{i}", "task": "t.burst_noop", "schedule": cron, "args": [i]} for i in range(TENANTS)]
+    assert save_entries(entries, app=app) == TENANTS
+    return app
+
+
+@pytest.fixture
+def app(make_app: Callable[..., Celery]) -> Celery:
+    return _burst_app(make_app)
+
+
+def _leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
+    """A leader that has planned every entry (next slot: 09:00) and whose clock now reads 08:59:59.9."""
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "beat"), max_interval=1)
+    sched.lazy_threshold = 100  # as a leader with 10,000 entries or more: reads only what is due
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    real = sched.clock
+    nine = _nine(real.time())
+    clock = _ShiftedClock(real, nine - 600 - real.time())
+    sched.clock = clock
+    wait_for(lambda: (sched.tick(), sched._reconciled is not None)[1], 30, interval=0.05, message="the plan")
+    assert sched.lazy == sched.backend.reads_due_only  # PostgreSQL coordination loads every entry
+    assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
+    clock.shift = nine - 0.1 - real.time()
+    return sched, nine
+
+
+def _queued(client: redis.Redis) -> dict[str, list[str]]:
+    """The published messages' slots by entry, read from the broker's queue."""
+    out: dict[str, list[str]] = {}
+    for raw in client.lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        out.setdefault(headers[C.HEADER_ENTRY], []).append(headers[C.HEADER_SLOT])
+    return out
+
+
+def _batches(caplog: pytest.LogCaptureFixture) -> list[int]:
+    return [
+        int(r.args[0])  # type: ignore[index]
+        for r in caplog.records
+        if r.name == "celery_safe_time.beat.scheduler" and r.msg == "beat: " + BATCH_LINE
+    ]
+
+
+def test_a_burst_is_published_in_chunks_each_slot_exactly_once(
+    make_app: Callable[..., Celery],
+    coordination: dict[str, Any],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = _burst_app(make_app, **coordination)
+    caplog.set_level(logging.DEBUG, logger="celery_safe_time.beat.scheduler")
+    sched, nine = _leader_at_nine(app, tmp_path)
+    try:
+        wait_for(lambda: (sched.tick(), redis_client.llen("celery") >= TENANTS)[1], 120, interval=0.01)
+        # nothing left due at 09:00: ticks on publish nothing more
+        for _ in range(3):
+            sched.tick()
+    finally:
+        sched.close()
+    queued = _queued(redis_client)
+    slot = datetime.fromtimestamp(nine, ZoneInfo("UTC")).isoformat()
+    assert sorted(queued) == sorted(f"tenant-{i}" for i in range(TENANTS))
+    assert all(slots == [slot] for slots in queued.values())  # each 09:00 slot exactly once
+    batches = _batches(caplog)
+    assert sum(batches) == TENANTS
+    # a chunk of due entries per broker round trip, not a round trip per entry
+    assert max(batches) <= C.BEAT_DUE_BATCH
+    assert len(batches) == math.ceil(TENANTS / C.BEAT_DUE_BATCH)
+
+
+def test_a_leader_that_loses_its_lease_mid_burst_publishes_none_of_the_rest(
+    app: Celery, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    sched, _ = _leader_at_nine(app, tmp_path)
+    try:
+        wait_for(lambda: (sched.tick(), redis_client.llen("celery") > 0)[1], 60, interval=0.01)
+        published = redis_client.llen("celery")
+        assert 0 < published < TENANTS
+        # another beat holds the lease now (its token in the lease key): the next chunk's guard refuses
+        lease = sched.backend.keys.lease
+        redis_client.set(lease, "another-beat", px=60_000)
+        sched.tick()
+        assert not sched.keeper.is_leader
+        for _ in range(3):
+            sched.tick()
+        assert redis_client.llen("celery") == published
+    finally:
+        sched.close()

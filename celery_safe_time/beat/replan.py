@@ -269,7 +269,7 @@ class ReplanningScheduler(LeasedScheduler):
             self._replanning = None
             planned, removed = done.value
         except BaseException:
-            self._replanning = None  # a lost lease (or a backend error): the next term starts over
+            self._replanning = None  # a lost lease or a backend error ends the term: the next plans again
             raise
         finally:
             if collecting:

@@ -197,3 +197,33 @@ def test_a_leader_that_loses_the_lease_half_way_stops_planning_and_the_next_plan
     for name in {entry for entry, _ in sent}:
         slots = _slots(sent, name)
         assert len(slots) == len(set(slots)), name
+
+
+def test_a_backend_error_half_way_ends_the_term_and_the_next_term_plans_everything(
+    app: Any, tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float]]
+) -> None:
+    clock.now = T0 + 0.5
+    a = _leader(app, tmp_path, "a")
+    try:
+        a.tick()
+        clock.now += 1.0
+        a.tick()
+        data.down = True  # an outage in the middle of the plan: the leader stands by
+        a.tick()
+        data.down = False
+        assert not a.keeper.is_leader
+        assert not a.replanning
+        clock.now += 1.0
+        _take_over(a)
+        a.tick()
+        assert a.replanning  # no marker was written: the new term plans every entry
+        while a.replanning:
+            clock.now += 1.0
+            a.tick()
+        assert a.backend.due_count() == len(a.config_names) + len(RUNTIME)
+        for name in RUNTIME:
+            slots = _slots(sent, name)
+            assert slots, name
+            assert len(slots) == len(set(slots)), name
+    finally:
+        a.close()

@@ -3,10 +3,12 @@
 
 Per size, in the same run and on the same stored entries:
 
-- ``save_entries``: entries stored per second (validated, pipelined a chunk per round trip);
-- a fresh leader's first tick (no schedule state in Redis: it plans every entry) and a takeover's
-  first tick (the previous leader's state and marker in Redis), wall and CPU seconds, and the
-  growth of the beat process's RSS over both;
+- ``save_entries``: entries stored per second (validated, a chunk per round trip), beside
+  ``save_entry`` one at a time (the baseline: 2,000 of them, in the same run);
+- a fresh leader's first tick (no schedule state in Redis: it plans every entry, a chunk per tick,
+  firing what is due in between), how long after taking the lease it published its first slot and
+  finished its plan; a takeover's first tick (the previous leader's state and marker in Redis) and
+  first slot; wall and CPU seconds, and the growth of the beat process's RSS over both;
 - each measured twice: a leader that reads only what is due (this release, from
   ``BEAT_LAZY_ENTRIES`` runtime entries on) and one that loads every entry (``lazy_threshold``
   raised past the count: what every leader did before), each in a process of its own so RSS is its own.
@@ -42,6 +44,8 @@ from tests.helpers import services
 SIZES = (10_000, 100_000)
 SIZES_QUICK = (10_000,)
 BUSY = 10
+#: how many entries ``save_entry`` saves one at a time (the baseline of ``save_entries``)
+SINGLE_SAVES = 2000
 _ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "UTC")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +80,17 @@ def _specs(n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _save_one_at_a_time(app: Any, specs: list[dict[str, Any]]) -> tuple[int, int]:
+    """Entries stored per second (wall, caller's CPU) by ``save_entry``, one call each."""
+    from celery_safe_time import save_entry
+
+    started, cpu = time.perf_counter(), time.process_time()
+    for spec in specs:
+        save_entry(spec["name"], spec["task"], spec["schedule"], args=spec["args"], app=app)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return round(len(specs) / seconds), round(len(specs) / cpu)
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
@@ -89,10 +104,17 @@ def _timed(fn: Any) -> dict[str, float]:
 
 def leader_child(redis_url: str, lazy: bool) -> dict[str, Any]:
     """In a process of its own: a fresh leader's first tick, then a takeover's, and the RSS growth."""
+    from celery_safe_time import signals
     from celery_safe_time.beat.scheduler import SafeScheduler
 
     app = _app(redis_url)
     out: dict[str, Any] = {}
+    published: list[float] = []  # perf_counter of each published slot
+
+    def on_sent(sender: Any, **kwargs: Any) -> None:
+        published.append(time.perf_counter())
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
     with tempfile.TemporaryDirectory() as tmp:
         start_rss = _rss_mb()
         for phase in ("fresh", "takeover"):
@@ -102,7 +124,24 @@ def leader_child(redis_url: str, lazy: bool) -> dict[str, Any]:
             deadline = time.monotonic() + 30
             while sched.keeper.epoch is None and time.monotonic() < deadline:
                 time.sleep(0.02)
+            published.clear()
+            started, cpu = time.perf_counter(), time.process_time()
             out[phase] = _timed(sched.tick)
+            # the plan of every entry goes on a chunk per tick: tick until it is complete (a takeover's
+            # next leader needs its marker) and, at most 30 s, until the first slot is published
+            ticks = 1
+            deadline = time.monotonic() + 30
+            while sched.replanning or (not published and time.monotonic() < deadline):
+                wait = sched.tick()
+                ticks += 1
+                if not sched.replanning and not published:
+                    time.sleep(min(wait, 0.05))
+            out[f"{phase} plan complete"] = {
+                "s": round(time.perf_counter() - started, 3),
+                "cpu_s": round(time.process_time() - cpu, 3),
+                "ticks": ticks,
+            }
+            out[f"{phase} first slot s"] = round(published[0] - started, 3) if published else None
             out[f"{phase} reads only due"] = sched.lazy
             out[f"rss after {phase} MB"] = round(_rss_mb() - start_rss, 1)
             sched.close()
@@ -268,6 +307,8 @@ def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
     client.flushdb()
     app = _app(redis_url)
     specs = _specs(n)
+    single = _save_one_at_a_time(app, specs[: min(n, SINGLE_SAVES)])
+    client.flushdb()
     started, cpu = time.perf_counter(), time.process_time()
     stored = save_entries(specs, app=app)
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -276,6 +317,8 @@ def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
         "save_entries per s": round(stored / seconds),
         "save_entries per CPU s": round(stored / cpu),  # the caller's CPU (the wall rate is load-bound)
         "save_entries s": seconds,
+        "save_entry per s": single[0],  # the baseline, one call per entry
+        "save_entry per CPU s": single[1],
         "load average": os.getloadavg()[0],
     }
     del specs
@@ -310,7 +353,7 @@ def run(quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = 
 
 
 def _measured(
-    key: str, r: dict[str, Any], fields: tuple[tuple[str, str], ...], lines: list[str]
+    key: str, r: dict[str, Any], fields: tuple[tuple[str, str], ...], lines: list[str], columns: int = 6
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(row label, field, measurement) of the fields ``r`` holds; a failed one is an error row in ``lines``."""
     for label, field in fields:
@@ -318,30 +361,34 @@ def _measured(
         if not m:
             continue
         if "error" in m:
-            lines.append(f"| {int(key):,} | {label} | error | | | |")
+            lines.append(f"| {int(key):,} | {label} | error |" + " |" * (columns - 3))
             continue
         yield label, field, m
 
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        "| entries | leader | fresh leader's first tick, wall / CPU (s) | takeover's first tick, wall / CPU (s) "
-        "| beat RSS growth (MB) | save_entries (entries/s, wall / per CPU s) |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| entries | leader | fresh leader's first tick, wall / CPU (s) | its first slot (s) | its plan complete, "
+        "wall / CPU (s) | takeover's first tick, wall / CPU (s) | its first slot (s) | beat RSS growth (MB) "
+        "| save_entries (entries/s, wall / per CPU s) | save_entry one at a time (same) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in results.items():
         if not key.isdigit():
             continue
         for label, field, m in _measured(
-            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines
+            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines, columns=10
         ):
             f, t = m["fresh"], m["takeover"]
-            rate = ""
+            fp = m.get("fresh plan complete", {})
+            rate = single = ""
             if field == "reads only due":
                 rate = f"{r['save_entries per s']:,} / {r.get('save_entries per CPU s', 0):,}"
+                single = f"{r.get('save_entry per s', 0):,} / {r.get('save_entry per CPU s', 0):,}"
             lines.append(
-                f"| {int(key):,} | {label} | {f['s']} / {f['cpu_s']} | {t['s']} / {t['cpu_s']} "
-                f"| +{m['rss after takeover MB']} | {rate} |"
+                f"| {int(key):,} | {label} | {f['s']} / {f['cpu_s']} | {m.get('fresh first slot s')} "
+                f"| {fp.get('s')} / {fp.get('cpu_s')} | {t['s']} / {t['cpu_s']} | {m.get('takeover first slot s')} "
+                f"| +{m['rss after takeover MB']} | {rate} | {single} |"
             )
     if len(lines) == 2:  # only the burst was measured (--burst-only)
         lines = []

@@ -149,7 +149,18 @@ def schedule_from_spec(spec: Any) -> Any:
 # --- definitions --------------------------------------------------------------------------------
 
 
+#: Values that come back from a JSON round trip as they went in (exact types: a subclass such as an
+#: ``IntEnum`` may encode otherwise; a float may be NaN, which JSON has not).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _json(value: Any, what: str, name: str) -> Any:
+    # Most entries' args, kwargs and options are flat lists and objects of plain values: they are
+    # their own JSON round trip, and a bulk save would spend most of its time on the trip otherwise.
+    if type(value) is list and all(type(v) in _PLAIN for v in value):
+        return value
+    if type(value) is dict and all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+        return value
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:

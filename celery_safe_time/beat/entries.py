@@ -35,6 +35,7 @@ import dataclasses
 import math
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -288,9 +289,10 @@ def save_entries(
     (idempotent: an unchanged definition changes nothing, as with ``save_entry``).
 
     Entries go ``BEAT_SAVE_CHUNK`` at a time, each chunk validated whole before any of it is stored
-    and then sent in one pipelined round trip: a bad entry raises :class:`ScheduleError` (or
+    and then sent in one round trip (one script call): a bad entry raises :class:`ScheduleError` (or
     :class:`SerializationError`) naming the entry and the parameter, and nothing of its chunk is
     stored (earlier chunks are). A leader applies them through its change log, like single saves.
+    While one chunk is stored (a thread of this call's own), the next is validated.
     """
     store = _Store(app)
     config_entries = store.config_entries()
@@ -298,13 +300,27 @@ def save_entries(
     schedules: dict[Any, Any] = {}
     changed = 0
     chunk: list[tuple[str, str]] = []
-    for index, item in enumerate(entries):
-        chunk.append(_item(store, index, item, config_entries, checked, schedules))
-        if len(chunk) >= C.BEAT_SAVE_CHUNK:
+    storing: Future[int] | None = None  # the chunk being stored
+    pool: ThreadPoolExecutor | None = None
+    try:
+        for index, item in enumerate(entries):
+            chunk.append(_item(store, index, item, config_entries, checked, schedules))
+            if len(chunk) >= C.BEAT_SAVE_CHUNK:
+                if storing is not None:
+                    changed += storing.result()
+                if pool is None:
+                    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="safe-time-save-entries")
+                storing = pool.submit(_store_chunk, store, chunk, changed_by)
+                chunk = []
+        if storing is not None:
+            changed += storing.result()
+            storing = None
+        if chunk:
             changed += _store_chunk(store, chunk, changed_by)
-            chunk = []
-    if chunk:
-        changed += _store_chunk(store, chunk, changed_by)
+    finally:
+        if pool is not None:
+            # a bad entry raises once the chunk before it is stored (or failed): earlier chunks are
+            pool.shutdown(wait=True)
     return changed
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import celery
@@ -48,6 +48,10 @@ class ReplanningScheduler(LeasedScheduler):
     lazy_threshold: int
     _schedules: dict[Any, Any]
     _runtime_plans: dict[Any, Plan]
+    #: a plan of every entry still going on (:meth:`replan_step` runs its next chunk between ticks)
+    _replanning: Generator[None, None, tuple[int, int]] | None = None
+    #: the epoch of the leader term that plan belongs to, for its closing log line
+    _replanning_epoch: int = 0
 
     def load_runtime(self, name: str, raw: Any) -> str:
         raise NotImplementedError
@@ -64,7 +68,10 @@ class ReplanningScheduler(LeasedScheduler):
         return f"format={C.BEAT_ENTRY_FORMAT};celery={celery.__version__};tz={self.app.timezone}"
 
     def _mark_applied(self) -> None:
-        """Record that the state and due set reflect every change up to ``seen_version`` (leader only)."""
+        """Record that the state and due set reflect every change up to ``seen_version`` (leader only);
+        not while a plan of every entry is under way (they do not, until it ends)."""
+        if self._replanning is not None:
+            return
         self.backend.mark_applied(self.lease.token, f"{self.seen_version} {self.fingerprint()}")
 
     def _applied_since(self, marker: Any, version: int) -> int | None:
@@ -181,95 +188,167 @@ class ReplanningScheduler(LeasedScheduler):
         With the previous leader's marker, only the config entries and the runtime entries changed
         after it are read and re-planned (the due set already holds every other entry's next fire);
         without one, every definition is read and planned a chunk at a time (HSCAN) and forgotten
-        again, so memory stays flat. From then on a tick reads the definitions of the entries it fires.
+        again, so memory stays flat: one chunk here, then one per tick (:meth:`replan_step`), the
+        leader firing what is due in between. From then on a tick reads the definitions of the
+        entries it fires.
         ``full``: plan every entry whatever the marker says (the due set lost entries).
         """
         meta = self.backend.snapshot_meta()
         version, requests, marker = meta.version, meta.requests, meta.marker
+        self._replanning = None  # a plan left by an earlier term is void: this one starts over
         self._evict(force=True)
         self.lazy = True
         self.pause_expiry = {}
         since = None if full else self._applied_since(marker, version)
         if since is None:
-            counts = self._replan_streaming(now, version)
-            mode = "every entry, a chunk at a time"
-        else:
-            changed = [name for name, _ in self.backend.change_log(since)]
-            self._load(changed)
-            plan = self._replan_changed(now, since)
-            assert plan is not None  # a leader reading only what is due does not count the due set
-            states, nexts, gone, idle, tombstones = plan
-            if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
-                raise LeaseLost("another beat holds the lease: the plan write was refused")
-            if tombstones:
-                self.backend.prune(version, tombstones)
-            expiries = {n: t for n, t in self.backend.pause_expiries().items() if n not in set(changed)}
-            mine = {n: self.pause_expiry[n] for n in changed if n in self.pause_expiry}
-            self.backend.set_pause_expiries(mine, [n for n in changed if n not in mine])
-            self.pause_expiry = {**expiries, **mine}
-            counts = (len(states), len(gone))
-            mode = f"changes after version {since}"
+            # A plan of every entry takes a while at a million (seconds of CPU): it goes a chunk per
+            # tick instead, so this leader fires what is due meanwhile. Every entry is planned from
+            # ``now``, the lease's start, however late its chunk: a slot that falls due while its
+            # chunk waits is due when it is planned, and fires late but once. Until the plan ends
+            # the marker is cleared: a leader taking over half way plans everything again.
+            self.backend.mark_applied(self.lease.token, "")  # refused, as the writes are, unless leading
+            self.seen_version = version
+            self._replanning = self._replan_streaming(now, version)
+            self._replanning_epoch = epoch
+            self.run_requested(epoch, requests)
+            logger.info(
+                "beat: leader with epoch %s reading only due entries: %d config entries, %d runtime; "
+                "planning every entry from %s, a chunk per tick",
+                epoch,
+                len(self.config_names),
+                self.backend.definition_count(),
+                now,
+            )
+            self.replan_step()  # the config entries first (a fresh leader: nothing else is due yet)
+            return
+        changed = [name for name, _ in self.backend.change_log(since)]
+        self._load(changed)
+        plan = self._replan_changed(now, since)
+        assert plan is not None  # a leader reading only what is due does not count the due set
+        states, nexts, gone, idle, tombstones = plan
+        if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
+            raise LeaseLost("another beat holds the lease: the plan write was refused")
+        if tombstones:
+            self.backend.prune(version, tombstones)
+        expiries = {n: t for n, t in self.backend.pause_expiries().items() if n not in set(changed)}
+        mine = {n: self.pause_expiry[n] for n in changed if n in self.pause_expiry}
+        self.backend.set_pause_expiries(mine, [n for n in changed if n not in mine])
+        self.pause_expiry = {**expiries, **mine}
         self.seen_version = version
         self._mark_applied()
         self.run_requested(epoch, requests)
         self._evict()
         logger.info(
             "beat: leader with epoch %s reading only due entries: %d config entries, %d runtime; re-planned "
-            "%s: %d new or edited, %d removed",
+            "changes after version %s: %d new or edited, %d removed",
             epoch,
             len(self.config_names),
             self.backend.definition_count(),
-            mode,
-            *counts,
+            since,
+            len(states),
+            len(gone),
         )
 
-    def _replan_streaming(self, now: float, version: int) -> tuple[int, int]:
-        """Re-plan every entry without holding them all: drop the states and due scores left by entries
-        that no longer exist, then plan the config entries, then each chunk of runtime definitions
-        (planned, written, forgotten). Returns (entries planned, entries removed)."""
-        token = self.lease.token
-        firsts: dict[str, float] = {}
-        planned = removed = 0
+    @property
+    def replanning(self) -> bool:
+        """True while a plan of every entry is under way (a fresh leader, or a new fingerprint)."""
+        return self._replanning is not None
+
+    def replan_step(self) -> bool:
+        """Plan the next chunk of a plan of every entry, if one is under way; True while more remain.
+        The tick calls it before reading what is due. When the plan ends, the marker records it."""
+        steps = self._replanning
+        if steps is None:
+            return False
         collecting = gc.isenabled()
         gc.disable()  # each chunk's objects are freed by their reference counts
         try:
-            # first what the state holds for entries that no longer exist (before this plan adds to it:
-            # a fresh leader finds nothing to read there)
-            stored = False  # whether the state and the due set hold anything (else nothing to read there)
-            for names in self.backend.scan_planned(C.BEAT_LAZY_CHUNK):
-                stored = True
-                candidates = [n for n in names if n not in self.plans]
-                defs_of = self.backend.definitions(candidates)
-                gone = [n for n, raw in zip(candidates, defs_of, strict=True) if raw is None]
-                if gone:
-                    if not self.backend.write_plan(token, {}, {}, gone, []):
-                        raise LeaseLost("another beat holds the lease: the plan write was refused")
-                    removed += len(gone)
-            for defs in self._definition_chunks():
-                # the config chunk's values are None; a runtime entry named like a config one is ignored
-                names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
-                plans = [self.plans.get(n) if defs[n] is None else self._stream_plan(n, defs[n]) for n in names]
-                raws, scores = self.backend.read_states(names) if stored else ([None] * len(names), [None] * len(names))
-                states: dict[str, str] = {}
-                nexts: dict[str, float] = {}
-                idle: list[str] = []
-                for name, plan, raw, score in zip(names, plans, raws, scores, strict=True):
-                    if plan is not None:
-                        made = next_state(plan, load_state(raw), score, now, firsts, name=name)
-                        if made is not None:
-                            states[name], nexts[name] = made
-                    elif defs[name] is not None and score is not None:
-                        idle.append(name)  # paused or broken: out of the due set, state kept
-                if not self.backend.write_plan(token, states, nexts, [], idle):
-                    raise LeaseLost("another beat holds the lease: the plan write was refused")
-                planned += len(states)
-                self._evict(force=True)
+            next(steps)
+            return True
+        except StopIteration as done:
+            self._replanning = None
+            planned, removed = done.value
+        except BaseException:
+            self._replanning = None  # a lost lease or a backend error ends the term: the next plans again
+            raise
         finally:
             if collecting:
                 gc.enable()
+        self._mark_applied()
+        logger.info(
+            "beat: leader with epoch %s planned every entry: %d new or edited, %d removed",
+            self._replanning_epoch,
+            planned,
+            removed,
+        )
+        return False
+
+    def _replan_streaming(self, now: float, version: int) -> Generator[None, None, tuple[int, int]]:
+        """Re-plan every entry without holding them all, a step per chunk (:meth:`replan_step`): drop
+        the states and due scores left by entries that no longer exist, then plan the config entries,
+        then each chunk of runtime definitions (planned from ``now``, written, forgotten). Returns
+        (entries planned, entries removed).
+
+        Between two steps the leader ticks: it fires what the due set holds (the previous plan's
+        scores, and the chunks planned so far) and applies changes; each chunk reads the state as it
+        is then, so an entry fired or changed meanwhile keeps its state (the same signature and score
+        make no new plan), and a slot recorded as fired is never planned again."""
+        token = self.lease.token
+        firsts: dict[str, float] = {}
+        # the config entries first, in the step the takeover runs: the tick counts them in the due set
+        config = {name: None for name in self.config_names if name in self.plans}
+        planned = self._plan_chunk(token, config, now, firsts, stored=True)
+        yield
+        # then what the state holds for entries that no longer exist (before this plan adds runtime
+        # entries to it: a fresh leader finds nothing to read there)
+        removed = 0
+        stored = False  # whether the state and the due set hold runtime entries (else nothing to read)
+        for names in self.backend.scan_planned(C.BEAT_LAZY_CHUNK):
+            candidates = [n for n in names if n not in self.plans]
+            stored = stored or bool(candidates)
+            if not candidates:
+                continue
+            defs_of = self.backend.definitions(candidates)
+            gone = [n for n, raw in zip(candidates, defs_of, strict=True) if raw is None]
+            if gone:
+                if not self.backend.write_plan(token, {}, {}, gone, []):
+                    raise LeaseLost("another beat holds the lease: the plan write was refused")
+                removed += len(gone)
+            yield
+        for defs in self.backend.scan_definitions(C.BEAT_LAZY_CHUNK):
+            # A tick between two steps may write a planned entry's state (it fired, or changed): each
+            # chunk after the first reads the state, so that one keeps it (a name may come twice).
+            planned += self._plan_chunk(token, defs, now, firsts, stored=stored)
+            stored = True
+            self._evict(force=True)
+            yield
         self.backend.set_pause_expiries(dict(self.pause_expiry), [], replace=True)
         self._prune_tombstones(version)
         return planned, removed
+
+    def _plan_chunk(
+        self, token: str, defs: dict[str, Any], now: float, firsts: dict[str, float], *, stored: bool
+    ) -> int:
+        """Plan one chunk of :meth:`_replan_streaming` (name -> runtime definition, None for a config
+        entry) from ``now`` and write it; ``stored``: read the chunk's state first (else there is
+        none). Returns how many entries got a new plan."""
+        # a runtime entry named like a config one is ignored
+        names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
+        plans = [self.plans.get(n) if defs[n] is None else self._stream_plan(n, defs[n]) for n in names]
+        raws, scores = self.backend.read_states(names) if stored else ([None] * len(names), [None] * len(names))
+        states: dict[str, str] = {}
+        nexts: dict[str, float] = {}
+        idle: list[str] = []
+        for name, plan, raw, score in zip(names, plans, raws, scores, strict=True):
+            if plan is not None:
+                made = next_state(plan, load_state(raw), score, now, firsts, name=name)
+                if made is not None:
+                    states[name], nexts[name] = made
+            elif defs[name] is not None and score is not None:
+                idle.append(name)  # paused or broken: out of the due set, state kept
+        if not self.backend.write_plan(token, states, nexts, [], idle):
+            raise LeaseLost("another beat holds the lease: the plan write was refused")
+        return len(states)
 
     def _stream_plan(self, name: str, raw: Any) -> Plan | None:
         """The plan of one runtime definition for :meth:`_replan_streaming`, which keeps no entry: the
@@ -292,11 +371,6 @@ class ReplanningScheduler(LeasedScheduler):
             return plan
         became = self.load_runtime(name, raw)
         return self.plans.get(name) if became == "active" else None
-
-    def _definition_chunks(self) -> Iterator[dict[str, Any]]:
-        """The config entries (as a chunk of names), then the runtime definitions a chunk at a time."""
-        yield {name: None for name in self.config_names if name in self.plans}
-        yield from self.backend.scan_definitions(C.BEAT_LAZY_CHUNK)
 
     def _prune_tombstones(self, version: int) -> None:
         """Drop the change log's tombstones (names without a definition), a page at a time; only when

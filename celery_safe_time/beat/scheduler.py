@@ -141,6 +141,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             return self.granularity
         epoch = term.epoch
         try:
+            if self._reconciled == term:
+                self.replan_step()  # a plan of every entry goes a chunk per tick (replan.py)
             now = self.clock.time()
             # once per lease, keyed on the term: an epoch number repeats after a backend reset
             if self._reconciled != term:
@@ -184,7 +186,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         if self.seen_version > 0:
             # runtime entries are in use: look at the change counter often, a change shows within a poll
             wait = min(wait, C.BEAT_CHANGES_POLL)
-        return wait
+        return 0.0 if self.replanning else wait
 
     def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
         """The due entries, what is missing from the backend's state (None when nothing is), the change

@@ -309,8 +309,13 @@ class BeatBackend(abc.ABC):
         return [self.entry_definition(name) for name in names]
 
     def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
-        """Every runtime definition, about ``chunk`` at a time (a name may come twice)."""
-        yield self.entry_definitions()
+        """Every runtime definition, about ``chunk`` at a time (a name may come twice). This default
+        reads them all once and hands them out in name order, ``chunk`` at a time (a leader plans
+        every entry a chunk per tick: :meth:`~..replan.ReplanningScheduler.replan_step`)."""
+        definitions = self.entry_definitions()
+        names = sorted(definitions)
+        for i in range(0, len(names), max(1, chunk)):
+            yield {name: definitions[name] for name in names[i : i + chunk]}
 
     def scan_planned(self, chunk: int) -> Iterator[list[str]]:
         """The names that have a state or a due score, about ``chunk`` at a time (a name may come twice)."""

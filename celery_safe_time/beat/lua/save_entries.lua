@@ -2,28 +2,68 @@
 -- and history slots zset (history.py).
 -- ARGV: audit record json without its definitions ("": none), audit size, then per entry: name, definition json.
 -- save_entry.lua for many entries in one call (save_entries: one round trip per chunk): each entry is
--- stored, versioned and audited exactly as save_entry.lua stores it. Returns per entry 0 (unchanged)
--- or its new version.
+-- stored, versioned and audited exactly as save_entry.lua stores it, one after the other (a name that
+-- comes twice compares with its earlier definition). Returns per entry 0 (unchanged) or its new version.
+-- The chunk's reads and writes of the shared keys are one command each (HMGET, INCRBY, HSET, ZADD),
+-- not one per entry: what is left per entry is its audit record and, for a new name, the PERSIST of
+-- its kept keys.
 local audit, size = ARGV[1], tonumber(ARGV[2])
+local n = (#ARGV - 2) / 2
+local SLICE = 1000 -- values per variadic call: Lua's unpack has a stack limit
+
+local names = {}
+for i = 1, n do names[i] = ARGV[1 + 2 * i] end
+local stored = {} -- false where the name has no definition (HMGET's nil)
+for first = 1, n, SLICE do
+  local got = redis.call('HMGET', KEYS[1], unpack(names, first, math.min(first + SLICE - 1, n)))
+  for j = 1, #got do stored[first + j - 1] = got[j] end
+end
+
+-- which entries change and what each replaces, in order (a later duplicate sees the earlier one)
+local current, changes, count = {}, {}, 0
+for i = 1, n do
+  local name, new = names[i], ARGV[2 + 2 * i]
+  local old = current[name]
+  if old == nil then old = stored[i] end
+  if old ~= new then
+    count = count + 1
+    changes[i] = old
+    current[name] = new
+  end
+end
+
 local out = {}
-for i = 1, (#ARGV - 2) / 2 do
-  local name, new = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
-  local kept = 3 + 3 * (i - 1)
-  local old = redis.call('HGET', KEYS[1], name)
-  if old == new then
+if count == 0 then
+  for i = 1, n do out[i] = 0 end
+  return out
+end
+local version = redis.call('INCRBY', KEYS[2], count) - count
+local fields, scores = {}, {}
+for i = 1, n do
+  local old = changes[i]
+  if old == nil then
     out[i] = 0
   else
-    local version = redis.call('INCR', KEYS[2])
-    redis.call('HSET', KEYS[1], name, new)
-    redis.call('ZADD', KEYS[3], version, name)
+    version = version + 1
+    out[i] = version
+    local name, new = names[i], ARGV[2 + 2 * i]
+    fields[#fields + 1] = name
+    fields[#fields + 1] = new
+    scores[#scores + 1] = version
+    scores[#scores + 1] = name
+    local kept = 3 + 3 * (i - 1)
     if audit ~= '' then
-      redis.call('LPUSH', KEYS[kept + 1], string.sub(audit, 1, -2) .. ',"old":' .. (old or 'null') .. ',"new":' .. new .. ',"version":' .. version .. '}')
-      redis.call('LTRIM', KEYS[kept + 1], 0, size - 1)
+      local length = redis.call('LPUSH', KEYS[kept + 1], string.sub(audit, 1, -2) .. ',"old":' .. (old or 'null') .. ',"new":' .. new .. ',"version":' .. version .. '}')
+      if length > size then redis.call('LTRIM', KEYS[kept + 1], 0, size - 1) end
     end
     if not old then
       for k = kept + 1, kept + 3 do redis.call('PERSIST', KEYS[k]) end
     end
-    out[i] = version
   end
+end
+-- a name twice: the later value and version win, as they would one command at a time
+for first = 1, #fields, 2 * SLICE do
+  redis.call('HSET', KEYS[1], unpack(fields, first, math.min(first + 2 * SLICE - 1, #fields)))
+  redis.call('ZADD', KEYS[3], unpack(scores, first, math.min(first + 2 * SLICE - 1, #scores)))
 end
 return out

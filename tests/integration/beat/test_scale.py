@@ -4,6 +4,7 @@ with the leader's threshold lowered, so the behaviour at scale is what runs."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -118,6 +119,11 @@ def _tick_until(sched: SafeScheduler, predicate: Callable[[], Any], timeout: flo
     return wait_for(lambda: (sched.tick(), predicate())[1], timeout, interval=0.05)
 
 
+def _planned(sched: SafeScheduler) -> None:
+    """Tick until the leader's plan of every entry (a chunk per tick) is complete."""
+    _tick_until(sched, lambda: not sched.replanning, timeout=60)
+
+
 def _tick_for(sched: SafeScheduler, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -133,6 +139,7 @@ def test_a_leader_with_many_entries_reads_only_the_due_ones_and_applies_changes_
     try:
         # a fresh leader (no marker): it plans every entry, a chunk at a time, and keeps none
         _tick_until(first, lambda: all(_fired(sent, name) for name in [*BUSY, "cfg"]))
+        _planned(first)
         assert first.lazy
         assert len(first.runtime) <= len(BUSY) + 1
         # a pause with an expiry, applied by this leader, expires under the next one
@@ -176,6 +183,45 @@ def test_a_leader_with_many_entries_reads_only_the_due_ones_and_applies_changes_
     info = get_entry("busy-3", app=app)
     assert info is not None
     assert info.enabled
+
+
+def test_a_fresh_leader_fires_what_is_due_before_its_plan_of_every_entry_ends(
+    app: Celery, tmp_path: Path, sent: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(C, "BEAT_LAZY_CHUNK", 50)  # a dozen chunks: a plan that takes many ticks
+    late = {"name": "late", "task": "t.scale_noop", "schedule": 1.0, "options": {"safe_time_misfire": "run_all"}}
+    assert save_entries([*_tenants(600), late], app=app) == 606
+    leader = _leader(app, tmp_path, "fresh")
+    step = leader.replan_step
+    held = [True]  # the plan's next chunks wait while this holds: as a plan of a million does
+
+    def gated() -> bool:
+        return leader.replanning if held[0] else step()
+
+    try:
+        leader.tick()  # takes the lease: plans the config entries, the runtime ones wait
+        assert leader.replanning
+        monkeypatch.setattr(leader, "replan_step", gated)
+        _tick_until(leader, lambda: len(_fired(sent, "cfg")) >= 2)
+        # the first due slots went out while no runtime entry was planned yet
+        assert leader.replanning
+        assert not [name for name, _ in sent if name != "cfg"]
+        held_at = time.time()
+        held[0] = False
+        _planned(leader)
+        _tick_until(leader, lambda: all(_fired(sent, name) for name in BUSY))
+        assert beat_backend(get_config(app)).due_count() == 607  # with cfg
+        # planned from the lease's start, not from when its chunk came: the slots that fell due
+        # while it waited fire late (run_all: each of them), none lost
+        slots = sorted(_fired(sent, "late"))
+        assert slots[0] <= min(_fired(sent, "cfg"))
+        assert slots[0] < held_at
+        assert all(y - x == 1.0 for x, y in itertools.pairwise(slots))
+    finally:
+        leader.close()
+    for name in {entry for entry, _ in sent}:
+        slots = _fired(sent, name)
+        assert len(slots) == len(set(slots)), name  # every slot at most once
 
 
 def test_save_entries_is_idempotent_and_counts_changes(
@@ -271,6 +317,7 @@ def test_a_due_set_lost_under_such_a_leader_is_planned_again_in_full(
     leader = _leader(app, tmp_path, "lost")
     try:
         _tick_until(leader, lambda: _fired(sent, "busy-0"))
+        _planned(leader)
         backend = beat_backend(get_config(app))
         assert backend.due_count() == 306  # with cfg
         assert leader.lazy

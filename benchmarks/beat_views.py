@@ -64,7 +64,8 @@ def _drop_postgres(app: Any) -> None:
 def bench_one(redis_url: str, backend: str, n: int, baseline: bool) -> dict[str, Any]:
     from celery_safe_time import save_entries
     from celery_safe_time.beat.admin import describe_beat
-    from celery_safe_time.beat.entries import count_entries, invalid_entries, list_entries, page_entries
+    from celery_safe_time.beat.entries import list_entries
+    from celery_safe_time.beat.entry_pages import count_entries, invalid_entries, page_entries
 
     prefix = f"views-{uuid.uuid4().hex[:8]}:"
     app = _app(redis_url)

@@ -78,7 +78,7 @@ def _invalid(app: Celery, runtime: int) -> dict[str, str] | str:
     """The entries the leader disables, with why (as ``safe-time check`` names them); with more than
     ``BEAT_STATUS_CHECK_MAX`` runtime entries, where to page through them instead (checking each one
     is a read of every definition)."""
-    from .entries import invalid_entries
+    from .entry_pages import invalid_entries
 
     if runtime > C.BEAT_STATUS_CHECK_MAX:
         return (

@@ -70,7 +70,8 @@ def beat_list(
     their last and next fire. Reads one page of the name index, not every entry; the counts come
     from the indexes. When more entries follow, the last line names the --after to go on with
     (on standard error with --json)."""
-    from ..beat.entries import count_entries, describe_schedule, merge_pages, page_entries
+    from ..beat.entries import describe_schedule
+    from ..beat.entry_pages import count_entries, merge_pages, page_entries
 
     app = _app(ctx)
     page = page_entries(app=app, after=after, limit=limit, prefix=prefix, state=state, soon=soon)

@@ -44,7 +44,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
 def _invalid_entries(app: Celery) -> tuple[dict[str, str], str | None]:
     """Every invalid beat entry (config, runtime and, under Django, django-celery-beat rows) with
     its reason, and why the entries could not be read (or None)."""
-    from ..beat.entries import invalid_entries
+    from ..beat.entry_pages import invalid_entries
     from ..contrib.django.status import django_beat_in_use
 
     try:

@@ -171,7 +171,8 @@ def config_and_runtime_entries(
 ) -> tuple[list[EntryRow], str | None]:
     """One page of the config and runtime entries (``page_entries``: never every entry), the invalid
     ones marked, and where the next page starts (None: the last page)."""
-    from ...beat.entries import describe_schedule, page_entries
+    from ...beat.entries import describe_schedule
+    from ...beat.entry_pages import page_entries
 
     # The web process need not import the worker's tasks: an unknown task is check's to say.
     page = page_entries(app=app, after=after, prefix=prefix, limit=limit, tasks=False)
@@ -323,7 +324,7 @@ def gather(
         view.beat_error = view.beat.get("error")
     except errors as exc:
         view.beat_error = _failed("beat", exc)
-    from ...beat.entries import count_entries, merge_pages
+    from ...beat.entry_pages import count_entries, merge_pages
 
     view.entries_from, view.entries_prefix = after, prefix
     entries: list[EntryRow] = []

@@ -17,7 +17,7 @@ from celery import Celery
 
 from celery_safe_time import delete_entry, save_entries
 from celery_safe_time.beat.backends import beat_backend
-from celery_safe_time.beat.entries import count_entries, page_entries
+from celery_safe_time.beat.entry_pages import count_entries, page_entries
 from celery_safe_time.beat.state import dump_state
 from celery_safe_time.config import get_config
 from tests.helpers.beat import BEAT_APP, beat_env
@@ -103,9 +103,8 @@ def test_counts_come_from_the_indexes(app: Celery) -> None:
     )
 
 
+@pytest.mark.parametrize("coordination", ["redis"], indirect=True)  # PostgreSQL pages its table's index
 def test_the_redis_name_index_heals(app: Celery, coordination: dict[str, Any], redis_url: str) -> None:
-    if coordination:
-        pytest.skip("the name index is Redis's (PostgreSQL pages its table's index)")
     items = _items(500)
     save_entries(items, app=app)
     names = sorted([item["name"] for item in items] + ["tenant-cfg"])

@@ -12,7 +12,7 @@ from celery import Celery
 from celery_safe_time.beat import entries as beat_entries
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
 from celery_safe_time.beat.definitions import definition_json
-from celery_safe_time.beat.entries import count_entries, merge_pages, page_entries
+from celery_safe_time.beat.entry_pages import EntriesPage, count_entries, merge_pages, page_entries
 
 NOW = 1_800_000_000.0
 EVERY_MINUTE = {"type": "interval", "every": 60.0}
@@ -50,7 +50,7 @@ def _store(data: MemoryBeatData, name: str, task: str, *, enabled: bool = True, 
         data.due[name] = due
 
 
-def _names(page: beat_entries.EntriesPage) -> list[str]:
+def _names(page: EntriesPage) -> list[str]:
     return [info.name for info in page.entries]
 
 

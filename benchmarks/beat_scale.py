@@ -192,6 +192,12 @@ def _next_nine(now: float) -> float:
     return nine.timestamp()
 
 
+def _tick_until_planned(sched: Any) -> None:
+    sched.tick()
+    while sched.replanning:
+        sched.tick()
+
+
 def burst_child(redis_url: str, n: int, unbatched: bool, coordination: str | None = None) -> dict[str, Any]:
     """In a process of its own: plan ``n`` entries due at 09:00, move the leader's clock to just
     before it, and tick until every slot is published; time from 09:00 to the last publish."""
@@ -216,7 +222,8 @@ def burst_child(redis_url: str, n: int, unbatched: bool, coordination: str | Non
         nine = _next_nine(real.time())
         clock = _ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
         sched.clock = clock
-        out["plan"] = _timed(sched.tick)  # a fresh leader plans every entry: next slot 09:00
+        # A fresh leader plans a chunk per tick: every entry planned (next slot 09:00) before 09:00 comes.
+        out["plan"] = _timed(lambda: _tick_until_planned(sched))
         out["reads only due"] = sched.lazy
         clock.shift = nine - BURST_LEAD - real.time()
         client = redis.Redis.from_url(redis_url)

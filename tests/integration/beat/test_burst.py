@@ -82,7 +82,13 @@ def _leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
     nine = _nine(real.time())
     clock = _ShiftedClock(real, nine - 600 - real.time())
     sched.clock = clock
-    wait_for(lambda: (sched.tick(), sched._reconciled is not None)[1], 30, interval=0.05, message="the plan")
+    # A fresh leader plans a chunk per tick: tick until its plan is complete.
+    wait_for(
+        lambda: (sched.tick(), sched._reconciled is not None and not sched.replanning)[1],
+        60,
+        interval=0.05,
+        message="the plan",
+    )
     assert sched.lazy == sched.backend.reads_due_only  # PostgreSQL coordination loads every entry
     assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
     clock.shift = nine - 0.1 - real.time()

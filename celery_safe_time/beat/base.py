@@ -7,6 +7,7 @@ and ``contrib.django``'s ``SafeDatabaseScheduler`` over django-celery-beat.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -38,6 +39,25 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def collector_paused(pause: bool = True) -> Iterator[None]:
+    """The cyclic garbage collector off for the block when ``pause`` (and it was on).
+
+    For the leader's bulk work, whose many objects are freed by their reference counts or all live
+    on: a burst's chunk (thousands of short-lived entries and messages, over which the collector's
+    passes cost a tenth of the tick's CPU), a chunk of a plan of every entry, a load of every entry
+    (a million objects that stay, which the collector would otherwise walk again and again).
+    """
+    collecting = pause and gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def tick_granularity(max_interval: float) -> float:

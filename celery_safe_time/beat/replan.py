@@ -18,7 +18,7 @@ from celery.beat import ScheduleEntry
 from .. import constants as C
 from ..exceptions import LeaseLost, ScheduleError
 from ..redis_client import as_text
-from .base import LeasedScheduler
+from .base import LeasedScheduler, collector_paused
 from .definitions import parse_definition, spec_key
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER
 from .slots import OPTION_MISFIRE, Plan, next_state
@@ -110,9 +110,7 @@ class ReplanningScheduler(LeasedScheduler):
         del snapshot
         # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
         # collector would walk the growing heap again and again while they are built.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():
             for name in list(self.runtime):
                 self._drop(name)
             self.runtime = {}
@@ -125,9 +123,6 @@ class ReplanningScheduler(LeasedScheduler):
             if plan is None:
                 plan = self._replan_all(now)
                 mode = "full"
-        finally:
-            if collecting:
-                gc.enable()
         if len(self.schedule) + len(self.paused) >= C.BEAT_GC_FREEZE_ENTRIES:
             # The entries live for the whole term and hold no reference cycles (a replaced one is freed
             # by its reference count): keep the collector's full passes from walking them in a tick.
@@ -260,10 +255,9 @@ class ReplanningScheduler(LeasedScheduler):
         steps = self._replanning
         if steps is None:
             return False
-        collecting = gc.isenabled()
-        gc.disable()  # each chunk's objects are freed by their reference counts
         try:
-            next(steps)
+            with collector_paused():  # each chunk's objects are freed by their reference counts
+                next(steps)
             return True
         except StopIteration as done:
             self._replanning = None
@@ -271,9 +265,6 @@ class ReplanningScheduler(LeasedScheduler):
         except BaseException:
             self._replanning = None  # a lost lease or a backend error ends the term: the next plans again
             raise
-        finally:
-            if collecting:
-                gc.enable()
         self._mark_applied()
         logger.info(
             "beat: leader with epoch %s planned every entry: %d new or edited, %d removed",

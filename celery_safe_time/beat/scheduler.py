@@ -16,10 +16,7 @@ them: it reads the definitions of the entries that fall due and of those that ch
 from __future__ import annotations
 
 import copy
-import gc
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -32,6 +29,7 @@ from ..exceptions import LeaseLost, ScheduleError
 from ..messages.publishing import PublishBatch, batched_publish
 from . import history
 from .backends.base import SlotWrite
+from .base import collector_paused
 from .definitions import build_entry, parse_definition, paused_until, spec_key
 from .entries import with_enabled
 from .leader import LeaseTerm
@@ -44,24 +42,6 @@ from .state import dump_state, load_state, state_next
 logger = logging.getLogger(__name__)
 
 __all__ = ["SafeScheduler"]
-
-
-@contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
-    """The cyclic garbage collector off for the block when ``pause`` (and it was on).
-
-    A chunk of a burst (up to BEAT_DUE_BATCH entries due at once) builds its entries and publishes
-    their messages: thousands of short-lived objects, freed by their reference counts, over which the
-    collector's passes cost a tenth of the tick's CPU. It runs again once the chunk is out.
-    """
-    collecting = pause and gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 class SafeScheduler(ReplanningScheduler, Scheduler):
@@ -160,7 +140,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
                 logger.warning("beat: %s; reconciling the schedule", lost)
                 self.reconcile(epoch, now, full=True)
                 due, _, _, head = self._read_due(now)
-            with _collector_paused(len(due) >= C.BEAT_BURST_NO_GC):
+            with collector_paused(len(due) >= C.BEAT_BURST_NO_GC):
                 if self.lazy:  # the definitions of the due entries, where this leader has not built them
                     self._load([n for n, _ in due if n not in self.runtime and n not in self.config_names])
                 if not self.fire_due(due, now, epoch):

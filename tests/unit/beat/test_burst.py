@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_safe_time.beat.scheduler import _collector_paused
+from celery_safe_time.beat.base import collector_paused
 
 
 @pytest.fixture(autouse=True)
@@ -18,24 +18,24 @@ def _collector_on() -> Iterator[None]:
 
 
 def test_a_chunk_of_a_burst_runs_without_the_cyclic_collector_and_turns_it_back_on() -> None:
-    with _collector_paused(True):
+    with collector_paused(True):
         assert not gc.isenabled()
     assert gc.isenabled()
 
 
 def test_a_failing_chunk_turns_the_collector_back_on() -> None:
-    with pytest.raises(RuntimeError), _collector_paused(True):
+    with pytest.raises(RuntimeError), collector_paused(True):
         raise RuntimeError("publish failed")
     assert gc.isenabled()
 
 
 def test_a_small_tick_leaves_the_collector_alone() -> None:
-    with _collector_paused(False):
+    with collector_paused(False):
         assert gc.isenabled()
 
 
 def test_a_collector_turned_off_by_someone_else_stays_off() -> None:
     gc.disable()
-    with _collector_paused(True):
+    with collector_paused(True):
         assert not gc.isenabled()
     assert not gc.isenabled()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -207,6 +208,20 @@ class ProcessManager:
         return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)
 
 
+#: Where a failed test's process logs and records are copied: pytest's temporary folders are pruned
+#: after three runs and sit under a per-user path nobody finds from a CI log.
+FAILURE_DIR = ROOT / "test-failures"
+
+
+def keep_failure_files(request: pytest.FixtureRequest, log_dir: Path) -> Path:
+    """Copy ``log_dir`` (worker and beat logs, a soak's ``records/``) to ``test-failures/<test>``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")[-150:]
+    target = FAILURE_DIR / name
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(log_dir, target, ignore=shutil.ignore_patterns("*.sock", "*.pid"), dirs_exist_ok=True)
+    return target
+
+
 @contextlib.contextmanager
 def managed_processes(request: pytest.FixtureRequest, log_dir: Path, env: dict[str, str]) -> Iterator[ProcessManager]:
     """A :class:`ProcessManager` for one test: everything killed at the end, the logs printed when
@@ -219,3 +234,4 @@ def managed_processes(request: pytest.FixtureRequest, log_dir: Path, env: dict[s
         rep = getattr(request.node, "rep_call", None)
         if rep is not None and rep.failed:
             print(manager.logs())
+            print(f"this test's logs and records are kept in {keep_failure_files(request, log_dir)}")

@@ -155,7 +155,8 @@ class Poller(threading.Thread):
         if not self.epochs or self.epochs[-1][1] != epoch:
             self.epochs.append((now, epoch))
         if length > self.seen:
-            for raw in reversed(self.client.lrange("celery", 0, length - self.seen - 1)):
+            # counted from the tail (the oldest): a push between LLEN and LRANGE moves the head only
+            for raw in reversed(self.client.lrange("celery", -length, -(self.seen + 1))):
                 headers = json.loads(raw)["headers"]
                 self.messages.append(
                     (
@@ -235,7 +236,7 @@ def bench_kill(redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path) 
     from celery_safe_time.config import get_config
 
     client = redis.Redis.from_url(redis_url)
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     app = _app(redis_url)
     keys = BeatKeys.for_config(get_config(app))
     prefix = keys.due[: -len("beat:due")]
@@ -302,6 +303,9 @@ def bench_kill(redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path) 
     # every slot from 10 s before the kill to 3 s before the end
     out["slots"] = _count(poller, killed - 10, poller.messages[-1][0] - 3)
     out["messages"] = len(poller.messages)
+    with open(tmp / f"messages-{n}.jsonl", "w") as f:  # for a second look at the counts
+        for message in poller.messages:
+            f.write(json.dumps(message) + "\n")
     # the name index (``beat list``, the admin) is built on the first page an operator view reads
     RedisBeatBackend(get_config(app)).entry_page(None, 10)
     out["memory per entry (MEMORY USAGE, bytes)"] = memory_by_type(client, prefix, n)
@@ -309,7 +313,7 @@ def bench_kill(redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path) 
     claim.refresh()
     out["steady tick"] = steady_ticks(app, tmp)
     out["load average at end"] = round(os.getloadavg()[0], 1)
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     return out
 
 
@@ -321,8 +325,10 @@ def run(sizes: list[int]) -> dict[str, Any]:
         logs.mkdir(parents=True, exist_ok=True)
         for n in sizes:
             results[str(n)] = bench_kill(claim.url, n, claim, logs)
+            # each size as soon as it is measured: a million takes minutes
+            (logs / f"result-{n}.json").write_text(json.dumps(results[str(n)], indent=2))
     finally:
-        redis.Redis.from_url(claim.url).flushdb()
+        redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
         claim.release()
     return results
 
@@ -370,7 +376,7 @@ def steady_state_memory(redis_url: str, n: int = 1000) -> dict[str, Any]:
     from celery_safe_time.config import get_config
 
     client = redis.Redis.from_url(redis_url)
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     config = get_config(_app(redis_url))
     backend = RedisBeatBackend(config, client)
     scripts = beat_scripts(client)
@@ -394,7 +400,7 @@ def steady_state_memory(redis_url: str, n: int = 1000) -> dict[str, Any]:
     for label in ("fired", "history", "history-slots"):
         keys = list(client.scan_iter(f"{config.key('beat:')}{label}:*", count=10_000))
         out[label] = round(sum(_usage(client, k) for k in keys) / n, 1)
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     return out
 
 
@@ -413,7 +419,7 @@ def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500) -> dict[s
     from celery_safe_time.config import get_config
 
     client = redis.Redis.from_url(redis_url)
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     backend = RedisBeatBackend(get_config(_app(redis_url)), client)
     lease = backend.make_lease()
     epoch = lease.acquire(time.time())
@@ -430,7 +436,7 @@ def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500) -> dict[s
         lease.write_slots(epoch, writes[i : i + chunk])
     wall = time.perf_counter() - started
     calls2, usec2 = _evalsha_usec(client)
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     return {
         "slots": n,
         "redis usec per slot (evalsha, server-wide)": round((usec2 - usec) / n, 1),
@@ -438,6 +444,135 @@ def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500) -> dict[s
         "client wall usec per slot": round(wall / n * 1e6, 1),
         "load average": round(os.getloadavg()[0], 1),
     }
+
+
+def _pcts(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50 ms": round(ordered[len(ordered) // 2] * 1000, 2),
+        "p99 ms": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1000, 2),
+    }
+
+
+def redbeat_beside(redis_url: str, n: int, tmp: Path) -> dict[str, Any]:
+    """Ours and celery-redbeat with the same ``n`` entries (10 every second, the rest daily at 09:00) in
+    one db: a new leader's first tick, then their ticks in turn (the same noise on both), and Redis
+    memory per entry (``MEMORY USAGE``; ours: definitions, change log, state, due set and audit)."""
+    from celery.schedules import crontab as celery_crontab
+    from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
+
+    from celery_safe_time import save_entries
+    from celery_safe_time.beat.scheduler import SafeScheduler
+    from celery_safe_time.config import get_config
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb(asynchronous=True)
+    out: dict[str, Any] = {"entries": n, "load average at start": round(os.getloadavg()[0], 1)}
+    app = _app(redis_url)
+    specs = _specs(n)
+    started = time.perf_counter()
+    save_entries(specs, app=app)
+    out["ours save s"] = round(time.perf_counter() - started, 1)
+    red_app = _app(redis_url)
+    red_app.conf.update(redbeat_redis_url=redis_url, redbeat_lock_key=None)
+    started = time.perf_counter()
+    for i, spec in enumerate(specs):
+        schedule: Any = 1.0 if i < BUSY else celery_crontab(minute=str(i % 60), hour="9")
+        if BUSY <= i < BUSY + MINUTELY:
+            schedule = celery_crontab()
+        entry = RedBeatSchedulerEntry(spec["name"], spec["task"], schedule, args=spec["args"], app=red_app)
+        entry.save()
+    out["redbeat save s"] = round(time.perf_counter() - started, 1)
+
+    # ours: a fresh leader plans every entry (a chunk per tick), then a new leader takes over from it
+    fresh = SafeScheduler(app=app, schedule_filename=str(tmp / f"rb-fresh-{n}"), max_interval=1)
+    _wait(lambda: fresh.keeper.epoch is not None, 30, "the lease")
+    fresh.tick()
+    while fresh.replanning:
+        fresh.tick()
+    fresh.close()
+    safe = SafeScheduler(app=app, schedule_filename=str(tmp / f"rb-{n}"), max_interval=1)
+    _wait(lambda: safe.keeper.epoch is not None, 30, "the lease")
+    started = time.perf_counter()
+    safe.tick()
+    out["ours takeover first tick s"] = round(time.perf_counter() - started, 3)
+
+    red = RedBeatScheduler(app=red_app, max_interval=1, lock_key=None)
+    red.lock_key = None
+    try:
+        started = time.perf_counter()
+        red.tick()
+        out["redbeat first tick s"] = round(time.perf_counter() - started, 3)
+        time.sleep(1.1)
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(TICKS):
+            for tick, samples in ((safe.tick, ours), (red.tick, theirs)):
+                started = time.perf_counter()
+                tick()
+                samples.append(time.perf_counter() - started)
+            time.sleep(0.02)
+        out["ours tick"], out["redbeat tick"] = _pcts(ours), _pcts(theirs)
+    finally:
+        red.close()
+        safe.close()
+    prefix = get_config(app).key("")
+    mem = memory_by_type(client, prefix, n)
+    out["ours bytes per entry"] = round(sum(mem[k] for k in ("entries", "entries:changed", "state", "due", "audit")))
+    red_keys = []
+    for key in client.scan_iter("redbeat:tenant-*", count=10_000):
+        red_keys.append(key)
+        if len(red_keys) >= MEMORY_SAMPLE:
+            break
+    per_key = sum(_usage(client, k) for k in red_keys) / max(1, len(red_keys))
+    out["redbeat bytes per entry"] = round(per_key + _usage(client, "redbeat::schedule") / n)
+    out["load average at end"] = round(os.getloadavg()[0], 1)
+    client.flushdb(asynchronous=True)
+    return out
+
+
+def interleaved_ticks(redis_url: str, sizes: list[int], tmp: Path) -> dict[str, Any]:
+    """One leader per size, each under a key prefix of its own in one db, taking over a complete plan,
+    ticked in turn (the same noise on each): p50 / p99 of their ticks (10 entries due every second)."""
+    from celery_safe_time import save_entries
+    from celery_safe_time.beat.scheduler import SafeScheduler
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb(asynchronous=True)
+    out: dict[str, Any] = {"load average at start": round(os.getloadavg()[0], 1)}
+    leaders: dict[int, Any] = {}
+    try:
+        for n in sizes:
+            app = _app(redis_url)
+            app.conf.safe_time_key_prefix = f"ticks-{n}:"
+            save_entries(_specs(n), app=app)
+            fresh = SafeScheduler(app=app, schedule_filename=str(tmp / f"ticks-fresh-{n}"), max_interval=1)
+            _wait(lambda fresh=fresh: fresh.keeper.epoch is not None, 30, "the lease")
+            fresh.tick()
+            while fresh.replanning:
+                fresh.tick()
+            fresh.close()
+            leaders[n] = SafeScheduler(app=app, schedule_filename=str(tmp / f"ticks-{n}"), max_interval=1)
+            _wait(lambda n=n: leaders[n].keeper.epoch is not None, 30, "the lease")
+            started = time.perf_counter()
+            leaders[n].tick()
+            out[f"{n} takeover first tick ms"] = round((time.perf_counter() - started) * 1000, 2)
+        time.sleep(1.1)
+        samples: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(2 * TICKS):
+            for n, leader in leaders.items():
+                started = time.perf_counter()
+                leader.tick()
+                samples[n].append(time.perf_counter() - started)
+            time.sleep(0.02)
+        for n in sizes:
+            out[f"{n} tick"] = _pcts(samples[n])
+    finally:
+        for leader in leaders.values():
+            leader.close()
+    out["load average at end"] = round(os.getloadavg()[0], 1)
+    client.flushdb(asynchronous=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -448,7 +583,29 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="Only a daily entry's memory after 50 days, and Redis time per slot.",
     )
+    parser.add_argument("--redbeat", default=None, help="Only ours beside celery-redbeat, at these sizes.")
+    parser.add_argument("--ticks", default=None, help="Only the steady tick of these sizes, ticked in turn.")
     args = parser.parse_args(argv)
+    if args.ticks:
+        claim = services.RedisDbClaim(services.resolve_redis_base())
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                sizes = [int(x) for x in args.ticks.split(",")]
+                print(json.dumps({"interleaved ticks": interleaved_ticks(claim.url, sizes, Path(tmp))}, indent=2))
+        finally:
+            redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
+            claim.release()
+        return 0
+    if args.redbeat:
+        claim = services.RedisDbClaim(services.resolve_redis_base())
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                for n in (int(x) for x in args.redbeat.split(",")):
+                    print(json.dumps({"redbeat beside": redbeat_beside(claim.url, n, Path(tmp))}, indent=2), flush=True)
+        finally:
+            redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
+            claim.release()
+        return 0
     if args.steady_state_memory:
         claim = services.RedisDbClaim(services.resolve_redis_base())
         try:

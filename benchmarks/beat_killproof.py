@@ -19,8 +19,12 @@ Per size, on a fresh Redis db:
 - then the steady tick of an in-process leader taking over the same state: p50 / p99 over a few
   hundred ticks 20 ms apart (the 10 busy entries fall due every second).
 
+Runs of their own: ``--steady-state-memory`` (what a daily entry adds after 50 runs, and Redis's
+own time per guarded slot and per publish), ``--redbeat 100000`` (ours beside celery-redbeat with the
+same entries) and ``--ticks 10000,1000000`` (leaders of each size ticked in turn).
+
 ``python -m benchmarks.beat_killproof [--sizes 10000,1000000]``; needs the local Redis. Not part of
-``make bench`` (a million entries take minutes to save and about 1 GB of Redis).
+``make bench`` (a million entries take minutes to save and about 1.4 GB of Redis).
 """
 
 from __future__ import annotations
@@ -404,12 +408,12 @@ def steady_state_memory(redis_url: str, n: int = 1000) -> dict[str, Any]:
     return out
 
 
-def _evalsha_usec(client: redis.Redis) -> tuple[int, float]:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+def _evalsha_usec(client: redis.Redis, command: str = "evalsha") -> tuple[int, float]:
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
     return int(stats.get("calls", 0)), float(stats.get("usec", 0))
 
 
-def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500) -> dict[str, Any]:
+def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500, history: bool = True) -> dict[str, Any]:
     """Redis's own time per dispatched slot: ``n`` guarded dispatches with their run records, ``chunk``
     per pipelined round trip as the leader sends them, from ``INFO commandstats`` (``evalsha`` usec,
     server-wide: another client's scripts in the same seconds count too, so it is an upper bound)."""
@@ -420,7 +424,10 @@ def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500) -> dict[s
 
     client = redis.Redis.from_url(redis_url)
     client.flushdb(asynchronous=True)
-    backend = RedisBeatBackend(get_config(_app(redis_url)), client)
+    app = _app(redis_url)
+    if not history:  # the run record off: the guard, the state and the due set only
+        app.conf.safe_time_beat_history_size = 0
+    backend = RedisBeatBackend(get_config(app), client)
     lease = backend.make_lease()
     epoch = lease.acquire(time.time())
     assert epoch is not None
@@ -436,8 +443,20 @@ def redis_slot_cost(redis_url: str, n: int = 20_000, chunk: int = 500) -> dict[s
         lease.write_slots(epoch, writes[i : i + chunk])
     wall = time.perf_counter() - started
     calls2, usec2 = _evalsha_usec(client)
+    # the publish: a message of the size Celery sends for such an entry, one LPUSH each, pipelined
+    message = b"x" * 1100
+    pushes, push_usec = _evalsha_usec(client, "lpush")
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        pipe.lpush("bench-publish", message)
+        if i % chunk == chunk - 1:
+            pipe.execute()
+    pipe.execute()
+    pushes2, push_usec2 = _evalsha_usec(client, "lpush")
     client.flushdb(asynchronous=True)
     return {
+        "redis usec per publish (lpush of 1,100 bytes, server-wide)": round((push_usec2 - push_usec) / n, 1),
+        "lpush calls counted": pushes2 - pushes,
         "slots": n,
         "redis usec per slot (evalsha, server-wide)": round((usec2 - usec) / n, 1),
         "evalsha calls counted": calls2 - calls,
@@ -611,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(json.dumps({"per entry after 50 days": steady_state_memory(claim.url)}, indent=2))
             print(json.dumps({"redis cost per slot": redis_slot_cost(claim.url)}, indent=2))
+            print(json.dumps({"without history": redis_slot_cost(claim.url, history=False)}, indent=2))
         finally:
             claim.release()
         return 0

@@ -42,8 +42,7 @@ import re
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -196,27 +195,22 @@ class PostgresLockBackend(LockBackend):
             if postgres_sql.ensure_schema(self.engine):
                 logger.info("created the PostgreSQL lock tables (schema v%d)", C.PG_LOCK_SCHEMA_VERSION)
         except _UNREACHABLE as exc:
-            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         self._schema_checked = True
-
-    @contextmanager
-    def _connection(self) -> Iterator[sa.Connection]:
-        self.ensure_schema()
-        with self.engine.connect() as conn:
-            yield conn
 
     def _run(self, work: Callable[[sa.Connection], T]) -> T:
         """``work`` on a pooled connection; a connection that broke (a restart since it was pooled)
         is thrown away and ``work`` runs once more: every call here is safe to repeat (token-checked)."""
         for attempt in (1, 2):
             try:
-                with self._connection() as conn:
+                self.ensure_schema()
+                with self.engine.connect() as conn:
                     return work(conn)
             except sa.exc.DBAPIError as exc:
                 if attempt == 1 and exc.connection_invalidated:
                     continue
                 if isinstance(exc, _UNREACHABLE):
-                    raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+                    raise self._unreachable(exc) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -383,14 +377,7 @@ class PostgresLockBackend(LockBackend):
         return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
 
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
         return self._run_raw(lambda conn: self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens))
 
@@ -419,13 +406,7 @@ class PostgresLockBackend(LockBackend):
         return (self.lock_key(lock), self.marker_key(marker), token, as_ms(window), task_id, done, done_ms)
 
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         params = self._commit_params(lock, marker, token, window, task_id, finished)
         recorded, released = self._run_raw(lambda conn: self._fetch(conn, _COMMIT, params))
@@ -447,21 +428,12 @@ class PostgresLockBackend(LockBackend):
         return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None
 
     # --- unique task keys -------------------------------------------------------------------------
-    def unique_acquire(
-        self,
-        key: str,
-        task_id: str,
-        ttl: float,
-        state: str,
-        *,
-        stored: bool | None,
-        host: str,
-        gone: str | None = None,
-        own: bool = False,
+    def _unique_acquire(
+        self, key: str, task: str, ttl: float, state: str, stored: bool | None, host: str, gone: str | None, own: bool
     ) -> UniqueClaim:
         params = {
             "name": self.unique_key(key),
-            "task_id": task_id,
+            "task_id": task,
             "ttl_ms": as_ms(ttl),
             "state": state,
             "stored": stored,
@@ -603,7 +575,7 @@ class PostgresLockBackend(LockBackend):
             except sa.exc.DBAPIError as exc:
                 if attempt == 1 and exc.connection_invalidated:
                     continue
-                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+                raise self._unreachable(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
@@ -644,14 +616,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
             ) from exc
 
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
         # Our own token already holds it on one of this process's sessions (a retried call): ask on
         # that session, where the advisory lock is ours and the row's token makes it a take-over.
@@ -724,13 +689,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         return self._finish(key, token, work, lambda: self._run_raw(work))
 
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         params = self._commit_params(lock, marker, token, window, task_id, finished)
 

@@ -30,7 +30,7 @@ from .backends.base import DelayRow, DelayStore
 from .confirms import ConfirmSession, publish_batch_confirmed
 from .maintenance import confirm_deliveries, purge_retained
 from .plan import adaptive_lookahead
-from .publish import SweepStats, close_expired, mark_sent_retrying, publish_batch
+from .publish import Batch, SweepStats, close_expired, mark_sent_retrying, publish_batch
 from .revoked import REASON_EXPIRED, report_revoked
 
 __all__ = ["SweepStats", "plan_lookahead", "register", "sweep"]
@@ -121,14 +121,12 @@ def _sweep(
             # The next batch is claimed while this one publishes (a thread, where the store allows).
             following = None if last else claims.next()
             try:
+                trusted_until = claimed_at + config.claim_timeout / 2
+                job = Batch(app, config, store, rows, token, stats, trusted_until, clock, marks)
                 if session is not None:
-                    publish_batch_confirmed(
-                        session, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock, marks=marks
-                    )
+                    publish_batch_confirmed(session, job)
                 else:
-                    publish_batch(
-                        app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock, marks=marks
-                    )
+                    publish_batch(job)
             except BaseException:
                 claims.hand_back(following)
                 raise

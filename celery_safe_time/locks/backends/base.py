@@ -93,6 +93,14 @@ class LockInfo:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def unique(
+        cls, key: str, redis_key: str, task_id: str | None, host: str | None, age: float | None, ttl_left: float | None,
+        state: str | None,
+    ) -> LockInfo:  # fmt: skip
+        """A unique task's key as ``locks list`` shows it (``unique:<key>``)."""
+        return cls(C.UNIQUE_LIST_PREFIX + key, redis_key, task_id, host, None, None, age, ttl_left, "unique", state)
+
 
 UniqueStatus = Literal["acquired", "own", "held"]
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ... import constants as C
 from ...config import SafeTimeConfig
 from ..rates import Rate, RateTaken, take
 from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim
@@ -240,18 +239,8 @@ class MemoryLockBackend(LockBackend):
             held = self._live(self._unique, key)
             if held is None:
                 return None
-            return LockInfo(
-                key=C.UNIQUE_LIST_PREFIX + key,
-                redis_key=self.unique_key(key),
-                task_id=held.task_id,
-                host=held.host,
-                pid=None,
-                fence=None,
-                age=round(now - held.created_at, 3),
-                ttl_left=round(held.expires - now, 3),
-                kind="unique",
-                state=held.state,
-            )
+            age, ttl_left = round(now - held.created_at, 3), round(held.expires - now, 3)
+            return LockInfo.unique(key, self.unique_key(key), held.task_id, held.host, age, ttl_left, held.state)
 
     def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
         with self._mutex:

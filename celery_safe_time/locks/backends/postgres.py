@@ -1,37 +1,16 @@
 """Overlap locks, idempotency markers and unique keys as PostgreSQL rows (``safe_time_coordination_url``).
 
-Three tables and one sequence, created on first use (``CREATE ... IF NOT EXISTS`` under a transaction
-advisory lock, so processes starting together do not race):
+Tables ``safe_time_lock``, ``safe_time_lock_marker``, ``safe_time_unique`` and the fence sequence,
+created on first use (``locks/sql/schema.sql``; every statement in ``locks/sql/queries.sql``). Names
+are the Redis key names, every time is the database's ``now()``, and the Redis scripts' rules are
+PL/pgSQL functions, so each lock call is one statement on an autocommit connection. Expired rows are
+replaced when their name is taken again and purged every ``PG_LOCK_PURGE_INTERVAL`` seconds.
 
-- ``safe_time_lock``: one row per held lock (``name`` = the Redis key name ``<prefix>lock:<key>``),
-  with the holder's ``token`` (never shown), ``task_id``, ``identity``, ``host``, ``pid``, ``fence``,
-  ``acquired_at``, ``renewed_at`` and ``expires_at``. Every time is the database's ``now()``: a
-  worker's clock never decides whether a lock has expired.
-- ``safe_time_lock_marker``: idempotency markers (``<prefix>idem:<key>``, kept for their window) and
-  finished-delivery markers (``<prefix>lock-done:<key>:<identity>``), each with ``expires_at``.
-- ``safe_time_unique``: unique task keys (``<prefix>unique:<key>``): holder task id, state, stored.
-- ``safe_time_lock_fence``: the fencing numbers of every key; a sequence never goes back, so fences
-  grow per key across holders and restarts (it starts at the creation time in microseconds, above
-  the fences a Redis backend handed out before a switch).
-
-The multi-step rules of the Redis scripts (``locks/lua/*.lua``) are PL/pgSQL functions (``*_v<N>``),
-so acquire, renew, release and commit are each one statement, one round trip, on an autocommit
-connection. Expired rows are replaced when their name is taken again, and a process deletes expired
-rows at most every ``PG_LOCK_PURGE_INTERVAL`` seconds.
-
-The SQL is package data: the tables, sequence and functions in ``locks/sql/schema.sql``, every statement
-the backend runs in ``locks/sql/queries.sql`` (:mod:`.postgres_sql` reads them and installs the schema).
-
-Two ways to hold an overlap lock (``safe_time_coordination_locks``):
-
-- ``lease`` (the default, :class:`PostgresLockBackend`): the row expires ``ttl`` after its last
-  renewal, and the watchdog renews it as on Redis. A killed holder's lock is free when its lease runs
-  out. Works behind PgBouncer in transaction mode.
-- ``session`` (:class:`PostgresSessionLockBackend`): ``pg_try_advisory_lock`` on a connection held for
-  the task's run; the row only describes the holder. PostgreSQL frees the lock as soon as the holder's
-  connection dies (kill -9, a hard time limit), but a holder that hangs keeps it (no expiry), the run
-  holds one more connection, and it does NOT work behind PgBouncer in transaction mode (the session
-  is not the client's).
+``safe_time_coordination_locks``: ``lease`` (:class:`PostgresLockBackend`, the default) rows expire
+``ttl`` after their last renewal, as on Redis, and work behind PgBouncer in transaction mode;
+``session`` (:class:`PostgresSessionLockBackend`) holds ``pg_try_advisory_lock`` on a connection kept
+for the run, freed the moment that connection dies, but not behind PgBouncer in transaction mode and
+never for a holder that hangs (docs/locks.md).
 """
 
 from __future__ import annotations
@@ -492,18 +471,7 @@ class PostgresLockBackend(LockBackend):
     def _unique_info(self, row: Any) -> LockInfo:
         name, task_id, host, state, age, ttl_left = row[:6]
         key = name[len(self.unique_key("")) :]
-        return LockInfo(
-            key=C.UNIQUE_LIST_PREFIX + key,
-            redis_key=name,
-            task_id=task_id,
-            host=host,
-            pid=None,
-            fence=None,
-            age=round(age, 3),
-            ttl_left=round(ttl_left, 3),
-            kind="unique",
-            state=state,
-        )
+        return LockInfo.unique(key, name, task_id, host, round(age, 3), round(ttl_left, 3), state)
 
     def unique_info(self, key: str, now: float) -> LockInfo | None:
         row = self._run(lambda conn: conn.execute(_UNIQUE_INFO, {"name": self.unique_key(key)}).first())

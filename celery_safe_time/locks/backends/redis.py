@@ -247,18 +247,9 @@ class RedisLockBackend(LockBackend):
         if pttl == -2 or not any(fields):
             return None
         task_id, host, state, created_at = (as_text(v) for v in fields)
-        return LockInfo(
-            key=C.UNIQUE_LIST_PREFIX + key,
-            redis_key=redis_key,
-            task_id=task_id,
-            host=host,
-            pid=None,
-            fence=None,
-            age=round(now - float(created_at), 3) if created_at else None,
-            ttl_left=round(pttl / 1000.0, 3) if pttl >= 0 else None,
-            kind="unique",
-            state=state,
-        )
+        age = round(now - float(created_at), 3) if created_at else None
+        ttl_left = round(pttl / 1000.0, 3) if pttl >= 0 else None
+        return LockInfo.unique(key, redis_key, task_id, host, age, ttl_left, state)
 
     def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
         return self._scan_hashes(

@@ -595,15 +595,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
             conn = self._held.pop((key, mine)) if mine is not None else None
         if conn is None:
             conn = self._checkout()
-        unreachable = self._dbapi_errors()[1]
-        try:
-            acquired = self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens)
-        except BaseException as exc:
-            conn.invalidate()  # whatever it holds dies with the session
-            conn.close()
-            if isinstance(exc, unreachable):
-                raise self._unreachable(exc) from exc
-            raise
+        acquired = self._in_session(conn, lambda c: self._acquire_on(c, key, token, ttl, owner, marker, earlier_tokens))
         if acquired.status != "acquired":
             if mine is not None:
                 conn.invalidate()  # it held the lock: closing the session frees it
@@ -612,6 +604,18 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         with self._held_lock:
             self._held[(key, token)] = conn
         return acquired
+
+    def _in_session(self, conn: Any, work: Callable[[Any], T]) -> T:
+        """``work(conn)``; on any error the session ends, and whatever advisory lock it holds with it."""
+        unreachable = self._dbapi_errors()[1]
+        try:
+            return work(conn)
+        except BaseException as exc:
+            conn.invalidate()
+            conn.close()
+            if isinstance(exc, unreachable):
+                raise self._unreachable(exc) from exc
+            raise
 
     def _take(self, key: str, token: str) -> Any:
         with self._held_lock:
@@ -635,15 +639,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
             # Not held here (a hard-limit release from the worker's main process): the session that
             # held it has ended with its process; only the row is left to delete.
             return fallback()
-        unreachable = self._dbapi_errors()[1]
-        try:
-            result = work(conn)
-        except BaseException as exc:
-            conn.invalidate()  # closing the session frees its advisory lock
-            conn.close()
-            if isinstance(exc, unreachable):
-                raise self._unreachable(exc) from exc
-            raise
+        result = self._in_session(conn, work)
         conn.close()
         self._maybe_purge()
         return result

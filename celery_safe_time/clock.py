@@ -132,16 +132,11 @@ def measure_redis_offset(client: redis.Redis, *, samples: int = 3, local: Callab
 class ServerClock:
     """A server's clock as the shared clock, read cheaply between syncs with this host's monotonic clock.
 
-    ``time()`` is the server time of the last sync plus the monotonic time elapsed since, re-synced
-    every ``refresh`` monotonic seconds: a tick costs no round trip, and a step of this host's wall
-    clock (NTP, an operator, ``SAFE_TIME_LOCAL_CLOCK_SKEW``) never moves beat's "now" (following the
-    wall clock until the next sync would fire slots early or count them as missed). The wall
-    clock (``local``) is read only to report the offset (``offset``, startup warning). A failed
-    refresh keeps interpolating from the last sync and logs.
-
-    Subclasses say how one sync is measured (:meth:`measure`) and what a failed one raises
-    (:attr:`unavailable`): Redis ``TIME`` (:class:`RedisClock`), PostgreSQL's ``clock_timestamp()``
-    (the PostgreSQL beat backend).
+    ``time()`` is the server time of the last sync plus the monotonic time since, re-synced every
+    ``refresh`` seconds: a tick costs no round trip, and a step of this host's wall clock never moves
+    beat's "now". The wall clock (``local``) only reports the offset. A failed refresh keeps
+    interpolating from the last sync and logs. Subclasses say how a sync is measured (:meth:`measure`)
+    and what a failed one raises (:attr:`unavailable`).
     """
 
     #: What :meth:`measure` raises when the server is down (a failed refresh is then survived).

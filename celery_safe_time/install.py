@@ -59,12 +59,11 @@ def install(app: Celery) -> SafeTimeConfig:
 
 def check_worker_startup(sender: Any = None, **_: Any) -> None:
     """``worker_init``: a worker says what is wrong with its store or coordination backend before it
-    says "ready", one line per problem naming the setting, instead of failing at its first locked or
-    stored call. A setting or a missing driver cannot heal: CRITICAL, and the worker stops
-    (``SystemExit``: Celery logs and swallows any other exception a signal handler raises, traceback
-    and all). A backend that does not answer now may in a moment (a failover, a restart during an
-    outage): ERROR, and the worker starts, as Celery's does while its broker is away; each locked or
-    stored call then waits for the backend as it always does."""
+    says "ready", one line per problem naming the setting. A setting or a missing driver cannot heal:
+    CRITICAL, and the worker stops (``SystemExit``: Celery swallows any other exception a signal handler
+    raises). A backend that does not answer now may in a moment: ERROR, and the worker starts, as
+    Celery's does while its broker is away.
+    """
     app = getattr(sender, "app", None)
     if not isinstance(app, Celery):
         return

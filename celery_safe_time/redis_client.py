@@ -1,13 +1,8 @@
 """Redis client factory: one pooled client per URL and process, with timeouts always set.
 
-Supports ``redis://``, ``rediss://`` (TLS), ``unix://`` and
-``sentinel://[:password@]host:port[,host:port...]/db?master=name`` (the master is
-discovered through Sentinel on every new connection, so a Redis failover is followed) and
-``redis+cluster://[user:password@]host:port[,host:port...]/`` / ``rediss+cluster://`` (a Redis
-Cluster through redis-py's ``RedisCluster``; the hosts are startup nodes, the slot map is read
-from them and refreshed on ``MOVED`` or a lost node). TLS options ride in the URL query
-(``ssl_ca_certs``, ``ssl_cert_reqs``, ``ssl_check_hostname``, ``ssl_certfile``, ``ssl_keyfile``),
-as redis-py reads them; ``docs/redis.md`` lists them.
+``redis://``, ``rediss://`` (TLS), ``unix://``, ``sentinel://`` (the master looked up on every new
+connection) and ``redis+cluster://`` / ``rediss+cluster://``; TLS options ride in the URL query, as
+redis-py reads them. docs/redis.md lists the forms.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Batched publishing to RabbitMQ: a batch's ``basic.publish`` frames written in one socket write.
 
-py-amqp writes each publish as soon as it is made: per message one ``sendall`` and, on a server
-that announces ``connection.blocked``, one non-blocking socket read before it; and it encodes each
-message's header table item by item although a batch of one task repeats most of them (task name,
-``lang``, ``retries``, ``timelimit``, ...). :class:`BatchProducer` is a kombu ``Producer`` whose last
-step, after kombu's own serialization, compression and delivery details, appends the frames to a
-buffer instead; :meth:`BatchProducer.flush` writes the buffer once. A ``connection.blocked``
-notice (a memory or disk alarm) is read while the sweep waits for the batch's confirms instead of
-before each publish. :class:`BatchSender` is ``send_task``'s per-row work (routing, the message,
-``send_task_message`` with ``before/after_task_publish`` and the sent event) with what is the same
-for every row looked up once per batch.
-
-:class:`FrameEncoder` produces the same bytes as py-amqp's frame writer (tested against it), with
-the encodings of repeated header items kept for the batch.
+py-amqp writes (and, with ``connection.blocked``, reads the socket) once per publish and encodes each
+header table item by item. :class:`BatchProducer` is a kombu ``Producer`` whose last step appends the
+frames to a buffer, which :meth:`BatchProducer.flush` writes once; :class:`FrameEncoder` produces
+py-amqp's bytes (tested against it) with a batch's repeated header items encoded once;
+:class:`BatchSender` is ``send_task``'s per-row work with what a batch shares looked up once
+(docs/benchmarks.md has the profile).
 """
 
 from __future__ import annotations
@@ -334,18 +327,10 @@ def _quorum_queues(app: Any, producer: Any) -> bool:
 class BatchSender:
     """Celery's ``send_task`` for the rows of one batch, with what is the same for every row looked up once.
 
-    The message and what decides its destination are Celery's own, per row: the task's execution
-    options, ``task_routes`` (a router function sees each row's arguments), ``expires`` as a message
-    TTL, the parent/root ids and inherited priority of a sweep running inside a worker task,
-    ``create_task_message`` (the protocol 2 headers and body) and ``amqp.send_task_message`` (queue,
-    exchange, delivery mode, declare, ``before_task_publish`` / ``after_task_publish``, the
-    ``task-sent`` event). Left out, because a sweeper never reads its rows' results: the
-    ``AsyncResult`` built per call, ``backend.on_task_call`` (on a Redis result backend, a SUBSCRIBE
-    per row that the sweeper would keep) and ``add_to_parent``. ``argsrepr``/``kwargsrepr`` are
-    Celery's, computed as ``repr`` where that is what ``saferepr`` returns (:func:`plain_repr`), and
-    the ``origin`` header (this host's node name) is looked up once per batch. On quorum queues with native delayed
-    delivery (Celery routes an ``eta`` through its ``celery_delayed_*`` exchanges), and on a Celery
-    other than :data:`MIRRORED_CELERY` (whose ``send_task`` this follows), rows go through
+    The message, its routing and the publish signals are Celery's own, per row. Left out, as a sweeper
+    never reads its rows' results: the ``AsyncResult``, ``backend.on_task_call`` (a SUBSCRIBE per row on
+    a Redis result backend) and ``add_to_parent``. On quorum queues with native delayed delivery, and on
+    a Celery other than :data:`MIRRORED_CELERY` (whose ``send_task`` this follows), rows go through
     ``app.send_task`` itself, into the same buffer and under the same confirms.
     """
 

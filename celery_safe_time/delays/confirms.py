@@ -4,7 +4,6 @@ once and marked sent only for what RabbitMQ acknowledged."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +12,8 @@ from kombu.exceptions import OperationalError
 
 from ..config import SafeTimeConfig
 from .amqp_batch import BatchProducer, BatchSender
-from .backends.base import DelayRow, DelayStore
-from .publish import BatchOutcome, MarkSink, SweepStats, finish, publish_rows, publish_wait
+from .backends.base import DelayRow
+from .publish import Batch, publish_wait
 
 logger = logging.getLogger(__name__)
 
@@ -157,18 +156,7 @@ class ConfirmSession:
                 logger.debug("sweep: %s the publishing connection failed", how, exc_info=True)
 
 
-def publish_batch_confirmed(
-    session: ConfirmSession,
-    config: SafeTimeConfig,
-    store: DelayStore,
-    rows: list[DelayRow],
-    token: str,
-    stats: SweepStats,
-    *,
-    claimed_at: float,
-    clock: Callable[[], float] = time.monotonic,
-    marks: MarkSink | None = None,
-) -> None:
+def publish_batch_confirmed(session: ConfirmSession, batch: Batch) -> None:
     """Publish in confirm mode, the batch written at once; mark sent only what RabbitMQ acknowledged.
 
     Every claimed row ends either sent (its publish was confirmed) or back to pending (not confirmed:
@@ -176,10 +164,7 @@ def publish_batch_confirmed(
     handed back whose message did get through is published again by a later sweep; the delivery
     record runs it once.
     """
-    app = session.app
-    trusted_until = claimed_at + config.claim_timeout / 2
-    confirm_wait = session.confirm_wait
-    outcome = BatchOutcome()
+    clock, confirm_wait = batch.clock, session.confirm_wait
     error: BaseException | None = None
     confirms: PublisherConfirms | None = None
     try:
@@ -189,13 +174,15 @@ def publish_batch_confirmed(
         def track(row: DelayRow) -> None:
             tracked.current = row.id  # the row the channel's next publish numbers belong to
 
-        publish_rows(
-            app, config, store, rows, token, stats, outcome,
-            trusted_until=trusted_until, clock=clock, producer=sender.producer, send=sender.send_task,
-            retry=False, broker_errors=session.broker_errors, before=track,
-        )  # fmt: skip
+        batch.publish_rows(
+            producer=sender.producer,
+            send=sender.send_task,
+            retry=False,
+            broker_errors=session.broker_errors,
+            before=track,
+        )
         sender.producer.flush()
-        deadline = min(trusted_until, clock() + confirm_wait)
+        deadline = min(batch.trusted_until, clock() + confirm_wait)
         while confirms.waiting:
             remaining = deadline - clock()
             try:
@@ -211,14 +198,14 @@ def publish_batch_confirmed(
         session.drop()
         raise
     confirmed = confirms.confirmed() if confirms is not None else set()
-    published = outcome.published
+    published = batch.published
     sent = [row for row in published if row.id in confirmed]
     unconfirmed = [row.id for row in published if row.id not in confirmed]
-    rest = [r.id for r in rows if r.id not in outcome.handled] + unconfirmed
+    rest = [r.id for r in batch.rows if r.id not in batch.handled] + unconfirmed
     if error is not None or unconfirmed:
         session.drop()
     if rest:
-        store.release(rest, token)
+        batch.store.release(rest, batch.token)
         logger.warning(
             "sweep: RabbitMQ confirmed %d of %d published stored delays (%s); %d claimed rows back to pending",
             len(sent),
@@ -226,11 +213,8 @@ def publish_batch_confirmed(
             f"{error.__class__.__name__}: {error}" if error else f"no answer within {confirm_wait:g}s",
             len(rest),
         )
-    if marks is not None and error is None:
-        marks.submit(store, sent, outcome.expired, token, trusted_until)
-    else:
-        finish(app, store, sent, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+    batch.settle(sent, at_once=error is not None)
     if error is not None:
         # As on Redis: the broker is gone, the sweep fails (its rows are safe in the store).
         raise OperationalError(f"publishing stored delays: {error.__class__.__name__}: {error}") from error
-    stats.unconfirmed += len(unconfirmed)
+    batch.stats.unconfirmed += len(unconfirmed)

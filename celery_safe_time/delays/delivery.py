@@ -1,25 +1,17 @@
 """The worker side of a stored delay's delivery record: start it once, keep it alive, record how it ended.
 
-The sweep publishes a row with its delivery token (``safe_time_delivery``). Before the body runs,
-:func:`run_delivery` makes one conditional update of that row in the store (:meth:`DelayStore.start`):
-whichever copy of the delivery wins it runs, every other copy learns why it must not:
-
-- the same delivery runs elsewhere with a fresh heartbeat (a redelivered copy): re-queue this copy,
-  never ack and drop it, because the other run may still die;
-- it already ran to an end, or was cancelled: drop this copy;
-- the row has another token (rescheduled, or a new call reused the task id): this message is stale.
-
-While the body runs a heartbeat keeps ``heartbeat_at`` fresh (every ``safe_time_lock_ttl / 3``). A
-run counts as dead when its heartbeat was found older than ``safe_time_lock_ttl`` and stayed so for
-another ``safe_time_lock_ttl`` (``suspected_at``: the first look after a store outage, which stops
-every heartbeat at once, must not take over). Then an ``acks_late`` redelivery after a ``kill -9``
-takes over, at least once, never beside a live run. The end is recorded
-as ``finished`` with the outcome. The store is the truth here, not Redis: a Redis reset forgets
-nothing, and a reused task id gets a new token, so it runs again.
+Before the body runs, :func:`run_delivery` makes one conditional update of the row
+(:meth:`DelayStore.start`): the copy that wins runs; a copy of a delivery running elsewhere with a
+fresh heartbeat is re-queued (never dropped: that run may still die); a finished, cancelled or
+superseded one is dropped. While the body runs a heartbeat keeps ``heartbeat_at`` fresh; a run whose
+heartbeat stayed stale for two ``safe_time_lock_ttl`` (``suspected_at``: one store outage stops
+every heartbeat at once) is taken over by an ``acks_late`` redelivery. The store is the truth, not
+Redis.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import socket
@@ -157,17 +149,11 @@ def run_delivery(task: Task, token: str, body: Callable[[], R]) -> R:
 class _Heartbeat:
     """The heartbeat of one started run, ticked by the process's renewer thread (:class:`Watchdog`).
 
-    Each write runs on a thread of its own and the tick waits for it at most
-    ``DELIVERY_HEARTBEAT_WAIT``: a store call that hangs (a stalled connection) must not hold up the
-    renewer, which keeps every lock and heartbeat of the process alive. A write still unanswered is
-    looked at again on the next tick.
-
-    ``ttl``: how long the run goes on without a heartbeat written before it gives the row up
-    (``inf``: never, for a run that is not run again when its heartbeat stops). Past it, ``on_lost``
-    of the watchdog raises :class:`LockLost` in the task's thread, as a lost overlap lock does: the
-    sweep may start the delivery again from then on, and the run must not go on beside that one. A
-    heartbeat the store refuses (the row has moved on: rescheduled, or replaced by a new call with the
-    same task id) only ends the heartbeat: that is a new delivery, not this one run again.
+    Each write runs on a thread of its own, waited for at most ``DELIVERY_HEARTBEAT_WAIT``, so a hung
+    store call never holds up the renewer. ``ttl``: how long the run goes on without a heartbeat written
+    (``inf``: never); past it the watchdog's ``on_lost`` raises :class:`LockLost` in the task's thread,
+    since the sweep may start the delivery again. A heartbeat the store refuses (the row moved on) only
+    ends the heartbeat.
     """
 
     def __init__(
@@ -357,26 +343,18 @@ def _record_end(
     )
     if recorded is None:
         budget = max(config.claim_timeout, DELIVERY_FINISH_BACKGROUND_BUDGET)
-        _finish_later(store, task_id, token, run_id, outcome, error, watchdog, budget)
+        record = functools.partial(finish_retrying, store, task_id, token, run_id, outcome, error, budget=budget)
+        _finish_later(task_id, outcome, record, watchdog, budget)
     else:
         watchdog.stop()
 
 
-def _finish_later(
-    store: DelayStore,
-    task_id: str,
-    token: str,
-    run_id: str,
-    outcome: str,
-    error: str | None,
-    watchdog: Watchdog,
-    budget: float,
-) -> None:
-    """Keep trying to record the end (and the heartbeat alive) in the background: the worker moves on."""
+def _finish_later(task_id: str, outcome: str, record: Callable[[], object], watchdog: Watchdog, budget: float) -> None:
+    """Keep trying to ``record`` the end (and the heartbeat alive) in the background: the worker moves on."""
 
     def run() -> None:
         try:
-            if finish_retrying(store, task_id, token, run_id, outcome, error, budget=budget) is None:
+            if record() is None:
                 logger.error(
                     "stored task %s ended (%s) but the store did not record it within %.0fs; it counts as "
                     "interrupted (or runs again if acks_late) once its heartbeat is found stale",

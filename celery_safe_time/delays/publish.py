@@ -69,61 +69,6 @@ class SweepStats:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass
-class BatchOutcome:
-    """What the publish loop of one batch did so far; filled row by row, so it is exact when the loop
-    stops on a broker error."""
-
-    #: Rows handed to the broker (on RabbitMQ: not confirmed yet).
-    published: list[DelayRow] = dataclasses.field(default_factory=list)
-    #: Rows past their ``expires`` at the claim: marked expired (and reported revoked), not sent.
-    expired: list[DelayRow] = dataclasses.field(default_factory=list)
-    #: Ids of rows the loop is done with: published, expired, failed or abandoned.
-    handled: set[str] = dataclasses.field(default_factory=set)
-
-
-def publish_rows(
-    app: Celery,
-    config: SafeTimeConfig,
-    store: DelayStore,
-    rows: list[DelayRow],
-    token: str,
-    stats: SweepStats,
-    outcome: BatchOutcome,
-    *,
-    trusted_until: float,
-    clock: Callable[[], float],
-    producer: Any,
-    send: Callable[..., Any],
-    retry: bool | None = None,
-    broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
-    before: Callable[[DelayRow], None] | None = None,
-) -> None:
-    """Publish ``rows`` one by one into ``outcome``; a failed row is counted in ``stats`` (and marked failed).
-
-    Once ``clock()`` passes ``trusted_until`` (half the claim timeout after the claim) the rows left are
-    handed back (:func:`abandon`): another sweeper may have reclaimed them. ``before`` runs ahead of each
-    row's publish (RabbitMQ: the row its publisher confirms are numbered for). Broker errors propagate.
-    """
-    for index, row in enumerate(rows):
-        if clock() > trusted_until:
-            abandon(store, config, rows[index:], token, stats)
-            outcome.handled.update(r.id for r in rows[index:])
-            return
-        if before is not None:
-            before(row)
-        status = publish_row(
-            app, config, store, row, token, producer, retry=retry, broker_errors=broker_errors, send=send
-        )
-        outcome.handled.add(row.id)
-        if status == C.STATUS_SENT:
-            outcome.published.append(row)
-        elif status == C.STATUS_EXPIRED:
-            outcome.expired.append(row)
-        elif status == C.STATUS_FAILED:
-            stats.failed += 1
-
-
 class MarkSink(Protocol):
     """Takes a published batch's rows to be marked sent (the sweep's :class:`~.sweep.Marks`, which
     marks in a thread while the next batch is published)."""
@@ -133,52 +78,97 @@ class MarkSink(Protocol):
     ) -> None: ...
 
 
-def publish_batch(
-    app: Celery,
-    config: SafeTimeConfig,
-    store: DelayStore,
-    rows: list[DelayRow],
-    token: str,
-    stats: SweepStats,
-    *,
-    claimed_at: float,
-    clock: Callable[[], float] = time.monotonic,
-    marks: MarkSink | None = None,
-) -> None:
-    outcome = BatchOutcome()
-    trusted_until = claimed_at + config.claim_timeout / 2
-    batch = PublishBatch()
+@dataclasses.dataclass
+class Batch:
+    """One claimed batch on its way to the broker. ``published``, ``expired`` and ``handled`` are filled
+    row by row, so they are exact when the publish loop stops on a broker error."""
+
+    app: Celery
+    config: SafeTimeConfig
+    store: DelayStore
+    rows: list[DelayRow]
+    token: str
+    stats: SweepStats
+    #: Half the claim timeout after the claim (``clock``): later, another sweeper may have reclaimed the rows.
+    trusted_until: float
+    clock: Callable[[], float] = time.monotonic
+    marks: MarkSink | None = None
+    #: Rows handed to the broker (on RabbitMQ: not confirmed yet).
+    published: list[DelayRow] = dataclasses.field(default_factory=list)
+    #: Rows past their ``expires`` at the claim: marked expired (and reported revoked), not sent.
+    expired: list[DelayRow] = dataclasses.field(default_factory=list)
+    #: Ids of rows the loop is done with: published, expired, failed or abandoned.
+    handled: set[str] = dataclasses.field(default_factory=set)
+
+    def settle(self, sent: list[DelayRow], *, at_once: bool = False) -> None:
+        """Mark ``sent`` sent and the expired rows expired: through ``marks`` unless ``at_once``."""
+        if self.marks is not None and not at_once:
+            self.marks.submit(self.store, sent, self.expired, self.token, self.trusted_until)
+            return
+        left = max(0.0, self.trusted_until - self.clock())
+        finish(self.app, self.store, sent, self.expired, self.token, self.stats, left)
+
+    def publish_rows(
+        self,
+        *,
+        producer: Any,
+        send: Callable[..., Any],
+        retry: bool | None = None,
+        broker_errors: tuple[type[BaseException], ...] = (OperationalError,),
+        before: Callable[[DelayRow], None] | None = None,
+    ) -> None:
+        """Publish the rows one by one; a failed row is counted in ``stats`` (and marked failed).
+
+        Past ``trusted_until`` the rows left are handed back (:func:`abandon`). ``before`` runs ahead of
+        each row's publish (RabbitMQ: the row its publisher confirms are numbered for). Broker errors
+        propagate.
+        """
+        rows, store, token = self.rows, self.store, self.token
+        for index, row in enumerate(rows):
+            if self.clock() > self.trusted_until:
+                abandon(store, self.config, rows[index:], token, self.stats)
+                self.handled.update(r.id for r in rows[index:])
+                return
+            if before is not None:
+                before(row)
+            status = publish_row(
+                self.app, self.config, store, row, token, producer, retry=retry, broker_errors=broker_errors, send=send
+            )
+            self.handled.add(row.id)
+            if status == C.STATUS_SENT:
+                self.published.append(row)
+            elif status == C.STATUS_EXPIRED:
+                self.expired.append(row)
+            elif status == C.STATUS_FAILED:
+                self.stats.failed += 1
+
+
+def publish_batch(batch: Batch) -> None:
+    app, store, rows, token = batch.app, batch.store, batch.rows, batch.token
+    publishing = PublishBatch()
     try:
-        with _producer(app, config) as producer, batched_publish(producer, len(rows), batch):
+        with _producer(app, batch.config) as producer, batched_publish(producer, len(rows), publishing):
             # send_task's per-row work with what a batch shares looked up once (see amqp_batch).
-            send = BatchSender(app, producer).send_task
-            publish_rows(
-                app, config, store, rows, token, stats, outcome,
-                trusted_until=trusted_until, clock=clock, producer=producer, send=send,
-            )  # fmt: skip
+            batch.publish_rows(producer=producer, send=BatchSender(app, producer).send_task)
     except (OperationalError, BatchPublishError) as exc:
         # The broker is down. Unbatched: what was published stays published, the rest goes back to
         # pending now instead of waiting out the claim timeout. Batched: nothing buffered went out
         # (the batch was discarded), or the pipeline failed and which LPUSHes Redis ran is unknown;
         # either way the rows go back to pending and are published again, and the delivery record
         # runs a row that arrives twice once.
-        published = [] if batch.active else outcome.published
-        done = {r.id for r in published} | {r.id for r in outcome.expired}
-        rest = [r.id for r in rows if r.id not in done]
-        store.release(rest, token)
-        finish(app, store, published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+        published = [] if publishing.active else batch.published
+        done = {r.id for r in published} | {r.id for r in batch.expired}
+        store.release([r.id for r in rows if r.id not in done], token)
+        batch.settle(published, at_once=True)
         if isinstance(exc, BatchPublishError):
             raise OperationalError(f"publishing stored delays: {exc}: {exc.__cause__}") from exc
         raise
-    if batch.refused:
-        outcome.published = [r for r in outcome.published if r.id not in batch.refused]
-        for task_id, error in batch.refused.items():
+    if publishing.refused:
+        batch.published = [r for r in batch.published if r.id not in publishing.refused]
+        for task_id, error in publishing.refused.items():
             refuse(store, rows, task_id, token, error)
-            stats.failed += 1
-    if marks is not None:
-        marks.submit(store, outcome.published, outcome.expired, token, trusted_until)
-        return
-    finish(app, store, outcome.published, outcome.expired, token, stats, max(0.0, trusted_until - clock()))
+            batch.stats.failed += 1
+    batch.settle(batch.published)
 
 
 def refuse(store: DelayStore, rows: list[DelayRow], task_id: str, token: str, error: str) -> None:

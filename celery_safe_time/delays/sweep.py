@@ -30,7 +30,7 @@ from .backends.base import DelayRow, DelayStore
 from .confirms import ConfirmSession, publish_batch_confirmed
 from .maintenance import confirm_deliveries, purge_retained
 from .plan import adaptive_lookahead
-from .publish import SweepStats, close_expired, mark_sent_retrying, publish_batch
+from .publish import Batch, SweepStats, close_expired, mark_sent_retrying, publish_batch
 from .revoked import REASON_EXPIRED, report_revoked
 
 __all__ = ["SweepStats", "plan_lookahead", "register", "sweep"]
@@ -121,14 +121,12 @@ def _sweep(
             # The next batch is claimed while this one publishes (a thread, where the store allows).
             following = None if last else claims.next()
             try:
+                trusted_until = claimed_at + config.claim_timeout / 2
+                job = Batch(app, config, store, rows, token, stats, trusted_until, clock, marks)
                 if session is not None:
-                    publish_batch_confirmed(
-                        session, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock, marks=marks
-                    )
+                    publish_batch_confirmed(session, job)
                 else:
-                    publish_batch(
-                        app, config, store, rows, token, stats, claimed_at=claimed_at, clock=clock, marks=marks
-                    )
+                    publish_batch(job)
             except BaseException:
                 claims.hand_back(following)
                 raise
@@ -246,16 +244,12 @@ class _Claims:
 
 class Marks:
     """The mark sent (and expired) of each published batch, made in a thread while the next batch is
-    built and published: the statement's round trip and the database's row updates (about a sixth of
-    the sweep's wall time when made in line) overlap the next batch's CPU instead of adding to it. A
-    batch is handed over only once its publish reached the broker (the Redis pipeline ran, RabbitMQ
-    confirmed), so a row is marked sent only after it was published; one thread keeps the marks one
-    at a time, in batch order. The next hand-over (and the end of the sweep) waits for the one before: its
-    count goes into the stats, ``delay_released`` is sent for its rows from the sweep's own thread,
-    and a store error after its retries (``mark_sent_retrying``, within half the claim timeout from
-    the claim) fails the sweep; its rows stay claimed and are published again after the claim
-    timeout (the delivery record runs each once). Stores without background claims (SQLite, Django)
-    mark in line.
+    built and published, so its round trip overlaps the next batch's CPU (about a sixth of the sweep
+    otherwise). A batch is handed over only once its publish reached the broker; one thread marks the
+    batches in order, and each hand-over (and the sweep's end) waits for the one before: its count goes
+    into the stats, ``delay_released`` is sent from the sweep's thread, and a store error after
+    :func:`mark_sent_retrying` fails the sweep (the rows stay claimed and are published again after the
+    claim timeout). Stores without background claims (SQLite, Django) mark in line.
     """
 
     def __init__(self, app: Celery, claims: _Claims, stats: SweepStats, clock: Callable[[], float]) -> None:

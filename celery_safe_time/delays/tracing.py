@@ -1,21 +1,11 @@
 """OpenTelemetry across stored delays (``pip install celery-safe-time[otel]``).
 
-opentelemetry-instrumentation-celery links a worker's span to the publisher's through the message
-headers (W3C ``traceparent``/``tracestate``, ``baggage``: whatever the global propagator writes),
-injected in ``before_task_publish``. A stored delay is not published when ``apply_async`` is called,
-so nothing would carry the caller's context across the 14 days. Here:
-
-- ``SafeTask.apply_async`` injects the current context into the *stored* headers
-  (:func:`inject_context`), so it survives in the row;
-- the sweep publishes each row under the context extracted from those headers
-  (:func:`in_stored_context`): the instrumentation's ``apply_async/<task>``
-  producer span becomes a child of the caller's span, and the worker's ``run/<task>`` span a child
-  of that: one trace;
-- :func:`instrument` starts the Celery instrumentation (if not yet) and then adds the package's own
-  span attributes: ``safe_time.slot`` and ``safe_time.epoch`` on beat-published tasks (producer
-  and worker spans), ``safe_time.stored_due_at`` on stored deliveries.
-
-Without opentelemetry installed every function here is a no-op.
+A stored delay is published by the sweep, not by ``apply_async``, so the instrumentation's header
+propagation would lose the caller's context. ``SafeTask.apply_async`` injects it into the stored
+headers (:func:`inject_context`), and the sweep publishes each row under it
+(:func:`in_stored_context`): caller, producer and worker spans form one trace. :func:`instrument`
+starts the Celery instrumentation and adds the package's span attributes (``safe_time.slot``,
+``safe_time.epoch``, ``safe_time.stored_due_at``). Without opentelemetry every function is a no-op.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Where a gate's waiting call goes, for every task: the broker for a short wait, the store for a long one.
 
-A gate (``overlap_lock``, ``concurrency_limit``, ``rate_limit``, an outage backoff) that cannot admit
-a delivery now sends the same message again later (:func:`~celery_safe_time.locks.runtime.requeue`).
-:func:`send_later` routes that copy by :func:`~celery_safe_time.messages.requeue.wait_route`: at or
-below ``safe_time_delay_threshold`` it is a broker countdown; beyond it, a row of the durable store,
-as a ``SafeTask``'s long countdown is, for a plain task too (an app without the sweep,
-``install(app)``, gets a broker countdown of the threshold instead, and waits again from there). The
-copy keeps the task id, the retry
-count and the headers (a rate reservation's token, the delivery it continues), so it is the same
-call, never a new one.
-
-The sweep publishes such a row with its delivery token. A ``SafeTask`` checks that token before its
-body; a plain task has no such step, so :func:`checked_delivery` (run by every gate's wrapper) does it
-for the first gate the delivery meets: a copy the broker hands out again, or a row published again
-after its grace, then runs once.
+A gate that cannot admit a delivery now sends the same message again later
+(:func:`~celery_safe_time.locks.runtime.requeue`); :func:`send_later` routes that copy by
+:func:`~celery_safe_time.messages.requeue.wait_route`: a broker countdown up to
+``safe_time_delay_threshold``, a store row beyond it (without the sweep: a countdown of the threshold,
+and it waits again from there). The copy keeps the task id, retries and headers: the same call.
+A plain task has no delivery check of its own, so :func:`checked_delivery` (run by every gate's
+wrapper) does it for the first gate the delivery meets.
 """
 
 from __future__ import annotations

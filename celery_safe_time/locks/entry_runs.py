@@ -1,28 +1,16 @@
 """The worker side of a beat entry's overlap policy: one run of the entry at a time, across workers.
 
-Beat marks each slot of an entry whose policy is not ``allow`` with the ``safe_time_overlap`` header
-(``{"entry", "policy", "ttl"}``, see :mod:`..beat.overlap`). A run of such a message holds the
-entry's run lease, the overlap lock ``beat-entry:{entry}``: owner-checked, renewed by the lock
-watchdog every ttl/3 while the body runs, released in ``finally``, and freed by the backend ``ttl``
-after a ``kill -9``. A message that finds the lease held:
+A message beat marked with the ``safe_time_overlap`` header (:mod:`..beat.overlap`) runs under the
+entry's run lease, the overlap lock ``beat-entry:{entry}``. One that finds it held is dropped
+(``skip``) or re-queued to look again every ``OVERLAP_RETRY_AFTER`` seconds (``buffer_*``,
+``cancel_other``), keeping its queued marker (a unique key beat took when it published) alive; the
+marker is released once the run holds the lease. ``buffer_all`` gives each run a marker of its own
+and names the run before it (``after``), so runs start in slot order.
 
-- ``skip``: is dropped (logged, ``overlap_conflict`` with action ``skip``);
-- ``buffer_one``, ``buffer_all``, ``cancel_other``: is re-queued (the lock's re-queue-on-conflict
-  path) and looks again every ``OVERLAP_RETRY_AFTER`` seconds, keeping its queued marker alive.
-
-The queued marker (a unique key ``beat-entry:{entry}`` held by the queued run's task id) is taken
-by beat when it publishes and released here once the run holds the lease: beat reads "queued" from
-it and "running" from the lease. ``buffer_all`` gives each run a marker of its own
-(``beat-entry:{entry}:run:{task_id}``) and names the run published before it (``after``): a run
-does not try the lease while that one still waits, so the runs start in slot order.
-
-:func:`install_worker` (``worker_init``, from :mod:`..install`) wraps the ``run`` of every task of
-the app, before the worker builds its tracers: a message without the header goes straight through.
-``cancel_other`` terminates the running run (SIGTERM): :func:`cancellable` turns that into
-:class:`~celery_safe_time.exceptions.RunCancelled` inside the body, whose ``finally`` releases the
-lease. A run killed otherwise (``kill -9``, a hard time limit) frees the entry when its lease
-expires, ``ttl`` seconds after its last renewal. :func:`on_revoked` frees the queued marker of a
-revoked message that never runs.
+:func:`install_worker` wraps the ``run`` of every task of the app (a message without the header goes
+straight through); :func:`cancellable` turns ``cancel_other``'s SIGTERM into
+:class:`~celery_safe_time.exceptions.RunCancelled` inside the body; :func:`on_revoked` frees the queued
+marker of a revoked message.
 """
 
 from __future__ import annotations

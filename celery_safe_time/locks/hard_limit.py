@@ -92,12 +92,7 @@ _handled_lock = threading.Lock()
 
 
 def _release_after_hard_limit(
-    sender: Task | None = None,
-    task_id: str | None = None,
-    exception: BaseException | None = None,
-    args: Any = None,
-    kwargs: Any = None,
-    **_: Any,
+    sender: Task | None = None, task_id: str | None = None, exception: BaseException | None = None, **signal: Any
 ) -> None:
     """``task_failure`` handler: after a hard time limit, free the killed child's lock.
 
@@ -112,7 +107,7 @@ def _release_after_hard_limit(
     for lock in locks_of(sender):
         try:
             # A concurrency limit's call holds one of several slot keys: each is a lock of its own.
-            keys = lock.held_keys_for(tuple(args or ()), dict(kwargs or {}), bound=bound)
+            keys = lock.held_keys_for(tuple(signal.get("args") or ()), dict(signal.get("kwargs") or {}), bound=bound)
             store = get_lock_backend(sender.app)
         except Exception as exc:
             logger.warning("cannot free the lock of %s[%s] after its hard time limit: %s", sender.name, task_id, exc)

@@ -1,21 +1,11 @@
 """``@idempotent``: the first successful run of a key wins; later and concurrent runs do not execute.
 
-::
-
-    @app.task
-    @idempotent("invoice:{tenant_id}:{period}", window=40 * 86400)
-    def send_invoice(tenant_id, period): ...
-
-A run first takes the overlap lock ``idem:<key>`` and, in the same script, checks the key's
-success marker ``<prefix>idem:<key>``. Success writes the marker (kept ``window`` seconds) and
-drops the lock in one step; a failure (exception, retry, time limit) records nothing, so a later
-call runs. A body that returned always gets its marker: even when its lock was lost meanwhile
-(the task still fails with ``LockLost`` afterwards), and through a lock backend outage of up to about
-30 s (``IDEMPOTENT_COMMIT_RETRY_DELAYS``). Past that the task still succeeds (failing it would
-invite a retry, a second run) but it is logged as an error and ``signals.idempotent_unrecorded``
-is sent. A call that finds the marker returns None without running and sends
-``signals.idempotent_skipped``; one that finds another run in progress follows ``on_conflict``
-(default: re-queue, and then see the marker or run if that other run failed).
+A run takes the overlap lock ``idem:<key>`` and, in the same script, checks the success marker
+``<prefix>idem:<key>``. Success writes the marker (kept ``window`` seconds) and drops the lock in one
+step; a failure records nothing. A body that returned always gets its marker, even when its lock was
+lost meanwhile, and through a backend outage of up to about 30 s (``IDEMPOTENT_COMMIT_RETRY_DELAYS``);
+past that the task still succeeds (failing it would invite a second run), logged as an error with
+``signals.idempotent_unrecorded``.
 """
 
 from __future__ import annotations

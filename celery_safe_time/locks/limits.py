@@ -1,26 +1,12 @@
-"""Flow control per key across every worker: ``@rate_limit`` and ``@concurrency_limit``.
+"""Flow control per key across every worker: ``@rate_limit`` and ``@concurrency_limit`` (docs/flow-control.md).
 
-::
-
-    @app.task
-    @rate_limit("stripe:{account_id}", "100/m")
-    def charge(account_id, amount): ...
-
-    @app.task
-    @concurrency_limit("export:{tenant_id}", limit=3)
-    def export(tenant_id): ...
-
-A rate limit is a sliding log on the lock backend (:mod:`.rates`): at most ``N`` calls of a key start
-within any period. A call over the limit is neither dropped nor retried in a loop: it reserves the
-first place that frees and is re-queued to that instant, carrying its reservation's token: through
-the broker when that is at most ``safe_time_delay_threshold`` away, else through the store (for
-every task, as a ``SafeTask``'s long countdown), so the broker never holds it long enough to hand it
-out again as a new call.
+A rate limit is a sliding log on the lock backend (:mod:`.rates`). A call over it reserves the first
+place that frees and is re-queued to that instant with its reservation's token: through the broker
+within ``safe_time_delay_threshold``, else through the store, so the broker never holds it long
+enough to hand it out again.
 
 A concurrency limit is ``limit`` overlap locks per key, the slots ``<key>#0`` ... ``<key>#<limit-1>``:
-a call takes the first free slot, holds it as ``@overlap_lock`` holds its lock (owner token, the
-watchdog renews it, a killed holder's slot frees when its ttl runs out, a fencing number per slot)
-and meets a full key with the same ``on_conflict`` choices.
+a call takes the first free one and holds it as ``@overlap_lock`` holds its lock.
 """
 
 from __future__ import annotations

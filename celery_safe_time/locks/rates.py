@@ -1,29 +1,15 @@
-"""Rate strings (``"100/m"``) and the sliding-log rule every lock backend applies to them.
+"""Rate strings (``"100/m"``) and the sliding-log rule every lock backend applies to them (docs/flow-control.md).
 
-A rate ``N/period`` admits at most ``N`` calls that start within any ``period``: a sliding log keeps
-the start time of each admitted call for one period, and a call is admitted while fewer than ``N``
-entries are in it. A burst of up to ``N`` at once is allowed (an idle key has its whole allowance).
+At most ``N`` calls start within any ``period``. Two logs per key: the *starts* log holds the real
+start of every call admitted within the last period (admission needs fewer than ``N`` there, so the
+limit holds for real starts); the *line* holds places, a reservation at its due instant or an
+admitted call at the place it was given. New places are counted on the line, not from real starts,
+so calls that come back a delivery latency late do not push every later place back (a full key
+would otherwise run ``N`` calls per ``period + latency``). An admitted entry's member is
+``<token>@<start>``, so a retry carrying the same token is a new call.
 
-A call that does not fit gets a reservation instead of a refusal: a place in line at the first
-instant a place frees after every earlier reservation, and the call is re-queued to that instant
-under the same token. Waiting calls of one key therefore come back one after another, each to a place
-of its own, rather than all at the instant the first place frees.
-
-Two logs per key keep the two promises apart. The *starts* log holds the real start of every call
-admitted within the last period: a call is admitted only while it holds fewer than ``N``, so the limit
-holds for real start times. The *line* holds the places: a reservation at its due instant, an
-admitted call at the place it was given (its reservation's instant, or its start when it did not
-wait). New places are counted on the line, so a call that comes back a little late (a re-queue goes
-through the broker and a worker's pool) does not push the places behind it later: were places
-counted from real starts, every round of waiting calls would start one delivery latency later than
-the round before, and a key kept full would run ``N`` calls per ``period + latency``, not per
-``period``. A call that comes back to a window still full of real starts waits for the start that
-blocks it to age out, keeping its place (its position on the line does not move). An admitted entry
-takes a member of its own (``<token>@<start>``), so a later delivery carrying the same token (a
-retry) is a new call.
-
-The Redis script (``locks/lua/rate_take.lua``), the PostgreSQL function (``safe_time_rate_take_v2``)
-and the memory backend (:func:`take`) follow the same rule on the backend's own clock.
+``locks/lua/rate_take.lua``, the PostgreSQL ``safe_time_rate_take_v2`` and :func:`take` (memory)
+follow this rule on the backend's own clock.
 """
 
 from __future__ import annotations

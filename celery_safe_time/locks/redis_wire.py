@@ -1,39 +1,21 @@
 """The lean way to run a Lua script: one ``EVALSHA`` written to, and its reply read from, the socket
 of a connection the calling thread keeps.
 
-Why: a locked task makes two script calls (acquire before the body, release after it), and the goal
-is a lock within 1.1x of two plain Redis round trips. In a prefork pool child, whose Python is cold
-between tasks, redis-py's command path around each call (a pool checkout that polls the socket for
-stray data, the retry wrapper, its metrics hooks, argument packing through the encoder, the RESP
-parser's buffer and recursion, the response callback lookup) cost about a third of the lock's
-overhead. Here a call is one ``sendall`` of a packed command and one ``recv`` of a reply small
-enough to arrive whole (more are read when it does not), parsed in one function.
+A locked task makes two script calls, and the goal is a lock within 1.1x of two plain Redis round
+trips: in a cold prefork child, redis-py's command path around each call (pool checkout, retry
+wrapper, encoder, parser, callbacks) cost about a third of the lock's overhead. Here a call is one
+``sendall`` and one ``recv``, parsed in one function. The connection comes from the client's pool
+(so it has the client's TLS, Sentinel and timeouts), once per thread and process, and is not
+health-checked: a call that gets no reply runs again on redis-py's path.
 
-The connection is checked out of the client's pool once per thread and process (one :class:`LeanLink`
-serves every script of a client), so it has the client's settings (TLS, Sentinel's master discovery,
-timeouts), and is never handed to anyone else.
-It is not health-checked before a call: one Redis closed (idle timeout, restart) gives no reply, and
-the call then runs on redis-py's path, which checks and retries as it always does.
+Everything unusual goes through redis-py's ``Script`` instead: an error reply (``NOSCRIPT``,
+``READONLY``, a Lua error), a lost or timed-out connection, an unexpected reply type, Redis Cluster,
+client-side caching, green threads and instrumented clients. The lock scripts compare tokens, so a
+call repeated after one that ran is harmless.
 
-Everything unusual goes through redis-py's :class:`~redis.commands.core.Script` instead, which
-loads a script Redis does not know and types and retries errors as redis-py does: an error reply
-(``NOSCRIPT``, ``READONLY`` after a failover, a Lua error), a lost or timed-out connection (the
-connection is dropped first; the lock scripts recognise their own token, so one that ran before the
-connection failed is not taken twice), a reply type the scripts never send (a RESP3 push), a Redis
-Cluster or single-connection client, client-side caching, green threads (a kept connection per
-greenlet would be a connection per task) and a client an instrumentation wrapped (its spans and
-metrics stay complete).
-
-:meth:`LeanScript.post` writes a call without waiting for its reply: a task's lock release or
-idempotency commit, sent as the body returns. Its reply is read, and handed to the caller's
-``settle``, by :func:`settle_posted`, which the worker calls after the task (Celery's
-``task_postrun``, before the delivery is acknowledged), or else before the next call on that
-connection. Redis runs the script as soon as it reads it, in order with everything else this
-connection sends, so the task does not sit idle for the round trip while Celery stores its result
-and sends its signals. A reply that is not a plain answer has the call run again on redis-py's path
-at that point: ``NOSCRIPT`` (a restarted or flushed Redis, whose script cache is empty), a
-connection the server closed while the body ran (an idle ``timeout``: the write succeeds and nothing
-runs) or that gives no reply in time; the scripts posted are safe to repeat (they compare tokens).
+:meth:`LeanScript.post` writes a call without waiting (a task's release or commit as its body
+returns); :func:`settle_posted` reads the reply after the task (``task_postrun``) or before the next
+call on that connection, and hands it to the caller's ``settle``.
 """
 
 from __future__ import annotations

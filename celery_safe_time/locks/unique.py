@@ -1,32 +1,13 @@
-"""Unique tasks at enqueue: while a key is held, ``delay()`` hands back the holder instead of queuing a copy.
+"""Unique tasks at enqueue: while a key is held, ``delay()`` hands back the holder instead of queuing a
+copy (``SafeTask(unique=..., unique_until=..., unique_ttl=...)``; docs/locks.md).
 
-::
-
-    @app.task(base=SafeTask, unique="export:{user_id}", unique_until="executed", unique_ttl=3600)
-    def export(user_id): ...
-
-The key ``<prefix>unique:<key>`` lives on the lock backend (:mod:`.backends`): on Redis one hash
-(``task_id``, ``state``, ``stored``, ``host``, ``created_at``, ``updated_at``, ``ttl_ms``), on
-PostgreSQL a row of ``safe_time_unique``, in memory a dict entry. It expires after ``unique_ttl``
-(plus the delay of a delayed call) unless released first. Two calls touch it, each only that one key:
-``unique_acquire`` (take it, refresh it for its own holder, or replace a holder the caller found gone)
-and ``unique_release`` (delete it while a given task id holds it); on Redis each is a script
-(``unique_acquire.lua``, ``unique_release.lua``).
-
-Who frees it, by ``unique_until``:
-
-- ``executing``: the run, when it starts; ``executed`` (default): the run, when it ends whatever the
-  outcome (success, exception, ``Ignore``, ``Reject`` without requeue); ``expired``: only the ttl.
-- in every mode, a copy that never runs: the worker's ``task_revoked`` (a revoked or ``expires=``-expired
-  message), a stored row's cancel, and, in the worker's main process, a hard time limit or a lost pool
-  child (``task_failure`` with ``TimeLimitExceeded``/``WorkerLostError``) unless the message comes back;
-- nobody, after a ``kill -9`` of the whole worker or a message the broker lost: the ttl (refreshed
-  when the run starts) frees it. A stored holder is checked honestly instead: the key records the
-  task id and that it is stored, and a caller that finds the holder's row finished, cancelled, expired,
-  failed or gone takes the key over (compare-and-swap on that task id).
-
-``retry()`` is a publish under the same task id from inside the run: it refreshes the key
-(``retrying``) instead of conflicting with it, and the end of the retried run keeps the key.
+The key ``<prefix>unique:<key>`` lives on the lock backend (a Redis hash, a ``safe_time_unique`` row,
+a dict entry) and expires after ``unique_ttl`` unless released first; ``unique_acquire`` and
+``unique_release`` are its only writes. Besides the run itself (by ``unique_until``), a copy that
+never runs frees it: ``task_revoked``, a stored row's cancel, and a hard time limit or lost pool child
+seen by the worker's main process (``task_failure``). A stored holder whose row has ended is taken
+over (compare-and-swap on its task id); ``retry()`` refreshes the key (``retrying``) instead of
+conflicting with it.
 """
 
 from __future__ import annotations
@@ -239,12 +220,7 @@ def _release_revoked(sender: Task | None = None, request: Any = None, expired: b
 
 
 def _release_killed(
-    sender: Task | None = None,
-    task_id: str | None = None,
-    exception: BaseException | None = None,
-    args: Any = None,
-    kwargs: Any = None,
-    **_: Any,
+    sender: Task | None = None, task_id: str | None = None, exception: BaseException | None = None, **signal: Any
 ) -> None:
     """``task_failure`` for a hard time limit or a lost pool child: no ``finally`` ran in the child."""
     if sender is None or task_id is None or not isinstance(exception, (TimeLimitExceeded, WorkerLostError)):
@@ -255,7 +231,7 @@ def _release_killed(
     if isinstance(exception, WorkerLostError) and _comes_back(sender):
         return  # the message is redelivered and runs again under the same key
     try:
-        key = spec.render(args, kwargs)
+        key = spec.render(signal.get("args"), signal.get("kwargs"))
     except TypeError as exc:
         logger.warning("cannot free the unique key of %s[%s]: %s", sender.name, task_id, exc)
         return

@@ -1,21 +1,12 @@
 """Batched publishing to SQS: a batch's messages sent with ``SendMessageBatch``, 10 per call.
 
-kombu's SQS transport sends each message with its own ``SendMessage`` request (one HTTP round trip
-each) and has no batch of its own. Within :func:`sqs_batched_publish` every message still goes
-through Celery's ``send_task`` and kombu's own ``_put`` (queue creation, FIFO group and
-deduplication ids, delay, base64 body): only the last step, the ``send_message`` call, is recorded
-instead of made. When the block ends the recorded requests go out per queue in ``SendMessageBatch``
-calls of at most 10 entries and at most the size of one message (SQS's limit on a batch's payload).
-
-An entry SQS refuses as the sender's fault (a message larger than the queue takes, a bad attribute)
-would be refused again: its task id and the error are handed back (``refused``) and the sweep marks
-that row failed, as it does a row whose single publish is refused; the other entries went out. A
-call refused whole as the sender's fault (an endpoint that refuses the batch for one entry) is sent
-again one message at a time, so only the bad entry is refused. A
-failed call or an entry SQS failed on its side raises kombu's ``BatchPublishError``: which of the
-batch's messages SQS kept is not known to the caller, so the sweep hands every row of the batch back
-to pending and publishes it again; the delivery record runs a row that arrives twice once (on a FIFO
-queue SQS itself drops the copy).
+Within :func:`sqs_batched_publish` every message still goes through ``send_task`` and kombu's ``_put``
+(queue creation, FIFO ids, delay, body): only the final ``send_message`` call is recorded instead of
+made, and the records go out per queue when the block ends. An entry SQS refuses as the sender's
+fault is handed back (``refused``: the sweep marks that row failed); a call refused whole that way
+is sent again one message at a time. Any other failure raises kombu's ``BatchPublishError``: which
+messages SQS kept is unknown, so the sweep hands the whole batch back (the delivery record runs a row
+that arrives twice once).
 """
 
 from __future__ import annotations

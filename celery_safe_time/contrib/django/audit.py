@@ -1,26 +1,11 @@
-"""Change audit of django-celery-beat's rows: what ``SafeDatabaseScheduler`` fires, audited like a
-runtime entry, read with :func:`celery_safe_time.entry_audit` and on the admin's entry page (``beat
-show`` knows config and runtime entries only).
+"""Change audit of django-celery-beat's rows, read with :func:`celery_safe_time.entry_audit` and on the
+admin's entry page (what is and is not audited: docs/beat.md).
 
-Connected by the app's ``ready()`` when ``django_celery_beat`` is installed:
-
-- ``pre_save`` / ``pre_delete`` of ``PeriodicTask`` read the row's definition as stored, ``post_save``
-  / ``post_delete`` compare it with the new one and append a record (``create``, ``update``,
-  ``enable``, ``disable``, ``delete``) to the entry named by the row's name, once the transaction
-  commits (a rolled-back change leaves no record). A save that changes no definition field (the
-  scheduler writing ``last_run_at`` and ``total_run_count`` after each run) writes nothing.
-- A rename is one ``update`` record on the new name whose ``old`` definition carries the old name;
-  the old name's audit keeps its records and gets no new one.
-- django-celery-beat's admin actions "Enable/Disable/Toggle selected tasks" are queryset
-  ``update()`` calls, which send no signal: they are wrapped to compare the rows before and after.
-- Who: the admin user (``"alice (django admin)"``) for changes made through the registered
-  ``PeriodicTask`` admin, else the package's default (``user@host pid N``).
-
-Not audited: other queryset ``update()`` calls and raw SQL on the table; edits of a shared
-``CrontabSchedule`` / ``IntervalSchedule`` / ``SolarSchedule`` / ``ClockedSchedule`` row (the tasks
-using it change schedule with no ``PeriodicTask`` save); fixtures loaded with ``loaddata`` (raw saves).
-
-Cost: each ``PeriodicTask`` save reads the stored row once more (beat's save after a run included).
+Connected by the app's ``ready()`` when ``django_celery_beat`` is installed: ``pre_save`` /
+``pre_delete`` of ``PeriodicTask`` read the stored definition, ``post_save`` / ``post_delete`` compare
+and append a record once the transaction commits; a save that changes no definition field (beat's
+``last_run_at`` after each run) writes nothing. The admin's enable/disable actions are queryset
+``update()`` calls, which send no signal: they are wrapped to compare the rows before and after.
 An audit write never fails the save: an error is logged as a warning and dropped.
 """
 

@@ -295,22 +295,14 @@ class DjangoStore(DelayStore):
 
     # --- the delivery record ---------------------------------------------------------
 
-    def start(
-        self,
-        task_id: str,
-        token: str,
-        run_id: str,
-        worker: str,
-        *,
-        stale_after: float,
-        prior_runs: Sequence[str] = (),
-        leeway: float = math.inf,
+    def _start(
+        self, task_id: str, token: str, run_id: str, worker: str, stale: float, prior: Sequence[str], leeway: float
     ) -> StartResult:
         def run() -> StartResult:
             now = self.now()
-            taken_over = _dead(now, stale_after)
-            if prior_runs:
-                taken_over |= Q(started_by__in=list(prior_runs))
+            taken_over = _dead(now, stale)
+            if prior:
+                taken_over |= Q(started_by__in=list(prior))
             unstarted = Q(status__in=sorted(C.DELAY_STARTABLE_STATUSES))
             if math.isfinite(leeway):
                 unstarted &= Q(due_at__lte=now + timedelta(seconds=leeway))
@@ -324,7 +316,7 @@ class DjangoStore(DelayStore):
             )
             if won:
                 return StartResult("run")
-            mine.filter(_suspect(now, stale_after)).update(suspected_at=now)
+            mine.filter(_suspect(now, stale)).update(suspected_at=now)
             obj = objects.filter(id=task_id).first()
             row = None if obj is None else _row(obj)
             early = early_by(row, now, leeway)
@@ -500,14 +492,7 @@ class DjangoStore(DelayStore):
             obj = self._objects().filter(id=task_id).first()
         return None if obj is None else _row(obj)
 
-    def list(
-        self,
-        *,
-        status: str | None = None,
-        task: str | None = None,
-        due_before: datetime | None = None,
-        limit: int = 100,
-    ) -> list[DelayRow]:
+    def _list(self, status: str | None, task: str | None, due_before: datetime | None, limit: int) -> list[DelayRow]:
         query = self._objects().all()
         if status is not None:
             query = query.filter(status=status)

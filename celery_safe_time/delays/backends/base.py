@@ -381,7 +381,6 @@ class DelayStore(abc.ABC):
 
     # --- the delivery record (worker side) --------------------------------------------
 
-    @abc.abstractmethod
     def start(
         self,
         task_id: str,
@@ -405,6 +404,13 @@ class DelayStore(abc.ABC):
         ``started``, ``started_at``, ``heartbeat_at``, ``worker``, ``started_by=run_id`` and one more
         ``starts``. Otherwise the row is read to say why (:func:`start_verdict`).
         """
+        return self._start(task_id, token, run_id, worker, stale_after, prior_runs, leeway)
+
+    @abc.abstractmethod
+    def _start(
+        self, task_id: str, token: str, run_id: str, worker: str, stale: float, prior: Sequence[str], leeway: float
+    ) -> StartResult:
+        """The backend's own :meth:`start`."""
 
     @abc.abstractmethod
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
@@ -544,6 +550,9 @@ class DelayStore(abc.ABC):
         """One row by task id, or None."""
 
     @abc.abstractmethod
+    def _list(self, status: str | None, task: str | None, due_before: datetime | None, limit: int) -> list[DelayRow]:
+        """The backend's own :meth:`list`."""
+
     def list(
         self,
         *,
@@ -553,6 +562,7 @@ class DelayStore(abc.ABC):
         limit: int = 100,
     ) -> list[DelayRow]:
         """Rows ordered by ``(due_at, id)``, filtered."""
+        return self._list(status, task, due_before, limit)
 
     @abc.abstractmethod
     def counts(self) -> dict[str, int]:

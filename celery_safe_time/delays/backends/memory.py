@@ -119,26 +119,18 @@ class MemoryStore(DelayStore):
             self._replace(row, **rerun_values(self.now()))
             return True
 
-    def start(
-        self,
-        task_id: str,
-        token: str,
-        run_id: str,
-        worker: str,
-        *,
-        stale_after: float,
-        prior_runs: Sequence[str] = (),
-        leeway: float = math.inf,
+    def _start(
+        self, task_id: str, token: str, run_id: str, worker: str, stale: float, prior: Sequence[str], leeway: float
     ) -> StartResult:
         with self._lock:
             now = self.now()
             row = self._rows.get(task_id)
             early = early_by(row, now, leeway)
             mine = row is not None and row.delivery_token == token
-            if row is not None and mine and not early and _startable(row, now, stale_after, prior_runs):
+            if row is not None and mine and not early and _startable(row, now, stale, prior):
                 started = self._replace(row, **started_values(now, worker, run_id), starts=row.starts + 1)
                 return StartResult("run", started)
-            if row is not None and mine and _suspect(row, now, stale_after):
+            if row is not None and mine and _suspect(row, now, stale):
                 row = self._replace(row, suspected_at=now)
             return StartResult(start_verdict(row, token, early), row, early)
 
@@ -289,14 +281,7 @@ class MemoryStore(DelayStore):
             row = self._rows.get(task_id)
             return row if self._mine(row) else None
 
-    def list(
-        self,
-        *,
-        status: str | None = None,
-        task: str | None = None,
-        due_before: datetime | None = None,
-        limit: int = 100,
-    ) -> list[DelayRow]:
+    def _list(self, status: str | None, task: str | None, due_before: datetime | None, limit: int) -> list[DelayRow]:
         with self._lock:
             rows = [
                 r

@@ -93,6 +93,14 @@ class LockInfo:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def unique(
+        cls, key: str, redis_key: str, task_id: str | None, host: str | None, age: float | None, ttl_left: float | None,
+        state: str | None,
+    ) -> LockInfo:  # fmt: skip
+        """A unique task's key as ``locks list`` shows it (``unique:<key>``)."""
+        return cls(C.UNIQUE_LIST_PREFIX + key, redis_key, task_id, host, None, None, age, ttl_left, "unique", state)
+
 
 UniqueStatus = Literal["acquired", "own", "held"]
 
@@ -221,7 +229,7 @@ class LockBackend(abc.ABC):
         :attr:`unavailable` raised, as for a backend that did not answer.
         """
         sent_at = self.lease_clock()
-        acquired = self._acquire_lease(key, token, ttl, owner, marker=marker, earlier_tokens=earlier_tokens)
+        acquired = self._acquire_lease(key, token, ttl, owner, marker, earlier_tokens)
         if acquired.status != "acquired":
             return acquired
         waited = self.lease_clock() - sent_at
@@ -239,14 +247,7 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
         """The backend's own acquire, which :meth:`acquire` dates from the send."""
 
@@ -264,13 +265,7 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         """Record idempotency ``marker`` for ``window`` and release ``lock``: (recorded, released).
 
@@ -311,7 +306,6 @@ class LockBackend(abc.ABC):
         """(token, task id, host, pid) of ``key``'s holder, or None when it is free."""
 
     # --- unique task keys -------------------------------------------------------------------------
-    @abc.abstractmethod
     def unique_acquire(
         self,
         key: str,
@@ -330,6 +324,13 @@ class LockBackend(abc.ABC):
         the key. ``own``: ``task_id`` is the caller itself (its retry, or its run starting): a key it
         holds is refreshed (``state``, ``ttl``; ``stored`` unless None) instead of conflicting.
         """
+        return self._unique_acquire(key, task_id, ttl, state, stored, host, gone, own)
+
+    @abc.abstractmethod
+    def _unique_acquire(
+        self, key: str, task: str, ttl: float, state: str, stored: bool | None, host: str, gone: str | None, own: bool
+    ) -> UniqueClaim:
+        """The backend's own :meth:`unique_acquire`."""
 
     @abc.abstractmethod
     def unique_release(self, key: str, task_id: str) -> bool:

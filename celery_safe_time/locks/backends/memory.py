@@ -12,9 +12,8 @@ import fnmatch
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from ... import constants as C
 from ...config import SafeTimeConfig
 from ..rates import Rate, RateTaken, take
 from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim
@@ -40,6 +39,9 @@ class _Unique:
     host: str
     created_at: float
     expires: float
+
+
+_Held = TypeVar("_Held", _Lock, _Unique)
 
 
 class MemoryLockBackend(LockBackend):
@@ -76,12 +78,12 @@ class MemoryLockBackend(LockBackend):
         self._rate_starts: dict[str, list[tuple[float, str]]] = {}  # rate key -> (real start, member)
         self._periods: dict[str, float] = {}  # rate key -> the period its last call was taken with
 
-    def _live(self, key: str) -> _Lock | None:
-        lock = self._locks.get(key)
-        if lock is not None and lock.expires <= self._clock():
-            del self._locks[key]
+    def _live(self, table: dict[str, _Held], key: str) -> _Held | None:
+        held = table.get(key)
+        if held is not None and held.expires <= self._clock():
+            del table[key]
             return None
-        return lock
+        return held
 
     def _alive(self, table: dict[str, Any], key: str) -> bool:
         entry = table.get(key)
@@ -94,14 +96,7 @@ class MemoryLockBackend(LockBackend):
         return True
 
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
         with self._mutex:
             now = self._clock()
@@ -110,7 +105,7 @@ class MemoryLockBackend(LockBackend):
             if self._alive(self._done, self.done_key(key, owner.identity)):
                 return Acquired("finished")
             lock_key = self.lock_key(key)
-            current = self._live(lock_key)
+            current = self._live(self._locks, lock_key)
             if current is not None:
                 if current.token == token or current.token in earlier_tokens:
                     self._locks[lock_key] = dataclasses.replace(
@@ -135,7 +130,7 @@ class MemoryLockBackend(LockBackend):
 
     def renew(self, key: str, token: str, ttl: float) -> bool:
         with self._mutex:
-            lock = self._live(self.lock_key(key))
+            lock = self._live(self._locks, self.lock_key(key))
             if lock is None or lock.token != token:
                 return False
             lock.expires = self._clock() + ttl
@@ -150,20 +145,14 @@ class MemoryLockBackend(LockBackend):
 
     def _drop(self, key: str, token: str) -> bool:
         lock_key = self.lock_key(key)
-        lock = self._live(lock_key)
+        lock = self._live(self._locks, lock_key)
         if lock is None or lock.token != token:
             return False
         del self._locks[lock_key]
         return True
 
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         with self._mutex:
             marker_key = self.marker_key(marker)
@@ -179,17 +168,17 @@ class MemoryLockBackend(LockBackend):
 
     def token_of(self, key: str) -> str | None:
         with self._mutex:
-            lock = self._live(self.lock_key(key))
+            lock = self._live(self._locks, self.lock_key(key))
             return lock.token if lock is not None else None
 
     def holder_record(self, key: str) -> HolderRecord | None:
         with self._mutex:
-            lock = self._live(self.lock_key(key))
+            lock = self._live(self._locks, self.lock_key(key))
             return (lock.token, lock.task_id, lock.host, lock.pid) if lock is not None else None
 
     def info(self, redis_key: str, now: float) -> LockInfo | None:
         with self._mutex:
-            lock = self._live(redis_key)
+            lock = self._live(self._locks, redis_key)
             if lock is None:
                 return None
             return LockInfo(
@@ -218,30 +207,14 @@ class MemoryLockBackend(LockBackend):
             return info
 
     # --- unique task keys (``unique_acquire.lua`` / ``unique_release.lua``) ----------------------
-    def _live_unique(self, key: str) -> _Unique | None:
-        held = self._unique.get(key)
-        if held is not None and held.expires <= self._clock():
-            del self._unique[key]
-            return None
-        return held
-
-    def unique_acquire(
-        self,
-        key: str,
-        task_id: str,
-        ttl: float,
-        state: str,
-        *,
-        stored: bool | None,
-        host: str,
-        gone: str | None = None,
-        own: bool = False,
+    def _unique_acquire(
+        self, key: str, task: str, ttl: float, state: str, stored: bool | None, host: str, gone: str | None, own: bool
     ) -> UniqueClaim:
         with self._mutex:
             now = self._clock()
-            held = self._live_unique(key)
+            held = self._live(self._unique, key)
             if held is not None:
-                if held.task_id == task_id and own:
+                if held.task_id == task and own:
                     held.state, held.host, held.expires = state, host, now + ttl
                     if stored is not None:
                         held.stored = stored
@@ -250,12 +223,12 @@ class MemoryLockBackend(LockBackend):
                     return UniqueClaim(
                         "held", holder=held.task_id, state=held.state, stored=held.stored, ttl_left=held.expires - now
                     )
-            self._unique[key] = _Unique(task_id, state, bool(stored), host, now, now + ttl)
+            self._unique[key] = _Unique(task, state, bool(stored), host, now, now + ttl)
             return UniqueClaim("acquired")
 
     def unique_release(self, key: str, task_id: str) -> bool:
         with self._mutex:
-            held = self._live_unique(key)
+            held = self._live(self._unique, key)
             if held is None or held.task_id != task_id:
                 return False
             del self._unique[key]
@@ -263,21 +236,11 @@ class MemoryLockBackend(LockBackend):
 
     def unique_info(self, key: str, now: float) -> LockInfo | None:
         with self._mutex:
-            held = self._live_unique(key)
+            held = self._live(self._unique, key)
             if held is None:
                 return None
-            return LockInfo(
-                key=C.UNIQUE_LIST_PREFIX + key,
-                redis_key=self.unique_key(key),
-                task_id=held.task_id,
-                host=held.host,
-                pid=None,
-                fence=None,
-                age=round(now - held.created_at, 3),
-                ttl_left=round(held.expires - now, 3),
-                kind="unique",
-                state=held.state,
-            )
+            age, ttl_left = round(now - held.created_at, 3), round(held.expires - now, 3)
+            return LockInfo.unique(key, self.unique_key(key), held.task_id, held.host, age, ttl_left, held.state)
 
     def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
         with self._mutex:

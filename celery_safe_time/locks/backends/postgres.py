@@ -1,37 +1,16 @@
 """Overlap locks, idempotency markers and unique keys as PostgreSQL rows (``safe_time_coordination_url``).
 
-Three tables and one sequence, created on first use (``CREATE ... IF NOT EXISTS`` under a transaction
-advisory lock, so processes starting together do not race):
+Tables ``safe_time_lock``, ``safe_time_lock_marker``, ``safe_time_unique`` and the fence sequence,
+created on first use (``locks/sql/schema.sql``; every statement in ``locks/sql/queries.sql``). Names
+are the Redis key names, every time is the database's ``now()``, and the Redis scripts' rules are
+PL/pgSQL functions, so each lock call is one statement on an autocommit connection. Expired rows are
+replaced when their name is taken again and purged every ``PG_LOCK_PURGE_INTERVAL`` seconds.
 
-- ``safe_time_lock``: one row per held lock (``name`` = the Redis key name ``<prefix>lock:<key>``),
-  with the holder's ``token`` (never shown), ``task_id``, ``identity``, ``host``, ``pid``, ``fence``,
-  ``acquired_at``, ``renewed_at`` and ``expires_at``. Every time is the database's ``now()``: a
-  worker's clock never decides whether a lock has expired.
-- ``safe_time_lock_marker``: idempotency markers (``<prefix>idem:<key>``, kept for their window) and
-  finished-delivery markers (``<prefix>lock-done:<key>:<identity>``), each with ``expires_at``.
-- ``safe_time_unique``: unique task keys (``<prefix>unique:<key>``): holder task id, state, stored.
-- ``safe_time_lock_fence``: the fencing numbers of every key; a sequence never goes back, so fences
-  grow per key across holders and restarts (it starts at the creation time in microseconds, above
-  the fences a Redis backend handed out before a switch).
-
-The multi-step rules of the Redis scripts (``locks/lua/*.lua``) are PL/pgSQL functions (``*_v<N>``),
-so acquire, renew, release and commit are each one statement, one round trip, on an autocommit
-connection. Expired rows are replaced when their name is taken again, and a process deletes expired
-rows at most every ``PG_LOCK_PURGE_INTERVAL`` seconds.
-
-The SQL is package data: the tables, sequence and functions in ``locks/sql/schema.sql``, every statement
-the backend runs in ``locks/sql/queries.sql`` (:mod:`.postgres_sql` reads them and installs the schema).
-
-Two ways to hold an overlap lock (``safe_time_coordination_locks``):
-
-- ``lease`` (the default, :class:`PostgresLockBackend`): the row expires ``ttl`` after its last
-  renewal, and the watchdog renews it as on Redis. A killed holder's lock is free when its lease runs
-  out. Works behind PgBouncer in transaction mode.
-- ``session`` (:class:`PostgresSessionLockBackend`): ``pg_try_advisory_lock`` on a connection held for
-  the task's run; the row only describes the holder. PostgreSQL frees the lock as soon as the holder's
-  connection dies (kill -9, a hard time limit), but a holder that hangs keeps it (no expiry), the run
-  holds one more connection, and it does NOT work behind PgBouncer in transaction mode (the session
-  is not the client's).
+``safe_time_coordination_locks``: ``lease`` (:class:`PostgresLockBackend`, the default) rows expire
+``ttl`` after their last renewal, as on Redis, and work behind PgBouncer in transaction mode;
+``session`` (:class:`PostgresSessionLockBackend`) holds ``pg_try_advisory_lock`` on a connection kept
+for the run, freed the moment that connection dies, but not behind PgBouncer in transaction mode and
+never for a holder that hangs (docs/locks.md).
 """
 
 from __future__ import annotations
@@ -42,8 +21,7 @@ import re
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -196,27 +174,22 @@ class PostgresLockBackend(LockBackend):
             if postgres_sql.ensure_schema(self.engine):
                 logger.info("created the PostgreSQL lock tables (schema v%d)", C.PG_LOCK_SCHEMA_VERSION)
         except _UNREACHABLE as exc:
-            raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         self._schema_checked = True
-
-    @contextmanager
-    def _connection(self) -> Iterator[sa.Connection]:
-        self.ensure_schema()
-        with self.engine.connect() as conn:
-            yield conn
 
     def _run(self, work: Callable[[sa.Connection], T]) -> T:
         """``work`` on a pooled connection; a connection that broke (a restart since it was pooled)
         is thrown away and ``work`` runs once more: every call here is safe to repeat (token-checked)."""
         for attempt in (1, 2):
             try:
-                with self._connection() as conn:
+                self.ensure_schema()
+                with self.engine.connect() as conn:
                     return work(conn)
             except sa.exc.DBAPIError as exc:
                 if attempt == 1 and exc.connection_invalidated:
                     continue
                 if isinstance(exc, _UNREACHABLE):
-                    raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+                    raise self._unreachable(exc) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -383,14 +356,7 @@ class PostgresLockBackend(LockBackend):
         return Acquired("duplicate" if status == "duplicate" else "held", holder=holder)
 
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
         return self._run_raw(lambda conn: self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens))
 
@@ -419,13 +385,7 @@ class PostgresLockBackend(LockBackend):
         return (self.lock_key(lock), self.marker_key(marker), token, as_ms(window), task_id, done, done_ms)
 
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         params = self._commit_params(lock, marker, token, window, task_id, finished)
         recorded, released = self._run_raw(lambda conn: self._fetch(conn, _COMMIT, params))
@@ -447,21 +407,12 @@ class PostgresLockBackend(LockBackend):
         return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None
 
     # --- unique task keys -------------------------------------------------------------------------
-    def unique_acquire(
-        self,
-        key: str,
-        task_id: str,
-        ttl: float,
-        state: str,
-        *,
-        stored: bool | None,
-        host: str,
-        gone: str | None = None,
-        own: bool = False,
+    def _unique_acquire(
+        self, key: str, task: str, ttl: float, state: str, stored: bool | None, host: str, gone: str | None, own: bool
     ) -> UniqueClaim:
         params = {
             "name": self.unique_key(key),
-            "task_id": task_id,
+            "task_id": task,
             "ttl_ms": as_ms(ttl),
             "state": state,
             "stored": stored,
@@ -520,18 +471,7 @@ class PostgresLockBackend(LockBackend):
     def _unique_info(self, row: Any) -> LockInfo:
         name, task_id, host, state, age, ttl_left = row[:6]
         key = name[len(self.unique_key("")) :]
-        return LockInfo(
-            key=C.UNIQUE_LIST_PREFIX + key,
-            redis_key=name,
-            task_id=task_id,
-            host=host,
-            pid=None,
-            fence=None,
-            age=round(age, 3),
-            ttl_left=round(ttl_left, 3),
-            kind="unique",
-            state=state,
-        )
+        return LockInfo.unique(key, name, task_id, host, round(age, 3), round(ttl_left, 3), state)
 
     def unique_info(self, key: str, now: float) -> LockInfo | None:
         row = self._run(lambda conn: conn.execute(_UNIQUE_INFO, {"name": self.unique_key(key)}).first())
@@ -603,7 +543,7 @@ class PostgresLockBackend(LockBackend):
             except sa.exc.DBAPIError as exc:
                 if attempt == 1 and exc.connection_invalidated:
                     continue
-                raise CoordinationUnavailable(f"{self.describe()} unreachable: {exc}") from exc
+                raise self._unreachable(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
@@ -644,14 +584,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
             ) from exc
 
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
         # Our own token already holds it on one of this process's sessions (a retried call): ask on
         # that session, where the advisory lock is ours and the row's token makes it a take-over.
@@ -662,15 +595,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
             conn = self._held.pop((key, mine)) if mine is not None else None
         if conn is None:
             conn = self._checkout()
-        unreachable = self._dbapi_errors()[1]
-        try:
-            acquired = self._acquire_on(conn, key, token, ttl, owner, marker, earlier_tokens)
-        except BaseException as exc:
-            conn.invalidate()  # whatever it holds dies with the session
-            conn.close()
-            if isinstance(exc, unreachable):
-                raise self._unreachable(exc) from exc
-            raise
+        acquired = self._in_session(conn, lambda c: self._acquire_on(c, key, token, ttl, owner, marker, earlier_tokens))
         if acquired.status != "acquired":
             if mine is not None:
                 conn.invalidate()  # it held the lock: closing the session frees it
@@ -679,6 +604,18 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         with self._held_lock:
             self._held[(key, token)] = conn
         return acquired
+
+    def _in_session(self, conn: Any, work: Callable[[Any], T]) -> T:
+        """``work(conn)``; on any error the session ends, and whatever advisory lock it holds with it."""
+        unreachable = self._dbapi_errors()[1]
+        try:
+            return work(conn)
+        except BaseException as exc:
+            conn.invalidate()
+            conn.close()
+            if isinstance(exc, unreachable):
+                raise self._unreachable(exc) from exc
+            raise
 
     def _take(self, key: str, token: str) -> Any:
         with self._held_lock:
@@ -702,15 +639,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
             # Not held here (a hard-limit release from the worker's main process): the session that
             # held it has ended with its process; only the row is left to delete.
             return fallback()
-        unreachable = self._dbapi_errors()[1]
-        try:
-            result = work(conn)
-        except BaseException as exc:
-            conn.invalidate()  # closing the session frees its advisory lock
-            conn.close()
-            if isinstance(exc, unreachable):
-                raise self._unreachable(exc) from exc
-            raise
+        result = self._in_session(conn, work)
         conn.close()
         self._maybe_purge()
         return result
@@ -724,13 +653,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         return self._finish(key, token, work, lambda: self._run_raw(work))
 
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         params = self._commit_params(lock, marker, token, window, task_id, finished)
 

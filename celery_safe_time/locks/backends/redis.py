@@ -77,27 +77,13 @@ class RedisLockBackend(LockBackend):
         plain = ("renew", "unique_acquire", "unique_release")
         scripts = {name: client.register_script(sources[name]) for name in plain}
         self._renew = scripts["renew"]
-        self._unique_acquire = scripts["unique_acquire"]
+        self._unique_script = scripts["unique_acquire"]
         self._unique_release = scripts["unique_release"]
 
     # --- ownership scripts -----------------------------------------------------
     def _acquire_lease(
-        self,
-        key: str,
-        token: str,
-        ttl: float,
-        owner: Owner,
-        *,
-        marker: str | None = None,
-        earlier_tokens: tuple[str, ...] = (),
+        self, key: str, token: str, ttl: float, owner: Owner, marker: str | None, earlier_tokens: tuple[str, ...]
     ) -> Acquired:
-        """Take ``key`` unless it is held (or, with ``marker``, unless that idempotency key is recorded).
-
-        ``status`` is ``"finished"`` when ``owner.identity`` already ran to its end, ``"duplicate"``
-        when the lock is held by that same delivery (a redelivered copy of a running message), and
-        ``"acquired"`` also when the lock holds ``token`` or one of ``earlier_tokens`` (attempts of
-        this delivery whose reply was lost): the lock is taken over with its fence.
-        """
         keys = [self._lock_name(key=key), self._fence_name(key=key), self._done_name(key=key, identity=owner.identity)]
         if marker is not None:
             keys.append(self.marker_key(marker))
@@ -135,13 +121,7 @@ class RedisLockBackend(LockBackend):
         return keys, [token, as_ms(ttl), task_id]
 
     def commit(
-        self,
-        lock: str,
-        marker: str,
-        token: str,
-        window: float,
-        task_id: str,
-        finished: tuple[str, float] | None = None,
+        self, lock: str, marker: str, token: str, window: float, task_id: str, finished: tuple[str, float] | None = None
     ) -> tuple[bool, bool]:
         return _commit_answer(self._commit(*self._commit_call(lock, marker, token, window, task_id, finished)))
 
@@ -235,21 +215,12 @@ class RedisLockBackend(LockBackend):
         return f"Redis {mask_url(self.config.redis_url)}, safe_time_redis_url"
 
     # --- unique task keys (one key per script call: <prefix>unique:<key>) ------------------------
-    def unique_acquire(
-        self,
-        key: str,
-        task_id: str,
-        ttl: float,
-        state: str,
-        *,
-        stored: bool | None,
-        host: str,
-        gone: str | None = None,
-        own: bool = False,
+    def _unique_acquire(
+        self, key: str, task: str, ttl: float, state: str, stored: bool | None, host: str, gone: str | None, own: bool
     ) -> UniqueClaim:
         flag = "" if stored is None else ("1" if stored else "0")
-        args: list[str | int] = [task_id, as_ms(ttl), state, flag, host, gone or "", "1" if own else "0"]
-        reply = self._unique_acquire(keys=[self.unique_key(key)], args=args)
+        args: list[str | int] = [task, as_ms(ttl), state, flag, host, gone or "", "1" if own else "0"]
+        reply = self._unique_script(keys=[self.unique_key(key)], args=args)
         status = as_text(reply[0])
         if status == "acquired":
             return UniqueClaim("acquired")
@@ -276,18 +247,9 @@ class RedisLockBackend(LockBackend):
         if pttl == -2 or not any(fields):
             return None
         task_id, host, state, created_at = (as_text(v) for v in fields)
-        return LockInfo(
-            key=C.UNIQUE_LIST_PREFIX + key,
-            redis_key=redis_key,
-            task_id=task_id,
-            host=host,
-            pid=None,
-            fence=None,
-            age=round(now - float(created_at), 3) if created_at else None,
-            ttl_left=round(pttl / 1000.0, 3) if pttl >= 0 else None,
-            kind="unique",
-            state=state,
-        )
+        age = round(now - float(created_at), 3) if created_at else None
+        ttl_left = round(pttl / 1000.0, 3) if pttl >= 0 else None
+        return LockInfo.unique(key, redis_key, task_id, host, age, ttl_left, state)
 
     def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
         return self._scan_hashes(

@@ -18,16 +18,11 @@ class RecordWrites:
     """PostgreSQL: the delivery record's per-task writes (start, heartbeat, end), each a statement
     compiled once and sent as it is on a pooled psycopg connection in autocommit.
 
-    Each stored task makes two of them, so what SQLAlchemy does around one statement costs more than
-    the statement: building the construct and its cache key, the execution context, and a pre-ping
-    round trip per checkout. The same SQL text each time also lets psycopg prepare it on the server
-    (after ``prepare_threshold`` runs). Two pools: ``engines[True]`` waits for the WAL flush,
-    ``engines[False]`` has ``synchronous_commit=off``.
-
-    No pre-ping: a pooled connection the server closed (a restart, an idle timeout) fails on its
-    statement instead; the pool is emptied and the statement sent once more on a new connection. Every
-    statement here is safe to send twice: a start names its own run id among those it may take over
-    (and counts once), a heartbeat sets a time, an end that already landed leaves nothing to change.
+    What SQLAlchemy does around one statement (construct, cache key, execution context, pre-ping) costs
+    more than the statement; the same SQL text each time also lets psycopg prepare it. ``engines[True]``
+    waits for the WAL flush, ``engines[False]`` has ``synchronous_commit=off``. No pre-ping: a statement
+    on a connection the server closed empties the pool and is sent once more, which every statement here
+    allows (a start names its own run id, a heartbeat sets a time, an end that landed changes nothing).
     """
 
     def __init__(self, url: str, timeout: float | None = None) -> None:

@@ -361,57 +361,35 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
             for start in range(0, len(rows), chunk):
                 conn.execute(sa.insert(t), [self.new_row(d, now) for d in rows[start : start + chunk]])
 
-    def cancel(self, task_id: str) -> bool:
-        t = delays
+    def _update_now(self, build: Callable[[datetime], sa.Update]) -> int:
+        """Rows changed by the UPDATE ``build(now)`` (``now``: the database's), in one transaction."""
         with self._begin() as conn:
-            now = self._db_now(conn)
-            result = conn.execute(
-                sa.update(t)
-                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)), self._in_scope())
-                .values(status=C.STATUS_CANCELLED, claim_token=None, updated_at=now)
-            )
-            return bool(result.rowcount)
+            return int(conn.execute(build(self._db_now(conn))).rowcount)
+
+    def _update_one(self, task_id: str, statuses: frozenset[str], values: Callable[[datetime], dict[str, Any]]) -> bool:
+        """Set ``values(now)`` (and ``updated_at``) on row ``task_id`` of this namespace if it is in one of
+        ``statuses``; True when it changed."""
+        where = (delays.c.id == task_id, delays.c.status.in_(sorted(statuses)), self._in_scope())
+        return bool(self._update_now(lambda now: sa.update(delays).where(*where).values(**values(now), updated_at=now)))
+
+    def cancel(self, task_id: str) -> bool:
+        cancelled = {"status": C.STATUS_CANCELLED, "claim_token": None}
+        return self._update_one(task_id, C.DELAY_CANCELLABLE_STATUSES, lambda now: cancelled)
 
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
-        t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
-            result = conn.execute(
-                sa.update(t)
-                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_CANCELLABLE_STATUSES)), self._in_scope())
-                .values(
-                    due_at=due_at,
-                    status=C.STATUS_PENDING,
-                    claim_token=None,
-                    delivery_token=new_delivery_token(),
-                    updated_at=now,
-                )
-            )
-            return bool(result.rowcount)
+        def values(now: datetime) -> dict[str, Any]:
+            token = new_delivery_token()
+            return {"due_at": due_at, "status": C.STATUS_PENDING, "claim_token": None, "delivery_token": token}
+
+        return self._update_one(task_id, C.DELAY_CANCELLABLE_STATUSES, values)
 
     def rerun(self, task_id: str) -> bool:
-        t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
-            result = conn.execute(
-                sa.update(t)
-                .where(t.c.id == task_id, t.c.status.in_(sorted(C.DELAY_RERUNNABLE_STATUSES)), self._in_scope())
-                .values(**rerun_values(now), updated_at=now)
-            )
-            return bool(result.rowcount)
+        return self._update_one(task_id, C.DELAY_RERUNNABLE_STATUSES, rerun_values)
 
     # --- the delivery record ---------------------------------------------------------
 
-    def start(
-        self,
-        task_id: str,
-        token: str,
-        run_id: str,
-        worker: str,
-        *,
-        stale_after: float,
-        prior_runs: Sequence[str] = (),
-        leeway: float = math.inf,
+    def _start(
+        self, task_id: str, token: str, run_id: str, worker: str, stale: float, prior: Sequence[str], leeway: float
     ) -> StartResult:
         t = delays
         worker = worker[: C.DELIVERY_WORKER_LENGTH]
@@ -424,7 +402,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
                 "token": token,
                 "run_id": run_id,
                 "worker": worker,
-                "takeover": [*prior_runs, run_id],
+                "takeover": [*prior, run_id],
             }
 
             def build() -> sa.Update:
@@ -435,24 +413,22 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
                     own,
                     bind("worker"),
                     sa.func.clock_timestamp(),
-                    stale_after,
+                    stale,
                     takeover=t.c.started_by == sa.any_(bind("takeover", postgresql.ARRAY(sa.String))),
                     starts=sa.case((t.c.started_by == own, t.c.starts), else_=t.c.starts + 1),
                     leeway=leeway,
                 )
 
-            if self._record_write(writes, ("start", stale_after, leeway), build, params, durable=True) == 1:
+            if self._record_write(writes, ("start", stale, leeway), build, params, durable=True) == 1:
                 return StartResult("run")
             with self._statement_clock() as (conn, now):
-                return self._lost_start(conn, now, task_id, token, stale_after, leeway)
+                return self._lost_start(conn, now, task_id, token, stale, leeway)
         with self._statement_clock() as (conn, now):
-            takeover = t.c.started_by.in_(list(prior_runs)) if prior_runs else None
-            started = start_update(
-                task_id, token, run_id, worker, now, stale_after, takeover, t.c.starts + 1, leeway=leeway
-            )
+            takeover = t.c.started_by.in_(list(prior)) if prior else None
+            started = start_update(task_id, token, run_id, worker, now, stale, takeover, t.c.starts + 1, leeway=leeway)
             if conn.execute(started).rowcount == 1:
                 return StartResult("run")
-            return self._lost_start(conn, now, task_id, token, stale_after, leeway)
+            return self._lost_start(conn, now, task_id, token, stale, leeway)
 
     def _lost_start(
         self, conn: Connection, now: Now, task_id: str, token: str, stale_after: float, leeway: float = math.inf
@@ -516,15 +492,16 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
 
     def requeue_unstarted(self, grace: float) -> int:
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
+
+        def build(now: datetime) -> sa.Update:
             cutoff = now - timedelta(seconds=grace)
-            result = conn.execute(
+            return (
                 sa.update(t)
                 .where(status_is(C.STATUS_SENT), t.c.sent_at < cutoff, t.c.due_at < cutoff, self._in_scope())
                 .values(status=C.STATUS_PENDING, updated_at=now)
             )
-            return int(result.rowcount)
+
+        return self._update_now(build)
 
     def expired_unstarted(self, limit: int) -> list[DelayRow]:
         t = delays
@@ -677,14 +654,13 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
 
     def reclaim_stale(self, timeout: float) -> int:
         t = delays
-        with self._begin() as conn:
-            now = self._db_now(conn)
-            result = conn.execute(
+        return self._update_now(
+            lambda now: (
                 sa.update(t)
                 .where(status_is(C.STATUS_CLAIMED), t.c.claimed_at < now - timedelta(seconds=timeout), self._in_scope())
                 .values(status=C.STATUS_PENDING, claim_token=None, updated_at=now)
             )
-            return int(result.rowcount)
+        )
 
     # --- retention ---------------------------------------------------------------------
 
@@ -715,14 +691,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
             mapping = conn.execute(query).mappings().first()
         return None if mapping is None else DelayRow.from_mapping(mapping)
 
-    def list(
-        self,
-        *,
-        status: str | None = None,
-        task: str | None = None,
-        due_before: datetime | None = None,
-        limit: int = 100,
-    ) -> list[DelayRow]:
+    def _list(self, status: str | None, task: str | None, due_before: datetime | None, limit: int) -> list[DelayRow]:
         t = delays
         query = sa.select(t).where(self._in_scope()).order_by(t.c.due_at, t.c.id).limit(limit)
         if status is not None:

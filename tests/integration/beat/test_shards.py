@@ -15,9 +15,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_safe_time import save_entries
+from celery_safe_time import get_entry, save_entries
+from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.beat.shards import shard_of
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates, runs, settle
+from celery_safe_time.exceptions import ImproperlyConfigured
+from tests.helpers.beat import BEAT_APP, beat_env, coordination_settings, duplicates, runs, settle
 from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,7 +50,7 @@ def _slots(client: redis.Redis, label: str) -> list[float]:
 def test_three_beats_share_the_shards_each_slot_once_and_a_killed_beats_shards_move(
     processes: ProcessManager, redis_client: redis.Redis, make_app: Callable[..., Celery]
 ) -> None:
-    app = make_app()
+    app = make_app(safe_time_beat_shards=SHARDS)
     app.task(name="tests.record", shared=False)(_noop)  # the name the beats' app registers
     names = [f"tenant-{i}" for i in range(ENTRIES)]
     save_entries([{"name": n, "task": "tests.record", "schedule": 1.0, "args": [n]} for n in names], app=app)
@@ -84,7 +86,8 @@ def test_three_beats_share_the_shards_each_slot_once_and_a_killed_beats_shards_m
     # a standby polls every lease/3 at most: within lease + lease/3 (plus the poll of this test)
     assert moved_at - killed_at <= LEASE + LEASE / 3 + 0.5, moved_at - killed_at
     held = collections.Counter(_holders(redis_client).values())
-    assert set(held) == survivors and sorted(held.values()) == [3, 3]
+    assert set(held) == survivors
+    assert sorted(held.values()) == [3, 3]
     # the moved shards' entries go on firing (from the new holders)
     after = time.time() + 2
     moved_names = [n for n in names if shard_of(n, SHARDS) in orphaned]
@@ -93,6 +96,8 @@ def test_three_beats_share_the_shards_each_slot_once_and_a_killed_beats_shards_m
         20,
         message="the moved shards' entries to fire again",
     )
+    # the API reads each entry's next fire from its shard's keys
+    assert all(get_entry(n, app=app).next_fire is not None for n in names)  # type: ignore[union-attr]
     for beat in beats:
         if beat is not victim:
             beat.terminate()
@@ -102,3 +107,13 @@ def test_three_beats_share_the_shards_each_slot_once_and_a_killed_beats_shards_m
         slots = _slots(redis_client, name)
         assert len(slots) == len(set(slots)) >= 5
         assert all(s == int(s) for s in slots)
+
+
+def test_shards_are_refused_at_startup_on_postgresql_coordination(
+    make_app: Callable[..., Celery], postgres_url: str, tmp_path: Any
+) -> None:
+    """PostgreSQL coordination has one beat lease: more than one shard fails at startup, naming the
+    setting, rather than running one leader that the operator believes is sharded."""
+    app = make_app(safe_time_beat_shards=3, **coordination_settings(postgres_url))
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*need Redis coordination"):
+        SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)

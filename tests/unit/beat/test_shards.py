@@ -18,7 +18,7 @@ from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.beat.shards import ShardGate, fair_share, shard_of
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured
-from tests.unit.beat.conftest import T0, FakeTime, OnDispatched, memory_app
+from tests.unit.beat.conftest import FakeTime, OnDispatched, memory_app
 
 LEASE = 30.0
 RENEW = LEASE / 3
@@ -51,7 +51,7 @@ def test_the_setting_is_validated_and_refused_where_it_cannot_work() -> None:
     backend.for_shard(1)  # the memory backend has shards
     from celery_safe_time.beat.backends.base import BeatBackend
 
-    with pytest.raises(ImproperlyConfigured, match="safe_time_beat_shards.*need Redis coordination"):
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*need Redis coordination"):
         BeatBackend.for_shard(backend, 1)  # what a backend without shards (PostgreSQL) answers
 
 
@@ -185,7 +185,9 @@ def test_each_shard_fires_its_entries_once_and_a_moved_shard_continues_without_a
             clock.now += RENEW
         held_a = {k.shard for k in _keepers(a) if k.is_leader}
         held_b = {k.shard for k in _keepers(b) if k.is_leader}
-        assert held_a | held_b == {0, 1, 2} and not held_a & held_b and held_b
+        assert held_a | held_b == {0, 1, 2}
+        assert not held_a & held_b
+        assert held_b
         sent.clear()
         for _ in range(3):
             a.tick()
@@ -212,7 +214,8 @@ def test_each_shard_fires_its_entries_once_and_a_moved_shard_continues_without_a
         seen = collections.Counter((entry, slot) for entry, slot, _, _ in sent)
         assert max(seen.values()) == 1
         moved = [n for n in names if shard_of(n, 3) in held_b]
-        assert moved and all(any(e == n and s > clock.now - 4 for e, s, _, _ in sent) for n in moved)
+        assert moved
+        assert all(any(e == n and s > clock.now - 4 for e, s, _, _ in sent) for n in moved)
     finally:
         a.close()
         b.close()
@@ -222,8 +225,19 @@ def test_each_shard_fires_its_entries_once_and_a_moved_shard_continues_without_a
 def test_one_shard_is_one_leader_as_before(tmp_path: Path, clock: FakeTime, data: MemoryBeatData) -> None:
     sched = _scheduler(tmp_path, "one", 1)
     try:
-        assert sched.shard_children == [] and sched.gate is None
+        assert sched.shard_children == []
+        assert sched.gate is None
         assert sched.keeper.lease_name == "the leader lease"
         assert sched.owns("anything")
     finally:
         sched.close()
+
+
+def test_a_scheduler_that_fires_from_one_leader_refuses_shards_at_startup() -> None:
+    """``SafeDatabaseScheduler`` (django-celery-beat rows) is a ``LeasedScheduler`` without shards."""
+    from celery_safe_time.beat.base import LeasedScheduler
+
+    one = LeasedScheduler()
+    one.config = get_config(memory_app("one-leader", safe_time_beat_shards=2))
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*fires from one leader"):
+        one.check_startup(1.0)

@@ -264,18 +264,32 @@ def _count_once(client: redis.Redis, n: int) -> dict[str, int]:
     }
 
 
-def bench_burst(redis_url: str, n: int, postgres_url: str | None = None) -> dict[str, Any]:
-    """The burst batched and one round trip per slot on Redis coordination, and batched on PostgreSQL
-    coordination when ``postgres_url`` is given (a fresh database: nothing else under its prefix)."""
+#: the burst's runs (``--burst-modes``): one leader batched, unbatched, on PostgreSQL; three sharded beats
+BURST_MODES = ("batched", "unbatched", "postgres", "sharded")
+
+
+def bench_burst(
+    redis_url: str, n: int, postgres_url: str | None = None, modes: tuple[str, ...] = BURST_MODES
+) -> dict[str, Any]:
+    """The burst batched and one round trip per slot on Redis coordination, batched on PostgreSQL
+    coordination when ``postgres_url`` is given (a fresh database: nothing else under its prefix), and
+    fired by three beats sharing six shards (``benchmarks/beat_shards.py``)."""
+    from benchmarks.beat_shards import bench_sharded
     from celery_safe_time import save_entries
 
     client = redis.Redis.from_url(redis_url)
     out: dict[str, Any] = {"entries": n, "load average": os.getloadavg()[0]}
-    modes = [("batched", None), ("unbatched", None)] + ([("postgres", postgres_url)] if postgres_url else [])
-    for mode, coordination in modes:
+    for mode in modes:
+        coordination = postgres_url if mode == "postgres" else None
+        if mode == "postgres" and not postgres_url:
+            continue
         client.flushdb()
         save_entries(_burst_specs(n), app=_app(redis_url, coordination))
-        out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"), coordination=coordination)
+        out[f"load average before {mode}"] = os.getloadavg()[0]
+        if mode == "sharded":
+            out[mode] = bench_sharded(redis_url, n)
+        else:
+            out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"), coordination=coordination)
         if "error" not in out[mode]:
             out[mode].update(_count_once(client, n))
     client.flushdb()
@@ -339,7 +353,9 @@ def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
     return out
 
 
-def run(quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = None, modes: tuple[str, ...] = BURST_MODES
+) -> dict[str, Any]:
     claim = services.RedisDbClaim(services.resolve_redis_base())
     results: dict[str, Any] = {"quick": quick}
     try:
@@ -350,7 +366,7 @@ def run(quick: bool, sizes: list[int] | None = None, bursts: list[int] | None = 
         db = services.PostgresDatabase(services.resolve_postgres_admin_url())
         try:
             postgres_url = db.url.replace("postgresql://", "postgresql+psycopg://", 1)
-            results["burst"] = {str(n): bench_burst(claim.url, n, postgres_url) for n in burst_sizes}
+            results["burst"] = {str(n): bench_burst(claim.url, n, postgres_url, modes) for n in burst_sizes}
         finally:
             db.drop()
     finally:
@@ -409,6 +425,7 @@ _BURST_ROWS = (
     ("a chunk per round trip", "batched"),
     ("one round trip per slot", "unbatched"),
     ("a chunk per round trip, PostgreSQL coordination", "postgres"),
+    ("a chunk per round trip, 3 beats sharing 6 shards (`safe_time_beat_shards = 6`)", "sharded"),
 )
 
 
@@ -438,7 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unbatched", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--coordination", default=None, help=argparse.SUPPRESS)  # the child: PostgreSQL URL
     parser.add_argument("--burst-only", default=None, help="Only the 09:00 burst, of these sizes (comma-separated).")
+    parser.add_argument("--burst-modes", default=",".join(BURST_MODES), help="The burst's runs (comma-separated).")
+    parser.add_argument("--shard-beat", type=int, default=None, help=argparse.SUPPRESS)  # the child: its index
     args = parser.parse_args(argv)
+    if args.leader and args.burst and args.shard_beat is not None:
+        from benchmarks.beat_shards import shard_child
+
+        print(json.dumps(shard_child(args.leader, args.burst, args.shard_beat)))
+        return 0
     if args.leader and args.burst:
         print(json.dumps(burst_child(args.leader, args.burst, args.unbatched, args.coordination)))
         return 0
@@ -447,7 +471,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     bursts = [int(s) for s in args.burst_only.split(",")] if args.burst_only else None
-    results = run(args.quick, sizes, bursts)
+    modes = tuple(m for m in args.burst_modes.split(",") if m)
+    unknown = set(modes) - set(BURST_MODES)
+    if unknown:
+        parser.error(f"--burst-modes: unknown {', '.join(sorted(unknown))} (use {', '.join(BURST_MODES)})")
+    results = run(args.quick, sizes, bursts, modes)
     print(markdown(results))
     print()
     print(json.dumps(results, indent=2))

@@ -101,6 +101,8 @@ class SafeTimeConfig:
     #: ``safe_time_coordination_statement_timeout``: the server's ``statement_timeout`` for coordination
     #: connections, in seconds (None: the server's own setting; sent as a startup option).
     coordination_statement_timeout: float | None = None
+    #: ``safe_time_beat_shards``: runtime entries hashed into this many shards, each with its own lease.
+    beat_shards: int = C.DEFAULT_BEAT_SHARDS
     #: ``safe_time_beat_history_size``: runs kept per beat entry (0: no run history).
     beat_history_size: int = C.DEFAULT_BEAT_HISTORY_SIZE
     #: ``safe_time_beat_audit_size``: changes kept per beat entry (0: no change audit).
@@ -710,6 +712,7 @@ _SETTINGS = (
     _Setting("sweep_queue", C.DEFAULT_SWEEP_QUEUE, _text("a queue name or None")),
     _Setting("sweep_batch", C.DEFAULT_SWEEP_BATCH, _POSITIVE_INT),
     _Setting("sweep_max_ahead", C.DEFAULT_SWEEP_MAX_AHEAD, _POSITIVE_INT),
+    _Setting("beat_shards", C.DEFAULT_BEAT_SHARDS, _POSITIVE_INT),
     _Setting("beat_history_size", C.DEFAULT_BEAT_HISTORY_SIZE, _KEPT_COUNT),
     _Setting("beat_audit_size", C.DEFAULT_BEAT_AUDIT_SIZE, _KEPT_COUNT),
     _Setting("allow_pickle", C.DEFAULT_ALLOW_PICKLE, _flag),

@@ -13,6 +13,8 @@ from typing import Final, Literal
 # === settings defaults ========================================================
 DEFAULT_KEY_PREFIX: Final = "safe_time:"
 DEFAULT_BEAT_LEASE: Final = 30.0
+#: ``safe_time_beat_shards``: 1 is one leader for every entry.
+DEFAULT_BEAT_SHARDS: Final = 1
 DEFAULT_MISFIRE: Final = "run_once"
 DEFAULT_MISFIRE_GRACE: Final = None
 DEFAULT_DELAY_THRESHOLD_CAP: Final = 900.0
@@ -157,6 +159,13 @@ KEY_BEAT_HISTORY: Final = "beat:history:{entry}"
 KEY_BEAT_HISTORY_SLOTS: Final = "beat:history-slots:{entry}"
 #: Change audit of one entry: a list of records (JSON), newest first, trimmed to the audit size.
 KEY_BEAT_AUDIT: Final = "beat:audit:{entry}"
+#: With ``safe_time_beat_shards`` above 1, shard N (from 1; shard 0 keeps the keys above) has its own
+#: lease, epoch, leader info, state, due set, applied marker and pause expiries: the keys above with
+#: ``beat:`` replaced by this (``beat:shard:3:lease``). Definitions, the change log and fired markers
+#: are shared by every shard.
+KEY_BEAT_SHARD_NAMESPACE: Final = "beat:shard:{shard}:"
+#: The beat processes taking part in sharded firing: zset member -> its last heartbeat (UNIX seconds).
+KEY_BEAT_BEATS: Final = "beat:beats"
 KEY_LOCK: Final = "lock:{key}"
 # On a Redis Cluster (and only there: plain Redis and Sentinel keep the names above, so a rolling
 # upgrade never renames a key) ``SafeTimeConfig.key`` adds a hash tag, so that the keys one script
@@ -291,6 +300,9 @@ BEAT_GC_FREEZE_ENTRIES: Final = 10_000
 #: fall due (and those that change), not every entry at takeover: memory and takeover time stop
 #: growing with the number of entries. Below it, loading all is cheap and keeps the stricter checks.
 BEAT_LAZY_ENTRIES: Final = 10_000
+#: Sharded firing: a beat whose heartbeat is older than this share of the lease counts as gone (less
+#: than one lease, so that its shards, free after one lease, are taken at the next standby poll).
+BEAT_SHARD_HEARTBEAT_LEASES: Final = 2 / 3
 #: Runtime entries a reading-what-is-due leader keeps built between ticks (then it forgets them all).
 BEAT_LAZY_CACHE: Final = 10_000
 #: Entries ``save_entries`` validates and then stores in one round trip (a bad entry stores none of its chunk).

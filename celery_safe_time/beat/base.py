@@ -28,6 +28,7 @@ from ..exceptions import ImproperlyConfigured
 from .backends import BeatBackend, beat_backend
 from .backends.redis import RedisBeatBackend
 from .leader import LeaderKeeper
+from .shards import ShardGate
 
 __all__ = [
     "LeasedScheduler",
@@ -111,9 +112,11 @@ class LeasedScheduler:
     app: Celery
     max_interval: float
 
-    def init_lease(self, app: Celery) -> None:
+    def init_lease(self, app: Celery, backend: BeatBackend | None = None, gate: ShardGate | None = None) -> None:
+        """``backend``: a shard's (``safe_time_beat_shards``; default: the app's) and ``gate``: the beat's
+        say in which shards it holds (None: one leader)."""
         self.config = get_config(app)
-        self.backend = beat_backend(self.config)
+        self.backend = beat_backend(self.config) if backend is None else backend
         #: what a tick may raise when the backend fails; the scheduler then stands by (fail closed)
         self.backend_errors = self.backend.errors
         #: the Redis client on the Redis backend (None on the others)
@@ -121,7 +124,14 @@ class LeasedScheduler:
         self.clock = self.backend.clock
         self.lease = self.backend.make_lease()
         self.keeper = LeaderKeeper(
-            self.lease, self.clock, self.config, sender=self, errors=self.backend.errors, what=self.backend.label
+            self.lease,
+            self.clock,
+            self.config,
+            sender=self,
+            errors=self.backend.errors,
+            what=self.backend.label,
+            shard=self.backend.shard,
+            gate=gate,
         )
         self._closed = False
         self._started = False
@@ -130,8 +140,19 @@ class LeasedScheduler:
     def granularity(self) -> float:
         return tick_granularity(self.max_interval)
 
+    #: whether this scheduler splits its entries into ``safe_time_beat_shards`` shards
+    shardable = False
+
     def check_startup(self, granularity: float) -> None:
         check_lease(self.config, granularity)
+        if self.config.beat_shards > 1:
+            if not self.shardable:
+                raise ImproperlyConfigured(
+                    "safe_time_beat_shards",
+                    f"{self.config.beat_shards} shards: {type(self).__name__} fires from one leader; sharded "
+                    "firing is SafeScheduler's (runtime entries); set it to 1",
+                )
+            self.backend.for_shard(1)  # refuses on a backend without shards (PostgreSQL coordination)
         self.backend.startup_checks("beat")
         # Imported here, once per start: the delays package (its store and task classes) is not
         # loaded by importing the scheduler.

@@ -23,6 +23,7 @@ from ..clock import ServerClock
 from ..config import SafeTimeConfig
 from ..exceptions import RedisUnavailable
 from .backends.base import BeatLease
+from .shards import ShardGate
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +52,19 @@ class LeaderKeeper:
         sender: Any,
         errors: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable),
         what: str = "Redis",
+        *,
+        shard: int = 0,
+        gate: ShardGate | None = None,
     ) -> None:
         self.lease = lease
+        #: the shard this lease leads, and the gate that says whether to take or give it back
+        #: (``safe_time_beat_shards`` above 1; None: one leader, the lease taken whenever free)
+        self.shard = shard
+        self.gate: ShardGate | None = None
+        #: the lease's name in log lines
+        self.lease_name = "the leader lease"
+        if gate is not None:
+            self.join(gate)
         #: The clock an acquire is timed on (tests replace it to make an answer late).
         self.lease_clock: Callable[[], float] = time.monotonic
         #: what the backend raises when it fails (Redis's by default)
@@ -84,6 +96,12 @@ class LeaderKeeper:
     def is_leader(self) -> bool:
         return self._term is not None
 
+    def join(self, gate: ShardGate) -> None:
+        """Take part in sharded firing: ``gate`` decides when this shard's lease is taken or given back."""
+        self.gate = gate
+        self.lease_name = f"the lease of shard {self.shard}"
+        gate.keepers.append(self)
+
     # --- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
         """Try once now (so the banner can say leader/standby), then keep going in a thread."""
@@ -102,7 +120,7 @@ class LeaderKeeper:
             if release and epoch is not None:
                 try:
                     self.lease.release()
-                    logger.info("beat: released the leader lease (epoch %s)", epoch)
+                    logger.info("beat: released %s (epoch %s)", self.lease_name, epoch)
                 except self.errors as exc:
                     logger.warning("beat: could not release the lease (it expires by itself): %s", exc)
 
@@ -135,6 +153,10 @@ class LeaderKeeper:
                 if self._term is not None:
                     if not self.lease.renew():
                         self._lost("lease expired or taken over")
+                    elif self.gate is not None and self.gate.should_release(self):
+                        self._give_back(self.gate)
+                elif self.gate is not None and not self.gate.may_acquire(self):
+                    pass  # this beat holds its share of the shards: the others take this one
                 else:
                     sent_at = self.lease_clock()
                     self.lease.sent_at = None
@@ -146,7 +168,7 @@ class LeaderKeeper:
                         self._generation += 1
                         self._term = LeaseTerm(self._generation, epoch)
                         logger.info(
-                            "beat: acquired the leader lease (epoch %s, lease %gs)", epoch, self.config.beat_lease
+                            "beat: acquired %s (epoch %s, lease %gs)", self.lease_name, epoch, self.config.beat_lease
                         )
                         signals.beat_lease_acquired.send(sender=self.sender, epoch=epoch, lease=self.config.beat_lease)
             except self.errors as exc:
@@ -163,6 +185,15 @@ class LeaderKeeper:
                 logger.warning("beat: %s reachable again", self.what)
                 self._backend_down = False
             return True
+
+    def _give_back(self, gate: ShardGate) -> None:
+        """Release this shard's lease for a beat that holds fewer shards (rebalancing)."""
+        term, self._term = self._term, None
+        epoch = None if term is None else term.epoch
+        gate.released(self)
+        self.lease.release()
+        logger.info("beat: gave back %s (epoch %s) to a beat that holds fewer shards", self.lease_name, epoch)
+        signals.beat_lease_lost.send(sender=self.sender, epoch=epoch, reason="rebalanced to another beat")
 
     def _answered_late(self, epoch: int, waited: float) -> bool:
         """Whether the lease just taken (``epoch``) was answered too late to hold: it runs from when the
@@ -192,5 +223,5 @@ class LeaderKeeper:
         if term is None:
             return
         epoch = term.epoch
-        logger.warning("beat: lost the leader lease (epoch %s): %s; standing by", epoch, reason)
+        logger.warning("beat: lost %s (epoch %s): %s; standing by", self.lease_name, epoch, reason)
         signals.beat_lease_lost.send(sender=self.sender, epoch=epoch, reason=reason)

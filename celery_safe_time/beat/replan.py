@@ -21,6 +21,7 @@ from ..redis_client import as_text
 from .base import LeasedScheduler, collector_paused
 from .definitions import parse_definition, spec_key
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER
+from .shards import shard_of
 from .slots import OPTION_MISFIRE, Plan, next_state
 from .state import load_state
 
@@ -53,8 +54,19 @@ class ReplanningScheduler(LeasedScheduler):
     #: the epoch of the leader term that plan belongs to, for its closing log line
     _replanning_epoch: int = 0
 
+    shard: int
+    shards: int
+
     def load_runtime(self, name: str, raw: Any) -> str:
         raise NotImplementedError
+
+    def owns(self, name: str) -> bool:
+        """Whether this scheduler's shard leads the entry ``name`` (the config entries: shard 0)."""
+        if self.shards <= 1:
+            return True
+        if name in self.config_names:
+            return self.shard == 0
+        return shard_of(name, self.shards) == self.shard
 
     def _drop(self, name: str) -> None:
         raise NotImplementedError
@@ -132,6 +144,7 @@ class ReplanningScheduler(LeasedScheduler):
         # state: a resume or a fix continues the grid).
         if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
             raise LeaseLost("another beat holds the lease: the plan write was refused")
+        tombstones = [n for n in tombstones if self.owns(n)]  # another shard's are its leader's to apply
         if tombstones:  # deletions this leader has applied; a name saved again since is kept
             self.backend.prune(version, tombstones)
         # the pauses to expire, for a next leader that reads only what is due
@@ -223,6 +236,7 @@ class ReplanningScheduler(LeasedScheduler):
         states, nexts, gone, idle, tombstones = plan
         if not self.backend.write_plan(self.lease.token, states, nexts, gone, idle):
             raise LeaseLost("another beat holds the lease: the plan write was refused")
+        tombstones = [n for n in tombstones if self.owns(n)]
         if tombstones:
             self.backend.prune(version, tombstones)
         expiries = {n: t for n, t in self.backend.pause_expiries().items() if n not in set(changed)}
@@ -324,7 +338,8 @@ class ReplanningScheduler(LeasedScheduler):
         entry) from ``now`` and write it; ``stored``: read the chunk's state first (else there is
         none). Returns how many entries got a new plan."""
         # a runtime entry named like a config one is ignored
-        names = [n for n, raw in defs.items() if raw is None or n not in self.config_names]
+        # another shard's runtime entries are its leader's to plan
+        names = [n for n, raw in defs.items() if raw is None or (n not in self.config_names and self.owns(n))]
         plans = [self.plans.get(n) if defs[n] is None else self._stream_plan(n, defs[n]) for n in names]
         raws, scores = self.backend.read_states(names) if stored else ([None] * len(names), [None] * len(names))
         states: dict[str, str] = {}
@@ -374,7 +389,9 @@ class ReplanningScheduler(LeasedScheduler):
             if not page:
                 return
             names = [name for name, _ in page]
-            dead = [n for n, raw in zip(names, self.backend.definitions(names), strict=True) if raw is None]
+            dead = [
+                n for n, raw in zip(names, self.backend.definitions(names), strict=True) if raw is None and self.owns(n)
+            ]
             self.backend.prune(version, dead)
             if len(page) < C.BEAT_LAZY_CHUNK:
                 return

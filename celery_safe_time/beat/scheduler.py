@@ -25,6 +25,7 @@ from celery.beat import ScheduleEntry, Scheduler
 from .. import constants as C
 from .. import signals
 from ..clock import to_datetime
+from ..config import get_config
 from ..exceptions import LeaseLost, ScheduleError
 from ..messages.publishing import PublishBatch, batched_publish
 from . import history
@@ -36,6 +37,7 @@ from .leader import LeaseTerm
 from .overlap import OverlapGate
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
 from .replan import ReplanningScheduler
+from .shards import ShardGate
 from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
 from .state import dump_state, load_state, state_next
 
@@ -49,8 +51,30 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     Entry = ScheduleEntry
 
-    def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
-        self.init_lease(app)
+    #: ``safe_time_beat_shards`` above 1 is supported: the runtime entries are split into shards
+    shardable = True
+
+    def __init__(
+        self, app: Celery, *args: Any, parent: SafeScheduler | None = None, shard: int = 0, **kwargs: Any
+    ) -> None:
+        config = get_config(app)
+        #: this scheduler's shard of the runtime entries, and how many there are (``safe_time_beat_shards``)
+        self.shard = shard
+        self.shards = config.beat_shards
+        #: shard 0's scheduler (None on shard 0 itself, which is celery's): it ticks the others
+        self.parent = parent
+        #: this beat's schedulers of shards 1 to K - 1 (on shard 0's; empty on theirs)
+        self.shard_children: list[SafeScheduler] = []
+        if parent is not None:
+            self.gate: ShardGate | None = parent.gate
+            self.init_lease(app, parent.backend.for_shard(shard), self.gate)
+        else:
+            self.init_lease(app)
+            self.gate = None
+            if self.shards > 1:
+                backend = self.backend
+                self.gate = ShardGate(self.shards, config.beat_lease, backend.beats_heartbeat, backend.clock.time)
+                self.keeper.join(self.gate)
         #: the entries' overlap policies, decided at dispatch (:mod:`.overlap`)
         self.overlap_gate = OverlapGate(app, self.config)
         self.plans: dict[str, Plan] = {}
@@ -84,11 +108,29 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     # --- setup --------------------------------------------------------------------
     def setup_schedule(self) -> None:
+        if self.parent is not None:  # another shard of this beat: runtime entries only
+            self.config_names = set(self.parent.config_names)  # a runtime entry with such a name is ignored
+            self.start_lease()
+            return
         self.check_startup(self.granularity)
         self.install_default_entries(self.data)
         self.merge_inplace(self.app.conf.beat_schedule)
         self.config_names = set(self.schedule)
+        self.shard_children = [
+            SafeScheduler(self.app, parent=self, shard=shard, max_interval=self.max_interval)
+            for shard in range(1, self.shards)
+        ]
         self.start_lease()
+
+    def close(self) -> None:
+        for child in self.shard_children:
+            child.close()
+        if self.gate is not None and self.parent is None:
+            try:
+                self.backend.beats_gone(self.gate.member)
+            except self.backend_errors as exc:
+                logger.warning("beat: could not drop this beat's heartbeat (it expires by itself): %s", exc)
+        super().close()
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
         """Build entries one by one: a broken entry is logged and left out, never fatal."""
@@ -115,6 +157,13 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     # --- the loop -----------------------------------------------------------------
     def _tick(self) -> float:
+        """One tick of each shard this beat may lead (shard 0's, then the others'); the shortest wait."""
+        wait = self._tick_shard()
+        for child in self.shard_children:
+            wait = min(wait, child._tick_shard())
+        return wait
+
+    def _tick_shard(self) -> float:
         term = self.keeper.term
         if term is None:
             self._reconciled = None
@@ -211,6 +260,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
                     name,
                 )
             return "conflict"
+        if not self.owns(name):
+            return "elsewhere"  # another shard's (its leader loads it)
         self._drop(name)
         if raw is None:
             self.runtime.pop(name, None)
@@ -249,7 +300,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         log, one for their definitions and state), then writes their state in one more."""
         changed = self.backend.change_log(self.seen_version, C.BEAT_CHANGES_BATCH)
         requests = self.backend.run_now_requests()
-        names = [name for name, _ in changed]
+        names = [name for name, _ in changed if self.owns(name)]
         writes: list[SlotWrite] = []
         catch_up: list[tuple[float, SlotWrite]] = []
         forget: dict[bool, list[str]] = {True: [], False: []}  # keep_state -> names
@@ -310,7 +361,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             self.backend.set_pause_expiries(
                 {n: t for n, t in expiring.items() if t is not None}, [n for n, t in expiring.items() if t is None]
             )
-        if len(names) == C.BEAT_CHANGES_BATCH:
+        if len(changed) == C.BEAT_CHANGES_BATCH:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
             # every change up to ``version`` is in the log (the scripts bump both atomically)
@@ -321,8 +372,10 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
     def run_requested(self, epoch: int, requests: dict[str, str]) -> bool:
         """Publish the ``beat run-now`` requests: one slot each (the request instant), guarded."""
         if self.lazy:
-            self._load([n for n in requests if n not in self.runtime and n not in self.config_names])
+            self._load([n for n in requests if n not in self.runtime and n not in self.config_names and self.owns(n)])
         for name, slot_ms in requests.items():
+            if not self.owns(name):
+                continue  # another shard's leader publishes it
             entry = self.schedule.get(name) or self.paused.get(name)
             slot = int(slot_ms) / 1000.0
             if entry is not None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ...clock import ServerClock
 from ...config import SafeTimeConfig
-from ...exceptions import SafeTimeError
+from ...exceptions import ImproperlyConfigured, SafeTimeError
 
 #: (member, score) pairs: entry names and their next fire time.
 Scored = list[tuple[str, float]]
@@ -148,8 +148,30 @@ class BeatBackend(abc.ABC):
     due_name: str
     state_name: str
 
+    #: the shard whose lease, state and due set this object reads and writes (``safe_time_beat_shards``)
+    shard: int = 0
+
     def __init__(self, config: SafeTimeConfig) -> None:
         self.config = config
+
+    # --- shards (``beat/shards.py``) --------------------------------------------------
+    # Not abstract: a backend without them refuses ``safe_time_beat_shards`` above 1 at startup.
+    def for_shard(self, shard: int) -> BeatBackend:
+        """This backend for ``shard``: its own lease, epoch, state, due set and applied marker; the
+        definitions, the change log and the fired-slot markers shared with every shard."""
+        raise ImproperlyConfigured(
+            "safe_time_beat_shards",
+            f"{self.config.beat_shards} shards need Redis coordination: the {self.label} beat backend has one "
+            "leader lease (set it to 1, or coordinate on Redis)",
+        )
+
+    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
+        """Record that beat ``member`` holds ``held`` shards at ``now``; the live beats (heartbeat
+        within ``window`` seconds, this one included) and their counts. Older heartbeats are dropped."""
+        raise NotImplementedError
+
+    def beats_gone(self, member: str) -> None:  # noqa: B027 (only a backend with shards keeps heartbeats)
+        """Drop beat ``member``'s heartbeat (it stops)."""
 
     # --- the lease ------------------------------------------------------------------
     @abc.abstractmethod

@@ -48,6 +48,22 @@ class MemoryBeatData:
     #: set True to make every call raise :class:`MemoryUnavailable` (an outage)
     down: bool = False
     mutex: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+    #: sharded firing: the other shards' data (lease, epoch, states, due set; the rest shared), by shard
+    shards: dict[int, MemoryBeatData] = dataclasses.field(default_factory=dict)
+    #: beat heartbeats (sharded firing): member -> (when, shards held); shared by every shard
+    beats: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
+
+    def shard(self, shard: int) -> MemoryBeatData:
+        """Shard ``shard``'s data (0: this one): its own lease and schedule state, the fired slots,
+        run history, audit, definitions and heartbeats shared."""
+        if shard == 0:
+            return self
+        with self.mutex:
+            if shard not in self.shards:
+                self.shards[shard] = dataclasses.replace(
+                    self, token=None, expires=0.0, epoch=0, info={}, states={}, due={}, shards={}
+                )
+            return self.shards[shard]
 
     def check(self) -> None:
         if self.down:
@@ -186,6 +202,24 @@ class MemoryBeatBackend(BeatBackend):
         self.due_name = "due"
         self.state_name = "state"
 
+    def for_shard(self, shard: int) -> MemoryBeatBackend:
+        backend = MemoryBeatBackend(self.config, self.data.shard(shard))
+        backend.shard = shard
+        return backend
+
+    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
+        d = self.data
+        with d.mutex:
+            d.check()
+            d.beats[member] = (now, held)
+            for gone in [m for m, (seen, _) in d.beats.items() if seen < now - window]:
+                del d.beats[gone]
+            return {m: count for m, (_, count) in d.beats.items()}
+
+    def beats_gone(self, member: str) -> None:
+        with self.data.mutex:
+            self.data.beats.pop(member, None)
+
     def _sorted_due(self) -> Scored:
         return sorted(((name, score) for name, score in self.data.due.items()), key=lambda item: (item[1], item[0]))
 
@@ -239,8 +273,9 @@ class MemoryBeatBackend(BeatBackend):
             self.data.due.pop(name, None)
 
     def snapshot(self) -> Snapshot:
-        self.data.check()
-        return Snapshot(version=0, definitions={}, requests={}, marker=None)
+        with self.data.mutex:
+            self.data.check()
+            return Snapshot(version=0, definitions=dict(self.data.definitions), requests={}, marker=None)
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.data.mutex:

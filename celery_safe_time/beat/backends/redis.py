@@ -28,7 +28,6 @@ Keys under ``safe_time_key_prefix`` (:class:`BeatKeys`): ``beat:lease``, ``beat:
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import json
 import logging
@@ -47,8 +46,10 @@ from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
+from ..shards import shard_of
 from ..state import identity, load_state, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
+from .redis_keys import BeatKeys
 
 __all__ = [
     "PRELUDES",
@@ -144,44 +145,6 @@ def beat_scripts(client: Any) -> BeatScripts:
 # --- keys and the lease --------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class BeatKeys:
-    """The beat's Redis keys: the lease's (lease, epoch, leader info, state hash, due set) and the runtime
-    entries' (definitions, change counter and log, run-now requests, applied marker, pause expiries)."""
-
-    lease: str
-    epoch: str
-    info: str
-    state: str
-    due: str
-    entries: str
-    version: str
-    changed: str
-    run_now: str
-    applied: str
-    pause_expiry: str
-    names: str
-    names_version: str
-
-    @classmethod
-    def for_config(cls, config: SafeTimeConfig) -> BeatKeys:
-        return cls(
-            lease=config.key(C.KEY_BEAT_LEASE),
-            epoch=config.key(C.KEY_BEAT_EPOCH),
-            info=config.key(C.KEY_BEAT_LEADER_INFO),
-            state=config.key(C.KEY_BEAT_STATE),
-            due=config.key(C.KEY_BEAT_DUE),
-            entries=config.key(C.KEY_BEAT_ENTRIES),
-            version=config.key(C.KEY_BEAT_ENTRIES_VERSION),
-            changed=config.key(C.KEY_BEAT_ENTRIES_CHANGED),
-            run_now=config.key(C.KEY_BEAT_RUN_NOW),
-            applied=config.key(C.KEY_BEAT_ENTRIES_APPLIED),
-            pause_expiry=config.key(C.KEY_BEAT_PAUSE_EXPIRY),
-            names=config.key(C.KEY_BEAT_ENTRIES_NAMES),
-            names_version=config.key(C.KEY_BEAT_ENTRIES_NAMES_VERSION),
-        )
-
-
 def history_keys(config: SafeTimeConfig, entry: str) -> list[str]:
     """The run history keys of ``entry``: its records (hash) and its slots in order (zset)."""
     return [config.key(C.KEY_BEAT_HISTORY, entry=entry), config.key(C.KEY_BEAT_HISTORY_SLOTS, entry=entry)]
@@ -191,10 +154,12 @@ class Lease(BeatLease):
     """One beat's handle on the leader lease. Not thread-safe by itself: the scheduler's
     lease thread is its only caller, except the dispatch methods, which only read the token."""
 
-    def __init__(self, client: redis.Redis, config: SafeTimeConfig, *, info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, config: SafeTimeConfig, *, info: dict[str, Any] | None = None, shard: int = 0
+    ) -> None:
         self.client = client
         self.config = config
-        self.keys = BeatKeys.for_config(config)
+        self.keys = BeatKeys.for_config(config, shard)
         self.token = uuid.uuid4().hex
         self.ttl_ms = int(config.beat_lease * 1000)
         self.info = dict(info or identity())
@@ -344,18 +309,48 @@ class RedisBeatBackend(BeatBackend):
     label = "Redis"
     errors = REDIS_ERRORS
 
-    def __init__(self, config: SafeTimeConfig, client: redis.Redis | None = None) -> None:
+    def __init__(self, config: SafeTimeConfig, client: redis.Redis | None = None, shard: int = 0) -> None:
         super().__init__(config)
         self.client = client if client is not None else get_redis(config.redis_url)
         self.clock = RedisClock(self.client)
-        self.keys = BeatKeys.for_config(config)
+        self.shard = shard
+        self.keys = BeatKeys.for_config(config, shard)
         self.due_name = self.keys.due
         self.state_name = self.keys.state
         self.scripts = beat_scripts(self.client)
 
+    # --- shards -----------------------------------------------------------------------
+    def for_shard(self, shard: int) -> RedisBeatBackend:
+        backend = RedisBeatBackend(self.config, self.client, shard)
+        backend.clock = self.clock
+        return backend
+
+    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
+        key = self.config.key(C.KEY_BEAT_BEATS)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, member, f"{now!r} {held}")
+        pipe.hgetall(key)
+        found = pipe.execute()[1]
+        live: dict[str, int] = {}
+        for raw_member, value in found.items():
+            seen, _, count = as_text(value).partition(" ")
+            if float(seen) >= now - window:
+                live[as_text(raw_member)] = int(count)
+        if len(live) < len(found):
+            self.client.hdel(key, *[m for m in found if as_text(m) not in live])
+        return live
+
+    def beats_gone(self, member: str) -> None:
+        self.client.hdel(self.config.key(C.KEY_BEAT_BEATS), member)
+
+    def _keys_of(self, name: str) -> BeatKeys:
+        """The keys of the shard ``name`` belongs to (the API side reads any entry's state)."""
+        shard = shard_of(name, self.config.beat_shards)
+        return self.keys if shard == self.shard else BeatKeys.for_config(self.config, shard)
+
     # --- the lease ------------------------------------------------------------------
     def make_lease(self, *, info: dict[str, Any] | None = None) -> Lease:
-        return Lease(self.client, self.config, info=info)
+        return Lease(self.client, self.config, info=info, shard=self.shard)
 
     def lease_view(self) -> LeaseView:
         pipe = self.client.pipeline(transaction=False)
@@ -718,15 +713,26 @@ class RedisBeatBackend(BeatBackend):
     def entry_counts(self, soon: float) -> EntryCounts:
         pipe = self.client.pipeline(transaction=False)
         pipe.hlen(self.keys.entries)
-        pipe.zcard(self.keys.due)
-        pipe.zcount(self.keys.due, "-inf", soon)
-        definitions, scheduled, due_soon = pipe.execute()
-        return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
+        for shard in range(self.config.beat_shards):  # each shard's due set
+            due = BeatKeys.for_config(self.config, shard).due
+            pipe.zcard(due)
+            pipe.zcount(due, "-inf", soon)
+        definitions, *counts = pipe.execute()
+        scheduled, due_soon = sum(int(c) for c in counts[::2]), sum(int(c) for c in counts[1::2])
+        return EntryCounts(definitions=int(definitions), scheduled=scheduled, due_soon=due_soon)
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         if not names:
             return [], [], []
         pipe = self.client.pipeline(transaction=False)
+        if self.config.beat_shards > 1:  # each name's state and score in its shard's keys
+            for name in names:
+                keys = self._keys_of(name)
+                pipe.hget(keys.state, name)
+                pipe.zscore(keys.due, name)
+            pipe.zmscore(self.keys.changed, names)
+            *pairs, versions = pipe.execute()
+            return list(pairs[::2]), list(pairs[1::2]), list(versions)
         pipe.hmget(self.keys.state, names)
         pipe.zmscore(self.keys.due, names)
         pipe.zmscore(self.keys.changed, names)
@@ -737,7 +743,7 @@ class RedisBeatBackend(BeatBackend):
         return int(self.scripts["run_now"](keys=[self.keys.run_now, self.keys.version], args=[name, slot_ms]))
 
     def entry_seed_state(self, name: str, state: str) -> None:
-        self.client.hsetnx(self.keys.state, name, state)
+        self.client.hsetnx(self._keys_of(name).state, name, state)
 
     def slot_fired(self, name: str, slot: float) -> bool:
         return bool(self.client.exists(self.config.key(C.KEY_BEAT_FIRED, entry=name, slot=slot_id(slot))))

@@ -1,0 +1,152 @@
+"""The 09:00 burst fired by three beats sharing ``SHARDS`` shards (``safe_time_beat_shards``), for
+``benchmarks.beat_scale --burst-only``: beside one leader, in the same run, on the same entries.
+
+Three processes each run a ``SafeScheduler`` with the shards on: they share the shard leases out,
+each plans the shards it holds, and reports ready once it holds its share and has planned it. Then
+the benchmark names one real instant (Redis ``TIME``) as 1 s before 09:00 for all three (their clocks
+moved alike), and each ticks until every slot is in the broker queue. Measured: 09:00 to the last
+publish of any beat, the slots each published, the beats' CPU together, and each entry's messages
+counted in the queue (exactly once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+SHARDS = 6
+BEATS = 3
+READY = "bench-shards:ready:{index}"
+GO = "bench-shards:go"
+#: how long the beats get to share the shards out and plan them
+SETUP_TIMEOUT = 900.0
+
+
+def shard_child(redis_url: str, n: int, index: int) -> dict[str, Any]:
+    """In a process of its own: one of the beats (see the module docstring)."""
+    from benchmarks.beat_scale import BURST_GIVE_UP, BURST_LEAD, BURST_PLAN_AHEAD, _app, _next_nine, _ShiftedClock
+    from celery_safe_time import signals
+    from celery_safe_time.beat.scheduler import SafeScheduler
+
+    app = _app(redis_url)
+    app.conf.safe_time_beat_shards = SHARDS
+    client = redis.Redis.from_url(redis_url)
+    sent = [0]
+
+    def on_sent(sender: Any, **kwargs: Any) -> None:
+        sent[0] += 1
+
+    signals.beat_slot_dispatched.connect(on_sent, weak=False)
+    out: dict[str, Any] = {"beat": index}
+    with tempfile.TemporaryDirectory() as tmp:
+        sched = SafeScheduler(app=app, schedule_filename=str(Path(tmp) / "burst"), max_interval=1)
+        scheds = [sched, *sched.shard_children]
+        real = sched.clock
+        nine = _next_nine(real.time())
+        clock = _ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
+        for s in scheds:
+            s.lazy_threshold = min(s.lazy_threshold, n // 2)  # a small run reads only due entries too
+            s.clock = clock
+        share = SHARDS // BEATS
+        started = time.monotonic()
+        while (go := client.get(GO)) is None and time.monotonic() - started < SETUP_TIMEOUT:
+            wait = sched.tick()
+            held = [s for s in scheds if s.keeper.term is not None]
+            planned = all(s._reconciled == s.keeper.term and not s.replanning for s in held)
+            client.set(READY.format(index=index), "1" if len(held) == share and planned else "0")
+            time.sleep(min(wait, 0.05))
+        if go is None:
+            raise SystemExit("no go from the benchmark")
+        fire_at = float(go)
+        clock.shift = nine - BURST_LEAD - fire_at  # the same for every beat: 09:00 at fire_at + 1 s
+        out["shards"] = sorted(s.shard for s in scheds if s.keeper.term is not None)
+        while real.time() < fire_at:
+            time.sleep(0.01)
+        cpu = time.process_time()
+        sent[0] = 0
+        last = nine
+        while clock.time() < nine + BURST_GIVE_UP:
+            before = sent[0]
+            wait = sched.tick()
+            if sent[0] > before:
+                last = clock.time()
+            if clock.time() > nine and client.llen("celery") >= n:
+                break
+            if wait > 0:
+                time.sleep(min(wait, 0.05))
+        out["cpu_s"] = round(time.process_time() - cpu, 3)
+        out["published"] = sent[0]
+        out["to last publish s"] = round(last - nine, 3)
+        sched.close()
+    return out
+
+
+def _run_beats(
+    client: redis.Redis, args: list[str], logs: list[Any], root: Path, env: dict[str, str]
+) -> list[dict[str, Any]] | str:
+    """Start the beats, wait until they are ready, name the instant, and collect what each measured
+    (or the error of one that failed)."""
+    procs = [
+        subprocess.Popen([*args, str(i)], stdout=log, stderr=subprocess.STDOUT, text=True, cwd=str(root), env=env)
+        for i, log in enumerate(logs)
+    ]
+    try:
+        ready_since = None
+        deadline = time.monotonic() + SETUP_TIMEOUT
+        while time.monotonic() < deadline:
+            flags = client.mget([READY.format(index=i) for i in range(BEATS)])
+            ready = all(flag == b"1" for flag in flags)
+            ready_since = (ready_since or time.monotonic()) if ready else None
+            if ready_since is not None and time.monotonic() - ready_since >= 3.0:
+                break  # shared out and planned, and it stays so
+            if any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.2)
+        seconds, micros = client.time()
+        client.set(GO, repr(seconds + micros / 1e6 + 2.0))
+        outs = []
+        for p, log in zip(procs, logs, strict=True):
+            p.wait(timeout=SETUP_TIMEOUT)
+            log.seek(0)
+            text = log.read()
+            if p.returncode != 0:
+                return str(text[-2000:])
+            outs.append(json.loads(text.strip().splitlines()[-1]))
+        return outs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def bench_sharded(redis_url: str, n: int) -> dict[str, Any]:
+    """The burst of ``n`` entries (already saved) fired by ``BEATS`` beats over ``SHARDS`` shards."""
+    client = redis.Redis.from_url(redis_url)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url, "--burst", str(n), "--shard-beat"]
+    # files, not pipes: a beat writing more than a pipe holds would wait for a reader that waits for it
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(BEATS)]
+        outs = _run_beats(client, args, logs, root, env)
+    if isinstance(outs, str):
+        return {"error": outs}
+    last = max(o["to last publish s"] for o in outs)
+    published = sum(o["published"] for o in outs)
+    return {
+        "entries": n,
+        "to last publish s": last,
+        "published": published,
+        "per s": round(published / max(last, 1e-6)),
+        "cpu_s": round(sum(o["cpu_s"] for o in outs), 3),
+        "beats": outs,
+    }

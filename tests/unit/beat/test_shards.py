@@ -1,0 +1,243 @@
+"""Sharded firing (``safe_time_beat_shards``) on the in-memory backend, time injected: which shard an
+entry belongs to, how beats share the shard leases (take, give back, take over a killed beat's), and
+that each slot is published at most once across a move. No Redis, no sleeping."""
+
+from __future__ import annotations
+
+import collections
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
+from celery_safe_time.beat.definitions import definition_json
+from celery_safe_time.beat.leader import LeaderKeeper
+from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.beat.shards import ShardGate, fair_share, shard_of
+from celery_safe_time.config import get_config
+from celery_safe_time.exceptions import ImproperlyConfigured
+from tests.unit.beat.conftest import FakeTime, OnDispatched, memory_app
+
+LEASE = 30.0
+RENEW = LEASE / 3
+EVERY_SECOND = {"type": "interval", "every": 1.0}
+
+
+def test_an_entry_belongs_to_the_shard_of_its_name_crc32() -> None:
+    assert shard_of("tenant-7", 1) == 0
+    assert shard_of("tenant-7", 5) == zlib.crc32(b"tenant-7") % 5
+    assert shard_of("tenant-7", 5) == shard_of("tenant-7", 5)  # stable (not Python's salted hash)
+    counts = collections.Counter(shard_of(f"tenant-{i}", 4) for i in range(10_000))
+    assert set(counts) == {0, 1, 2, 3}
+    assert min(counts.values()) > 2_300  # about a quarter each
+
+
+@pytest.mark.parametrize(
+    ("shards", "beats", "share"), [(1, 3, (0, 1)), (3, 3, (1, 1)), (4, 3, (1, 2)), (8, 3, (2, 3)), (6, 0, (6, 6))]
+)
+def test_fair_share(shards: int, beats: int, share: tuple[int, int]) -> None:
+    assert fair_share(shards, beats) == share
+
+
+def test_the_setting_is_validated_and_refused_where_it_cannot_work() -> None:
+    with pytest.raises(ImproperlyConfigured, match="safe_time_beat_shards"):
+        get_config(memory_app("bad-shards", safe_time_beat_shards=0))
+    with pytest.raises(ImproperlyConfigured, match="safe_time_beat_shards"):
+        get_config(memory_app("bad-shards-2", safe_time_beat_shards="3"))
+    config = get_config(memory_app("pg-shards", safe_time_beat_shards=3))
+    backend = MemoryBeatBackend(config)
+    backend.for_shard(1)  # the memory backend has shards
+    from celery_safe_time.beat.backends.base import BeatBackend
+
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*need Redis coordination"):
+        BeatBackend.for_shard(backend, 1)  # what a backend without shards (PostgreSQL) answers
+
+
+class _Beat:
+    """One beat process's shard leases, driven by hand: ``round()`` is one attempt of each keeper."""
+
+    def __init__(self, data: MemoryBeatData, clock: FakeTime, shards: int, monotonic: FakeTime) -> None:
+        config = get_config(memory_app(f"shard-beat-{id(self)}", safe_time_beat_shards=shards))
+        root = MemoryBeatBackend(config, data)
+        self.gate = ShardGate(shards, LEASE, root.beats_heartbeat, clock, monotonic=monotonic)
+        self.keepers = []
+        for shard in range(shards):
+            backend = root.for_shard(shard)
+            keeper = LeaderKeeper(
+                backend.make_lease(), backend.clock, config, sender=self, errors=backend.errors, shard=shard
+            )
+            keeper.join(self.gate)
+            keeper.lease_clock = monotonic
+            self.keepers.append(keeper)
+
+    def round(self) -> None:
+        for keeper in self.keepers:
+            keeper._attempt()
+
+    def held(self) -> set[int]:
+        return {k.shard for k in self.keepers if k.is_leader}
+
+
+def _run(beats: list[_Beat], clock: FakeTime, seconds: float) -> None:
+    """Each beat's keepers attempt once per renew interval (as their threads do), for ``seconds``."""
+    end = clock.now + seconds
+    while clock.now < end:
+        for beat in beats:
+            beat.round()
+        clock.now += RENEW
+
+
+def test_three_beats_share_six_shards_and_a_killed_beats_move_within_lease_and_a_third(
+    data: MemoryBeatData, clock: FakeTime
+) -> None:
+    beats = [_Beat(data, clock, 6, clock) for _ in range(3)]
+    beats[0].round()  # the first beat alone: it takes every shard
+    assert beats[0].held() == set(range(6))
+    _run(beats, clock, 8 * RENEW)  # the others come: it gives back one per renewal until each holds 2
+    assert sorted(len(b.held()) for b in beats) == [2, 2, 2]
+    assert set().union(*(b.held() for b in beats)) == set(range(6))
+    # kill -9 beat 2: no release, no more heartbeats
+    dead = beats.pop(2)
+    orphans = dead.held()
+    killed_at = clock.now
+    taken_at = None
+    while clock.now <= killed_at + LEASE + LEASE / 3:
+        for beat in beats:
+            beat.round()
+        if set().union(*(b.held() for b in beats)) == set(range(6)):
+            taken_at = clock.now
+            break
+        clock.now += RENEW
+    assert taken_at is not None, "the killed beat's shards did not move within lease + lease/3"
+    assert taken_at - killed_at <= LEASE + LEASE / 3
+    assert sorted(len(b.held()) for b in beats) == [3, 3]
+    assert orphans <= set().union(*(b.held() for b in beats))
+    # a new beat joins: the others give back until each holds 2 again
+    beats.append(_Beat(data, clock, 6, clock))
+    _run(beats, clock, 10 * RENEW)
+    assert sorted(len(b.held()) for b in beats) == [2, 2, 2]
+
+
+def test_uneven_shares_reach_one_apart(data: MemoryBeatData, clock: FakeTime) -> None:
+    beats = [_Beat(data, clock, 4, clock) for _ in range(3)]
+    for beat in beats[:2]:  # two beats split the four shards before the third comes
+        beat.round()
+    _run(beats[:2], clock, 6 * RENEW)
+    assert sorted(len(b.held()) for b in beats[:2]) == [2, 2]
+    _run(beats, clock, 10 * RENEW)
+    assert sorted(len(b.held()) for b in beats) == [1, 1, 2]
+
+
+# --- SafeScheduler with shards --------------------------------------------------------------------
+
+
+def _noop() -> None:
+    return None
+
+
+def _scheduler(tmp_path: Path, name: str, shards: int, clock: FakeTime | None = None) -> SafeScheduler:
+    app = memory_app(
+        "shard-sched",
+        beat_schedule={"config-entry": {"task": "t.shard_noop", "schedule": 1.0}},
+        safe_time_beat_shards=shards,
+    )
+    app.task(name="t.shard_noop", shared=False)(_noop)
+    get_config(app)
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / name), max_interval=1)
+    for s in [sched, *sched.shard_children]:
+        s.keeper._stop.set()  # the leases are driven by hand (``_attempt``), on the injected clock
+    if sched.gate is not None and clock is not None:
+        sched.gate._monotonic = clock
+    return sched
+
+
+def _keepers(sched: SafeScheduler) -> list[LeaderKeeper]:
+    return [s.keeper for s in [sched, *sched.shard_children]]
+
+
+def _attempt(scheds: list[SafeScheduler]) -> None:
+    for sched in scheds:
+        for keeper in _keepers(sched):
+            keeper._stop.clear()
+            keeper._attempt()
+            keeper._stop.set()
+
+
+def test_each_shard_fires_its_entries_once_and_a_moved_shard_continues_without_a_second_publish(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, on_dispatched: OnDispatched
+) -> None:
+    sent: list[tuple[str, float, int, Any]] = []
+
+    def on_sent(sender: Any, entry: str, slot: Any, epoch: int, **kw: Any) -> None:
+        sent.append((entry, slot.timestamp(), epoch, sender))
+
+    on_dispatched(on_sent)
+    names = [f"tenant-{i}" for i in range(12)]
+    for name in names:
+        data.definitions[name] = definition_json(name, "t.shard_noop", EVERY_SECOND, [], {}, {}, True)
+    a = _scheduler(tmp_path, "a", 3, clock)
+    b = _scheduler(tmp_path, "b", 3, clock)
+    try:
+        for _ in range(4):  # a took every shard at startup; b comes: a gives back one
+            _attempt([a, b])
+            clock.now += RENEW
+        held_a = {k.shard for k in _keepers(a) if k.is_leader}
+        held_b = {k.shard for k in _keepers(b) if k.is_leader}
+        assert held_a | held_b == {0, 1, 2}
+        assert not held_a & held_b
+        assert held_b
+        sent.clear()
+        for _ in range(3):
+            a.tick()
+            b.tick()
+            clock.now += 1.0
+        by_entry = collections.defaultdict(list)
+        for entry, slot, _, sender in sent:
+            by_entry[entry].append(slot)
+            # each entry fired by the scheduler of its own shard
+            expected = 0 if entry == "config-entry" else shard_of(entry, 3)
+            assert sender.shard == expected
+        assert set(by_entry) == {*names, "config-entry"}
+        assert all(len(set(slots)) == len(slots) for slots in by_entry.values())
+        # b is killed (nothing released): after its lease a takes its shards over and goes on from the
+        # slots b recorded; no slot of any entry is published twice
+        clock.now += LEASE + 1.0
+        for _ in range(3):
+            _attempt([a])
+            clock.now += 1.0
+        assert all(k.is_leader for k in _keepers(a))
+        for _ in range(3):
+            a.tick()
+            clock.now += 1.0
+        seen = collections.Counter((entry, slot) for entry, slot, _, _ in sent)
+        assert max(seen.values()) == 1
+        moved = [n for n in names if shard_of(n, 3) in held_b]
+        assert moved
+        assert all(any(e == n and s > clock.now - 4 for e, s, _, _ in sent) for n in moved)
+    finally:
+        a.close()
+        b.close()
+    assert data.beats == {}  # each beat dropped its heartbeat on close
+
+
+def test_one_shard_is_one_leader_as_before(tmp_path: Path, clock: FakeTime, data: MemoryBeatData) -> None:
+    sched = _scheduler(tmp_path, "one", 1)
+    try:
+        assert sched.shard_children == []
+        assert sched.gate is None
+        assert sched.keeper.lease_name == "the leader lease"
+        assert sched.owns("anything")
+    finally:
+        sched.close()
+
+
+def test_a_scheduler_that_fires_from_one_leader_refuses_shards_at_startup() -> None:
+    """``SafeDatabaseScheduler`` (django-celery-beat rows) is a ``LeasedScheduler`` without shards."""
+    from celery_safe_time.beat.base import LeasedScheduler
+
+    one = LeasedScheduler()
+    one.config = get_config(memory_app("one-leader", safe_time_beat_shards=2))
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*fires from one leader"):
+        one.check_startup(1.0)

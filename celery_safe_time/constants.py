@@ -225,6 +225,9 @@ HEADER_ENTRY: Final = "safe_time_entry"
 # === beat =====================================================================
 #: The scheduler never sleeps longer than this between ticks (a tick is two Redis reads).
 BEAT_TICK_CAP: Final = 1.0
+#: A standby beat's sleep between ticks: a standby's tick only reads its lease thread's state, and a
+#: new leader's first tick follows the lease within this (a whole tick interval added up to 1 s).
+BEAT_STANDBY_WAKE: Final = 0.1
 #: safe_time_beat_lease must be at least this many tick granularities.
 BEAT_MIN_LEASE_TICKS: Final = 3
 #: Due entries handled per tick; the next tick follows at once when more are due.

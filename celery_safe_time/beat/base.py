@@ -140,6 +140,12 @@ class LeasedScheduler:
     def granularity(self) -> float:
         return tick_granularity(self.max_interval)
 
+    @property
+    def standby_wait(self) -> float:
+        """A standby's sleep: short, so it ticks as leader soon after its lease thread takes the lease
+        (beat's loop sleeps what the tick returns and nothing wakes it sooner)."""
+        return min(self.granularity, C.BEAT_STANDBY_WAKE)
+
     #: whether this scheduler splits its entries into ``safe_time_beat_shards`` shards
     shardable = False
 

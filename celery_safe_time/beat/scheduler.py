@@ -167,7 +167,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         term = self.keeper.term
         if term is None:
             self._reconciled = None
-            return self.granularity
+            return self.standby_wait
         epoch = term.epoch
         try:
             if self._reconciled == term:

@@ -309,7 +309,7 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
     def _tick(self) -> float:
         term = self.keeper.term
         if term is None:
-            return self.granularity
+            return self.standby_wait
         try:
             if self._loaded != term:
                 # A new lease reads the tables afresh: last_run_at as the previous leader left it, and

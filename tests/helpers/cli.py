@@ -13,10 +13,12 @@ database blocked, so a command that reads django-celery-beat's rows says on stde
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -30,9 +32,10 @@ from click.testing import CliRunner
 APPS_PACKAGE = "tests.apps."
 
 
-def run_celery(app: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``celery -A app *args`` in this process, with ``env`` added to the environment for the call;
-    returned as :func:`subprocess.run` returns the same command's result (exit code, stdout, stderr)."""
+def run_celery(app: str, *args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``celery -A app *args`` in this process, with ``env`` added to the environment and ``cwd`` the
+    working directory for the call (a default SQLite store is a file there); returned as
+    :func:`subprocess.run` returns the same command's result (exit code, stdout, stderr)."""
     from celery.bin.celery import celery as celery_main
 
     from celery_safe_time.config import reset_config
@@ -47,7 +50,9 @@ def run_celery(app: str, *args: str, env: dict[str, str]) -> subprocess.Complete
     celery_state._on_app_finalizers.difference_update({f for f in finalizers if _from_test_apps(f)})
     # ... and the handlers it connects (a test app's before_task_publish) would stay connected here
     receivers = {signal: list(signal.receivers) for signal in _signals()}
+    was_in = os.getcwd()
     try:
+        os.chdir(cwd)
         result = CliRunner(env=env).invoke(celery_main, ["-A", app, *args], prog_name="celery")
         loaded: ModuleType | None = sys.modules.get(app)
         loaded_app = getattr(loaded, "app", None)
@@ -57,6 +62,7 @@ def run_celery(app: str, *args: str, env: dict[str, str]) -> subprocess.Complete
             reset_config(loaded_app)
             loaded_app.close()
     finally:
+        os.chdir(was_in)
         _forget({name: module for name, module in sys.modules.items() if name.startswith(APPS_PACKAGE)})
         sys.modules.update(saved)
         for name, module in saved.items():

@@ -198,7 +198,7 @@ class ProcessManager:
         the commands a test only reads the output and exit code of (no signal, no concurrency)."""
         from tests.helpers.cli import run_celery
 
-        return run_celery(app, *args, env={**self.env, **(env or {})})
+        return run_celery(app, *args, env={**self.env, **(env or {})}, cwd=self.log_dir)
 
     def stop_all(self) -> None:
         for proc in self.procs:

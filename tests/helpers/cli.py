@@ -13,6 +13,7 @@ database blocked, so a command that reads django-celery-beat's rows says on stde
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -53,7 +54,11 @@ def run_celery(app: str, *args: str, env: dict[str, str], cwd: Path) -> subproce
     was_in = os.getcwd()
     try:
         os.chdir(cwd)
-        result = CliRunner(env=env).invoke(celery_main, ["-A", app, *args], prog_name="celery")
+        logging.getLogger().addHandler(_LAST_RESORT)
+        try:
+            result = CliRunner(env=env).invoke(celery_main, ["-A", app, *args], prog_name="celery")
+        finally:
+            logging.getLogger().removeHandler(_LAST_RESORT)
         loaded: ModuleType | None = sys.modules.get(app)
         loaded_app = getattr(loaded, "app", None)
         if isinstance(loaded_app, Celery):
@@ -80,6 +85,17 @@ def run_celery(app: str, *args: str, env: dict[str, str], cwd: Path) -> subproce
         # a subprocess would print the traceback and exit 1: the test's assertion shows it
         stderr += "".join(traceback.format_exception(result.exception))
     return subprocess.CompletedProcess(["celery", "-A", app, *args], result.exit_code, result.stdout, stderr)
+
+
+class _Stderr(logging.Handler):
+    """What a command's process prints of its log records, with no logging set up: Python's last
+    resort (WARNING and up, the bare message) on the stderr of the moment, the runner's during a call."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(self.format(record) + "\n")
+
+
+_LAST_RESORT = _Stderr(logging.WARNING)
 
 
 def _forget(modules: dict[str, ModuleType]) -> None:

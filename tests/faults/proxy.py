@@ -52,7 +52,11 @@ class TcpProxy:
                 return
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", self.port))
+            try:
+                sock.bind(("127.0.0.1", self.port))
+            except OSError:
+                sock.close()  # the port is still held (a caller retries): no socket left to the collector
+                raise
             sock.listen(256)
             sock.settimeout(0.2)
             self._listener = sock

@@ -194,6 +194,13 @@ class ProcessManager:
             cwd=str(self.log_dir),
         )
 
+    def cli(self, app: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """What :meth:`command` returns, run in this process (:func:`tests.helpers.cli.run_celery`): for
+        the commands a test only reads the output and exit code of (no signal, no concurrency)."""
+        from tests.helpers.cli import run_celery
+
+        return run_celery(app, *args, env={**self.env, **(env or {})}, cwd=self.log_dir)
+
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.alive():

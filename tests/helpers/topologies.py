@@ -89,12 +89,13 @@ class Node:
 
     def start(self) -> Node:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [self.binary or _binary("redis-server"), *self.args],
-            cwd=self.dir,
-            stdout=(self.dir / "server.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
+        with (self.dir / "server.log").open("ab") as log:  # the server holds its own copy of the file
+            self.proc = subprocess.Popen(
+                [self.binary or _binary("redis-server"), *self.args],
+                cwd=self.dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
     def client(self, **kwargs: object) -> redis.Redis:

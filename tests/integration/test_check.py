@@ -22,12 +22,19 @@ APP = "tests.apps.checkapp"
 
 
 def run_check(
-    processes: ProcessManager, *args: str, conf: dict[str, object] | None = None, env: dict[str, str] | None = None
+    processes: ProcessManager,
+    *args: str,
+    conf: dict[str, object] | None = None,
+    env: dict[str, str] | None = None,
+    own_process: bool = False,
 ):  # type: ignore[no-untyped-def]
+    """``safe-time check`` in the test process, or in a process of its own (``own_process``) where the
+    environment must be there at the package's import."""
     env = dict(env or {})
     if conf is not None:
         env["SAFE_TIME_TEST_APP_CONF"] = json.dumps(conf)
-    return processes.command(APP, "safe-time", "check", *args, env=env)
+    run = processes.command if own_process else processes.cli
+    return run(APP, "safe-time", "check", *args, env=env)
 
 
 def test_check_passes_against_real_services(processes: ProcessManager) -> None:
@@ -61,7 +68,11 @@ def test_check_fails_when_skew_limit_is_zero(processes: ProcessManager) -> None:
 
 def test_check_fails_with_injected_local_skew(processes: ProcessManager) -> None:
     result = run_check(
-        processes, "--json", conf={"safe_time_max_clock_skew": 1.0}, env={"SAFE_TIME_LOCAL_CLOCK_SKEW": "30"}
+        processes,
+        "--json",
+        conf={"safe_time_max_clock_skew": 1.0},
+        env={"SAFE_TIME_LOCAL_CLOCK_SKEW": "30"},  # read once, at celery_safe_time.clock's import
+        own_process=True,
     )
     assert result.returncode == 1
     by_name = {c["name"]: c for c in json.loads(result.stdout)["checks"]}

@@ -22,7 +22,7 @@ CONF = {"safe_time_beat_lease": 3}
 
 def probe(processes: ProcessManager, *args: str, conf: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({**CONF, **(conf or {})})}
-    return processes.command(APP, "safe-time", "status", *args, env=env)
+    return processes.cli(APP, "safe-time", "status", *args, env=env)
 
 
 def _wait_exit(processes: ProcessManager, code: int, *args: str, timeout: float = 30) -> None:
@@ -86,7 +86,7 @@ def test_sweep_probe_fails_when_the_oldest_due_delay_is_later_than_the_limit(
     assert json.loads(ok.stdout)["probes"][0]["value"]["lateness_seconds"] >= 30
 
     # A sweep publishes it: nothing due is late any more.
-    swept = processes.command(APP, "safe-time", "sweep", env={"SAFE_TIME_TEST_APP_CONF": json.dumps(CONF)})
+    swept = processes.cli(APP, "safe-time", "sweep", env={"SAFE_TIME_TEST_APP_CONF": json.dumps(CONF)})
     assert swept.returncode == 0, swept.stdout + swept.stderr
     assert probe(processes, "--probe", "sweep", "--max-lateness", "5").returncode == 0
 

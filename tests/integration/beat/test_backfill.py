@@ -40,7 +40,7 @@ def _backfill(
     processes: ProcessManager, env: dict[str, str], name: str, start: datetime, end: datetime, *extra: str
 ) -> subprocess.CompletedProcess[str]:
     args = ("safe-time", "beat", "backfill", name, "--from", start.isoformat(), "--to", end.isoformat(), *extra)
-    return processes.command(BEAT_APP, *args, env=env)
+    return processes.cli(BEAT_APP, *args, env=env)
 
 
 def test_a_backfill_of_24_hourly_slots_publishes_24_then_none(
@@ -110,7 +110,7 @@ def test_bad_input_is_refused_with_a_clear_error(processes: ProcessManager, coor
     future = _backfill(processes, env, "hourly", now - timedelta(hours=1), now + timedelta(hours=1))
     assert future.returncode == 1
     assert "is in the future" in future.stderr
-    garbled = processes.command(
+    garbled = processes.cli(
         BEAT_APP, "safe-time", "beat", "backfill", "hourly", "--from", "yesterday", "--to", now.isoformat(), env=env
     )
     assert garbled.returncode == 2
@@ -190,7 +190,7 @@ def test_a_backfill_runs_its_slots_through_an_overlap_policy(
     assert json.loads(again.stdout) == {"entry": "skipped", "published": [], "dropped": []}, again.stderr
 
     def outcomes() -> list[str]:
-        shown = processes.command(BEAT_APP, "safe-time", "beat", "show", "skipped", env=env)
+        shown = processes.cli(BEAT_APP, "safe-time", "beat", "show", "skipped", env=env)
         assert shown.returncode == 0, shown.stderr
         return sorted(run["outcome"] for run in json.loads(shown.stdout)["runs"])
 

@@ -61,7 +61,7 @@ def test_status_shows_leader_and_entries(processes: ProcessManager, redis_client
     env = beat_env(SCHEDULE, safe_time_beat_lease=LEASE)
     beat = processes.beat(BEAT_APP, env=env, name="beat")
     wait_for(lambda: redis_client.zcard("safe_time:beat:due"), 30, message="entries in Redis")
-    out = processes.command(BEAT_APP, "safe-time", "status", "--json", env=env)
+    out = processes.cli(BEAT_APP, "safe-time", "status", "--json", env=env)
     assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)["beat"]
     assert status["leader"]["pid"] == beat.pid
@@ -69,7 +69,7 @@ def test_status_shows_leader_and_entries(processes: ProcessManager, redis_client
     assert 0 < status["leader"]["lease_left_s"] <= LEASE
     assert [e["entry"] for e in status["entries"]] == ["fast"]
     assert status["entries"][0]["next_slot"]
-    text = processes.command(BEAT_APP, "safe-time", "status", env=env)
+    text = processes.cli(BEAT_APP, "safe-time", "status", env=env)
     assert "[beat]" in text.stdout
     # the banner says who holds the lease; the first log line says what this beat became
     assert ". safe-time -> lease free: this beat will take it; lease 6s" in beat.log()

@@ -1,4 +1,6 @@
-"""``celery safe-time beat list|show|add|remove|pause|resume|run-now`` through the real ``celery`` command."""
+"""``celery safe-time beat list|show|add|remove|pause|resume|run-now`` through the real ``celery`` command:
+in this process (click's runner, the same command code) where a test reads only the output, six real
+processes where they race."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ CONFIG = {"cfg": {"task": "tests.record", "every": 3600, "args": ["cfg"]}}
 
 
 def _beat(processes: ProcessManager, coordination: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    return processes.command(BEAT_APP, "safe-time", "beat", *args, env=beat_env(CONFIG, **coordination))
+    return processes.cli(BEAT_APP, "safe-time", "beat", *args, env=beat_env(CONFIG, **coordination))
 
 
 def _stored(redis_url: str, coordination: dict[str, Any]) -> tuple[dict[str, Any], int]:

@@ -131,13 +131,13 @@ def test_beat_list_pages_through_the_command(
         {"name": f"job-{i:02d}", "task": "tests.record", "schedule": 3600.0, "enabled": i % 4 != 0} for i in range(30)
     ]
     lines.write_text("".join(json.dumps(item) + "\n" for item in items))
-    imported = processes.command(BEAT_APP, "safe-time", "beat", "import", str(lines), env=env)
+    imported = processes.cli(BEAT_APP, "safe-time", "beat", "import", str(lines), env=env)
     assert imported.returncode == 0, imported.stderr
 
     seen: list[str] = []
     after: list[str] = []
     for _ in range(10):
-        listed = processes.command(BEAT_APP, "safe-time", "beat", "list", "--prefix", "job-", "--limit", "8",
+        listed = processes.cli(BEAT_APP, "safe-time", "beat", "list", "--prefix", "job-", "--limit", "8",
                                    "--json", *after, env=env)  # fmt: skip
         assert listed.returncode == 0, listed.stderr
         page = json.loads(listed.stdout)
@@ -149,7 +149,7 @@ def test_beat_list_pages_through_the_command(
         after = ["--after", more[0].removeprefix("more entries: --after ")]
     assert seen == [item["name"] for item in items]
 
-    paused = processes.command(BEAT_APP, "safe-time", "beat", "list", "--state", "paused", env=env)
+    paused = processes.cli(BEAT_APP, "safe-time", "beat", "list", "--state", "paused", env=env)
     assert paused.returncode == 0, paused.stderr
     rows = paused.stdout.splitlines()
     assert [row.split()[0] for row in rows[1:-1]] == [item["name"] for item in items if not item["enabled"]]

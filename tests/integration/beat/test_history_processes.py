@@ -59,7 +59,7 @@ def test_runs_have_outcomes_and_lateness_and_changes_are_audited(
     newest = entry_history("ok", app=app, limit=1)
     assert len(newest) == 1
 
-    paused = processes.command(BEAT_APP, "safe-time", "beat", "pause", "ok", "--note", "maintenance", env=env)
+    paused = processes.cli(BEAT_APP, "safe-time", "beat", "pause", "ok", "--note", "maintenance", env=env)
     assert paused.returncode == 0, paused.stderr
     resume("ok", app=app, changed_by="api-test")
     changes = entry_audit("ok", app=app)
@@ -71,12 +71,12 @@ def test_runs_have_outcomes_and_lateness_and_changes_are_audited(
     assert (changes[1].old["enabled"], changes[1].new["enabled"]) == (True, False)
     assert changes[1].new["paused"]["note"] == "maintenance"
 
-    shown = processes.command(BEAT_APP, "safe-time", "beat", "show", "ok", "--last", "3", env=env)
+    shown = processes.cli(BEAT_APP, "safe-time", "beat", "show", "ok", "--last", "3", env=env)
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert [c["action"] for c in data["changes"]] == ["resume", "pause", "create"]
     assert data["runs"][0]["task_id"]
-    tables = processes.command(BEAT_APP, "safe-time", "beat", "show", "bad", "--history", env=env)
+    tables = processes.cli(BEAT_APP, "safe-time", "beat", "show", "bad", "--history", env=env)
     assert tables.returncode == 0, tables.stderr
     assert "failed" in tables.stdout
     assert "last 1 change(s):" in tables.stdout

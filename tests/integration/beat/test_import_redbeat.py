@@ -60,18 +60,18 @@ def test_import_redbeat_copies_entries_and_their_last_run(
     _write_redbeat_entries(redis_url, last)
     redbeat_keys = sorted(redis_client.keys("redbeat:*"))
 
-    dry = processes.command(BEAT_APP, "safe-time", "beat", "import-redbeat", "--dry-run", env=beat_env({}))
+    dry = processes.cli(BEAT_APP, "safe-time", "beat", "import-redbeat", "--dry-run", env=beat_env({}))
     assert "5 would import" in dry.stdout, dry.stdout + dry.stderr
     assert redis_client.keys("safe_time:*") == []
 
-    done = processes.command(BEAT_APP, "safe-time", "beat", "import-redbeat", "--json", env=beat_env({}))
+    done = processes.cli(BEAT_APP, "safe-time", "beat", "import-redbeat", "--json", env=beat_env({}))
     assert done.returncode == 1, done.stderr  # the unknown task is reported
     result = json.loads(done.stdout)
     assert sorted(result["imported"]) == ["daily-rrule", "hourly", "off", "report-9am"]
     assert "unknown task 'no.such.task'" in result["failed"]["unknown"]
     assert sorted(redis_client.keys("redbeat:*")) == redbeat_keys  # redbeat's keys are left alone
 
-    again = processes.command(BEAT_APP, "safe-time", "beat", "import-redbeat", "--json", env=beat_env({}))
+    again = processes.cli(BEAT_APP, "safe-time", "beat", "import-redbeat", "--json", env=beat_env({}))
     assert sorted(json.loads(again.stdout)["unchanged"]) == ["daily-rrule", "hourly", "off", "report-9am"]
 
     app = make_app(safe_time_beat_lease=3)
@@ -115,7 +115,7 @@ def test_import_reads_redbeats_entries_where_redbeat_keeps_them_not_from_safe_ti
     redbeat_client = redis.Redis.from_url(redis_server.url)
     redbeat_keys = sorted(redbeat_client.keys("*"))
 
-    done = processes.command(
+    done = processes.cli(
         BEAT_APP, "safe-time", "beat", "import-redbeat", env=beat_env({}, redbeat_redis_url=redis_server.url)
     )
     assert done.returncode == 1, done.stdout + done.stderr  # the entry of an unknown task is reported
@@ -125,7 +125,7 @@ def test_import_reads_redbeats_entries_where_redbeat_keeps_them_not_from_safe_ti
     assert sorted(redbeat_client.keys("*")) == redbeat_keys
 
     # --redis-url names redbeat's Redis when the app's settings do not.
-    again = processes.command(
+    again = processes.cli(
         BEAT_APP, "safe-time", "beat", "import-redbeat", "--json", "--redis-url", redis_server.url, env=beat_env({})
     )
     assert sorted(json.loads(again.stdout)["unchanged"]) == ["daily-rrule", "hourly", "off", "report-9am"]
@@ -136,13 +136,13 @@ def test_import_with_no_redbeat_entries_says_where_it_looked_and_exits_1(
 ) -> None:
     # Entries under another prefix than the one asked for: nothing is found there.
     _write_redbeat_entries(redis_server.url, datetime.now(UTC) - timedelta(minutes=10))
-    empty = processes.command(
+    empty = processes.cli(
         BEAT_APP, "safe-time", "beat", "import-redbeat", "--prefix", "other",
         env=beat_env({}, redbeat_redis_url=redis_server.url),
     )  # fmt: skip
     assert empty.returncode == 1, empty.stdout + empty.stderr
     assert f"no redbeat entries under other: at {redis_server.url}" in empty.stderr
     # Nothing found at the broker (the redbeat default when redbeat_redis_url is unset) either.
-    unset = processes.command(BEAT_APP, "safe-time", "beat", "import-redbeat", env=beat_env({}))
+    unset = processes.cli(BEAT_APP, "safe-time", "beat", "import-redbeat", env=beat_env({}))
     assert unset.returncode == 1, unset.stdout + unset.stderr
     assert f"no redbeat entries under redbeat: at {redis_url}" in unset.stderr

@@ -274,9 +274,9 @@ def test_save_entries_validates_each_entry_and_stores_nothing_of_a_bad_chunk(
 
 def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_path: Path, redis_url: str) -> None:
     env = beat_env({"cfg": {"task": "tests.record", "every": 3600, "args": ["cfg"]}})
-    added = processes.command(BEAT_APP, "safe-time", "beat", "add", "model", "tests.record", "--every", "30", env=env)
+    added = processes.cli(BEAT_APP, "safe-time", "beat", "add", "model", "tests.record", "--every", "30", env=env)
     assert added.returncode == 0, added.stderr
-    shown = processes.command(BEAT_APP, "safe-time", "beat", "show", "model", env=env)
+    shown = processes.cli(BEAT_APP, "safe-time", "beat", "show", "model", env=env)
     assert shown.returncode == 0, shown.stderr
     model = json.loads(shown.stdout)
     config = {**model, "name": "cfg", "source": "config"}  # a beat_schedule entry, as show prints it
@@ -284,10 +284,10 @@ def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_pa
     path = tmp_path / "entries.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
 
-    imported = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    imported = processes.cli(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert imported.returncode == 0, imported.stderr
     assert "3 entries created or changed, 1 not runtime entries skipped" in imported.stdout
-    again = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    again = processes.cli(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert "0 entries created or changed" in again.stdout
     reader = Celery("reader", set_as_current=False)
     reader.conf.update(broker_url=redis_url)
@@ -297,15 +297,15 @@ def test_beat_import_reads_the_show_json_shape(processes: ProcessManager, tmp_pa
     assert (definition["args"], definition["schedule"]) == ([2], model["schedule"])
 
     # what beat list --json prints works too: a JSON array (the config entry in it skipped)
-    listed = processes.command(BEAT_APP, "safe-time", "beat", "list", "--json", env=env)
+    listed = processes.cli(BEAT_APP, "safe-time", "beat", "list", "--json", env=env)
     rows = [{**row, "name": "copy-" + row["name"]} for row in json.loads(listed.stdout)]
     path.write_text(json.dumps(rows, indent=1))
-    copied = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    copied = processes.cli(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert "4 entries created or changed, 1 not runtime entries skipped" in copied.stdout, copied.stderr
     assert "copy-imported-1" in beat_backend(get_config(reader)).entry_definitions()
 
     path.write_text(json.dumps({**model, "name": "broken", "schedule": {"type": "weekly"}}) + "\n")
-    failed = processes.command(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
+    failed = processes.cli(BEAT_APP, "safe-time", "beat", "import", str(path), env=env)
     assert failed.returncode != 0
     assert "entry #0 ('broken')" in failed.stderr
 

@@ -125,7 +125,7 @@ def test_a_cancelled_debounced_row_never_runs(
     doomed = add.apply_async((1, 1), **options)
     assert add.apply_async((1, 2), **options).id == doomed.id
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_store_url": store_url})}
-    listed = processes.command(DELAYS_APP, "safe-time", "delays", "list", env=env)
+    listed = processes.cli(DELAYS_APP, "safe-time", "delays", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     header, line = listed.stdout.splitlines()[:2]
     assert header.split()[-2:] == ["DEBOUNCE", "KEY"]

@@ -30,24 +30,24 @@ def test_a_failed_row_runs_once_after_rerun_and_reschedule_points_there(
     store.insert(new_delay("other", past, task="tests.delays.add"))
     # One namespace for both apps: the old deploy's sweep sees the rows the new one stores.
     env = {"SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_store_url": postgres_url})}
-    before = processes.command("tests.apps.basic", "safe-time", "sweep", env=env)
+    before = processes.cli("tests.apps.basic", "safe-time", "sweep", env=env)
     assert before.returncode == 0, before.stderr
     assert {store.get(i).status for i in ("r1", "r2", "other")} == {C.STATUS_FAILED}  # type: ignore[union-attr]
 
-    moved = processes.command(DELAYS_APP, "safe-time", "delays", "reschedule", "r1", "--countdown", "0", env=env)
+    moved = processes.cli(DELAYS_APP, "safe-time", "delays", "reschedule", "r1", "--countdown", "0", env=env)
     assert moved.returncode == 1
     assert "failed, not reschedulable" in moved.stderr
     assert "celery safe-time delays rerun r1" in moved.stderr
 
-    one = processes.command(DELAYS_APP, "safe-time", "delays", "rerun", "r1", env=env)
+    one = processes.cli(DELAYS_APP, "safe-time", "delays", "rerun", "r1", env=env)
     assert one.returncode == 0, one.stdout + one.stderr
     assert store.get("r1").status == C.STATUS_PENDING  # type: ignore[union-attr]
-    again = processes.command(DELAYS_APP, "safe-time", "delays", "rerun", "r1", "nope", env=env)
+    again = processes.cli(DELAYS_APP, "safe-time", "delays", "rerun", "r1", "nope", env=env)
     assert again.returncode == 1
     assert "r1: pending, not failed or expired, unchanged" in again.stderr
     assert "nope: no such delay" in again.stderr
 
-    by_task = processes.command(
+    by_task = processes.cli(
         DELAYS_APP, "safe-time", "delays", "rerun", "--failed", "--task", "tests.delays.record", env=env
     )
     assert by_task.returncode == 0, by_task.stdout + by_task.stderr
@@ -57,7 +57,7 @@ def test_a_failed_row_runs_once_after_rerun_and_reschedule_points_there(
 
     worker = processes.worker(DELAYS_APP, name="w", env=env)
     worker.wait_for_log(r"ready\.", timeout=90)
-    sweep = processes.command(DELAYS_APP, "safe-time", "sweep", env=env)
+    sweep = processes.cli(DELAYS_APP, "safe-time", "sweep", env=env)
     assert sweep.returncode == 0, sweep.stderr
     for task_id in ("r1", "r2"):
         assert finished_row(store, task_id).outcome == C.OUTCOME_SUCCEEDED

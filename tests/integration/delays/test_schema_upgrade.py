@@ -38,7 +38,9 @@ def test_an_older_table_is_upgraded_and_its_rows_still_run_once(backend: str, re
     old.insert(new_delay("from-before", old.now() - timedelta(seconds=1)))
     _downgrade(old)
     old.close()
-    columns = {c["name"] for c in sa.inspect(sa.create_engine(old.engine.url)).get_columns(C.DELAY_TABLE)}
+    engine = sa.create_engine(old.engine.url)
+    columns = {c["name"] for c in sa.inspect(engine).get_columns(C.DELAY_TABLE)}
+    engine.dispose()  # its pooled connection, else left to the garbage collector (a ResourceWarning)
     assert "delivery_token" not in columns
 
     store = SQLAlchemyStore(url)

@@ -34,7 +34,8 @@ def test_a_store_call_stuck_behind_a_locked_row_fails_within_the_store_timeout(
     [row] = store.claim_due(limit=1, lookahead=0, token="claim")
     assert row.delivery_token is not None
     assert store.start("stuck", row.delivery_token, "run-1", "w", stale_after=60).verdict == "run"
-    holder = create_engine(url).connect()
+    holder_engine = create_engine(url)
+    holder = holder_engine.connect()
     transaction = holder.begin()
     holder.execute(sa.text(f"SELECT id FROM {C.DELAY_TABLE} WHERE id = 'stuck' FOR UPDATE"))
     try:
@@ -46,6 +47,7 @@ def test_a_store_call_stuck_behind_a_locked_row_fails_within_the_store_timeout(
     finally:
         transaction.rollback()
         holder.close()
+        holder_engine.dispose()  # its pool's connection, else left to the garbage collector (a ResourceWarning)
     assert store.heartbeat("stuck", row.delivery_token, "run-1")
     store.close()
 

@@ -255,7 +255,7 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     assert stats.sent == 0
     assert store.counts()[C.STATUS_CLAIMED] == 50
     time.sleep(5.5)
-    again = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
+    again = processes.cli(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
     stats = json.loads(again.stdout)
     assert stats["reclaimed"] == 50
     assert stats["sent"] == 50
@@ -270,7 +270,7 @@ def test_killed_sweeper_rows_are_republished_after_claim_timeout_and_run_once(
     first = _queued_ids(redis_client)
     assert sorted(first) == ids2  # the whole batch went out in one round trip
     time.sleep(5.5)
-    again = processes.command(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
+    again = processes.cli(DELAYS_APP, "safe-time", "sweep", env=env_for(conf))
     assert json.loads(again.stdout)["sent"] == 20, again.stderr
     queued = _queued_ids(redis_client)
     assert len(queued) == 40
@@ -292,7 +292,7 @@ def test_due_decision_uses_the_database_clock(
     due_now = _seed(store, 3, now - timedelta(seconds=1), prefix="due")
     not_yet = _seed(store, 3, now + timedelta(seconds=120), prefix="later")
     env = env_for({"safe_time_store_url": postgres_url}, SAFE_TIME_LOCAL_CLOCK_SKEW="300")
-    result = processes.command(DELAYS_APP, "safe-time", "sweep", env=env)
+    result = processes.cli(DELAYS_APP, "safe-time", "sweep", env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["sent"] == 3
     messages = [json.loads(raw) for raw in redis_client.lrange("celery", 0, -1)]
@@ -313,22 +313,22 @@ def test_operator_commands_and_status_section(
     store.insert(new_delay("s1", store.now() + timedelta(hours=1)))
     store.insert(new_delay("s2", store.now() - timedelta(seconds=30)))
     env = env_for({"safe_time_store_url": postgres_url})
-    out = processes.command(DELAYS_APP, "safe-time", "status", "--json", env=env)
+    out = processes.cli(DELAYS_APP, "safe-time", "status", "--json", env=env)
     assert out.returncode == 0, out.stderr
     section = json.loads(out.stdout)["delays"]
     assert section["pending"] == 2
     assert section["lateness_seconds"] >= 29
-    listing = processes.command(DELAYS_APP, "safe-time", "delays", "list", "--json", "--status", "pending", env=env)
+    listing = processes.cli(DELAYS_APP, "safe-time", "delays", "list", "--json", "--status", "pending", env=env)
     assert [r["id"] for r in json.loads(listing.stdout)] == ["s2", "s1"]
-    shown = processes.command(DELAYS_APP, "safe-time", "delays", "show", "s1", env=env)
+    shown = processes.cli(DELAYS_APP, "safe-time", "delays", "show", "s1", env=env)
     assert json.loads(shown.stdout)["call"]["args"] == ["s1"]
-    assert processes.command(DELAYS_APP, "safe-time", "delays", "show", "nope", env=env).returncode == 1
-    moved = processes.command(DELAYS_APP, "safe-time", "delays", "reschedule", "s1", "--countdown", "7200", env=env)
+    assert processes.cli(DELAYS_APP, "safe-time", "delays", "show", "nope", env=env).returncode == 1
+    moved = processes.cli(DELAYS_APP, "safe-time", "delays", "reschedule", "s1", "--countdown", "7200", env=env)
     assert moved.returncode == 0, moved.stdout + moved.stderr
     assert store.get("s1").due_at - store.now() > timedelta(seconds=7100)  # type: ignore[union-attr]
-    gone = processes.command(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env)
+    gone = processes.cli(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env)
     assert gone.returncode == 0
-    assert processes.command(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env).returncode == 1
+    assert processes.cli(DELAYS_APP, "safe-time", "delays", "cancel", "s1", env=env).returncode == 1
     assert store.get("s1").status == C.STATUS_CANCELLED  # type: ignore[union-attr]
     store.close()
 
@@ -356,7 +356,7 @@ def test_purge_command_deletes_old_finished_rows_in_batches(processes: ProcessMa
     env = env_for({"safe_time_store_url": postgres_url})
 
     def purge(*args: str) -> Any:
-        out = processes.command(DELAYS_APP, "safe-time", "delays", "purge", *args, env=env)
+        out = processes.cli(DELAYS_APP, "safe-time", "delays", "purge", *args, env=env)
         assert out.returncode == 0, out.stdout + out.stderr
         return out
 
@@ -372,12 +372,12 @@ def test_purge_command_deletes_old_finished_rows_in_batches(processes: ProcessMa
     assert done["statuses"] == ["failed"]
     assert "0 row(s) deleted" in purge("--older-than", "12h").stdout
     assert {r.id for r in store.list()} == {"claimed", "later", "fresh"}
-    refused = processes.command(
+    refused = processes.cli(
         DELAYS_APP, "safe-time", "delays", "purge", "--older-than", "1d", "--status", "sent,pending", env=env
     )
     assert refused.returncode == 2
     assert "sent,pending" in refused.stderr
-    bad = processes.command(DELAYS_APP, "safe-time", "delays", "purge", "--older-than", "7x", env=env)
+    bad = processes.cli(DELAYS_APP, "safe-time", "delays", "purge", "--older-than", "7x", env=env)
     assert bad.returncode == 2
     assert "is not a duration" in bad.stderr
     store.close()

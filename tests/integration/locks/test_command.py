@@ -36,7 +36,7 @@ def test_locks_list_release_and_status(
     _hold(store, "inventory-sync:2", "task-2")
     _hold(store, "report:9", "task-9")
 
-    listed = processes.command(APP, "safe-time", "locks", "list")
+    listed = processes.cli(APP, "safe-time", "locks", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["KEY", "TASK", "ID", "STATE", "HOST", "PID", "FENCE", "AGE", "TTL", "LEFT"]
@@ -45,7 +45,7 @@ def test_locks_list_release_and_status(
     assert "worker-host" in lines[1]
     assert "tok-" not in listed.stdout
 
-    filtered = processes.command(APP, "safe-time", "locks", "list", "--pattern", "inventory-sync:*", "--json")
+    filtered = processes.cli(APP, "safe-time", "locks", "list", "--pattern", "inventory-sync:*", "--json")
     assert filtered.returncode == 0, filtered.stderr
     rows = json.loads(filtered.stdout)
     assert [r["key"] for r in rows] == ["inventory-sync:1", "inventory-sync:2"]
@@ -55,19 +55,19 @@ def test_locks_list_release_and_status(
     assert 60 - elapsed - 1 <= rows[0]["ttl_left"] <= 60
     assert rows[0]["age"] <= elapsed + 1
 
-    refused = processes.command(APP, "safe-time", "locks", "release", "report:9")
+    refused = processes.cli(APP, "safe-time", "locks", "release", "report:9")
     assert refused.returncode == 2
     assert "--yes" in refused.stderr
     assert redis_client.exists("safe_time:lock:report:9")
 
-    released = processes.command(APP, "safe-time", "locks", "release", "report:9", "--yes")
+    released = processes.cli(APP, "safe-time", "locks", "release", "report:9", "--yes")
     assert released.returncode == 0, released.stderr
     assert "released report:9 (held by task-9 on worker-host" in released.stdout
     assert not redis_client.exists("safe_time:lock:report:9")
-    missing = processes.command(APP, "safe-time", "locks", "release", "report:9", "--yes")
+    missing = processes.cli(APP, "safe-time", "locks", "release", "report:9", "--yes")
     assert missing.returncode == 1
 
-    status = processes.command(APP, "safe-time", "status", "--json")
+    status = processes.cli(APP, "safe-time", "status", "--json")
     assert status.returncode == 0, status.stderr
     section = json.loads(status.stdout)["locks"]
     assert section["held"] == 2
@@ -85,14 +85,14 @@ def test_status_shows_flow_control(
     _hold(store, "report:9", "task-9")  # a plain lock is not a slot
     for n in range(3):
         store.rate_take("stripe:5", f"t{n}", Rate(2, 60.0))
-    status = processes.command(APP, "safe-time", "status", "--json")
+    status = processes.cli(APP, "safe-time", "status", "--json")
     assert status.returncode == 0, status.stderr
     flow = json.loads(status.stdout)["flow"]
     assert flow["slots_held"] == 2
     assert flow["concurrency"] == [{"key": "export:3", "held": 2, "slots": ["slot:export:3#0", "slot:export:3#2"]}]
     assert flow["rates"] == [{"key": "stripe:5", "started": 2, "waiting": 1}]
     assert flow["waiting"] == 1
-    text = processes.command(APP, "safe-time", "status")
+    text = processes.cli(APP, "safe-time", "status")
     assert text.returncode == 0, text.stderr
     assert "[flow]" in text.stdout
     assert "stripe:5" in text.stdout
@@ -109,7 +109,7 @@ def test_locks_list_uses_scan_not_keys(
     client.set("safe_time:lock-fence:unrelated", 1)
     client.config_resetstat()
     conf = json.dumps({"safe_time_redis_url": redis_server.url})
-    listed = processes.command(APP, "safe-time", "locks", "list", "--json", env={"SAFE_TIME_TEST_APP_CONF": conf})
+    listed = processes.cli(APP, "safe-time", "locks", "list", "--json", env={"SAFE_TIME_TEST_APP_CONF": conf})
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 1200
     stats = client.info("commandstats")
@@ -125,7 +125,7 @@ def test_released_holder_is_told_at_its_next_renewal(
     client = h.client_app(redis_url)
     run = client.send_task("locks.hold", args=("stuck", 20))
     wait_for(lambda: redis_client.get(f"test:locks:started:{run.id}"), 30, message="hold started")
-    released = processes.command(APP, "safe-time", "locks", "release", "hold:stuck", "--yes")
+    released = processes.cli(APP, "safe-time", "locks", "release", "hold:stuck", "--yes")
     released_at = time.time()
     assert released.returncode == 0, released.stderr
     [record] = h.wait_runs(redis_client, "hold", 1, timeout=10)
@@ -147,14 +147,14 @@ def test_locks_list_shows_unique_keys_with_task_id_and_state_and_release_frees_o
     assert claim.status == "acquired"
     store.unique_acquire("export:8", "task-8", 600, "stored", stored=True, host="caller-host")
 
-    listed = processes.command(APP, "safe-time", "locks", "list")
+    listed = processes.cli(APP, "safe-time", "locks", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["inventory-sync:1", "unique:export:7", "unique:export:8"]
     assert lines[2].split()[:3] == ["unique:export:7", "task-7", "queued"]
     assert lines[3].split()[:3] == ["unique:export:8", "task-8", "stored"]
 
-    only = processes.command(APP, "safe-time", "locks", "list", "--pattern", "unique:export:7", "--json")
+    only = processes.cli(APP, "safe-time", "locks", "list", "--pattern", "unique:export:7", "--json")
     rows = json.loads(only.stdout)
     assert [(r["key"], r["task_id"], r["state"], r["kind"]) for r in rows] == [
         ("unique:export:7", "task-7", "queued", "unique")
@@ -162,13 +162,13 @@ def test_locks_list_shows_unique_keys_with_task_id_and_state_and_release_frees_o
     # the ttl counts down from the claim (subprocesses are slow on a loaded machine: measure, not guess)
     assert 600 - (time.monotonic() - taken) - 1 <= rows[0]["ttl_left"] <= 600
 
-    released = processes.command(APP, "safe-time", "locks", "release", "unique:export:7", "--yes")
+    released = processes.cli(APP, "safe-time", "locks", "release", "unique:export:7", "--yes")
     assert released.returncode == 0, released.stderr
     assert "released unique:export:7 (held by task-7, queued" in released.stdout
     assert not redis_client.exists("safe_time:unique:export:7")
     assert redis_client.exists("safe_time:unique:export:8")
 
-    status = processes.command(APP, "safe-time", "status", "--json")
+    status = processes.cli(APP, "safe-time", "status", "--json")
     assert status.returncode == 0, status.stderr
     section = json.loads(status.stdout)["locks"]
     assert section["unique_held"] == 1
@@ -190,7 +190,7 @@ def test_check_and_locks_commands_on_postgres_coordination(
     store = get_lock_backend(make_app(broker_url=amqp_url, **conf))
     env = h.broker_env(amqp_url, redis_url, coordination=conf)
 
-    checked = processes.command(APP, "safe-time", "check", "--json", env=env)
+    checked = processes.cli(APP, "safe-time", "check", "--json", env=env)
     names = {c["name"]: c for c in json.loads(checked.stdout)["checks"]}
     assert "redis" not in names
     assert names["locks_postgres"]["status"] == "ok", names
@@ -198,7 +198,7 @@ def test_check_and_locks_commands_on_postgres_coordination(
 
     _hold(store, "inventory-sync:1", "task-1")
     store.unique_acquire("export:7", "task-7", 60, "queued", stored=False, host="web-1")
-    listed = processes.command(APP, "safe-time", "locks", "list", "--json", env=env)
+    listed = processes.cli(APP, "safe-time", "locks", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert [(r["key"], r["task_id"], r["kind"]) for r in rows] == [
@@ -206,7 +206,7 @@ def test_check_and_locks_commands_on_postgres_coordination(
         ("unique:export:7", "task-7", "unique"),
     ]
     assert "tok-" not in listed.stdout
-    released = processes.command(APP, "safe-time", "locks", "release", "inventory-sync:1", "--yes", env=env)
+    released = processes.cli(APP, "safe-time", "locks", "release", "inventory-sync:1", "--yes", env=env)
     assert released.returncode == 0, released.stderr
     assert "held by task-1 on worker-host" in released.stdout
     assert store.token_of("inventory-sync:1") is None

@@ -346,7 +346,7 @@ def _drop_postgres(postgres_url: str) -> None:
 
     from celery_safe_time.beat.backends import postgres as pg
 
-    tables = [getattr(pg, name) for name in dir(pg) if name.endswith("_TABLE") and name != "COUNTS_TABLE"]
+    tables = [getattr(pg, name) for name in dir(pg) if name.endswith("_TABLE") and not name.endswith("COUNTS_TABLE")]
     engine = sa.create_engine(postgres_url)
     try:
         with engine.begin() as conn:

@@ -29,7 +29,8 @@ Runtime entries (``save_entry``, ``celery safe-time beat ...``) live in four mor
 ``safe_time_beat_entries`` (definitions), ``safe_time_beat_changes`` (the change log: each name's
 version of its last change, kept as a tombstone after a delete until the leader applied it),
 ``safe_time_beat_meta`` (the change counter and the leader's applied marker) and
-``safe_time_beat_run_now``. A writer holds the counter row for its transaction, so versions commit
+``safe_time_beat_run_now``; ``safe_time_beat_entry_counts`` holds the definitions' count, kept by
+triggers as the state's. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
 changed names. ``save_entries`` stores a chunk in one transaction of a few multi-row statements.
 
@@ -79,6 +80,7 @@ COUNTS_TABLE = "safe_time_beat_counts"
 HISTORY_TABLE = "safe_time_beat_history"
 AUDIT_TABLE = "safe_time_beat_audit"
 PAUSE_EXPIRY_TABLE = "safe_time_beat_pause_expiry"
+ENTRY_COUNTS_TABLE = "safe_time_beat_entry_counts"
 
 
 def _float(value: Any) -> float:

@@ -275,10 +275,10 @@ WHERE ns = :ns AND name COLLATE "C" > :after AND name COLLATE "C" >= :low AND na
 ORDER BY name COLLATE "C" LIMIT :limit
 
 -- name: definition_count
-SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns
+SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 0)
 
 -- name: entry_counts
-SELECT (SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns),
+SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 0),
     coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 0),
     (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :soon)
 

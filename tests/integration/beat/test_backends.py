@@ -287,3 +287,35 @@ def test_what_a_leader_reading_only_due_entries_reads(make_app: Any, coordinatio
     assert backend.pause_expiries() == {"e-2": 6.0, "e-3": 7.0}
     backend.set_pause_expiries({"e-4": 8.0}, [], replace=True)
     assert backend.pause_expiries() == {"e-4": 8.0}
+
+
+def test_postgres_definition_count_follows_saves_deletes_and_a_delete_by_hand(make_app: Any, postgres_url: str) -> None:
+    """A takeover and the operator views read the definitions' count from ``safe_time_beat_entry_counts``
+    (kept by triggers), not by counting: it must match the table after every kind of write."""
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
+
+    backend = beat_backend(get_config(make_app(**coordination_settings(postgres_url))))
+    assert isinstance(backend, PostgresBeatBackend)
+
+    def count() -> int:
+        with backend.autocommit() as conn:
+            counted = conn.execute(
+                sa.text("SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns"), {"ns": backend.ns}
+            ).scalar_one()
+        assert backend.definition_count() == backend.entry_counts(0.0).definitions == counted
+        return int(counted)
+
+    backend.ensure_tables()
+    assert count() == 0
+    backend.entry_save_many([(f"n-{i}", "{}") for i in range(5)] + [("n-0", "[]")])
+    assert count() == 5
+    backend.entry_save("n-9", "{}")
+    backend.entry_save("n-9", "[]")  # an update: no new row
+    assert count() == 6
+    assert backend.entry_delete("n-1")
+    assert count() == 5
+    with backend.engine().begin() as conn:
+        conn.execute(sa.text("DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = 'n-2'"), {"ns": backend.ns})
+    assert count() == 4

@@ -81,6 +81,7 @@ HISTORY_TABLE = "safe_time_beat_history"
 AUDIT_TABLE = "safe_time_beat_audit"
 PAUSE_EXPIRY_TABLE = "safe_time_beat_pause_expiry"
 ENTRY_COUNTS_TABLE = "safe_time_beat_entry_counts"
+DELETED_TABLE = "safe_time_beat_deleted"
 
 
 def _float(value: Any) -> float:

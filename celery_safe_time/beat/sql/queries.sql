@@ -252,8 +252,16 @@ USING (
 ) old
 WHERE a.ns = :ns AND a.name = old.name AND a.id = old.id
 
+-- A deletion is noted with its time: the leader's prune_deleted reads these rows, not every audit record.
 -- name: delete_definition
-DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1
+WITH gone AS (DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING name),
+noted AS (
+    INSERT INTO safe_time_beat_deleted (ns, name, deleted_at)
+    SELECT :ns, gone.name, extract(epoch FROM clock_timestamp()) FROM gone
+    ON CONFLICT (ns, name) DO UPDATE SET deleted_at = EXCLUDED.deleted_at
+    RETURNING 1
+)
+SELECT 1 FROM gone
 
 -- name: run_now
 INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
@@ -352,18 +360,19 @@ WHERE a.ns = :ns AND a.name = :name AND a.id = old.id AND EXISTS (SELECT 1 FROM 
 SELECT record FROM safe_time_beat_audit WHERE ns = :ns AND name = :name ORDER BY id DESC LIMIT :limit
 
 -- The runs and changes of entries deleted more than :keep seconds ago and not saved again (their
--- latest audit record is the deletion); leader only, with prune_fired.
+-- deletion noted in safe_time_beat_deleted, which holds only the deletions not yet pruned: the
+-- statement never reads every audit record); leader only, with prune_fired.
 -- name: prune_deleted
 WITH ok AS (SELECT 1 FROM safe_time_beat_lease
     WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()),
-latest AS (
-    SELECT DISTINCT ON (name) name, record FROM safe_time_beat_audit WHERE ns = :ns ORDER BY name, id DESC
+expired AS (
+    DELETE FROM safe_time_beat_deleted d USING ok
+    WHERE d.ns = :ns AND d.deleted_at < extract(epoch FROM clock_timestamp()) - :keep
+    RETURNING d.name
 ),
 gone AS (
-    SELECT l.name FROM latest l, ok
-    WHERE CAST(l.record AS json) ->> 'action' = 'delete'
-      AND CAST(CAST(l.record AS json) ->> 'at' AS float8) < extract(epoch FROM clock_timestamp()) - :keep
-      AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = l.name)
+    SELECT expired.name FROM expired
+    WHERE NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = expired.name)
 ),
 runs AS (
     DELETE FROM safe_time_beat_history h USING gone WHERE h.ns = :ns AND h.entry = gone.name RETURNING 1

@@ -216,6 +216,16 @@ CREATE TABLE IF NOT EXISTS safe_time_beat_pause_expiry (
         PRIMARY KEY (ns, name)
     )
 
+-- The deleted runtime entries whose runs and changes are still kept (the leader prunes them after
+-- BEAT_DELETED_HISTORY_KEEP, reading these rows only).
+-- name: deleted
+CREATE TABLE IF NOT EXISTS safe_time_beat_deleted (
+        ns text NOT NULL,
+        name text NOT NULL,
+        deleted_at double precision NOT NULL,
+        PRIMARY KEY (ns, name)
+    )
+
 -- the run history (the last runs of each entry) and the change audit, pruned per entry (history.py)
 -- name: history
 CREATE TABLE IF NOT EXISTS safe_time_beat_history (

@@ -1,5 +1,6 @@
 """Beat at SaaS size: one Redis leader with 10,000 and 100,000 runtime entries (1,000,000 with
-``--sizes``), 10 every second and the rest daily at 09:00 in their tenant's timezone.
+``--sizes``), 10 every second and the rest daily at 09:00 in their tenant's timezone; with
+``--postgres``, on PostgreSQL coordination instead (a fresh database; the broker stays Redis).
 
 Per size, in the same run and on the same stored entries:
 
@@ -9,6 +10,8 @@ Per size, in the same run and on the same stored entries:
   firing what is due in between), how long after taking the lease it published its first slot and
   finished its plan; a takeover's first tick (the previous leader's state and marker in Redis) and
   first slot; wall and CPU seconds, and the growth of the beat process's RSS over both;
+- the steady ticks after the takeover (``STEADY_SECONDS`` of them, the busy entries firing every
+  second): their median and p99 duration;
 - each measured twice: a leader that reads only what is due (this release, from
   ``BEAT_LAZY_ENTRIES`` runtime entries on) and one that loads every entry (``lazy_threshold``
   raised past the count: what every leader did before), each in a process of its own so RSS is its own.
@@ -20,8 +23,11 @@ CPU, and each entry's messages counted in the broker queue (exactly once). Besid
 published with one broker round trip per slot (what a transport without batches gets), and the
 batched burst on PostgreSQL coordination (a fresh database; the broker stays Redis).
 
-``python -m benchmarks.beat_scale [--quick] [--sizes 10000,100000,1000000] [--burst-only 100000]``;
-needs the local Redis.
+``save_entries`` on PostgreSQL is also measured as it stored a chunk before (a transaction per entry,
+``SAVE_BEFORE`` entries), beside a chunk per transaction.
+
+``python -m benchmarks.beat_scale [--quick] [--postgres] [--sizes 10000,100000,1000000] [--burst-only 100000]``;
+needs the local Redis (and PostgreSQL with ``--postgres``).
 """
 
 from __future__ import annotations
@@ -46,11 +52,17 @@ SIZES_QUICK = (10_000,)
 BUSY = 10
 #: how many entries ``save_entry`` saves one at a time (the baseline of ``save_entries``)
 SINGLE_SAVES = 2000
+#: how many entries ``save_entries`` stores as it did before on PostgreSQL (a transaction per entry)
+SAVE_BEFORE = 3_000
+#: how long the steady ticks after a takeover are measured
+STEADY_SECONDS = 5.0
+#: the key prefix (the rows' namespace) of the leaders on PostgreSQL coordination
+SCALE_PREFIX = "bench-scale:"
 _ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "UTC")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _app(redis_url: str, coordination: str | None = None) -> Any:
+def _app(redis_url: str, coordination: str | None = None, prefix: str = "bench-burst:") -> Any:
     from celery import Celery
 
     app = Celery("bench", set_as_current=False)
@@ -58,7 +70,7 @@ def _app(redis_url: str, coordination: str | None = None) -> Any:
         broker_url=redis_url, timezone="UTC", beat_max_loop_interval=1, safe_time_beat_lease=6, beat_schedule={}
     )
     if coordination:  # PostgreSQL coordination (the broker stays Redis)
-        app.conf.update(safe_time_coordination_url=coordination, safe_time_key_prefix="bench-burst:")
+        app.conf.update(safe_time_coordination_url=coordination, safe_time_key_prefix=prefix)
 
     @app.task(name="bench.noop")
     def noop(*args: Any) -> None:  # pragma: no cover - never executed, only published
@@ -102,12 +114,31 @@ def _timed(fn: Any) -> dict[str, float]:
     return {"s": round(time.perf_counter() - wall, 3), "cpu_s": round(time.process_time() - cpu, 3)}
 
 
-def leader_child(redis_url: str, lazy: bool) -> dict[str, Any]:
-    """In a process of its own: a fresh leader's first tick, then a takeover's, and the RSS growth."""
+def _steady(sched: Any, seconds: float) -> dict[str, float]:
+    """Tick as beat does (sleeping what the tick asks, at most 50 ms) for ``seconds``: the median
+    and p99 tick duration in milliseconds."""
+    took: list[float] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        wait = sched.tick()
+        took.append(time.perf_counter() - started)
+        time.sleep(max(0.0, min(wait, 0.05)))
+    took.sort()
+    return {
+        "ticks": len(took),
+        "p50_ms": round(took[len(took) // 2] * 1e3, 2),
+        "p99_ms": round(took[min(len(took) - 1, int(len(took) * 0.99))] * 1e3, 2),
+    }
+
+
+def leader_child(redis_url: str, lazy: bool, coordination: str | None = None) -> dict[str, Any]:
+    """In a process of its own: a fresh leader's first tick, then a takeover's, its steady ticks,
+    and the RSS growth."""
     from celery_safe_time import signals
     from celery_safe_time.beat.scheduler import SafeScheduler
 
-    app = _app(redis_url)
+    app = _app(redis_url, coordination, SCALE_PREFIX)
     out: dict[str, Any] = {}
     published: list[float] = []  # perf_counter of each published slot
 
@@ -143,6 +174,8 @@ def leader_child(redis_url: str, lazy: bool) -> dict[str, Any]:
             }
             out[f"{phase} first slot s"] = round(published[0] - started, 3) if published else None
             out[f"{phase} reads only due"] = sched.lazy
+            if phase == "takeover":
+                out["steady tick"] = _steady(sched, STEADY_SECONDS)
             out[f"rss after {phase} MB"] = round(_rss_mb() - start_rss, 1)
             sched.close()
     return out
@@ -304,6 +337,70 @@ def _reset_schedule(client: redis.Redis, prefix: str) -> None:
         client.delete(key)
 
 
+def _reset_postgres(postgres_url: str) -> None:
+    """:func:`_reset_schedule` on PostgreSQL coordination: the schedule state, the fired slots, the
+    lease and the applied marker go (not the definitions)."""
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends import postgres as pg
+
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            for table in (pg.STATE_TABLE, pg.FIRED_TABLE, pg.LEASE_TABLE, pg.PAUSE_EXPIRY_TABLE):
+                conn.execute(sa.text(f"DELETE FROM {table} WHERE ns = :ns"), {"ns": SCALE_PREFIX})
+            conn.execute(sa.text(f"UPDATE {pg.META_TABLE} SET applied = NULL WHERE ns = :ns"), {"ns": SCALE_PREFIX})
+    finally:
+        engine.dispose()
+
+
+def _drop_postgres(postgres_url: str) -> None:
+    """Every row of the benchmark's namespace (the next size starts empty; the counts follow by trigger)."""
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends import postgres as pg
+
+    tables = [getattr(pg, name) for name in dir(pg) if name.endswith("_TABLE") and not name.endswith("COUNTS_TABLE")]
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            for table in tables:
+                conn.execute(sa.text(f"DELETE FROM {table} WHERE ns = :ns"), {"ns": SCALE_PREFIX})
+    finally:
+        engine.dispose()
+
+
+def _vacuum(postgres_url: str) -> None:
+    """VACUUM ANALYZE the beat tables after a bulk save, as autovacuum does soon after one (the
+    planner's statistics and the visibility map, which a count by index-only scan needs)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("VACUUM ANALYZE"))
+    finally:
+        engine.dispose()
+
+
+def _save_before(app: Any, specs: list[dict[str, Any]]) -> tuple[int, int]:
+    """Entries stored per second (wall, caller's CPU) by ``save_entries`` as PostgreSQL stored a chunk
+    before: the backend's ``entry_save`` per entry (a transaction each)."""
+    from celery_safe_time import save_entries
+    from celery_safe_time.beat.backends.base import BeatBackend
+    from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
+
+    chunked = PostgresBeatBackend.entry_save_many
+    PostgresBeatBackend.entry_save_many = BeatBackend.entry_save_many  # type: ignore[method-assign]
+    try:
+        started, cpu = time.perf_counter(), time.process_time()
+        stored = save_entries(specs, app=app)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        PostgresBeatBackend.entry_save_many = chunked  # type: ignore[method-assign]
+    return round(stored / seconds), round(stored / cpu)
+
+
 def _child(
     redis_url: str, lazy: bool, burst: tuple[int, bool] | None = None, coordination: str | None = None
 ) -> dict[str, Any]:
@@ -321,14 +418,20 @@ def _child(
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
+def bench_size(redis_url: str, n: int, baseline: bool, postgres_url: str | None = None) -> dict[str, Any]:
     from celery_safe_time import save_entries
 
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
-    app = _app(redis_url)
+    app = _app(redis_url, postgres_url, SCALE_PREFIX)
     specs = _specs(n)
-    single = _save_one_at_a_time(app, specs[: min(n, SINGLE_SAVES)])
+    # a quarter of them on PostgreSQL, where a single save takes several times as long here
+    single = _save_one_at_a_time(app, specs[: min(n, SINGLE_SAVES // (4 if postgres_url else 1))])
+    before: tuple[int, int] | None = None
+    if postgres_url:
+        _drop_postgres(postgres_url)
+        before = _save_before(app, specs[: min(n, SAVE_BEFORE)])
+        _drop_postgres(postgres_url)
     client.flushdb()
     started, cpu = time.perf_counter(), time.process_time()
     stored = save_entries(specs, app=app)
@@ -342,7 +445,19 @@ def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
         "save_entry per CPU s": single[1],
         "load average": os.getloadavg()[0],
     }
+    if before is not None:
+        out["save_entries before per s"], out["save_entries before per CPU s"] = before
     del specs
+    if postgres_url:
+        out["coordination"] = "postgres"
+        _vacuum(postgres_url)
+        out["reads only due"] = _child(redis_url, lazy=True, coordination=postgres_url)
+        out["load average after"] = os.getloadavg()[0]
+        _reset_postgres(postgres_url)
+        out["loads all"] = _child(redis_url, lazy=False, coordination=postgres_url)
+        _drop_postgres(postgres_url)
+        client.flushdb()
+        return out
     prefix = "safe_time:"
     out["redis MB"] = round(client.info("memory")["used_memory"] / 1e6, 1)
     out["reads only due"] = _child(redis_url, lazy=True)
@@ -351,6 +466,22 @@ def bench_size(redis_url: str, n: int, baseline: bool) -> dict[str, Any]:
         out["loads all"] = _child(redis_url, lazy=False)
     client.flushdb()
     return out
+
+
+def run_postgres(quick: bool, sizes: list[int] | None = None) -> dict[str, Any]:
+    """The sizes on PostgreSQL coordination (a fresh database), each beside the leader that loads all."""
+    claim = services.RedisDbClaim(services.resolve_redis_base())
+    db = services.PostgresDatabase(services.resolve_postgres_admin_url())
+    results: dict[str, Any] = {"quick": quick, "coordination": "postgres"}
+    try:
+        postgres_url = db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+        for n in sizes or (SIZES_QUICK if quick else SIZES):
+            results[str(n)] = bench_size(claim.url, n, baseline=True, postgres_url=postgres_url)
+    finally:
+        db.drop()
+        redis.Redis.from_url(claim.url).flushdb()
+        claim.release()
+    return results
 
 
 def run(
@@ -389,7 +520,37 @@ def _measured(
         yield label, field, m
 
 
+def postgres_markdown(results: dict[str, Any]) -> str:
+    """The sizes on PostgreSQL coordination: both leaders, their steady ticks, and save_entries before/after."""
+    lines = [
+        "| entries | leader | fresh leader's first slot (s) | its plan complete, wall / CPU (s) "
+        "| takeover's first tick, wall / CPU (s) | its first slot (s) | steady tick p50 / p99 (ms) "
+        "| beat RSS growth (MB) | save_entries (entries/s, wall / per CPU s) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, r in results.items():
+        if not key.isdigit():
+            continue
+        for label, field, m in _measured(
+            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines, columns=9
+        ):
+            fp, t, st = m.get("fresh plan complete", {}), m["takeover"], m.get("steady tick", {})
+            rate = (
+                f"{r['save_entries per s']:,} / {r['save_entries per CPU s']:,}"
+                if field == "reads only due"
+                else f"{r.get('save_entries before per s', 0):,} / {r.get('save_entries before per CPU s', 0):,}"
+            )
+            lines.append(
+                f"| {int(key):,} | {label} | {m.get('fresh first slot s')} | {fp.get('s')} / {fp.get('cpu_s')} "
+                f"| {t['s']} / {t['cpu_s']} | {m.get('takeover first slot s')} "
+                f"| {st.get('p50_ms')} / {st.get('p99_ms')} | +{m['rss after takeover MB']} | {rate} |"
+            )
+    return "\n".join(lines)
+
+
 def markdown(results: dict[str, Any]) -> str:
+    if results.get("coordination") == "postgres":
+        return postgres_markdown(results)
     lines = [
         "| entries | leader | fresh leader's first tick, wall / CPU (s) | its first slot (s) | its plan complete, "
         "wall / CPU (s) | takeover's first tick, wall / CPU (s) | its first slot (s) | beat RSS growth (MB) "
@@ -454,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--unbatched", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--coordination", default=None, help=argparse.SUPPRESS)  # the child: PostgreSQL URL
+    parser.add_argument(
+        "--postgres", action="store_true", help="Leaders on PostgreSQL coordination (no burst; the broker stays Redis)."
+    )
     parser.add_argument("--burst-only", default=None, help="Only the 09:00 burst, of these sizes (comma-separated).")
     parser.add_argument("--burst-modes", default=",".join(BURST_MODES), help="The burst's runs (comma-separated).")
     parser.add_argument("--shard-beat", type=int, default=None, help=argparse.SUPPRESS)  # the child: its index
@@ -467,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(burst_child(args.leader, args.burst, args.unbatched, args.coordination)))
         return 0
     if args.leader:
-        print(json.dumps(leader_child(args.leader, lazy=not args.load_all)))
+        print(json.dumps(leader_child(args.leader, lazy=not args.load_all, coordination=args.coordination)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     bursts = [int(s) for s in args.burst_only.split(",")] if args.burst_only else None
@@ -475,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(modes) - set(BURST_MODES)
     if unknown:
         parser.error(f"--burst-modes: unknown {', '.join(sorted(unknown))} (use {', '.join(BURST_MODES)})")
-    results = run(args.quick, sizes, bursts, modes)
+    results = run_postgres(args.quick, sizes) if args.postgres else run(args.quick, sizes, bursts, modes)
     print(markdown(results))
     print()
     print(json.dumps(results, indent=2))

@@ -165,7 +165,7 @@ SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns
 SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
 
 -- name: due_count
-SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL
+SELECT coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 0)
 
 -- name: plan_states
 INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
@@ -223,8 +223,45 @@ SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name
 INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
 ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
 
+-- save_entries: a chunk's definitions, change log rows and audit records, one statement each (the
+-- names are distinct; the audit records in the order of their versions), then each name's audit
+-- trimmed to :audit_size (the statement sees the records just added).
+-- name: put_definitions
+INSERT INTO safe_time_beat_entries (ns, name, definition)
+SELECT :ns, * FROM unnest(CAST(:names AS text[]), CAST(:raws AS text[]))
+ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
+
+-- name: log_changes
+INSERT INTO safe_time_beat_changes (ns, name, version)
+SELECT :ns, * FROM unnest(CAST(:names AS text[]), CAST(:versions AS bigint[]))
+ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version
+
+-- name: audit_append_many
+INSERT INTO safe_time_beat_audit (ns, name, record)
+SELECT :ns, a.name, a.record FROM unnest(CAST(:names AS text[]), CAST(:records AS text[]))
+    WITH ORDINALITY AS a(name, record, ord)
+ORDER BY a.ord
+
+-- name: audit_trim_many
+DELETE FROM safe_time_beat_audit a
+USING (
+    SELECT id, name FROM (
+        SELECT id, name, row_number() OVER (PARTITION BY name ORDER BY id DESC) AS r
+        FROM safe_time_beat_audit WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
+    ) ranked WHERE r > :audit_size
+) old
+WHERE a.ns = :ns AND a.name = old.name AND a.id = old.id
+
+-- A deletion is noted with its time: the leader's prune_deleted reads these rows, not every audit record.
 -- name: delete_definition
-DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING 1
+WITH gone AS (DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = :name RETURNING name),
+noted AS (
+    INSERT INTO safe_time_beat_deleted (ns, name, deleted_at)
+    SELECT :ns, gone.name, extract(epoch FROM clock_timestamp()) FROM gone
+    ON CONFLICT (ns, name) DO UPDATE SET deleted_at = EXCLUDED.deleted_at
+    RETURNING 1
+)
+SELECT 1 FROM gone
 
 -- name: run_now
 INSERT INTO safe_time_beat_run_now (ns, name, slot_ms) VALUES (:ns, :name, :slot_ms)
@@ -246,10 +283,10 @@ WHERE ns = :ns AND name COLLATE "C" > :after AND name COLLATE "C" >= :low AND na
 ORDER BY name COLLATE "C" LIMIT :limit
 
 -- name: definition_count
-SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns
+SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 0)
 
 -- name: entry_counts
-SELECT (SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns),
+SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 0),
     coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 0),
     (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :soon)
 
@@ -323,20 +360,40 @@ WHERE a.ns = :ns AND a.name = :name AND a.id = old.id AND EXISTS (SELECT 1 FROM 
 SELECT record FROM safe_time_beat_audit WHERE ns = :ns AND name = :name ORDER BY id DESC LIMIT :limit
 
 -- The runs and changes of entries deleted more than :keep seconds ago and not saved again (their
--- latest audit record is the deletion); leader only, with prune_fired.
+-- deletion noted in safe_time_beat_deleted, which holds only the deletions not yet pruned: the
+-- statement never reads every audit record); leader only, with prune_fired.
 -- name: prune_deleted
 WITH ok AS (SELECT 1 FROM safe_time_beat_lease
     WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()),
-latest AS (
-    SELECT DISTINCT ON (name) name, record FROM safe_time_beat_audit WHERE ns = :ns ORDER BY name, id DESC
+expired AS (
+    DELETE FROM safe_time_beat_deleted d USING ok
+    WHERE d.ns = :ns AND d.deleted_at < extract(epoch FROM clock_timestamp()) - :keep
+    RETURNING d.name
 ),
 gone AS (
-    SELECT l.name FROM latest l, ok
-    WHERE CAST(l.record AS json) ->> 'action' = 'delete'
-      AND CAST(CAST(l.record AS json) ->> 'at' AS float8) < extract(epoch FROM clock_timestamp()) - :keep
-      AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = l.name)
+    SELECT expired.name FROM expired
+    WHERE NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = expired.name)
 ),
 runs AS (
     DELETE FROM safe_time_beat_history h USING gone WHERE h.ns = :ns AND h.entry = gone.name RETURNING 1
 )
 DELETE FROM safe_time_beat_audit a USING gone WHERE a.ns = :ns AND a.name = gone.name
+
+-- A leader reading only what is due (postgres_reads.py): keyset pages of the definitions and of the
+-- planned names (each on its primary key), and the pause expiries it resumes.
+-- name: scan_definitions
+SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND name > :after ORDER BY name LIMIT :limit
+
+-- name: scan_planned
+SELECT entry FROM safe_time_beat_state WHERE ns = :ns AND entry > :after ORDER BY entry LIMIT :limit
+
+-- name: pause_expiries
+SELECT name, resume_at FROM safe_time_beat_pause_expiry WHERE ns = :ns
+
+-- name: pause_expiries_drop
+DELETE FROM safe_time_beat_pause_expiry WHERE ns = :ns AND (:every OR name = ANY(CAST(:names AS text[])))
+
+-- name: pause_expiries_add
+INSERT INTO safe_time_beat_pause_expiry (ns, name, resume_at)
+SELECT :ns, * FROM unnest(CAST(:names AS text[]), CAST(:ats AS float8[]))
+ON CONFLICT (ns, name) DO UPDATE SET resume_at = EXCLUDED.resume_at

@@ -136,6 +136,56 @@ CREATE TABLE IF NOT EXISTS safe_time_beat_entries (
 -- name: entries_by_name
 CREATE INDEX IF NOT EXISTS safe_time_beat_entries_by_name ON safe_time_beat_entries (ns, name COLLATE "C")
 
+-- The definitions' row count per app, kept by a trigger as safe_time_beat_counts is: a takeover and
+-- the operator views read it instead of counting the table (0.2 s at a million entries).
+-- name: entry_counts
+CREATE TABLE IF NOT EXISTS safe_time_beat_entry_counts (
+        ns text PRIMARY KEY,
+        total bigint NOT NULL
+    )
+
+-- name: entry_counts_function
+DO $$
+    BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'safe_time_beat_entry_count'
+                   AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())) THEN
+    CREATE FUNCTION safe_time_beat_entry_count() RETURNS trigger LANGUAGE plpgsql AS $fn$
+    BEGIN
+        IF TG_OP = 'TRUNCATE' THEN
+            DELETE FROM safe_time_beat_entry_counts;
+        ELSIF TG_OP = 'INSERT' THEN
+            INSERT INTO safe_time_beat_entry_counts AS c (ns, total)
+            SELECT ns, count(*) FROM new_rows GROUP BY ns
+            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total;
+        ELSE
+            INSERT INTO safe_time_beat_entry_counts AS c (ns, total)
+            SELECT ns, -count(*) FROM old_rows GROUP BY ns
+            ON CONFLICT (ns) DO UPDATE SET total = c.total + EXCLUDED.total;
+        END IF;
+        RETURN NULL;
+    END $fn$;
+    END IF;
+    END $$
+
+-- An update changes no count (the name and ns stay; an upsert's inserted rows are the INSERT's).
+-- name: entry_counts_triggers
+DO $$
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'safe_time_beat_entries_inserted'
+                       AND tgrelid = CAST('safe_time_beat_entries' AS regclass)) THEN
+            LOCK TABLE safe_time_beat_entries IN SHARE ROW EXCLUSIVE MODE;
+            CREATE TRIGGER safe_time_beat_entries_inserted AFTER INSERT ON safe_time_beat_entries
+                REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_entry_count();
+            CREATE TRIGGER safe_time_beat_entries_deleted AFTER DELETE ON safe_time_beat_entries
+                REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_entry_count();
+            CREATE TRIGGER safe_time_beat_entries_truncated AFTER TRUNCATE ON safe_time_beat_entries
+                FOR EACH STATEMENT EXECUTE FUNCTION safe_time_beat_entry_count();
+            DELETE FROM safe_time_beat_entry_counts;
+            INSERT INTO safe_time_beat_entry_counts (ns, total)
+                SELECT ns, count(*) FROM safe_time_beat_entries GROUP BY ns;
+        END IF;
+    END $$
+
 -- name: changes
 CREATE TABLE IF NOT EXISTS safe_time_beat_changes (
         ns text NOT NULL,
@@ -152,6 +202,27 @@ CREATE TABLE IF NOT EXISTS safe_time_beat_run_now (
         ns text NOT NULL,
         name text NOT NULL,
         slot_ms text NOT NULL,
+        PRIMARY KEY (ns, name)
+    )
+
+-- The paused runtime entries with an expiry, as the leader recorded them (a hint: it reads the
+-- definition before it resumes one), so a leader reading only what is due reads these few rows
+-- instead of every definition.
+-- name: pause_expiry
+CREATE TABLE IF NOT EXISTS safe_time_beat_pause_expiry (
+        ns text NOT NULL,
+        name text NOT NULL,
+        resume_at double precision NOT NULL,
+        PRIMARY KEY (ns, name)
+    )
+
+-- The deleted runtime entries whose runs and changes are still kept (the leader prunes them after
+-- BEAT_DELETED_HISTORY_KEEP, reading these rows only).
+-- name: deleted
+CREATE TABLE IF NOT EXISTS safe_time_beat_deleted (
+        ns text NOT NULL,
+        name text NOT NULL,
+        deleted_at double precision NOT NULL,
         PRIMARY KEY (ns, name)
     )
 

@@ -242,3 +242,80 @@ def test_postgres_row_counts_follow_every_write_and_a_delete_by_hand(make_app: A
     assert counts() == (2, 0)
     by_hand("UPDATE safe_time_beat_state SET next_fire = 9 WHERE ns = :ns")
     assert counts() == (2, 2)
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def test_what_a_leader_reading_only_due_entries_reads(make_app: Any, coordination: dict[str, Any]) -> None:
+    """The seam of a leader with many runtime entries: whole reads in chunks, reads by name, the
+    counter without the definitions, the pause expiries, and ``entry_save_many`` as single saves."""
+    backend = beat_backend(get_config(make_app(**coordination)))
+    backend.ensure_tables()
+    assert backend.reads_due_only
+    audit = json.dumps({"action": "save", "at": 1.0})
+    items = [(f"e-{i}", json.dumps({"n": i})) for i in range(7)] + [("e-1", json.dumps({"n": -1}))]
+    assert backend.entry_save_many(items, audit) == [1, 2, 3, 4, 5, 6, 7, 8]
+    # unchanged: nothing written; a name twice compares with its earlier definition
+    assert backend.entry_save_many([("e-0", items[0][1]), ("e-2", "{}"), ("e-2", "{}")], audit) == [0, 9, 0]
+    assert backend.definition_count() == backend.change_count() == 7
+    assert [(r["old"], r["new"]) for r in map(json.loads, backend.audit("e-1", 5))] == [
+        ({"n": 1}, {"n": -1}),
+        (None, {"n": 1}),
+    ]
+    assert [_text(d) for d in backend.definitions(["e-1", "nope", "e-2"])] == [json.dumps({"n": -1}), None, "{}"]
+    assert backend.definitions([]) == []
+    chunks = list(backend.scan_definitions(3))
+    assert sum(len(c) for c in chunks) >= 7
+    assert {k: _text(v) for c in chunks for k, v in c.items()} == {
+        k: _text(v) for k, v in backend.entry_definitions().items()
+    }
+    lease = backend.make_lease()
+    assert lease.acquire(0.0) is not None
+    names = [f"s-{i}" for i in range(5)]
+    assert backend.write_plan(lease.token, dict.fromkeys(names, "{}"), dict.fromkeys(names[:3], 1.0) | {
+        n: 2.0 for n in names[3:]}, [], [])  # fmt: skip
+    assert backend.write_plan(lease.token, {}, {}, [], names[3:])  # planned, out of the due set
+    assert {n for page in backend.scan_planned(2) for n in page} == set(names)
+    assert backend.due_count() == 3
+    backend.mark_applied(lease.token, "9 fp")
+    meta = backend.snapshot_meta()
+    assert (meta.version, meta.definitions, meta.marker) == (9, {}, "9 fp")
+    backend.set_pause_expiries({"e-1": 5.0, "e-2": 6.0}, [])
+    backend.set_pause_expiries({"e-3": 7.0}, ["e-1"])
+    assert backend.pause_expiries() == {"e-2": 6.0, "e-3": 7.0}
+    backend.set_pause_expiries({"e-4": 8.0}, [], replace=True)
+    assert backend.pause_expiries() == {"e-4": 8.0}
+
+
+def test_postgres_definition_count_follows_saves_deletes_and_a_delete_by_hand(make_app: Any, postgres_url: str) -> None:
+    """A takeover and the operator views read the definitions' count from ``safe_time_beat_entry_counts``
+    (kept by triggers), not by counting: it must match the table after every kind of write."""
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
+
+    backend = beat_backend(get_config(make_app(**coordination_settings(postgres_url))))
+    assert isinstance(backend, PostgresBeatBackend)
+
+    def count() -> int:
+        with backend.autocommit() as conn:
+            counted = conn.execute(
+                sa.text("SELECT count(*) FROM safe_time_beat_entries WHERE ns = :ns"), {"ns": backend.ns}
+            ).scalar_one()
+        assert backend.definition_count() == backend.entry_counts(0.0).definitions == counted
+        return int(counted)
+
+    backend.ensure_tables()
+    assert count() == 0
+    backend.entry_save_many([(f"n-{i}", "{}") for i in range(5)] + [("n-0", "[]")])
+    assert count() == 5
+    backend.entry_save("n-9", "{}")
+    backend.entry_save("n-9", "[]")  # an update: no new row
+    assert count() == 6
+    assert backend.entry_delete("n-1")
+    assert count() == 5
+    with backend.engine().begin() as conn:
+        conn.execute(sa.text("DELETE FROM safe_time_beat_entries WHERE ns = :ns AND name = 'n-2'"), {"ns": backend.ns})
+    assert count() == 4

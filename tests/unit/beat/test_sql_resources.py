@@ -6,7 +6,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from celery_safe_time.beat.backends import postgres
+from celery_safe_time.beat.backends import postgres, postgres_reads
 from celery_safe_time.sql.named import named_statements
 
 
@@ -33,7 +33,7 @@ def test_a_named_statement_keeps_its_indented_comments_and_drops_the_files() -> 
 
 def test_every_query_the_backend_runs_is_named_in_queries_sql_and_every_named_one_is_run() -> None:
     queries = named_statements("celery_safe_time.beat", "sql/queries.sql")
-    source = Path(postgres.__file__).read_text(encoding="utf-8")
+    source = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (postgres, postgres_reads))
     used = set(re.findall(r'_QUERIES\["(\w+)"\]', source))
     assert used == set(queries)
     assert all(sql and not sql.endswith(";") for sql in queries.values())

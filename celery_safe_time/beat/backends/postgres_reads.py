@@ -1,0 +1,165 @@
+"""The PostgreSQL beat backend's SQL, its connections and its reads that never read every entry.
+
+:class:`PostgresReads` is the base of :class:`~.postgres.PostgresBeatBackend`: the tables
+(``beat/sql/schema.sql``), every statement (``beat/sql/queries.sql``), the pooled engine, and what a
+leader with many runtime entries reads instead of loading them all (``reads_due_only``): the
+definitions of the names it asks for, the definitions and the planned names a chunk at a time (keyset
+pages of the primary keys), the change counter and marker without the definitions, and the pause
+expiries (``safe_time_beat_pause_expiry``); with them the operator views' pages and counts, each on
+an index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+
+from ... import constants as C
+from ...config import SafeTimeConfig
+from ...coordination import coordination_engine
+from ...sql.named import named_statements
+from .base import BeatBackend, EntryCounts, Snapshot
+
+#: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.
+DDL = tuple(named_statements("celery_safe_time.beat", "sql/schema.sql").values())
+
+#: Every statement the backend runs (``beat/sql/queries.sql``), by name.
+QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
+_QUERIES = QUERIES
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The first string after every string starting with ``prefix`` in code point order (its last
+    character the next one), None when there is none (every character the last code point)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if 0xD800 <= code <= 0xDFFF:  # surrogates are no characters UTF-8 can store: step over them
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return "".join(chars[:-1]) + chr(code)
+        chars.pop()
+    return None
+
+
+class PostgresReads(BeatBackend):
+    """The connections, the tables and the index reads of :class:`~.postgres.PostgresBeatBackend`."""
+
+    def __init__(self, config: SafeTimeConfig) -> None:
+        super().__init__(config)
+        #: every row of this app carries its key prefix: apps sharing a database stay apart
+        self.ns = config.key_prefix
+        self._tables_ready = False
+
+    def engine(self) -> sa.Engine:
+        return coordination_engine(self.config)
+
+    def autocommit(self) -> Any:
+        """A pooled connection where each statement commits by itself (one round trip, no BEGIN)."""
+        return self.engine().connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def ensure_tables(self) -> None:
+        """Create the beat tables if missing (once per process; every statement is IF NOT EXISTS)."""
+        if self._tables_ready:
+            return
+        with self.engine().begin() as conn:
+            conn.execute(_QUERIES["schema_lock"], {"key": C.BEAT_SCHEMA_LOCK_KEY})
+            for statement in DDL:
+                conn.execute(sa.text(statement))
+        self._tables_ready = True
+
+    def _p(self, **extra: Any) -> dict[str, Any]:
+        return {"ns": self.ns, **extra}
+
+    # --- reading what is due (a leader with many runtime entries) ---------------------------------
+    reads_due_only = True
+
+    def change_count(self) -> int:
+        with self.autocommit() as conn:
+            return int(conn.execute(_QUERIES["change_count"], self._p()).scalar_one())
+
+    def definitions(self, names: list[str]) -> list[Any]:
+        if not names:
+            return []
+        with self.autocommit() as conn:
+            found = dict(conn.execute(_QUERIES["read_changed_definitions"], self._p(names=list(names))).all())
+        return [found.get(name) for name in names]
+
+    def _pages(self, query: sa.TextClause, chunk: int) -> Iterator[list[Any]]:
+        """The rows of ``query`` (a keyset page: names after ``:after``, in order, ``:limit`` of them),
+        page after page; each page a statement of its own, so nothing is held between two."""
+        after = ""
+        while True:
+            with self.autocommit() as conn:
+                rows = conn.execute(query, self._p(after=after, limit=max(1, chunk))).all()
+            if rows:
+                yield rows
+            if len(rows) < max(1, chunk):
+                return
+            after = rows[-1][0]
+
+    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+        for rows in self._pages(_QUERIES["scan_definitions"], chunk):
+            yield {name: raw for name, raw in rows}
+
+    def scan_planned(self, chunk: int) -> Iterator[list[str]]:
+        for rows in self._pages(_QUERIES["scan_planned"], chunk):
+            yield [row[0] for row in rows]
+
+    def snapshot_meta(self) -> Snapshot:
+        # the counter, the marker and the run-now requests of one moment
+        with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).first()
+            requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
+        return Snapshot(
+            version=int(meta[0]) if meta else 0,
+            definitions={},
+            requests={name: slot_ms for name, slot_ms in requests},
+            marker=meta[1] if meta else None,
+        )
+
+    def pause_expiries(self) -> dict[str, float]:
+        with self.autocommit() as conn:
+            return {name: float(at) for name, at in conn.execute(_QUERIES["pause_expiries"], self._p())}
+
+    def set_pause_expiries(self, add: dict[str, float], remove: list[str], *, replace: bool = False) -> None:
+        if not (add or remove or replace):
+            return
+        names = list(add)
+        with self.engine().begin() as conn:
+            if replace or remove:
+                conn.execute(_QUERIES["pause_expiries_drop"], self._p(every=replace, names=list(remove)))
+            if names:
+                conn.execute(_QUERIES["pause_expiries_add"], self._p(names=names, ats=[add[n] for n in names]))
+
+    # --- operator views ---------------------------------------------------------------
+    def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
+        if limit <= 0:
+            return []
+        self.ensure_tables()
+        # COLLATE "C" (the index safe_time_beat_entries_by_name): code point order, as Redis and Python
+        # order names, whatever the database's collation; a prefix is a range of that index.
+        high = prefix_end(prefix) if prefix else None
+        if prefix and high is not None:
+            query, params = (
+                _QUERIES["entry_page_prefix"],
+                self._p(after=after or "", low=prefix, high=high, limit=limit),
+            )
+        else:
+            query, params = _QUERIES["entry_page"], self._p(after=max(after or "", prefix or ""), limit=limit)
+        with self.autocommit() as conn:
+            rows = conn.execute(query, params).all()
+        return [(name, raw) for name, raw in rows if not prefix or name.startswith(prefix)]
+
+    def entry_counts(self, soon: float) -> EntryCounts:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            definitions, scheduled, due_soon = conn.execute(_QUERIES["entry_counts"], self._p(soon=soon)).one()
+        return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
+
+    def definition_count(self) -> int:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            return int(conn.execute(_QUERIES["definition_count"], self._p()).scalar_one())

@@ -34,6 +34,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.common import print_report
 from celery_safe_time.redis_client import as_text, load_script
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess
@@ -821,10 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["runtime", "timed", "failover"], default=None)
     args = parser.parse_args(argv)
     results = run(args.quick, args.only)
-    print(markdown(results))
-    print()
-    print(json.dumps(results, indent=2))
-    return 0
+    return print_report(markdown(results), results)
 
 
 if __name__ == "__main__":

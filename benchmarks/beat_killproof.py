@@ -30,6 +30,7 @@ same entries) and ``--ticks 10000,1000000`` (leaders of each size ticked in turn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -37,12 +38,14 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from benchmarks.common import print_report
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess
 
@@ -594,6 +597,18 @@ def interleaved_ticks(redis_url: str, sizes: list[int], tmp: Path) -> dict[str, 
     return out
 
 
+@contextlib.contextmanager
+def claimed_db() -> Iterator[tuple[str, Path]]:
+    """A Redis db of its own and a scratch folder for one run; the db is emptied after."""
+    claim = services.RedisDbClaim(services.resolve_redis_base())
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield claim.url, Path(tmp)
+    finally:
+        redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
+        claim.release()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="Entry counts, comma-separated.")
@@ -606,24 +621,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ticks", default=None, help="Only the steady tick of these sizes, ticked in turn.")
     args = parser.parse_args(argv)
     if args.ticks:
-        claim = services.RedisDbClaim(services.resolve_redis_base())
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                sizes = [int(x) for x in args.ticks.split(",")]
-                print(json.dumps({"interleaved ticks": interleaved_ticks(claim.url, sizes, Path(tmp))}, indent=2))
-        finally:
-            redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
-            claim.release()
+        with claimed_db() as (url, tmp):
+            sizes = [int(x) for x in args.ticks.split(",")]
+            print(json.dumps({"interleaved ticks": interleaved_ticks(url, sizes, tmp)}, indent=2))
         return 0
     if args.redbeat:
-        claim = services.RedisDbClaim(services.resolve_redis_base())
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                for n in (int(x) for x in args.redbeat.split(",")):
-                    print(json.dumps({"redbeat beside": redbeat_beside(claim.url, n, Path(tmp))}, indent=2), flush=True)
-        finally:
-            redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
-            claim.release()
+        with claimed_db() as (url, tmp):
+            for n in (int(x) for x in args.redbeat.split(",")):
+                print(json.dumps({"redbeat beside": redbeat_beside(url, n, tmp)}, indent=2), flush=True)
         return 0
     if args.steady_state_memory:
         claim = services.RedisDbClaim(services.resolve_redis_base())
@@ -635,10 +640,7 @@ def main(argv: list[str] | None = None) -> int:
             claim.release()
         return 0
     results = run([int(s) for s in args.sizes.split(",")])
-    print(markdown(results))
-    print()
-    print(json.dumps(results, indent=2))
-    return 0
+    return print_report(markdown(results), results)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.common import print_report
 from tests.helpers import services
 
 SIZES = (10_000, 100_000)
@@ -640,10 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--burst-modes: unknown {', '.join(sorted(unknown))} (use {', '.join(BURST_MODES)})")
     results = run_postgres(args.quick, sizes) if args.postgres else run(args.quick, sizes, bursts, modes)
-    print(markdown(results))
-    print()
-    print(json.dumps(results, indent=2))
-    return 0
+    return print_report(markdown(results), results)
 
 
 if __name__ == "__main__":

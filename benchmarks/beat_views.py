@@ -16,7 +16,6 @@ in their tenant's timezone, 10 every second; every 50th paused):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import redis
 
 from benchmarks.beat_scale import _app, _specs
+from benchmarks.common import print_report
 from tests.helpers import services
 
 SIZES = (100_000, 1_000_000)
@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     backends = args.backends.split(",") if args.backends else None
     results = run(args.quick, sizes, backends, args.baseline_max)
-    print(markdown(results))
-    print()
-    print(json.dumps(results, indent=2))
-    return 0
+    return print_report(markdown(results), results)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import shutil
@@ -120,3 +121,12 @@ class PrivateRedis:
         self.proc.terminate()
         self.proc.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def print_report(table: str, results: Any) -> int:
+    """A benchmark's output: its markdown table (what ``benchmarks.run`` collects), a blank line, then
+    the whole results as JSON. Returns the exit status."""
+    print(table)
+    print()
+    print(json.dumps(results, indent=2))
+    return 0

@@ -216,7 +216,9 @@ def _redbeat(redis_url: str, busy: int, lock: bool, prefix: str) -> Any:
         redbeat_key_prefix=prefix,
         redbeat_lock_key=lock_key,
     )
-    red = RedBeatScheduler(app=app, max_interval=1, lock_key=lock_key)
+    # the lock outlives any gap between two ticks here (its default, 5 x max_interval = 5 s, expired
+    # once in CI while a loaded machine built the first schedule): the extend per tick is what is measured
+    red = RedBeatScheduler(app=app, max_interval=1, lock_key=lock_key, lock_timeout=300)
     if lock:
         rc = get_redis(app)
         held = rc.lock(red.lock_key, timeout=red.lock_timeout, sleep=red.max_interval)

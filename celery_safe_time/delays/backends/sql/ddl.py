@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -27,12 +28,12 @@ class StoreSchema:
     _schema_ready: bool
     _schema_lock: threading.Lock
 
-    def _fail(self, exc: Exception) -> StoreError:
-        return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
+    if TYPE_CHECKING:  # SQLStore's, which follows this mixin in SQLAlchemyStore's bases
 
-    @property
-    def _is_mysql(self) -> bool:
-        return self.dialect in C.MYSQL_DIALECTS
+        @property
+        def _is_mysql(self) -> bool: ...
+
+        def _fail(self, exc: Exception) -> StoreError: ...
 
     def ensure_schema(self) -> None:
         """Create the table and its indexes if they are missing (once per process)."""

@@ -78,12 +78,18 @@ class DjangoStore(SQLStore):
     def __init__(self, using: str = "default") -> None:
         self.using = using
         self.url = C.DJANGO_STORE
-        connection = connections[using]
-        module = connection.Database.__name__.partition(".")[0]
+
+    @functools.cached_property
+    def engine(self) -> Engine:  # type: ignore[override]
+        """The engine for Django's driver, found at first use (Django is set up by then)."""
+        module = connections[self.using].Database.__name__.partition(".")[0]
         if module not in _DIALECTS:
-            raise StoreError(f"django store ({using}): no SQL dialect for Django's database driver {module!r}")
-        self.engine = _engine(using, _DIALECTS[module])
-        self.dialect = self.engine.dialect.name
+            raise StoreError(f"django store ({self.using}): no SQL dialect for Django's database driver {module!r}")
+        return _engine(self.using, _DIALECTS[module])
+
+    @functools.cached_property
+    def dialect(self) -> str:  # type: ignore[override]
+        return self.engine.dialect.name
 
     def _fail(self, exc: Exception) -> StoreError:
         return StoreError(f"django store ({self.using}): {exc.__class__.__name__}: {exc}")

@@ -28,6 +28,7 @@ _DIALECTS = {
     "psycopg2": "postgresql+psycopg2://",
     "sqlite3": "sqlite+pysqlite://",
     "MySQLdb": "mysql+mysqldb://",
+    "pymysql": "mysql+pymysql://",  # installed as MySQLdb
 }
 
 

@@ -1,10 +1,11 @@
 """The SQL store (SQLAlchemy Core): PostgreSQL, SQLite and MySQL/MariaDB.
 
-Modules: :mod:`.clock` (the database's clock), :mod:`.schema` (the table), :mod:`.ddl` (creating and
-upgrading it), :mod:`.statements` (conditions and conditional writes), :mod:`.postgres` (the
-PostgreSQL fast path of the delivery record), :mod:`.store` (:class:`SQLAlchemyStore`); engines,
-drivers and deadlines are the package's SQL toolkit (:mod:`celery_safe_time.sql`). Raw SQL lives in
-``queries.sql`` and ``schema.sql`` beside them, read by :func:`~celery_safe_time.delays.backends.base.query`.
+Modules: :mod:`.schema` (the table), :mod:`.ddl` (creating and upgrading it), :mod:`.statements`
+(conditions and conditional writes), :mod:`.postgres` (the PostgreSQL fast path of the delivery record),
+:mod:`.store` (:class:`~.store.SQLStore`, the store's logic, which the Django store runs on Django's
+connection, and :class:`SQLAlchemyStore` on an engine of its own); engines, drivers and deadlines are the
+package's SQL toolkit (:mod:`celery_safe_time.sql`). Raw SQL lives in ``queries.sql`` and ``schema.sql``
+beside them, read by :func:`~celery_safe_time.delays.backends.base.query`.
 
 Importing this package loads neither SQLAlchemy nor a driver: the names below load on first access.
 """
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ....sql.engine import create_engine, deadline_args, load_driver, normalize_url
-    from .clock import database_now
     from .schema import UTCDateTime, delays, metadata
     from .store import SQLAlchemyStore
 
@@ -24,7 +24,6 @@ __all__ = [
     "SQLAlchemyStore",
     "UTCDateTime",
     "create_engine",
-    "database_now",
     "deadline_args",
     "delays",
     "load_driver",
@@ -37,7 +36,6 @@ _LAZY = {
     "UTCDateTime": ".schema",
     "delays": ".schema",
     "metadata": ".schema",
-    "database_now": ".clock",
     "create_engine": "....sql.engine",
     "deadline_args": "....sql.engine",
     "load_driver": "....sql.engine",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -27,12 +28,12 @@ class StoreSchema:
     _schema_ready: bool
     _schema_lock: threading.Lock
 
-    def _fail(self, exc: Exception) -> StoreError:
-        return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
+    if TYPE_CHECKING:  # SQLStore's, which follows this mixin in SQLAlchemyStore's bases
 
-    @property
-    def _is_mysql(self) -> bool:
-        return self.dialect in C.MYSQL_DIALECTS
+        @property
+        def _is_mysql(self) -> bool: ...
+
+        def _fail(self, exc: Exception) -> StoreError: ...
 
     def ensure_schema(self) -> None:
         """Create the table and its indexes if they are missing (once per process)."""
@@ -54,7 +55,7 @@ class StoreSchema:
             except sa.exc.OperationalError as exc:
                 # SQLite (or MySQL without its schema lock): another process created it between
                 # the check and the CREATE.
-                if not self._has_table():
+                if not self._names("columns"):  # no such table
                     raise self._fail(exc) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise self._fail(exc) from exc
@@ -67,10 +68,8 @@ class StoreSchema:
         """Add the delivery record's and the namespace's columns, and the later indexes, to a table that
         lacks them. Existing rows get namespace "" (legacy): every app's sweep claims them."""
         try:
-            inspector = sa.inspect(self.engine)
-            names = {col["name"] for col in inspector.get_columns(C.DELAY_TABLE)}
+            names, indexes = self._names("columns"), self._names("indexes")
             missing = [col for col in added_columns() if col.name not in names]
-            indexes = {index["name"] for index in inspector.get_indexes(C.DELAY_TABLE)}
             if not missing and all(name in indexes for name in LATER_INDEXES):
                 return
             with self.engine.begin() as conn:
@@ -92,23 +91,22 @@ class StoreSchema:
                 ", ".join(name for name in LATER_INDEXES if name not in indexes) or "none",
             )
         except sa.exc.SQLAlchemyError as exc:
-            if self._has_columns() and self._has_indexes():
+            if self._is_upgraded():
                 return  # another process upgraded it meanwhile
             raise self._fail(exc) from exc
 
-    def _has_columns(self) -> bool:
+    def _names(self, kind: str) -> set[str]:
+        """The table's column (``kind`` "columns") or index names; empty when they cannot be read."""
         try:
-            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
+            inspector = sa.inspect(self.engine)
+            found = inspector.get_columns(C.DELAY_TABLE) if kind == "columns" else inspector.get_indexes(C.DELAY_TABLE)
         except sa.exc.SQLAlchemyError:
-            return False
-        return all(col.name in names for col in added_columns())
+            return set()
+        return {str(item["name"]) for item in found}
 
-    def _has_indexes(self) -> bool:
-        try:
-            names = {index["name"] for index in sa.inspect(self.engine).get_indexes(C.DELAY_TABLE)}
-        except sa.exc.SQLAlchemyError:
-            return False
-        return all(name in names for name in LATER_INDEXES)
+    def _is_upgraded(self) -> bool:
+        columns, indexes = self._names("columns"), self._names("indexes")
+        return all(col.name in columns for col in added_columns()) and all(name in indexes for name in LATER_INDEXES)
 
     def upgrade_schema(self) -> None:
         """Bring a table that lacks columns or indexes up to date now (``celery safe-time delays upgrade-schema``).
@@ -122,21 +120,11 @@ class StoreSchema:
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations): its
         idempotency key would be unique across all rows and its times whole seconds."""
-        try:
-            names = {col["name"] for col in sa.inspect(self.engine).get_columns(C.DELAY_TABLE)}
-        except sa.exc.SQLAlchemyError as exc:
-            raise self._fail(exc) from exc
-        if C.DELAY_PENDING_KEY_COLUMN not in names:
+        if C.DELAY_PENDING_KEY_COLUMN not in self._names("columns"):
             raise StoreError(
                 f"store {mask_url(self.url)}: table {C.DELAY_TABLE} has no {C.DELAY_PENDING_KEY_COLUMN} column; "
                 "it was not created by this store version: move its rows elsewhere and drop it to have it recreated"
             )
-
-    def _has_table(self) -> bool:
-        try:
-            return bool(sa.inspect(self.engine).has_table(C.DELAY_TABLE))
-        except sa.exc.SQLAlchemyError:
-            return False
 
     def drop_schema(self) -> None:
         """Drop the table (tests and benchmarks)."""

@@ -46,6 +46,9 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
     def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
         if dialect.name in C.MYSQL_DIALECTS:
             return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        if getattr(dialect, "native_datetime", False):
+            # SQLite through Django's connection (the Django store), which converts datetimes itself.
+            return dialect.type_descriptor(sa.TIMESTAMP())
         return super().load_dialect_impl(dialect)
 
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:

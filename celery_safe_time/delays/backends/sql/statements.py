@@ -119,10 +119,6 @@ def heartbeat_update(task_id: Any, token: Any, run_id: Any, now: Now) -> sa.Upda
     return sa.update(delays).where(_running(task_id, token, run_id)).values(heartbeat_at=now)
 
 
-def prepared_heartbeat() -> sa.Update:
-    return heartbeat_update(bind("task_id"), bind("token"), bind("run_id"), sa.func.clock_timestamp())
-
-
 def finish_update(task_id: Any, token: Any, run_id: Any, now: Now, outcome: Any, last_error: Any) -> sa.Update:
     """The end of the run ``run_id``; ``last_error`` None keeps the column as it is."""
     values: dict[str, Any] = {"status": C.STATUS_FINISHED, "outcome": outcome, "finished_at": now, "updated_at": now}
@@ -135,7 +131,3 @@ def hand_back_update(task_id: Any, token: Any, run_id: Any, now: Now) -> sa.Upda
     """The run ``run_id`` gave its message back to the broker: startable again by that message."""
     values = {"status": C.STATUS_SENT, "sent_at": now, "suspected_at": None, "updated_at": now}
     return sa.update(delays).where(_running(task_id, token, run_id)).values(**values)
-
-
-def prepared_hand_back() -> sa.Update:
-    return hand_back_update(bind("task_id"), bind("token"), bind("run_id"), sa.func.clock_timestamp())

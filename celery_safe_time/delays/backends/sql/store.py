@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import threading
@@ -16,24 +17,11 @@ from sqlalchemy.engine import Connection, Engine
 
 from .... import constants as C
 from ....clock import as_utc
+from ....config import mask_url
 from ....exceptions import StoreError
 from ....sql.engine import create_engine
-from ..base import (
-    DelayRow,
-    DelayStore,
-    InsertResult,
-    NewDelay,
-    StartResult,
-    debounced_values,
-    early_by,
-    empty_counts,
-    new_delivery_token,
-    refused,
-    rerun_values,
-    start_verdict,
-    truncate_error,
-)
-from .clock import database_now, now_sql
+from .. import base
+from ..base import DelayRow, DelayStore, InsertResult, NewDelay, StartResult
 from .ddl import StoreSchema
 from .postgres import RecordWrites
 from .schema import (
@@ -51,8 +39,6 @@ from .statements import (
     heartbeat_update,
     looked_away,
     older,
-    prepared_hand_back,
-    prepared_heartbeat,
     stale_heartbeat,
     start_update,
     suspect,
@@ -61,61 +47,44 @@ from .statements import (
 logger = logging.getLogger(__name__)
 
 
-class SQLAlchemyStore(StoreSchema, DelayStore):
-    """Delayed tasks in a SQL table, claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it.
+class SQLStore(DelayStore):
+    """The store as SQLAlchemy Core statements on the delay table, over the connections a subclass lends
+    (:meth:`_begin`): :class:`SQLAlchemyStore`'s own engine, or Django's (the contrib app's store).
 
-    The table is created on first use (``CREATE TABLE``/``CREATE INDEX`` if missing); Django
-    projects get the same table from the contrib app's migrations instead.
+    Due rows are claimed with ``FOR UPDATE SKIP LOCKED`` where the database has it. The PostgreSQL fast
+    paths (autocommit statements, :class:`RecordWrites`) run where the store owns its connections.
     """
 
-    def __init__(self, url: str, *, engine: Engine | None = None, timeout: float | None = None) -> None:
-        self.url = url
-        self.engine = engine if engine is not None else create_engine(url, timeout=timeout)
-        self.dialect = self.engine.dialect.name
-        # A server database's pool is thread-safe: the sweep claims its next batch in a thread. Not
-        # SQLite's (one writer, and an in-memory database is one per thread's connection).
-        self.claims_in_background = self.dialect != "sqlite"
-        #: Same pool; each checkout in autocommit (reset when it goes back to the pool).
-        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._schema_ready = False
-        self._schema_lock = threading.Lock()
-        #: PostgreSQL: the delivery record's per-task writes, on pools of their own (see RecordWrites).
-        self._record_writes = (
-            RecordWrites(self.engine.url.render_as_string(hide_password=False), timeout)
-            if self.dialect == "postgresql"
-            else None
-        )
-        #: PostgreSQL: autocommit connections with ``synchronous_commit=off`` (an engine opens no
-        #: connection until used).
-        self._unflushed_engine: Engine | None = (
-            self._record_writes.engines[False] if self._record_writes is not None else None
-        )
+    url: str
+    engine: Engine
+    dialect: str
+    #: PostgreSQL, own pool: autocommit checkouts for one-statement writes (None: every write in ``_begin``).
+    _autocommit: Engine | None = None
+    #: PostgreSQL, own pool: the delivery record's per-task writes (see RecordWrites).
+    _record_writes: RecordWrites | None = None
+    #: MySQL/MariaDB: the pending key is the generated column of a table this store made (not Django's).
+    _pending_key_column: bool = False
 
-    # --- plumbing ----------------------------------------------------------------
+    @property
+    def _is_mysql(self) -> bool:
+        return self.dialect in C.MYSQL_DIALECTS
 
-    def now(self) -> datetime:
-        return database_now(self.engine)
+    def _fail(self, exc: Exception) -> StoreError:
+        return StoreError(f"store {mask_url(self.url)}: {exc.__class__.__name__}: {exc}")
+
+    def ensure_schema(self) -> None:
+        """Nothing: the table is made elsewhere (:class:`SQLAlchemyStore` creates it on first use)."""
+
+    @abc.abstractmethod
+    def _begin(self) -> AbstractContextManager[Connection]:
+        """One short transaction; database errors become :class:`StoreError`."""
 
     def ping(self) -> None:
         self.now()
 
-    def close(self) -> None:
-        self.engine.dispose()
-        if self._record_writes is not None:
-            self._record_writes.dispose()
-
-    @contextmanager
-    def _begin(self) -> Iterator[Connection]:
-        """One short transaction; database errors become :class:`StoreError`."""
-        self.ensure_schema()
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except sa.exc.SQLAlchemyError as exc:
-            raise self._fail(exc) from exc
-
     def _db_now(self, conn: Connection) -> datetime:
-        return as_utc(conn.execute(now_sql(self.dialect)).scalar_one())
+        """The database server's clock, read when the statement runs."""
+        return as_utc(conn.execute(sa.text(base.NOW_SQL[self.dialect])).scalar_one())
 
     def _sweep_clock(self) -> AbstractContextManager[tuple[Connection, Any]]:
         """A connection and "now" for the sweep's claim and its mark sent / expired / failed / released.
@@ -140,13 +109,14 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
         """PostgreSQL: an autocommit connection, ``postgres_now`` evaluated by the server inside the
         statement (one conditional UPDATE is atomic on its own). Elsewhere: one short transaction that
         reads the database's clock first, like every other write here."""
-        if self.dialect != "postgresql":
+        autocommit = self._autocommit
+        if autocommit is None:
             with self._begin() as conn:
                 yield conn, self._db_now(conn)
             return
         self.ensure_schema()
         try:
-            with self._autocommit.connect() as conn:
+            with autocommit.connect() as conn:
                 yield conn, postgres_now
         except sa.exc.SQLAlchemyError as exc:
             raise self._fail(exc) from exc
@@ -211,7 +181,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
         return InsertResult(delay.id, created=True, due_at=values["due_at"])
 
     def debounce(self, delay: NewDelay) -> InsertResult:
-        if self.dialect == "postgresql" and delay.due_at is None:
+        if self._autocommit is not None and delay.due_at is None:
             # Most calls of a burst find their row: one autocommit UPDATE moves it (one round trip).
             moved = self._debounce_in_place(delay)
             if moved is not None:
@@ -254,7 +224,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
                     content_encoding=delay.content_encoding,
                     due_at=capped,
                     expires_at=expires,
-                    delivery_token=new_delivery_token(),
+                    delivery_token=base.new_delivery_token(),
                     updated_at=now,
                 )
                 .returning(t.c.id, t.c.due_at)
@@ -283,7 +253,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
             ).first()
         if found is not None:
             until = None if found.debounce_until is None else as_utc(found.debounce_until)
-            values = debounced_values(delay, now, until)
+            values = base.debounced_values(delay, now, until)
             moved = conn.execute(
                 sa.update(t).where(t.c.id == found.id, status_is(C.STATUS_PENDING)).values(**values)
             ).rowcount
@@ -314,18 +284,18 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
                 try:
                     results.append(self._insert_on(conn, delay, careful=True, now=now))
                 except StoreError as exc:
-                    raise refused(index, str(exc)) from exc
+                    raise base.refused(index, str(exc)) from exc
             return results
 
     def _insert_many_fast(self, conn: Connection, batch: Sequence[NewDelay]) -> list[InsertResult]:
         t = delays
         held: dict[str, tuple[str, datetime]] = {}
         keys = sorted({d.idempotency_key for d in batch if d.idempotency_key is not None})
-        key_column = mysql_pending_key if self._is_mysql else t.c.idempotency_key
+        key_column = mysql_pending_key if self._pending_key_column else t.c.idempotency_key
         for start in range(0, len(keys), C.BULK_KEY_LOOKUP):
             chunk = keys[start : start + C.BULK_KEY_LOOKUP]
             query = sa.select(key_column, t.c.id, t.c.due_at).where(key_column.in_(chunk))
-            if not self._is_mysql:
+            if not self._pending_key_column:
                 query = query.where(status_is(C.STATUS_PENDING))
             query = query.where(self._in_scope())
             for key, task_id, due_at in conn.execute(query).all():
@@ -349,7 +319,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
 
     def _pending_key_is(self, key: str) -> sa.ColumnElement[bool]:
         """The pending row holding ``key``, through the dialect's unique index."""
-        if self._is_mysql:
+        if self._pending_key_column:
             return mysql_pending_key == key
         return sa.and_(delays.c.idempotency_key == key, status_is(C.STATUS_PENDING))
 
@@ -378,13 +348,13 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
 
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
         def values(now: datetime) -> dict[str, Any]:
-            token = new_delivery_token()
+            token = base.new_delivery_token()
             return {"due_at": due_at, "status": C.STATUS_PENDING, "claim_token": None, "delivery_token": token}
 
         return self._update_one(task_id, C.DELAY_CANCELLABLE_STATUSES, values)
 
     def rerun(self, task_id: str) -> bool:
-        return self._update_one(task_id, C.DELAY_RERUNNABLE_STATUSES, rerun_values)
+        return self._update_one(task_id, C.DELAY_RERUNNABLE_STATUSES, base.rerun_values)
 
     # --- the delivery record ---------------------------------------------------------
 
@@ -444,51 +414,49 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
         row = None if mapping is None else DelayRow.from_mapping(mapping)
         early = 0.0
         if math.isfinite(leeway) and row is not None and row.status in C.DELAY_STARTABLE_STATUSES:
-            early = early_by(row, now if isinstance(now, datetime) else self._db_now(conn), leeway)
-        return StartResult(start_verdict(row, token, early), row, early)
+            early = base.early_by(row, now if isinstance(now, datetime) else self._db_now(conn), leeway)
+        return StartResult(base.start_verdict(row, token, early), row, early)
+
+    def _write_run(
+        self,
+        name: str,
+        update: Callable[..., sa.Update],
+        task_id: str,
+        token: str,
+        run_id: str,
+        *,
+        durable: bool = True,
+        **values: Any,
+    ) -> bool:
+        """Run ``update`` (a heartbeat or an end of run ``run_id``) with ``values``; a None value leaves its
+        column as it is. PostgreSQL: compiled once, sent on :class:`RecordWrites`' pools."""
+        writes = self._record_writes
+        if writes is None:
+            with self._statement_clock() as (conn, now):
+                return bool(conn.execute(update(task_id, token, run_id, now, **values)).rowcount)
+        given = {key: value for key, value in values.items() if value is not None}
+
+        def build() -> sa.Update:
+            binds = {key: None if value is None else bind(key) for key, value in values.items()}
+            return update(bind("task_id"), bind("token"), bind("run_id"), sa.func.clock_timestamp(), **binds)
+
+        params = {"task_id": task_id, "token": token, "run_id": run_id, **given}
+        return bool(self._record_write(writes, (name, *sorted(given)), build, params, durable=durable))
 
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
-        writes = self._record_writes
-        if writes is not None:
-            # Not flushed: a heartbeat a crash forgets is followed by the next one, lock_ttl / 3 later.
-            params = {"task_id": task_id, "token": token, "run_id": run_id}
-            return bool(self._record_write(writes, ("heartbeat",), prepared_heartbeat, params, durable=False))
-        with self._statement_clock() as (conn, now):
-            return bool(conn.execute(heartbeat_update(task_id, token, run_id, now)).rowcount)
+        # Not flushed: a heartbeat a crash forgets is followed by the next one, lock_ttl / 3 later.
+        return self._write_run("heartbeat", heartbeat_update, task_id, token, run_id, durable=False)
 
     def finish(
         self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
     ) -> bool:
-        last_error = None if error is None else truncate_error(error)
-        writes = self._record_writes
-        if writes is not None:
-            params = {"task_id": task_id, "token": token, "run_id": run_id, "outcome": outcome}
-            if last_error is not None:
-                params["last_error"] = last_error
-
-            def build() -> sa.Update:
-                error_bind = None if last_error is None else bind("last_error")
-                return finish_update(
-                    bind("task_id"),
-                    bind("token"),
-                    bind("run_id"),
-                    sa.func.clock_timestamp(),
-                    bind("outcome"),
-                    error_bind,
-                )
-
-            key = ("finish", last_error is not None)
-            return bool(self._record_write(writes, key, build, params, durable=durable))
-        with self._statement_clock() as (conn, now):
-            return bool(conn.execute(finish_update(task_id, token, run_id, now, outcome, last_error)).rowcount)
+        last_error = None if error is None else base.truncate_error(error)
+        return self._write_run(
+            "finish", finish_update, task_id, token, run_id, outcome=outcome, last_error=last_error, durable=durable
+        )
 
     def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
-        writes = self._record_writes
-        if writes is not None:
-            params = {"task_id": task_id, "token": token, "run_id": run_id}
-            return bool(self._record_write(writes, ("hand_back",), prepared_hand_back, params, durable=True))
-        with self._statement_clock() as (conn, now):
-            return bool(conn.execute(hand_back_update(task_id, token, run_id, now)).rowcount)
+        return self._write_run("hand_back", hand_back_update, task_id, token, run_id)
 
     def requeue_unstarted(self, grace: float) -> int:
         t = delays
@@ -570,15 +538,17 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
 
     # --- the sweep -------------------------------------------------------------------
 
+    def _due(
+        self, column: sa.ColumnElement[Any], horizon: datetime | sa.ColumnElement[Any], limit: int
+    ) -> sa.Select[Any]:
+        """``column`` of the pending rows due by ``horizon``, the first ``limit`` in due order (the claim's index)."""
+        t = delays
+        where = (status_is(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
+        return sa.select(column).where(*where).order_by(t.c.due_at, t.c.id).limit(limit)
+
     def claim_query(self, *, limit: int, horizon: datetime | sa.ColumnElement[Any]) -> sa.Select[Any]:
         """The ``SELECT ... FOR UPDATE SKIP LOCKED`` that picks due rows (also used by EXPLAIN)."""
-        t = delays
-        query = (
-            sa.select(t.c.id)
-            .where(status_is(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
-            .order_by(t.c.due_at, t.c.id)
-            .limit(limit)
-        )
+        query = self._due(delays.c.id, horizon, limit)
         if self.dialect != "sqlite":
             query = query.with_for_update(skip_locked=True)
         return query
@@ -623,15 +593,8 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
         return rows
 
     def pending_ahead(self, horizon: datetime, limit: int) -> tuple[int, datetime | None]:
-        t = delays
         # The claim's index, read up to ``limit`` entries: the count costs no more than that many rows.
-        picked = (
-            sa.select(t.c.due_at)
-            .where(status_is(C.STATUS_PENDING), t.c.due_at <= horizon, self._in_scope())
-            .order_by(t.c.due_at, t.c.id)
-            .limit(limit)
-            .subquery()
-        )
+        picked = self._due(delays.c.due_at, horizon, limit).subquery()
         query = sa.select(sa.func.count(), sa.type_coerce(sa.func.max(picked.c.due_at), UTCDateTime))
         with self._begin() as conn:
             count, last = conn.execute(query).one()
@@ -704,7 +667,7 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
             return [DelayRow.from_mapping(m) for m in conn.execute(query).mappings()]
 
     def counts(self) -> dict[str, int]:
-        counts = empty_counts()
+        counts = base.empty_counts()
         with self._begin() as conn:
             for status, count in conn.execute(
                 sa.select(delays.c.status, sa.func.count()).where(self._in_scope()).group_by(delays.c.status)
@@ -727,6 +690,51 @@ class SQLAlchemyStore(StoreSchema, DelayStore):
             value = conn.execute(query).scalar()
         # min() loses the column type on some dialects: normalise here.
         return None if value is None else as_utc(value)
+
+
+class SQLAlchemyStore(StoreSchema, SQLStore):
+    """Delayed tasks in a SQL table on an engine of its own (PostgreSQL, SQLite, MySQL/MariaDB).
+
+    The table is created on first use (``CREATE TABLE``/``CREATE INDEX`` if missing); Django
+    projects get the same table from the contrib app's migrations instead.
+    """
+
+    def __init__(self, url: str, *, engine: Engine | None = None, timeout: float | None = None) -> None:
+        self.url = url
+        self.engine = engine if engine is not None else create_engine(url, timeout=timeout)
+        self.dialect = self.engine.dialect.name
+        self._pending_key_column = self._is_mysql
+        # A server database's pool is thread-safe: the sweep claims its next batch in a thread. Not
+        # SQLite's (one writer, and an in-memory database is one per thread's connection).
+        self.claims_in_background = self.dialect != "sqlite"
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        if self.dialect == "postgresql":
+            #: Same pool; each checkout in autocommit (reset when it goes back to the pool).
+            self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._record_writes = RecordWrites(self.engine.url.render_as_string(hide_password=False), timeout)
+
+    def now(self) -> datetime:
+        try:
+            with self.engine.connect() as conn:
+                # SQLStore's clock, not a subclass's: the testing kit's moves its own on from this one.
+                return SQLStore._db_now(self, conn)
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreError(f"store {mask_url(self.url)} unreachable: {exc.__class__.__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self._record_writes is not None:
+            self._record_writes.dispose()
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        self.ensure_schema()
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._fail(exc) from exc
 
 
 def _retryable(error: BaseException | None) -> bool:

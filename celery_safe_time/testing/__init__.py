@@ -45,10 +45,11 @@ from celery import Celery
 
 from ..locks.backends.memory import MemoryLockBackend
 from .kit import NO_REDIS_URL as NO_REDIS_URL
-from .kit import LimitedCall, RunResult, SafeTimeTesting, StoredDelay, safe_time_testing
-from .kit import TestStoreKind as TestStoreKind
-from .schedules import next_fires
-from .shortcuts import (
+from .kit import (
+    LimitedCall,
+    RunResult,
+    SafeTimeTesting,
+    StoredDelay,
     assert_idempotent_done,
     assert_lock_free,
     assert_lock_held,
@@ -59,8 +60,11 @@ from .shortcuts import (
     assert_unique_held,
     deliver,
     run_due,
+    safe_time_testing,
     stored_delays,
 )
+from .kit import TestStoreKind as TestStoreKind
+from .schedules import next_fires
 from .stores import TestSQLiteStore, TestStore
 
 __all__ = [

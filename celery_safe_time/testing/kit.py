@@ -288,7 +288,7 @@ class SafeTimeTesting:
         self.store.mark_sent([row.id], token)
         if publish:
             return self._publish_and_wait(row, call, options, headers, timeout)
-        return self._execute(task, row, call, options, headers, propagate)
+        return self._trace(task, row.id, call.args, call.kwargs, options, headers, propagate, row.due_at)
 
     def deliver(
         self,
@@ -314,17 +314,6 @@ class SafeTimeTesting:
         task_id = task_id or uuid.uuid4().hex
         with self.store.held() as now:
             return self._trace(found, task_id, tuple(args or ()), dict(kwargs or {}), {}, {}, propagate, now)
-
-    def _execute(
-        self,
-        task: Task,
-        row: DelayRow,
-        call: StoredDelay,
-        options: dict[str, Any],
-        headers: dict[str, Any],
-        propagate: bool,
-    ) -> RunResult:
-        return self._trace(task, row.id, call.args, call.kwargs, options, headers, propagate, row.due_at)
 
     def _trace(
         self,

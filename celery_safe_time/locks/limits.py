@@ -48,6 +48,9 @@ from .watchdog import renewal_ttl
 
 logger = logging.getLogger(__name__)
 
+#: At most this many waits in the worker (``C.RATE_LEAD`` each) per delivery before it is re-queued again.
+RATE_LEAD_TRIES = 3
+
 __all__ = ["concurrency_limit", "rate_limit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -89,7 +92,7 @@ class RateLimiter:
         token = (_header(call.request, C.HEADER_RATE_TOKEN) if call.in_worker else None) or new_token()
         try:
             taken = store.rate_take(key, token, rate, reserve=call.in_worker)
-            for _ in range(C.RATE_LEAD_TRIES):
+            for _ in range(RATE_LEAD_TRIES):
                 if taken.admitted or not call.in_worker or taken.wait > 2 * C.RATE_LEAD:
                     break
                 # Back a little ahead of its reservation (see RATE_LEAD), or a call ahead started a

@@ -41,6 +41,15 @@ from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
 
+#: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
+LOCK_ORIGIN_MAX_TOKENS = 8
+#: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a
+#: visibility timeout (RabbitMQ) redeliver at once on a lost connection, or after their consumer
+#: timeout (30 min by default), and a requeued message may wait behind a backlog.
+LOCK_DONE_TTL = 3600.0
+#: ...and at least the broker's visibility_timeout plus this, after which Redis/SQS redeliver.
+LOCK_DONE_TTL_MARGIN = 60.0
+
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -219,7 +228,7 @@ def origin_header(request: Any) -> dict[str, Any]:
     return {
         "identity": delivery_identity(request),
         "retries": _retries(request),
-        "tokens": [list(pair) for pair in tokens[-C.LOCK_ORIGIN_MAX_TOKENS :]],
+        "tokens": [list(pair) for pair in tokens[-LOCK_ORIGIN_MAX_TOKENS:]],
     }
 
 
@@ -258,12 +267,12 @@ def admission_of(request: Any) -> str | None:
 
 def done_ttl(config: SafeTimeConfig) -> float:
     """How long a finished delivery is remembered: longer than the broker can take to redeliver it."""
-    ttl = C.LOCK_DONE_TTL
+    ttl = LOCK_DONE_TTL
     if config.visibility_timeout is not None:
-        ttl = max(ttl, config.visibility_timeout + C.LOCK_DONE_TTL_MARGIN)
+        ttl = max(ttl, config.visibility_timeout + LOCK_DONE_TTL_MARGIN)
     if config.broker_consumer_timeout is not None:
         # RabbitMQ redelivers a message whose consumer timed out: keep the marker past that too.
-        ttl = max(ttl, config.broker_consumer_timeout + C.LOCK_DONE_TTL_MARGIN)
+        ttl = max(ttl, config.broker_consumer_timeout + LOCK_DONE_TTL_MARGIN)
     return ttl
 
 

@@ -25,7 +25,6 @@ from .. import signals
 from ..exceptions import RateLimited
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
-from .hard_limit import hard_deadline
 from .keys import KeyBuilder, KeySpec
 from .overlap import overlap_lock
 from .rates import Rate, parse_rate
@@ -41,10 +40,8 @@ from .runtime import (
     note_orphan,
     requeue,
     resolve_call,
-    run_holding,
     wrap,
 )
-from .watchdog import renewal_ttl
 
 logger = logging.getLogger(__name__)
 
@@ -200,17 +197,7 @@ class SlotLock(TaskLock):
         key = self.lock_key_for(args, kwargs, bound=bound)
         return tuple(slot_key(key, slot) for slot in range(self.limit_for(args, kwargs, bound=bound)))
 
-    def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = resolve_call(args, kwargs)
-        key = self.lock_key_for(call.args, call.kwargs, bound=call.bound)
-        taken = self.take_slot(call, key, self.limit_for(call.args, call.kwargs, bound=call.bound))
-        if taken is None:
-            return None
-        held, deadline = taken
-        logger.debug("task %s holds slot %r (fence %s)", held.task_id, held.key, held.fence)
-        return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
-
-    def take_slot(self, call: Call, key: str, limit: int) -> tuple[HeldLock, float | None] | None:
+    def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
         """The first free slot of ``key`` for ``call`` (and the hard deadline), or None when the body
         must not run (the policy has handled a full key, a duplicate or the backend being down).
 
@@ -221,12 +208,9 @@ class SlotLock(TaskLock):
         delivery holds, whichever it is: one whose original still runs is a duplicate there, never
         admitted to a free slot beside it.
         """
-        ttl = self.policy.lock_ttl(call)
+        ttl, first_ttl, deadline, store = self.lease(call)
         owner = call.owner()
-        now = time.monotonic()
-        deadline = hard_deadline(call, now)
-        store = get_lock_backend(call.app)
-        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
+        limit = self.limit_for(call.args, call.kwargs, bound=call.bound)
         home = zlib.crc32(owner.identity.encode()) % limit
         order = [(home + step) % limit for step in range(limit)]
         holder: Holder | None = None

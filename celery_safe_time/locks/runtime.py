@@ -638,19 +638,24 @@ class TaskLock:
         if taken is None:
             return None
         held, deadline = taken
-        logger.debug("task %s holds overlap lock %r (fence %s)", held.task_id, key, held.fence)
+        logger.debug("task %s holds lock %r (fence %s)", held.task_id, held.key, held.fence)
         return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
+
+    def lease(self, call: Call) -> tuple[float, float, float | None, LockBackend]:
+        """What an acquire for ``call`` needs: the lease, the first lease (cut short by the task's hard
+        time limit), the hard deadline and the lock backend."""
+        ttl = self.policy.lock_ttl(call)
+        now = time.monotonic()
+        deadline = hard_deadline(call, now)
+        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
+        return ttl, first_ttl, deadline, get_lock_backend(call.app)
 
     def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
         """Acquire ``key`` for ``call``: the held lock and the hard deadline, or None when the body
         must not run (the policy has handled a conflict, a duplicate or the backend being down)."""
-        ttl = self.policy.lock_ttl(call)
+        ttl, first_ttl, deadline, store = self.lease(call)
         owner = call.owner()
-        now = time.monotonic()
-        deadline = hard_deadline(call, now)
         token = new_token()
-        store = get_lock_backend(call.app)
-        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
         earlier = call.earlier_tokens(key)
         try:
             acquired = store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier)

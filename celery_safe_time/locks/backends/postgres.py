@@ -401,10 +401,6 @@ class PostgresLockBackend(LockBackend):
             return None
         return row[0], row[1], row[2], row[3]
 
-    def token_of(self, key: str) -> str | None:
-        record = self.holder_record(key)
-        return record[0] if record is not None else None
-
     def idempotent_done(self, key: str) -> bool:
         name = self.marker_key(key)
         return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None

@@ -153,9 +153,6 @@ class RedisLockBackend(LockBackend):
             args.append(as_ms(done_ttl))
         return keys, args
 
-    def token_of(self, key: str) -> str | None:
-        return as_text(self.client.hget(self.lock_key(key), "token"))
-
     def idempotent_done(self, key: str) -> bool:
         return bool(self.client.exists(self.marker_key(key)))
 

@@ -27,6 +27,9 @@ from .exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
+#: Duration suffixes of ``delays purge --older-than`` (``7d``, ``12h``, ``30m``, ``45s``, ``2w``).
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
 #: The sweep claims a row at most this share of the consumer timeout before it is due, so the worker
 #: holding its ``eta`` message unacked stays far from the timeout (the 2 s look-ahead is the usual cap).
 SWEEP_LOOKAHEAD_CONSUMER_SHARE = 0.1
@@ -786,10 +789,10 @@ def parse_duration(text: str) -> float:
     Raises ``ValueError`` with the accepted forms on anything else, zero and negatives included.
     """
     match = _DURATION.fullmatch(text.strip().lower())
-    if match is None or match["unit"] not in ("", *C.DURATION_UNITS):
-        units = ", ".join(C.DURATION_UNITS)
+    if match is None or match["unit"] not in ("", *DURATION_UNITS):
+        units = ", ".join(DURATION_UNITS)
         raise ValueError(f"{text!r} is not a duration: use seconds (3600) or a number with a unit ({units}), e.g. 7d")
-    seconds = float(match["number"]) * C.DURATION_UNITS.get(match["unit"], 1.0)
+    seconds = float(match["number"]) * DURATION_UNITS.get(match["unit"], 1.0)
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
     return seconds

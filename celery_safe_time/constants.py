@@ -67,9 +67,6 @@ SQS_MAX_DELAY_SECONDS: Final = 900.0
 SQS_MAX_VISIBILITY_TIMEOUT: Final = 43200.0
 #: SQS's message size limit (a queue's default ``MaximumMessageSize``): a larger message is refused at publish.
 SQS_MAX_MESSAGE_BYTES: Final = 262144
-#: What kombu wraps around a task's body on SQS (headers, properties, delivery info), allowed for when
-#: a stored call's message size is checked at the call site.
-SQS_ENVELOPE_BYTES: Final = 2048
 
 MISFIRE_POLICIES: Final = frozenset({"run_once", "skip", "run_all"})
 #: run_all never fires more than this many catch-up slots for one entry.
@@ -102,8 +99,6 @@ PG_LOCK_SCHEMA_VERSION: Final = 5
 PG_LOCK_MODE_LEASE: Final = "lease"
 PG_LOCK_MODE_SESSION: Final = "session"
 PG_LOCK_MODES: Final = (PG_LOCK_MODE_LEASE, PG_LOCK_MODE_SESSION)
-#: One process deletes expired lock, marker and unique rows at most this often (seconds), a batch at a time.
-PG_LOCK_PURGE_INTERVAL: Final = 60.0
 
 #: Store URLs accepted by safe_time_store_url, besides the literal "django".
 STORE_URL_SCHEMES: Final = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb", "memory"})
@@ -392,8 +387,6 @@ PURGE_DEFAULT_STATUSES: Final = frozenset({STATUS_SENT, STATUS_FINISHED, STATUS_
 PURGEABLE_STATUSES: Final = DELAY_FINISHED_STATUSES
 #: Rows deleted per purge transaction (short transactions, short row locks).
 PURGE_BATCH: Final = 1000
-#: Duration suffixes of ``delays purge --older-than`` (``7d``, ``12h``, ``30m``, ``45s``, ``2w``).
-DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 #: Table shared by the SQLAlchemy store and the Django model (one schema, either client).
 DELAY_TABLE: Final = "celery_safe_time_delay"
@@ -479,12 +472,6 @@ LOCK_HARD_LIMIT_MARGIN: Final = 1.0
 #: this share of the lease after it was sent counts as failed and is released: the holder's first
 #: renewal (a third of the lease in) must still land before the lease, dated from the send, ends.
 LEASE_LATE_REPLY_SHARE: Final = 1 / 3
-#: At most this many lock renewals of one process run at once, each on a daemon thread of its own
-#: (started when needed, kept idle after): a renewal that hangs holds up only itself.
-LOCK_RENEWAL_THREADS: Final = 16
-#: After a hard time limit the worker's main process waits up to this long for the child to die
-#: before it releases the child's lock (compare-and-delete on the child's token).
-LOCK_KILLED_CHILD_WAIT: Final = 5.0
 #: Message header counting how often a run was re-queued by a lock conflict or a lock backend outage;
 #: these re-queues do not consume the task's ``max_retries``.
 HEADER_LOCK_REQUEUES: Final = "safe_time_requeues"
@@ -512,8 +499,6 @@ ADMISSION_DUPLICATE: Final = "duplicate"
 #: A gate ended the delivery without its body by its own rule (``on_conflict="skip"``, an ``idempotent``
 #: key already recorded): the delivery is over, but no outer gate records the work as done.
 ADMISSION_SKIPPED: Final = "skipped"
-#: ``locks list`` and the status section scan this many keys per SCAN call.
-LOCK_SCAN_COUNT: Final = 500
 #: The flow-control view (``status``, the admin) looks at most at this many rate-limit keys.
 RATE_SCAN_KEYS: Final = 200
 #: A delay store without a count query of its own reads at most this many pending rows to count the
@@ -537,21 +522,6 @@ HEADER_RATE_KEY: Final = "safe_time_rate_key"
 #: the worker: the broker's delivery delay (tens of ms) would otherwise be added to every place's cycle
 #: (a limit of 20/s would give about 18/s), as the log records a call at its real start.
 RATE_LEAD: Final = 0.15
-#: At most this many such waits in the worker per delivery before it is re-queued again.
-RATE_LEAD_TRIES: Final = 3
-#: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
-LOCK_ORIGIN_MAX_TOKENS: Final = 8
-#: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a
-#: visibility timeout (RabbitMQ) redeliver at once on a lost connection, or after their consumer
-#: timeout (30 min by default), and a requeued message may wait behind a backlog.
-LOCK_DONE_TTL: Final = 3600.0
-#: ...and at least the broker's visibility_timeout plus this, after which Redis/SQS redeliver.
-LOCK_DONE_TTL_MARGIN: Final = 60.0
-#: A body that returned gets its idempotency marker recorded: the commit is retried after each
-#: of these pauses (about 30 s in all) before the failure is reported (log + signal).
-IDEMPOTENT_COMMIT_RETRY_DELAYS: Final = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 8.0, 10.0)
-#: The shortest pause between commit attempts near the end of the in-progress lease.
-IDEMPOTENT_COMMIT_MIN_PAUSE: Final = 0.1
 
 
 # === unique tasks (``SafeTask`` options ``unique=``, ``unique_until=``, ``unique_ttl=``) ==========
@@ -586,8 +556,5 @@ OVERLAP_RUN_KEY: Final = "beat-entry:{entry}:run:{task_id}"
 OVERLAP_LAST_KEY: Final = "beat-entry:{entry}:last"
 #: How long that name is kept (seconds): the next run only needs it while the last one may wait.
 OVERLAP_LAST_TTL: Final = 7 * 86400
-#: How often (seconds, at most) a run waiting for its entry's lease looks again (``buffer_*``,
-#: ``cancel_other``); a third of the lease's ttl when that is shorter.
-OVERLAP_RETRY_AFTER: Final = 1.0
 #: The signal ``cancel_other`` terminates the running run with (``app.control.revoke(terminate=True)``).
 OVERLAP_CANCEL_SIGNAL: Final = "SIGTERM"

@@ -278,7 +278,6 @@ class BatchProducer(Producer):
         return self._buffered
 
 
-_OMITTED: Any = object()
 #: The Celery release whose ``send_task`` :meth:`BatchSender.send_task` follows, argument for argument.
 MIRRORED_CELERY = (5, 7)
 
@@ -360,58 +359,29 @@ class BatchSender:
             options = self._exec_options[name] = {k: v for k, v in (raw or {}).items() if v is not None}
         return task, options
 
-    def send_task(
-        self,
-        name: str,
-        args: Any = None,
-        kwargs: Any = None,
-        countdown: Any = None,
-        eta: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        expires: Any = _OMITTED,
-        link: Any = None,
-        link_error: Any = None,
-        add_to_parent: bool = True,
-        group_id: Any = None,
-        group_index: Any = None,
-        retries: int = 0,
-        chord: Any = None,
-        reply_to: Any = None,
-        time_limit: Any = _OMITTED,
-        soft_time_limit: Any = _OMITTED,
-        root_id: Any = None,
-        parent_id: Any = None,
-        route_name: Any = None,
-        shadow: Any = None,
-        chain: Any = None,
-        task_type: Any = None,
-        replaced_task_nesting: int = 0,
-        **options: Any,
-    ) -> None:
-        """``app.send_task``'s arguments (Celery 5.7), the message published through this batch's producer."""
+    def send_task(self, name: str, args: Any, kwargs: Any, *, expires: Any, **options: Any) -> None:
+        """``app.send_task(name, args, kwargs, expires=expires, **options)`` (Celery 5.7), the message
+        published through this batch's producer (a ``producer=`` given is not used)."""
         app = self.app
+        options.pop("producer", None)
         if self.via_send_task:
-            explicit = {"expires": expires, "time_limit": time_limit, "soft_time_limit": soft_time_limit}
-            app.send_task(
-                name, args, kwargs, countdown, eta, task_id, producer=self.producer, link=link,
-                link_error=link_error, add_to_parent=add_to_parent, group_id=group_id, group_index=group_index,
-                retries=retries, chord=chord, reply_to=reply_to, root_id=root_id, parent_id=parent_id,
-                route_name=route_name, shadow=shadow, chain=chain, task_type=task_type,
-                replaced_task_nesting=replaced_task_nesting,
-                **{k: v for k, v in explicit.items() if v is not _OMITTED}, **options,
-            )  # fmt: skip
+            app.send_task(name, args, kwargs, expires=expires, producer=self.producer, **options)
             return
-        task_id = task_id or uuid()
+        # send_task's named arguments; the rest are the message's options.
+        pop = options.pop
+        task_id, task_type = pop("task_id", None) or uuid(), pop("task_type", None)
+        countdown, eta, retries, chord = pop("countdown", None), pop("eta", None), pop("retries", 0), pop("chord", None)
+        link, link_error, reply_to = pop("link", None), pop("link_error", None), pop("reply_to", None)
+        group_id, group_index, route_name = pop("group_id", None), pop("group_index", None), pop("route_name", None)
+        root_id, parent_id, shadow = pop("root_id", None), pop("parent_id", None), pop("shadow", None)
+        chain, nesting = pop("chain", None), pop("replaced_task_nesting", 0)
+        pop("add_to_parent", None)
         task, defaults = self._task_options(name) if task_type is None else (task_type, {})
         if defaults:
             options = dict(defaults, **options)
-        # As send_task: these are create_task_message's own arguments, not message properties.
-        time_limit = options.pop("time_limit", None) if time_limit is _OMITTED else time_limit
-        soft_time_limit = options.pop("soft_time_limit", None) if soft_time_limit is _OMITTED else soft_time_limit
-        expires = options.pop("expires", None) if expires is _OMITTED else expires
-        options.pop("time_limit", None)
-        options.pop("soft_time_limit", None)
+        # As send_task: create_task_message's own arguments, not message properties (a task's default
+        # time limits unless the call set its own; ``expires`` is always the call's).
+        time_limit, soft_time_limit = options.pop("time_limit", None), options.pop("soft_time_limit", None)
         options.pop("expires", None)
         ignore_result = options.pop("ignore_result", None)
         options = self._router.route(options, route_name or name, args, kwargs, task)
@@ -439,7 +409,7 @@ class BatchSender:
             task_id, name, args, kwargs, countdown, eta, group_id, group_index, expires, retries, chord,
             maybe_list(link), maybe_list(link_error), reply_to or self._reply_to, time_limit, soft_time_limit,
             self._send_event, root_id, parent_id, shadow, chain,
-            ignore_result=ignore_result, replaced_task_nesting=replaced_task_nesting, **build, **options,
+            ignore_result=ignore_result, replaced_task_nesting=nesting, **build, **options,
         )  # fmt: skip
         for stamp in options.pop("stamped_headers", []):
             options.pop(stamp)

@@ -20,6 +20,10 @@ from celery import Celery
 from .. import constants as C
 from ..exceptions import SerializationError
 
+#: What kombu wraps around a task's body on SQS (headers, properties, delivery info), allowed for when
+#: a stored call's message size is checked at the call site.
+SQS_ENVELOPE_BYTES = 2048
+
 #: The kombu message properties SQS's transport reads for a FIFO queue.
 GROUP_PROPERTY = "MessageGroupId"
 DEDUPLICATION_PROPERTY = "MessageDeduplicationId"
@@ -33,7 +37,7 @@ def message_bytes(payload_bytes: int, transport_options: Mapping[str, Any]) -> i
     """The size of the SQS message a stored call of ``payload_bytes`` becomes: kombu base64-encodes the
     task's body into its JSON envelope, and (unless ``sqs_base64_encoding`` is False) the whole
     envelope once more."""
-    inner = _base64_length(payload_bytes) + C.SQS_ENVELOPE_BYTES
+    inner = _base64_length(payload_bytes) + SQS_ENVELOPE_BYTES
     return _base64_length(inner) if transport_options.get("sqs_base64_encoding", True) else inner
 
 

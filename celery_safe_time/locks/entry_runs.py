@@ -41,6 +41,10 @@ from .runtime import Call, Policy, TaskLock, admission_of, run_holding
 
 logger = logging.getLogger(__name__)
 
+#: How often (seconds, at most) a run waiting for its entry's lease looks again (``buffer_*``,
+#: ``cancel_other``); a third of the lease's ttl when that is shorter.
+OVERLAP_RETRY_AFTER = 1.0
+
 __all__ = ["Spec", "entry_key", "install_worker", "last_key", "on_revoked", "overlap_spec", "release_marker", "run_key"]
 
 _HOST = socket.gethostname()
@@ -65,7 +69,7 @@ def last_key(entry: str) -> str:
 
 def retry_after(ttl: float) -> float:
     """How often a run waiting for a lease of ``ttl`` seconds looks again."""
-    return min(C.OVERLAP_RETRY_AFTER, ttl / 3.0)
+    return min(OVERLAP_RETRY_AFTER, ttl / 3.0)
 
 
 @dataclasses.dataclass(frozen=True)

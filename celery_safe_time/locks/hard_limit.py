@@ -23,10 +23,13 @@ from celery import Celery, Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_process_init
 
-from .. import constants as C
 from .backends import LockBackend, get_lock_backend
 
 logger = logging.getLogger(__name__)
+
+#: After a hard time limit the worker's main process waits up to this long for the child to die
+#: before it releases the child's lock (compare-and-delete on the child's token).
+LOCK_KILLED_CHILD_WAIT = 5.0
 
 _HOST = socket.gethostname()
 
@@ -160,7 +163,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _release_when_dead(store: LockBackend, key: str, token: str, pid: int, task_id: str) -> None:
-    deadline = time.monotonic() + C.LOCK_KILLED_CHILD_WAIT
+    deadline = time.monotonic() + LOCK_KILLED_CHILD_WAIT
     while _pid_alive(pid):
         if time.monotonic() > deadline:
             logger.warning("pool child %s still alive; overlap lock %r of %s will expire on its own", pid, key, task_id)

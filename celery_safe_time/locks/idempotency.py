@@ -35,6 +35,12 @@ from .runtime import (
 
 logger = logging.getLogger(__name__)
 
+#: A body that returned gets its idempotency marker recorded: the commit is retried after each
+#: of these pauses (about 30 s in all) before the failure is reported (log + signal).
+IDEMPOTENT_COMMIT_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 8.0, 10.0)
+#: The shortest pause between commit attempts near the end of the in-progress lease.
+IDEMPOTENT_COMMIT_MIN_PAUSE = 0.1
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["IdempotentLock", "idempotent"]
@@ -48,7 +54,7 @@ class IdempotentLock(TaskLock):
         builder: KeyBuilder,
         policy: Policy,
         window: float,
-        commit_delays: Sequence[float] = C.IDEMPOTENT_COMMIT_RETRY_DELAYS,
+        commit_delays: Sequence[float] = IDEMPOTENT_COMMIT_RETRY_DELAYS,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(builder, policy)
@@ -176,7 +182,7 @@ def commit_pause(scheduled: float, budget_left: float, lease_left: float) -> flo
     # (a scheduled pause that fits the budget is kept as written: no float drift from the subtraction)
     pause = scheduled if scheduled <= budget_left + 1e-9 else budget_left
     if lease_left > 0:
-        pause = min(pause, max(C.IDEMPOTENT_COMMIT_MIN_PAUSE, lease_left / 3.0))
+        pause = min(pause, max(IDEMPOTENT_COMMIT_MIN_PAUSE, lease_left / 3.0))
     return pause
 
 

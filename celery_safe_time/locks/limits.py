@@ -25,7 +25,6 @@ from .. import signals
 from ..exceptions import RateLimited
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
-from .hard_limit import hard_deadline
 from .keys import KeyBuilder, KeySpec
 from .overlap import overlap_lock
 from .rates import Rate, parse_rate
@@ -41,12 +40,13 @@ from .runtime import (
     note_orphan,
     requeue,
     resolve_call,
-    run_holding,
     wrap,
 )
-from .watchdog import renewal_ttl
 
 logger = logging.getLogger(__name__)
+
+#: At most this many waits in the worker (``C.RATE_LEAD`` each) per delivery before it is re-queued again.
+RATE_LEAD_TRIES = 3
 
 __all__ = ["concurrency_limit", "rate_limit"]
 
@@ -89,7 +89,7 @@ class RateLimiter:
         token = (_header(call.request, C.HEADER_RATE_TOKEN) if call.in_worker else None) or new_token()
         try:
             taken = store.rate_take(key, token, rate, reserve=call.in_worker)
-            for _ in range(C.RATE_LEAD_TRIES):
+            for _ in range(RATE_LEAD_TRIES):
                 if taken.admitted or not call.in_worker or taken.wait > 2 * C.RATE_LEAD:
                     break
                 # Back a little ahead of its reservation (see RATE_LEAD), or a call ahead started a
@@ -197,17 +197,7 @@ class SlotLock(TaskLock):
         key = self.lock_key_for(args, kwargs, bound=bound)
         return tuple(slot_key(key, slot) for slot in range(self.limit_for(args, kwargs, bound=bound)))
 
-    def __call__(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = resolve_call(args, kwargs)
-        key = self.lock_key_for(call.args, call.kwargs, bound=call.bound)
-        taken = self.take_slot(call, key, self.limit_for(call.args, call.kwargs, bound=call.bound))
-        if taken is None:
-            return None
-        held, deadline = taken
-        logger.debug("task %s holds slot %r (fence %s)", held.task_id, held.key, held.fence)
-        return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
-
-    def take_slot(self, call: Call, key: str, limit: int) -> tuple[HeldLock, float | None] | None:
+    def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
         """The first free slot of ``key`` for ``call`` (and the hard deadline), or None when the body
         must not run (the policy has handled a full key, a duplicate or the backend being down).
 
@@ -218,12 +208,9 @@ class SlotLock(TaskLock):
         delivery holds, whichever it is: one whose original still runs is a duplicate there, never
         admitted to a free slot beside it.
         """
-        ttl = self.policy.lock_ttl(call)
+        ttl, first_ttl, deadline, store = self.lease(call)
         owner = call.owner()
-        now = time.monotonic()
-        deadline = hard_deadline(call, now)
-        store = get_lock_backend(call.app)
-        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
+        limit = self.limit_for(call.args, call.kwargs, bound=call.bound)
         home = zlib.crc32(owner.identity.encode()) % limit
         order = [(home + step) % limit for step in range(limit)]
         holder: Holder | None = None

@@ -41,6 +41,15 @@ from .watchdog import Interrupter, Watchdog, renewal_ttl
 
 logger = logging.getLogger(__name__)
 
+#: At most this many lost-reply tokens travel in ``HEADER_LOCK_ORIGIN`` (the newest are kept).
+LOCK_ORIGIN_MAX_TOKENS = 8
+#: A finished delivery's marker (``KEY_LOCK_DONE``) lives at least this long: brokers without a
+#: visibility timeout (RabbitMQ) redeliver at once on a lost connection, or after their consumer
+#: timeout (30 min by default), and a requeued message may wait behind a backlog.
+LOCK_DONE_TTL = 3600.0
+#: ...and at least the broker's visibility_timeout plus this, after which Redis/SQS redeliver.
+LOCK_DONE_TTL_MARGIN = 60.0
+
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -219,7 +228,7 @@ def origin_header(request: Any) -> dict[str, Any]:
     return {
         "identity": delivery_identity(request),
         "retries": _retries(request),
-        "tokens": [list(pair) for pair in tokens[-C.LOCK_ORIGIN_MAX_TOKENS :]],
+        "tokens": [list(pair) for pair in tokens[-LOCK_ORIGIN_MAX_TOKENS:]],
     }
 
 
@@ -258,12 +267,12 @@ def admission_of(request: Any) -> str | None:
 
 def done_ttl(config: SafeTimeConfig) -> float:
     """How long a finished delivery is remembered: longer than the broker can take to redeliver it."""
-    ttl = C.LOCK_DONE_TTL
+    ttl = LOCK_DONE_TTL
     if config.visibility_timeout is not None:
-        ttl = max(ttl, config.visibility_timeout + C.LOCK_DONE_TTL_MARGIN)
+        ttl = max(ttl, config.visibility_timeout + LOCK_DONE_TTL_MARGIN)
     if config.broker_consumer_timeout is not None:
         # RabbitMQ redelivers a message whose consumer timed out: keep the marker past that too.
-        ttl = max(ttl, config.broker_consumer_timeout + C.LOCK_DONE_TTL_MARGIN)
+        ttl = max(ttl, config.broker_consumer_timeout + LOCK_DONE_TTL_MARGIN)
     return ttl
 
 
@@ -629,19 +638,24 @@ class TaskLock:
         if taken is None:
             return None
         held, deadline = taken
-        logger.debug("task %s holds overlap lock %r (fence %s)", held.task_id, key, held.fence)
+        logger.debug("task %s holds lock %r (fence %s)", held.task_id, held.key, held.fence)
         return run_holding(held, call, lambda: func(*args, **kwargs), deadline)
+
+    def lease(self, call: Call) -> tuple[float, float, float | None, LockBackend]:
+        """What an acquire for ``call`` needs: the lease, the first lease (cut short by the task's hard
+        time limit), the hard deadline and the lock backend."""
+        ttl = self.policy.lock_ttl(call)
+        now = time.monotonic()
+        deadline = hard_deadline(call, now)
+        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
+        return ttl, first_ttl, deadline, get_lock_backend(call.app)
 
     def take(self, call: Call, key: str, marker: str | None = None) -> tuple[HeldLock, float | None] | None:
         """Acquire ``key`` for ``call``: the held lock and the hard deadline, or None when the body
         must not run (the policy has handled a conflict, a duplicate or the backend being down)."""
-        ttl = self.policy.lock_ttl(call)
+        ttl, first_ttl, deadline, store = self.lease(call)
         owner = call.owner()
-        now = time.monotonic()
-        deadline = hard_deadline(call, now)
         token = new_token()
-        store = get_lock_backend(call.app)
-        first_ttl = ttl if deadline is None else renewal_ttl(ttl, now, deadline, C.LOCK_HARD_LIMIT_MARGIN)
         earlier = call.earlier_tokens(key)
         try:
             acquired = store.acquire(key, token, first_ttl, owner, marker=marker, earlier_tokens=earlier)

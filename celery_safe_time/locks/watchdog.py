@@ -23,10 +23,13 @@ from collections.abc import Callable
 
 import redis
 
-from .. import constants as C
 from .concurrency import green_threads
 
 logger = logging.getLogger(__name__)
+
+#: At most this many lock renewals of one process run at once, each on a daemon thread of its own
+#: (started when needed, kept idle after): a renewal that hangs holds up only itself.
+LOCK_RENEWAL_THREADS = 16
 
 
 def renewal_ttl(ttl: float, now: float, hard_deadline: float | None, margin: float) -> float:
@@ -209,7 +212,7 @@ class _Renewer:
         #: here. A lock taken next is then first due after that wake-up, so taking it needs no notify:
         #: waking this thread on every acquire would cost a context switch (and the GIL) per locked task.
         self._idle_wait = math.inf
-        self._calls = _Calls(C.LOCK_RENEWAL_THREADS)
+        self._calls = _Calls(LOCK_RENEWAL_THREADS)
         self._thread = threading.Thread(target=self._run, name="safe-time-lock-renewer", daemon=True)
         self._thread.start()
 

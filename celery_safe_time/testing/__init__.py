@@ -12,27 +12,9 @@ def test_trial_reminder(safe_time):
     assert [r.task for r in ran] == [send_reminder.name]
 ```
 
-What the in-process set-up covers (:func:`safe_time_testing`):
-
-- stored delays: an in-memory store (:class:`TestStore`) with the same contract as the database
-  stores and a clock that :meth:`SafeTimeTesting.run_due` moves forward; the delivery record
-  (conditional start, outcome) runs as in a worker. ``store="sqlite"`` (or the ``safe_time_sqlite``
-  fixture) puts the rows in a temporary SQLite file instead (:class:`TestSQLiteStore`: the SQL store
-  of production, its table, payload encoding and claim query, with the same movable clock);
-- ``overlap_lock``, ``idempotent``, unique tasks (``SafeTask(unique=...)``), ``rate_limit`` and
-  ``concurrency_limit``: :class:`MemoryLockBackend`, the Redis lock scripts' rules in Python
-  (token-checked acquire/renew/release, fencing numbers, idempotency markers with their window,
-  finished-delivery markers, unique keys by task id, the rate limit's sliding log). Rate-limit
-  windows follow the test clock; :meth:`SafeTimeTesting.deliver` runs a call as a worker does, and
-  :meth:`SafeTimeTesting.assert_rate_limited` says which calls a limit delayed. Not covered: the
-  hard-time-limit release (it reads Redis);
-- no Redis, no database and no broker, whatever the app's production settings: the block unsets
-  ``safe_time_coordination_url``, gives the app a ``memory://`` broker and a ``cache+memory://``
-  result backend, and a placeholder ``safe_time_redis_url`` that names itself if anything still
-  reaches for Redis (``SafeScheduler`` does: beat needs Redis; test schedules with :func:`next_fires`).
-
-Production validation is unchanged outside the block: a real app without ``safe_time_redis_url``,
-with a non-Redis broker and no ``safe_time_coordination_url`` still fails at startup.
+What :func:`safe_time_testing` replaces for the block (the store, the lock backend, Redis, the
+broker and the result backend: nothing of the app's production settings is reached), what each
+helper asserts and what is not covered: docs/testing.md.
 """
 
 from __future__ import annotations
@@ -45,10 +27,11 @@ from celery import Celery
 
 from ..locks.backends.memory import MemoryLockBackend
 from .kit import NO_REDIS_URL as NO_REDIS_URL
-from .kit import LimitedCall, RunResult, SafeTimeTesting, StoredDelay, safe_time_testing
-from .kit import TestStoreKind as TestStoreKind
-from .schedules import next_fires
-from .shortcuts import (
+from .kit import (
+    LimitedCall,
+    RunResult,
+    SafeTimeTesting,
+    StoredDelay,
     assert_idempotent_done,
     assert_lock_free,
     assert_lock_held,
@@ -59,8 +42,11 @@ from .shortcuts import (
     assert_unique_held,
     deliver,
     run_due,
+    safe_time_testing,
     stored_delays,
 )
+from .kit import TestStoreKind as TestStoreKind
+from .schedules import next_fires
 from .stores import TestSQLiteStore, TestStore
 
 __all__ = [

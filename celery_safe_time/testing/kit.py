@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
@@ -288,7 +288,7 @@ class SafeTimeTesting:
         self.store.mark_sent([row.id], token)
         if publish:
             return self._publish_and_wait(row, call, options, headers, timeout)
-        return self._execute(task, row, call, options, headers, propagate)
+        return self._trace(task, row.id, call.args, call.kwargs, options, headers, propagate, row.due_at)
 
     def deliver(
         self,
@@ -314,17 +314,6 @@ class SafeTimeTesting:
         task_id = task_id or uuid.uuid4().hex
         with self.store.held() as now:
             return self._trace(found, task_id, tuple(args or ()), dict(kwargs or {}), {}, {}, propagate, now)
-
-    def _execute(
-        self,
-        task: Task,
-        row: DelayRow,
-        call: StoredDelay,
-        options: dict[str, Any],
-        headers: dict[str, Any],
-        propagate: bool,
-    ) -> RunResult:
-        return self._trace(task, row.id, call.args, call.kwargs, options, headers, propagate, row.due_at)
 
     def _trace(
         self,
@@ -626,3 +615,42 @@ def _forget_connections(app: Celery) -> None:
         amqp._producer_pool = None
     app._backend_cache = None
     app._local.__dict__.pop("backend", None)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _shortcut(method: Callable[Concatenate[SafeTimeTesting, _P], _R]) -> Callable[_P, _R]:
+    """The module-level form of a handle's method: it asks the handle of the app under test (the
+    task's app, the only one under test, or the one named by the keyword ``app=``)."""
+
+    def shortcut(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        app: Celery | None = kwargs.pop("app", None)
+        task = args[0] if args else kwargs.get("task")
+        if app is None and isinstance(task, Task):
+            app = task._get_app()
+        if app is not None and app not in _active:
+            raise RuntimeError(f"{app!r} is not under safe_time_testing() (use the safe_time fixture)")
+        if app is None and len(_active) != 1:
+            raise RuntimeError(
+                f"{len(_active)} apps are under safe_time_testing(): pass app=" if _active else "no app is under test"
+            )
+        return method(_active[app] if app is not None else next(iter(_active.values())), *args, **kwargs)
+
+    shortcut.__name__ = shortcut.__qualname__ = method.__name__
+    shortcut.__doc__ = method.__doc__
+    return shortcut
+
+
+stored_delays = _shortcut(SafeTimeTesting.stored_delays)
+assert_stored = _shortcut(SafeTimeTesting.assert_stored)
+run_due = _shortcut(SafeTimeTesting.run_due)
+deliver = _shortcut(SafeTimeTesting.deliver)
+assert_rate_limited = _shortcut(SafeTimeTesting.assert_rate_limited)
+assert_not_rate_limited = _shortcut(SafeTimeTesting.assert_not_rate_limited)
+assert_lock_held = _shortcut(SafeTimeTesting.assert_lock_held)
+assert_lock_free = _shortcut(SafeTimeTesting.assert_lock_free)
+assert_idempotent_done = _shortcut(SafeTimeTesting.assert_idempotent_done)
+assert_unique_held = _shortcut(SafeTimeTesting.assert_unique_held)
+assert_unique_free = _shortcut(SafeTimeTesting.assert_unique_free)

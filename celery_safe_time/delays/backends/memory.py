@@ -167,16 +167,20 @@ class MemoryStore(DelayStore):
             return True
 
     def requeue_unstarted(self, grace: float) -> int:
+        return self._back_to_pending(C.STATUS_SENT, ("sent_at", "due_at"), grace)
+
+    def _back_to_pending(self, status: str, times: tuple[str, ...], seconds: float, **changes: Any) -> int:
+        """Rows in ``status`` whose ``times`` are all over ``seconds`` old go back to pending."""
         with self._lock:
-            cutoff = self.now() - timedelta(seconds=grace)
-            lost = [
+            cutoff = self.now() - timedelta(seconds=seconds)
+            old = [
                 r
                 for r in self._scoped()
-                if r.status == C.STATUS_SENT and r.sent_at is not None and r.sent_at < cutoff and r.due_at < cutoff
+                if r.status == status and all((getattr(r, name) or cutoff) < cutoff for name in times)
             ]
-            for row in lost:
-                self._replace(row, status=C.STATUS_PENDING)
-            return len(lost)
+            for row in old:
+                self._replace(row, status=C.STATUS_PENDING, **changes)
+            return len(old)
 
     def expired_unstarted(self, limit: int) -> list[DelayRow]:
         with self._lock:
@@ -254,16 +258,7 @@ class MemoryStore(DelayStore):
         return changed
 
     def reclaim_stale(self, timeout: float) -> int:
-        with self._lock:
-            cutoff = self.now() - timedelta(seconds=timeout)
-            stale = [
-                r
-                for r in self._scoped()
-                if r.status == C.STATUS_CLAIMED and r.claimed_at is not None and r.claimed_at < cutoff
-            ]
-            for row in stale:
-                self._replace(row, status=C.STATUS_PENDING, claim_token=None)
-            return len(stale)
+        return self._back_to_pending(C.STATUS_CLAIMED, ("claimed_at",), timeout, claim_token=None)
 
     def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
         with self._lock:

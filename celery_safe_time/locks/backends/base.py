@@ -293,9 +293,10 @@ class LockBackend(abc.ABC):
         :meth:`release_later` gives its own."""
         settle_with(settle, lambda: self.commit(lock, marker, token, window, task_id, finished))
 
-    @abc.abstractmethod
     def token_of(self, key: str) -> str | None:
         """The token that holds ``key`` now (None: free)."""
+        record = self.holder_record(key)
+        return record[0] if record is not None else None
 
     @abc.abstractmethod
     def idempotent_done(self, key: str) -> bool:

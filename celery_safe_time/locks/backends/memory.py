@@ -166,11 +166,6 @@ class MemoryLockBackend(LockBackend):
                 self._done[self.done_key(lock, identity)] = self._clock() + done_ttl
             return recorded, self._drop(lock, token)
 
-    def token_of(self, key: str) -> str | None:
-        with self._mutex:
-            lock = self._live(self._locks, self.lock_key(key))
-            return lock.token if lock is not None else None
-
     def holder_record(self, key: str) -> HolderRecord | None:
         with self._mutex:
             lock = self._live(self._locks, self.lock_key(key))

@@ -47,6 +47,9 @@ from .postgres_sql import QUERIES
 
 logger = logging.getLogger(__name__)
 
+#: One process deletes expired lock, marker and unique rows at most this often (seconds), a batch at a time.
+PG_LOCK_PURGE_INTERVAL = 60.0
+
 T = TypeVar("T")
 
 
@@ -316,7 +319,7 @@ class PostgresLockBackend(LockBackend):
         now = time.monotonic()
         if now < self._next_purge:
             return
-        self._next_purge = now + C.PG_LOCK_PURGE_INTERVAL
+        self._next_purge = now + PG_LOCK_PURGE_INTERVAL
 
         def purge(conn: sa.Connection) -> int:
             return sum(conn.execute(query).rowcount for query in _PURGE)
@@ -397,10 +400,6 @@ class PostgresLockBackend(LockBackend):
         if row is None:
             return None
         return row[0], row[1], row[2], row[3]
-
-    def token_of(self, key: str) -> str | None:
-        record = self.holder_record(key)
-        return record[0] if record is not None else None
 
     def idempotent_done(self, key: str) -> bool:
         name = self.marker_key(key)

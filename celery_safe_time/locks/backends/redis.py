@@ -41,6 +41,9 @@ from .base import (
     as_ms,
 )
 
+#: ``locks list`` and the status section scan this many keys per SCAN call.
+LOCK_SCAN_COUNT = 500
+
 #: The scripts live in ``celery_safe_time/locks/lua/`` (package data of ``celery_safe_time.locks``).
 SCRIPTS = ("acquire", "renew", "release", "commit", "unique_acquire", "unique_release", "rate_take")
 SCRIPT_PACKAGE = "celery_safe_time.locks"
@@ -150,9 +153,6 @@ class RedisLockBackend(LockBackend):
             args.append(as_ms(done_ttl))
         return keys, args
 
-    def token_of(self, key: str) -> str | None:
-        return as_text(self.client.hget(self.lock_key(key), "token"))
-
     def idempotent_done(self, key: str) -> bool:
         return bool(self.client.exists(self.marker_key(key)))
 
@@ -183,7 +183,7 @@ class RedisLockBackend(LockBackend):
         cluster = self.config.redis_cluster
         match = glob_escape(head) + ("*" if cluster else pattern)
         found: list[RateCount] = []
-        for looked, raw in enumerate(self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="zset")):
+        for looked, raw in enumerate(self.client.scan_iter(match=match, count=LOCK_SCAN_COUNT, _type="zset")):
             if looked >= C.RATE_SCAN_KEYS or (limit is not None and len(found) >= limit):
                 break
             redis_key = as_text(raw) or ""
@@ -299,7 +299,7 @@ class RedisLockBackend(LockBackend):
         head = glob_escape(self.config.key_prefix) + template.format(key="")
         cluster = self.config.redis_cluster
         match = head + "*" if cluster else head + pattern
-        for raw in self.client.scan_iter(match=match, count=C.LOCK_SCAN_COUNT, _type="hash"):
+        for raw in self.client.scan_iter(match=match, count=LOCK_SCAN_COUNT, _type="hash"):
             redis_key = as_text(raw) or ""
             if cluster and not fnmatch.fnmatchcase(self.user_key(redis_key, template), pattern):
                 continue

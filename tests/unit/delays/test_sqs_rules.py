@@ -8,8 +8,8 @@ import json
 import pytest
 from celery import Celery
 
-from celery_safe_time import constants as C
 from celery_safe_time.delays.sqs import (
+    SQS_ENVELOPE_BYTES,
     check_message_size,
     deduplication_id,
     fifo_properties,
@@ -22,7 +22,7 @@ from celery_safe_time.messages.sqs_batch import chunks, task_id_of
 
 def test_the_estimate_covers_kombus_two_base64_layers() -> None:
     payload = 100_000
-    inner = len(base64.b64encode(b"x" * payload)) + C.SQS_ENVELOPE_BYTES
+    inner = len(base64.b64encode(b"x" * payload)) + SQS_ENVELOPE_BYTES
     assert message_bytes(payload, {}) == len(base64.b64encode(b"x" * inner))
     assert message_bytes(payload, {"sqs_base64_encoding": False}) == inner
 

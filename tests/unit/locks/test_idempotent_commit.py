@@ -20,7 +20,7 @@ from celery_safe_time import constants as C
 from celery_safe_time import idempotent
 from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends import Owner, use_lock_backend
-from celery_safe_time.locks.idempotency import commit_pause
+from celery_safe_time.locks.idempotency import IDEMPOTENT_COMMIT_MIN_PAUSE, commit_pause
 from celery_safe_time.testing import MemoryLockBackend
 
 OTHER = Owner(task_id="t2", identity="delivery-2", host=socket.gethostname(), pid=os.getpid())
@@ -31,7 +31,7 @@ OTHER = Owner(task_id="t2", identity="delivery-2", host=socket.gethostname(), pi
     [
         (0.1, 30.0, 15.0, 0.1),  # early: the schedule
         (8.0, 19.0, 4.0, 4.0 / 3.0),  # near the lease's end: a third of what is left
-        (8.0, 19.0, 0.15, C.IDEMPOTENT_COMMIT_MIN_PAUSE),  # never below the floor
+        (8.0, 19.0, 0.15, IDEMPOTENT_COMMIT_MIN_PAUSE),  # never below the floor
         (8.0, 19.0, -1.0, 8.0),  # the lease has ended: the schedule again
         (8.0, 2.0, 30.0, 2.0),  # never past the budget
         (8.0, 0.0, 30.0, None),  # the budget is spent: give up
@@ -103,7 +103,7 @@ def test_a_backend_back_before_the_lease_ends_records_the_key_before_another_cal
     assert backend.committed_at is not None
     assert backend.committed_at < 1015.0, pauses  # before the in-progress lease ended
     for pause, lease_left in pauses:
-        assert pause <= max(C.IDEMPOTENT_COMMIT_MIN_PAUSE, lease_left / 3.0) + 1e-9, pauses
+        assert pause <= max(IDEMPOTENT_COMMIT_MIN_PAUSE, lease_left / 3.0) + 1e-9, pauses
     # Recorded: another call of the key after the lease is skipped, not run.
     clock.now = 1100.0
     later = backend.acquire(C.IDEMPOTENT_LOCK_NAMESPACE + "ship:1", "t2-token", 15.0, OTHER, marker="ship:1")

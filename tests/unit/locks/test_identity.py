@@ -11,7 +11,14 @@ from celery.app.task import Context
 from celery_safe_time import constants as C
 from celery_safe_time.config import parse_config
 from celery_safe_time.locks import runtime
-from celery_safe_time.locks.runtime import delivery_identity, done_ttl, origin_header
+from celery_safe_time.locks.runtime import (
+    LOCK_DONE_TTL,
+    LOCK_DONE_TTL_MARGIN,
+    LOCK_ORIGIN_MAX_TOKENS,
+    delivery_identity,
+    done_ttl,
+    origin_header,
+)
 
 
 def request(headers: dict[str, Any] | None = None, retries: int = 0, task_id: str = "t-1") -> Context:
@@ -64,7 +71,7 @@ def test_lost_reply_tokens_travel_in_the_requeue_header_per_key() -> None:
     many = request({C.HEADER_ATTEMPT: "a1"})
     setattr(many, runtime._ORPHANS_ATTR, [("k", f"tok-{i}") for i in range(20)])
     kept = runtime._carried_tokens(requeued(many, "a2"))
-    assert len(kept) == C.LOCK_ORIGIN_MAX_TOKENS
+    assert len(kept) == LOCK_ORIGIN_MAX_TOKENS
     assert kept[-1] == ("k", "tok-19")
 
 
@@ -80,8 +87,8 @@ def test_finished_deliveries_are_remembered_past_the_visibility_timeout() -> Non
         settings = {"safe_time_redis_url": "redis://127.0.0.1:6379/0"}
         return parse_config(settings.get, broker_url=broker, transport_options=transport)
 
-    assert done_ttl(config("amqp://guest@localhost//")) == C.LOCK_DONE_TTL
-    assert done_ttl(config("redis://127.0.0.1:6379/0", visibility_timeout=60)) == C.LOCK_DONE_TTL
+    assert done_ttl(config("amqp://guest@localhost//")) == LOCK_DONE_TTL
+    assert done_ttl(config("redis://127.0.0.1:6379/0", visibility_timeout=60)) == LOCK_DONE_TTL
     kombu_default = config("redis://127.0.0.1:6379/0")
-    assert done_ttl(kombu_default) == C.KOMBU_DEFAULT_VISIBILITY_TIMEOUT + C.LOCK_DONE_TTL_MARGIN
-    assert done_ttl(config("redis://127.0.0.1:6379/0", visibility_timeout=43200)) == 43200 + C.LOCK_DONE_TTL_MARGIN
+    assert done_ttl(kombu_default) == C.KOMBU_DEFAULT_VISIBILITY_TIMEOUT + LOCK_DONE_TTL_MARGIN
+    assert done_ttl(config("redis://127.0.0.1:6379/0", visibility_timeout=43200)) == 43200 + LOCK_DONE_TTL_MARGIN

@@ -27,11 +27,10 @@ from celery import Celery
 
 from ..locks.backends.memory import MemoryLockBackend
 from .kit import NO_REDIS_URL as NO_REDIS_URL
-from .kit import (
-    LimitedCall,
-    RunResult,
-    SafeTimeTesting,
-    StoredDelay,
+from .kit import LimitedCall, RunResult, SafeTimeTesting, StoredDelay, safe_time_testing
+from .kit import TestStoreKind as TestStoreKind
+from .schedules import next_fires
+from .shortcuts import (
     assert_idempotent_done,
     assert_lock_free,
     assert_lock_held,
@@ -42,11 +41,8 @@ from .kit import (
     assert_unique_held,
     deliver,
     run_due,
-    safe_time_testing,
     stored_delays,
 )
-from .kit import TestStoreKind as TestStoreKind
-from .schedules import next_fires
 from .stores import TestSQLiteStore, TestStore
 
 __all__ = [

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
@@ -615,42 +615,3 @@ def _forget_connections(app: Celery) -> None:
         amqp._producer_pool = None
     app._backend_cache = None
     app._local.__dict__.pop("backend", None)
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _shortcut(method: Callable[Concatenate[SafeTimeTesting, _P], _R]) -> Callable[_P, _R]:
-    """The module-level form of a handle's method: it asks the handle of the app under test (the
-    task's app, the only one under test, or the one named by the keyword ``app=``)."""
-
-    def shortcut(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        app: Celery | None = kwargs.pop("app", None)
-        task = args[0] if args else kwargs.get("task")
-        if app is None and isinstance(task, Task):
-            app = task._get_app()
-        if app is not None and app not in _active:
-            raise RuntimeError(f"{app!r} is not under safe_time_testing() (use the safe_time fixture)")
-        if app is None and len(_active) != 1:
-            raise RuntimeError(
-                f"{len(_active)} apps are under safe_time_testing(): pass app=" if _active else "no app is under test"
-            )
-        return method(_active[app] if app is not None else next(iter(_active.values())), *args, **kwargs)
-
-    shortcut.__name__ = shortcut.__qualname__ = method.__name__
-    shortcut.__doc__ = method.__doc__
-    return shortcut
-
-
-stored_delays = _shortcut(SafeTimeTesting.stored_delays)
-assert_stored = _shortcut(SafeTimeTesting.assert_stored)
-run_due = _shortcut(SafeTimeTesting.run_due)
-deliver = _shortcut(SafeTimeTesting.deliver)
-assert_rate_limited = _shortcut(SafeTimeTesting.assert_rate_limited)
-assert_not_rate_limited = _shortcut(SafeTimeTesting.assert_not_rate_limited)
-assert_lock_held = _shortcut(SafeTimeTesting.assert_lock_held)
-assert_lock_free = _shortcut(SafeTimeTesting.assert_lock_free)
-assert_idempotent_done = _shortcut(SafeTimeTesting.assert_idempotent_done)
-assert_unique_held = _shortcut(SafeTimeTesting.assert_unique_held)
-assert_unique_free = _shortcut(SafeTimeTesting.assert_unique_free)

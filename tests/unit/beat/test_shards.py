@@ -241,3 +241,50 @@ def test_a_scheduler_that_fires_from_one_leader_refuses_shards_at_startup() -> N
     one.config = get_config(memory_app("one-leader", safe_time_beat_shards=2))
     with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*fires from one leader"):
         one.check_startup(1.0)
+
+
+def test_held_shards_tick_at_their_own_cadence_while_a_standby_shard_is_looked_at_every_wake(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData
+) -> None:
+    """A beat that holds shard 0 and stands by for shard 1 (another beat holds it) comes back every
+    ``BEAT_STANDBY_WAKE`` for the standby shard, but ticks the held shard only when its own wait is
+    over (``max_interval`` here: nothing is due sooner), as one leader would."""
+    from celery_safe_time import constants as C
+
+    sched = _scheduler(tmp_path, "cadence", 2, clock)
+    other = MemoryBeatBackend(sched.config, data).for_shard(1).make_lease()
+    try:
+        sched.shard_children[0].keeper.stop(release=True)  # it took every shard at startup
+        assert other.acquire(clock.now) is not None  # shard 1 is another beat's
+        _attempt([sched])
+        assert [k.is_leader for k in _keepers(sched)] == [True, False]
+        reads = collections.Counter[int]()
+        for s in [sched, *sched.shard_children]:
+            read_due = s.backend.read_due
+
+            def counted(now: float, limit: int, _read: Any = read_due, _shard: int = s.shard) -> Any:
+                reads[_shard] += 1
+                return _read(now, limit)
+
+            s.backend.read_due = counted  # type: ignore[method-assign]
+        sched.tick()  # the first tick plans the held shard
+        reads.clear()
+        wakes = 0
+        end = clock.now + 5.0
+        while clock.now < end:
+            wait = sched.tick()
+            assert wait <= C.BEAT_STANDBY_WAKE  # the standby shard is looked at every wake
+            clock.now += wait
+            wakes += 1
+        assert wakes >= 5.0 / C.BEAT_STANDBY_WAKE - 1
+        # about once a second (the config entry is due every second; a float edge may add a look), not 50 times
+        assert 4 <= reads[0] <= 10
+        assert reads[1] == 0  # a standby shard makes no backend call
+        # once the other beat's lease is gone and this beat takes shard 1, it ticks at once
+        other.release()
+        _attempt([sched])
+        assert sched.shard_children[0].keeper.is_leader
+        sched.tick()
+        assert reads[1] == 1
+    finally:
+        sched.close()

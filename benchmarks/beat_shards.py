@@ -24,8 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis

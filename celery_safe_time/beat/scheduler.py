@@ -182,9 +182,10 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             self._next_tick = None
             return self._tick_shard()  # a standby's tick: no backend call, the wake-up wait
         now = self.clock.time()
+        due_at = self._next_tick if self._ticked_term == term else None
         # (a wait longer than one tick left means the clock went back: tick now)
-        if self._ticked_term == term and self._next_tick is not None and now < self._next_tick <= now + self.granularity:
-            return self._next_tick - now
+        if due_at is not None and now < due_at <= now + self.granularity:
+            return due_at - now
         wait = self._tick_shard()
         self._ticked_term = term
         self._next_tick = self.clock.time() + wait

@@ -73,7 +73,12 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             self.gate = None
             if self.shards > 1:
                 backend = self.backend
-                self.gate = ShardGate(self.shards, config.beat_lease, backend.beats_heartbeat, backend.clock.time)
+                self.gate = ShardGate(
+                    self.shards,
+                    config.beat_lease,
+                    backend.beats_heartbeat,
+                    backend.clock.time,
+                )
                 self.keeper.join(self.gate)
         #: the entries' overlap policies, decided at dispatch (:mod:`.overlap`)
         self.overlap_gate = OverlapGate(app, self.config)
@@ -119,6 +124,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         self.install_default_entries(self.data)
         self.merge_inplace(self.app.conf.beat_schedule)
         self.config_names = set(self.schedule)
+        if self.gate is not None:  # the beats' heartbeats carry it (set here: it reads the app)
+            self.gate.fingerprint = self.fingerprint()
         self.shard_children = [
             SafeScheduler(self.app, parent=self, shard=shard, max_interval=self.max_interval)
             for shard in range(1, self.shards)

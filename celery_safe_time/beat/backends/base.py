@@ -22,6 +22,7 @@ from typing import Any
 from ...clock import ServerClock
 from ...config import SafeTimeConfig
 from ...exceptions import ImproperlyConfigured, SafeTimeError
+from ..shards import BeatPulse
 
 #: (member, score) pairs: entry names and their next fire time.
 Scored = list[tuple[str, float]]
@@ -165,13 +166,18 @@ class BeatBackend(abc.ABC):
             "leader lease (set it to 1, or coordinate on Redis)",
         )
 
-    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
-        """Record that beat ``member`` holds ``held`` shards at ``now``; the live beats (heartbeat
-        within ``window`` seconds, this one included) and their counts. Older heartbeats are dropped."""
+    def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
+        """Record beat ``member``'s ``pulse``; the live beats' pulses (seen within ``window`` seconds of
+        ``pulse.seen``, this one included). Older heartbeats are dropped."""
         raise NotImplementedError
 
     def beats_gone(self, member: str) -> None:  # noqa: B027 (only a backend with shards keeps heartbeats)
         """Drop beat ``member``'s heartbeat (it stops)."""
+
+    def beats_seen(self) -> dict[str, BeatPulse]:
+        """Every beat heartbeat stored (live or not: the reader judges by ``seen``), for the operator's
+        views; empty on a backend without shards."""
+        return {}
 
     # --- the lease ------------------------------------------------------------------
     @abc.abstractmethod

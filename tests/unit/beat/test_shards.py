@@ -130,6 +130,59 @@ def test_uneven_shares_reach_one_apart(data: MemoryBeatData, clock: FakeTime) ->
     assert sorted(len(b.held()) for b in beats) == [1, 1, 2]
 
 
+def test_a_beat_with_another_k_takes_no_shard_while_a_beat_with_the_first_k_lives(
+    data: MemoryBeatData, clock: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two Ks would split the names differently: the beats that started first keep firing with theirs
+    (not counting the other), and a beat with another K takes nothing, logs an error naming the
+    setting, and takes its shards once no beat with the first K is alive (a rolling change of K)."""
+    old = [_Beat(data, clock, 6, clock) for _ in range(2)]
+    _run(old, clock, 8 * RENEW)
+    assert sorted(len(b.held()) for b in old) == [3, 3]
+    clock.now += 1.0
+    with caplog.at_level("ERROR", logger="celery_safe_time.beat.shards"):
+        new = _Beat(data, clock, 4, clock)
+        _run([*old, new], clock, 8 * RENEW)
+    assert new.held() == set()
+    assert sorted(len(b.held()) for b in old) == [3, 3]  # the other K is not counted in the fair share
+    assert "safe_time_beat_shards is 4 here but 6 on a live beat that started first" in caplog.text
+    refused = [r for r in caplog.records if "takes no shard until" in r.getMessage()]
+    assert len(refused) == 1  # logged once, not at every renewal
+    pulses = new.gate.pulses(fresh=True)
+    assert sorted(p.shards for p in pulses.values()) == [4, 6, 6]
+    # the old beats stop one by one (as a rolling restart does): the new K waits for the last of them
+    for keeper in old[0].keepers:  # closed: its leases released and its heartbeat dropped
+        keeper.stop(release=True)
+    MemoryBeatBackend(get_config(memory_app("gone", safe_time_beat_shards=6)), data).beats_gone(old[0].gate.member)
+    _run([old[1], new], clock, 4 * RENEW)
+    assert new.held() == set()
+    assert len(old[1].held()) == 6
+    # the last old beat is killed: its heartbeat goes stale, its leases expire, the new K takes over
+    _run([new], clock, LEASE + 2 * RENEW)
+    assert new.held() == {0, 1, 2, 3}
+
+
+def test_the_first_beat_s_k_wins_and_a_beat_that_started_later_gives_its_shards_back(
+    data: MemoryBeatData, clock: FakeTime
+) -> None:
+    """A beat that already holds shards gives every one back when it sees that a beat with another K
+    started before it (its heartbeat was stale for a moment, say)."""
+    first = _Beat(data, clock, 3, clock)
+    first.round()
+    first.gate.pulses(fresh=True)
+    heartbeat = data.beats.pop(first.gate.member)  # stale for a while: the later beat sees no one
+    for keeper in first.keepers:
+        keeper.stop(release=True)
+    later = _Beat(data, clock, 2, clock)
+    clock.now += 1.0
+    later.round()
+    assert later.held() == {0, 1}
+    data.beats[first.gate.member] = heartbeat._replace(seen=clock.now)  # the first beat is back
+    later.gate.pulses(fresh=True)
+    later.round()
+    assert later.held() == set()
+
+
 # --- SafeScheduler with shards --------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from ... import constants as C
 from ...clock import ServerClock
 from ...config import SafeTimeConfig
 from ...exceptions import ImproperlyConfigured, SafeTimeError
@@ -74,6 +75,19 @@ class EntryCounts:
     scheduled: int
     #: entries of the due set whose next fire is at or before the ``soon`` asked for
     due_soon: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardView:
+    """One shard (``safe_time_beat_shards``; the one leader's with one shard) as the operator views see it."""
+
+    lease: LeaseView
+    #: entries in its due set
+    scheduled: int
+    #: of them, entries due at ``lease.now`` (not fired yet)
+    due_now: int
+    #: when the first entry of its due set is due (None: the set is empty)
+    oldest_due: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +187,14 @@ class BeatBackend(abc.ABC):
 
     def beats_gone(self, member: str) -> None:  # noqa: B027 (only a backend with shards keeps heartbeats)
         """Drop beat ``member``'s heartbeat (it stops)."""
+
+    def shard_view(self) -> ShardView:
+        """This shard's lease and due set, for the operator's views (a backend may read it in fewer
+        round trips)."""
+        lease = self.lease_view()
+        head = self.head(1)
+        due_now = sum(1 for _, score in self.head(C.BEAT_DUE_BATCH) if score <= lease.now) if head else 0
+        return ShardView(lease, self.due_count(), due_now, head[0][1] if head else None)
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         """Every beat heartbeat stored (live or not: the reader judges by ``seen``), for the operator's

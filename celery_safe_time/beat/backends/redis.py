@@ -48,7 +48,7 @@ from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
 from ..shards import BeatPulse, shard_of
 from ..state import identity, load_state, marker_value, slot_id
-from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, ShardView, SlotWrite, Snapshot
 from .redis_keys import BeatKeys
 
 __all__ = [
@@ -342,6 +342,15 @@ class RedisBeatBackend(BeatBackend):
 
     def beats_gone(self, member: str) -> None:
         self.client.hdel(self.config.key(C.KEY_BEAT_BEATS), member)
+
+    def shard_view(self) -> ShardView:
+        lease = self.lease_view()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.due)
+        pipe.zcount(self.keys.due, "-inf", lease.now)
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        scheduled, due_now, head = pipe.execute()
+        return ShardView(lease, int(scheduled), int(due_now), float(head[0][1]) if head else None)
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         found = self.client.hgetall(self.config.key(C.KEY_BEAT_BEATS))

@@ -167,6 +167,8 @@ class LeaderKeeper:
                     if epoch is not None:
                         self._generation += 1
                         self._term = LeaseTerm(self._generation, epoch)
+                        if self.gate is not None:
+                            self.gate.changed()
                         logger.info(
                             "beat: acquired %s (epoch %s, lease %gs)", self.lease_name, epoch, self.config.beat_lease
                         )

@@ -210,8 +210,12 @@ class ShardGate:
     def released(self, keeper: HeldLease) -> None:
         """``keeper`` gave its shard back: leave it to the other beats for two renew intervals."""
         self._cooldown[keeper.shard] = self._monotonic() + 2 * self.renew_interval
+        self.changed()
+
+    def changed(self) -> None:
+        """The count others see changed (a shard taken or given back): publish it at the next look."""
         with self._lock:
-            self._read_at = float("-inf")  # the count others see changed: publish it at the next look
+            self._read_at = float("-inf")
 
     def _log_disagreement(self) -> None:
         """Log once (each time it changes) that a live beat splits the names otherwise (another K: an

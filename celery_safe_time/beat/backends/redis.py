@@ -329,8 +329,10 @@ class RedisBeatBackend(BeatBackend):
         key = self.config.key(C.KEY_BEAT_BEATS)
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(key, member, pulse.dump())
+        # gone with the last beat: each heartbeat pushes the expiry past the window it counts in
+        pipe.pexpire(key, max(1, int(window * 2 * 1000)))
         pipe.hgetall(key)
-        found = pipe.execute()[1]
+        found = pipe.execute()[2]
         live: dict[str, BeatPulse] = {}
         for raw_member, value in found.items():
             seen = BeatPulse.load(as_text(value))

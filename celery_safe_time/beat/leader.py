@@ -99,7 +99,8 @@ class LeaderKeeper:
     def join(self, gate: ShardGate) -> None:
         """Take part in sharded firing: ``gate`` decides when this shard's lease is taken or given back."""
         self.gate = gate
-        self.lease_name = f"the lease of shard {self.shard}"
+        if gate.shards > 1:
+            self.lease_name = f"the lease of shard {self.shard}"
         gate.keepers.append(self)
 
     # --- lifecycle ----------------------------------------------------------------

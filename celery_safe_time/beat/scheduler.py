@@ -71,7 +71,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         else:
             self.init_lease(app)
             self.gate = None
-            if self.shards > 1:
+            # one leader too, where the backend keeps heartbeats: its K is seen by the sharded beats
+            # (and theirs by it), so that a beat left at one shard beside them does not fire as well
+            if self.shards > 1 or self.backend.keeps_heartbeats:
                 backend = self.backend
                 self.gate = ShardGate(
                     self.shards,

@@ -84,7 +84,7 @@ def _entry_checks(app: Celery) -> list[Check]:
 
 def _shard_checks(app: Celery) -> list[Check]:
     """``check``'s row for sharded firing: the live beats' ``safe_time_beat_shards`` agree (shown when the
-    app shards, or when sharded beats are alive beside an app that does not)."""
+    app shards, or when a live beat shards beside an app that does not)."""
     from ..beat.admin import beat_rows
     from ..beat.backends import beat_backend
 
@@ -97,8 +97,8 @@ def _shard_checks(app: Celery) -> list[Check]:
         if config.beat_shards <= 1:
             return []
         return [Check("beat shards", "warn", f"beat heartbeats unreadable: {error_text(exc)}")]
-    if config.beat_shards <= 1 and not beats:
-        return []
+    if config.beat_shards <= 1 and all(beat["shards_setting"] == 1 for beat in beats):
+        return []  # one leader, and every live beat agrees: nothing to say
     return [beats_verdict(config.beat_shards, beats)]
 
 

@@ -165,6 +165,9 @@ class BeatBackend(abc.ABC):
 
     #: the shard whose lease, state and due set this object reads and writes (``safe_time_beat_shards``)
     shard: int = 0
+    #: whether the beats publish heartbeats here (:meth:`beats_heartbeat`): with shards, and with one
+    #: leader too, so that beats with different ``safe_time_beat_shards`` see each other
+    keeps_heartbeats: bool = False
 
     def __init__(self, config: SafeTimeConfig) -> None:
         self.config = config

@@ -194,6 +194,7 @@ class MemoryLease(BeatLease):
 class MemoryBeatBackend(BeatBackend):
     name = "memory"
     label = "memory"
+    keeps_heartbeats = True
     errors: tuple[type[Exception], ...] = (MemoryUnavailable,)
 
     def __init__(self, config: SafeTimeConfig, data: MemoryBeatData | None = None) -> None:

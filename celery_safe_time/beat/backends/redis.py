@@ -308,6 +308,7 @@ class RedisBeatBackend(BeatBackend):
     name = C.COORDINATION_REDIS
     label = "Redis"
     errors = REDIS_ERRORS
+    keeps_heartbeats = True
 
     def __init__(self, config: SafeTimeConfig, client: redis.Redis | None = None, shard: int = 0) -> None:
         super().__init__(config)

@@ -183,6 +183,28 @@ def test_the_first_beat_s_k_wins_and_a_beat_that_started_later_gives_its_shards_
     assert later.held() == set()
 
 
+def test_a_beat_left_at_one_shard_beside_sharded_beats_takes_nothing(data: MemoryBeatData, clock: FakeTime) -> None:
+    """One leader (K = 1) writes a heartbeat too: started after sharded beats, it does not lead shard 0's
+    lease (as one leader of every entry, beside them); started first, the sharded ones wait."""
+    sharded = _Beat(data, clock, 3, clock)
+    sharded.round()
+    clock.now += 1.0
+    single = _Beat(data, clock, 1, clock)
+    sharded.keepers[0].stop(release=True)  # shard 0 is free: the single beat could take it
+    _run([sharded, single], clock, 4 * RENEW)
+    assert single.held() == set()
+    # the sharded beat stops for good: the single beat leads
+    for keeper in sharded.keepers:
+        keeper.stop(release=True)
+    MemoryBeatBackend(get_config(memory_app("gone-1", safe_time_beat_shards=3)), data).beats_gone(sharded.gate.member)
+    _run([single], clock, 2 * RENEW)
+    assert single.held() == {0}
+    later = _Beat(data, clock, 3, clock)
+    _run([single, later], clock, 4 * RENEW)
+    assert later.held() == set()
+    assert single.held() == {0}
+
+
 # --- SafeScheduler with shards --------------------------------------------------------------------
 
 
@@ -279,7 +301,8 @@ def test_one_shard_is_one_leader_as_before(tmp_path: Path, clock: FakeTime, data
     sched = _scheduler(tmp_path, "one", 1)
     try:
         assert sched.shard_children == []
-        assert sched.gate is None
+        assert sched.gate is not None  # its heartbeat says K = 1 to any sharded beat
+        assert sched.gate.shards == 1
         assert sched.keeper.lease_name == "the leader lease"
         assert sched.owns("anything")
     finally:

@@ -92,6 +92,11 @@ def test_sharded_beats_fire_stacked_gate_tasks_each_slot_once_across_a_kill(
             beat.terminate()
     settle(redis_client, quiet=3.0)
     assert duplicates(redis_client) == {}, "a slot ran twice"
+    # the concurrency limit held across the beats' bursts: never more than two runs at once, so slots
+    # were re-queued behind it (and each still ran once)
+    edges = sorted(e for r in runs(redis_client) for e in ((r["started"], 1), (r["finished"], -1)))
+    running = list(itertools.accumulate(step for _, step in edges))
+    assert max(running) == 2, max(running)
     # nothing lost but the moved shard's slots while it moved: each entry's grid is whole (slots EVERY
     # apart) outside [the kill, the move]; a missed slot runs once late (the default misfire policy)
     for name in names:

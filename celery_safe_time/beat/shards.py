@@ -8,11 +8,18 @@ and is led like shard 0 by whichever beat holds its lease; the runtime definitio
 and the fired-slot markers are shared, so a slot is published at most once whichever beat fires it,
 also across a move.
 
-Who holds what: every beat process keeps one :class:`ShardGate`, which publishes a heartbeat (how
-many shards it holds) and reads the others'. With ``n`` live beats, a beat takes a free shard while it
-holds fewer than ``ceil(K / n)``, gives one back when it holds more, and gives one back when it holds
-more than ``K // n`` while another beat holds fewer (the one holding most gives). A given-back shard
-is not taken again by the same beat for two renew intervals, so the beat that is short takes it.
+Who holds what: every beat process keeps one :class:`ShardGate`, which publishes a heartbeat
+(:class:`BeatPulse`: how many shards it holds) and reads the others'. With ``n`` live beats, a beat
+takes a free shard while it holds fewer than ``ceil(K / n)``, gives one back when it holds more, and
+gives one back when it holds more than ``K // n`` while another beat holds fewer (the one holding
+most gives). A given-back shard is not taken again by the same beat for two renew intervals, so the
+beat that is short takes it.
+
+One K: the heartbeat also carries the beat's ``safe_time_beat_shards``, start time and planning
+fingerprint. The K of the live beat that started first (:func:`incumbent`) is the one in force: a
+beat with another K takes no shard and gives back any it holds (logged once, at ERROR), and the
+others leave it out of their fair share. A rolling change of K therefore waits, with the new value,
+until no beat with the old one is alive. One leader (K = 1) publishes the heartbeat too.
 
 Failover: a killed beat's leases expire within one lease; its heartbeat is counted as gone after
 ``BEAT_SHARD_HEARTBEAT_LEASES`` of a lease (less than one), so by then the others' fair share already

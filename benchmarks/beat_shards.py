@@ -7,10 +7,16 @@ the benchmark names one real instant (Redis ``TIME``) as 1 s before 09:00 for al
 moved alike), and each ticks until every slot is in the broker queue. Measured: 09:00 to the last
 publish of any beat, the slots each published, the beats' CPU together, and each entry's messages
 counted in the queue (exactly once).
+
+``python -m benchmarks.beat_shards --idle SECONDS``: the CPU of an idle beat that holds one shard and
+stands by for another (held by a lease of this benchmark), each shard's tick work in turn (every
+held shard ticked at each standby wake, as beats did) beside its own cadence (``SafeScheduler.tick``),
+in the same run on the same Redis.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -18,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +157,88 @@ def bench_sharded(redis_url: str, n: int) -> dict[str, Any]:
         "cpu_s": round(sum(o["cpu_s"] for o in outs), 3),
         "beats": outs,
     }
+
+
+def _noop() -> None:  # pragma: no cover - never executed, only named
+    return None
+
+
+def _idle_loop(tick: Any, seconds: float) -> float:
+    """Run beat's loop (tick, sleep what it returns) for ``seconds``; the CPU it took."""
+    cpu = time.process_time()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(tick(), max(0.0, end - time.monotonic())))
+    return time.process_time() - cpu
+
+
+def bench_idle(redis_url: str, seconds: float) -> dict[str, Any]:
+    """An idle sharded beat's CPU and held-shard due reads, every held shard at each wake beside each
+    at its own cadence (see the module docstring)."""
+    from celery import Celery
+
+    from celery_safe_time.beat.base import stop_signals_held
+    from celery_safe_time.beat.scheduler import SafeScheduler
+    from celery_safe_time.config import get_config
+
+    prefix = f"bench-shards-idle:{uuid.uuid4().hex[:8]}:"
+    app = Celery("bench-idle", set_as_current=False)
+    app.conf.update(
+        broker_url=redis_url,
+        timezone="UTC",
+        safe_time_redis_url=redis_url,
+        safe_time_key_prefix=prefix,
+        safe_time_beat_lease=6,
+        safe_time_beat_shards=2,
+        beat_schedule={"hourly": {"task": "bench.noop", "schedule": 3600.0}},
+    )
+    app.task(name="bench.noop", shared=False)(_noop)
+    client = redis.Redis.from_url(redis_url)
+    out: dict[str, Any] = {"seconds": seconds}
+    with tempfile.TemporaryDirectory() as tmp:
+        sched = SafeScheduler(app=app, schedule_filename=str(Path(tmp) / "idle"), max_interval=5)
+        standby = sched.shard_children[0]
+        standby.keeper.stop(release=True)  # shard 1 is another beat's: this one stands by for it
+        other = standby.backend.make_lease()
+        other.acquire(standby.clock.time())
+        reads = [0]
+        read_due = sched.backend.read_due
+
+        def counted(now: float, limit: int) -> Any:
+            reads[0] += 1
+            return read_due(now, limit)
+
+        sched.backend.read_due = counted  # type: ignore[method-assign]
+        scheds = [sched, *sched.shard_children]
+
+        def every_wake() -> float:  # each shard's tick in turn, the shortest wait (the cadence before)
+            with stop_signals_held():
+                return min(s._tick_shard() for s in scheds)
+
+        try:
+            sched.tick()  # plans shard 0
+            for label, tick in (("every held shard at each wake", every_wake), ("own cadence", sched.tick)):
+                reads[0] = 0
+                cpu = _idle_loop(tick, seconds)
+                out[label] = {"cpu_s": round(cpu, 3), "held-shard due reads": reads[0]}
+                other.renew()
+        finally:
+            other.release()
+            sched.close()
+            keys = list(client.scan_iter(match=get_config(app).key_prefix + "*", count=1000))
+            if keys:
+                client.delete(*keys)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--idle", type=float, default=10.0, help="Seconds of each idle loop (default 10).")
+    parser.add_argument("--redis", default=os.environ.get("SAFE_TIME_BENCH_REDIS", "redis://127.0.0.1:6379/0"))
+    args = parser.parse_args(argv)
+    print(json.dumps(bench_idle(args.redis, args.idle), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

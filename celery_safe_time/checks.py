@@ -335,6 +335,54 @@ def beat_verdict(lease_ttl_ms: int | None, leader: dict[str, Any], epoch: int | 
     )
 
 
+def shards_verdict(rows: list[dict[str, Any]]) -> Check:
+    """``beat`` with ``safe_time_beat_shards`` above 1, from each shard's row (``beat.admin.shard_rows``):
+    fails while a shard has no holder (its entries do not fire)."""
+    free = [row["shard"] for row in rows if row.get("lease_left_s") is None]
+    holders = {(row.get("host"), row.get("pid")) for row in rows if row.get("lease_left_s") is not None}
+    lag = max((float(row.get("lag_s") or 0.0) for row in rows), default=0.0)
+    value = {"shards": rows, "free": free, "max_lag_s": lag}
+    if free:
+        return Check(
+            "beat",
+            "fail",
+            f"no beat holds shard(s) {', '.join(map(str, free))} of {len(rows)} (their entries do not fire)",
+            value=value,
+        )
+    return Check("beat", "ok", f"{len(rows)} shards held by {len(holders)} beat(s), max lag {lag:.1f}s", value=value)
+
+
+def beats_verdict(shards: int, beats: list[dict[str, Any]]) -> Check:
+    """``beat shards``: the live beats' ``safe_time_beat_shards`` (``beat.admin.beat_rows``) agree with
+    each other and with this app's ``shards`` (fail: a beat with another K takes no shard, or this app's
+    setting is not the beats'); their planning fingerprints agree (warn: a moved shard re-plans)."""
+    settings = sorted({int(beat["shards_setting"]) for beat in beats})
+    fingerprints = sorted({str(beat["fingerprint"]) for beat in beats})
+    value = {"shards": shards, "beats": beats}
+    if not beats:
+        return Check("beat shards", "warn", f"safe_time_beat_shards = {shards}: no live beat heartbeat", value=value)
+    if settings != [shards]:
+        waiting = [b["beat"] for b in beats if not b["fires"]]
+        return Check(
+            "beat shards",
+            "fail",
+            f"safe_time_beat_shards differs: {shards} here, {', '.join(map(str, settings))} on the live beats"
+            + (f"; beat(s) {', '.join(waiting)} take no shard until the others are gone" if waiting else ""),
+            value=value,
+        )
+    if len(fingerprints) > 1:
+        return Check(
+            "beat shards",
+            "warn",
+            f"{len(beats)} beat(s) with safe_time_beat_shards = {shards} but planning fingerprints differ "
+            f"({'; '.join(fingerprints)}): a shard moving between them re-plans its entries",
+            value=value,
+        )
+    return Check(
+        "beat shards", "ok", f"{len(beats)} live beat(s), each with safe_time_beat_shards = {shards}", value=value
+    )
+
+
 def sweep_verdict(now: datetime, oldest_due: datetime | None, max_lateness: float) -> Check:
     """``sweep`` from the store's now and the oldest pending row's due time."""
     lateness = max(0.0, (now - oldest_due).total_seconds()) if oldest_due is not None else 0.0

@@ -12,6 +12,7 @@ when Prometheus scrapes, not kept per event: register it in one process per depl
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -154,6 +155,14 @@ GAUGES: dict[str, str] = {
     "safe_time_beat_leader": "1 while a beat holds the leader lease (labels: its host and pid), else 0.",
     "safe_time_beat_lease_remaining_seconds": "Seconds left on the leader lease (0 when nobody holds it).",
     "safe_time_beat_epoch": "The leader lease's epoch (grows with every new leader).",
+    "safe_time_beat_shard_leader": "Per shard of the runtime entries (safe_time_beat_shards; shard 0 alone with one): "
+    "1 while a beat holds its lease (labels: shard, host, pid), else 0.",
+    "safe_time_beat_shard_epoch": "Per shard: its lease's epoch (grows with every new holder).",
+    "safe_time_beat_shard_scheduled": "Per shard: entries in its due set.",
+    "safe_time_beat_shard_due": "Per shard: entries due now and not fired yet.",
+    "safe_time_beat_shard_lag_seconds": "Per shard: how late its oldest due entry is (0 when none is overdue).",
+    "safe_time_beat_beats": "Live sharded beats by their safe_time_beat_shards (label: shards); more than one "
+    "value means the beats disagree (the later ones take no shard).",
     "safe_time_overlap_locks_held": f"Overlap and in-progress idempotent locks held (counted up to {LOCKS_COUNT_CAP}).",
     "safe_time_gauge_source_up": "1 when the collector could read the source (store, redis) at this scrape, else 0.",
     "safe_time_gauge_scrape_duration_seconds": "Time the collector took to read the store and Redis.",
@@ -215,7 +224,8 @@ class SafeTimeCollector:
         from .locks.backends import get_lock_backend
 
         config = get_config(self.app)
-        view = beat_backend(config).lease_view()  # the beat backend's: Redis or PostgreSQL
+        backend = beat_backend(config)
+        view = backend.lease_view()  # the beat backend's: Redis or PostgreSQL
         ttl_ms, epoch = view.ttl_ms, view.epoch
         held = ttl_ms is not None and ttl_ms > 0
         info = view.info if held else {}
@@ -225,9 +235,39 @@ class SafeTimeCollector:
         families = [leader, _gauge(gauge, "safe_time_beat_lease_remaining_seconds", remaining)]
         if epoch:
             families.append(_gauge(gauge, "safe_time_beat_epoch", int(epoch)))
+        families.extend(self._shard_families(gauge, backend))
         held_locks = len(get_lock_backend(self.app).scan(limit=LOCKS_COUNT_CAP))
         families.append(_gauge(gauge, "safe_time_overlap_locks_held", held_locks))
         return families
+
+    def _shard_families(self, gauge: Any, backend: Any) -> list[Any]:
+        """Every shard's holder, epoch, due set and lag, and the live beats by their K."""
+        from .beat.admin import beat_rows, shard_rows
+
+        def family(name: str, labels: list[str]) -> Any:
+            return gauge(name, GAUGES[name], labels=labels)
+
+        leader = family("safe_time_beat_shard_leader", ["shard", "host", "pid"])
+        epoch = family("safe_time_beat_shard_epoch", ["shard"])
+        scheduled = family("safe_time_beat_shard_scheduled", ["shard"])
+        due = family("safe_time_beat_shard_due", ["shard"])
+        lag = family("safe_time_beat_shard_lag_seconds", ["shard"])
+        for row in shard_rows(backend):
+            shard = str(row["shard"])
+            held = row["lease_left_s"] is not None
+            leader.add_metric(
+                [shard, str(row["host"] or "") if held else "", str(row["pid"] or "") if held else ""], int(held)
+            )
+            epoch.add_metric([shard], int(row["epoch"] or 0))
+            scheduled.add_metric([shard], row["scheduled"])
+            due.add_metric([shard], row["due_now"])
+            lag.add_metric([shard], row["lag_s"])
+        beats = family("safe_time_beat_beats", ["shards"])
+        counts = collections.Counter(b["shards_setting"] for b in beat_rows(backend))
+        counts.setdefault(backend.config.beat_shards, 0)  # this app's K, also while no beat is alive
+        for shards, count in sorted(counts.items()):
+            beats.add_metric([str(shards)], count)
+        return [leader, epoch, scheduled, due, lag, beats]
 
 
 def _gauge(gauge: Any, name: str, value: float) -> Any:

@@ -14,7 +14,8 @@ from celery import Celery
 from .. import constants as C
 from ..clock import UTC
 from ..config import get_config, mask_url
-from .backends import beat_backend
+from .backends import BeatBackend, beat_backend
+from .shards import incumbent
 from .state import load_state
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         states, _ = backend.read_states(names)
         # from the indexes (HLEN, ZCARD, ZCOUNT; COUNT on PostgreSQL): never a read of every entry
         counts = backend.entry_counts(backend.clock.time() + C.BEAT_LIST_SOON)
+        shards = describe_shards(backend) if config.beat_shards > 1 else None
     except backend.errors as exc:
         return {"error": f"{backend.where()} unreachable: {exc}"}
     entries = []
@@ -71,7 +73,60 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         },
         "entries": entries,
         "invalid_entries": _invalid(app, counts.definitions),
+        **({} if shards is None else shards),
     }
+
+
+def shard_rows(backend: BeatBackend) -> list[dict[str, Any]]:
+    """Each shard's lease holder, epoch, entries scheduled, entries due now and lag (how late its oldest
+    due entry is: a holder whose tick stalls shows as a growing lag); shard 0 alone with one shard.
+    A few round trips per shard (the lease, then the due set's size, count and head)."""
+    config = backend.config
+    rows = []
+    for shard in range(config.beat_shards):
+        view = (backend if shard == 0 else backend.for_shard(shard)).shard_view()
+        info = view.lease.info if view.lease.ttl_ms and view.lease.ttl_ms > 0 else {}
+        rows.append(
+            {
+                "shard": shard,
+                "host": info.get("host"),
+                "pid": info.get("pid"),
+                "epoch": info.get("epoch", view.lease.epoch),
+                "lease_left_s": round(view.lease.ttl_ms / 1000.0, 1) if info and view.lease.ttl_ms else None,
+                "scheduled": view.scheduled,
+                "due_now": view.due_now,
+                "lag_s": round(max(0.0, view.lease.now - view.oldest_due), 1) if view.oldest_due is not None else 0.0,
+            }
+        )
+    return rows
+
+
+def beat_rows(backend: BeatBackend) -> list[dict[str, Any]]:
+    """The live beats of sharded firing (their heartbeats within ``BEAT_SHARD_HEARTBEAT_LEASES`` of a
+    lease): shards held, their ``safe_time_beat_shards`` and fingerprint, and whether it is the K in force
+    (the first-started live beat's: a beat with another K takes no shard)."""
+    config = backend.config
+    now = backend.clock.time()
+    window = config.beat_lease * C.BEAT_SHARD_HEARTBEAT_LEASES
+    pulses = {m: p for m, p in backend.beats_seen().items() if p.seen >= now - window}
+    first = incumbent(pulses)
+    return [
+        {
+            "beat": member[:8],
+            "held": pulse.held,
+            "shards_setting": pulse.shards,
+            "fingerprint": pulse.fingerprint,
+            "up_s": round(max(0.0, now - pulse.since), 1),
+            "fires": first is not None and pulse.shards == first[1].shards,
+        }
+        for member, pulse in sorted(pulses.items(), key=lambda item: (item[1].since, item[0]))
+    ]
+
+
+def describe_shards(backend: BeatBackend) -> dict[str, Any]:
+    """The sharded part of the ``[beat]`` section: every shard (:func:`shard_rows`) and the live beats
+    (:func:`beat_rows`)."""
+    return {"shards": shard_rows(backend), "beats": beat_rows(backend)}
 
 
 def _invalid(app: Celery, runtime: int) -> dict[str, str] | str:

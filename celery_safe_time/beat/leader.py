@@ -99,7 +99,8 @@ class LeaderKeeper:
     def join(self, gate: ShardGate) -> None:
         """Take part in sharded firing: ``gate`` decides when this shard's lease is taken or given back."""
         self.gate = gate
-        self.lease_name = f"the lease of shard {self.shard}"
+        if gate.shards > 1:
+            self.lease_name = f"the lease of shard {self.shard}"
         gate.keepers.append(self)
 
     # --- lifecycle ----------------------------------------------------------------
@@ -167,6 +168,8 @@ class LeaderKeeper:
                     if epoch is not None:
                         self._generation += 1
                         self._term = LeaseTerm(self._generation, epoch)
+                        if self.gate is not None:
+                            self.gate.changed()
                         logger.info(
                             "beat: acquired %s (epoch %s, lease %gs)", self.lease_name, epoch, self.config.beat_lease
                         )

@@ -71,9 +71,16 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         else:
             self.init_lease(app)
             self.gate = None
-            if self.shards > 1:
+            # one leader too, where the backend keeps heartbeats: its K is seen by the sharded beats
+            # (and theirs by it), so that a beat left at one shard beside them does not fire as well
+            if self.shards > 1 or self.backend.keeps_heartbeats:
                 backend = self.backend
-                self.gate = ShardGate(self.shards, config.beat_lease, backend.beats_heartbeat, backend.clock.time)
+                self.gate = ShardGate(
+                    self.shards,
+                    config.beat_lease,
+                    backend.beats_heartbeat,
+                    backend.clock.time,
+                )
                 self.keeper.join(self.gate)
         #: the entries' overlap policies, decided at dispatch (:mod:`.overlap`)
         self.overlap_gate = OverlapGate(app, self.config)
@@ -104,6 +111,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         self.lazy = False
         #: how many runtime entries make a leader read only what is due (decided at each takeover)
         self.lazy_threshold = C.BEAT_LAZY_ENTRIES
+        #: sharded beats: when (``clock``) this shard's next tick is due, and the lease it was set under
+        self._next_tick: float | None = None
+        self._ticked_term: LeaseTerm | None = None
         super().__init__(app, *args, **kwargs)
 
     # --- setup --------------------------------------------------------------------
@@ -116,6 +126,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         self.install_default_entries(self.data)
         self.merge_inplace(self.app.conf.beat_schedule)
         self.config_names = set(self.schedule)
+        if self.gate is not None:  # the beats' heartbeats carry it (set here: it reads the app)
+            self.gate.fingerprint = self.fingerprint()
         self.shard_children = [
             SafeScheduler(self.app, parent=self, shard=shard, max_interval=self.max_interval)
             for shard in range(1, self.shards)
@@ -157,10 +169,35 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     # --- the loop -----------------------------------------------------------------
     def _tick(self) -> float:
-        """One tick of each shard this beat may lead (shard 0's, then the others'); the shortest wait."""
-        wait = self._tick_shard()
+        """One tick of each shard this beat leads whose own wait is over (shard 0's, then the others');
+        the shortest wait left.
+
+        Each held shard keeps the cadence of one leader: it ticks when the wait its last tick returned is
+        over (its next due entry, a change poll or ``max_interval``), or at once when its lease is new. A
+        standby shard only looks whether its lease thread took the lease (no backend call); the beat's
+        loop comes back every ``BEAT_STANDBY_WAKE`` for it without ticking the held shards each time.
+        """
+        if not self.shard_children:
+            return self._tick_shard()
+        wait = self._tick_if_due()
         for child in self.shard_children:
-            wait = min(wait, child._tick_shard())
+            wait = min(wait, child._tick_if_due())
+        return wait
+
+    def _tick_if_due(self) -> float:
+        """This shard's tick when it leads and its wait is over (or its lease is new); the wait left."""
+        term = self.keeper.term
+        if term is None:
+            self._next_tick = None
+            return self._tick_shard()  # a standby's tick: no backend call, the wake-up wait
+        now = self.clock.time()
+        due_at = self._next_tick if self._ticked_term == term else None
+        # (a wait longer than one tick left means the clock went back: tick now)
+        if due_at is not None and now < due_at <= now + self.granularity:
+            return due_at - now
+        wait = self._tick_shard()
+        self._ticked_term = term
+        self._next_tick = self.clock.time() + wait
         return wait
 
     def _tick_shard(self) -> float:

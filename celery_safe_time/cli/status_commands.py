@@ -10,7 +10,17 @@ from celery import Celery
 from celery.bin.base import CeleryCommand
 
 from .. import constants as C
-from ..checks import PROBES, beat_verdict, default_max_lateness, run_checks, sweep_verdict, unreachable, worst
+from ..checks import (
+    PROBES,
+    beat_verdict,
+    beats_verdict,
+    default_max_lateness,
+    run_checks,
+    shards_verdict,
+    sweep_verdict,
+    unreachable,
+    worst,
+)
 from ..config import get_config, mask_url
 from ..health import Check, error_text
 from .base import _MARK, _app, _dump, _duration, _first_line, _loaded_app, safe_time
@@ -30,6 +40,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
     finally:
         log_setting_warnings(True)
     if not any(c.name == "settings" and c.status == "fail" for c in checks):
+        checks.extend(_shard_checks(_app(ctx)))
         checks.extend(_entry_checks(_app(ctx)))
     overall = worst(checks)
     if as_json:
@@ -69,6 +80,26 @@ def _entry_checks(app: Celery) -> list[Check]:
     if unreadable is not None:
         checks.append(Check("entries", "warn", unreadable))
     return checks or [Check("entries", "ok", "every beat entry valid")]
+
+
+def _shard_checks(app: Celery) -> list[Check]:
+    """``check``'s row for sharded firing: the live beats' ``safe_time_beat_shards`` agree (shown when the
+    app shards, or when a live beat shards beside an app that does not)."""
+    from ..beat.admin import beat_rows
+    from ..beat.backends import beat_backend
+
+    config = get_config(app)
+    backend = beat_backend(config)
+    errors: tuple[type[Exception], ...] = (*backend.errors, OSError)
+    try:
+        beats = beat_rows(backend)
+    except errors as exc:  # the backend's own row says it is unreachable; this one only when sharding
+        if config.beat_shards <= 1:
+            return []
+        return [Check("beat shards", "warn", f"beat heartbeats unreadable: {error_text(exc)}")]
+    if config.beat_shards <= 1 and all(beat["shards_setting"] == 1 for beat in beats):
+        return []  # one leader, and every live beat agrees: nothing to say
+    return [beats_verdict(config.beat_shards, beats)]
 
 
 def _print_checks(ctx: click.Context, checks: list[Check]) -> None:
@@ -121,6 +152,8 @@ def status(ctx: click.Context, as_json: bool, probes: tuple[str, ...], max_laten
 
 
 def probe_beat(app: Celery) -> Check:
+    """A leader holds the lease; with shards, a beat holds every shard."""
+    from ..beat.admin import shard_rows
     from ..beat.backends import beat_backend
 
     config = get_config(app)
@@ -128,10 +161,13 @@ def probe_beat(app: Celery) -> Check:
     errors: tuple[type[Exception], ...] = (*backend.errors, OSError)
     try:
         view = backend.lease_view()
+        rows = shard_rows(backend) if config.beat_shards > 1 else None
     except errors as exc:
         return Check(
             "beat", "fail", f"{backend.label} {backend.where().split(' ', 1)[-1]} unreachable: {error_text(exc)}"
         )
+    if rows is not None:
+        return shards_verdict(rows)
     return beat_verdict(view.ttl_ms, view.info, view.epoch)
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from celery.signals import before_task_publish
 
-from celery_safe_time import crontab, rate_limit
+from celery_safe_time import concurrency_limit, crontab, overlap_lock, rate_limit
 from tests.apps.basic import _redis, app, record
 
-__all__ = ["app", "overlap_run", "rated_run", "record"]
+__all__ = ["app", "overlap_run", "rated_run", "record", "stacked_run"]
 
 
 def _event(label: str, event: str, task_id: Any, **extra: Any) -> None:
@@ -47,6 +47,30 @@ def rated_run(self, label: str) -> None:  # type: ignore[no-untyped-def]
     """A beat entry's task under a rate limit (issue 38): records its start and end as ``overlap_run``."""
     _event(label, "start", self.request.id, pid=os.getpid())
     _event(label, "end", self.request.id, outcome="done")
+
+
+@app.task(bind=True, name="tests.stacked_run")
+@overlap_lock("stacked:{label}", ttl=10, retry_after=0.2)
+@concurrency_limit("stacked-all", limit=2, ttl=10, retry_after=0.2)
+def stacked_run(self, label: str, sleep: float = 0.3) -> str:  # type: ignore[no-untyped-def]
+    """A beat entry's task behind two gates (an overlap lock per entry, two runs at once of all
+    entries): recorded as ``tests.record`` records its runs (``test:runs``, with the slot header)."""
+    started = time.time()
+    time.sleep(sleep)
+    headers = {k: v for k, v in (self.request.headers or {}).items() if k.startswith("safe_time")}
+    _redis.rpush(
+        "test:runs",
+        json.dumps(
+            {
+                "label": label,
+                "task_id": self.request.id,
+                "started": started,
+                "finished": time.time(),
+                "headers": headers,
+            }
+        ),
+    )
+    return label
 
 
 def _on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:

@@ -468,3 +468,25 @@ def test_the_admin_app_setting_takes_a_dotted_path(settings: Any) -> None:
     settings.SAFE_TIME_CELERY_APP = "tests.helpers.admin.hold_lease"
     with pytest.raises(TypeError, match="is not a Celery app"):
         celery_app()
+
+
+def test_the_django_overview_lists_every_shard(
+    make_app: Callable[..., Celery], settings: Any, admin_client: Client
+) -> None:
+    from celery_safe_time.beat.backends import beat_backend
+    from celery_safe_time.config import get_config
+
+    app = make_app(
+        "admin-shards", safe_time_store_url="django", safe_time_key_prefix="adm-shards:", safe_time_beat_shards=3
+    )
+    settings.SAFE_TIME_CELERY_APP = app
+    backend = beat_backend(get_config(app))
+    for shard in (0, 1):  # shard 2 is held by no beat
+        lease = backend.for_shard(shard).make_lease(info={"host": f"beat-host-{shard}", "pid": 4000 + shard})
+        assert lease.acquire(backend.clock.time()) is not None
+    body = admin_client.get(OVERVIEW).content.decode()
+    assert 'id="beat-shards"' in body
+    assert "beat-host-0 pid 4000" in body
+    assert "beat-host-1 pid 4001" in body
+    row = body[body.index('id="shard-2"') :]
+    assert "no beat holds it" in row[: row.index("</tr>")]

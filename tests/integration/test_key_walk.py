@@ -24,6 +24,7 @@ from celery_safe_time import (
 )
 from celery_safe_time.beat.entries import pause, resume, run_now
 from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.beat.shards import shard_of
 from celery_safe_time.config import get_config
 from celery_safe_time.locks.backends import Owner, get_lock_backend
 from celery_safe_time.locks.limits import slot_key
@@ -48,9 +49,16 @@ PERMANENT = (
     "beat:entries:names:version",
     "beat:entries:applied",
     "beat:entries:run-now",
+    "beat:entries:paused-until",
     "beat:history:*",
     "beat:history-slots:*",
     "beat:audit:*",
+    # sharded firing (safe_time_beat_shards): each shard's own, as shard 0's above
+    "beat:shard:*:epoch",
+    "beat:shard:*:state",
+    "beat:shard:*:due",
+    "beat:shard:*:entries:applied",
+    "beat:shard:*:entries:paused-until",
 )
 
 
@@ -121,6 +129,48 @@ def test_every_key_has_a_ttl_or_is_a_documented_permanent_key(
     index.apply_async((4,), debounce=timedelta(minutes=1), debounce_key="index:{site}")
 
     _walk(app, topology, prefix)
+
+
+def test_the_keys_of_sharded_beats(make_app: Callable[..., Celery], topology: str, tmp_path: Path) -> None:
+    """Two beats sharing three shards (``safe_time_beat_shards``): each shard's lease, epoch, leader
+    info, state, due set, applied marker and pause expiries, and the beats' heartbeats."""
+    prefix = f"walks-{uuid.uuid4().hex[:8]}:"
+    app = make_app(
+        safe_time_redis_url=topology, safe_time_key_prefix=prefix, safe_time_beat_lease=6, safe_time_beat_shards=3
+    )
+    app.task(name="walk.noop", shared=False)(_noop)
+    names = [f"walk-tenant-{i}" for i in range(9)]
+    for name in names:
+        save_entry(name, "walk.noop", 1.0, app=app)
+    assert {shard_of(name, 3) for name in names} == {0, 1, 2}
+    for name in names[:3]:  # a pause with an expiry in each shard of these names
+        pause(name, until=timedelta(hours=1), app=app)
+    scheds = [SafeScheduler(app=app, schedule_filename=str(tmp_path / f"s{i}"), max_interval=1) for i in range(2)]
+
+    def held() -> set[int]:
+        return {s.shard for sched in scheds for s in [sched, *sched.shard_children] if s.keeper.is_leader}
+
+    try:
+        wait_for(lambda: held() == {0, 1, 2}, 20, message="every shard held")
+        wait_for(
+            lambda: ([sched.tick() for sched in scheds], all(entry_history(n, app=app) for n in names[3:]))[1],
+            30,
+            interval=0.1,
+            message="each shard's entries fired",
+        )
+    finally:
+        scheds[1].close()
+    try:
+        client = create_redis(topology)
+        try:
+            keys = {k.decode()[len(prefix) :].replace("{beat}", "beat") for k in client.scan_iter(match=prefix + "*")}
+        finally:
+            client.close()
+        # the walk sees each shard's keys and the heartbeats (one beat still runs: its leases are live too)
+        assert {"beat:beats", "beat:shard:1:epoch", "beat:shard:2:due", "beat:shard:1:entries:applied"} <= keys
+        _walk(app, topology, prefix)
+    finally:
+        scheds[0].close()
 
 
 def test_the_keys_of_real_beat_and_worker_processes(

@@ -19,9 +19,11 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from ... import constants as C
 from ...clock import ServerClock
 from ...config import SafeTimeConfig
 from ...exceptions import ImproperlyConfigured, SafeTimeError
+from ..shards import BeatPulse
 
 #: (member, score) pairs: entry names and their next fire time.
 Scored = list[tuple[str, float]]
@@ -73,6 +75,19 @@ class EntryCounts:
     scheduled: int
     #: entries of the due set whose next fire is at or before the ``soon`` asked for
     due_soon: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardView:
+    """One shard (``safe_time_beat_shards``; the one leader's with one shard) as the operator views see it."""
+
+    lease: LeaseView
+    #: entries in its due set
+    scheduled: int
+    #: of them, entries due at ``lease.now`` (not fired yet)
+    due_now: int
+    #: when the first entry of its due set is due (None: the set is empty)
+    oldest_due: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +165,9 @@ class BeatBackend(abc.ABC):
 
     #: the shard whose lease, state and due set this object reads and writes (``safe_time_beat_shards``)
     shard: int = 0
+    #: whether the beats publish heartbeats here (:meth:`beats_heartbeat`): with shards, and with one
+    #: leader too, so that beats with different ``safe_time_beat_shards`` see each other
+    keeps_heartbeats: bool = False
 
     def __init__(self, config: SafeTimeConfig) -> None:
         self.config = config
@@ -165,13 +183,26 @@ class BeatBackend(abc.ABC):
             "leader lease (set it to 1, or coordinate on Redis)",
         )
 
-    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
-        """Record that beat ``member`` holds ``held`` shards at ``now``; the live beats (heartbeat
-        within ``window`` seconds, this one included) and their counts. Older heartbeats are dropped."""
+    def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
+        """Record beat ``member``'s ``pulse``; the live beats' pulses (seen within ``window`` seconds of
+        ``pulse.seen``, this one included). Older heartbeats are dropped."""
         raise NotImplementedError
 
     def beats_gone(self, member: str) -> None:  # noqa: B027 (only a backend with shards keeps heartbeats)
         """Drop beat ``member``'s heartbeat (it stops)."""
+
+    def shard_view(self) -> ShardView:
+        """This shard's lease and due set, for the operator's views (a backend may read it in fewer
+        round trips)."""
+        lease = self.lease_view()
+        head = self.head(1)
+        due_now = sum(1 for _, score in self.head(C.BEAT_DUE_BATCH) if score <= lease.now) if head else 0
+        return ShardView(lease, self.due_count(), due_now, head[0][1] if head else None)
+
+    def beats_seen(self) -> dict[str, BeatPulse]:
+        """Every beat heartbeat stored (live or not: the reader judges by ``seen``), for the operator's
+        views; empty on a backend without shards."""
+        return {}
 
     # --- the lease ------------------------------------------------------------------
     @abc.abstractmethod

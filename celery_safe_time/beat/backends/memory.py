@@ -16,6 +16,7 @@ from typing import Any
 
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig
+from ..shards import BeatPulse
 from ..state import identity, slot_id
 from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
 
@@ -50,8 +51,8 @@ class MemoryBeatData:
     mutex: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     #: sharded firing: the other shards' data (lease, epoch, states, due set; the rest shared), by shard
     shards: dict[int, MemoryBeatData] = dataclasses.field(default_factory=dict)
-    #: beat heartbeats (sharded firing): member -> (when, shards held); shared by every shard
-    beats: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
+    #: beat heartbeats (sharded firing): member -> its last pulse; shared by every shard
+    beats: dict[str, BeatPulse] = dataclasses.field(default_factory=dict)
 
     def shard(self, shard: int) -> MemoryBeatData:
         """Shard ``shard``'s data (0: this one): its own lease and schedule state, the fired slots,
@@ -193,6 +194,7 @@ class MemoryLease(BeatLease):
 class MemoryBeatBackend(BeatBackend):
     name = "memory"
     label = "memory"
+    keeps_heartbeats = True
     errors: tuple[type[Exception], ...] = (MemoryUnavailable,)
 
     def __init__(self, config: SafeTimeConfig, data: MemoryBeatData | None = None) -> None:
@@ -207,18 +209,23 @@ class MemoryBeatBackend(BeatBackend):
         backend.shard = shard
         return backend
 
-    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
+    def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
         d = self.data
         with d.mutex:
             d.check()
-            d.beats[member] = (now, held)
-            for gone in [m for m, (seen, _) in d.beats.items() if seen < now - window]:
+            d.beats[member] = pulse
+            for gone in [m for m, seen in d.beats.items() if seen.seen < pulse.seen - window]:
                 del d.beats[gone]
-            return {m: count for m, (_, count) in d.beats.items()}
+            return dict(d.beats)
 
     def beats_gone(self, member: str) -> None:
         with self.data.mutex:
             self.data.beats.pop(member, None)
+
+    def beats_seen(self) -> dict[str, BeatPulse]:
+        with self.data.mutex:
+            self.data.check()
+            return dict(self.data.beats)
 
     def _sorted_due(self) -> Scored:
         return sorted(((name, score) for name, score in self.data.due.items()), key=lambda item: (item[1], item[0]))

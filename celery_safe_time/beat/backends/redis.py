@@ -46,9 +46,9 @@ from ...config import SafeTimeConfig, mask_url
 from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
-from ..shards import shard_of
+from ..shards import BeatPulse, shard_of
 from ..state import identity, load_state, marker_value, slot_id
-from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, ShardView, SlotWrite, Snapshot
 from .redis_keys import BeatKeys
 
 __all__ = [
@@ -308,6 +308,7 @@ class RedisBeatBackend(BeatBackend):
     name = C.COORDINATION_REDIS
     label = "Redis"
     errors = REDIS_ERRORS
+    keeps_heartbeats = True
 
     def __init__(self, config: SafeTimeConfig, client: redis.Redis | None = None, shard: int = 0) -> None:
         super().__init__(config)
@@ -325,23 +326,39 @@ class RedisBeatBackend(BeatBackend):
         backend.clock = self.clock
         return backend
 
-    def beats_heartbeat(self, member: str, held: int, now: float, window: float) -> dict[str, int]:
+    def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
         key = self.config.key(C.KEY_BEAT_BEATS)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hset(key, member, f"{now!r} {held}")
+        pipe.hset(key, member, pulse.dump())
+        # gone with the last beat: each heartbeat pushes the expiry past the window it counts in
+        pipe.pexpire(key, max(1, int(window * 2 * 1000)))
         pipe.hgetall(key)
-        found = pipe.execute()[1]
-        live: dict[str, int] = {}
+        found = pipe.execute()[2]
+        live: dict[str, BeatPulse] = {}
         for raw_member, value in found.items():
-            seen, _, count = as_text(value).partition(" ")
-            if float(seen) >= now - window:
-                live[as_text(raw_member)] = int(count)
+            seen = BeatPulse.load(as_text(value))
+            if seen is not None and seen.seen >= pulse.seen - window:
+                live[as_text(raw_member)] = seen
         if len(live) < len(found):
             self.client.hdel(key, *[m for m in found if as_text(m) not in live])
         return live
 
     def beats_gone(self, member: str) -> None:
         self.client.hdel(self.config.key(C.KEY_BEAT_BEATS), member)
+
+    def shard_view(self) -> ShardView:
+        lease = self.lease_view()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.due)
+        pipe.zcount(self.keys.due, "-inf", lease.now)
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        scheduled, due_now, head = pipe.execute()
+        return ShardView(lease, int(scheduled), int(due_now), float(head[0][1]) if head else None)
+
+    def beats_seen(self) -> dict[str, BeatPulse]:
+        found = self.client.hgetall(self.config.key(C.KEY_BEAT_BEATS))
+        pulses = {as_text(m): BeatPulse.load(as_text(v)) for m, v in found.items()}
+        return {m: p for m, p in pulses.items() if p is not None}
 
     def _keys_of(self, name: str) -> BeatKeys:
         """The keys of the shard ``name`` belongs to (the API side reads any entry's state)."""

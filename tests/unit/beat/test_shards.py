@@ -130,6 +130,81 @@ def test_uneven_shares_reach_one_apart(data: MemoryBeatData, clock: FakeTime) ->
     assert sorted(len(b.held()) for b in beats) == [1, 1, 2]
 
 
+def test_a_beat_with_another_k_takes_no_shard_while_a_beat_with_the_first_k_lives(
+    data: MemoryBeatData, clock: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two Ks would split the names differently: the beats that started first keep firing with theirs
+    (not counting the other), and a beat with another K takes nothing, logs an error naming the
+    setting, and takes its shards once no beat with the first K is alive (a rolling change of K)."""
+    old = [_Beat(data, clock, 6, clock) for _ in range(2)]
+    _run(old, clock, 8 * RENEW)
+    assert sorted(len(b.held()) for b in old) == [3, 3]
+    clock.now += 1.0
+    with caplog.at_level("ERROR", logger="celery_safe_time.beat.shards"):
+        new = _Beat(data, clock, 4, clock)
+        _run([*old, new], clock, 8 * RENEW)
+    assert new.held() == set()
+    assert sorted(len(b.held()) for b in old) == [3, 3]  # the other K is not counted in the fair share
+    assert "safe_time_beat_shards is 4 here but 6 on a live beat that started first" in caplog.text
+    refused = [r for r in caplog.records if "takes no shard until" in r.getMessage()]
+    assert len(refused) == 1  # logged once, not at every renewal
+    pulses = new.gate.pulses(fresh=True)
+    assert sorted(p.shards for p in pulses.values()) == [4, 6, 6]
+    # the old beats stop one by one (as a rolling restart does): the new K waits for the last of them
+    for keeper in old[0].keepers:  # closed: its leases released and its heartbeat dropped
+        keeper.stop(release=True)
+    MemoryBeatBackend(get_config(memory_app("gone", safe_time_beat_shards=6)), data).beats_gone(old[0].gate.member)
+    _run([old[1], new], clock, 4 * RENEW)
+    assert new.held() == set()
+    assert len(old[1].held()) == 6
+    # the last old beat is killed: its heartbeat goes stale, its leases expire, the new K takes over
+    _run([new], clock, LEASE + 2 * RENEW)
+    assert new.held() == {0, 1, 2, 3}
+
+
+def test_the_first_beat_s_k_wins_and_a_beat_that_started_later_gives_its_shards_back(
+    data: MemoryBeatData, clock: FakeTime
+) -> None:
+    """A beat that already holds shards gives every one back when it sees that a beat with another K
+    started before it (its heartbeat was stale for a moment, say)."""
+    first = _Beat(data, clock, 3, clock)
+    first.round()
+    first.gate.pulses(fresh=True)
+    heartbeat = data.beats.pop(first.gate.member)  # stale for a while: the later beat sees no one
+    for keeper in first.keepers:
+        keeper.stop(release=True)
+    later = _Beat(data, clock, 2, clock)
+    clock.now += 1.0
+    later.round()
+    assert later.held() == {0, 1}
+    data.beats[first.gate.member] = heartbeat._replace(seen=clock.now)  # the first beat is back
+    later.gate.pulses(fresh=True)
+    later.round()
+    assert later.held() == set()
+
+
+def test_a_beat_left_at_one_shard_beside_sharded_beats_takes_nothing(data: MemoryBeatData, clock: FakeTime) -> None:
+    """One leader (K = 1) writes a heartbeat too: started after sharded beats, it does not lead shard 0's
+    lease (as one leader of every entry, beside them); started first, the sharded ones wait."""
+    sharded = _Beat(data, clock, 3, clock)
+    sharded.round()
+    clock.now += 1.0
+    single = _Beat(data, clock, 1, clock)
+    sharded.keepers[0].stop(release=True)  # shard 0 is free: the single beat could take it
+    _run([sharded, single], clock, 4 * RENEW)
+    assert single.held() == set()
+    # the sharded beat stops for good: the single beat leads
+    for keeper in sharded.keepers:
+        keeper.stop(release=True)
+    MemoryBeatBackend(get_config(memory_app("gone-1", safe_time_beat_shards=3)), data).beats_gone(sharded.gate.member)
+    _run([single], clock, 2 * RENEW)
+    assert single.held() == {0}
+    later = _Beat(data, clock, 3, clock)
+    _run([single, later], clock, 4 * RENEW)
+    assert later.held() == set()
+    assert single.held() == {0}
+
+
 # --- SafeScheduler with shards --------------------------------------------------------------------
 
 
@@ -226,7 +301,8 @@ def test_one_shard_is_one_leader_as_before(tmp_path: Path, clock: FakeTime, data
     sched = _scheduler(tmp_path, "one", 1)
     try:
         assert sched.shard_children == []
-        assert sched.gate is None
+        assert sched.gate is not None  # its heartbeat says K = 1 to any sharded beat
+        assert sched.gate.shards == 1
         assert sched.keeper.lease_name == "the leader lease"
         assert sched.owns("anything")
     finally:
@@ -241,3 +317,50 @@ def test_a_scheduler_that_fires_from_one_leader_refuses_shards_at_startup() -> N
     one.config = get_config(memory_app("one-leader", safe_time_beat_shards=2))
     with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*fires from one leader"):
         one.check_startup(1.0)
+
+
+def test_held_shards_tick_at_their_own_cadence_while_a_standby_shard_is_looked_at_every_wake(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData
+) -> None:
+    """A beat that holds shard 0 and stands by for shard 1 (another beat holds it) comes back every
+    ``BEAT_STANDBY_WAKE`` for the standby shard, but ticks the held shard only when its own wait is
+    over (``max_interval`` here: nothing is due sooner), as one leader would."""
+    from celery_safe_time import constants as C
+
+    sched = _scheduler(tmp_path, "cadence", 2, clock)
+    other = MemoryBeatBackend(sched.config, data).for_shard(1).make_lease()
+    try:
+        sched.shard_children[0].keeper.stop(release=True)  # it took every shard at startup
+        assert other.acquire(clock.now) is not None  # shard 1 is another beat's
+        _attempt([sched])
+        assert [k.is_leader for k in _keepers(sched)] == [True, False]
+        reads = collections.Counter[int]()
+        for s in [sched, *sched.shard_children]:
+            read_due = s.backend.read_due
+
+            def counted(now: float, limit: int, _read: Any = read_due, _shard: int = s.shard) -> Any:
+                reads[_shard] += 1
+                return _read(now, limit)
+
+            s.backend.read_due = counted  # type: ignore[method-assign]
+        sched.tick()  # the first tick plans the held shard
+        reads.clear()
+        wakes = 0
+        end = clock.now + 5.0
+        while clock.now < end:
+            wait = sched.tick()
+            assert wait <= C.BEAT_STANDBY_WAKE  # the standby shard is looked at every wake
+            clock.now += wait
+            wakes += 1
+        assert wakes >= 5.0 / C.BEAT_STANDBY_WAKE - 1
+        # about once a second (the config entry is due every second; a float edge may add a look), not 50 times
+        assert 4 <= reads[0] <= 10
+        assert reads[1] == 0  # a standby shard makes no backend call
+        # once the other beat's lease is gone and this beat takes shard 1, it ticks at once
+        other.release()
+        _attempt([sched])
+        assert sched.shard_children[0].keeper.is_leader
+        sched.tick()
+        assert reads[1] == 1
+    finally:
+        sched.close()

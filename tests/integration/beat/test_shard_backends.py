@@ -89,15 +89,15 @@ def test_each_shard_has_its_own_state_and_due_set_and_the_fired_markers_are_shar
         assert read.due == [(names[shard], 100.0 + shard)]  # only its own entries
         assert (read.due_count, read.state_count) == (1, 1)
         assert backend.head() == [(names[shard], 100.0 + shard)]
-        stored, scores, _ = backend.read_all()
+        stored, _, _ = backend.read_all()
         assert set(stored) == {names[shard]}
     # a slot fired by one shard's leader is fired for every shard's (a move never fires it again)
     assert leases[2].dispatch_slot(1, names[0], 50.0) == 0
     assert root.slot_fired(names[1], 50.0)
     # the API side reads each entry from its shard, whichever backend object asks
-    states, scores, _ = backends().entry_rows(names)
+    states, due, _ = backends().entry_rows(names)
     assert [s.decode() if isinstance(s, bytes) else s for s in states] == [f'{{"s": {s}}}' for s in range(SHARDS)]
-    assert scores == [100.0, 101.0, 102.0]
+    assert due == [100.0, 101.0, 102.0]
     counts = backends().entry_counts(101.5)
     assert (counts.scheduled, counts.due_soon) == (3, 2)
     # a seeded state lands in the entry's shard (its leader plans it from there)

@@ -21,9 +21,13 @@ Per size, on a fresh Redis db:
 
 Runs of their own: ``--steady-state-memory`` (what a daily entry adds after 50 runs, and Redis's
 own time per guarded slot and per publish), ``--redbeat 100000`` (ours beside celery-redbeat with the
-same entries) and ``--ticks 10000,1000000`` (leaders of each size ticked in turn).
+same entries) and ``--ticks 10000,1000000`` (leaders of each size ticked in turn). ``--postgres``: the
+kill proof of each size on PostgreSQL coordination (a fresh database, a key prefix per size, the
+broker still Redis; the database's growth instead of Redis memory), then the leaders of every size
+taking over the plans left and ticked in turn.
 
-``python -m benchmarks.beat_killproof [--sizes 10000,1000000]``; needs the local Redis. Not part of
+``python -m benchmarks.beat_killproof [--postgres] [--sizes 10000,1000000]``; needs the local Redis (and
+PostgreSQL with ``--postgres``). Not part of
 ``make bench`` (a million entries take minutes to save and about 1.4 GB of Redis).
 """
 

@@ -21,9 +21,13 @@ Per size, on a fresh Redis db:
 
 Runs of their own: ``--steady-state-memory`` (what a daily entry adds after 50 runs, and Redis's
 own time per guarded slot and per publish), ``--redbeat 100000`` (ours beside celery-redbeat with the
-same entries) and ``--ticks 10000,1000000`` (leaders of each size ticked in turn).
+same entries) and ``--ticks 10000,1000000`` (leaders of each size ticked in turn). ``--postgres``: the
+kill proof of each size on PostgreSQL coordination (a fresh database, a key prefix per size, the
+broker still Redis; the database's growth instead of Redis memory), then the leaders of every size
+taking over the plans left and ticked in turn.
 
-``python -m benchmarks.beat_killproof [--sizes 10000,1000000]``; needs the local Redis. Not part of
+``python -m benchmarks.beat_killproof [--postgres] [--sizes 10000,1000000]``; needs the local Redis (and
+PostgreSQL with ``--postgres``). Not part of
 ``make bench`` (a million entries take minutes to save and about 1.4 GB of Redis).
 """
 
@@ -38,7 +42,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -138,9 +142,11 @@ class Poller(threading.Thread):
     """Reads every message the beats push onto the ``celery`` queue as it arrives (LPUSH: the newest
     are at the head), with the time it saw it, and the lease's epoch and when it changed."""
 
-    def __init__(self, client: redis.Redis, epoch_key: str) -> None:
+    def __init__(self, client: redis.Redis, epoch_key: str, read_epoch: Callable[[], int | None] | None = None) -> None:
         super().__init__(daemon=True)
         self.client, self.epoch_key = client, epoch_key
+        #: the epoch from elsewhere than a Redis key (PostgreSQL coordination: the lease row)
+        self.read_epoch = read_epoch
         self.seen = 0
         self.messages: list[tuple[float, str, str, int]] = []  # (seen at, entry, slot, epoch)
         self.epochs: list[tuple[float, int]] = []  # (seen at, epoch)
@@ -148,7 +154,11 @@ class Poller(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            self.poll()
+            try:
+                self.poll()
+            except (redis.ConnectionError, redis.TimeoutError):
+                # the shared services stall under load: the queue keeps the messages, the next poll reads them
+                time.sleep(0.1)
             time.sleep(0.003)
         self.poll()
 
@@ -157,6 +167,8 @@ class Poller(threading.Thread):
         pipe.get(self.epoch_key)
         pipe.llen("celery")
         epoch_raw, length = pipe.execute()
+        if self.read_epoch is not None:
+            epoch_raw = self.read_epoch()
         now = time.time()
         epoch = int(epoch_raw or 0)
         if not self.epochs or self.epochs[-1][1] != epoch:
@@ -183,21 +195,29 @@ def _count(poller: Poller, start: float, end: float) -> dict[str, Any]:
     for _, entry, slot, _ in poller.messages:
         per[(entry, round(datetime.fromisoformat(slot).timestamp() * 1000))] += 1
     once = twice = missing = 0
+    missed: list[tuple[str, int]] = []
     for i in range(BUSY + MINUTELY):
         name = f"tenant-{i}"
         slots = sorted(s for (e, s) in per if e == name)
-        if not slots:
-            missing += 1
-            continue
         step = 1000 if i < BUSY else 60_000
-        for grid in range(slots[0], round(end * 1000) + 1, step):
+        # an entry with no message in the window: its grid (whole seconds, whole minutes) from the start
+        first = slots[0] if slots else -(-round(start * 1000) // step) * step
+        for grid in range(first, round(end * 1000) + 1, step):
             if grid >= start * 1000:
                 c = per.get((name, grid), 0)
                 once += c == 1
                 twice += c > 1
                 missing += c == 0
+                if c == 0:
+                    missed.append((name, grid))
     unexpected = sum(c for (e, _), c in per.items() if int(e.split("-")[1]) >= BUSY + MINUTELY)
-    return {"once": once, "twice or more": twice, "missing": missing, "other entries published": unexpected}
+    return {
+        "once": once,
+        "twice or more": twice,
+        "missing": missing,
+        "other entries published": unexpected,
+        "missing slots": missed,
+    }
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -237,31 +257,101 @@ def steady_ticks(app: Any, tmp: Path) -> dict[str, float]:
     }
 
 
-def bench_kill(redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path) -> dict[str, Any]:
+class _Lease:
+    """What the benchmark reads of the leader lease and the plan, on either coordination."""
+
+    def __init__(self, app: Any, client: redis.Redis, postgres: bool) -> None:
+        from celery_safe_time.beat.backends import beat_backend
+        from celery_safe_time.beat.backends.redis import BeatKeys
+        from celery_safe_time.config import get_config
+
+        self.client = client
+        self.keys = BeatKeys.for_config(get_config(app))
+        self.backend = beat_backend(get_config(app)) if postgres else None
+
+    def held(self) -> bool:
+        if self.backend is None:
+            return bool(self.client.exists(self.keys.lease))
+        return self.backend.lease_view().ttl_ms is not None
+
+    def planned(self, n: int) -> bool:
+        """The fresh leader's plan is complete: every entry is due and the applied marker is written."""
+        if self.backend is None:
+            return int(self.client.zcard(self.keys.due)) >= n and bool(self.client.exists(self.keys.applied))
+        return self.backend.due_count() >= n and self.backend.snapshot_meta().marker is not None
+
+    def holder_pid(self) -> Any:
+        if self.backend is None:
+            return json.loads(self.client.get(self.keys.info) or "{}").get("pid")
+        return self.backend.lease_view().info.get("pid")
+
+    def epoch(self) -> int | None:
+        assert self.backend is not None
+        return self.backend.lease_view().epoch
+
+
+def _postgres_app(redis_url: str, postgres_url: str, n: int) -> Any:
+    """The benchmark's app on PostgreSQL coordination, each size under a key prefix of its own (its
+    rows stay for the interleaved ticks after the kill runs)."""
+    app = _app(redis_url)
+    app.conf.update(safe_time_coordination_url=postgres_url, safe_time_key_prefix=f"kill-{n}:")
+    return app
+
+
+def _postgres_mb(postgres_url: str) -> float:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            return round(
+                int(conn.execute(sa.text("SELECT pg_database_size(current_database())")).scalar_one()) / 1e6, 1
+            )
+    finally:
+        engine.dispose()
+
+
+def bench_kill(
+    redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path, postgres_url: str | None = None
+) -> dict[str, Any]:
+    """The kill -9 proof at ``n`` entries; on PostgreSQL coordination with ``postgres_url`` (the broker
+    stays Redis: the poller reads the queue there, and the epoch from the lease row)."""
     from celery_safe_time import save_entries
-    from celery_safe_time.beat.backends.redis import BeatKeys, RedisBeatBackend
+    from celery_safe_time.beat.backends.redis import RedisBeatBackend
     from celery_safe_time.config import get_config
 
     client = redis.Redis.from_url(redis_url)
     client.flushdb(asynchronous=True)
-    app = _app(redis_url)
-    keys = BeatKeys.for_config(get_config(app))
+    app = _app(redis_url) if postgres_url is None else _postgres_app(redis_url, postgres_url, n)
+    lease = _Lease(app, client, postgres_url is not None)
+    keys = lease.keys
     prefix = keys.due[: -len("beat:due")]
     out: dict[str, Any] = {"entries": n, "load average at start": round(os.getloadavg()[0], 1)}
+    if postgres_url is not None:
+        out["coordination"] = "postgres"
+        before_mb = _postgres_mb(postgres_url)
     before = _used(client)
     started = time.perf_counter()
     save_entries(_specs(n), app=app)
     out["save_entries s"] = round(time.perf_counter() - started, 1)
     out["save_entries per s"] = round(n / (time.perf_counter() - started))
-    out["used_memory after save, bytes per entry"] = round((_used(client) - before) / n)
+    if postgres_url is None:
+        out["used_memory after save, bytes per entry"] = round((_used(client) - before) / n)
+    else:
+        out["database growth after save, bytes per entry"] = round((_postgres_mb(postgres_url) - before_mb) * 1e6 / n)
     claim.refresh()
 
+    conf: dict[str, Any] = {"safe_time_beat_lease": LEASE}
+    if postgres_url is not None:
+        conf.update(safe_time_coordination_url=postgres_url, safe_time_key_prefix=app.conf.safe_time_key_prefix)
     env = {
         "SAFE_TIME_TEST_BROKER_URL": redis_url,
         "SAFE_TIME_TEST_BEAT_SCHEDULE": "{}",
-        "SAFE_TIME_TEST_APP_CONF": json.dumps({"safe_time_beat_lease": LEASE}),
+        "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
     }
-    poller = Poller(client.__class__.from_url(redis_url), keys.epoch)
+    poller = Poller(
+        client.__class__.from_url(redis_url), keys.epoch, read_epoch=lease.epoch if postgres_url is not None else None
+    )
     poller.start()
     beats = [
         CeleryProcess(
@@ -275,16 +365,21 @@ def bench_kill(redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path) 
     ]
     try:
         beats[0].start()
-        _wait(lambda: client.exists(keys.lease), 60, "the first beat's lease")
+        _wait(lease.held, 60, "the first beat's lease")
         time.sleep(1.0)
         beats[1].start()
         started = time.monotonic()
         # the fresh leader plans a chunk per tick: its plan is complete once every entry is due
-        _wait(lambda: int(client.zcard(keys.due)) >= n and client.exists(keys.applied), 900, "the plan")
+        _wait(lambda: lease.planned(n), 1800, "the plan")
         out["fresh plan complete s"] = round(time.monotonic() - started, 1)
         claim.refresh()
-        out["used_memory after plan, bytes per entry"] = round((_used(client) - before) / n)
-        leader_pid = json.loads(client.get(keys.info) or "{}").get("pid")
+        if postgres_url is None:
+            out["used_memory after plan, bytes per entry"] = round((_used(client) - before) / n)
+        else:
+            out["database growth after plan, bytes per entry"] = round(
+                (_postgres_mb(postgres_url) - before_mb) * 1e6 / n
+            )
+        leader_pid = lease.holder_pid()
         leader = next(b for b in beats if b.pid == leader_pid)
         standby = next(b for b in beats if b is not leader)
         # kill 50 ms into a minute: the 60 busy entries' slots are due then
@@ -309,14 +404,22 @@ def bench_kill(redis_url: str, n: int, claim: services.RedisDbClaim, tmp: Path) 
         poller.join(10)
     # every slot from 10 s before the kill to 3 s before the end
     out["slots"] = _count(poller, killed - 10, poller.messages[-1][0] - 3)
+    # a missing slot with its fired marker: marked by the killed leader, which died before its publish
+    guard = lease.backend if lease.backend is not None else RedisBeatBackend(get_config(app))
+    out["slots"]["missing with a fired marker"] = sum(
+        1 for name, slot_ms in out["slots"]["missing slots"] if guard.slot_fired(name, slot_ms / 1000)
+    )
     out["messages"] = len(poller.messages)
     with open(tmp / f"messages-{n}.jsonl", "w") as f:  # for a second look at the counts
         for message in poller.messages:
             f.write(json.dumps(message) + "\n")
-    # the name index (``beat list``, the admin) is built on the first page an operator view reads
-    RedisBeatBackend(get_config(app)).entry_page(None, 10)
-    out["memory per entry (MEMORY USAGE, bytes)"] = memory_by_type(client, prefix, n)
-    out["used_memory MB"] = round(_used(client) / 1e6, 1)
+    if postgres_url is None:
+        # the name index (``beat list``, the admin) is built on the first page an operator view reads
+        RedisBeatBackend(get_config(app)).entry_page(None, 10)
+        out["memory per entry (MEMORY USAGE, bytes)"] = memory_by_type(client, prefix, n)
+        out["used_memory MB"] = round(_used(client) / 1e6, 1)
+    else:
+        out["database MB"] = _postgres_mb(postgres_url)
     claim.refresh()
     out["steady tick"] = steady_ticks(app, tmp)
     out["load average at end"] = round(os.getloadavg()[0], 1)
@@ -338,6 +441,65 @@ def run(sizes: list[int]) -> dict[str, Any]:
         redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
         claim.release()
     return results
+
+
+def run_postgres(sizes: list[int]) -> dict[str, Any]:
+    """The kill proof of each size on PostgreSQL coordination (one fresh database, a key prefix per
+    size; the broker a Redis db), then the leaders of every size ticked in turn on the states left."""
+    claim = services.RedisDbClaim(services.resolve_redis_base())
+    db = services.PostgresDatabase(services.resolve_postgres_admin_url())
+    postgres_url = db.url.replace("postgresql://", "postgresql+psycopg://", 1)
+    results: dict[str, Any] = {"coordination": "postgres"}
+    try:
+        logs = Path(os.environ.get("BENCH_LOG_DIR") or tempfile.mkdtemp(prefix="beat-killproof-pg-"))
+        logs.mkdir(parents=True, exist_ok=True)
+        for n in sizes:
+            results[str(n)] = bench_kill(claim.url, n, claim, logs, postgres_url)
+            (logs / f"result-pg-{n}.json").write_text(json.dumps(results[str(n)], indent=2))
+        apps = {n: _postgres_app(claim.url, postgres_url, n) for n in sizes}
+        results["ticks in turn"] = ticks_in_turn(apps, logs)
+        (logs / "result-pg-ticks.json").write_text(json.dumps(results["ticks in turn"], indent=2))
+    finally:
+        from celery_safe_time.coordination import dispose_engines
+
+        dispose_engines()
+        db.drop()
+        redis.Redis.from_url(claim.url).flushdb(asynchronous=True)
+        claim.release()
+    return results
+
+
+def markdown_postgres(results: dict[str, Any]) -> str:
+    lines = [
+        "| entries (PostgreSQL coordination) | `save_entries` | fresh plan | kill -9 to lease taken (s) "
+        "| lease taken to first publish (s) | slots once / twice or more / missing | steady tick p50 / p99 (ms) "
+        "| beat RSS standby / leader / new leader (MB) | database per entry, saved / planned (B) | load average |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, r in results.items():
+        if not key.isdigit():
+            continue
+        s, t = r["slots"], r["steady tick"]
+        lines.append(
+            f"| {int(key):,} | {r['save_entries s']} s ({r['save_entries per s']:,}/s) "
+            f"| {r['fresh plan complete s']} s "
+            f"| {r['kill to lease taken s']} | {r['lease taken to first publish s']} "
+            f"| {s['once']} / {s['twice or more']} / {s['missing']} | {t['p50 ms']} / {t['p99 ms']} "
+            f"| {r['standby RSS MB']} / {r['leader RSS MB']} / {r['new leader RSS MB']} "
+            f"| {r['database growth after save, bytes per entry']} "
+            f"/ {r['database growth after plan, bytes per entry']} "
+            f"| {r['load average at start']} to {r['load average at end']} |"
+        )
+    ticks = results.get("ticks in turn")
+    if ticks:
+        lines += ["", "| ticked in turn | takeover first tick (ms) | tick p50 / p99 (ms) |", "|---:|---:|---:|"]
+        for key, value in ticks.items():
+            if key.endswith(" tick"):
+                n = int(key.split()[0])
+                lines.append(
+                    f"| {n:,} | {ticks[f'{n} takeover first tick ms']} | {value['p50 ms']} / {value['p99 ms']} |"
+                )
+    return "\n".join(lines)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -561,19 +723,32 @@ def interleaved_ticks(redis_url: str, sizes: list[int], tmp: Path) -> dict[str, 
 
     client = redis.Redis.from_url(redis_url)
     client.flushdb(asynchronous=True)
+    apps = {}
+    for n in sizes:
+        app = apps[n] = _app(redis_url)
+        app.conf.safe_time_key_prefix = f"ticks-{n}:"
+        save_entries(_specs(n), app=app)
+        fresh = SafeScheduler(app=app, schedule_filename=str(tmp / f"ticks-fresh-{n}"), max_interval=1)
+        _wait(lambda fresh=fresh: fresh.keeper.epoch is not None, 30, "the lease")
+        fresh.tick()
+        while fresh.replanning:
+            fresh.tick()
+        fresh.close()
+    out = ticks_in_turn(apps, tmp)
+    client.flushdb(asynchronous=True)
+    return out
+
+
+def ticks_in_turn(apps: dict[int, Any], tmp: Path) -> dict[str, Any]:
+    """A leader per app (each size's, its plan complete) taking over, ticked in turn (the same noise on
+    each): the takeover's first tick, and p50 / p99 of their ticks (10 entries due every second)."""
+    from celery_safe_time.beat.scheduler import SafeScheduler
+
     out: dict[str, Any] = {"load average at start": round(os.getloadavg()[0], 1)}
     leaders: dict[int, Any] = {}
+    sizes = list(apps)
     try:
-        for n in sizes:
-            app = _app(redis_url)
-            app.conf.safe_time_key_prefix = f"ticks-{n}:"
-            save_entries(_specs(n), app=app)
-            fresh = SafeScheduler(app=app, schedule_filename=str(tmp / f"ticks-fresh-{n}"), max_interval=1)
-            _wait(lambda fresh=fresh: fresh.keeper.epoch is not None, 30, "the lease")
-            fresh.tick()
-            while fresh.replanning:
-                fresh.tick()
-            fresh.close()
+        for n, app in apps.items():
             leaders[n] = SafeScheduler(app=app, schedule_filename=str(tmp / f"ticks-{n}"), max_interval=1)
             _wait(lambda n=n: leaders[n].keeper.epoch is not None, 30, "the lease")
             started = time.perf_counter()
@@ -593,7 +768,6 @@ def interleaved_ticks(redis_url: str, sizes: list[int], tmp: Path) -> dict[str, 
         for leader in leaders.values():
             leader.close()
     out["load average at end"] = round(os.getloadavg()[0], 1)
-    client.flushdb(asynchronous=True)
     return out
 
 
@@ -619,7 +793,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--redbeat", default=None, help="Only ours beside celery-redbeat, at these sizes.")
     parser.add_argument("--ticks", default=None, help="Only the steady tick of these sizes, ticked in turn.")
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="On PostgreSQL coordination (a fresh database; the broker stays Redis), then the sizes ticked in turn.",
+    )
     args = parser.parse_args(argv)
+    if args.postgres:
+        results = run_postgres([int(s) for s in args.sizes.split(",")])
+        return print_report(markdown_postgres(results), results)
     if args.ticks:
         with claimed_db() as (url, tmp):
             sizes = [int(x) for x in args.ticks.split(",")]

@@ -300,6 +300,8 @@ def _count_once(client: redis.Redis, n: int) -> dict[str, int]:
 
 #: the burst's runs (``--burst-modes``): one leader batched, unbatched, on PostgreSQL; three sharded beats
 BURST_MODES = ("batched", "unbatched", "postgres", "sharded")
+#: runs only when asked for: three sharded beats on PostgreSQL coordination
+BURST_MODES_ASKED = ("sharded-postgres",)
 
 
 def bench_burst(
@@ -308,20 +310,22 @@ def bench_burst(
     """The burst batched and one round trip per slot on Redis coordination, batched on PostgreSQL
     coordination when ``postgres_url`` is given (a fresh database: nothing else under its prefix), and
     fired by three beats sharing six shards (``benchmarks/beat_shards.py``)."""
-    from benchmarks.beat_shards import bench_sharded
+    from benchmarks.beat_shards import SHARDED_POSTGRES_PREFIX, bench_sharded
     from celery_safe_time import save_entries
 
     client = redis.Redis.from_url(redis_url)
     out: dict[str, Any] = {"entries": n, "load average": os.getloadavg()[0]}
     for mode in modes:
-        coordination = postgres_url if mode == "postgres" else None
-        if mode == "postgres" and not postgres_url:
+        coordination = postgres_url if mode in ("postgres", "sharded-postgres") else None
+        if mode in ("postgres", "sharded-postgres") and not postgres_url:
             continue
+        # the sharded beats on PostgreSQL under a prefix of their own (the one leader's rows stay apart)
+        prefix = SHARDED_POSTGRES_PREFIX if mode == "sharded-postgres" else "bench-burst:"
         client.flushdb()
-        save_entries(_burst_specs(n), app=_app(redis_url, coordination))
+        save_entries(_burst_specs(n), app=_app(redis_url, coordination, prefix))
         out[f"load average before {mode}"] = os.getloadavg()[0]
-        if mode == "sharded":
-            out[mode] = bench_sharded(redis_url, n)
+        if mode in ("sharded", "sharded-postgres"):
+            out[mode] = bench_sharded(redis_url, n, coordination)
         else:
             out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"), coordination=coordination)
         if "error" not in out[mode]:
@@ -588,6 +592,7 @@ _BURST_ROWS = (
     ("one round trip per slot", "unbatched"),
     ("a chunk per round trip, PostgreSQL coordination", "postgres"),
     ("a chunk per round trip, 3 beats sharing 6 shards (`safe_time_beat_shards = 6`)", "sharded"),
+    ("a chunk per round trip, 3 beats sharing 6 shards, PostgreSQL coordination", "sharded-postgres"),
 )
 
 
@@ -626,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.leader and args.burst and args.shard_beat is not None:
         from benchmarks.beat_shards import shard_child
 
-        print(json.dumps(shard_child(args.leader, args.burst, args.shard_beat)))
+        print(json.dumps(shard_child(args.leader, args.burst, args.shard_beat, args.coordination)))
         return 0
     if args.leader and args.burst:
         print(json.dumps(burst_child(args.leader, args.burst, args.unbatched, args.coordination)))
@@ -637,9 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     bursts = [int(s) for s in args.burst_only.split(",")] if args.burst_only else None
     modes = tuple(m for m in args.burst_modes.split(",") if m)
-    unknown = set(modes) - set(BURST_MODES)
+    unknown = set(modes) - set(BURST_MODES) - set(BURST_MODES_ASKED)
     if unknown:
-        parser.error(f"--burst-modes: unknown {', '.join(sorted(unknown))} (use {', '.join(BURST_MODES)})")
+        known = ", ".join((*BURST_MODES, *BURST_MODES_ASKED))
+        parser.error(f"--burst-modes: unknown {', '.join(sorted(unknown))} (use {known})")
     results = run_postgres(args.quick, sizes) if args.postgres else run(args.quick, sizes, bursts, modes)
     return print_report(markdown(results), results)
 

@@ -32,19 +32,22 @@ import redis
 
 SHARDS = 6
 BEATS = 3
+#: the key prefix (the rows' ``ns``) of the entries the sharded beats fire on PostgreSQL coordination
+SHARDED_POSTGRES_PREFIX = "bench-burst-sharded:"
 READY = "bench-shards:ready:{index}"
 GO = "bench-shards:go"
 #: how long the beats get to share the shards out and plan them
 SETUP_TIMEOUT = 900.0
 
 
-def shard_child(redis_url: str, n: int, index: int) -> dict[str, Any]:
-    """In a process of its own: one of the beats (see the module docstring)."""
+def shard_child(redis_url: str, n: int, index: int, coordination: str | None = None) -> dict[str, Any]:
+    """In a process of its own: one of the beats (see the module docstring); on PostgreSQL coordination
+    with ``coordination`` (its URL; the broker and the benchmark's flags stay on Redis)."""
     from benchmarks.beat_scale import BURST_GIVE_UP, BURST_LEAD, BURST_PLAN_AHEAD, _app, _next_nine, _ShiftedClock
     from celery_safe_time import signals
     from celery_safe_time.beat.scheduler import SafeScheduler
 
-    app = _app(redis_url)
+    app = _app(redis_url, coordination, SHARDED_POSTGRES_PREFIX)
     app.conf.safe_time_beat_shards = SHARDS
     client = redis.Redis.from_url(redis_url)
     sent = [0]
@@ -135,12 +138,16 @@ def _run_beats(
                 p.kill()
 
 
-def bench_sharded(redis_url: str, n: int) -> dict[str, Any]:
-    """The burst of ``n`` entries (already saved) fired by ``BEATS`` beats over ``SHARDS`` shards."""
+def bench_sharded(redis_url: str, n: int, coordination: str | None = None) -> dict[str, Any]:
+    """The burst of ``n`` entries (already saved) fired by ``BEATS`` beats over ``SHARDS`` shards (on
+    PostgreSQL coordination with ``coordination``, its URL)."""
     client = redis.Redis.from_url(redis_url)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url, "--burst", str(n), "--shard-beat"]
+    args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url, "--burst", str(n)]
+    if coordination:
+        args += ["--coordination", coordination]
+    args.append("--shard-beat")
     # files, not pipes: a beat writing more than a pipe holds would wait for a reader that waits for it
     with contextlib.ExitStack() as stack:
         logs = [stack.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(BEATS)]

@@ -158,7 +158,7 @@ class LeasedScheduler:
                     f"{self.config.beat_shards} shards: {type(self).__name__} fires from one leader; sharded "
                     "firing is SafeScheduler's (runtime entries); set it to 1",
                 )
-            self.backend.for_shard(1)  # refuses on a backend without shards (PostgreSQL coordination)
+            self.backend.for_shard(1)  # refuses on a backend without shards
         self.backend.startup_checks("beat")
         # Imported here, once per start: the delays package (its store and task classes) is not
         # loaded by importing the scheduler.

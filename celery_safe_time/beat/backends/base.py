@@ -179,8 +179,8 @@ class BeatBackend(abc.ABC):
         definitions, the change log and the fired-slot markers shared with every shard."""
         raise ImproperlyConfigured(
             "safe_time_beat_shards",
-            f"{self.config.beat_shards} shards need Redis coordination: the {self.label} beat backend has one "
-            "leader lease (set it to 1, or coordinate on Redis)",
+            f"{self.config.beat_shards} shards need Redis or PostgreSQL coordination: the {self.label} beat "
+            "backend has one leader lease (set it to 1)",
         )
 
     def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:

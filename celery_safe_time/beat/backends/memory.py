@@ -16,7 +16,7 @@ from typing import Any
 
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig
-from ..shards import BeatPulse
+from ..shards import BeatPulse, shard_of
 from ..state import identity, slot_id
 from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
 
@@ -365,21 +365,31 @@ class MemoryBeatBackend(BeatBackend):
             )
             return [(n, self.data.definitions[n]) for n in names[: max(limit, 0)]]
 
+    def _data_of(self, name: str) -> MemoryBeatData:
+        """The data of the shard ``name`` belongs to (the API side reads and seeds any entry's state)."""
+        return self.data.shard(shard_of(name, self.config.beat_shards)) if self.shard == 0 else self.data
+
     def entry_counts(self, soon: float) -> EntryCounts:
         with self.data.mutex:
             self.data.check()
+            every = [self.data.shard(shard) for shard in range(self.config.beat_shards)] if self.shard == 0 else []
+            dues = [score for data in every or [self.data] for score in data.due.values()]
             return EntryCounts(
                 definitions=len(self.data.definitions),
-                scheduled=len(self.data.due),
-                due_soon=sum(1 for score in self.data.due.values() if score <= soon),
+                scheduled=len(dues),
+                due_soon=sum(1 for score in dues if score <= soon),
             )
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
-        states, scores = self.read_states(names)
+        with self.data.mutex:
+            self.data.check()
+            found = [self._data_of(name) for name in names]
+            states = [data.states.get(name) for data, name in zip(found, names, strict=True)]
+            scores = [data.due.get(name) for data, name in zip(found, names, strict=True)]
         return states, scores, [None] * len(names)
 
     def entry_seed_state(self, name: str, state: str) -> None:
-        self.data.states.setdefault(name, state)
+        self._data_of(name).states.setdefault(name, state)
 
     def slot_fired(self, name: str, slot: float) -> bool:
         return (name, slot_id(slot)) in self.data.fired

@@ -38,6 +38,14 @@ With many runtime entries a leader reads only what is due (:mod:`.postgres_reads
 of the entries it fires and of the changed ones, pages of the primary keys when it plans every entry,
 and ``safe_time_beat_pause_expiry`` (the pauses it resumes) instead of every definition.
 
+Sharded firing (``safe_time_beat_shards`` above 1, :mod:`..shards`): each shard's own rows (its
+lease row, state rows and their counts, applied marker, pause expiries) carry the shard's namespace
+as ``ns`` (:func:`.postgres_reads.shard_ns`: shard 0's is the app's, so one leader's rows are shard
+0's), so each shard has its own epoch and its own due index range; the definitions, the change log,
+the fired slots and the history stay under the app's ``ns``, shared, so a slot is published at most
+once whichever beat leads its shard, also across a move. ``safe_time_beat_beats`` holds each beat's
+heartbeat (how many shards it holds).
+
 The table definitions are ``beat/sql/schema.sql`` and every statement the backend runs
 ``beat/sql/queries.sql``, named statements read once at import (:func:`~celery_safe_time.sql.named.named_statements`).
 """
@@ -59,9 +67,10 @@ from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
+from ..shards import BeatPulse, shard_of
 from ..state import identity, marker_value, slot_id, with_definitions
 from .base import BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
-from .postgres_reads import _QUERIES, DDL, PostgresReads, prefix_end
+from .postgres_reads import _QUERIES, DDL, PostgresReads, prefix_end, shard_ns
 
 __all__ = ["DDL", "PostgresBeatBackend", "PostgresClock", "PostgresLease", "asked_again_if_broken", "prefix_end"]
 
@@ -82,6 +91,7 @@ AUDIT_TABLE = "safe_time_beat_audit"
 PAUSE_EXPIRY_TABLE = "safe_time_beat_pause_expiry"
 ENTRY_COUNTS_TABLE = "safe_time_beat_entry_counts"
 DELETED_TABLE = "safe_time_beat_deleted"
+BEATS_TABLE = "safe_time_beat_beats"
 
 
 def _float(value: Any) -> float:
@@ -133,7 +143,7 @@ class PostgresLease(BeatLease):
         self.epoch: int | None = None
 
     def _params(self, **extra: Any) -> dict[str, Any]:
-        return {"ns": self.backend.ns, "token": self.token, **extra}
+        return self.backend._p(token=self.token, **extra)
 
     def acquire(self, now: float) -> int | None:
         self.backend.ensure_tables()
@@ -227,16 +237,52 @@ class PostgresLease(BeatLease):
         return bool(leader)
 
 
+def _pulses(rows: Any) -> dict[str, BeatPulse]:
+    """The heartbeat rows (member, pulse) as pulses, those that parse."""
+    loaded = {str(member): BeatPulse.load(str(raw)) for member, raw in rows}
+    return {member: pulse for member, pulse in loaded.items() if pulse is not None}
+
+
 class PostgresBeatBackend(PostgresReads):
     name = C.COORDINATION_POSTGRES
     label = "PostgreSQL"
+    keeps_heartbeats = True
     errors: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError,)
 
-    def __init__(self, config: SafeTimeConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: SafeTimeConfig, shard: int = 0) -> None:
+        super().__init__(config, shard)
         self.clock = PostgresClock(self)
-        self.due_name = "safe_time_beat_state (next_fire)"
+        self.due_name = "safe_time_beat_state (next_fire)" if shard == 0 else f"safe_time_beat_state (shard {shard})"
         self.state_name = STATE_TABLE
+
+    # --- shards -----------------------------------------------------------------------
+    def for_shard(self, shard: int) -> PostgresBeatBackend:
+        backend = PostgresBeatBackend(self.config, shard)
+        backend.clock = self.clock
+        backend._tables_ready = self._tables_ready
+        return backend
+
+    def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            rows = conn.execute(
+                _QUERIES["beats_heartbeat"],
+                self._p(member=member, now=pulse.seen, pulse=pulse.dump(), window=window),
+            ).all()
+        return _pulses(rows)
+
+    def beats_seen(self) -> dict[str, BeatPulse]:
+        self.ensure_tables()
+        with self.autocommit() as conn:
+            return _pulses(conn.execute(_QUERIES["beats_seen"], self._p()).all())
+
+    def beats_gone(self, member: str) -> None:
+        with self.autocommit() as conn:
+            conn.execute(_QUERIES["beats_gone"], self._p(member=member))
+
+    def _shard_ns_of(self, name: str) -> str:
+        """The ``ns`` of the shard ``name`` belongs to (the API side reads and seeds any entry's state)."""
+        return shard_ns(self.config, shard_of(name, self.config.beat_shards))
 
     # --- the lease ------------------------------------------------------------------
     def make_lease(self, *, info: dict[str, Any] | None = None) -> PostgresLease:
@@ -333,14 +379,14 @@ class PostgresBeatBackend(PostgresReads):
     def snapshot(self) -> Snapshot:
         # one consistent read: the counter matches the definitions and the marker the state
         with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).first()
+            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).one()
             definitions = conn.execute(_QUERIES["snapshot_entries"], self._p()).all()
             requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
         return Snapshot(
-            version=int(meta[0]) if meta else 0,
+            version=int(meta[0] or 0),
             definitions={name: raw for name, raw in definitions},
             requests={name: slot_ms for name, slot_ms in requests},
-            marker=meta[1] if meta else None,
+            marker=meta[1],
         )
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
@@ -359,6 +405,10 @@ class PostgresBeatBackend(PostgresReads):
                 _QUERIES["read_states"],
                 self._p(names=list(names)),
             ).all()
+        return self._by_name(names, rows)
+
+    @staticmethod
+    def _by_name(names: list[str], rows: Sequence[Any]) -> tuple[list[Any], list[float | None]]:
         found = {entry: (state, next_fire) for entry, state, next_fire in rows}
         raws = [found[n][0] if n in found else None for n in names]
         scores = [float(found[n][1]) if n in found and found[n][1] is not None else None for n in names]
@@ -626,8 +676,19 @@ class PostgresBeatBackend(PostgresReads):
         if not names:
             return [], [], []
         self.ensure_tables()
-        states, scores = self.read_states(names)
         with self.autocommit() as conn:
+            if self.config.beat_shards > 1:  # each name's state in its shard's rows
+                by_shard: dict[str, list[str]] = {}
+                for name in names:
+                    by_shard.setdefault(self._shard_ns_of(name), []).append(name)
+                found = [
+                    row
+                    for sns, part in by_shard.items()
+                    for row in conn.execute(_QUERIES["read_states"], self._p(sns=sns, names=part)).all()
+                ]
+            else:
+                found = list(conn.execute(_QUERIES["read_states"], self._p(names=list(names))).all())
+            states, scores = self._by_name(names, found)
             rows = conn.execute(
                 _QUERIES["change_versions"],
                 self._p(names=list(names)),
@@ -640,7 +701,7 @@ class PostgresBeatBackend(PostgresReads):
         with self.autocommit() as conn:
             conn.execute(
                 _QUERIES["seed_state"],
-                self._p(entry=name, state=state),
+                self._p(sns=self._shard_ns_of(name), entry=name, state=state),
             )
 
     def slot_fired(self, name: str, slot: float) -> bool:

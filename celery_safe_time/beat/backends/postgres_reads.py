@@ -44,13 +44,22 @@ def prefix_end(prefix: str) -> str | None:
     return None
 
 
+def shard_ns(config: SafeTimeConfig, shard: int) -> str:
+    """The ``ns`` of shard ``shard``'s own rows (``safe_time_beat_shards``): shard 0's is the app's key
+    prefix (the rows one leader always had), shard N's the prefix and ``beat:shard:N:``, as its Redis keys."""
+    return config.key_prefix if shard == 0 else config.key_prefix + C.KEY_BEAT_SHARD_NAMESPACE.format(shard=shard)
+
+
 class PostgresReads(BeatBackend):
     """The connections, the tables and the index reads of :class:`~.postgres.PostgresBeatBackend`."""
 
-    def __init__(self, config: SafeTimeConfig) -> None:
+    def __init__(self, config: SafeTimeConfig, shard: int = 0) -> None:
         super().__init__(config)
         #: every row of this app carries its key prefix: apps sharing a database stay apart
         self.ns = config.key_prefix
+        #: the namespace of this shard's own rows (lease, state, applied marker, pause expiries)
+        self.shard = shard
+        self.sns = shard_ns(config, shard)
         self._tables_ready = False
 
     def engine(self) -> sa.Engine:
@@ -71,7 +80,7 @@ class PostgresReads(BeatBackend):
         self._tables_ready = True
 
     def _p(self, **extra: Any) -> dict[str, Any]:
-        return {"ns": self.ns, **extra}
+        return {"ns": self.ns, "sns": self.sns, **extra}
 
     # --- reading what is due (a leader with many runtime entries) ---------------------------------
     reads_due_only = True
@@ -111,13 +120,13 @@ class PostgresReads(BeatBackend):
     def snapshot_meta(self) -> Snapshot:
         # the counter, the marker and the run-now requests of one moment
         with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).first()
+            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).one()
             requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
         return Snapshot(
-            version=int(meta[0]) if meta else 0,
+            version=int(meta[0] or 0),
             definitions={},
             requests={name: slot_ms for name, slot_ms in requests},
-            marker=meta[1] if meta else None,
+            marker=meta[1],
         )
 
     def pause_expiries(self) -> dict[str, float]:
@@ -156,8 +165,14 @@ class PostgresReads(BeatBackend):
     def entry_counts(self, soon: float) -> EntryCounts:
         self.ensure_tables()
         with self.autocommit() as conn:
-            definitions, scheduled, due_soon = conn.execute(_QUERIES["entry_counts"], self._p(soon=soon)).one()
+            definitions, scheduled, due_soon = conn.execute(
+                _QUERIES["entry_counts"], self._p(soon=soon, shard_nss=self.shard_nss())
+            ).one()
         return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
+
+    def shard_nss(self) -> list[str]:
+        """Every shard's ``ns`` (``safe_time_beat_shards`` of them)."""
+        return [shard_ns(self.config, shard) for shard in range(self.config.beat_shards)]
 
     def definition_count(self) -> int:
         self.ensure_tables()

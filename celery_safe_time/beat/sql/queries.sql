@@ -7,10 +7,15 @@
 -- ``mine`` is the fired rows this very call wrote (its ``marker``, new per call: ``state.marker_value``)
 -- in an earlier attempt whose reply was lost: the statement sees the rows committed before it, so the
 -- same call run again answers "publish" for them, where any later call answers "already fired".
+--
+-- Two namespaces (safe_time_beat_shards): ``:ns``, the app's key prefix, for what every shard shares
+-- (definitions, the change log and counter, run-now requests, fired slots, history, audit, heartbeats),
+-- and ``:sns``, the shard's, for what each shard leads alone (the lease row, the state rows and their
+-- counts, the applied marker, the pause expiries). Shard 0's ``:sns`` is ``:ns``: one leader's rows.
 
 -- name: acquire
 INSERT INTO safe_time_beat_lease AS l (ns, token, epoch, expires_at, info)
-VALUES (:ns, :token, 1, clock_timestamp() + make_interval(secs => :ttl), :info)
+VALUES (:sns, :token, 1, clock_timestamp() + make_interval(secs => :ttl), :info)
 ON CONFLICT (ns) DO UPDATE SET
     token = EXCLUDED.token,
     epoch = CASE WHEN l.token = EXCLUDED.token AND l.expires_at > clock_timestamp() THEN l.epoch ELSE l.epoch + 1 END,
@@ -21,14 +26,14 @@ RETURNING epoch
 
 -- name: renew
 UPDATE safe_time_beat_lease SET expires_at = clock_timestamp() + make_interval(secs => :ttl)
-WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp()
+WHERE ns = :sns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp()
 
 -- name: release
-UPDATE safe_time_beat_lease SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :ns AND token = :token
+UPDATE safe_time_beat_lease SET token = NULL, expires_at = NULL, info = NULL WHERE ns = :sns AND token = :token
 
 -- name: write_slots
 WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+    WHERE ns = :sns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 w AS (
     SELECT * FROM unnest(
         CAST(:entries AS text[]), CAST(:slots AS bigint[]), CAST(:states AS text[]), CAST(:nexts AS float8[]),
@@ -48,7 +53,7 @@ fired AS (
 latest AS (SELECT DISTINCT ON (entry) entry, state, next_fire FROM w ORDER BY entry, ord DESC),
 written AS (
     INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
-    SELECT :ns, latest.entry, latest.state, latest.next_fire FROM latest, ok
+    SELECT :sns, latest.entry, latest.state, latest.next_fire FROM latest, ok
     ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
     RETURNING 1
 ),
@@ -80,7 +85,7 @@ SELECT (SELECT count(*) FROM ok) AS leader,
 
 -- name: dispatch_slot
 WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+    WHERE ns = :sns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 mine AS (
     SELECT 1 FROM safe_time_beat_fired
     WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms AND marker = :marker
@@ -94,15 +99,15 @@ SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM mine), (SELECT count(*) 
 
 -- name: forget
 WITH ok AS (SELECT epoch FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
+    WHERE ns = :sns AND token = :token AND epoch = :epoch AND expires_at > clock_timestamp() FOR SHARE),
 unscheduled AS (
     UPDATE safe_time_beat_state SET next_fire = NULL
-    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND :keep AND EXISTS (SELECT 1 FROM ok)
+    WHERE ns = :sns AND entry = ANY(CAST(:names AS text[])) AND :keep AND EXISTS (SELECT 1 FROM ok)
     RETURNING 1
 ),
 removed AS (
     DELETE FROM safe_time_beat_state
-    WHERE ns = :ns AND entry = ANY(CAST(:names AS text[])) AND NOT :keep AND EXISTS (SELECT 1 FROM ok)
+    WHERE ns = :sns AND entry = ANY(CAST(:names AS text[])) AND NOT :keep AND EXISTS (SELECT 1 FROM ok)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT count(*) FROM removed)
@@ -111,26 +116,26 @@ SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM unscheduled) + (SELECT c
 -- (both from ``safe_time_beat_counts``: no count of the table), the runtime entries' change counter (4).
 -- name: read_due
 (SELECT entry, next_fire, 0 AS kind FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
+    WHERE ns = :sns AND next_fire IS NOT NULL AND next_fire <= :now ORDER BY next_fire, entry LIMIT :limit)
 UNION ALL
 (SELECT entry, next_fire, 1 FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
+    WHERE ns = :sns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT 1)
 UNION ALL
-SELECT NULL, (SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 2
+SELECT NULL, (SELECT due FROM safe_time_beat_counts WHERE ns = :sns), 2
 UNION ALL
-SELECT NULL, (SELECT total FROM safe_time_beat_counts WHERE ns = :ns), 3
+SELECT NULL, (SELECT total FROM safe_time_beat_counts WHERE ns = :sns), 3
 UNION ALL
 SELECT NULL, (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), 4
 
 -- name: head
 SELECT entry, next_fire FROM safe_time_beat_state
-    WHERE ns = :ns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit
+    WHERE ns = :sns AND next_fire IS NOT NULL ORDER BY next_fire, entry LIMIT :limit
 
 -- name: lease_view
 SELECT l.token, l.epoch, l.info,
        CASE WHEN l.expires_at > n.now THEN ceil(extract(epoch FROM l.expires_at - n.now) * 1000) END AS ttl_ms,
        extract(epoch FROM n.now) AS now
-FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.ns = :ns
+FROM (SELECT clock_timestamp() AS now) n LEFT JOIN safe_time_beat_lease l ON l.ns = :sns
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())
@@ -141,13 +146,13 @@ SELECT extract(epoch FROM clock_timestamp())
 SELECT pg_advisory_xact_lock(:key)
 
 -- name: holds_lease
-SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()
+SELECT 1 FROM safe_time_beat_lease WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp()
 
 -- name: drop_due
-UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = :entry
+UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :sns AND entry = :entry
 
 -- name: snapshot_meta
-SELECT version, applied FROM safe_time_beat_meta WHERE ns = :ns
+SELECT (SELECT version FROM safe_time_beat_meta WHERE ns = :ns), (SELECT applied FROM safe_time_beat_meta WHERE ns = :sns)
 
 -- name: snapshot_entries
 SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns
@@ -156,31 +161,31 @@ SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns
 SELECT name, slot_ms FROM safe_time_beat_run_now WHERE ns = :ns
 
 -- name: all_states
-SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns
+SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :sns
 
 -- name: change_count
 SELECT count(*) FROM safe_time_beat_changes WHERE ns = :ns
 
 -- name: read_states
-SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+SELECT entry, state, next_fire FROM safe_time_beat_state WHERE ns = :sns AND entry = ANY(CAST(:names AS text[]))
 
 -- name: due_count
-SELECT coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 0)
+SELECT coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :sns), 0)
 
 -- name: plan_states
 INSERT INTO safe_time_beat_state (ns, entry, state, next_fire)
-SELECT :ns, * FROM unnest(
+SELECT :sns, * FROM unnest(
     CAST(:names AS text[]), CAST(:states AS text[]), CAST(:nexts AS float8[]))
 ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
 
 -- name: plan_gone
-DELETE FROM safe_time_beat_state WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+DELETE FROM safe_time_beat_state WHERE ns = :sns AND entry = ANY(CAST(:names AS text[]))
 
 -- name: plan_idle
-UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :ns AND entry = ANY(CAST(:names AS text[]))
+UPDATE safe_time_beat_state SET next_fire = NULL WHERE ns = :sns AND entry = ANY(CAST(:names AS text[]))
 
 -- name: holds_lease_for_plan
-SELECT 1 FROM safe_time_beat_lease WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp() FOR SHARE
+SELECT 1 FROM safe_time_beat_lease WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp() FOR SHARE
 
 -- name: change_log
 SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND version > :since ORDER BY version, name LIMIT :limit
@@ -195,9 +200,9 @@ AND NOT EXISTS (SELECT 1 FROM safe_time_beat_entries e WHERE e.ns = c.ns AND e.n
 
 -- name: mark_applied
 INSERT INTO safe_time_beat_meta (ns, version, applied)
-SELECT :ns, 0, :marker WHERE EXISTS (
+SELECT :sns, 0, :marker WHERE EXISTS (
     SELECT 1 FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
+    WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp())
 ON CONFLICT (ns) DO UPDATE SET applied = EXCLUDED.applied
 
 -- name: run_now_done
@@ -287,14 +292,15 @@ SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 
 
 -- name: entry_counts
 SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 0),
-    coalesce((SELECT due FROM safe_time_beat_counts WHERE ns = :ns), 0),
-    (SELECT count(*) FROM safe_time_beat_state WHERE ns = :ns AND next_fire IS NOT NULL AND next_fire <= :soon)
+    coalesce((SELECT sum(due) FROM safe_time_beat_counts WHERE ns = ANY(CAST(:shard_nss AS text[]))), 0),
+    (SELECT count(*) FROM safe_time_beat_state
+     WHERE ns = ANY(CAST(:shard_nss AS text[])) AND next_fire IS NOT NULL AND next_fire <= :soon)
 
 -- name: change_versions
 SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
 
 -- name: seed_state
-INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:ns, :entry, :state, NULL) ON CONFLICT DO NOTHING
+INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:sns, :entry, :state, NULL) ON CONFLICT DO NOTHING
 
 -- name: slot_fired
 SELECT 1 FROM safe_time_beat_fired WHERE ns = :ns AND entry = :entry AND slot_ms = :slot_ms
@@ -318,7 +324,7 @@ SELECT slot_ms FROM fired UNION SELECT slot_ms FROM mine
 DELETE FROM safe_time_beat_fired WHERE ns = :ns
 AND fired_at < clock_timestamp() - make_interval(secs => :ttl)
 AND EXISTS (SELECT 1 FROM safe_time_beat_lease
-            WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp())
+            WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp())
 
 -- The run history and the change audit (history.py).
 -- name: history_record
@@ -364,7 +370,7 @@ SELECT record FROM safe_time_beat_audit WHERE ns = :ns AND name = :name ORDER BY
 -- statement never reads every audit record); leader only, with prune_fired.
 -- name: prune_deleted
 WITH ok AS (SELECT 1 FROM safe_time_beat_lease
-    WHERE ns = :ns AND token = :token AND expires_at > clock_timestamp()),
+    WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp()),
 expired AS (
     DELETE FROM safe_time_beat_deleted d USING ok
     WHERE d.ns = :ns AND d.deleted_at < extract(epoch FROM clock_timestamp()) - :keep
@@ -385,15 +391,38 @@ DELETE FROM safe_time_beat_audit a USING gone WHERE a.ns = :ns AND a.name = gone
 SELECT name, definition FROM safe_time_beat_entries WHERE ns = :ns AND name > :after ORDER BY name LIMIT :limit
 
 -- name: scan_planned
-SELECT entry FROM safe_time_beat_state WHERE ns = :ns AND entry > :after ORDER BY entry LIMIT :limit
+SELECT entry FROM safe_time_beat_state WHERE ns = :sns AND entry > :after ORDER BY entry LIMIT :limit
 
 -- name: pause_expiries
-SELECT name, resume_at FROM safe_time_beat_pause_expiry WHERE ns = :ns
+SELECT name, resume_at FROM safe_time_beat_pause_expiry WHERE ns = :sns
 
 -- name: pause_expiries_drop
-DELETE FROM safe_time_beat_pause_expiry WHERE ns = :ns AND (:every OR name = ANY(CAST(:names AS text[])))
+DELETE FROM safe_time_beat_pause_expiry WHERE ns = :sns AND (:every OR name = ANY(CAST(:names AS text[])))
 
 -- name: pause_expiries_add
 INSERT INTO safe_time_beat_pause_expiry (ns, name, resume_at)
-SELECT :ns, * FROM unnest(CAST(:names AS text[]), CAST(:ats AS float8[]))
+SELECT :sns, * FROM unnest(CAST(:names AS text[]), CAST(:ats AS float8[]))
 ON CONFLICT (ns, name) DO UPDATE SET resume_at = EXCLUDED.resume_at
+
+-- Sharded firing (beat/shards.py): each beat's heartbeat row (its pulse, shards.BeatPulse, and when it
+-- was seen on the beat's clock); rows older than :window are deleted by whichever beat looks. The
+-- statement sees the table as it was before it: this beat's own row comes from the upsert.
+-- name: beats_heartbeat
+WITH mine AS (
+    INSERT INTO safe_time_beat_beats AS b (ns, member, seen_at, pulse) VALUES (:ns, :member, :now, :pulse)
+    ON CONFLICT (ns, member) DO UPDATE SET seen_at = EXCLUDED.seen_at, pulse = EXCLUDED.pulse
+    RETURNING member, pulse
+),
+gone AS (
+    DELETE FROM safe_time_beat_beats WHERE ns = :ns AND member <> :member AND seen_at < :now - :window
+    RETURNING 1
+)
+SELECT member, pulse FROM safe_time_beat_beats WHERE ns = :ns AND member <> :member AND seen_at >= :now - :window
+UNION ALL
+SELECT member, pulse FROM mine
+
+-- name: beats_seen
+SELECT member, pulse FROM safe_time_beat_beats WHERE ns = :ns
+
+-- name: beats_gone
+DELETE FROM safe_time_beat_beats WHERE ns = :ns AND member = :member

@@ -245,3 +245,15 @@ CREATE TABLE IF NOT EXISTS safe_time_beat_audit (
         record text NOT NULL,
         PRIMARY KEY (ns, name, id)
     )
+
+-- The beats' heartbeats (each one's shards.BeatPulse): how many shards each holds, its K, since when.
+-- Each shard's own rows (lease, state, counts, applied marker, pause expiries) live in the tables
+-- above under the shard's namespace (its ns), so they need no table of their own.
+-- name: beats
+CREATE TABLE IF NOT EXISTS safe_time_beat_beats (
+        ns text NOT NULL,
+        member text NOT NULL,
+        seen_at double precision NOT NULL,
+        pulse text NOT NULL,
+        PRIMARY KEY (ns, member)
+    )

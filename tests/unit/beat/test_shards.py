@@ -51,8 +51,8 @@ def test_the_setting_is_validated_and_refused_where_it_cannot_work() -> None:
     backend.for_shard(1)  # the memory backend has shards
     from celery_safe_time.beat.backends.base import BeatBackend
 
-    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*need Redis coordination"):
-        BeatBackend.for_shard(backend, 1)  # what a backend without shards (PostgreSQL) answers
+    with pytest.raises(ImproperlyConfigured, match=r"safe_time_beat_shards.*need Redis or PostgreSQL coordination"):
+        BeatBackend.for_shard(backend, 1)  # what a backend without shards answers
 
 
 class _Beat:

@@ -32,7 +32,7 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``; ``safe_time_beat_entry_counts`` holds the definitions' count, kept by
 triggers as the state's. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
-changed names. ``save_entries`` stores a chunk in one transaction of a few multi-row statements.
+changed names. ``save_entries`` stores a chunk in one transaction of one statement (``save_definitions``).
 
 With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`): the definitions
 of the entries it fires and of the changed ones, pages of the primary keys when it plans every entry,

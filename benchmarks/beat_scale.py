@@ -26,8 +26,15 @@ batched burst on PostgreSQL coordination (a fresh database; the broker stays Red
 ``save_entries`` on PostgreSQL is also measured as it stored a chunk before (a transaction per entry,
 ``SAVE_BEFORE`` entries), beside a chunk per transaction.
 
-``python -m benchmarks.beat_scale [--quick] [--postgres] [--sizes 10000,100000,1000000] [--burst-only 100000]``;
-needs the local Redis (and PostgreSQL with ``--postgres``).
+``--save-only`` measures only ``save_entries``, on Redis and on PostgreSQL coordination (a fresh
+database per run), at ``--sizes``: entries stored per second (wall, and per second of the caller's
+CPU), and at 100,000 or fewer a re-import of the same entries (nothing changes). ``--save-limit S``
+gives a run no more entries after S seconds (its rate is of those it took). With ``--baseline DIR``
+(a checkout of an earlier commit, e.g. ``git archive main | tar -x -C DIR``) each run is made by
+that code too, in the same run, each in a process of its own.
+
+``python -m benchmarks.beat_scale [--quick] [--postgres] [--sizes 10000,100000,1000000] [--burst-only 100000]
+[--save-only [--baseline DIR]]``; needs the local Redis (and PostgreSQL with ``--postgres`` or ``--save-only``).
 """
 
 from __future__ import annotations
@@ -511,6 +518,105 @@ def run(
     return results
 
 
+#: The program of a ``--save-only`` run, in a process of its own (it imports the tree on its path,
+#: which may be a ``--baseline`` checkout): argv is the Redis URL, the entry count, the coordination
+#: URL ("" for Redis); it prints the JSON of its rates.
+SAVE_CHILD = """
+import json, sys, time
+from benchmarks.beat_scale import SCALE_PREFIX, _app, _specs
+from celery_safe_time import save_entries
+
+redis_url, n, coordination, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, float(sys.argv[4])
+app = _app(redis_url, coordination, SCALE_PREFIX)
+specs = _specs(n)
+out = {}
+taken = 0
+
+
+def until_limit(started):
+    global taken
+    for taken, spec in enumerate(specs, 1):
+        yield spec
+        if time.perf_counter() - started > limit:
+            return
+
+
+for phase in ("first", "again") if n <= 100_000 else ("first",):
+    started, cpu = time.perf_counter(), time.process_time()
+    stored = save_entries(until_limit(started), app=app)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    out[phase] = {"stored": stored, "taken": taken, "s": round(seconds, 2), "per s": round(taken / seconds),
+                  "per CPU s": round(taken / cpu)}
+print(json.dumps(out))
+"""
+
+
+def _save_child(tree: Path, redis_url: str, n: int, coordination: str | None, limit: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    args = [sys.executable, "-c", SAVE_CHILD, redis_url, str(n), coordination or "", str(limit)]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=str(tree), env=env, timeout=7200, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run_save(sizes: list[int], baseline: Path | None, limit: float = float("inf")) -> dict[str, Any]:
+    """``save_entries`` alone at each size, on Redis and on PostgreSQL coordination (a fresh database
+    per run), by this tree and, beside it in the same run, by ``baseline``; a run that has taken
+    ``limit`` seconds is given no more entries (its rate is of those it took)."""
+    claim = services.RedisDbClaim(services.resolve_redis_base())
+    client = redis.Redis.from_url(claim.url)
+    trees = {"this": ROOT, **({"baseline": baseline} if baseline else {})}
+    results: dict[str, Any] = {"save only": True}
+    try:
+        for n in sizes:
+            for backend in ("redis", "postgres"):
+                for label, tree in trees.items():
+                    client.flushdb(asynchronous=True)
+                    db = (
+                        services.PostgresDatabase(services.resolve_postgres_admin_url())
+                        if backend == "postgres"
+                        else None
+                    )
+                    try:
+                        url = db.url.replace("postgresql://", "postgresql+psycopg://", 1) if db else None
+                        load = os.getloadavg()[0]
+                        measured = _save_child(tree, claim.url, n, url, limit)
+                    finally:
+                        if db is not None:
+                            db.drop()
+                    results[f"{n} {backend} {label}"] = {**measured, "load average": load}
+                    print(f"{n} {backend} {label}: {measured}", file=sys.stderr, flush=True)
+    finally:
+        client.flushdb(asynchronous=True)
+        claim.release()
+    return results
+
+
+def save_markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "| entries | coordination | code | save_entries (entries/s, wall / per CPU s) "
+        "| re-import, nothing changed (same) | load average |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
+    for key, r in results.items():
+        if not isinstance(r, dict):
+            continue
+        n, backend, label = key.split(" ")
+        if "error" in r:
+            lines.append(f"| {int(n):,} | {backend} | {label} | error | | |")
+            continue
+        first, again = r["first"], r.get("again")
+        if first.get("taken", int(n)) < int(n):
+            label += f" (stopped at {first['taken']:,} after {first['s']} s)"
+        reimport = "" if again is None else f"{again['per s']:,} / {again['per CPU s']:,}"
+        lines.append(
+            f"| {int(n):,} | {backend} | {label} | {first['per s']:,} / {first['per CPU s']:,} "
+            f"| {reimport} | {r['load average']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def _measured(
     key: str, r: dict[str, Any], fields: tuple[tuple[str, str], ...], lines: list[str], columns: int = 6
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -554,6 +660,8 @@ def postgres_markdown(results: dict[str, Any]) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    if results.get("save only"):
+        return save_markdown(results)
     if results.get("coordination") == "postgres":
         return postgres_markdown(results)
     lines = [
@@ -627,6 +735,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-only", default=None, help="Only the 09:00 burst, of these sizes (comma-separated).")
     parser.add_argument("--burst-modes", default=",".join(BURST_MODES), help="The burst's runs (comma-separated).")
     parser.add_argument("--shard-beat", type=int, default=None, help=argparse.SUPPRESS)  # the child: its index
+    parser.add_argument("--save-only", action="store_true", help="Only save_entries, on Redis and PostgreSQL.")
+    parser.add_argument("--baseline", default=None, help="With --save-only: also run the code in this checkout.")
+    parser.add_argument(
+        "--save-limit", type=float, default=float("inf"), help="With --save-only: seconds a run may take."
+    )
     args = parser.parse_args(argv)
     if args.leader and args.burst and args.shard_beat is not None:
         from benchmarks.beat_shards import shard_child
@@ -640,6 +753,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(leader_child(args.leader, lazy=not args.load_all, coordination=args.coordination)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    if args.save_only:
+        baseline = Path(args.baseline).resolve() if args.baseline else None
+        saved = run_save(sizes or list(SIZES), baseline, args.save_limit)
+        return print_report(save_markdown(saved), saved)
     bursts = [int(s) for s in args.burst_only.split(",")] if args.burst_only else None
     modes = tuple(m for m in args.burst_modes.split(",") if m)
     unknown = set(modes) - set(BURST_MODES) - set(BURST_MODES_ASKED)

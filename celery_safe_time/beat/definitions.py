@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, tzinfo
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import Celery
@@ -193,6 +194,27 @@ def definition_json(
     if paused and not enabled:
         body["paused"] = {"note": paused.get("note"), "until": paused.get("until")}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+#: The encoder of :func:`definition_json`, made once (``json.dumps`` with arguments builds one per call).
+canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+
+
+def definition_text(
+    name: str, task_json: str, spec_json: str, args: Any, kwargs: Any, options: Any, enabled: bool
+) -> str:
+    """:func:`definition_json` (no pause) from its parts, the task and schedule already encoded by
+    :data:`canonical_json` (a bulk save encodes each distinct one once): the same bytes, the keys
+    written in their sorted order. ``args``, ``kwargs`` and ``options`` are checked as there."""
+    return (
+        '{"args":' + canonical_json(_json(list(args), "args", name))
+        + ',"enabled":' + ("true" if enabled else "false")
+        + ',"format":' + str(C.BEAT_ENTRY_FORMAT)
+        + ',"kwargs":' + (canonical_json(_json(dict(kwargs), "kwargs", name)) if kwargs else "{}")
+        + ',"name":' + encode_basestring_ascii(name)
+        + ',"options":' + (canonical_json(_json(dict(options), "options", name)) if options else "{}")
+        + ',"schedule":' + spec_json + ',"task":' + task_json + "}"
+    )  # fmt: skip
 
 
 def parse_definition(raw: Any) -> dict[str, Any]:

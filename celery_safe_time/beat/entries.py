@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import unicodedata
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -50,7 +50,9 @@ from .backends import beat_backend
 from .definitions import (
     build_entry,
     cached_schedule,
+    canonical_json,
     definition_json,
+    definition_text,
     parse_definition,
     paused_until,
     schedule_from_spec,
@@ -143,6 +145,10 @@ class _Store:
         return dict(self.app.conf.beat_schedule or {})
 
 
+#: The control characters (Unicode category ``Cc``: C0, DEL and C1), one search per name.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def check_entry_name(name: Any) -> None:
     """Raise :class:`ScheduleError` unless ``name`` is a non-empty string without control characters.
 
@@ -150,9 +156,11 @@ def check_entry_name(name: Any) -> None:
     or another control character would forge log lines and break that URL."""
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"entry name must be a non-empty string, got {name!r}")
-    bad = next((c for c in name if unicodedata.category(c) == "Cc"), None)
+    bad = _CONTROL.search(name)
     if bad is not None:
-        raise ScheduleError(f"entry name {name!r} holds the control character {bad!r}; names are single-line text")
+        raise ScheduleError(
+            f"entry name {name!r} holds the control character {bad.group()!r}; names are single-line text"
+        )
 
 
 def _conflict(store: _Store, name: str, task: str) -> None:
@@ -290,16 +298,14 @@ def save_entries(
     While one chunk is stored (a thread of this call's own), the next is validated.
     """
     store = _Store(app)
-    config_entries = store.config_entries()
-    checked: dict[Any, bool] = {}
-    schedules: dict[Any, Any] = {}
+    bulk = _Bulk(store)
     changed = 0
     chunk: list[tuple[str, str]] = []
     storing: Future[int] | None = None  # the chunk being stored
     pool: ThreadPoolExecutor | None = None
     try:
         for index, item in enumerate(entries):
-            chunk.append(_item(store, index, item, config_entries, checked, schedules))
+            chunk.append(bulk.item(index, item))
             if len(chunk) >= C.BEAT_SAVE_CHUNK:
                 if storing is not None:
                     changed += storing.result()
@@ -319,38 +325,112 @@ def save_entries(
     return changed
 
 
-def _item(
-    store: _Store,
-    index: int,
-    item: Any,
-    config_entries: Mapping[str, Any],
-    checked: dict[Any, bool],
-    schedules: dict[Any, Any],
-) -> tuple[str, str]:
-    """(name, definition JSON) of the ``index``-th item of ``save_entries``, validated."""
-    if not isinstance(item, Mapping):
-        raise ScheduleError(f"save_entries: entry #{index} must be a mapping of save_entry's parameters, got {item!r}")
-    name = item.get("name")
-    unknown = sorted(str(k) for k in item if k not in _SAVE_KEYS)
-    if unknown:
-        raise ScheduleError(
-            f"save_entries: entry #{index} ({name!r}): unknown parameter {unknown[0]!r} "
-            f"(expected {', '.join(sorted(_SAVE_KEYS))})"
+class _Bulk:
+    """Validates the items of one ``save_entries`` call into (name, definition JSON).
+
+    Thousands of entries share a handful of schedules ("09:00 in Europe/Berlin"): each distinct
+    (schedule spec, task, policies) is checked as the leader loads it once, and each distinct spec
+    and task is encoded once; an entry's definition is its parts joined (:func:`definition_text`,
+    the bytes :func:`definition_json` gives)."""
+
+    def __init__(self, store: _Store) -> None:
+        self.store = store
+        self.config_entries = store.config_entries()
+        self.checked: dict[Any, bool] = {}
+        self.schedules: dict[Any, Any] = {}  # schedule objects by spec_key, shared with build_entry
+        self.spec_texts: dict[Any, tuple[dict[str, Any], str]] = {}  # by _typed_key: the spec, its JSON
+        self.task_texts: dict[str, str] = {}
+
+    def item(self, index: int, item: Any) -> tuple[str, str]:
+        """(name, definition JSON) of the ``index``-th item, validated."""
+        if not isinstance(item, Mapping):
+            raise ScheduleError(
+                f"save_entries: entry #{index} must be a mapping of save_entry's parameters, got {item!r}"
+            )
+        name: Any = item.get("name")
+        if not item.keys() <= _SAVE_KEYS:
+            unknown = sorted(str(k) for k in item if k not in _SAVE_KEYS)
+            raise ScheduleError(
+                f"save_entries: entry #{index} ({name!r}): unknown parameter {unknown[0]!r} "
+                f"(expected {', '.join(sorted(_SAVE_KEYS))})"
+            )
+        task, schedule = item.get("task"), item.get("schedule")
+        for required, value in (("name", name), ("task", task), ("schedule", schedule)):
+            if value is None:
+                raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter {required!r} is missing")
+        if not isinstance(task, str) or not task:
+            raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter 'task' must be a task name")
+        try:
+            raw = self._definition(name, task, schedule, item)
+        except (ScheduleError, SerializationError) as exc:
+            raise type(exc)(f"save_entries: entry #{index} ({name!r}): {exc}") from None
+        return name, raw
+
+    def _definition(self, name: str, task: str, schedule: Any, item: Mapping[str, Any]) -> str:
+        known = _typed_key(schedule) if isinstance(schedule, Mapping) else None
+        if known is None:  # an object, or a spec with unhashable values: the general path
+            params = {k: v for k, v in item.items() if k not in ("name", "task", "schedule")}
+            return _validated(
+                self.store, name, task, schedule, **params,
+                config_entries=self.config_entries, checked=self.checked, schedules=self.schedules,
+            )  # fmt: skip
+        check_entry_name(name)
+        if name in self.config_entries:
+            _conflict(self.store, name, task)
+        cached = self.spec_texts.get(known)
+        if cached is None:
+            spec = dict(schedule)
+            key = spec_key(spec)
+            if key not in self.schedules:
+                self.schedules[key] = schedule_from_spec(spec)  # validates
+            cached = self.spec_texts[known] = (spec, canonical_json(spec))
+        spec, spec_text = cached
+        get = item.get
+        options = get("options")
+        policies: Any = ()
+        if options or not item.keys() <= _NO_POLICY_KEYS:
+            options = policy_options(name, options, **{k: get(k) for k in _POLICY_KEYS})
+            policies = tuple(sorted((k, repr(v)) for k, v in options.items() if k.startswith("safe_")))
+        task_text = self.task_texts.get(task)
+        if task_text is None:
+            task_text = self.task_texts[task] = canonical_json(task)
+        raw = definition_text(
+            name, task_text, spec_text, get("args", ()), get("kwargs"), options, bool(get("enabled", True))
         )
-    for required in ("name", "task", "schedule"):
-        if item.get(required) is None:
-            raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter {required!r} is missing")
-    if not isinstance(item["task"], str) or not item["task"]:
-        raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter 'task' must be a task name")
-    params = {k: v for k, v in item.items() if k not in ("name", "task", "schedule")}
+        check = (known, task, policies)
+        if check not in self.checked:
+            self._check(name, raw, schedule)
+            self.checked[check] = True
+        return raw
+
+    def _check(self, name: str, raw: str, schedule: Any) -> None:
+        """Load the definition as the leader will (unknown task, misfire policy, a schedule that never fires)."""
+        store = self.store
+        entry = build_entry(name, parse_definition(raw), store.app, self.schedules)
+        try:
+            plan = entry_plan(entry, store.config, store.app)
+        except ScheduleError:
+            raise
+        except SafeTimeError as exc:
+            raise ScheduleError(f"entry {name!r}: {exc}") from None
+        if plan.grid.first(store.backend.clock.time()) == NEVER:
+            raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
+
+
+#: ``save_entry``'s policy keywords (set into an entry's options), and the keys of an item without them.
+_POLICY_KEYS = ("jitter", "catchup_window", "overlap", "overlap_ttl")
+_NO_POLICY_KEYS = _SAVE_KEYS - frozenset(_POLICY_KEYS)
+
+
+def _typed_key(spec: Mapping[str, Any]) -> Any:
+    """A cache key of a spec that tells ``1``, ``1.0`` and ``True`` apart (they encode differently);
+    None when a value is unhashable. Specs written in another key order are other keys (the same JSON)."""
     try:
-        raw = _validated(
-            store, item["name"], item["task"], item["schedule"], **params,
-            config_entries=config_entries, checked=checked, schedules=schedules,
-        )  # fmt: skip
-    except (ScheduleError, SerializationError) as exc:
-        raise type(exc)(f"save_entries: entry #{index} ({name!r}): {exc}") from None
-    return item["name"], raw
+        key = (tuple(spec.items()), tuple(map(type, spec.values())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _store_chunk(store: _Store, chunk: list[tuple[str, str]], changed_by: str | None) -> int:

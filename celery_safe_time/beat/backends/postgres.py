@@ -32,7 +32,7 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``; ``safe_time_beat_entry_counts`` holds the definitions' count, kept by
 triggers as the state's. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
-changed names. ``save_entries`` stores a chunk in one transaction of a few multi-row statements.
+changed names. ``save_entries`` stores a chunk in one transaction of one statement (``save_definitions``).
 
 With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`): the definitions
 of the entries it fires and of the changed ones, pages of the primary keys when it plans every entry,
@@ -547,45 +547,64 @@ class PostgresBeatBackend(PostgresReads):
             return self._audited(conn, name, audit, old, raw, self._bump(conn, name, version))
 
     def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
-        """:meth:`entry_save` of each item in one transaction of multi-row statements (a name that
-        comes twice compares with its earlier definition, as one save after the other would)."""
+        """:meth:`entry_save` of each item in one transaction: one statement for a chunk of distinct
+        names (``save_definitions``), else one per table (a name that comes twice compares with its
+        earlier definition, as one save after the other would)."""
         if not items:
             return []
+        names = [name for name, _ in items]
+        audited = audit is not None and self.config.beat_audit_size > 0
         with self._writing() as conn:
             version = self._locked_version(conn)
-            names = list(dict.fromkeys(name for name, _ in items))
-            current: dict[str, str | None] = dict.fromkeys(names)
-            current.update(conn.execute(_QUERIES["read_changed_definitions"], self._p(names=names)).all())
-            out: list[int] = []
-            audits: list[tuple[str, str]] = []
-            for name, raw in items:
-                old = current[name]
-                if old == raw:
-                    out.append(0)
-                    continue
-                version += 1
-                out.append(version)
-                current[name] = raw
-                if audit is not None and self.config.beat_audit_size > 0:
-                    audits.append((name, with_definitions(audit, old, raw, version)))
-            if not any(out):
-                return out
-            # the last version of each name changed (a name twice: the later one, as one at a time)
-            last = {name: v for (name, _), v in zip(items, out, strict=True) if v}
-            changed = list(last)
-            conn.execute(_QUERIES["set_version"], self._p(v=version))
-            conn.execute(_QUERIES["put_definitions"], self._p(names=changed, raws=[current[n] for n in changed]))
-            conn.execute(_QUERIES["log_changes"], self._p(names=changed, versions=[last[n] for n in changed]))
-            if audits:
-                conn.execute(
-                    _QUERIES["audit_append_many"],
-                    self._p(names=[n for n, _ in audits], records=[r for _, r in audits]),
-                )
-                conn.execute(
-                    _QUERIES["audit_trim_many"],
-                    self._p(names=list(dict.fromkeys(n for n, _ in audits)), audit_size=self.config.beat_audit_size),
-                )
+            if len(set(names)) < len(names):
+                return self._save_in_turn(conn, items, audit if audited else None, version)
+            out = [0] * len(items)
+            rows = conn.execute(
+                _QUERIES["save_definitions"],
+                self._p(
+                    items=json.dumps(items), version=version, audited=audited,
+                    audit_head=audit[:-1] if audit is not None and audited else "",
+                    keep=max(self.config.beat_audit_size - 1, 0),
+                ),
+            )  # fmt: skip
+            for ord_, changed in rows:
+                out[ord_ - 1] = int(changed)
             return out
+
+    def _save_in_turn(self, conn: Any, items: list[tuple[str, str]], audit: str | None, version: int) -> list[int]:
+        """A chunk with a name twice, compared entry by entry here; the writes a statement per table."""
+        names = list(dict.fromkeys(name for name, _ in items))
+        current: dict[str, str | None] = dict(conn.execute(_QUERIES["stored_definitions"], self._p(names=names)).all())
+        out: list[int] = []
+        audits: list[tuple[str, str]] = []
+        for name, raw in items:
+            old = current[name]
+            if old == raw:
+                out.append(0)
+                continue
+            version += 1
+            out.append(version)
+            current[name] = raw
+            if audit is not None:
+                audits.append((name, with_definitions(audit, old, raw, version)))
+        if not any(out):
+            return out
+        # the last version of each name changed (a name twice: the later one, as one at a time)
+        last = {name: v for (name, _), v in zip(items, out, strict=True) if v}
+        changed = list(last)
+        conn.execute(_QUERIES["set_version"], self._p(v=version))
+        conn.execute(_QUERIES["put_definitions"], self._p(names=changed, raws=[current[n] for n in changed]))
+        conn.execute(_QUERIES["log_changes"], self._p(names=changed, versions=[last[n] for n in changed]))
+        if audits:
+            conn.execute(
+                _QUERIES["audit_append_many"],
+                self._p(names=[n for n, _ in audits], records=[r for _, r in audits]),
+            )
+            conn.execute(
+                _QUERIES["audit_trim_many"],
+                self._p(names=list(dict.fromkeys(n for n, _ in audits)), audit_size=self.config.beat_audit_size),
+            )
+        return out
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:
         with self._writing() as conn:

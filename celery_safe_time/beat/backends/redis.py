@@ -618,11 +618,14 @@ class RedisBeatBackend(BeatBackend):
         if not items:
             return []
         # one script call for the chunk (lua/save_entries.lua: save_entry.lua's steps, entry by entry)
+        audit_key = self.config.key_maker(C.KEY_BEAT_AUDIT)
+        history_key = self.config.key_maker(C.KEY_BEAT_HISTORY)
+        slots_key = self.config.key_maker(C.KEY_BEAT_HISTORY_SLOTS)
         keys = self._entry_keys()
         args = self._audit_args(audit)
         for name, raw in items:
-            keys += self._kept_keys(name)
-            args += [name, raw]
+            keys += (audit_key(entry=name), history_key(entry=name), slots_key(entry=name))
+            args += (name, raw)
         return [int(v) for v in self.scripts["save_entries"](keys=keys, args=args)]
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:

@@ -228,9 +228,67 @@ SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = :name
 INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :raw)
 ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
 
--- save_entries: a chunk's definitions, change log rows and audit records, one statement each (the
--- names are distinct; the audit records in the order of their versions), then each name's audit
--- trimmed to :audit_size (the statement sees the records just added).
+-- save_entries: a chunk of distinct names in one statement, under the counter row's lock (:version
+-- its value). The chunk comes as one JSON array of [name, definition] pairs (a text array literal
+-- escapes each quote of a definition on the client, the costliest part of the call). Each name's
+-- stored definition is one primary key lookup (a LATERAL subquery with LIMIT, which the planner keeps
+-- as one: a join or "= ANY" would scan the whole namespace while the tables have no statistics yet,
+-- as in a first import); an unchanged definition writes nothing. The changed ones are upserted,
+-- logged with their versions in the chunk's order, and audited: the record built here from
+-- :audit_head (the audit JSON object without its closing brace) and the definitions, so a definition
+-- crosses the wire once; each name keeps its :keep newest earlier records (the statement does not
+-- see the ones it adds, one per name). Returns the changed items' positions (from 1) and versions.
+-- name: save_definitions
+WITH input AS (
+    SELECT t.ord, t.item ->> 0 AS name, t.item ->> 1 AS raw
+    FROM json_array_elements(CAST(:items AS json)) WITH ORDINALITY AS t(item, ord)
+),
+stored AS (
+    SELECT i.ord, i.name, i.raw, e.definition AS old FROM input i LEFT JOIN LATERAL (
+        SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = i.name LIMIT 1
+    ) e ON true
+),
+changed AS (
+    SELECT s.ord, s.name, s.raw, s.old, CAST(:version AS bigint) + row_number() OVER (ORDER BY s.ord) AS version
+    FROM stored s WHERE s.old IS DISTINCT FROM s.raw
+),
+put AS (
+    INSERT INTO safe_time_beat_entries (ns, name, definition) SELECT :ns, c.name, c.raw FROM changed c
+    ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
+),
+logged AS (
+    INSERT INTO safe_time_beat_changes (ns, name, version) SELECT :ns, c.name, c.version FROM changed c
+    ON CONFLICT (ns, name) DO UPDATE SET version = EXCLUDED.version
+),
+audited AS (
+    INSERT INTO safe_time_beat_audit (ns, name, record)
+    SELECT :ns, c.name, CAST(:audit_head AS text) || ',"old":' || coalesce(c.old, 'null') || ',"new":' || c.raw
+        || ',"version":' || c.version || '}'
+    FROM changed c WHERE CAST(:audited AS boolean) ORDER BY c.ord
+),
+trimmed AS (
+    DELETE FROM safe_time_beat_audit a
+    USING (
+        SELECT c.name, o.id FROM changed c CROSS JOIN LATERAL (
+            SELECT id FROM safe_time_beat_audit WHERE ns = :ns AND name = c.name ORDER BY id DESC OFFSET :keep
+        ) o WHERE CAST(:audited AS boolean)
+    ) old
+    WHERE a.ns = :ns AND a.name = old.name AND a.id = old.id
+),
+bumped AS (
+    UPDATE safe_time_beat_meta SET version = CAST(:version AS bigint) + (SELECT count(*) FROM changed)
+    WHERE ns = :ns AND EXISTS (SELECT 1 FROM changed)
+)
+SELECT ord, version FROM changed ORDER BY ord
+
+-- save_entries with a name twice in its chunk (compared in Python, one after the other): the chunk's
+-- stored definitions (a lookup per name, as above, a subplan each), then its definitions, change log rows and audit
+-- records, one statement each (the names distinct; the records in the order of their versions), and
+-- each name's audit trimmed to :audit_size (the statement sees the records just added; a lookup per name).
+-- name: stored_definitions
+SELECT i.name, (SELECT e.definition FROM safe_time_beat_entries e WHERE e.ns = :ns AND e.name = i.name)
+FROM unnest(CAST(:names AS text[])) AS i(name)
+
 -- name: put_definitions
 INSERT INTO safe_time_beat_entries (ns, name, definition)
 SELECT :ns, * FROM unnest(CAST(:names AS text[]), CAST(:raws AS text[]))
@@ -250,10 +308,9 @@ ORDER BY a.ord
 -- name: audit_trim_many
 DELETE FROM safe_time_beat_audit a
 USING (
-    SELECT id, name FROM (
-        SELECT id, name, row_number() OVER (PARTITION BY name ORDER BY id DESC) AS r
-        FROM safe_time_beat_audit WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
-    ) ranked WHERE r > :audit_size
+    SELECT n.name, o.id FROM unnest(CAST(:names AS text[])) AS n(name) CROSS JOIN LATERAL (
+        SELECT id FROM safe_time_beat_audit WHERE ns = :ns AND name = n.name ORDER BY id DESC OFFSET :audit_size
+    ) o
 ) old
 WHERE a.ns = :ns AND a.name = old.name AND a.id = old.id
 

@@ -174,3 +174,32 @@ def test_state_of_a_schedule_with_no_slot_left_is_valid_json() -> None:
     assert state_next(load_state(dump_state(None, 5.0, "every 5s"))) == 5.0
     # a state holding ``Infinity`` reads as no slot left
     assert state_next(load_state('{"last": 1.0, "next": Infinity, "sig": "x"}')) == NEVER
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs", "options", "enabled"),
+    [
+        ("t-42", (42,), {}, {}, True),
+        ("ténant-ü ☃", [1.5, "x", None, True, -0.0], {"b": 1, "a": {"z": [1, (2, 3)]}}, {"queue": "q"}, False),
+        ("nested", [{"k": "v", "a": 1}], {"when": "2026-01-01"}, {"safe_time_jitter": 30.0, "priority": 3}, True),
+        ('quote"and\\slash', [1e300, 2**70], {"1": "one"}, {}, True),
+    ],
+)
+def test_definition_text_gives_the_bytes_of_definition_json(
+    name: str, args: list[object], kwargs: dict[str, object], options: dict[str, object], enabled: bool
+) -> None:
+    from celery_safe_time.beat.definitions import canonical_json, definition_text
+
+    spec = {"type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
+            "month_of_year": "*", "tz": "Europe/Berlin"}  # fmt: skip
+    expected = definition_json(name, "reports.send", spec, args, kwargs, options, enabled)
+    text = definition_text(name, canonical_json("reports.send"), canonical_json(spec), args, kwargs, options, enabled)
+    assert text == expected
+
+
+def test_definition_text_refuses_what_definition_json_refuses() -> None:
+    from celery_safe_time.beat.definitions import canonical_json, definition_text
+
+    for args, kwargs in (((object(),), {}), ((), {"when": datetime.now()}), ((float("nan"),), {})):
+        with pytest.raises(SerializationError):
+            definition_text("t-1", '"x"', canonical_json({"type": "interval", "every": 1.0}), args, kwargs, {}, True)

@@ -14,7 +14,7 @@ intervals last run within the past hour. Per size and scheduler, in the same run
 - duplicate alarms: ``beat_slot_duplicate`` signals of ``SafeDatabaseScheduler`` (one beat, so none
   is a real duplicate).
 
-``python -m benchmarks.dcb_scale [--quick] [--sizes 10000,100000]`` prints the result JSON;
+``python -m benchmarks.dcb_scale [--quick] [--sizes 10000,100000]`` (quick: 2,000 rows) prints the result JSON;
 ``benchmarks.run`` runs it as the ``dcb-scale`` section.
 """
 

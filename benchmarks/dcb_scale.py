@@ -14,7 +14,7 @@ intervals last run within the past hour. Per size and scheduler, in the same run
 - duplicate alarms: ``beat_slot_duplicate`` signals of ``SafeDatabaseScheduler`` (one beat, so none
   is a real duplicate).
 
-``python -m benchmarks.dcb_scale [--quick] [--sizes 10000,100000]`` (quick: 2,000 rows) prints the result JSON;
+``python -m benchmarks.dcb_scale [--quick] [--sizes 10000,100000]`` prints the result JSON;
 ``benchmarks.run`` runs it as the ``dcb-scale`` section.
 """
 
@@ -33,7 +33,8 @@ from benchmarks.beat import _app, _ms, _ticks
 from tests.helpers import services
 
 SIZES = (10_000, 100_000)
-#: quick (make bench-quick, CI): a smoke run that every phase still runs end to end
+#: quick (make bench-quick, CI): a smoke run that every phase still runs end to end (no code path of
+#: either scheduler depends on the row count)
 SIZES_QUICK = (2_000,)
 EVERY_SECOND = 10
 ZONES = (

@@ -56,19 +56,19 @@ APP = "tests.apps.delays_app"
 SIZES = {
     False: {"memory": 20_000, "sweep": 100_000, "claim_bg": 1_000_000, "lateness": 3_000, "window": 20.0},
     # quick (make bench-quick, CI): a smoke run that every phase still runs end to end, not a measurement
-    True: {"memory": 200, "sweep": 1_000, "claim_bg": 10_000, "lateness": 100, "window": 5.0},
+    True: {"memory": 500, "sweep": 2_000, "claim_bg": 20_000, "lateness": 200, "window": 5.0},
 }
 #: Burst (rows due at one instant, seconds of lead before it), bulk scheduling (calls), big table (rows:
 #: the purge's ten 1,000-row batches need 80,000, a sixth of the finished three quarters).
-BURST = {False: (100_000, 60.0), True: (500, 5.0)}
-AMQP_BURST = {False: 20_000, True: 200}
-BULK = {False: 20_000, True: 200}
+BURST = {False: (100_000, 60.0), True: (1_000, 5.0)}
+AMQP_BURST = {False: 20_000, True: 500}
+BULK = {False: 20_000, True: 500}
 BIG_TABLE = {False: 10_000_000, True: 100_000}
 #: Rows swept on RabbitMQ (full / quick): every message stays queued until the purge, and the server is
 #: shared with other sessions, so fewer than on Redis (a rate, not a total, is what is measured).
-AMQP_SWEEP = {False: 20_000, True: 200}
+AMQP_SWEEP = {False: 20_000, True: 500}
 #: Conditional starts timed per store (full / quick).
-STARTS = {False: 3_000, True: 50}
+STARTS = {False: 3_000, True: 100}
 
 
 # --- environment -------------------------------------------------------------

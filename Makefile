@@ -40,8 +40,8 @@ help:
 	@echo "make soak   - the long fault-injection soak; make soak-quick - a short one"
 
 # pip brings uv (from PyPI, like everything else) and uv installs the rest: it downloads and unpacks
-# in parallel, a fresh .venv in well under a minute where pip took three. pip stays in the venv and
-# up to date (tests/integration/test_installed_wheel.py installs with `python -m pip --python`).
+# in parallel, a fresh .venv in less than half pip's time (docs/benchmarks.md, "The CI run"). pip
+# stays in the venv, up to date (tests/integration/test_installed_wheel.py runs `python -m pip --python`).
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv

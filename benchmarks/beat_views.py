@@ -30,7 +30,8 @@ from benchmarks.common import print_report
 from tests.helpers import services
 
 SIZES = (100_000, 1_000_000)
-SIZES_QUICK = (10_000,)
+#: quick (make bench-quick, CI): a smoke run, still three pages and the whole read before
+SIZES_QUICK = (3_000,)
 BACKENDS = ("redis", "postgres")
 #: the whole read (before) up to this size by default (``--baseline-max``): at 100,000 it already
 #: takes about two minutes on the shared benchmark VM, and grows with the count

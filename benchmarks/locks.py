@@ -266,9 +266,9 @@ def _takeover(kind: str, url: str, ttl: float, repeats: int) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    """Measure and return the numbers (quick: smaller sizes, well under two minutes)."""
-    per_kind = 300 if quick else 2000
-    tp_count = 1000 if quick else 10000
+    """Measure and return the numbers (quick: smoke sizes, a run that checks every phase runs end to end)."""
+    per_kind = 50 if quick else 2000
+    tp_count = 200 if quick else 10000
     pg, pg_missing = _postgres_database()
     pg_url = pg.url.replace("postgresql://", "postgresql+psycopg://", 1) if pg is not None else ""
     services = _Services(pg_url=pg_url)
@@ -279,7 +279,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         bare_tp = _throughput(services, app, "bench.tp_bare", tp_count)
         locked_tp = _throughput(services, app, "bench.tp_locked", tp_count)
         waiting_tp = _throughput(services, app, "bench.tp_locked_waiting", tp_count)
-        ttl, repeats = (2.0, 2) if quick else (5.0, 5)
+        ttl, repeats = (2.0, 1) if quick else (5.0, 5)
         targets = [("redis", services.redis_url)] + ([("lease", pg_url), ("session", pg_url)] if pg_url else [])
         for kind, url in targets:
             takeover[kind] = _takeover(kind, url, ttl, repeats)

@@ -41,7 +41,7 @@ IMG = ROOT / "docs" / "img"
 JOBS: list[tuple[str, str, list[str]]] = [
     ("beat", "benchmarks.beat", ["timed"]),
     ("beat_scale", "benchmarks.beat_scale", []),
-    # beat list / counts / status at 100,000 and 1,000,000 runtime entries, Redis and PostgreSQL (quick: 10,000)
+    # beat list / counts / status at 100,000 and 1,000,000 runtime entries, Redis and PostgreSQL (quick: 3,000)
     ("beat_views", "benchmarks.beat_views", []),
     ("delays", "benchmarks.delays", []),
     ("locks", "benchmarks.locks", []),
@@ -50,7 +50,7 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("flow", "benchmarks.flow", []),
     # starts a local SQS-compatible endpoint (moto) of its own: visibility timeout, sweep rate, lateness
     ("sqs", "benchmarks.sqs", []),
-    # SafeDatabaseScheduler vs DatabaseScheduler at 10,000 and 100,000 rows (quick: 10,000)
+    # SafeDatabaseScheduler vs DatabaseScheduler at 10,000 and 100,000 rows (quick: 2,000)
     ("dcb-scale", "benchmarks.dcb_scale", []),
 ]
 # Counted, or timed against a lease clock rather than the CPU: these run in the background while

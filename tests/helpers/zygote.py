@@ -15,7 +15,9 @@ The zygote is the started processes' parent: it reaps them and writes each one's
 seconds back on the connection that asked for it (:class:`ForkedProcess` reads them, the CPU into
 :data:`reaped_cpu` for ``SAFE_TIME_TEST_CPU_LOG``).
 
-``SAFE_TIME_TEST_FRESH_PROCESSES=1`` starts every process fresh (``subprocess.Popen``), as before.
+``ps`` shows a forked process with the zygote's command line (``python -m tests.helpers.zygote``):
+its log (``<test tmp>/<name>.log``) says what it runs. ``SAFE_TIME_TEST_FRESH_PROCESSES=1`` starts
+every process fresh (``subprocess.Popen``).
 """
 
 from __future__ import annotations

@@ -297,13 +297,18 @@ CPU_LOG = os.environ.get("SAFE_TIME_TEST_CPU_LOG")
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     if not CPU_LOG:
         return (yield)
+    from tests.helpers import zygote
+
     before = os.times()
+    forked_before = zygote.reaped_cpu
     try:
         return (yield)
     finally:
         after = os.times()
         own = (after.user - before.user) + (after.system - before.system)
         children = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        # the processes the zygote forked for this test are its children, not this process's
+        children += zygote.reaped_cpu - forked_before
         record = {
             "test": item.nodeid,
             "own": round(own, 3),

@@ -9,12 +9,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.zygote import ForkedProcess, Zygote, fresh_processes, needs_fresh_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,12 +50,17 @@ class CeleryProcess:
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.log_path = log_dir / f"{name}.log"
         self.name = name
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     def start(self) -> CeleryProcess:
+        args = ["-A", self.app, *self.args]
+        if not fresh_processes() and not needs_fresh_interpreter(self.env):
+            # a fork of a process with Celery's libraries imported runs `celery` (tests/helpers/zygote.py)
+            self.proc = Zygote.get().start(args, self.env, str(self.log_path.parent), str(self.log_path))
+            return self
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", self.app, *self.args],
+            [sys.executable, "-m", "celery", *args],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -183,10 +191,13 @@ class ProcessManager:
     def command(
         self, app: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {**os.environ, **self.env, **(env or {})}
+        full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        argv = ["-A", app, *args]
+        if not fresh_processes() and not needs_fresh_interpreter(full_env):
+            return _forked_command(argv, full_env, self.log_dir, timeout)
         return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", app, *args],
+            [sys.executable, "-m", "celery", *argv],
             env=full_env,
             capture_output=True,
             text=True,
@@ -213,6 +224,31 @@ class ProcessManager:
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)
+
+
+def _forked_command(
+    argv: list[str], env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(..., capture_output=True, text=True, timeout=timeout)`` of ``celery ARGV``,
+    forked by the zygote: its output goes to two files that are read once it has ended."""
+    fd, out_path = tempfile.mkstemp(prefix="command-", suffix=".out", dir=cwd)
+    os.close(fd)
+    fd, err_path = tempfile.mkstemp(prefix="command-", suffix=".err", dir=cwd)
+    os.close(fd)
+    proc = Zygote.get().start(argv, env, str(cwd), out_path, stderr_path=err_path)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        raise
+    finally:
+        out, err = Path(out_path), Path(err_path)
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        out.unlink()
+        err.unlink()
+    return subprocess.CompletedProcess([sys.executable, "-m", "celery", *argv], code, stdout, stderr)
 
 
 #: Where a failed test's process logs and records are copied: pytest's temporary folders are pruned

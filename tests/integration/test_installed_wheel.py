@@ -69,7 +69,9 @@ class Installed:
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a user's process: no PYTHONPATH, no Django settings, no pytest worker state."""
-        drop = {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "PYTHONSTARTUP"}
+        # SAFE_TIME_TEST_CPU_LOG: the pytest run inside would add its tests' lines to the outer run's log,
+        # whose line for this test counts their CPU already
+        drop = {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "PYTHONSTARTUP", "SAFE_TIME_TEST_CPU_LOG"}
         env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PYTEST_")}
         return {**env, "PYTHONUNBUFFERED": "1", **extra}
 

@@ -217,6 +217,21 @@ def save_entry(
     return info
 
 
+def _check_loadable(store: _Store, name: str, raw: str, schedule: Any, schedules: dict[Any, Any] | None) -> None:
+    """Load the definition ``raw`` as the leader will: an unknown task, a bad misfire policy or grid,
+    and a schedule with no slot left (an rrule that ended: it would sit in the due set forever,
+    unfired) raise :class:`ScheduleError` naming the entry."""
+    entry = build_entry(name, parse_definition(raw), store.app, schedules)
+    try:
+        plan = entry_plan(entry, store.config, store.app)
+    except ScheduleError:
+        raise
+    except SafeTimeError as exc:
+        raise ScheduleError(f"entry {name!r}: {exc}") from None
+    if plan.grid.first(store.backend.clock.time()) == NEVER:
+        raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
+
+
 def _validated(
     store: _Store,
     name: str,
@@ -260,16 +275,7 @@ def _validated(
         key = (spec_key(spec), task, policies)
         if key in checked:
             return raw
-    entry = build_entry(name, parse_definition(raw), store.app, schedules)
-    try:
-        plan = entry_plan(entry, store.config, store.app)  # unknown task, misfire policy, grid
-    except ScheduleError:
-        raise
-    except SafeTimeError as exc:
-        raise ScheduleError(f"entry {name!r}: {exc}") from None
-    # a schedule with no slot left (an rrule that ended) would sit in the due set forever, unfired
-    if plan.grid.first(store.backend.clock.time()) == NEVER:
-        raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
+    _check_loadable(store, name, raw, schedule, schedules)
     if checked is not None:
         checked[key] = True
     return raw
@@ -399,22 +405,9 @@ class _Bulk:
         )
         check = (known, task, policies)
         if check not in self.checked:
-            self._check(name, raw, schedule)
+            _check_loadable(self.store, name, raw, schedule, self.schedules)
             self.checked[check] = True
         return raw
-
-    def _check(self, name: str, raw: str, schedule: Any) -> None:
-        """Load the definition as the leader will (unknown task, misfire policy, a schedule that never fires)."""
-        store = self.store
-        entry = build_entry(name, parse_definition(raw), store.app, self.schedules)
-        try:
-            plan = entry_plan(entry, store.config, store.app)
-        except ScheduleError:
-            raise
-        except SafeTimeError as exc:
-            raise ScheduleError(f"entry {name!r}: {exc}") from None
-        if plan.grid.first(store.backend.clock.time()) == NEVER:
-            raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
 
 
 #: ``save_entry``'s policy keywords (set into an entry's options), and the keys of an item without them.

@@ -720,7 +720,9 @@ class SQLAlchemyStore(StoreSchema, SQLStore):
                 # SQLStore's clock, not a subclass's: the testing kit's moves its own on from this one.
                 return SQLStore._db_now(self, conn)
         except sa.exc.SQLAlchemyError as exc:
-            raise StoreError(f"store {mask_url(self.url)} unreachable: {exc.__class__.__name__}: {exc}") from exc
+            # the engine's URL names the driver it connects with (postgresql+psycopg)
+            where = mask_url(str(self.engine.url))
+            raise StoreError(f"store {where} unreachable: {exc.__class__.__name__}: {exc}") from exc
 
     def close(self) -> None:
         self.engine.dispose()

@@ -213,14 +213,11 @@ def record_published(
     return {(name, slot): task_id}
 
 
-def not_published(backend: BeatBackend, name: str, slot: float, now: float, error: BaseException) -> None:
-    """Mark a claimed slot whose publish failed (logged by the caller); never raises."""
-    _mark(
-        backend,
-        name,
-        slot,
-        {"outcome": C.RUN_NOT_PUBLISHED, "finished": now, "error": f"{error.__class__.__name__}: {error}"},
-    )
+def not_published(backend: BeatBackend, name: str, slot: float, now: float, error: BaseException | str) -> None:
+    """Mark a claimed slot whose publish failed (logged by the caller); never raises. ``error`` is the
+    exception, or what the broker said when it refused the one message (SQS, in a batch)."""
+    said = error if isinstance(error, str) else f"{error.__class__.__name__}: {error}"
+    _mark(backend, name, slot, {"outcome": C.RUN_NOT_PUBLISHED, "finished": now, "error": said})
 
 
 def dropped(backend: BeatBackend, name: str, slot: float, now: float) -> None:

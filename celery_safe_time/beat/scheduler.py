@@ -27,7 +27,7 @@ from .. import signals
 from ..clock import to_datetime
 from ..config import get_config
 from ..exceptions import LeaseLost, ScheduleError
-from ..messages.publishing import PublishBatch, batched_publish
+from ..messages.publishing import PublishBatch, batched_publish, publishes_in_batches
 from . import history
 from .backends.base import SlotWrite
 from .base import collector_paused
@@ -520,12 +520,14 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     def publish_many(self, allowed: list[tuple[Any, float]], epoch: int) -> None:
         """Publish a tick's allowed slots; on a Redis broker in one round trip (kombu's ``Producer.batch``:
-        the same LPUSHes through Celery's ``send_task``, routing, headers and publish signals kept).
+        the same LPUSHes through Celery's ``send_task``, routing, headers and publish signals kept), on
+        SQS in ``SendMessageBatch`` calls of 10.
 
         A slot is logged and signalled as sent only once its batch reached the broker: a batch that
-        fails is lost as a whole and logged slot by slot (at most once, as a single failed publish).
+        fails is lost as a whole and logged slot by slot (at most once, as a single failed publish);
+        a message SQS refuses on its own (too large) is logged as not published, the rest go out.
         """
-        if len(allowed) < 2 or not getattr(self.producer, "supports_batch_publish", False):
+        if len(allowed) < 2 or not publishes_in_batches(self.producer):
             for entry, slot in allowed:
                 self.publish(entry, slot, epoch)  # logs its own failures, never raises
             return
@@ -548,10 +550,15 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
                 )
                 history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
             return
-        # one line per batch: a burst (many entries due at once) shows as its chunks, one round trip each
-        logger.debug("beat: published %d due slot(s) in one broker round trip", len(sent))
+        # one line per batch: a burst (many entries due at once) shows as its chunks
+        logger.debug("beat: published %d due slot(s) in one batch", len(sent) - len(batch.refused))
         for entry, slot, result in sent:
-            self._sent(entry, slot, epoch, result)
+            error = batch.refused.get(getattr(result, "id", None) or "")
+            if error is None:
+                self._sent(entry, slot, epoch, result)
+                continue
+            logger.error("beat: entry %r slot %s not published: %s", entry.name, to_datetime(slot).isoformat(), error)
+            history.not_published(self.backend, entry.name, slot, self.clock.time(), error)
 
     def _expire_pauses(self, now: float) -> None:
         """Resume the paused entries whose pause expired: a compare-and-set of their definition, as

@@ -26,9 +26,16 @@ class PublishBatch:
         self.refused: dict[str, str] = {}
 
 
+def publishes_in_batches(producer: Any) -> bool:
+    """Whether :func:`batched_publish` sends a batch in fewer round trips than one per message on
+    ``producer``'s transport (Redis: one pipeline; SQS: ``SendMessageBatch``, 10 per call)."""
+    return is_sqs(producer) or bool(getattr(producer, "supports_batch_publish", False))
+
+
 @contextmanager
 def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[None]:
-    """Buffer a batch's publishes and send them in one round trip where the transport can (Redis).
+    """Buffer a batch's publishes and send them in one round trip where the transport can (Redis; SQS
+    10 messages a call).
 
     kombu's ``Producer.batch`` queues the same LPUSH commands ``publish`` would run in a pipeline,
     executed once when the block ends; every message still goes through Celery's ``send_task``

@@ -6,9 +6,16 @@ import collections
 import json
 import time
 import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import redis
+from celery import Celery
+
+from celery_safe_time.beat.scheduler import SafeScheduler
+from tests.helpers.processes import wait_for
 
 BEAT_APP = "tests.apps.beat_app"
 
@@ -81,3 +88,47 @@ def holder_pid(client: redis.Redis, coordination: dict[str, Any]) -> int | None:
         backend = _BACKENDS[key] = beat_backend(get_config(app))
     pid = backend.lease_view().info.get("pid")
     return int(pid) if pid is not None else None
+
+
+#: The zone of :func:`leader_at_nine`'s 09:00.
+BURST_ZONE = "Europe/Berlin"
+
+
+class ShiftedClock:
+    """The leader's clock moved by ``shift`` seconds (09:00 comes when the test wants it)."""
+
+    def __init__(self, clock: Any, shift: float) -> None:
+        self.clock, self.shift = clock, shift
+
+    def time(self) -> float:
+        return float(self.clock.time()) + self.shift
+
+
+def nine_after(now: float) -> float:
+    """The next 09:00 in ``BURST_ZONE`` at least an hour after ``now``."""
+    local = datetime.fromtimestamp(now + 3600, ZoneInfo(BURST_ZONE))
+    nine = local.replace(hour=9, minute=0, second=0, microsecond=0)
+    if nine.timestamp() <= now + 3600:
+        nine = (nine + timedelta(days=1)).replace(hour=9)
+    return nine.timestamp()
+
+
+def leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
+    """A leader that has planned every entry (next slot: 09:00) and whose clock now reads 08:59:59.9."""
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "beat"), max_interval=1)
+    sched.lazy_threshold = 100  # as a leader with 10,000 entries or more: reads only what is due
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    real = sched.clock
+    nine = nine_after(real.time())
+    clock = ShiftedClock(real, nine - 600 - real.time())
+    sched.clock = clock
+    # A fresh leader plans a chunk per tick: tick until its plan is complete.
+    wait_for(
+        lambda: (sched.tick(), sched._reconciled is not None and not sched.replanning)[1],
+        60,
+        interval=0.05,
+        message="the plan",
+    )
+    assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
+    clock.shift = nine - 0.1 - real.time()
+    return sched, nine

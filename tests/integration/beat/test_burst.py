@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -22,37 +22,18 @@ from celery import Celery
 
 from celery_safe_time import constants as C
 from celery_safe_time import save_entries
-from celery_safe_time.beat.scheduler import SafeScheduler
+from tests.helpers.beat import BURST_ZONE, leader_at_nine
 from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.integration
 
 TENANTS = 2000
-ZONE = "Europe/Berlin"
-BATCH_LINE = "published %d due slot(s) in one broker round trip"
+ZONE = BURST_ZONE
+BATCH_LINE = "published %d due slot(s) in one batch"
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
-
-
-class _ShiftedClock:
-    """The leader's clock moved by ``shift`` seconds (09:00 comes when the test wants it)."""
-
-    def __init__(self, clock: Any, shift: float) -> None:
-        self.clock, self.shift = clock, shift
-
-    def time(self) -> float:
-        return float(self.clock.time()) + self.shift
-
-
-def _nine(now: float) -> float:
-    """The next 09:00 in ``ZONE`` at least an hour after ``now``."""
-    local = datetime.fromtimestamp(now + 3600, ZoneInfo(ZONE))
-    nine = local.replace(hour=9, minute=0, second=0, microsecond=0)
-    if nine.timestamp() <= now + 3600:
-        nine = (nine + timedelta(days=1)).replace(hour=9)
-    return nine.timestamp()
 
 
 def _burst_app(make_app: Callable[..., Celery], **conf: Any) -> Celery:
@@ -71,28 +52,6 @@ def _burst_app(make_app: Callable[..., Celery], **conf: Any) -> Celery:
 @pytest.fixture
 def app(make_app: Callable[..., Celery]) -> Celery:
     return _burst_app(make_app)
-
-
-def _leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
-    """A leader that has planned every entry (next slot: 09:00) and whose clock now reads 08:59:59.9."""
-    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "beat"), max_interval=1)
-    sched.lazy_threshold = 100  # as a leader with 10,000 entries or more: reads only what is due
-    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
-    real = sched.clock
-    nine = _nine(real.time())
-    clock = _ShiftedClock(real, nine - 600 - real.time())
-    sched.clock = clock
-    # A fresh leader plans a chunk per tick: tick until its plan is complete.
-    wait_for(
-        lambda: (sched.tick(), sched._reconciled is not None and not sched.replanning)[1],
-        60,
-        interval=0.05,
-        message="the plan",
-    )
-    assert sched.lazy == sched.backend.reads_due_only  # PostgreSQL coordination loads every entry
-    assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
-    clock.shift = nine - 0.1 - real.time()
-    return sched, nine
 
 
 def _queued(client: redis.Redis) -> dict[str, list[str]]:
@@ -121,7 +80,8 @@ def test_a_burst_is_published_in_chunks_each_slot_exactly_once(
 ) -> None:
     app = _burst_app(make_app, **coordination)
     caplog.set_level(logging.DEBUG, logger="celery_safe_time.beat.scheduler")
-    sched, nine = _leader_at_nine(app, tmp_path)
+    sched, nine = leader_at_nine(app, tmp_path)
+    assert sched.lazy == sched.backend.reads_due_only  # PostgreSQL coordination loads every entry
     try:
         wait_for(lambda: (sched.tick(), redis_client.llen("celery") >= TENANTS)[1], 120, interval=0.01)
         # nothing left due at 09:00: ticks on publish nothing more
@@ -143,7 +103,7 @@ def test_a_burst_is_published_in_chunks_each_slot_exactly_once(
 def test_a_leader_that_loses_its_lease_mid_burst_publishes_none_of_the_rest(
     app: Celery, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
-    sched, _ = _leader_at_nine(app, tmp_path)
+    sched, _ = leader_at_nine(app, tmp_path)
     try:
         wait_for(lambda: (sched.tick(), redis_client.llen("celery") > 0)[1], 60, interval=0.01)
         published = redis_client.llen("celery")

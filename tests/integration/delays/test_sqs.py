@@ -19,6 +19,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,12 +28,12 @@ import redis
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time import install
+from celery_safe_time import entry_history, install, save_entries
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import SerializationError
 from tests.apps.delays_tasks import define_tasks
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates
+from tests.helpers.beat import BEAT_APP, BURST_ZONE, beat_env, duplicates, leader_at_nine
 from tests.helpers.beat import runs as beat_runs
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs, seconds
 from tests.helpers.processes import ProcessManager, wait_for
@@ -352,3 +354,59 @@ def test_an_acks_late_run_longer_than_the_visibility_timeout_runs_once(
     assert [r["task_id"] for r in runs(redis_client)] == [call.id]
     logs = "".join(w.log() for w in workers)
     assert f"[{call.id}] is running on" in logs, "SQS never handed the message out again: nothing was shown"
+
+
+def _noop(*args: Any) -> None:
+    return None
+
+
+def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records_a_refused_one(
+    make_app: Callable[..., Celery],
+    sqs: dict[str, Any],
+    redis_url: str,
+    sqs_endpoint: SqsEndpoint,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """25 runtime entries due at the same 09:00 and one whose message is larger than the queue takes
+    (4 KiB): the leader's tick publishes them in ``SendMessageBatch`` calls of 10 (not 26
+    ``SendMessage``: a new leader catching up a failover's slots on SQS waited a round trip per slot),
+    each slot once in the queue; SQS refuses the large one's chunk whole, so that chunk goes one by
+    one: the large one is logged and recorded as not published, the rest of its chunk goes out."""
+    transport = {**sqs["broker_transport_options"], "sqs-creation-attributes": {"MaximumMessageSize": "4096"}}
+    app = make_app(
+        "sqs-beat-batch",
+        broker_url=sqs["broker_url"],
+        broker_transport_options=transport,
+        safe_time_redis_url=redis_url,
+        safe_time_beat_lease=3,
+        beat_schedule={},
+    )
+    app.task(name="t.sqs_burst", shared=False)(_noop)
+    cron = {
+        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
+        "month_of_year": "*", "tz": BURST_ZONE,
+    }  # fmt: skip
+    entries = [{"name": f"tenant-{i:02d}", "task": "t.sqs_burst", "schedule": cron, "args": [i]} for i in range(25)]
+    entries.append({"name": "too-large", "task": "t.sqs_burst", "schedule": cron, "args": ["x" * 5000]})
+    assert save_entries(entries, app=app) == 26
+    caplog.set_level(logging.DEBUG, logger="celery_safe_time")
+    sched, nine = leader_at_nine(app, tmp_path)
+    try:
+        wait_for(lambda: (sched.tick(), entry_history("too-large", app=app))[1], 30, interval=0.05)
+    finally:
+        sched.close()
+    slot = datetime.fromtimestamp(nine, timezone.utc).isoformat()
+    bodies = [
+        json.loads(base64.b64decode(m["Body"]))
+        for m in _queue_messages(sqs_endpoint, f"{transport['queue_name_prefix']}celery")
+    ]
+    published = sorted((b["headers"][C.HEADER_ENTRY], b["headers"][C.HEADER_SLOT]) for b in bodies)
+    assert published == [(f"tenant-{i:02d}", slot) for i in range(25)]  # each slot once, the large one not
+    # 26 recorded: the chunk of the large one is refused whole and sent one by one (6 calls)
+    assert "published 26 messages to SQS in 8 SendMessageBatch calls" in caplog.text
+    assert "beat: published 25 due slot(s) in one batch" in caplog.text
+    assert "beat: entry 'too-large' slot" in caplog.text
+    assert "not published: SQS refused the message" in caplog.text
+    [record] = entry_history("too-large", app=app)
+    assert record.outcome == C.RUN_NOT_PUBLISHED

@@ -49,7 +49,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.common import print_report
+from benchmarks.common import by_size, md_table, print_report
 from tests.helpers import services
 from tests.helpers.processes import CeleryProcess
 
@@ -249,12 +249,7 @@ def steady_ticks(app: Any, tmp: Path) -> dict[str, float]:
             time.sleep(0.02)
     finally:
         sched.close()
-    ordered = sorted(samples)
-    return {
-        "first tick ms": round(first * 1000, 2),
-        "p50 ms": round(ordered[len(ordered) // 2] * 1000, 2),
-        "p99 ms": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1000, 2),
-    }
+    return {"first tick ms": round(first * 1000, 2), **_pcts(samples)}
 
 
 class _Lease:
@@ -469,60 +464,81 @@ def run_postgres(sizes: list[int]) -> dict[str, Any]:
     return results
 
 
+def _slots_and_ticks(r: dict[str, Any]) -> tuple[str, str]:
+    """A size's slots once / twice or more / missing, and its steady tick p50 / p99 (ms)."""
+    s, t = r["slots"], r["steady tick"]
+    return f"{s['once']} / {s['twice or more']} / {s['missing']}", f"{t['p50 ms']} / {t['p99 ms']}"
+
+
+def _load(r: dict[str, Any]) -> str:
+    return f"{r['load average at start']} to {r['load average at end']}"
+
+
 def markdown_postgres(results: dict[str, Any]) -> str:
-    lines = [
-        "| entries (PostgreSQL coordination) | `save_entries` | fresh plan | kill -9 to lease taken (s) "
-        "| lease taken to first publish (s) | slots once / twice or more / missing | steady tick p50 / p99 (ms) "
-        "| beat RSS standby / leader / new leader (MB) | database per entry, saved / planned (B) | load average |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, r in results.items():
-        if not key.isdigit():
-            continue
-        s, t = r["slots"], r["steady tick"]
-        lines.append(
-            f"| {int(key):,} | {r['save_entries s']} s ({r['save_entries per s']:,}/s) "
-            f"| {r['fresh plan complete s']} s "
-            f"| {r['kill to lease taken s']} | {r['lease taken to first publish s']} "
-            f"| {s['once']} / {s['twice or more']} / {s['missing']} | {t['p50 ms']} / {t['p99 ms']} "
-            f"| {r['standby RSS MB']} / {r['leader RSS MB']} / {r['new leader RSS MB']} "
-            f"| {r['database growth after save, bytes per entry']} "
-            f"/ {r['database growth after plan, bytes per entry']} "
-            f"| {r['load average at start']} to {r['load average at end']} |"
+    header = (
+        "entries (PostgreSQL coordination)", "`save_entries`", "fresh plan", "kill -9 to lease taken (s)",
+        "lease taken to first publish (s)", "slots once / twice or more / missing", "steady tick p50 / p99 (ms)",
+        "beat RSS standby / leader / new leader (MB)", "database per entry, saved / planned (B)", "load average",
+    )  # fmt: skip
+    rows = [
+        (
+            f"{n:,}",
+            f"{r['save_entries s']} s ({r['save_entries per s']:,}/s)",
+            f"{r['fresh plan complete s']} s",
+            r["kill to lease taken s"],
+            r["lease taken to first publish s"],
+            *_slots_and_ticks(r),
+            f"{r['standby RSS MB']} / {r['leader RSS MB']} / {r['new leader RSS MB']}",
+            f"{r['database growth after save, bytes per entry']} / {r['database growth after plan, bytes per entry']}",
+            _load(r),
         )
+        for n, r in by_size(results)
+    ]
+    tables = [md_table(header, rows, "r" * len(header))]
     ticks = results.get("ticks in turn")
     if ticks:
-        lines += ["", "| ticked in turn | takeover first tick (ms) | tick p50 / p99 (ms) |", "|---:|---:|---:|"]
-        for key, value in ticks.items():
-            if key.endswith(" tick"):
-                n = int(key.split()[0])
-                lines.append(
-                    f"| {n:,} | {ticks[f'{n} takeover first tick ms']} | {value['p50 ms']} / {value['p99 ms']} |"
-                )
-    return "\n".join(lines)
+        sizes = [int(key.split()[0]) for key in ticks if key.endswith(" tick")]
+        turns = [
+            (
+                f"{n:,}",
+                ticks[f"{n} takeover first tick ms"],
+                f"{ticks[f'{n} tick']['p50 ms']} / {ticks[f'{n} tick']['p99 ms']}",
+            )
+            for n in sizes
+        ]
+        tables.append(md_table(("ticked in turn", "takeover first tick (ms)", "tick p50 / p99 (ms)"), turns, "rrr"))
+    return "\n\n".join(tables)
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [
-        "| entries | kill -9 to lease taken (s) | lease taken to first publish (s) | slots once / twice or more "
-        "/ missing | steady tick p50 / p99 (ms) | leader RSS after plan / new leader after takeover (MB) "
-        "| Redis used_memory per entry, saved / planned (B) | load average |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, r in results.items():
-        s, t = r["slots"], r["steady tick"]
-        lines.append(
-            f"| {int(key):,} | {r['kill to lease taken s']} | {r['lease taken to first publish s']} "
-            f"| {s['once']} / {s['twice or more']} / {s['missing']} | {t['p50 ms']} / {t['p99 ms']} "
-            f"| {r['leader RSS MB']} / {r['new leader RSS MB']} "
-            f"| {r['used_memory after save, bytes per entry']} / {r['used_memory after plan, bytes per entry']} "
-            f"| {r['load average at start']} to {r['load average at end']} |"
+    header = (
+        "entries", "kill -9 to lease taken (s)", "lease taken to first publish (s)",
+        "slots once / twice or more / missing", "steady tick p50 / p99 (ms)",
+        "leader RSS after plan / new leader after takeover (MB)",
+        "Redis used_memory per entry, saved / planned (B)", "load average",
+    )  # fmt: skip
+    rows = [
+        (
+            f"{n:,}",
+            r["kill to lease taken s"],
+            r["lease taken to first publish s"],
+            *_slots_and_ticks(r),
+            f"{r['leader RSS MB']} / {r['new leader RSS MB']}",
+            f"{r['used_memory after save, bytes per entry']} / {r['used_memory after plan, bytes per entry']}",
+            _load(r),
         )
-    lines += ["", "| entries | " + " | ".join(_MEMORY_COLUMNS) + " |", "|---:|" + "---:|" * len(_MEMORY_COLUMNS)]
-    for key, r in results.items():
-        m = r["memory per entry (MEMORY USAGE, bytes)"]
-        lines.append(f"| {int(key):,} | " + " | ".join(str(m.get(c)) for c in _MEMORY_COLUMNS) + " |")
-    return "\n".join(lines)
+        for n, r in by_size(results)
+    ]
+    memory = [
+        (f"{n:,}", *(r["memory per entry (MEMORY USAGE, bytes)"].get(c) for c in _MEMORY_COLUMNS))
+        for n, r in by_size(results)
+    ]
+    return "\n\n".join(
+        (
+            md_table(header, rows, "r" * len(header)),
+            md_table(("entries", *_MEMORY_COLUMNS), memory, "r" * (len(_MEMORY_COLUMNS) + 1)),
+        )
+    )
 
 
 _MEMORY_COLUMNS = (

@@ -52,7 +52,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.common import print_report
+from benchmarks.common import by_size, md_table, print_report
 from tests.helpers import services
 
 SIZES = (10_000, 100_000)
@@ -594,69 +594,69 @@ def run_save(sizes: list[int], baseline: Path | None, limit: float = float("inf"
 
 
 def save_markdown(results: dict[str, Any]) -> str:
-    lines = [
-        "| entries | coordination | code | save_entries (entries/s, wall / per CPU s) "
-        "| re-import, nothing changed (same) | load average |",
-        "|---:|---|---|---:|---:|---:|",
-    ]
+    header = (
+        "entries", "coordination", "code", "save_entries (entries/s, wall / per CPU s)",
+        "re-import, nothing changed (same)", "load average",
+    )  # fmt: skip
+    rows: list[tuple[object, ...]] = []
     for key, r in results.items():
         if not isinstance(r, dict):
             continue
         n, backend, label = key.split(" ")
         if "error" in r:
-            lines.append(f"| {int(n):,} | {backend} | {label} | error | | |")
+            rows.append((f"{int(n):,}", backend, label, "error", "", ""))
             continue
         first, again = r["first"], r.get("again")
         if first.get("taken", int(n)) < int(n):
             label += f" (stopped at {first['taken']:,} after {first['s']} s)"
         reimport = "" if again is None else f"{again['per s']:,} / {again['per CPU s']:,}"
-        lines.append(
-            f"| {int(n):,} | {backend} | {label} | {first['per s']:,} / {first['per CPU s']:,} "
-            f"| {reimport} | {r['load average']:.1f} |"
-        )
-    return "\n".join(lines)
+        rows.append(
+            (f"{int(n):,}", backend, label, f"{first['per s']:,} / {first['per CPU s']:,}", reimport,
+             f"{r['load average']:.1f}")
+        )  # fmt: skip
+    return md_table(header, rows, "rllrrr")
 
 
 def _measured(
-    key: str, r: dict[str, Any], fields: tuple[tuple[str, str], ...], lines: list[str], columns: int = 6
+    n: int, r: dict[str, Any], fields: tuple[tuple[str, str], ...], rows: list[tuple[object, ...]], columns: int
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """(row label, field, measurement) of the fields ``r`` holds; a failed one is an error row in ``lines``."""
+    """(row label, field, measurement) of the fields ``r`` holds; a failed one is an error row in ``rows``."""
     for label, field in fields:
         m = r.get(field)
         if not m:
             continue
         if "error" in m:
-            lines.append(f"| {int(key):,} | {label} | error |" + " |" * (columns - 3))
+            rows.append((f"{n:,}", label, "error", *[""] * (columns - 3)))
             continue
         yield label, field, m
 
 
+#: the leaders each size is measured with: (row label, the field of its measurements)
+_LEADERS = (("reads only due", "reads only due"), ("loads all (before)", "loads all"))
+
+
 def postgres_markdown(results: dict[str, Any]) -> str:
     """The sizes on PostgreSQL coordination: both leaders, their steady ticks, and save_entries before/after."""
-    lines = [
-        "| entries | leader | fresh leader's first slot (s) | its plan complete, wall / CPU (s) "
-        "| takeover's first tick, wall / CPU (s) | its first slot (s) | steady tick p50 / p99 (ms) "
-        "| beat RSS growth (MB) | save_entries (entries/s, wall / per CPU s) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, r in results.items():
-        if not key.isdigit():
-            continue
-        for label, field, m in _measured(
-            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines, columns=9
-        ):
+    header = (
+        "entries", "leader", "fresh leader's first slot (s)", "its plan complete, wall / CPU (s)",
+        "takeover's first tick, wall / CPU (s)", "its first slot (s)", "steady tick p50 / p99 (ms)",
+        "beat RSS growth (MB)", "save_entries (entries/s, wall / per CPU s)",
+    )  # fmt: skip
+    rows: list[tuple[object, ...]] = []
+    for n, r in by_size(results):
+        for label, field, m in _measured(n, r, _LEADERS, rows, len(header)):
             fp, t, st = m.get("fresh plan complete", {}), m["takeover"], m.get("steady tick", {})
             rate = (
                 f"{r['save_entries per s']:,} / {r['save_entries per CPU s']:,}"
                 if field == "reads only due"
                 else f"{r.get('save_entries before per s', 0):,} / {r.get('save_entries before per CPU s', 0):,}"
             )
-            lines.append(
-                f"| {int(key):,} | {label} | {m.get('fresh first slot s')} | {fp.get('s')} / {fp.get('cpu_s')} "
-                f"| {t['s']} / {t['cpu_s']} | {m.get('takeover first slot s')} "
-                f"| {st.get('p50_ms')} / {st.get('p99_ms')} | +{m['rss after takeover MB']} | {rate} |"
-            )
-    return "\n".join(lines)
+            rows.append(
+                (f"{n:,}", label, m.get("fresh first slot s"), f"{fp.get('s')} / {fp.get('cpu_s')}",
+                 f"{t['s']} / {t['cpu_s']}", m.get("takeover first slot s"),
+                 f"{st.get('p50_ms')} / {st.get('p99_ms')}", f"+{m['rss after takeover MB']}", rate)
+            )  # fmt: skip
+    return md_table(header, rows, "rl" + "r" * (len(header) - 2))
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -664,35 +664,29 @@ def markdown(results: dict[str, Any]) -> str:
         return save_markdown(results)
     if results.get("coordination") == "postgres":
         return postgres_markdown(results)
-    lines = [
-        "| entries | leader | fresh leader's first tick, wall / CPU (s) | its first slot (s) | its plan complete, "
-        "wall / CPU (s) | takeover's first tick, wall / CPU (s) | its first slot (s) | beat RSS growth (MB) "
-        "| save_entries (entries/s, wall / per CPU s) | save_entry one at a time (same) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, r in results.items():
-        if not key.isdigit():
-            continue
-        for label, field, m in _measured(
-            key, r, (("reads only due", "reads only due"), ("loads all (before)", "loads all")), lines, columns=10
-        ):
+    header = (
+        "entries", "leader", "fresh leader's first tick, wall / CPU (s)", "its first slot (s)",
+        "its plan complete, wall / CPU (s)", "takeover's first tick, wall / CPU (s)", "its first slot (s)",
+        "beat RSS growth (MB)", "save_entries (entries/s, wall / per CPU s)", "save_entry one at a time (same)",
+    )  # fmt: skip
+    rows: list[tuple[object, ...]] = []
+    for n, r in by_size(results):
+        for label, field, m in _measured(n, r, _LEADERS, rows, len(header)):
             f, t = m["fresh"], m["takeover"]
             fp = m.get("fresh plan complete", {})
             rate = single = ""
             if field == "reads only due":
                 rate = f"{r['save_entries per s']:,} / {r.get('save_entries per CPU s', 0):,}"
                 single = f"{r.get('save_entry per s', 0):,} / {r.get('save_entry per CPU s', 0):,}"
-            lines.append(
-                f"| {int(key):,} | {label} | {f['s']} / {f['cpu_s']} | {m.get('fresh first slot s')} "
-                f"| {fp.get('s')} / {fp.get('cpu_s')} | {t['s']} / {t['cpu_s']} | {m.get('takeover first slot s')} "
-                f"| +{m['rss after takeover MB']} | {rate} | {single} |"
-            )
-    if len(lines) == 2:  # only the burst was measured (--burst-only)
-        lines = []
-    else:
-        lines.append("")
-    lines.append(burst_markdown(results.get("burst", {})))
-    return "\n".join(lines)
+            rows.append(
+                (f"{n:,}", label, f"{f['s']} / {f['cpu_s']}", m.get("fresh first slot s"),
+                 f"{fp.get('s')} / {fp.get('cpu_s')}", f"{t['s']} / {t['cpu_s']}", m.get("takeover first slot s"),
+                 f"+{m['rss after takeover MB']}", rate, single)
+            )  # fmt: skip
+    burst = burst_markdown(results.get("burst", {}))
+    if not rows:  # only the burst was measured (--burst-only)
+        return burst
+    return md_table(header, rows, "rl" + "r" * (len(header) - 2)) + "\n\n" + burst
 
 
 _BURST_ROWS = (
@@ -706,18 +700,18 @@ _BURST_ROWS = (
 
 def burst_markdown(bursts: dict[str, Any]) -> str:
     """The 09:00 burst table: batched (this release) beside one publish round trip per slot."""
-    lines = [
-        "| entries due at 09:00 | publishing | 09:00 to the last publish (s) | slots/s | beat CPU (s) "
-        "| published exactly once / twice or more / missing |",
-        "|---:|---|---:|---:|---:|---:|",
-    ]
-    for key, r in bursts.items():
-        for label, _, m in _measured(key, r, _BURST_ROWS, lines):
-            lines.append(
-                f"| {int(key):,} | {label} | {m['to last publish s']} | {m['per s']:,} | {m['cpu_s']} "
-                f"| {m['once']:,} / {m['twice or more']} / {m['missing']} |"
-            )
-    return "\n".join(lines)
+    header = (
+        "entries due at 09:00", "publishing", "09:00 to the last publish (s)", "slots/s", "beat CPU (s)",
+        "published exactly once / twice or more / missing",
+    )  # fmt: skip
+    rows: list[tuple[object, ...]] = []
+    for n, r in by_size(bursts):
+        for label, _, m in _measured(n, r, _BURST_ROWS, rows, len(header)):
+            rows.append(
+                (f"{n:,}", label, m["to last publish s"], f"{m['per s']:,}", m["cpu_s"],
+                 f"{m['once']:,} / {m['twice or more']} / {m['missing']}")
+            )  # fmt: skip
+    return md_table(header, rows, "rl" + "r" * (len(header) - 2))
 
 
 def main(argv: list[str] | None = None) -> int:

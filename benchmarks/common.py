@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -121,6 +122,21 @@ class PrivateRedis:
         self.proc.terminate()
         self.proc.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
+    """A markdown table: ``header``, its rule (``align``: a letter a column, ``r`` right-aligned, any
+    other or none left-aligned), then a line a row, each cell as ``str`` writes it (a ``|`` escaped)."""
+    rule = "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header))[: len(header)])
+    lines = ["| " + " | ".join(header) + " |", "|" + rule]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def by_size(results: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(entry count, its measurements) of the results keyed by an entry count, in their order; the
+    other keys (settings, the runs beside) passed over."""
+    return ((int(key), r) for key, r in results.items() if key.isdigit())
 
 
 def print_report(table: str, results: Any) -> int:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, percentile
+from benchmarks.common import machine, md_table, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -709,12 +709,6 @@ def headline(r: dict[str, Any]) -> list[Head]:
     return rows
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 # --- charts --------------------------------------------------------------------------------------
 
 
@@ -830,7 +824,7 @@ def write_doc(r: dict[str, Any]) -> str:
         "",
         "## The table",
         "",
-        _md_table(["what", "ours", "baseline, same run", "goal", "ratio", "met"], [h.cells() for h in headline(r)]),
+        md_table(["what", "ours", "baseline, same run", "goal", "ratio", "met"], [h.cells() for h in headline(r)]),
         "",
         "Ratio is ours / baseline (for the lock rows: task time with the decorator / bare task time).",
         "",
@@ -1205,7 +1199,7 @@ def main(argv: list[str] | None = None) -> int:
     results = load()
     results["_meta"] = results.pop("_meta", {})
     write_doc(results)
-    table = _md_table(
+    table = md_table(
         ["what", "ours", "baseline, same run", "goal", "met"],
         [[c for i, c in enumerate(h.cells()) if i != 4] for h in headline(results)],
     )

@@ -9,6 +9,7 @@ import time
 
 import redis
 from celery import Celery
+from celery.app.task import Context
 
 from tests.apps.settings import configure
 
@@ -17,8 +18,10 @@ app = configure(Celery("basic"))
 _redis = redis.Redis.from_url(os.environ.get("SAFE_TIME_TEST_RECORD_URL") or os.environ["SAFE_TIME_TEST_BROKER_URL"])
 
 
-@app.task(bind=True, name="tests.record")
-def record(self, label: str = "", sleep: float = 0.0) -> str:  # type: ignore[no-untyped-def]
+def record_run(request: Context, label: str, sleep: float = 0.0) -> str:
+    """Runs for ``sleep`` seconds, then records the run of ``request`` (``test:runs``: label, times,
+    process, and the task's ``safe_time`` headers, the slot's among them); what ``tests.record`` and
+    the other apps' recording tasks run."""
     started = time.time()
     if sleep:
         time.sleep(sleep)
@@ -27,14 +30,19 @@ def record(self, label: str = "", sleep: float = 0.0) -> str:  # type: ignore[no
         json.dumps(
             {
                 "label": label,
-                "task_id": self.request.id,
+                "task_id": request.id,
                 "started": started,
                 "finished": time.time(),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
-                "hostname": self.request.hostname,
-                "headers": {k: v for k, v in (self.request.headers or {}).items() if k.startswith("safe_time")},
+                "hostname": request.hostname,
+                "headers": {k: v for k, v in (request.headers or {}).items() if k.startswith("safe_time")},
             }
         ),
     )
     return label
+
+
+@app.task(bind=True, name="tests.record")
+def record(self, label: str = "", sleep: float = 0.0) -> str:  # type: ignore[no-untyped-def]
+    return record_run(self.request, label, sleep)

@@ -17,7 +17,7 @@ from typing import Any
 from celery.signals import before_task_publish
 
 from celery_safe_time import concurrency_limit, crontab, overlap_lock, rate_limit
-from tests.apps.basic import _redis, app, record
+from tests.apps.basic import _redis, app, record, record_run
 
 __all__ = ["app", "overlap_run", "rated_run", "record", "stacked_run"]
 
@@ -55,22 +55,7 @@ def rated_run(self, label: str) -> None:  # type: ignore[no-untyped-def]
 def stacked_run(self, label: str, sleep: float = 0.3) -> str:  # type: ignore[no-untyped-def]
     """A beat entry's task behind two gates (an overlap lock per entry, two runs at once of all
     entries): recorded as ``tests.record`` records its runs (``test:runs``, with the slot header)."""
-    started = time.time()
-    time.sleep(sleep)
-    headers = {k: v for k, v in (self.request.headers or {}).items() if k.startswith("safe_time")}
-    _redis.rpush(
-        "test:runs",
-        json.dumps(
-            {
-                "label": label,
-                "task_id": self.request.id,
-                "started": started,
-                "finished": time.time(),
-                "headers": headers,
-            }
-        ),
-    )
-    return label
+    return record_run(self.request, label, sleep)
 
 
 def _on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:

@@ -1,4 +1,5 @@
-"""Helpers for the beat integration tests: env for ``tests.apps.beat_app`` and run records."""
+"""Helpers for the beat tests: env for ``tests.apps.beat_app``, run records, and a beat's shard keepers
+driven by hand."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import collections
 import json
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,10 @@ from zoneinfo import ZoneInfo
 import redis
 from celery import Celery
 
+from celery_safe_time.beat.backends import BeatBackend
+from celery_safe_time.beat.leader import LeaderKeeper
 from celery_safe_time.beat.scheduler import SafeScheduler
+from celery_safe_time.beat.shards import ShardGate
 from tests.helpers.processes import wait_for
 
 BEAT_APP = "tests.apps.beat_app"
@@ -132,3 +137,30 @@ def leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
     assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
     clock.shift = nine - 0.1 - real.time()
     return sched, nine
+
+
+class ShardBeat:
+    """One beat process's shard gate and keepers on ``root`` (its config's shards and lease), driven by
+    hand: ``round()`` is one attempt of each keeper, as each keeper's thread makes once per renew
+    interval. ``monotonic`` times the gate and the acquires (a test's clock, where time is injected)."""
+
+    def __init__(self, root: BeatBackend, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.root = root
+        shards, lease = root.config.beat_shards, root.config.beat_lease
+        self.gate = ShardGate(shards, lease, root.beats_heartbeat, root.clock.time, monotonic=monotonic)
+        self.keepers: list[LeaderKeeper] = []
+        for shard in range(shards):
+            backend = root if shard == 0 else root.for_shard(shard)
+            keeper = LeaderKeeper(
+                backend.make_lease(), backend.clock, root.config, sender=self, errors=backend.errors, shard=shard
+            )
+            keeper.join(self.gate)
+            keeper.lease_clock = monotonic
+            self.keepers.append(keeper)
+
+    def round(self) -> None:
+        for keeper in self.keepers:
+            keeper._attempt()
+
+    def held(self) -> set[int]:
+        return {k.shard for k in self.keepers if k.is_leader}

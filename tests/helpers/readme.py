@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.services import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 README_BROKER = "redis://127.0.0.1:6379/0"
@@ -129,10 +131,4 @@ def start(directory: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 10 s: one process, by its own handle."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    stop_process(proc)

@@ -5,7 +5,7 @@ store, a real worker (in-process, so the SDK's in-memory exporter sees every spa
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -14,12 +14,10 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_safe_time import SafeTask, reschedule
 from celery_safe_time.beat.scheduler import SafeScheduler
-from celery_safe_time.delays import tracing
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers.processes import wait_for
@@ -27,17 +25,6 @@ from tests.helpers.processes import wait_for
 pytestmark = pytest.mark.integration
 
 DAY = 86400
-
-
-@pytest.fixture
-def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.instrument(tracer_provider=provider)
-    yield provider, exporter
-    tracing.uninstrument()
-    provider.shutdown()
 
 
 def _wait(predicate: Callable[[], Any], timeout: float = 20) -> Any:

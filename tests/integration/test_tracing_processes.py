@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 from celery import Celery
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_safe_time import SafeTask, install, reschedule
-from celery_safe_time.delays import tracing
 from celery_safe_time.delays.backends import get_store
 from tests.helpers.processes import ProcessManager, wait_for
 
@@ -28,17 +26,6 @@ pytestmark = pytest.mark.integration
 
 DAY = 86400
 APP = "tests.apps.traced_app"
-
-
-@pytest.fixture
-def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.instrument(tracer_provider=provider)
-    yield provider, exporter
-    tracing.uninstrument()
-    provider.shutdown()
 
 
 def exported(directory: Path) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -43,28 +43,6 @@ def app(make_app: Callable[..., Celery], coordination: dict[str, Any]) -> Celery
     app.task(name="t.entries_noop", shared=False)(_noop)
     app.task(name="reports.send", shared=False)(_noop)
     return app
-
-
-@pytest.fixture
-def sent() -> Iterator[list[dict[str, Any]]]:
-    """Every slot the schedulers of this test published: {"entry", "slot", "epoch", "task_id"}."""
-    out: list[dict[str, Any]] = []
-
-    def on_sent(sender: Any, **kw: Any) -> None:
-        out.append(kw)
-
-    signals.beat_slot_dispatched.connect(on_sent, weak=False)
-    yield out
-    signals.beat_slot_dispatched.disconnect(on_sent)
-
-
-@pytest.fixture
-def leader(app: Celery, tmp_path: Path) -> Iterator[SafeScheduler]:
-    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
-    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
-    sched.tick()  # the term's reconcile
-    yield sched
-    sched.close()
 
 
 @pytest.fixture

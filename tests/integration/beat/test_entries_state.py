@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import redis
 from celery import Celery
 from celery.schedules import solar
 
-from celery_safe_time import get_entry, list_entries, save_entry, signals
+from celery_safe_time import get_entry, list_entries, save_entry
 from celery_safe_time.beat.entries import set_enabled
 from celery_safe_time.beat.scheduler import SafeScheduler
 from tests.helpers.processes import wait_for
@@ -39,27 +39,6 @@ def app(make_app: Callable[..., Celery]) -> Celery:
     app = make_app(safe_time_beat_lease=3)
     app.task(name="t.state_noop", shared=False)(_noop)
     return app
-
-
-@pytest.fixture
-def sent() -> Iterator[list[dict[str, Any]]]:
-    out: list[dict[str, Any]] = []
-
-    def on_sent(sender: Any, **kw: Any) -> None:
-        out.append(kw)
-
-    signals.beat_slot_dispatched.connect(on_sent, weak=False)
-    yield out
-    signals.beat_slot_dispatched.disconnect(on_sent)
-
-
-@pytest.fixture
-def leader(app: Celery, tmp_path: Path) -> Iterator[SafeScheduler]:
-    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
-    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
-    sched.tick()
-    yield sched
-    sched.close()
 
 
 def _fired(sent: list[dict[str, Any]], name: str) -> list[float]:

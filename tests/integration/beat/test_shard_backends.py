@@ -14,10 +14,9 @@ import pytest
 
 from celery_safe_time.beat.backends import BeatBackend, SlotWrite, beat_backend
 from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatData
-from celery_safe_time.beat.leader import LeaderKeeper
-from celery_safe_time.beat.shards import BeatPulse, ShardGate, shard_of
+from celery_safe_time.beat.shards import BeatPulse, shard_of
 from celery_safe_time.config import get_config
-from tests.helpers.beat import coordination_settings
+from tests.helpers.beat import ShardBeat, coordination_settings
 
 pytestmark = pytest.mark.integration
 
@@ -134,29 +133,6 @@ def test_the_heartbeats_count_the_live_beats(backends: Callable[[], BeatBackend]
     assert beat(a, "a", 3, now + 3.1) == {"a": (3, 4)}
 
 
-class _Beat:
-    """One beat's gate and shard keepers on the real backend, driven by hand (``round``)."""
-
-    def __init__(self, root: BeatBackend) -> None:
-        self.root = root
-        self.gate = ShardGate(SHARDS * 2, LEASE, root.beats_heartbeat, root.clock.time)
-        self.keepers: list[LeaderKeeper] = []
-        for shard in range(SHARDS * 2):
-            backend = root if shard == 0 else root.for_shard(shard)
-            keeper = LeaderKeeper(
-                backend.make_lease(), backend.clock, root.config, sender=self, errors=backend.errors, shard=shard
-            )
-            keeper.join(self.gate)
-            self.keepers.append(keeper)
-
-    def round(self) -> None:
-        for keeper in self.keepers:
-            keeper._attempt()
-
-    def held(self) -> set[int]:
-        return {k.shard for k in self.keepers if k.is_leader}
-
-
 def test_three_beats_share_the_shards_and_a_dead_beats_move_within_lease_and_a_third(
     make_app: Any, coordination: dict[str, Any]
 ) -> None:
@@ -165,7 +141,7 @@ def test_three_beats_share_the_shards_and_a_dead_beats_move_within_lease_and_a_t
     for _ in range(3):
         root = beat_backend(config)
         root.startup_checks("test")
-        beats.append(_Beat(root))
+        beats.append(ShardBeat(root))
     renew = LEASE / 3
     deadline = time.monotonic() + 12 * renew
     while time.monotonic() < deadline:  # each beat's keepers try once per renew interval, as their threads

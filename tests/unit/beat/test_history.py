@@ -45,23 +45,23 @@ def _app(**conf: Any) -> Celery:
     return app
 
 
-def _scheduler(tmp_path: Path, app: Celery) -> SafeScheduler:
+def _tick(tmp_path: Path, app: Celery, clock: FakeTime, ticks: int) -> None:
+    """A scheduler of ``app`` ticking ``ticks`` times a second apart, then closed."""
     sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
     sched.keeper._stop.set()
-    return sched
+    try:
+        for _ in range(ticks):
+            clock.now += 1.0
+            sched.tick()
+    finally:
+        sched.close()
 
 
 def test_each_published_slot_has_a_record_naming_its_task_id_and_the_worker_fills_in_the_outcome(
     tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, Any]]
 ) -> None:
     app = _app(safe_time_beat_history_size=3)
-    sched = _scheduler(tmp_path, app)
-    try:
-        for _ in range(6):
-            clock.now += 1.0
-            sched.tick()
-    finally:
-        sched.close()
+    _tick(tmp_path, app, clock, 6)
     runs = history.entry_history("e", app=app)
     assert len(runs) == 3  # trimmed to the size, newest slot first
     assert [r.slot.timestamp() for r in runs] == sorted((s for _, s, _ in sent), reverse=True)[:3]
@@ -94,13 +94,7 @@ def test_a_copy_a_gate_dropped_is_recorded_as_dropped_not_succeeded(
     tmp_path: Path, clock: FakeTime, data: MemoryBeatData
 ) -> None:
     app = _app(safe_time_beat_history_size=3)
-    sched = _scheduler(tmp_path, app)
-    try:
-        for _ in range(3):
-            clock.now += 1.0
-            sched.tick()
-    finally:
-        sched.close()
+    _tick(tmp_path, app, clock, 3)
     run = history.entry_history("e", app=app, limit=1)[0]
     headers = {C.HEADER_ENTRY: "e", C.HEADER_SLOT: run.slot.isoformat()}
     dropped = types.SimpleNamespace(headers=headers, hostname="w1@h", retries=0)
@@ -134,13 +128,7 @@ def test_history_size_zero_writes_no_record_and_publishes_as_before(
     tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, Any]]
 ) -> None:
     app = _app(safe_time_beat_history_size=0)
-    sched = _scheduler(tmp_path, app)
-    try:
-        for _ in range(3):
-            clock.now += 1.0
-            sched.tick()
-    finally:
-        sched.close()
+    _tick(tmp_path, app, clock, 3)
     assert sent
     assert data.history == {}
     assert history.entry_history("e", app=app) == []
@@ -214,14 +202,8 @@ def test_a_slot_whose_publish_failed_shows_not_published(
         raise ConnectionError("broker down")
 
     app = _app()
-    sched = _scheduler(tmp_path, app)
     monkeypatch.setattr(Scheduler, "apply_async", refuse)
-    try:
-        for _ in range(2):
-            clock.now += 1.0
-            sched.tick()
-    finally:
-        sched.close()
+    _tick(tmp_path, app, clock, 2)
     runs = history.entry_history("e", app=app)
     assert runs
     assert {r.outcome for r in runs} == {C.RUN_NOT_PUBLISHED}

@@ -5,6 +5,7 @@ that each slot is published at most once across a move. No Redis, no sleeping.""
 from __future__ import annotations
 
 import collections
+import itertools
 import zlib
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,16 @@ from celery_safe_time.beat.backends.memory import MemoryBeatBackend, MemoryBeatD
 from celery_safe_time.beat.definitions import definition_json
 from celery_safe_time.beat.leader import LeaderKeeper
 from celery_safe_time.beat.scheduler import SafeScheduler
-from celery_safe_time.beat.shards import ShardGate, fair_share, shard_of
+from celery_safe_time.beat.shards import fair_share, shard_of
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ImproperlyConfigured
+from tests.helpers.beat import ShardBeat
 from tests.unit.beat.conftest import FakeTime, OnDispatched, memory_app
 
 LEASE = 30.0
 RENEW = LEASE / 3
 EVERY_SECOND = {"type": "interval", "every": 1.0}
+_BEATS = itertools.count()
 
 
 def test_an_entry_belongs_to_the_shard_of_its_name_crc32() -> None:
@@ -55,32 +58,13 @@ def test_the_setting_is_validated_and_refused_where_it_cannot_work() -> None:
         BeatBackend.for_shard(backend, 1)  # what a backend without shards answers
 
 
-class _Beat:
-    """One beat process's shard leases, driven by hand: ``round()`` is one attempt of each keeper."""
-
-    def __init__(self, data: MemoryBeatData, clock: FakeTime, shards: int, monotonic: FakeTime) -> None:
-        config = get_config(memory_app(f"shard-beat-{id(self)}", safe_time_beat_shards=shards))
-        root = MemoryBeatBackend(config, data)
-        self.gate = ShardGate(shards, LEASE, root.beats_heartbeat, clock, monotonic=monotonic)
-        self.keepers = []
-        for shard in range(shards):
-            backend = root.for_shard(shard)
-            keeper = LeaderKeeper(
-                backend.make_lease(), backend.clock, config, sender=self, errors=backend.errors, shard=shard
-            )
-            keeper.join(self.gate)
-            keeper.lease_clock = monotonic
-            self.keepers.append(keeper)
-
-    def round(self) -> None:
-        for keeper in self.keepers:
-            keeper._attempt()
-
-    def held(self) -> set[int]:
-        return {k.shard for k in self.keepers if k.is_leader}
+def _beat(data: MemoryBeatData, clock: FakeTime, shards: int) -> ShardBeat:
+    """One beat process's shard leases on ``data``, its gate and acquires timed on ``clock``."""
+    config = get_config(memory_app(f"shard-beat-{next(_BEATS)}", safe_time_beat_shards=shards))
+    return ShardBeat(MemoryBeatBackend(config, data), monotonic=clock)
 
 
-def _run(beats: list[_Beat], clock: FakeTime, seconds: float) -> None:
+def _run(beats: list[ShardBeat], clock: FakeTime, seconds: float) -> None:
     """Each beat's keepers attempt once per renew interval (as their threads do), for ``seconds``."""
     end = clock.now + seconds
     while clock.now < end:
@@ -92,7 +76,7 @@ def _run(beats: list[_Beat], clock: FakeTime, seconds: float) -> None:
 def test_three_beats_share_six_shards_and_a_killed_beats_move_within_lease_and_a_third(
     data: MemoryBeatData, clock: FakeTime
 ) -> None:
-    beats = [_Beat(data, clock, 6, clock) for _ in range(3)]
+    beats = [_beat(data, clock, 6) for _ in range(3)]
     beats[0].round()  # the first beat alone: it takes every shard
     assert beats[0].held() == set(range(6))
     _run(beats, clock, 8 * RENEW)  # the others come: it gives back one per renewal until each holds 2
@@ -115,13 +99,13 @@ def test_three_beats_share_six_shards_and_a_killed_beats_move_within_lease_and_a
     assert sorted(len(b.held()) for b in beats) == [3, 3]
     assert orphans <= set().union(*(b.held() for b in beats))
     # a new beat joins: the others give back until each holds 2 again
-    beats.append(_Beat(data, clock, 6, clock))
+    beats.append(_beat(data, clock, 6))
     _run(beats, clock, 10 * RENEW)
     assert sorted(len(b.held()) for b in beats) == [2, 2, 2]
 
 
 def test_uneven_shares_reach_one_apart(data: MemoryBeatData, clock: FakeTime) -> None:
-    beats = [_Beat(data, clock, 4, clock) for _ in range(3)]
+    beats = [_beat(data, clock, 4) for _ in range(3)]
     for beat in beats[:2]:  # two beats split the four shards before the third comes
         beat.round()
     _run(beats[:2], clock, 6 * RENEW)
@@ -136,12 +120,12 @@ def test_a_beat_with_another_k_takes_no_shard_while_a_beat_with_the_first_k_live
     """Two Ks would split the names differently: the beats that started first keep firing with theirs
     (not counting the other), and a beat with another K takes nothing, logs an error naming the
     setting, and takes its shards once no beat with the first K is alive (a rolling change of K)."""
-    old = [_Beat(data, clock, 6, clock) for _ in range(2)]
+    old = [_beat(data, clock, 6) for _ in range(2)]
     _run(old, clock, 8 * RENEW)
     assert sorted(len(b.held()) for b in old) == [3, 3]
     clock.now += 1.0
     with caplog.at_level("ERROR", logger="celery_safe_time.beat.shards"):
-        new = _Beat(data, clock, 4, clock)
+        new = _beat(data, clock, 4)
         _run([*old, new], clock, 8 * RENEW)
     assert new.held() == set()
     assert sorted(len(b.held()) for b in old) == [3, 3]  # the other K is not counted in the fair share
@@ -167,13 +151,13 @@ def test_the_first_beat_s_k_wins_and_a_beat_that_started_later_gives_its_shards_
 ) -> None:
     """A beat that already holds shards gives every one back when it sees that a beat with another K
     started before it (its heartbeat was stale for a moment, say)."""
-    first = _Beat(data, clock, 3, clock)
+    first = _beat(data, clock, 3)
     first.round()
     first.gate.pulses(fresh=True)
     heartbeat = data.beats.pop(first.gate.member)  # stale for a while: the later beat sees no one
     for keeper in first.keepers:
         keeper.stop(release=True)
-    later = _Beat(data, clock, 2, clock)
+    later = _beat(data, clock, 2)
     clock.now += 1.0
     later.round()
     assert later.held() == {0, 1}
@@ -186,10 +170,10 @@ def test_the_first_beat_s_k_wins_and_a_beat_that_started_later_gives_its_shards_
 def test_a_beat_left_at_one_shard_beside_sharded_beats_takes_nothing(data: MemoryBeatData, clock: FakeTime) -> None:
     """One leader (K = 1) writes a heartbeat too: started after sharded beats, it does not lead shard 0's
     lease (as one leader of every entry, beside them); started first, the sharded ones wait."""
-    sharded = _Beat(data, clock, 3, clock)
+    sharded = _beat(data, clock, 3)
     sharded.round()
     clock.now += 1.0
-    single = _Beat(data, clock, 1, clock)
+    single = _beat(data, clock, 1)
     sharded.keepers[0].stop(release=True)  # shard 0 is free: the single beat could take it
     _run([sharded, single], clock, 4 * RENEW)
     assert single.held() == set()
@@ -199,7 +183,7 @@ def test_a_beat_left_at_one_shard_beside_sharded_beats_takes_nothing(data: Memor
     MemoryBeatBackend(get_config(memory_app("gone-1", safe_time_beat_shards=3)), data).beats_gone(sharded.gate.member)
     _run([single], clock, 2 * RENEW)
     assert single.held() == {0}
-    later = _Beat(data, clock, 3, clock)
+    later = _beat(data, clock, 3)
     _run([single, later], clock, 4 * RENEW)
     assert later.held() == set()
     assert single.held() == {0}

@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_safe_time.delays import tracing
 from celery_safe_time.testing import SafeTimeTesting
 
 
-@pytest.fixture
-def traced() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.instrument(tracer_provider=provider)
-    yield provider, exporter
-    tracing.uninstrument()
-    provider.shutdown()
-
-
 def test_the_callers_trace_continues_in_the_run(
-    safe_time: SafeTimeTesting, traced: tuple[TracerProvider, InMemorySpanExporter]
+    safe_time: SafeTimeTesting, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    provider, exporter = traced
+    provider, exporter = spans
 
     @safe_time.app.task(name="t.traced")
     def remind() -> None: ...
@@ -45,9 +31,9 @@ def test_the_callers_trace_continues_in_the_run(
 
 
 def test_a_stored_retry_continues_from_the_run_that_asked_for_it(
-    safe_time: SafeTimeTesting, traced: tuple[TracerProvider, InMemorySpanExporter]
+    safe_time: SafeTimeTesting, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    provider, exporter = traced
+    provider, exporter = spans
     attempts: list[int] = []
 
     @safe_time.app.task(name="t.retried", bind=True, max_retries=1)

@@ -5,6 +5,9 @@
    calls (start minus due time): the burst due at once and a spread due one by one.
 2. The sweep's publish rate to SQS (``SendMessageBatch``, 10 a call) next to a raw kombu publish of the
    same task messages to the same endpoint (one ``SendMessage`` each), taken before and after it.
+3. A beat leader's ticks publishing a burst of runtime entries due at the same 09:00 to SQS: batched
+   (``SendMessageBatch``) next to one ``SendMessage`` per slot (the same leader code with batching
+   off), taken before and after it.
 
 The endpoint is a Python process on this machine: its rates and latencies say how the package's SQS
 path compares with kombu's on the same endpoint, not what real SQS (network round trips, regional
@@ -24,11 +27,14 @@ from typing import Any
 from celery import Celery
 from kombu import Connection, Producer
 
+import celery_safe_time.beat.scheduler as beat_scheduler
 from benchmarks.delays import Env, _seed_due
 from benchmarks.safety import bench_visibility
+from celery_safe_time import save_entries
 from celery_safe_time.delays.backends import reset_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers import services
+from tests.helpers.beat import BURST_ZONE, leader_at_nine
 
 QUEUE = "celery"
 
@@ -81,6 +87,57 @@ def bench_sweep_sqs(env: Env, endpoint: services.SqsEndpoint, n: int) -> dict[st
     }
 
 
+def _noop(*args: Any) -> None:
+    return None
+
+
+def _beat_burst(env: Env, endpoint: services.SqsEndpoint, n: int, batched: bool, phase: str) -> float:
+    """Seconds from 09:00 until a leader has published ``n`` entries due then to SQS (each slot in the
+    queue once); ``batched`` False: the leader publishes one ``SendMessage`` per slot."""
+    transport = services.sqs_transport_options(f"bench-beat-{phase}-")
+    env.redis.flushdb()
+    app = env.app(endpoint.url, broker_transport_options=transport, safe_time_beat_lease=30, beat_schedule={})
+    app.task(name="bench.sqs_burst", shared=False)(_noop)
+    cron = {
+        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
+        "month_of_year": "*", "tz": BURST_ZONE,
+    }  # fmt: skip
+    save_entries([{"name": f"t-{i}", "task": "bench.sqs_burst", "schedule": cron} for i in range(n)], app=app)
+    real = beat_scheduler.publishes_in_batches
+    if not batched:
+        beat_scheduler.publishes_in_batches = lambda producer: False  # type: ignore[assignment]
+    try:
+        (env.tmp / phase).mkdir()
+        sched, nine = leader_at_nine(app, env.tmp / phase)
+        try:
+            while sched.clock.time() < nine:
+                time.sleep(0.001)
+            started = time.perf_counter()
+            sched.tick()  # the first publish creates the queue
+            while _held(endpoint, transport["queue_name_prefix"]) < n:
+                sched.tick()
+            took = time.perf_counter() - started
+        finally:
+            sched.close()
+    finally:
+        beat_scheduler.publishes_in_batches = real
+        app.close()
+    return took
+
+
+def bench_beat_sqs(env: Env, endpoint: services.SqsEndpoint, n: int) -> dict[str, Any]:
+    """The burst batched, between two runs of one ``SendMessage`` per slot."""
+    unbatched = [_beat_burst(env, endpoint, n, False, "one1")]
+    batched = _beat_burst(env, endpoint, n, True, "batch")
+    unbatched.append(_beat_burst(env, endpoint, n, False, "one2"))
+    return {
+        "entries": n,
+        "batched_s": batched,
+        "one_by_one_runs_s": unbatched,
+        "one_by_one_s": statistics.mean(unbatched),
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     endpoint = services.SqsEndpoint().start()
     results: dict[str, Any] = {"quick": quick}
@@ -88,6 +145,7 @@ def run(quick: bool) -> dict[str, Any]:
         env = Env()
         try:
             results["sweep"] = bench_sweep_sqs(env, endpoint, 200 if quick else 1_000)
+            results["beat"] = bench_beat_sqs(env, endpoint, 100 if quick else 1_000)
         finally:
             env.close()
         results["visibility"] = bench_visibility(quick, broker="sqs", endpoint=endpoint, spread=10 if quick else 40)
@@ -119,6 +177,15 @@ def table(results: dict[str, Any]) -> str:
             f"| sweep publish to SQS, {s['rows']:,} due rows (SendMessageBatch, 10 a call) "
             f"| {s['sweep_per_s']:.0f} rows/s | raw kombu publish of the same messages (SendMessage each): "
             f"{s['raw_kombu_per_s']:.0f} msg/s | {ratio:.2f}x |"
+        )
+    b = results.get("beat")
+    if b:
+        lines.append(
+            f"| beat burst to SQS, {b['entries']:,} entries due at 09:00, 09:00 to the last publish "
+            f"| {b['batched_s']:.2f} s (SendMessageBatch, 10 a call) "
+            f"| one SendMessage per slot: {b['one_by_one_s']:.2f} s "
+            f"({', '.join(f'{x:.2f}' for x in b['one_by_one_runs_s'])}) "
+            f"| {b['one_by_one_s'] / b['batched_s']:.2f}x faster |"
         )
     return "\n".join(lines)
 

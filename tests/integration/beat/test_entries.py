@@ -332,7 +332,10 @@ def test_rrule_searches_are_bounded_on_save_and_list(app: Celery, backend: BeatB
 
 
 def test_rrule_and_run_now(app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]]) -> None:
-    start = datetime.fromtimestamp(int(time.time()) + 1, UTC)
+    # Both slots fire only if the leader plans the entry before its first one: a plan made after it
+    # starts at the next slot. Three seconds ahead leave room for a save and a tick on a loaded machine
+    # (one second ahead left as little as a few milliseconds, and a run at load 14 missed it).
+    start = datetime.fromtimestamp(int(time.time()) + 3, UTC)
     save_entry("rr", "t.entries_noop", dateutil_rrule(SECONDLY, interval=2, dtstart=start, count=2), app=app)
     _tick_until(leader, lambda: len(_fired(sent, "rr")) >= 2)
     assert _fired(sent, "rr") == [start.timestamp(), start.timestamp() + 2]

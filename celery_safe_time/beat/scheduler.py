@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -531,34 +532,43 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             for entry, slot in allowed:
                 self.publish(entry, slot, epoch)  # logs its own failures, never raises
             return
-        sent: list[tuple[Any, float, Any]] = []
+        sent: list[tuple[Any, float, Any, dict[str, Any]]] = []
         batch = PublishBatch()
+        tried = 0
         try:
             with batched_publish(self.producer, len(allowed), batch):
                 for entry, slot in allowed:
-                    result = self._send(entry, slot, epoch)
-                    if result is not None:
-                        sent.append((entry, slot, result))
+                    published = self._send(entry, slot, epoch)
+                    tried += 1
+                    if published is not None:
+                        sent.append((entry, slot, *published))
         except Exception as exc:
-            for entry, slot in allowed:
-                logger.error(
-                    "beat: entry %r slot %s could not be published (batch of %d): %s",
-                    entry.name,
-                    to_datetime(slot).isoformat(),
-                    len(allowed),
-                    exc,
-                )
-                history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
+            # the slots _send dropped or refused are recorded already; the buffered ones took their
+            # overlap markers, which go back
+            error = f"batch of {len(allowed)} failed: {exc}"
+            for entry, slot, _, options in sent:
+                self._not_published(entry, slot, error, options)
+            for entry, slot in allowed[tried:]:
+                self._not_published(entry, slot, error)
             return
         # one line per batch: a burst (many entries due at once) shows as its chunks
         logger.debug("beat: published %d due slot(s) in one batch", len(sent) - len(batch.refused))
-        for entry, slot, result in sent:
-            error = batch.refused.get(getattr(result, "id", None) or "")
-            if error is None:
+        for entry, slot, result, options in sent:
+            refusal = batch.refused.get(getattr(result, "id", None) or "")
+            if refusal is None:
                 self._sent(entry, slot, epoch, result)
-                continue
-            logger.error("beat: entry %r slot %s not published: %s", entry.name, to_datetime(slot).isoformat(), error)
-            history.not_published(self.backend, entry.name, slot, self.clock.time(), error)
+            else:
+                self._not_published(entry, slot, refusal, options)
+
+    def _not_published(
+        self, entry: Any, slot: float, error: BaseException | str, options: Mapping[str, Any] | None = None
+    ) -> None:
+        """Log and record a slot that was claimed but not published (at most once: it stays marked
+        fired), and free the overlap marker its publish took (else it counts as queued until it expires)."""
+        logger.error("beat: entry %r slot %s not published: %s", entry.name, to_datetime(slot).isoformat(), error)
+        if options is not None:
+            self.overlap_gate.unpublished(entry.name, options)
+        history.not_published(self.backend, entry.name, slot, self.clock.time(), error)
 
     def _expire_pauses(self, now: float) -> None:
         """Resume the paused entries whose pause expired: a compare-and-set of their definition, as
@@ -664,20 +674,21 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         return False
 
     def publish(self, entry: Any, slot: float, epoch: int) -> Any:
-        result = self._send(entry, slot, epoch)
-        if result is not None:
-            self._sent(entry, slot, epoch, result)
-        return result
+        published = self._send(entry, slot, epoch)
+        if published is None:
+            return None
+        self._sent(entry, slot, epoch, published[0])
+        return published[0]
 
-    def _send(self, entry: Any, slot: float, epoch: int) -> Any:
-        """Publish one slot (or buffer it, inside a batch); None when it failed (logged)."""
+    def _send(self, entry: Any, slot: float, epoch: int) -> tuple[Any, dict[str, Any]] | None:
+        """Publish one slot (or buffer it, inside a batch): its result and the options it went with;
+        None when it was dropped or failed (logged and recorded)."""
         when = to_datetime(slot)
         task_id = self._task_ids.pop((entry.name, slot), None)  # the id its run record names
         try:
             extra = self.overlap_gate.admit(entry.name, entry.options, slot, task_id=task_id)
         except ScheduleError as exc:
-            logger.error("beat: entry %r slot %s not published: %s", entry.name, when.isoformat(), exc)
-            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
+            self._not_published(entry, slot, exc)
             return None
         if extra is None:  # dropped by its overlap policy (logged and signalled)
             history.dropped(self.backend, entry.name, slot, self.clock.time())
@@ -696,12 +707,10 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         proxy = copy.copy(entry)
         proxy.options = options
         try:
-            return super().apply_async(proxy, producer=self.producer, advance=False)
+            return super().apply_async(proxy, producer=self.producer, advance=False), options
         except Exception as exc:
             # At most once: the slot is marked fired; a lost publish is logged, not retried.
-            logger.error("beat: entry %r slot %s could not be published: %s", entry.name, when.isoformat(), exc)
-            self.overlap_gate.unpublished(entry.name, options)
-            history.not_published(self.backend, entry.name, slot, self.clock.time(), exc)
+            self._not_published(entry, slot, exc, options)
             return None
 
     def _sent(self, entry: Any, slot: float, epoch: int, result: Any) -> None:

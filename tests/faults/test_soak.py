@@ -731,7 +731,7 @@ EXPECTED_ERRORS = [
     ),
     ("idem: marker not written", r"idempotency key .* (could not|cannot) be recorded"),
     ("worker: lost connection", r"consumer: (Cannot connect|Connection to broker lost)"),
-    ("beat: publish failed", r"beat: entry .* could not be published"),
+    ("beat: publish failed", r"beat: entry .* not published: "),
     ("pool: child killed", r"Process '.*' pid:\d+ exited with 'signal 9 \(SIGKILL\)'"),
     ("worker lost (killed pool)", r"WorkerLostError"),
     ("delay: end not recorded (store unreachable)", r"ended \(\w+\) but the store did not record it"),

@@ -148,8 +148,8 @@ class PostgresReads(BeatBackend):
         if limit <= 0:
             return []
         self.ensure_tables()
-        # COLLATE "C" (the index safe_time_beat_entries_by_name): code point order, as Redis and Python
-        # order names, whatever the database's collation; a prefix is a range of that index.
+        # COLLATE "C" (the names' own collation, so their primary key's order): code point order, as
+        # Redis and Python order names, whatever the database's collation; a prefix is a range of it.
         high = prefix_end(prefix) if prefix else None
         if prefix and high is not None:
             query, params = (

@@ -4,6 +4,7 @@ Redis, PostgreSQL): signals, state, edits."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,41 @@ def test_slots_due_together_go_out_in_one_batch_with_headers_and_signals(
     slots = {p["headers"]["safe_time_slot"] for p in published[:5]}
     assert len(slots) == 1
     assert redis_client.llen("q") >= 5
+
+
+def test_slots_the_broker_refuses_are_each_recorded_not_published_and_free_their_overlap_markers(
+    make_app: Any, tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three entries under an overlap policy due together, their batch's publishes refused by the
+    broker (a Redis of this test's own at its memory limit). Each slot is logged and recorded as not
+    published, once, and the queued marker each publish took (in the coordination Redis) goes back,
+    so the next slot is not dropped as if a run were waiting."""
+    from celery_safe_time import entry_history
+    from celery_safe_time.locks.backends import get_lock_backend
+    from celery_safe_time.locks.entry_runs import entry_key
+    from tests.helpers.services import start_throwaway_redis
+
+    broker = start_throwaway_redis()
+    try:
+        names = [f"e{i}" for i in range(3)]
+        schedule = {n: {"task": "t.noop", "schedule": 2.0, "overlap": "skip"} for n in names}
+        app = make_app(
+            broker_url=broker.url, safe_time_redis_url=redis_url, safe_time_beat_lease=3, beat_schedule=schedule
+        )
+        app.task(name="t.noop")(_noop)
+        redis.Redis.from_url(broker.url).config_set("maxmemory", 1)
+        sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "s"), max_interval=1)
+        try:
+            wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+            wait_for(lambda: (sched.tick(), all(entry_history(n, app=app) for n in names))[1], 10, message="records")
+        finally:
+            sched.close()
+        markers = get_lock_backend(app)
+        for name in names:
+            records = entry_history(name, app=app)
+            assert [r.outcome for r in records] == [C.RUN_NOT_PUBLISHED]
+            assert markers.unique_info(entry_key(name), time.time()) is None
+        assert len(re.findall(r"beat: entry 'e\d' slot \S+ not published: .*maxmemory", caplog.text)) == 3
+        assert redis.Redis.from_url(broker.url).dbsize() == 0
+    finally:
+        broker.stop()

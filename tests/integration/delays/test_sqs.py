@@ -32,6 +32,8 @@ from celery_safe_time import entry_history, install, save_entries
 from celery_safe_time.delays.backends import get_store
 from celery_safe_time.delays.sweep import sweep
 from celery_safe_time.exceptions import SerializationError
+from celery_safe_time.locks.backends import get_lock_backend
+from celery_safe_time.locks.entry_runs import entry_key
 from tests.apps.delays_tasks import define_tasks
 from tests.helpers.beat import BEAT_APP, BURST_ZONE, beat_env, duplicates, leader_at_nine
 from tests.helpers.beat import runs as beat_runs
@@ -372,7 +374,8 @@ def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records
     (4 KiB): the leader's tick publishes them in ``SendMessageBatch`` calls of 10 (not 26
     ``SendMessage``: a new leader catching up a failover's slots on SQS waited a round trip per slot),
     each slot once in the queue; SQS refuses the large one's chunk whole, so that chunk goes one by
-    one: the large one is logged and recorded as not published, the rest of its chunk goes out."""
+    one: the large one is logged and recorded as not published (its overlap marker freed, so its next
+    slot is not dropped as queued), the rest of its chunk goes out."""
     transport = {**sqs["broker_transport_options"], "sqs-creation-attributes": {"MaximumMessageSize": "4096"}}
     app = make_app(
         "sqs-beat-batch",
@@ -388,7 +391,11 @@ def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records
         "month_of_year": "*", "tz": BURST_ZONE,
     }  # fmt: skip
     entries = [{"name": f"tenant-{i:02d}", "task": "t.sqs_burst", "schedule": cron, "args": [i]} for i in range(25)]
-    entries.append({"name": "too-large", "task": "t.sqs_burst", "schedule": cron, "args": ["x" * 5000]})
+    # under an overlap policy, the refused one's queued marker goes back; a published one keeps its own
+    entries[0]["overlap"] = "skip"
+    entries.append(
+        {"name": "too-large", "task": "t.sqs_burst", "schedule": cron, "args": ["x" * 5000], "overlap": "skip"}
+    )
     assert save_entries(entries, app=app) == 26
     caplog.set_level(logging.DEBUG, logger="celery_safe_time")
     sched, nine = leader_at_nine(app, tmp_path)
@@ -410,3 +417,6 @@ def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records
     assert "not published: SQS refused the message" in caplog.text
     [record] = entry_history("too-large", app=app)
     assert record.outcome == C.RUN_NOT_PUBLISHED
+    markers = get_lock_backend(app)
+    assert markers.unique_info(entry_key("too-large"), time.time()) is None
+    assert markers.unique_info(entry_key("tenant-00"), time.time()) is not None

@@ -145,7 +145,7 @@ def _app(redis_url: str, **conf: Any) -> Any:
     app = Celery("bench", set_as_current=False)
     app.conf.update(broker_url=redis_url, timezone="UTC", beat_max_loop_interval=1, **conf)
 
-    @app.task(name="bench.noop")
+    @app.task(name="bench.noop", shared=False)
     def noop() -> None:  # pragma: no cover - never executed, only published
         return None
 

@@ -72,7 +72,7 @@ def _app(redis_url: str) -> Any:
     app = Celery("bench", set_as_current=False)
     app.conf.update(broker_url=redis_url, timezone="UTC", beat_max_loop_interval=1, safe_time_beat_lease=LEASE)
 
-    @app.task(name="tests.record")
+    @app.task(name="tests.record", shared=False)
     def record(label: str = "") -> None:  # pragma: no cover - never executed, only published
         return None
 

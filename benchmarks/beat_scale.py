@@ -29,12 +29,13 @@ batched burst on PostgreSQL coordination (a fresh database; the broker stays Red
 ``--save-only`` measures only ``save_entries``, on Redis and on PostgreSQL coordination (a fresh
 database per run), at ``--sizes``: entries stored per second (wall, and per second of the caller's
 CPU), and at 100,000 or fewer a re-import of the same entries (nothing changes). ``--save-limit S``
-gives a run no more entries after S seconds (its rate is of those it took). With ``--baseline DIR``
-(a checkout of an earlier commit, e.g. ``git archive main | tar -x -C DIR``) each run is made by
-that code too, in the same run, each in a process of its own.
+gives a run no more entries after S seconds (its rate is of those it took); ``--icu`` adds a
+PostgreSQL database collated by ICU's en-US. With ``--baseline DIR`` (a checkout of an earlier
+commit, e.g. ``git archive main | tar -x -C DIR``) each run is made by that code too, in the same
+run, each in a process of its own.
 
 ``python -m benchmarks.beat_scale [--quick] [--postgres] [--sizes 10000,100000,1000000] [--burst-only 100000]
-[--save-only [--baseline DIR]]``; needs the local Redis (and PostgreSQL with ``--postgres`` or ``--save-only``).
+[--save-only [--icu] [--baseline DIR]]``; needs the local Redis (and PostgreSQL with ``--postgres`` or ``--save-only``).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _app(redis_url: str, coordination: str | None = None, prefix: str = "bench-b
     if coordination:  # PostgreSQL coordination (the broker stays Redis)
         app.conf.update(safe_time_coordination_url=coordination, safe_time_key_prefix=prefix)
 
-    @app.task(name="bench.noop")
+    @app.task(name="bench.noop", shared=False)
     def noop(*args: Any) -> None:  # pragma: no cover - never executed, only published
         return None
 
@@ -560,22 +561,30 @@ def _save_child(tree: Path, redis_url: str, n: int, coordination: str | None, li
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run_save(sizes: list[int], baseline: Path | None, limit: float = float("inf")) -> dict[str, Any]:
+#: ``--icu``: a PostgreSQL database whose collation is ICU's en-US (as many hosted databases'
+#: en_US.UTF-8), beside the default one
+ICU_DATABASE = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+
+
+def run_save(sizes: list[int], baseline: Path | None, limit: float = float("inf"), icu: bool = False) -> dict[str, Any]:
     """``save_entries`` alone at each size, on Redis and on PostgreSQL coordination (a fresh database
-    per run), by this tree and, beside it in the same run, by ``baseline``; a run that has taken
-    ``limit`` seconds is given no more entries (its rate is of those it took)."""
+    per run; with ``icu`` also one whose collation is ICU's en-US), by this tree and, beside it in the
+    same run, by ``baseline``; a run that has taken ``limit`` seconds is given no more entries (its
+    rate is of those it took)."""
     claim = services.RedisDbClaim(services.resolve_redis_base())
     client = redis.Redis.from_url(claim.url)
     trees = {"this": ROOT, **({"baseline": baseline} if baseline else {})}
     results: dict[str, Any] = {"save only": True}
     try:
         for n in sizes:
-            for backend in ("redis", "postgres"):
+            for backend in ("redis", "postgres", *(("postgres-icu",) if icu else ())):
                 for label, tree in trees.items():
                     client.flushdb(asynchronous=True)
                     db = (
-                        services.PostgresDatabase(services.resolve_postgres_admin_url())
-                        if backend == "postgres"
+                        services.PostgresDatabase(
+                            services.resolve_postgres_admin_url(), ICU_DATABASE if backend == "postgres-icu" else ""
+                        )
+                        if backend.startswith("postgres")
                         else None
                     )
                     try:
@@ -732,6 +741,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-only", action="store_true", help="Only save_entries, on Redis and PostgreSQL.")
     parser.add_argument("--baseline", default=None, help="With --save-only: also run the code in this checkout.")
     parser.add_argument(
+        "--icu", action="store_true", help="With --save-only: also on a PostgreSQL database collated by ICU's en-US."
+    )
+    parser.add_argument(
         "--save-limit", type=float, default=float("inf"), help="With --save-only: seconds a run may take."
     )
     args = parser.parse_args(argv)
@@ -749,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     if args.save_only:
         baseline = Path(args.baseline).resolve() if args.baseline else None
-        saved = run_save(sizes or list(SIZES), baseline, args.save_limit)
+        saved = run_save(sizes or list(SIZES), baseline, args.save_limit, args.icu)
         return print_report(save_markdown(saved), saved)
     bursts = [int(s) for s in args.burst_only.split(",")] if args.burst_only else None
     modes = tuple(m for m in args.burst_modes.split(",") if m)

@@ -320,11 +320,12 @@ class PostgresServer:
 class PostgresDatabase:
     """A fresh database created for this test session and dropped at its end."""
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(self, admin_url: str, options: str = "") -> None:
+        """``options``: the rest of the ``CREATE DATABASE`` statement (its locale, say)."""
         self.admin_url = admin_url
         self.name = f"safe_time_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         with _pg_connect(admin_url) as conn:
-            conn.execute(f'CREATE DATABASE "{self.name}"')
+            conn.execute(f'CREATE DATABASE "{self.name}" {options}')
         parts = urlsplit(admin_url)
         self.url = urlunsplit((parts.scheme, parts.netloc, f"/{self.name}", parts.query, ""))
 

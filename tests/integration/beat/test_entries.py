@@ -16,7 +16,16 @@ from celery import Celery
 from dateutil.rrule import SECONDLY
 from dateutil.rrule import rrule as dateutil_rrule
 
-from celery_safe_time import EntryInfo, crontab, delete_entry, get_entry, list_entries, save_entry, signals
+from celery_safe_time import (
+    EntryInfo,
+    crontab,
+    delete_entry,
+    get_entry,
+    list_entries,
+    save_entries,
+    save_entry,
+    signals,
+)
 from celery_safe_time.beat.backends import BeatBackend, beat_backend
 from celery_safe_time.beat.entries import run_now, run_now_fired, set_enabled
 from celery_safe_time.beat.scheduler import SafeScheduler
@@ -36,7 +45,9 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 @pytest.fixture
 def app(make_app: Callable[..., Celery], coordination: dict[str, Any]) -> Celery:
     app = make_app(
-        safe_time_beat_lease=3,
+        # no test here waits for a lease to run out; a 3 s one ran out under a loaded CI (the
+        # in-process leader stood by mid-test and planned nothing)
+        safe_time_beat_lease=10,
         beat_schedule={"cfg": {"task": "t.entries_noop", "schedule": 3600.0, "args": ("c",)}},
         **coordination,
     )
@@ -365,8 +376,9 @@ def test_a_broken_definition_written_by_hand_disables_only_that_entry(
 def test_change_takes_effect_within_one_tick_with_many_entries(
     app: Celery, leader: SafeScheduler, sent: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for i in range(300):
-        save_entry(f"bulk-{i}", "t.entries_noop", crontab(minute=0, hour=3), app=app)
+    bulk = crontab(minute=0, hour=3)
+    save_entries([{"name": f"bulk-{i}", "task": "t.entries_noop", "schedule": bulk} for i in range(300)], app=app)
+    term = leader.keeper.epoch
     leader.tick()
     assert len(leader.plans) == 301
     save_entry("late", "t.entries_noop", timedelta(seconds=30), app=app)
@@ -382,6 +394,7 @@ def test_change_takes_effect_within_one_tick_with_many_entries(
         monkeypatch.setattr(leader.backend, method, spy)
     leader.tick()
     monkeypatch.undo()
+    assert leader.keeper.epoch == term  # one term: a new one would re-plan every entry, rightly
     assert reads == [("read_changed", ["late"])]
     # applied by that one tick: planned and in the due set, its first slot at most a second away
     assert "late" in leader.plans

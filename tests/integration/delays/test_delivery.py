@@ -258,7 +258,9 @@ def test_a_reclaim_overtaking_a_slow_publisher_runs_each_row_once(
     memory alarm, a pause) stops and hands the rest back; rows another sweeper reclaimed and
     published meanwhile went out twice at most, and each runs once."""
     store = fresh_sql_store(postgres_url)
-    setup = Setup(make_app, redis_url, redis_url, postgres_url, safe_time_claim_timeout=1)
+    # a 3 s claim: the first publish (the broker connection made, the queue declared) must end within
+    # half of it; with 1 s a loaded CI took longer, so the sweeper handed back before the stall
+    setup = Setup(make_app, redis_url, redis_url, postgres_url, safe_time_claim_timeout=3)
     ids = [f"slow-{i}" for i in range(6)]
     store.bulk_insert([new_delay(i, store.now() - timedelta(seconds=1)) for i in ids])
     publishes: list[str] = []
@@ -269,7 +271,7 @@ def test_a_reclaim_overtaking_a_slow_publisher_runs_each_row_once(
             publishes.append(str(headers["id"]))
             if len(publishes) == 2:
                 stalled.set()
-                time.sleep(1.5)  # past the claim timeout: another sweeper reclaims meanwhile
+                time.sleep(3.5)  # past the claim timeout: another sweeper reclaims meanwhile
 
     before_task_publish.connect(stall_second, weak=False)
     try:
@@ -277,7 +279,7 @@ def test_a_reclaim_overtaking_a_slow_publisher_runs_each_row_once(
         slow = threading.Thread(target=lambda: results.update(stats=sweep(setup.app)), name="slow-sweeper")
         slow.start()
         assert stalled.wait(10)
-        time.sleep(1.1)
+        time.sleep(3.1)
         fast = sweep(setup.app)
         slow.join(10)
     finally:

@@ -12,9 +12,12 @@ Per size, in the same run and on the same stored entries:
   first slot; wall and CPU seconds, and the growth of the beat process's RSS over both;
 - the steady ticks after the takeover (``STEADY_SECONDS`` of them, the busy entries firing every
   second): their median and p99 duration;
-- each measured twice: a leader that reads only what is due (this release, from
-  ``BEAT_LAZY_ENTRIES`` runtime entries on) and one that loads every entry (``lazy_threshold``
-  raised past the count: what every leader did before), each in a process of its own so RSS is its own.
+- each measured three times, each leader in a process of its own so RSS is its own: a leader that
+  reads only what is due (this release, from ``BEAT_LAZY_ENTRIES`` runtime entries on) after
+  ``save_entries`` (which planned each entry's first slot: the fresh leader finds them due), the same
+  leader once the schedule state is lost (state and due set deleted, the definitions kept: it plans
+  every entry before the ones it has not reached are due), and one that loads every entry
+  (``lazy_threshold`` raised past the count: what every leader did before).
 
 And the 09:00 burst (100,000 entries; ``--quick``: 2,000): every entry daily at 09:00 in one zone, a
 fresh leader plans them, its clock is moved to just before 09:00 (no waiting for it), and it ticks until
@@ -467,6 +470,8 @@ def bench_size(redis_url: str, n: int, baseline: bool, postgres_url: str | None 
         out["reads only due"] = _child(redis_url, lazy=True, coordination=postgres_url)
         out["load average after"] = os.getloadavg()[0]
         _reset_postgres(postgres_url)
+        out["state lost"] = _child(redis_url, lazy=True, coordination=postgres_url)
+        _reset_postgres(postgres_url)
         out["loads all"] = _child(redis_url, lazy=False, coordination=postgres_url)
         _drop_postgres(postgres_url)
         client.flushdb()
@@ -474,6 +479,8 @@ def bench_size(redis_url: str, n: int, baseline: bool, postgres_url: str | None 
     prefix = "safe_time:"
     out["redis MB"] = round(client.info("memory")["used_memory"] / 1e6, 1)
     out["reads only due"] = _child(redis_url, lazy=True)
+    _reset_schedule(client, prefix)
+    out["state lost"] = _child(redis_url, lazy=True)
     if baseline:
         _reset_schedule(client, prefix)
         out["loads all"] = _child(redis_url, lazy=False)
@@ -641,7 +648,11 @@ def _measured(
 
 
 #: the leaders each size is measured with: (row label, the field of its measurements)
-_LEADERS = (("reads only due", "reads only due"), ("loads all (before)", "loads all"))
+_LEADERS = (
+    ("reads only due (after save_entries)", "reads only due"),
+    ("reads only due, state lost", "state lost"),
+    ("loads all (before)", "loads all"),
+)
 
 
 def postgres_markdown(results: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ from ..clock import UTC
 from ..config import get_config
 from ..exceptions import SafeTimeError, ScheduleError, SerializationError
 from .backends import beat_backend
+from .backends.base import Seed
 from .definitions import (
     build_entry,
     cached_schedule,
@@ -193,7 +194,8 @@ def save_entry(
     nothing, its last and next fire included). Validates everything before storing anything:
     unknown task, bad schedule, misfire policy, jitter or catch-up window -> :class:`ScheduleError`;
     arguments that are not JSON -> :class:`SerializationError`. Takes effect at the beat leader's
-    next tick.
+    next tick. A new entry's first slot is planned with the save (its state and due time, as a leader
+    plans it), so a beat that starts later finds it due without planning every entry first.
 
     ``jitter`` (seconds or a ``timedelta``) publishes each slot at an offset within ``[0, jitter)``
     fixed by the entry's name and the slot; ``catchup_window`` skips slots later than that. Both are
@@ -207,20 +209,21 @@ def save_entry(
     A change is recorded in the entry's audit (:func:`entry_audit`) as by ``changed_by`` (default
     ``user@host pid N``); so are the other functions' here."""
     store = _Store(app)
-    raw = _validated(
+    raw, plan = _validated(
         store, name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=enabled,
         jitter=jitter, catchup_window=catchup_window, overlap=overlap, overlap_ttl=overlap_ttl,
     )  # fmt: skip
-    store.backend.entry_save(name, raw, _audit(store, "save", changed_by))
+    seed = _seeds([name], [plan if enabled else None], store.backend.clock.time())[0]
+    store.backend.entry_save(name, raw, _audit(store, "save", changed_by), seed=seed)
     info = get_entry(name, app=store.app)
     assert info is not None
     return info
 
 
-def _check_loadable(store: _Store, name: str, raw: str, schedule: Any, schedules: dict[Any, Any] | None) -> None:
-    """Load the definition ``raw`` as the leader will: an unknown task, a bad misfire policy or grid,
-    and a schedule with no slot left (an rrule that ended: it would sit in the due set forever,
-    unfired) raise :class:`ScheduleError` naming the entry."""
+def _check_loadable(store: _Store, name: str, raw: str, schedule: Any, schedules: dict[Any, Any] | None) -> Plan:
+    """Load the definition ``raw`` as the leader will and return its plan: an unknown task, a bad
+    misfire policy or grid, and a schedule with no slot left (an rrule that ended: it would sit in the
+    due set forever, unfired) raise :class:`ScheduleError` naming the entry."""
     entry = build_entry(name, parse_definition(raw), store.app, schedules)
     try:
         plan = entry_plan(entry, store.config, store.app)
@@ -230,6 +233,29 @@ def _check_loadable(store: _Store, name: str, raw: str, schedule: Any, schedules
         raise ScheduleError(f"entry {name!r}: {exc}") from None
     if plan.grid.first(store.backend.clock.time()) == NEVER:
         raise ScheduleError(f"entry {name!r}: schedule {schedule!r} never fires again")
+    return plan
+
+
+def _seeds(names: list[str], plans: list[Plan | None], now: float) -> list[Seed | None]:
+    """The state and due score a save writes with each entry (None: paused, no plan): its first slot
+    from ``now``, as a leader would plan it. The backend writes it only where the entry has no state
+    or one that never fired, so a leader that never planned the entry (a fresh one, after a bulk
+    import) finds it in the due set instead of planning every entry before it fires any.
+
+    Entries without jitter that share a plan share one state text (the first slot is the same)."""
+    firsts: dict[str, float] = {}
+    shared: dict[int, Seed | None] = {}  # by id() of a plan without jitter (the plans outlive the call)
+    out: list[Seed | None] = []
+    for name, plan in zip(names, plans, strict=True):
+        if plan is None:
+            out.append(None)
+        elif plan.jitter > 0:  # the due score depends on the name
+            out.append(next_state(plan, {}, None, now, firsts, name=name))
+        else:
+            if id(plan) not in shared:
+                shared[id(plan)] = next_state(plan, {}, None, now, firsts, name=name)
+            out.append(shared[id(plan)])
+    return out
 
 
 def _validated(
@@ -247,13 +273,15 @@ def _validated(
     overlap: str | None = None,
     overlap_ttl: float | timedelta | None = None,
     config_entries: Mapping[str, Any] | None = None,
-    checked: dict[Any, bool] | None = None,
+    checked: dict[Any, Plan] | None = None,
     schedules: dict[Any, Any] | None = None,
-) -> str:
-    """The definition JSON of one entry, validated as the leader will load it (see :func:`save_entry`).
+) -> tuple[str, Plan]:
+    """The definition JSON of one entry, validated as the leader will load it (see :func:`save_entry`),
+    and its plan.
 
-    ``checked`` remembers the (schedule, task, policies) found valid, ``schedules`` the schedule
-    objects, so that many entries sharing a schedule (a bulk save) are checked once per schedule."""
+    ``checked`` remembers the plans of the (schedule, task, policies) found valid, ``schedules`` the
+    schedule objects, so that many entries sharing a schedule (a bulk save) are checked once per
+    schedule."""
     check_entry_name(name)
     if config_entries is None or name in config_entries:
         _conflict(store, name, task)
@@ -274,11 +302,11 @@ def _validated(
         policies = tuple(sorted((k, repr(v)) for k, v in options.items() if k.startswith("safe_")))
         key = (spec_key(spec), task, policies)
         if key in checked:
-            return raw
-    _check_loadable(store, name, raw, schedule, schedules)
+            return raw, checked[key]
+    plan = _check_loadable(store, name, raw, schedule, schedules)
     if checked is not None:
-        checked[key] = True
-    return raw
+        checked[key] = plan
+    return raw, plan
 
 
 #: The keys of one ``save_entries`` item: ``save_entry``'s parameters (``name``, ``task`` and
@@ -300,13 +328,14 @@ def save_entries(
     Entries go ``BEAT_SAVE_CHUNK`` at a time, each chunk validated whole before any of it is stored
     and then sent in one round trip (one script call): a bad entry raises :class:`ScheduleError` (or
     :class:`SerializationError`) naming the entry and the parameter, and nothing of its chunk is
-    stored (earlier chunks are). A leader applies them through its change log, like single saves.
+    stored (earlier chunks are). A leader applies them through its change log, like single saves;
+    each new entry's first slot is planned with its chunk, as :func:`save_entry` plans it.
     While one chunk is stored (a thread of this call's own), the next is validated.
     """
     store = _Store(app)
     bulk = _Bulk(store)
     changed = 0
-    chunk: list[tuple[str, str]] = []
+    chunk: list[tuple[str, str, Plan | None]] = []
     storing: Future[int] | None = None  # the chunk being stored
     pool: ThreadPoolExecutor | None = None
     try:
@@ -342,13 +371,13 @@ class _Bulk:
     def __init__(self, store: _Store) -> None:
         self.store = store
         self.config_entries = store.config_entries()
-        self.checked: dict[Any, bool] = {}
+        self.checked: dict[Any, Plan] = {}
         self.schedules: dict[Any, Any] = {}  # schedule objects by spec_key, shared with build_entry
         self.spec_texts: dict[Any, tuple[dict[str, Any], str]] = {}  # by _typed_key: the spec, its JSON
         self.task_texts: dict[str, str] = {}
 
-    def item(self, index: int, item: Any) -> tuple[str, str]:
-        """(name, definition JSON) of the ``index``-th item, validated."""
+    def item(self, index: int, item: Any) -> tuple[str, str, Plan | None]:
+        """(name, definition JSON, plan; None when paused) of the ``index``-th item, validated."""
         if not isinstance(item, Mapping):
             raise ScheduleError(
                 f"save_entries: entry #{index} must be a mapping of save_entry's parameters, got {item!r}"
@@ -367,12 +396,12 @@ class _Bulk:
         if not isinstance(task, str) or not task:
             raise ScheduleError(f"save_entries: entry #{index} ({name!r}): parameter 'task' must be a task name")
         try:
-            raw = self._definition(name, task, schedule, item)
+            raw, plan = self._definition(name, task, schedule, item)
         except (ScheduleError, SerializationError) as exc:
             raise type(exc)(f"save_entries: entry #{index} ({name!r}): {exc}") from None
-        return name, raw
+        return name, raw, plan if item.get("enabled", True) else None
 
-    def _definition(self, name: str, task: str, schedule: Any, item: Mapping[str, Any]) -> str:
+    def _definition(self, name: str, task: str, schedule: Any, item: Mapping[str, Any]) -> tuple[str, Plan]:
         known = _typed_key(schedule) if isinstance(schedule, Mapping) else None
         if known is None:  # an object, or a spec with unhashable values: the general path
             params = {k: v for k, v in item.items() if k not in ("name", "task", "schedule")}
@@ -404,10 +433,10 @@ class _Bulk:
             name, task_text, spec_text, get("args", ()), get("kwargs"), options, bool(get("enabled", True))
         )
         check = (known, task, policies)
-        if check not in self.checked:
-            _check_loadable(self.store, name, raw, schedule, self.schedules)
-            self.checked[check] = True
-        return raw
+        plan = self.checked.get(check)
+        if plan is None:
+            plan = self.checked[check] = _check_loadable(self.store, name, raw, schedule, self.schedules)
+        return raw, plan
 
 
 #: ``save_entry``'s policy keywords (set into an entry's options), and the keys of an item without them.
@@ -426,8 +455,13 @@ def _typed_key(spec: Mapping[str, Any]) -> Any:
     return key
 
 
-def _store_chunk(store: _Store, chunk: list[tuple[str, str]], changed_by: str | None) -> int:
-    versions = store.backend.entry_save_many(chunk, _audit(store, "save", changed_by))
+def _store_chunk(store: _Store, chunk: list[tuple[str, str, Plan | None]], changed_by: str | None) -> int:
+    # each chunk plans from the clock as it is stored: a long import's last entries start on time
+    now = store.backend.clock.time()
+    seeds = _seeds([name for name, _, _ in chunk], [plan for _, _, plan in chunk], now)
+    items = [(name, raw) for name, raw, _ in chunk]
+    audit = audit_meta(store.config, "save", changed_by, now)
+    versions = store.backend.entry_save_many(items, audit, seeds=seeds)
     return sum(1 for v in versions if v > 0)
 
 

@@ -98,6 +98,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         self.pause_expiry: dict[str, float] = {}
         #: the change counter of the runtime entries this leader has applied
         self.seen_version = -1
+        #: True while the change log holds more changes than this leader's last tick applied
+        self.changes_behind = False
         #: the leader's clock when it last pruned fired-slot records (``_housekeeping``)
         self._pruned_at = float("-inf")
         #: schedule objects of runtime entries by their spec (shared: they are never mutated)
@@ -399,7 +401,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             self.backend.set_pause_expiries(
                 {n: t for n, t in expiring.items() if t is not None}, [n for n, t in expiring.items() if t is None]
             )
-        if len(changed) == C.BEAT_CHANGES_BATCH:
+        self.changes_behind = len(changed) == C.BEAT_CHANGES_BATCH
+        if self.changes_behind:
             self.seen_version = int(changed[-1][1])  # more to read: the next tick goes on from here
         else:
             # every change up to ``version`` is in the log (the scripts bump both atomically)
@@ -630,7 +633,10 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         plan = self.plans.get(name)
         entry = self.schedule.get(name)
         if plan is None or entry is None:
-            self.backend.drop_due(name)
+            # A save seeds a new entry's due time (entries.py) before this leader applies the change:
+            # while changes are still to apply, an entry it does not know yet keeps its place.
+            if not self.changes_behind:
+                self.backend.drop_due(name)
             return []
         try:
             decision = plan.decide(

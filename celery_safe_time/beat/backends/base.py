@@ -28,6 +28,13 @@ from ..shards import BeatPulse
 #: (member, score) pairs: entry names and their next fire time.
 Scored = list[tuple[str, float]]
 
+#: What a save plans for an entry (:meth:`BeatBackend.entry_save`): its state JSON and its due score.
+Seed = tuple[str, float]
+
+#: How the JSON of a state that never fired begins (:func:`..state.dump_state` writes ``last`` first):
+#: a save replaces such a state with its own seed, as a leader would re-plan it.
+UNFIRED_STATE_PREFIX = '{"last": null, '
+
 
 @dataclasses.dataclass(frozen=True)
 class SlotWrite:
@@ -301,12 +308,22 @@ class BeatBackend(abc.ABC):
 
     # --- runtime entries: the API side (``beat/entries.py``, any process) ---------------------
     @abc.abstractmethod
-    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
-        """Upsert ``name``'s definition: 0 when identical (nothing changes), else the new version."""
+    def entry_save(self, name: str, raw: str, audit: str | None = None, seed: Seed | None = None) -> int:
+        """Upsert ``name``'s definition: 0 when identical (nothing changes), else the new version.
 
-    def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
-        """:meth:`entry_save` of each (name, definition JSON), in one round trip where the backend can."""
-        return [self.entry_save(name, raw, audit) for name, raw in items]
+        ``seed``: the entry's state and due score planned from its first slot, written in the shard
+        the entry belongs to with a changed definition, where the entry has no state or one that never
+        fired (:data:`UNFIRED_STATE_PREFIX`); a state that fired is the leader's to re-plan. A leader
+        that never planned the entry then finds it in the due set: a fresh leader fires the entries
+        due first instead of planning every entry before it fires any."""
+
+    def entry_save_many(
+        self, items: list[tuple[str, str]], audit: str | None = None, seeds: list[Seed | None] | None = None
+    ) -> list[int]:
+        """:meth:`entry_save` of each (name, definition JSON) with its seed, in one round trip where the
+        backend can."""
+        seeded = seeds if seeds is not None else [None] * len(items)
+        return [self.entry_save(name, raw, audit, seed) for (name, raw), seed in zip(items, seeded, strict=True)]
 
     @abc.abstractmethod
     def entry_delete(self, name: str, audit: str | None = None) -> int:

@@ -18,7 +18,7 @@ from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig
 from ..shards import BeatPulse, shard_of
 from ..state import identity, slot_id
-from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, Seed, SlotWrite, Snapshot
 
 
 class MemoryUnavailable(Exception):
@@ -336,7 +336,7 @@ class MemoryBeatBackend(BeatBackend):
     def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
         return -1
 
-    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
+    def entry_save(self, name: str, raw: str, audit: str | None = None, seed: Seed | None = None) -> int:
         raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:

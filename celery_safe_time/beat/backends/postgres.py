@@ -69,7 +69,7 @@ from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
 from ..shards import BeatPulse, shard_of
 from ..state import identity, marker_value, slot_id, with_definitions
-from .base import BeatLease, DueRead, LeaseView, Scored, SlotWrite, Snapshot
+from .base import UNFIRED_STATE_PREFIX, BeatLease, DueRead, LeaseView, Scored, Seed, SlotWrite, Snapshot
 from .postgres_reads import _QUERIES, DDL, PostgresReads, prefix_end, shard_ns
 
 __all__ = ["DDL", "PostgresBeatBackend", "PostgresClock", "PostgresLease", "asked_again_if_broken", "prefix_end"]
@@ -537,39 +537,64 @@ class PostgresBeatBackend(PostgresReads):
             _QUERIES["audit_append"], self._p(name=name, record=record, audit_size=self.config.beat_audit_size)
         )
 
-    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
+    def entry_save(self, name: str, raw: str, audit: str | None = None, seed: Seed | None = None) -> int:
         with self._writing() as conn:
             version = self._locked_version(conn)
             old = self._definition(conn, name)
             if old == raw:
                 return 0
             self._put(conn, name, raw)
+            self._seed(conn, {name: seed})
             return self._audited(conn, name, audit, old, raw, self._bump(conn, name, version))
 
-    def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
+    def _seed(self, conn: Any, seeds: dict[str, Seed | None]) -> None:
+        """Write the seeds of changed entries (name -> seed; the last of a name counts) in their shards."""
+        planned = {name: seed for name, seed in seeds.items() if seed is not None}
+        if not planned:
+            return
+        conn.execute(
+            _QUERIES["seed_states"],
+            self._p(
+                sns=[self._shard_ns_of(name) for name in planned], entries=list(planned),
+                states=[state for state, _ in planned.values()], dues=[due for _, due in planned.values()],
+                unfired=UNFIRED_STATE_PREFIX,
+            ),
+        )  # fmt: skip
+
+    def entry_save_many(
+        self, items: list[tuple[str, str]], audit: str | None = None, seeds: list[Seed | None] | None = None
+    ) -> list[int]:
         """:meth:`entry_save` of each item in one transaction: one statement for a chunk of distinct
         names (``save_definitions``), else one per table (a name that comes twice compares with its
-        earlier definition, as one save after the other would)."""
+        earlier definition, as one save after the other would); then one for the seeds."""
         if not items:
             return []
         names = [name for name, _ in items]
+        seeded = seeds if seeds is not None else [None] * len(items)
         audited = audit is not None and self.config.beat_audit_size > 0
         with self._writing() as conn:
             version = self._locked_version(conn)
             if len(set(names)) < len(names):
-                return self._save_in_turn(conn, items, audit if audited else None, version)
-            out = [0] * len(items)
-            rows = conn.execute(
-                _QUERIES["save_definitions"],
-                self._p(
-                    items=json.dumps(items), version=version, audited=audited,
-                    audit_head=audit[:-1] if audit is not None and audited else "",
-                    keep=max(self.config.beat_audit_size - 1, 0),
-                ),
-            )  # fmt: skip
-            for ord_, changed in rows:
-                out[ord_ - 1] = int(changed)
+                out = self._save_in_turn(conn, items, audit if audited else None, version)
+            else:
+                out = self._save_distinct(conn, items, audit if audited else None, version)
+            self._seed(conn, {name: seed for name, seed, v in zip(names, seeded, out, strict=True) if v})
             return out
+
+    def _save_distinct(self, conn: Any, items: list[tuple[str, str]], audit: str | None, version: int) -> list[int]:
+        """A chunk of distinct names, saved in one statement (``save_definitions``)."""
+        out = [0] * len(items)
+        rows = conn.execute(
+            _QUERIES["save_definitions"],
+            self._p(
+                items=json.dumps(items), version=version, audited=audit is not None,
+                audit_head=audit[:-1] if audit is not None else "",
+                keep=max(self.config.beat_audit_size - 1, 0),
+            ),
+        )  # fmt: skip
+        for ord_, changed in rows:
+            out[ord_ - 1] = int(changed)
+        return out
 
     def _save_in_turn(self, conn: Any, items: list[tuple[str, str]], audit: str | None, version: int) -> list[int]:
         """A chunk with a name twice, compared entry by entry here; the writes a statement per table."""

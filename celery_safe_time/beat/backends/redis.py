@@ -48,7 +48,7 @@ from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
 from ..shards import BeatPulse, shard_of
 from ..state import identity, load_state, marker_value, slot_id
-from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, ShardView, SlotWrite, Snapshot
+from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, Seed, ShardView, SlotWrite, Snapshot
 from .redis_keys import BeatKeys
 
 __all__ = [
@@ -610,22 +610,36 @@ class RedisBeatBackend(BeatBackend):
         on = audit is not None and self.config.beat_audit_size > 0
         return [audit if on and audit is not None else "", str(self.config.beat_audit_size)]
 
-    def entry_save(self, name: str, raw: str, audit: str | None = None) -> int:
+    def entry_save(self, name: str, raw: str, audit: str | None = None, seed: Seed | None = None) -> int:
         keys = [*self._entry_keys(), *self._kept_keys(name)]
-        return int(self.scripts["save_entry"](keys=keys, args=[name, raw, *self._audit_args(audit)]))
+        args = [name, raw, *self._audit_args(audit)]
+        if seed is not None:
+            shard = self._keys_of(name)
+            keys += (shard.state, shard.due)
+            args += (seed[0], repr(seed[1]))
+        return int(self.scripts["save_entry"](keys=keys, args=args))
 
-    def entry_save_many(self, items: list[tuple[str, str]], audit: str | None = None) -> list[int]:
+    def entry_save_many(
+        self, items: list[tuple[str, str]], audit: str | None = None, seeds: list[Seed | None] | None = None
+    ) -> list[int]:
         if not items:
             return []
         # one script call for the chunk (lua/save_entries.lua: save_entry.lua's steps, entry by entry)
         audit_key = self.config.key_maker(C.KEY_BEAT_AUDIT)
         history_key = self.config.key_maker(C.KEY_BEAT_HISTORY)
         slots_key = self.config.key_maker(C.KEY_BEAT_HISTORY_SLOTS)
+        shards = self.config.beat_shards
         keys = self._entry_keys()
         args = self._audit_args(audit)
-        for name, raw in items:
+        for (name, raw), seed in zip(items, seeds if seeds is not None else [None] * len(items), strict=True):
             keys += (audit_key(entry=name), history_key(entry=name), slots_key(entry=name))
-            args += (name, raw)
+            if seed is None:
+                args += (name, raw, "", "", "")
+            else:
+                args += (name, raw, str(shard_of(name, shards)), repr(seed[1]), seed[0])
+        for shard in range(shards):
+            shard_keys = BeatKeys.for_config(self.config, shard)
+            keys += (shard_keys.state, shard_keys.due)
         return [int(v) for v in self.scripts["save_entries"](keys=keys, args=args)]
 
     def entry_delete(self, name: str, audit: str | None = None) -> int:

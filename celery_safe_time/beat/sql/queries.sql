@@ -356,6 +356,15 @@ SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 
 -- name: change_versions
 SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
 
+-- What a save plans for changed entries (backends/base.py, entry_save): a state and due time of each,
+-- in its shard's ns, where the entry has none or one that never fired (UNFIRED_STATE_PREFIX).
+-- name: seed_states
+INSERT INTO safe_time_beat_state AS s (ns, entry, state, next_fire)
+SELECT * FROM unnest(CAST(:sns AS text[]), CAST(:entries AS text[]), CAST(:states AS text[]),
+    CAST(:dues AS double precision[]))
+ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
+WHERE left(s.state, 15) = :unfired
+
 -- name: seed_state
 INSERT INTO safe_time_beat_state (ns, entry, state, next_fire) VALUES (:sns, :entry, :state, NULL) ON CONFLICT DO NOTHING
 

@@ -88,7 +88,9 @@ def test_counts_come_from_the_indexes(app: Celery) -> None:
     assert lease.acquire(now) is not None
     nexts = {f"tenant-{i}": now + (30 if i < 40 else 7200) for i in range(1, 100) if i % 10}
     states = {name: dump_state(None, next_fire, "s") for name, next_fire in nexts.items()}
-    assert backend.write_plan(lease.token, states, nexts, [], [])
+    # the saves planned each enabled entry's first slot: this plan replaces them
+    planned_by_saves = [item["name"] for item in _items(ENTRIES) if item["name"] not in nexts]
+    assert backend.write_plan(lease.token, states, nexts, planned_by_saves, [])
     lease.release()
     counts = count_entries(app, soon=300)
     assert counts == {

@@ -13,8 +13,9 @@ import pytest
 from celery import Celery
 
 from celery_safe_time import constants as C
-from celery_safe_time import entry_audit, save_entries, save_entry
+from celery_safe_time import entry_audit, get_entry, save_entries, save_entry
 from celery_safe_time.beat.backends import beat_backend
+from celery_safe_time.beat.shards import shard_of
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ScheduleError
 
@@ -131,3 +132,90 @@ def test_a_bad_entry_stores_nothing_of_its_chunk_and_is_named(app: Celery, monke
 
 def _text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _seeded(app: Celery, name: str, shards: int = 1) -> tuple[dict[str, Any] | None, float | None]:
+    """``name``'s stored state (parsed) and due score, from its shard's backend."""
+    backend = beat_backend(get_config(app)).for_shard(shard_of(name, shards))
+    (state,), (score,) = backend.read_states([name])
+    return (None if state is None else json.loads(state)), score
+
+
+def test_a_save_plans_the_first_slot_of_each_entry_no_leader_planned(app: Celery) -> None:
+    # each new entry gets the state and due time a leader would plan from the save's clock, so that a
+    # leader that never ran finds it due; the same bytes whether one save or many wrote it
+    items = _mixed()
+    save_entries(items, app=app)
+    for item in items:
+        params = {k: v for k, v in item.items() if k not in ("name", "task", "schedule")}
+        save_entry(f"single-{item['name']}", item["task"], item["schedule"], app=app, **params)
+    for item in items:
+        name = item["name"]
+        info = get_entry(name, app=app)
+        assert info is not None
+        state, score = _seeded(app, name)
+        if not item.get("enabled", True):
+            assert (state, score) == (None, None), name  # a paused entry is planned when resumed
+            continue
+        assert state is not None, name
+        assert score is not None, name
+        assert state["last"] is None
+        assert info.next_fire is not None, name
+        assert state["next"] == info.next_fire.timestamp(), name
+        single, single_score = _seeded(app, f"single-{name}")
+        assert single == state, name
+        if "jitter" in item:
+            assert state["next"] <= score < state["next"] + item["jitter"]
+        else:
+            assert score == state["next"] == single_score, name
+
+
+def test_a_changed_entry_is_planned_again_only_while_it_never_fired(app: Celery) -> None:
+    save_entry("x", "t.save_noop", 60, app=app)
+    first, _ = _seeded(app, "x")
+    # edited before any leader fired it: the new schedule's first slot replaces the seed
+    save_entries([{"name": "x", "task": "t.save_noop", "schedule": BERLIN_NINE}], app=app)
+    edited, score = _seeded(app, "x")
+    assert edited is not None
+    assert first is not None
+    assert edited["sig"] != first["sig"]
+    info = get_entry("x", app=app)
+    assert info is not None
+    assert info.next_fire is not None
+    assert score == info.next_fire.timestamp()
+    # an unchanged save writes nothing; a name twice in one call: the later one counts
+    assert save_entry("x", "t.save_noop", BERLIN_NINE, app=app).version == info.version
+    save_entries(
+        [{"name": "x", "task": "t.save_noop", "schedule": 30}, {"name": "x", "task": "t.save_noop", "schedule": 90}],
+        app=app,
+    )
+    twice, _ = _seeded(app, "x")
+    save_entry("y", "t.save_noop", 90, app=app)
+    assert twice is not None
+    assert twice["sig"] == _seeded(app, "y")[0]["sig"]
+    # a state that fired is the leader's: a save leaves it, and its due time, as they are
+    fired = '{"last": 1000.0, "next": 1090.0, "sig": "' + twice["sig"] + '"}'
+    backend = beat_backend(get_config(app))
+    backend.entry_seed_state("z", fired)
+    save_entry("z", "t.save_noop", 60, app=app)
+    assert _seeded(app, "z") == (json.loads(fired), None)
+    save_entries([{"name": "z", "task": "t.save_noop", "schedule": 30}], app=app)
+    assert _seeded(app, "z") == (json.loads(fired), None)
+
+
+def test_a_sharded_app_plans_each_entry_in_its_shard(
+    make_app: Callable[..., Celery], coordination: dict[str, Any]
+) -> None:
+    shards = 3
+    app = make_app(**coordination, safe_time_beat_shards=shards)
+    app.task(name="t.save_noop", shared=False)(_noop)
+    names = [f"tenant-{i}" for i in range(30)]
+    save_entries([{"name": n, "task": "t.save_noop", "schedule": 60} for n in names[:-1]], app=app)
+    save_entry(names[-1], "t.save_noop", 60, app=app)
+    assert {shard_of(n, shards) for n in names} == {0, 1, 2}
+    for name in names:
+        state, score = _seeded(app, name, shards)
+        assert state is not None, name
+        assert score is not None, name
+        other = beat_backend(get_config(app)).for_shard((shard_of(name, shards) + 1) % shards)
+        assert other.read_states([name]) == ([None], [None]), name

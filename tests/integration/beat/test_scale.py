@@ -18,6 +18,7 @@ from celery import Celery
 from celery_safe_time import constants as C
 from celery_safe_time import delete_entry, entry_audit, get_entry, save_entries, save_entry, signals
 from celery_safe_time.beat.backends import BeatBackend, beat_backend
+from celery_safe_time.beat.backends.redis import RedisBeatBackend
 from celery_safe_time.beat.entries import pause
 from celery_safe_time.beat.scheduler import SafeScheduler
 from celery_safe_time.config import get_config
@@ -190,12 +191,28 @@ def test_a_leader_with_many_entries_reads_only_the_due_ones_and_applies_changes_
     assert info.enabled
 
 
-def test_a_fresh_leader_fires_what_is_due_before_its_plan_of_every_entry_ends(
+def _lose_state(backend: BeatBackend) -> None:
+    """Delete every entry's state and due time by hand, the definitions kept (as a Redis that evicted
+    the state, or entries written before saves planned them)."""
+    if isinstance(backend, RedisBeatBackend):
+        backend.client.delete(backend.keys.state, backend.keys.due)
+        return
+    import sqlalchemy as sa
+
+    from celery_safe_time.beat.backends.postgres import PostgresBeatBackend
+
+    assert isinstance(backend, PostgresBeatBackend)
+    with backend.engine().begin() as conn:
+        conn.execute(sa.text("DELETE FROM safe_time_beat_state WHERE ns = :ns"), {"ns": backend.ns})
+
+
+def test_a_leader_with_no_state_fires_what_is_due_before_its_plan_of_every_entry_ends(
     app: Celery, tmp_path: Path, sent: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(C, "BEAT_LAZY_CHUNK", 50)  # a dozen chunks: a plan that takes many ticks
     late = {"name": "late", "task": "t.scale_noop", "schedule": 1.0, "options": {"safe_time_misfire": "run_all"}}
     assert save_entries([*_tenants(600), late], app=app) == 606
+    _lose_state(beat_backend(get_config(app)))
     leader = _leader(app, tmp_path, "fresh")
     step = leader.replan_step
     held = [True]  # the plan's next chunks wait while this holds: as a plan of a million does
@@ -227,6 +244,72 @@ def test_a_fresh_leader_fires_what_is_due_before_its_plan_of_every_entry_ends(
     for name in {entry for entry, _ in sent}:
         slots = _fired(sent, name)
         assert len(slots) == len(set(slots)), name  # every slot at most once
+
+
+def test_a_fresh_leader_fires_the_due_entries_of_a_bulk_import_before_planning_any(
+    app: Celery, tmp_path: Path, sent: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # save_entries plans each new entry's first slot: a leader that never ran finds them due, where
+    # it would otherwise plan every entry (34 s at a million) before the busy ones it holds fire
+    monkeypatch.setattr(C, "BEAT_LAZY_CHUNK", 50)
+    saved_at = time.time()
+    assert save_entries(_tenants(600), app=app) == 605
+    backend = beat_backend(get_config(app))
+    states, scores = backend.read_states(["tenant-1", *BUSY])
+    assert all(json.loads(state)["last"] is None for state in states)
+    assert all(score is not None and saved_at < score < saved_at + 3 for score in scores[1:])
+    leader = _leader(app, tmp_path, "fresh")
+    step = leader.replan_step
+    held = [True]
+
+    def gated() -> bool:
+        return leader.replanning if held[0] else step()
+
+    try:
+        leader.tick()
+        assert leader.replanning
+        monkeypatch.setattr(leader, "replan_step", gated)
+        _tick_until(leader, lambda: all(len(_fired(sent, name)) >= 2 for name in BUSY))
+        # every busy entry fired twice while no runtime entry was planned by this leader
+        assert leader.replanning
+        held[0] = False
+        _planned(leader)
+        _tick_for(leader, 1.5)
+        assert backend.due_count() == 606  # with cfg
+    finally:
+        leader.close()
+    for name in BUSY:
+        slots = sorted(_fired(sent, name))
+        # from the first slot after the save, each second once, none lost across the plan's end
+        assert slots[0] - saved_at < 2.5
+        assert all(y - x == 1.0 for x, y in itertools.pairwise(slots)), (name, slots)
+
+
+def test_a_leader_applying_a_bulk_save_in_batches_fires_each_new_entry_at_its_planned_slot(
+    app: Celery, tmp_path: Path, sent: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    # A leader that loads every entry applies the change log a batch per tick; the saves already put
+    # the later batches' entries in the due set. It leaves an entry it has not applied yet where it
+    # is (dropping it would make its apply a "resume" that skips the planned slot).
+    monkeypatch.setattr(C, "BEAT_CHANGES_BATCH", 3)
+    caplog.set_level("INFO", logger="celery_safe_time.beat")
+    sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "batches"), max_interval=1)
+    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+    try:
+        sched.tick()
+        assert not sched.lazy
+        names = [f"new-{i}" for i in range(12)]
+        save_entries([{"name": n, "task": "t.scale_noop", "schedule": 1.0} for n in names], app=app)
+        states, _ = beat_backend(get_config(app)).read_states(names)
+        planned = {n: json.loads(state)["next"] for n, state in zip(names, states, strict=True)}
+        # every planned slot is due when the leader's next tick reads the due set
+        time.sleep(max(0.0, max(planned.values()) - time.time()) + 0.1)
+        _tick_until(sched, lambda: all(_fired(sent, n) for n in names))
+    finally:
+        sched.close()
+    for name in names:
+        assert min(_fired(sent, name)) == planned[name], name
+    assert not [r for r in caplog.records if "resumed" in r.getMessage()]
 
 
 def test_save_entries_is_idempotent_and_counts_changes(

@@ -246,9 +246,7 @@ def _publish(
     try:
         extra = gate.admit(info.name, entry_options, slot, task_id=task_id)
     except ScheduleError as exc:
-        logger.error("beat: backfill of entry %r slot %s not published: %s", info.name, when.isoformat(), exc)
-        not_published(store.backend, info.name, slot, store.backend.clock.time(), exc)
-        return "failed"
+        return _not_published(store, info.name, slot, exc)
     if extra is None:
         dropped(store.backend, info.name, slot, store.backend.clock.time())
         return "dropped"
@@ -267,9 +265,14 @@ def _publish(
         else:
             app.send_task(info.task, info.args, info.kwargs, **options)
     except Exception as exc:
-        logger.error("beat: backfill of entry %r slot %s could not be published: %s", info.name, when.isoformat(), exc)
-        gate.unpublished(info.name, options)
-        not_published(store.backend, info.name, slot, store.backend.clock.time(), exc)
-        return "failed"
+        gate.unpublished(info.name, options)  # the overlap marker its publish took
+        return _not_published(store, info.name, slot, exc)
     logger.info("beat: backfill %s sent entry %r (%s) slot %s", marker, info.name, info.task, when.isoformat())
     return "published"
+
+
+def _not_published(store: _Store, name: str, slot: float, error: BaseException) -> str:
+    """Log and record a slot this backfill claimed and did not publish (it stays claimed: at most once)."""
+    logger.error("beat: backfill of entry %r slot %s not published: %s", name, to_datetime(slot).isoformat(), error)
+    not_published(store.backend, name, slot, store.backend.clock.time(), error)
+    return "failed"

@@ -322,7 +322,7 @@ class BeatBackend(abc.ABC):
     ) -> list[int]:
         """:meth:`entry_save` of each (name, definition JSON) with its seed, in one round trip where the
         backend can."""
-        seeded = seeds if seeds is not None else [None] * len(items)
+        seeded: list[Seed | None] = seeds if seeds is not None else [None] * len(items)
         return [self.entry_save(name, raw, audit, seed) for (name, raw), seed in zip(items, seeded, strict=True)]
 
     @abc.abstractmethod

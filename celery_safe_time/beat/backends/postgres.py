@@ -566,34 +566,41 @@ class PostgresBeatBackend(PostgresReads):
     ) -> list[int]:
         """:meth:`entry_save` of each item in one transaction: one statement for a chunk of distinct
         names (``save_definitions``), else one per table (a name that comes twice compares with its
-        earlier definition, as one save after the other would); then one for the seeds."""
+        earlier definition, as one save after the other would, and one more for the seeds)."""
         if not items:
             return []
         names = [name for name, _ in items]
-        seeded = seeds if seeds is not None else [None] * len(items)
+        seeded: list[Seed | None] = seeds if seeds is not None else [None] * len(items)
         audited = audit is not None and self.config.beat_audit_size > 0
         with self._writing() as conn:
             version = self._locked_version(conn)
             if len(set(names)) < len(names):
                 out = self._save_in_turn(conn, items, audit if audited else None, version)
-            else:
-                out = self._save_distinct(conn, items, audit if audited else None, version)
-            self._seed(conn, {name: seed for name, seed, v in zip(names, seeded, out, strict=True) if v})
-            return out
+                self._seed(conn, {name: seed for name, seed, v in zip(names, seeded, out, strict=True) if v})
+                return out
+            return self._save_distinct(conn, items, seeded, audit if audited else None, version)
 
-    def _save_distinct(self, conn: Any, items: list[tuple[str, str]], audit: str | None, version: int) -> list[int]:
-        """A chunk of distinct names, saved in one statement (``save_definitions``)."""
+    def _save_distinct(
+        self, conn: Any, items: list[tuple[str, str]], seeds: list[Seed | None], audit: str | None, version: int
+    ) -> list[int]:
+        """A chunk of distinct names, saved and seeded in one statement (``save_definitions``)."""
+        shards = self.config.beat_shards
+        table: dict[Seed, int] = {}  # entries planned alike share a seed (the same tuple): sent once
+        rows: list[tuple[str, str, int | None, str | None]] = []
+        for (name, raw), seed in zip(items, seeds, strict=True):
+            ref = None if seed is None else table.setdefault(seed, len(table))
+            rows.append((name, raw, ref, self._shard_ns_of(name) if shards > 1 and ref is not None else None))
         out = [0] * len(items)
-        rows = conn.execute(
+        changed = conn.execute(
             _QUERIES["save_definitions"],
             self._p(
-                items=json.dumps(items), version=version, audited=audit is not None,
-                audit_head=audit[:-1] if audit is not None else "",
-                keep=max(self.config.beat_audit_size - 1, 0),
+                items=json.dumps(rows), seeds=json.dumps(list(table)), sns=shard_ns(self.config, 0),
+                unfired=UNFIRED_STATE_PREFIX, version=version, audited=audit is not None,
+                audit_head=audit[:-1] if audit is not None else "", keep=max(self.config.beat_audit_size - 1, 0),
             ),
         )  # fmt: skip
-        for ord_, changed in rows:
-            out[ord_ - 1] = int(changed)
+        for ord_, v in changed:
+            out[ord_ - 1] = int(v)
         return out
 
     def _save_in_turn(self, conn: Any, items: list[tuple[str, str]], audit: str | None, version: int) -> list[int]:

@@ -630,13 +630,19 @@ class RedisBeatBackend(BeatBackend):
         slots_key = self.config.key_maker(C.KEY_BEAT_HISTORY_SLOTS)
         shards = self.config.beat_shards
         keys = self._entry_keys()
-        args = self._audit_args(audit)
+        args: list[str | int] = [*self._audit_args(audit), len(items)]
+        # entries planned alike share a seed (the same tuple): each distinct one is sent once
+        table: dict[Seed, str] = {}
         for (name, raw), seed in zip(items, seeds if seeds is not None else [None] * len(items), strict=True):
             keys += (audit_key(entry=name), history_key(entry=name), slots_key(entry=name))
-            if seed is None:
-                args += (name, raw, "", "", "")
-            else:
-                args += (name, raw, str(shard_of(name, shards)), repr(seed[1]), seed[0])
+            ref = ""
+            if seed is not None:
+                ref = table.get(seed) or table.setdefault(seed, str(len(table)))
+                if shards > 1:
+                    ref = f"{ref}:{shard_of(name, shards)}"
+            args += (name, raw, ref)
+        for state, due in table:
+            args += (state, repr(due))
         for shard in range(shards):
             shard_keys = BeatKeys.for_config(self.config, shard)
             keys += (shard_keys.state, shard_keys.due)

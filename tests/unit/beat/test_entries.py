@@ -203,3 +203,20 @@ def test_definition_text_refuses_what_definition_json_refuses() -> None:
     for args, kwargs in (((object(),), {}), ((), {"when": datetime.now()}), ((float("nan"),), {})):
         with pytest.raises(SerializationError):
             definition_text("t-1", '"x"', canonical_json({"type": "interval", "every": 1.0}), args, kwargs, {}, True)
+
+
+def test_the_state_of_an_entry_that_never_fired_begins_as_the_saves_look_for_it() -> None:
+    # The save scripts (lua/save_entry*.lua, sql/queries.sql seed_states) replace a stored state that
+    # begins so, and keep one that fired: dump_state must keep writing ``last`` first.
+    from importlib import resources
+
+    from celery_safe_time.beat.backends.base import UNFIRED_STATE_PREFIX
+    from celery_safe_time.beat.state import dump_state
+
+    assert dump_state(None, 5.0, "every 5s").startswith(UNFIRED_STATE_PREFIX)
+    assert not dump_state(1.0, 6.0, "every 5s").startswith(UNFIRED_STATE_PREFIX)
+    beat = resources.files("celery_safe_time.beat")
+    for script in ("lua/save_entry.lua", "lua/save_entries.lua"):
+        text = beat.joinpath(script).read_text()
+        assert f", 1, {len(UNFIRED_STATE_PREFIX)}) == '{UNFIRED_STATE_PREFIX}'" in text, script
+    assert f"left(s.state, {len(UNFIRED_STATE_PREFIX)}) = :unfired" in beat.joinpath("sql/queries.sql").read_text()

@@ -213,8 +213,9 @@ def save_entry(
         store, name, task, schedule, args=args, kwargs=kwargs, options=options, enabled=enabled,
         jitter=jitter, catchup_window=catchup_window, overlap=overlap, overlap_ttl=overlap_ttl,
     )  # fmt: skip
-    seed = _seeds([name], [plan if enabled else None], store.backend.clock.time())[0]
-    store.backend.entry_save(name, raw, _audit(store, "save", changed_by), seed=seed)
+    now = store.backend.clock.time()
+    seed = _seeds([name], [plan if enabled else None], now)[0]
+    store.backend.entry_save(name, raw, audit_meta(store.config, "save", changed_by, now), seed=seed)
     info = get_entry(name, app=store.app)
     assert info is not None
     return info

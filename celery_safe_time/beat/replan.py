@@ -108,6 +108,7 @@ class ReplanningScheduler(LeasedScheduler):
         entry's state is already right in the backend. A due-set count that does not add up afterwards, or
         no usable marker, re-plans everything from a full read of the state.
         """
+        self.changes_behind = False  # a new term reads the whole state: no batch of the log is pending
         if self.backend.reads_due_only and self.backend.definition_count() >= self.lazy_threshold:
             self.reconcile_lazy(epoch, now, full=full)
             return

@@ -125,6 +125,39 @@ def test_a_leader_that_loses_its_lease_before_its_first_reconcile_stands_by_and_
         b.close()
 
 
+def test_a_new_term_is_not_behind_on_the_change_log_of_an_earlier_one(
+    tmp_path: Path, clock: FakeTime, data: MemoryBeatData, sent: list[tuple[str, float, int]]
+) -> None:
+    """A leader that lost its lease part-way through applying the change log a batch at a time keeps
+    no "behind" from that term: its next term's reconcile reads the whole state, and a due name it
+    does not know is dropped again (while behind, such a name is a save it has not applied yet)."""
+    a = _scheduler(tmp_path, "a")
+    b = _scheduler(tmp_path, "b")
+    try:
+        a.tick()
+        a.changes_behind = True  # a batch of the log applied, more to read, when the lease goes
+        clock.now += 31.0
+        b.keeper._stop.clear()
+        assert b.keeper._attempt()
+        b.keeper._stop.set()
+        a.tick()  # refused: stands by
+        assert not a.keeper.is_leader
+        b.close()
+        clock.now += 31.0
+        a.keeper._stop.clear()
+        assert a.keeper._attempt()
+        a.keeper._stop.set()
+        a.tick()  # the new term's reconcile
+        assert a.keeper.is_leader
+        assert not a.changes_behind
+        data.due["ghost"] = clock.now - 1.0  # a name no definition has
+        a.tick()
+        assert "ghost" not in data.due
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_backend_error_during_a_tick_stands_by_and_the_log_names_the_backend(
     tmp_path: Path, data: MemoryBeatData, caplog: pytest.LogCaptureFixture
 ) -> None:

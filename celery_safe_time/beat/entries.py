@@ -32,6 +32,7 @@ and a pause keeps it for the resume.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -64,6 +65,8 @@ from .history import audit_meta, record_audit
 from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
 from .state import load_state, slot_id, state_next
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "EntryInfo",
@@ -331,7 +334,8 @@ def save_entries(
     :class:`SerializationError`) naming the entry and the parameter, and nothing of its chunk is
     stored (earlier chunks are). A leader applies them through its change log, like single saves;
     each new entry's first slot is planned with its chunk, as :func:`save_entry` plans it.
-    While one chunk is stored (a thread of this call's own), the next is validated.
+    While one chunk is stored (a thread of this call's own), the next is validated; where the backend
+    writes seeds apart (PostgreSQL), a chunk's seeds are written on one more thread once it is stored.
     """
     store = _Store(app)
     bulk = _Bulk(store)
@@ -339,6 +343,7 @@ def save_entries(
     chunk: list[tuple[str, str, Plan | None]] = []
     storing: Future[int] | None = None  # the chunk being stored
     pool: ThreadPoolExecutor | None = None
+    seeding = _Seeding(store) if store.backend.seeds_apart else None
     try:
         for index, item in enumerate(entries):
             chunk.append(bulk.item(index, item))
@@ -347,18 +352,46 @@ def save_entries(
                     changed += storing.result()
                 if pool is None:
                     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="safe-time-save-entries")
-                storing = pool.submit(_store_chunk, store, chunk, changed_by)
+                storing = pool.submit(_store_chunk, store, chunk, changed_by, seeding)
                 chunk = []
         if storing is not None:
             changed += storing.result()
             storing = None
         if chunk:
-            changed += _store_chunk(store, chunk, changed_by)
+            changed += _store_chunk(store, chunk, changed_by, seeding)
     finally:
         if pool is not None:
             # a bad entry raises once the chunk before it is stored (or failed): earlier chunks are
             pool.shutdown(wait=True)
+        if seeding is not None:
+            seeding.wait()
     return changed
+
+
+class _Seeding:
+    """The seed writes of one ``save_entries`` call, a thread of their own (``seeds_apart``).
+
+    A seed that cannot be written loses nothing: the leader plans the entry from the change log, as
+    it plans an entry saved before seeds existed. So a failure is logged, not raised."""
+
+    def __init__(self, store: _Store) -> None:
+        self.backend = store.backend
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="safe-time-save-seeds")
+        self.writes: list[Future[None]] = []
+
+    def submit(self, rows: list[tuple[str, Seed | None, int]]) -> None:
+        self.writes.append(self.pool.submit(self.backend.entry_seed_many, rows))
+
+    def wait(self) -> None:
+        self.pool.shutdown(wait=True)
+        failed = [exc for exc in (write.exception() for write in self.writes) if exc is not None]
+        if failed:
+            logger.warning(
+                "beat: save_entries could not plan the first slot of %d chunk(s) (%s); the leader plans "
+                "those entries from the change log",
+                len(failed),
+                failed[0],
+            )
 
 
 class _Bulk:
@@ -456,13 +489,18 @@ def _typed_key(spec: Mapping[str, Any]) -> Any:
     return key
 
 
-def _store_chunk(store: _Store, chunk: list[tuple[str, str, Plan | None]], changed_by: str | None) -> int:
+def _store_chunk(
+    store: _Store, chunk: list[tuple[str, str, Plan | None]], changed_by: str | None, seeding: _Seeding | None
+) -> int:
     # each chunk plans from the clock as it is stored: a long import's last entries start on time
     now = store.backend.clock.time()
-    seeds = _seeds([name for name, _, _ in chunk], [plan for _, _, plan in chunk], now)
+    names = [name for name, _, _ in chunk]
+    seeds = _seeds(names, [plan for _, _, plan in chunk], now)
     items = [(name, raw) for name, raw, _ in chunk]
     audit = audit_meta(store.config, "save", changed_by, now)
-    versions = store.backend.entry_save_many(items, audit, seeds=seeds)
+    versions = store.backend.entry_save_many(items, audit, seeds=None if seeding else seeds)
+    if seeding is not None:
+        seeding.submit(list(zip(names, seeds, versions, strict=True)))
     return sum(1 for v in versions if v > 0)
 
 

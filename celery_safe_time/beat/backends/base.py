@@ -325,6 +325,17 @@ class BeatBackend(abc.ABC):
         seeded: list[Seed | None] = seeds if seeds is not None else [None] * len(items)
         return [self.entry_save(name, raw, audit, seed) for (name, raw), seed in zip(items, seeded, strict=True)]
 
+    #: Whether a bulk save does better to call :meth:`entry_save_many` without seeds and
+    #: :meth:`entry_seed_many` after it, on a thread of its own (PostgreSQL: one chunk's seeds are
+    #: then written on one core while the next chunk is stored on the other).
+    seeds_apart: bool = False
+
+    def entry_seed_many(self, rows: list[tuple[str, Seed | None, int]]) -> None:
+        """Write the seeds of entries :meth:`entry_save_many` stored: (name, seed, the version it
+        returned; a version of 0 or no seed writes nothing), as :meth:`entry_save` writes its seed,
+        and only where the entry's change log still holds that version (a later save plans its own)."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def entry_delete(self, name: str, audit: str | None = None) -> int:
         """Delete ``name`` (its change log row stays as a tombstone): 0 when there was none, else the version."""

@@ -32,7 +32,8 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``; ``safe_time_beat_entry_counts`` holds the definitions' count, kept by
 triggers as the state's. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
-changed names. ``save_entries`` stores a chunk in one transaction of one statement (``save_definitions``).
+changed names. ``save_entries`` stores a chunk in one transaction of one statement (``save_definitions``)
+and its seeds right after it, on another connection (``seed_states``), beside the next chunk.
 
 With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`): the definitions
 of the entries it fires and of the changed ones, pages of the primary keys when it plans every entry,
@@ -247,6 +248,7 @@ class PostgresBeatBackend(PostgresReads):
     name = C.COORDINATION_POSTGRES
     label = "PostgreSQL"
     keeps_heartbeats = True
+    seeds_apart = True
     errors: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError,)
 
     def __init__(self, config: SafeTimeConfig, shard: int = 0) -> None:
@@ -544,58 +546,60 @@ class PostgresBeatBackend(PostgresReads):
             if old == raw:
                 return 0
             self._put(conn, name, raw)
-            self._seed(conn, {name: seed})
-            return self._audited(conn, name, audit, old, raw, self._bump(conn, name, version))
+            version = self._audited(conn, name, audit, old, raw, self._bump(conn, name, version))
+            self._seed(conn, [(name, seed, version)])
+            return version
 
-    def _seed(self, conn: Any, seeds: dict[str, Seed | None]) -> None:
-        """Write the seeds of changed entries (name -> seed; the last of a name counts) in their shards."""
-        planned = {name: seed for name, seed in seeds.items() if seed is not None}
-        if not planned:
-            return
-        conn.execute(
-            _QUERIES["seed_states"],
-            self._p(
-                sns=[self._shard_ns_of(name) for name in planned], entries=list(planned),
-                states=[state for state, _ in planned.values()], dues=[due for _, due in planned.values()],
-                unfired=UNFIRED_STATE_PREFIX,
-            ),
-        )  # fmt: skip
+    def _seed(self, conn: Any, rows: list[tuple[str, Seed | None, int]]) -> None:
+        """Write the seeds of (name, seed, version) rows (``seed_states``): each distinct seed once."""
+        shards = self.config.beat_shards
+        table: dict[Seed, int] = {}  # entries planned alike share a seed (the same tuple): sent once
+        items = [
+            (name, table.setdefault(seed, len(table)), version, self._shard_ns_of(name) if shards > 1 else None)
+            for name, seed, version in rows
+            if seed is not None and version > 0
+        ]
+        if items:
+            conn.execute(
+                _QUERIES["seed_states"],
+                self._p(
+                    items=json.dumps(items), seeds=json.dumps(list(table)), sns=shard_ns(self.config, 0),
+                    unfired=UNFIRED_STATE_PREFIX,
+                ),
+            )  # fmt: skip
+
+    def entry_seed_many(self, rows: list[tuple[str, Seed | None, int]]) -> None:
+        with self.autocommit() as conn:
+            self._seed(conn, rows)
 
     def entry_save_many(
         self, items: list[tuple[str, str]], audit: str | None = None, seeds: list[Seed | None] | None = None
     ) -> list[int]:
         """:meth:`entry_save` of each item in one transaction: one statement for a chunk of distinct
         names (``save_definitions``), else one per table (a name that comes twice compares with its
-        earlier definition, as one save after the other would, and one more for the seeds)."""
+        earlier definition, as one save after the other would). The seeds follow in a transaction of
+        their own (:attr:`seeds_apart`)."""
         if not items:
             return []
         names = [name for name, _ in items]
-        seeded: list[Seed | None] = seeds if seeds is not None else [None] * len(items)
         audited = audit is not None and self.config.beat_audit_size > 0
         with self._writing() as conn:
             version = self._locked_version(conn)
             if len(set(names)) < len(names):
                 out = self._save_in_turn(conn, items, audit if audited else None, version)
-                self._seed(conn, {name: seed for name, seed, v in zip(names, seeded, out, strict=True) if v})
-                return out
-            return self._save_distinct(conn, items, seeded, audit if audited else None, version)
+            else:
+                out = self._save_distinct(conn, items, audit if audited else None, version)
+        if seeds is not None:
+            self.entry_seed_many(list(zip(names, seeds, out, strict=True)))
+        return out
 
-    def _save_distinct(
-        self, conn: Any, items: list[tuple[str, str]], seeds: list[Seed | None], audit: str | None, version: int
-    ) -> list[int]:
-        """A chunk of distinct names, saved and seeded in one statement (``save_definitions``)."""
-        shards = self.config.beat_shards
-        table: dict[Seed, int] = {}  # entries planned alike share a seed (the same tuple): sent once
-        rows: list[tuple[str, str, int | None, str | None]] = []
-        for (name, raw), seed in zip(items, seeds, strict=True):
-            ref = None if seed is None else table.setdefault(seed, len(table))
-            rows.append((name, raw, ref, self._shard_ns_of(name) if shards > 1 and ref is not None else None))
+    def _save_distinct(self, conn: Any, items: list[tuple[str, str]], audit: str | None, version: int) -> list[int]:
+        """A chunk of distinct names in one statement (``save_definitions``)."""
         out = [0] * len(items)
         changed = conn.execute(
             _QUERIES["save_definitions"],
             self._p(
-                items=json.dumps(rows), seeds=json.dumps(list(table)), sns=shard_ns(self.config, 0),
-                unfired=UNFIRED_STATE_PREFIX, version=version, audited=audit is not None,
+                items=json.dumps(items), version=version, audited=audit is not None,
                 audit_head=audit[:-1] if audit is not None else "", keep=max(self.config.beat_audit_size - 1, 0),
             ),
         )  # fmt: skip

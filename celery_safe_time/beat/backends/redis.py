@@ -12,13 +12,10 @@ entries as Lua scripts (``beat/lua/*.lua``), and the keys they use.
 The entry state the scripts write is a JSON object per entry in the ``beat:state`` hash
 (:func:`..state.dump_state`) plus its next fire time in the ``beat:due`` sorted set.
 
-Every caller (the lease, the backend, the runtime entries API) takes its scripts from
-:func:`beat_scripts`: one registry, so each script's source is read once per process and each
-client registers it once. Registering computes the SHA1 locally; Redis loads a script on the first
-``EVALSHA`` that answers NOSCRIPT (redis-py's ``Script.__call__``). Lua that several scripts share
-lives once, in a ``lua/_*.lua`` file of local functions (Redis runs one script per call, with no way
-to load a library beside it): :func:`script_source` puts that file before the source of each script
-listed in :data:`PRELUDES`.
+Every caller takes its scripts from :func:`beat_scripts`, one registry: each source is read once
+per process and registered once per client (Redis loads it on the first ``EVALSHA`` that answers
+NOSCRIPT). Lua that several scripts share lives in a ``lua/_*.lua`` file of local functions, which
+:func:`script_source` puts before each script listed in :data:`PRELUDES`.
 
 Keys under ``safe_time_key_prefix`` (:class:`BeatKeys`): ``beat:lease``, ``beat:epoch``,
 ``beat:leader``, ``beat:state`` (hash), ``beat:due`` (sorted set), ``beat:fired:<entry>:<slot ms>``
@@ -635,11 +632,9 @@ class RedisBeatBackend(BeatBackend):
         table: dict[Seed, str] = {}
         for (name, raw), seed in zip(items, seeds if seeds is not None else [None] * len(items), strict=True):
             keys += (audit_key(entry=name), history_key(entry=name), slots_key(entry=name))
-            ref = ""
-            if seed is not None:
-                ref = table.get(seed) or table.setdefault(seed, str(len(table)))
-                if shards > 1:
-                    ref = f"{ref}:{shard_of(name, shards)}"
+            ref = "" if seed is None else table.get(seed) or table.setdefault(seed, str(len(table)))
+            if ref and shards > 1:
+                ref = f"{ref}:{shard_of(name, shards)}"
             args += (name, raw, ref)
         for state, due in table:
             args += (state, repr(due))

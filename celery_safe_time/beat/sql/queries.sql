@@ -229,43 +229,28 @@ INSERT INTO safe_time_beat_entries (ns, name, definition) VALUES (:ns, :name, :r
 ON CONFLICT (ns, name) DO UPDATE SET definition = EXCLUDED.definition
 
 -- save_entries: a chunk of distinct names in one statement, under the counter row's lock (:version
--- its value). The chunk comes as one JSON array of [name, definition, seed, shard ns] items (a text
--- array literal escapes each quote of a definition on the client, the costliest part of the call);
--- seed: null or the position (from 0) in :seeds, a JSON array of distinct [state, due] pairs (entries
--- planned alike share one); shard ns: null for :sns. Each name's
+-- its value). The chunk comes as one JSON array of [name, definition] pairs (a text array literal
+-- escapes each quote of a definition on the client, the costliest part of the call). Each name's
 -- stored definition is one primary key lookup (a LATERAL subquery with LIMIT, which the planner keeps
 -- as one: a join or "= ANY" would scan the whole namespace while the tables have no statistics yet,
 -- as in a first import); an unchanged definition writes nothing. The changed ones are upserted,
 -- logged with their versions in the chunk's order, and audited: the record built here from
 -- :audit_head (the audit JSON object without its closing brace) and the definitions, so a definition
 -- crosses the wire once; each name keeps its :keep newest earlier records (the statement does not
--- see the ones it adds, one per name). The changed entries' seeds are written as seed_states writes
--- them. Returns the changed items' positions (from 1) and versions.
+-- see the ones it adds, one per name). Returns the changed items' positions (from 1) and versions.
 -- name: save_definitions
 WITH input AS (
-    SELECT t.ord, t.item ->> 0 AS name, t.item ->> 1 AS raw, CAST(t.item ->> 2 AS integer) AS seed,
-        coalesce(t.item ->> 3, :sns) AS sns
+    SELECT t.ord, t.item ->> 0 AS name, t.item ->> 1 AS raw
     FROM json_array_elements(CAST(:items AS json)) WITH ORDINALITY AS t(item, ord)
 ),
 stored AS (
-    SELECT i.ord, i.name, i.raw, i.seed, i.sns, e.definition AS old FROM input i LEFT JOIN LATERAL (
+    SELECT i.ord, i.name, i.raw, e.definition AS old FROM input i LEFT JOIN LATERAL (
         SELECT definition FROM safe_time_beat_entries WHERE ns = :ns AND name = i.name LIMIT 1
     ) e ON true
 ),
 changed AS (
-    SELECT s.ord, s.name, s.raw, s.seed, s.sns, s.old,
-        CAST(:version AS bigint) + row_number() OVER (ORDER BY s.ord) AS version
+    SELECT s.ord, s.name, s.raw, s.old, CAST(:version AS bigint) + row_number() OVER (ORDER BY s.ord) AS version
     FROM stored s WHERE s.old IS DISTINCT FROM s.raw
-),
-seeds AS (
-    SELECT CAST(t.ord AS integer) - 1 AS seed, t.item ->> 0 AS state, CAST(t.item ->> 1 AS double precision) AS due
-    FROM json_array_elements(CAST(:seeds AS json)) WITH ORDINALITY AS t(item, ord)
-),
-seeded AS (
-    INSERT INTO safe_time_beat_state AS s (ns, entry, state, next_fire)
-    SELECT c.sns, c.name, d.state, d.due FROM changed c JOIN seeds d ON d.seed = c.seed
-    ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
-    WHERE left(s.state, 15) = :unfired
 ),
 put AS (
     INSERT INTO safe_time_beat_entries (ns, name, definition) SELECT :ns, c.name, c.raw FROM changed c
@@ -371,13 +356,24 @@ SELECT coalesce((SELECT total FROM safe_time_beat_entry_counts WHERE ns = :ns), 
 -- name: change_versions
 SELECT name, version FROM safe_time_beat_changes WHERE ns = :ns AND name = ANY(CAST(:names AS text[]))
 
--- What a save plans for changed entries (backends/base.py, entry_save; save_definitions does it in its
--- statement): a state and due time of each, in its shard's ns, where the entry has none or one that
--- never fired (UNFIRED_STATE_PREFIX).
+-- What a save plans for changed entries (backends/base.py, entry_save): a state and due time of
+-- each, in its shard's ns, where the entry has none or one that never fired (UNFIRED_STATE_PREFIX).
+-- :items is a JSON array of [name, seed, version, shard ns] (seed: the position from 0 in :seeds, a
+-- JSON array of distinct [state, due] pairs; shard ns: null for :sns). A bulk save writes them after
+-- its chunk commits, on a connection of its own, so each name's change log row must still hold the
+-- version its save gave it (a later save plans its own); a row another writer holds is skipped
+-- rather than waited for, as that save's own seed follows.
 -- name: seed_states
 INSERT INTO safe_time_beat_state AS s (ns, entry, state, next_fire)
-SELECT * FROM unnest(CAST(:sns AS text[]), CAST(:entries AS text[]), CAST(:states AS text[]),
-    CAST(:dues AS double precision[]))
+SELECT coalesce(t.item ->> 3, :sns), t.item ->> 0, d.item ->> 0, CAST(d.item ->> 1 AS double precision)
+FROM json_array_elements(CAST(:items AS json)) AS t(item)
+JOIN json_array_elements(CAST(:seeds AS json)) WITH ORDINALITY AS d(item, ord)
+    ON d.ord = CAST(t.item ->> 1 AS integer) + 1
+JOIN LATERAL (
+    SELECT 1 FROM safe_time_beat_changes c
+    WHERE c.ns = :ns AND c.name = t.item ->> 0 AND c.version = CAST(t.item ->> 2 AS bigint)
+    FOR SHARE SKIP LOCKED
+) held ON true
 ON CONFLICT (ns, entry) DO UPDATE SET state = EXCLUDED.state, next_fire = EXCLUDED.next_fire
 WHERE left(s.state, 15) = :unfired
 

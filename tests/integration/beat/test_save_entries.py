@@ -5,11 +5,13 @@ re-import write nothing, and a bad entry stores nothing of its chunk."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from celery import Celery
 
 from celery_safe_time import constants as C
@@ -18,6 +20,7 @@ from celery_safe_time.beat.backends import beat_backend
 from celery_safe_time.beat.shards import shard_of
 from celery_safe_time.config import get_config
 from celery_safe_time.exceptions import ScheduleError
+from tests.helpers.beat import coordination_settings
 
 pytestmark = pytest.mark.integration
 
@@ -219,3 +222,76 @@ def test_a_sharded_app_plans_each_entry_in_its_shard(
         assert score is not None, name
         other = beat_backend(get_config(app)).for_shard((shard_of(name, shards) + 1) % shards)
         assert other.read_states([name]) == ([None], [None]), name
+
+
+@pytest.fixture
+def pg_app(make_app: Callable[..., Celery], postgres_url: str) -> Celery:
+    app = make_app(**coordination_settings(postgres_url))
+    app.task(name="t.save_noop", shared=False)(_noop)
+    return app
+
+
+def test_postgres_writes_a_bulk_saves_seeds_apart_only_for_the_version_it_saved(pg_app: Celery) -> None:
+    # On PostgreSQL a chunk's seeds follow its commit on a connection of their own. A seed that comes
+    # after a later save of the same entry (by another caller) must not replace that save's plan.
+    backend = beat_backend(get_config(pg_app))
+    assert backend.seeds_apart
+    save_entry("a", "t.save_noop", 60, app=pg_app)
+    stale, stale_score = _seeded(pg_app, "a")
+    assert stale is not None
+    assert stale_score is not None
+    raw = backend.entry_definition("a")
+    (late_version,) = backend.entry_save_many([("a", _text(raw).replace('"every":60', '"every":45'))])
+    save_entry("a", "t.save_noop", 90, app=pg_app)
+    planned = _seeded(pg_app, "a")
+    backend.entry_seed_many([("a", (json.dumps(stale), stale_score), late_version)])
+    assert _seeded(pg_app, "a") == planned
+    # the version the change log holds is written (the state never fired)
+    info = get_entry("a", app=pg_app)
+    assert info is not None
+    backend.entry_seed_many([("a", (json.dumps(stale), stale_score), info.version)])
+    assert _seeded(pg_app, "a") == (stale, stale_score)
+
+
+def test_postgres_a_seed_skips_an_entry_another_save_holds_instead_of_waiting(
+    pg_app: Celery, postgres_url: str
+) -> None:
+    backend = beat_backend(get_config(pg_app))
+    save_entry("held", "t.save_noop", 60, app=pg_app)
+    seed, score = _seeded(pg_app, "held")
+    info = get_entry("held", app=pg_app)
+    assert info is not None
+    engine = sa.create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:  # a save of the same entry in progress holds its change log row
+            conn.execute(sa.text("SELECT 1 FROM safe_time_beat_changes WHERE name = 'held' FOR UPDATE"))
+            done = threading.Event()
+            thread = threading.Thread(
+                target=lambda: (backend.entry_seed_many([("held", ('{"last": null, "x": 1}', 1.0), info.version)]),
+                                done.set()),
+                daemon=True,
+            )  # fmt: skip
+            thread.start()
+            assert done.wait(10), "the seed waited for the row another save holds"
+    finally:
+        engine.dispose()
+    assert _seeded(pg_app, "held") == (seed, score)
+
+
+def test_postgres_a_seed_that_fails_is_logged_and_the_save_stands(
+    pg_app: Celery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend_class = type(beat_backend(get_config(pg_app)))
+
+    def broken(self: Any, rows: Any) -> None:
+        raise sa.exc.OperationalError("seed_states", {}, Exception("connection lost"))
+
+    monkeypatch.setattr(backend_class, "entry_seed_many", broken)
+    monkeypatch.setattr(C, "BEAT_SAVE_CHUNK", 2)
+    with caplog.at_level("WARNING", logger="celery_safe_time.beat.entries"):
+        assert (
+            save_entries([{"name": f"n-{i}", "task": "t.save_noop", "schedule": 60} for i in range(5)], app=pg_app) == 5
+        )
+    assert [get_entry(f"n-{i}", app=pg_app) is not None for i in range(5)] == [True] * 5
+    assert _seeded(pg_app, "n-0") == (None, None)  # planned by the leader from the change log
+    assert any("could not plan the first slot of 3 chunk(s)" in m for m in caplog.messages)

@@ -244,6 +244,32 @@ def test_postgres_row_counts_follow_every_write_and_a_delete_by_hand(make_app: A
     assert counts() == (2, 2)
 
 
+def test_postgres_the_due_read_trusts_a_zero_count_and_reads_the_index_without_one(
+    make_app: Any, postgres_url: str
+) -> None:
+    """The due read skips the due index where the counts (kept by triggers, in the same snapshot) say
+    nothing is due; a missing counts row (the table emptied by hand, a database restored without the
+    triggers' rows) reads the index as before, so nothing due is ever hidden."""
+    import sqlalchemy as sa
+
+    backend = beat_backend(get_config(make_app(**coordination_settings(postgres_url))))
+    lease = backend.make_lease()
+    epoch = lease.acquire(0.0)
+    assert epoch is not None
+    assert backend.write_plan(lease.token, {"a": "{}", "b": "{}"}, {"a": 1.0, "b": 50.0}, [], [])
+    read = backend.read_due(10.0, 10)
+    assert (read.due, read.head, read.due_count) == ([("a", 1.0)], [("a", 1.0)], 2)
+    assert lease.forget(epoch, ["a", "b"], keep_state=True)  # states kept, none due: due = 0
+    read = backend.read_due(1e12, 10)
+    assert (read.due, read.head, read.due_count, read.state_count) == ([], [], 0, 2)
+    assert backend.write_plan(lease.token, {"d": "{}"}, {"d": 7.0}, [], [])
+    assert backend.read_due(10.0, 10).due == [("d", 7.0)]
+    with backend.engine().begin() as conn:
+        conn.execute(sa.text("DELETE FROM safe_time_beat_counts WHERE ns = :ns"), {"ns": backend.ns})
+    read = backend.read_due(10.0, 10)
+    assert (read.due, read.head, read.due_count) == ([("d", 7.0)], [("d", 7.0)], 0)
+
+
 def _text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 

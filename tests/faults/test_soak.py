@@ -183,7 +183,7 @@ class Cluster:
                 if proc.alive() or proc in self.killed or not STARTUP_UNREACHABLE.search(proc.log()):
                     continue
                 log.note(
-                    f"supervisor-restart {role} ({proc.name} exited at startup: database unreachable)", fault=False
+                    f"supervisor-restart {role} ({proc.name} exited at startup: coordination unreachable)", fault=False
                 )
                 self.exited_at_startup.append(proc)
                 self.start(role)
@@ -196,8 +196,9 @@ class Cluster:
         return None
 
 
-#: What a beat says when it exits at startup because its coordination database does not answer.
-STARTUP_UNREACHABLE = re.compile(r"beat: PostgreSQL .* is unreachable at startup")
+#: What a beat says when it exits at startup because its lease store (the coordination database, or
+#: Redis while a fault restarts it) does not answer.
+STARTUP_UNREACHABLE = re.compile(r"beat: (PostgreSQL|Redis) .* is unreachable at startup")
 
 
 # --- load -----------------------------------------------------------------------------------
@@ -723,7 +724,7 @@ EXPECTED_ERRORS = [
     ("beat: Redis error in tick", r"beat: Redis error during tick, standing by"),
     ("beat: coordination PostgreSQL unreachable", r"beat: PostgreSQL unreachable, nothing fires until it is back"),
     ("beat: PostgreSQL error in tick", r"beat: PostgreSQL error during tick, standing by"),
-    ("beat: exited at startup, PostgreSQL unreachable", r"beat raised exception .*is unreachable at startup"),
+    ("beat: exited at startup, coordination unreachable", r"beat raised exception .*is unreachable at startup"),
     ("lock: lost (Redis reset)", r"overlap lock .* lost"),
     (
         "lock: task ended with LockLost",
@@ -749,7 +750,7 @@ EXPECTED_EXCEPTIONS = re.compile(
     # quotes the exception from the pool child, whose own traceback block is checked on its own
     r"celery\.exceptions\.Reject: \('given back by the fault scenario', True\)|"
     r"billiard\.einfo\.ExceptionWithTraceback: $|"
-    r"celery_safe_time\.exceptions\.ImproperlyConfigured: safe_time_coordination_url: beat: PostgreSQL .* "
+    r"celery_safe_time\.exceptions\.ImproperlyConfigured: \w+: beat: (PostgreSQL|Redis) .* "
     r"is unreachable at startup)"
 )
 
@@ -1412,7 +1413,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
         ("processes killed on purpose", len(cluster.killed), ok if not bad_kill else f"FAIL {bad_kill}"),
         ("processes crashed", len(crashed) + len(bad_exit), ok if not (crashed or bad_exit) else "FAIL"),
         (
-            "beats exited at startup, database unreachable",
+            "beats exited at startup, coordination unreachable",
             len(cluster.exited_at_startup),
             "documented (fails loudly at startup); started again as a supervisor would",
         ),

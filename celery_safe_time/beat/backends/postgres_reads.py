@@ -11,6 +11,7 @@ an index.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,16 @@ from .base import BeatBackend, EntryCounts, Snapshot
 
 #: The tables, their indexes and the counting trigger (``beat/sql/schema.sql``), run in order.
 DDL = tuple(named_statements("celery_safe_time.beat", "sql/schema.sql").values())
+
+#: What :data:`DDL` makes, by kind: the parameters of the ``schema_present`` query.
+SCHEMA_OBJECTS = {
+    "relations": re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", "\n".join(DDL)),
+    "functions": re.findall(r"CREATE FUNCTION (\w+)", "\n".join(DDL)),
+    "triggers": re.findall(r"CREATE TRIGGER (\w+) \w+ \w+ ON \w+", "\n".join(DDL)),
+    "trigger_tables": re.findall(r"CREATE TRIGGER \w+ \w+ \w+ ON (\w+)", "\n".join(DDL)),
+    "column_tables": re.findall(r"ALTER TABLE (\w+) ADD COLUMN \w+", "\n".join(DDL)),
+    "columns": re.findall(r"ALTER TABLE \w+ ADD COLUMN (\w+)", "\n".join(DDL)),
+}
 
 #: Every statement the backend runs (``beat/sql/queries.sql``), by name.
 QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
@@ -70,13 +81,17 @@ class PostgresReads(BeatBackend):
         return self.engine().connect().execution_options(isolation_level="AUTOCOMMIT")
 
     def ensure_tables(self) -> None:
-        """Create the beat tables if missing (once per process; every statement is IF NOT EXISTS)."""
+        """Create the beat tables if any is missing (asks once per process; every statement is
+        idempotent, and runs under an advisory lock so that beats starting together take turns)."""
         if self._tables_ready:
             return
-        with self.engine().begin() as conn:
-            conn.execute(_QUERIES["schema_lock"], {"key": C.BEAT_SCHEMA_LOCK_KEY})
-            for statement in DDL:
-                conn.execute(sa.text(statement))
+        with self.autocommit() as conn:
+            present = bool(conn.execute(_QUERIES["schema_present"], SCHEMA_OBJECTS).scalar_one())
+        if not present:
+            with self.engine().begin() as conn:
+                conn.execute(_QUERIES["schema_lock"], {"key": C.BEAT_SCHEMA_LOCK_KEY})
+                for statement in DDL:
+                    conn.execute(sa.text(statement))
         self._tables_ready = True
 
     def _p(self, **extra: Any) -> dict[str, Any]:

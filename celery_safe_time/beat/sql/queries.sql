@@ -152,6 +152,21 @@ SELECT extract(epoch FROM clock_timestamp())
 -- name: schema_lock
 SELECT pg_advisory_xact_lock(:key)
 
+-- Whether every table, index, function, trigger and added column of schema.sql is there. A beat that
+-- finds them all runs no DDL: a CREATE INDEX IF NOT EXISTS still takes its table's SHARE lock first,
+-- so it waits behind a long write and deadlocks with a writer of two tables.
+-- name: schema_present
+SELECT (SELECT count(*) FROM unnest(CAST(:relations AS text[])) AS r (name) WHERE to_regclass(r.name) IS NOT NULL)
+       = cardinality(CAST(:relations AS text[]))
+   AND (SELECT count(*) FROM unnest(CAST(:functions AS text[])) AS f (name) WHERE to_regproc(f.name) IS NOT NULL)
+       = cardinality(CAST(:functions AS text[]))
+   AND (SELECT count(*) FROM pg_trigger t JOIN unnest(CAST(:triggers AS text[]), CAST(:trigger_tables AS text[]))
+            AS g (name, tab) ON t.tgname = g.name AND t.tgrelid = to_regclass(g.tab))
+       = cardinality(CAST(:triggers AS text[]))
+   AND (SELECT count(*) FROM pg_attribute a JOIN unnest(CAST(:column_tables AS text[]), CAST(:columns AS text[]))
+            AS c (tab, name) ON a.attrelid = to_regclass(c.tab) AND a.attname = c.name AND NOT a.attisdropped)
+       = cardinality(CAST(:columns AS text[]))
+
 -- name: holds_lease
 SELECT 1 FROM safe_time_beat_lease WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp()
 

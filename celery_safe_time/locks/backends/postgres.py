@@ -555,6 +555,53 @@ _SESSION_COMMIT = _Call(QUERIES["session_commit"], "bbs")
 _ADVISORY_HELD = sa.text(QUERIES["advisory_held"])
 
 
+#: How long a release waits for a renewal running on the session's connection. A renewal answers in
+#: milliseconds; one still running after this hangs on a stalled path, and the release goes on
+#: without the connection (the renewal closes it when its own deadline ends it).
+_BUSY_SESSION_WAIT = 1.0
+
+
+class _Session:
+    """A held session lock's pooled DBAPI connection, used by one thread at a time: the renewing
+    thread and the task's release would otherwise send on it at once (libpq refuses the second).
+
+    ``claim`` waits for the connection and returns it, or None where the session has ended
+    (released, or lost in a renewal, which closed it). ``give_back`` hands it on; the holder of a
+    claim whose session was ended meanwhile (by a release that could not wait) closes the connection.
+    """
+
+    __slots__ = ("busy", "conn", "ended", "turn")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.turn = threading.Condition(threading.Lock())
+        #: a thread has the connection
+        self.busy = False
+        #: released, lost or closed: nothing more runs on the connection
+        self.ended = False
+
+    def claim(self, timeout: float | None = None, *, last: bool = False) -> Any:
+        """The connection, once no other thread has it (at most ``timeout`` seconds); None where the
+        session has ended or the wait ran out. ``last``: the session ends with this claim (a release)."""
+        with self.turn:
+            free = self.turn.wait_for(lambda: not self.busy, timeout)
+            gone = self.ended
+            self.ended = self.ended or last
+            if not free or gone:
+                return None
+            self.busy = True
+            return self.conn
+
+    def give_back(self, *, lost: bool = False) -> bool:
+        """Hand the connection on; ``lost``: the session is gone. True when this call closed it."""
+        with self.turn:
+            self.busy = False
+            self.turn.notify_all()
+            self.ended = self.ended or lost
+            close = self.ended
+        return close
+
+
 class PostgresSessionLockBackend(PostgresLockBackend):
     """Overlap locks as session advisory locks (``safe_time_coordination_locks = "session"``).
 
@@ -569,7 +616,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
     def __init__(self, config: SafeTimeConfig, engine: sa.Engine | None = None) -> None:
         super().__init__(config, engine)
         #: The pooled DBAPI connection (its session holds the advisory lock) of each held (key, token).
-        self._held: dict[tuple[str, str], Any] = {}
+        self._held: dict[tuple[str, str], _Session] = {}
         self._held_lock = threading.Lock()
 
     def _checkout(self) -> Any:
@@ -591,17 +638,29 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         # so its lock is free and the row's token is taken over the same way.
         with self._held_lock:
             mine = next((t for t in (token, *earlier_tokens) if (key, t) in self._held), None)
-            conn = self._held.pop((key, mine)) if mine is not None else None
-        if conn is None:
-            conn = self._checkout()
-        acquired = self._in_session(conn, lambda c: self._acquire_on(c, key, token, ttl, owner, marker, earlier_tokens))
+            earlier = self._held.pop((key, mine)) if mine is not None else None
+        if earlier is not None and earlier.claim() is None:  # a renewal found that session gone
+            earlier = None
+        session = _Session(self._checkout()) if earlier is None else earlier
+        if earlier is None:
+            session.claim()
+        conn = session.conn
+        try:
+            acquired = self._in_session(
+                conn, lambda c: self._acquire_on(c, key, token, ttl, owner, marker, earlier_tokens)
+            )
+        except BaseException:
+            session.give_back(lost=True)  # _in_session closed it
+            raise
         if acquired.status != "acquired":
-            if mine is not None:
+            session.give_back(lost=True)
+            if earlier is not None:
                 conn.invalidate()  # it held the lock: closing the session frees it
             conn.close()
             return acquired
+        session.give_back()
         with self._held_lock:
-            self._held[(key, token)] = conn
+            self._held[(key, token)] = session
         return acquired
 
     def _in_session(self, conn: Any, work: Callable[[Any], T]) -> T:
@@ -616,30 +675,46 @@ class PostgresSessionLockBackend(PostgresLockBackend):
                 raise self._unreachable(exc) from exc
             raise
 
-    def _take(self, key: str, token: str) -> Any:
-        with self._held_lock:
-            return self._held.pop((key, token), None)
-
     def renew(self, key: str, token: str, ttl: float) -> bool:
         with self._held_lock:
-            conn = self._held.get((key, token))
+            session = self._held.get((key, token))
+        if session is None:
+            return False
+        conn = session.claim()
         if conn is None:
             return False
+        lost = True
         try:
-            return self._fetch(conn, _SESSION_RENEW, (self.lock_key(key), token)) is not None
+            renewed = self._fetch(conn, _SESSION_RENEW, (self.lock_key(key), token)) is not None
+            lost = False
         except self._dbapi_errors()[0] as exc:
             # The session is gone, and its advisory lock with it: lost, not merely unreachable.
             logger.warning("overlap lock %r: its PostgreSQL session ended: %s", key, exc)
-            return False
+            renewed = False
+        finally:
+            if session.give_back(lost=lost):  # lost here, or released meanwhile by a release that could not wait
+                conn.invalidate()
+                conn.close()
+                renewed = False
+        return renewed
 
     def _finish(self, key: str, token: str, work: Callable[[Any], T], fallback: Callable[[], T]) -> T:
-        conn = self._take(key, token)
-        if conn is None:
+        with self._held_lock:
+            session = self._held.pop((key, token), None)
+        if session is None:
             # Not held here (a hard-limit release from the worker's main process): the session that
             # held it has ended with its process; only the row is left to delete.
             return fallback()
-        result = self._in_session(conn, work)
-        conn.close()
+        conn = session.claim(_BUSY_SESSION_WAIT, last=True)
+        if conn is None:
+            # A renewal found the session gone, or hangs on it (a stalled path): the row is released
+            # on another connection, and the hung renewal ends the session once its deadline ends it.
+            return fallback()
+        try:
+            result = self._in_session(conn, work)
+            conn.close()
+        finally:
+            session.give_back()
         self._maybe_purge()
         return result
 
@@ -679,9 +754,12 @@ class PostgresSessionLockBackend(PostgresLockBackend):
     def close(self) -> None:
         with self._held_lock:
             held, self._held = list(self._held.values()), {}
-        for conn in held:
-            conn.invalidate()
-            conn.close()
+        for session in held:
+            conn = session.claim(_BUSY_SESSION_WAIT, last=True)
+            if conn is not None:  # else a renewal has it and closes it
+                conn.invalidate()
+                conn.close()
+                session.give_back()
 
 
 def postgres_lock_backend(config: SafeTimeConfig) -> PostgresLockBackend:

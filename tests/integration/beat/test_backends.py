@@ -244,6 +244,39 @@ def test_postgres_row_counts_follow_every_write_and_a_delete_by_hand(make_app: A
     assert counts() == (2, 2)
 
 
+def test_postgres_a_beat_finding_the_whole_schema_runs_no_ddl_and_one_finding_a_part_makes_the_rest(
+    make_app: Any, postgres_url: str
+) -> None:
+    """Six beats or CLI calls starting beside writers: a ``CREATE INDEX IF NOT EXISTS`` waits for its
+    table's SHARE lock even when the index is there, and deadlocked with a writer of two tables. A
+    complete schema is read from the catalog and left alone; a dropped index or trigger is made again."""
+    import threading
+
+    import sqlalchemy as sa
+
+    def fresh() -> Any:
+        return beat_backend(get_config(make_app(**coordination_settings(postgres_url))))
+
+    first = fresh()
+    first.ensure_tables()
+    done = threading.Event()
+    with first.engine().connect() as writer, writer.begin():
+        # a writer mid-transaction: ROW EXCLUSIVE on the change log, which CREATE INDEX waits behind
+        writer.execute(sa.text("LOCK TABLE safe_time_beat_changes IN ROW EXCLUSIVE MODE"))
+        starting = threading.Thread(target=lambda: (fresh().ensure_tables(), done.set()), daemon=True)
+        starting.start()
+        assert done.wait(10), "a beat starting on a complete schema waited for a writer's lock"
+    with first.engine().begin() as conn:
+        conn.execute(sa.text("DROP INDEX safe_time_beat_changes_version"))
+        for event in ("inserted", "deleted", "truncated"):  # made together, so dropped together
+            conn.execute(sa.text(f"DROP TRIGGER safe_time_beat_entries_{event} ON safe_time_beat_entries"))
+    fresh().ensure_tables()
+    with first.autocommit() as conn:
+        assert conn.execute(sa.text("SELECT to_regclass('safe_time_beat_changes_version') IS NOT NULL")).scalar_one()
+        triggers = conn.execute(sa.text("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'safe_time_beat_entries_%'"))
+        assert triggers.scalar_one() == 3
+
+
 def test_postgres_the_due_read_trusts_a_zero_count_and_reads_the_index_without_one(
     make_app: Any, postgres_url: str
 ) -> None:

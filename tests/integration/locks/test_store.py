@@ -595,3 +595,35 @@ def test_postgres_lock_calls_on_both_paths(
     assert second.fence > first.fence
     assert store.commit("both", "m-both", "t-c", 60.0, "c", ("c:0:0", 60.0)) == (True, True)
     assert store.acquire("both", "t-d", 5, owner("d"), marker="m-both").status == "done"
+
+
+def test_postgres_a_session_lock_renewed_while_its_task_releases_it_is_released_once(
+    make_app: Callable[..., Celery], postgres_coordination_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watchdog renews on the session's connection while the task's release ends it: one
+    statement at a time on that connection (libpq refuses a second: the release failed and the
+    lock's row stayed until its expiry, holding back the key's re-queued runs)."""
+    import threading
+
+    app = make_app(safe_time_coordination_url=postgres_coordination_url, safe_time_coordination_locks="session")
+    store: Any = get_lock_backend(app)
+    for attempt in range(60):
+        token = f"t-{attempt}"
+        assert store.acquire("race", token, 5, owner("a")).status == "acquired"
+        stop = threading.Event()
+        renewed: list[bool] = []
+
+        def renewing(token: str, stop: threading.Event, renewed: list[bool]) -> None:
+            while not stop.is_set():
+                renewed.append(store.renew("race", token, 5))
+
+        renewer = threading.Thread(target=renewing, args=(token, stop, renewed), daemon=True)
+        renewer.start()
+        while not renewed:
+            time.sleep(0.0005)
+        assert store.release("race", token), f"attempt {attempt}: the release failed"
+        stop.set()
+        renewer.join(10)
+        assert not store.renew("race", token, 5)  # a renewal after the release finds the lock gone
+        assert store.token_of("race") is None
+    assert "PostgreSQL" not in caplog.text, caplog.text

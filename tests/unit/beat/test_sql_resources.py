@@ -37,3 +37,16 @@ def test_every_query_the_backend_runs_is_named_in_queries_sql_and_every_named_on
     used = set(re.findall(r'_QUERIES\["(\w+)"\]', source))
     assert used == set(queries)
     assert all(sql and not sql.endswith(";") for sql in queries.values())
+
+
+def test_the_schema_check_names_every_object_the_schema_makes() -> None:
+    """``ensure_tables`` runs no DDL when ``schema_present`` finds these: one missing from the list
+    would leave a new table or index uncreated on a database that has the others."""
+    made = "\n".join(postgres_reads.DDL)
+    objects = postgres_reads.SCHEMA_OBJECTS
+    assert len(re.findall(r"\bCREATE (?:TABLE|INDEX|FUNCTION|TRIGGER)\b", made)) == sum(
+        len(objects[kind]) for kind in ("relations", "functions", "triggers")
+    )
+    assert len(re.findall(r"\bALTER TABLE\b", made)) == len(objects["columns"])
+    assert len(objects["triggers"]) == len(objects["trigger_tables"])
+    assert len(objects["columns"]) == len(objects["column_tables"])

@@ -92,24 +92,35 @@ def _spawn(name: str, module: str, extra: list[str], quick: bool) -> subprocess.
     return proc
 
 
-def measure(quick: bool, only: list[str] | None) -> dict[str, Any]:
+def measure(quick: bool, only: list[str] | None, jobs: int = 1) -> dict[str, Any]:
+    """Run the modules (``only``: those named) and the background ones beside them; ``jobs`` timed
+    modules at a time (more than one measures each less well: for a run that checks they work)."""
     meta: dict[str, Any] = {"quick": quick, "machine": machine(), "started": time.time(), "modules": {}}
     meta["only"] = only
+    meta["jobs"] = jobs
     meta["load_before"] = os.getloadavg()
     background: dict[str, subprocess.Popen[bytes]] = {}
     for name, module, extra in BACKGROUND:
         if only is None or name in only:
             (RESULTS / f"{name}.json").unlink(missing_ok=True)
             background[name] = _spawn(name, module, extra, quick)
-    for name, module, extra in JOBS:
-        if only is not None and name not in only:
-            continue
-        (RESULTS / f"{name}.json").unlink(missing_ok=True)
-        began = time.time()
-        print(f"[bench] {name} ...", flush=True)
-        code = _spawn(name, module, extra, quick).wait()
-        meta["modules"][name] = {"exit": code, "seconds": round(time.time() - began, 1)}
-        print(f"[bench] {name}: exit {code} after {time.time() - began:.0f} s", flush=True)
+    waiting = [job for job in JOBS if only is None or job[0] in only]
+    running: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            name, module, extra = waiting.pop(0)
+            (RESULTS / f"{name}.json").unlink(missing_ok=True)
+            print(f"[bench] {name} ...", flush=True)
+            running[name] = (_spawn(name, module, extra, quick), time.time())
+        for name, (proc, began) in list(running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del running[name]
+            meta["modules"][name] = {"exit": code, "seconds": round(time.time() - began, 1)}
+            print(f"[bench] {name}: exit {code} after {time.time() - began:.0f} s", flush=True)
+        if running:
+            time.sleep(0.2)
     for name, proc in background.items():
         print(f"[bench] waiting for {name} (background) ...", flush=True)
         code = proc.wait()
@@ -1182,6 +1193,12 @@ def main(argv: list[str] | None = None) -> int:
         "duplicates,failover",
     )
     parser.add_argument("--doc-only", action="store_true", help="rebuild the doc from benchmarks/results")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="timed modules run at a time (default 1: more measure each less well; CI's smoke run uses 3)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--module", help=argparse.SUPPRESS)
     parser.add_argument("--arg", action="append", default=[], help=argparse.SUPPRESS)
@@ -1194,7 +1211,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = False
     if not args.doc_only:
-        meta = measure(args.quick, args.only.split(",") if args.only else None)
+        if args.jobs < 1:
+            parser.error(f"--jobs must be at least 1, got {args.jobs}")
+        meta = measure(args.quick, args.only.split(",") if args.only else None, args.jobs)
         failed = any(m["exit"] != 0 for m in meta["modules"].values())
     results = load()
     results["_meta"] = results.pop("_meta", {})

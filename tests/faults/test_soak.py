@@ -346,10 +346,25 @@ def lost_in_redis_fetch(missing: set[int], worker_logs: str, kills: list[float],
 
 
 def never_received(task_ids: set[str], worker_logs: str, kills: list[float], now: float, broker: str) -> set[str]:
-    """:func:`lost_in_redis_fetch` by task id."""
+    """:func:`lost_in_redis_fetch` by task id: the last copy of each call that a worker sent to the
+    broker was never received (its first message, or the copy a gate re-queued with ``retry``: Redis
+    pops a message for a ``BRPOP`` already sent, and a consumer killed before it reads the reply loses
+    whichever copy that was)."""
     if broker != "redis" or not any(t < now - VISIBILITY - 5 for t in kills):
         return set()
-    return {tid for tid in task_ids if f"[{tid}] received" not in worker_logs}
+    received: dict[str, str] = {}
+    requeued: dict[str, str] = {}
+    for line in worker_logs.splitlines():
+        found = LOGGED_TASK.match(line)
+        if found is None or found["id"] not in task_ids:
+            continue
+        seen = received if found["what"] == "received" else requeued
+        seen[found["id"]] = max(seen.get(found["id"], ""), found["at"])
+    return {tid for tid in task_ids if tid not in received or requeued.get(tid, "") > received[tid]}
+
+
+#: A worker's line saying it received a task, or re-queued it (``retry``): its time, id, and which.
+LOGGED_TASK = re.compile(r"^\[(?P<at>[\d-]+ [\d:,]+): [^]]*\] Task [\w.]+\[(?P<id>[^]]+)\] (?P<what>received|retry:)")
 
 
 def worker_logs(processes: ProcessManager) -> str:

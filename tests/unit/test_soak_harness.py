@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults.test_soak import store_outages
+from tests.faults.test_soak import never_received, store_outages
 
 
 def test_store_outages_pair_each_cut_or_restart_with_its_return() -> None:
@@ -21,3 +21,23 @@ def test_store_outages_pair_each_cut_or_restart_with_its_return() -> None:
 
 def test_no_store_fault_no_outage() -> None:
     assert store_outages([(1.0, "redis-restart"), (2.0, "kill-9 w1 (w1.2)")]) == []
+
+
+def test_a_call_whose_last_copy_no_worker_received_counts_as_lost_in_the_fetch_window() -> None:
+    """Seed 836773: a rate limit re-queued a call (``retry``) and a worker was killed -9 before any
+    worker logged receiving the new copy. Its first copy was received, but not that one."""
+    logs = "\n".join(
+        [
+            "[2026-12-06 19:11:29,074: INFO/MainProcess] Task faults.entry_over_rate[a] received",
+            "[2026-12-06 19:11:31,431: INFO/ForkPoolWorker-1] Task faults.entry_over_rate[a] retry: Retry in 0.19s",
+            "[2026-12-06 19:11:30,000: INFO/MainProcess] Task faults.entry_over_rate[b] received",
+            "[2026-12-06 19:11:30,100: INFO/ForkPoolWorker-2] Task faults.entry_over_rate[b] retry: Retry in 1s",
+            "[2026-12-06 19:11:31,200: INFO/MainProcess] Task faults.entry_over_rate[b] received",
+            "[2026-12-06 19:11:31,000: INFO/MainProcess] Task faults.locked[c] received",
+        ]
+    )
+    ids = {"a", "b", "c", "d"}
+    assert never_received(ids, logs, kills=[100.0], now=200.0, broker="redis") == {"a", "d"}
+    # only on the Redis broker, and only once a kill is a visibility timeout old
+    assert never_received(ids, logs, kills=[100.0], now=200.0, broker="amqp") == set()
+    assert never_received(ids, logs, kills=[195.0], now=200.0, broker="redis") == set()

@@ -63,7 +63,7 @@ class SafeTimeConfig:
     misfire_grace: float | None = C.DEFAULT_MISFIRE_GRACE
     delay_threshold: float = C.DEFAULT_DELAY_THRESHOLD_CAP
     store_url: str = C.DEFAULT_STORE_URL
-    #: The rows of the store this app claims, lists, counts, cancels and purges (its own and legacy ones).
+    #: The rows of the store this app claims, lists, counts, cancels and purges (its own and the shared one).
     store_namespace: str = C.DEFAULT_STORE_NAMESPACE
     sweep_interval: float = C.DEFAULT_SWEEP_INTERVAL
     sweep_batch: int = C.DEFAULT_SWEEP_BATCH

@@ -22,9 +22,9 @@ DEFAULT_STORE_URL: Final = "sqlite:///celery_safe_time.sqlite3"
 #: ``safe_time_store_namespace`` when the app has no main name (``Celery()``); otherwise the default
 #: is the app's main name (``Celery("proj")`` -> ``"proj"``).
 DEFAULT_STORE_NAMESPACE: Final = "celery"
-#: The namespace of rows stored before namespaces existed (the upgrade gives them this): every app's
-#: sweep claims them, so a single-app deployment loses none on upgrade.
-LEGACY_STORE_NAMESPACE: Final = ""
+#: The namespace of rows a store built by hand (no app) writes: every app's sweep, listing and count
+#: includes them.
+SHARED_STORE_NAMESPACE: Final = ""
 DEFAULT_SWEEP_INTERVAL: Final = 5.0
 DEFAULT_SWEEP_BATCH: Final = 500
 DEFAULT_SWEEP_QUEUE: Final = None

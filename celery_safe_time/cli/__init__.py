@@ -30,7 +30,6 @@ from .delay_commands import (
     delays_rerun,
     delays_reschedule,
     delays_show,
-    delays_upgrade_schema,
     sweep,
 )
 from .lock_commands import locks_group, locks_list, locks_release
@@ -57,7 +56,6 @@ __all__ = [
     "delays_rerun",
     "delays_reschedule",
     "delays_show",
-    "delays_upgrade_schema",
     "locks_group",
     "locks_list",
     "locks_release",

@@ -9,9 +9,8 @@ from celery import Celery
 from celery.bin.base import CeleryCommand
 
 from .. import constants as C
-from ..config import mask_url
 from ..constants import DELAY_STATUSES, PURGEABLE_STATUSES
-from .base import _app, _dump, _duration, _echo_table, _loaded_app, safe_time
+from .base import _dump, _duration, _echo_table, _loaded_app, safe_time
 
 
 @safe_time.group(cls=click.Group)
@@ -188,21 +187,6 @@ def delays_purge(ctx: click.Context, older_than: float, statuses: frozenset[str]
         click.echo(f"{result['matched']} row(s) would be deleted ({which}, last changed before {result['before']})")
     else:
         click.echo(f"{result['deleted']} row(s) deleted ({which}, last changed before {result['before']})")
-
-
-@delays.command(name="upgrade-schema", cls=CeleryCommand)
-@click.pass_context
-def delays_upgrade_schema(ctx: click.Context) -> None:
-    """Add what a newer version needs to the store's table (columns, indexes) now, not at first use."""
-    from ..delays.backends import get_store
-
-    store = get_store(_app(ctx))
-    upgrade = getattr(store, "upgrade_schema", None)
-    if upgrade is None:
-        click.echo(f"{store.url}: nothing to do here (Django projects run `manage.py migrate`)")
-        return
-    upgrade()
-    click.echo(f"{mask_url(store.url)}: schema up to date")
 
 
 @safe_time.command(cls=CeleryCommand)

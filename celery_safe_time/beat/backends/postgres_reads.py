@@ -29,14 +29,11 @@ DDL = tuple(named_statements("celery_safe_time.beat", "sql/schema.sql").values()
 #: What :data:`DDL` makes, by kind: the parameters of the ``schema_present`` query.
 _MADE = "\n".join(DDL)
 _TRIGGERS = re.findall(r"CREATE TRIGGER (\w+) \w+ \w+ ON (\w+)", _MADE)
-_COLUMNS = re.findall(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", _MADE)
 SCHEMA_OBJECTS = {
     "relations": re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _MADE),
     "functions": re.findall(r"CREATE FUNCTION (\w+)", _MADE),
     "triggers": [name for name, _table in _TRIGGERS],
     "trigger_tables": [table for _name, table in _TRIGGERS],
-    "column_tables": [table for table, _column in _COLUMNS],
-    "columns": [column for _table, column in _COLUMNS],
 }
 
 #: Every statement the backend runs (``beat/sql/queries.sql``), by name.

@@ -163,9 +163,6 @@ SELECT (SELECT count(*) FROM unnest(CAST(:relations AS text[])) AS r (name) WHER
    AND (SELECT count(*) FROM pg_trigger t JOIN unnest(CAST(:triggers AS text[]), CAST(:trigger_tables AS text[]))
             AS g (name, tab) ON t.tgname = g.name AND t.tgrelid = to_regclass(g.tab))
        = cardinality(CAST(:triggers AS text[]))
-   AND (SELECT count(*) FROM pg_attribute a JOIN unnest(CAST(:column_tables AS text[]), CAST(:columns AS text[]))
-            AS c (tab, name) ON a.attrelid = to_regclass(c.tab) AND a.attname = c.name AND NOT a.attisdropped)
-       = cardinality(CAST(:columns AS text[]))
 
 -- name: holds_lease
 SELECT 1 FROM safe_time_beat_lease WHERE ns = :sns AND token = :token AND expires_at > clock_timestamp()

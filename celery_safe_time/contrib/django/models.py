@@ -40,7 +40,7 @@ class DelayedTask(models.Model):
     starts = models.IntegerField(default=0)
     suspected_at = models.DateTimeField(null=True, blank=True)
     # safe_time_store_namespace of the app that stored it; "" on rows stored before namespaces.
-    namespace = models.CharField(max_length=C.DELAY_NAMESPACE_LENGTH, default=C.LEGACY_STORE_NAMESPACE, blank=True)
+    namespace = models.CharField(max_length=C.DELAY_NAMESPACE_LENGTH, default=C.SHARED_STORE_NAMESPACE, blank=True)
     # A debounced row's cap: later calls of its burst never move it past this time.
     debounce_until = models.DateTimeField(null=True, blank=True)
 

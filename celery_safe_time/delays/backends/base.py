@@ -161,7 +161,7 @@ class DelayRow:
     #: previous look is too old (the store was unreachable between them: see ``end_stale``).
     suspected_at: datetime | None = None
     #: The app (``safe_time_store_namespace``) that stored it; "" for a row stored before namespaces.
-    namespace: str = C.LEGACY_STORE_NAMESPACE
+    namespace: str = C.SHARED_STORE_NAMESPACE
     #: A debounced row: the latest due time later calls of its burst may move it to (first call plus
     #: the max wait); None on other rows and on debounced rows without a cap.
     debounce_until: datetime | None = None
@@ -291,8 +291,8 @@ class DelayStore(abc.ABC):
     #: The URL it was built from (masked before it is ever logged).
     url: str = ""
     #: ``safe_time_store_namespace`` of the app this store serves: it claims, lists, counts, cancels
-    #: and purges only rows of this namespace and legacy ones (stored before namespaces). None (a
-    #: store built by hand, without an app) sees every row and stores legacy ones.
+    #: and purges only rows of this namespace and the shared one ("", rows of stores built by hand). None (a
+    #: store built by hand, without an app) sees every row and stores shared ones.
     namespace: str | None = None
     #: Whether the sweep may make its next claim in a thread of its own while it publishes a batch
     #: (the claim's round trips overlap the publish). Off unless a store's connections are thread-safe
@@ -301,15 +301,15 @@ class DelayStore(abc.ABC):
 
     @property
     def scope(self) -> tuple[str, ...] | None:
-        """The namespaces this store works on (its own and the legacy one), or None for every row."""
+        """The namespaces this store works on (its own and the shared one), or None for every row."""
         if self.namespace is None:
             return None
-        return (self.namespace, C.LEGACY_STORE_NAMESPACE)
+        return (self.namespace, C.SHARED_STORE_NAMESPACE)
 
     def new_row(self, delay: NewDelay, now: datetime) -> dict[str, Any]:
         """The column values of ``delay`` as a fresh pending row of this store's namespace."""
         values = delay.pending_row(now)
-        values["namespace"] = self.namespace if self.namespace is not None else C.LEGACY_STORE_NAMESPACE
+        values["namespace"] = self.namespace if self.namespace is not None else C.SHARED_STORE_NAMESPACE
         return values
 
     @abc.abstractmethod

@@ -306,9 +306,6 @@ CREATE TABLE IF NOT EXISTS safe_time_rate (
     PRIMARY KEY (name, member)
 )
 
--- name: rate_started
-ALTER TABLE safe_time_rate ADD COLUMN IF NOT EXISTS started timestamptz
-
 -- name: rate_at
 CREATE INDEX IF NOT EXISTS safe_time_rate_at ON safe_time_rate (name, at)
 

@@ -47,6 +47,5 @@ def test_the_schema_check_names_every_object_the_schema_makes() -> None:
     assert len(re.findall(r"\bCREATE (?:TABLE|INDEX|FUNCTION|TRIGGER)\b", made)) == sum(
         len(objects[kind]) for kind in ("relations", "functions", "triggers")
     )
-    assert len(re.findall(r"\bALTER TABLE\b", made)) == len(objects["columns"])
+    assert "ALTER TABLE" not in made  # the tables are created whole: nothing was released before them
     assert len(objects["triggers"]) == len(objects["trigger_tables"])
-    assert len(objects["columns"]) == len(objects["column_tables"])

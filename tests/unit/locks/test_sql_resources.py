@@ -21,7 +21,7 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
     names = list(schema)
     assert names.index("lock") < names.index("fence") < names.index("acquire_v4")
     created = " ".join(schema.values())
-    assert names.index("rate") < names.index("rate_started") < names.index("rate_take_v2")
+    assert names.index("rate") < names.index("rate_take_v2")
     for table in (
         "safe_time_lock",
         "safe_time_lock_marker",

@@ -1,9 +1,8 @@
 """The delay table's schema as :class:`~.store.SQLAlchemyStore` keeps it: created on first use,
-upgraded in place when it lacks the later columns or indexes, checked on MySQL, dropped for tests."""
+checked on MySQL, dropped for tests."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING
 
@@ -14,9 +13,7 @@ from .... import constants as C
 from ....config import mask_url
 from ....exceptions import StoreError
 from ..base import query
-from .schema import LATER_INDEXES, AddColumn, added_columns, metadata, mysql_schema_lock, schema_for
-
-logger = logging.getLogger(__name__)
+from .schema import metadata, mysql_schema_lock, schema_for
 
 
 class StoreSchema:
@@ -61,39 +58,7 @@ class StoreSchema:
                 raise self._fail(exc) from exc
             if self._is_mysql:
                 self._check_mysql_schema()
-            self._upgrade_schema()
             self._schema_ready = True
-
-    def _upgrade_schema(self) -> None:
-        """Add the delivery record's and the namespace's columns, and the later indexes, to a table that
-        lacks them. Existing rows get namespace "" (legacy): every app's sweep claims them."""
-        try:
-            names, indexes = self._names("columns"), self._names("indexes")
-            missing = [col for col in added_columns() if col.name not in names]
-            if not missing and all(name in indexes for name in LATER_INDEXES):
-                return
-            with self.engine.begin() as conn:
-                if self.dialect == "postgresql":
-                    conn.execute(sa.text(query("lock_schema_postgresql")), {"key": C.DELAY_SCHEMA_LOCK_KEY})
-                    names = {col["name"] for col in sa.inspect(conn).get_columns(C.DELAY_TABLE)}
-                schema = schema_for(conn).tables[C.DELAY_TABLE]
-                for col in missing:
-                    if col.name not in names:
-                        conn.execute(AddColumn(schema, schema.c[col.name]))
-                for index in schema.indexes:
-                    if index.name in LATER_INDEXES and index.name not in indexes:
-                        index.create(conn, checkfirst=True)
-            logger.warning(
-                "store %s: upgraded %s (columns added: %s; indexes added: %s)",
-                mask_url(self.url),
-                C.DELAY_TABLE,
-                ", ".join(col.name for col in missing) or "none",
-                ", ".join(name for name in LATER_INDEXES if name not in indexes) or "none",
-            )
-        except sa.exc.SQLAlchemyError as exc:
-            if self._is_upgraded():
-                return  # another process upgraded it meanwhile
-            raise self._fail(exc) from exc
 
     def _names(self, kind: str) -> set[str]:
         """The table's column (``kind`` "columns") or index names; empty when they cannot be read."""
@@ -103,19 +68,6 @@ class StoreSchema:
         except sa.exc.SQLAlchemyError:
             return set()
         return {str(item["name"]) for item in found}
-
-    def _is_upgraded(self) -> bool:
-        columns, indexes = self._names("columns"), self._names("indexes")
-        return all(col.name in columns for col in added_columns()) and all(name in indexes for name in LATER_INDEXES)
-
-    def upgrade_schema(self) -> None:
-        """Bring a table that lacks columns or indexes up to date now (``celery safe-time delays upgrade-schema``).
-
-        The same upgrade runs once per process at the store's first use; this runs it on demand, e.g.
-        from a deploy step, so that the ``CREATE INDEX`` on a big table does not happen in a worker.
-        """
-        self._schema_ready = False
-        self.ensure_schema()
 
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations): its

@@ -11,7 +11,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.compiler import compiles
 
 from .... import constants as C
 from ....clock import UTC, as_utc
@@ -83,15 +82,7 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("claim_token", sa.String(64), nullable=True),
         sa.Column("sent_at", UTCDateTime, nullable=True),
         sa.Column("last_error", sa.Text, nullable=True),
-        *delivery_columns(),
-        *_namespace_columns(),
-        *_debounce_columns(),
-    ]
-
-
-def delivery_columns() -> list[sa.Column[Any]]:
-    """The delivery record's columns; added to an older table by :meth:`SQLAlchemyStore.ensure_schema`."""
-    return [
+        # the delivery record: who started the row's run, its heartbeat and how it ended
         sa.Column("delivery_token", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
         sa.Column("started_at", UTCDateTime, nullable=True),
         sa.Column("heartbeat_at", UTCDateTime, nullable=True),
@@ -101,30 +92,17 @@ def delivery_columns() -> list[sa.Column[Any]]:
         sa.Column("started_by", sa.String(C.DELIVERY_TOKEN_LENGTH), nullable=True),
         sa.Column("starts", sa.Integer, nullable=False, server_default="0", default=0),
         sa.Column("suspected_at", UTCDateTime, nullable=True),
-    ]
-
-
-def _namespace_columns() -> list[sa.Column[Any]]:
-    """``safe_time_store_namespace`` of the app that stored the row; "" on rows of an older table."""
-    return [
+        # ``safe_time_store_namespace`` of the app that stored the row ("" from a store built by hand)
         sa.Column(
             "namespace",
             sa.String(C.DELAY_NAMESPACE_LENGTH),
             nullable=False,
-            server_default=C.LEGACY_STORE_NAMESPACE,
-            default=C.LEGACY_STORE_NAMESPACE,
+            server_default=C.SHARED_STORE_NAMESPACE,
+            default=C.SHARED_STORE_NAMESPACE,
         ),
+        # a debounced row's cap: later calls of its burst never move it past this time
+        sa.Column("debounce_until", UTCDateTime, nullable=True),
     ]
-
-
-def _debounce_columns() -> list[sa.Column[Any]]:
-    """A debounced row's cap: later calls of its burst never move it past this time."""
-    return [sa.Column("debounce_until", UTCDateTime, nullable=True)]
-
-
-def added_columns() -> list[sa.Column[Any]]:
-    """Columns added after the first release: :meth:`SQLAlchemyStore.ensure_schema` adds the missing ones."""
-    return [*delivery_columns(), *_namespace_columns(), *_debounce_columns()]
 
 
 # The queries of every dialect use this table; its indexes are the PostgreSQL/SQLite schema.
@@ -151,8 +129,6 @@ sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED
 # An expression, not text: the DDL compiler renders its values inline (the index's predicate).
 _FINISHED_SQL = delays.c.status.in_(sorted(C.PURGEABLE_STATUSES))
 sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
-#: Indexes a table made without them lacks; created at store start (:meth:`SQLAlchemyStore.upgrade_schema`).
-LATER_INDEXES = (C.DELAY_SENT_INDEX, C.DELAY_STARTED_INDEX, C.DELAY_UPDATED_INDEX)
 
 # MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
 # generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
@@ -211,21 +187,3 @@ def mysql_schema_lock(conn: Connection) -> Iterator[None]:
 def status_is(value: str) -> sa.ColumnElement[bool]:
     # Inline the constant so PostgreSQL can match the partial index even with generic plans.
     return delays.c.status == sa.literal(value, literal_execute=True)
-
-
-class AddColumn(sa.schema.ExecutableDDLElement):
-    """``ALTER TABLE ... ADD COLUMN ...`` (SQLAlchemy Core has no construct of its own for it)."""
-
-    inherit_cache = False
-
-    def __init__(self, table: sa.Table, column: sa.Column[Any]) -> None:
-        self.table = table
-        self.column = column
-
-
-@compiles(AddColumn)
-def _compile_add_column(element: AddColumn, compiler: Any, **_: Any) -> str:
-    table = compiler.preparer.format_table(element.table)
-    # Identifiers quoted by the dialect's preparer; the column's DDL from the dialect's own compiler.
-    column = compiler.get_column_specification(element.column)
-    return f"ALTER TABLE {table} ADD COLUMN {column}"

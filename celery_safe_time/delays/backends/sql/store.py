@@ -138,7 +138,7 @@ class SQLStore(DelayStore):
             raise self._fail(exc) from exc
 
     def _in_scope(self) -> sa.ColumnElement[bool]:
-        """Rows of this store's namespace and legacy ones (every row for a store without one)."""
+        """Rows of this store's namespace and the shared one (every row for a store without one)."""
         scope = self.scope
         return sa.true() if scope is None else delays.c.namespace.in_(scope)
 

@@ -18,6 +18,13 @@ COORD ?= redis
 # so no long test starts last and holds the run's tail. Every test brings its own throwaway servers
 # where it restarts one, so nothing needs to run alone.
 TEST_WORKERS ?= 4
+# Every run here starts hundreds of Python processes (workers, beats, pytest's own). Their imports
+# come from bytecode compiled once: the venv's packages at install (--compile-bytecode), the
+# project's modules and pytest's rewritten test modules on first import. A machine that sets
+# PYTHONDONTWRITEBYTECODE (this one does) would have every process compile them again: SQLAlchemy's
+# import takes 0.51 CPU-seconds from source and 0.16 from bytecode, and collecting the suite 10.7
+# against 3.1.
+unexport PYTHONDONTWRITEBYTECODE
 
 # make compat: the unit and contract tests against the built wheel (not the checkout) on the oldest and
 # the newest supported combination (tox.ini says why tox). tox finds python3.10/python3.13 on PATH;
@@ -45,7 +52,7 @@ help:
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[dev,django,postgres]"
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev,django,postgres]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -16,8 +16,8 @@ COORD ?= redis
 # about 60% of them and end the run in 809 s (docs/benchmarks.md). Tests go out longest first
 # (tests/durations.json, sorted in tests/conftest.py), one at a time as workers free up (--dist load
 # --maxschedchunk 1: a worker holds at most two ahead), so no long test starts last and holds the
-# run's tail. Every test brings its own throwaway servers
-# where it restarts one, so nothing needs to run alone.
+# run's tail. Every test brings its own throwaway servers where it restarts one, so nothing needs to
+# run alone.
 TEST_WORKERS ?= 5
 # Every run here starts hundreds of Python processes (workers, beats, pytest's own). Their imports
 # come from bytecode compiled once: the venv's packages at install (--compile-bytecode), the

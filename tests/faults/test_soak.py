@@ -356,6 +356,10 @@ def lost_in_redis_fetch(missing: set[int], worker_logs: str, kills: list[float],
     return {n for n in missing if locked_task_id(n) in lost}
 
 
+#: A worker's line saying it received a task, or re-queued it (``retry``): its time, id, and which.
+LOGGED_TASK = re.compile(r"^\[(?P<at>[\d-]+ [\d:,]+): [^]]*\] Task [\w.]+\[(?P<id>[^]]+)\] (?P<what>received|retry:)")
+
+
 def never_received(task_ids: set[str], worker_logs: str, kills: list[float], now: float, broker: str) -> set[str]:
     """:func:`lost_in_redis_fetch` by task id: the last copy of each call that a worker sent to the
     broker was never received (its first message, or the copy a gate re-queued with ``retry``: Redis
@@ -372,10 +376,6 @@ def never_received(task_ids: set[str], worker_logs: str, kills: list[float], now
         seen = received if found["what"] == "received" else requeued
         seen[found["id"]] = max(seen.get(found["id"], ""), found["at"])
     return {tid for tid in task_ids if tid not in received or requeued.get(tid, "") > received[tid]}
-
-
-#: A worker's line saying it received a task, or re-queued it (``retry``): its time, id, and which.
-LOGGED_TASK = re.compile(r"^\[(?P<at>[\d-]+ [\d:,]+): [^]]*\] Task [\w.]+\[(?P<id>[^]]+)\] (?P<what>received|retry:)")
 
 
 def worker_logs(processes: ProcessManager) -> str:
@@ -1101,7 +1101,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     # A role the faults restarted last may still be starting; the end of the run stops every role,
     # and a SIGTERM that lands before Celery installs its handlers ends the process with -15 and an
     # empty log (seed 670358), which would read as a crash.
-    wait_for(lambda: cluster.started_or_exited(), 120, interval=0.5, message="every role started")
+    wait_for(cluster.started_or_exited, 120, interval=0.5, message="every role started")
     fault_end = time.monotonic()
     fault_end_wall = time.time()
 

@@ -39,7 +39,7 @@ class DelayedTask(models.Model):
     started_by = models.CharField(max_length=C.DELIVERY_TOKEN_LENGTH, null=True, blank=True)
     starts = models.IntegerField(default=0)
     suspected_at = models.DateTimeField(null=True, blank=True)
-    # safe_time_store_namespace of the app that stored it; "" on rows stored before namespaces.
+    # safe_time_store_namespace of the app that stored it; "" from a store built by hand.
     namespace = models.CharField(max_length=C.DELAY_NAMESPACE_LENGTH, default=C.SHARED_STORE_NAMESPACE, blank=True)
     # A debounced row's cap: later calls of its burst never move it past this time.
     debounce_until = models.DateTimeField(null=True, blank=True)

@@ -160,7 +160,7 @@ class DelayRow:
     #: Each later look records itself in ``updated_at``; the sweep starts the suspicion over when its
     #: previous look is too old (the store was unreachable between them: see ``end_stale``).
     suspected_at: datetime | None = None
-    #: The app (``safe_time_store_namespace``) that stored it; "" for a row stored before namespaces.
+    #: The app (``safe_time_store_namespace``) that stored it; "" from a store built by hand.
     namespace: str = C.SHARED_STORE_NAMESPACE
     #: A debounced row: the latest due time later calls of its burst may move it to (first call plus
     #: the max wait); None on other rows and on debounced rows without a cap.
@@ -291,8 +291,8 @@ class DelayStore(abc.ABC):
     #: The URL it was built from (masked before it is ever logged).
     url: str = ""
     #: ``safe_time_store_namespace`` of the app this store serves: it claims, lists, counts, cancels
-    #: and purges only rows of this namespace and the shared one ("", rows of stores built by hand). None (a
-    #: store built by hand, without an app) sees every row and stores shared ones.
+    #: and purges only rows of this namespace and the shared one (""). None (a store built by hand,
+    #: without an app) sees every row and stores shared ones.
     namespace: str | None = None
     #: Whether the sweep may make its next claim in a thread of its own while it publishes a batch
     #: (the claim's round trips overlap the publish). Off unless a store's connections are thread-safe

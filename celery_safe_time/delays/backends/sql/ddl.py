@@ -52,7 +52,7 @@ class StoreSchema:
             except sa.exc.OperationalError as exc:
                 # SQLite (or MySQL without its schema lock): another process created it between
                 # the check and the CREATE.
-                if not self._names("columns"):  # no such table
+                if not self._column_names():  # no such table
                     raise self._fail(exc) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise self._fail(exc) from exc
@@ -60,11 +60,10 @@ class StoreSchema:
                 self._check_mysql_schema()
             self._schema_ready = True
 
-    def _names(self, kind: str) -> set[str]:
-        """The table's column (``kind`` "columns") or index names; empty when they cannot be read."""
+    def _column_names(self) -> set[str]:
+        """The table's column names; empty when they cannot be read (or there is no table)."""
         try:
-            inspector = sa.inspect(self.engine)
-            found = inspector.get_columns(C.DELAY_TABLE) if kind == "columns" else inspector.get_indexes(C.DELAY_TABLE)
+            found = sa.inspect(self.engine).get_columns(C.DELAY_TABLE)
         except sa.exc.SQLAlchemyError:
             return set()
         return {str(item["name"]) for item in found}
@@ -72,7 +71,7 @@ class StoreSchema:
     def _check_mysql_schema(self) -> None:
         """Refuse a table made without the pending-key column (e.g. by Django's migrations): its
         idempotency key would be unique across all rows and its times whole seconds."""
-        if C.DELAY_PENDING_KEY_COLUMN not in self._names("columns"):
+        if C.DELAY_PENDING_KEY_COLUMN not in self._column_names():
             raise StoreError(
                 f"store {mask_url(self.url)}: table {C.DELAY_TABLE} has no {C.DELAY_PENDING_KEY_COLUMN} column; "
                 "it was not created by this store version: move its rows elsewhere and drop it to have it recreated"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
@@ -21,10 +22,15 @@ def beat_group() -> None:
     """Beat entries: list and show every entry; add, remove, pause, resume and run runtime ones; backfill."""
 
 
-def _entry_errors() -> tuple[type[Exception], ...]:
+@contextlib.contextmanager
+def _entry_errors() -> Iterator[None]:
+    """A refused entry (``ScheduleError``, ``SerializationError``) ends the command with its message."""
     from ..exceptions import ScheduleError, SerializationError
 
-    return (ScheduleError, SerializationError)
+    try:
+        yield
+    except (ScheduleError, SerializationError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _json_arg(value: str | None, what: str, kind: type) -> Any:
@@ -303,7 +309,7 @@ def beat_add(
     args = _json_arg(args_json, "--args", list)
     kwargs = _json_arg(kwargs_json, "--kwargs", dict)
     options = _json_arg(options_json, "--options", dict)
-    try:
+    with _entry_errors():
         if cron is not None:
             schedule: Any = cron_spec(cron, tz)
         elif every is not None:
@@ -325,8 +331,6 @@ def beat_add(
             overlap_ttl=overlap_ttl,
             changed_by=_changed_by(),
         )
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(f"{info.name}: {describe_schedule(info.schedule)} -> {info.task} (version {info.version})")
 
 
@@ -337,10 +341,8 @@ def beat_remove(ctx: click.Context, name: str) -> None:
     """Delete the runtime entry NAME (the leader stops it at its next tick); exit 1 if there is none."""
     from ..beat.entries import delete_entry
 
-    try:
+    with _entry_errors():
         removed = delete_entry(name, app=_app(ctx), changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     if not removed:
         click.echo(f"no runtime entry {name!r}", err=True)
         sys.exit(1)
@@ -350,10 +352,8 @@ def beat_remove(ctx: click.Context, name: str) -> None:
 def _set_enabled(ctx: click.Context, name: str, enabled: bool, note: str | None = None, until: Any = None) -> None:
     from ..beat.entries import set_enabled
 
-    try:
+    with _entry_errors():
         info = set_enabled(name, enabled, app=_app(ctx), note=note, until=until, changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     if info is None:
         click.echo(f"no runtime entry {name!r}", err=True)
         sys.exit(1)
@@ -412,10 +412,8 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
     from ..beat.entries import run_now, run_now_fired
 
     app = _app(ctx)
-    try:
+    with _entry_errors():
         slot = run_now(name, app=app, changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     deadline = time.monotonic() + wait
     while not run_now_fired(name, slot, app=app):
         if time.monotonic() >= deadline:
@@ -456,13 +454,11 @@ def beat_backfill(
     leader or another backfill published is not published again)."""
     from ..beat.backfill import run_backfill
 
-    try:
+    with _entry_errors():
         result = run_backfill(
             name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit,
             changed_by=_changed_by(), overlap=overlap,
         )  # fmt: skip
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     if as_json:
         _dump(
             {
@@ -534,10 +530,8 @@ def beat_import(ctx: click.Context, file: Any) -> None:
                 continue
             yield {k: v for k, v in item.items() if k not in _SHOWN_ONLY}
 
-    try:
+    with _entry_errors():
         changed = save_entries(items(), app=_loaded_app(ctx), changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     note = f", {skipped} not runtime entries skipped" if skipped else ""
     click.echo(f"{changed} entries created or changed{note}")
 

@@ -114,8 +114,8 @@ class SafeTimeConfig:
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
 
-        On a Redis Cluster the name carries a hash tag (:func:`cluster_key_name`); elsewhere it is
-        the template as it always was, so an upgrade never renames a key under a running beat.
+        On a Redis Cluster the name carries a hash tag (:func:`cluster_key_name`); elsewhere it is the
+        plain template, so an upgrade never renames a key under a running beat.
         """
         if self.redis_cluster:
             return self.key_prefix + cluster_key_name(template, parts)

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime
+from importlib.metadata import version
 from typing import Any
 
 from celery import Celery
@@ -207,13 +208,6 @@ def version_pairing(celery_version: str, kombu_version: str) -> Check:
     )
 
 
-def installed_versions() -> Check:
-    """:func:`version_pairing` of the installed Celery and kombu."""
-    from importlib.metadata import version
-
-    return version_pairing(version("celery"), version("kombu"))
-
-
 @dataclasses.dataclass(frozen=True)
 class StartupProblem:
     """One thing a worker found wrong at startup: ``fatal`` when it cannot heal by itself (a setting, a
@@ -276,7 +270,7 @@ def run_checks(app: Celery) -> list[Check]:
     # settings, but not the ones meant.
     unknown = [Check("settings", "warn", message) for message in setting_warnings(app)]
     checks = unknown or [Check("settings", "ok", "all safe_time_* settings valid")]
-    checks.append(installed_versions())
+    checks.append(version_pairing(version("celery"), version("kombu")))
     checks.append(check_broker(config, app))
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
         checks.extend(check_redis(config))

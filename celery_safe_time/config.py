@@ -287,7 +287,7 @@ def setting_warnings(app: Celery) -> list[str]:
     """Every warning about how ``app`` is configured: misspelt ``safe_time_*`` keys, ``SAFE_TIME_*``
     keys outside the app's namespace (never read), and a Django project's store falling back to a
     SQLite file in the current directory."""
-    messages = unknown_settings(app) + _outside_namespace(app)
+    messages = unknown_setting_warnings(_setting_names(app), known_setting_names()) + _outside_namespace(app)
     if app.conf.get("safe_time_store_url") is None and _reads_django_settings(app):
         prefix = _namespace_prefix(app)
         messages.append(
@@ -302,12 +302,6 @@ def known_setting_names() -> frozenset[str]:
     """Every ``safe_time_*`` key there is: the rows of :data:`_SETTINGS` (so a setting added there is
     known here too), and the Django admin's app setting."""
     return frozenset({C.SETTING_PREFIX + row.field for row in _SETTINGS} | {C.DJANGO_APP_SETTING.lower()})
-
-
-def unknown_settings(app: Celery) -> list[str]:
-    """One message per ``safe_time_*`` key ``app`` sets that does not exist (it is ignored), with the
-    closest known key."""
-    return unknown_setting_warnings(_setting_names(app), known_setting_names())
 
 
 def near_miss_hint(app: Celery, error: ImproperlyConfigured) -> str | None:

@@ -20,7 +20,7 @@ from . import constants as C
 from .clock import local_time
 from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, setting_warnings
 from .exceptions import SafeTimeError
-from .health import Check, Status, check_redis, clock_skew, error_text
+from .health import STATUS_ORDER, Check, Status, check_redis, clock_skew, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -283,22 +283,12 @@ def run_checks(app: Celery) -> list[Check]:
 
 
 def worst(checks: list[Check]) -> Status:
-    order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
-    return max((c.status for c in checks), key=order.__getitem__, default="ok")
+    return max((c.status for c in checks), key=STATUS_ORDER.__getitem__, default="ok")
 
 
-# The probes behind ``celery safe-time status --probe beat|sweep|store``: one verdict each, for Kubernetes.
-#
-# - ``beat``: some beat holds the leader lease; fails when none does, or its backend is unreachable.
-# - ``sweep``: the oldest pending stored delay is at most ``max_lateness`` seconds past due (by the
-#   store's clock); fails when it is later (no sweeper is running, or it cannot keep up) or the store
-#   is unreachable.
-# - ``store``: the store answers.
-#
-# The verdicts are pure functions of what was read (``beat_verdict``, ``sweep_verdict``) so they are
-# tested without services; the readers around them (:func:`celery_safe_time.cli.run_probes`) do one
-# or two round trips and never raise. The readers reach into beat's backends, which import this
-# module for their startup checks: kept in the command, they tie no import cycle.
+# The verdicts of ``celery safe-time status --probe beat|sweep|store`` (one each, for Kubernetes) are
+# pure functions of what was read, tested without services; the readers (:func:`celery_safe_time.cli.run_probes`)
+# reach into beat's backends, which import this module: kept in the command, they tie no import cycle.
 
 PROBES = ("beat", "sweep", "store")
 

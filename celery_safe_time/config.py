@@ -134,23 +134,16 @@ class SafeTimeConfig:
 
     @property
     def sweep_lookahead(self) -> float:
-        """Seconds before its due time a row may be claimed and published with ``eta=due_at``.
-
-        A worker holds that message unacked until the eta, so under a consumer timeout the look-ahead
-        is a small share of it (a test broker with an 8 s timeout must not lose workers to it).
-        """
+        """Seconds before its due time a row may be claimed and published with ``eta=due_at``: a small share
+        of a consumer timeout (a test broker with an 8 s timeout must not lose workers to it)."""
         if self.broker_consumer_timeout is None:
             return C.SWEEP_LOOKAHEAD
         return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * SWEEP_LOOKAHEAD_CONSUMER_SHARE)
 
     @property
     def sweep_lookahead_max(self) -> float:
-        """The most the adaptive look-ahead may grow to under a backlog: the broker's safe window.
-
-        A worker holds an early row's ``eta`` message unacked until it is due, so it stays a tenth of
-        the visibility timeout (Redis, SQS: redelivered after it) and of the consumer timeout
-        (RabbitMQ: the channel is closed after it), and at most ``SWEEP_LOOKAHEAD_MAX``.
-        """
+        """The most the adaptive look-ahead may grow to under a backlog: at most ``SWEEP_LOOKAHEAD_MAX`` and
+        a share of the visibility timeout (Redis, SQS redeliver after it) and of the consumer timeout."""
         ceiling = C.SWEEP_LOOKAHEAD_MAX
         if self.visibility_timeout is not None:
             ceiling = min(ceiling, self.visibility_timeout * SWEEP_LOOKAHEAD_VISIBILITY_SHARE)

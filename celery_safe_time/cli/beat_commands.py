@@ -102,24 +102,22 @@ def beat_list(
         if cursor is not None:
             click.echo(f"more entries: --after {cursor}", err=True)
         return
-    rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
-    for i in found:
-        shown = "enabled" if i.enabled else "paused"
-        overlap = (i.options or {}).get("safe_time_overlap")
+    entries: list[tuple[Any, str, Any]] = [
+        (i, describe_schedule(i.schedule), (i.options or {}).get("safe_time_overlap")) for i in found
+    ]
+    rows = []
+    for item, schedule, overlap in entries + [(row, row.schedule, None) for row in database]:
+        shown = "enabled" if item.enabled else "paused"
         if overlap not in (None, "allow"):
             shown += f"/{overlap}"
-        nxt = i.next_fire.isoformat() if i.next_fire else "-"
-        last = i.last_fired.isoformat() if i.last_fired else "-"
-        rows.append((i.name, i.source, shown, describe_schedule(i.schedule), nxt, last, i.task))
-    for row in database:
-        shown = "enabled" if row.enabled else "paused"
-        nxt = row.next_fire.isoformat() if row.next_fire else "-"
-        last = row.last_fired.isoformat() if row.last_fired else "-"
-        rows.append((row.name, row.source, shown, row.schedule, nxt, last, row.task))
-    # The leader disables an invalid entry (the others fire): shown so, with the reason below.
-    rows = [rows[0], *((r[0], r[1], "invalid" if r[0] in problems else r[2], *r[3:]) for r in rows[1:])]
-    _echo_table([rows[0], *sorted(rows[1:], key=lambda r: r[0])])
-    count = len(rows) - 1
+        if item.name in problems:  # the leader disables it (the others fire); the reason follows the table
+            shown = "invalid"
+        nxt = item.next_fire.isoformat() if item.next_fire else "-"
+        last = item.last_fired.isoformat() if item.last_fired else "-"
+        rows.append((item.name, item.source, shown, schedule, nxt, last, item.task))
+    rows.sort(key=lambda r: r[0])
+    _echo_table([("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK"), *rows])
+    count = len(rows)
     counts = count_entries(app=app, soon=soon)
     click.echo(
         f"{count} entr{'y' if count == 1 else 'ies'} (of {counts['config']} config and {counts['runtime']} "

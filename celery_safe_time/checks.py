@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime
+from importlib.metadata import version
 from typing import Any
 
 from celery import Celery
@@ -19,7 +20,7 @@ from . import constants as C
 from .clock import local_time
 from .config import SafeTimeConfig, first_broker_url, get_config, mask_url, setting_warnings
 from .exceptions import SafeTimeError
-from .health import Check, Status, check_redis, clock_skew, error_text
+from .health import STATUS_ORDER, Check, Status, check_redis, clock_skew, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -207,13 +208,6 @@ def version_pairing(celery_version: str, kombu_version: str) -> Check:
     )
 
 
-def installed_versions() -> Check:
-    """:func:`version_pairing` of the installed Celery and kombu."""
-    from importlib.metadata import version
-
-    return version_pairing(version("celery"), version("kombu"))
-
-
 @dataclasses.dataclass(frozen=True)
 class StartupProblem:
     """One thing a worker found wrong at startup: ``fatal`` when it cannot heal by itself (a setting, a
@@ -276,7 +270,7 @@ def run_checks(app: Celery) -> list[Check]:
     # settings, but not the ones meant.
     unknown = [Check("settings", "warn", message) for message in setting_warnings(app)]
     checks = unknown or [Check("settings", "ok", "all safe_time_* settings valid")]
-    checks.append(installed_versions())
+    checks.append(version_pairing(version("celery"), version("kombu")))
     checks.append(check_broker(config, app))
     if config.redis_url:  # unset only under PostgreSQL coordination, where nothing uses Redis
         checks.extend(check_redis(config))
@@ -289,22 +283,12 @@ def run_checks(app: Celery) -> list[Check]:
 
 
 def worst(checks: list[Check]) -> Status:
-    order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
-    return max((c.status for c in checks), key=order.__getitem__, default="ok")
+    return max((c.status for c in checks), key=STATUS_ORDER.__getitem__, default="ok")
 
 
-# The probes behind ``celery safe-time status --probe beat|sweep|store``: one verdict each, for Kubernetes.
-#
-# - ``beat``: some beat holds the leader lease; fails when none does, or its backend is unreachable.
-# - ``sweep``: the oldest pending stored delay is at most ``max_lateness`` seconds past due (by the
-#   store's clock); fails when it is later (no sweeper is running, or it cannot keep up) or the store
-#   is unreachable.
-# - ``store``: the store answers.
-#
-# The verdicts are pure functions of what was read (``beat_verdict``, ``sweep_verdict``) so they are
-# tested without services; the readers around them (:func:`celery_safe_time.cli.run_probes`) do one
-# or two round trips and never raise. The readers reach into beat's backends, which import this
-# module for their startup checks: kept in the command, they tie no import cycle.
+# The verdicts of ``celery safe-time status --probe beat|sweep|store`` (one each, for Kubernetes) are
+# pure functions of what was read, tested without services; the readers (:func:`celery_safe_time.cli.run_probes`)
+# reach into beat's backends, which import this module: kept in the command, they tie no import cycle.
 
 PROBES = ("beat", "sweep", "store")
 

@@ -98,30 +98,16 @@ def measure_redis_sync(
     local: Callable[[], float] = local_time,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Sync:
-    """Read Redis ``TIME`` ``samples`` times; keeps the sample with the smallest RTT.
+    """Read Redis ``TIME`` ``samples`` times; keeps the sample with the smallest RTT (:func:`measure_sync`)."""
 
-    The RTT is timed on the monotonic clock, so a wall-clock step during the measurement cannot
-    make it negative or huge; the wall clock only gives the offset that checks report.
-    """
-    best: Sync | None = None
-    for _ in range(max(1, samples)):
-        wall_before, mono_before = local(), monotonic()
+    def read() -> float:
         try:
             seconds, micros = client.time()
         except redis.RedisError as exc:
             raise RedisUnavailable(f"cannot read Redis TIME: {exc}") from exc
-        mono_after, wall_after = monotonic(), local()
-        server = float(seconds) + float(micros) / 1e6
-        rtt = mono_after - mono_before
-        sample = Sync(
-            server=server,
-            monotonic=(mono_before + mono_after) / 2.0,
-            offset=Offset(offset=server - (wall_before + wall_after) / 2.0, rtt=rtt),
-        )
-        if best is None or sample.offset.rtt < best.offset.rtt:
-            best = sample
-    assert best is not None
-    return best
+        return float(seconds) + float(micros) / 1e6
+
+    return measure_sync(read, samples=samples, local=local, monotonic=monotonic)
 
 
 def measure_redis_offset(client: redis.Redis, *, samples: int = 3, local: Callable[[], float] = local_time) -> Offset:
@@ -197,7 +183,11 @@ def measure_sync(
     local: Callable[[], float] = local_time,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Sync:
-    """Read a server's clock (``read``: its UNIX time) ``samples`` times; keeps the smallest RTT."""
+    """Read a server's clock (``read``: its UNIX time) ``samples`` times; keeps the smallest RTT.
+
+    The RTT is timed on the monotonic clock, so a wall-clock step during the measurement cannot
+    make it negative or huge; the wall clock only gives the offset that checks report.
+    """
     best: Sync | None = None
     for _ in range(max(1, samples)):
         wall_before, mono_before = local(), monotonic()

@@ -114,8 +114,8 @@ class SafeTimeConfig:
     def key(self, template: str, **parts: Any) -> str:
         """Return a prefixed Redis key from a template of :mod:`celery_safe_time.constants`.
 
-        On a Redis Cluster the name carries a hash tag (:func:`cluster_key_name`); elsewhere it is
-        the template as it always was, so an upgrade never renames a key under a running beat.
+        On a Redis Cluster the name carries a hash tag (:func:`cluster_key_name`); elsewhere it is the
+        plain template, so an upgrade never renames a key under a running beat.
         """
         if self.redis_cluster:
             return self.key_prefix + cluster_key_name(template, parts)
@@ -134,23 +134,16 @@ class SafeTimeConfig:
 
     @property
     def sweep_lookahead(self) -> float:
-        """Seconds before its due time a row may be claimed and published with ``eta=due_at``.
-
-        A worker holds that message unacked until the eta, so under a consumer timeout the look-ahead
-        is a small share of it (a test broker with an 8 s timeout must not lose workers to it).
-        """
+        """Seconds before its due time a row may be claimed and published with ``eta=due_at``: a small share
+        of a consumer timeout (a test broker with an 8 s timeout must not lose workers to it)."""
         if self.broker_consumer_timeout is None:
             return C.SWEEP_LOOKAHEAD
         return min(C.SWEEP_LOOKAHEAD, self.broker_consumer_timeout * SWEEP_LOOKAHEAD_CONSUMER_SHARE)
 
     @property
     def sweep_lookahead_max(self) -> float:
-        """The most the adaptive look-ahead may grow to under a backlog: the broker's safe window.
-
-        A worker holds an early row's ``eta`` message unacked until it is due, so it stays a tenth of
-        the visibility timeout (Redis, SQS: redelivered after it) and of the consumer timeout
-        (RabbitMQ: the channel is closed after it), and at most ``SWEEP_LOOKAHEAD_MAX``.
-        """
+        """The most the adaptive look-ahead may grow to under a backlog: at most ``SWEEP_LOOKAHEAD_MAX`` and
+        a share of the visibility timeout (Redis, SQS redeliver after it) and of the consumer timeout."""
         ceiling = C.SWEEP_LOOKAHEAD_MAX
         if self.visibility_timeout is not None:
             ceiling = min(ceiling, self.visibility_timeout * SWEEP_LOOKAHEAD_VISIBILITY_SHARE)
@@ -255,7 +248,10 @@ def get_config(app: Celery) -> SafeTimeConfig:
         pass
     try:
         config = parse_config(
-            app.conf.get, broker_url=first_broker_url(app), transport_options=_transport_options(app), app_name=app.main
+            app.conf.get,
+            broker_url=first_broker_url(app),
+            transport_options=dict(app.conf.broker_transport_options or {}),
+            app_name=app.main,
         )
     except ImproperlyConfigured as exc:
         hint = near_miss_hint(app, exc)
@@ -284,7 +280,7 @@ def setting_warnings(app: Celery) -> list[str]:
     """Every warning about how ``app`` is configured: misspelt ``safe_time_*`` keys, ``SAFE_TIME_*``
     keys outside the app's namespace (never read), and a Django project's store falling back to a
     SQLite file in the current directory."""
-    messages = unknown_settings(app) + _outside_namespace(app)
+    messages = unknown_setting_warnings(_setting_names(app), known_setting_names()) + _outside_namespace(app)
     if app.conf.get("safe_time_store_url") is None and _reads_django_settings(app):
         prefix = _namespace_prefix(app)
         messages.append(
@@ -299,12 +295,6 @@ def known_setting_names() -> frozenset[str]:
     """Every ``safe_time_*`` key there is: the rows of :data:`_SETTINGS` (so a setting added there is
     known here too), and the Django admin's app setting."""
     return frozenset({C.SETTING_PREFIX + row.field for row in _SETTINGS} | {C.DJANGO_APP_SETTING.lower()})
-
-
-def unknown_settings(app: Celery) -> list[str]:
-    """One message per ``safe_time_*`` key ``app`` sets that does not exist (it is ignored), with the
-    closest known key."""
-    return unknown_setting_warnings(_setting_names(app), known_setting_names())
 
 
 def near_miss_hint(app: Celery, error: ImproperlyConfigured) -> str | None:
@@ -408,10 +398,6 @@ def first_broker_url(app: Celery) -> str:
     return str(url).split(";")[0].strip()
 
 
-def _transport_options(app: Celery) -> dict[str, Any]:
-    return dict(app.conf.broker_transport_options or {})
-
-
 @dataclasses.dataclass(frozen=True)
 class _Setting:
     """One row of :data:`_SETTINGS`: the ``safe_time_<field>`` key and what becomes of its value.
@@ -501,41 +487,27 @@ def _number(key: str, value: Any, *, positive: bool = True) -> float:
     return number
 
 
-def _seconds(*, positive: bool = True) -> Callable[[str, Any], float]:
-    return functools.partial(_number, positive=positive)
+def _checked(wanted: str, accepts: Callable[[Any], bool]) -> Callable[[str, Any], Any]:
+    """A parser keeping a value ``accepts`` takes, else raising "<key>: must be <wanted>, got <value>"."""
 
-
-def _choice(options: Sequence[str]) -> Callable[[str, Any], str]:
-    def parse(key: str, value: Any) -> str:
-        if value not in options:
-            raise ImproperlyConfigured(key, f"must be one of {', '.join(options)}, got {value!r}")
-        return str(value)
-
-    return parse
-
-
-def _whole(minimum: int, wanted: str) -> Callable[[str, Any], int]:
-    def parse(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    def parse(key: str, value: Any) -> Any:
+        if not accepts(value):
             raise ImproperlyConfigured(key, f"must be {wanted}, got {value!r}")
         return value
 
     return parse
 
 
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ImproperlyConfigured(key, f"must be True or False, got {value!r}")
-    return value
+def _choice(options: Sequence[str]) -> Callable[[str, Any], Any]:
+    return _checked(f"one of {', '.join(options)}", lambda value: value in options)
 
 
-def _text(wanted: str) -> Callable[[str, Any], str]:
-    def parse(key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise ImproperlyConfigured(key, f"must be {wanted}, got {value!r}")
-        return value
+def _whole(minimum: int, wanted: str) -> Callable[[str, Any], Any]:
+    return _checked(wanted, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= minimum)
 
-    return parse
+
+def _text(wanted: str) -> Callable[[str, Any], Any]:
+    return _checked(wanted, lambda value: isinstance(value, str) and bool(value))
 
 
 def _consumer_timeout(values: dict[str, Any]) -> float | None:
@@ -685,47 +657,43 @@ def _default_store_namespace(values: dict[str, Any]) -> str:
     return str(values["_app_name"] or C.DEFAULT_STORE_NAMESPACE)[-C.DELAY_NAMESPACE_LENGTH :]
 
 
-def _store_namespace(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > C.DELAY_NAMESPACE_LENGTH:
-        raise ImproperlyConfigured(
-            key, f"must be a non-empty string of at most {C.DELAY_NAMESPACE_LENGTH} characters, got {value!r}"
-        )
-    return value
-
-
 _POSITIVE_INT = _whole(1, "a positive integer")
 _KEPT_COUNT = _whole(0, "a whole number, 0 or more")
-_NOT_NEGATIVE = _seconds(positive=False)
+_NOT_NEGATIVE = functools.partial(_number, positive=False)
+_STORE_NAMESPACE = _checked(
+    f"a non-empty string of at most {C.DELAY_NAMESPACE_LENGTH} characters",
+    lambda value: isinstance(value, str) and bool(value.strip()) and len(value) <= C.DELAY_NAMESPACE_LENGTH,
+)
 
 #: Every ``safe_time_*`` setting, in the order read: a row's rule and default see the rows above it.
 _SETTINGS = (
-    _Setting("broker_consumer_timeout", _consumer_timeout, _seconds()),
+    _Setting("broker_consumer_timeout", _consumer_timeout, _number),
     _Setting("store_url", C.DEFAULT_STORE_URL, _store_url),
     _Setting("coordination_url", None, None, _coordination_url),
     _Setting("coordination_locks", C.PG_LOCK_MODE_LEASE, _choice(C.PG_LOCK_MODES)),
-    _Setting("coordination_io_timeout", C.DEFAULT_COORDINATION_IO_TIMEOUT, _seconds()),
-    _Setting("coordination_statement_timeout", None, _seconds()),
+    _Setting("coordination_io_timeout", C.DEFAULT_COORDINATION_IO_TIMEOUT, _number),
+    _Setting("coordination_statement_timeout", None, _number),
     _Setting("redis_url", _default_redis_url, None, _redis_url),
     _Setting("key_prefix", C.DEFAULT_KEY_PREFIX, _text("a non-empty string"), _key_prefix_rule),
     _Setting("misfire", C.DEFAULT_MISFIRE, _choice(sorted(C.MISFIRE_POLICIES))),
-    _Setting("misfire_grace", C.DEFAULT_MISFIRE_GRACE, _seconds()),
+    _Setting("misfire_grace", C.DEFAULT_MISFIRE_GRACE, _number),
     _Setting("delay_threshold", lambda values: _default_threshold(values)[0], _NOT_NEGATIVE, _threshold_rule),
-    _Setting("lock_ttl", C.DEFAULT_LOCK_TTL, _seconds(), _lock_ttl_rule),
-    _Setting("store_namespace", _default_store_namespace, _store_namespace),
+    _Setting("lock_ttl", C.DEFAULT_LOCK_TTL, _number, _lock_ttl_rule),
+    _Setting("store_namespace", _default_store_namespace, _STORE_NAMESPACE),
     _Setting("sweep_queue", C.DEFAULT_SWEEP_QUEUE, _text("a queue name or None")),
     _Setting("sweep_batch", C.DEFAULT_SWEEP_BATCH, _POSITIVE_INT),
     _Setting("sweep_max_ahead", C.DEFAULT_SWEEP_MAX_AHEAD, _POSITIVE_INT),
     _Setting("beat_shards", C.DEFAULT_BEAT_SHARDS, _POSITIVE_INT),
     _Setting("beat_history_size", C.DEFAULT_BEAT_HISTORY_SIZE, _KEPT_COUNT),
     _Setting("beat_audit_size", C.DEFAULT_BEAT_AUDIT_SIZE, _KEPT_COUNT),
-    _Setting("allow_pickle", C.DEFAULT_ALLOW_PICKLE, _flag),
+    _Setting("allow_pickle", C.DEFAULT_ALLOW_PICKLE, _checked("True or False", lambda value: isinstance(value, bool))),
     _Setting("max_clock_skew", C.DEFAULT_MAX_CLOCK_SKEW, _NOT_NEGATIVE),
-    _Setting("delay_retention", C.DEFAULT_DELAY_RETENTION, _seconds()),
-    _Setting("beat_lease", C.DEFAULT_BEAT_LEASE, _seconds()),
-    _Setting("sweep_interval", C.DEFAULT_SWEEP_INTERVAL, _seconds()),
-    _Setting("claim_timeout", C.DEFAULT_CLAIM_TIMEOUT, _seconds()),
+    _Setting("delay_retention", C.DEFAULT_DELAY_RETENTION, _number),
+    _Setting("beat_lease", C.DEFAULT_BEAT_LEASE, _number),
+    _Setting("sweep_interval", C.DEFAULT_SWEEP_INTERVAL, _number),
+    _Setting("claim_timeout", C.DEFAULT_CLAIM_TIMEOUT, _number),
     _Setting("store_timeout", C.DEFAULT_STORE_TIMEOUT, _NOT_NEGATIVE),
-    _Setting("delivery_grace", C.DEFAULT_DELIVERY_GRACE, _seconds()),
+    _Setting("delivery_grace", C.DEFAULT_DELIVERY_GRACE, _number),
 )
 
 

@@ -162,11 +162,8 @@ KEY_BEAT_SHARD_NAMESPACE: Final = "beat:shard:{shard}:"
 #: The beat processes taking part in sharded firing: zset member -> its last heartbeat (UNIX seconds).
 KEY_BEAT_BEATS: Final = "beat:beats"
 KEY_LOCK: Final = "lock:{key}"
-# On a Redis Cluster (and only there: plain Redis and Sentinel keep the names above, so a rolling
-# upgrade never renames a key) ``SafeTimeConfig.key`` adds a hash tag, so that the keys one script
-# touches share a slot: every ``beat:`` key gets the one tag below (``<prefix>{beat}:lease``), every
-# template with a ``{key}`` part gets that part braced (``<prefix>lock:{<key>}``, the idempotency
-# namespace staying outside: ``<prefix>lock:idem:{<key>}`` beside ``<prefix>idem:{<key>}``).
+# On a Redis Cluster (only there) ``SafeTimeConfig.key`` adds hash tags so that the keys one script
+# touches share a slot (:func:`celery_safe_time.config.cluster_key_name`).
 #: Beat keys start with this namespace (new beat keys must too, to share the beat slot on a cluster).
 KEY_BEAT_NAMESPACE: Final = "beat:"
 #: The hash tag that replaces ``beat`` in beat key names on a Redis Cluster.

@@ -18,6 +18,7 @@ from .exceptions import ImproperlyConfigured, RedisUnavailable
 from .redis_client import as_text, get_redis, is_cluster, tls_hint
 
 Status = Literal["ok", "warn", "fail"]
+STATUS_ORDER: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
 
 
 #: Policies under which Redis may delete keys that still have a TTL: our leases and locks.
@@ -81,9 +82,8 @@ def _redis_config_checks(client: redis.Redis) -> list[Check]:
                     "redis_config", "warn", f"cannot read CONFIG{where} ({error_text(exc)}); check persistence by hand"
                 )
             ]
-    order: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
     # One row per check: the worst node's (all masters of a cluster should be set alike).
-    return [max(column, key=lambda c: order[c.status]) for column in zip(*per_node, strict=True)]
+    return [max(column, key=lambda c: STATUS_ORDER[c.status]) for column in zip(*per_node, strict=True)]
 
 
 def _node_config_checks(client: redis.Redis, name: str) -> list[Check]:

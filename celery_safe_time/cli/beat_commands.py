@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
@@ -21,10 +22,15 @@ def beat_group() -> None:
     """Beat entries: list and show every entry; add, remove, pause, resume and run runtime ones; backfill."""
 
 
-def _entry_errors() -> tuple[type[Exception], ...]:
+@contextlib.contextmanager
+def _entry_errors() -> Iterator[None]:
+    """A refused entry (``ScheduleError``, ``SerializationError``) ends the command with its message."""
     from ..exceptions import ScheduleError, SerializationError
 
-    return (ScheduleError, SerializationError)
+    try:
+        yield
+    except (ScheduleError, SerializationError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _json_arg(value: str | None, what: str, kind: type) -> Any:
@@ -96,24 +102,22 @@ def beat_list(
         if cursor is not None:
             click.echo(f"more entries: --after {cursor}", err=True)
         return
-    rows = [("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK")]
-    for i in found:
-        shown = "enabled" if i.enabled else "paused"
-        overlap = (i.options or {}).get("safe_time_overlap")
+    entries: list[tuple[Any, str, Any]] = [
+        (i, describe_schedule(i.schedule), (i.options or {}).get("safe_time_overlap")) for i in found
+    ]
+    rows = []
+    for item, schedule, overlap in entries + [(row, row.schedule, None) for row in database]:
+        shown = "enabled" if item.enabled else "paused"
         if overlap not in (None, "allow"):
             shown += f"/{overlap}"
-        nxt = i.next_fire.isoformat() if i.next_fire else "-"
-        last = i.last_fired.isoformat() if i.last_fired else "-"
-        rows.append((i.name, i.source, shown, describe_schedule(i.schedule), nxt, last, i.task))
-    for row in database:
-        shown = "enabled" if row.enabled else "paused"
-        nxt = row.next_fire.isoformat() if row.next_fire else "-"
-        last = row.last_fired.isoformat() if row.last_fired else "-"
-        rows.append((row.name, row.source, shown, row.schedule, nxt, last, row.task))
-    # The leader disables an invalid entry (the others fire): shown so, with the reason below.
-    rows = [rows[0], *((r[0], r[1], "invalid" if r[0] in problems else r[2], *r[3:]) for r in rows[1:])]
-    _echo_table([rows[0], *sorted(rows[1:], key=lambda r: r[0])])
-    count = len(rows) - 1
+        if item.name in problems:  # the leader disables it (the others fire); the reason follows the table
+            shown = "invalid"
+        nxt = item.next_fire.isoformat() if item.next_fire else "-"
+        last = item.last_fired.isoformat() if item.last_fired else "-"
+        rows.append((item.name, item.source, shown, schedule, nxt, last, item.task))
+    rows.sort(key=lambda r: r[0])
+    _echo_table([("NAME", "SOURCE", "STATE", "SCHEDULE", "NEXT FIRE", "LAST FIRED", "TASK"), *rows])
+    count = len(rows)
     counts = count_entries(app=app, soon=soon)
     click.echo(
         f"{count} entr{'y' if count == 1 else 'ies'} (of {counts['config']} config and {counts['runtime']} "
@@ -303,7 +307,7 @@ def beat_add(
     args = _json_arg(args_json, "--args", list)
     kwargs = _json_arg(kwargs_json, "--kwargs", dict)
     options = _json_arg(options_json, "--options", dict)
-    try:
+    with _entry_errors():
         if cron is not None:
             schedule: Any = cron_spec(cron, tz)
         elif every is not None:
@@ -325,8 +329,6 @@ def beat_add(
             overlap_ttl=overlap_ttl,
             changed_by=_changed_by(),
         )
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(f"{info.name}: {describe_schedule(info.schedule)} -> {info.task} (version {info.version})")
 
 
@@ -337,10 +339,8 @@ def beat_remove(ctx: click.Context, name: str) -> None:
     """Delete the runtime entry NAME (the leader stops it at its next tick); exit 1 if there is none."""
     from ..beat.entries import delete_entry
 
-    try:
+    with _entry_errors():
         removed = delete_entry(name, app=_app(ctx), changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     if not removed:
         click.echo(f"no runtime entry {name!r}", err=True)
         sys.exit(1)
@@ -350,10 +350,8 @@ def beat_remove(ctx: click.Context, name: str) -> None:
 def _set_enabled(ctx: click.Context, name: str, enabled: bool, note: str | None = None, until: Any = None) -> None:
     from ..beat.entries import set_enabled
 
-    try:
+    with _entry_errors():
         info = set_enabled(name, enabled, app=_app(ctx), note=note, until=until, changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     if info is None:
         click.echo(f"no runtime entry {name!r}", err=True)
         sys.exit(1)
@@ -412,10 +410,8 @@ def beat_run_now(ctx: click.Context, name: str, wait: float) -> None:
     from ..beat.entries import run_now, run_now_fired
 
     app = _app(ctx)
-    try:
+    with _entry_errors():
         slot = run_now(name, app=app, changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     deadline = time.monotonic() + wait
     while not run_now_fired(name, slot, app=app):
         if time.monotonic() >= deadline:
@@ -456,13 +452,11 @@ def beat_backfill(
     leader or another backfill published is not published again)."""
     from ..beat.backfill import run_backfill
 
-    try:
+    with _entry_errors():
         result = run_backfill(
             name, _instant(start, "--from"), _instant(end, "--to"), app=_app(ctx), limit=limit,
             changed_by=_changed_by(), overlap=overlap,
         )  # fmt: skip
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     if as_json:
         _dump(
             {
@@ -534,10 +528,8 @@ def beat_import(ctx: click.Context, file: Any) -> None:
                 continue
             yield {k: v for k, v in item.items() if k not in _SHOWN_ONLY}
 
-    try:
+    with _entry_errors():
         changed = save_entries(items(), app=_loaded_app(ctx), changed_by=_changed_by())
-    except _entry_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     note = f", {skipped} not runtime entries skipped" if skipped else ""
     click.echo(f"{changed} entries created or changed{note}")
 

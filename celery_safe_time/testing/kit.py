@@ -185,12 +185,8 @@ class SafeTimeTesting:
     def _expect(
         found: Sized, count: int | None, context: Callable[[], str], *, wanted: str, counted: str | None = None
     ) -> None:
-        """Fail an ``assert_*`` unless ``found`` holds ``count`` items (``None``: at least one; ``0``: none).
-
-        The message reads "no <wanted>" (nothing found), "expected <count> <counted>, found <n>" (a count
-        missed; ``counted`` defaults to ``wanted``) or "expected <wanted>" (``count=0``: something found),
-        then what there was: ``context()``, worked out only for a failure.
-        """
+        """Fail an ``assert_*`` unless ``found`` holds ``count`` items (``None``: at least one; ``0``: none),
+        saying what there was: ``context()``, worked out only for a failure."""
         if count == 0:
             if len(found):
                 raise AssertionError(f"expected {wanted}; {context()}")

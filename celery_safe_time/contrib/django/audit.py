@@ -41,6 +41,9 @@ _BOOKKEEPING = frozenset({"last_run_at", "total_run_count", "date_changed"})
 #: django-celery-beat's admin actions that change rows with a queryset ``update()`` (no signals).
 BULK_ACTIONS = ("enable_tasks", "disable_tasks", "toggle_tasks")
 
+#: A ``PeriodicTask``'s schedule relations, read with it (its definition shows its schedule).
+_SCHEDULES = ("interval", "crontab", "solar", "clocked")
+
 #: The PeriodicTask admin views a change goes through (actions run inside the changelist view).
 _ADMIN_VIEWS = ("changeform_view", "changelist_view", "delete_view")
 
@@ -119,12 +122,7 @@ def record_change(
 
 
 def _stored(sender: Any, pk: Any, using: str | None) -> tuple[str, dict[str, Any]] | None:
-    row = (
-        sender._default_manager.using(using)
-        .select_related("interval", "crontab", "solar", "clocked")
-        .filter(pk=pk)
-        .first()
-    )
+    row = sender._default_manager.using(using).select_related(*_SCHEDULES).filter(pk=pk).first()
     return None if row is None else (row.name, row_definition(row))
 
 
@@ -214,9 +212,8 @@ def _bulk(method: Callable[..., Any]) -> Callable[..., Any]:
 
 def _audited(method: Callable[..., Any], admin: Any, request: Any, queryset: Any) -> Any:
     """Run the action, then record each row whose definition it changed."""
-    related = ("interval", "crontab", "solar", "clocked")
     try:
-        before = {row.pk: row_definition(row) for row in queryset.select_related(*related)}
+        before = {row.pk: row_definition(row) for row in queryset.select_related(*_SCHEDULES)}
     except Exception as exc:
         logger.warning("beat: the change audit of a django-celery-beat admin action could not be read: %s", exc)
         before = None
@@ -225,7 +222,7 @@ def _audited(method: Callable[..., Any], admin: Any, request: Any, queryset: Any
         try:
             with changes_by(admin_user(request)):
                 using = queryset.db
-                rows = queryset.model._default_manager.using(using).select_related(*related)
+                rows = queryset.model._default_manager.using(using).select_related(*_SCHEDULES)
                 for row in rows.filter(pk__in=list(before)):
                     record_change(row.name, before[row.pk], row_definition(row), using)
         except Exception as exc:

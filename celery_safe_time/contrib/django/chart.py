@@ -6,7 +6,7 @@ The SVG is inline markup: the page needs no script, no CDN and no image request 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from html import escape
@@ -47,15 +47,6 @@ def hour_buckets(counts: Mapping[datetime, int], now: datetime, hours: int = CHA
         key = hour_start(start)
         by_hour[key] = by_hour.get(key, 0) + int(count)
     return [HourBucket(first + timedelta(hours=i), by_hour.get(first + timedelta(hours=i), 0)) for i in range(hours)]
-
-
-def bucket_times(due_times: Iterable[datetime]) -> dict[datetime, int]:
-    """Count due times per hour start (for stores that hand back rows, not aggregates)."""
-    counts: dict[datetime, int] = {}
-    for due in due_times:
-        key = hour_start(due)
-        counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 def _nice_ceiling(value: int) -> int:

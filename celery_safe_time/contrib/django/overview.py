@@ -184,16 +184,13 @@ def config_and_runtime_entries(
             describe_schedule(i.schedule),
             i.enabled,
             i.last_fired,
-            i.next_fire,
+            None if i.name in page.invalid else i.next_fire,  # an invalid entry never fires
             pause_note=i.pause_note,
             paused_until=i.paused_until,
             invalid=page.invalid.get(i.name),
         )
         for i in page.entries
     ]
-    for row in rows:
-        if row.invalid is not None:
-            row.next_fire = None
     return rows, page.after
 
 

@@ -86,17 +86,14 @@ class SafeModelEntry(ModelEntry):
                     f"headers.{OPTION_MISFIRE} must be one of {', '.join(sorted(C.MISFIRE_POLICIES))}, got {policy!r}"
                 )
             self.misfire = policy
-        window = headers.pop(OPTION_CATCHUP_WINDOW, None)
-        if window is not None:
-            try:
+        # the catch-up window, and the overlap policy and its run lease (read by the overlap gate at publish)
+        self.overlap_options: dict[str, Any] = {}
+        try:
+            window = headers.pop(OPTION_CATCHUP_WINDOW, None)
+            if window is not None:
                 self.catchup_window = seconds_option(
                     window, f"headers.{OPTION_CATCHUP_WINDOW}", self.name, zero_ok=False
                 )
-            except ScheduleError as exc:
-                self._refuse(str(exc).removeprefix(f"entry {self.name!r}: "))
-        # the overlap policy (and its run lease), read by the scheduler's overlap gate at publish
-        self.overlap_options: dict[str, Any] = {}
-        try:
             overlap = headers.pop(OPTION_OVERLAP, None)
             if overlap is not None:
                 self.overlap_options[OPTION_OVERLAP] = overlap_option(overlap, self.name)
@@ -372,17 +369,8 @@ class SafeDatabaseScheduler(LeasedScheduler, DatabaseScheduler):
             seconds = _float if epoch else _epoch
             while chunk := cursor.fetchmany(_CHUNK):
                 for pk, enabled, i, c, s, k, last_run_at, start_time, date_changed in chunk:
-                    yield (
-                        pk,
-                        bool(enabled),
-                        i,
-                        c,
-                        s,
-                        k,
-                        seconds(last_run_at),
-                        seconds(start_time),
-                        seconds(date_changed),
-                    )
+                    last, start, changed = seconds(last_run_at), seconds(start_time), seconds(date_changed)
+                    yield pk, bool(enabled), i, c, s, k, last, start, changed
 
     def _apply_row(self, row: tuple[Any, ...], now: float) -> float | None:
         """Record a row's version and due time; None (and out of the index) when it is disabled."""

@@ -60,7 +60,7 @@ def test_a_function_keeps_its_indented_comments_and_the_file_comments_are_droppe
 def test_every_named_query_is_run_by_the_backend_and_the_backend_builds_no_sql_of_its_own() -> None:
     backend = Path(postgres.__file__).read_text(encoding="utf-8")
     install = Path(postgres_sql.__file__).read_text(encoding="utf-8")
-    used = set(re.findall(r'QUERIES\["(\w+)"\]', backend + install))
+    used = set(re.findall(r'(?:QUERIES|_SQL)\["(\w+)"\]', backend + install))
     used |= set(re.findall(r'"(purge_\w+)"', backend))
     assert used == set(postgres_sql.QUERIES)
     assert all(sql and not sql.endswith(";") for sql in postgres_sql.QUERIES.values())

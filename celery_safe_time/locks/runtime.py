@@ -95,10 +95,6 @@ class Call:
 
     def earlier_tokens(self, key: str) -> tuple[str, ...]:
         """Tokens earlier attempts of this delivery sent for ``key`` without learning the outcome."""
-        if not self.in_worker:
-            return ()
-        if self.origin is None:
-            return ()
         return tuple(token for lock, token in _tokens(self.origin) if lock == key)
 
     def render(self, builder: KeyBuilder) -> str:
@@ -133,10 +129,10 @@ def _requeues(request: Any) -> int:
         return 0
 
 
-def backend_down_since(request: Any) -> float | None:
-    """When the lock backend first failed for this delivery (epoch seconds), or None: it answered last time."""
+def header_float(request: Any, name: str) -> float | None:
+    """The message header ``name`` of ``request`` as a float; None when absent or not a number."""
+    raw = message_header(request, name)
     try:
-        raw = message_header(request, C.HEADER_LOCK_REDIS_DOWN)
         return float(raw) if raw is not None else None
     except (TypeError, ValueError):
         return None
@@ -568,7 +564,8 @@ class Policy:
         # Wall time, carried in the message: the backend's clock is what is unreachable, and a few
         # seconds of skew between workers only shifts a back-off.
         now = time.time()
-        since = backend_down_since(call.request) or now
+        # When the backend first failed for this delivery; None: it answered last time.
+        since = header_float(call.request, C.HEADER_LOCK_REDIS_DOWN) or now
         base = max(self.retry_after, C.LOCK_REDIS_DOWN_BACKOFF_MIN)
         countdown = jittered(outage_backoff(base, now - since, backend_down_cap(get_config(call.app))), self.jitter)
         logger.warning(

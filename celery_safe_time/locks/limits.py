@@ -150,8 +150,6 @@ def rate_limit(
     example = f"{key!r}, {rate!r}" if isinstance(key, str) and isinstance(rate, str) else "key, rate"
     if not callable(rate):
         rate = parse_rate(rate)
-    if jitter is not None and not jitter >= 0:
-        raise ValueError(f"jitter must not be negative, got {jitter!r}")
     policy = Policy(ttl=None, on_conflict="retry", retry_after=1.0, jitter=jitter, on_backend_error=on_backend_error)
     spec = rate
 

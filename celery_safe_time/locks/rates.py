@@ -47,11 +47,6 @@ class Rate(NamedTuple):
     def __str__(self) -> str:
         return f"{self.limit}/{self.period:g}s"
 
-    @property
-    def interval(self) -> float:
-        """The mean time between calls at the full rate (``period / limit``)."""
-        return self.period / self.limit
-
 
 class RateTaken(NamedTuple):
     """What a backend's ``rate_take`` answered: whether the call is admitted, and if not, in how many

@@ -374,9 +374,7 @@ class PostgresLockBackend(LockBackend):
 
     def holder_record(self, key: str) -> HolderRecord | None:
         row = self._run(lambda conn: conn.execute(_SQL["holder"], {"name": self.lock_key(key)}).first())
-        if row is None:
-            return None
-        return row[0], row[1], row[2], row[3]
+        return (row[0], row[1], row[2], row[3]) if row is not None else None
 
     def idempotent_done(self, key: str) -> bool:
         name = self.marker_key(key)

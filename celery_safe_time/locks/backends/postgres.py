@@ -152,7 +152,7 @@ class PostgresLockBackend(LockBackend):
             return
         try:
             if postgres_sql.ensure_schema(self.engine):
-                logger.info("created the PostgreSQL lock tables (schema v%d)", C.PG_LOCK_SCHEMA_VERSION)
+                logger.info("created the PostgreSQL lock tables and functions")
         except _UNREACHABLE as exc:
             raise self._unreachable(exc) from exc
         self._schema_checked = True

@@ -131,7 +131,11 @@ class RateLimiter:
 
 
 def rate_limit(
-    key: KeySpec, rate: RateSpec, *, jitter: float | None = None, on_backend_error: C.OnBackendError = "retry"
+    key: KeySpec,
+    rate: RateSpec,
+    *,
+    jitter: float | None = None,
+    on_backend_error: C.OnBackendError = "retry",
 ) -> Callable[[F], F]:
     """Start at most ``rate`` calls per key across every worker; place it below ``@app.task``.
 

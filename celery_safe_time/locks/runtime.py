@@ -25,7 +25,13 @@ from celery.signals import task_postrun
 from .. import constants as C
 from .. import handoff, signals
 from ..config import SafeTimeConfig, get_config, seconds_argument
-from ..exceptions import CoordinationUnavailable, DecoratorOrderError, LockConflict, LockLost, SafeTimeError
+from ..exceptions import (
+    CoordinationUnavailable,
+    DecoratorOrderError,
+    LockConflict,
+    LockLost,
+    SafeTimeError,
+)
 from ..messages.requeue import attempt_of, jittered, message_header, outage_backoff
 from .backends import Holder, LockBackend, Owner, get_lock_backend
 from .hard_limit import hard_deadline
@@ -498,7 +504,13 @@ class Policy:
     """Validated options shared by ``overlap_lock`` and ``idempotent``."""
 
     def __init__(
-        self, *, ttl: float | None, on_conflict: str, retry_after: float, jitter: float | None, on_backend_error: str
+        self,
+        *,
+        ttl: float | None,
+        on_conflict: str,
+        retry_after: float,
+        jitter: float | None,
+        on_backend_error: str,
     ) -> None:
         ttl = None if ttl is None else seconds_argument("ttl", ttl, positive=True, durations=True)
         if on_conflict not in C.ON_CONFLICT_POLICIES:

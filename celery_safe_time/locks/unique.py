@@ -100,7 +100,15 @@ def _holder_gone(app: Celery, claim: UniqueClaim) -> bool:
     return handoff.stored_run_ended(app, claim.holder)
 
 
-def claim(app: Celery, key: str, task_id: str, ttl: float, *, stored: bool, own: bool) -> UniqueClaim:
+def claim(
+    app: Celery,
+    key: str,
+    task_id: str,
+    ttl: float,
+    *,
+    stored: bool,
+    own: bool,
+) -> UniqueClaim:
     """Take ``key`` for ``task_id`` (replacing a stored holder that is gone). A lock backend that cannot be
     reached raises :class:`~celery_safe_time.exceptions.CoordinationUnavailable` at the call site
     (``RedisUnavailable`` on Redis): nothing was published."""

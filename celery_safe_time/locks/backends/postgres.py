@@ -32,7 +32,17 @@ from ...coordination import coordination_engine, postgres_url
 from ...exceptions import CoordinationUnavailable
 from ..rates import Rate, RateTaken
 from . import postgres_sql
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim, as_ms
+from .base import (
+    Acquired,
+    Holder,
+    HolderRecord,
+    LockBackend,
+    LockInfo,
+    Owner,
+    RateCount,
+    UniqueClaim,
+    as_ms,
+)
 from .postgres_sql import QUERIES
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,18 @@ from ...exceptions import RedisUnavailable
 from ...redis_client import as_text, glob_escape, load_script
 from ..rates import Rate, RateTaken
 from ..redis_wire import LeanLink, LeanScript, Settle
-from .base import Acquired, Holder, HolderRecord, LockBackend, LockInfo, Owner, RateCount, UniqueClaim, as_int, as_ms
+from .base import (
+    Acquired,
+    Holder,
+    HolderRecord,
+    LockBackend,
+    LockInfo,
+    Owner,
+    RateCount,
+    UniqueClaim,
+    as_int,
+    as_ms,
+)
 
 #: ``locks list`` and the status section scan this many keys per SCAN call.
 LOCK_SCAN_COUNT = 500

@@ -128,18 +128,23 @@ class EntryPolicy(Policy):
             )
             _quietly(store, lambda: store.unique_release(marker, task_id))
         else:
-            # Still waiting: keep this run counted as queued (beat reads the marker; the next
-            # buffer_all run waits for it).
-            ttl = self.spec.ttl + self.retry_after
-            _quietly(
-                store,
-                lambda: store.unique_acquire(marker, task_id, ttl, "waiting", stored=False, host=_HOST, own=True),
-            )
+            self.keep_queued(store, task_id)
         super().conflict(call, key, holder)
+
+    def keep_queued(self, store: LockBackend, task_id: str) -> None:
+        """Keep a run that waits counted as queued (beat reads the marker; the next ``buffer_all``
+        run waits for it)."""
+        ttl = self.spec.ttl + self.retry_after
+        _quietly(
+            store,
+            lambda: store.unique_acquire(self.marker, task_id, ttl, "waiting", stored=False, host=_HOST, own=True),
+        )
 
 
 class EntryLock(TaskLock):
     """The run lease of one beat entry (no key template: the key is the entry's)."""
+
+    policy: EntryPolicy
 
     def __init__(self, spec: Spec, marker: str) -> None:
         self.policy = EntryPolicy(spec, marker)
@@ -187,11 +192,7 @@ def _run_leased(
         if admission_of(call.request) == C.ADMISSION_WAITING:
             # A gate inside re-queued the run before its body ran: it is queued again (beat reads
             # "queued" from the marker; buffer_one publishes no second waiting run beside it).
-            ttl = spec.ttl + lock.policy.retry_after
-            _quietly(
-                store,
-                lambda: store.unique_acquire(marker, task_id, ttl, "waiting", stored=False, host=_HOST, own=True),
-            )
+            lock.policy.keep_queued(store, task_id)
 
 
 @contextlib.contextmanager

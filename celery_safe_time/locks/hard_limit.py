@@ -99,10 +99,8 @@ def _release_after_hard_limit(
 ) -> None:
     """``task_failure`` handler: after a hard time limit, free the killed child's lock.
 
-    Celery sends ``task_failure`` for a hard time limit from the worker's main process just
-    before the pool kills the child. The lock is read now (the child still holds it), and a
-    thread deletes it by its token once the child's pid is gone, so no other holder's lock is
-    ever touched.
+    Celery sends it from the worker's main process just before the pool kills the child: the lock is
+    read now (the child still holds it) and deleted by its token once the child is gone.
     """
     if sender is None or task_id is None or not isinstance(exception, TimeLimitExceeded):
         return

@@ -36,6 +36,7 @@ from .runtime import (
     _unavailable,
     check_decorates_function,
     gate_calls,
+    header_float,
     new_token,
     note_orphan,
     requeue,
@@ -86,7 +87,7 @@ class RateLimiter:
         key = self.builder.render(call.args, call.kwargs, bound=call.bound)
         rate = self.rate_for(call)
         store = get_lock_backend(call.app)
-        token = (_header(call.request, C.HEADER_RATE_TOKEN) if call.in_worker else None) or new_token()
+        token = (message_header(call.request, C.HEADER_RATE_TOKEN) if call.in_worker else None) or new_token()
         try:
             taken = store.rate_take(key, token, rate, reserve=call.in_worker)
             for _ in range(RATE_LEAD_TRIES):
@@ -100,7 +101,7 @@ class RateLimiter:
             self.policy.backend_down(call, _unavailable(key, store, exc), store.label)
             return None
         task_name = getattr(call.task, "name", None)
-        since = _as_float(_header(call.request, C.HEADER_RATE_SINCE)) if call.in_worker else None
+        since = header_float(call.request, C.HEADER_RATE_SINCE) if call.in_worker else None
         if taken.admitted:
             lateness = max(0.0, time.time() - since) if since is not None else 0.0
             signals.rate_limit_admitted.send(
@@ -129,17 +130,6 @@ class RateLimiter:
         )
 
 
-def _header(request: Any, name: str) -> Any:
-    return message_header(request, name) if request is not None else None
-
-
-def _as_float(raw: Any) -> float | None:
-    try:
-        return float(raw) if raw is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
 def rate_limit(
     key: KeySpec,
     rate: RateSpec,
@@ -164,8 +154,6 @@ def rate_limit(
     example = f"{key!r}, {rate!r}" if isinstance(key, str) and isinstance(rate, str) else "key, rate"
     if not callable(rate):
         rate = parse_rate(rate)
-    if jitter is not None and not jitter >= 0:
-        raise ValueError(f"jitter must not be negative, got {jitter!r}")
     policy = Policy(ttl=None, on_conflict="retry", retry_after=1.0, jitter=jitter, on_backend_error=on_backend_error)
     spec = rate
 

@@ -8,7 +8,7 @@ so calls that come back a delivery latency late do not push every later place ba
 would otherwise run ``N`` calls per ``period + latency``). An admitted entry's member is
 ``<token>@<start>``, so a retry carrying the same token is a new call.
 
-``locks/lua/rate_take.lua``, the PostgreSQL ``safe_time_rate_take_v2`` and :func:`take` (memory)
+``locks/lua/rate_take.lua``, the PostgreSQL ``safe_time_rate_admit`` and :func:`take` (memory)
 follow this rule on the backend's own clock.
 """
 
@@ -46,11 +46,6 @@ class Rate(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.limit}/{self.period:g}s"
-
-    @property
-    def interval(self) -> float:
-        """The mean time between calls at the full rate (``period / limit``)."""
-        return self.period / self.limit
 
 
 class RateTaken(NamedTuple):

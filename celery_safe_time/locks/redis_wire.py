@@ -309,7 +309,6 @@ class LeanScript:
 
     def __init__(self, client: redis.Redis, source: str, link: LeanLink | None = None) -> None:
         self.script = client.register_script(source)
-        self.client = client
         sha = self.script.sha
         self.sha = sha.encode() if isinstance(sha, str) else bytes(sha)
         #: Shared by the scripts of one client (one kept connection per thread), or this script's own.

@@ -90,15 +90,12 @@ class Call:
 
     def owner(self) -> Owner:
         task_id = self.task_id or f"direct-{uuid.uuid4().hex}"
-        identity = _identity(self.request, self.origin) if self.in_worker else direct_identity(task_id)
+        # A direct or eager call is never redelivered: every call is a delivery of its own.
+        identity = _identity(self.request, self.origin) if self.in_worker else f"{task_id}:direct-{uuid.uuid4().hex}"
         return Owner(task_id=task_id, identity=identity, host=_HOST, pid=os.getpid())
 
     def earlier_tokens(self, key: str) -> tuple[str, ...]:
         """Tokens earlier attempts of this delivery sent for ``key`` without learning the outcome."""
-        if not self.in_worker:
-            return ()
-        if self.origin is None:
-            return ()
         return tuple(token for lock, token in _tokens(self.origin) if lock == key)
 
     def render(self, builder: KeyBuilder) -> str:
@@ -108,11 +105,6 @@ class Call:
 def new_token() -> str:
     """A lock token: 128 random bits as 32 hex digits (``uuid4().hex`` without building a UUID)."""
     return os.urandom(16).hex()
-
-
-def direct_identity(task_id: str) -> str:
-    """A direct or eager call is never redelivered: every call is a delivery of its own."""
-    return f"{task_id}:direct-{uuid.uuid4().hex}"
 
 
 def resolve_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
@@ -133,10 +125,10 @@ def _requeues(request: Any) -> int:
         return 0
 
 
-def backend_down_since(request: Any) -> float | None:
-    """When the lock backend first failed for this delivery (epoch seconds), or None: it answered last time."""
+def header_float(request: Any, name: str) -> float | None:
+    """The message header ``name`` of ``request`` as a float; None when absent or not a number."""
+    raw = message_header(request, name)
     try:
-        raw = message_header(request, C.HEADER_LOCK_REDIS_DOWN)
         return float(raw) if raw is not None else None
     except (TypeError, ValueError):
         return None
@@ -240,11 +232,13 @@ def note_admission(request: Any, outcome: str) -> None:
         setattr(request, C.REQUEST_ADMISSION_ATTR, outcome)
 
 
-def give_up_reservation(call: Call) -> None:
-    """A gate drops ``call``: free the place an inner ``rate_limit`` reserved for it on an earlier
-    attempt (carried in its headers), or the calls behind it wait for a call that never comes."""
+def drop_unrun(call: Call, outcome: str) -> None:
+    """A gate drops ``call`` without running its body: :func:`note_admission` ``outcome``, and free the
+    place an inner ``rate_limit`` reserved for it on an earlier attempt (carried in its headers), or the
+    calls behind it wait for a call that never comes."""
     if not call.in_worker:
         return
+    note_admission(call.request, outcome)
     token = message_header(call.request, C.HEADER_RATE_TOKEN)
     key = message_header(call.request, C.HEADER_RATE_KEY)
     if not token or not key:
@@ -494,14 +488,8 @@ def run_holding(
 
 
 def _settle_after_task(**_: Any) -> None:
-    """Read the answer of a release or commit the task sent to Redis without waiting (``task_postrun``).
-
-    Celery sends ``task_postrun`` in the thread (and pool child) that ran the task, after storing
-    its result and before the worker acknowledges an ``acks_late`` delivery: a release or commit that
-    Redis did not run (an empty script cache, a connection closed while the body ran) is run again
-    while the delivery still decides nothing, and not at this thread's next lock call, which may
-    come much later or never.
-    """
+    """``task_postrun`` (the thread that ran the task, before an ``acks_late`` delivery is acknowledged):
+    read the answers of the releases and commits it sent to Redis without waiting (:func:`settle_posted`)."""
     settle_posted()
 
 
@@ -550,9 +538,7 @@ class Policy:
         send_conflict(call, key, who, self.on_conflict)
         if self.on_conflict == "skip":
             logger.info("skipping %s: overlap lock %r is held by %s", call.task_id, key, who)
-            if call.in_worker:
-                note_admission(call.request, C.ADMISSION_SKIPPED)
-            give_up_reservation(call)
+            drop_unrun(call, C.ADMISSION_SKIPPED)
             return
         exc = LockConflict(key, who)
         if self.on_conflict == "raise":
@@ -568,7 +554,8 @@ class Policy:
         # Wall time, carried in the message: the backend's clock is what is unreachable, and a few
         # seconds of skew between workers only shifts a back-off.
         now = time.time()
-        since = backend_down_since(call.request) or now
+        # When the backend first failed for this delivery; None: it answered last time.
+        since = header_float(call.request, C.HEADER_LOCK_REDIS_DOWN) or now
         base = max(self.retry_after, C.LOCK_REDIS_DOWN_BACKOFF_MIN)
         countdown = jittered(outage_backoff(base, now - since, backend_down_cap(get_config(call.app))), self.jitter)
         logger.warning(
@@ -607,9 +594,7 @@ class Policy:
         """This delivery already ran to its end (a late redelivery, or a re-queued copy of it)."""
         logger.warning("dropping a redelivered copy of %s: that delivery already ran under %r", call.task_id, key)
         send_conflict(call, key, None, "finished")
-        if call.in_worker:
-            note_admission(call.request, C.ADMISSION_DUPLICATE)
-            give_up_reservation(call)
+        drop_unrun(call, C.ADMISSION_DUPLICATE)
         raise Ignore()
 
 
@@ -669,9 +654,7 @@ class TaskLock:
             return None
         if acquired.status == "done" and marker is not None:
             self.already_done(call, marker)
-            if call.in_worker:
-                note_admission(call.request, C.ADMISSION_SKIPPED)
-            give_up_reservation(call)
+            drop_unrun(call, C.ADMISSION_SKIPPED)
             return None
         if acquired.status == "finished":
             self.policy.finished(call, key)
@@ -694,21 +677,14 @@ class TaskLock:
         """The key's marker says it already ran (only locks that pass a marker get here)."""
 
 
-def is_task(obj: Any) -> bool:
-    """True for a Celery task or the lazy proxy ``@app.task`` returns before the app is finalized.
-
-    Looks at ``type(obj)``: a proxy reports its target's class through ``__class__``, and asking
-    would evaluate it (register the task) as a side effect.
-    """
+def check_decorates_function(func: Any, decorator: str, example: str) -> None:
+    """Fail at decoration time when ``decorator`` was stacked above ``@app.task`` (it got a task, or the
+    lazy proxy ``@app.task`` returns before the app is finalized, and would hand back a plain function
+    without ``.delay``), with the order that works."""
     from celery.local import Proxy
 
-    return issubclass(type(obj), (Task, Proxy))
-
-
-def check_decorates_function(func: Any, decorator: str, example: str) -> None:
-    """Fail at decoration time when ``decorator`` was stacked above ``@app.task`` (it got a task,
-    and would hand back a plain function without ``.delay``), with the order that works."""
-    if is_task(func):
+    # type(func): a proxy reports its target's class through __class__, and asking would evaluate it.
+    if issubclass(type(func), (Task, Proxy)):
         name = getattr(type(func), "__name__", "task")
         raise DecoratorOrderError(
             f"@{decorator} was given a Celery task ({name}), not a function: put it BELOW @app.task so it "

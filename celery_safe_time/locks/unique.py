@@ -242,9 +242,7 @@ def _comes_back(task: Task) -> bool:
     """Whether the worker requeues a message whose pool child died (acks_late + reject_on_worker_lost)."""
     conf = task._get_app().conf
     acks_late = task.acks_late if task.acks_late is not None else conf.task_acks_late
-    reject = task.reject_on_worker_lost
-    if reject is None:
-        reject = conf.task_reject_on_worker_lost
+    reject = task.reject_on_worker_lost if task.reject_on_worker_lost is not None else conf.task_reject_on_worker_lost
     return bool(acks_late and reject)
 
 

@@ -76,7 +76,6 @@ class Watchdog:
         self._clock = clock
         self._mutex = threading.Lock()
         self.stopped = False
-        self.renewals = 0
         self.last_ok = 0.0
         self.due = 0.0
         #: Set while a renewal runs on a call thread (the renewer then watches :attr:`gives_up_at`).
@@ -140,7 +139,6 @@ class Watchdog:
             if not ok:
                 self._lost("the lock expired or is held by someone else")
                 return
-            self.renewals += 1
             self.last_ok = asked_at  # the lease runs from when the renewal was sent, at the latest
             self.due = max(now, asked_at + self.interval)
 

@@ -79,22 +79,9 @@ _RENEW = _Call(QUERIES["renew"])
 _RELEASE = _Call(QUERIES["release"], "b")
 _COMMIT = _Call(QUERIES["commit"], "bb")
 
-_HOLDER = sa.text(QUERIES["holder"])
-_INFO = sa.text(QUERIES["info"])
-_SCAN = sa.text(QUERIES["scan"])
-_FORCE_RELEASE = sa.text(QUERIES["force_release"])
-_UNIQUE_ACQUIRE = sa.text(QUERIES["unique_acquire"])
-_UNIQUE_RELEASE = sa.text(QUERIES["unique_release"])
-_UNIQUE_INFO = sa.text(QUERIES["unique_info"])
-_UNIQUE_SCAN = sa.text(QUERIES["unique_scan"])
-_UNIQUE_FORCE = sa.text(QUERIES["unique_force_release"])
-_MARKER_LIVE = sa.text(QUERIES["marker_live"])
-_PURGE = [sa.text(QUERIES[name]) for name in ("purge_markers", "purge_unique", "purge_rates", "purge_locks")]
-_RATE_TAKE = sa.text(QUERIES["rate_take"])
-_RATE_COUNTS = sa.text(QUERIES["rate_counts"])
-_RATE_RELEASE = sa.text(QUERIES["rate_release"])
-_TABLES_PRESENT = sa.text(QUERIES["tables_present"])
-_HELD_COUNT = sa.text(QUERIES["held_count"])
+#: The ``:name`` statements, as ``sqlalchemy.text``.
+_SQL = {name: sa.text(sql) for name, sql in QUERIES.items()}
+_PURGE = [_SQL[name] for name in ("purge_markers", "purge_unique", "purge_rates", "purge_locks")]
 
 #: Errors that mean the database could not be reached (or the connection broke), not a bad statement.
 _UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError)
@@ -175,7 +162,7 @@ class PostgresLockBackend(LockBackend):
             return
         try:
             if postgres_sql.ensure_schema(self.engine):
-                logger.info("created the PostgreSQL lock tables (schema v%d)", C.PG_LOCK_SCHEMA_VERSION)
+                logger.info("created the PostgreSQL lock tables and functions")
         except _UNREACHABLE as exc:
             raise self._unreachable(exc) from exc
         self._schema_checked = True
@@ -396,14 +383,12 @@ class PostgresLockBackend(LockBackend):
         return bool(recorded), bool(released)
 
     def holder_record(self, key: str) -> HolderRecord | None:
-        row = self._run(lambda conn: conn.execute(_HOLDER, {"name": self.lock_key(key)}).first())
-        if row is None:
-            return None
-        return row[0], row[1], row[2], row[3]
+        row = self._run(lambda conn: conn.execute(_SQL["holder"], {"name": self.lock_key(key)}).first())
+        return (row[0], row[1], row[2], row[3]) if row is not None else None
 
     def idempotent_done(self, key: str) -> bool:
         name = self.marker_key(key)
-        return self._run(lambda conn: conn.execute(_MARKER_LIVE, {"name": name}).first()) is not None
+        return self._run(lambda conn: conn.execute(_SQL["marker_live"], {"name": name}).first()) is not None
 
     # --- unique task keys -------------------------------------------------------------------------
     def _unique_acquire(
@@ -420,7 +405,7 @@ class PostgresLockBackend(LockBackend):
             "own": own,
         }
         status, holder, held_state, held_stored, ms_left = self._run(
-            lambda conn: conn.execute(_UNIQUE_ACQUIRE, params).one()
+            lambda conn: conn.execute(_SQL["unique_acquire"], params).one()
         )
         if status in ("acquired", "own"):
             return UniqueClaim(status)
@@ -440,20 +425,20 @@ class PostgresLockBackend(LockBackend):
             "period_us": max(1, int(rate.period * 1_000_000)),
             "reserve": reserve,
         }
-        admitted, count, wait_us, at = self._run(lambda conn: conn.execute(_RATE_TAKE, params).one())
+        admitted, count, wait_us, at = self._run(lambda conn: conn.execute(_SQL["rate_take"], params).one())
         self._maybe_purge()
         return RateTaken(bool(admitted), int(wait_us) / 1_000_000, int(count), float(at))
 
     def rate_release(self, key: str, token: str) -> bool:
         params = {"name": self.rate_key(key), "token": token}
-        return bool(self._run(lambda conn: conn.execute(_RATE_RELEASE, params).rowcount))
+        return bool(self._run(lambda conn: conn.execute(_SQL["rate_release"], params).rowcount))
 
     def rate_counts(self, pattern: str = "*", *, limit: int | None = None) -> list[RateCount]:
         """One query over ``safe_time_rate`` (its rows hold their own expiry: start plus period),
         bounded to ``C.RATE_SCAN_KEYS`` keys."""
         head = self.rate_key("")
         params = {"like": _like_prefix(head + pattern), "keys": C.RATE_SCAN_KEYS}
-        rows = self._run(lambda conn: list(conn.execute(_RATE_COUNTS, params).all()))
+        rows = self._run(lambda conn: list(conn.execute(_SQL["rate_counts"], params).all()))
         found = [
             RateCount(name[len(head) :], int(started), int(waiting))
             for name, started, waiting in rows
@@ -463,7 +448,7 @@ class PostgresLockBackend(LockBackend):
 
     def unique_release(self, key: str, task_id: str) -> bool:
         params = {"name": self.unique_key(key), "task_id": task_id}
-        released = bool(self._run(lambda conn: conn.execute(_UNIQUE_RELEASE, params).rowcount))
+        released = bool(self._run(lambda conn: conn.execute(_SQL["unique_release"], params).rowcount))
         self._maybe_purge()
         return released
 
@@ -473,13 +458,13 @@ class PostgresLockBackend(LockBackend):
         return LockInfo.unique(key, name, task_id, host, round(age, 3), round(ttl_left, 3), state)
 
     def unique_info(self, key: str, now: float) -> LockInfo | None:
-        row = self._run(lambda conn: conn.execute(_UNIQUE_INFO, {"name": self.unique_key(key)}).first())
+        row = self._run(lambda conn: conn.execute(_SQL["unique_info"], {"name": self.unique_key(key)}).first())
         return self._unique_info(row) if row is not None else None
 
     def scan_unique(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
         head = self.unique_key("")
         like = _like_prefix(head + pattern)
-        rows = self._run(lambda conn: conn.execute(_UNIQUE_SCAN, {"like": like}).all())
+        rows = self._run(lambda conn: conn.execute(_SQL["unique_scan"], {"like": like}).all())
         found = sorted(
             (self._unique_info(row) for row in rows if fnmatch.fnmatchcase(row[0][len(head) :], pattern)),
             key=lambda i: i.key,
@@ -487,7 +472,7 @@ class PostgresLockBackend(LockBackend):
         return found[:limit] if limit is not None else found
 
     def force_release_unique(self, key: str) -> LockInfo | None:
-        row = self._run(lambda conn: conn.execute(_UNIQUE_FORCE, {"name": self.unique_key(key)}).first())
+        row = self._run(lambda conn: conn.execute(_SQL["unique_force_release"], {"name": self.unique_key(key)}).first())
         return self._unique_info(row) if row is not None and row[6] else None
 
     # --- operator view ----------------------------------------------------------------------------
@@ -509,12 +494,12 @@ class PostgresLockBackend(LockBackend):
         return rows
 
     def info(self, redis_key: str, now: float) -> LockInfo | None:
-        rows = self._held_rows(self._run(lambda conn: list(conn.execute(_INFO, {"name": redis_key}).all())))
+        rows = self._held_rows(self._run(lambda conn: list(conn.execute(_SQL["info"], {"name": redis_key}).all())))
         return self._lock_info(rows[0]) if rows else None
 
     def scan(self, pattern: str = "*", *, limit: int | None = None) -> list[LockInfo]:
         like = _like_prefix(self.lock_key(pattern))
-        rows = self._held_rows(self._run(lambda conn: list(conn.execute(_SCAN, {"like": like}).all())))
+        rows = self._held_rows(self._run(lambda conn: list(conn.execute(_SQL["scan"], {"like": like}).all())))
         found = sorted(
             (self._lock_info(row) for row in rows if fnmatch.fnmatchcase(self.user_key(row[0]), pattern)),
             key=lambda i: i.key,
@@ -522,7 +507,7 @@ class PostgresLockBackend(LockBackend):
         return found[:limit] if limit is not None else found
 
     def force_release(self, key: str) -> LockInfo | None:
-        rows = self._run(lambda conn: conn.execute(_FORCE_RELEASE, {"name": self.lock_key(key)}).all())
+        rows = self._run(lambda conn: conn.execute(_SQL["force_release"], {"name": self.lock_key(key)}).all())
         held = self._held_rows([row for row in rows if row[7]])
         return self._lock_info(held[0]) if held else None
 
@@ -531,9 +516,9 @@ class PostgresLockBackend(LockBackend):
 
         def probe(conn: sa.Connection) -> tuple[float, bool, int]:
             started = time.perf_counter()
-            present = bool(conn.execute(_TABLES_PRESENT).scalar_one())
+            present = bool(conn.execute(_SQL["tables_present"]).scalar_one())
             rtt = time.perf_counter() - started
-            return rtt, present, int(conn.execute(_HELD_COUNT).scalar_one()) if present else 0
+            return rtt, present, int(conn.execute(_SQL["held_count"]).scalar_one()) if present else 0
 
         for attempt in (1, 2):
             try:
@@ -552,7 +537,6 @@ class PostgresLockBackend(LockBackend):
 _SESSION_RENEW = _Call(QUERIES["session_renew"], "i")
 _SESSION_RELEASE = _Call(QUERIES["session_release"], "bs")
 _SESSION_COMMIT = _Call(QUERIES["session_commit"], "bbs")
-_ADVISORY_HELD = sa.text(QUERIES["advisory_held"])
 
 
 #: How long a release waits for a renewal running on the session's connection. A renewal answers in
@@ -742,7 +726,7 @@ class PostgresSessionLockBackend(PostgresLockBackend):
         if not rows:
             return rows
         names = [row[0] for row in rows]
-        held = set(self._run(lambda conn: conn.execute(_ADVISORY_HELD, {"names": names}).scalars().all()))
+        held = set(self._run(lambda conn: conn.execute(_SQL["advisory_held"], {"names": names}).scalars().all()))
         return [row for row in rows if row[0] in held]
 
     def holder_record(self, key: str) -> HolderRecord | None:

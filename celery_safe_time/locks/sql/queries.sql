@@ -12,34 +12,34 @@
 -- Schema: whether this database has the current functions (ensure_schema creates them when not),
 -- and the transaction lock that serialises their creation between processes.
 -- name: schema_present
-SELECT to_regproc('safe_time_lock_acquire_v4') IS NOT NULL AND to_regproc('safe_time_rate_take_v2') IS NOT NULL
+SELECT to_regproc('safe_time_lock_take') IS NOT NULL AND to_regproc('safe_time_rate_admit') IS NOT NULL
 
 -- name: schema_lock
 SELECT pg_advisory_xact_lock(:key)
 
 -- health: whether the lock tables exist (a function made with them), without creating anything.
 -- name: tables_present
-SELECT to_regproc('safe_time_unique_acquire_v2') IS NOT NULL
+SELECT to_regproc('safe_time_unique_claim') IS NOT NULL
 
 -- name: held_count
 SELECT count(*) FROM safe_time_lock WHERE expires_at > now()
 
 -- Lease mode: one statement per call. Returns (status, fence, own, holder task id, host, pid).
 -- name: acquire
-SELECT * FROM safe_time_lock_acquire_v4($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::text,
+SELECT * FROM safe_time_lock_take($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::text,
     $7::text, $8::integer, $9::text, $10::text[], $11::boolean)
 
 -- name: renew
 UPDATE safe_time_lock SET renewed_at = now(), expires_at = now() + $1::bigint * interval '1 millisecond'
 WHERE name = $2::text AND token = $3::text AND expires_at > now()
 
--- A release skips its WAL flush (see safe_time_lock_release_v2 in schema.sql).
+-- A release skips its WAL flush (see safe_time_lock_give_back in schema.sql).
 -- name: release
-SELECT safe_time_lock_release_v2($1::text, $2::text, $3::text, $4::text, $5::bigint, false)
+SELECT safe_time_lock_give_back($1::text, $2::text, $3::text, $4::text, $5::bigint, false)
 
 -- Returns (recorded, released).
 -- name: commit
-SELECT * FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text,
+SELECT * FROM safe_time_lock_commit_marker($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text,
     $7::bigint, false)
 
 -- Session mode: the advisory lock is the session's, so renewing checks that the session is alive and
@@ -48,12 +48,12 @@ SELECT * FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint,
 SELECT 1 FROM safe_time_lock WHERE name = $1::text AND token = $2::text
 
 -- name: session_release
-SELECT safe_time_lock_release_v2($1::text, $2::text, $3::text, $4::text, $5::bigint, true),
+SELECT safe_time_lock_give_back($1::text, $2::text, $3::text, $4::text, $5::bigint, true),
     pg_advisory_unlock_all()
 
 -- name: session_commit
 SELECT recorded, released, pg_advisory_unlock_all()
-FROM safe_time_lock_commit_v2($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::bigint, true)
+FROM safe_time_lock_commit_marker($1::text, $2::text, $3::text, $4::bigint, $5::text, $6::text, $7::bigint, true)
 
 -- The rows of :names whose advisory lock some session holds (pg_locks shows a bigint key as classid,
 -- objid); a row without one was left by a holder that died.
@@ -93,7 +93,7 @@ SELECT 1 FROM safe_time_lock_marker WHERE name = :name AND expires_at > now()
 
 -- Unique task keys. Returns (status, holder task id, state, stored, ms left).
 -- name: unique_acquire
-SELECT * FROM safe_time_unique_acquire_v2(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)
+SELECT * FROM safe_time_unique_claim(:name, :task_id, :ttl_ms, :state, :stored, :host, :gone, :own)
 
 -- name: unique_release
 DELETE FROM safe_time_unique WHERE name = :name AND task_id = :task_id AND expires_at > now()
@@ -129,7 +129,7 @@ DELETE FROM safe_time_rate WHERE ctid = ANY(ARRAY(SELECT ctid FROM safe_time_rat
 
 -- Returns (admitted, entries, wait in microseconds, the database clock in epoch seconds).
 -- name: rate_take
-SELECT * FROM safe_time_rate_take_v2(:name, :token, :limit, :period_us, :reserve)
+SELECT * FROM safe_time_rate_admit(:name, :token, :limit, :period_us, :reserve)
 
 -- The operator view of rate limits: per key, calls started within their period (an admitted row
 -- expires a period after its start) and reservations still ahead; at most :keys keys.

@@ -2,8 +2,8 @@
 -- hold the Lua scripts' rules (locks/lua/*.lua), run in this order by postgres_sql.ensure_schema in one
 -- transaction under a transaction-level advisory lock. Every statement is idempotent (IF NOT EXISTS,
 -- CREATE OR REPLACE, or a DO block that looks first), so processes starting together need nothing
--- else. A change of a function's rules is a new _v<N> name, so workers of two releases side by side
--- each call the rules they know.
+-- else. A change of a function's rules takes a name never used before (CREATE OR REPLACE cannot change
+-- a return type), so workers of two releases side by side each call the rules they know.
 --
 -- A line starting with "-- name:" begins a statement; other lines starting with "--" at column 0 are
 -- comments of this file (comments inside a function body are indented and sent with it).
@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS safe_time_unique (
 -- name: unique_expires
 CREATE INDEX IF NOT EXISTS safe_time_unique_expires ON safe_time_unique (expires_at)
 
--- The server start time fences were last made safe for (see safe_time_lock_fence_guard_v3).
+-- The server start time fences were last made safe for (see safe_time_lock_fence_resync).
 -- name: boot
 CREATE TABLE IF NOT EXISTS safe_time_lock_boot (
     id integer PRIMARY KEY,
@@ -75,8 +75,8 @@ END $$
 
 -- The commit rules of commit.lua: the idempotency marker, the finished-delivery marker and the
 -- release, in one transaction.
--- name: commit_v2
-CREATE OR REPLACE FUNCTION safe_time_lock_commit_v2(
+-- name: commit_marker
+CREATE OR REPLACE FUNCTION safe_time_lock_commit_marker(
     p_lock text, p_marker text, p_token text, p_window_ms bigint, p_task_id text, p_done text,
     p_done_ms bigint, p_session boolean)
 RETURNS TABLE (recorded boolean, released boolean)
@@ -111,8 +111,8 @@ END $$
 -- A release commits without waiting for its WAL flush (synchronous_commit off for this one
 -- transaction): a crash can forget at most the last fraction of a second of releases, and a
 -- forgotten release only keeps the lock until its lease runs out.
--- name: release_v2
-CREATE OR REPLACE FUNCTION safe_time_lock_release_v2(
+-- name: give_back
+CREATE OR REPLACE FUNCTION safe_time_lock_give_back(
     p_name text, p_token text, p_done text, p_task_id text, p_done_ms bigint, p_session boolean)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -136,8 +136,8 @@ END $$
 -- lock, the sequence jumps to at least the database clock in microseconds (fences lag it: they grow
 -- by one per acquire from the clock at creation), above every fence handed out before the restart.
 -- That transaction commits synchronously.
--- name: fence_guard_v3
-CREATE OR REPLACE FUNCTION safe_time_lock_fence_guard_v3() RETURNS void
+-- name: fence_resync
+CREATE OR REPLACE FUNCTION safe_time_lock_fence_resync() RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     seen timestamptz;
@@ -171,8 +171,8 @@ END $$
 -- advisory locks anyway. Where an operator turns synchronous_commit off for the role or in the URL, a
 -- crash can forget the acquires of its last moments (at most 3 x wal_writer_delay): their holders
 -- learn it at their next renewal (LockLost), and their fences stay below every later one (the guard).
--- name: acquire_v4
-CREATE OR REPLACE FUNCTION safe_time_lock_acquire_v4(
+-- name: take
+CREATE OR REPLACE FUNCTION safe_time_lock_take(
     p_name text, p_done text, p_marker text, p_token text, p_ttl_ms bigint, p_task_id text,
     p_host text, p_pid integer, p_identity text, p_earlier text[], p_session boolean,
     OUT status text, OUT fence bigint, OUT own boolean, OUT h_task_id text, OUT h_host text, OUT h_pid integer)
@@ -183,7 +183,7 @@ DECLARE
 BEGIN
     -- The fence guard: a session's first acquire after a server start.
     IF current_setting('safe_time.lock_boot', true) IS DISTINCT FROM pg_postmaster_start_time()::text THEN
-        PERFORM safe_time_lock_fence_guard_v3();
+        PERFORM safe_time_lock_fence_resync();
         PERFORM set_config('safe_time.lock_boot', pg_postmaster_start_time()::text, false);
     ELSIF p_session THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -250,8 +250,8 @@ BEGIN
 END $$
 
 -- The rules of unique_acquire.lua. Returns (status, holder task id, state, stored, ms left).
--- name: unique_acquire_v2
-CREATE OR REPLACE FUNCTION safe_time_unique_acquire_v2(
+-- name: unique_claim
+CREATE OR REPLACE FUNCTION safe_time_unique_claim(
     p_name text, p_task_id text, p_ttl_ms bigint, p_state text, p_stored boolean, p_host text,
     p_gone text, p_own boolean)
 RETURNS TABLE (status text, h_task_id text, h_state text, h_stored boolean, ms_left bigint)
@@ -318,8 +318,8 @@ CREATE INDEX IF NOT EXISTS safe_time_rate_expires ON safe_time_rate (expires_at)
 -- fewer than p_limit calls really started within the last period; new places are counted on the
 -- line. Calls of one key take turns on a transaction lock and each reads the clock once it holds it.
 -- Returns (admitted, entries on the line, wait in microseconds, its clock in epoch seconds).
--- name: rate_take_v2
-CREATE OR REPLACE FUNCTION safe_time_rate_take_v2(p_name text, p_token text, p_limit integer, p_period_us bigint,
+-- name: rate_admit
+CREATE OR REPLACE FUNCTION safe_time_rate_admit(p_name text, p_token text, p_limit integer, p_period_us bigint,
     p_reserve boolean, OUT admitted boolean, OUT used integer, OUT wait_us bigint, OUT at_epoch double precision)
 LANGUAGE plpgsql AS $$
 DECLARE

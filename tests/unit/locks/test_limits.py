@@ -202,6 +202,8 @@ def app() -> Iterator[Celery]:
 def test_definition_errors_are_clear() -> None:
     with pytest.raises(ValueError, match=r"malformed rate '100 per minute'"):
         rate_limit("k", "100 per minute")
+    with pytest.raises(ValueError, match=r"jitter must not be negative"):
+        rate_limit("k", "1/s", jitter=-1)
     with pytest.raises(ValueError, match=r"at least 1"):
         concurrency_limit("k", limit=0)
     with pytest.raises(TypeError, match=r"must be an int"):

@@ -19,9 +19,9 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
     schema = named_statements("celery_safe_time.locks", "sql/schema.sql")
     assert tuple(schema.values()) == postgres_sql.SCHEMA
     names = list(schema)
-    assert names.index("lock") < names.index("fence") < names.index("acquire_v4")
+    assert names.index("lock") < names.index("fence") < names.index("take")
     created = " ".join(schema.values())
-    assert names.index("rate") < names.index("rate_take_v2")
+    assert names.index("rate") < names.index("rate_admit")
     for table in (
         "safe_time_lock",
         "safe_time_lock_marker",
@@ -30,13 +30,13 @@ def test_the_schema_makes_the_tables_then_the_sequence_then_the_functions_the_qu
         "safe_time_rate",
     ):
         assert f"CREATE TABLE IF NOT EXISTS {table} (" in created
-    called = set(re.findall(r"\b(safe_time_\w+_v\d+)\(", " ".join(postgres_sql.QUERIES.values())))
+    called = set(re.findall(r"\b(safe_time_\w+)\(", " ".join(postgres_sql.QUERIES.values())))
     assert called == {
-        "safe_time_lock_acquire_v4",
-        "safe_time_lock_release_v2",
-        "safe_time_lock_commit_v2",
-        "safe_time_unique_acquire_v2",
-        "safe_time_rate_take_v2",
+        "safe_time_lock_take",
+        "safe_time_lock_give_back",
+        "safe_time_lock_commit_marker",
+        "safe_time_unique_claim",
+        "safe_time_rate_admit",
     }
     for function in called:
         assert f"CREATE OR REPLACE FUNCTION {function}(" in created
@@ -52,7 +52,7 @@ def test_the_schema_creates_only_functions_that_a_query_or_another_function_call
 
 def test_a_function_keeps_its_indented_comments_and_the_file_comments_are_dropped() -> None:
     schema = named_statements("celery_safe_time.locks", "sql/schema.sql")
-    assert "-- Our own token (a lost reply)" in schema["acquire_v4"]
+    assert "-- Our own token (a lost reply)" in schema["take"]
     assert not any(line.startswith("--") for sql in schema.values() for line in sql.splitlines())
     assert all(sql and not sql.endswith(";") for sql in schema.values())
 
@@ -60,7 +60,7 @@ def test_a_function_keeps_its_indented_comments_and_the_file_comments_are_droppe
 def test_every_named_query_is_run_by_the_backend_and_the_backend_builds_no_sql_of_its_own() -> None:
     backend = Path(postgres.__file__).read_text(encoding="utf-8")
     install = Path(postgres_sql.__file__).read_text(encoding="utf-8")
-    used = set(re.findall(r'QUERIES\["(\w+)"\]', backend + install))
+    used = set(re.findall(r'(?:QUERIES|_SQL)\["(\w+)"\]', backend + install))
     used |= set(re.findall(r'"(purge_\w+)"', backend))
     assert used == set(postgres_sql.QUERIES)
     assert all(sql and not sql.endswith(";") for sql in postgres_sql.QUERIES.values())

@@ -91,8 +91,6 @@ COORDINATION_POOL_OVERFLOW: Final = 8
 PG_LOCK_TABLE: Final = "safe_time_lock"
 PG_LOCK_MARKER_TABLE: Final = "safe_time_lock_marker"
 PG_UNIQUE_TABLE: Final = "safe_time_unique"
-#: Bumped when the lock tables' functions change (they are named ``..._v<N>``).
-PG_LOCK_SCHEMA_VERSION: Final = 5
 #: How PostgreSQL overlap locks are held: ``lease`` (a row with an expiry on the database clock,
 #: renewed by the watchdog; the default) or ``session`` (``pg_try_advisory_lock`` on a connection held
 #: for the run, freed by the server when that connection dies; not behind PgBouncer in transaction mode).

@@ -44,7 +44,7 @@ from ..clock import UTC
 from ..config import SafeTimeConfig, get_config
 from ..messages.requeue import message_header
 from .backends import BeatBackend, SlotWrite, beat_backend
-from .state import with_definitions
+from .state import load_state, with_definitions
 
 __all__ = [
     "AuditRecord",
@@ -337,19 +337,9 @@ def _when(value: Any) -> datetime | None:
         return None
 
 
-def _load(raw: Any) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
     """A stored (published, outcome) pair as a :class:`RunRecord`; None when it is unreadable."""
-    p, o = _load(published), _load(outcome)
+    p, o = load_state(published), load_state(outcome)
     slot = _when(p.get("slot"))
     if slot is None:
         return None
@@ -378,7 +368,7 @@ def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
 
 def audit_record(name: str, raw: Any) -> AuditRecord | None:
     """A stored audit record as an :class:`AuditRecord`; None when it is unreadable."""
-    d = _load(raw)
+    d = load_state(raw)
     at = _when(d.get("at"))
     if at is None:
         return None

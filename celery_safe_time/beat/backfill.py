@@ -36,7 +36,7 @@ from ..exceptions import ScheduleError
 from .base import stop_signals_held
 from .entries import EntryInfo, _Store, get_entry
 from .history import dropped, not_published, record_audit, record_published
-from .overlap import OverlapGate
+from .overlap import OverlapGate, slot_options
 from .policies import OPTION_OVERLAP, overlap_option
 from .slots import NEVER, Grid, IntervalGrid, grid_for
 from .state import load_state
@@ -250,14 +250,8 @@ def _publish(
     if extra is None:
         dropped(store.backend, info.name, slot, store.backend.clock.time())
         return "dropped"
-    options = {k: v for k, v in entry_options.items() if not k.startswith("safe_time_")}
-    options["headers"] = {
-        **(options.get("headers") or {}), **extra.pop("headers", {}), C.HEADER_SLOT: when.isoformat(),
-        C.HEADER_BACKFILL: marker, C.HEADER_ENTRY: info.name,
-    }  # fmt: skip
-    options.update(extra)
-    if task_id is not None:
-        options["task_id"] = task_id
+    headers = {C.HEADER_SLOT: when.isoformat(), C.HEADER_BACKFILL: marker, C.HEADER_ENTRY: info.name}
+    options = slot_options(entry_options, extra, headers, task_id)
     try:
         task = app.tasks.get(info.task)
         if task is not None:

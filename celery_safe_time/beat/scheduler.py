@@ -32,14 +32,14 @@ from ..messages.publishing import PublishBatch, batched_publish, publishes_in_ba
 from . import history
 from .backends.base import SlotWrite
 from .base import collector_paused
-from .definitions import build_entry, parse_definition, paused_until, spec_key
+from .definitions import parse_definition, paused_until
 from .entries import with_enabled
 from .leader import LeaseTerm
-from .overlap import OverlapGate
-from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
+from .overlap import OverlapGate, slot_options
+from .policies import beat_slots_past_catchup, config_spec
 from .replan import ReplanningScheduler
 from .shards import ShardGate
-from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
+from .slots import NEVER, Plan, at, entry_plan, next_state
 from .state import dump_state, load_state, state_next
 
 logger = logging.getLogger(__name__)
@@ -166,10 +166,6 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             except Exception as exc:
                 self._broken(name, str(exc))
 
-    def _broken(self, name: str, reason: str) -> None:
-        self.broken[name] = reason
-        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", name, reason)
-
     # --- the loop -----------------------------------------------------------------
     def _tick(self) -> float:
         """One tick of each shard this beat leads whose own wait is over (shard 0's, then the others');
@@ -282,58 +278,6 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         return read.due, lost, read.version, read.head
 
     # --- runtime entries ----------------------------------------------------------
-    def _drop(self, name: str) -> None:
-        self.schedule.pop(name, None)
-        self.plans.pop(name, None)
-        self.paused.pop(name, None)
-        self.pause_expiry.pop(name, None)
-        self.broken.pop(name, None)
-
-    def load_runtime(self, name: str, raw: Any) -> str:
-        """Take one runtime definition (None: deleted) into the schedule; returns what it became:
-        "active", "paused", "removed", "broken" or "conflict" (named like a beat_schedule entry)."""
-        if name in self.config_names:
-            if raw is not None:
-                logger.error(
-                    "beat: runtime entry %r is ignored: the config entry %r (beat_schedule) has that name",
-                    name,
-                    name,
-                )
-            return "conflict"
-        if not self.owns(name):
-            return "elsewhere"  # another shard's (its leader loads it)
-        self._drop(name)
-        if raw is None:
-            self.runtime.pop(name, None)
-            return "removed"
-        self.runtime[name] = raw
-        try:
-            definition = parse_definition(raw)
-            entry = build_entry(name, definition, self.app, self._schedules)
-            options = entry.options
-            key = (
-                spec_key(definition["schedule"]),
-                entry.task,
-                options.get(OPTION_MISFIRE),
-                options.get(OPTION_JITTER),
-                options.get(OPTION_CATCHUP_WINDOW),
-            )
-            plan = self._runtime_plans.get(key)
-            if plan is None:
-                plan = self._runtime_plans[key] = entry_plan(entry, self.config, self.app)
-        except Exception as exc:
-            self._broken(name, f"invalid runtime entry: {exc}")
-            return "broken"
-        if not definition["enabled"]:
-            self.paused[name] = entry
-            until = paused_until(definition)
-            if until is not None:
-                self.pause_expiry[name] = until
-            return "paused"
-        self.schedule[name] = entry
-        self.plans[name] = plan
-        return "active"
-
     def apply_changes(self, epoch: int, now: float, version: int) -> bool:
         """Apply the runtime entries changed since ``seen_version`` and the run-now requests; False
         when the lease turned out to be gone. Reads only the changed names (one round trip for the
@@ -679,12 +623,10 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         self.keeper.step_down("the dispatch check refused: another beat holds the lease")
         return False
 
-    def publish(self, entry: Any, slot: float, epoch: int) -> Any:
+    def publish(self, entry: Any, slot: float, epoch: int) -> None:
         published = self._send(entry, slot, epoch)
-        if published is None:
-            return None
-        self._sent(entry, slot, epoch, published[0])
-        return published[0]
+        if published is not None:
+            self._sent(entry, slot, epoch, published[0])
 
     def _send(self, entry: Any, slot: float, epoch: int) -> tuple[Any, dict[str, Any]] | None:
         """Publish one slot (or buffer it, inside a batch): its result and the options it went with;
@@ -699,17 +641,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         if extra is None:  # dropped by its overlap policy (logged and signalled)
             history.dropped(self.backend, entry.name, slot, self.clock.time())
             return None
-        options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
-        options["headers"] = {
-            **(options.get("headers") or {}),
-            **extra.pop("headers", {}),
-            C.HEADER_SLOT: when.isoformat(),
-            C.HEADER_EPOCH: epoch,
-            C.HEADER_ENTRY: entry.name,
-        }
-        options.update(extra)
-        if task_id is not None:
-            options["task_id"] = task_id
+        headers = {C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch, C.HEADER_ENTRY: entry.name}
+        options = slot_options(entry.options, extra, headers, task_id)
         proxy = copy.copy(entry)
         proxy.options = options
         try:

@@ -292,9 +292,7 @@ def _validated(
     if schedules is not None and isinstance(schedule, Mapping):
         # a written spec: validated once per distinct spec (building a crontab is the costly part)
         spec = dict(schedule)
-        known = spec_key(spec)
-        if known not in schedules:
-            schedules[known] = schedule_from_spec(spec)
+        cached_schedule(spec, schedules)
     else:
         spec = schedule_to_spec(schedule)
     options = policy_options(
@@ -449,9 +447,7 @@ class _Bulk:
         cached = self.spec_texts.get(known)
         if cached is None:
             spec = dict(schedule)
-            key = spec_key(spec)
-            if key not in self.schedules:
-                self.schedules[key] = schedule_from_spec(spec)  # validates
+            cached_schedule(spec, self.schedules)  # validates
             cached = self.spec_texts[known] = (spec, canonical_json(spec))
         spec, spec_text = cached
         get = item.get

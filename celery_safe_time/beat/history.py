@@ -251,13 +251,6 @@ def cached_backend(app: Celery) -> BeatBackend:
         return backend
 
 
-def _backend_of(app: Celery) -> BeatBackend | None:
-    """The backend the worker writes outcomes to; None when the history is off."""
-    if not get_config(app).beat_history_size:
-        return None
-    return cached_backend(app)
-
-
 def _slot_of(request: Any) -> tuple[str, float] | None:
     entry = message_header(request, C.HEADER_ENTRY)
     slot = message_header(request, C.HEADER_SLOT)
@@ -271,11 +264,9 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
     started = _started.pop(task_id, None) if task_id else None
     try:
         found = _slot_of(request)
-        if found is None:
+        if found is None or not get_config(app).beat_history_size:
             return
-        backend = _backend_of(app)
-        if backend is None:
-            return
+        backend = cached_backend(app)
         entry, slot = found
         now = time.time()
         label = _OUTCOMES.get(state, state.lower())
@@ -398,21 +389,11 @@ def _app(app: Celery | None) -> Celery:
 def entry_history(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_HISTORY_SIZE) -> list[RunRecord]:
     """The last ``limit`` runs of the beat entry ``name``, newest slot first (empty when it has none
     or the history is off)."""
-    backend = cached_backend(_app(app))
-    out = []
-    for published, outcome in backend.history(name, limit):
-        record = run_record(name, published, outcome)
-        if record is not None:
-            out.append(record)
-    return out
+    records = (run_record(name, *pair) for pair in cached_backend(_app(app)).history(name, limit))
+    return [record for record in records if record is not None]
 
 
 def entry_audit(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_AUDIT_SIZE) -> list[AuditRecord]:
     """The last ``limit`` changes of the beat entry ``name``, newest first."""
-    backend = cached_backend(_app(app))
-    out = []
-    for raw in backend.audit(name, limit):
-        record = audit_record(name, raw)
-        if record is not None:
-            out.append(record)
-    return out
+    records = (audit_record(name, raw) for raw in cached_backend(_app(app)).audit(name, limit))
+    return [record for record in records if record is not None]

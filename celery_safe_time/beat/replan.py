@@ -170,13 +170,9 @@ class ReplanningScheduler(LeasedScheduler):
             return
         self.lazy = False
         snapshot = self.backend.snapshot()
-        version, definitions, requests, marker = (
-            snapshot.version,
-            snapshot.definitions,
-            snapshot.requests,
-            snapshot.marker,
-        )
-        del snapshot
+        version, requests, marker = snapshot.version, snapshot.requests, snapshot.marker
+        definitions = snapshot.definitions
+        del snapshot  # the definitions are freed with the local below
         # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
         # collector would walk the growing heap again and again while they are built.
         with collector_paused():

@@ -76,12 +76,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             # (and theirs by it), so that a beat left at one shard beside them does not fire as well
             if self.shards > 1 or self.backend.keeps_heartbeats:
                 backend = self.backend
-                self.gate = ShardGate(
-                    self.shards,
-                    config.beat_lease,
-                    backend.beats_heartbeat,
-                    backend.clock.time,
-                )
+                self.gate = ShardGate(self.shards, config.beat_lease, backend.beats_heartbeat, backend.clock.time)
                 self.keeper.join(self.gate)
         #: the entries' overlap policies, decided at dispatch (:mod:`.overlap`)
         self.overlap_gate = OverlapGate(app, self.config)
@@ -434,37 +429,30 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             [write for _, write in planned], epoch, self.clock.time(), self.config.beat_history_size
         )
         verdicts = self.lease.write_slots(epoch, writes)
-        allowed: list[tuple[Any, float]] = []
+        allowed: list[tuple[Any, float]] = []  # published also when this stops half way: they are marked fired
         try:
-            return self._allowed(planned, verdicts, allowed)
+            for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
+                if verdict < 0:
+                    return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
+                if write.next_fire == NEVER:
+                    self._finished(write.entry)
+                if write.slot is None:
+                    continue
+                if verdict == 0:
+                    logger.warning(
+                        "beat: entry %r slot %s was already fired; not publishing it again", write.entry, write.slot
+                    )
+                    signals.beat_slot_duplicate.send(
+                        sender=self, entry=write.entry, slot=to_datetime(write.slot), reason="already fired"
+                    )
+                    continue
+                entry = self.schedule.get(write.entry)
+                if entry is not None:
+                    allowed.append((entry, write.slot))
+            return True
         finally:
             self.publish_many(allowed, epoch)
             self._task_ids = {}
-
-    def _allowed(
-        self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]
-    ) -> bool:
-        """Read the guard's verdicts: the slots to publish go in ``allowed`` (published by the caller,
-        also when this stops half way: those slots are marked fired)."""
-        for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
-            if verdict < 0:
-                return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
-            if write.next_fire == NEVER:
-                self._finished(write.entry)
-            if write.slot is None:
-                continue
-            if verdict == 0:
-                logger.warning(
-                    "beat: entry %r slot %s was already fired; not publishing it again", write.entry, write.slot
-                )
-                signals.beat_slot_duplicate.send(
-                    sender=self, entry=write.entry, slot=to_datetime(write.slot), reason="already fired"
-                )
-                continue
-            entry = self.schedule.get(write.entry)
-            if entry is not None:
-                allowed.append((entry, write.slot))
-        return True
 
     def publish_many(self, allowed: list[tuple[Any, float]], epoch: int) -> None:
         """Publish a tick's allowed slots; on a Redis broker in one round trip (kombu's ``Producer.batch``:

@@ -570,14 +570,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             if not self.changes_behind:
                 self.backend.drop_due(name)
             return []
+        on_time = self.config.beat_lease if on_time is None else on_time
         try:
-            decision = plan.decide(
-                name,
-                slot,
-                now,
-                on_time=self.config.beat_lease if on_time is None else on_time,
-                grace=self.config.misfire_grace,
-            )
+            decision = plan.decide(name, slot, now, on_time=on_time, grace=self.config.misfire_grace)
         except Exception as exc:
             self._broken(name, f"cannot compute its next slot: {exc}")
             self.plans.pop(name, None)

@@ -44,18 +44,11 @@ def invalid_entries(app: Celery | None = None, *, tasks: bool = True) -> dict[st
     store = _Store(app)
     config_entries = store.config_entries()
     plan_app = _plan_app(store, tasks)
-    problems: dict[str, str] = {}
-    for name, spec in config_entries.items():
-        problem = _config_problem(store, name, spec, plan_app)
-        if problem is not None:
-            problems[name] = problem
+    problems = {name: _config_problem(store, name, spec, plan_app) for name, spec in config_entries.items()}
     for name, raw in store.backend.entry_definitions(None).items():
-        if name in config_entries:
-            continue
-        problem = _runtime_problem(store, name, raw, plan_app)
-        if problem is not None:
-            problems[name] = problem
-    return problems
+        if name not in config_entries:
+            problems[name] = _runtime_problem(store, name, raw, plan_app)
+    return {name: problem for name, problem in problems.items() if problem is not None}
 
 
 def _plan_app(store: _Store, tasks: bool) -> Any:

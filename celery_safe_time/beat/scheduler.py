@@ -1,16 +1,14 @@
 """``SafeScheduler``: Celery beat with a leader lease, guarded dispatch and shared state, on the app's
 beat backend (:mod:`.backends`: Redis by default, PostgreSQL with ``safe_time_coordination_url``).
 
-Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or embedded with
-``worker -B``): one beat leads, the others stand by. Per-entry state (last fired slot, next
-slot) lives in the backend (Redis: a hash plus a sorted set of next-fire times; PostgreSQL: a table with
-a partial index on the next fire time), so a tick reads only the
-entries that are due and a new leader resumes exactly where the old one stopped.
+Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or embedded with ``worker -B``):
+one beat leads, the others stand by. Per-entry state (last fired slot, next slot) lives in the backend,
+indexed by next fire time, so a tick reads only the due entries and a new leader resumes where the old one stopped.
 
-Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader
-loads all of them once per lease term and then, when the change counter moved, only the changed ones.
-With ``BEAT_LAZY_ENTRIES`` runtime entries or more on a backend that can (Redis), it keeps none of
-them: it reads the definitions of the entries that fall due and of those that change (``reconcile_lazy``).
+Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader loads them all
+once per lease term, then only the changed ones. With ``BEAT_LAZY_ENTRIES`` runtime entries or more on a
+backend that can (Redis), it keeps none of them and reads the definitions of the entries that fall due or
+change (``reconcile_lazy``).
 """
 
 from __future__ import annotations

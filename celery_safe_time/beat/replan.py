@@ -155,14 +155,12 @@ class ReplanningScheduler(LeasedScheduler):
         return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
 
     def reconcile(self, epoch: int, now: float, *, full: bool = False) -> None:
-        """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones (with ``lazy_threshold`` runtime entries or more: :meth:`reconcile_lazy`;
-        ``full`` makes that one plan every entry, as this one does when the due set does not add up).
+        """On taking the lease: load every runtime entry and re-plan (with ``lazy_threshold`` runtime
+        entries or more: :meth:`reconcile_lazy`, which ``full`` makes plan every entry).
 
-        When the previous leader recorded the version its state reflects, only the config entries and
-        the runtime entries changed after it are re-planned (their state read with HMGET); every other
-        entry's state is already right in the backend. A due-set count that does not add up afterwards, or
-        no usable marker, re-plans everything from a full read of the state.
+        With the previous leader's marker (the version its state reflects), only the config entries and
+        the runtime entries changed since are re-planned; without one, or when the due-set count does not
+        add up afterwards, every entry is, from a full read of the state.
         """
         self.changes_behind = False  # a new term reads the whole state: no batch of the log is pending
         if self.backend.reads_due_only and self.backend.definition_count() >= self.lazy_threshold:
@@ -247,12 +245,9 @@ class ReplanningScheduler(LeasedScheduler):
         """:meth:`reconcile` for a leader with many runtime entries: nothing is loaded for good.
 
         With the previous leader's marker, only the config entries and the runtime entries changed
-        after it are read and re-planned (the due set already holds every other entry's next fire);
-        without one, every definition is read and planned a chunk at a time (HSCAN) and forgotten
-        again, so memory stays flat: one chunk here, then one per tick (:meth:`replan_step`), the
-        leader firing what is due in between. From then on a tick reads the definitions of the
-        entries it fires.
-        ``full``: plan every entry whatever the marker says (the due set lost entries).
+        since are read and re-planned; without one (or with ``full``: the due set lost entries), every
+        definition is planned a chunk per tick (:meth:`replan_step`) and forgotten, so memory stays flat
+        and the leader fires what is due in between.
         """
         meta = self.backend.snapshot_meta()
         version, requests, marker = meta.version, meta.requests, meta.marker

@@ -162,12 +162,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
     # --- the loop -----------------------------------------------------------------
     def _tick(self) -> float:
         """One tick of each shard this beat leads whose own wait is over (shard 0's, then the others');
-        the shortest wait left.
-
-        Each held shard keeps the cadence of one leader: it ticks when the wait its last tick returned is
-        over (its next due entry, a change poll or ``max_interval``), or at once when its lease is new. A
-        standby shard only looks whether its lease thread took the lease (no backend call); the beat's
-        loop comes back every ``BEAT_STANDBY_WAKE`` for it without ticking the held shards each time.
+        the shortest wait left. Each held shard keeps the cadence of one leader (it ticks when the wait
+        its last tick returned is over, or at once when its lease is new); a standby shard only looks
+        whether its lease thread took the lease, with no backend call.
         """
         if not self.shard_children:
             return self._tick_shard()
@@ -248,12 +245,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
         """The due entries, what is missing from the backend's state (None when nothing is), the change
-        counter of the runtime entries, and the first entry of the due set (how long to sleep when
-        nothing is due: an idle tick is this one round trip).
-
-        The two counts and the counter ride in the same round trip as the due read: after a reconcile
-        every planned entry has a member in the due set and a field in the state hash, and only the
-        leader removes them; runtime entries cost a tick nothing until one changes.
+        counter of the runtime entries, and the first entry of the due set (how long to sleep): all in
+        the one round trip of an idle tick. After a reconcile every planned entry is in the due set and
+        the state, and only the leader removes them, so the counts tell a loss.
         """
         read = self.backend.read_due(now, C.BEAT_DUE_BATCH)
         planned = len(self.plans)

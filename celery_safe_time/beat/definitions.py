@@ -24,6 +24,9 @@ from ..exceptions import ScheduleError, SerializationError
 from ..schedules import crontab, resolve_tz
 from .slots import at, rrule
 
+#: A crontab's fields, in the order its spec lists them.
+_CRON_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+
 
 def _field(value: Any) -> str:
     """A crontab field as cron text (the JSON keeps what was written: ``"*/15"``, ``"1-5"``, ``"0"``)."""
@@ -66,16 +69,9 @@ def schedule_to_spec(schedule: Any) -> dict[str, Any]:
     if isinstance(schedule, at):
         return {"type": "at", "at": schedule.when.isoformat()}
     if isinstance(schedule, celery_crontab):
+        fields = {f: _field(getattr(schedule, f"_orig_{f}")) for f in _CRON_FIELDS}
         tz = schedule._tz_arg if isinstance(schedule, crontab) else None
-        return {
-            "type": "crontab",
-            "minute": _field(schedule._orig_minute),
-            "hour": _field(schedule._orig_hour),
-            "day_of_week": _field(schedule._orig_day_of_week),
-            "day_of_month": _field(schedule._orig_day_of_month),
-            "month_of_year": _field(schedule._orig_month_of_year),
-            "tz": _tz_name(tz),
-        }
+        return {"type": "crontab", **fields, "tz": _tz_name(tz)}
     if isinstance(schedule, solar):
         return {"type": "solar", "event": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
     if isinstance(schedule, celery_interval):
@@ -125,7 +121,7 @@ def schedule_from_spec(spec: Any) -> Any:
                 raise ScheduleError(f"interval every: expected seconds, got {every!r}")
             return celery_interval(timedelta(seconds=_interval(float(every))["every"]))
         if kind == "crontab":
-            fields = {f: spec.get(f, "*") for f in ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")}
+            fields = {f: spec.get(f, "*") for f in _CRON_FIELDS}
             return crontab(**fields, tz=spec.get("tz"))
         if kind == "solar":
             return solar(spec["event"], float(spec["lat"]), float(spec["lon"]))

@@ -1,22 +1,20 @@
 """Run history and change audit per beat entry.
 
-**History.** The last ``safe_time_beat_history_size`` runs of each entry (50 by default): its slot,
-when it was published, the task id, by which beat (epoch, host), and its outcome. Beat writes the
-published part in the same backend round trip as the dispatch guard (the task id is chosen before
-the guard, then given to the publish); the worker that runs the task fills in the outcome
-(succeeded, failed, retried, revoked, when it finished, how long it ran) from the message headers
-``safe_time_entry`` and ``safe_time_slot``. The worker's write never fails a task: an error is logged
-and swallowed. A slot that was claimed but could not be published shows ``not published``.
+**History.** The last ``safe_time_beat_history_size`` runs of each entry (50 by default): its slot, when
+it was published, the task id, by which beat (epoch, host), and its outcome. Beat writes the published part
+in the dispatch guard's round trip (the task id is chosen before the guard, then given to the publish); the
+worker that runs the task fills in the outcome (succeeded, failed, retried, revoked, when it finished, how
+long it ran) from the ``safe_time_entry`` and ``safe_time_slot`` headers, and never fails a task for it
+(an error is logged). A slot that was claimed but could not be published shows ``not published``.
 
 **Audit.** Every change to a runtime entry (``save_entry``, ``delete_entry``, pause, resume, a one-off
 disabling itself, ``run_now``, ``backfill``) appends a record: when, who (``changed_by``, by default
-``user@host pid N``), the action, and the old and new definitions (JSON). The definition changes
-write it atomically with the change itself, with the definition they replaced. Kept per entry, the
-newest ``safe_time_beat_audit_size`` (50 by default). django-celery-beat's rows are audited by the
-Django app (``celery_safe_time.contrib.django.audit``), after their change is committed.
+``user@host pid N``), the action, and the old and new definitions (JSON), written atomically with the
+change. Kept per entry, the newest ``safe_time_beat_audit_size`` (50 by default). django-celery-beat's rows
+are audited by ``celery_safe_time.contrib.django.audit``, after their change is committed.
 
-Records are JSON, stored by the app's beat backend (Redis: a hash and a sorted set per entry for
-the history, a list for the audit; PostgreSQL: ``safe_time_beat_history`` and ``safe_time_beat_audit``).
+Records are JSON, stored by the app's beat backend (Redis: a hash and a sorted set per entry for the
+history, a list for the audit; PostgreSQL: ``safe_time_beat_history`` and ``safe_time_beat_audit``).
 Read them with :func:`entry_history` and :func:`entry_audit`.
 """
 

@@ -1,9 +1,9 @@
 """Runtime beat entries: add, change, pause and remove periodic tasks without restarting beat.
 
-The definitions live in the app's beat backend, next to the schedule state: on Redis the keys below
-(behind ``safe_time_key_prefix``; any language can read and write them), on PostgreSQL the tables
-``safe_time_beat_entries``, ``safe_time_beat_changes``, ``safe_time_beat_meta`` and
-``safe_time_beat_run_now`` with the same JSON and the same counter (docs/beat.md lists them).
+The definitions live in the app's beat backend, next to the schedule state: on Redis the keys below (behind
+``safe_time_key_prefix``; any language can read and write them), on PostgreSQL the tables
+``safe_time_beat_entries``, ``safe_time_beat_changes``, ``safe_time_beat_meta`` and ``safe_time_beat_run_now``
+with the same JSON and the same counter (docs/beat.md lists them).
 
 - ``beat:entries`` (hash): entry name -> its definition, canonical JSON::
 
@@ -12,21 +12,19 @@ The definitions live in the app's beat backend, next to the schedule state: on R
                     "day_of_month": "*", "month_of_year": "*", "tz": "Europe/Berlin"},
        "args": [42], "kwargs": {}, "options": {"queue": "reports"}, "enabled": true}
 
-  ``schedule`` is one of ``{"type": "interval", "every": seconds}``, ``crontab`` (as above;
-  ``tz`` null means the app timezone), ``{"type": "solar", "event": ..., "lat": ..., "lon": ...}``,
-  ``{"type": "rrule", "rule": "FREQ=DAILY;BYHOUR=9", "dtstart": "2026-01-01T09:00:00",
-  "tz": "Europe/Berlin"}`` (``tz`` null: ``dtstart`` carries an offset or is UTC) and
-  ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
-- ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last
-  change; a deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and
-  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically (on PostgreSQL,
-  one statement each). The leader reads the counter in every tick's due read and, when it moved,
-  only the changed names: a change takes effect at the leader's next tick, whatever the number of
-  entries.
+  ``schedule`` is one of ``{"type": "interval", "every": seconds}``, ``crontab`` (as above; ``tz`` null means
+  the app timezone), ``{"type": "solar", "event": ..., "lat": ..., "lon": ...}``, ``{"type": "rrule", "rule":
+  "FREQ=DAILY;BYHOUR=9", "dtstart": "2026-01-01T09:00:00", "tz": "Europe/Berlin"}`` (``tz`` null: ``dtstart``
+  carries an offset or is UTC) and ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
+- ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last change; a
+  deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and ``lua/delete_entry.lua``
+  (EVAL them from any client), which bump both atomically (on PostgreSQL, one statement each). The leader
+  reads the counter in every tick's due read and, when it moved, only the changed names: a change takes
+  effect at the leader's next tick, whatever the number of entries.
 
 Per-entry state (last fired slot, next slot) is the scheduler's usual state (Redis: ``beat:state`` /
-``beat:due``; PostgreSQL: ``safe_time_beat_state``), so a definition that did not change keeps it,
-and a pause keeps it for the resume.
+``beat:due``; PostgreSQL: ``safe_time_beat_state``), so a definition that did not change keeps it, and a pause
+keeps it for the resume.
 """
 
 from __future__ import annotations

@@ -693,10 +693,7 @@ def _runtime_info(
     )  # fmt: skip
     if info.enabled or not d["paused"]:
         return info
-    until = paused_until(d)
-    return dataclasses.replace(
-        info, pause_note=d["paused"].get("note"), paused_until=None if until is None else _when(until)
-    )
+    return dataclasses.replace(info, pause_note=d["paused"].get("note"), paused_until=_when(paused_until(d)))
 
 
 def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:

@@ -246,8 +246,8 @@ def _due_soon_page(
     due = store.backend.read_due(store.backend.clock.time() + soon, C.BEAT_LIST_DUE_MAX).due
     names = sorted(n for n, _ in due if (not prefix or n.startswith(prefix)) and (after is None or n > after))
     page, rest = names[:limit], names[limit:]
-    raws = store.backend.definitions([n for n in page if n not in config_all])
-    raw_of = dict(zip([n for n in page if n not in config_all], raws, strict=True))
+    runtime = [n for n in page if n not in config_all]
+    raw_of = dict(zip(runtime, store.backend.definitions(runtime), strict=True))
     states, scores, versions = store.backend.entry_rows(page) if page else ([], [], [])
     out: list[EntryInfo] = []
     for name, st, score, version in zip(page, states, scores, versions, strict=True):

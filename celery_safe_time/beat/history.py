@@ -333,9 +333,7 @@ def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
     if slot is None:
         return None
     at = p.get("at")
-    lateness = None
-    if isinstance(at, (int, float)):
-        lateness = round(float(at) - float(p["slot"]), 3)
+    lateness = round(float(at) - float(p["slot"]), 3) if isinstance(at, (int, float)) else None
     runtime = o.get("runtime")
     retries = o.get("retries")
     return RunRecord(

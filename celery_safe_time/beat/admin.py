@@ -4,7 +4,6 @@ rows (:func:`celery_safe_time.contrib.django.status.describe_beat_with_django`).
 
 from __future__ import annotations
 
-import logging
 import math
 from datetime import datetime
 from typing import Any
@@ -17,8 +16,6 @@ from ..config import get_config, mask_url
 from .backends import BeatBackend, beat_backend
 from .shards import incumbent
 from .state import load_state
-
-logger = logging.getLogger(__name__)
 
 
 def describe_beat(app: Celery) -> dict[str, Any]:
@@ -37,17 +34,10 @@ def describe_beat(app: Celery) -> dict[str, Any]:
         shards = describe_shards(backend) if config.beat_shards > 1 else None
     except backend.errors as exc:
         return {"error": f"{backend.where()} unreachable: {exc}"}
-    entries = []
-    for (name, score), raw in zip(head, states, strict=False):
-        state = load_state(raw)
-        last = state.get("last")
-        entries.append(
-            {
-                "entry": name,
-                "last_slot": _iso(last),
-                "next_slot": _iso(float(score)),
-            }
-        )
+    entries = [
+        {"entry": name, "last_slot": _iso(load_state(raw).get("last")), "next_slot": _iso(float(score))}
+        for (name, score), raw in zip(head, states, strict=False)
+    ]
     return {
         "leader": {
             "host": info.get("host"),

@@ -1,22 +1,16 @@
 """Backfill: publish the past slots of a beat entry that were not fired, each at most once.
 
-``backfill(name, start, end)`` (``celery safe-time beat backfill NAME --from ... --to ...``) walks
-the entry's schedule over ``[start, end)`` and publishes every slot that has no fired-slot record,
-through the same record the leader's dispatch guard writes: a slot the leader fired is not published
-again, a slot the backfill published is not published by the leader (nor by a second backfill, or
-the same one run twice). No lease is needed: the record itself is the guard.
+``backfill(name, start, end)`` (``celery safe-time beat backfill NAME --from ... --to ...``) walks the entry's
+schedule over ``[start, end)`` and publishes every slot without a fired-slot record, writing the record the
+leader's dispatch guard writes: neither the leader, nor another backfill, nor the same one run twice publishes
+such a slot again. No lease is needed: the record itself is the guard. Published tasks carry the
+``safe_time_slot`` header, and ``safe_time_backfill`` (the backfill's id) in place of ``safe_time_epoch``.
 
-Published tasks carry the ``safe_time_slot`` header like scheduled ones, and ``safe_time_backfill``
-(the backfill's id) where a scheduled one carries the leader's ``safe_time_epoch``.
-
-A backfill goes through the entry's overlap gate as beat's slots do (:mod:`.overlap`), with the
-entry's own policy or the one the backfill names (``overlap=``, ``--overlap``). The slots of a
-backfill are published in one go, so the policies read as: ``allow`` publishes every slot and the
-runs may overlap; ``buffer_all`` publishes every slot and runs them one at a time in slot order;
-``skip`` publishes the first slot only when no run of the entry is queued or running (then drops
-the rest); ``buffer_one`` publishes the first slot and drops the rest while it waits;
-``cancel_other`` leaves the last slot's run (each slot revokes the one before). A dropped slot stays
-fired: it shows as ``dropped`` in the run history and is not published by a later backfill.
+The slots go through the entry's overlap gate (:mod:`.overlap`) in one go, with its own policy or the one the
+backfill names: ``allow`` and ``buffer_all`` publish every slot (``buffer_all`` runs them one at a time, in
+slot order), ``skip`` publishes the first only when no run is queued or running and ``buffer_one`` the first
+only, dropping the rest, and ``cancel_other`` leaves the last slot's run (each slot revokes the one before).
+A dropped slot stays fired: ``dropped`` in the run history, not published by a later backfill.
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ from ..exceptions import ScheduleError
 from .base import stop_signals_held
 from .entries import EntryInfo, _Store, get_entry
 from .history import dropped, not_published, record_audit, record_published
-from .overlap import OverlapGate
+from .overlap import OverlapGate, slot_options
 from .policies import OPTION_OVERLAP, overlap_option
 from .slots import NEVER, Grid, IntervalGrid, grid_for
 from .state import load_state
@@ -250,14 +244,8 @@ def _publish(
     if extra is None:
         dropped(store.backend, info.name, slot, store.backend.clock.time())
         return "dropped"
-    options = {k: v for k, v in entry_options.items() if not k.startswith("safe_time_")}
-    options["headers"] = {
-        **(options.get("headers") or {}), **extra.pop("headers", {}), C.HEADER_SLOT: when.isoformat(),
-        C.HEADER_BACKFILL: marker, C.HEADER_ENTRY: info.name,
-    }  # fmt: skip
-    options.update(extra)
-    if task_id is not None:
-        options["task_id"] = task_id
+    headers = {C.HEADER_SLOT: when.isoformat(), C.HEADER_BACKFILL: marker, C.HEADER_ENTRY: info.name}
+    options = slot_options(entry_options, extra, headers, task_id)
     try:
         task = app.tasks.get(info.task)
         if task is not None:

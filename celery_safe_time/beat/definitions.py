@@ -24,6 +24,9 @@ from ..exceptions import ScheduleError, SerializationError
 from ..schedules import crontab, resolve_tz
 from .slots import at, rrule
 
+#: A crontab's fields, in the order its spec lists them.
+_CRON_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+
 
 def _field(value: Any) -> str:
     """A crontab field as cron text (the JSON keeps what was written: ``"*/15"``, ``"1-5"``, ``"0"``)."""
@@ -66,16 +69,9 @@ def schedule_to_spec(schedule: Any) -> dict[str, Any]:
     if isinstance(schedule, at):
         return {"type": "at", "at": schedule.when.isoformat()}
     if isinstance(schedule, celery_crontab):
+        fields = {f: _field(getattr(schedule, f"_orig_{f}")) for f in _CRON_FIELDS}
         tz = schedule._tz_arg if isinstance(schedule, crontab) else None
-        return {
-            "type": "crontab",
-            "minute": _field(schedule._orig_minute),
-            "hour": _field(schedule._orig_hour),
-            "day_of_week": _field(schedule._orig_day_of_week),
-            "day_of_month": _field(schedule._orig_day_of_month),
-            "month_of_year": _field(schedule._orig_month_of_year),
-            "tz": _tz_name(tz),
-        }
+        return {"type": "crontab", **fields, "tz": _tz_name(tz)}
     if isinstance(schedule, solar):
         return {"type": "solar", "event": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
     if isinstance(schedule, celery_interval):
@@ -125,7 +121,7 @@ def schedule_from_spec(spec: Any) -> Any:
                 raise ScheduleError(f"interval every: expected seconds, got {every!r}")
             return celery_interval(timedelta(seconds=_interval(float(every))["every"]))
         if kind == "crontab":
-            fields = {f: spec.get(f, "*") for f in ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")}
+            fields = {f: spec.get(f, "*") for f in _CRON_FIELDS}
             return crontab(**fields, tz=spec.get("tz"))
         if kind == "solar":
             return solar(spec["event"], float(spec["lat"]), float(spec["lon"]))
@@ -168,6 +164,10 @@ def _json(value: Any, what: str, name: str) -> Any:
         raise SerializationError(f"entry {name!r}: {what} must be JSON-serialisable: {exc}") from None
 
 
+#: The canonical JSON encoder of definitions, made once (``json.dumps`` with arguments builds one per call).
+canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+
+
 def definition_json(
     name: str,
     task: str,
@@ -181,31 +181,18 @@ def definition_json(
     """The canonical JSON stored for an entry (sorted keys: an unchanged entry gives the same bytes).
 
     ``paused`` (a paused entry only): ``{"note": text or null, "until": ISO instant or null}``."""
-    body = {
-        "format": C.BEAT_ENTRY_FORMAT,
-        "name": name,
-        "task": task,
-        "schedule": spec,
-        "args": _json(list(args), "args", name),
-        "kwargs": _json(dict(kwargs), "kwargs", name),
-        "options": _json(dict(options), "options", name),
-        "enabled": bool(enabled),
-    }
-    if paused and not enabled:
-        body["paused"] = {"note": paused.get("note"), "until": paused.get("until")}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-#: The encoder of :func:`definition_json`, made once (``json.dumps`` with arguments builds one per call).
-canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+    return definition_text(name, canonical_json(task), canonical_json(spec), args, kwargs, options, enabled, paused)
 
 
 def definition_text(
-    name: str, task_json: str, spec_json: str, args: Any, kwargs: Any, options: Any, enabled: bool
+    name: str, task_json: str, spec_json: str, args: Any, kwargs: Any, options: Any, enabled: bool, paused: Any = None
 ) -> str:
-    """:func:`definition_json` (no pause) from its parts, the task and schedule already encoded by
-    :data:`canonical_json` (a bulk save encodes each distinct one once): the same bytes, the keys
-    written in their sorted order. ``args``, ``kwargs`` and ``options`` are checked as there."""
+    """:func:`definition_json` from its parts, the task and schedule already encoded by
+    :data:`canonical_json` (a bulk save encodes each distinct one once), the keys written in their
+    sorted order. ``args``, ``kwargs`` and ``options`` are checked by a JSON round trip."""
+    pause = ""
+    if paused and not enabled:
+        pause = ',"paused":' + canonical_json({"note": paused.get("note"), "until": paused.get("until")})
     return (
         '{"args":' + canonical_json(_json(list(args), "args", name))
         + ',"enabled":' + ("true" if enabled else "false")
@@ -213,7 +200,7 @@ def definition_text(
         + ',"kwargs":' + (canonical_json(_json(dict(kwargs), "kwargs", name)) if kwargs else "{}")
         + ',"name":' + encode_basestring_ascii(name)
         + ',"options":' + (canonical_json(_json(dict(options), "options", name)) if options else "{}")
-        + ',"schedule":' + spec_json + ',"task":' + task_json + "}"
+        + pause + ',"schedule":' + spec_json + ',"task":' + task_json + "}"
     )  # fmt: skip
 
 

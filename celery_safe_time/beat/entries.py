@@ -1,9 +1,9 @@
 """Runtime beat entries: add, change, pause and remove periodic tasks without restarting beat.
 
-The definitions live in the app's beat backend, next to the schedule state: on Redis the keys below
-(behind ``safe_time_key_prefix``; any language can read and write them), on PostgreSQL the tables
-``safe_time_beat_entries``, ``safe_time_beat_changes``, ``safe_time_beat_meta`` and
-``safe_time_beat_run_now`` with the same JSON and the same counter (docs/beat.md lists them).
+The definitions live in the app's beat backend, next to the schedule state: on Redis the keys below (behind
+``safe_time_key_prefix``; any language can read and write them), on PostgreSQL the tables
+``safe_time_beat_entries``, ``safe_time_beat_changes``, ``safe_time_beat_meta`` and ``safe_time_beat_run_now``
+with the same JSON and the same counter (docs/beat.md lists them).
 
 - ``beat:entries`` (hash): entry name -> its definition, canonical JSON::
 
@@ -12,21 +12,19 @@ The definitions live in the app's beat backend, next to the schedule state: on R
                     "day_of_month": "*", "month_of_year": "*", "tz": "Europe/Berlin"},
        "args": [42], "kwargs": {}, "options": {"queue": "reports"}, "enabled": true}
 
-  ``schedule`` is one of ``{"type": "interval", "every": seconds}``, ``crontab`` (as above;
-  ``tz`` null means the app timezone), ``{"type": "solar", "event": ..., "lat": ..., "lon": ...}``,
-  ``{"type": "rrule", "rule": "FREQ=DAILY;BYHOUR=9", "dtstart": "2026-01-01T09:00:00",
-  "tz": "Europe/Berlin"}`` (``tz`` null: ``dtstart`` carries an offset or is UTC) and
-  ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
-- ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last
-  change; a deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and
-  ``lua/delete_entry.lua`` (EVAL them from any client), which bump both atomically (on PostgreSQL,
-  one statement each). The leader reads the counter in every tick's due read and, when it moved,
-  only the changed names: a change takes effect at the leader's next tick, whatever the number of
-  entries.
+  ``schedule`` is one of ``{"type": "interval", "every": seconds}``, ``crontab`` (as above; ``tz`` null means
+  the app timezone), ``{"type": "solar", "event": ..., "lat": ..., "lon": ...}``, ``{"type": "rrule", "rule":
+  "FREQ=DAILY;BYHOUR=9", "dtstart": "2026-01-01T09:00:00", "tz": "Europe/Berlin"}`` (``tz`` null: ``dtstart``
+  carries an offset or is UTC) and ``{"type": "at", "at": "2026-12-01T09:00:00+00:00"}`` (one-off).
+- ``beat:entries:version`` (counter) and ``beat:entries:changed`` (zset name -> version of its last change; a
+  deleted entry stays as a tombstone). Writers go through ``lua/save_entry.lua`` and ``lua/delete_entry.lua``
+  (EVAL them from any client), which bump both atomically (on PostgreSQL, one statement each). The leader
+  reads the counter in every tick's due read and, when it moved, only the changed names: a change takes
+  effect at the leader's next tick, whatever the number of entries.
 
 Per-entry state (last fired slot, next slot) is the scheduler's usual state (Redis: ``beat:state`` /
-``beat:due``; PostgreSQL: ``safe_time_beat_state``), so a definition that did not change keeps it,
-and a pause keeps it for the resume.
+``beat:due``; PostgreSQL: ``safe_time_beat_state``), so a definition that did not change keeps it, and a pause
+keeps it for the resume.
 """
 
 from __future__ import annotations
@@ -292,9 +290,7 @@ def _validated(
     if schedules is not None and isinstance(schedule, Mapping):
         # a written spec: validated once per distinct spec (building a crontab is the costly part)
         spec = dict(schedule)
-        known = spec_key(spec)
-        if known not in schedules:
-            schedules[known] = schedule_from_spec(spec)
+        cached_schedule(spec, schedules)
     else:
         spec = schedule_to_spec(schedule)
     options = policy_options(
@@ -449,9 +445,7 @@ class _Bulk:
         cached = self.spec_texts.get(known)
         if cached is None:
             spec = dict(schedule)
-            key = spec_key(spec)
-            if key not in self.schedules:
-                self.schedules[key] = schedule_from_spec(spec)  # validates
+            cached_schedule(spec, self.schedules)  # validates
             cached = self.spec_texts[known] = (spec, canonical_json(spec))
         spec, spec_text = cached
         get = item.get
@@ -699,10 +693,7 @@ def _runtime_info(
     )  # fmt: skip
     if info.enabled or not d["paused"]:
         return info
-    until = paused_until(d)
-    return dataclasses.replace(
-        info, pause_note=d["paused"].get("note"), paused_until=None if until is None else _when(until)
-    )
+    return dataclasses.replace(info, pause_note=d["paused"].get("note"), paused_until=_when(paused_until(d)))
 
 
 def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:

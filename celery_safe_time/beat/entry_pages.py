@@ -44,18 +44,11 @@ def invalid_entries(app: Celery | None = None, *, tasks: bool = True) -> dict[st
     store = _Store(app)
     config_entries = store.config_entries()
     plan_app = _plan_app(store, tasks)
-    problems: dict[str, str] = {}
-    for name, spec in config_entries.items():
-        problem = _config_problem(store, name, spec, plan_app)
-        if problem is not None:
-            problems[name] = problem
+    problems = {name: _config_problem(store, name, spec, plan_app) for name, spec in config_entries.items()}
     for name, raw in store.backend.entry_definitions(None).items():
-        if name in config_entries:
-            continue
-        problem = _runtime_problem(store, name, raw, plan_app)
-        if problem is not None:
-            problems[name] = problem
-    return problems
+        if name not in config_entries:
+            problems[name] = _runtime_problem(store, name, raw, plan_app)
+    return {name: problem for name, problem in problems.items() if problem is not None}
 
 
 def _plan_app(store: _Store, tasks: bool) -> Any:
@@ -137,54 +130,9 @@ def page_entries(
     is in that state. Reads the backend's name index a page at a time, never every entry: a state
     filter reads at most about ``scan`` runtime definitions per call and may answer fewer than
     ``limit`` entries with ``after`` set (go on from there). ``tasks=False``: as :func:`invalid_entries`."""
-    return _page(_Store(app), after=after, limit=limit, prefix=prefix, state=state, soon=soon, tasks=tasks, scan=scan)
-
-
-def count_entries(app: Celery | None = None, *, soon: float = C.BEAT_LIST_SOON) -> dict[str, Any]:
-    """The sizes of the schedule, from the backend's indexes: ``config`` entries, ``runtime``
-    definitions, ``scheduled`` (in the due set: enabled and planned), ``due_soon`` (next fire within
-    ``soon`` seconds, also given as ``soon_s``)."""
-    store = _Store(app)
-    counts = store.backend.entry_counts(store.backend.clock.time() + soon)
-    return {
-        "config": len(store.config_entries()),
-        "runtime": counts.definitions,
-        "scheduled": counts.scheduled,
-        "due_soon": counts.due_soon,
-        "soon_s": soon,
-    }
-
-
-def merge_pages(
-    first: Sequence[tuple[str, Any]], first_after: str | None, second: Sequence[tuple[str, Any]], limit: int
-) -> tuple[list[tuple[str, Any]], str | None]:
-    """Two pages of (name, item) in name order from two sources (runtime and config entries; the
-    django-celery-beat rows), ``second`` a full page when it holds ``limit``, as one page and its
-    cursor: the page ends where the first source that may go on ends (past it, the other source's
-    names could skip some of its own)."""
-    merged = sorted([*first, *second], key=lambda pair: pair[0])
-    ends = [end for end in (first_after, second[-1][0] if len(second) >= limit else None) if end is not None]
-    bound = min(ends) if ends else None
-    merged = [pair for pair in merged if bound is None or pair[0] <= bound]
-    more = bound is not None
-    if len(merged) > limit:
-        merged, more = merged[:limit], True
-    return merged, (merged[-1][0] if merged else bound) if more else None
-
-
-def _page(
-    store: _Store,
-    *,
-    after: str | None,
-    limit: int,
-    prefix: str | None,
-    state: str | None,
-    soon: float,
-    tasks: bool,
-    scan: int,
-) -> EntriesPage:
     if state is not None and state not in ENTRY_STATES:
         raise ValueError(f"state {state!r}: expected one of {', '.join(ENTRY_STATES)}")
+    store = _Store(app)
     config_all = store.config_entries()
     config = sorted(n for n in config_all if (not prefix or n.startswith(prefix)) and (after is None or n > after))
     plan_app = _plan_app(store, tasks)
@@ -227,6 +175,38 @@ def _page(
             return EntriesPage(out, invalid, cursor, scanned)
 
 
+def count_entries(app: Celery | None = None, *, soon: float = C.BEAT_LIST_SOON) -> dict[str, Any]:
+    """The sizes of the schedule, from the backend's indexes: ``config`` entries, ``runtime``
+    definitions, ``scheduled`` (in the due set: enabled and planned), ``due_soon`` (next fire within
+    ``soon`` seconds, also given as ``soon_s``)."""
+    store = _Store(app)
+    counts = store.backend.entry_counts(store.backend.clock.time() + soon)
+    return {
+        "config": len(store.config_entries()),
+        "runtime": counts.definitions,
+        "scheduled": counts.scheduled,
+        "due_soon": counts.due_soon,
+        "soon_s": soon,
+    }
+
+
+def merge_pages(
+    first: Sequence[tuple[str, Any]], first_after: str | None, second: Sequence[tuple[str, Any]], limit: int
+) -> tuple[list[tuple[str, Any]], str | None]:
+    """Two pages of (name, item) in name order from two sources (runtime and config entries; the
+    django-celery-beat rows), ``second`` a full page when it holds ``limit``, as one page and its
+    cursor: the page ends where the first source that may go on ends (past it, the other source's
+    names could skip some of its own)."""
+    merged = sorted([*first, *second], key=lambda pair: pair[0])
+    ends = [end for end in (first_after, second[-1][0] if len(second) >= limit else None) if end is not None]
+    bound = min(ends) if ends else None
+    merged = [pair for pair in merged if bound is None or pair[0] <= bound]
+    more = bound is not None
+    if len(merged) > limit:
+        merged, more = merged[:limit], True
+    return merged, (merged[-1][0] if merged else bound) if more else None
+
+
 def _entry_and_problem(
     store: _Store,
     name: str,
@@ -266,11 +246,10 @@ def _due_soon_page(
     due = store.backend.read_due(store.backend.clock.time() + soon, C.BEAT_LIST_DUE_MAX).due
     names = sorted(n for n, _ in due if (not prefix or n.startswith(prefix)) and (after is None or n > after))
     page, rest = names[:limit], names[limit:]
-    raws = store.backend.definitions([n for n in page if n not in config_all])
-    raw_of = dict(zip([n for n in page if n not in config_all], raws, strict=True))
+    runtime = [n for n in page if n not in config_all]
+    raw_of = dict(zip(runtime, store.backend.definitions(runtime), strict=True))
     states, scores, versions = store.backend.entry_rows(page) if page else ([], [], [])
     out: list[EntryInfo] = []
-    invalid: dict[str, str] = {}
     for name, st, score, version in zip(page, states, scores, versions, strict=True):
         raw = raw_of.get(name)
         if name not in config_all and raw is None:
@@ -278,4 +257,4 @@ def _due_soon_page(
         info, problem = _entry_and_problem(store, name, raw, config_all, st, score, version, plan_app, checked)
         if info is not None and problem is None:
             out.append(info)
-    return EntriesPage(out, invalid, page[-1] if rest else None, len(page))
+    return EntriesPage(out, {}, page[-1] if rest else None, len(page))

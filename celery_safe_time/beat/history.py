@@ -1,22 +1,20 @@
 """Run history and change audit per beat entry.
 
-**History.** The last ``safe_time_beat_history_size`` runs of each entry (50 by default): its slot,
-when it was published, the task id, by which beat (epoch, host), and its outcome. Beat writes the
-published part in the same backend round trip as the dispatch guard (the task id is chosen before
-the guard, then given to the publish); the worker that runs the task fills in the outcome
-(succeeded, failed, retried, revoked, when it finished, how long it ran) from the message headers
-``safe_time_entry`` and ``safe_time_slot``. The worker's write never fails a task: an error is logged
-and swallowed. A slot that was claimed but could not be published shows ``not published``.
+**History.** The last ``safe_time_beat_history_size`` runs of each entry (50 by default): its slot, when
+it was published, the task id, by which beat (epoch, host), and its outcome. Beat writes the published part
+in the dispatch guard's round trip (the task id is chosen before the guard, then given to the publish); the
+worker that runs the task fills in the outcome (succeeded, failed, retried, revoked, when it finished, how
+long it ran) from the ``safe_time_entry`` and ``safe_time_slot`` headers, and never fails a task for it
+(an error is logged). A slot that was claimed but could not be published shows ``not published``.
 
 **Audit.** Every change to a runtime entry (``save_entry``, ``delete_entry``, pause, resume, a one-off
 disabling itself, ``run_now``, ``backfill``) appends a record: when, who (``changed_by``, by default
-``user@host pid N``), the action, and the old and new definitions (JSON). The definition changes
-write it atomically with the change itself, with the definition they replaced. Kept per entry, the
-newest ``safe_time_beat_audit_size`` (50 by default). django-celery-beat's rows are audited by the
-Django app (``celery_safe_time.contrib.django.audit``), after their change is committed.
+``user@host pid N``), the action, and the old and new definitions (JSON), written atomically with the
+change. Kept per entry, the newest ``safe_time_beat_audit_size`` (50 by default). django-celery-beat's rows
+are audited by ``celery_safe_time.contrib.django.audit``, after their change is committed.
 
-Records are JSON, stored by the app's beat backend (Redis: a hash and a sorted set per entry for
-the history, a list for the audit; PostgreSQL: ``safe_time_beat_history`` and ``safe_time_beat_audit``).
+Records are JSON, stored by the app's beat backend (Redis: a hash and a sorted set per entry for the
+history, a list for the audit; PostgreSQL: ``safe_time_beat_history`` and ``safe_time_beat_audit``).
 Read them with :func:`entry_history` and :func:`entry_audit`.
 """
 
@@ -44,7 +42,7 @@ from ..clock import UTC
 from ..config import SafeTimeConfig, get_config
 from ..messages.requeue import message_header
 from .backends import BeatBackend, SlotWrite, beat_backend
-from .state import with_definitions
+from .state import load_state, with_definitions
 
 __all__ = [
     "AuditRecord",
@@ -251,13 +249,6 @@ def cached_backend(app: Celery) -> BeatBackend:
         return backend
 
 
-def _backend_of(app: Celery) -> BeatBackend | None:
-    """The backend the worker writes outcomes to; None when the history is off."""
-    if not get_config(app).beat_history_size:
-        return None
-    return cached_backend(app)
-
-
 def _slot_of(request: Any) -> tuple[str, float] | None:
     entry = message_header(request, C.HEADER_ENTRY)
     slot = message_header(request, C.HEADER_SLOT)
@@ -271,11 +262,9 @@ def report_outcome(app: Celery, request: Any, state: str, task_id: str | None) -
     started = _started.pop(task_id, None) if task_id else None
     try:
         found = _slot_of(request)
-        if found is None:
+        if found is None or not get_config(app).beat_history_size:
             return
-        backend = _backend_of(app)
-        if backend is None:
-            return
+        backend = cached_backend(app)
         entry, slot = found
         now = time.time()
         label = _OUTCOMES.get(state, state.lower())
@@ -337,26 +326,14 @@ def _when(value: Any) -> datetime | None:
         return None
 
 
-def _load(raw: Any) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
     """A stored (published, outcome) pair as a :class:`RunRecord`; None when it is unreadable."""
-    p, o = _load(published), _load(outcome)
+    p, o = load_state(published), load_state(outcome)
     slot = _when(p.get("slot"))
     if slot is None:
         return None
     at = p.get("at")
-    lateness = None
-    if isinstance(at, (int, float)):
-        lateness = round(float(at) - float(p["slot"]), 3)
+    lateness = round(float(at) - float(p["slot"]), 3) if isinstance(at, (int, float)) else None
     runtime = o.get("runtime")
     retries = o.get("retries")
     return RunRecord(
@@ -378,7 +355,7 @@ def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
 
 def audit_record(name: str, raw: Any) -> AuditRecord | None:
     """A stored audit record as an :class:`AuditRecord`; None when it is unreadable."""
-    d = _load(raw)
+    d = load_state(raw)
     at = _when(d.get("at"))
     if at is None:
         return None
@@ -408,21 +385,11 @@ def _app(app: Celery | None) -> Celery:
 def entry_history(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_HISTORY_SIZE) -> list[RunRecord]:
     """The last ``limit`` runs of the beat entry ``name``, newest slot first (empty when it has none
     or the history is off)."""
-    backend = cached_backend(_app(app))
-    out = []
-    for published, outcome in backend.history(name, limit):
-        record = run_record(name, published, outcome)
-        if record is not None:
-            out.append(record)
-    return out
+    records = (run_record(name, *pair) for pair in cached_backend(_app(app)).history(name, limit))
+    return [record for record in records if record is not None]
 
 
 def entry_audit(name: str, app: Celery | None = None, limit: int = C.DEFAULT_BEAT_AUDIT_SIZE) -> list[AuditRecord]:
     """The last ``limit`` changes of the beat entry ``name``, newest first."""
-    backend = cached_backend(_app(app))
-    out = []
-    for raw in backend.audit(name, limit):
-        record = audit_record(name, raw)
-        if record is not None:
-            out.append(record)
-    return out
+    records = (audit_record(name, raw) for raw in cached_backend(_app(app)).audit(name, limit))
+    return [record for record in records if record is not None]

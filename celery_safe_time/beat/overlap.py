@@ -41,7 +41,7 @@ from .policies import OPTION_OVERLAP, OPTION_OVERLAP_TTL, beat_slot_dropped, ove
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OverlapGate", "Verdict", "beat_slot_dropped", "decide", "overlap_of"]
+__all__ = ["OverlapGate", "Verdict", "beat_slot_dropped", "decide", "overlap_of", "slot_options"]
 
 Verdict = Literal["publish", "drop", "cancel"]
 
@@ -78,6 +78,20 @@ def overlap_of(options: Mapping[str, Any] | None, name: str, config: SafeTimeCon
         policy="allow" if policy is None else overlap_option(policy, name),
         ttl=config.lock_ttl if ttl is None else seconds_option(ttl, OPTION_OVERLAP_TTL, name, zero_ok=False),
     )
+
+
+def slot_options(
+    options: Mapping[str, Any] | None, extra: dict[str, Any], headers: dict[str, Any], task_id: str | None
+) -> dict[str, Any]:
+    """The ``apply_async`` options of one slot: the entry's own less ours (``safe_time_*``), plus what
+    :meth:`OverlapGate.admit` added (``extra``), the slot's ``headers`` and the ``task_id`` its run
+    record names."""
+    out = {k: v for k, v in (options or {}).items() if not k.startswith("safe_time_")}
+    out["headers"] = {**(out.get("headers") or {}), **extra.pop("headers", {}), **headers}
+    out.update(extra)
+    if task_id is not None:
+        out["task_id"] = task_id
+    return out
 
 
 class OverlapGate:

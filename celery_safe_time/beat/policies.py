@@ -140,16 +140,11 @@ def policy_options(name: str, options: Mapping[str, Any] | None, **keywords: Any
         if option in out:
             raise ScheduleError(f"entry {name!r}: {keyword} is given twice (as {keyword}= and in options.{option})")
         out[option] = value
-    if OPTION_JITTER in out:
-        out[OPTION_JITTER] = seconds_option(out[OPTION_JITTER], OPTION_JITTER, name, zero_ok=True)
-    if OPTION_CATCHUP_WINDOW in out:
-        out[OPTION_CATCHUP_WINDOW] = seconds_option(
-            out[OPTION_CATCHUP_WINDOW], OPTION_CATCHUP_WINDOW, name, zero_ok=False
-        )
-    if OPTION_OVERLAP in out:
-        out[OPTION_OVERLAP] = overlap_option(out[OPTION_OVERLAP], name)
-    if OPTION_OVERLAP_TTL in out:
-        out[OPTION_OVERLAP_TTL] = seconds_option(out[OPTION_OVERLAP_TTL], OPTION_OVERLAP_TTL, name, zero_ok=False)
+    for option in KEYWORDS.values():
+        if option == OPTION_OVERLAP and option in out:
+            out[option] = overlap_option(out[option], name)
+        elif option in out:  # a jitter may be 0, the other durations not
+            out[option] = seconds_option(out[option], option, name, zero_ok=option == OPTION_JITTER)
     return out
 
 

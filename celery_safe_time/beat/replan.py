@@ -19,10 +19,10 @@ from .. import constants as C
 from ..exceptions import LeaseLost, ScheduleError
 from ..redis_client import as_text
 from .base import LeasedScheduler, collector_paused
-from .definitions import parse_definition, spec_key
+from .definitions import build_entry, parse_definition, paused_until, spec_key
 from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER
 from .shards import shard_of
-from .slots import OPTION_MISFIRE, Plan, next_state
+from .slots import OPTION_MISFIRE, Plan, entry_plan, next_state
 from .state import load_state
 
 logger = logging.getLogger(__name__)
@@ -31,10 +31,23 @@ logger = logging.getLogger(__name__)
 Replan = tuple[dict[str, str], dict[str, float], list[str], list[str], list[str]]
 
 
+def _plan_key(definition: dict[str, Any]) -> tuple[Any, ...]:
+    """A parsed runtime definition's key in the plan cache: its schedule, task and policies (the
+    entries that share them share one validated plan)."""
+    options = definition["options"]
+    return (
+        spec_key(definition["schedule"]),
+        definition["task"],
+        options.get(OPTION_MISFIRE),
+        options.get(OPTION_JITTER),
+        options.get(OPTION_CATCHUP_WINDOW),
+    )
+
+
 class ReplanningScheduler(LeasedScheduler):
-    """The re-planning half of :class:`~.scheduler.SafeScheduler`, which sets these attributes (its
-    ``__init__`` documents them; ``app`` and ``schedule`` are celery's) and loads one runtime entry
-    (``load_runtime``, ``_drop``) and publishes the run-now requests (``run_requested``)."""
+    """The re-planning half of :class:`~.scheduler.SafeScheduler`, with the loading of one runtime
+    entry (:meth:`load_runtime`). The scheduler sets these attributes (its ``__init__`` documents
+    them; ``app`` and ``schedule`` are celery's) and publishes the run-now requests (``run_requested``)."""
 
     app: Celery
     schedule: dict[str, ScheduleEntry]
@@ -57,9 +70,6 @@ class ReplanningScheduler(LeasedScheduler):
     shard: int
     shards: int
 
-    def load_runtime(self, name: str, raw: Any) -> str:
-        raise NotImplementedError
-
     def owns(self, name: str) -> bool:
         """Whether this scheduler's shard leads the entry ``name`` (the config entries: shard 0)."""
         if self.shards <= 1:
@@ -68,11 +78,57 @@ class ReplanningScheduler(LeasedScheduler):
             return self.shard == 0
         return shard_of(name, self.shards) == self.shard
 
-    def _drop(self, name: str) -> None:
-        raise NotImplementedError
-
     def run_requested(self, epoch: int, requests: dict[str, str]) -> bool:
         raise NotImplementedError
+
+    def _broken(self, name: str, reason: str) -> None:
+        self.broken[name] = reason
+        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", name, reason)
+
+    def _drop(self, name: str) -> None:
+        self.schedule.pop(name, None)
+        self.plans.pop(name, None)
+        self.paused.pop(name, None)
+        self.pause_expiry.pop(name, None)
+        self.broken.pop(name, None)
+
+    def load_runtime(self, name: str, raw: Any) -> str:
+        """Take one runtime definition (None: deleted) into the schedule; returns what it became:
+        "active", "paused", "removed", "broken" or "conflict" (named like a beat_schedule entry)."""
+        if name in self.config_names:
+            if raw is not None:
+                logger.error(
+                    "beat: runtime entry %r is ignored: the config entry %r (beat_schedule) has that name",
+                    name,
+                    name,
+                )
+            return "conflict"
+        if not self.owns(name):
+            return "elsewhere"  # another shard's (its leader loads it)
+        self._drop(name)
+        if raw is None:
+            self.runtime.pop(name, None)
+            return "removed"
+        self.runtime[name] = raw
+        try:
+            definition = parse_definition(raw)
+            entry = build_entry(name, definition, self.app, self._schedules)
+            key = _plan_key(definition)
+            plan = self._runtime_plans.get(key)
+            if plan is None:
+                plan = self._runtime_plans[key] = entry_plan(entry, self.config, self.app)
+        except Exception as exc:
+            self._broken(name, f"invalid runtime entry: {exc}")
+            return "broken"
+        if not definition["enabled"]:
+            self.paused[name] = entry
+            until = paused_until(definition)
+            if until is not None:
+                self.pause_expiry[name] = until
+            return "paused"
+        self.schedule[name] = entry
+        self.plans[name] = plan
+        return "active"
 
     def fingerprint(self) -> str:
         """What an entry's state depends on besides its definition (a plain crontab's grid follows the
@@ -99,14 +155,12 @@ class ReplanningScheduler(LeasedScheduler):
         return since if fingerprint == self.fingerprint() and 0 <= since <= version else None
 
     def reconcile(self, epoch: int, now: float, *, full: bool = False) -> None:
-        """On taking the lease: load every runtime entry, add new entries, reschedule edited ones,
-        drop removed ones (with ``lazy_threshold`` runtime entries or more: :meth:`reconcile_lazy`;
-        ``full`` makes that one plan every entry, as this one does when the due set does not add up).
+        """On taking the lease: load every runtime entry and re-plan (with ``lazy_threshold`` runtime
+        entries or more: :meth:`reconcile_lazy`, which ``full`` makes plan every entry).
 
-        When the previous leader recorded the version its state reflects, only the config entries and
-        the runtime entries changed after it are re-planned (their state read with HMGET); every other
-        entry's state is already right in the backend. A due-set count that does not add up afterwards, or
-        no usable marker, re-plans everything from a full read of the state.
+        With the previous leader's marker (the version its state reflects), only the config entries and
+        the runtime entries changed since are re-planned; without one, or when the due-set count does not
+        add up afterwards, every entry is, from a full read of the state.
         """
         self.changes_behind = False  # a new term reads the whole state: no batch of the log is pending
         if self.backend.reads_due_only and self.backend.definition_count() >= self.lazy_threshold:
@@ -114,13 +168,9 @@ class ReplanningScheduler(LeasedScheduler):
             return
         self.lazy = False
         snapshot = self.backend.snapshot()
-        version, definitions, requests, marker = (
-            snapshot.version,
-            snapshot.definitions,
-            snapshot.requests,
-            snapshot.marker,
-        )
-        del snapshot
+        version, requests, marker = snapshot.version, snapshot.requests, snapshot.marker
+        definitions = snapshot.definitions
+        del snapshot  # the definitions are freed with the local below
         # Loading 100,000 entries makes a million objects that all live on: without this, the cyclic
         # collector would walk the growing heap again and again while they are built.
         with collector_paused():
@@ -195,12 +245,9 @@ class ReplanningScheduler(LeasedScheduler):
         """:meth:`reconcile` for a leader with many runtime entries: nothing is loaded for good.
 
         With the previous leader's marker, only the config entries and the runtime entries changed
-        after it are read and re-planned (the due set already holds every other entry's next fire);
-        without one, every definition is read and planned a chunk at a time (HSCAN) and forgotten
-        again, so memory stays flat: one chunk here, then one per tick (:meth:`replan_step`), the
-        leader firing what is due in between. From then on a tick reads the definitions of the
-        entries it fires.
-        ``full``: plan every entry whatever the marker says (the due set lost entries).
+        since are read and re-planned; without one (or with ``full``: the due set lost entries), every
+        definition is planned a chunk per tick (:meth:`replan_step`) and forgotten, so memory stays flat
+        and the leader fires what is due in between.
         """
         meta = self.backend.snapshot_meta()
         version, requests, marker = meta.version, meta.requests, meta.marker
@@ -363,15 +410,7 @@ class ReplanningScheduler(LeasedScheduler):
         entry built), else through :meth:`load_runtime`. None when it is paused or broken."""
         try:
             definition = parse_definition(raw)
-            options = definition["options"]
-            key = (
-                spec_key(definition["schedule"]),
-                definition["task"],
-                options.get(OPTION_MISFIRE),
-                options.get(OPTION_JITTER),
-                options.get(OPTION_CATCHUP_WINDOW),
-            )
-            plan = self._runtime_plans.get(key) if definition["enabled"] else None
+            plan = self._runtime_plans.get(_plan_key(definition)) if definition["enabled"] else None
         except (ScheduleError, TypeError):
             plan = None
         if plan is not None:

@@ -1,16 +1,14 @@
 """``SafeScheduler``: Celery beat with a leader lease, guarded dispatch and shared state, on the app's
 beat backend (:mod:`.backends`: Redis by default, PostgreSQL with ``safe_time_coordination_url``).
 
-Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or embedded with
-``worker -B``): one beat leads, the others stand by. Per-entry state (last fired slot, next
-slot) lives in the backend (Redis: a hash plus a sorted set of next-fire times; PostgreSQL: a table with
-a partial index on the next fire time), so a tick reads only the
-entries that are due and a new leader resumes exactly where the old one stopped.
+Run it on every server (``celery beat -S celery_safe_time.SafeScheduler``, or embedded with ``worker -B``):
+one beat leads, the others stand by. Per-entry state (last fired slot, next slot) lives in the backend,
+indexed by next fire time, so a tick reads only the due entries and a new leader resumes where the old one stopped.
 
-Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader
-loads all of them once per lease term and then, when the change counter moved, only the changed ones.
-With ``BEAT_LAZY_ENTRIES`` runtime entries or more on a backend that can (Redis), it keeps none of
-them: it reads the definitions of the entries that fall due and of those that change (``reconcile_lazy``).
+Entries come from ``beat_schedule`` and from runtime definitions (:mod:`.entries`): the leader loads them all
+once per lease term, then only the changed ones. With ``BEAT_LAZY_ENTRIES`` runtime entries or more on a
+backend that can (Redis), it keeps none of them and reads the definitions of the entries that fall due or
+change (``reconcile_lazy``).
 """
 
 from __future__ import annotations
@@ -32,14 +30,14 @@ from ..messages.publishing import PublishBatch, batched_publish, publishes_in_ba
 from . import history
 from .backends.base import SlotWrite
 from .base import collector_paused
-from .definitions import build_entry, parse_definition, paused_until, spec_key
+from .definitions import parse_definition, paused_until
 from .entries import with_enabled
 from .leader import LeaseTerm
-from .overlap import OverlapGate
-from .policies import OPTION_CATCHUP_WINDOW, OPTION_JITTER, beat_slots_past_catchup, config_spec
+from .overlap import OverlapGate, slot_options
+from .policies import beat_slots_past_catchup, config_spec
 from .replan import ReplanningScheduler
 from .shards import ShardGate
-from .slots import NEVER, OPTION_MISFIRE, Plan, at, entry_plan, next_state
+from .slots import NEVER, Plan, at, entry_plan, next_state
 from .state import dump_state, load_state, state_next
 
 logger = logging.getLogger(__name__)
@@ -76,12 +74,7 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             # (and theirs by it), so that a beat left at one shard beside them does not fire as well
             if self.shards > 1 or self.backend.keeps_heartbeats:
                 backend = self.backend
-                self.gate = ShardGate(
-                    self.shards,
-                    config.beat_lease,
-                    backend.beats_heartbeat,
-                    backend.clock.time,
-                )
+                self.gate = ShardGate(self.shards, config.beat_lease, backend.beats_heartbeat, backend.clock.time)
                 self.keeper.join(self.gate)
         #: the entries' overlap policies, decided at dispatch (:mod:`.overlap`)
         self.overlap_gate = OverlapGate(app, self.config)
@@ -166,19 +159,12 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             except Exception as exc:
                 self._broken(name, str(exc))
 
-    def _broken(self, name: str, reason: str) -> None:
-        self.broken[name] = reason
-        logger.error("beat: entry %r is disabled: %s (the other entries keep firing)", name, reason)
-
     # --- the loop -----------------------------------------------------------------
     def _tick(self) -> float:
         """One tick of each shard this beat leads whose own wait is over (shard 0's, then the others');
-        the shortest wait left.
-
-        Each held shard keeps the cadence of one leader: it ticks when the wait its last tick returned is
-        over (its next due entry, a change poll or ``max_interval``), or at once when its lease is new. A
-        standby shard only looks whether its lease thread took the lease (no backend call); the beat's
-        loop comes back every ``BEAT_STANDBY_WAKE`` for it without ticking the held shards each time.
+        the shortest wait left. Each held shard keeps the cadence of one leader (it ticks when the wait
+        its last tick returned is over, or at once when its lease is new); a standby shard only looks
+        whether its lease thread took the lease, with no backend call.
         """
         if not self.shard_children:
             return self._tick_shard()
@@ -259,12 +245,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
 
     def _read_due(self, now: float) -> tuple[list[tuple[str, float]], str | None, int, list[tuple[str, float]]]:
         """The due entries, what is missing from the backend's state (None when nothing is), the change
-        counter of the runtime entries, and the first entry of the due set (how long to sleep when
-        nothing is due: an idle tick is this one round trip).
-
-        The two counts and the counter ride in the same round trip as the due read: after a reconcile
-        every planned entry has a member in the due set and a field in the state hash, and only the
-        leader removes them; runtime entries cost a tick nothing until one changes.
+        counter of the runtime entries, and the first entry of the due set (how long to sleep): all in
+        the one round trip of an idle tick. After a reconcile every planned entry is in the due set and
+        the state, and only the leader removes them, so the counts tell a loss.
         """
         read = self.backend.read_due(now, C.BEAT_DUE_BATCH)
         planned = len(self.plans)
@@ -282,58 +265,6 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         return read.due, lost, read.version, read.head
 
     # --- runtime entries ----------------------------------------------------------
-    def _drop(self, name: str) -> None:
-        self.schedule.pop(name, None)
-        self.plans.pop(name, None)
-        self.paused.pop(name, None)
-        self.pause_expiry.pop(name, None)
-        self.broken.pop(name, None)
-
-    def load_runtime(self, name: str, raw: Any) -> str:
-        """Take one runtime definition (None: deleted) into the schedule; returns what it became:
-        "active", "paused", "removed", "broken" or "conflict" (named like a beat_schedule entry)."""
-        if name in self.config_names:
-            if raw is not None:
-                logger.error(
-                    "beat: runtime entry %r is ignored: the config entry %r (beat_schedule) has that name",
-                    name,
-                    name,
-                )
-            return "conflict"
-        if not self.owns(name):
-            return "elsewhere"  # another shard's (its leader loads it)
-        self._drop(name)
-        if raw is None:
-            self.runtime.pop(name, None)
-            return "removed"
-        self.runtime[name] = raw
-        try:
-            definition = parse_definition(raw)
-            entry = build_entry(name, definition, self.app, self._schedules)
-            options = entry.options
-            key = (
-                spec_key(definition["schedule"]),
-                entry.task,
-                options.get(OPTION_MISFIRE),
-                options.get(OPTION_JITTER),
-                options.get(OPTION_CATCHUP_WINDOW),
-            )
-            plan = self._runtime_plans.get(key)
-            if plan is None:
-                plan = self._runtime_plans[key] = entry_plan(entry, self.config, self.app)
-        except Exception as exc:
-            self._broken(name, f"invalid runtime entry: {exc}")
-            return "broken"
-        if not definition["enabled"]:
-            self.paused[name] = entry
-            until = paused_until(definition)
-            if until is not None:
-                self.pause_expiry[name] = until
-            return "paused"
-        self.schedule[name] = entry
-        self.plans[name] = plan
-        return "active"
-
     def apply_changes(self, epoch: int, now: float, version: int) -> bool:
         """Apply the runtime entries changed since ``seen_version`` and the run-now requests; False
         when the lease turned out to be gone. Reads only the changed names (one round trip for the
@@ -490,37 +421,30 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             [write for _, write in planned], epoch, self.clock.time(), self.config.beat_history_size
         )
         verdicts = self.lease.write_slots(epoch, writes)
-        allowed: list[tuple[Any, float]] = []
+        allowed: list[tuple[Any, float]] = []  # published also when this stops half way: they are marked fired
         try:
-            return self._allowed(planned, verdicts, allowed)
+            for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
+                if verdict < 0:
+                    return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
+                if write.next_fire == NEVER:
+                    self._finished(write.entry)
+                if write.slot is None:
+                    continue
+                if verdict == 0:
+                    logger.warning(
+                        "beat: entry %r slot %s was already fired; not publishing it again", write.entry, write.slot
+                    )
+                    signals.beat_slot_duplicate.send(
+                        sender=self, entry=write.entry, slot=to_datetime(write.slot), reason="already fired"
+                    )
+                    continue
+                entry = self.schedule.get(write.entry)
+                if entry is not None:
+                    allowed.append((entry, write.slot))
+            return True
         finally:
             self.publish_many(allowed, epoch)
             self._task_ids = {}
-
-    def _allowed(
-        self, planned: list[tuple[float, SlotWrite]], verdicts: list[int], allowed: list[tuple[Any, float]]
-    ) -> bool:
-        """Read the guard's verdicts: the slots to publish go in ``allowed`` (published by the caller,
-        also when this stops half way: those slots are marked fired)."""
-        for (due_slot, write), verdict in zip(planned, verdicts, strict=True):
-            if verdict < 0:
-                return self._refused(write.entry, write.slot if write.slot is not None else due_slot)
-            if write.next_fire == NEVER:
-                self._finished(write.entry)
-            if write.slot is None:
-                continue
-            if verdict == 0:
-                logger.warning(
-                    "beat: entry %r slot %s was already fired; not publishing it again", write.entry, write.slot
-                )
-                signals.beat_slot_duplicate.send(
-                    sender=self, entry=write.entry, slot=to_datetime(write.slot), reason="already fired"
-                )
-                continue
-            entry = self.schedule.get(write.entry)
-            if entry is not None:
-                allowed.append((entry, write.slot))
-        return True
 
     def publish_many(self, allowed: list[tuple[Any, float]], epoch: int) -> None:
         """Publish a tick's allowed slots; on a Redis broker in one round trip (kombu's ``Producer.batch``:
@@ -638,14 +562,9 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
             if not self.changes_behind:
                 self.backend.drop_due(name)
             return []
+        on_time = self.config.beat_lease if on_time is None else on_time
         try:
-            decision = plan.decide(
-                name,
-                slot,
-                now,
-                on_time=self.config.beat_lease if on_time is None else on_time,
-                grace=self.config.misfire_grace,
-            )
+            decision = plan.decide(name, slot, now, on_time=on_time, grace=self.config.misfire_grace)
         except Exception as exc:
             self._broken(name, f"cannot compute its next slot: {exc}")
             self.plans.pop(name, None)
@@ -679,12 +598,10 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         self.keeper.step_down("the dispatch check refused: another beat holds the lease")
         return False
 
-    def publish(self, entry: Any, slot: float, epoch: int) -> Any:
+    def publish(self, entry: Any, slot: float, epoch: int) -> None:
         published = self._send(entry, slot, epoch)
-        if published is None:
-            return None
-        self._sent(entry, slot, epoch, published[0])
-        return published[0]
+        if published is not None:
+            self._sent(entry, slot, epoch, published[0])
 
     def _send(self, entry: Any, slot: float, epoch: int) -> tuple[Any, dict[str, Any]] | None:
         """Publish one slot (or buffer it, inside a batch): its result and the options it went with;
@@ -699,17 +616,8 @@ class SafeScheduler(ReplanningScheduler, Scheduler):
         if extra is None:  # dropped by its overlap policy (logged and signalled)
             history.dropped(self.backend, entry.name, slot, self.clock.time())
             return None
-        options = {k: v for k, v in (entry.options or {}).items() if not k.startswith("safe_time_")}
-        options["headers"] = {
-            **(options.get("headers") or {}),
-            **extra.pop("headers", {}),
-            C.HEADER_SLOT: when.isoformat(),
-            C.HEADER_EPOCH: epoch,
-            C.HEADER_ENTRY: entry.name,
-        }
-        options.update(extra)
-        if task_id is not None:
-            options["task_id"] = task_id
+        headers = {C.HEADER_SLOT: when.isoformat(), C.HEADER_EPOCH: epoch, C.HEADER_ENTRY: entry.name}
+        options = slot_options(entry.options, extra, headers, task_id)
         proxy = copy.copy(entry)
         proxy.options = options
         try:

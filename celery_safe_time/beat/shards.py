@@ -1,29 +1,24 @@
 """Sharded firing (``safe_time_beat_shards``): runtime entries hashed into K shards, each with its own
 lease and epoch, so that several beat processes share the firing.
 
-Shard 0 is the leader of one beat: the config entries (``beat_schedule``, the sweep) and its part of
-the runtime entries, on the keys one leader always used. Each other shard has keys of its own (a
-lease, an epoch, a state, a due set, an applied marker: :meth:`..backends.base.BeatBackend.for_shard`)
-and is led like shard 0 by whichever beat holds its lease; the runtime definitions, their change log
-and the fired-slot markers are shared, so a slot is published at most once whichever beat fires it,
-also across a move.
+Shard 0 is one beat's leader: the config entries (``beat_schedule``, the sweep) and its part of the runtime
+entries, on the keys one leader always used. Each other shard has keys of its own (lease, epoch, state, due
+set, applied marker: :meth:`..backends.base.BeatBackend.for_shard`) and is led like shard 0; the runtime
+definitions, their change log and the fired-slot markers are shared, so a slot is published at most once
+whichever beat fires it, also across a move.
 
-Who holds what: every beat process keeps one :class:`ShardGate`, which publishes a heartbeat
-(:class:`BeatPulse`: how many shards it holds) and reads the others'. With ``n`` live beats, a beat
-takes a free shard while it holds fewer than ``ceil(K / n)``, gives one back when it holds more, and
-gives one back when it holds more than ``K // n`` while another beat holds fewer (the one holding
-most gives). A given-back shard is not taken again by the same beat for two renew intervals, so the
-beat that is short takes it.
+Who holds what: each beat process keeps one :class:`ShardGate`, which publishes a heartbeat (:class:`BeatPulse`)
+and reads the others'. With ``n`` live beats, a beat takes a free shard while it holds fewer than ``ceil(K / n)``,
+gives one back when it holds more, or when it holds more than ``K // n`` while another beat holds fewer (the one
+holding most gives). A given-back shard is not taken again by the same beat for two renew intervals.
 
-One K: the heartbeat also carries the beat's ``safe_time_beat_shards``, start time and planning
-fingerprint. The K of the live beat that started first (:func:`incumbent`) is the one in force: a
-beat with another K takes no shard and gives back any it holds (logged once, at ERROR), and the
-others leave it out of their fair share. A rolling change of K therefore waits, with the new value,
-until no beat with the old one is alive. One leader (K = 1) publishes the heartbeat too.
+One K: the heartbeat also carries the beat's K, start time and planning fingerprint. The K of the live beat that
+started first (:func:`incumbent`) is in force: a beat with another K takes no shard and gives back any it holds
+(logged once, at ERROR), so a rolling change of K waits until no beat with the old one is alive. One leader
+(K = 1) publishes the heartbeat too.
 
-Failover: a killed beat's leases expire within one lease; its heartbeat is counted as gone after
-``BEAT_SHARD_HEARTBEAT_LEASES`` of a lease (less than one), so by then the others' fair share already
-counts one beat fewer, and each shard's standby poll (every lease/3 at most) takes it: within
+Failover: a killed beat's leases expire within one lease and its heartbeat counts as gone sooner
+(``BEAT_SHARD_HEARTBEAT_LEASES``), so each shard's standby poll (every lease/3 at most) takes it within
 lease + lease/3, as one leader's failover.
 """
 

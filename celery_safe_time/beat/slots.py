@@ -365,10 +365,6 @@ class Plan:
         """The grid's signature, computed once (a crontab's repr is costly and 100,000 entries share a few)."""
         return self.grid.signature()
 
-    def offset(self, name: str) -> Callable[[float], float] | None:
-        """``slot -> jitter offset`` of the entry ``name`` (None without jitter)."""
-        return offset_function(name, self.jitter)
-
     def due_at(self, name: str, slot: float) -> float:
         """When the entry ``name`` publishes ``slot``: its instant plus its jitter offset (its due score)."""
         if self.jitter <= 0 or not math.isfinite(slot):
@@ -399,24 +395,17 @@ class Plan:
         one plan, one tick's ``now``) walk the grid once, not once each.
         """
         policy = self.policy if policy is None else policy
-        if self.jitter > 0:
-            return decide(
-                self.grid,
-                slot,
-                now,
-                policy=policy,
-                on_time=on_time,
-                grace=grace,
-                offset=self.offset(name),
-                window=self.catchup_window,
-            )
+        offset = offset_function(name, self.jitter)  # None without jitter
         key = (slot, now, policy, on_time, grace)
         last = self.__dict__.get("_last_decision")
-        if last is not None and last[0] == key:
+        if offset is None and last is not None and last[0] == key:
             return last[1]  # type: ignore[no-any-return]
-        made = decide(self.grid, slot, now, policy=policy, on_time=on_time, grace=grace, window=self.catchup_window)
-        # a frozen dataclass: the cache goes in the instance dict, as a cached_property's value does
-        self.__dict__["_last_decision"] = (key, made)
+        made = decide(
+            self.grid, slot, now, policy=policy, on_time=on_time, grace=grace, offset=offset, window=self.catchup_window
+        )
+        if offset is None:
+            # a frozen dataclass: the cache goes in the instance dict, as a cached_property's value does
+            self.__dict__["_last_decision"] = (key, made)
         return made
 
 

@@ -39,12 +39,13 @@ def slot_id(slot: float) -> str:
 
 
 def load_state(raw: Any) -> dict[str, Any]:
-    """One entry's state (``last``, ``next``, ``sig``), or the leader info; {} when absent or broken."""
+    """A stored JSON object: one entry's state (``last``, ``next``, ``sig``), the leader info, a run
+    or audit record; {} when absent or broken."""
     if not raw:
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -172,8 +172,8 @@ def publish_batch(batch: Batch) -> None:
 
 
 def refuse(store: DelayStore, rows: list[DelayRow], task_id: str, token: str, error: str) -> None:
-    """Mark failed a row whose message the broker refused for good in a batch (as :func:`publish_row`
-    marks one whose single publish is refused)."""
+    """Mark failed row ``task_id`` of ``rows``, whose message cannot be published (or the broker refused
+    it for good in a batch)."""
     task = next((r.task for r in rows if r.id == task_id), "")
     logger.error("stored task %s[%s] cannot be published, marked failed: %s", task, task_id, error)
     store.mark_failed(task_id, token, error)
@@ -366,10 +366,7 @@ def publish_row(
     except Exception as exc:  # one bad row must not stall the rows behind it
         # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):
         # a row that failed once fails again, so it is parked as failed, never retried in a loop.
-        error = f"{exc.__class__.__name__}: {exc}"
-        logger.error("stored task %s[%s] cannot be published, marked failed: %s", row.task, row.id, error)
-        store.mark_failed(row.id, token, error)
-        signals.delay_failed.send(sender=store, task_id=row.id, task_name=row.task, error=error)
+        refuse(store, [row], row.id, token, f"{exc.__class__.__name__}: {exc}")
         return C.STATUS_FAILED
     return C.STATUS_SENT
 

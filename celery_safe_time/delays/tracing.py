@@ -44,10 +44,9 @@ def inject_context(headers: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
     Returns ``headers`` unchanged (None stays None) when there is no active context or no opentelemetry.
     """
-    if otel_propagate is None:
-        return dict(headers) if headers is not None else None
     carrier: dict[str, Any] = {}
-    otel_propagate.inject(carrier)
+    if otel_propagate is not None:
+        otel_propagate.inject(carrier)
     if not carrier:
         return dict(headers) if headers is not None else None
     # The current context wins over a copied one (retry() copies the running request's headers).

@@ -148,15 +148,13 @@ class SQLStore(DelayStore):
         # Fast path, one short transaction: [key lookup,] now, INSERT. A unique violation (the task
         # id is taken, or a concurrent call won the idempotency key) takes the careful path.
         try:
-            return self._insert(delay, careful=False)
+            with self._begin() as conn:
+                return self._insert_on(conn, delay, careful=False)
         except StoreError as exc:
             if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                 raise
-        return self._insert(delay, careful=True)
-
-    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
         with self._begin() as conn:
-            return self._insert_on(conn, delay, careful=careful)
+            return self._insert_on(conn, delay, careful=True)
 
     def _insert_on(
         self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None, held: bool = True

@@ -25,7 +25,7 @@ from dateutil.parser import isoparse
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
 
-from ..messages.compat import detect_quorum_queues, subtract_datetimes
+from ..messages.compat import native_delayed_delivery, subtract_datetimes
 
 logger = logging.getLogger(__name__)
 
@@ -319,10 +319,6 @@ def _plain_str(text: str) -> bool:
     return text.isascii() and text.isprintable() and "'" not in text and '"' not in text and "\\" not in text
 
 
-def _quorum_queues(app: Any, producer: Any) -> bool:
-    return detect_quorum_queues(app, producer.connection.transport.driver_type)[0]
-
-
 class BatchSender:
     """Celery's ``send_task`` for the rows of one batch, with what is the same for every row looked up once.
 
@@ -349,7 +345,8 @@ class BatchSender:
         self._kwargsrepr_max = app.amqp.kwargsrepr_maxsize
         #: Celery's own ``send_task`` per row: on another Celery than the one mirrored here, and on
         #: quorum queues (native delayed delivery reroutes messages with an eta).
-        self.via_send_task = celery.VERSION[:2] != MIRRORED_CELERY or _quorum_queues(app, producer)
+        driver_type = producer.connection.transport.driver_type
+        self.via_send_task = celery.VERSION[:2] != MIRRORED_CELERY or native_delayed_delivery(app, driver_type)
 
     def _task_options(self, name: str) -> tuple[Any, dict[str, Any]]:
         task = self.app.tasks.get(name)

@@ -256,9 +256,8 @@ class SafeTask(Task):
         Returns one result per call, in order.
         """
         app = self._get_app()
-        items = list(calls)
         prepared: list[tuple[Any, Any, dict[str, Any]]] = []
-        for index, item in enumerate(items):
+        for index, item in enumerate(calls):
             try:
                 prepared.append(_unpack_call(item))
                 options = prepared[-1][2]

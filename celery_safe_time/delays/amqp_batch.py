@@ -202,8 +202,6 @@ class BatchProducer(Producer):
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._declared: dict[int, Any] = {}
-        #: Messages buffered so far (written or not).
-        self.published = 0
 
     def _publish(
         self,
@@ -251,7 +249,6 @@ class BatchProducer(Producer):
             body, props, exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
         )
         self._on_publish()
-        self.published += 1
         self._buffer.append(frames)
         self._buffered += len(frames)
         if self._buffered >= self._flush_bytes:
@@ -271,11 +268,6 @@ class BatchProducer(Producer):
         connection = self.channel.connection
         connection.transport.write(data)
         connection.bytes_sent += 1  # what py-amqp's frame writer counts: heartbeats see traffic went out
-
-    @property
-    def pending(self) -> int:
-        """Bytes buffered, not yet written."""
-        return self._buffered
 
 
 #: The Celery release whose ``send_task`` :meth:`BatchSender.send_task` follows, argument for argument.

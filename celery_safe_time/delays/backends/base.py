@@ -572,11 +572,6 @@ class DelayStore(abc.ABC):
         return sum(1 for r in rows if (r.idempotency_key or "").startswith(C.DEBOUNCE_KEY_PREFIX))
 
 
-def debounced_due(due_at: datetime, debounce_until: datetime | None) -> datetime:
-    """A debounced row's next due time: ``due_at`` (now plus the period), never past its cap."""
-    return due_at if debounce_until is None else min(due_at, debounce_until)
-
-
 def debounced_values(delay: NewDelay, now: datetime, debounce_until: datetime | None) -> dict[str, Any]:
     """The columns a later call of a burst replaces in the pending row (every backend)."""
     due_at, expires_at = delay.resolve(now)
@@ -584,7 +579,8 @@ def debounced_values(delay: NewDelay, now: datetime, debounce_until: datetime | 
         "payload": delay.payload,
         "content_type": delay.content_type,
         "content_encoding": delay.content_encoding,
-        "due_at": debounced_due(due_at, debounce_until),
+        # Now plus the period, never past the burst's cap.
+        "due_at": due_at if debounce_until is None else min(due_at, debounce_until),
         "expires_at": expires_at,
         # A copy published earlier (a claim reclaimed after its sweep died) carries the old arguments:
         # the delivery check drops it as superseded.

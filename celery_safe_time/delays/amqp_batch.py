@@ -25,7 +25,7 @@ from dateutil.parser import isoparse
 from kombu.common import maybe_declare
 from kombu.messaging import Producer
 
-from ..messages.compat import detect_quorum_queues, subtract_datetimes
+from ..messages.compat import native_delayed_delivery, subtract_datetimes
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +202,6 @@ class BatchProducer(Producer):
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._declared: dict[int, Any] = {}
-        #: Messages buffered so far (written or not).
-        self.published = 0
 
     def _publish(
         self,
@@ -251,7 +249,6 @@ class BatchProducer(Producer):
             body, props, exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
         )
         self._on_publish()
-        self.published += 1
         self._buffer.append(frames)
         self._buffered += len(frames)
         if self._buffered >= self._flush_bytes:
@@ -271,11 +268,6 @@ class BatchProducer(Producer):
         connection = self.channel.connection
         connection.transport.write(data)
         connection.bytes_sent += 1  # what py-amqp's frame writer counts: heartbeats see traffic went out
-
-    @property
-    def pending(self) -> int:
-        """Bytes buffered, not yet written."""
-        return self._buffered
 
 
 #: The Celery release whose ``send_task`` :meth:`BatchSender.send_task` follows, argument for argument.
@@ -319,10 +311,6 @@ def _plain_str(text: str) -> bool:
     return text.isascii() and text.isprintable() and "'" not in text and '"' not in text and "\\" not in text
 
 
-def _quorum_queues(app: Any, producer: Any) -> bool:
-    return detect_quorum_queues(app, producer.connection.transport.driver_type)[0]
-
-
 class BatchSender:
     """Celery's ``send_task`` for the rows of one batch, with what is the same for every row looked up once.
 
@@ -349,7 +337,8 @@ class BatchSender:
         self._kwargsrepr_max = app.amqp.kwargsrepr_maxsize
         #: Celery's own ``send_task`` per row: on another Celery than the one mirrored here, and on
         #: quorum queues (native delayed delivery reroutes messages with an eta).
-        self.via_send_task = celery.VERSION[:2] != MIRRORED_CELERY or _quorum_queues(app, producer)
+        driver_type = producer.connection.transport.driver_type
+        self.via_send_task = celery.VERSION[:2] != MIRRORED_CELERY or native_delayed_delivery(app, driver_type)
 
     def _task_options(self, name: str) -> tuple[Any, dict[str, Any]]:
         task = self.app.tasks.get(name)

@@ -3,6 +3,7 @@ once and marked sent only for what RabbitMQ acknowledged."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +36,8 @@ class PublisherConfirms:
 
     def __init__(self, channel: Any) -> None:
         channel.confirm_select()
-        channel.events["basic_ack"].add(self._on_ack)
-        channel.events["basic_nack"].add(self._on_nack)
+        channel.events["basic_ack"].add(functools.partial(self._settle, acked=True))
+        channel.events["basic_nack"].add(functools.partial(self._settle, acked=False))
         publish = channel.basic_publish
 
         def numbered(*args: Any, **kwargs: Any) -> Any:
@@ -92,12 +93,6 @@ class PublisherConfirms:
         for tag in done:
             self.settled[tag] = acked
             del self._unsettled[tag]
-
-    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, True)
-
-    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, False)
 
 
 class ConfirmSession:

@@ -45,11 +45,9 @@ DELIVERY_PRIOR_RUNS_KEPT = 8
 #: How long the renewer thread waits for a delivery heartbeat's write before it looks again on the next
 #: tick (the write goes on in its own thread): a hung store call must not hold up the process's renewals.
 DELIVERY_HEARTBEAT_WAIT = 0.5
-#: How long a worker keeps trying, in the background, to record a stored task's end the store did not
-#: take (it is unreachable), with the run's heartbeat kept on: as long as an outage plausibly lasts.
-#: Giving up sooner would leave the row's heartbeat stale after a short outage, and the sweep would
-#: run an acks_late task again although its worker was alive and knew it had ended. One thread per
-#: run that ended during the outage (a stored task cannot start meanwhile).
+#: How long a worker keeps trying, in a thread per run, to record an end the unreachable store did not
+#: take, the heartbeat kept on: as long as an outage plausibly lasts, or the sweep would run an
+#: acks_late task again after a short outage although its worker knew it had ended.
 DELIVERY_FINISH_BACKGROUND_BUDGET = 3600.0
 
 R = TypeVar("R")

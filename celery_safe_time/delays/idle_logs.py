@@ -54,7 +54,6 @@ def _all_zero(returned: Any) -> bool:
         value = ast.literal_eval(returned) if isinstance(returned, str) else returned
     except (ValueError, SyntaxError):
         return False
-    # "lookahead" is how far ahead the sweep looked, not something it did.
     return isinstance(value, dict) and not any(v for k, v in value.items() if k not in _NOT_COUNTS)
 
 

@@ -81,20 +81,12 @@ def confirm_deliveries(
             continue
         if rerun:
             stats.rerun += 1
-            logger.warning(
-                "stored task %s[%s] started on %s but its heartbeat stopped: running it again (acks_late)",
-                row.task,
-                row.id,
-                row.worker,
-            )
         else:
             stats.interrupted += 1
-            logger.warning(
-                "stored task %s[%s] started on %s but its heartbeat stopped: interrupted, not run again",
-                row.task,
-                row.id,
-                row.worker,
-            )
+        ending = "running it again (acks_late)" if rerun else "interrupted, not run again"
+        logger.warning(
+            "stored task %s[%s] started on %s but its heartbeat stopped: %s", row.task, row.id, row.worker, ending
+        )
 
 
 def close_expired_unstarted(app: Celery, store: DelayStore, stats: SweepStats, *, limit: int) -> None:

@@ -9,8 +9,11 @@ from typing import Any
 from kombu import serialization
 from kombu.exceptions import ContentDisallowed, DecodeError, EncodeError
 
+from .. import constants as C
 from ..exceptions import SerializationError
 
+#: Headers of one delivery of a stored row: a retry, a new call or a gate's copy is another delivery.
+DELIVERY_HEADERS = frozenset({C.HEADER_STORED, C.HEADER_DELIVERY, C.HEADER_PRIOR_RUNS})
 #: apply_async options that make no sense later in another process, or are stored in columns.
 _DROPPED_OPTIONS = frozenset(
     {"countdown", "eta", "expires", "producer", "connection", "publisher", "add_to_parent", "result_cls", "task_type"}
@@ -35,6 +38,14 @@ def clean_options(options: Mapping[str, Any], drop_headers: frozenset[str]) -> d
             value = {k: v for k, v in dict(value).items() if k not in drop_headers}
         cleaned[key] = value
     return cleaned
+
+
+def strip_delivery_headers(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with its ``headers`` replaced by a copy without :data:`DELIVERY_HEADERS` (if any)."""
+    headers = options.get("headers")
+    if headers and not DELIVERY_HEADERS.isdisjoint(headers):
+        options["headers"] = {k: v for k, v in headers.items() if k not in DELIVERY_HEADERS}
+    return options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +73,12 @@ def encode(body: dict[str, Any], serializer: str, *, allow_pickle: bool) -> Enco
     if isinstance(data, str):
         data = data.encode(content_encoding or "utf-8")
     return Encoded(bytes(data), content_type, content_encoding)
+
+
+def encode_call(args: Any, kwargs: Any, options: Mapping[str, Any], serializer: str, *, allow_pickle: bool) -> Encoded:
+    """One call's arguments and its options worth storing, encoded (:func:`encode`)."""
+    body = {"args": list(args or ()), "kwargs": dict(kwargs or {}), "options": clean_options(options, DELIVERY_HEADERS)}
+    return encode(body, serializer, allow_pickle=allow_pickle)
 
 
 def decode(payload: bytes, content_type: str, content_encoding: str, *, allow_pickle: bool) -> dict[str, Any]:

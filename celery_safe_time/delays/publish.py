@@ -106,7 +106,13 @@ class Batch:
             self.marks.submit(self.store, sent, self.expired, self.token, self.trusted_until)
             return
         left = max(0.0, self.trusted_until - self.clock())
-        finish(self.app, self.store, sent, self.expired, self.token, self.stats, left)
+        store, stats = self.store, self.stats
+        stats.sent += mark_sent_retrying(store, [r.id for r in sent], self.token, budget=left)
+        closed = close_expired(store, self.expired, self.token)
+        stats.expired += len(closed)
+        for row in sent:
+            signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)
+        report_revoked(self.app, closed, REASON_EXPIRED, expired=True)
 
     def publish_rows(
         self,
@@ -119,15 +125,23 @@ class Batch:
     ) -> None:
         """Publish the rows one by one; a failed row is counted in ``stats`` (and marked failed).
 
-        Past ``trusted_until`` the rows left are handed back (:func:`abandon`). ``before`` runs ahead of
+        Past ``trusted_until`` the rows left are handed back to pending. ``before`` runs ahead of
         each row's publish (RabbitMQ: the row its publisher confirms are numbered for). Broker errors
         propagate.
         """
         rows, store, token = self.rows, self.store, self.token
         for index, row in enumerate(rows):
             if self.clock() > self.trusted_until:
-                abandon(store, self.config, rows[index:], token, self.stats)
-                self.handled.update(r.id for r in rows[index:])
+                rest = [r.id for r in rows[index:]]
+                self.stats.abandoned += len(rest)
+                store.release(rest, token)
+                self.handled.update(rest)
+                logger.warning(
+                    "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
+                    "back instead of racing a sweeper that may have reclaimed them",
+                    self.config.claim_timeout,
+                    len(rest),
+                )
                 return
             if before is not None:
                 before(row)
@@ -151,11 +165,9 @@ def publish_batch(batch: Batch) -> None:
             # send_task's per-row work with what a batch shares looked up once (see amqp_batch).
             batch.publish_rows(producer=producer, send=BatchSender(app, producer).send_task)
     except (OperationalError, BatchPublishError) as exc:
-        # The broker is down. Unbatched: what was published stays published, the rest goes back to
-        # pending now instead of waiting out the claim timeout. Batched: nothing buffered went out
-        # (the batch was discarded), or the pipeline failed and which LPUSHes Redis ran is unknown;
-        # either way the rows go back to pending and are published again, and the delivery record
-        # runs a row that arrives twice once.
+        # The broker is down: the rows not published go back to pending now, not after the claim
+        # timeout. Batched, that is every row (nothing buffered went out, or which LPUSHes a failed
+        # pipeline ran is unknown): the delivery record runs a row that arrives twice once.
         published = [] if publishing.active else batch.published
         done = {r.id for r in published} | {r.id for r in batch.expired}
         store.release([r.id for r in rows if r.id not in done], token)
@@ -172,8 +184,8 @@ def publish_batch(batch: Batch) -> None:
 
 
 def refuse(store: DelayStore, rows: list[DelayRow], task_id: str, token: str, error: str) -> None:
-    """Mark failed a row whose message the broker refused for good in a batch (as :func:`publish_row`
-    marks one whose single publish is refused)."""
+    """Mark failed row ``task_id`` of ``rows``, whose message cannot be published (or the broker refused
+    it for good in a batch)."""
     task = next((r.task for r in rows if r.id == task_id), "")
     logger.error("stored task %s[%s] cannot be published, marked failed: %s", task, task_id, error)
     store.mark_failed(task_id, token, error)
@@ -205,37 +217,6 @@ def _producer(app: Celery, config: SafeTimeConfig) -> Iterator[Any]:
         yield app.amqp.Producer(conn)
     finally:
         conn.release()
-
-
-def abandon(
-    store: DelayStore, config: SafeTimeConfig, rest_rows: list[DelayRow], token: str, stats: SweepStats
-) -> None:
-    rest = [r.id for r in rest_rows]
-    stats.abandoned += len(rest)
-    store.release(rest, token)
-    logger.warning(
-        "sweep: publishing was slower than half the claim timeout (%gs); handing %d claimed rows "
-        "back instead of racing a sweeper that may have reclaimed them",
-        config.claim_timeout,
-        len(rest),
-    )
-
-
-def finish(
-    app: Celery,
-    store: DelayStore,
-    sent: list[DelayRow],
-    expired: list[DelayRow],
-    token: str,
-    stats: SweepStats,
-    budget: float,
-) -> None:
-    stats.sent += mark_sent_retrying(store, [r.id for r in sent], token, budget=budget)
-    closed = close_expired(store, expired, token)
-    stats.expired += len(closed)
-    for row in sent:
-        signals.delay_released.send(sender=store, task_id=row.id, task_name=row.task, due_at=row.due_at)
-    report_revoked(app, closed, REASON_EXPIRED, expired=True)
 
 
 def close_expired(store: DelayStore, expired: list[DelayRow], token: str) -> list[DelayRow]:
@@ -366,10 +347,7 @@ def publish_row(
     except Exception as exc:  # one bad row must not stall the rows behind it
         # Unknown task, corrupt payload, options the publisher rejects (EncodeError, bad routing):
         # a row that failed once fails again, so it is parked as failed, never retried in a loop.
-        error = f"{exc.__class__.__name__}: {exc}"
-        logger.error("stored task %s[%s] cannot be published, marked failed: %s", row.task, row.id, error)
-        store.mark_failed(row.id, token, error)
-        signals.delay_failed.send(sender=store, task_id=row.id, task_name=row.task, error=error)
+        refuse(store, [row], row.id, token, f"{exc.__class__.__name__}: {exc}")
         return C.STATUS_FAILED
     return C.STATUS_SENT
 

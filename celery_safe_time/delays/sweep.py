@@ -111,6 +111,7 @@ def _sweep(
     session = ConfirmSession(app, config) if config.broker_kind == C.BROKER_AMQP else None
     claims = _Claims(store, batch, lookahead, clock)
     marks = Marks(app, claims, stats, clock)
+    batch_marks = marks if store.claims_in_background else None  # else each batch marks in line
     try:
         claim = claims.make() if max_batches is None or max_batches > 0 else _Claim([], "", clock())
         while claim.rows:
@@ -122,7 +123,7 @@ def _sweep(
             following = None if last else claims.next()
             try:
                 trusted_until = claimed_at + config.claim_timeout / 2
-                job = Batch(app, config, store, rows, token, stats, trusted_until, clock, marks)
+                job = Batch(app, config, store, rows, token, stats, trusted_until, clock, batch_marks)
                 if session is not None:
                     publish_batch_confirmed(session, job)
                 else:
@@ -196,14 +197,7 @@ class _Claims:
         self._mark_pool: ThreadPoolExecutor | None = None
 
     def run(self, work: Callable[[], R]) -> Future[R]:
-        """``work`` in the sweep's mark thread, or here and now where claims are not made in the background."""
-        if not self.store.claims_in_background:
-            done: Future[R] = Future()
-            try:
-                done.set_result(work())
-            except BaseException as exc:
-                done.set_exception(exc)
-            return done
+        """``work`` in the sweep's mark thread."""
         # A thread of its own, beside the claim thread: a batch's mark and the claim ahead touch other
         # rows (claimed ones, pending ones) and both mostly wait for the database, so neither waits
         # for the other; one thread keeps the marks in batch order.
@@ -270,11 +264,7 @@ class Marks:
             marked = mark_sent_retrying(store, ids, token, budget=max(0.0, trusted_until - clock()))
             return marked, close_expired(store, expired, token)
 
-        marking = self.claims.run(work)
-        if not store.claims_in_background:
-            self._settle(marking, sent)  # made in line: counted and signalled now
-            return
-        previous, self._pending = self._pending, (marking, sent)
+        previous, self._pending = self._pending, (self.claims.run(work), sent)
         if previous is not None:
             self._settle(*previous)
 

@@ -33,7 +33,7 @@ from .backends import get_store
 from .backends.base import InsertResult, NewDelay
 from .debounce import caller_idempotency_key, debounce_call, unique_row_key
 from .delivery import delivery_token, run_delivery
-from .payload import clean_options, encode
+from .payload import encode_call, strip_delivery_headers
 from .plan import DelayPlan, check_call_times, plan_delay
 from .sqs import check_message_size
 from .tracing import inject_context
@@ -42,8 +42,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SafeTask", "StoredAsyncResult"]
 
-#: Headers of one delivery of a stored row: a retry or a new call is a new delivery and must not carry them.
-_INTERNAL_HEADERS = frozenset({C.HEADER_STORED, C.HEADER_DELIVERY, C.HEADER_PRIOR_RUNS})
+#: The options of a debounced call (:mod:`.debounce`).
+_DEBOUNCE_OPTIONS = (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT)
 
 
 class StoredAsyncResult(AsyncResult):
@@ -136,15 +136,15 @@ class SafeTask(Task):
         **options: Any,
     ) -> Any:
         call = _Call(args, kwargs, options, task_id, producer, link, link_error, shadow)
-        if options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None:
+        if _debounced(options):
             return self._apply_debounced(call)
-        for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
+        for name in _DEBOUNCE_OPTIONS:
             if options.pop(name, None) is not None:
                 raise DebounceError(f"task {self.name}: {name}= needs debounce= (the quiet period)")
         idempotency_key = caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None))
         # retry() copies the running request's headers: a retried stored task must not
         # look like the sweep's delivery of the original, or the delivery check would skip it.
-        call = dataclasses.replace(call, options=self._strip_internal_headers(options), idempotency_key=idempotency_key)
+        call = dataclasses.replace(call, options=strip_delivery_headers(options), idempotency_key=idempotency_key)
         app = self._get_app()
         # Checked in eager mode too: a bad countdown fails in tests as it would in production.
         check_call_times(options.get("countdown"), options.get("eta"), options.get("expires"))
@@ -182,11 +182,9 @@ class SafeTask(Task):
             call.kwargs,
             sweep_interval=config.sweep_interval,
         )
-        for name in (C.OPTION_DEBOUNCE, C.OPTION_DEBOUNCE_KEY, C.OPTION_DEBOUNCE_MAX_WAIT):
+        for name in _DEBOUNCE_OPTIONS:
             options.pop(name, None)
-        call = dataclasses.replace(
-            call, options=self._strip_internal_headers(options), idempotency_key=debounce.stored_key
-        )
+        call = dataclasses.replace(call, options=strip_delivery_headers(options), idempotency_key=debounce.stored_key)
         if app.conf.task_always_eager:
             # Eager mode runs every call at once: nothing waits, so nothing merges.
             return self._publish(call)
@@ -258,9 +256,8 @@ class SafeTask(Task):
         Returns one result per call, in order.
         """
         app = self._get_app()
-        items = list(calls)
         prepared: list[tuple[Any, Any, dict[str, Any]]] = []
-        for index, item in enumerate(items):
+        for index, item in enumerate(calls):
             try:
                 prepared.append(_unpack_call(item))
                 options = prepared[-1][2]
@@ -279,7 +276,7 @@ class SafeTask(Task):
             options = dict(options)
             try:
                 # A debounced call merges into its key's row, one call at a time (apply_async).
-                debounced = options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None
+                debounced = _debounced(options)
                 plan = (
                     None
                     if debounced
@@ -303,7 +300,7 @@ class SafeTask(Task):
                     idempotency_key=caller_idempotency_key(self.name, options.pop(C.OPTION_IDEMPOTENCY_KEY, None)),
                 )
                 delay = self._stored_delay(
-                    app, config, dataclasses.replace(call, options=self._strip_internal_headers(options)), plan
+                    app, config, dataclasses.replace(call, options=strip_delivery_headers(options)), plan
                 )
             except (TypeError, ValueError) as exc:  # SerializationError is a TypeError
                 raise _at_index(exc, index) from exc
@@ -325,13 +322,6 @@ class SafeTask(Task):
         for index, args, kwargs, options in sent:
             results[index] = self.apply_async(args, kwargs, **options)
         return results
-
-    @staticmethod
-    def _strip_internal_headers(options: dict[str, Any]) -> dict[str, Any]:
-        headers = options.get("headers")
-        if headers and any(h in headers for h in _INTERNAL_HEADERS):
-            options["headers"] = {k: v for k, v in headers.items() if k not in _INTERNAL_HEADERS}
-        return options
 
     def _stored_delay(self, app: Any, config: Any, call: _Call, plan: DelayPlan) -> _StoredDelay:
         """The row of one long-delayed call: the argument checks and option merging plain apply_async does."""
@@ -357,12 +347,7 @@ class SafeTask(Task):
         # Nothing is published now, so no publish hook carries the caller's trace: the row must.
         options["headers"] = inject_context(options.get("headers"))
         serializer = options.get("serializer") or self.serializer or app.conf.task_serializer
-        body = {
-            "args": list(args or ()),
-            "kwargs": dict(kwargs or {}),
-            "options": clean_options(options, _INTERNAL_HEADERS),
-        }
-        encoded = encode(body, serializer, allow_pickle=config.allow_pickle)
+        encoded = encode_call(args, kwargs, options, serializer, allow_pickle=config.allow_pickle)
         if config.broker_kind == C.BROKER_SQS:
             check_message_size(app, self.name, len(encoded.payload))
 
@@ -444,6 +429,10 @@ class _StoredDelay:
     new: NewDelay
     add_to_parent: bool
     parent: Any
+
+
+def _debounced(options: Mapping[str, Any]) -> bool:
+    return options.get(C.OPTION_DEBOUNCE) is not None or options.get(C.OPTION_DEBOUNCE_KEY) is not None
 
 
 def _unpack_call(call: Any) -> tuple[Any, Any, dict[str, Any]]:

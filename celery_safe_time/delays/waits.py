@@ -22,7 +22,6 @@ from celery._state import get_current_task
 from celery.canvas import Signature
 from celery.utils import uuid
 
-from .. import constants as C
 from ..clock import as_utc
 from ..config import get_config
 from ..exceptions import StoreError
@@ -32,7 +31,7 @@ from ..messages.requeue import wait_route
 from .backends import get_store
 from .backends.base import NewDelay
 from .delivery import delivery_token, run_delivery
-from .payload import clean_options, encode
+from .payload import DELIVERY_HEADERS, encode_call, strip_delivery_headers
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +39,6 @@ __all__ = ["checked_delivery", "send_later"]
 
 R = TypeVar("R")
 
-#: Headers of one delivery of a stored row: the copy is another delivery and gets its own.
-_DELIVERY_HEADERS = frozenset({C.HEADER_STORED, C.HEADER_DELIVERY, C.HEADER_PRIOR_RUNS})
 #: Apps told once that their long waits hop through the broker (no sweep installed).
 _warned_no_sweep: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Set on a request once its delivery token was checked, so a second gate of the same delivery runs on.
@@ -52,11 +49,8 @@ def send_later(task: Task, sig: Signature, countdown: float) -> None:
     """Publish ``sig`` (a signature of ``task``, with its task id) ``countdown`` seconds from now:
     through the broker at or below the delay threshold, else as a row of the store."""
     app = task._get_app()
-    headers = sig.options.get("headers")
-    if headers and not _DELIVERY_HEADERS.isdisjoint(headers):
-        # The copy is another delivery: the stored row's token it came with is spent once this run
-        # ends (a SafeTask's apply_async strips them too).
-        sig.options["headers"] = {k: v for k, v in headers.items() if k not in _DELIVERY_HEADERS}
+    # The copy is another delivery: the stored row's token it came with is spent once this run ends.
+    strip_delivery_headers(sig.options)
     threshold = get_config(app).delay_threshold
     if wait_route(countdown, threshold) == "broker" or stores_its_delays(task):
         # A SafeTask's own apply_async sends a countdown beyond the threshold to the store, with its
@@ -110,12 +104,7 @@ def store_call(task: Task, sig: Signature, countdown: float) -> None:
     task_id = options.pop("task_id", None) or uuid()
     expires = options.pop("expires", None)
     serializer = options.get("serializer") or task.serializer or app.conf.task_serializer
-    body = {
-        "args": list(sig.args or ()),
-        "kwargs": dict(sig.kwargs or {}),
-        "options": clean_options(options, _DELIVERY_HEADERS),
-    }
-    encoded = encode(body, serializer, allow_pickle=config.allow_pickle)
+    encoded = encode_call(sig.args, sig.kwargs, options, serializer, allow_pickle=config.allow_pickle)
     new = NewDelay(
         id=task_id,
         task=task.name,
@@ -156,8 +145,8 @@ def checked_delivery(body: Callable[[], R]) -> R:
         # delivery (``retry()`` copies the request's headers), never this row's, which ends with this
         # run; with the token the retried message would be dropped as this finished delivery.
         headers = getattr(request, "headers", None)
-        if headers and not _DELIVERY_HEADERS.isdisjoint(headers):
-            request.headers = {k: v for k, v in headers.items() if k not in _DELIVERY_HEADERS}
+        if headers and not DELIVERY_HEADERS.isdisjoint(headers):
+            request.headers = {k: v for k, v in headers.items() if k not in DELIVERY_HEADERS}
         return body()
 
     return run_delivery(task, token, started)

@@ -1,25 +1,18 @@
 """What differs between the Celery and kombu versions the package supports (Celery 5.4 through 5.7).
 
 The one place that knows: the rest of the package imports these names from here and never checks a
-version itself. Each fallback behaves as the newer library does where the package relies on it.
+version itself. Each fallback behaves as the newer library does where the package relies on it:
 
-- :class:`BatchPublishError` (kombu 5.7): raised by kombu's Redis transport when a batched publish's
-  pipeline fails. Older kombu has no batched publish (``Producer.supports_batch_publish`` is absent,
-  so :func:`~celery_safe_time.messages.publishing.batched_publish` publishes message by message) and never
-  raises it; the stand-in is a :class:`~kombu.exceptions.KombuError` nothing raises, so an
-  ``except`` naming it is inert there.
-- :func:`subtract_datetimes` (Celery 5.7): the time between two datetimes, naive ones taken as UTC.
-- :func:`detect_quorum_queues` (Celery 5.5): whether the app's queues are quorum queues on a
-  transport that supports them. Celery 5.4 has no native delayed delivery on quorum queues, so the
-  stand-in answers "no".
-- :func:`push_request` (Celery 5.5): ``Task.push_request`` as Celery 5.5+ has it, the new request
-  inheriting the running one. On Celery 5.4 ``Task.__call__`` pushes a bare request (only args and
-  kwargs), so a task class with its own ``__call__`` (SafeTask) runs its body with no task id, no
-  retries count and no headers: ``self.retry()`` then raises instead of retrying.
+- :class:`BatchPublishError` (kombu 5.7): older kombu never batches a publish, so nothing raises the
+  stand-in and an ``except`` naming it is inert there.
+- :func:`subtract_datetimes` (Celery 5.7), :func:`detect_quorum_queues` (Celery 5.5; 5.4 has no native
+  delayed delivery on quorum queues, so the stand-in answers "no").
+- :func:`push_request` (Celery 5.5): on Celery 5.4 ``Task.__call__`` pushes a bare request (only args
+  and kwargs), so a task class with its own ``__call__`` (SafeTask) would run its body with no task id,
+  no retries count and no headers: ``self.retry()`` then raises instead of retrying.
 - :func:`routable_eta` / :func:`routable_countdown` (Celery 5.5+ on quorum queues): native delayed
   delivery routes a delay by its whole seconds and raises ``ValueError`` for one under a second
-  (kombu's ``calculate_routing_key``), so a message due in 0.4 s cannot be published at all. These
-  move such a delay to the shortest one it routes: the message runs under a second late, never early.
+  (kombu's ``calculate_routing_key``); these move such a delay to the shortest one it routes.
 """
 
 from __future__ import annotations

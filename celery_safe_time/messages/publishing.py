@@ -2,7 +2,8 @@
 
 On Redis, kombu's ``Producer.batch`` sends the publishes of a block in one pipeline round trip; on
 SQS, :mod:`.sqs_batch` sends them in ``SendMessageBatch`` calls of 10; every message still goes
-through Celery's ``send_task``. Other transports publish one by one.
+through Celery's ``send_task`` (routing, headers, ``before/after_task_publish``). Other transports
+publish one by one.
 """
 
 from __future__ import annotations
@@ -34,14 +35,11 @@ def publishes_in_batches(producer: Any) -> bool:
 
 @contextmanager
 def batched_publish(producer: Any, rows: int, state: PublishBatch) -> Iterator[None]:
-    """Buffer a batch's publishes and send them in one round trip where the transport can (Redis; SQS
-    10 messages a call).
+    """Buffer a batch's publishes and send them in one round trip where the transport can (see the module).
 
-    kombu's ``Producer.batch`` queues the same LPUSH commands ``publish`` would run in a pipeline,
-    executed once when the block ends; every message still goes through Celery's ``send_task``
-    (routing, headers, ``before/after_task_publish``). The binding table of a routed exchange (one
-    SMEMBERS per message on Redis) is read, and each queue declared, once per batch. Other transports
-    publish each message on its own.
+    On Redis the LPUSHes ``publish`` would run go in one pipeline, executed when the block ends; the
+    binding table of a routed exchange (one SMEMBERS per message) is read, and each queue declared,
+    once per batch.
     """
     if is_sqs(producer):
         state.active = True

@@ -51,17 +51,6 @@ _ROW_TIMES = (
 )
 
 
-#: Dataclass -> its field names (``dataclasses.fields`` builds them anew on every call).
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
 def new_delivery_token() -> str:
     """A row's delivery token: new on every insert and reschedule, published with every copy of it."""
     return uuid.uuid4().hex
@@ -180,7 +169,7 @@ class DelayRow:
         # One plain dict and the field names computed once: a driver's row mapping is slow to probe
         # key by key, and a sweep builds one row object per claimed row.
         given = dict(values)
-        fields = {name: given[name] for name in _field_names(cls) if name in given}
+        fields = {name: given[name] for name in _ROW_FIELDS if name in given}
         fields["payload"] = bytes(fields["payload"])
         fields["starts"] = fields.get("starts") or 0
         for name in _ROW_TIMES:
@@ -196,6 +185,9 @@ class DelayRow:
         data["debounce_key"] = self.debounce_key
         return data
 
+
+#: DelayRow's field names (``dataclasses.fields`` builds them anew on every call).
+_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(DelayRow))
 
 StartVerdict = Literal["run", "running", "done", "superseded", "missing", "early"]
 
@@ -268,9 +260,8 @@ def start_verdict(row: DelayRow | None, token: str, early: float = 0.0) -> Start
         return "superseded"
     if early > 0:
         return "early"
-    if row.status == C.STATUS_STARTED:
-        return "running"
-    if row.status in C.DELAY_STARTABLE_STATUSES:  # pragma: no cover - the start would have won
+    # A startable row: the start would have won (the verdict is "running" all the same).
+    if row.status == C.STATUS_STARTED or row.status in C.DELAY_STARTABLE_STATUSES:
         return "running"
     return "done"
 
@@ -581,11 +572,6 @@ class DelayStore(abc.ABC):
         return sum(1 for r in rows if (r.idempotency_key or "").startswith(C.DEBOUNCE_KEY_PREFIX))
 
 
-def debounced_due(due_at: datetime, debounce_until: datetime | None) -> datetime:
-    """A debounced row's next due time: ``due_at`` (now plus the period), never past its cap."""
-    return due_at if debounce_until is None else min(due_at, debounce_until)
-
-
 def debounced_values(delay: NewDelay, now: datetime, debounce_until: datetime | None) -> dict[str, Any]:
     """The columns a later call of a burst replaces in the pending row (every backend)."""
     due_at, expires_at = delay.resolve(now)
@@ -593,7 +579,8 @@ def debounced_values(delay: NewDelay, now: datetime, debounce_until: datetime | 
         "payload": delay.payload,
         "content_type": delay.content_type,
         "content_encoding": delay.content_encoding,
-        "due_at": debounced_due(due_at, debounce_until),
+        # Now plus the period, never past the burst's cap.
+        "due_at": due_at if debounce_until is None else min(due_at, debounce_until),
         "expires_at": expires_at,
         # A copy published earlier (a claim reclaimed after its sweep died) carries the old arguments:
         # the delivery check drops it as superseded.

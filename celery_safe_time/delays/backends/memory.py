@@ -93,31 +93,24 @@ class MemoryStore(DelayStore):
                 raise
             return results
 
-    def cancel(self, task_id: str) -> bool:
+    def _change(self, task_id: str, statuses: frozenset[str], **changes: Any) -> bool:
+        """Apply ``changes`` to row ``task_id`` of this namespace if it is in one of ``statuses``."""
         with self._lock:
             row = self._rows.get(task_id)
-            if row is None or not self._mine(row) or row.status not in C.DELAY_CANCELLABLE_STATUSES:
+            if row is None or not self._mine(row) or row.status not in statuses:
                 return False
-            self._replace(row, status=C.STATUS_CANCELLED, claim_token=None)
+            self._replace(row, **changes)
             return True
+
+    def cancel(self, task_id: str) -> bool:
+        return self._change(task_id, C.DELAY_CANCELLABLE_STATUSES, status=C.STATUS_CANCELLED, claim_token=None)
 
     def reschedule(self, task_id: str, due_at: datetime) -> bool:
-        with self._lock:
-            row = self._rows.get(task_id)
-            if row is None or not self._mine(row) or row.status not in C.DELAY_CANCELLABLE_STATUSES:
-                return False
-            self._replace(
-                row, due_at=due_at, status=C.STATUS_PENDING, claim_token=None, delivery_token=new_delivery_token()
-            )
-            return True
+        changes = {"due_at": due_at, "status": C.STATUS_PENDING, "claim_token": None}
+        return self._change(task_id, C.DELAY_CANCELLABLE_STATUSES, **changes, delivery_token=new_delivery_token())
 
     def rerun(self, task_id: str) -> bool:
-        with self._lock:
-            row = self._rows.get(task_id)
-            if row is None or not self._mine(row) or row.status not in C.DELAY_RERUNNABLE_STATUSES:
-                return False
-            self._replace(row, **rerun_values(self.now()))
-            return True
+        return self._change(task_id, C.DELAY_RERUNNABLE_STATUSES, **rerun_values(self.now()))
 
     def _start(
         self, task_id: str, token: str, run_id: str, worker: str, stale: float, prior: Sequence[str], leeway: float
@@ -134,37 +127,29 @@ class MemoryStore(DelayStore):
                 row = self._replace(row, suspected_at=now)
             return StartResult(start_verdict(row, token, early), row, early)
 
-    def _running(self, task_id: str, token: str, run_id: str) -> DelayRow | None:
-        row = self._rows.get(task_id)
-        ok = row is not None and row.status == C.STATUS_STARTED and row.delivery_token == token
-        return row if ok and row is not None and row.started_by == run_id else None
+    def _write_run(self, task_id: str, token: str, run_id: str, **changes: Any) -> bool:
+        """Apply ``changes`` to row ``task_id`` while ``run_id`` runs its delivery ``token``."""
+        with self._lock:
+            row = self._rows.get(task_id)
+            if row is None or row.status != C.STATUS_STARTED or row.delivery_token != token:
+                return False
+            if row.started_by != run_id:
+                return False
+            self._replace(row, **changes)
+            return True
 
     def heartbeat(self, task_id: str, token: str, run_id: str) -> bool:
-        with self._lock:
-            row = self._running(task_id, token, run_id)
-            if row is None:
-                return False
-            self._replace(row, heartbeat_at=self.now())
-            return True
+        return self._write_run(task_id, token, run_id, heartbeat_at=self.now())
 
     def finish(
         self, task_id: str, token: str, run_id: str, outcome: str, error: str | None = None, *, durable: bool = True
     ) -> bool:
-        with self._lock:
-            row = self._running(task_id, token, run_id)
-            if row is None:
-                return False
-            last_error = truncate_error(error) if error is not None else row.last_error
-            self._replace(row, status=C.STATUS_FINISHED, outcome=outcome, finished_at=self.now(), last_error=last_error)
-            return True
+        kept = {} if error is None else {"last_error": truncate_error(error)}
+        ended = {"status": C.STATUS_FINISHED, "outcome": outcome, "finished_at": self.now()}
+        return self._write_run(task_id, token, run_id, **ended, **kept)
 
     def hand_back(self, task_id: str, token: str, run_id: str) -> bool:
-        with self._lock:
-            row = self._running(task_id, token, run_id)
-            if row is None:
-                return False
-            self._replace(row, status=C.STATUS_SENT, sent_at=self.now(), suspected_at=None)
-            return True
+        return self._write_run(task_id, token, run_id, status=C.STATUS_SENT, sent_at=self.now(), suspected_at=None)
 
     def requeue_unstarted(self, grace: float) -> int:
         return self._back_to_pending(C.STATUS_SENT, ("sent_at", "due_at"), grace)

@@ -108,10 +108,20 @@ def _columns() -> list[sa.Column[Any]]:
 # The queries of every dialect use this table; its indexes are the PostgreSQL/SQLite schema.
 metadata = sa.MetaData()
 delays = sa.Table(C.DELAY_TABLE, metadata, *_columns())
-# Partial indexes (predicates in schema.sql): each scan reads only the rows of its status.
 _PENDING_SQL = sa.text(query("pending_rows", "schema.sql"))
-_CLAIMED_SQL = sa.text(query("claimed_rows", "schema.sql"))
-sa.Index(C.DELAY_DUE_INDEX, delays.c.due_at, delays.c.id, postgresql_where=_PENDING_SQL, sqlite_where=_PENDING_SQL)
+#: The indexes but the pending key's: their columns, and the rows each holds as a partial index
+#: (predicates in schema.sql), so each scan reads only the rows of its status. The last one is the
+#: purge's: finished rows by age, so millions of them are trimmed a batch at a time without a scan; its
+#: predicate is an expression, not text: the DDL compiler renders its values inline.
+_INDEXES = (
+    (C.DELAY_DUE_INDEX, ("due_at", "id"), _PENDING_SQL),
+    (C.DELAY_CLAIMED_INDEX, ("claimed_at",), sa.text(query("claimed_rows", "schema.sql"))),
+    (C.DELAY_SENT_INDEX, ("sent_at",), sa.text(query("sent_rows", "schema.sql"))),
+    (C.DELAY_STARTED_INDEX, ("heartbeat_at",), sa.text(query("started_rows", "schema.sql"))),
+    (C.DELAY_UPDATED_INDEX, ("updated_at",), delays.c.status.in_(sorted(C.PURGEABLE_STATUSES))),
+)
+for _name, _indexed, _where in _INDEXES:
+    sa.Index(_name, *(delays.c[c] for c in _indexed), postgresql_where=_where, sqlite_where=_where)
 sa.Index(
     C.DELAY_KEY_INDEX,
     delays.c.idempotency_key,
@@ -119,20 +129,10 @@ sa.Index(
     postgresql_where=_PENDING_SQL,
     sqlite_where=_PENDING_SQL,
 )
-sa.Index(C.DELAY_CLAIMED_INDEX, delays.c.claimed_at, postgresql_where=_CLAIMED_SQL, sqlite_where=_CLAIMED_SQL)
-_SENT_SQL = sa.text(query("sent_rows", "schema.sql"))
-_STARTED_SQL = sa.text(query("started_rows", "schema.sql"))
-sa.Index(C.DELAY_SENT_INDEX, delays.c.sent_at, postgresql_where=_SENT_SQL, sqlite_where=_SENT_SQL)
-sa.Index(C.DELAY_STARTED_INDEX, delays.c.heartbeat_at, postgresql_where=_STARTED_SQL, sqlite_where=_STARTED_SQL)
-# The purge: finished rows by age, so a table of millions of finished rows is trimmed one batch at a
-# time without scanning it (nor the pending rows, however old).
-# An expression, not text: the DDL compiler renders its values inline (the index's predicate).
-_FINISHED_SQL = delays.c.status.in_(sorted(C.PURGEABLE_STATUSES))
-sa.Index(C.DELAY_UPDATED_INDEX, delays.c.updated_at, postgresql_where=_FINISHED_SQL, sqlite_where=_FINISHED_SQL)
 
 # MySQL/MariaDB have no partial indexes. The pending-only unique key becomes a UNIQUE index on a
-# generated column that is NULL unless the row is pending (NULLs never collide); the other two lead
-# with status, so the claim and the stale-claim scan still touch only rows of their status.
+# generated column that is NULL unless the row is pending (NULLs never collide); the others lead
+# with status, so each scan still touches only rows of its status.
 _MYSQL_PENDING_KEY_SQL = query("pending_key_mysql", "schema.sql")
 #: Table-less on purpose: it renders as the bare column name inside queries on ``delays``.
 mysql_pending_key = sa.column(C.DELAY_PENDING_KEY_COLUMN, sa.String(C.DELAY_KEY_LENGTH))
@@ -154,12 +154,9 @@ def _mysql_metadata(*, mariadb: bool) -> sa.MetaData:
         mysql_charset="utf8mb4",
         mysql_collate=MARIADB_COLLATION if mariadb else MYSQL_COLLATION,
     )
-    sa.Index(C.DELAY_DUE_INDEX, table.c.status, table.c.due_at, table.c.id)
+    for name, indexed, _where in _INDEXES:
+        sa.Index(name, table.c.status, *(table.c[c] for c in indexed))
     sa.Index(C.DELAY_KEY_INDEX, table.c[C.DELAY_PENDING_KEY_COLUMN], unique=True)
-    sa.Index(C.DELAY_CLAIMED_INDEX, table.c.status, table.c.claimed_at)
-    sa.Index(C.DELAY_SENT_INDEX, table.c.status, table.c.sent_at)
-    sa.Index(C.DELAY_STARTED_INDEX, table.c.status, table.c.heartbeat_at)
-    sa.Index(C.DELAY_UPDATED_INDEX, table.c.status, table.c.updated_at)
     return meta
 
 

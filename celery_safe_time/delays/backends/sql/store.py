@@ -148,15 +148,13 @@ class SQLStore(DelayStore):
         # Fast path, one short transaction: [key lookup,] now, INSERT. A unique violation (the task
         # id is taken, or a concurrent call won the idempotency key) takes the careful path.
         try:
-            return self._insert(delay, careful=False)
+            with self._begin() as conn:
+                return self._insert_on(conn, delay, careful=False)
         except StoreError as exc:
             if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                 raise
-        return self._insert(delay, careful=True)
-
-    def _insert(self, delay: NewDelay, *, careful: bool) -> InsertResult:
         with self._begin() as conn:
-            return self._insert_on(conn, delay, careful=careful)
+            return self._insert_on(conn, delay, careful=True)
 
     def _insert_on(
         self, conn: Connection, delay: NewDelay, *, careful: bool, now: datetime | None = None, held: bool = True
@@ -294,10 +292,9 @@ class SQLStore(DelayStore):
         key_column = mysql_pending_key if self._pending_key_column else t.c.idempotency_key
         for start in range(0, len(keys), C.BULK_KEY_LOOKUP):
             chunk = keys[start : start + C.BULK_KEY_LOOKUP]
-            query = sa.select(key_column, t.c.id, t.c.due_at).where(key_column.in_(chunk))
+            query = sa.select(key_column, t.c.id, t.c.due_at).where(key_column.in_(chunk), self._in_scope())
             if not self._pending_key_column:
                 query = query.where(status_is(C.STATUS_PENDING))
-            query = query.where(self._in_scope())
             for key, task_id, due_at in conn.execute(query).all():
                 held[key] = (task_id, as_utc(due_at))
         now = self._db_now(conn)

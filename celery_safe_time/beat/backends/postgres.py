@@ -56,7 +56,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -69,7 +68,7 @@ from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
 from ..shards import BeatPulse, shard_of
-from ..state import identity, marker_value, slot_id, with_definitions
+from ..state import marker_value, slot_id, with_definitions
 from .base import UNFIRED_STATE_PREFIX, BeatLease, DueRead, LeaseView, Scored, Seed, SlotWrite, Snapshot
 from .postgres_reads import _QUERIES, DDL, PostgresReads, prefix_end, shard_ns
 
@@ -93,10 +92,6 @@ PAUSE_EXPIRY_TABLE = "safe_time_beat_pause_expiry"
 ENTRY_COUNTS_TABLE = "safe_time_beat_entry_counts"
 DELETED_TABLE = "safe_time_beat_deleted"
 BEATS_TABLE = "safe_time_beat_beats"
-
-
-def _float(value: Any) -> float:
-    return float(value)
 
 
 def asked_again_if_broken(connect: Callable[[], Any], run: Callable[[Any], T], level: int, message: str) -> T:
@@ -128,27 +123,22 @@ class PostgresClock(ServerClock):
         # one connection for the samples: a pool checkout (and its ping) must not count in the RTT
         with self._backend.engine().connect() as conn:
             return measure_sync(
-                lambda: _float(conn.execute(_QUERIES["now"]).scalar_one()), local=self._local, monotonic=self._monotonic
+                lambda: float(conn.execute(_QUERIES["now"]).scalar_one()), local=self._local, monotonic=self._monotonic
             )
 
 
 class PostgresLease(BeatLease):
-    """One beat's handle on the lease row (see the module docstring)."""
-
     def __init__(self, backend: PostgresBeatBackend, *, info: dict[str, Any] | None = None) -> None:
+        super().__init__(backend.config, info)
         self.backend = backend
-        self.config = backend.config
-        self.token = uuid.uuid4().hex
         self.ttl = float(backend.config.beat_lease)
-        self.info = dict(info or identity())
-        self.epoch: int | None = None
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         return self.backend._p(token=self.token, **extra)
 
     def acquire(self, now: float) -> int | None:
         self.backend.ensure_tables()
-        info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
+        info = json.dumps(self.holder_info(now))
         with self.backend.autocommit() as conn:
             self.sent_at = time.monotonic()
             epoch = conn.execute(_QUERIES["acquire"], self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
@@ -231,10 +221,8 @@ class PostgresLease(BeatLease):
     def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
         if not names:
             return True
-        with self.backend.autocommit() as conn:
-            leader, _ = conn.execute(
-                _QUERIES["forget"], self._params(epoch=epoch, names=list(names), keep=keep_state)
-            ).one()
+        query = _QUERIES["forget"]
+        leader, _ = self.backend._one(query, token=self.token, epoch=epoch, names=list(names), keep=keep_state)
         return bool(leader)
 
 
@@ -266,21 +254,15 @@ class PostgresBeatBackend(PostgresReads):
 
     def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["beats_heartbeat"],
-                self._p(member=member, now=pulse.seen, pulse=pulse.dump(), window=window),
-            ).all()
-        return _pulses(rows)
+        query = _QUERIES["beats_heartbeat"]
+        return _pulses(self._all(query, member=member, now=pulse.seen, pulse=pulse.dump(), window=window))
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            return _pulses(conn.execute(_QUERIES["beats_seen"], self._p()).all())
+        return _pulses(self._all(_QUERIES["beats_seen"]))
 
     def beats_gone(self, member: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(_QUERIES["beats_gone"], self._p(member=member))
+        self._exec(_QUERIES["beats_gone"], member=member)
 
     def _shard_ns_of(self, name: str) -> str:
         """The ``ns`` of the shard ``name`` belongs to (the API side reads and seeds any entry's state)."""
@@ -292,8 +274,7 @@ class PostgresBeatBackend(PostgresReads):
 
     def lease_view(self) -> LeaseView:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            token, epoch, info, ttl_ms, now = conn.execute(_QUERIES["lease_view"], self._p()).one()
+        token, epoch, info, ttl_ms, now = self._one(_QUERIES["lease_view"])
         held = token is not None and ttl_ms is not None
         holder: dict[str, Any] = {}
         if held and info:
@@ -309,12 +290,7 @@ class PostgresBeatBackend(PostgresReads):
         )
 
     def holds_lease(self, token: str) -> bool:
-        with self.autocommit() as conn:
-            row = conn.execute(
-                _QUERIES["holds_lease"],
-                self._p(token=token),
-            ).first()
-        return row is not None
+        return bool(self._all(_QUERIES["holds_lease"], token=token))
 
     # --- connection ---------------------------------------------------------------
     def where(self) -> str:
@@ -371,25 +347,11 @@ class PostgresBeatBackend(PostgresReads):
         return [(entry, float(value)) for entry, value in rows]
 
     def drop_due(self, name: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["drop_due"],
-                self._p(entry=name),
-            )
+        self._exec(_QUERIES["drop_due"], entry=name)
 
     # --- re-planning --------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        # one consistent read: the counter matches the definitions and the marker the state
-        with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).one()
-            definitions = conn.execute(_QUERIES["snapshot_entries"], self._p()).all()
-            requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
-        return Snapshot(
-            version=int(meta[0] or 0),
-            definitions={name: raw for name, raw in definitions},
-            requests={name: slot_ms for name, slot_ms in requests},
-            marker=meta[1],
-        )
+        return self._snapshot(definitions=True)
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.autocommit() as conn:
@@ -402,12 +364,7 @@ class PostgresBeatBackend(PostgresReads):
     def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
         if not names:
             return [], []
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["read_states"],
-                self._p(names=list(names)),
-            ).all()
-        return self._by_name(names, rows)
+        return self._by_name(names, self._all(_QUERIES["read_states"], names=list(names)))
 
     @staticmethod
     def _by_name(names: list[str], rows: Sequence[Any]) -> tuple[list[Any], list[float | None]]:
@@ -418,19 +375,14 @@ class PostgresBeatBackend(PostgresReads):
 
     def due_count(self) -> int:
         # the trigger-kept count (safe_time_beat_counts), not a count of the due index: a takeover
-        # asks for it, and at a million entries counting took a tenth of a second
-        with self.autocommit() as conn:
-            return int(conn.execute(_QUERIES["due_count"], self._p()).scalar_one())
+        # asks for it, and at a million entries counting takes a tenth of a second
+        return int(self._one(_QUERIES["due_count"])[0])
 
     def write_plan(
         self, token: str, states: dict[str, str], nexts: dict[str, float], gone: list[str], idle: list[str]
     ) -> bool:
         with self.engine().begin() as conn:
-            held = conn.execute(
-                _QUERIES["holds_lease_for_plan"],
-                self._p(token=token),
-            ).first()
-            if held is None:
+            if conn.execute(_QUERIES["holds_lease_for_plan"], self._p(token=token)).first() is None:
                 return False
             names = list(states)
             if names:
@@ -439,63 +391,34 @@ class PostgresBeatBackend(PostgresReads):
                     self._p(names=names, states=[states[n] for n in names], nexts=[nexts[n] for n in names]),
                 )
             if gone:
-                conn.execute(
-                    _QUERIES["plan_gone"],
-                    self._p(names=list(gone)),
-                )
+                conn.execute(_QUERIES["plan_gone"], self._p(names=list(gone)))
             if idle:
-                conn.execute(
-                    _QUERIES["plan_idle"],
-                    self._p(names=list(idle)),
-                )
+                conn.execute(_QUERIES["plan_idle"], self._p(names=list(idle)))
         return True
 
     # --- runtime entries: the leader's side ----------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["change_log"],
-                self._p(since=-1 if since is None else since, limit=limit),  # LIMIT NULL: no limit
-            ).all()
+        # LIMIT NULL: no limit
+        rows = self._all(_QUERIES["change_log"], since=-1 if since is None else since, limit=limit)
         return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
-        with self.autocommit() as conn:
-            rows = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
-        return {name: slot_ms for name, slot_ms in rows}
+        return dict(self._all(_QUERIES["snapshot_run_now"]))
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["read_changed_definitions"],
-                self._p(names=list(names)),
-            ).all()
-        found = dict(rows)
+        found = dict(self._all(_QUERIES["read_changed_definitions"], names=list(names)))
         states, scores = self.read_states(names)
         return [found.get(n) for n in names], states, scores
 
     def prune(self, version: int, names: list[str]) -> None:
-        if not names:
-            return
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["prune_changes"],
-                self._p(names=list(names), version=version),
-            )
+        if names:
+            self._exec(_QUERIES["prune_changes"], names=list(names), version=version)
 
     def mark_applied(self, token: str, marker: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["mark_applied"],
-                self._p(token=token, marker=marker),
-            )
+        self._exec(_QUERIES["mark_applied"], token=token, marker=marker)
 
     def run_now_done(self, name: str, slot_ms: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["run_now_done"],
-                self._p(name=name, slot_ms=slot_ms),
-            )
+        self._exec(_QUERIES["run_now_done"], name=name, slot_ms=slot_ms)
 
     # --- runtime entries: the API side (any process) ----------------------------------------
     def _writing(self) -> Any:
@@ -512,10 +435,7 @@ class PostgresBeatBackend(PostgresReads):
         version += 1
         conn.execute(_QUERIES["set_version"], self._p(v=version))
         if name is not None:
-            conn.execute(
-                _QUERIES["log_change"],
-                self._p(name=name, v=version),
-            )
+            conn.execute(_QUERIES["log_change"], self._p(name=name, v=version))
         return version
 
     def _definition(self, conn: Any, name: str) -> str | None:
@@ -523,10 +443,7 @@ class PostgresBeatBackend(PostgresReads):
         return None if value is None else str(value)
 
     def _put(self, conn: Any, name: str, raw: str) -> None:
-        conn.execute(
-            _QUERIES["put_definition"],
-            self._p(name=name, raw=raw),
-        )
+        conn.execute(_QUERIES["put_definition"], self._p(name=name, raw=raw))
 
     def _audited(self, conn: Any, name: str, audit: str | None, old: str | None, new: str | None, version: int) -> int:
         """Append the audit record of a change in its transaction (with the definition it replaced)."""
@@ -646,11 +563,7 @@ class PostgresBeatBackend(PostgresReads):
         with self._writing() as conn:
             version = self._locked_version(conn)
             old = self._definition(conn, name)
-            gone = conn.execute(
-                _QUERIES["delete_definition"],
-                self._p(name=name),
-            ).first()
-            if gone is None:
+            if conn.execute(_QUERIES["delete_definition"], self._p(name=name)).first() is None:
                 return 0
             return self._audited(conn, name, audit, old, None, self._bump(conn, name, version))
 
@@ -670,13 +583,8 @@ class PostgresBeatBackend(PostgresReads):
         if self.config.beat_history_size <= 0:
             return
         self.ensure_tables()
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["history_record"],
-                self._p(
-                    entry=name, slot_ms=int(slot_id(slot)), record=record, history_size=self.config.beat_history_size
-                ),
-            )
+        size = self.config.beat_history_size
+        self._exec(_QUERIES["history_record"], entry=name, slot_ms=int(slot_id(slot)), record=record, history_size=size)
 
     def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
         self.ensure_tables()
@@ -688,9 +596,7 @@ class PostgresBeatBackend(PostgresReads):
 
     def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            rows = conn.execute(_QUERIES["history_read"], self._p(entry=name, limit=limit)).all()
-        return [(record, outcome) for record, outcome in rows]
+        return [(record, outcome) for record, outcome in self._all(_QUERIES["history_read"], entry=name, limit=limit)]
 
     def audit_append(self, name: str, record: str) -> None:
         if self.config.beat_audit_size <= 0:
@@ -701,16 +607,12 @@ class PostgresBeatBackend(PostgresReads):
 
     def audit(self, name: str, limit: int) -> list[Any]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            return [row[0] for row in conn.execute(_QUERIES["audit_read"], self._p(name=name, limit=limit))]
+        return [row[0] for row in self._all(_QUERIES["audit_read"], name=name, limit=limit)]
 
     def entry_run_now(self, name: str, slot_ms: str) -> int:
         with self._writing() as conn:
             version = self._locked_version(conn)
-            conn.execute(
-                _QUERIES["run_now"],
-                self._p(name=name, slot_ms=slot_ms),
-            )
+            conn.execute(_QUERIES["run_now"], self._p(name=name, slot_ms=slot_ms))
             return self._bump(conn, None, version)
 
     def entry_definition(self, name: str) -> Any:
@@ -720,12 +622,7 @@ class PostgresBeatBackend(PostgresReads):
 
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["definitions"],
-                self._p(prefix=prefix or ""),
-            ).all()
-        return dict(rows)
+        return dict(self._all(_QUERIES["definitions"], prefix=prefix or ""))
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         if not names:
@@ -744,29 +641,17 @@ class PostgresBeatBackend(PostgresReads):
             else:
                 found = list(conn.execute(_QUERIES["read_states"], self._p(names=list(names))).all())
             states, scores = self._by_name(names, found)
-            rows = conn.execute(
-                _QUERIES["change_versions"],
-                self._p(names=list(names)),
-            ).all()
+            rows = conn.execute(_QUERIES["change_versions"], self._p(names=list(names))).all()
         versions = {name: float(version) for name, version in rows}
         return states, scores, [versions.get(n) for n in names]
 
     def entry_seed_state(self, name: str, state: str) -> None:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["seed_state"],
-                self._p(sns=self._shard_ns_of(name), entry=name, state=state),
-            )
+        self._exec(_QUERIES["seed_state"], sns=self._shard_ns_of(name), entry=name, state=state)
 
     def slot_fired(self, name: str, slot: float) -> bool:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            row = conn.execute(
-                _QUERIES["slot_fired"],
-                self._p(entry=name, slot_ms=int(slot_id(slot))),
-            ).first()
-        return row is not None
+        return bool(self._all(_QUERIES["slot_fired"], entry=name, slot_ms=int(slot_id(slot))))
 
     def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
         if not slots:
@@ -788,9 +673,6 @@ class PostgresBeatBackend(PostgresReads):
         """Delete fired-slot rows older than ``FIRED_SLOT_TTL``, and the runs and changes of entries
         deleted ``BEAT_DELETED_HISTORY_KEEP`` ago (leader only: the lease is checked)."""
         with self.autocommit() as conn:
-            result = conn.execute(
-                _QUERIES["prune_fired"],
-                self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),
-            )
+            result = conn.execute(_QUERIES["prune_fired"], self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)))
             conn.execute(_QUERIES["prune_deleted"], self._p(token=token, keep=float(C.BEAT_DELETED_HISTORY_KEEP)))
         return int(result.rowcount or 0)

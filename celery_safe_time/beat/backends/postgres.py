@@ -45,14 +45,12 @@ as ``ns`` (:func:`.postgres_reads.shard_ns`: shard 0's is the app's, so one lead
 0's), so each shard has its own epoch and its own due index range; the definitions, the change log,
 the fired slots and the history stay under the app's ``ns``, shared, so a slot is published at most
 once whichever beat leads its shard, also across a move. ``safe_time_beat_beats`` holds each beat's
-heartbeat (how many shards it holds).
-
-The table definitions are ``beat/sql/schema.sql`` and every statement the backend runs
-``beat/sql/queries.sql``, named statements read once at import (:func:`~celery_safe_time.sql.named.named_statements`).
+heartbeat (how many shards it holds). The SQL is in ``beat/sql/`` (:mod:`.postgres_reads`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -70,9 +68,9 @@ from ...exceptions import ImproperlyConfigured
 from ..shards import BeatPulse, shard_of
 from ..state import marker_value, slot_id, with_definitions
 from .base import UNFIRED_STATE_PREFIX, BeatLease, DueRead, LeaseView, Scored, Seed, SlotWrite, Snapshot
-from .postgres_reads import _QUERIES, DDL, PostgresReads, prefix_end, shard_ns
+from .postgres_reads import _QUERIES, DDL, PostgresReads, shard_ns
 
-__all__ = ["DDL", "PostgresBeatBackend", "PostgresClock", "PostgresLease", "asked_again_if_broken", "prefix_end"]
+__all__ = ["DDL", "PostgresBeatBackend", "PostgresClock", "PostgresLease", "asked_again_if_broken"]
 
 logger = logging.getLogger(__name__)
 
@@ -278,10 +276,8 @@ class PostgresBeatBackend(PostgresReads):
         held = token is not None and ttl_ms is not None
         holder: dict[str, Any] = {}
         if held and info:
-            try:
+            with contextlib.suppress(ValueError):
                 holder = {**json.loads(info), "epoch": int(epoch)}
-            except ValueError:
-                holder = {}
         return LeaseView(
             info=holder,
             ttl_ms=int(ttl_ms) if held else None,
@@ -317,10 +313,10 @@ class PostgresBeatBackend(PostgresReads):
 
     # --- ticks --------------------------------------------------------------------
     def _read(self, statement: sa.TextClause, params: dict[str, Any]) -> Sequence[Any]:
-        """A read on the engine without a pre-ping: an idle tick is this one statement, and the pre-ping
-        was a second round trip in every tick. What the pre-ping was for is done after the fact: a
-        pooled connection found broken (the database restarted) is replaced, with the rest of the
-        pool, and the read asked again once (a read repeats safely), so the tick does not step down."""
+        """A read on the engine without a pre-ping (an idle tick is this one statement, a pre-ping would
+        double its round trips): a pooled connection found broken (the database restarted) is replaced,
+        with the rest of the pool, and the read asked again once (it repeats safely), so the tick does
+        not step down."""
         return asked_again_if_broken(
             coordination_engine(self.config, autocommit=True).connect,
             lambda conn: conn.execute(statement, params).all(),

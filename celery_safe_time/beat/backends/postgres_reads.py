@@ -177,24 +177,16 @@ class PostgresReads(BeatBackend):
         # Redis and Python order names, whatever the database's collation; a prefix is a range of it.
         high = prefix_end(prefix) if prefix else None
         if prefix and high is not None:
-            query, params = (
-                _QUERIES["entry_page_prefix"],
-                self._p(after=after or "", low=prefix, high=high, limit=limit),
-            )
+            rows = self._all(_QUERIES["entry_page_prefix"], after=after or "", low=prefix, high=high, limit=limit)
         else:
-            query, params = _QUERIES["entry_page"], self._p(after=max(after or "", prefix or ""), limit=limit)
-        with self.autocommit() as conn:
-            rows = conn.execute(query, params).all()
+            rows = self._all(_QUERIES["entry_page"], after=max(after or "", prefix or ""), limit=limit)
         return [(name, raw) for name, raw in rows if not prefix or name.startswith(prefix)]
 
     def entry_counts(self, soon: float) -> EntryCounts:
         self.ensure_tables()
-        definitions, scheduled, due_soon = self._one(_QUERIES["entry_counts"], soon=soon, shard_nss=self.shard_nss())
+        nss = [shard_ns(self.config, shard) for shard in range(self.config.beat_shards)]
+        definitions, scheduled, due_soon = self._one(_QUERIES["entry_counts"], soon=soon, shard_nss=nss)
         return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
-
-    def shard_nss(self) -> list[str]:
-        """Every shard's ``ns`` (``safe_time_beat_shards`` of them)."""
-        return [shard_ns(self.config, shard) for shard in range(self.config.beat_shards)]
 
     def definition_count(self) -> int:
         self.ensure_tables()

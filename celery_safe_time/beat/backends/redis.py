@@ -9,9 +9,6 @@ entries as Lua scripts (``beat/lua/*.lua``), and the keys they use.
   and record the entry's new state, all in one round trip. ``dispatch_slot`` is the same check
   for a scheduler whose state lives elsewhere; ``advance`` moves an entry on without publishing.
 
-The entry state the scripts write is a JSON object per entry in the ``beat:state`` hash
-(:func:`..state.dump_state`) plus its next fire time in the ``beat:due`` sorted set.
-
 Every caller takes its scripts from :func:`beat_scripts`, one registry: each source is read once
 per process and registered once per client (Redis loads it on the first ``EVALSHA`` that answers
 NOSCRIPT). Lua that several scripts share lives in a ``lua/_*.lua`` file of local functions, which
@@ -32,7 +29,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any
 
 import redis
 
@@ -52,7 +49,6 @@ __all__ = [
     "REDIS_ERRORS",
     "SCRIPTS",
     "BeatKeys",
-    "BeatScripts",
     "Lease",
     "RedisBeatBackend",
     "beat_scripts",
@@ -71,12 +67,12 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable)
 #: The package whose ``lua/`` folder holds the beat scripts.
 LUA_PACKAGE = "celery_safe_time.beat"
 
-#: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
-#: and backfills (called by any process, not only by beats) the others.
 #: Change log members the name index takes in per script call (and definitions per HSCAN when it is
 #: built from the hash): about 10 ms of Redis each.
 NAMES_SYNC_CHUNK = 10_000
 
+#: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
+#: and backfills (called by any process, not only by beats) the others.
 SCRIPTS = (
     "acquire",
     "renew",
@@ -114,26 +110,17 @@ def script_source(name: str) -> str:
     return "".join(load_script(LUA_PACKAGE, part) for part in (*PRELUDES.get(name, ()), name))
 
 
-class BeatScripts:
-    """The beat scripts registered on one client: ``scripts["dispatch"](keys=..., args=...)``."""
-
-    def __init__(self, client: Any) -> None:
-        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
-
-    def __getitem__(self, name: str) -> Any:
-        return self._scripts[name]
-
-
-_registered: weakref.WeakKeyDictionary[Any, BeatScripts] = weakref.WeakKeyDictionary()
+_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def beat_scripts(client: Any) -> BeatScripts:
-    """The beat scripts of ``client`` (a ``redis.Redis`` or ``RedisCluster``), registered on first use."""
+def beat_scripts(client: Any) -> dict[str, Any]:
+    """The beat scripts of ``client`` (a ``redis.Redis`` or ``RedisCluster``) by name, registered on
+    first use: ``scripts["dispatch"](keys=..., args=...)``."""
     with _lock:
         scripts = _registered.get(client)
         if scripts is None:
-            scripts = _registered[client] = BeatScripts(client)
+            scripts = _registered[client] = {name: client.register_script(script_source(name)) for name in SCRIPTS}
         return scripts
 
 
@@ -403,29 +390,25 @@ class RedisBeatBackend(BeatBackend):
     def definitions(self, names: list[str]) -> list[Any]:
         return list(self.client.hmget(self.keys.entries, names)) if names else []
 
-    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+    def _scan(self, scan: Any, key: str, count: int) -> Iterator[Any]:
+        """The non-empty pages of ``scan`` (``client.hscan``, ``client.zscan``) over ``key``, to the end."""
         cursor = 0
         while True:
-            cursor, found = self.client.hscan(self.keys.entries, cursor, count=chunk)
+            cursor, found = scan(key, cursor, count=count)
             if found:
-                yield {as_text(k): v for k, v in cast("dict[Any, Any]", found).items()}
+                yield found
             if int(cursor) == 0:
                 return
 
+    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+        for found in self._scan(self.client.hscan, self.keys.entries, chunk):
+            yield {as_text(k): v for k, v in found.items()}
+
     def scan_planned(self, chunk: int) -> Iterator[list[str]]:
-        cursor = 0
-        while True:  # the state hash's names, then the due set's
-            cursor, fields = self.client.hscan(self.keys.state, cursor, count=chunk)
-            if fields:
-                yield [as_text(k) for k in fields]
-            if int(cursor) == 0:
-                break
-        while True:
-            cursor, members = self.client.zscan(self.keys.due, cursor, count=chunk)
-            if members:
-                yield [as_text(member) for member, _ in members]
-            if int(cursor) == 0:
-                return
+        for fields in self._scan(self.client.hscan, self.keys.state, chunk):  # the state hash's names
+            yield [as_text(k) for k in fields]
+        for members in self._scan(self.client.zscan, self.keys.due, chunk):  # then the due set's
+            yield [as_text(member) for member, _ in members]
 
     def snapshot_meta(self) -> Snapshot:
         return self._snapshot(definitions=False)
@@ -634,13 +617,8 @@ class RedisBeatBackend(BeatBackend):
         if int(indexed) >= int(stored):
             return
         logger.info("beat: the name index holds %s of %s runtime entries; adding every name", indexed, stored)
-        cursor = 0
-        while True:
-            cursor, fields = self.client.hscan(self.keys.entries, cursor, count=NAMES_SYNC_CHUNK)
-            if fields:
-                self.client.zadd(self.keys.names, dict.fromkeys((as_text(field) for field in fields), 0))
-            if int(cursor) == 0:
-                return
+        for fields in self._scan(self.client.hscan, self.keys.entries, NAMES_SYNC_CHUNK):
+            self.client.zadd(self.keys.names, dict.fromkeys((as_text(field) for field in fields), 0))
 
     def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
         if limit <= 0:

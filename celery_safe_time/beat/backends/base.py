@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ... import constants as C
@@ -204,6 +204,12 @@ class BeatBackend(abc.ABC):
         """Record beat ``member``'s ``pulse``; the live beats' pulses (seen within ``window`` seconds of
         ``pulse.seen``, this one included). Older heartbeats are dropped."""
         raise NotImplementedError
+
+    @staticmethod
+    def _pulses(stored: Iterable[tuple[str, str]]) -> dict[str, BeatPulse]:
+        """Stored (member, pulse) heartbeats as pulses by member, those that parse."""
+        loaded = {member: BeatPulse.load(raw) for member, raw in stored}
+        return {member: pulse for member, pulse in loaded.items() if pulse is not None}
 
     def beats_gone(self, member: str) -> None:  # noqa: B027 (only a backend with shards keeps heartbeats)
         """Drop beat ``member``'s heartbeat (it stops)."""

@@ -215,7 +215,7 @@ class MemoryBeatBackend(BeatBackend):
             return dict(self.data.beats)
 
     def _sorted_due(self) -> Scored:
-        return sorted(((name, score) for name, score in self.data.due.items()), key=lambda item: (item[1], item[0]))
+        return sorted(self.data.due.items(), key=lambda item: (item[1], item[0]))
 
     def make_lease(self, *, info: dict[str, Any] | None = None) -> MemoryLease:
         return MemoryLease(self.data, self.config, info)

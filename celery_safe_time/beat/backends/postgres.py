@@ -224,12 +224,6 @@ class PostgresLease(BeatLease):
         return bool(leader)
 
 
-def _pulses(rows: Any) -> dict[str, BeatPulse]:
-    """The heartbeat rows (member, pulse) as pulses, those that parse."""
-    loaded = {str(member): BeatPulse.load(str(raw)) for member, raw in rows}
-    return {member: pulse for member, pulse in loaded.items() if pulse is not None}
-
-
 class PostgresBeatBackend(PostgresReads):
     name = C.COORDINATION_POSTGRES
     label = "PostgreSQL"
@@ -253,11 +247,12 @@ class PostgresBeatBackend(PostgresReads):
     def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
         self.ensure_tables()
         query = _QUERIES["beats_heartbeat"]
-        return _pulses(self._all(query, member=member, now=pulse.seen, pulse=pulse.dump(), window=window))
+        rows = self._all(query, member=member, now=pulse.seen, pulse=pulse.dump(), window=window)
+        return self._pulses((str(m), str(raw)) for m, raw in rows)
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         self.ensure_tables()
-        return _pulses(self._all(_QUERIES["beats_seen"]))
+        return self._pulses((str(member), str(raw)) for member, raw in self._all(_QUERIES["beats_seen"]))
 
     def beats_gone(self, member: str) -> None:
         self._exec(_QUERIES["beats_gone"], member=member)
@@ -394,8 +389,7 @@ class PostgresBeatBackend(PostgresReads):
 
     # --- runtime entries: the leader's side ----------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
-        # LIMIT NULL: no limit
-        rows = self._all(_QUERIES["change_log"], since=-1 if since is None else since, limit=limit)
+        rows = self._all(_QUERIES["change_log"], since=-1 if since is None else since, limit=limit)  # LIMIT NULL: all
         return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
@@ -495,13 +489,10 @@ class PostgresBeatBackend(PostgresReads):
         if not items:
             return []
         names = [name for name, _ in items]
-        audited = audit is not None and self.config.beat_audit_size > 0
+        kept = audit if self.config.beat_audit_size > 0 else None
+        save = self._save_in_turn if len(set(names)) < len(names) else self._save_distinct
         with self._writing() as conn:
-            version = self._locked_version(conn)
-            if len(set(names)) < len(names):
-                out = self._save_in_turn(conn, items, audit if audited else None, version)
-            else:
-                out = self._save_distinct(conn, items, audit if audited else None, version)
+            out = save(conn, items, kept, self._locked_version(conn))
         if seeds is not None:
             self.entry_seed_many(list(zip(names, seeds, out, strict=True)))
         return out

@@ -254,11 +254,8 @@ class RedisBeatBackend(BeatBackend):
         pipe.pexpire(key, max(1, int(window * 2 * 1000)))
         pipe.hgetall(key)
         found = pipe.execute()[2]
-        live: dict[str, BeatPulse] = {}
-        for raw_member, value in found.items():
-            seen = BeatPulse.load(as_text(value))
-            if seen is not None and seen.seen >= pulse.seen - window:
-                live[as_text(raw_member)] = seen
+        stored = self._pulses((as_text(m), as_text(v)) for m, v in found.items())
+        live = {member: seen for member, seen in stored.items() if seen.seen >= pulse.seen - window}
         if len(live) < len(found):
             self.client.hdel(key, *[m for m in found if as_text(m) not in live])
         return live
@@ -277,8 +274,7 @@ class RedisBeatBackend(BeatBackend):
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         found = self.client.hgetall(self.config.key(C.KEY_BEAT_BEATS))
-        pulses = {as_text(m): BeatPulse.load(as_text(v)) for m, v in found.items()}
-        return {m: p for m, p in pulses.items() if p is not None}
+        return self._pulses((as_text(m), as_text(v)) for m, v in found.items())
 
     def _keys_of(self, name: str) -> BeatKeys:
         """The keys of the shard ``name`` belongs to (the API side reads any entry's state)."""

@@ -32,12 +32,7 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``; ``safe_time_beat_entry_counts`` holds the definitions' count, kept by
 triggers as the state's. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
-changed names. ``save_entries`` stores a chunk in one transaction of one statement (``save_definitions``)
-and its seeds right after it, on another connection (``seed_states``), beside the next chunk.
-
-With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`): the definitions
-of the entries it fires and of the changed ones, pages of the primary keys when it plans every entry,
-and ``safe_time_beat_pause_expiry`` (the pauses it resumes) instead of every definition.
+changed names. With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`).
 
 Sharded firing (``safe_time_beat_shards`` above 1, :mod:`..shards`): each shard's own rows (its
 lease row, state rows and their counts, applied marker, pause expiries) carry the shard's namespace
@@ -158,14 +153,11 @@ class PostgresLease(BeatLease):
             return bool(conn.execute(_QUERIES["release"], self._params()).rowcount == 1)
 
     def _guarded(self, statement: sa.TextClause, params: dict[str, Any]) -> tuple[Any, ...]:
-        """Run a guarded dispatch statement; when the connection is lost during it, run it once more
-        on a new connection with the same marker.
-
-        The lost reply may be of a statement that committed (the slots are marked fired, by this
-        call, and not published yet) or of one that never reached the server: the retry's ``mine``
-        tells them apart, so the slot is published either way, once. Stepping down instead would
-        miss the slot (its row says "fired"), which a retry of the same call does not.
-        """
+        """Run a guarded dispatch statement, once more on a new connection (same marker) when the
+        connection is lost during it. The lost reply may be of a statement that committed (its slots
+        marked fired by this call, not published yet) or of one that never reached the server: the
+        retry's ``mine`` tells them apart, so the slot is published once either way (stepping down
+        would miss it: its row says "fired")."""
         return asked_again_if_broken(
             self.backend.autocommit,
             lambda conn: tuple(conn.execute(statement, params).one()),

@@ -37,8 +37,7 @@ SCHEMA_OBJECTS = {
 }
 
 #: Every statement the backend runs (``beat/sql/queries.sql``), by name.
-QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
-_QUERIES = QUERIES
+_QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
 
 
 def prefix_end(prefix: str) -> str | None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ... import constants as C
@@ -24,6 +25,7 @@ from ...clock import ServerClock
 from ...config import SafeTimeConfig
 from ...exceptions import ImproperlyConfigured, SafeTimeError
 from ..shards import BeatPulse
+from ..state import identity
 
 #: (member, score) pairs: entry names and their next fire time.
 Scored = list[tuple[str, float]]
@@ -118,12 +120,20 @@ class BeatLease(abc.ABC):
     dispatch methods only read :attr:`token`.
     """
 
-    token: str
-    epoch: int | None
     #: When the last :meth:`acquire` sent its request (``time.monotonic``), set by a backend whose
     #: acquire first prepares (creates its tables): the lease runs from the request, not the preparation.
     #: None: from when ``acquire`` was called.
     sent_at: float | None = None
+
+    def __init__(self, config: SafeTimeConfig, info: dict[str, Any] | None = None) -> None:
+        self.config = config
+        self.token = uuid.uuid4().hex
+        self.info = dict(info or identity())
+        self.epoch: int | None = None
+
+    def holder_info(self, now: float) -> dict[str, Any]:
+        """The leader info an acquire at ``now`` writes with the lease (the backend adds the epoch)."""
+        return {**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease}
 
     @abc.abstractmethod
     def acquire(self, now: float) -> int | None:
@@ -194,6 +204,12 @@ class BeatBackend(abc.ABC):
         """Record beat ``member``'s ``pulse``; the live beats' pulses (seen within ``window`` seconds of
         ``pulse.seen``, this one included). Older heartbeats are dropped."""
         raise NotImplementedError
+
+    @staticmethod
+    def _pulses(stored: Iterable[tuple[str, str]]) -> dict[str, BeatPulse]:
+        """Stored (member, pulse) heartbeats as pulses by member, those that parse."""
+        loaded = {member: BeatPulse.load(raw) for member, raw in stored}
+        return {member: pulse for member, pulse in loaded.items() if pulse is not None}
 
     def beats_gone(self, member: str) -> None:  # noqa: B027 (only a backend with shards keeps heartbeats)
         """Drop beat ``member``'s heartbeat (it stops)."""

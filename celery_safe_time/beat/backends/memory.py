@@ -7,17 +7,18 @@ sharing one Redis: one lease, one fired-slot guard, one schedule state. Expiry f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ... import constants as C
 from ...clock import ServerClock, Sync, measure_sync
 from ...config import SafeTimeConfig
 from ..shards import BeatPulse, shard_of
-from ..state import identity, slot_id
+from ..state import slot_id
 from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, Seed, SlotWrite, Snapshot
 
 
@@ -70,6 +71,21 @@ class MemoryBeatData:
         if self.down:
             raise MemoryUnavailable("the in-memory beat backend is down")
 
+    @contextlib.contextmanager
+    def up(self) -> Iterator[MemoryBeatData]:
+        """This data under its lock, once :meth:`check` passed."""
+        with self.mutex:
+            self.check()
+            yield self
+
+    def fire(self, key: tuple[str, str]) -> bool:
+        """Mark a slot fired unless its marker is live; True when this call marked it."""
+        expiry = self.fired.get(key)
+        if expiry is not None and expiry > self.now():
+            return False
+        self.fired[key] = self.now() + C.FIRED_SLOT_TTL
+        return True
+
     def record(self, name: str, slot: float, record: str, size: int) -> None:
         """Keep a run record, the entry's oldest beyond ``size`` dropped (as the Redis scripts do)."""
         if size <= 0:
@@ -99,16 +115,11 @@ class MemoryClock(ServerClock):
 
 class MemoryLease(BeatLease):
     def __init__(self, data: MemoryBeatData, config: SafeTimeConfig, info: dict[str, Any] | None = None) -> None:
+        super().__init__(config, info)
         self.data = data
-        self.config = config
-        self.token = uuid.uuid4().hex
-        self.info = dict(info or identity())
-        self.epoch: int | None = None
 
     def acquire(self, now: float) -> int | None:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             if d.held_by(self.token):
                 d.expires = d.now() + self.config.beat_lease
                 self.epoch = d.epoch
@@ -118,15 +129,12 @@ class MemoryLease(BeatLease):
                 return None
             d.epoch += 1
             d.token, d.expires = self.token, d.now() + self.config.beat_lease
-            d.info = {**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease}
-            d.info["epoch"] = d.epoch
+            d.info = {**self.holder_info(now), "epoch": d.epoch}
             self.epoch = d.epoch
             return self.epoch
 
     def renew(self) -> bool:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             if self.epoch is None or not d.held_by(self.token, self.epoch):
                 self.epoch = None
                 return False
@@ -134,54 +142,36 @@ class MemoryLease(BeatLease):
             return True
 
     def release(self) -> bool:
-        d = self.data
         self.epoch = None
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             if d.token != self.token:
                 return False
             d.token, d.info = None, {}
             return True
 
     def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             verdicts = []
             for write in writes:
                 if not d.held_by(self.token, epoch):
                     verdicts.append(-1)
                     continue
-                fresh = True
-                if write.slot is not None:
-                    key = (write.entry, slot_id(write.slot))
-                    expiry = d.fired.get(key)
-                    fresh = expiry is None or expiry <= d.now()
-                    if fresh:
-                        d.fired[key] = d.now() + 7 * 86400
-                        if write.history is not None:
-                            d.record(write.entry, write.slot, write.history, self.config.beat_history_size)
+                fresh = write.slot is None or d.fire((write.entry, slot_id(write.slot)))
+                if write.slot is not None and fresh and write.history is not None:
+                    d.record(write.entry, write.slot, write.history, self.config.beat_history_size)
                 d.states[write.entry] = write.state
                 d.due[write.entry] = write.next_fire
                 verdicts.append(1 if fresh else 0)
             return verdicts
 
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             if not d.held_by(self.token, epoch):
                 return -1
-            key = (entry, slot_id(slot))
-            if key in d.fired and d.fired[key] > d.now():
-                return 0
-            d.fired[key] = d.now() + 7 * 86400
-            return 1
+            return 1 if d.fire((entry, slot_id(slot))) else 0
 
     def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             if not d.held_by(self.token, epoch):
                 return False
             for name in names:
@@ -210,9 +200,7 @@ class MemoryBeatBackend(BeatBackend):
         return backend
 
     def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             d.beats[member] = pulse
             for gone in [m for m, seen in d.beats.items() if seen.seen < pulse.seen - window]:
                 del d.beats[gone]
@@ -223,20 +211,17 @@ class MemoryBeatBackend(BeatBackend):
             self.data.beats.pop(member, None)
 
     def beats_seen(self) -> dict[str, BeatPulse]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return dict(self.data.beats)
 
     def _sorted_due(self) -> Scored:
-        return sorted(((name, score) for name, score in self.data.due.items()), key=lambda item: (item[1], item[0]))
+        return sorted(self.data.due.items(), key=lambda item: (item[1], item[0]))
 
     def make_lease(self, *, info: dict[str, Any] | None = None) -> MemoryLease:
         return MemoryLease(self.data, self.config, info)
 
     def lease_view(self) -> LeaseView:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             held = d.token is not None and d.expires > d.now()
             return LeaseView(
                 info=dict(d.info) if held else {},
@@ -246,8 +231,7 @@ class MemoryBeatBackend(BeatBackend):
             )
 
     def holds_lease(self, token: str) -> bool:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return self.data.held_by(token)
 
     def where(self) -> str:
@@ -257,9 +241,7 @@ class MemoryBeatBackend(BeatBackend):
         self.data.check()
 
     def read_due(self, now: float, limit: int) -> DueRead:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             ordered = self._sorted_due()
             return DueRead(
                 due=[item for item in ordered if item[1] <= now][:limit],
@@ -270,28 +252,23 @@ class MemoryBeatBackend(BeatBackend):
             )
 
     def head(self, limit: int = 1) -> Scored:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return self._sorted_due()[:limit]
 
     def drop_due(self, name: str) -> None:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             self.data.due.pop(name, None)
 
     def snapshot(self) -> Snapshot:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return Snapshot(version=0, definitions=dict(self.data.definitions), requests={}, marker=None)
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return dict(self.data.states), dict(self.data.due), 0
 
     def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return [self.data.states.get(n) for n in names], [self.data.due.get(n) for n in names]
 
     def due_count(self) -> int:
@@ -300,9 +277,7 @@ class MemoryBeatBackend(BeatBackend):
     def write_plan(
         self, token: str, states: dict[str, str], nexts: dict[str, float], gone: list[str], idle: list[str]
     ) -> bool:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             if not d.held_by(token):
                 return False
             d.states.update(states)
@@ -346,32 +321,19 @@ class MemoryBeatBackend(BeatBackend):
         raise MemoryUnavailable("runtime entries are not kept by the in-memory beat backend")
 
     def entry_definition(self, name: str) -> Any:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return self.data.definitions.get(name)
 
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return {k: v for k, v in self.data.definitions.items() if not prefix or k.startswith(prefix)}
-
-    def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
-        with self.data.mutex:
-            self.data.check()
-            names = sorted(
-                n
-                for n in self.data.definitions
-                if (after is None or n > after) and (not prefix or n.startswith(prefix))
-            )
-            return [(n, self.data.definitions[n]) for n in names[: max(limit, 0)]]
 
     def _data_of(self, name: str) -> MemoryBeatData:
         """The data of the shard ``name`` belongs to (the API side reads and seeds any entry's state)."""
         return self.data.shard(shard_of(name, self.config.beat_shards)) if self.shard == 0 else self.data
 
     def entry_counts(self, soon: float) -> EntryCounts:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             every = [self.data.shard(shard) for shard in range(self.config.beat_shards)] if self.shard == 0 else []
             dues = [score for data in every or [self.data] for score in data.due.values()]
             return EntryCounts(
@@ -381,8 +343,7 @@ class MemoryBeatBackend(BeatBackend):
             )
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             found = [self._data_of(name) for name in names]
             states = [data.states.get(name) for data, name in zip(found, names, strict=True)]
             scores = [data.due.get(name) for data, name in zip(found, names, strict=True)]
@@ -395,28 +356,22 @@ class MemoryBeatBackend(BeatBackend):
         return (name, slot_id(slot)) in self.data.fired
 
     def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
-        d = self.data
-        with d.mutex:
-            d.check()
+        with self.data.up() as d:
             out = []
             for slot in slots:
                 key = (name, slot_id(slot))
-                expiry = d.fired.get(key)
-                fresh = expiry is None or expiry <= d.now()
+                fresh = d.fire(key)
                 if fresh:
-                    d.fired[key] = d.now() + 7 * 86400
                     d.claimed[key] = marker
                 out.append(fresh or d.claimed.get(key) == marker)
             return out
 
     def history_record(self, name: str, slot: float, record: str) -> None:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             self.data.record(name, slot, record, self.config.beat_history_size)
 
     def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             run = self.data.history.get(name, {}).get(int(slot_id(slot)))
             if run is None:
                 return False
@@ -424,23 +379,20 @@ class MemoryBeatBackend(BeatBackend):
             return True
 
     def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             runs = self.data.history.get(name, {})
             return [(runs[s][0], runs[s][1]) for s in sorted(runs, reverse=True)[:limit]]
 
     def audit_append(self, name: str, record: str) -> None:
         size = self.config.beat_audit_size
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             if size > 0:
                 records = self.data.audit.setdefault(name, [])
                 records.append(record)
                 del records[: max(0, len(records) - size)]
 
     def audit(self, name: str, limit: int) -> list[Any]:
-        with self.data.mutex:
-            self.data.check()
+        with self.data.up():
             return list(reversed(self.data.audit.get(name, [])))[:limit]
 
     def prune_fired(self, token: str) -> int:

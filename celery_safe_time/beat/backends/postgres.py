@@ -32,12 +32,7 @@ version of its last change, kept as a tombstone after a delete until the leader 
 ``safe_time_beat_run_now``; ``safe_time_beat_entry_counts`` holds the definitions' count, kept by
 triggers as the state's. A writer holds the counter row for its transaction, so versions commit
 in order; the leader reads the counter with every tick's due read and, when it moved, only the
-changed names. ``save_entries`` stores a chunk in one transaction of one statement (``save_definitions``)
-and its seeds right after it, on another connection (``seed_states``), beside the next chunk.
-
-With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`): the definitions
-of the entries it fires and of the changed ones, pages of the primary keys when it plans every entry,
-and ``safe_time_beat_pause_expiry`` (the pauses it resumes) instead of every definition.
+changed names. With many runtime entries a leader reads only what is due (:mod:`.postgres_reads`).
 
 Sharded firing (``safe_time_beat_shards`` above 1, :mod:`..shards`): each shard's own rows (its
 lease row, state rows and their counts, applied marker, pause expiries) carry the shard's namespace
@@ -45,18 +40,15 @@ as ``ns`` (:func:`.postgres_reads.shard_ns`: shard 0's is the app's, so one lead
 0's), so each shard has its own epoch and its own due index range; the definitions, the change log,
 the fired slots and the history stay under the app's ``ns``, shared, so a slot is published at most
 once whichever beat leads its shard, also across a move. ``safe_time_beat_beats`` holds each beat's
-heartbeat (how many shards it holds).
-
-The table definitions are ``beat/sql/schema.sql`` and every statement the backend runs
-``beat/sql/queries.sql``, named statements read once at import (:func:`~celery_safe_time.sql.named.named_statements`).
+heartbeat (how many shards it holds). The SQL is in ``beat/sql/`` (:mod:`.postgres_reads`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -69,11 +61,11 @@ from ...config import SafeTimeConfig, mask_url
 from ...coordination import coordination_engine, postgres_url
 from ...exceptions import ImproperlyConfigured
 from ..shards import BeatPulse, shard_of
-from ..state import identity, marker_value, slot_id, with_definitions
+from ..state import marker_value, slot_id, with_definitions
 from .base import UNFIRED_STATE_PREFIX, BeatLease, DueRead, LeaseView, Scored, Seed, SlotWrite, Snapshot
-from .postgres_reads import _QUERIES, DDL, PostgresReads, prefix_end, shard_ns
+from .postgres_reads import _QUERIES, DDL, PostgresReads, shard_ns
 
-__all__ = ["DDL", "PostgresBeatBackend", "PostgresClock", "PostgresLease", "asked_again_if_broken", "prefix_end"]
+__all__ = ["DDL", "PostgresBeatBackend", "PostgresClock", "PostgresLease", "asked_again_if_broken"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +85,6 @@ PAUSE_EXPIRY_TABLE = "safe_time_beat_pause_expiry"
 ENTRY_COUNTS_TABLE = "safe_time_beat_entry_counts"
 DELETED_TABLE = "safe_time_beat_deleted"
 BEATS_TABLE = "safe_time_beat_beats"
-
-
-def _float(value: Any) -> float:
-    return float(value)
 
 
 def asked_again_if_broken(connect: Callable[[], Any], run: Callable[[Any], T], level: int, message: str) -> T:
@@ -128,27 +116,22 @@ class PostgresClock(ServerClock):
         # one connection for the samples: a pool checkout (and its ping) must not count in the RTT
         with self._backend.engine().connect() as conn:
             return measure_sync(
-                lambda: _float(conn.execute(_QUERIES["now"]).scalar_one()), local=self._local, monotonic=self._monotonic
+                lambda: float(conn.execute(_QUERIES["now"]).scalar_one()), local=self._local, monotonic=self._monotonic
             )
 
 
 class PostgresLease(BeatLease):
-    """One beat's handle on the lease row (see the module docstring)."""
-
     def __init__(self, backend: PostgresBeatBackend, *, info: dict[str, Any] | None = None) -> None:
+        super().__init__(backend.config, info)
         self.backend = backend
-        self.config = backend.config
-        self.token = uuid.uuid4().hex
         self.ttl = float(backend.config.beat_lease)
-        self.info = dict(info or identity())
-        self.epoch: int | None = None
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         return self.backend._p(token=self.token, **extra)
 
     def acquire(self, now: float) -> int | None:
         self.backend.ensure_tables()
-        info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
+        info = json.dumps(self.holder_info(now))
         with self.backend.autocommit() as conn:
             self.sent_at = time.monotonic()
             epoch = conn.execute(_QUERIES["acquire"], self._params(ttl=self.ttl, info=info)).scalar_one_or_none()
@@ -170,14 +153,11 @@ class PostgresLease(BeatLease):
             return bool(conn.execute(_QUERIES["release"], self._params()).rowcount == 1)
 
     def _guarded(self, statement: sa.TextClause, params: dict[str, Any]) -> tuple[Any, ...]:
-        """Run a guarded dispatch statement; when the connection is lost during it, run it once more
-        on a new connection with the same marker.
-
-        The lost reply may be of a statement that committed (the slots are marked fired, by this
-        call, and not published yet) or of one that never reached the server: the retry's ``mine``
-        tells them apart, so the slot is published either way, once. Stepping down instead would
-        miss the slot (its row says "fired"), which a retry of the same call does not.
-        """
+        """Run a guarded dispatch statement, once more on a new connection (same marker) when the
+        connection is lost during it. The lost reply may be of a statement that committed (its slots
+        marked fired by this call, not published yet) or of one that never reached the server: the
+        retry's ``mine`` tells them apart, so the slot is published once either way (stepping down
+        would miss it: its row says "fired")."""
         return asked_again_if_broken(
             self.backend.autocommit,
             lambda conn: tuple(conn.execute(statement, params).one()),
@@ -231,17 +211,9 @@ class PostgresLease(BeatLease):
     def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
         if not names:
             return True
-        with self.backend.autocommit() as conn:
-            leader, _ = conn.execute(
-                _QUERIES["forget"], self._params(epoch=epoch, names=list(names), keep=keep_state)
-            ).one()
+        query = _QUERIES["forget"]
+        leader, _ = self.backend._one(query, token=self.token, epoch=epoch, names=list(names), keep=keep_state)
         return bool(leader)
-
-
-def _pulses(rows: Any) -> dict[str, BeatPulse]:
-    """The heartbeat rows (member, pulse) as pulses, those that parse."""
-    loaded = {str(member): BeatPulse.load(str(raw)) for member, raw in rows}
-    return {member: pulse for member, pulse in loaded.items() if pulse is not None}
 
 
 class PostgresBeatBackend(PostgresReads):
@@ -266,21 +238,16 @@ class PostgresBeatBackend(PostgresReads):
 
     def beats_heartbeat(self, member: str, pulse: BeatPulse, window: float) -> dict[str, BeatPulse]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["beats_heartbeat"],
-                self._p(member=member, now=pulse.seen, pulse=pulse.dump(), window=window),
-            ).all()
-        return _pulses(rows)
+        query = _QUERIES["beats_heartbeat"]
+        rows = self._all(query, member=member, now=pulse.seen, pulse=pulse.dump(), window=window)
+        return self._pulses((str(m), str(raw)) for m, raw in rows)
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            return _pulses(conn.execute(_QUERIES["beats_seen"], self._p()).all())
+        return self._pulses((str(member), str(raw)) for member, raw in self._all(_QUERIES["beats_seen"]))
 
     def beats_gone(self, member: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(_QUERIES["beats_gone"], self._p(member=member))
+        self._exec(_QUERIES["beats_gone"], member=member)
 
     def _shard_ns_of(self, name: str) -> str:
         """The ``ns`` of the shard ``name`` belongs to (the API side reads and seeds any entry's state)."""
@@ -292,15 +259,12 @@ class PostgresBeatBackend(PostgresReads):
 
     def lease_view(self) -> LeaseView:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            token, epoch, info, ttl_ms, now = conn.execute(_QUERIES["lease_view"], self._p()).one()
+        token, epoch, info, ttl_ms, now = self._one(_QUERIES["lease_view"])
         held = token is not None and ttl_ms is not None
         holder: dict[str, Any] = {}
         if held and info:
-            try:
+            with contextlib.suppress(ValueError):
                 holder = {**json.loads(info), "epoch": int(epoch)}
-            except ValueError:
-                holder = {}
         return LeaseView(
             info=holder,
             ttl_ms=int(ttl_ms) if held else None,
@@ -309,12 +273,7 @@ class PostgresBeatBackend(PostgresReads):
         )
 
     def holds_lease(self, token: str) -> bool:
-        with self.autocommit() as conn:
-            row = conn.execute(
-                _QUERIES["holds_lease"],
-                self._p(token=token),
-            ).first()
-        return row is not None
+        return bool(self._all(_QUERIES["holds_lease"], token=token))
 
     # --- connection ---------------------------------------------------------------
     def where(self) -> str:
@@ -341,10 +300,10 @@ class PostgresBeatBackend(PostgresReads):
 
     # --- ticks --------------------------------------------------------------------
     def _read(self, statement: sa.TextClause, params: dict[str, Any]) -> Sequence[Any]:
-        """A read on the engine without a pre-ping: an idle tick is this one statement, and the pre-ping
-        was a second round trip in every tick. What the pre-ping was for is done after the fact: a
-        pooled connection found broken (the database restarted) is replaced, with the rest of the
-        pool, and the read asked again once (a read repeats safely), so the tick does not step down."""
+        """A read on the engine without a pre-ping (an idle tick is this one statement, a pre-ping would
+        double its round trips): a pooled connection found broken (the database restarted) is replaced,
+        with the rest of the pool, and the read asked again once (it repeats safely), so the tick does
+        not step down."""
         return asked_again_if_broken(
             coordination_engine(self.config, autocommit=True).connect,
             lambda conn: conn.execute(statement, params).all(),
@@ -371,25 +330,11 @@ class PostgresBeatBackend(PostgresReads):
         return [(entry, float(value)) for entry, value in rows]
 
     def drop_due(self, name: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["drop_due"],
-                self._p(entry=name),
-            )
+        self._exec(_QUERIES["drop_due"], entry=name)
 
     # --- re-planning --------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        # one consistent read: the counter matches the definitions and the marker the state
-        with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-            meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).one()
-            definitions = conn.execute(_QUERIES["snapshot_entries"], self._p()).all()
-            requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
-        return Snapshot(
-            version=int(meta[0] or 0),
-            definitions={name: raw for name, raw in definitions},
-            requests={name: slot_ms for name, slot_ms in requests},
-            marker=meta[1],
-        )
+        return self._snapshot(definitions=True)
 
     def read_all(self) -> tuple[dict[str, Any], dict[str, float], int]:
         with self.autocommit() as conn:
@@ -402,12 +347,7 @@ class PostgresBeatBackend(PostgresReads):
     def read_states(self, names: list[str]) -> tuple[list[Any], list[float | None]]:
         if not names:
             return [], []
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["read_states"],
-                self._p(names=list(names)),
-            ).all()
-        return self._by_name(names, rows)
+        return self._by_name(names, self._all(_QUERIES["read_states"], names=list(names)))
 
     @staticmethod
     def _by_name(names: list[str], rows: Sequence[Any]) -> tuple[list[Any], list[float | None]]:
@@ -418,19 +358,14 @@ class PostgresBeatBackend(PostgresReads):
 
     def due_count(self) -> int:
         # the trigger-kept count (safe_time_beat_counts), not a count of the due index: a takeover
-        # asks for it, and at a million entries counting took a tenth of a second
-        with self.autocommit() as conn:
-            return int(conn.execute(_QUERIES["due_count"], self._p()).scalar_one())
+        # asks for it, and at a million entries counting takes a tenth of a second
+        return int(self._one(_QUERIES["due_count"])[0])
 
     def write_plan(
         self, token: str, states: dict[str, str], nexts: dict[str, float], gone: list[str], idle: list[str]
     ) -> bool:
         with self.engine().begin() as conn:
-            held = conn.execute(
-                _QUERIES["holds_lease_for_plan"],
-                self._p(token=token),
-            ).first()
-            if held is None:
+            if conn.execute(_QUERIES["holds_lease_for_plan"], self._p(token=token)).first() is None:
                 return False
             names = list(states)
             if names:
@@ -439,63 +374,33 @@ class PostgresBeatBackend(PostgresReads):
                     self._p(names=names, states=[states[n] for n in names], nexts=[nexts[n] for n in names]),
                 )
             if gone:
-                conn.execute(
-                    _QUERIES["plan_gone"],
-                    self._p(names=list(gone)),
-                )
+                conn.execute(_QUERIES["plan_gone"], self._p(names=list(gone)))
             if idle:
-                conn.execute(
-                    _QUERIES["plan_idle"],
-                    self._p(names=list(idle)),
-                )
+                conn.execute(_QUERIES["plan_idle"], self._p(names=list(idle)))
         return True
 
     # --- runtime entries: the leader's side ----------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["change_log"],
-                self._p(since=-1 if since is None else since, limit=limit),  # LIMIT NULL: no limit
-            ).all()
+        rows = self._all(_QUERIES["change_log"], since=-1 if since is None else since, limit=limit)  # LIMIT NULL: all
         return [(name, float(version)) for name, version in rows]
 
     def run_now_requests(self) -> dict[str, str]:
-        with self.autocommit() as conn:
-            rows = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
-        return {name: slot_ms for name, slot_ms in rows}
+        return dict(self._all(_QUERIES["snapshot_run_now"]))
 
     def read_changed(self, names: list[str]) -> tuple[list[Any], list[Any], list[float | None]]:
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["read_changed_definitions"],
-                self._p(names=list(names)),
-            ).all()
-        found = dict(rows)
+        found = dict(self._all(_QUERIES["read_changed_definitions"], names=list(names)))
         states, scores = self.read_states(names)
         return [found.get(n) for n in names], states, scores
 
     def prune(self, version: int, names: list[str]) -> None:
-        if not names:
-            return
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["prune_changes"],
-                self._p(names=list(names), version=version),
-            )
+        if names:
+            self._exec(_QUERIES["prune_changes"], names=list(names), version=version)
 
     def mark_applied(self, token: str, marker: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["mark_applied"],
-                self._p(token=token, marker=marker),
-            )
+        self._exec(_QUERIES["mark_applied"], token=token, marker=marker)
 
     def run_now_done(self, name: str, slot_ms: str) -> None:
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["run_now_done"],
-                self._p(name=name, slot_ms=slot_ms),
-            )
+        self._exec(_QUERIES["run_now_done"], name=name, slot_ms=slot_ms)
 
     # --- runtime entries: the API side (any process) ----------------------------------------
     def _writing(self) -> Any:
@@ -512,10 +417,7 @@ class PostgresBeatBackend(PostgresReads):
         version += 1
         conn.execute(_QUERIES["set_version"], self._p(v=version))
         if name is not None:
-            conn.execute(
-                _QUERIES["log_change"],
-                self._p(name=name, v=version),
-            )
+            conn.execute(_QUERIES["log_change"], self._p(name=name, v=version))
         return version
 
     def _definition(self, conn: Any, name: str) -> str | None:
@@ -523,10 +425,7 @@ class PostgresBeatBackend(PostgresReads):
         return None if value is None else str(value)
 
     def _put(self, conn: Any, name: str, raw: str) -> None:
-        conn.execute(
-            _QUERIES["put_definition"],
-            self._p(name=name, raw=raw),
-        )
+        conn.execute(_QUERIES["put_definition"], self._p(name=name, raw=raw))
 
     def _audited(self, conn: Any, name: str, audit: str | None, old: str | None, new: str | None, version: int) -> int:
         """Append the audit record of a change in its transaction (with the definition it replaced)."""
@@ -582,13 +481,10 @@ class PostgresBeatBackend(PostgresReads):
         if not items:
             return []
         names = [name for name, _ in items]
-        audited = audit is not None and self.config.beat_audit_size > 0
+        kept = audit if self.config.beat_audit_size > 0 else None
+        save = self._save_in_turn if len(set(names)) < len(names) else self._save_distinct
         with self._writing() as conn:
-            version = self._locked_version(conn)
-            if len(set(names)) < len(names):
-                out = self._save_in_turn(conn, items, audit if audited else None, version)
-            else:
-                out = self._save_distinct(conn, items, audit if audited else None, version)
+            out = save(conn, items, kept, self._locked_version(conn))
         if seeds is not None:
             self.entry_seed_many(list(zip(names, seeds, out, strict=True)))
         return out
@@ -646,11 +542,7 @@ class PostgresBeatBackend(PostgresReads):
         with self._writing() as conn:
             version = self._locked_version(conn)
             old = self._definition(conn, name)
-            gone = conn.execute(
-                _QUERIES["delete_definition"],
-                self._p(name=name),
-            ).first()
-            if gone is None:
+            if conn.execute(_QUERIES["delete_definition"], self._p(name=name)).first() is None:
                 return 0
             return self._audited(conn, name, audit, old, None, self._bump(conn, name, version))
 
@@ -670,13 +562,8 @@ class PostgresBeatBackend(PostgresReads):
         if self.config.beat_history_size <= 0:
             return
         self.ensure_tables()
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["history_record"],
-                self._p(
-                    entry=name, slot_ms=int(slot_id(slot)), record=record, history_size=self.config.beat_history_size
-                ),
-            )
+        size = self.config.beat_history_size
+        self._exec(_QUERIES["history_record"], entry=name, slot_ms=int(slot_id(slot)), record=record, history_size=size)
 
     def history_outcome(self, name: str, slot: float, outcome: str) -> bool:
         self.ensure_tables()
@@ -688,9 +575,7 @@ class PostgresBeatBackend(PostgresReads):
 
     def history(self, name: str, limit: int) -> list[tuple[Any, Any]]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            rows = conn.execute(_QUERIES["history_read"], self._p(entry=name, limit=limit)).all()
-        return [(record, outcome) for record, outcome in rows]
+        return [(record, outcome) for record, outcome in self._all(_QUERIES["history_read"], entry=name, limit=limit)]
 
     def audit_append(self, name: str, record: str) -> None:
         if self.config.beat_audit_size <= 0:
@@ -701,16 +586,12 @@ class PostgresBeatBackend(PostgresReads):
 
     def audit(self, name: str, limit: int) -> list[Any]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            return [row[0] for row in conn.execute(_QUERIES["audit_read"], self._p(name=name, limit=limit))]
+        return [row[0] for row in self._all(_QUERIES["audit_read"], name=name, limit=limit)]
 
     def entry_run_now(self, name: str, slot_ms: str) -> int:
         with self._writing() as conn:
             version = self._locked_version(conn)
-            conn.execute(
-                _QUERIES["run_now"],
-                self._p(name=name, slot_ms=slot_ms),
-            )
+            conn.execute(_QUERIES["run_now"], self._p(name=name, slot_ms=slot_ms))
             return self._bump(conn, None, version)
 
     def entry_definition(self, name: str) -> Any:
@@ -720,12 +601,7 @@ class PostgresBeatBackend(PostgresReads):
 
     def entry_definitions(self, prefix: str | None = None) -> dict[str, Any]:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            rows = conn.execute(
-                _QUERIES["definitions"],
-                self._p(prefix=prefix or ""),
-            ).all()
-        return dict(rows)
+        return dict(self._all(_QUERIES["definitions"], prefix=prefix or ""))
 
     def entry_rows(self, names: list[str]) -> tuple[list[Any], list[float | None], list[float | None]]:
         if not names:
@@ -744,29 +620,17 @@ class PostgresBeatBackend(PostgresReads):
             else:
                 found = list(conn.execute(_QUERIES["read_states"], self._p(names=list(names))).all())
             states, scores = self._by_name(names, found)
-            rows = conn.execute(
-                _QUERIES["change_versions"],
-                self._p(names=list(names)),
-            ).all()
+            rows = conn.execute(_QUERIES["change_versions"], self._p(names=list(names))).all()
         versions = {name: float(version) for name, version in rows}
         return states, scores, [versions.get(n) for n in names]
 
     def entry_seed_state(self, name: str, state: str) -> None:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            conn.execute(
-                _QUERIES["seed_state"],
-                self._p(sns=self._shard_ns_of(name), entry=name, state=state),
-            )
+        self._exec(_QUERIES["seed_state"], sns=self._shard_ns_of(name), entry=name, state=state)
 
     def slot_fired(self, name: str, slot: float) -> bool:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            row = conn.execute(
-                _QUERIES["slot_fired"],
-                self._p(entry=name, slot_ms=int(slot_id(slot))),
-            ).first()
-        return row is not None
+        return bool(self._all(_QUERIES["slot_fired"], entry=name, slot_ms=int(slot_id(slot))))
 
     def claim_slots(self, name: str, slots: list[float], marker: str) -> list[bool]:
         if not slots:
@@ -788,9 +652,6 @@ class PostgresBeatBackend(PostgresReads):
         """Delete fired-slot rows older than ``FIRED_SLOT_TTL``, and the runs and changes of entries
         deleted ``BEAT_DELETED_HISTORY_KEEP`` ago (leader only: the lease is checked)."""
         with self.autocommit() as conn:
-            result = conn.execute(
-                _QUERIES["prune_fired"],
-                self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)),
-            )
+            result = conn.execute(_QUERIES["prune_fired"], self._p(token=token, ttl=float(C.FIRED_SLOT_TTL)))
             conn.execute(_QUERIES["prune_deleted"], self._p(token=token, keep=float(C.BEAT_DELETED_HISTORY_KEEP)))
         return int(result.rowcount or 0)

@@ -12,7 +12,7 @@ an index.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,8 +37,7 @@ SCHEMA_OBJECTS = {
 }
 
 #: Every statement the backend runs (``beat/sql/queries.sql``), by name.
-QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
-_QUERIES = QUERIES
+_QUERIES = {name: sa.text(sql) for name, sql in named_statements("celery_safe_time.beat", "sql/queries.sql").items()}
 
 
 def prefix_end(prefix: str) -> str | None:
@@ -76,7 +75,7 @@ class PostgresReads(BeatBackend):
     def engine(self) -> sa.Engine:
         return coordination_engine(self.config)
 
-    def autocommit(self) -> Any:
+    def autocommit(self) -> sa.Connection:
         """A pooled connection where each statement commits by itself (one round trip, no BEGIN)."""
         return self.engine().connect().execution_options(isolation_level="AUTOCOMMIT")
 
@@ -97,27 +96,39 @@ class PostgresReads(BeatBackend):
     def _p(self, **extra: Any) -> dict[str, Any]:
         return {"ns": self.ns, "sns": self.sns, **extra}
 
+    def _all(self, query: sa.TextClause, **params: Any) -> Sequence[Any]:
+        """The rows of ``query`` with :meth:`_p` of ``params``, on an autocommit connection."""
+        with self.autocommit() as conn:
+            return conn.execute(query, self._p(**params)).all()
+
+    def _one(self, query: sa.TextClause, **params: Any) -> Any:
+        """The one row of ``query``, as :meth:`_all`."""
+        with self.autocommit() as conn:
+            return conn.execute(query, self._p(**params)).one()
+
+    def _exec(self, query: sa.TextClause, **params: Any) -> None:
+        """Run ``query``, as :meth:`_all`, for what it writes."""
+        with self.autocommit() as conn:
+            conn.execute(query, self._p(**params))
+
     # --- reading what is due (a leader with many runtime entries) ---------------------------------
     reads_due_only = True
 
     def change_count(self) -> int:
-        with self.autocommit() as conn:
-            return int(conn.execute(_QUERIES["change_count"], self._p()).scalar_one())
+        return int(self._one(_QUERIES["change_count"])[0])
 
     def definitions(self, names: list[str]) -> list[Any]:
         if not names:
             return []
-        with self.autocommit() as conn:
-            found = dict(conn.execute(_QUERIES["read_changed_definitions"], self._p(names=list(names))).all())
+        found = dict(self._all(_QUERIES["read_changed_definitions"], names=list(names)))
         return [found.get(name) for name in names]
 
-    def _pages(self, query: sa.TextClause, chunk: int) -> Iterator[list[Any]]:
+    def _pages(self, query: sa.TextClause, chunk: int) -> Iterator[Sequence[Any]]:
         """The rows of ``query`` (a keyset page: names after ``:after``, in order, ``:limit`` of them),
         page after page; each page a statement of its own, so nothing is held between two."""
         after = ""
         while True:
-            with self.autocommit() as conn:
-                rows = conn.execute(query, self._p(after=after, limit=max(1, chunk))).all()
+            rows = self._all(query, after=after, limit=max(1, chunk))
             if rows:
                 yield rows
             if len(rows) < max(1, chunk):
@@ -133,20 +144,18 @@ class PostgresReads(BeatBackend):
             yield [row[0] for row in rows]
 
     def snapshot_meta(self) -> Snapshot:
-        # the counter, the marker and the run-now requests of one moment
+        return self._snapshot(definitions=False)
+
+    def _snapshot(self, *, definitions: bool) -> Snapshot:
+        # one consistent read: the counter matches the definitions and the marker the state
         with self.engine().connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
             meta = conn.execute(_QUERIES["snapshot_meta"], self._p()).one()
+            found = conn.execute(_QUERIES["snapshot_entries"], self._p()).all() if definitions else []
             requests = conn.execute(_QUERIES["snapshot_run_now"], self._p()).all()
-        return Snapshot(
-            version=int(meta[0] or 0),
-            definitions={},
-            requests={name: slot_ms for name, slot_ms in requests},
-            marker=meta[1],
-        )
+        return Snapshot(version=int(meta[0] or 0), definitions=dict(found), requests=dict(requests), marker=meta[1])
 
     def pause_expiries(self) -> dict[str, float]:
-        with self.autocommit() as conn:
-            return {name: float(at) for name, at in conn.execute(_QUERIES["pause_expiries"], self._p())}
+        return {name: float(at) for name, at in self._all(_QUERIES["pause_expiries"])}
 
     def set_pause_expiries(self, add: dict[str, float], remove: list[str], *, replace: bool = False) -> None:
         if not (add or remove or replace):
@@ -167,29 +176,17 @@ class PostgresReads(BeatBackend):
         # Redis and Python order names, whatever the database's collation; a prefix is a range of it.
         high = prefix_end(prefix) if prefix else None
         if prefix and high is not None:
-            query, params = (
-                _QUERIES["entry_page_prefix"],
-                self._p(after=after or "", low=prefix, high=high, limit=limit),
-            )
+            rows = self._all(_QUERIES["entry_page_prefix"], after=after or "", low=prefix, high=high, limit=limit)
         else:
-            query, params = _QUERIES["entry_page"], self._p(after=max(after or "", prefix or ""), limit=limit)
-        with self.autocommit() as conn:
-            rows = conn.execute(query, params).all()
+            rows = self._all(_QUERIES["entry_page"], after=max(after or "", prefix or ""), limit=limit)
         return [(name, raw) for name, raw in rows if not prefix or name.startswith(prefix)]
 
     def entry_counts(self, soon: float) -> EntryCounts:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            definitions, scheduled, due_soon = conn.execute(
-                _QUERIES["entry_counts"], self._p(soon=soon, shard_nss=self.shard_nss())
-            ).one()
+        nss = [shard_ns(self.config, shard) for shard in range(self.config.beat_shards)]
+        definitions, scheduled, due_soon = self._one(_QUERIES["entry_counts"], soon=soon, shard_nss=nss)
         return EntryCounts(definitions=int(definitions), scheduled=int(scheduled), due_soon=int(due_soon))
-
-    def shard_nss(self) -> list[str]:
-        """Every shard's ``ns`` (``safe_time_beat_shards`` of them)."""
-        return [shard_ns(self.config, shard) for shard in range(self.config.beat_shards)]
 
     def definition_count(self) -> int:
         self.ensure_tables()
-        with self.autocommit() as conn:
-            return int(conn.execute(_QUERIES["definition_count"], self._p()).scalar_one())
+        return int(self._one(_QUERIES["definition_count"])[0])

@@ -9,9 +9,6 @@ entries as Lua scripts (``beat/lua/*.lua``), and the keys they use.
   and record the entry's new state, all in one round trip. ``dispatch_slot`` is the same check
   for a scheduler whose state lives elsewhere; ``advance`` moves an entry on without publishing.
 
-The entry state the scripts write is a JSON object per entry in the ``beat:state`` hash
-(:func:`..state.dump_state`) plus its next fire time in the ``beat:due`` sorted set.
-
 Every caller takes its scripts from :func:`beat_scripts`, one registry: each source is read once
 per process and registered once per client (Redis loads it on the first ``EVALSHA`` that answers
 NOSCRIPT). Lua that several scripts share lives in a ``lua/_*.lua`` file of local functions, which
@@ -29,11 +26,10 @@ import functools
 import json
 import logging
 import threading
-import uuid
 import weakref
 from collections.abc import Iterator
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any
 
 import redis
 
@@ -44,7 +40,7 @@ from ...exceptions import ImproperlyConfigured, RedisUnavailable
 from ...health import check_redis
 from ...redis_client import as_text, get_redis, glob_escape, load_script, tls_hint
 from ..shards import BeatPulse, shard_of
-from ..state import identity, load_state, marker_value, slot_id
+from ..state import load_state, marker_value, slot_id
 from .base import BeatBackend, BeatLease, DueRead, EntryCounts, LeaseView, Scored, Seed, ShardView, SlotWrite, Snapshot
 from .redis_keys import BeatKeys
 
@@ -53,13 +49,11 @@ __all__ = [
     "REDIS_ERRORS",
     "SCRIPTS",
     "BeatKeys",
-    "BeatScripts",
     "Lease",
     "RedisBeatBackend",
     "beat_scripts",
     "history_keys",
     "script_source",
-    "swap_definition",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,12 +67,12 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisUnavailable)
 #: The package whose ``lua/`` folder holds the beat scripts.
 LUA_PACKAGE = "celery_safe_time.beat"
 
-#: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
-#: and backfills (called by any process, not only by beats) the others.
 #: Change log members the name index takes in per script call (and definitions per HSCAN when it is
 #: built from the hash): about 10 ms of Redis each.
 NAMES_SYNC_CHUNK = 10_000
 
+#: Every beat script, by file name. The lease and the tick use the first seven; the runtime entries
+#: and backfills (called by any process, not only by beats) the others.
 SCRIPTS = (
     "acquire",
     "renew",
@@ -116,26 +110,17 @@ def script_source(name: str) -> str:
     return "".join(load_script(LUA_PACKAGE, part) for part in (*PRELUDES.get(name, ()), name))
 
 
-class BeatScripts:
-    """The beat scripts registered on one client: ``scripts["dispatch"](keys=..., args=...)``."""
-
-    def __init__(self, client: Any) -> None:
-        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
-
-    def __getitem__(self, name: str) -> Any:
-        return self._scripts[name]
-
-
-_registered: weakref.WeakKeyDictionary[Any, BeatScripts] = weakref.WeakKeyDictionary()
+_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def beat_scripts(client: Any) -> BeatScripts:
-    """The beat scripts of ``client`` (a ``redis.Redis`` or ``RedisCluster``), registered on first use."""
+def beat_scripts(client: Any) -> dict[str, Any]:
+    """The beat scripts of ``client`` (a ``redis.Redis`` or ``RedisCluster``) by name, registered on
+    first use: ``scripts["dispatch"](keys=..., args=...)``."""
     with _lock:
         scripts = _registered.get(client)
         if scripts is None:
-            scripts = _registered[client] = BeatScripts(client)
+            scripts = _registered[client] = {name: client.register_script(script_source(name)) for name in SCRIPTS}
         return scripts
 
 
@@ -148,120 +133,76 @@ def history_keys(config: SafeTimeConfig, entry: str) -> list[str]:
 
 
 class Lease(BeatLease):
-    """One beat's handle on the leader lease. Not thread-safe by itself: the scheduler's
-    lease thread is its only caller, except the dispatch methods, which only read the token."""
-
     def __init__(
         self, client: redis.Redis, config: SafeTimeConfig, *, info: dict[str, Any] | None = None, shard: int = 0
     ) -> None:
+        super().__init__(config, info)
         self.client = client
-        self.config = config
         self.keys = BeatKeys.for_config(config, shard)
-        self.token = uuid.uuid4().hex
         self.ttl_ms = int(config.beat_lease * 1000)
-        self.info = dict(info or identity())
-        self.epoch: int | None = None
-        scripts = beat_scripts(client)
-        self._acquire = scripts["acquire"]
-        self._renew = scripts["renew"]
-        self._release = scripts["release"]
-        self._dispatch = scripts["dispatch"]
-        self._advance = scripts["advance"]
-        self._dispatch_slot = scripts["dispatch_slot"]
-        self._forget = scripts["forget"]
+        self.scripts = beat_scripts(client)
 
     def acquire(self, now: float) -> int | None:
-        info = json.dumps({**self.info, "token": self.token[:8], "since": now, "lease": self.config.beat_lease})
-        result = int(
-            self._acquire(keys=[self.keys.lease, self.keys.epoch, self.keys.info], args=[self.token, self.ttl_ms, info])
-        )
+        info = json.dumps(self.holder_info(now))
+        keys = [self.keys.lease, self.keys.epoch, self.keys.info]
+        result = int(self.scripts["acquire"](keys=keys, args=[self.token, self.ttl_ms, info]))
         self.epoch = result if result > 0 else None
         return self.epoch
 
     def renew(self) -> bool:
         if self.epoch is None:
             return False
-        ok = bool(
-            self._renew(
-                keys=[self.keys.lease, self.keys.epoch, self.keys.info], args=[self.token, self.ttl_ms, self.epoch]
-            )
-        )
+        keys = [self.keys.lease, self.keys.epoch, self.keys.info]
+        ok = bool(self.scripts["renew"](keys=keys, args=[self.token, self.ttl_ms, self.epoch]))
         if not ok:
             self.epoch = None
         return ok
 
     def release(self) -> bool:
         self.epoch = None
-        return bool(self._release(keys=[self.keys.lease, self.keys.info], args=[self.token]))
-
-    def dispatch(self, epoch: int, entry: str, slot: float, state: str, next_fire: float) -> int:
-        """Check the lease and mark ``entry``'s ``slot`` fired, recording its new state.
-
-        1: publish it; 0: already fired by someone (do not publish); -1: not the leader.
-        """
-        script, keys, args = self._write_call(epoch, SlotWrite(entry, state, next_fire, slot), marker_value(epoch))
-        return int(script(keys=keys, args=args))
+        return bool(self.scripts["release"](keys=[self.keys.lease, self.keys.info], args=[self.token]))
 
     def dispatch_slot(self, epoch: int, entry: str, slot: float) -> int:
         marker = self.config.key(C.KEY_BEAT_FIRED, entry=entry, slot=slot_id(slot))
-        return int(
-            self._dispatch_slot(
-                keys=[self.keys.lease, self.keys.epoch, marker],
-                args=[self.token, epoch, C.FIRED_SLOT_TTL * 1000, marker_value(epoch)],
-            )
-        )
+        keys = [self.keys.lease, self.keys.epoch, marker]
+        args = [self.token, epoch, C.FIRED_SLOT_TTL * 1000, marker_value(epoch)]
+        return int(self.scripts["dispatch_slot"](keys=keys, args=args))
 
     def write_slots(self, epoch: int, writes: list[SlotWrite]) -> list[int]:
-        """Run a tick's dispatches and advances in one round trip; per write 1, 0 or -1 as :meth:`dispatch`
-        (an advance gives 1 or -1).
+        """The scripts are not atomic together: if the lease expires half way, the writes after it
+        answer -1 and those before stand, as they would one by one."""
+        calls = [self._write_call(epoch, write, marker_value(epoch)) for write in writes]
+        return [int(reply) for reply in self._pipelined(calls)]
 
-        The scripts are not atomic together: if the lease expires half way, the writes after it
-        answer -1 and those before stand, as they would one by one.
-        """
+    def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
+        """In one round trip; nothing after a refusal is changed."""
+        if not names:
+            return True
+        keys = [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due]
+        keep = "1" if keep_state else "0"
+        calls = [(self.scripts["forget"], keys, [self.token, epoch, name, keep]) for name in names]
+        return all(int(reply) >= 0 for reply in self._pipelined(calls))
+
+    def _pipelined(self, calls: list[tuple[Any, list[str], list[Any]]]) -> Iterator[Any]:
+        """Run (script, keys, args) calls in one pipeline; their replies in order, each read as it is
+        asked for (a caller that stops early leaves the rest unchecked)."""
         pipe = self.client.pipeline(transaction=False)
-        scripts = []
-        for write in writes:
-            script, keys, args = self._write_call(epoch, write, marker_value(epoch))
-            scripts.append((script, keys, args))
+        for script, keys, args in calls:
             # evalsha without SCRIPT EXISTS first: a script Redis lost is loaded on NOSCRIPT below.
             # Sent as a raw command: redis-py's cluster pipeline refuses its evalsha() method, but
             # routes a raw EVALSHA by its keys (all beat keys share one slot there).
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-        replies = pipe.execute(raise_on_error=False)
-        verdicts = []
-        for (script, keys, args), reply in zip(scripts, replies, strict=True):
+        for (script, keys, args), reply in zip(calls, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 reply = script(keys=keys, args=args)  # registers and retries this one
             elif isinstance(reply, Exception):
                 raise reply
-            verdicts.append(int(reply))
-        return verdicts
-
-    def forget(self, epoch: int, names: list[str], *, keep_state: bool) -> bool:
-        """Take ``names`` out of the due set (and, unless ``keep_state``, the state hash) in one round
-        trip; False when this beat is not the leader (nothing after the refusal is changed)."""
-        if not names:
-            return True
-        keys = [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due]
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self._forget.sha, len(keys), *keys, self.token, epoch, name, "1" if keep_state else "0"
-            )
-        replies = pipe.execute(raise_on_error=False)
-        for name, reply in zip(names, replies, strict=True):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                reply = self._forget(keys=keys, args=[self.token, epoch, name, "1" if keep_state else "0"])
-            elif isinstance(reply, Exception):
-                raise reply
-            if int(reply) < 0:
-                return False
-        return True
+            yield reply
 
     def _write_call(self, epoch: int, write: SlotWrite, marker: str) -> tuple[Any, list[str], list[Any]]:
         if write.slot is None:
             return (
-                self._advance,
+                self.scripts["advance"],
                 [self.keys.lease, self.keys.epoch, self.keys.state, self.keys.due],
                 [self.token, epoch, write.entry, write.state, repr(write.next_fire)],
             )
@@ -272,28 +213,10 @@ class Lease(BeatLease):
             # the run record rides in the dispatch script: no round trip of its own
             keys += history_keys(self.config, write.entry)
             args += [write.history, self.config.beat_history_size, slot_id(write.slot)]
-        return self._dispatch, keys, args
+        return self.scripts["dispatch"], keys, args
 
 
 # --- the backend ----------------------------------------------------------------------------------
-
-
-def swap_definition(
-    client: redis.Redis,
-    keys: BeatKeys,
-    name: str,
-    expected: Any,
-    new: str,
-    audit: tuple[str, str, int] | None = None,
-) -> int:
-    """Compare-and-set of ``name``'s definition (``lua/swap_entry.lua``): -1 when it is no longer
-    ``expected`` (changed or deleted meanwhile), 0 when ``new`` is what is stored, else the new version.
-    ``audit``: (audit list key, record without definitions, audit size), appended with the change."""
-    script = beat_scripts(client)["swap_entry"]
-    extra_keys, extra_args = ([audit[0]], [audit[1], audit[2]]) if audit else ([], [])
-    return int(
-        script(keys=[keys.entries, keys.version, keys.changed, *extra_keys], args=[name, expected, new, *extra_args])
-    )
 
 
 def scored(reply: Any) -> list[tuple[str, float]]:
@@ -331,11 +254,8 @@ class RedisBeatBackend(BeatBackend):
         pipe.pexpire(key, max(1, int(window * 2 * 1000)))
         pipe.hgetall(key)
         found = pipe.execute()[2]
-        live: dict[str, BeatPulse] = {}
-        for raw_member, value in found.items():
-            seen = BeatPulse.load(as_text(value))
-            if seen is not None and seen.seen >= pulse.seen - window:
-                live[as_text(raw_member)] = seen
+        stored = self._pulses((as_text(m), as_text(v)) for m, v in found.items())
+        live = {member: seen for member, seen in stored.items() if seen.seen >= pulse.seen - window}
         if len(live) < len(found):
             self.client.hdel(key, *[m for m in found if as_text(m) not in live])
         return live
@@ -354,8 +274,7 @@ class RedisBeatBackend(BeatBackend):
 
     def beats_seen(self) -> dict[str, BeatPulse]:
         found = self.client.hgetall(self.config.key(C.KEY_BEAT_BEATS))
-        pulses = {as_text(m): BeatPulse.load(as_text(v)) for m, v in found.items()}
-        return {m: p for m, p in pulses.items() if p is not None}
+        return self._pulses((as_text(m), as_text(v)) for m, v in found.items())
 
     def _keys_of(self, name: str) -> BeatKeys:
         """The keys of the shard ``name`` belongs to (the API side reads any entry's state)."""
@@ -389,7 +308,6 @@ class RedisBeatBackend(BeatBackend):
         return f"redis {mask_url(self.config.redis_url)}"
 
     def startup_checks(self, who: str) -> None:
-        """Fail loudly when Redis is unreachable; warn about persistence and eviction."""
         config = self.config
         try:
             offset = self.clock.sync()
@@ -438,16 +356,20 @@ class RedisBeatBackend(BeatBackend):
 
     # --- re-planning --------------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        return self._snapshot(definitions=True)
+
+    def _snapshot(self, *, definitions: bool) -> Snapshot:
         # one snapshot: the counter matches the definitions and the marker the state
         pipe = self.client.pipeline(transaction=True)
         pipe.get(self.keys.version)
-        pipe.hgetall(self.keys.entries)
+        if definitions:
+            pipe.hgetall(self.keys.entries)
         pipe.hgetall(self.keys.run_now)
         pipe.get(self.keys.applied)
-        version_raw, definitions, requests, marker = pipe.execute()
+        version_raw, *found, requests, marker = pipe.execute()
         return Snapshot(
             version=int(version_raw or 0),
-            definitions={as_text(k): v for k, v in definitions.items()},
+            definitions={as_text(k): v for raw in found for k, v in raw.items()},
             requests={as_text(k): as_text(v) for k, v in requests.items()},
             marker=as_text(marker) if marker else None,
         )
@@ -464,42 +386,28 @@ class RedisBeatBackend(BeatBackend):
     def definitions(self, names: list[str]) -> list[Any]:
         return list(self.client.hmget(self.keys.entries, names)) if names else []
 
-    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+    def _scan(self, scan: Any, key: str, count: int) -> Iterator[Any]:
+        """The non-empty pages of ``scan`` (``client.hscan``, ``client.zscan``) over ``key``, to the end."""
         cursor = 0
         while True:
-            cursor, found = self.client.hscan(self.keys.entries, cursor, count=chunk)
+            cursor, found = scan(key, cursor, count=count)
             if found:
-                yield {as_text(k): v for k, v in cast("dict[Any, Any]", found).items()}
+                yield found
             if int(cursor) == 0:
                 return
+
+    def scan_definitions(self, chunk: int) -> Iterator[dict[str, Any]]:
+        for found in self._scan(self.client.hscan, self.keys.entries, chunk):
+            yield {as_text(k): v for k, v in found.items()}
 
     def scan_planned(self, chunk: int) -> Iterator[list[str]]:
-        cursor = 0
-        while True:  # the state hash's names, then the due set's
-            cursor, fields = self.client.hscan(self.keys.state, cursor, count=chunk)
-            if fields:
-                yield [as_text(k) for k in fields]
-            if int(cursor) == 0:
-                break
-        while True:
-            cursor, members = self.client.zscan(self.keys.due, cursor, count=chunk)
-            if members:
-                yield [as_text(member) for member, _ in members]
-            if int(cursor) == 0:
-                return
+        for fields in self._scan(self.client.hscan, self.keys.state, chunk):  # the state hash's names
+            yield [as_text(k) for k in fields]
+        for members in self._scan(self.client.zscan, self.keys.due, chunk):  # then the due set's
+            yield [as_text(member) for member, _ in members]
 
     def snapshot_meta(self) -> Snapshot:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.get(self.keys.version)
-        pipe.hgetall(self.keys.run_now)
-        pipe.get(self.keys.applied)
-        version_raw, requests, marker = pipe.execute()
-        return Snapshot(
-            version=int(version_raw or 0),
-            definitions={},
-            requests={as_text(k): as_text(v) for k, v in requests.items()},
-            marker=as_text(marker) if marker else None,
-        )
+        return self._snapshot(definitions=False)
 
     def pause_expiries(self) -> dict[str, float]:
         return dict(scored(self.client.zrange(self.keys.pause_expiry, 0, -1, withscores=True)))
@@ -559,12 +467,9 @@ class RedisBeatBackend(BeatBackend):
 
     # --- runtime entries ----------------------------------------------------------
     def change_log(self, since: int | None = None, limit: int | None = None) -> Scored:
-        if since is None and limit is None:
-            return scored(self.client.zrange(self.keys.changed, 0, -1, withscores=True))
         low = "-inf" if since is None else f"({since}"
-        if limit is None:
-            return scored(self.client.zrangebyscore(self.keys.changed, low, "+inf", withscores=True))
-        return scored(self.client.zrangebyscore(self.keys.changed, low, "+inf", start=0, num=limit, withscores=True))
+        start = None if limit is None else 0  # redis-py takes both or neither
+        return scored(self.client.zrangebyscore(self.keys.changed, low, "+inf", start, limit, withscores=True))
 
     def run_now_requests(self) -> dict[str, str]:
         return {as_text(k): as_text(v) for k, v in self.client.hgetall(self.keys.run_now).items()}
@@ -588,24 +493,23 @@ class RedisBeatBackend(BeatBackend):
         self.scripts["run_now_done"](keys=[self.keys.run_now], args=[name, slot_ms])
 
     def swap_definition(self, name: str, expected: Any, new: str, audit: str | None = None) -> int:
-        return swap_definition(self.client, self.keys, name, expected, new, self._audit(name, audit))
+        keys, args = self._entry_keys(), [name, expected, new]
+        if audit is not None and self.config.beat_audit_size > 0:  # lua/swap_entry.lua appends it with the change
+            keys.append(self.config.key(C.KEY_BEAT_AUDIT, entry=name))
+            args += [audit, self.config.beat_audit_size]
+        return int(self.scripts["swap_entry"](keys=keys, args=args))
 
     # --- runtime entries: the API side -------------------------------------------------
     def _entry_keys(self) -> list[str]:
         return [self.keys.entries, self.keys.version, self.keys.changed]
-
-    def _audit(self, name: str, audit: str | None) -> tuple[str, str, int] | None:
-        if audit is None or self.config.beat_audit_size <= 0:
-            return None
-        return self.config.key(C.KEY_BEAT_AUDIT, entry=name), audit, self.config.beat_audit_size
 
     def _kept_keys(self, name: str) -> list[str]:
         """The entry's audit and history keys, which a save and a delete touch."""
         return [self.config.key(C.KEY_BEAT_AUDIT, entry=name), *history_keys(self.config, name)]
 
     def _audit_args(self, audit: str | None) -> list[str]:
-        on = audit is not None and self.config.beat_audit_size > 0
-        return [audit if on and audit is not None else "", str(self.config.beat_audit_size)]
+        size = self.config.beat_audit_size
+        return [audit if audit is not None and size > 0 else "", str(size)]
 
     def entry_save(self, name: str, raw: str, audit: str | None = None, seed: Seed | None = None) -> int:
         keys = [*self._entry_keys(), *self._kept_keys(name)]
@@ -709,13 +613,8 @@ class RedisBeatBackend(BeatBackend):
         if int(indexed) >= int(stored):
             return
         logger.info("beat: the name index holds %s of %s runtime entries; adding every name", indexed, stored)
-        cursor = 0
-        while True:
-            cursor, fields = self.client.hscan(self.keys.entries, cursor, count=NAMES_SYNC_CHUNK)
-            if fields:
-                self.client.zadd(self.keys.names, dict.fromkeys((as_text(field) for field in fields), 0))
-            if int(cursor) == 0:
-                return
+        for fields in self._scan(self.client.hscan, self.keys.entries, NAMES_SYNC_CHUNK):
+            self.client.zadd(self.keys.names, dict.fromkeys((as_text(field) for field in fields), 0))
 
     def entry_page(self, after: str | None, limit: int, prefix: str | None = None) -> list[tuple[str, Any]]:
         if limit <= 0:

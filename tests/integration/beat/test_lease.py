@@ -112,6 +112,6 @@ def test_a_dispatch_sent_again_after_a_lost_reply_still_publishes(make_app: Any,
     assert lease.dispatch(epoch, "e", 100.0, "{}", 110.0) == 0
     slot_keys = [lease.keys.lease, lease.keys.epoch, "safe_time:beat:fired:e:200000"]
     slot_args = [lease.token, epoch, 60_000, "1:slot"]
-    assert lease._dispatch_slot(keys=slot_keys, args=slot_args) == 1
-    assert lease._dispatch_slot(keys=slot_keys, args=slot_args) == 1
+    assert lease.scripts["dispatch_slot"](keys=slot_keys, args=slot_args) == 1
+    assert lease.scripts["dispatch_slot"](keys=slot_keys, args=slot_args) == 1
     assert lease.dispatch_slot(epoch, "e", 200.0) == 0

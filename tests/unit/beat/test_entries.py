@@ -13,6 +13,7 @@ from celery.schedules import solar
 from dateutil.rrule import DAILY, HOURLY
 from dateutil.rrule import rrule as dateutil_rrule
 
+from celery_safe_time import constants as C
 from celery_safe_time import crontab
 from celery_safe_time.beat.entries import definition_json, parse_definition, schedule_from_spec, schedule_to_spec
 from celery_safe_time.beat.slots import NEVER, OneOffGrid, RRuleGrid, at, decide, grid_for, rrule
@@ -185,15 +186,26 @@ def test_state_of_a_schedule_with_no_slot_left_is_valid_json() -> None:
         ('quote"and\\slash', [1e300, 2**70], {"1": "one"}, {}, True),
     ],
 )
-def test_definition_text_gives_the_bytes_of_definition_json(
+def test_definitions_are_the_canonical_json_of_their_fields(
     name: str, args: list[object], kwargs: dict[str, object], options: dict[str, object], enabled: bool
 ) -> None:
+    # The stored bytes are what docs/beat.md's "Storage (for other languages)" promises: json.dumps
+    # with sorted keys and no spaces. definition_text builds them by hand from pre-encoded parts.
     from celery_safe_time.beat.definitions import canonical_json, definition_text
 
     spec = {"type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
             "month_of_year": "*", "tz": "Europe/Berlin"}  # fmt: skip
-    expected = definition_json(name, "reports.send", spec, args, kwargs, options, enabled)
-    text = definition_text(name, canonical_json("reports.send"), canonical_json(spec), args, kwargs, options, enabled)
+    paused = None if enabled else {"note": "holiday", "until": None}
+    body = {"format": C.BEAT_ENTRY_FORMAT, "name": name, "task": "reports.send", "schedule": spec,
+            "args": json.loads(json.dumps(list(args))), "kwargs": json.loads(json.dumps(kwargs)),
+            "options": options, "enabled": enabled}  # fmt: skip
+    if paused:
+        body["paused"] = paused
+    expected = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    assert definition_json(name, "reports.send", spec, args, kwargs, options, enabled, paused) == expected
+    text = definition_text(
+        name, canonical_json("reports.send"), canonical_json(spec), args, kwargs, options, enabled, paused
+    )
     assert text == expected
 
 

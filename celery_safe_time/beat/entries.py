@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -62,7 +61,7 @@ from .definitions import (
 from .history import audit_meta, record_audit
 from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
-from .state import load_state, slot_id, state_next
+from .state import instant, load_state, slot_id, state_next
 
 logger = logging.getLogger(__name__)
 
@@ -606,13 +605,6 @@ def run_now_fired(name: str, slot: datetime, app: Celery | None = None) -> bool:
     return bool(_Store(app).backend.slot_fired(name, slot.timestamp()))
 
 
-def _when(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    ts = float(value)
-    return None if not math.isfinite(ts) else datetime.fromtimestamp(ts, UTC)
-
-
 def _info(
     name: str,
     source: str,
@@ -645,8 +637,8 @@ def _info(
         kwargs=dict(kwargs or {}),
         options=dict(options or {}),
         enabled=enabled,
-        last_fired=_when(last),
-        next_fire=_when(next_score),
+        last_fired=instant(last),
+        next_fire=instant(next_score),
         source=source,
         version=None if version is None else int(float(version)),
     )
@@ -693,7 +685,7 @@ def _runtime_info(
     )  # fmt: skip
     if info.enabled or not d["paused"]:
         return info
-    return dataclasses.replace(info, pause_note=d["paused"].get("note"), paused_until=_when(paused_until(d)))
+    return dataclasses.replace(info, pause_note=d["paused"].get("note"), paused_until=instant(paused_until(d)))
 
 
 def _planned_next(store: _Store, schedule: Any, state: Any) -> float | None:

@@ -38,11 +38,10 @@ from celery import Celery, current_app
 from dateutil.parser import isoparse
 
 from .. import constants as C
-from ..clock import UTC
 from ..config import SafeTimeConfig, get_config
 from ..messages.requeue import message_header
 from .backends import BeatBackend, SlotWrite, beat_backend
-from .state import load_state, with_definitions
+from .state import instant, load_state, with_definitions
 
 __all__ = [
     "AuditRecord",
@@ -317,19 +316,10 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
 # --- the read side ------------------------------------------------------------------------------
 
 
-def _when(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        return datetime.fromtimestamp(float(value), UTC)
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
 def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
     """A stored (published, outcome) pair as a :class:`RunRecord`; None when it is unreadable."""
     p, o = load_state(published), load_state(outcome)
-    slot = _when(p.get("slot"))
+    slot = instant(p.get("slot"))
     if slot is None:
         return None
     at = p.get("at")
@@ -339,14 +329,14 @@ def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
     return RunRecord(
         entry=name,
         slot=slot,
-        published_at=_when(at),
+        published_at=instant(at),
         task_id=p.get("task_id"),
         outcome=str(o.get("outcome") or C.RUN_PUBLISHED),
         lateness=lateness,
         epoch=p.get("epoch") if isinstance(p.get("epoch"), int) else None,
         host=p.get("host"),
         via=str(p.get("via") or "beat"),
-        finished_at=_when(o.get("finished")),
+        finished_at=instant(o.get("finished")),
         runtime=float(runtime) if isinstance(runtime, (int, float)) else None,
         worker=o.get("worker"),
         retries=retries if isinstance(retries, int) else None,
@@ -356,7 +346,7 @@ def run_record(name: str, published: Any, outcome: Any) -> RunRecord | None:
 def audit_record(name: str, raw: Any) -> AuditRecord | None:
     """A stored audit record as an :class:`AuditRecord`; None when it is unreadable."""
     d = load_state(raw)
-    at = _when(d.get("at"))
+    at = instant(d.get("at"))
     if at is None:
         return None
     old = d.get("old") if isinstance(d.get("old"), Mapping) else None

@@ -12,7 +12,10 @@ import math
 import os
 import socket
 import uuid
+from datetime import datetime
 from typing import Any
+
+from ..clock import UTC
 
 __all__ = ["dump_state", "identity", "load_state", "marker_value", "slot_id", "state_next", "with_definitions"]
 
@@ -36,6 +39,17 @@ def marker_value(epoch: int) -> str:
 def slot_id(slot: float) -> str:
     """A slot's marker id: the UTC instant in whole milliseconds (stable across processes)."""
     return str(round(slot * 1000))
+
+
+def instant(value: Any) -> datetime | None:
+    """A stored epoch time as a UTC datetime; None when absent, never (infinite) or unreadable, so one
+    broken state shows as unknown instead of failing a whole listing."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def load_state(raw: Any) -> dict[str, Any]:

@@ -232,3 +232,18 @@ def test_the_state_of_an_entry_that_never_fired_begins_as_the_saves_look_for_it(
         text = beat.joinpath(script).read_text()
         assert f", 1, {len(UNFIRED_STATE_PREFIX)}) == '{UNFIRED_STATE_PREFIX}'" in text, script
     assert f"left(s.state, {len(UNFIRED_STATE_PREFIX)}) = :unfired" in beat.joinpath("sql/queries.sql").read_text()
+
+
+def test_a_stored_time_that_cannot_be_read_shows_as_unknown_not_as_an_error() -> None:
+    # One broken state must not fail `beat list` or `get_entry` for every entry: its times read as None.
+    from celery_safe_time.beat.entries import _config_info
+    from celery_safe_time.beat.state import instant
+
+    assert instant(1_700_000_000) == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
+    assert instant("1700000000.5") == datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=timezone.utc)
+    for unreadable in (None, "garbage", [], float("inf"), NEVER, float("nan"), 1e300):
+        assert instant(unreadable) is None
+    spec = {"task": "reports.send", "schedule": 60.0}
+    info = _config_info("broken", spec, '{"last": "garbage", "next": 1700000000}', 1_700_000_000)
+    assert info.last_fired is None
+    assert info.next_fire == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)

@@ -310,7 +310,15 @@ def serve(socket_path: str) -> None:
                 except BlockingIOError:
                     pass
             elif not os.read(sys.stdin.fileno(), 4096):
-                # the pytest process is gone
+                # The pytest process is gone. A process it started and did not stop (the session was
+                # interrupted or killed) would keep consuming from the Redis databases and queues the
+                # next run lends out: each child leads a session of its own, so its group goes with it.
+                reap()
+                for pid in children:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
                 os.unlink(socket_path)
                 os.rmdir(os.path.dirname(socket_path))
                 return

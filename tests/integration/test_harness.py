@@ -43,3 +43,44 @@ def test_terminate_is_graceful(processes: ProcessManager) -> None:
     worker.wait_for_log(r"ready\.", timeout=90)
     code = worker.terminate()
     assert code == 0
+
+
+def test_processes_a_killed_pytest_process_started_do_not_outlive_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A pytest process killed mid-test leaves no `celery` process behind: the zygote stops the ones
+    it started when its pytest process is gone (strays would consume from the next run's queues)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.zygote import ROOT, zygote_env
+
+    client = (
+        "import sys, time\n"
+        "from tests.helpers.zygote import Zygote, zygote_env\n"
+        "proc = Zygote.get().start(['-b', 'memory://', 'inspect', 'ping', '--timeout', '120'],"
+        " zygote_env(), sys.argv[1], sys.argv[1] + '/celery.log')\n"
+        "print(proc.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    pytest_like = subprocess.Popen(
+        [sys.executable, "-c", client, str(tmp_path)], stdout=subprocess.PIPE, env=zygote_env(), cwd=str(ROOT)
+    )
+    assert pytest_like.stdout is not None
+    child = int(pytest_like.stdout.readline())
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # a killed process whose zygote has gone is reaped by init; until then it is a zombie
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    time.sleep(1)
+    assert alive(child), (tmp_path / "celery.log").read_text()
+    pytest_like.send_signal(signal.SIGKILL)
+    pytest_like.wait(10)
+    wait_for(lambda: not alive(child), 15, message="the forked celery process to be stopped with its pytest process")

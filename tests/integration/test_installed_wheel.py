@@ -248,8 +248,9 @@ record = redis.Redis.from_url(BROKER)
 
 @app.task(name="proj.remind")
 def remind(n):
-    record.rpush("smoke:remind", n)
+    # the package first: the test reads it as soon as it sees the run
     record.set("smoke:package", celery_safe_time.__file__)
+    record.rpush("smoke:remind", n)
 
 
 @app.task(name="proj.tick")

@@ -5,7 +5,9 @@ re-import write nothing, and a bad entry stores nothing of its chunk."""
 from __future__ import annotations
 
 import json
+import math
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -148,10 +150,14 @@ def test_a_save_plans_the_first_slot_of_each_entry_no_leader_planned(app: Celery
     # each new entry gets the state and due time a leader would plan from the save's clock, so that a
     # leader that never ran finds it due; the same bytes whether one save or many wrote it
     items = _mixed()
+    saved_at = time.time()
     save_entries(items, app=app)
     for item in items:
         params = {k: v for k, v in item.items() if k not in ("name", "task", "schedule")}
         save_entry(f"single-{item['name']}", item["task"], item["schedule"], app=app, **params)
+    # An interval's first slot counts from its save: the single saves come later than the bulk one
+    # (a second or more on a loaded machine), so their first slots may come as much later.
+    saves_took = time.time() - saved_at
     for item in items:
         name = item["name"]
         info = get_entry(name, app=app)
@@ -166,11 +172,17 @@ def test_a_save_plans_the_first_slot_of_each_entry_no_leader_planned(app: Celery
         assert info.next_fire is not None, name
         assert state["next"] == info.next_fire.timestamp(), name
         single, single_score = _seeded(app, f"single-{name}")
-        assert single == state, name
+        assert single is not None, name
+        if isinstance(item["schedule"], dict) and item["schedule"]["type"] == "crontab":
+            assert single == state, name
+        else:
+            assert {**single, "next": None} == {**state, "next": None}, name
+            assert 0 <= single["next"] - state["next"] <= math.ceil(saves_took) + 1, name
         if "jitter" in item:
             assert state["next"] <= score < state["next"] + item["jitter"]
         else:
-            assert score == state["next"] == single_score, name
+            assert score == state["next"], name
+            assert single_score == single["next"], name
 
 
 def test_a_changed_entry_is_planned_again_only_while_it_never_fired(app: Celery) -> None:

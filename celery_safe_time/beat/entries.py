@@ -61,7 +61,7 @@ from .definitions import (
 from .history import audit_meta, record_audit
 from .policies import OPTION_JITTER, config_spec, policy_options
 from .slots import NEVER, Plan, at, entry_plan, grid_for, next_state, rrule
-from .state import instant, load_state, slot_id, state_next
+from .state import epoch, instant, load_state, slot_id, state_next
 
 logger = logging.getLogger(__name__)
 
@@ -621,9 +621,9 @@ def _info(
 ) -> EntryInfo:
     loaded = load_state(state)
     last = loaded.get("last")
-    next_score = None if score is None else float(score)
+    next_score = epoch(score)
     if next_score is not None and (options or {}).get(OPTION_JITTER) and loaded.get("next") is not None:
-        next_score = float(loaded["next"])  # the slot, not the jittered instant it is published at
+        next_score = epoch(loaded["next"])  # the slot, not the jittered instant it is published at
     if not enabled:
         next_score = None
     # a one-off that fired is done: it reports disabled and nothing next

@@ -41,14 +41,21 @@ def slot_id(slot: float) -> str:
     return str(round(slot * 1000))
 
 
+def epoch(value: Any) -> float | None:
+    """A stored epoch time in seconds; None when absent or not a number."""
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def instant(value: Any) -> datetime | None:
     """A stored epoch time as a UTC datetime; None when absent, never (infinite) or unreadable, so one
     broken state shows as unknown instead of failing a whole listing."""
-    if value is None:
-        return None
+    seconds = epoch(value)
     try:
-        return datetime.fromtimestamp(float(value), UTC)
-    except (TypeError, ValueError, OverflowError):
+        return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+    except (ValueError, OverflowError):
         return None
 
 

@@ -80,10 +80,10 @@ class MemoryBeatData:
 
     def fire(self, key: tuple[str, str]) -> bool:
         """Mark a slot fired unless its marker is live; True when this call marked it."""
-        expiry = self.fired.get(key)
-        if expiry is not None and expiry > self.now():
+        now = self.now()
+        if self.fired.get(key, now) > now:
             return False
-        self.fired[key] = self.now() + C.FIRED_SLOT_TTL
+        self.fired[key] = now + C.FIRED_SLOT_TTL
         return True
 
     def record(self, name: str, slot: float, record: str, size: int) -> None:

@@ -247,3 +247,9 @@ def test_a_stored_time_that_cannot_be_read_shows_as_unknown_not_as_an_error() ->
     info = _config_info("broken", spec, '{"last": "garbage", "next": 1700000000}', 1_700_000_000)
     assert info.last_fired is None
     assert info.next_fire == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
+    jittered = {**spec, "options": {"safe_time_jitter": 30}}
+    info = _config_info("jittered", jittered, '{"last": null, "next": "garbage"}', 1_700_000_000)
+    assert info.next_fire is None
+    info = _config_info("jittered", jittered, '{"last": null, "next": 1699999990}', 1_700_000_000)
+    assert info.next_fire == datetime(2023, 11, 14, 22, 13, 10, tzinfo=timezone.utc)
+    assert _config_info("broken", spec, "{}", "garbage").next_fire is None

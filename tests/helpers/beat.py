@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,13 @@ def beat_env(schedule: dict[str, Any], **conf: Any) -> dict[str, str]:
         "SAFE_TIME_TEST_BEAT_SCHEDULE": json.dumps(schedule),
         "SAFE_TIME_TEST_APP_CONF": json.dumps(conf),
     }
+
+
+def published_slots(log: str, name: str) -> list[float]:
+    """The slots of entry ``name`` (task ``tests.record``) a beat's log says it published, as epoch
+    seconds: the runs a worker has recorded can lag behind them on a loaded machine."""
+    sent = re.findall(rf"sending due task {re.escape(name)} \(tests\.record\) slot (\S+)", log)
+    return [datetime.fromisoformat(slot).timestamp() for slot in sent]
 
 
 def runs(client: redis.Redis, label: str | None = None) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates, runs
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates, published_slots, runs
 from tests.helpers.processes import ROOT, ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -128,8 +127,7 @@ def test_a_leader_does_not_publish_a_backfilled_slot_again(
     first.terminate()
     # The last slot the beat published, from its log: the runs recorded so far can lag behind it (a
     # worker that started after the beat was still running the last one on a loaded CI).
-    sent = re.findall(r"sending due task fast \(tests\.record\) slot (\S+)", first.log())
-    last = max(datetime.fromisoformat(slot).timestamp() for slot in sent)
+    last = max(published_slots(first.log(), "fast"))
     time.sleep(max(0.0, last + 4 * EVERY + 0.5 - time.time()))  # no beat across four slots
     end = datetime.now(timezone.utc)
     filled = _backfill(processes, env, "fast", datetime.fromtimestamp(last, timezone.utc), end, "--json")

@@ -4,7 +4,6 @@ each slot once at its computed offset, also across a ``kill -9`` of the leader."
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from datetime import datetime
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 import redis
 
 from celery_safe_time.beat.policies import jitter_offset
-from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, runs
+from tests.helpers.beat import BEAT_APP, beat_env, duplicates, holder_pid, published_slots, runs
 from tests.helpers.processes import ProcessManager, wait_for
 
 pytestmark = pytest.mark.integration
@@ -30,12 +29,6 @@ PICKUP = 8.0
 
 def _slot(run: dict[str, Any]) -> float:
     return datetime.fromisoformat(run["headers"]["safe_time_slot"]).timestamp()
-
-
-def _sent(log: str, name: str) -> list[float]:
-    """The slots of ``name`` a beat's log says it published."""
-    sent = re.findall(rf"sending due task {name} \(tests\.record\) slot (\S+)", log)
-    return [datetime.fromisoformat(slot).timestamp() for slot in sent]
 
 
 def test_jittered_entries_fire_once_each_at_their_offsets_across_a_kill_9(
@@ -97,14 +90,14 @@ def test_a_catch_up_window_skips_the_slots_missed_longer_ago_after_every_beat_wa
     first.terminate()
     # The last slot the first beat published, from its log: the runs recorded so far can lag behind
     # it on a loaded machine (the worker still running it), and the beats would be down one slot less.
-    last = max(_sent(first.log(), "all"))
+    last = max(published_slots(first.log(), "all"))
     time.sleep(max(0.0, last + 6 * every + 1 - time.time()))  # every beat down across six slots
     second = processes.beat(BEAT_APP, env=env, name="second")
     found = second.wait_for_log(r"entry 'windowed' skipped (\d+) slot\(s\) up to \S+: later than its catch-up", 60)
     started = time.time()
     wait_for(lambda: any(_slot(r) > started for r in runs(redis_client, "windowed")), 30, message="an on-time slot")
     second.terminate()
-    sent = {n: set(_sent(first.log() + second.log(), n)) for n in schedule}
+    sent = {n: set(published_slots(first.log() + second.log(), n)) for n in schedule}
 
     def recorded() -> bool:
         return all(sent[n] <= {_slot(r) for r in runs(redis_client, n)} for n in schedule)

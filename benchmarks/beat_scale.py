@@ -195,46 +195,18 @@ def leader_child(redis_url: str, lazy: bool, coordination: str | None = None) ->
 
 BURST_SIZES = (100_000,)
 BURST_SIZES_QUICK = (2_000,)
-BURST_ZONE = "Europe/Berlin"
-#: how long before 09:00 the leader is planned, and how long before it the firing loop starts
+#: how long before the burst the leader is planned, and how long before it the firing loop starts
 BURST_PLAN_AHEAD = 300.0
 BURST_LEAD = 1.0
-#: how long after 09:00 the benchmark stops waiting for the rest of the slots
+#: how long after the burst the benchmark stops waiting for the rest of the slots
 BURST_GIVE_UP = 300.0
 
 
-def _burst_specs(n: int) -> list[dict[str, Any]]:
-    """``n`` tenants, all daily at 09:00 in one zone: one minute with every entry due."""
-    cron = {
-        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
-        "month_of_year": "*", "tz": BURST_ZONE,
-    }  # fmt: skip
-    return [{"name": f"tenant-{i}", "task": "bench.noop", "schedule": cron, "args": [i]} for i in range(n)]
+def _burst_specs(n: int, hour: int) -> list[dict[str, Any]]:
+    """``n`` tenants, all daily at ``hour``:00 in one zone: one minute with every entry due."""
+    from tests.helpers.beat import burst_cron
 
-
-class _ShiftedClock:
-    """The scheduler's clock moved by ``shift`` seconds: 09:00 comes when the benchmark wants it."""
-
-    def __init__(self, clock: Any, shift: float) -> None:
-        self.clock, self.shift = clock, shift
-
-    def time(self) -> float:
-        return float(self.clock.time()) + self.shift
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.clock, name)
-
-
-def _next_nine(now: float) -> float:
-    from datetime import datetime, timedelta
-    from zoneinfo import ZoneInfo
-
-    zone = ZoneInfo(BURST_ZONE)
-    local = datetime.fromtimestamp(now, zone)
-    nine = local.replace(hour=9, minute=0, second=0, microsecond=0)
-    if nine.timestamp() <= now + BURST_PLAN_AHEAD:
-        nine = (nine + timedelta(days=1)).replace(hour=9)
-    return nine.timestamp()
+    return [{"name": f"tenant-{i}", "task": "bench.noop", "schedule": burst_cron(hour), "args": [i]} for i in range(n)]
 
 
 def _tick_until_planned(sched: Any) -> None:
@@ -243,10 +215,11 @@ def _tick_until_planned(sched: Any) -> None:
         sched.tick()
 
 
-def burst_child(redis_url: str, n: int, unbatched: bool, coordination: str | None = None) -> dict[str, Any]:
-    """In a process of its own: plan ``n`` entries due at 09:00, move the leader's clock to just
-    before it, and tick until every slot is published; time from 09:00 to the last publish."""
+def burst_child(redis_url: str, n: int, hour: int, unbatched: bool, coordination: str | None = None) -> dict[str, Any]:
+    """In a process of its own: plan ``n`` entries due at ``hour``:00, move the leader's clock to just
+    before it, and tick until every slot is published; time from the burst to the last publish."""
     from celery_safe_time.beat.scheduler import SafeScheduler
+    from tests.helpers.beat import ShiftedClock, burst_after
 
     app = _app(redis_url, coordination)
     out: dict[str, Any] = {"entries": n}
@@ -264,10 +237,10 @@ def burst_child(redis_url: str, n: int, unbatched: bool, coordination: str | Non
         while sched.keeper.epoch is None and time.monotonic() < deadline:
             time.sleep(0.02)
         real = sched.clock
-        nine = _next_nine(real.time())
-        clock = _ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
+        nine = burst_after(real.time(), hour)
+        clock = ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
         sched.clock = clock
-        # A fresh leader plans a chunk per tick: every entry planned (next slot 09:00) before 09:00 comes.
+        # A fresh leader plans a chunk per tick: every entry planned (next slot the burst) before it comes.
         out["plan"] = _timed(lambda: _tick_until_planned(sched))
         out["reads only due"] = sched.lazy
         clock.shift = nine - BURST_LEAD - real.time()
@@ -323,6 +296,7 @@ def bench_burst(
     fired by three beats sharing six shards (``benchmarks/beat_shards.py``)."""
     from benchmarks.beat_shards import SHARDED_POSTGRES_PREFIX, bench_sharded
     from celery_safe_time import save_entries
+    from tests.helpers.beat import burst_hour
 
     client = redis.Redis.from_url(redis_url)
     out: dict[str, Any] = {"entries": n, "load average": os.getloadavg()[0]}
@@ -333,12 +307,13 @@ def bench_burst(
         # the sharded beats on PostgreSQL under a prefix of their own (the one leader's rows stay apart)
         prefix = SHARDED_POSTGRES_PREFIX if mode == "sharded-postgres" else "bench-burst:"
         client.flushdb()
-        save_entries(_burst_specs(n), app=_app(redis_url, coordination, prefix))
+        hour = burst_hour(time.time())
+        save_entries(_burst_specs(n, hour), app=_app(redis_url, coordination, prefix))
         out[f"load average before {mode}"] = os.getloadavg()[0]
         if mode in ("sharded", "sharded-postgres"):
-            out[mode] = bench_sharded(redis_url, n, coordination)
+            out[mode] = bench_sharded(redis_url, n, hour, coordination)
         else:
-            out[mode] = _child(redis_url, lazy=True, burst=(n, mode == "unbatched"), coordination=coordination)
+            out[mode] = _child(redis_url, lazy=True, burst=(n, hour, mode == "unbatched"), coordination=coordination)
         if "error" not in out[mode]:
             out[mode].update(_count_once(client, n))
     client.flushdb()
@@ -418,14 +393,14 @@ def _save_before(app: Any, specs: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def _child(
-    redis_url: str, lazy: bool, burst: tuple[int, bool] | None = None, coordination: str | None = None
+    redis_url: str, lazy: bool, burst: tuple[int, int, bool] | None = None, coordination: str | None = None
 ) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url]
     if not lazy:
         args.append("--load-all")
     if burst is not None:
-        args += ["--burst", str(burst[0])] + (["--unbatched"] if burst[1] else [])
+        args += ["--burst", str(burst[0]), "--burst-hour", str(burst[1])] + (["--unbatched"] if burst[2] else [])
     if coordination:
         args += ["--coordination", coordination]
     done = subprocess.run(args, capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=3600, check=False)
@@ -741,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leader", default=None, help=argparse.SUPPRESS)  # the child: a Redis URL
     parser.add_argument("--load-all", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--burst", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--burst-hour", type=int, default=9, help=argparse.SUPPRESS)
     parser.add_argument("--unbatched", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--coordination", default=None, help=argparse.SUPPRESS)  # the child: PostgreSQL URL
     parser.add_argument(
@@ -761,10 +737,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.leader and args.burst and args.shard_beat is not None:
         from benchmarks.beat_shards import shard_child
 
-        print(json.dumps(shard_child(args.leader, args.burst, args.shard_beat, args.coordination)))
+        print(json.dumps(shard_child(args.leader, args.burst, args.burst_hour, args.shard_beat, args.coordination)))
         return 0
     if args.leader and args.burst:
-        print(json.dumps(burst_child(args.leader, args.burst, args.unbatched, args.coordination)))
+        print(json.dumps(burst_child(args.leader, args.burst, args.burst_hour, args.unbatched, args.coordination)))
         return 0
     if args.leader:
         print(json.dumps(leader_child(args.leader, lazy=not args.load_all, coordination=args.coordination)))

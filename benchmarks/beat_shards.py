@@ -40,12 +40,13 @@ GO = "bench-shards:go"
 SETUP_TIMEOUT = 900.0
 
 
-def shard_child(redis_url: str, n: int, index: int, coordination: str | None = None) -> dict[str, Any]:
+def shard_child(redis_url: str, n: int, hour: int, index: int, coordination: str | None = None) -> dict[str, Any]:
     """In a process of its own: one of the beats (see the module docstring); on PostgreSQL coordination
     with ``coordination`` (its URL; the broker and the benchmark's flags stay on Redis)."""
-    from benchmarks.beat_scale import BURST_GIVE_UP, BURST_LEAD, BURST_PLAN_AHEAD, _app, _next_nine, _ShiftedClock
+    from benchmarks.beat_scale import BURST_GIVE_UP, BURST_LEAD, BURST_PLAN_AHEAD, _app
     from celery_safe_time import signals
     from celery_safe_time.beat.scheduler import SafeScheduler
+    from tests.helpers.beat import ShiftedClock, burst_after
 
     app = _app(redis_url, coordination, SHARDED_POSTGRES_PREFIX)
     app.conf.safe_time_beat_shards = SHARDS
@@ -61,8 +62,8 @@ def shard_child(redis_url: str, n: int, index: int, coordination: str | None = N
         sched = SafeScheduler(app=app, schedule_filename=str(Path(tmp) / "burst"), max_interval=1)
         scheds = [sched, *sched.shard_children]
         real = sched.clock
-        nine = _next_nine(real.time())
-        clock = _ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
+        nine = burst_after(real.time(), hour)
+        clock = ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
         for s in scheds:
             s.lazy_threshold = min(s.lazy_threshold, n // 2)  # a small run reads only due entries too
             s.clock = clock
@@ -138,13 +139,14 @@ def _run_beats(
                 p.kill()
 
 
-def bench_sharded(redis_url: str, n: int, coordination: str | None = None) -> dict[str, Any]:
-    """The burst of ``n`` entries (already saved) fired by ``BEATS`` beats over ``SHARDS`` shards (on
-    PostgreSQL coordination with ``coordination``, its URL)."""
+def bench_sharded(redis_url: str, n: int, hour: int, coordination: str | None = None) -> dict[str, Any]:
+    """The burst of ``n`` entries (already saved, due at ``hour``:00) fired by ``BEATS`` beats over
+    ``SHARDS`` shards (on PostgreSQL coordination with ``coordination``, its URL)."""
     client = redis.Redis.from_url(redis_url)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     args = [sys.executable, "-m", "benchmarks.beat_scale", "--leader", redis_url, "--burst", str(n)]
+    args += ["--burst-hour", str(hour)]
     if coordination:
         args += ["--coordination", coordination]
     args.append("--shard-beat")

@@ -5,7 +5,7 @@
    calls (start minus due time): the burst due at once and a spread due one by one.
 2. The sweep's publish rate to SQS (``SendMessageBatch``, 10 a call) next to a raw kombu publish of the
    same task messages to the same endpoint (one ``SendMessage`` each), taken before and after it.
-3. A beat leader's ticks publishing a burst of runtime entries due at the same 09:00 to SQS: batched
+3. A beat leader's ticks publishing a burst of runtime entries due at the same minute to SQS: batched
    (``SendMessageBatch``) next to one ``SendMessage`` per slot (the same leader code with batching
    off), taken before and after it.
 
@@ -34,7 +34,7 @@ from celery_safe_time import save_entries
 from celery_safe_time.delays.backends import reset_store
 from celery_safe_time.delays.sweep import sweep
 from tests.helpers import services
-from tests.helpers.beat import BURST_ZONE, leader_at_nine
+from tests.helpers.beat import burst_cron, burst_hour, leader_at_burst
 
 QUEUE = "celery"
 
@@ -92,25 +92,23 @@ def _noop(*args: Any) -> None:
 
 
 def _beat_burst(env: Env, endpoint: services.SqsEndpoint, n: int, batched: bool, phase: str) -> float:
-    """Seconds from 09:00 until a leader has published ``n`` entries due then to SQS (each slot in the
+    """Seconds from the burst until a leader has published ``n`` entries due then to SQS (each slot in the
     queue once); ``batched`` False: the leader publishes one ``SendMessage`` per slot."""
     transport = services.sqs_transport_options(f"bench-beat-{phase}-")
     env.redis.flushdb()
     app = env.app(endpoint.url, broker_transport_options=transport, safe_time_beat_lease=30, beat_schedule={})
     app.task(name="bench.sqs_burst", shared=False)(_noop)
-    cron = {
-        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
-        "month_of_year": "*", "tz": BURST_ZONE,
-    }  # fmt: skip
+    hour = burst_hour(time.time())
+    cron = burst_cron(hour)
     save_entries([{"name": f"t-{i}", "task": "bench.sqs_burst", "schedule": cron} for i in range(n)], app=app)
     real = beat_scheduler.publishes_in_batches
     if not batched:
         beat_scheduler.publishes_in_batches = lambda producer: False  # type: ignore[assignment]
     try:
         (env.tmp / phase).mkdir()
-        sched, nine = leader_at_nine(app, env.tmp / phase)
+        sched, burst = leader_at_burst(app, env.tmp / phase, hour)
         try:
-            while sched.clock.time() < nine:
+            while sched.clock.time() < burst:
                 time.sleep(0.001)
             started = time.perf_counter()
             sched.tick()  # the first publish creates the queue
@@ -181,7 +179,7 @@ def table(results: dict[str, Any]) -> str:
     b = results.get("beat")
     if b:
         lines.append(
-            f"| beat burst to SQS, {b['entries']:,} entries due at 09:00, 09:00 to the last publish "
+            f"| beat burst to SQS, {b['entries']:,} entries due at the same minute, from it to the last publish "
             f"| {b['batched_s']:.2f} s (SendMessageBatch, 10 a call) "
             f"| one SendMessage per slot: {b['one_by_one_s']:.2f} s "
             f"({', '.join(f'{x:.2f}' for x in b['one_by_one_runs_s'])}) "

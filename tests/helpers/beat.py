@@ -103,12 +103,38 @@ def holder_pid(client: redis.Redis, coordination: dict[str, Any]) -> int | None:
     return int(pid) if pid is not None else None
 
 
-#: The zone of :func:`leader_at_nine`'s 09:00.
+#: The zone of a test's burst (:func:`burst_cron`).
 BURST_ZONE = "Europe/Berlin"
 
 
+def burst_hour(now: float) -> int:
+    """The hour of the day in ``BURST_ZONE`` a burst is due at: hours after ``now`` (at least one), so no
+    slot of it lies between the real clock, where its entries are saved, and the leader's clock moved
+    to just before it (a slot in between is a missed one, fired at once), and clear of the night's
+    DST change (02:00 to 03:00)."""
+    hour = (datetime.fromtimestamp(now, ZoneInfo(BURST_ZONE)).hour + 3) % 24
+    return 4 if hour in (2, 3) else hour
+
+
+def burst_cron(hour: int) -> dict[str, str]:
+    """The schedule spec of a burst's entries: daily at ``hour``:00 in ``BURST_ZONE``."""
+    return {
+        "type": "crontab", "minute": "0", "hour": str(hour), "day_of_week": "*", "day_of_month": "*",
+        "month_of_year": "*", "tz": BURST_ZONE,
+    }  # fmt: skip
+
+
+def burst_after(now: float, hour: int) -> float:
+    """The first ``hour``:00 in ``BURST_ZONE`` after ``now``."""
+    local = datetime.fromtimestamp(now, ZoneInfo(BURST_ZONE))
+    at = local.replace(hour=hour, minute=0, second=0, microsecond=0)
+    if at.timestamp() <= now:
+        at = (at + timedelta(days=1)).replace(hour=hour)
+    return at.timestamp()
+
+
 class ShiftedClock:
-    """The leader's clock moved by ``shift`` seconds (09:00 comes when the test wants it)."""
+    """A scheduler's clock moved by ``shift`` seconds (the burst comes when the test wants it)."""
 
     def __init__(self, clock: Any, shift: float) -> None:
         self.clock, self.shift = clock, shift
@@ -116,35 +142,34 @@ class ShiftedClock:
     def time(self) -> float:
         return float(self.clock.time()) + self.shift
 
-
-def nine_after(now: float) -> float:
-    """The next 09:00 in ``BURST_ZONE`` at least an hour after ``now``."""
-    local = datetime.fromtimestamp(now + 3600, ZoneInfo(BURST_ZONE))
-    nine = local.replace(hour=9, minute=0, second=0, microsecond=0)
-    if nine.timestamp() <= now + 3600:
-        nine = (nine + timedelta(days=1)).replace(hour=9)
-    return nine.timestamp()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.clock, name)
 
 
-def leader_at_nine(app: Celery, tmp_path: Path) -> tuple[SafeScheduler, float]:
-    """A leader that has planned every entry (next slot: 09:00) and whose clock now reads 08:59:59.9."""
+def leader_at_burst(app: Celery, tmp_path: Path, hour: int) -> tuple[SafeScheduler, float]:
+    """A leader that has planned every entry (next slot: the burst at ``hour``:00, see
+    :func:`burst_hour`) and whose clock now reads a tenth of a second before it; the burst's time."""
     sched = SafeScheduler(app=app, schedule_filename=str(tmp_path / "beat"), max_interval=1)
-    sched.lazy_threshold = 100  # as a leader with 10,000 entries or more: reads only what is due
-    wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
-    real = sched.clock
-    nine = nine_after(real.time())
-    clock = ShiftedClock(real, nine - 600 - real.time())
-    sched.clock = clock
-    # A fresh leader plans a chunk per tick: tick until its plan is complete.
-    wait_for(
-        lambda: (sched.tick(), sched._reconciled is not None and not sched.replanning)[1],
-        60,
-        interval=0.05,
-        message="the plan",
-    )
-    assert sched.backend.head()[0][1] == nine  # every entry's next fire is 09:00
-    clock.shift = nine - 0.1 - real.time()
-    return sched, nine
+    try:
+        sched.lazy_threshold = 100  # as a leader with 10,000 entries or more: reads only what is due
+        wait_for(lambda: sched.keeper.is_leader, 10, message="leadership")
+        real = sched.clock
+        burst = burst_after(real.time(), hour)
+        clock = ShiftedClock(real, burst - 600 - real.time())
+        sched.clock = clock
+        # A fresh leader plans a chunk per tick: tick until its plan is complete.
+        wait_for(
+            lambda: (sched.tick(), sched._reconciled is not None and not sched.replanning)[1],
+            60,
+            interval=0.05,
+            message="the plan",
+        )
+        assert sched.backend.head()[0][1] == burst  # every entry's next fire is the burst
+        clock.shift = burst - 0.1 - real.time()
+    except BaseException:
+        sched.close()  # a leader left running holds the lease the next test's leader waits for
+        raise
+    return sched, burst
 
 
 class ShardBeat:

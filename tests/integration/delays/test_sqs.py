@@ -35,7 +35,7 @@ from celery_safe_time.exceptions import SerializationError
 from celery_safe_time.locks.backends import get_lock_backend
 from celery_safe_time.locks.entry_runs import entry_key
 from tests.apps.delays_tasks import define_tasks
-from tests.helpers.beat import BEAT_APP, BURST_ZONE, beat_env, duplicates, leader_at_nine
+from tests.helpers.beat import BEAT_APP, beat_env, burst_cron, burst_hour, duplicates, leader_at_burst
 from tests.helpers.beat import runs as beat_runs
 from tests.helpers.delays import DELAYS_APP, fresh_sql_store, new_delay, runs, seconds
 from tests.helpers.processes import ProcessManager, wait_for
@@ -370,7 +370,7 @@ def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """25 runtime entries due at the same 09:00 and one whose message is larger than the queue takes
+    """25 runtime entries due at the same minute and one whose message is larger than the queue takes
     (4 KiB): the leader's tick publishes them in ``SendMessageBatch`` calls of 10 (not 26
     ``SendMessage``: a new leader catching up a failover's slots on SQS waited a round trip per slot),
     each slot once in the queue; SQS refuses the large one's chunk whole, so that chunk goes one by
@@ -386,10 +386,8 @@ def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records
         beat_schedule={},
     )
     app.task(name="t.sqs_burst", shared=False)(_noop)
-    cron = {
-        "type": "crontab", "minute": "0", "hour": "9", "day_of_week": "*", "day_of_month": "*",
-        "month_of_year": "*", "tz": BURST_ZONE,
-    }  # fmt: skip
+    hour = burst_hour(time.time())
+    cron = burst_cron(hour)
     entries = [{"name": f"tenant-{i:02d}", "task": "t.sqs_burst", "schedule": cron, "args": [i]} for i in range(25)]
     # under an overlap policy, the refused one's queued marker goes back; a published one keeps its own
     entries[0]["overlap"] = "skip"
@@ -398,12 +396,12 @@ def test_a_beat_tick_with_many_slots_due_publishes_to_sqs_in_batches_and_records
     )
     assert save_entries(entries, app=app) == 26
     caplog.set_level(logging.DEBUG, logger="celery_safe_time")
-    sched, nine = leader_at_nine(app, tmp_path)
+    sched, burst = leader_at_burst(app, tmp_path, hour)
     try:
         wait_for(lambda: (sched.tick(), entry_history("too-large", app=app))[1], 30, interval=0.05)
     finally:
         sched.close()
-    slot = datetime.fromtimestamp(nine, timezone.utc).isoformat()
+    slot = datetime.fromtimestamp(burst, timezone.utc).isoformat()
     bodies = [
         json.loads(base64.b64decode(m["Body"]))
         for m in _queue_messages(sqs_endpoint, f"{transport['queue_name_prefix']}celery")

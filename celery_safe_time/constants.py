@@ -487,6 +487,9 @@ REQUEST_LOCK_ATTR: Final = "safe_time_lock"
 #: (``ADMISSION_WAITING`` or ``ADMISSION_DUPLICATE``); absent while the body may run. Every gate a
 #: delivery passes reads it on the way out: a hold around a body that never ran is released as not run.
 REQUEST_ADMISSION_ATTR: Final = "safe_time_admission"
+#: ``Task.request`` attribute holding an ``AdmissionWatch``: what a caller outside the gates learns of
+#: the delivery (``unique_until="executing"`` frees its key once every gate admitted it, not before).
+REQUEST_ADMISSION_WATCH_ATTR: Final = "safe_time_admission_watch"
 #: A gate re-queued the delivery (it comes back as the same delivery): no gate records it as finished.
 ADMISSION_WAITING: Final = "waiting"
 #: A gate dropped the delivery as a copy of one that runs or ran (the run history says ``dropped``).

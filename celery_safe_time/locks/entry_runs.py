@@ -37,7 +37,7 @@ from ..exceptions import RunCancelled
 from ..messages.requeue import message_header
 from .backends import Holder, LockBackend, get_lock_backend
 from .hard_limit import in_pool_child
-from .runtime import Call, Policy, TaskLock, admission_of, run_holding
+from .runtime import Call, Policy, TaskLock, admission_of, admitted_first, is_gated, run_holding
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +157,8 @@ def run_gated(task: Task, run: Callable[..., Any], args: tuple[Any, ...], kwargs
     spec = overlap_spec(request)
     if spec is None:
         return run(*args, **kwargs)
+    if not is_gated(run):
+        run = admitted_first(run)
     call = Call(task, False, args, kwargs, task._get_app())
     task_id = call.task_id
     if not call.in_worker or not task_id:

@@ -224,12 +224,26 @@ def origin_header(request: Any) -> dict[str, Any]:
     }
 
 
+class AdmissionWatch:
+    """What a caller outside the gates learns of a delivery, set on its request (the requests the task
+    pushes inside copy the reference): ``on_admitted`` is called once, when every gate admitted the
+    delivery, right before its body; ``outcome`` is how a gate ended it without the body, or None."""
+
+    def __init__(self, on_admitted: Callable[[], object]) -> None:
+        self.on_admitted = on_admitted
+        self.admitted = False
+        self.outcome: str | None = None
+
+
 def note_admission(request: Any, outcome: str) -> None:
     """Say on ``request`` that a gate ended this delivery without running its body (``outcome``:
     ``ADMISSION_WAITING``, ``ADMISSION_DUPLICATE`` or ``ADMISSION_SKIPPED``): the gates taken before it
     release their holds as not run (:func:`run_holding`), and the run history reads it."""
     if request is not None:
         setattr(request, C.REQUEST_ADMISSION_ATTR, outcome)
+        watch = getattr(request, C.REQUEST_ADMISSION_WATCH_ATTR, None)
+        if isinstance(watch, AdmissionWatch):
+            watch.outcome = outcome
 
 
 def drop_unrun(call: Call, outcome: str) -> None:
@@ -697,17 +711,49 @@ def wrap(func: F, lock: TaskLock) -> F:
     return gate_calls(func, lock, __safe_time_locks__=(*getattr(func, "__safe_time_locks__", ()), lock))
 
 
+#: Set on a gate's wrapper (and copied outward by ``functools.wraps``): the function runs gates.
+_GATED_MARK = "__safe_time_gated__"
+
+
 def gate_calls(func: F, gate: Any, **marks: Any) -> F:
     """Wrap ``func`` so every call runs as ``gate(func, args, kwargs)`` (a lock, a rate limiter), with
-    its name and signature; ``marks`` are set on the wrapper (what the task's options find)."""
+    its name and signature; ``marks`` are set on the wrapper (what the task's options find). The
+    innermost gate tells the delivery it is admitted (:func:`admitted`) right before the body."""
+    inner = func if is_gated(func) else admitted_first(func)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # A stored wait's delivery is checked before its first gate (see handoff.checked_delivery).
-        return handoff.checked_delivery(lambda: gate(func, args, kwargs))
+        return handoff.checked_delivery(lambda: gate(inner, args, kwargs))
 
     # Celery checks call arguments against the task's signature; keep the real one.
     wrapper.__signature__ = gate.builder.signature  # type: ignore[attr-defined]
+    setattr(wrapper, _GATED_MARK, True)
     for name, value in marks.items():
         setattr(wrapper, name, value)
     return cast(F, wrapper)
+
+
+def is_gated(run: Any) -> bool:
+    """Whether ``run`` (a task's ``run``, bound or not) passes its calls through gates first."""
+    return bool(getattr(run, _GATED_MARK, False))
+
+
+def admitted_first(func: Callable[..., R]) -> Callable[..., R]:
+    """``func`` as the innermost gate calls it: the delivery is :func:`admitted` first."""
+
+    def body(*args: Any, **kwargs: Any) -> R:
+        admitted()
+        return func(*args, **kwargs)
+
+    return body
+
+
+def admitted() -> None:
+    """Every gate admitted the running delivery: tell its request's :class:`AdmissionWatch` (once)."""
+    task = get_current_task()
+    request = getattr(task, "request", None) if task is not None else None
+    watch = getattr(request, C.REQUEST_ADMISSION_WATCH_ATTR, None) if request is not None else None
+    if isinstance(watch, AdmissionWatch) and not watch.admitted:
+        watch.admitted = True
+        watch.on_admitted()

@@ -27,7 +27,9 @@ from .. import constants as C
 from .. import handoff
 from ..exceptions import UniqueConflict
 from .backends import LockBackend, UniqueClaim, get_lock_backend
+from .entry_runs import overlap_spec
 from .keys import KeyBuilder, KeySpec
+from .runtime import AdmissionWatch, is_gated
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +188,10 @@ def run_unique(task: Task, body: Callable[[], R]) -> R:
     store = get_lock_backend(task._get_app())
     task_id = str(request.id)
     if spec.until == C.UNIQUE_UNTIL_EXECUTING:
-        release(store, key, task_id, "started")
-        return body()
+        if not is_gated(task.run) and overlap_spec(request) is None:
+            release(store, key, task_id, "started")
+            return body()
+        return _run_admitted(request, store, key, task_id, body)
     try:
         # Counted again from the start: a kill -9 now frees the key unique_ttl later.
         store.unique_acquire(key, task_id, spec.ttl, C.UNIQUE_STATE_RUNNING, stored=None, host=_HOST, own=True)
@@ -205,6 +209,21 @@ def run_unique(task: Task, body: Callable[[], R]) -> R:
     finally:
         if not keep:
             release(store, key, task_id, "ended")
+
+
+def _run_admitted(request: Any, store: LockBackend, key: str, task_id: str, body: Callable[[], R]) -> R:
+    """``unique_until="executing"`` behind gates: the key is freed once every gate admitted the run, not
+    before (a gate that sends the delivery back re-queues it under the key it still holds, so no call
+    in between queues a second copy); a delivery a gate skipped or failed frees it at its end."""
+    watch = AdmissionWatch(lambda: release(store, key, task_id, "started"))
+    setattr(request, C.REQUEST_ADMISSION_WATCH_ATTR, watch)
+    try:
+        return body()
+    finally:
+        vars(request).pop(C.REQUEST_ADMISSION_WATCH_ATTR, None)
+        # A waiting delivery comes back under the key; a dropped copy's original holds it or freed it.
+        if not watch.admitted and watch.outcome not in (C.ADMISSION_WAITING, C.ADMISSION_DUPLICATE):
+            release(store, key, task_id, "not run")
 
 
 def _release_revoked(sender: Task | None = None, request: Any = None, expired: bool = False, **_: Any) -> None:
@@ -226,7 +245,7 @@ def _release_killed(
     if sender is None or task_id is None or not isinstance(exception, (TimeLimitExceeded, WorkerLostError)):
         return
     spec = spec_of(sender)
-    if spec is None or spec.until != C.UNIQUE_UNTIL_EXECUTED:
+    if spec is None or spec.until == C.UNIQUE_UNTIL_EXPIRED:
         return
     if isinstance(exception, WorkerLostError) and _comes_back(sender):
         return  # the message is redelivered and runs again under the same key

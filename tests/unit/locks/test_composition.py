@@ -28,7 +28,7 @@ from celery.app.trace import build_tracer
 from celery.exceptions import Reject
 from celery.signals import before_task_publish
 
-from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit
+from celery_safe_time import concurrency_limit, idempotent, overlap_lock, rate_limit, signals
 from celery_safe_time import constants as C
 from celery_safe_time.config import get_config, reset_config
 from celery_safe_time.exceptions import DebounceError
@@ -502,6 +502,98 @@ def short_waits_in_broker(safe_time: SafeTimeTesting) -> SafeTimeTesting:
     safe_time.app.conf.safe_time_delay_threshold = 10.0
     reset_config(safe_time.app)
     return safe_time
+
+
+def _unique_executing_task(st: SafeTimeTesting, name: str, decorator: Decorator, body: Callable[..., None]) -> Task:
+    return st.app.task(name=name, bind=True, shared=False, unique="ue:{n}", unique_until="executing")(decorator(body))
+
+
+@pytest.mark.parametrize(
+    ("gate", "busy"),
+    [
+        (lambda: overlap_lock("ue-gate", ttl=60, retry_after=5), ["ue-gate"]),
+        (
+            lambda: concurrency_limit("ue-gate", limit=2, ttl=60, retry_after=5),
+            [slot_key("ue-gate", 0), slot_key("ue-gate", 1)],
+        ),
+    ],
+    ids=["overlap_lock", "concurrency_limit"],
+)
+def test_unique_until_executing_holds_the_key_until_every_gate_admits_the_run(
+    short_waits_in_broker: SafeTimeTesting, gate: Callable[[], Decorator], busy: list[str]
+) -> None:
+    """unique_until="executing" over a gate that sends the delivery back: the key stays the waiting
+    call's while the gate turns it away (a delay() then hands back that call, never queues a second
+    copy), and is freed once the gate admits the run (a delay() during the body queues the next)."""
+    safe_time = short_waits_in_broker
+    during_conflict: list[str] = []
+    during_body: list[str] = []
+
+    def sync(self: Task, n: int) -> None:
+        during_body.append(task.delay(n).id)
+
+    task = _unique_executing_task(safe_time, "compose.unique_executing", gate(), sync)
+    broker = Broker(safe_time, task.name)
+
+    def on_conflict(sender: Any = None, **_: Any) -> None:
+        during_conflict.append(task.delay(1).id)
+
+    before_task_publish.connect(broker.on_publish, weak=False)
+    signals.overlap_conflict.connect(on_conflict, weak=False)
+    try:
+        # another holder has the gate's place: the first delivery is sent back
+        holder = Owner(task_id="other", identity="other", host="h", pid=1)
+        for key in busy:
+            assert safe_time.locks.acquire(key, "other-token", 60, holder).status == "acquired"
+        first = task.delay(1)
+        assert broker.deliver_due(task) == 1
+        assert during_conflict == [first.id]  # the key still names the waiting call
+        held = safe_time.locks.unique_info("ue:1", time.time())
+        assert held is not None
+        assert (held.task_id, held.state) == (first.id, C.UNIQUE_STATE_RETRYING)
+        assert task.delay(1).id == first.id  # re-queued: still the one copy
+        # the gate's place frees: the re-queued delivery runs, and its key is free while it runs
+        for key in busy:
+            assert safe_time.locks.release(key, "other-token")
+        safe_time.store.advance(10)
+        assert broker.deliver_due(task) == 1
+        assert len(during_body) == 1
+        assert during_body[0] != first.id
+        held = safe_time.locks.unique_info("ue:1", time.time())
+        assert held is not None
+        assert (held.task_id, held.state) == (during_body[0], C.UNIQUE_STATE_QUEUED)
+    finally:
+        signals.overlap_conflict.disconnect(on_conflict)
+        before_task_publish.disconnect(broker.on_publish)
+        with safe_time.app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
+
+
+def test_unique_until_executing_frees_the_key_of_a_run_a_gate_skips(safe_time: SafeTimeTesting) -> None:
+    """A delivery the gate drops (on_conflict="skip") never runs: its key is freed at its end, not left
+    to its ttl."""
+    ran: list[int] = []
+
+    def sync(self: Task, n: int) -> None:
+        ran.append(n)
+
+    task = _unique_executing_task(
+        safe_time, "compose.unique_executing_skip", overlap_lock("ue-skip", ttl=60, on_conflict="skip"), sync
+    )
+    holder = Owner(task_id="other", identity="other", host="h", pid=1)
+    assert safe_time.locks.acquire("ue-skip", "other-token", 60, holder).status == "acquired"
+    broker = Broker(safe_time, task.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        first = task.delay(1)
+        assert broker.deliver_due(task) == 1
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+        with safe_time.app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
+    assert ran == []
+    assert safe_time.locks.unique_info("ue:1", time.time()) is None
+    assert task.delay(1).id != first.id
 
 
 def test_a_stored_wait_the_entry_lease_sends_back_closes_its_row(short_waits_in_broker: SafeTimeTesting) -> None:

@@ -834,8 +834,8 @@ def report(demo: Demo, app: Any) -> int:
         )
 
     # No leader, no sweep: the nudges due from the kill -9 until the new leader's first sweep (one sweep
-    # interval after it took over) wait for that sweep, up to lease + lease/3; the p99 row holds them to
-    # it. The p50 row is the lateness while a leader sweeps (published ahead with their eta: on time).
+    # interval after it took over) wait for that sweep: the failover (up to lease + lease/3, with the
+    # failover row's second of slack) and one sweep interval; the p99 row holds them to it. The p50 row is the lateness while a leader sweeps (published ahead with their eta: on time).
     # The quick timeline's nudges are due over 17 s and the failover takes up to 8 s of them, so with
     # them in, the p50 says how long the failover took under load, not how late the sweep delivers.
     paused_from = demo.facts.get("killed_at", float("inf"))
@@ -847,12 +847,13 @@ def report(demo: Demo, app: Any) -> int:
         if not paused_from <= float(key) <= paused_until:
             steady.append(late)
     p50, p99 = _percentile(steady, 50), _percentile(lateness, 99)
+    paused_limit = limit + 1 + SWEEP_INTERVAL
     row(f"stored-delay lateness p50 (the {len(steady)} due while a leader swept)", "<= 1s", f"{p50:.2f}s", p50 <= 1.0)
     row(
         f"stored-delay lateness p99 (all {len(lateness)})",
-        f"<= {limit + 1:g}s (a failover pauses sweeps)",
+        f"<= {paused_limit:g}s (a failover pauses sweeps)",
         f"{p99:.2f}s",
-        p99 <= limit + 1,
+        p99 <= paused_limit,
     )
 
     # --- plain Celery, same scenario ---

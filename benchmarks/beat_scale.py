@@ -19,9 +19,10 @@ Per size, in the same run and on the same stored entries:
   every entry before the ones it has not reached are due), and one that loads every entry
   (``lazy_threshold`` raised past the count: what every leader did before).
 
-And the 09:00 burst (100,000 entries; ``--quick``: 2,000): every entry daily at 09:00 in one zone, a
-fresh leader plans them, its clock is moved to just before 09:00 (no waiting for it), and it ticks until
-every slot is published: the time from 09:00 to the last publish, the slots per second, the leader's
+And the burst (100,000 entries; ``--quick``: 2,000): every entry daily at one hour in one zone
+(hours after the real clock, ``tests.helpers.beat.burst_hour``), a fresh leader plans them, its clock
+is moved to just before that hour (no waiting for it), and it ticks until every slot is published: the
+time from the burst to the last publish, the slots per second, the leader's
 CPU, and each entry's messages counted in the broker queue (exactly once). Beside it, the same burst
 published with one broker round trip per slot (what a transport without batches gets), and the
 batched burst on PostgreSQL coordination (a fresh database; the broker stays Redis).
@@ -237,40 +238,40 @@ def burst_child(redis_url: str, n: int, hour: int, unbatched: bool, coordination
         while sched.keeper.epoch is None and time.monotonic() < deadline:
             time.sleep(0.02)
         real = sched.clock
-        nine = burst_after(real.time(), hour)
-        clock = ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
+        burst = burst_after(real.time(), hour)
+        clock = ShiftedClock(real, burst - BURST_PLAN_AHEAD - real.time())
         sched.clock = clock
         # A fresh leader plans a chunk per tick: every entry planned (next slot the burst) before it comes.
         out["plan"] = _timed(lambda: _tick_until_planned(sched))
         out["reads only due"] = sched.lazy
-        clock.shift = nine - BURST_LEAD - real.time()
+        clock.shift = burst - BURST_LEAD - real.time()
         client = redis.Redis.from_url(redis_url)
         queued = client.llen("celery")
         cpu = time.process_time()
         ticks = 0
-        last = nine
-        while clock.time() < nine + BURST_GIVE_UP:
+        last = burst
+        while clock.time() < burst + BURST_GIVE_UP:
             sent_before = client.llen("celery")
             wait = sched.tick()
             ticks += 1
             sched_sent = client.llen("celery")
             if sched_sent > sent_before:
                 last = clock.time()
-            if sched_sent - queued >= n and clock.time() > nine:
+            if sched_sent - queued >= n and clock.time() > burst:
                 break
             if wait > 0:
                 time.sleep(min(wait, 0.05))
         out["cpu_s"] = round(time.process_time() - cpu, 3)
         out["ticks"] = ticks
-        out["to last publish s"] = round(last - nine, 3)
+        out["to last publish s"] = round(last - burst, 3)
         out["published"] = client.llen("celery") - queued
-        out["per s"] = round(out["published"] / max(last - nine, 1e-6))
+        out["per s"] = round(out["published"] / max(last - burst, 1e-6))
         sched.close()
     return out
 
 
 def _count_once(client: redis.Redis, n: int) -> dict[str, int]:
-    """How many of the ``n`` entries' 09:00 slots the queue holds once, and how many more than once."""
+    """How many of the ``n`` entries' burst slots the queue holds once, and how many more than once."""
     seen: dict[str, int] = {}
     for raw in client.lrange("celery", 0, -1):
         name = json.loads(raw)["headers"].get("safe_time_entry")
@@ -694,9 +695,9 @@ _BURST_ROWS = (
 
 
 def burst_markdown(bursts: dict[str, Any]) -> str:
-    """The 09:00 burst table: batched (this release) beside one publish round trip per slot."""
+    """The burst table: batched (this release) beside one publish round trip per slot."""
     header = (
-        "entries due at 09:00", "publishing", "09:00 to the last publish (s)", "slots/s", "beat CPU (s)",
+        "entries due at once", "publishing", "burst to the last publish (s)", "slots/s", "beat CPU (s)",
         "published exactly once / twice or more / missing",
     )  # fmt: skip
     rows: list[tuple[object, ...]] = []
@@ -722,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--postgres", action="store_true", help="Leaders on PostgreSQL coordination (no burst; the broker stays Redis)."
     )
-    parser.add_argument("--burst-only", default=None, help="Only the 09:00 burst, of these sizes (comma-separated).")
+    parser.add_argument("--burst-only", default=None, help="Only the burst, of these sizes (comma-separated).")
     parser.add_argument("--burst-modes", default=",".join(BURST_MODES), help="The burst's runs (comma-separated).")
     parser.add_argument("--shard-beat", type=int, default=None, help=argparse.SUPPRESS)  # the child: its index
     parser.add_argument("--save-only", action="store_true", help="Only save_entries, on Redis and PostgreSQL.")

@@ -1,10 +1,10 @@
-"""The 09:00 burst fired by three beats sharing ``SHARDS`` shards (``safe_time_beat_shards``), for
+"""The burst fired by three beats sharing ``SHARDS`` shards (``safe_time_beat_shards``), for
 ``benchmarks.beat_scale --burst-only``: beside one leader, in the same run, on the same entries.
 
 Three processes each run a ``SafeScheduler`` with the shards on: they share the shard leases out,
 each plans the shards it holds, and reports ready once it holds its share and has planned it. Then
-the benchmark names one real instant (Redis ``TIME``) as 1 s before 09:00 for all three (their clocks
-moved alike), and each ticks until every slot is in the broker queue. Measured: 09:00 to the last
+the benchmark names one real instant (Redis ``TIME``) as 1 s before the burst for all three (their clocks
+moved alike), and each ticks until every slot is in the broker queue. Measured: the burst to the last
 publish of any beat, the slots each published, the beats' CPU together, and each entry's messages
 counted in the queue (exactly once).
 
@@ -62,8 +62,8 @@ def shard_child(redis_url: str, n: int, hour: int, index: int, coordination: str
         sched = SafeScheduler(app=app, schedule_filename=str(Path(tmp) / "burst"), max_interval=1)
         scheds = [sched, *sched.shard_children]
         real = sched.clock
-        nine = burst_after(real.time(), hour)
-        clock = ShiftedClock(real, nine - BURST_PLAN_AHEAD - real.time())
+        burst = burst_after(real.time(), hour)
+        clock = ShiftedClock(real, burst - BURST_PLAN_AHEAD - real.time())
         for s in scheds:
             s.lazy_threshold = min(s.lazy_threshold, n // 2)  # a small run reads only due entries too
             s.clock = clock
@@ -78,25 +78,25 @@ def shard_child(redis_url: str, n: int, hour: int, index: int, coordination: str
         if go is None:
             raise SystemExit("no go from the benchmark")
         fire_at = float(go)
-        clock.shift = nine - BURST_LEAD - fire_at  # the same for every beat: 09:00 at fire_at + 1 s
+        clock.shift = burst - BURST_LEAD - fire_at  # the same for every beat: the burst at fire_at + 1 s
         out["shards"] = sorted(s.shard for s in scheds if s.keeper.term is not None)
         while real.time() < fire_at:
             time.sleep(0.01)
         cpu = time.process_time()
         sent[0] = 0
-        last = nine
-        while clock.time() < nine + BURST_GIVE_UP:
+        last = burst
+        while clock.time() < burst + BURST_GIVE_UP:
             before = sent[0]
             wait = sched.tick()
             if sent[0] > before:
                 last = clock.time()
-            if clock.time() > nine and client.llen("celery") >= n:
+            if clock.time() > burst and client.llen("celery") >= n:
                 break
             if wait > 0:
                 time.sleep(min(wait, 0.05))
         out["cpu_s"] = round(time.process_time() - cpu, 3)
         out["published"] = sent[0]
-        out["to last publish s"] = round(last - nine, 3)
+        out["to last publish s"] = round(last - burst, 3)
         sched.close()
     return out
 

@@ -751,9 +751,7 @@ def admitted_first(func: Callable[..., R]) -> Callable[..., R]:
 
 def admitted() -> None:
     """Every gate admitted the running delivery: tell its request's :class:`AdmissionWatch` (once)."""
-    task = get_current_task()
-    request = getattr(task, "request", None) if task is not None else None
-    watch = getattr(request, C.REQUEST_ADMISSION_WATCH_ATTR, None) if request is not None else None
+    watch = getattr(getattr(get_current_task(), "request", None), C.REQUEST_ADMISSION_WATCH_ATTR, None)
     if isinstance(watch, AdmissionWatch) and not watch.admitted:
         watch.admitted = True
         watch.on_admitted()

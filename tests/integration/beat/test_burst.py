@@ -1,4 +1,4 @@
-"""The morning burst (Redis broker; Redis and PostgreSQL coordination): every tenant's entry due in the
+"""The burst (Redis broker; Redis and PostgreSQL coordination): every tenant's entry due in the
 same minute, fired by one leader a chunk at a time (one guard round trip and one broker round trip
 per chunk; on Redis it reads only what is due), each slot exactly once; a leader that loses its lease
 half way publishes none of the rest. Small size (2,000 entries) with the leader's threshold lowered,

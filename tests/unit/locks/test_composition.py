@@ -12,13 +12,14 @@ holder's lease runs out when the test moves the clock past its ttl.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -235,6 +236,20 @@ class Broker:
         return len(due)
 
 
+@contextlib.contextmanager
+def broker_of(st: SafeTimeTesting, task: Task) -> Iterator[Broker]:
+    """A :class:`Broker` catching what ``task`` publishes while the block runs; the memory broker's
+    queue (the process's) is emptied after it."""
+    broker = Broker(st, task.name)
+    before_task_publish.connect(broker.on_publish, weak=False)
+    try:
+        yield broker
+    finally:
+        before_task_publish.disconnect(broker.on_publish)
+        with st.app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(st.app.conf.task_default_queue)
+
+
 def _make_task(
     st: SafeTimeTesting, name: str, gates: tuple[Gate, ...], fault: str, runs: Runs, base: type[Task] | None = None
 ) -> Task:
@@ -309,14 +324,8 @@ def test_stacked_gates_run_each_call_once(safe_time: SafeTimeTesting, outer: Gat
         with pytest.raises(refused):
             task.apply_async((0,), **{**outer.send_options, **inner.send_options})
         return
-    broker = Broker(safe_time, task.name)
-    before_task_publish.connect(broker.on_publish, weak=False)
-    try:
+    with broker_of(safe_time, task) as broker:
         _run_matrix_case(safe_time, task, runs, broker, outer, inner)
-    finally:
-        before_task_publish.disconnect(broker.on_publish)
-        with safe_time.app.connection_for_write() as conn:  # the memory broker is the process's
-            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
     assert runs.completed == dict.fromkeys(range(CALLS), 1)
     assert max(runs.most_at_once.values()) == 1  # a copy never runs beside its original
     # Nothing held or unfinished once every call ran (a dead holder's lease has run out).
@@ -342,14 +351,8 @@ def test_stacked_gates_on_a_plain_task_run_each_call_once(
     runs = Runs()
     name = f"compose.plain.{outer.name}.{inner.name}.{fault}"
     task = _make_task(safe_time, name, (outer, inner), fault, runs, base=Task)
-    broker = Broker(safe_time, task.name)
-    before_task_publish.connect(broker.on_publish, weak=False)
-    try:
+    with broker_of(safe_time, task) as broker:
         _run_matrix_case(safe_time, task, runs, broker, outer, inner)
-    finally:
-        before_task_publish.disconnect(broker.on_publish)
-        with safe_time.app.connection_for_write() as conn:
-            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
     assert runs.completed == dict.fromkeys(range(CALLS), 1)
     assert max(runs.most_at_once.values()) == 1
     assert locks.scan() == []
@@ -533,40 +536,36 @@ def test_unique_until_executing_holds_the_key_until_every_gate_admits_the_run(
         during_body.append(task.delay(n).id)
 
     task = _unique_executing_task(safe_time, "compose.unique_executing", gate(), sync)
-    broker = Broker(safe_time, task.name)
 
     def on_conflict(sender: Any = None, **_: Any) -> None:
         during_conflict.append(task.delay(1).id)
 
-    before_task_publish.connect(broker.on_publish, weak=False)
     signals.overlap_conflict.connect(on_conflict, weak=False)
     try:
-        # another holder has the gate's place: the first delivery is sent back
-        holder = Owner(task_id="other", identity="other", host="h", pid=1)
-        for key in busy:
-            assert safe_time.locks.acquire(key, "other-token", 60, holder).status == "acquired"
-        first = task.delay(1)
-        assert broker.deliver_due(task) == 1
-        assert during_conflict == [first.id]  # the key still names the waiting call
-        held = safe_time.locks.unique_info("ue:1", time.time())
-        assert held is not None
-        assert (held.task_id, held.state) == (first.id, C.UNIQUE_STATE_RETRYING)
-        assert task.delay(1).id == first.id  # re-queued: still the one copy
-        # the gate's place frees: the re-queued delivery runs, and its key is free while it runs
-        for key in busy:
-            assert safe_time.locks.release(key, "other-token")
-        safe_time.store.advance(10)
-        assert broker.deliver_due(task) == 1
-        assert len(during_body) == 1
-        assert during_body[0] != first.id
-        held = safe_time.locks.unique_info("ue:1", time.time())
-        assert held is not None
-        assert (held.task_id, held.state) == (during_body[0], C.UNIQUE_STATE_QUEUED)
+        with broker_of(safe_time, task) as broker:
+            # another holder has the gate's place: the first delivery is sent back
+            holder = Owner(task_id="other", identity="other", host="h", pid=1)
+            for key in busy:
+                assert safe_time.locks.acquire(key, "other-token", 60, holder).status == "acquired"
+            first = task.delay(1)
+            assert broker.deliver_due(task) == 1
+            assert during_conflict == [first.id]  # the key still names the waiting call
+            held = safe_time.locks.unique_info("ue:1", time.time())
+            assert held is not None
+            assert (held.task_id, held.state) == (first.id, C.UNIQUE_STATE_RETRYING)
+            assert task.delay(1).id == first.id  # re-queued: still the one copy
+            # the gate's place frees: the re-queued delivery runs, and its key is free while it runs
+            for key in busy:
+                assert safe_time.locks.release(key, "other-token")
+            safe_time.store.advance(10)
+            assert broker.deliver_due(task) == 1
+            assert len(during_body) == 1
+            assert during_body[0] != first.id
+            held = safe_time.locks.unique_info("ue:1", time.time())
+            assert held is not None
+            assert (held.task_id, held.state) == (during_body[0], C.UNIQUE_STATE_QUEUED)
     finally:
         signals.overlap_conflict.disconnect(on_conflict)
-        before_task_publish.disconnect(broker.on_publish)
-        with safe_time.app.connection_for_write() as conn:
-            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
 
 
 def test_unique_until_executing_frees_the_key_of_a_run_a_gate_skips(safe_time: SafeTimeTesting) -> None:
@@ -582,15 +581,9 @@ def test_unique_until_executing_frees_the_key_of_a_run_a_gate_skips(safe_time: S
     )
     holder = Owner(task_id="other", identity="other", host="h", pid=1)
     assert safe_time.locks.acquire("ue-skip", "other-token", 60, holder).status == "acquired"
-    broker = Broker(safe_time, task.name)
-    before_task_publish.connect(broker.on_publish, weak=False)
-    try:
+    with broker_of(safe_time, task) as broker:
         first = task.delay(1)
         assert broker.deliver_due(task) == 1
-    finally:
-        before_task_publish.disconnect(broker.on_publish)
-        with safe_time.app.connection_for_write() as conn:
-            conn.default_channel.queue_purge(safe_time.app.conf.task_default_queue)
     assert ran == []
     assert safe_time.locks.unique_info("ue:1", time.time()) is None
     assert task.delay(1).id != first.id
@@ -616,9 +609,7 @@ def test_a_stored_wait_the_entry_lease_sends_back_closes_its_row(short_waits_in_
     assert _open_rows(safe_time) == [("r1", C.STATUS_PENDING)]  # the rate's wait is in the store
     holder = Owner(task_id="r2", identity="r2", host="h", pid=1)
     assert safe_time.locks.acquire(entry_key("hourly"), "other-token", 7200, holder).status == "acquired"
-    broker = Broker(safe_time, report.name)
-    before_task_publish.connect(broker.on_publish, weak=False)
-    try:
+    with broker_of(safe_time, report) as broker:
         states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
         assert states == ["RETRY"]  # the lease is held: the run waits on, in the broker
         assert ran == ["r0"]
@@ -627,8 +618,6 @@ def test_a_stored_wait_the_entry_lease_sends_back_closes_its_row(short_waits_in_
         safe_time.locks.release(entry_key("hourly"), "other-token")
         safe_time.advance(5)
         assert broker.deliver_due(report) == 1
-    finally:
-        before_task_publish.disconnect(broker.on_publish)
     assert ran == ["r0", "r1"]  # in its rate place, once
     assert broker.waiting == []
     assert _open_rows(safe_time) == []
@@ -684,16 +673,12 @@ def test_a_retry_from_a_stored_wait_is_a_new_delivery(short_waits_in_broker: Saf
 
     assert deliver_message(safe_time, sync, (), task_id="r0", attempt="a0") == "SUCCESS"
     assert deliver_message(safe_time, sync, (), task_id="r1", attempt="a1") == "RETRY"
-    broker = Broker(safe_time, sync.name)
-    before_task_publish.connect(broker.on_publish, weak=False)
-    try:
+    with broker_of(safe_time, sync) as broker:
         states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
         assert states == ["RETRY"]  # the body ran and called retry()
         assert [h.get(C.HEADER_DELIVERY) for _, h, _ in broker.waiting] == [None]
         safe_time.advance(5)
         assert broker.deliver_due(sync) == 1  # a new call through the rate: it waits for the next place
-    finally:
-        before_task_publish.disconnect(broker.on_publish)
     states = [r.state for r in safe_time.run_due(advance=timedelta(hours=1), propagate=False)]
     assert states == ["SUCCESS"]
     assert ran == ["r0:0", "r1:0", "r1:1"]

@@ -65,11 +65,19 @@ GATES = [
     Gate("idempotent", lambda: idempotent("idem:{n}", ttl=60, retry_after=5)),
     Gate("stored_delay", send_options={"countdown": 5}),
     Gate("unique", task_options={"unique": "u:{n}"}, send_options={"countdown": 1}),
+    Gate(
+        "unique_executing",
+        task_options={"unique": "ue:{n}", "unique_until": "executing"},
+        send_options={"countdown": 1},
+    ),
     Gate("debounce", send_options={"debounce": 10, "debounce_key": "d:{n}"}),
 ]
 
 #: Pairs refused at the call, with the error that names why.
-REFUSED: dict[frozenset[str], type[Exception]] = {frozenset({"unique", "debounce"}): DebounceError}
+REFUSED: dict[frozenset[str], type[Exception]] = {
+    frozenset({"unique", "debounce"}): DebounceError,
+    frozenset({"unique_executing", "debounce"}): DebounceError,
+}
 
 #: What happens to each call's first run:
 #: ``none``; ``redelivery``: the broker hands the message out again while it runs (acks_late past the

@@ -20,9 +20,6 @@ APP = "tests.apps.locks_app"
 RUNS = "test:locks:runs"
 SIGNALS = "test:locks:signals"
 STARTS = "test:locks:starts"
-#: Redis broker options for redelivery tests: unacked messages come back ``visibility_timeout``
-#: seconds after delivery, and the worker looks for them every second (kombu: every 100 s).
-FAST_RESTORE = {"unacked_restore_interval": 1, "unacked_restore_throttle": 1}
 
 
 def start_worker(
@@ -61,7 +58,7 @@ def broker_env(
         options.pop("safe_time_redis_url")
         options.update(coordination)
     if broker_url.startswith("redis") and visibility_timeout is not None:
-        options["broker_transport_options"] = {"visibility_timeout": visibility_timeout, **FAST_RESTORE}
+        options["broker_transport_options"] = {"visibility_timeout": visibility_timeout, **services.REDIS_FAST_RESTORE}
     if broker_url.startswith("sqs"):
         extra = {} if visibility_timeout is None else {"visibility_timeout": visibility_timeout}
         options.update(services.broker_conf(broker_url, **extra))

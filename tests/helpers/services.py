@@ -723,6 +723,17 @@ class SqsEndpoint:
         self.proc = None
 
 
+#: Redis broker options for tests that kill or stall workers. kombu looks for unacked messages past
+#: their ``visibility_timeout`` every second (by default every 100 s). Its restore scan holds a Redis
+#: mutex that expires in 5 s (by default 300 s): a worker killed -9 during a scan keeps it until then,
+#: and no worker restores anything meanwhile.
+REDIS_FAST_RESTORE: dict[str, Any] = {
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
+    "unacked_mutex_expire": 5,
+}
+
+
 def sqs_transport_options(prefix: str, **extra: Any) -> dict[str, Any]:
     """kombu's SQS transport options for the local endpoint: a 10 s visibility timeout, short polls,
     and a queue name prefix of the test's own."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults.test_soak import never_received, store_outages
+from tests.faults.test_soak import RECORD_SLACK, never_received, store_outages, unrecorded_at
 
 
 def test_store_outages_pair_each_cut_or_restart_with_its_return() -> None:
@@ -17,6 +17,37 @@ def test_store_outages_pair_each_cut_or_restart_with_its_return() -> None:
         (40.0, "pg-unreachable for 9.0s"),
     ]
     assert store_outages(list(reversed(events))) == [(12.0, 15.0), (20.0, 23.5), (30.0, 33.0), (40.0, float("inf"))]
+
+
+def test_outages_closer_than_the_bridge_count_as_one() -> None:
+    events = [
+        (14.0, "pg-restart-fast (pg_ctl stop -m fast, 3.8s down, start: every connection dropped)"),
+        (18.0, "pg-back after -m fast"),
+        (19.4, "pg-unreachable for 10.2s"),
+        (30.0, "pg-back"),
+        (40.0, "pg-stalled for 3.0s (the proxy stops forwarding on every open connection)"),
+        (43.0, "pg-back after the stall"),
+    ]
+    assert store_outages(events, bridge=RECORD_SLACK) == [(14.0, 30.0), (40.0, 43.0)]
+    assert store_outages(events) == [(14.0, 18.0), (19.4, 30.0), (40.0, 43.0)]
+
+
+def test_an_end_recorded_in_the_background_is_unrecorded_until_the_store_is_back_for_good() -> None:
+    """Seed 699458 (postgres, amqp): a body ended at 14.65 while the store restarted (14 to 18); the
+    store was back for 1.4 s, then cut again until 30; the worker retrying the end record in the
+    background every 2 s missed that window and was killed at 31: its run is re-run (acks_late)."""
+    events = [
+        (14.0, "pg-restart-fast (pg_ctl stop -m fast, 3.8s down, start: every connection dropped)"),
+        (18.0, "pg-back after -m fast"),
+        (19.4, "pg-unreachable for 10.2s"),
+        (30.0, "pg-back"),
+    ]
+    bridged = store_outages(events, bridge=RECORD_SLACK)
+    assert unrecorded_at(31.0, 14.65, bridged)
+    assert not unrecorded_at(31.0, 14.65, store_outages(events))
+    # once the store is back for longer than a retry, the end is recorded
+    assert not unrecorded_at(34.0, 14.65, bridged)
+    assert not unrecorded_at(10.0, 14.65, bridged)
 
 
 def test_no_store_fault_no_outage() -> None:

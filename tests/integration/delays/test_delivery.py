@@ -42,8 +42,7 @@ BASE_CONF: dict[str, Any] = {
     "safe_time_delivery_grace": 3,
     "broker_transport_options": {
         "visibility_timeout": VISIBILITY_TIMEOUT,
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
+        **services.REDIS_FAST_RESTORE,
     },
 }
 

@@ -22,7 +22,7 @@ from tests.apps.delays_tasks import define_tasks
 from tests.faults.proxy import proxy_for
 from tests.helpers.delays import DELAYS_APP, finished_row, fresh_sql_store, new_delay, runs
 from tests.helpers.processes import CeleryProcess, ProcessManager, wait_for
-from tests.helpers.services import RedisServer, broker_conf
+from tests.helpers.services import REDIS_FAST_RESTORE, RedisServer, broker_conf
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 #: kombu 5.7 scans for expired unacked messages every interval x throttle (100 s by default):
 #: scan every second so the redelivery shows up in seconds instead of minutes.
 CONF: dict[str, Any] = {
-    "broker_transport_options": {"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
+    "broker_transport_options": {"visibility_timeout": 3, **REDIS_FAST_RESTORE},
     "safe_time_sweep_interval": 1,
 }
 

@@ -59,7 +59,7 @@ def test_rate_limit_waits_past_the_visibility_timeout_run_each_call_once(
         "safe_time_store_url": sqlite_url,
     }
     if broker_url.startswith("redis"):
-        conf["broker_transport_options"] = {"visibility_timeout": VISIBILITY_TIMEOUT, **h.FAST_RESTORE}
+        conf["broker_transport_options"] = {"visibility_timeout": VISIBILITY_TIMEOUT, **services.REDIS_FAST_RESTORE}
     elif broker_url.startswith("sqs"):
         # SQS hands a message held past its visibility timeout out again by itself
         conf.update(services.broker_conf(broker_url, visibility_timeout=VISIBILITY_TIMEOUT))

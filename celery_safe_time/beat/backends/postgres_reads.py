@@ -89,8 +89,11 @@ class PostgresReads(BeatBackend):
         if not present:
             with self.engine().begin() as conn:
                 conn.execute(_QUERIES["schema_lock"], {"key": C.BEAT_SCHEMA_LOCK_KEY})
-                for statement in DDL:
-                    conn.execute(sa.text(statement))
+                # Asked again under the lock: the beat that held it may have made the whole schema
+                # while this one waited, and DDL run beside its writers deadlocks with them.
+                if not conn.execute(_QUERIES["schema_present"], SCHEMA_OBJECTS).scalar_one():
+                    for statement in DDL:
+                        conn.execute(sa.text(statement))
         self._tables_ready = True
 
     def _p(self, **extra: Any) -> dict[str, Any]:

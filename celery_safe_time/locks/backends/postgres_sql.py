@@ -44,15 +44,20 @@ def ensure_schema(engine: sa.Engine) -> bool:
         if key in _ready:
             return False
         with engine.connect() as conn:
-            if not conn.execute(sa.text(QUERIES["schema_present"])).scalar_one():
+            present = sa.text(QUERIES["schema_present"])
+            if not conn.execute(present).scalar_one():
                 conn.execute(sa.text("BEGIN"))
                 conn.execute(sa.text(QUERIES["schema_lock"]), {"key": SCHEMA_LOCK_KEY})
-                # The driver's own execute: no parameters, so no placeholder parsing of ``%ROWTYPE``.
-                driver = conn.connection.driver_connection
-                assert driver is not None
-                for statement in SCHEMA:
-                    driver.execute(statement)
+                # Asked again under the lock: a process that took it first may have made the schema,
+                # and its DDL run again beside that process's lock calls deadlocks with them (a
+                # CREATE INDEX IF NOT EXISTS waits for its table's SHARE lock even when the index exists).
+                if not conn.execute(present).scalar_one():
+                    # The driver's own execute: no parameters, so no placeholder parsing of ``%ROWTYPE``.
+                    driver = conn.connection.driver_connection
+                    assert driver is not None
+                    for statement in SCHEMA:
+                        driver.execute(statement)
+                    created = True
                 conn.execute(sa.text("COMMIT"))
-                created = True
         _ready.add(key)
     return created

@@ -11,8 +11,13 @@
 
 -- Schema: whether this database has the current functions (ensure_schema creates them when not),
 -- and the transaction lock that serialises their creation between processes.
+-- It reads pg_proc itself: to_regproc answers from a cache that keeps an earlier "absent" for the
+-- rest of the transaction, and ensure_schema asks again under the lock, where it must see a schema
+-- another process made while this one waited.
 -- name: schema_present
-SELECT to_regproc('safe_time_lock_take') IS NOT NULL AND to_regproc('safe_time_rate_admit') IS NOT NULL
+SELECT count(DISTINCT p.proname) = 2
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE p.proname IN ('safe_time_lock_take', 'safe_time_rate_admit') AND n.nspname = ANY (current_schemas(false))
 
 -- name: schema_lock
 SELECT pg_advisory_xact_lock(:key)

@@ -14,6 +14,7 @@ from celery_safe_time.beat.leader import LeaderKeeper
 from celery_safe_time.clock import RedisClock
 from celery_safe_time.config import get_config
 from tests.helpers.processes import wait_for
+from tests.helpers.services import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -66,10 +67,23 @@ def test_write_slots_one_round_trip_same_verdicts(make_app: Any, redis_client: r
     assert redis_client.hget("safe_time:beat:state", "z") == b'{"last": 300}'
     assert b.write_slots(epoch, [SlotWrite("z", "{}", 320.0, 310.0), SlotWrite("y", "{}", 210.0)]) == [-1, -1]
     assert redis_client.zscore("safe_time:beat:due", "y") == 205.0  # the standby wrote nothing
-    # Redis lost its scripts (restart, SCRIPT FLUSH): NOSCRIPT replies are loaded and re-run once.
-    redis_client.script_flush()
-    assert a.write_slots(epoch, [SlotWrite("z", "{}", 320.0, 310.0), SlotWrite("z", "{}", 320.0, 300.0)]) == [1, 0]
-    assert redis_client.zscore("safe_time:beat:due", "z") == 320.0
+
+
+def test_write_slots_after_redis_lost_its_scripts(make_app: Any, redis_server: RedisServer) -> None:
+    """Redis lost its scripts (a restart, ``SCRIPT FLUSH``): NOSCRIPT replies are loaded and run again
+    once. On a server of its own: ``SCRIPT FLUSH`` reaches every client of a server."""
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        a = _lease(make_app, client)
+        epoch = a.acquire(0.0)
+        assert epoch is not None
+        assert a.write_slots(epoch, [SlotWrite("z", '{"last": 300}', 310.0, 300.0)]) == [1]
+        client.script_flush()
+        writes = [SlotWrite("z", "{}", 320.0, 310.0), SlotWrite("z", "{}", 320.0, 300.0)]
+        assert a.write_slots(epoch, writes) == [1, 0]
+        assert client.zscore("safe_time:beat:due", "z") == 320.0
+    finally:
+        client.close()
 
 
 def test_keeper_signals_and_steps_down(make_app: Any, redis_client: redis.Redis) -> None:

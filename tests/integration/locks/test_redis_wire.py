@@ -32,6 +32,15 @@ def client(redis_url: str, request: pytest.FixtureRequest) -> Iterator[redis.Red
     made.close()
 
 
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def own_client(redis_server: services.RedisServer, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A client of a redis-server this test owns: ``SCRIPT FLUSH`` empties the script cache of the
+    whole server, so on the shared one it would fail other tests' calls running at that moment."""
+    made = redis.Redis.from_url(redis_server.url, protocol=request.param, socket_timeout=5)
+    yield made
+    made.close()
+
+
 def test_lean_calls_answer_as_redis_py_script_does(client: redis.Redis) -> None:
     acquire = load_script(SCRIPT_PACKAGE, "acquire")
     answers = {}
@@ -50,10 +59,10 @@ def test_lean_calls_answer_as_redis_py_script_does(client: redis.Redis) -> None:
     )
 
 
-def test_a_script_redis_forgot_is_loaded_and_the_next_call_is_lean_again(client: redis.Redis) -> None:
-    echo = LeanScript(client, ECHO)
+def test_a_script_redis_forgot_is_loaded_and_the_next_call_is_lean_again(own_client: redis.Redis) -> None:
+    echo = LeanScript(own_client, ECHO)
     assert echo(["k", "n"], ["a", 1]) == [b"k", b"a", 1, 1]
-    client.script_flush()
+    own_client.script_flush()
     assert echo(["k", "n"], ["b", 2]) == [b"k", b"b", 2, 2]
     assert echo(["k", "n"], ["c", 3]) == [b"k", b"c", 3, 3]
 
@@ -204,23 +213,23 @@ def test_a_posted_call_is_answered_before_the_next_call(client: redis.Redis) -> 
     assert len(answers.told) == 2
 
 
-def test_a_posted_call_redis_refused_runs_again_on_redis_pys_path(client: redis.Redis) -> None:
-    echo = LeanScript(client, ECHO)
+def test_a_posted_call_redis_refused_runs_again_on_redis_pys_path(own_client: redis.Redis) -> None:
+    echo = LeanScript(own_client, ECHO)
     answers = Answers()
-    client.script_flush()
+    own_client.script_flush()
     echo.post(["k", "n"], ["a", 1], answers)  # NOSCRIPT: not run
     assert echo(["k", "n"], ["b", 2])[3] == 2
     assert answers.told == [([b"k", b"a", 1, 1], None)]
-    assert int(client.get("n") or 0) == 2
+    assert int(own_client.get("n") or 0) == 2
 
 
-def test_settle_posted_answers_every_call_this_thread_posted_and_nothing_else(client: redis.Redis) -> None:
+def test_settle_posted_answers_every_call_this_thread_posted_and_nothing_else(own_client: redis.Redis) -> None:
     """What the worker runs after each task: a posted call Redis refused (``NOSCRIPT``) runs again now,
     with no later call needed; another thread's posted call is left to that thread."""
-    echo = LeanScript(client, ECHO)
-    other = LeanScript(redis.Redis(connection_pool=client.connection_pool), ECHO)
+    echo = LeanScript(own_client, ECHO)
+    other = LeanScript(redis.Redis(connection_pool=own_client.connection_pool), ECHO)
     answers = Answers()
-    client.script_flush()
+    own_client.script_flush()
     echo.post(["k", "n"], ["a", 1], answers)  # NOSCRIPT: not run yet
     other.post(["k", "m"], ["b", 2], answers)
     elsewhere = Answers()
@@ -229,7 +238,7 @@ def test_settle_posted_answers_every_call_this_thread_posted_and_nothing_else(cl
     thread.join()
     settle_posted()
     assert sorted(answers.told) == [([b"k", b"a", 1, 1], None), ([b"k", b"b", 2, 1], None)]
-    assert int(client.get("n") or 0) == 1
+    assert int(own_client.get("n") or 0) == 1
     assert elsewhere.told == []
     settle_posted()  # nothing left to read
     assert len(answers.told) == 2

@@ -19,12 +19,18 @@ def test_store_outages_pair_each_cut_or_restart_with_its_return() -> None:
     assert store_outages(list(reversed(events))) == [(12.0, 15.0), (20.0, 23.5), (30.0, 33.0), (40.0, float("inf"))]
 
 
+#: Seed 699458 (postgres, amqp): the store restarted (14 to 18), was back for 1.4 s, then cut until 30.
+TWO_OUTAGES_APART_1_4_S = [
+    (14.0, "pg-restart-fast (pg_ctl stop -m fast, 3.8s down, start: every connection dropped)"),
+    (18.0, "pg-back after -m fast"),
+    (19.4, "pg-unreachable for 10.2s"),
+    (30.0, "pg-back"),
+]
+
+
 def test_outages_closer_than_the_bridge_count_as_one() -> None:
     events = [
-        (14.0, "pg-restart-fast (pg_ctl stop -m fast, 3.8s down, start: every connection dropped)"),
-        (18.0, "pg-back after -m fast"),
-        (19.4, "pg-unreachable for 10.2s"),
-        (30.0, "pg-back"),
+        *TWO_OUTAGES_APART_1_4_S,
         (40.0, "pg-stalled for 3.0s (the proxy stops forwarding on every open connection)"),
         (43.0, "pg-back after the stall"),
     ]
@@ -36,12 +42,7 @@ def test_an_end_recorded_in_the_background_is_unrecorded_until_the_store_is_back
     """Seed 699458 (postgres, amqp): a body ended at 14.65 while the store restarted (14 to 18); the
     store was back for 1.4 s, then cut again until 30; the worker retrying the end record in the
     background every 2 s missed that window and was killed at 31: its run is re-run (acks_late)."""
-    events = [
-        (14.0, "pg-restart-fast (pg_ctl stop -m fast, 3.8s down, start: every connection dropped)"),
-        (18.0, "pg-back after -m fast"),
-        (19.4, "pg-unreachable for 10.2s"),
-        (30.0, "pg-back"),
-    ]
+    events = TWO_OUTAGES_APART_1_4_S
     bridged = store_outages(events, bridge=RECORD_SLACK)
     assert unrecorded_at(31.0, 14.65, bridged)
     assert not unrecorded_at(31.0, 14.65, store_outages(events))

@@ -12,7 +12,8 @@ BROKER ?= redis
 # database of the machine's PostgreSQL; with BROKER=amqp too, no Redis process at all.
 COORD ?= redis
 # Most tests wait on real processes (leases, ttls, workers starting, countdowns): six pytest workers
-# keep the two cores 86-87% busy and end the run in about 850 s (five: 76%, 941 s; docs/benchmarks.md).
+# keep the two cores 76-87% busy and end the run in 756-850 s on a quiet machine (five: 76%, 941 s;
+# docs/benchmarks.md).
 # Tests go out longest first
 # (tests/durations.json, sorted in tests/conftest.py), one at a time as workers free up (--dist load
 # --maxschedchunk 1: a worker holds at most two ahead), so no long test starts last and holds the

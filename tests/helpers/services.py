@@ -9,6 +9,7 @@ to install.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -411,60 +412,105 @@ def _rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
 
+#: Vhosts made by one ``rabbitmqctl`` call. Every call boots an Erlang VM (0.3-0.5 CPU-seconds); a
+#: pytest process of ``make test`` takes about nine vhosts, and three calls a vhost (add, permissions,
+#: delete) were 176 VMs and 56 CPU-seconds of a run (docs/benchmarks.md).
+VHOST_BATCH = 4
+_ACTING_USER = "safe-time-tests"
+
+
+def _erlang_binary(text: str) -> str:
+    return '<<"' + text + '">>'
+
+
+def vhost_changes(create: Sequence[str], delete: Sequence[str]) -> str:
+    """One Erlang expression for ``rabbitmqctl eval``: delete ``delete`` (one gone already is no
+    error), then add ``create`` with every permission for ``guest``. A failed add is an error."""
+    acting = _erlang_binary(_ACTING_USER)
+    calls = [f"(catch rabbit_vhost:delete({_erlang_binary(name)}, {acting}))" for name in delete]
+    for name in create:
+        vhost = _erlang_binary(name)
+        calls.append(f"ok = rabbit_vhost:add({vhost}, {acting})")
+        calls.append(
+            f'ok = rabbit_auth_backend_internal:set_permissions(<<"guest">>, {vhost}, '
+            f'<<".*">>, <<".*">>, <<".*">>, {acting})'
+        )
+    return ", ".join([*calls, "ok"]) + "."
+
+
+def change_vhosts(create: Sequence[str], delete: Sequence[str]) -> None:
+    """Delete and add vhosts on the machine's RabbitMQ in one ``rabbitmqctl`` call."""
+    try:
+        _rabbitmqctl("eval", vhost_changes(create, delete))
+    except subprocess.CalledProcessError:
+        # A RabbitMQ whose internal functions differ: the documented commands, one call each.
+        for name in delete:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                _rabbitmqctl("delete_vhost", name)
+        for name in create:
+            _rabbitmqctl("add_vhost", name)
+            _rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+
+
 class RabbitVhost:
-    """A vhost of its own on the machine's RabbitMQ, so nothing leaks between tests; deleted afterwards."""
+    """A vhost of its own on the machine's RabbitMQ, so nothing leaks between tests."""
 
     def __init__(self, base_url: str = DEFAULT_AMQP_URL) -> None:
         self.name = f"safe-time-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         parts = urlsplit(base_url)
         self.url = urlunsplit((parts.scheme, parts.netloc, "/" + self.name, "", ""))
 
-    def create(self) -> RabbitVhost:
-        _rabbitmqctl("add_vhost", self.name)
-        _rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
-        return self
-
-    def delete(self) -> None:
-        try:
-            _rabbitmqctl("delete_vhost", self.name)
-        except (subprocess.SubprocessError, OSError):
-            pass
-
 
 class RabbitVhosts:
-    """Vhosts of the machine's RabbitMQ handed out one per test, each made before the test asks for it
-    and deleted after the test ends, in a thread of their own: every ``rabbitmqctl`` call boots an
-    Erlang VM (about a second on two busy cores; three per vhost), and no test needs to wait on them.
-    Each test still gets a new, empty vhost of its own."""
+    """Vhosts of the machine's RabbitMQ handed out one per test: made :data:`VHOST_BATCH` at a time,
+    the next batch while a test uses the last of one, in a thread of their own so no test waits on
+    ``rabbitmqctl``; the vhosts tests gave back are deleted by the next batch's call and at
+    :meth:`close`. Each test still gets a new, empty vhost of its own."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
-        # One thread: the calls run in order, so a vhost is deleted before the one after next is made.
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabbit-vhosts")
-        self._ahead: Future[RabbitVhost] | None = None
+        self._ready: list[RabbitVhost] = []
+        self._ahead: Future[list[RabbitVhost]] | None = None
+        self._given_back: list[RabbitVhost] = []
 
-    def _create(self) -> RabbitVhost:
-        return RabbitVhost(self.base_url).create()
+    def _make(self, delete: list[RabbitVhost]) -> list[RabbitVhost]:
+        made = [RabbitVhost(self.base_url) for _ in range(VHOST_BATCH)]
+        change_vhosts([vhost.name for vhost in made], [vhost.name for vhost in delete])
+        return made
+
+    def _make_ahead(self) -> None:
+        delete, self._given_back = self._given_back, []
+        self._ahead = self._calls.submit(self._make, delete)
 
     def take(self) -> RabbitVhost:
-        """A new vhost (made ahead when one was asked for before); the next one starts being made."""
-        ahead = self._ahead
-        self._ahead = self._calls.submit(self._create)
-        return ahead.result() if ahead is not None else self._create()
+        """A new vhost; when it is the last one made, the next batch starts being made."""
+        if not self._ready:
+            if self._ahead is None:
+                self._make_ahead()
+            assert self._ahead is not None
+            ahead, self._ahead = self._ahead, None
+            self._ready = ahead.result()
+        vhost = self._ready.pop()
+        if not self._ready:
+            self._make_ahead()
+        return vhost
 
     def give_back(self, vhost: RabbitVhost) -> None:
-        """Delete ``vhost`` in the background (the test is done with it)."""
-        self._calls.submit(vhost.delete)
+        """``vhost`` is done with: the next ``rabbitmqctl`` call deletes it."""
+        self._given_back.append(vhost)
 
     def close(self) -> None:
-        """Delete the vhost made ahead, if any, and wait for every pending call."""
+        """Delete every vhost made or given back, and wait for the pending call."""
+        leftover = self._ready + self._given_back
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and not ahead.cancel():  # not made yet: never made
-            try:
-                ahead.result().delete()
-            except (subprocess.SubprocessError, OSError):
-                pass
+        if ahead is not None:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                leftover += ahead.result()
         self._calls.shutdown(wait=True)
+        if leftover:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                change_vhosts([], [vhost.name for vhost in leftover])
 
 
 def resolve_amqp_base() -> str:

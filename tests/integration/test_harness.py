@@ -84,3 +84,37 @@ def test_processes_a_killed_pytest_process_started_do_not_outlive_it(tmp_path) -
     pytest_like.send_signal(signal.SIGKILL)
     pytest_like.wait(10)
     wait_for(lambda: not alive(child), 15, message="the forked celery process to be stopped with its pytest process")
+
+
+def _live_test_vhosts() -> set[str]:
+    import subprocess
+
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_vhosts"], capture_output=True, text=True, check=True).stdout
+    return {name for name in listed.split() if name.startswith("safe-time-")}
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["eval", "documented-commands"])
+def test_rabbit_vhosts_are_made_in_batches_each_usable_and_none_left_behind(
+    one_call: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kombu import Connection
+
+    from tests.helpers import services
+
+    if not one_call:
+        # what a RabbitMQ whose internal functions differ answers to the eval call
+        monkeypatch.setattr(services, "vhost_changes", lambda create, delete: "no_such_module:call().")
+    vhosts = services.RabbitVhosts(services.resolve_amqp_base())
+    try:
+        taken = [vhosts.take() for _ in range(services.VHOST_BATCH + 1)]  # two batches
+        made = {vhost.name for vhost in [*taken, *vhosts._ready]}
+        assert len(made) == 2 * services.VHOST_BATCH
+        assert made <= _live_test_vhosts()
+        for vhost in (taken[0], taken[-1]):
+            with Connection(vhost.url, connect_timeout=5) as conn:
+                conn.ensure_connection(max_retries=1)
+        for vhost in taken:
+            vhosts.give_back(vhost)
+    finally:
+        vhosts.close()
+    assert not made & _live_test_vhosts()

@@ -368,6 +368,29 @@ def test_a_running_row_is_replaced_by_its_own_retry(any_store: DelayStore) -> No
     assert not any_store.finish("retrying", token, "run-1", C.OUTCOME_RETRIED)  # the old run's end is moot
 
 
+def test_a_row_published_again_waits_twice_as_long_before_its_next_copy(any_store: DelayStore) -> None:
+    # A row whose message sits behind a backlog looks lost too: each further copy waits twice as long.
+    grace = 0.3
+    any_store.insert(new_delay("backlogged", any_store.now() - timedelta(seconds=1)))
+    waits = []
+    for claim in ("c1", "c2", "c3"):
+        (row,) = any_store.claim_due(limit=10, lookahead=0, token=claim)
+        assert any_store.mark_sent(["backlogged"], claim) == 1
+        sent = time.monotonic()
+        while not any_store.requeue_unstarted(grace=grace):
+            assert time.monotonic() - sent < 30, f"copy {row.attempts} never published again"
+            time.sleep(0.02)
+        waits.append(time.monotonic() - sent)
+    # The store republishes only once its own clock has passed the wait; the test's clock started
+    # before the row was marked sent, so each measured wait is at least that long.
+    assert waits[0] >= grace
+    assert waits[1] >= 2 * grace
+    assert waits[2] >= 4 * grace
+    row = any_store.get("backlogged")
+    assert row is not None
+    assert (row.status, row.attempts) == (C.STATUS_PENDING, 3)
+
+
 def test_delivery_confirmation_requeues_unstarted_and_ends_stale_rows(any_store: DelayStore) -> None:
     any_store.insert(new_delay("unstarted", any_store.now() - timedelta(seconds=1)))
     any_store.claim_due(limit=10, lookahead=0, token="c1")

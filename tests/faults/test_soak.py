@@ -88,7 +88,11 @@ class Sizes:
     lock_keys: int
     idem_keys: int
     pg_outage: tuple[float, float]
+    #: seconds the drain may go on without one more call or row ending: a backlog still shrinking is
+    #: late, not lost; one that stops shrinking is stuck
     drain: float
+    #: seconds the drain may take at most, shrinking or not
+    drain_cap: float
     #: seconds the store's proxy stops forwarding on every open connection (new ones pass)
     pg_stall: tuple[float, float] = (1.5, 3.5)
     #: calls of each stacked task (tests/apps/faults_app.py), sent in bursts of one key
@@ -105,6 +109,7 @@ SHORT = Sizes(
     idem_keys=40,
     pg_outage=(10, 14),
     drain=100,
+    drain_cap=100,
 )
 LONG = Sizes(
     fault_phase=600,
@@ -115,7 +120,8 @@ LONG = Sizes(
     lock_keys=20,
     idem_keys=300,
     pg_outage=(10, 30),
-    drain=240,
+    drain=120,
+    drain_cap=1200,
     stacked_calls=300,
 )
 SIZES = LONG if SOAK else SHORT
@@ -344,15 +350,18 @@ def stacked_task_id(kind: str, n: int) -> str:
     return f"faults-{kind}-{n:05d}"
 
 
-def lost_in_redis_fetch(missing: set[int], worker_logs: str, kills: list[float], now: float, broker: str) -> set[int]:
+def lost_in_redis_fetch(
+    missing: set[int], held: set[str], worker_logs: str, kills: list[float], now: float, broker: str
+) -> set[int]:
     """The locked tasks (of ``missing``) that kombu's Redis transport lost with a killed worker: no
-    worker ever logged receiving one, and a worker was killed -9 more than a visibility timeout ago
-    (a message it had fetched and recorded as unacked is restored by then). Its BRPOP takes the
+    worker ever logged receiving one, the broker no longer holds it (``held``: :func:`broker_held`),
+    and a worker was killed -9 more than a visibility timeout ago (a message it had fetched and
+    recorded as unacked is restored by then). Its BRPOP takes the
     message off the queue before the unacked record is written, one round trip later: a kill -9 in
     between loses the message (RabbitMQ keeps it until the ack, so nothing is admitted there).
     Plain Celery on the Redis broker has the same window; stored delays do not (the delivery grace
     publishes them again)."""
-    lost = never_received({locked_task_id(n) for n in missing}, worker_logs, kills, now, broker)
+    lost = never_received({locked_task_id(n) for n in missing}, held, worker_logs, kills, now, broker)
     return {n for n in missing if locked_task_id(n) in lost}
 
 
@@ -360,7 +369,9 @@ def lost_in_redis_fetch(missing: set[int], worker_logs: str, kills: list[float],
 LOGGED_TASK = re.compile(r"^\[(?P<at>[\d-]+ [\d:,]+): [^]]*\] Task [\w.]+\[(?P<id>[^]]+)\] (?P<what>received|retry:)")
 
 
-def never_received(task_ids: set[str], worker_logs: str, kills: list[float], now: float, broker: str) -> set[str]:
+def never_received(
+    task_ids: set[str], held: set[str], worker_logs: str, kills: list[float], now: float, broker: str
+) -> set[str]:
     """:func:`lost_in_redis_fetch` by task id: the last copy of each call that a worker sent to the
     broker was never received (its first message, or the copy a gate re-queued with ``retry``: Redis
     pops a message for a ``BRPOP`` already sent, and a consumer killed before it reads the reply loses
@@ -375,7 +386,28 @@ def never_received(task_ids: set[str], worker_logs: str, kills: list[float], now
             continue
         seen = received if found["what"] == "received" else requeued
         seen[found["id"]] = max(seen.get(found["id"], ""), found["at"])
-    return {tid for tid in task_ids if tid not in received or requeued.get(tid, "") > received[tid]}
+    return {
+        tid for tid in task_ids if tid not in held and (tid not in received or requeued.get(tid, "") > received[tid])
+    }
+
+
+def broker_held(broker_url: str) -> set[str]:
+    """The task ids whose messages kombu's Redis transport still holds: in a queue's list (its
+    priority lists too), or fetched by a worker and recorded as unacked (restored to the queue after
+    the visibility timeout if the worker dies)."""
+    with redis.Redis.from_url(broker_url) as broker:
+        raws = [raw for key in broker.scan_iter(_type="list") for raw in broker.lrange(key, 0, -1)]
+        raws += [json.loads(raw)[0] for raw in broker.hvals("unacked")]
+    held = set()
+    for raw in raws:
+        try:
+            message = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+        except ValueError:  # a list of something else in the broker's database
+            continue
+        task_id = message.get("headers", {}).get("id") if isinstance(message, dict) else None
+        if task_id:
+            held.add(task_id)
+    return held
 
 
 def worker_logs(processes: ProcessManager) -> str:
@@ -988,7 +1020,7 @@ def assert_no_redis(conf: dict[str, Any], env: dict[str, str]) -> None:
     assert "redis" not in given.lower(), f"a Redis in the settings of a run that must have none: {given}"
 
 
-@pytest.mark.timeout(1500 if SOAK else 290)
+@pytest.mark.timeout(2100 if SOAK else 290)
 def test_combined_faults_nothing_lost_nothing_twice(
     scenario: Setup,
     capsys: pytest.CaptureFixture[str],
@@ -1121,63 +1153,75 @@ def test_combined_faults_nothing_lost_nothing_twice(
     fetch_lost: set[int] = set()  # locked tasks lost in the Redis transport's fetch window (admitted)
     stacked_fetch_lost: set[str] = set()  # the same for stacked calls and the stacked entry's slots
 
-    def drained() -> bool:
+    def open_work() -> tuple[int, int]:
+        """(calls and rows still to end, calls and rows ended so far)."""
         counts = direct.counts()
         now = direct.now()
+        expected_stacked = stacked_expected(scenario, load, fault_end_wall)
         # every row due before the far ones (a day out) ran to its end: none pending, claimed, sent, started
-        # (a stacked call's wait past the delay threshold is a stored row too)
+        # (a stacked call's wait past the delay threshold is a stored row too; beat keeps publishing the
+        # stacked entry, whose slots after the faults are not waited for)
         open_rows = [
             r
             for r in direct.list(limit=1_000_000)
             if r.status in (C.STATUS_PENDING, C.STATUS_CLAIMED, C.STATUS_SENT, C.STATUS_STARTED)
             and r.due_at <= now + timedelta(hours=1)
+            and (r.task != SCHEDULE[STACKED_ENTRY]["task"] or r.id in expected_stacked)
         ]
         locked_done = {r["n"] for r in scenario.records("lock") if r["outcome"] == "finished"}
-        missing = set(range(SIZES.locked)) - locked_done
-        if missing:
-            worker_kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
-            fetch_lost.clear()
-            fetch_lost.update(
-                lost_in_redis_fetch(missing, worker_logs(processes), worker_kills, time.time(), run.broker)
-            )
-            locked_done |= fetch_lost
         idem_done = {r["key"] for r in scenario.records("idem")}
-        stacked_open = stacked_expected(scenario, load, fault_end_wall) - {
-            r["task_id"] for r in scenario.records("stacked")
-        }
+        stacked_runs = {r["task_id"] for r in scenario.records("stacked")}
+        stacked_open = expected_stacked - stacked_runs
+        missing = set(range(SIZES.locked)) - locked_done
+        fetch_lost.clear()
         stacked_fetch_lost.clear()
-        if stacked_open:
+        if not open_rows and (missing or stacked_open):
+            # Told apart only once the stored backlog is gone (the broker's queues are short by then): a
+            # call still queued, or fetched and recorded as unacked, is late, not lost.
             worker_kills = [t for t, what in faults.events if what.startswith("kill-9 w")]
-            stacked_fetch_lost.update(
-                never_received(stacked_open, worker_logs(processes), worker_kills, time.time(), run.broker)
-            )
-        stacked_open -= stacked_fetch_lost
+            logs = worker_logs(processes)
+            held = broker_held(broker_url) if run.broker == "redis" else set()
+            fetch_lost.update(lost_in_redis_fetch(missing, held, logs, worker_kills, time.time(), run.broker))
+            stacked_fetch_lost.update(never_received(stacked_open, held, logs, worker_kills, time.time(), run.broker))
+        locked_left = missing - fetch_lost
+        stacked_left = stacked_open - stacked_fetch_lost
+        idem_left = set(range(SIZES.idem_keys)) - idem_done
         drain_state.update(
-            stacked_missing=sorted(stacked_open)[:5],
+            stacked_missing=sorted(stacked_left)[:5],
             open_rows=[(r.id, r.status, str(r.due_at)) for r in open_rows[:5]],
+            open_row_count=len(open_rows),
             claimed=counts[C.STATUS_CLAIMED],
             started=counts[C.STATUS_STARTED],
-            locked_missing=sorted(set(range(SIZES.locked)) - locked_done)[:5],
-            idem_missing=sorted(set(range(SIZES.idem_keys)) - idem_done)[:5],
+            locked_missing=sorted(locked_left)[:5],
+            idem_missing=sorted(idem_left)[:5],
         )
-        return (
-            not open_rows
-            and len(locked_done) == SIZES.locked
-            and len(idem_done) == SIZES.idem_keys
-            and not stacked_open
-        )
+        left = len(open_rows) + len(locked_left) + len(idem_left) + len(stacked_left)
+        ended = len(scenario.records("delay_end")) + len(locked_done) + len(idem_done) + len(stacked_runs)
+        return left, ended
 
-    try:
-        wait_for(drained, SIZES.drain, interval=1.0, message="the backlog to drain")
-        drain_ok = True
-    except AssertionError:
-        drain_ok = False
-        if broker_url.startswith("redis"):
-            # what kombu's Redis transport still holds back: unacked messages and who may restore them
-            with redis.Redis.from_url(broker_url) as broker:
-                drain_state.update(
-                    broker_unacked=broker.hlen("unacked"), broker_restore_mutex_ttl=broker.ttl("unacked_mutex")
-                )
+    # The load can outrun the workers (four pool processes, paused, killed and cut from the store
+    # for minutes), so the faults may end with a backlog: it must shrink until nothing is left.
+    drain_started = time.monotonic()
+    backlog, ended_before = open_work()
+    last_progress = drain_started
+    drain_ok = backlog == 0
+    while not drain_ok:
+        time.sleep(1.0)
+        left, ended = open_work()
+        now_m = time.monotonic()
+        if ended > ended_before:
+            ended_before, last_progress = ended, now_m
+        if left == 0:
+            drain_ok = True
+        elif now_m - last_progress > SIZES.drain or now_m - drain_started > SIZES.drain_cap:
+            break
+    drain_seconds = time.monotonic() - drain_started
+    if not drain_ok and broker_url.startswith("redis"):
+        # what kombu's Redis transport still holds back: unacked messages and who may restore them
+        with redis.Redis.from_url(broker_url) as broker:
+            drain_state.update(
+                broker_unacked=broker.hlen("unacked"), broker_restore_mutex_ttl=broker.ttl("unacked_mutex")
+            )
     time.sleep(2)
     held_past_ttl = stacked_locks_held(app, scenario.records("stacked"))
     stop.set()
@@ -1466,7 +1510,13 @@ def test_combined_faults_nothing_lost_nothing_twice(
             sum(error_causes.values()),
             ", ".join(f"{k} {v}" for k, v in sorted(error_causes.items())),
         ),
-        ("drained in time", int(drain_ok), ok if drain_ok else "FAIL"),
+        (
+            "calls and rows still to end when the faults ended",
+            backlog,
+            f"all ended {drain_seconds:.0f}s later"
+            if drain_ok
+            else f"FAIL: {drain_state.get('open_row_count')} rows and more still open after {drain_seconds:.0f}s",
+        ),
         (
             "wall time (s)",
             round(time.monotonic() - started_at),
@@ -1535,7 +1585,8 @@ def test_combined_faults_nothing_lost_nothing_twice(
     }
     failures = {k: v for k, v in details.items() if v and k != "sweep_errors_logged"}
     assert drain_ok, (
-        f"the backlog did not drain in {SIZES.drain:g}s\n{report}\n{json.dumps(failures, default=str)}\n"
+        f"the backlog stopped shrinking for {SIZES.drain:g}s or took over {SIZES.drain_cap:g}s\n{report}\n"
+        f"{json.dumps(failures, default=str)}\n"
         f"still open at the timeout: {json.dumps(drain_state, default=str)}"
     )
     assert not failures, f"{report}\n{json.dumps(failures, indent=1, default=str)}"

@@ -56,6 +56,21 @@ def new_delivery_token() -> str:
     return uuid.uuid4().hex
 
 
+#: The wait before a row is published again doubles at most this many times (32 times the grace).
+REPUBLISH_DOUBLINGS = 5
+
+
+def republish_after(grace: float, attempts: int) -> float:
+    """Seconds a row ``sent`` on its ``attempts``-th claim waits unstarted before it is published again.
+
+    ``grace`` after its first publish, then twice the wait before for each copy already sent, up to
+    ``2 ** REPUBLISH_DOUBLINGS`` times ``grace``. A message queued behind a backlog longer than the
+    grace looks lost as well; without the doubling every such row would get another copy every grace,
+    each copy a worker run that only finds the row taken, and the backlog would feed itself.
+    """
+    return grace * float(2 ** min(max(attempts - 1, 0), REPUBLISH_DOUBLINGS))
+
+
 @dataclasses.dataclass(frozen=True)
 class NewDelay:
     """A delayed task about to be stored; times are aware UTC datetimes.
@@ -425,8 +440,9 @@ class DelayStore(abc.ABC):
 
     @abc.abstractmethod
     def requeue_unstarted(self, grace: float) -> int:
-        """Rows ``sent`` more than ``grace`` seconds ago (and due that long ago) and never started go
-        back to pending with the same token: their message was lost, the sweep publishes them again."""
+        """Rows ``sent`` more than :func:`republish_after` seconds ago (``grace`` after their first
+        publish, doubling with each copy), due more than ``grace`` ago and never started go back to
+        pending with the same token: their message was lost, the sweep publishes them again."""
 
     @abc.abstractmethod
     def expired_unstarted(self, limit: int) -> list[DelayRow]:

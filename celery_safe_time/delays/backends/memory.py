@@ -23,6 +23,7 @@ from .base import (
     empty_counts,
     new_delivery_token,
     refused,
+    republish_after,
     rerun_values,
     start_verdict,
     started_values,
@@ -152,7 +153,18 @@ class MemoryStore(DelayStore):
         return self._write_run(task_id, token, run_id, status=C.STATUS_SENT, sent_at=self.now(), suspected_at=None)
 
     def requeue_unstarted(self, grace: float) -> int:
-        return self._back_to_pending(C.STATUS_SENT, ("sent_at", "due_at"), grace)
+        with self._lock:
+            now = self.now()
+            old = [
+                r
+                for r in self._scoped()
+                if r.status == C.STATUS_SENT
+                and (r.sent_at or now) < now - timedelta(seconds=republish_after(grace, r.attempts))
+                and r.due_at < now - timedelta(seconds=grace)
+            ]
+            for row in old:
+                self._replace(row, status=C.STATUS_PENDING)
+            return len(old)
 
     def _back_to_pending(self, status: str, times: tuple[str, ...], seconds: float, **changes: Any) -> int:
         """Rows in ``status`` whose ``times`` are all over ``seconds`` old go back to pending."""

@@ -459,10 +459,21 @@ class SQLStore(DelayStore):
         t = delays
 
         def build(now: datetime) -> sa.Update:
+            # One bound per number of claims (the doublings are few), so every dialect compares plain
+            # timestamps.
+            def sent_before(attempts: int) -> sa.ColumnElement[bool]:
+                return t.c.sent_at < now - timedelta(seconds=base.republish_after(grace, attempts))
+
+            last = base.REPUBLISH_DOUBLINGS + 1
+            waited = sa.or_(
+                sa.and_(t.c.attempts <= 1, sent_before(1)),
+                *(sa.and_(t.c.attempts == n, sent_before(n)) for n in range(2, last)),
+                sa.and_(t.c.attempts >= last, sent_before(last)),
+            )
             cutoff = now - timedelta(seconds=grace)
             return (
                 sa.update(t)
-                .where(status_is(C.STATUS_SENT), t.c.sent_at < cutoff, t.c.due_at < cutoff, self._in_scope())
+                .where(status_is(C.STATUS_SENT), waited, t.c.due_at < cutoff, self._in_scope())
                 .values(status=C.STATUS_PENDING, updated_at=now)
             )
 

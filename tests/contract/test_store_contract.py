@@ -382,10 +382,12 @@ def test_a_row_published_again_waits_twice_as_long_before_its_next_copy(any_stor
             time.sleep(0.02)
         waits.append(time.monotonic() - sent)
     # The store republishes only once its own clock has passed the wait; the test's clock started
-    # before the row was marked sent, so each measured wait is at least that long.
-    assert waits[0] >= grace
-    assert waits[1] >= 2 * grace
-    assert waits[2] >= 4 * grace
+    # before the row was marked sent, so each measured wait is that long but for the stores'
+    # timestamp resolution and the two clocks' drift (SQLite's, milliseconds: 0.297 s for 0.3).
+    slack = 0.05
+    assert waits[0] >= grace - slack
+    assert waits[1] >= 2 * grace - slack
+    assert waits[2] >= 4 * grace - slack
     row = any_store.get("backlogged")
     assert row is not None
     assert (row.status, row.attempts) == (C.STATUS_PENDING, 3)

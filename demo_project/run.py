@@ -711,6 +711,11 @@ def report(demo: Demo, app: Any) -> int:
     slots = Counter(InvoiceRun.objects.values_list("slot", flat=True))
     row(f"invoice slots fired (every {tl.invoice_every:g}s)", "> 0", len(slots), len(slots) > 0)
     row("  slots published twice", "0", sum(n - 1 for n in slots.values()), all(n == 1 for n in slots.values()))
+    for slot in sorted(s for s, n in slots.items() if n > 1):
+        # One task id run twice is the broker delivering a message again; two ids are two publishes.
+        runs = InvoiceRun.objects.filter(slot=slot).order_by("started_at")
+        detail = "; ".join(f"{r.task_id} on {r.hostname} at {r.started_at:%H:%M:%S.%f}" for r in runs)
+        demo.facts.setdefault("notes", []).append(f"slot {slot} ran {len(runs)} times: {detail}")
     failover = demo.facts.get("failover")
     limit = tl.lease + tl.lease / 3
     instants = sorted(datetime.fromisoformat(s).timestamp() for s in slots if s and s[0].isdigit())
@@ -907,6 +912,8 @@ def report(demo: Demo, app: Any) -> int:
         print(f"{what:<{base_width}}{observed}")
     all_ok = all(r[3] for r in rows)
     print()
+    for note in demo.facts.get("notes", []):
+        print(note)
     print("ALL EXPECTATIONS MET" if all_ok else f"SOME EXPECTATIONS FAILED (logs in {demo.var})")
     demo.facts["rows"] = rows
     (demo.var / "report.json").write_text(json.dumps({"rows": rows, "baseline": baseline}, indent=2))

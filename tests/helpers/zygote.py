@@ -105,11 +105,17 @@ def needs_fresh_interpreter(env: dict[str, str]) -> bool:
 
 
 class ForkedProcess:
-    """The part of ``subprocess.Popen`` the tests use, for a process the zygote started."""
+    """The part of ``subprocess.Popen`` the tests use, for a process the zygote started.
+
+    Thread-safe as ``Popen`` is: the soak's fault injector, its supervisor and the test look at one
+    process at once, and two readers of the socket would split the exit line or read it after the
+    other closed the socket (``OSError: Bad file descriptor``). Like ``Popen.poll``, a poll while
+    another thread waits says "still running"."""
 
     def __init__(self, conn: socket.socket) -> None:
         self._conn = conn
         self._reply = b""
+        self._lock = threading.Lock()
         self.returncode: int | None = None
         self.pid = int(self._read_line(None))
 
@@ -129,16 +135,26 @@ class ForkedProcess:
         return line.decode()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
+        if self.returncode is None and self._lock.acquire(blocking=False):
             try:
-                self._finish(0)
+                if self.returncode is None:
+                    self._finish(0)
             except subprocess.TimeoutExpired:
                 pass
+            finally:
+                self._lock.release()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self._finish(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            try:
+                if self.returncode is None:
+                    self._finish(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            finally:
+                self._lock.release()
         assert self.returncode is not None
         return self.returncode
 

@@ -45,6 +45,44 @@ def test_terminate_is_graceful(processes: ProcessManager) -> None:
     assert code == 0
 
 
+def test_a_process_is_watched_and_killed_from_several_threads_at_once(processes: ProcessManager) -> None:
+    """The soak's fault injector kills a process while its supervisor and the test poll it: no
+    thread fails (a second reader of the zygote's socket read it after the first closed it: EBADF),
+    and every thread sees the same exit code."""
+    import threading
+
+    worker = processes.worker("tests.apps.basic", concurrency=1, pool="solo")
+    worker.wait_for_log(r"ready\.", timeout=90)
+    errors: list[BaseException] = []
+    codes: list[int | None] = []
+    start = threading.Barrier(9)
+
+    def poll() -> None:
+        start.wait()
+        try:
+            while worker.alive():
+                pass
+            codes.append(worker.proc.poll() if worker.proc else None)
+        except BaseException as exc:  # any failure of a watcher is the finding
+            errors.append(exc)
+
+    def kill() -> None:
+        start.wait()
+        try:
+            worker.kill()
+            codes.append(worker.wait(5))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=poll) for _ in range(8)] + [threading.Thread(target=kill)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert codes == [-9] * 9
+
+
 def test_processes_a_killed_pytest_process_started_do_not_outlive_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A pytest process killed mid-test leaves no `celery` process behind: the zygote stops the ones
     it started when its pytest process is gone (strays would consume from the next run's queues)."""

@@ -722,7 +722,9 @@ def report(demo: Demo, app: Any) -> int:
     # delivered again (Redis and SQS redeliver a message a worker held unacked past
     # visibility_timeout, prefetched behind busy pool processes): at-least-once delivery, which
     # the idempotent invoices below absorb, not a second publish.
-    published = {slot: len(set(ids)) for slot, ids in _by_slot(InvoiceRun.objects.values_list("slot", "task_id"))}
+    published = {
+        slot: len(set(ids)) for slot, ids in _by_slot(InvoiceRun.objects.values_list("slot", "task_id")).items()
+    }
     row(f"invoice slots fired (every {tl.invoice_every:g}s)", "> 0", len(slots), len(slots) > 0)
     row("  slots published twice", "0", sum(n - 1 for n in published.values()), all(n == 1 for n in published.values()))
     for slot in sorted(s for s, n in slots.items() if n > 1):

@@ -107,7 +107,9 @@ def delay(self: Any, label: str) -> str:
     time.sleep(0.15)
     fault = BODY_FAULTS.get(int(label[1:]) % 40)
     if fault is not None and _first_time(label):
-        _push("delay_given_back", task_id=self.request.id, fault=fault, started=started, worker=worker)
+        _push(
+            "delay_given_back", task_id=self.request.id, fault=fault, started=started, ended=time.time(), worker=worker
+        )
         if fault == "reject":
             raise Reject("given back by the fault scenario", requeue=True)
         if fault == "retry":

@@ -1161,7 +1161,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     # until the beats stopped must still run once, and no new slot competes with them in the drain
     # (a slot every 2 s against a rate of 1 in 1.5 s catches up a backlog at a fraction of its rate).
     cluster.restart_beats({name: spec for name, spec in SCHEDULE.items() if name != STACKED_ENTRY})
-    fault_end_wall = time.time()  # no beat publishes a slot of the stacked entry from here on
+    entry_dropped_at = time.time()  # no beat publishes a slot of the stacked entry from here on
     wait_for(cluster.started_or_exited, 120, interval=0.5, message="every beat started again")
     wait_for(cluster.leader_role, 60, message="a beat leader after the restart")
 
@@ -1174,7 +1174,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
         """(calls and rows still to end, calls and rows ended so far)."""
         counts = direct.counts()
         now = direct.now()
-        expected_stacked = stacked_expected(scenario, load, fault_end_wall)
+        expected_stacked = stacked_expected(scenario, load, entry_dropped_at)
         # every row due before the far ones (a day out) ran to its end: none pending, claimed, sent, started
         # (a stacked call's wait past the delay threshold is a stored row too; of the stacked entry, the
         # slots published until the beats dropped it)
@@ -1261,7 +1261,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
         run.no_redis,
         stacked_fetch_lost,
         held_past_ttl,
-        fault_end_wall,
+        entry_dropped_at,
     )
 
     if run.no_redis:
@@ -1328,7 +1328,7 @@ def test_combined_faults_nothing_lost_nothing_twice(
     # store recorded the row's end as retried leaves the row looking dead, so the retry and the
     # sweep's re-run of the row both run to their end (the publish and the record are not one
     # transaction either).
-    retried = {r["task_id"]: r for r in given_back_runs if r["fault"] == "retry" and "ended" in r}
+    retried = {r["task_id"]: r for r in given_back_runs if r["fault"] == "retry"}
     retry_not_recorded = sorted(
         tid
         for tid, ends in repeated_ends.items()

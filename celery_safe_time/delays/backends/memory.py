@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -153,28 +153,17 @@ class MemoryStore(DelayStore):
         return self._write_run(task_id, token, run_id, status=C.STATUS_SENT, sent_at=self.now(), suspected_at=None)
 
     def requeue_unstarted(self, grace: float) -> int:
+        def waited(row: DelayRow, now: datetime) -> bool:
+            sent_before = now - timedelta(seconds=republish_after(grace, row.attempts))
+            return (row.sent_at or now) < sent_before and row.due_at < now - timedelta(seconds=grace)
+
+        return self._back_to_pending(C.STATUS_SENT, waited)
+
+    def _back_to_pending(self, status: str, waited: Callable[[DelayRow, datetime], bool], **changes: Any) -> int:
+        """Rows in ``status`` that ``waited(row, now)`` long enough go back to pending."""
         with self._lock:
             now = self.now()
-            old = [
-                r
-                for r in self._scoped()
-                if r.status == C.STATUS_SENT
-                and (r.sent_at or now) < now - timedelta(seconds=republish_after(grace, r.attempts))
-                and r.due_at < now - timedelta(seconds=grace)
-            ]
-            for row in old:
-                self._replace(row, status=C.STATUS_PENDING)
-            return len(old)
-
-    def _back_to_pending(self, status: str, times: tuple[str, ...], seconds: float, **changes: Any) -> int:
-        """Rows in ``status`` whose ``times`` are all over ``seconds`` old go back to pending."""
-        with self._lock:
-            cutoff = self.now() - timedelta(seconds=seconds)
-            old = [
-                r
-                for r in self._scoped()
-                if r.status == status and all((getattr(r, name) or cutoff) < cutoff for name in times)
-            ]
+            old = [r for r in self._scoped() if r.status == status and waited(r, now)]
             for row in old:
                 self._replace(row, status=C.STATUS_PENDING, **changes)
             return len(old)
@@ -255,7 +244,10 @@ class MemoryStore(DelayStore):
         return changed
 
     def reclaim_stale(self, timeout: float) -> int:
-        return self._back_to_pending(C.STATUS_CLAIMED, ("claimed_at",), timeout, claim_token=None)
+        def waited(row: DelayRow, now: datetime) -> bool:
+            return (row.claimed_at or now) < now - timedelta(seconds=timeout)
+
+        return self._back_to_pending(C.STATUS_CLAIMED, waited, claim_token=None)
 
     def _purgeable(self, before: datetime, statuses: frozenset[str]) -> int:
         with self._lock:
